@@ -1,0 +1,385 @@
+//! `TraceBuilder`: the checked way to make a trace.
+//!
+//! Every call checks its input at once (symbol known, arity, argument kinds, values defined
+//! earlier, shapes), so a trace that `finish` returns is well-formed. Composites are expanded
+//! as they are bound: their decomposition is built right away and kept as subsymbols, so
+//! passes and plans never need to call back into user code to see inside one.
+
+use smallvec::SmallVec;
+
+use super::arena::{Arena, ArenaVec};
+use super::bound_symbol::{Arg, BoundSymbol};
+use super::ids::{SymbolId, ValueId};
+use super::meta::{TensorMeta, ValueMeta};
+use super::registry::Registry;
+use super::symbol::ArgInfo;
+use super::trace::{PassRecord, Trace};
+use crate::error::{Error, Result};
+
+/// Builds a [`Trace`] in an [`Arena`], checking each bound symbol as it is added.
+///
+/// ```
+/// use boundscope::{Arena, Error, Registry, TraceBuilder};
+///
+/// let registry = Registry::with_builtins();
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let x = b.input(&[64, 256]).unwrap();
+/// let w = b.input(&[128, 256]).unwrap();
+/// let h = b.linear(x, w, None).unwrap();
+/// let y = b.gelu(h).unwrap();
+/// b.output(y).unwrap();
+/// // Bad input is a typed error, never a panic:
+/// assert!(matches!(b.call("gelu_fast", &[y.into()]), Err(Error::UnknownSymbol { .. })));
+/// let trace = b.finish().unwrap();
+/// assert_eq!(trace.len(), 2);
+/// ```
+pub struct TraceBuilder<'a> {
+    arena: &'a Arena,
+    registry: &'a Registry,
+    values: ArenaVec<'a, ValueMeta<'a>>,
+    defined: ArenaVec<'a, bool>,
+    inputs: ArenaVec<'a, ValueId>,
+    outputs: ArenaVec<'a, ValueId>,
+    /// Bound symbols being built: the trace's own at the bottom, then one level per composite
+    /// whose decomposition is being expanded.
+    levels: ArenaVec<'a, ArenaVec<'a, BoundSymbol<'a>>>,
+    pending_comment: Option<&'a str>,
+    history: Vec<PassRecord>,
+}
+
+impl<'a> TraceBuilder<'a> {
+    /// An empty builder over symbols from `registry`, allocating in `arena`.
+    pub fn new(arena: &'a Arena, registry: &'a Registry) -> Self {
+        let bump = arena.bump();
+        let mut levels = ArenaVec::with_capacity_in(4, bump);
+        levels.push(ArenaVec::new_in(bump));
+        Self {
+            arena,
+            registry,
+            values: ArenaVec::new_in(bump),
+            defined: ArenaVec::new_in(bump),
+            inputs: ArenaVec::new_in(bump),
+            outputs: ArenaVec::new_in(bump),
+            levels,
+            pending_comment: None,
+            history: Vec::new(),
+        }
+    }
+
+    /// A builder for rewriting `trace` into `arena`: same registry, values, inputs, outputs and
+    /// history, and no bound symbols yet. Passes use it with [`push_copy`](Self::push_copy).
+    pub fn rewrite(trace: &Trace<'a>, arena: &'a Arena) -> Self {
+        let mut b = Self::new(arena, trace.registry);
+        for meta in trace.values {
+            b.values.push(ValueMeta { dtype: meta.dtype, shape: arena.alloc_slice_copy(meta.shape) });
+            b.defined.push(false);
+        }
+        for &input in trace.inputs {
+            b.inputs.push(input);
+            if let Some(d) = b.defined.get_mut(input.index()) {
+                *d = true;
+            }
+        }
+        b.outputs.extend_from_slice(trace.outputs);
+        b.history = trace.history.clone();
+        b
+    }
+
+    /// The registry this builder takes symbols from.
+    pub fn registry(&self) -> &'a Registry {
+        self.registry
+    }
+
+    /// Adds an `f32` input of this shape.
+    pub fn input(&mut self, shape: &[usize]) -> Result<ValueId> {
+        self.input_with(&TensorMeta::f32(shape))
+    }
+
+    /// Adds an input with this metadata.
+    pub fn input_with(&mut self, meta: &TensorMeta) -> Result<ValueId> {
+        let v = self.new_value(meta);
+        self.inputs.push(v);
+        Ok(v)
+    }
+
+    /// Marks a value as an output of the trace (in call order).
+    ///
+    /// # Errors
+    /// [`Error::UndefinedValue`] if it is not defined at the trace's top level.
+    pub fn output(&mut self, value: ValueId) -> Result<()> {
+        self.check_defined(value, "trace output")?;
+        self.outputs.push(value);
+        Ok(())
+    }
+
+    /// The shape of a value.
+    ///
+    /// # Errors
+    /// [`Error::UndefinedValue`] if there is no such value.
+    pub fn shape(&self, value: ValueId) -> Result<&'a [usize]> {
+        self.values
+            .get(value.index())
+            .map(|m| m.shape)
+            .ok_or(Error::UndefinedValue { value, used_by: "TraceBuilder::shape".into() })
+    }
+
+    /// Sets a header comment for the next bound symbol added; listings print it above it.
+    pub fn comment(&mut self, text: &str) {
+        self.pending_comment = Some(self.arena.alloc_str(text));
+    }
+
+    /// Applies the symbol with this name.
+    ///
+    /// # Errors
+    /// [`Error::UnknownSymbol`] (with a suggestion) and everything [`bind`](Self::bind) returns.
+    pub fn call(&mut self, name: &str, args: &[Arg<'_>]) -> Result<ValueId> {
+        let id = self.registry.lookup(name)?;
+        self.bind(id, args)
+    }
+
+    /// Applies a symbol to arguments and returns the value it defines.
+    ///
+    /// # Errors
+    /// [`Error::UnknownSymbol`], [`Error::ArityMismatch`], [`Error::ArgumentKind`],
+    /// [`Error::UndefinedValue`], [`Error::ShapeMismatch`], or [`Error::InvalidSymbol`] when a
+    /// user decomposition disagrees with its own shape rule. On error nothing is added.
+    pub fn bind(&mut self, symbol: SymbolId, args: &[Arg<'_>]) -> Result<ValueId> {
+        let registry = self.registry;
+        let def = registry.get(symbol)?.symbol;
+        let name = &def.name;
+        if args.len() < def.required || args.len() > def.params.len() {
+            return Err(Error::ArityMismatch { symbol: name.clone(), expected: def.arity_text(), got: args.len() });
+        }
+        for (position, (arg, kind)) in args.iter().zip(&def.params).enumerate() {
+            if !kind.accepts(arg) {
+                return Err(Error::ArgumentKind {
+                    symbol: name.clone(),
+                    position,
+                    expected: kind.describe(),
+                    got: arg.kind_name(),
+                });
+            }
+            if let Arg::Value(v) = arg {
+                self.check_defined(*v, name)?;
+            }
+        }
+        let args = self.copy_args(args);
+        let infos: SmallVec<[ArgInfo<'a>; 4]> = args
+            .iter()
+            .map(|arg| match *arg {
+                Arg::Value(v) => {
+                    let m = self.values[v.index()];
+                    ArgInfo::Tensor { dtype: m.dtype, shape: m.shape }
+                }
+                Arg::Scalar(s) => ArgInfo::Scalar(s),
+                Arg::Dims(d) => ArgInfo::Dims(d),
+            })
+            .collect();
+        let rule = def
+            .shape_rule
+            .as_ref()
+            .ok_or_else(|| Error::InvalidSymbol { symbol: name.clone(), detail: "it has no shape rule".into() })?;
+        let meta = rule(&infos).map_err(|detail| Error::ShapeMismatch {
+            symbol: name.clone(),
+            shapes: infos.iter().filter_map(|i| i.shape()).map(<[usize]>::to_vec).collect(),
+            detail,
+        })?;
+
+        let (output, subsymbols) = match &def.decomposition {
+            Some(decompose) => {
+                let bump = self.arena.bump();
+                let first_internal = self.values.len();
+                self.levels.push(ArenaVec::new_in(bump));
+                let result = decompose(self, args);
+                let level = self.levels.pop().expect("pushed above");
+                // Values made inside the decomposition are not visible at this level.
+                for d in &mut self.defined[first_internal..] {
+                    *d = false;
+                }
+                let output = result?;
+                let produced = self.values.get(output.index()).filter(|_| output.index() >= first_internal);
+                match produced {
+                    Some(m) if m.dtype == meta.dtype && m.shape == meta.shape.as_slice() => {}
+                    Some(m) => {
+                        return Err(Error::InvalidSymbol {
+                            symbol: name.clone(),
+                            detail: format!(
+                                "its decomposition returns {}{:?} but its shape rule gives {meta}",
+                                m.dtype, m.shape
+                            ),
+                        })
+                    }
+                    None => {
+                        return Err(Error::InvalidSymbol {
+                            symbol: name.clone(),
+                            detail: format!("its decomposition must return a value it defines, not {output}"),
+                        })
+                    }
+                }
+                self.defined[output.index()] = true;
+                (output, level.into_bump_slice())
+            }
+            None => (self.new_value(&meta), &[][..]),
+        };
+        let outputs = self.arena.alloc_slice_copy(&[output]);
+        let comment = self.pending_comment.take();
+        self.current_level().push(BoundSymbol { symbol, args, outputs, subsymbols, comment });
+        Ok(output)
+    }
+
+    /// Appends a copy of a bound symbol (from this or another trace) without checking it, and
+    /// marks its outputs defined. For passes; [`Trace::verify`] checks the result.
+    pub fn push_copy(&mut self, bound_symbol: &BoundSymbol<'_>) {
+        let copied = self.deep_copy(bound_symbol);
+        for &o in copied.outputs {
+            if let Some(d) = self.defined.get_mut(o.index()) {
+                *d = true;
+            }
+        }
+        self.current_level().push(copied);
+    }
+
+    /// Records that a pass built this trace (shown in the listing header).
+    pub fn record_pass(&mut self, name: &str, elapsed: std::time::Duration) {
+        self.history.push(PassRecord { name: name.to_string(), elapsed });
+    }
+
+    /// Replaces the outputs (for passes that change them).
+    pub fn set_outputs(&mut self, outputs: &[ValueId]) {
+        self.outputs.clear();
+        self.outputs.extend_from_slice(outputs);
+    }
+
+    /// Finishes the trace.
+    ///
+    /// # Errors
+    /// [`Error::MalformedTrace`] if no output was declared.
+    pub fn finish(mut self) -> Result<Trace<'a>> {
+        if self.outputs.is_empty() {
+            return Err(Error::MalformedTrace {
+                position: None,
+                detail: "the trace has no outputs; declare them with `TraceBuilder::output`".into(),
+            });
+        }
+        let bound_symbols = self.levels.swap_remove(0).into_bump_slice();
+        Ok(Trace {
+            registry: self.registry,
+            values: self.values.into_bump_slice(),
+            inputs: self.inputs.into_bump_slice(),
+            outputs: self.outputs.into_bump_slice(),
+            bound_symbols,
+            history: self.history,
+        })
+    }
+
+    fn current_level(&mut self) -> &mut ArenaVec<'a, BoundSymbol<'a>> {
+        self.levels.last_mut().expect("the trace level is never popped")
+    }
+
+    fn new_value(&mut self, meta: &TensorMeta) -> ValueId {
+        let id = ValueId::from_index(self.values.len());
+        self.values.push(ValueMeta { dtype: meta.dtype, shape: self.arena.alloc_slice_copy(&meta.shape) });
+        self.defined.push(true);
+        id
+    }
+
+    fn check_defined(&self, value: ValueId, used_by: &str) -> Result<()> {
+        if self.defined.get(value.index()).copied().unwrap_or(false) {
+            Ok(())
+        } else {
+            Err(Error::UndefinedValue { value, used_by: used_by.to_string() })
+        }
+    }
+
+    fn copy_args(&self, args: &[Arg<'_>]) -> &'a [Arg<'a>] {
+        let bump = self.arena.bump();
+        bump.alloc_slice_fill_iter(args.iter().map(|a| match *a {
+            Arg::Value(v) => Arg::Value(v),
+            Arg::Scalar(s) => Arg::Scalar(s),
+            Arg::Dims(d) => Arg::Dims(bump.alloc_slice_copy(d)),
+        }))
+    }
+
+    fn deep_copy(&self, bsym: &BoundSymbol<'_>) -> BoundSymbol<'a> {
+        let bump = self.arena.bump();
+        BoundSymbol {
+            symbol: bsym.symbol,
+            args: self.copy_args(bsym.args),
+            outputs: bump.alloc_slice_copy(bsym.outputs),
+            subsymbols: bump.alloc_slice_fill_iter(bsym.subsymbols.iter().map(|s| self.deep_copy(s))),
+            comment: bsym.comment.map(|c| bump.alloc_str(c) as &str),
+        }
+    }
+}
+
+super::arena::assert_no_drop!(BoundSymbol<'static>, Arg<'static>, ValueMeta<'static>, ValueId);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn setup() -> (Arena, Registry) {
+        (Arena::new(), Registry::with_builtins())
+    }
+
+    #[test]
+    fn rejects_bad_input_with_the_right_error() {
+        let (arena, registry) = setup();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[2, 3]).unwrap();
+        let ghost = ValueId::from_index(99);
+        assert!(matches!(b.exp(ghost), Err(Error::UndefinedValue { .. })));
+        assert!(matches!(b.bind(crate::prims::ADD, &[x.into()]), Err(Error::ArityMismatch { .. })));
+        assert!(matches!(b.bind(crate::prims::EXP, &[Arg::Scalar(1.0)]), Err(Error::ArgumentKind { .. })));
+        let err = b.matmul(x, x).unwrap_err();
+        assert!(matches!(&err, Error::ShapeMismatch { symbol, shapes, .. } if symbol == "matmul" && shapes.len() == 2));
+        assert!(matches!(b.bind(SymbolId::from_index(500), &[]), Err(Error::UnknownSymbol { .. })));
+        assert!(matches!(b.output(ghost), Err(Error::UndefinedValue { .. })));
+        // Nothing was added by the failed calls.
+        let y = b.exp(x).unwrap();
+        b.output(y).unwrap();
+        assert_eq!(b.finish().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn composite_internals_are_not_visible_outside() {
+        let (arena, registry) = setup();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[2, 3]).unwrap();
+        let y = b.softmax(x).unwrap();
+        // t1 is the `max` inside softmax's decomposition.
+        let internal = ValueId::from_index(1);
+        assert_ne!(internal, y);
+        assert!(matches!(b.exp(internal), Err(Error::UndefinedValue { .. })));
+        b.output(y).unwrap();
+        let trace = b.finish().unwrap();
+        trace.verify().unwrap();
+    }
+
+    #[test]
+    fn finish_without_outputs_is_an_error() {
+        let (arena, registry) = setup();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        b.input(&[1]).unwrap();
+        assert!(matches!(b.finish(), Err(Error::MalformedTrace { .. })));
+    }
+
+    #[test]
+    fn verify_catches_what_push_copy_lets_through() {
+        let (arena, registry) = setup();
+        let mut good = TraceBuilder::new(&arena, &registry);
+        let x = good.input(&[2]).unwrap();
+        let y = good.exp(x).unwrap();
+        let z = good.neg(y).unwrap();
+        good.output(z).unwrap();
+        let trace = good.finish().unwrap();
+        // Reverse the order: `neg` now uses `y` before `exp` defines it.
+        let mut bad = TraceBuilder::rewrite(&trace, &arena);
+        bad.push_copy(&trace.bound_symbols()[1]);
+        bad.push_copy(&trace.bound_symbols()[0]);
+        let bad = bad.finish().unwrap();
+        let err = bad.verify().unwrap_err();
+        assert!(matches!(err, Error::MalformedTrace { position: Some(0), .. }), "{err}");
+    }
+}

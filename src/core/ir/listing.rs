@@ -1,0 +1,115 @@
+//! Printing a trace as a readable program.
+
+use std::fmt;
+
+use super::bound_symbol::BoundSymbol;
+use super::meta::DimsDisplay;
+use super::trace::Trace;
+
+/// What a listing shows. `Display` for a trace uses the defaults.
+///
+/// ```
+/// use boundscope::{Arena, ListingOptions, Registry, TraceBuilder};
+/// let registry = Registry::with_builtins();
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let x = b.input(&[2, 3]).unwrap();
+/// let y = b.softmax(x).unwrap();
+/// b.output(y).unwrap();
+/// let trace = b.finish().unwrap();
+/// let full = trace.to_string();
+/// assert!(full.contains("# t1 = max(t0)"));
+/// let brief = trace.listing(ListingOptions { subsymbols: false, ..Default::default() }).to_string();
+/// assert!(!brief.contains("max"));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ListingOptions {
+    /// Print each composite's decomposition as indented comment lines beneath it.
+    pub subsymbols: bool,
+    /// Print the header (bound symbol count and the passes that built the trace).
+    pub header: bool,
+}
+
+impl Default for ListingOptions {
+    fn default() -> Self {
+        Self { subsymbols: true, header: true }
+    }
+}
+
+/// A trace with listing options; `Display` prints it.
+pub struct Listing<'t, 'a> {
+    trace: &'t Trace<'a>,
+    options: ListingOptions,
+}
+
+impl<'a> Trace<'a> {
+    /// The trace's listing with these options.
+    pub fn listing(&self, options: ListingOptions) -> Listing<'_, 'a> {
+        Listing { trace: self, options }
+    }
+}
+
+impl fmt::Display for Trace<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.listing(ListingOptions::default()).fmt(f)
+    }
+}
+
+impl fmt::Display for Listing<'_, '_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let trace = self.trace;
+        if self.options.header {
+            let n = trace.len();
+            writeln!(f, "# boundscope trace: {n} bound symbol{}", if n == 1 { "" } else { "s" })?;
+            if !trace.history.is_empty() {
+                write!(f, "# passes:")?;
+                for (i, record) in trace.history.iter().enumerate() {
+                    write!(f, "{} {} ({:.1?})", if i == 0 { "" } else { "," }, record.name, record.elapsed)?;
+                }
+                writeln!(f)?;
+            }
+        }
+        write!(f, "def trace(")?;
+        for (i, &input) in trace.inputs.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            match trace.meta(input) {
+                Some(m) => write!(f, "{sep}{input}: {}{}", m.dtype, DimsDisplay(m.shape))?,
+                None => write!(f, "{sep}{input}")?,
+            }
+        }
+        writeln!(f, "):")?;
+        for bsym in trace.bound_symbols {
+            self.write_bound_symbol(f, bsym, 0)?;
+        }
+        write!(f, "  return (")?;
+        for (i, o) in trace.outputs.iter().enumerate() {
+            write!(f, "{}{o}", if i == 0 { "" } else { ", " })?;
+        }
+        writeln!(f, "{})", if trace.outputs.len() == 1 { "," } else { "" })
+    }
+}
+
+impl Listing<'_, '_> {
+    fn write_bound_symbol(&self, f: &mut fmt::Formatter<'_>, bsym: &BoundSymbol<'_>, depth: usize) -> fmt::Result {
+        let indent = 2 + 2 * depth;
+        let marker = if depth == 0 { "" } else { "# " };
+        if let Some(comment) = bsym.comment {
+            writeln!(f, "{:indent$}# {comment}", "")?;
+        }
+        write!(f, "{:indent$}{marker}", "")?;
+        for (i, o) in bsym.outputs.iter().enumerate() {
+            write!(f, "{}{o}", if i == 0 { "" } else { ", " })?;
+        }
+        write!(f, " = {}(", self.trace.symbol_name(bsym))?;
+        for (i, a) in bsym.args.iter().enumerate() {
+            write!(f, "{}{a}", if i == 0 { "" } else { ", " })?;
+        }
+        writeln!(f, ")")?;
+        if self.options.subsymbols {
+            for sub in bsym.subsymbols {
+                self.write_bound_symbol(f, sub, depth + 1)?;
+            }
+        }
+        Ok(())
+    }
+}

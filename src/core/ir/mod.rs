@@ -1,0 +1,23 @@
+//! The intermediate representation: symbols, bound symbols and traces in a caller-owned arena.
+
+mod arena;
+mod bound_symbol;
+mod builder;
+mod ids;
+mod listing;
+mod meta;
+pub mod prims;
+mod registry;
+mod symbol;
+mod trace;
+
+pub use arena::Arena;
+pub use bound_symbol::{Arg, BoundSymbol};
+pub use builder::TraceBuilder;
+pub use ids::{BoundSymbolId, SymbolId, ValueId};
+pub use listing::{Listing, ListingOptions};
+pub(crate) use meta::DimsDisplay;
+pub use meta::{DType, Shape, TensorMeta};
+pub use registry::Registry;
+pub use symbol::{ArgInfo, Category, CpuKernelFactory, Decomposition, ParamKind, ShapeRule, Symbol, SymbolRef};
+pub use trace::{PassRecord, Trace};

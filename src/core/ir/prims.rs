@@ -1,0 +1,472 @@
+//! The built-in symbols: their fixed ids, shape rules, decompositions, and the typed builder
+//! methods that apply them (`builder.add(a, b)`).
+//!
+//! Prims are run directly by executors; composites (`softmax`, `layer_norm`, `linear`) carry a
+//! decomposition into prims, so that any executor that runs the prims runs them too.
+
+use super::bound_symbol::Arg;
+use super::builder::TraceBuilder;
+use super::ids::{SymbolId, ValueId};
+use super::meta::{DType, Shape, TensorMeta};
+use super::symbol::{ArgInfo, Category, ParamKind, Symbol};
+use crate::error::{Error, Result};
+
+macro_rules! builtin_ids {
+    ($($(#[$doc:meta])* $konst:ident = $index:literal, $name:literal;)*) => {
+        $($(#[$doc])* pub const $konst: SymbolId = SymbolId::from_index($index);)*
+        /// The built-in names, in id order.
+        pub const BUILTIN_NAMES: &[&str] = &[$($name),*];
+    };
+}
+
+builtin_ids! {
+    /// `neg(x)`: `-x`.
+    NEG = 0, "neg";
+    /// `exp(x)`.
+    EXP = 1, "exp";
+    /// `log(x)`: natural logarithm.
+    LOG = 2, "log";
+    /// `tanh(x)`.
+    TANH = 3, "tanh";
+    /// `sigmoid(x)`: `1 / (1 + exp(-x))`.
+    SIGMOID = 4, "sigmoid";
+    /// `relu(x)`: `max(x, 0)`.
+    RELU = 5, "relu";
+    /// `gelu(x)`, tanh form: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    GELU = 6, "gelu";
+    /// `add(a, b)`: tensor + tensor (broadcasting) or tensor + scalar.
+    ADD = 7, "add";
+    /// `sub(a, b)`.
+    SUB = 8, "sub";
+    /// `mul(a, b)`.
+    MUL = 9, "mul";
+    /// `div(a, b)`.
+    DIV = 10, "div";
+    /// `maximum(a, b)`: elementwise maximum.
+    MAXIMUM = 11, "maximum";
+    /// `sum(x)`: sum over the last axis, kept as size 1.
+    SUM = 12, "sum";
+    /// `max(x)`: maximum over the last axis, kept as size 1.
+    MAX = 13, "max";
+    /// `matmul(a, b)`: `[m, k] x [k, n] -> [m, n]`.
+    MATMUL = 14, "matmul";
+    /// `reshape(x, dims)`: same elements, new shape.
+    RESHAPE = 15, "reshape";
+    /// `transpose(x, perm)`: permute axes; output axis `i` is input axis `perm[i]`.
+    TRANSPOSE = 16, "transpose";
+    /// `broadcast_to(x, dims)`: numpy-style broadcast to `dims`.
+    BROADCAST_TO = 17, "broadcast_to";
+    /// `softmax(x)` over the last axis (composite).
+    SOFTMAX = 18, "softmax";
+    /// `layer_norm(x, eps, weight?, bias?)` over the last axis (composite).
+    LAYER_NORM = 19, "layer_norm";
+    /// `linear(x, w, bias?)`: `x @ w^T + bias`, `w` is `[out, in]` (composite).
+    LINEAR = 20, "linear";
+}
+
+/// The unary elementwise prims, in id order.
+pub const UNARY: [SymbolId; 7] = [NEG, EXP, LOG, TANH, SIGMOID, RELU, GELU];
+/// The binary elementwise prims, in id order.
+pub const BINARY: [SymbolId; 5] = [ADD, SUB, MUL, DIV, MAXIMUM];
+
+pub(crate) fn builtin_symbols() -> Vec<Symbol> {
+    use Category::*;
+    use ParamKind::*;
+    let mut symbols = Vec::with_capacity(BUILTIN_NAMES.len());
+    for name in &BUILTIN_NAMES[NEG.index()..=GELU.index()] {
+        symbols.push(Symbol::new(*name, Elementwise).params(&[Tensor]).same_shape_as_first());
+    }
+    for name in &BUILTIN_NAMES[ADD.index()..=MAXIMUM.index()] {
+        symbols.push(Symbol::new(*name, Elementwise).params(&[Tensor, TensorOrScalar]).shape_rule(binary_rule));
+    }
+    for name in ["sum", "max"] {
+        symbols.push(Symbol::new(name, Reduction).params(&[Tensor]).shape_rule(reduce_last_axis_rule));
+    }
+    symbols.push(Symbol::new("matmul", Matmul).params(&[Tensor, Tensor]).shape_rule(matmul_rule));
+    symbols.push(Symbol::new("reshape", Shape).params(&[Tensor, Dims]).shape_rule(reshape_rule));
+    symbols.push(Symbol::new("transpose", Shape).params(&[Tensor, Dims]).shape_rule(transpose_rule));
+    symbols.push(Symbol::new("broadcast_to", Shape).params(&[Tensor, Dims]).shape_rule(broadcast_to_rule));
+    symbols.push(
+        Symbol::new("softmax", Composite)
+            .params(&[Tensor])
+            .shape_rule(|args| {
+                let (dtype, shape) = tensor(args, 0)?;
+                last_axis(shape)?;
+                Ok(TensorMeta::new(dtype, shape))
+            })
+            .decomposition(decompose_softmax),
+    );
+    symbols.push(
+        Symbol::new("layer_norm", Composite)
+            .params_with_optional(&[Tensor, Scalar, Tensor, Tensor], 2)
+            .shape_rule(layer_norm_rule)
+            .decomposition(decompose_layer_norm),
+    );
+    symbols.push(
+        Symbol::new("linear", Composite)
+            .params_with_optional(&[Tensor, Tensor, Tensor], 2)
+            .shape_rule(linear_rule)
+            .decomposition(decompose_linear),
+    );
+    debug_assert_eq!(symbols.len(), BUILTIN_NAMES.len());
+    symbols
+}
+
+type RuleResult = std::result::Result<TensorMeta, String>;
+
+fn tensor<'m>(args: &[ArgInfo<'m>], i: usize) -> std::result::Result<(DType, &'m [usize]), String> {
+    match args.get(i) {
+        Some(ArgInfo::Tensor { dtype, shape }) => Ok((*dtype, shape)),
+        _ => Err(format!("argument {i} must be a tensor")),
+    }
+}
+
+fn last_axis(shape: &[usize]) -> std::result::Result<usize, String> {
+    shape.last().copied().ok_or_else(|| "needs a tensor of rank at least 1 (it works on the last axis)".to_string())
+}
+
+/// Numpy-style broadcast of two shapes.
+pub(crate) fn broadcast_shapes(a: &[usize], b: &[usize]) -> std::result::Result<Shape, String> {
+    let rank = a.len().max(b.len());
+    let mut out = Shape::with_capacity(rank);
+    for i in 0..rank {
+        let da = if i + a.len() >= rank { a[i + a.len() - rank] } else { 1 };
+        let db = if i + b.len() >= rank { b[i + b.len() - rank] } else { 1 };
+        out.push(match (da, db) {
+            (x, y) if x == y => x,
+            (1, y) => y,
+            (x, 1) => x,
+            (x, y) => {
+                return Err(format!(
+                    "dimension {i} (aligned from the right) is {x} in one and {y} in the other; \
+                     sizes must match or one of them must be 1"
+                ))
+            }
+        });
+    }
+    Ok(out)
+}
+
+fn binary_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (dtype, a) = tensor(args, 0)?;
+    match args.get(1) {
+        Some(ArgInfo::Tensor { dtype: db, shape: b }) => {
+            if *db != dtype {
+                return Err(format!("dtypes differ: {dtype} and {db}"));
+            }
+            Ok(TensorMeta { dtype, shape: broadcast_shapes(a, b)? })
+        }
+        _ => Ok(TensorMeta::new(dtype, a)),
+    }
+}
+
+fn reduce_last_axis_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (dtype, shape) = tensor(args, 0)?;
+    last_axis(shape)?;
+    let mut out = Shape::from_slice(shape);
+    *out.last_mut().expect("rank checked") = 1;
+    Ok(TensorMeta { dtype, shape: out })
+}
+
+fn matmul_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (dtype, a) = tensor(args, 0)?;
+    let (_, b) = tensor(args, 1)?;
+    match (a, b) {
+        ([m, k], [k2, n]) if k == k2 => Ok(TensorMeta::new(dtype, &[*m, *n])),
+        ([_, k], [k2, _]) => Err(format!("inner dimensions differ ({k} vs {k2}); need [m, k] x [k, n]")),
+        _ => Err("matmul takes two 2-D tensors, [m, k] x [k, n]".into()),
+    }
+}
+
+fn dims_arg<'m>(args: &[ArgInfo<'m>], i: usize) -> std::result::Result<&'m [usize], String> {
+    args.get(i).and_then(|a| a.dims()).ok_or_else(|| format!("argument {i} must be a list of dimensions"))
+}
+
+fn reshape_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (dtype, shape) = tensor(args, 0)?;
+    let dims = dims_arg(args, 1)?;
+    let (from, to) = (shape.iter().product::<usize>(), dims.iter().product::<usize>());
+    if from != to {
+        return Err(format!("cannot reshape {from} elements into {dims:?} ({to} elements)"));
+    }
+    Ok(TensorMeta::new(dtype, dims))
+}
+
+fn transpose_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (dtype, shape) = tensor(args, 0)?;
+    let perm = dims_arg(args, 1)?;
+    let mut seen = vec![false; shape.len()];
+    if perm.len() != shape.len() || perm.iter().any(|&p| p >= shape.len() || std::mem::replace(&mut seen[p], true)) {
+        return Err(format!(
+            "{perm:?} is not a permutation of the {} axes; give each of 0..{} exactly once",
+            shape.len(),
+            shape.len()
+        ));
+    }
+    Ok(TensorMeta { dtype, shape: perm.iter().map(|&p| shape[p]).collect() })
+}
+
+fn broadcast_to_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (dtype, shape) = tensor(args, 0)?;
+    let dims = dims_arg(args, 1)?;
+    let out = broadcast_shapes(shape, dims)?;
+    if out.as_slice() != dims {
+        return Err(format!("cannot broadcast to {dims:?}: the result would be {:?}", out.as_slice()));
+    }
+    Ok(TensorMeta::new(dtype, dims))
+}
+
+fn layer_norm_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (dtype, shape) = tensor(args, 0)?;
+    let n = last_axis(shape)?;
+    for (i, what) in [(2, "weight"), (3, "bias")] {
+        if args.len() > i {
+            let (_, s) = tensor(args, i)?;
+            if s != [n] {
+                return Err(format!("{what} must have shape [{n}] (the last axis), not {s:?}"));
+            }
+        }
+    }
+    Ok(TensorMeta::new(dtype, shape))
+}
+
+fn linear_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (dtype, x) = tensor(args, 0)?;
+    let (_, w) = tensor(args, 1)?;
+    let (m, n) = match (x, w) {
+        ([m, k], [n, k2]) if k == k2 => (*m, *n),
+        ([_, k], [_, k2]) => return Err(format!("x has {k} features but the weight expects {k2}; w is [out, in]")),
+        _ => return Err("linear takes x [m, in] and w [out, in]".into()),
+    };
+    if args.len() > 2 {
+        let (_, b) = tensor(args, 2)?;
+        if b != [n] {
+            return Err(format!("bias must have shape [{n}], not {b:?}"));
+        }
+    }
+    Ok(TensorMeta::new(dtype, &[m, n]))
+}
+
+fn value(args: &[Arg<'_>], i: usize) -> Option<ValueId> {
+    match args.get(i) {
+        Some(Arg::Value(v)) => Some(*v),
+        _ => None,
+    }
+}
+
+fn scalar(args: &[Arg<'_>], i: usize) -> f32 {
+    match args.get(i) {
+        Some(Arg::Scalar(s)) => *s,
+        _ => 0.0,
+    }
+}
+
+// Decompositions only run after the builder has checked the signature and shape rule, so the
+// `value(..)` lookups below cannot miss; `missing` keeps that a typed error rather than a panic.
+fn missing(symbol: &str) -> Error {
+    Error::InvalidSymbol { symbol: symbol.into(), detail: "decomposition called with unchecked arguments".into() }
+}
+
+fn decompose_softmax(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
+    let x = value(args, 0).ok_or_else(|| missing("softmax"))?;
+    let m = b.max(x)?;
+    let shifted = b.sub(x, m)?;
+    let e = b.exp(shifted)?;
+    let z = b.sum(e)?;
+    b.div(e, z)
+}
+
+fn decompose_layer_norm(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
+    let x = value(args, 0).ok_or_else(|| missing("layer_norm"))?;
+    let eps = scalar(args, 1);
+    let n = *b.shape(x)?.last().ok_or_else(|| missing("layer_norm"))? as f32;
+    let total = b.sum(x)?;
+    let mean = b.mul_scalar(total, 1.0 / n)?;
+    let centered = b.sub(x, mean)?;
+    let squares = b.mul(centered, centered)?;
+    let square_sum = b.sum(squares)?;
+    let variance = b.mul_scalar(square_sum, 1.0 / n)?;
+    let shifted = b.add_scalar(variance, eps)?;
+    // 1/sqrt(v) = exp(-0.5 * log(v)): the prims have no sqrt.
+    let log_var = b.log(shifted)?;
+    let half = b.mul_scalar(log_var, -0.5)?;
+    let inv_std = b.exp(half)?;
+    let mut y = b.mul(centered, inv_std)?;
+    if let Some(w) = value(args, 2) {
+        y = b.mul(y, w)?;
+    }
+    if let Some(bias) = value(args, 3) {
+        y = b.add(y, bias)?;
+    }
+    Ok(y)
+}
+
+fn decompose_linear(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
+    let x = value(args, 0).ok_or_else(|| missing("linear"))?;
+    let w = value(args, 1).ok_or_else(|| missing("linear"))?;
+    let wt = b.transpose(w, &[1, 0])?;
+    let y = b.matmul(x, wt)?;
+    match value(args, 2) {
+        Some(bias) => b.add(y, bias),
+        None => Ok(y),
+    }
+}
+
+macro_rules! unary_methods {
+    ($($(#[$doc:meta])* $method:ident => $id:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $method(&mut self, x: ValueId) -> Result<ValueId> {
+            self.bind($id, &[Arg::Value(x)])
+        }
+    )*};
+}
+
+macro_rules! binary_methods {
+    ($($(#[$doc:meta])* $method:ident, $scalar_method:ident => $id:ident;)*) => {$(
+        $(#[$doc])*
+        pub fn $method(&mut self, a: ValueId, b: ValueId) -> Result<ValueId> {
+            self.bind($id, &[Arg::Value(a), Arg::Value(b)])
+        }
+        $(#[$doc])*
+        /// (tensor and scalar form)
+        pub fn $scalar_method(&mut self, a: ValueId, b: f32) -> Result<ValueId> {
+            self.bind($id, &[Arg::Value(a), Arg::Scalar(b)])
+        }
+    )*};
+}
+
+/// Typed methods for the built-in symbols. Each one is `bind` with the symbol's fixed id.
+///
+/// ```
+/// use boundscope::{Arena, Registry, TraceBuilder};
+/// let registry = Registry::with_builtins();
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let x = b.input(&[2, 8]).unwrap();
+/// let w = b.input(&[4, 8]).unwrap();
+/// let h = b.linear(x, w, None).unwrap();
+/// let y = b.softmax(h).unwrap();
+/// assert_eq!(b.shape(y).unwrap(), &[2, 4]);
+/// ```
+impl<'a> TraceBuilder<'a> {
+    unary_methods! {
+        /// Applies `neg`.
+        neg => NEG;
+        /// Applies `exp`.
+        exp => EXP;
+        /// Applies `log`.
+        log => LOG;
+        /// Applies `tanh`.
+        tanh => TANH;
+        /// Applies `sigmoid`.
+        sigmoid => SIGMOID;
+        /// Applies `relu`.
+        relu => RELU;
+        /// Applies `gelu` (tanh form).
+        gelu => GELU;
+        /// Sums the last axis (keepdim).
+        sum => SUM;
+        /// Takes the maximum of the last axis (keepdim).
+        max => MAX;
+        /// Applies `softmax` over the last axis.
+        softmax => SOFTMAX;
+    }
+
+    binary_methods! {
+        /// Applies `add`.
+        add, add_scalar => ADD;
+        /// Applies `sub`.
+        sub, sub_scalar => SUB;
+        /// Applies `mul`.
+        mul, mul_scalar => MUL;
+        /// Applies `div`.
+        div, div_scalar => DIV;
+        /// Applies `maximum`.
+        maximum, maximum_scalar => MAXIMUM;
+    }
+
+    /// Applies `matmul`: `[m, k] x [k, n]`.
+    pub fn matmul(&mut self, a: ValueId, b: ValueId) -> Result<ValueId> {
+        self.bind(MATMUL, &[Arg::Value(a), Arg::Value(b)])
+    }
+
+    /// Applies `reshape`.
+    pub fn reshape(&mut self, x: ValueId, dims: &[usize]) -> Result<ValueId> {
+        self.bind(RESHAPE, &[Arg::Value(x), Arg::Dims(dims)])
+    }
+
+    /// Applies `transpose` with a permutation of the axes.
+    pub fn transpose(&mut self, x: ValueId, perm: &[usize]) -> Result<ValueId> {
+        self.bind(TRANSPOSE, &[Arg::Value(x), Arg::Dims(perm)])
+    }
+
+    /// Applies `broadcast_to`.
+    pub fn broadcast_to(&mut self, x: ValueId, dims: &[usize]) -> Result<ValueId> {
+        self.bind(BROADCAST_TO, &[Arg::Value(x), Arg::Dims(dims)])
+    }
+
+    /// Applies `layer_norm` over the last axis; a bias needs a weight.
+    pub fn layer_norm(
+        &mut self,
+        x: ValueId,
+        eps: f32,
+        weight: Option<ValueId>,
+        bias: Option<ValueId>,
+    ) -> Result<ValueId> {
+        match (weight, bias) {
+            (None, None) => self.bind(LAYER_NORM, &[Arg::Value(x), Arg::Scalar(eps)]),
+            (Some(w), None) => self.bind(LAYER_NORM, &[Arg::Value(x), Arg::Scalar(eps), Arg::Value(w)]),
+            (Some(w), Some(b)) => {
+                self.bind(LAYER_NORM, &[Arg::Value(x), Arg::Scalar(eps), Arg::Value(w), Arg::Value(b)])
+            }
+            (None, Some(_)) => Err(Error::ArgumentKind {
+                symbol: "layer_norm".into(),
+                position: 2,
+                expected: "a weight whenever a bias is given (pass a weight of ones)",
+                got: "nothing",
+            }),
+        }
+    }
+
+    /// Applies `linear`: `x @ w^T (+ bias)`, `w` is `[out, in]`.
+    pub fn linear(&mut self, x: ValueId, w: ValueId, bias: Option<ValueId>) -> Result<ValueId> {
+        match bias {
+            Some(b) => self.bind(LINEAR, &[Arg::Value(x), Arg::Value(w), Arg::Value(b)]),
+            None => self.bind(LINEAR, &[Arg::Value(x), Arg::Value(w)]),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn broadcasting_follows_numpy() {
+        assert_eq!(broadcast_shapes(&[2, 3], &[3]).unwrap().as_slice(), &[2, 3]);
+        assert_eq!(broadcast_shapes(&[2, 1], &[1, 4]).unwrap().as_slice(), &[2, 4]);
+        assert_eq!(broadcast_shapes(&[], &[5]).unwrap().as_slice(), &[5]);
+        assert!(broadcast_shapes(&[2, 3], &[4]).is_err());
+    }
+
+    fn t(shape: &[usize]) -> ArgInfo<'_> {
+        ArgInfo::Tensor { dtype: DType::F32, shape }
+    }
+
+    #[test]
+    fn shape_rules() {
+        assert_eq!(matmul_rule(&[t(&[2, 3]), t(&[3, 4])]).unwrap().shape.as_slice(), &[2, 4]);
+        assert!(matmul_rule(&[t(&[2, 3]), t(&[2, 4])]).unwrap_err().contains("inner"));
+        assert_eq!(reduce_last_axis_rule(&[t(&[2, 3])]).unwrap().shape.as_slice(), &[2, 1]);
+        assert!(reduce_last_axis_rule(&[t(&[])]).is_err());
+        assert_eq!(transpose_rule(&[t(&[2, 3, 4]), ArgInfo::Dims(&[2, 0, 1])]).unwrap().shape.as_slice(), &[4, 2, 3]);
+        assert!(transpose_rule(&[t(&[2, 3]), ArgInfo::Dims(&[0, 0])]).is_err());
+        assert!(transpose_rule(&[t(&[2, 3]), ArgInfo::Dims(&[0, 5])]).is_err());
+        assert!(reshape_rule(&[t(&[2, 3]), ArgInfo::Dims(&[7])]).is_err());
+        assert!(broadcast_to_rule(&[t(&[3]), ArgInfo::Dims(&[2, 3])]).is_ok());
+        assert!(broadcast_to_rule(&[t(&[2, 3]), ArgInfo::Dims(&[3])]).is_err());
+        assert_eq!(linear_rule(&[t(&[2, 8]), t(&[4, 8]), t(&[4])]).unwrap().shape.as_slice(), &[2, 4]);
+        assert!(linear_rule(&[t(&[2, 8]), t(&[4, 8]), t(&[8])]).is_err());
+        assert!(layer_norm_rule(&[t(&[2, 8]), ArgInfo::Scalar(1e-5), t(&[4])]).is_err());
+    }
+}

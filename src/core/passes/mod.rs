@@ -1,0 +1,107 @@
+//! Passes: functions from a trace to a new trace, and the pipeline that runs them in order and
+//! records what ran.
+//!
+//! A pass never mutates its input (a plan may be using it); it builds a new trace, usually in
+//! a new arena, with [`TraceBuilder::rewrite`](crate::TraceBuilder::rewrite).
+
+mod dead_code;
+mod decompose;
+
+use std::time::Instant;
+
+pub use dead_code::DeadCodeElimination;
+pub use decompose::Decompose;
+
+use crate::core::ir::{Arena, Trace};
+use crate::error::Result;
+
+/// A trace-to-trace transformation.
+///
+/// ```
+/// use boundscope::passes::{Decompose, Pass};
+/// use boundscope::{Arena, Registry, TraceBuilder};
+/// let registry = Registry::with_builtins();
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let x = b.input(&[2, 4]).unwrap();
+/// let y = b.softmax(x).unwrap();
+/// b.output(y).unwrap();
+/// let trace = b.finish().unwrap();
+/// let prims = Decompose.run(&trace, &arena).unwrap();
+/// assert_eq!(prims.len(), 5);
+/// ```
+pub trait Pass {
+    /// A short name, shown in listing headers.
+    fn name(&self) -> &str;
+
+    /// Builds the transformed trace in `arena`.
+    ///
+    /// # Errors
+    /// Whatever makes the pass unable to produce a well-formed trace.
+    fn run<'a>(&self, trace: &Trace<'a>, arena: &'a Arena) -> Result<Trace<'a>>;
+}
+
+/// Passes run in order; each result is verified, and each pass is recorded with its time in
+/// the trace's header.
+///
+/// ```
+/// use boundscope::passes::{DeadCodeElimination, Decompose, Pipeline};
+/// use boundscope::{Arena, Registry, TraceBuilder};
+/// let registry = Registry::with_builtins();
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let x = b.input(&[2, 4]).unwrap();
+/// let _unused = b.exp(x).unwrap();
+/// let y = b.softmax(x).unwrap();
+/// b.output(y).unwrap();
+/// let trace = b.finish().unwrap();
+/// let out = Pipeline::standard().run(&trace, &arena).unwrap();
+/// assert_eq!(out.len(), 5);
+/// assert_eq!(out.history().len(), 2);
+/// assert!(out.to_string().contains("# passes: decompose ("));
+/// ```
+#[derive(Default)]
+pub struct Pipeline {
+    passes: Vec<Box<dyn Pass>>,
+}
+
+impl Pipeline {
+    /// An empty pipeline.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Decomposition, then dead-code elimination.
+    pub fn standard() -> Self {
+        Self::new().then(Decompose).then(DeadCodeElimination)
+    }
+
+    /// Appends a pass.
+    pub fn then(mut self, pass: impl Pass + 'static) -> Self {
+        self.passes.push(Box::new(pass));
+        self
+    }
+
+    /// Names of the passes, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.passes.iter().map(|p| p.name())
+    }
+
+    /// Runs every pass in order, verifying each result.
+    ///
+    /// # Errors
+    /// The first pass error, or [`Error::MalformedTrace`](crate::Error::MalformedTrace) if a
+    /// pass produced a trace that does not verify.
+    pub fn run<'a>(&self, trace: &Trace<'a>, arena: &'a Arena) -> Result<Trace<'a>> {
+        let mut current = trace.clone();
+        for pass in &self.passes {
+            let start = Instant::now();
+            let mut next = pass.run(&current, arena)?;
+            let elapsed = start.elapsed();
+            next.verify()?;
+            next.history.push(crate::core::ir::PassRecord { name: pass.name().to_string(), elapsed });
+            current = next;
+        }
+        Ok(current)
+    }
+}

@@ -1,0 +1,260 @@
+//! Compiling a trace into a `Plan`.
+//!
+//! Compilation does all the per-op work once: it picks an executor per bound symbol, lets it
+//! build a kernel, and assigns every intermediate value a buffer slot. Running is then a loop
+//! over prepared steps that allocates nothing.
+
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use smallvec::SmallVec;
+
+use super::executor::{kernel_fn, Executor, Kernel, OpView};
+use super::workspace::Workspace;
+use crate::core::ir::{BoundSymbol, DimsDisplay, Shape, Trace, ValueId};
+use crate::error::{Error, Result};
+
+/// Where a value lives while a plan runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Slot {
+    /// The `i`-th input of the run (borrowed from the caller, never copied).
+    Input(u32),
+    /// The `i`-th buffer of the workspace.
+    Buffer(u32),
+}
+
+/// One compiled bound symbol.
+pub(crate) struct Step {
+    pub kernel: Box<dyn Kernel>,
+    pub inputs: SmallVec<[Slot; 4]>,
+    pub outputs: SmallVec<[u32; 2]>,
+    /// `t3 = add(t1, t2)`, for listings and errors.
+    pub line: String,
+    pub executor: usize,
+}
+
+/// A trace compiled against an ordered list of executors, ready to run many times.
+///
+/// A plan owns everything it needs (it does not borrow the trace or its arena), is
+/// `Send + Sync`, and may run from several threads at once: each run takes its own
+/// [`Workspace`] from a pool (see [`Plan::run`]) or uses one the caller holds
+/// ([`Plan::run_with`]). In steady state a run allocates nothing per bound symbol.
+///
+/// ```
+/// use boundscope::{executors::CpuReference, Arena, Plan, Registry, Tensor, TraceBuilder};
+///
+/// let registry = Registry::with_builtins();
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let a = b.input(&[2, 2]).unwrap();
+/// let x = b.mul(a, a).unwrap();
+/// let y = b.add_scalar(x, 1.0).unwrap();
+/// b.output(y).unwrap();
+/// let trace = b.finish().unwrap();
+///
+/// let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+/// let input = Tensor::new(&[2, 2], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
+/// let out = plan.run(&[&input]).unwrap();
+/// assert_eq!(out[0].data(), &[2.0, 5.0, 10.0, 17.0]);
+///
+/// // Reuse one workspace: no allocation per run.
+/// let mut ws = plan.workspace();
+/// for _ in 0..3 {
+///     let outs = plan.run_with(&mut ws, &[input.view()]).unwrap();
+///     assert_eq!(outs.get(0).unwrap().data[3], 17.0);
+/// }
+/// ```
+pub struct Plan {
+    pub(crate) id: u64,
+    pub(crate) steps: Vec<Step>,
+    pub(crate) executor_names: Vec<String>,
+    pub(crate) input_shapes: Vec<Shape>,
+    pub(crate) buffer_shapes: Vec<Shape>,
+    pub(crate) outputs: Vec<u32>,
+    pub(crate) pool: Mutex<Vec<Workspace>>,
+}
+
+static NEXT_PLAN_ID: AtomicU64 = AtomicU64::new(1);
+
+impl Plan {
+    /// Compiles `trace` against `executors`, tried in order for each bound symbol.
+    ///
+    /// A composite that no executor claims is replaced by its decomposition; a prim that no
+    /// executor claims is an error.
+    ///
+    /// # Errors
+    /// [`Error::MalformedTrace`] if the trace does not verify; [`Error::NoExecutor`] naming the
+    /// symbol and the executors tried; or an executor's own compile error.
+    pub fn compile(trace: &Trace<'_>, executors: &[Arc<dyn Executor>]) -> Result<Plan> {
+        trace.verify()?;
+        let mut compiler = Compiler {
+            trace,
+            executors,
+            value_slots: vec![None; trace.value_count()],
+            steps: Vec::with_capacity(trace.len()),
+            buffer_shapes: Vec::new(),
+        };
+        for (i, &input) in trace.inputs().iter().enumerate() {
+            compiler.value_slots[input.index()] = Some(Slot::Input(i as u32));
+        }
+        for bsym in trace.bound_symbols() {
+            compiler.compile_bound_symbol(bsym)?;
+        }
+        let mut outputs = Vec::with_capacity(trace.outputs().len());
+        for &value in trace.outputs() {
+            outputs.push(compiler.output_buffer(value)?);
+        }
+        let input_shapes =
+            trace.inputs().iter().map(|&v| compiler.shape(v).map(Shape::from_slice)).collect::<Result<_>>()?;
+        Ok(Plan {
+            id: NEXT_PLAN_ID.fetch_add(1, Ordering::Relaxed),
+            steps: compiler.steps,
+            executor_names: executors.iter().map(|e| e.name().to_string()).collect(),
+            input_shapes,
+            buffer_shapes: compiler.buffer_shapes,
+            outputs,
+            pool: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Number of compiled steps (bound symbols after decomposing unclaimed composites).
+    pub fn len(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// Whether the plan has no steps.
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+
+    /// The shapes of the inputs `run` expects, in order.
+    pub fn input_shapes(&self) -> impl Iterator<Item = &[usize]> {
+        self.input_shapes.iter().map(|s| s.as_slice())
+    }
+
+    /// The shapes of the outputs, in order.
+    pub fn output_shapes(&self) -> impl Iterator<Item = &[usize]> {
+        self.outputs.iter().map(|&b| self.buffer_shapes[b as usize].as_slice())
+    }
+
+    /// How many steps each executor runs, by executor name, in executor-list order.
+    pub fn steps_per_executor(&self) -> Vec<(&str, usize)> {
+        let mut counts = vec![0; self.executor_names.len() + 1];
+        for step in &self.steps {
+            counts[step.executor] += 1;
+        }
+        self.executor_names.iter().map(String::as_str).chain(["runtime"]).zip(counts).filter(|(_, n)| *n > 0).collect()
+    }
+}
+
+impl fmt::Display for Plan {
+    /// One line per step, with the executor that runs it.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "# boundscope plan: {} steps", self.steps.len())?;
+        for step in &self.steps {
+            let executor = self.executor_names.get(step.executor).map_or("runtime", String::as_str);
+            writeln!(f, "  {:<40}  # {executor}", step.line)?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Plan {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Plan").field("steps", &self.steps.len()).field("executors", &self.executor_names).finish()
+    }
+}
+
+struct Compiler<'c, 't> {
+    trace: &'c Trace<'t>,
+    executors: &'c [Arc<dyn Executor>],
+    value_slots: Vec<Option<Slot>>,
+    steps: Vec<Step>,
+    buffer_shapes: Vec<Shape>,
+}
+
+impl<'c, 't> Compiler<'c, 't> {
+    fn shape(&self, value: ValueId) -> Result<&'t [usize]> {
+        self.trace.meta(value).map(|m| m.shape).ok_or(Error::UndefinedValue { value, used_by: "Plan::compile".into() })
+    }
+
+    fn compile_bound_symbol(&mut self, bsym: &'c BoundSymbol<'t>) -> Result<()> {
+        let op = OpView::new(self.trace, bsym)?;
+        let claimed = self.executors.iter().position(|e| e.claims(&op));
+        let Some(executor) = claimed else {
+            if bsym.subsymbols().is_empty() {
+                return Err(Error::NoExecutor {
+                    symbol: op.name().to_string(),
+                    tried: self.executors.iter().map(|e| e.name().to_string()).collect(),
+                });
+            }
+            for sub in bsym.subsymbols() {
+                self.compile_bound_symbol(sub)?;
+            }
+            return Ok(());
+        };
+        let kernel = self.executors[executor].compile(&op)?;
+        let inputs = bsym
+            .inputs()
+            .map(|v| {
+                self.value_slots[v.index()].ok_or(Error::UndefinedValue { value: v, used_by: op.name().to_string() })
+            })
+            .collect::<Result<_>>()?;
+        let mut outputs = SmallVec::new();
+        for &o in bsym.outputs() {
+            let buffer = self.new_buffer(self.shape(o)?);
+            self.value_slots[o.index()] = Some(Slot::Buffer(buffer));
+            outputs.push(buffer);
+        }
+        let line = format_line(self.trace, bsym);
+        self.steps.push(Step { kernel, inputs, outputs, line, executor });
+        Ok(())
+    }
+
+    fn new_buffer(&mut self, shape: &[usize]) -> u32 {
+        self.buffer_shapes.push(Shape::from_slice(shape));
+        (self.buffer_shapes.len() - 1) as u32
+    }
+
+    /// The buffer holding an output; an output that is a trace input gets a copy step, so that
+    /// every output lives in the workspace.
+    fn output_buffer(&mut self, value: ValueId) -> Result<u32> {
+        match self.value_slots[value.index()] {
+            Some(Slot::Buffer(b)) => Ok(b),
+            Some(input @ Slot::Input(_)) => {
+                let buffer = self.new_buffer(self.shape(value)?);
+                self.steps.push(Step {
+                    kernel: kernel_fn(|inputs, outputs| {
+                        outputs[0].data.copy_from_slice(inputs[0].data);
+                        Ok(())
+                    }),
+                    inputs: SmallVec::from_slice(&[input]),
+                    outputs: SmallVec::from_slice(&[buffer]),
+                    line: format!("copy of input {value} to the outputs"),
+                    executor: self.executors.len(),
+                });
+                self.value_slots[value.index()] = Some(Slot::Buffer(buffer));
+                Ok(buffer)
+            }
+            None => Err(Error::UndefinedValue { value, used_by: "trace output".into() }),
+        }
+    }
+}
+
+fn format_line(trace: &Trace<'_>, bsym: &BoundSymbol<'_>) -> String {
+    use std::fmt::Write;
+    let mut line = String::new();
+    for (i, o) in bsym.outputs().iter().enumerate() {
+        let _ = write!(line, "{}{o}", if i == 0 { "" } else { ", " });
+    }
+    let _ = write!(line, " = {}(", trace.symbol_name(bsym));
+    for (i, a) in bsym.args().iter().enumerate() {
+        let _ = write!(line, "{}{a}", if i == 0 { "" } else { ", " });
+    }
+    line.push(')');
+    if let Some(m) = bsym.outputs().first().and_then(|&o| trace.meta(o)) {
+        let _ = write!(line, "  # {}{}", m.dtype, DimsDisplay(m.shape));
+    }
+    line
+}

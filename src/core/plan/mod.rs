@@ -1,0 +1,10 @@
+//! Plans: a trace compiled against an ordered executor list, and the runtime that runs it many
+//! times with reusable workspaces.
+
+mod compile;
+mod executor;
+mod workspace;
+
+pub use compile::Plan;
+pub use executor::{kernel_fn, Executor, Kernel, OpView};
+pub use workspace::{Outputs, Workspace};

@@ -1,0 +1,150 @@
+//! Running a plan: workspaces (the reusable buffers of one run at a time) and the run loop.
+//!
+//! The loop takes each step's output buffers out of the workspace for the duration of the
+//! step, so that inputs can be borrowed from the same workspace at the same time without
+//! `unsafe`; putting them back is a move, not an allocation.
+
+use smallvec::SmallVec;
+
+use super::compile::{Plan, Slot, Step};
+use crate::core::tensor::{Tensor, TensorMut, TensorRef};
+use crate::error::{Error, Result};
+
+/// The buffers one run of a plan writes. Made by [`Plan::workspace`]; reused across runs.
+///
+/// A workspace belongs to the plan that made it; one thread uses it at a time (`&mut`).
+pub struct Workspace {
+    plan_id: u64,
+    buffers: Vec<Vec<f32>>,
+    /// Set while a run is in flight; still set afterwards if a kernel panicked, in which case
+    /// the buffers may be incomplete and are rebuilt by the next run.
+    in_flight: bool,
+}
+
+impl Workspace {
+    /// Bytes held by its buffers.
+    pub fn bytes(&self) -> usize {
+        self.buffers.iter().map(|b| b.len() * std::mem::size_of::<f32>()).sum()
+    }
+}
+
+/// The outputs of one run, borrowed from the workspace until the next run.
+pub struct Outputs<'w> {
+    plan: &'w Plan,
+    workspace: &'w Workspace,
+}
+
+impl<'w> Outputs<'w> {
+    /// The `i`-th output, or `None` past the end.
+    pub fn get(&self, i: usize) -> Option<TensorRef<'w>> {
+        let buffer = *self.plan.outputs.get(i)? as usize;
+        Some(TensorRef { shape: &self.plan.buffer_shapes[buffer], data: &self.workspace.buffers[buffer] })
+    }
+
+    /// Number of outputs.
+    pub fn len(&self) -> usize {
+        self.plan.outputs.len()
+    }
+
+    /// Whether there are no outputs.
+    pub fn is_empty(&self) -> bool {
+        self.plan.outputs.is_empty()
+    }
+
+    /// Owned copies of all outputs.
+    pub fn to_tensors(&self) -> Vec<Tensor> {
+        (0..self.len()).filter_map(|i| self.get(i)).map(|t| t.to_tensor()).collect()
+    }
+}
+
+impl Plan {
+    /// A new workspace for this plan, with every buffer allocated.
+    pub fn workspace(&self) -> Workspace {
+        Workspace {
+            plan_id: self.id,
+            buffers: self.buffer_shapes.iter().map(|s| vec![0.0; s.iter().product()]).collect(),
+            in_flight: false,
+        }
+    }
+
+    /// Runs the plan on `inputs` and returns owned outputs. Takes a workspace from the plan's
+    /// pool (making one the first time, or when all are in use by other threads) and returns it
+    /// afterwards.
+    ///
+    /// # Errors
+    /// [`Error::InputCount`], [`Error::InputShape`], or the first error a kernel returns.
+    pub fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        let mut workspace = self.pool.lock().ok().and_then(|mut pool| pool.pop()).unwrap_or_else(|| self.workspace());
+        let views: SmallVec<[TensorRef<'_>; 8]> = inputs.iter().map(|t| t.view()).collect();
+        let result = self.run_with(&mut workspace, &views).map(|outputs| outputs.to_tensors());
+        if let Ok(mut pool) = self.pool.lock() {
+            pool.push(workspace);
+        }
+        result
+    }
+
+    /// Runs the plan on `inputs` in a workspace the caller holds; the outputs borrow it.
+    /// Allocates nothing in steady state.
+    ///
+    /// # Errors
+    /// [`Error::WorkspaceMismatch`], [`Error::InputCount`], [`Error::InputShape`], or the first
+    /// error a kernel returns (the remaining steps are not run).
+    pub fn run_with<'w>(&'w self, workspace: &'w mut Workspace, inputs: &[TensorRef<'_>]) -> Result<Outputs<'w>> {
+        if workspace.plan_id != self.id {
+            return Err(Error::WorkspaceMismatch);
+        }
+        self.check_inputs(inputs)?;
+        if workspace.in_flight {
+            *workspace = self.workspace();
+        }
+        workspace.in_flight = true;
+        for step in &self.steps {
+            if let Err(error) = self.run_step(step, workspace, inputs) {
+                // The step put its buffers back: the workspace is whole.
+                workspace.in_flight = false;
+                return Err(error);
+            }
+        }
+        workspace.in_flight = false;
+        Ok(Outputs { plan: self, workspace })
+    }
+
+    fn check_inputs(&self, inputs: &[TensorRef<'_>]) -> Result<()> {
+        if inputs.len() != self.input_shapes.len() {
+            return Err(Error::InputCount { expected: self.input_shapes.len(), got: inputs.len() });
+        }
+        for (index, (input, expected)) in inputs.iter().zip(&self.input_shapes).enumerate() {
+            if input.shape != expected.as_slice() || input.data.len() != expected.iter().product::<usize>() {
+                return Err(Error::InputShape { index, expected: expected.to_vec(), got: input.shape.to_vec() });
+            }
+        }
+        Ok(())
+    }
+
+    #[inline]
+    fn run_step(&self, step: &Step, workspace: &mut Workspace, inputs: &[TensorRef<'_>]) -> Result<()> {
+        let mut taken: SmallVec<[Vec<f32>; 2]> =
+            step.outputs.iter().map(|&b| std::mem::take(&mut workspace.buffers[b as usize])).collect();
+        let result = {
+            let buffers = &workspace.buffers;
+            let views: SmallVec<[TensorRef<'_>; 4]> = step
+                .inputs
+                .iter()
+                .map(|slot| match *slot {
+                    Slot::Input(i) => inputs[i as usize],
+                    Slot::Buffer(b) => TensorRef { shape: &self.buffer_shapes[b as usize], data: &buffers[b as usize] },
+                })
+                .collect();
+            let mut outs: SmallVec<[TensorMut<'_>; 2]> = taken
+                .iter_mut()
+                .zip(&step.outputs)
+                .map(|(data, &b)| TensorMut { shape: &self.buffer_shapes[b as usize], data })
+                .collect();
+            step.kernel.run(&views, &mut outs)
+        };
+        for (data, &b) in taken.into_iter().zip(&step.outputs) {
+            workspace.buffers[b as usize] = data;
+        }
+        result
+    }
+}

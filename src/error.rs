@@ -1,0 +1,254 @@
+//! The one error type of boundscope, and its `Result` alias.
+//!
+//! Every variant names what was wrong and what to do instead, so that a message printed to a
+//! user is enough to fix the input without reading our source.
+
+use std::fmt;
+
+use crate::core::ir::ValueId;
+
+/// The result type of every fallible boundscope call.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong when building, transforming, compiling or running a trace.
+///
+/// ```
+/// use boundscope::{Arena, Error, Registry, TraceBuilder};
+///
+/// let registry = Registry::with_builtins();
+/// let arena = Arena::new();
+/// let mut builder = TraceBuilder::new(&arena, &registry);
+/// let a = builder.input(&[2, 3]).unwrap();
+/// let b = builder.input(&[4, 3]).unwrap();
+/// let err = builder.add(a, b).unwrap_err();
+/// assert!(matches!(err, Error::ShapeMismatch { .. }));
+/// assert!(err.to_string().contains("[2, 3]"));
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum Error {
+    /// A bound symbol (or the trace's output list) refers to a value that is not defined before
+    /// it: it does not exist, it is defined later, or it is internal to a composite's
+    /// decomposition.
+    UndefinedValue {
+        /// The value that was referred to.
+        value: ValueId,
+        /// Where it was used (`add`, `trace output`, ...).
+        used_by: String,
+    },
+    /// A symbol was applied to the wrong number of arguments.
+    ArityMismatch {
+        /// The symbol's name.
+        symbol: String,
+        /// How many arguments the symbol takes, e.g. `2` or `2 to 3`.
+        expected: String,
+        /// How many it was given.
+        got: usize,
+    },
+    /// An argument has the wrong kind (a scalar where a tensor is expected, ...).
+    ArgumentKind {
+        /// The symbol's name.
+        symbol: String,
+        /// Zero-based argument position.
+        position: usize,
+        /// What the symbol expects there.
+        expected: &'static str,
+        /// What it was given.
+        got: &'static str,
+    },
+    /// The shapes given to an op do not fit its shape rule.
+    ShapeMismatch {
+        /// The symbol's name.
+        symbol: String,
+        /// The shapes of the op's tensor arguments, in order.
+        shapes: Vec<Vec<usize>>,
+        /// Why they do not fit.
+        detail: String,
+    },
+    /// No symbol with this name (or id) is registered.
+    UnknownSymbol {
+        /// The name that was asked for.
+        name: String,
+        /// The closest registered name, if one is close.
+        suggestion: Option<String>,
+    },
+    /// A symbol with this name is already registered.
+    DuplicateSymbol {
+        /// The name registered twice.
+        name: String,
+    },
+    /// A symbol definition is incomplete or inconsistent.
+    InvalidSymbol {
+        /// The symbol's name.
+        symbol: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// No executor in the plan's list can run this prim, and it has no decomposition.
+    NoExecutor {
+        /// The symbol that nobody claimed.
+        symbol: String,
+        /// The executors that were asked, in order.
+        tried: Vec<String>,
+    },
+    /// A trace does not satisfy the IR's rules (found by `Trace::verify`).
+    MalformedTrace {
+        /// Index of the offending top-level bound symbol, if the problem is in one.
+        position: Option<usize>,
+        /// What is wrong.
+        detail: String,
+    },
+    /// A tensor's data length does not match its shape.
+    InvalidTensor {
+        /// The shape given.
+        shape: Vec<usize>,
+        /// The number of elements given.
+        len: usize,
+    },
+    /// `Plan::run` got the wrong number of inputs.
+    InputCount {
+        /// How many inputs the trace declares.
+        expected: usize,
+        /// How many were given.
+        got: usize,
+    },
+    /// An input to `Plan::run` has the wrong shape.
+    InputShape {
+        /// Zero-based input position.
+        index: usize,
+        /// The shape the trace declares.
+        expected: Vec<usize>,
+        /// The shape given.
+        got: Vec<usize>,
+    },
+    /// A workspace made by one plan was passed to another.
+    WorkspaceMismatch,
+    /// An executor failed while running a bound symbol.
+    Execution {
+        /// The executor's name.
+        executor: String,
+        /// The symbol it was running.
+        symbol: String,
+        /// What went wrong.
+        message: String,
+    },
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Error::UndefinedValue { value, used_by } => write!(
+                f,
+                "`{used_by}` uses {value}, which is not defined before it; \
+                 pass a value returned by an earlier builder call or a trace input"
+            ),
+            Error::ArityMismatch { symbol, expected, got } => write!(
+                f,
+                "`{symbol}` takes {expected} argument(s) but was given {got}; \
+                 see the symbol's signature in `Registry::get`"
+            ),
+            Error::ArgumentKind { symbol, position, expected, got } => {
+                write!(f, "argument {position} of `{symbol}` must be {expected}, but a {got} was given")
+            }
+            Error::ShapeMismatch { symbol, shapes, detail } => {
+                write!(f, "shape mismatch in `{symbol}` for input shapes ")?;
+                write_shapes(f, shapes)?;
+                write!(f, ": {detail}")
+            }
+            Error::UnknownSymbol { name, suggestion } => {
+                write!(f, "unknown symbol `{name}`")?;
+                if let Some(s) = suggestion {
+                    write!(f, "; did you mean `{s}`?")?;
+                }
+                write!(f, " (register it with `Registry::register`, or list names with `Registry::names`)")
+            }
+            Error::DuplicateSymbol { name } => {
+                write!(f, "a symbol named `{name}` is already registered; pick another name")
+            }
+            Error::InvalidSymbol { symbol, detail } => {
+                write!(f, "invalid definition of symbol `{symbol}`: {detail}")
+            }
+            Error::NoExecutor { symbol, tried } => write!(
+                f,
+                "no executor can run `{symbol}` (tried: {}); add an executor that claims it, \
+                 or give the symbol a decomposition",
+                if tried.is_empty() { "none, the executor list is empty".to_string() } else { tried.join(", ") }
+            ),
+            Error::MalformedTrace { position, detail } => match position {
+                Some(p) => write!(f, "malformed trace at bound symbol {p}: {detail}"),
+                None => write!(f, "malformed trace: {detail}"),
+            },
+            Error::InvalidTensor { shape, len } => write!(
+                f,
+                "a tensor of shape {shape:?} needs {} elements, but {len} were given",
+                shape.iter().product::<usize>()
+            ),
+            Error::InputCount { expected, got } => write!(
+                f,
+                "the plan takes {expected} input(s) but {got} were given; pass them in the order \
+                 the trace declared them"
+            ),
+            Error::InputShape { index, expected, got } => write!(
+                f,
+                "input {index} has shape {got:?} but the trace was built for {expected:?}; \
+                 build a trace (and plan) for this shape"
+            ),
+            Error::WorkspaceMismatch => {
+                write!(f, "this workspace was made by another plan; make one with `plan.workspace()`")
+            }
+            Error::Execution { executor, symbol, message } => {
+                write!(f, "executor `{executor}` failed running `{symbol}`: {message}")
+            }
+        }
+    }
+}
+
+fn write_shapes(f: &mut fmt::Formatter<'_>, shapes: &[Vec<usize>]) -> fmt::Result {
+    for (i, s) in shapes.iter().enumerate() {
+        if i > 0 {
+            write!(f, " and ")?;
+        }
+        write!(f, "{s:?}")?;
+    }
+    Ok(())
+}
+
+impl std::error::Error for Error {}
+
+/// The closest of `candidates` to `name` by edit distance, if it is close enough to be a typo.
+pub(crate) fn did_you_mean<'c>(name: &str, candidates: impl Iterator<Item = &'c str>) -> Option<String> {
+    let limit = (name.len() / 3).max(2);
+    candidates
+        .map(|c| (edit_distance(name, c), c))
+        .filter(|(d, _)| *d <= limit)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, c)| c.to_string())
+}
+
+fn edit_distance(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = if ca == *cb { prev } else { 1 + prev.min(cur).min(row[j]) };
+            prev = cur;
+        }
+    }
+    row[b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn suggests_close_names_only() {
+        let names = ["add", "sigmoid", "softmax"];
+        assert_eq!(did_you_mean("sigmod", names.iter().copied()), Some("sigmoid".into()));
+        assert_eq!(did_you_mean("softmx", names.iter().copied()), Some("softmax".into()));
+        assert_eq!(did_you_mean("convolution", names.iter().copied()), None);
+    }
+}

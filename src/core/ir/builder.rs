@@ -186,6 +186,8 @@ impl<'a> TraceBuilder<'a> {
             detail,
         })?;
 
+        // Taken before the decomposition runs, so that its subsymbols do not consume it.
+        let comment = self.pending_comment.take();
         let (output, subsymbols) = match &def.decomposition {
             Some(decompose) => {
                 let bump = self.arena.bump();
@@ -197,7 +199,7 @@ impl<'a> TraceBuilder<'a> {
                 for d in &mut self.defined[first_internal..] {
                     *d = false;
                 }
-                let output = result?;
+                let output = result.inspect_err(|_| self.pending_comment = comment)?;
                 let produced = self.values.get(output.index()).filter(|_| output.index() >= first_internal);
                 match produced {
                     Some(m) if m.dtype == meta.dtype && m.shape == meta.shape.as_slice() => {}
@@ -223,7 +225,6 @@ impl<'a> TraceBuilder<'a> {
             None => (self.new_value(&meta), &[][..]),
         };
         let outputs = self.arena.alloc_slice_copy(&[output]);
-        let comment = self.pending_comment.take();
         self.current_level().push(BoundSymbol { symbol, args, outputs, subsymbols, comment });
         Ok(output)
     }

@@ -20,7 +20,7 @@ use super::trace::Trace;
 /// let full = trace.to_string();
 /// assert!(full.contains("# t1 = max(t0)"));
 /// let brief = trace.listing(ListingOptions { subsymbols: false, ..Default::default() }).to_string();
-/// assert!(!brief.contains("max"));
+/// assert!(!brief.contains("exp("));
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ListingOptions {

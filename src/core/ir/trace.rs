@@ -36,7 +36,7 @@ pub struct PassRecord {
 /// b.output(y).unwrap();
 /// let trace = b.finish().unwrap();
 /// assert_eq!(trace.to_string(), "\
-/// # boundscope trace: 1 bound symbol
+/// ## boundscope trace: 1 bound symbol
 /// def trace(t0: f32[4]):
 ///   t1 = add(t0, 1.0)
 ///   return (t1,)

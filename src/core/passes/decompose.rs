@@ -19,18 +19,21 @@ impl Pass for Decompose {
     fn run<'a>(&self, trace: &Trace<'a>, arena: &'a Arena) -> Result<Trace<'a>> {
         let mut builder = TraceBuilder::rewrite(trace, arena);
         for bsym in trace.bound_symbols() {
-            splice(&mut builder, bsym);
+            splice(&mut builder, bsym, bsym.comment());
         }
         builder.finish()
     }
 }
 
-fn splice(builder: &mut TraceBuilder<'_>, bsym: &BoundSymbol<'_>) {
+/// Pushes `bsym`'s prims; the composite's comment goes to its first prim.
+fn splice(builder: &mut TraceBuilder<'_>, bsym: &BoundSymbol<'_>, comment: Option<&str>) {
     if bsym.subsymbols().is_empty() {
-        builder.push_copy(bsym);
+        let mut prim = *bsym;
+        prim.comment = comment.or(bsym.comment());
+        builder.push_copy(&prim);
     } else {
-        for sub in bsym.subsymbols() {
-            splice(builder, sub);
+        for (i, sub) in bsym.subsymbols().iter().enumerate() {
+            splice(builder, sub, if i == 0 { comment } else { None });
         }
     }
 }

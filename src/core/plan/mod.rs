@@ -8,3 +8,6 @@ mod workspace;
 pub use compile::Plan;
 pub use executor::{kernel_fn, Executor, Kernel, OpView};
 pub use workspace::{Outputs, Workspace};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,141 @@
+//! A newcomer's first run: build a 2-layer MLP block as a trace, print it before and after the
+//! standard passes, run it on the CPU reference executor, check it against the same math
+//! written out by hand, and time it.
+//!
+//! ```text
+//! cargo run --release --example quickstart
+//! ```
+//! Exits non-zero if the plan's result differs from the direct computation.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use boundscope::executors::CpuReference;
+use boundscope::passes::Pipeline;
+use boundscope::{Arena, Plan, Registry, Tensor, TraceBuilder};
+
+const BATCH: usize = 64;
+const HIDDEN: usize = 256;
+const EPS: f32 = 1e-5;
+const TOLERANCE: f32 = 1e-4;
+
+fn main() -> ExitCode {
+    match run() {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> boundscope::Result<bool> {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+
+    // 1. Build the program: linear, gelu, linear, residual add, layer_norm, softmax.
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[BATCH, HIDDEN])?;
+    let w1 = b.input(&[HIDDEN, HIDDEN])?;
+    let b1 = b.input(&[HIDDEN])?;
+    let w2 = b.input(&[HIDDEN, HIDDEN])?;
+    let b2 = b.input(&[HIDDEN])?;
+    let gamma = b.input(&[HIDDEN])?;
+    let beta = b.input(&[HIDDEN])?;
+    b.comment("MLP: linear -> gelu -> linear");
+    let h = b.linear(x, w1, Some(b1))?;
+    let g = b.gelu(h)?;
+    let o = b.linear(g, w2, Some(b2))?;
+    b.comment("residual, then normalise");
+    let r = b.add(o, x)?;
+    let n = b.layer_norm(r, EPS, Some(gamma), Some(beta))?;
+    let y = b.softmax(n)?;
+    b.output(y)?;
+    let trace = b.finish()?;
+    println!("== the trace as built ==\n{trace}");
+
+    // 2. Decompose composites into prims and remove dead code.
+    let prims = Pipeline::standard().run(&trace, &arena)?;
+    println!("== after the standard passes ==\n{prims}");
+
+    // 3. Compile for the CPU reference executor and run.
+    let plan = Plan::compile(&prims, &[CpuReference::shared()])?;
+    let inputs = [
+        random(&[BATCH, HIDDEN], 1, 1.0),
+        random(&[HIDDEN, HIDDEN], 2, 1.0 / (HIDDEN as f32).sqrt()),
+        random(&[HIDDEN], 3, 0.1),
+        random(&[HIDDEN, HIDDEN], 4, 1.0 / (HIDDEN as f32).sqrt()),
+        random(&[HIDDEN], 5, 0.1),
+        random(&[HIDDEN], 6, 1.0),
+        random(&[HIDDEN], 7, 0.1),
+    ];
+    let refs: Vec<&Tensor> = inputs.iter().collect();
+    let out = plan.run(&refs)?;
+
+    // 4. Check against the same math written out directly.
+    let expected = direct_mlp_block(&inputs);
+    let diff = out[0].max_abs_diff(&expected);
+    let ok = diff <= TOLERANCE;
+    println!("max |plan - direct| = {diff:.3e} (tolerance {TOLERANCE:e}): {}", if ok { "OK" } else { "MISMATCH" });
+
+    // 5. Time it, reusing one workspace (no allocation per run).
+    let mut workspace = plan.workspace();
+    let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
+    let runs = 200;
+    plan.run_with(&mut workspace, &views)?;
+    let start = Instant::now();
+    for _ in 0..runs {
+        plan.run_with(&mut workspace, &views)?;
+    }
+    let per_run = start.elapsed() / runs;
+    println!("{} steps on {:?}; {per_run:.2?} per run (mean of {runs})", plan.len(), plan.steps_per_executor());
+    Ok(ok)
+}
+
+/// A deterministic pseudo-random tensor in `[-scale, scale)`.
+fn random(shape: &[usize], seed: u64, scale: f32) -> Tensor {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    Tensor::from_fn(shape, |_| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        ((state >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0) * scale
+    })
+}
+
+/// The MLP block computed with plain loops, independent of boundscope's kernels.
+fn direct_mlp_block(inputs: &[Tensor]) -> Tensor {
+    let [x, w1, b1, w2, b2, gamma, beta] = inputs else { unreachable!("seven inputs") };
+    let linear = |x: &[f32], w: &Tensor, bias: &Tensor| -> Vec<f32> {
+        let mut out = vec![0.0f32; BATCH * HIDDEN];
+        for i in 0..BATCH {
+            for j in 0..HIDDEN {
+                let mut acc = 0.0f32;
+                for k in 0..HIDDEN {
+                    acc += x[i * HIDDEN + k] * w.data()[j * HIDDEN + k];
+                }
+                out[i * HIDDEN + j] = acc + bias.data()[j];
+            }
+        }
+        out
+    };
+    let gelu = |v: f32| 0.5 * v * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh());
+    let h: Vec<f32> = linear(x.data(), w1, b1).into_iter().map(gelu).collect();
+    let o = linear(&h, w2, b2);
+    let mut y = vec![0.0f32; BATCH * HIDDEN];
+    for i in 0..BATCH {
+        let row: Vec<f32> = (0..HIDDEN).map(|j| o[i * HIDDEN + j] + x.data()[i * HIDDEN + j]).collect();
+        let mean = row.iter().sum::<f32>() / HIDDEN as f32;
+        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / HIDDEN as f32;
+        let normed: Vec<f32> = (0..HIDDEN)
+            .map(|j| (row[j] - mean) / (var + EPS).sqrt() * gamma.data()[j] + beta.data()[j])
+            .collect();
+        let max = normed.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let z: f32 = normed.iter().map(|v| (v - max).exp()).sum();
+        for j in 0..HIDDEN {
+            y[i * HIDDEN + j] = (normed[j] - max).exp() / z;
+        }
+    }
+    Tensor::new(&[BATCH, HIDDEN], y).expect("shape matches")
+}

@@ -1,0 +1,188 @@
+//! A naive direct evaluator: every op by coordinates, composites by their textbook formulas.
+//! Slow and obvious; shares no code with boundscope's kernels or decompositions.
+
+use super::program::{broadcast, Op, Operand, Program};
+
+#[derive(Clone, Debug)]
+pub struct Value {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+fn unravel(mut flat: usize, shape: &[usize]) -> Vec<usize> {
+    let mut index = vec![0; shape.len()];
+    for axis in (0..shape.len()).rev() {
+        index[axis] = flat % shape[axis];
+        flat /= shape[axis];
+    }
+    index
+}
+
+fn ravel(index: &[usize], shape: &[usize]) -> usize {
+    index.iter().zip(shape).fold(0, |acc, (&i, &d)| acc * d + i)
+}
+
+/// The element of `v` that broadcasts to `out_index` of an output of rank `out_rank`.
+fn broadcast_read(v: &Value, out_index: &[usize]) -> f32 {
+    let offset = out_index.len() - v.shape.len();
+    let index: Vec<usize> =
+        v.shape.iter().enumerate().map(|(i, &d)| if d == 1 { 0 } else { out_index[offset + i] }).collect();
+    v.data[ravel(&index, &v.shape)]
+}
+
+fn unary(name: &str, x: f32) -> f32 {
+    match name {
+        "neg" => -x,
+        "exp" => x.exp(),
+        "log" => x.ln(),
+        "tanh" => x.tanh(),
+        "sigmoid" => 1.0 / (1.0 + (-x).exp()),
+        "relu" => {
+            if x > 0.0 {
+                x
+            } else {
+                0.0
+            }
+        }
+        "gelu" => 0.5 * x * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()),
+        _ => unreachable!("{name}"),
+    }
+}
+
+fn binary(name: &str, a: f32, b: f32) -> f32 {
+    match name {
+        "add" => a + b,
+        "sub" => a - b,
+        "mul" => a * b,
+        "div" => a / b,
+        "maximum" => a.max(b),
+        _ => unreachable!("{name}"),
+    }
+}
+
+fn map_rows(x: &Value, f: impl Fn(&[f32]) -> Vec<f32>) -> Value {
+    let n = *x.shape.last().unwrap();
+    let data = x.data.chunks(n.max(1)).flat_map(|row| f(row)).collect();
+    Value { shape: x.shape.clone(), data }
+}
+
+/// Evaluates every value of the program (inputs first), returning all of them.
+pub fn evaluate(program: &Program, inputs: &[boundscope::Tensor]) -> Vec<Value> {
+    let mut values: Vec<Value> =
+        inputs.iter().map(|t| Value { shape: t.shape().to_vec(), data: t.data().to_vec() }).collect();
+    for op in &program.ops {
+        let v = match op {
+            Op::Unary(name, x) => {
+                let x = &values[*x];
+                Value { shape: x.shape.clone(), data: x.data.iter().map(|&v| unary(name, v)).collect() }
+            }
+            Op::Binary(name, x, Operand::Scalar(s)) => {
+                let x = &values[*x];
+                Value { shape: x.shape.clone(), data: x.data.iter().map(|&v| binary(name, v, *s)).collect() }
+            }
+            Op::Binary(name, x, Operand::Value(y)) => {
+                let (x, y) = (&values[*x], &values[*y]);
+                let shape = broadcast(&x.shape, &y.shape).unwrap();
+                let numel = shape.iter().product();
+                let data = (0..numel)
+                    .map(|i| {
+                        let idx = unravel(i, &shape);
+                        binary(name, broadcast_read(x, &idx), broadcast_read(y, &idx))
+                    })
+                    .collect();
+                Value { shape, data }
+            }
+            Op::Reduce(name, x) => {
+                let x = &values[*x];
+                let mut shape = x.shape.clone();
+                let n = *shape.last().unwrap();
+                *shape.last_mut().unwrap() = 1;
+                let rows = shape.iter().product::<usize>();
+                let data = (0..rows)
+                    .map(|r| {
+                        let row = &x.data[r * n..(r + 1) * n];
+                        if *name == "sum" {
+                            row.iter().fold(0.0, |a, &b| a + b)
+                        } else {
+                            row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+                        }
+                    })
+                    .collect();
+                Value { shape, data }
+            }
+            Op::Matmul(x, y) => matmul(&values[*x], &values[*y], false),
+            Op::Reshape(x, d) => Value { shape: d.clone(), data: values[*x].data.clone() },
+            Op::Transpose(x, perm) => {
+                let x = &values[*x];
+                let shape: Vec<usize> = perm.iter().map(|&p| x.shape[p]).collect();
+                let data = (0..x.data.len())
+                    .map(|i| {
+                        let out_index = unravel(i, &shape);
+                        let mut in_index = vec![0; perm.len()];
+                        for (o, &p) in perm.iter().enumerate() {
+                            in_index[p] = out_index[o];
+                        }
+                        x.data[ravel(&in_index, &x.shape)]
+                    })
+                    .collect();
+                Value { shape, data }
+            }
+            Op::BroadcastTo(x, d) => {
+                let x = &values[*x];
+                let numel = d.iter().product();
+                Value { shape: d.clone(), data: (0..numel).map(|i| broadcast_read(x, &unravel(i, d))).collect() }
+            }
+            Op::Softmax(x) => map_rows(&values[*x], |row| {
+                let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let z: f32 = row.iter().map(|v| (v - max).exp()).sum();
+                row.iter().map(|v| (v - max).exp() / z).collect()
+            }),
+            Op::LayerNorm(x, eps, w, b) => {
+                let (w, b) = (w.map(|i| values[i].data.clone()), b.map(|i| values[i].data.clone()));
+                map_rows(&values[*x], |row| {
+                    let n = row.len() as f32;
+                    let mean = row.iter().sum::<f32>() / n;
+                    let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+                    row.iter()
+                        .enumerate()
+                        .map(|(j, v)| {
+                            let y = (v - mean) / (var + eps).sqrt();
+                            let y = w.as_ref().map_or(y, |w| y * w[j]);
+                            b.as_ref().map_or(y, |b| y + b[j])
+                        })
+                        .collect()
+                })
+            }
+            Op::Linear(x, w, b) => {
+                let mut y = matmul(&values[*x], &values[*w], true);
+                if let Some(b) = b {
+                    let n = y.shape[1];
+                    for (i, v) in y.data.iter_mut().enumerate() {
+                        *v += values[*b].data[i % n];
+                    }
+                }
+                y
+            }
+        };
+        values.push(v);
+    }
+    values
+}
+
+/// `x @ y`, or `x @ y^T` when `transpose_y`.
+fn matmul(x: &Value, y: &Value, transpose_y: bool) -> Value {
+    let (m, k) = (x.shape[0], x.shape[1]);
+    let n = if transpose_y { y.shape[0] } else { y.shape[1] };
+    let mut data = vec![0.0; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut acc = 0.0f32;
+            for p in 0..k {
+                let yv = if transpose_y { y.data[j * k + p] } else { y.data[p * n + j] };
+                acc += x.data[i * k + p] * yv;
+            }
+            data[i * n + j] = acc;
+        }
+    }
+    Value { shape: vec![m, n], data }
+}

@@ -1,0 +1,217 @@
+//! Random well-formed programs, described independently of boundscope so that the same
+//! description can be built as a trace and evaluated by the oracle.
+
+use proptest::prelude::*;
+
+use boundscope::{Arena, Registry, Result, Trace, TraceBuilder, ValueId};
+
+/// One op of a program; operands are indices into the program's values (inputs first).
+#[derive(Clone, Debug, PartialEq)]
+pub enum Op {
+    Unary(&'static str, usize),
+    Binary(&'static str, usize, Operand),
+    Reduce(&'static str, usize),
+    Matmul(usize, usize),
+    Reshape(usize, Vec<usize>),
+    Transpose(usize, Vec<usize>),
+    BroadcastTo(usize, Vec<usize>),
+    Softmax(usize),
+    LayerNorm(usize, f32, Option<usize>, Option<usize>),
+    Linear(usize, usize, Option<usize>),
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum Operand {
+    Value(usize),
+    Scalar(f32),
+}
+
+/// A program: input shapes, ops, and which values are outputs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Program {
+    pub inputs: Vec<Vec<usize>>,
+    pub ops: Vec<Op>,
+    pub outputs: Vec<usize>,
+}
+
+const UNARY: [&str; 7] = ["neg", "exp", "log", "tanh", "sigmoid", "relu", "gelu"];
+const BINARY: [&str; 5] = ["add", "sub", "mul", "div", "maximum"];
+
+/// Raw random choices, turned into a well-formed program by [`Program::from_choices`].
+type Choice = (u8, u32, u32, f32);
+
+/// Random well-formed programs of elementwise, reduction, matmul and shape ops, and (when
+/// `composites`) softmax, layer_norm and linear.
+pub fn programs(composites: bool) -> impl Strategy<Value = Program> {
+    let dims = (1usize..5, 1usize..5, 1usize..5);
+    let choices = prop::collection::vec((any::<u8>(), any::<u32>(), any::<u32>(), -2.0f32..2.0), 1..14);
+    let outputs = prop::collection::vec(any::<u32>(), 0..3);
+    (dims, choices, outputs).prop_map(move |((m, n, k), choices, outputs)| {
+        Program::from_choices(m, n, k, &choices, &outputs, composites)
+    })
+}
+
+impl Program {
+    fn from_choices(m: usize, n: usize, k: usize, choices: &[Choice], outs: &[u32], composites: bool) -> Program {
+        let inputs = vec![vec![m, n], vec![n, k], vec![n], vec![m, 1], vec![k, n]];
+        let mut shapes = inputs.clone();
+        let mut ops = Vec::new();
+        let kinds = if composites { 13 } else { 10 };
+        for &(kind, a, b, s) in choices {
+            let pick = |x: u32, len: usize| x as usize % len;
+            let x = pick(a, shapes.len());
+            let sx = shapes[x].clone();
+            let op = match kind % kinds {
+                0 => Op::Unary(UNARY[pick(b, UNARY.len())], x),
+                1 | 2 => {
+                    let name = BINARY[pick(b, BINARY.len())];
+                    let candidates: Vec<usize> =
+                        (0..shapes.len()).filter(|&i| broadcast(&sx, &shapes[i]).is_some()).collect();
+                    if b % 5 == 0 {
+                        Op::Binary(name, x, Operand::Scalar(s))
+                    } else {
+                        Op::Binary(name, x, Operand::Value(candidates[pick(b / 5, candidates.len())]))
+                    }
+                }
+                3 => Op::Reduce(if b % 2 == 0 { "sum" } else { "max" }, x),
+                4 => {
+                    let candidates: Vec<usize> = (0..shapes.len())
+                        .filter(|&i| sx.len() == 2 && shapes[i].len() == 2 && shapes[i][0] == sx[1])
+                        .collect();
+                    if candidates.is_empty() {
+                        Op::Unary("tanh", x)
+                    } else {
+                        Op::Matmul(x, candidates[pick(b, candidates.len())])
+                    }
+                }
+                5 => {
+                    let numel: usize = sx.iter().product();
+                    let dims = match b % 3 {
+                        0 => vec![numel],
+                        1 => vec![numel, 1],
+                        _ => sx.iter().rev().copied().collect(),
+                    };
+                    Op::Reshape(x, dims)
+                }
+                6 => Op::Transpose(x, (0..sx.len()).rev().collect()),
+                7 if sx.len() >= 4 => Op::Unary("neg", x),
+                7 => {
+                    let mut dims = vec![2];
+                    dims.extend(sx.iter().map(|&d| if d == 1 && b % 2 == 0 { 3 } else { d }));
+                    Op::BroadcastTo(x, dims)
+                }
+                8 | 9 => Op::Unary(UNARY[pick(b, UNARY.len())], x),
+                10 => Op::Softmax(x),
+                11 => {
+                    let last = *sx.last().unwrap_or(&0);
+                    let params: Vec<usize> = (0..shapes.len()).filter(|&i| shapes[i] == [last]).collect();
+                    let weight = (!params.is_empty() && b % 3 != 0).then(|| params[pick(b, params.len())]);
+                    let bias = weight.and_then(|_| (b % 2 == 0).then(|| params[pick(b / 2, params.len())]));
+                    Op::LayerNorm(x, 1e-5, weight, bias)
+                }
+                _ => {
+                    let candidates: Vec<usize> = (0..shapes.len())
+                        .filter(|&i| sx.len() == 2 && shapes[i].len() == 2 && shapes[i][1] == sx[1])
+                        .collect();
+                    if candidates.is_empty() {
+                        Op::Unary("sigmoid", x)
+                    } else {
+                        let w = candidates[pick(b, candidates.len())];
+                        let out = shapes[w][0];
+                        let biases: Vec<usize> = (0..shapes.len()).filter(|&i| shapes[i] == [out]).collect();
+                        let bias = (!biases.is_empty() && b % 2 == 0).then(|| biases[pick(b / 2, biases.len())]);
+                        Op::Linear(x, w, bias)
+                    }
+                }
+            };
+            // Shape ops on rank-0 or reductions of rank-0 values do not occur: every value has
+            // rank >= 1 (inputs do, and no op lowers rank).
+            shapes.push(op.output_shape(&shapes));
+            ops.push(op);
+        }
+        let last = shapes.len() - 1;
+        let mut outputs = vec![last];
+        outputs.extend(outs.iter().map(|&o| inputs.len() + o as usize % ops.len()));
+        Program { inputs, ops, outputs }
+    }
+
+    /// Builds the program as a trace.
+    pub fn build<'a>(&self, arena: &'a Arena, registry: &'a Registry) -> Result<Trace<'a>> {
+        let mut b = TraceBuilder::new(arena, registry);
+        let mut values: Vec<ValueId> = Vec::new();
+        for shape in &self.inputs {
+            values.push(b.input(shape)?);
+        }
+        for op in &self.ops {
+            let v = match op {
+                Op::Unary(name, x) => b.call(name, &[values[*x].into()])?,
+                Op::Binary(name, x, Operand::Value(y)) => b.call(name, &[values[*x].into(), values[*y].into()])?,
+                Op::Binary(name, x, Operand::Scalar(s)) => b.call(name, &[values[*x].into(), (*s).into()])?,
+                Op::Reduce(name, x) => b.call(name, &[values[*x].into()])?,
+                Op::Matmul(x, y) => b.matmul(values[*x], values[*y])?,
+                Op::Reshape(x, d) => b.reshape(values[*x], d)?,
+                Op::Transpose(x, p) => b.transpose(values[*x], p)?,
+                Op::BroadcastTo(x, d) => b.broadcast_to(values[*x], d)?,
+                Op::Softmax(x) => b.softmax(values[*x])?,
+                Op::LayerNorm(x, eps, w, bias) => {
+                    b.layer_norm(values[*x], *eps, w.map(|i| values[i]), bias.map(|i| values[i]))?
+                }
+                Op::Linear(x, w, bias) => b.linear(values[*x], values[*w], bias.map(|i| values[i]))?,
+            };
+            values.push(v);
+        }
+        for &o in &self.outputs {
+            b.output(values[o])?;
+        }
+        b.finish()
+    }
+
+    /// Deterministic inputs in `[-1, 1)`, different per seed.
+    pub fn input_data(&self, seed: u64) -> Vec<boundscope::Tensor> {
+        let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        self.inputs
+            .iter()
+            .map(|shape| {
+                boundscope::Tensor::from_fn(shape, |_| {
+                    state ^= state << 13;
+                    state ^= state >> 7;
+                    state ^= state << 17;
+                    (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+                })
+            })
+            .collect()
+    }
+}
+
+impl Op {
+    fn output_shape(&self, shapes: &[Vec<usize>]) -> Vec<usize> {
+        match self {
+            Op::Unary(_, x) | Op::Softmax(x) | Op::LayerNorm(x, ..) => shapes[*x].clone(),
+            Op::Binary(_, x, Operand::Scalar(_)) => shapes[*x].clone(),
+            Op::Binary(_, x, Operand::Value(y)) => broadcast(&shapes[*x], &shapes[*y]).expect("picked compatible"),
+            Op::Reduce(_, x) => {
+                let mut s = shapes[*x].clone();
+                *s.last_mut().expect("rank >= 1") = 1;
+                s
+            }
+            Op::Matmul(x, y) => vec![shapes[*x][0], shapes[*y][1]],
+            Op::Linear(x, w, _) => vec![shapes[*x][0], shapes[*w][0]],
+            Op::Reshape(_, d) | Op::BroadcastTo(_, d) => d.clone(),
+            Op::Transpose(x, p) => p.iter().map(|&i| shapes[*x][i]).collect(),
+        }
+    }
+}
+
+/// Numpy broadcast of two shapes, written independently of boundscope's.
+pub fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
+    let rank = a.len().max(b.len());
+    let get = |s: &[usize], i: usize| if i < rank - s.len() { 1 } else { s[i - (rank - s.len())] };
+    (0..rank)
+        .map(|i| match (get(a, i), get(b, i)) {
+            (x, y) if x == y => Some(x),
+            (1, y) => Some(y),
+            (x, 1) => Some(x),
+            _ => None,
+        })
+        .collect()
+}

@@ -18,8 +18,9 @@ use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Through
 static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 /// A chain of `n` checked bound symbols alternating `add(x, 1.0)`, `mul(x, y)` and `exp(x)`.
-fn build_arena(arena: &Arena, registry: &Registry, n: usize) -> usize {
-    let mut b = TraceBuilder::new(arena, registry);
+fn build_arena(arena: &Arena, registry: &Registry, n: usize, sized: bool) -> usize {
+    let mut b =
+        if sized { TraceBuilder::with_capacity(arena, registry, n) } else { TraceBuilder::new(arena, registry) };
     let x = b.input(&[4]).expect("valid");
     let mut v = x;
     for i in 0..n {
@@ -35,7 +36,8 @@ fn build_arena(arena: &Arena, registry: &Registry, n: usize) -> usize {
 }
 
 /// The baseline: the same bound symbols, each in its own `Box`, with `Vec` fields, unchecked.
-#[allow(dead_code)]
+// The boxes are the point of this baseline.
+#[allow(dead_code, clippy::vec_box)]
 struct BoxedBoundSymbol {
     symbol: u32,
     args: Vec<ValueId>,
@@ -71,9 +73,9 @@ fn build_boxed(n: usize) -> usize {
 fn report_allocations(registry: &Registry) {
     let mut arena = Arena::new();
     for n in [1_000, 10_000] {
-        build_arena(&arena, registry, n); // warm the arena up to size
+        build_arena(&arena, registry, n, false); // warm the arena up to size
         arena.reset();
-        let (arena_allocs, _) = allocations_during(|| build_arena(&arena, registry, n));
+        let (arena_allocs, _) = allocations_during(|| build_arena(&arena, registry, n, false));
         arena.reset();
         let (boxed_allocs, _) = allocations_during(|| build_boxed(n));
         println!(
@@ -92,13 +94,15 @@ fn trace_build(c: &mut Criterion) {
     for n in [1_000usize, 10_000] {
         group.throughput(Throughput::Elements(n as u64));
         let mut arena = Arena::new();
-        group.bench_with_input(BenchmarkId::new("arena", n), &n, |bench, &n| {
-            bench.iter(|| {
-                let len = build_arena(&arena, &registry, n);
-                arena.reset();
-                len
-            })
-        });
+        for (name, sized) in [("arena", false), ("arena_with_capacity", true)] {
+            group.bench_with_input(BenchmarkId::new(name, n), &n, |bench, &n| {
+                bench.iter(|| {
+                    let len = build_arena(&arena, &registry, n, sized);
+                    arena.reset();
+                    len
+                })
+            });
+        }
         group.bench_with_input(BenchmarkId::new("boxed_baseline", n), &n, |bench, &n| bench.iter(|| build_boxed(n)));
     }
     group.finish();

@@ -128,9 +128,8 @@ fn direct_mlp_block(inputs: &[Tensor]) -> Tensor {
         let row: Vec<f32> = (0..HIDDEN).map(|j| o[i * HIDDEN + j] + x.data()[i * HIDDEN + j]).collect();
         let mean = row.iter().sum::<f32>() / HIDDEN as f32;
         let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / HIDDEN as f32;
-        let normed: Vec<f32> = (0..HIDDEN)
-            .map(|j| (row[j] - mean) / (var + EPS).sqrt() * gamma.data()[j] + beta.data()[j])
-            .collect();
+        let normed: Vec<f32> =
+            (0..HIDDEN).map(|j| (row[j] - mean) / (var + EPS).sqrt() * gamma.data()[j] + beta.data()[j]).collect();
         let max = normed.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let z: f32 = normed.iter().map(|v| (v - max).exp()).sum();
         for j in 0..HIDDEN {

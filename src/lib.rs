@@ -56,3 +56,8 @@ pub use crate::core::passes;
 pub use crate::core::plan::{kernel_fn, Executor, Kernel, OpView, Outputs, Plan, Workspace};
 pub use crate::core::tensor::{Tensor, TensorMut, TensorRef};
 pub use crate::error::{Error, Result};
+
+/// The README's code example, compiled and run as a doctest.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

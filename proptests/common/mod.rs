@@ -14,9 +14,8 @@ pub fn close(got: TensorRef<'_>, expected: &oracle::Value, tolerance: f32) -> Re
         return Err(format!("shape {:?} vs expected {:?}", got.shape, expected.shape));
     }
     for (i, (&g, &e)) in got.data.iter().zip(&expected.data).enumerate() {
-        let same = (g.is_nan() && e.is_nan())
-            || (g.is_infinite() && g == e)
-            || (g - e).abs() <= tolerance * e.abs().max(1.0);
+        let same =
+            (g.is_nan() && e.is_nan()) || (g.is_infinite() && g == e) || (g - e).abs() <= tolerance * e.abs().max(1.0);
         if !same {
             return Err(format!("element {i}: got {g}, expected {e}"));
         }

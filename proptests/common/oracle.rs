@@ -62,7 +62,7 @@ fn binary(name: &str, a: f32, b: f32) -> f32 {
 
 fn map_rows(x: &Value, f: impl Fn(&[f32]) -> Vec<f32>) -> Value {
     let n = *x.shape.last().unwrap();
-    let data = x.data.chunks(n.max(1)).flat_map(|row| f(row)).collect();
+    let data = x.data.chunks(n.max(1)).flat_map(f).collect();
     Value { shape: x.shape.clone(), data }
 }
 

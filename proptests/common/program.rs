@@ -46,9 +46,8 @@ pub fn programs(composites: bool) -> impl Strategy<Value = Program> {
     let dims = (1usize..5, 1usize..5, 1usize..5);
     let choices = prop::collection::vec((any::<u8>(), any::<u32>(), any::<u32>(), -2.0f32..2.0), 1..14);
     let outputs = prop::collection::vec(any::<u32>(), 0..3);
-    (dims, choices, outputs).prop_map(move |((m, n, k), choices, outputs)| {
-        Program::from_choices(m, n, k, &choices, &outputs, composites)
-    })
+    (dims, choices, outputs)
+        .prop_map(move |((m, n, k), choices, outputs)| Program::from_choices(m, n, k, &choices, &outputs, composites))
 }
 
 impl Program {

@@ -51,14 +51,32 @@ pub struct TraceBuilder<'a> {
 impl<'a> TraceBuilder<'a> {
     /// An empty builder over symbols from `registry`, allocating in `arena`.
     pub fn new(arena: &'a Arena, registry: &'a Registry) -> Self {
+        Self::with_capacity(arena, registry, 16)
+    }
+
+    /// An empty builder with room for about `bound_symbols` top-level bound symbols (and as many
+    /// values) before its lists grow. Growing copies a list within the arena, so a good guess
+    /// saves time; any guess is correct.
+    ///
+    /// ```
+    /// use boundscope::{Arena, Registry, TraceBuilder};
+    /// let registry = Registry::with_builtins();
+    /// let arena = Arena::new();
+    /// let mut b = TraceBuilder::with_capacity(&arena, &registry, 1000);
+    /// let x = b.input(&[1]).unwrap();
+    /// b.output(x).unwrap();
+    /// assert!(b.finish().unwrap().is_empty());
+    /// ```
+    pub fn with_capacity(arena: &'a Arena, registry: &'a Registry, bound_symbols: usize) -> Self {
         let bump = arena.bump();
+        let values = bound_symbols + 8;
         let mut levels = ArenaVec::with_capacity_in(4, bump);
-        levels.push(ArenaVec::new_in(bump));
+        levels.push(ArenaVec::with_capacity_in(bound_symbols, bump));
         Self {
             arena,
             registry,
-            values: ArenaVec::new_in(bump),
-            defined: ArenaVec::new_in(bump),
+            values: ArenaVec::with_capacity_in(values, bump),
+            defined: ArenaVec::with_capacity_in(values, bump),
             inputs: ArenaVec::new_in(bump),
             outputs: ArenaVec::new_in(bump),
             levels,
@@ -70,7 +88,7 @@ impl<'a> TraceBuilder<'a> {
     /// A builder for rewriting `trace` into `arena`: same registry, values, inputs, outputs and
     /// history, and no bound symbols yet. Passes use it with [`push_copy`](Self::push_copy).
     pub fn rewrite(trace: &Trace<'a>, arena: &'a Arena) -> Self {
-        let mut b = Self::new(arena, trace.registry);
+        let mut b = Self::with_capacity(arena, trace.registry, trace.len());
         for meta in trace.values {
             b.values.push(ValueMeta { dtype: meta.dtype, shape: arena.alloc_slice_copy(meta.shape) });
             b.defined.push(false);
@@ -224,7 +242,7 @@ impl<'a> TraceBuilder<'a> {
             }
             None => (self.new_value(&meta), &[][..]),
         };
-        let outputs = self.arena.alloc_slice_copy(&[output]);
+        let outputs = std::slice::from_ref(self.arena.bump().alloc(output));
         self.current_level().push(BoundSymbol { symbol, args, outputs, subsymbols, comment });
         Ok(output)
     }

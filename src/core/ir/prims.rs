@@ -154,6 +154,9 @@ fn binary_rule(args: &[ArgInfo<'_>]) -> RuleResult {
             if *db != dtype {
                 return Err(format!("dtypes differ: {dtype} and {db}"));
             }
+            if a == *b {
+                return Ok(TensorMeta::new(dtype, a));
+            }
             Ok(TensorMeta { dtype, shape: broadcast_shapes(a, b)? })
         }
         _ => Ok(TensorMeta::new(dtype, a)),

@@ -39,7 +39,11 @@ impl Executor for Flaky {
                 panic!("flaky kernel panics on purpose");
             }
             if fail.load(Ordering::Relaxed) {
-                return Err(Error::Execution { executor: "flaky".into(), symbol: "exp".into(), message: "on purpose".into() });
+                return Err(Error::Execution {
+                    executor: "flaky".into(),
+                    symbol: "exp".into(),
+                    message: "on purpose".into(),
+                });
             }
             inner.run(inputs, outputs)
         }))

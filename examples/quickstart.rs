@@ -1,6 +1,10 @@
 //! A newcomer's first run: build a 2-layer MLP block as a trace, print it before and after the
-//! standard passes, run it on the CPU reference executor, check it against the same math
-//! written out by hand, and time it.
+//! standard passes, attach an NVTX range to every op as metadata, run it on the CPU reference
+//! executor, check it against the same math written out by hand, and time it with profiling
+//! off and on.
+//!
+//! Run it under Nsight Systems (`scripts/nsys-check target/release/examples/quickstart`) to see
+//! the ranges; the last line says how many ranges it emitted, for that check.
 //!
 //! ```text
 //! cargo run --release --example quickstart
@@ -11,7 +15,8 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use boundscope::executors::CpuReference;
-use boundscope::passes::Pipeline;
+use boundscope::guards::NvtxRange;
+use boundscope::passes::{InsertRangeNodes, Pass, Pipeline, ProfileOps};
 use boundscope::{Arena, Plan, Registry, Tensor, TraceBuilder};
 
 const BATCH: usize = 64;
@@ -31,7 +36,9 @@ fn main() -> ExitCode {
 }
 
 fn run() -> boundscope::Result<bool> {
-    let registry = Registry::with_builtins();
+    let mut registry = Registry::with_builtins();
+    // Only for the comparison below: the push/pop symbols of the inserted-node approach.
+    InsertRangeNodes::register(&mut registry)?;
     let arena = Arena::new();
 
     // 1. Build the program: linear, gelu, linear, residual add, layer_norm, softmax.
@@ -59,8 +66,20 @@ fn run() -> boundscope::Result<bool> {
     let prims = Pipeline::standard().run(&trace, &arena)?;
     println!("== after the standard passes ==\n{prims}");
 
-    // 3. Compile for the CPU reference executor and run.
-    let plan = Plan::compile(&prims, &[CpuReference::shared()])?;
+    // 3. Profile every op, as metadata: the trace keeps its 26 bound symbols.
+    let profiled = ProfileOps::new().with_trace_range(NvtxRange::new().label("mlp_block")?).run(&prims, &arena)?;
+    println!("== with an NVTX range on every op ==\n{profiled}");
+    let inserted = InsertRangeNodes.run(&prims, &arena)?;
+    println!(
+        "listing lines: {} with ranges as guards, {} with push/pop inserted as nodes ({} bound symbols vs {})\n",
+        profiled.to_string().lines().count(),
+        inserted.to_string().lines().count(),
+        profiled.len(),
+        inserted.len()
+    );
+
+    // 4. Compile for the CPU reference executor and run.
+    let plan = Plan::compile(&profiled, &[CpuReference::shared()])?;
     let inputs = [
         random(&[BATCH, HIDDEN], 1, 1.0),
         random(&[HIDDEN, HIDDEN], 2, 1.0 / (HIDDEN as f32).sqrt()),
@@ -73,23 +92,35 @@ fn run() -> boundscope::Result<bool> {
     let refs: Vec<&Tensor> = inputs.iter().collect();
     let out = plan.run(&refs)?;
 
-    // 4. Check against the same math written out directly.
+    // 5. Check against the same math written out directly.
     let expected = direct_mlp_block(&inputs);
     let diff = out[0].max_abs_diff(&expected);
     let ok = diff <= TOLERANCE;
     println!("max |plan - direct| = {diff:.3e} (tolerance {TOLERANCE:e}): {}", if ok { "OK" } else { "MISMATCH" });
 
-    // 5. Time it, reusing one workspace (no allocation per run).
+    // 6. Time it, reusing one workspace (no allocation per run), profiling off then on.
     let mut workspace = plan.workspace();
     let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
     let runs = 200;
     plan.run_with(&mut workspace, &views)?;
-    let start = Instant::now();
-    for _ in 0..runs {
-        plan.run_with(&mut workspace, &views)?;
+    let mut profiled_runs = 2; // the checked run and the warm-up
+    for profiling in [false, true] {
+        plan.set_profiling(profiling);
+        let start = Instant::now();
+        for _ in 0..runs {
+            plan.run_with(&mut workspace, &views)?;
+        }
+        let per_run = start.elapsed() / runs;
+        profiled_runs += if profiling { runs } else { 0 };
+        println!(
+            "{} steps on {:?}, profiling {}: {per_run:.2?} per run (mean of {runs})",
+            plan.len(),
+            plan.steps_per_executor(),
+            if profiling { "on " } else { "off" }
+        );
     }
-    let per_run = start.elapsed() / runs;
-    println!("{} steps on {:?}; {per_run:.2?} per run (mean of {runs})", plan.len(), plan.steps_per_executor());
+    // One range per op and one around the run, for every profiled run (scripts/nsys-check).
+    println!("boundscope-expected-ranges: boundscope {}", profiled_runs as usize * plan.guard_scope_count());
     Ok(ok)
 }
 

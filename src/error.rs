@@ -123,6 +123,29 @@ pub enum Error {
     },
     /// A workspace made by one plan was passed to another.
     WorkspaceMismatch,
+    /// A bound-symbol position past the end of the trace.
+    InvalidBoundSymbol {
+        /// The position asked for.
+        index: usize,
+        /// How many top-level bound symbols the trace has.
+        len: usize,
+    },
+    /// A subsymbol depth that the composite does not have.
+    DepthOutOfRange {
+        /// The composite's position.
+        op: usize,
+        /// The depth asked for.
+        depth: usize,
+        /// The deepest level of its decomposition (0 for a prim).
+        max: usize,
+    },
+    /// A guard label (or domain name) that cannot be used.
+    InvalidLabel {
+        /// The label, escaped.
+        label: String,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// An executor failed while running a bound symbol.
     Execution {
         /// The executor's name.
@@ -196,6 +219,20 @@ impl fmt::Display for Error {
             Error::WorkspaceMismatch => {
                 write!(f, "this workspace was made by another plan; make one with `plan.workspace()`")
             }
+            Error::InvalidBoundSymbol { index, len } => {
+                write!(f, "there is no bound symbol at position {index}: the trace has {len} (positions 0..{len})")
+            }
+            Error::DepthOutOfRange { op, depth, max } => {
+                if *max == 0 {
+                    write!(f, "bound symbol {op} is a prim with no subsymbols; attach to it directly instead")
+                } else {
+                    write!(
+                        f,
+                        "depth {depth} is out of range for bound symbol {op}: its decomposition has depths 1..={max}"
+                    )
+                }
+            }
+            Error::InvalidLabel { label, detail } => write!(f, "invalid label \"{label}\": {detail}"),
             Error::Execution { executor, symbol, message } => {
                 write!(f, "executor `{executor}` failed running `{symbol}`: {message}")
             }

@@ -47,10 +47,11 @@ mod core;
 mod error;
 pub mod executors;
 
+pub use crate::core::guards;
 pub use crate::core::ir::{
-    prims, Arena, Arg, ArgInfo, BoundSymbol, BoundSymbolId, Category, CpuKernelFactory, DType, Decomposition, Listing,
-    ListingOptions, ParamKind, PassRecord, Registry, Shape, ShapeRule, Symbol, SymbolId, SymbolRef, TensorMeta, Trace,
-    TraceBuilder, ValueId,
+    prims, Arena, Arg, ArgInfo, BoundSymbol, BoundSymbolId, Category, CpuKernelFactory, DType, Decomposition, GuardId,
+    Listing, ListingOptions, ParamKind, PassRecord, Registry, Shape, ShapeRule, Symbol, SymbolId, SymbolRef,
+    TensorMeta, Trace, TraceBuilder, ValueId,
 };
 pub use crate::core::passes;
 pub use crate::core::plan::{kernel_fn, Executor, Kernel, OpView, Outputs, Plan, Workspace};

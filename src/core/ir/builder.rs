@@ -14,6 +14,7 @@ use super::meta::{TensorMeta, ValueMeta};
 use super::registry::Registry;
 use super::symbol::ArgInfo;
 use super::trace::{PassRecord, Trace};
+use crate::core::guards::GuardTable;
 use crate::error::{Error, Result};
 
 /// Builds a [`Trace`] in an [`Arena`], checking each bound symbol as it is added.
@@ -46,6 +47,7 @@ pub struct TraceBuilder<'a> {
     levels: ArenaVec<'a, ArenaVec<'a, BoundSymbol<'a>>>,
     pending_comment: Option<&'a str>,
     history: Vec<PassRecord>,
+    guards: GuardTable,
 }
 
 impl<'a> TraceBuilder<'a> {
@@ -82,6 +84,7 @@ impl<'a> TraceBuilder<'a> {
             levels,
             pending_comment: None,
             history: Vec::new(),
+            guards: GuardTable::default(),
         }
     }
 
@@ -101,7 +104,23 @@ impl<'a> TraceBuilder<'a> {
         }
         b.outputs.extend_from_slice(trace.outputs);
         b.history = trace.history.clone();
+        b.guards = trace.guards.without_attachments();
         b
+    }
+
+    /// The guard table the finished trace will have (for passes that carry guards).
+    pub(crate) fn guards_mut(&mut self) -> &mut GuardTable {
+        &mut self.guards
+    }
+
+    /// Replaces the guard table the finished trace will have.
+    pub(crate) fn set_guards(&mut self, guards: GuardTable) {
+        self.guards = guards;
+    }
+
+    /// Number of top-level bound symbols pushed so far.
+    pub(crate) fn len(&self) -> usize {
+        self.levels.first().map_or(0, |l| l.len())
     }
 
     /// The registry this builder takes symbols from.
@@ -289,6 +308,7 @@ impl<'a> TraceBuilder<'a> {
             outputs: self.outputs.into_bump_slice(),
             bound_symbols,
             history: self.history,
+            guards: self.guards,
         })
     }
 

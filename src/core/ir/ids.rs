@@ -78,3 +78,14 @@ entity_id!(
     BoundSymbolId,
     "op"
 );
+
+entity_id!(
+    /// A guard object attached somewhere in a trace, printed `g0`, `g1`, ...
+    ///
+    /// ```
+    /// use boundscope::GuardId;
+    /// assert_eq!(GuardId::from_index(1).to_string(), "g1");
+    /// ```
+    GuardId,
+    "g"
+);

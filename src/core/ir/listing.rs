@@ -28,11 +28,14 @@ pub struct ListingOptions {
     pub subsymbols: bool,
     /// Print the header (bound symbol count and the passes that built the trace).
     pub header: bool,
+    /// Print guard annotations (`# @nvtx`). With `false`, a guarded trace lists exactly like
+    /// the same trace without guards.
+    pub guards: bool,
 }
 
 impl Default for ListingOptions {
     fn default() -> Self {
-        Self { subsymbols: true, header: true }
+        Self { subsymbols: true, header: true, guards: true }
     }
 }
 
@@ -69,6 +72,22 @@ impl fmt::Display for Listing<'_, '_> {
                 writeln!(f)?;
             }
         }
+        if self.options.guards {
+            let guards = &trace.guards;
+            if !guards.trace_level.is_empty() {
+                write!(f, "# guards around every run:")?;
+                for &g in &guards.trace_level {
+                    write!(f, " {}", guards.guard(g).kind())?;
+                    if let Some(label) = guards.guard(g).label() {
+                        write!(f, "({label:?})")?;
+                    }
+                }
+                writeln!(f)?;
+            }
+            if !guards.dropped.is_empty() {
+                writeln!(f, "# guards dropped by passes: {} (see Trace::dropped_guards)", guards.dropped.len())?;
+            }
+        }
         write!(f, "def trace(")?;
         for (i, &input) in trace.inputs.iter().enumerate() {
             let sep = if i == 0 { "" } else { ", " };
@@ -78,8 +97,8 @@ impl fmt::Display for Listing<'_, '_> {
             }
         }
         writeln!(f, "):")?;
-        for bsym in trace.bound_symbols {
-            self.write_bound_symbol(f, bsym, 0)?;
+        for (position, bsym) in trace.bound_symbols.iter().enumerate() {
+            self.write_bound_symbol(f, bsym, 0, Some(position))?;
         }
         write!(f, "  return (")?;
         for (i, o) in trace.outputs.iter().enumerate() {
@@ -90,7 +109,13 @@ impl fmt::Display for Listing<'_, '_> {
 }
 
 impl Listing<'_, '_> {
-    fn write_bound_symbol(&self, f: &mut fmt::Formatter<'_>, bsym: &BoundSymbol<'_>, depth: usize) -> fmt::Result {
+    fn write_bound_symbol(
+        &self,
+        f: &mut fmt::Formatter<'_>,
+        bsym: &BoundSymbol<'_>,
+        depth: usize,
+        position: Option<usize>,
+    ) -> fmt::Result {
         let indent = 2 + 2 * depth;
         let marker = if depth == 0 { "" } else { "# " };
         if let Some(comment) = bsym.comment {
@@ -104,10 +129,38 @@ impl Listing<'_, '_> {
         for (i, a) in bsym.args.iter().enumerate() {
             write!(f, "{}{a}", if i == 0 { "" } else { ", " })?;
         }
-        writeln!(f, ")")?;
+        write!(f, ")")?;
+        if let (true, Some(position)) = (self.options.guards, position) {
+            self.write_guard_annotations(f, position)?;
+        }
+        writeln!(f)?;
         if self.options.subsymbols {
             for sub in bsym.subsymbols {
-                self.write_bound_symbol(f, sub, depth + 1)?;
+                self.write_bound_symbol(f, sub, depth + 1, None)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Listing<'_, '_> {
+    /// `  # @nvtx @timer(softmax: 5 ops)` after a guarded bound symbol.
+    fn write_guard_annotations(&self, f: &mut fmt::Formatter<'_>, position: usize) -> fmt::Result {
+        let guards = &self.trace.guards;
+        for (i, a) in guards.at(position).iter().enumerate() {
+            let guard = guards.guard(a.guard);
+            write!(f, "{}{}", if i == 0 { "  # " } else { " " }, guard.kind())?;
+            let label = guard.label().map(|l| format!("{l:?}"));
+            let origin = || self.trace.registry.get(a.origin).map(|s| s.symbol.name().to_string()).unwrap_or_default();
+            match (label, a.depth, a.span) {
+                (label, depth, _) if depth > 0 => {
+                    write!(f, "({}subsymbols to depth {depth})", label.map(|l| l + ", ").unwrap_or_default())?
+                }
+                (Some(label), _, 1) => write!(f, "({label})")?,
+                (label, _, span) if span > 1 => {
+                    write!(f, "({}: {span} ops)", label.unwrap_or_else(origin))?;
+                }
+                _ => {}
             }
         }
         Ok(())

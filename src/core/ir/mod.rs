@@ -14,7 +14,7 @@ mod trace;
 pub use arena::Arena;
 pub use bound_symbol::{Arg, BoundSymbol};
 pub use builder::TraceBuilder;
-pub use ids::{BoundSymbolId, SymbolId, ValueId};
+pub use ids::{BoundSymbolId, GuardId, SymbolId, ValueId};
 pub use listing::{Listing, ListingOptions};
 pub(crate) use meta::DimsDisplay;
 pub use meta::{DType, Shape, TensorMeta};

@@ -10,6 +10,7 @@ use super::ids::ValueId;
 use super::meta::{TensorMeta, ValueMeta};
 use super::registry::Registry;
 use super::symbol::ArgInfo;
+use crate::core::guards::GuardTable;
 use crate::error::{Error, Result};
 
 /// One pass that built a trace, with how long it took; listed in the trace's header.
@@ -51,6 +52,8 @@ pub struct Trace<'a> {
     pub(crate) outputs: &'a [ValueId],
     pub(crate) bound_symbols: &'a [BoundSymbol<'a>],
     pub(crate) history: Vec<PassRecord>,
+    /// Guards attached to this trace: a side table, never in the arena.
+    pub(crate) guards: GuardTable,
 }
 
 impl<'a> Trace<'a> {

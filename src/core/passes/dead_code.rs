@@ -33,9 +33,20 @@ impl Pass for DeadCodeElimination {
             }
         }
         let mut builder = TraceBuilder::rewrite(trace, arena);
-        for (bsym, _) in trace.bound_symbols().iter().zip(&keep).filter(|(_, k)| **k) {
-            builder.push_copy(bsym);
+        let mut new_position = Vec::with_capacity(trace.len());
+        for (bsym, &kept) in trace.bound_symbols().iter().zip(&keep) {
+            new_position.push(kept.then(|| builder.len()));
+            if kept {
+                builder.push_copy(bsym);
+            }
         }
+        let guards = trace.guards.carry_through_removal(&new_position, trace.registry(), self.name(), |old| {
+            format!(
+                "`{}` (bound symbol {old}) was removed as dead code: none of its outputs reaches the trace's outputs",
+                trace.symbol_name(&trace.bound_symbols()[old])
+            )
+        });
+        builder.set_guards(guards);
         builder.finish()
     }
 }

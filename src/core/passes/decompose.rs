@@ -1,5 +1,6 @@
-//! Decomposition: replace every composite with the prims it is made of.
+//! Decomposition: replace every composite with the prims it is made of, carrying its guards.
 
+use crate::core::guards::{Attachment, GuardPolicy, Level};
 use crate::core::ir::{Arena, BoundSymbol, Trace, TraceBuilder};
 use crate::error::Result;
 
@@ -8,6 +9,29 @@ use super::Pass;
 /// Replaces each composite bound symbol by its subsymbols, recursively, leaving only prims.
 ///
 /// The subsymbols already use the trace's own value ids, so the replacement is a splice.
+/// Guards follow their policy: a composite's guard with [`GuardPolicy::Keep`] or
+/// [`GuardPolicy::MoveToEnclosing`] surrounds the prims it became (one range, not one per
+/// prim); one with [`GuardPolicy::DropWithReason`] is dropped and listed in
+/// [`Trace::dropped_guards`]. Guards on a composite's subsymbols stay on those subsymbols.
+///
+/// ```
+/// use boundscope::guards::{Recorder, Selection};
+/// use boundscope::passes::{Decompose, Pass};
+/// use boundscope::{Arena, BoundSymbolId, Registry, TraceBuilder};
+/// let registry = Registry::with_builtins();
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let x = b.input(&[2, 4]).unwrap();
+/// let y = b.softmax(x).unwrap();
+/// b.output(y).unwrap();
+/// let mut trace = b.finish().unwrap();
+/// trace.attach_guard(Selection::All, Recorder::new()).unwrap();
+/// let prims = Decompose.run(&trace, &arena).unwrap();
+/// assert_eq!(prims.len(), 5);
+/// // One guard, now around all five prims:
+/// assert_eq!(prims.guard_attachment_count(), 1);
+/// assert!(prims.to_string().contains("@record(softmax: 5 ops)"));
+/// ```
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Decompose;
 
@@ -18,10 +42,71 @@ impl Pass for Decompose {
 
     fn run<'a>(&self, trace: &Trace<'a>, arena: &'a Arena) -> Result<Trace<'a>> {
         let mut builder = TraceBuilder::rewrite(trace, arena);
+        let mut spans = Vec::with_capacity(trace.len());
         for bsym in trace.bound_symbols() {
+            let first = builder.len();
             splice(&mut builder, bsym, bsym.comment());
+            spans.push((first, builder.len() - first));
+        }
+        let registry = trace.registry();
+        let old = &trace.guards;
+        let guards = builder.guards_mut();
+        for (i, attachments) in old.per_op.iter().enumerate() {
+            for a in attachments {
+                if a.depth > 0 {
+                    let bsym = &trace.bound_symbols()[i];
+                    attach_subsymbols(guards, a, bsym, spans[i].0, a.depth as usize);
+                    continue;
+                }
+                let end = (i + a.span as usize).min(spans.len());
+                let first = spans[i].0;
+                let (last_first, last_len) = spans[end - 1];
+                let rewritten = trace.bound_symbols()[i..end].iter().any(|b| !b.subsymbols().is_empty());
+                match old.guard(a.guard).policy() {
+                    GuardPolicy::DropWithReason(reason) if rewritten => guards.record_drop(
+                        a,
+                        registry,
+                        self.name(),
+                        format!(
+                            "`{}` was decomposed into prims; {reason}",
+                            trace.symbol_name(&trace.bound_symbols()[i])
+                        ),
+                    ),
+                    _ => guards.attach(first, Attachment { span: (last_first + last_len - first) as u32, ..*a }),
+                }
+            }
         }
         builder.finish()
+    }
+}
+
+/// Number of prims a bound symbol becomes.
+fn prim_count(bsym: &BoundSymbol<'_>) -> usize {
+    if bsym.subsymbols().is_empty() {
+        1
+    } else {
+        bsym.subsymbols().iter().map(prim_count).sum()
+    }
+}
+
+/// Attaches `a`'s guard to every subsymbol of `bsym` down to `depth`, as spans over the prims
+/// each became (`first` is where `bsym`'s prims begin).
+fn attach_subsymbols(
+    guards: &mut crate::core::guards::GuardTable,
+    a: &Attachment,
+    bsym: &BoundSymbol<'_>,
+    first: usize,
+    depth: usize,
+) {
+    let mut at = first;
+    for sub in bsym.subsymbols() {
+        let len = prim_count(sub);
+        let attachment = Attachment { span: len as u32, depth: 0, level: Level::Subsymbol, origin: sub.symbol(), ..*a };
+        guards.attach(at, attachment);
+        if depth > 1 && !sub.subsymbols().is_empty() {
+            attach_subsymbols(guards, a, sub, at, depth - 1);
+        }
+        at += len;
     }
 }
 

@@ -6,11 +6,15 @@
 
 mod dead_code;
 mod decompose;
+pub mod inserted_ranges;
+mod profile_ops;
 
 use std::time::Instant;
 
 pub use dead_code::DeadCodeElimination;
 pub use decompose::Decompose;
+pub use inserted_ranges::InsertRangeNodes;
+pub use profile_ops::ProfileOps;
 
 use crate::core::ir::{Arena, Trace};
 use crate::error::Result;

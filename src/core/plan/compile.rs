@@ -11,9 +11,12 @@ use std::sync::{Arc, Mutex};
 use smallvec::SmallVec;
 
 use super::executor::{kernel_fn, Executor, Kernel, OpView};
+use super::guard_schedule::{prepare_scopes, schedules, CompiledNode, Schedule, Scope};
 use super::workspace::Workspace;
+use crate::core::guards::DroppedGuard;
 use crate::core::ir::{BoundSymbol, DimsDisplay, Shape, Trace, ValueId};
 use crate::error::{Error, Result};
+use std::sync::atomic::AtomicBool;
 
 /// Where a value lives while a plan runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -73,6 +76,11 @@ pub struct Plan {
     pub(crate) buffer_shapes: Vec<Shape>,
     pub(crate) outputs: Vec<u32>,
     pub(crate) pool: Mutex<Vec<Workspace>>,
+    pub(crate) scopes: Vec<Scope>,
+    /// `[profiling on, profiling off]`.
+    pub(crate) schedules: [Schedule; 2],
+    pub(crate) profiling: AtomicBool,
+    pub(crate) dropped_guards: Vec<DroppedGuard>,
 }
 
 static NEXT_PLAN_ID: AtomicU64 = AtomicU64::new(1);
@@ -98,8 +106,9 @@ impl Plan {
         for (i, &input) in trace.inputs().iter().enumerate() {
             compiler.value_slots[input.index()] = Some(Slot::Input(i as u32));
         }
+        let mut nodes = Vec::with_capacity(trace.len());
         for bsym in trace.bound_symbols() {
-            compiler.compile_bound_symbol(bsym)?;
+            nodes.push(compiler.compile_bound_symbol(bsym)?);
         }
         let mut outputs = Vec::with_capacity(trace.outputs().len());
         for &value in trace.outputs() {
@@ -107,8 +116,19 @@ impl Plan {
         }
         let input_shapes =
             trace.inputs().iter().map(|&v| compiler.shape(v).map(Shape::from_slice)).collect::<Result<_>>()?;
+        // Guards surround the steps of the trace's bound symbols; a copy step for an output that
+        // is an input comes after all of them and stays outside every op's scope.
+        let executor_names: Vec<&str> =
+            compiler.steps.iter().map(|s| executors.get(s.executor).map_or("runtime", |e| e.name())).collect();
+        let (scopes, mut dropped_guards) = prepare_scopes(trace, &nodes, &executor_names)?;
+        dropped_guards.extend(trace.dropped_guards().iter().cloned());
+        let schedules = schedules(&scopes, compiler.steps.len());
         Ok(Plan {
             id: NEXT_PLAN_ID.fetch_add(1, Ordering::Relaxed),
+            scopes,
+            schedules,
+            profiling: AtomicBool::new(true),
+            dropped_guards,
             steps: compiler.steps,
             executor_names: executors.iter().map(|e| e.name().to_string()).collect(),
             input_shapes,
@@ -136,6 +156,52 @@ impl Plan {
     /// The shapes of the outputs, in order.
     pub fn output_shapes(&self) -> impl Iterator<Item = &[usize]> {
         self.outputs.iter().map(|&b| self.buffer_shapes[b as usize].as_slice())
+    }
+
+    /// Switches profiling guards on or off without recompiling (on by default). Off, a run
+    /// costs what it costs without profiling guards: the run loop takes a schedule without
+    /// them. Guards that are not profiling guards (see
+    /// [`Guard::is_profiling`](crate::guards::Guard::is_profiling)) always run.
+    ///
+    /// ```
+    /// use boundscope::guards::{Recorder, Selection};
+    /// use boundscope::{executors::CpuReference, Arena, Plan, Registry, Tensor, TraceBuilder};
+    /// let registry = Registry::with_builtins();
+    /// let arena = Arena::new();
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[4]).unwrap();
+    /// let y = b.exp(x).unwrap();
+    /// b.output(y).unwrap();
+    /// let mut trace = b.finish().unwrap();
+    /// let recorder = Recorder::new();
+    /// trace.attach_guard(Selection::All, recorder.clone()).unwrap();
+    /// let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+    /// plan.set_profiling(false);
+    /// plan.run(&[&Tensor::zeros(&[4])]).unwrap();
+    /// assert!(recorder.is_empty());
+    /// plan.set_profiling(true);
+    /// plan.run(&[&Tensor::zeros(&[4])]).unwrap();
+    /// assert_eq!(recorder.len(), 1);
+    /// ```
+    pub fn set_profiling(&self, on: bool) {
+        self.profiling.store(on, Ordering::Relaxed);
+    }
+
+    /// Whether profiling guards are on.
+    pub fn profiling(&self) -> bool {
+        self.profiling.load(Ordering::Relaxed)
+    }
+
+    /// Guards that cannot run in this plan, with the reason (for example, a guard on the
+    /// subsymbols of a composite that an executor runs whole), followed by those the trace's
+    /// passes dropped.
+    pub fn dropped_guards(&self) -> &[DroppedGuard] {
+        &self.dropped_guards
+    }
+
+    /// Number of prepared guard scopes.
+    pub fn guard_scope_count(&self) -> usize {
+        self.scopes.len()
     }
 
     /// How many steps each executor runs, by executor name, in executor-list order.
@@ -179,8 +245,9 @@ impl<'c, 't> Compiler<'c, 't> {
         self.trace.meta(value).map(|m| m.shape).ok_or(Error::UndefinedValue { value, used_by: "Plan::compile".into() })
     }
 
-    fn compile_bound_symbol(&mut self, bsym: &'c BoundSymbol<'t>) -> Result<()> {
+    fn compile_bound_symbol(&mut self, bsym: &'c BoundSymbol<'t>) -> Result<CompiledNode> {
         let op = OpView::new(self.trace, bsym)?;
+        let first = self.steps.len();
         let claimed = self.executors.iter().position(|e| e.claims(&op));
         let Some(executor) = claimed else {
             if bsym.subsymbols().is_empty() {
@@ -189,10 +256,11 @@ impl<'c, 't> Compiler<'c, 't> {
                     tried: self.executors.iter().map(|e| e.name().to_string()).collect(),
                 });
             }
+            let mut children = Vec::with_capacity(bsym.subsymbols().len());
             for sub in bsym.subsymbols() {
-                self.compile_bound_symbol(sub)?;
+                children.push(self.compile_bound_symbol(sub)?);
             }
-            return Ok(());
+            return Ok(CompiledNode { first, len: self.steps.len() - first, children });
         };
         let kernel = self.executors[executor].compile(&op)?;
         let inputs = bsym
@@ -209,7 +277,7 @@ impl<'c, 't> Compiler<'c, 't> {
         }
         let line = format_line(self.trace, bsym);
         self.steps.push(Step { kernel, inputs, outputs, line, executor });
-        Ok(())
+        Ok(CompiledNode { first, len: 1, children: Vec::new() })
     }
 
     fn new_buffer(&mut self, shape: &[usize]) -> u32 {

@@ -108,6 +108,11 @@ impl<'t> OpView<'t> {
         Ok(Self { trace, bound_symbol, symbol })
     }
 
+    /// The registry the trace's symbols come from.
+    pub fn registry(&self) -> &'t crate::core::ir::Registry {
+        self.trace.registry()
+    }
+
     /// The symbol's id.
     pub fn symbol_id(&self) -> SymbolId {
         self.bound_symbol.symbol()

@@ -3,6 +3,7 @@
 
 mod compile;
 mod executor;
+mod guard_schedule;
 mod workspace;
 
 pub use compile::Plan;

@@ -6,7 +6,10 @@
 
 use smallvec::SmallVec;
 
+use std::sync::atomic::Ordering;
+
 use super::compile::{Plan, Slot, Step};
+use super::guard_schedule::{GuardStack, Schedule};
 use crate::core::tensor::{Tensor, TensorMut, TensorRef};
 use crate::error::{Error, Result};
 
@@ -98,15 +101,36 @@ impl Plan {
             *workspace = self.workspace();
         }
         workspace.in_flight = true;
-        for step in &self.steps {
-            if let Err(error) = self.run_step(step, workspace, inputs) {
-                // The step put its buffers back: the workspace is whole.
-                workspace.in_flight = false;
-                return Err(error);
+        let schedule = &self.schedules[if self.profiling.load(Ordering::Relaxed) { 0 } else { 1 }];
+        let result = if schedule.is_empty() {
+            self.steps.iter().try_for_each(|step| self.run_step(step, workspace, inputs))
+        } else {
+            self.run_guarded(schedule, workspace, inputs)
+        };
+        // Every step puts its buffers back, even when it fails: the workspace is whole.
+        workspace.in_flight = false;
+        result.map(|()| Outputs { plan: self, workspace })
+    }
+
+    /// The run loop with guards: enters and exits scopes around steps, on this thread. The
+    /// stack exits whatever is still entered, innermost first, on error and on panic.
+    fn run_guarded(&self, schedule: &Schedule, workspace: &mut Workspace, inputs: &[TensorRef<'_>]) -> Result<()> {
+        let order = &schedule.order;
+        let mut stack = GuardStack::new(&self.scopes);
+        let (a, b) = schedule.run_enter;
+        stack.enter(&order[a as usize..b as usize]);
+        for (i, step) in self.steps.iter().enumerate() {
+            let (a, b) = schedule.enter[i];
+            if a != b {
+                stack.enter(&order[a as usize..b as usize]);
+            }
+            self.run_step(step, workspace, inputs)?;
+            let exits = schedule.exit[i];
+            if exits != 0 {
+                stack.exit(exits);
             }
         }
-        workspace.in_flight = false;
-        Ok(Outputs { plan: self, workspace })
+        Ok(())
     }
 
     fn check_inputs(&self, inputs: &[TensorRef<'_>]) -> Result<()> {

@@ -1,0 +1,248 @@
+//! Scoped guards: context managers attached to bound symbols as metadata, entered just before
+//! the op runs and exited just after, whatever happens.
+//!
+//! A [`Guard`] is the attachable description (an NVTX range, a recorder, a timer, your own);
+//! when a plan is compiled, each attachment is *prepared* once for its site into a
+//! [`ScopedGuard`], which does all string registration and attribute building up front, so
+//! that entering and exiting at run time is only the essential call. Guards are kept in a side
+//! table of the trace, never in the arena and never as nodes of the trace: attaching one does
+//! not change which bound symbols a trace holds or how they print, apart from a short
+//! annotation.
+
+mod attach;
+mod closure;
+mod host_timer;
+mod nvtx_range;
+mod recorder;
+mod table;
+
+use std::fmt;
+use std::marker::PhantomData;
+
+pub use attach::Selection;
+pub use closure::ClosureGuard;
+pub use host_timer::{HostTimer, TimerStats};
+pub use nvtx_range::{NvtxRange, DEFAULT_DOMAIN};
+pub use recorder::{RecordedRange, Recorder};
+pub use table::DroppedGuard;
+pub(crate) use table::{Attachment, GuardTable};
+
+use crate::error::Result;
+
+/// What kind of thing a guard is. Executors declare which kinds they emit themselves, so that
+/// the runtime never emits a second copy; listings print the kind as an annotation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GuardKind {
+    /// An NVTX push/pop range.
+    NvtxRange,
+    /// The in-process range recorder.
+    Recorder,
+    /// The host timer.
+    HostTimer,
+    /// A pair of user closures.
+    Closure,
+    /// A user-defined kind, named.
+    Custom(&'static str),
+}
+
+impl GuardKind {
+    /// The annotation printed in listings (`@nvtx`, `@record`, ...).
+    pub fn annotation(&self) -> &'static str {
+        match self {
+            GuardKind::NvtxRange => "@nvtx",
+            GuardKind::Recorder => "@record",
+            GuardKind::HostTimer => "@timer",
+            GuardKind::Closure => "@closure",
+            GuardKind::Custom(name) => name,
+        }
+    }
+}
+
+impl fmt::Display for GuardKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.annotation())
+    }
+}
+
+/// What happens to a guard when a pass rewrites the bound symbol it is attached to.
+///
+/// Whatever the policy, a guard is never lost silently: if it cannot follow its bound symbol,
+/// it is listed in [`Trace::dropped_guards`](crate::Trace::dropped_guards) with the reason.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GuardPolicy {
+    /// Stay on the replacement: a decomposed composite's guard covers the prims it became.
+    Keep,
+    /// Move to the enclosing unit: a fused op's guard moves to its region; a decomposed
+    /// composite's guard covers the prims it became.
+    MoveToEnclosing,
+    /// Be dropped, with this reason recorded, when the bound symbol is rewritten.
+    DropWithReason(&'static str),
+}
+
+/// The level of a range in the nesting `trace ⊃ region or op ⊃ subsymbol`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Level {
+    /// Around a whole run.
+    Trace,
+    /// Around a fused region.
+    Region,
+    /// Around a top-level bound symbol (or the prims a composite became).
+    Op,
+    /// Around a subsymbol of a composite.
+    Subsymbol,
+}
+
+impl Level {
+    /// Lower-case name (`trace`, `region`, `op`, `subsymbol`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Trace => "trace",
+            Level::Region => "region",
+            Level::Op => "op",
+            Level::Subsymbol => "subsymbol",
+        }
+    }
+
+    /// All levels, outermost first.
+    pub const ALL: [Level; 4] = [Level::Trace, Level::Region, Level::Op, Level::Subsymbol];
+}
+
+/// Where a guard is being prepared: what it will surround.
+#[derive(Clone, Copy, Debug)]
+pub struct GuardSite<'s> {
+    /// The default label: the symbol's name (`add`), the composite's name for the prims it
+    /// became, or `trace` for a whole run.
+    pub label: &'s str,
+    /// The level of the range.
+    pub level: Level,
+    /// The executor that runs what the guard surrounds (`runtime` for a whole run).
+    pub executor: &'s str,
+    /// How many compiled ops the guard surrounds (a payload for regions and spans).
+    pub ops: u32,
+}
+
+/// A context manager that can be attached to bound symbols, regions or whole traces.
+///
+/// Implement it for your own guards; see [`ClosureGuard`] for the quickest way.
+///
+/// ```
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use std::sync::Arc;
+/// use boundscope::guards::{Guard, GuardKind, GuardSite, ScopedGuard};
+///
+/// /// Counts entries per plan site.
+/// struct CountCalls(Arc<AtomicU64>);
+/// struct Counting(Arc<AtomicU64>);
+/// impl ScopedGuard for Counting {
+///     fn on_enter(&self) -> u64 { self.0.fetch_add(1, Ordering::Relaxed); 0 }
+///     fn on_exit(&self, _entered: u64) {}
+/// }
+/// impl Guard for CountCalls {
+///     fn kind(&self) -> GuardKind { GuardKind::Custom("@count") }
+///     fn prepare(&self, _site: &GuardSite<'_>) -> boundscope::Result<Box<dyn ScopedGuard>> {
+///         Ok(Box::new(Counting(self.0.clone())))
+///     }
+/// }
+/// ```
+pub trait Guard: Send + Sync + 'static {
+    /// Its kind.
+    fn kind(&self) -> GuardKind;
+
+    /// What passes do with it when they rewrite its bound symbol. Default: [`GuardPolicy::Keep`].
+    fn policy(&self) -> GuardPolicy {
+        GuardPolicy::Keep
+    }
+
+    /// Whether it is a profiling guard, switched off with
+    /// [`Plan::set_profiling`](crate::Plan::set_profiling). Default: `true`. Guards that change
+    /// behaviour (setting thread-local state, say) return `false` and always run.
+    fn is_profiling(&self) -> bool {
+        true
+    }
+
+    /// A label that overrides the site's default label, if the user set one.
+    fn label(&self) -> Option<&str> {
+        None
+    }
+
+    /// Prepares the guard for one site of a plan: called once, when the plan is compiled.
+    ///
+    /// # Errors
+    /// Whatever makes the guard unusable at this site; the plan fails to compile with it.
+    fn prepare(&self, site: &GuardSite<'_>) -> Result<Box<dyn ScopedGuard>>;
+}
+
+/// A guard prepared for one site of a plan: entering and exiting are all that is left to do.
+///
+/// `on_exit` must not panic or fail loudly (it may run while unwinding); a guard that can fail
+/// records the error and reports it from its own API.
+pub trait ScopedGuard: Send + Sync {
+    /// Enters the scope; returns a word of state handed back to `on_exit` (a start time, an
+    /// id), so that no per-entry allocation is needed.
+    fn on_enter(&self) -> u64;
+
+    /// Exits the scope entered by the `on_enter` call that returned `entered`.
+    fn on_exit(&self, entered: u64);
+}
+
+impl dyn ScopedGuard + '_ {
+    /// Enters the scope; dropping the returned token exits it (also while unwinding).
+    ///
+    /// The token cannot leave the thread, so the exit happens on the entering thread:
+    /// ```compile_fail
+    /// use boundscope::guards::{Guard, NvtxRange, GuardSite, Level};
+    /// let site = GuardSite { label: "add", level: Level::Op, executor: "cpu", ops: 1 };
+    /// let prepared = NvtxRange::new().prepare(&site).unwrap();
+    /// let token = prepared.enter();
+    /// std::thread::spawn(move || drop(token)); // error: `*mut ()` cannot be sent between threads
+    /// ```
+    pub fn enter(&self) -> Entered<'_> {
+        Entered { guard: self, state: self.on_enter(), _not_send: PhantomData }
+    }
+
+    /// Runs `f` inside the scope.
+    ///
+    /// ```
+    /// use boundscope::guards::{Guard, GuardSite, Level, Recorder};
+    /// let recorder = Recorder::new();
+    /// let site = GuardSite { label: "work", level: Level::Op, executor: "me", ops: 1 };
+    /// let prepared = recorder.prepare(&site).unwrap();
+    /// let answer = prepared.in_scope(|| 6 * 7);
+    /// assert_eq!(answer, 42);
+    /// assert_eq!(recorder.ranges()[0].label.as_ref(), "work");
+    /// ```
+    pub fn in_scope<R>(&self, f: impl FnOnce() -> R) -> R {
+        let _entered = self.enter();
+        f()
+    }
+}
+
+/// An entered scope; dropping it exits the scope. Not `Send`: the exit happens on the
+/// entering thread, as NVTX push/pop requires.
+#[must_use = "the scope exits when this token is dropped; bind it to a named variable"]
+pub struct Entered<'g> {
+    guard: &'g dyn ScopedGuard,
+    state: u64,
+    _not_send: PhantomData<*mut ()>,
+}
+
+impl Drop for Entered<'_> {
+    fn drop(&mut self) {
+        self.guard.on_exit(self.state);
+    }
+}
+
+/// Checks a user label: non-empty and without interior NUL (NVTX takes C strings).
+pub(crate) fn check_label(label: &str) -> Result<()> {
+    if label.is_empty() {
+        return Err(crate::Error::InvalidLabel { label: label.into(), detail: "a label must not be empty".into() });
+    }
+    if label.contains('\0') {
+        return Err(crate::Error::InvalidLabel {
+            label: label.escape_default().to_string(),
+            detail: "a label must not contain a NUL character (NVTX takes C strings)".into(),
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,240 @@
+//! `Recorder`: an in-process range tree that tests and users read back without any profiler,
+//! and export as Chrome trace JSON (Perfetto, chrome://tracing).
+
+use std::cell::RefCell;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
+use std::time::Instant;
+
+use super::{Guard, GuardKind, GuardPolicy, GuardSite, Level, ScopedGuard};
+use crate::error::Result;
+
+/// One recorded range.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RecordedRange {
+    /// Unique within its recorder, in order of entry.
+    pub id: u64,
+    /// The range of the same recorder that was open on the same thread when this one began.
+    pub parent: Option<u64>,
+    /// The label (symbol name, region label, user label).
+    pub label: Arc<str>,
+    /// Its level.
+    pub level: Level,
+    /// The thread it ran on.
+    pub thread: ThreadId,
+    /// A small number per thread (1, 2, ...), for exports.
+    pub thread_index: u64,
+    /// Start, in ns since the recorder was made.
+    pub start_ns: u64,
+    /// End, in ns since the recorder was made.
+    pub end_ns: u64,
+}
+
+/// Records every range it is attached to, with its parent, thread and times. Clones share one
+/// record.
+///
+/// ```
+/// use boundscope::guards::{Recorder, Selection};
+/// use boundscope::{executors::CpuReference, Arena, Plan, Registry, Tensor, TraceBuilder};
+/// let registry = Registry::with_builtins();
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let x = b.input(&[4]).unwrap();
+/// let y = b.exp(x).unwrap();
+/// b.output(y).unwrap();
+/// let mut trace = b.finish().unwrap();
+/// let recorder = Recorder::new();
+/// trace.attach_trace_guard(recorder.clone()).unwrap();
+/// trace.attach_guard(Selection::All, recorder.clone()).unwrap();
+/// let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+/// plan.run(&[&Tensor::zeros(&[4])]).unwrap();
+/// let ranges = recorder.ranges();
+/// assert_eq!(ranges.len(), 2);
+/// assert_eq!(ranges[1].label.as_ref(), "exp");
+/// assert_eq!(ranges[1].parent, Some(ranges[0].id)); // op inside trace
+/// assert!(recorder.to_chrome_trace().contains("\"ph\":\"X\""));
+/// ```
+#[derive(Clone)]
+pub struct Recorder {
+    inner: Arc<RecorderInner>,
+}
+
+struct RecorderInner {
+    id: u64,
+    epoch: Instant,
+    next_range: AtomicU64,
+    ranges: Mutex<Vec<RecordedRange>>,
+}
+
+struct OpenRange {
+    recorder: u64,
+    id: u64,
+    parent: Option<u64>,
+    start_ns: u64,
+}
+
+thread_local! {
+    static OPEN: RefCell<Vec<OpenRange>> = const { RefCell::new(Vec::new()) };
+    static THREAD_INDEX: u64 = {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    };
+}
+
+impl Default for Recorder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Recorder {
+    /// An empty recorder.
+    pub fn new() -> Self {
+        static NEXT_RECORDER: AtomicU64 = AtomicU64::new(1);
+        Self {
+            inner: Arc::new(RecorderInner {
+                id: NEXT_RECORDER.fetch_add(1, Ordering::Relaxed),
+                epoch: Instant::now(),
+                next_range: AtomicU64::new(0),
+                ranges: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// Every completed range, by thread, then start time, then entry order.
+    pub fn ranges(&self) -> Vec<RecordedRange> {
+        let mut ranges = self.inner.ranges.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        ranges.sort_by_key(|r| (r.thread_index, r.start_ns, r.id));
+        ranges
+    }
+
+    /// Number of completed ranges.
+    pub fn len(&self) -> usize {
+        self.inner.ranges.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Whether nothing was recorded.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forgets everything recorded.
+    pub fn clear(&self) {
+        self.inner.ranges.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+
+    /// The ranges as Chrome trace JSON: complete (`"ph":"X"`) events in microseconds, one
+    /// `tid` per thread, category = level. Perfetto and chrome://tracing open it.
+    pub fn to_chrome_trace(&self) -> String {
+        let mut json = String::from("{\"displayTimeUnit\":\"ns\",\"traceEvents\":[");
+        for (i, r) in self.ranges().iter().enumerate() {
+            if i > 0 {
+                json.push(',');
+            }
+            json.push_str("{\"name\":");
+            push_json_string(&mut json, &r.label);
+            let _ = write!(
+                json,
+                ",\"cat\":\"{}\",\"ph\":\"X\",\"ts\":{:.3},\"dur\":{:.3},\"pid\":1,\"tid\":{},\"args\":{{\"id\":{}",
+                r.level.name(),
+                r.start_ns as f64 / 1e3,
+                r.end_ns.saturating_sub(r.start_ns) as f64 / 1e3,
+                r.thread_index,
+                r.id
+            );
+            if let Some(p) = r.parent {
+                let _ = write!(json, ",\"parent\":{p}");
+            }
+            json.push_str("}}");
+        }
+        json.push_str("]}");
+        json
+    }
+
+    /// Writes [`to_chrome_trace`](Self::to_chrome_trace) to a file.
+    ///
+    /// # Errors
+    /// The I/O error, if writing fails.
+    pub fn write_chrome_trace(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
+        std::fs::write(path, self.to_chrome_trace())
+    }
+}
+
+fn push_json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => {
+                let _ = write!(out, "\\u{:04x}", c as u32);
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+}
+
+struct PreparedRecord {
+    inner: Arc<RecorderInner>,
+    label: Arc<str>,
+    level: Level,
+}
+
+impl PreparedRecord {
+    fn now_ns(&self) -> u64 {
+        self.inner.epoch.elapsed().as_nanos() as u64
+    }
+}
+
+impl ScopedGuard for PreparedRecord {
+    fn on_enter(&self) -> u64 {
+        let id = self.inner.next_range.fetch_add(1, Ordering::Relaxed);
+        let start_ns = self.now_ns();
+        OPEN.with(|open| {
+            let mut open = open.borrow_mut();
+            let parent = open.iter().rev().find(|o| o.recorder == self.inner.id).map(|o| o.id);
+            open.push(OpenRange { recorder: self.inner.id, id, parent, start_ns });
+        });
+        id
+    }
+
+    fn on_exit(&self, entered: u64) {
+        let end_ns = self.now_ns();
+        let open = OPEN.with(|open| {
+            let mut open = open.borrow_mut();
+            let at = open.iter().rposition(|o| o.recorder == self.inner.id && o.id == entered)?;
+            Some(open.remove(at))
+        });
+        // A range that is not open was entered elsewhere; there is nothing sound to record.
+        let Some(open) = open else { return };
+        let range = RecordedRange {
+            id: entered,
+            parent: open.parent,
+            label: self.label.clone(),
+            level: self.level,
+            thread: std::thread::current().id(),
+            thread_index: THREAD_INDEX.with(|t| *t),
+            start_ns: open.start_ns,
+            end_ns,
+        };
+        self.inner.ranges.lock().unwrap_or_else(|p| p.into_inner()).push(range);
+    }
+}
+
+impl Guard for Recorder {
+    fn kind(&self) -> GuardKind {
+        GuardKind::Recorder
+    }
+
+    /// Recorded ranges of fused ops merge into their region's range, like NVTX ranges.
+    fn policy(&self) -> GuardPolicy {
+        GuardPolicy::MoveToEnclosing
+    }
+
+    fn prepare(&self, site: &GuardSite<'_>) -> Result<Box<dyn ScopedGuard>> {
+        Ok(Box::new(PreparedRecord { inner: self.inner.clone(), label: Arc::from(site.label), level: site.level }))
+    }
+}

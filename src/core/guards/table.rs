@@ -1,0 +1,140 @@
+//! The trace's side table of guards: the guard objects, what each bound symbol has attached,
+//! and the guards that passes had to drop, with their reasons.
+
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use super::{Guard, GuardKind, Level};
+use crate::core::ir::{GuardId, Registry, SymbolId};
+
+/// One guard attached to one place.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Attachment {
+    pub guard: GuardId,
+    /// How many consecutive top-level bound symbols it surrounds, starting at its owner (more
+    /// than one after a composite was decomposed into prims).
+    pub span: u32,
+    /// 0: the bound symbols themselves; `d >= 1`: every subsymbol down to depth `d` instead.
+    pub depth: u8,
+    /// The level its ranges report.
+    pub level: Level,
+    /// The symbol whose name is the default label.
+    pub origin: SymbolId,
+}
+
+/// A guard that a pass could not carry, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DroppedGuard {
+    /// The guard's kind.
+    pub kind: GuardKind,
+    /// The guard's label (its own, or the name of the symbol it was attached to).
+    pub label: String,
+    /// The pass (or `Plan::compile`) that dropped it.
+    pub pass: String,
+    /// Why.
+    pub reason: String,
+}
+
+/// Guards of one trace, keyed by top-level bound-symbol position. Not in the arena: guard
+/// objects need `Drop`.
+#[derive(Clone, Default)]
+pub(crate) struct GuardTable {
+    pub guards: Vec<Arc<dyn Guard>>,
+    pub per_op: Vec<SmallVec<[Attachment; 2]>>,
+    pub trace_level: SmallVec<[GuardId; 2]>,
+    pub dropped: Vec<DroppedGuard>,
+}
+
+impl GuardTable {
+    pub fn add_guard(&mut self, guard: Arc<dyn Guard>) -> GuardId {
+        self.guards.push(guard);
+        GuardId::from_index(self.guards.len() - 1)
+    }
+
+    pub fn guard(&self, id: GuardId) -> &dyn Guard {
+        &*self.guards[id.index()]
+    }
+
+    pub fn attach(&mut self, position: usize, attachment: Attachment) {
+        if self.per_op.len() <= position {
+            self.per_op.resize_with(position + 1, SmallVec::new);
+        }
+        self.per_op[position].push(attachment);
+    }
+
+    pub fn at(&self, position: usize) -> &[Attachment] {
+        self.per_op.get(position).map_or(&[], |a| a.as_slice())
+    }
+
+    /// Number of attachments (trace-level included).
+    pub fn attachment_count(&self) -> usize {
+        self.trace_level.len() + self.per_op.iter().map(SmallVec::len).sum::<usize>()
+    }
+
+    /// The same guard objects and trace-level guards, with no per-op attachments: the start of
+    /// a rewritten trace's table.
+    pub fn without_attachments(&self) -> GuardTable {
+        GuardTable {
+            guards: self.guards.clone(),
+            per_op: Vec::new(),
+            trace_level: self.trace_level.clone(),
+            dropped: self.dropped.clone(),
+        }
+    }
+
+    pub fn label_of(&self, attachment: &Attachment, registry: &Registry) -> String {
+        let guard = self.guard(attachment.guard);
+        guard
+            .label()
+            .map(str::to_string)
+            .unwrap_or_else(|| registry.get(attachment.origin).map(|s| s.symbol.name().to_string()).unwrap_or_default())
+    }
+
+    pub fn record_drop(&mut self, attachment: &Attachment, registry: &Registry, pass: &str, reason: String) {
+        let dropped = DroppedGuard {
+            kind: self.guard(attachment.guard).kind(),
+            label: self.label_of(attachment, registry),
+            pass: pass.to_string(),
+            reason,
+        };
+        self.dropped.push(dropped);
+    }
+
+    /// Carries attachments through a pass that keeps or removes whole top-level bound symbols
+    /// (`new_position[i]` is where old bound symbol `i` went, `None` if removed): spans shrink
+    /// to their survivors; an attachment with no survivor is dropped with `reason`.
+    pub fn carry_through_removal(
+        &self,
+        new_position: &[Option<usize>],
+        registry: &Registry,
+        pass: &str,
+        reason: impl Fn(usize) -> String,
+    ) -> GuardTable {
+        let mut out = self.without_attachments();
+        for (old, attachments) in self.per_op.iter().enumerate() {
+            for a in attachments {
+                let covered = old..(old + a.span as usize).min(new_position.len());
+                let mut survivors = covered.clone().filter_map(|i| new_position[i]);
+                match survivors.next() {
+                    Some(first) => {
+                        let span = 1 + survivors.count() as u32;
+                        out.attach(first, Attachment { span, ..*a });
+                    }
+                    None => out.record_drop(a, registry, pass, reason(old)),
+                }
+            }
+        }
+        out
+    }
+}
+
+impl std::fmt::Debug for GuardTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GuardTable")
+            .field("guards", &self.guards.len())
+            .field("attachments", &self.attachment_count())
+            .field("dropped", &self.dropped)
+            .finish()
+    }
+}

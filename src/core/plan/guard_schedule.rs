@@ -1,0 +1,215 @@
+//! Where a plan enters and exits its guards.
+//!
+//! Each attachment becomes a [`Scope`] over a contiguous range of steps, prepared once. Scopes
+//! nest (trace ⊃ op ⊃ subsymbol; spans from decomposition nest by construction), so a run only
+//! needs, per step, which scopes to enter before it and how many to exit after it, taken from
+//! a stack. Two schedules are precomputed: with profiling on (every guard) and off (only guards
+//! that are not profiling guards), so that switching profiling costs nothing per step when the
+//! second one is empty.
+
+use smallvec::SmallVec;
+
+use crate::core::guards::{GuardSite, GuardTable, Level, ScopedGuard};
+use crate::core::ir::{BoundSymbol, Trace};
+use crate::error::{Error, Result};
+
+/// Where one bound symbol's steps are in the plan.
+pub(crate) struct CompiledNode {
+    pub first: usize,
+    pub len: usize,
+    /// Its subsymbols, if it was decomposed into them when compiled (empty if claimed whole).
+    pub children: Vec<CompiledNode>,
+}
+
+/// One prepared guard over the steps `first..end`.
+pub(crate) struct Scope {
+    pub guard: Box<dyn ScopedGuard>,
+    pub first: u32,
+    pub end: u32,
+    /// Trace-level: entered before the first step and exited after the last.
+    pub whole_run: bool,
+    pub profiling: bool,
+}
+
+/// The entries and exits of one run, for one profiling setting.
+#[derive(Default)]
+pub(crate) struct Schedule {
+    /// Scope indices in entry order.
+    pub order: Vec<u32>,
+    /// `order[run_enter.0..run_enter.1]` are entered before the first step.
+    pub run_enter: (u32, u32),
+    /// Per step: `order[enter.0..enter.1]` are entered before it.
+    pub enter: Vec<(u32, u32)>,
+    /// Per step: how many scopes to exit after it.
+    pub exit: Vec<u32>,
+}
+
+impl Schedule {
+    pub fn is_empty(&self) -> bool {
+        self.order.is_empty()
+    }
+
+    fn build(scopes: &[Scope], steps: usize, include: impl Fn(&Scope) -> bool) -> Schedule {
+        let mut order: Vec<u32> = (0..scopes.len() as u32).filter(|&i| include(&scopes[i as usize])).collect();
+        // Outer before inner: earlier start, then later end, then whole-run, then attach order.
+        order.sort_by_key(|&i| {
+            let s = &scopes[i as usize];
+            (!s.whole_run, s.first, std::cmp::Reverse(s.end), i)
+        });
+        let mut schedule = Schedule { enter: vec![(0, 0); steps], exit: vec![0; steps], ..Default::default() };
+        let run_level = order.iter().take_while(|&&i| scopes[i as usize].whole_run).count() as u32;
+        schedule.run_enter = (0, run_level);
+        let mut k = run_level as usize;
+        for step in 0..steps {
+            let start = k;
+            while k < order.len() && scopes[order[k] as usize].first as usize == step {
+                k += 1;
+            }
+            schedule.enter[step] = (start as u32, k as u32);
+        }
+        for &i in &order[run_level as usize..] {
+            let s = &scopes[i as usize];
+            schedule.exit[s.end as usize - 1] += 1;
+        }
+        schedule.order = order;
+        schedule
+    }
+}
+
+/// Entered scopes of one run; exits whatever is still entered, innermost first, when dropped
+/// (after an error, or while unwinding from a panic).
+pub(crate) struct GuardStack<'p> {
+    scopes: &'p [Scope],
+    entered: SmallVec<[(u32, u64); 16]>,
+}
+
+impl<'p> GuardStack<'p> {
+    pub fn new(scopes: &'p [Scope]) -> Self {
+        Self { scopes, entered: SmallVec::new() }
+    }
+
+    #[inline]
+    pub fn enter(&mut self, order: &[u32]) {
+        for &i in order {
+            let state = self.scopes[i as usize].guard.on_enter();
+            self.entered.push((i, state));
+        }
+    }
+
+    #[inline]
+    pub fn exit(&mut self, count: u32) {
+        for _ in 0..count {
+            if let Some((i, state)) = self.entered.pop() {
+                self.scopes[i as usize].guard.on_exit(state);
+            }
+        }
+    }
+}
+
+impl Drop for GuardStack<'_> {
+    fn drop(&mut self) {
+        while let Some((i, state)) = self.entered.pop() {
+            self.scopes[i as usize].guard.on_exit(state);
+        }
+    }
+}
+
+/// Prepares every attachment of `trace` over the compiled steps. Returns the scopes and the
+/// attachments that cannot run (subsymbol guards of a composite an executor runs whole).
+pub(crate) fn prepare_scopes(
+    trace: &Trace<'_>,
+    nodes: &[CompiledNode],
+    step_executor: &[&str],
+) -> Result<(Vec<Scope>, Vec<crate::core::guards::DroppedGuard>)> {
+    let guards: &GuardTable = &trace.guards;
+    let registry = trace.registry();
+    let steps = step_executor.len();
+    let mut scopes = Vec::new();
+    let mut dropped = GuardTable::default();
+    let executor_of = |first: usize, end: usize| {
+        let e = step_executor.get(first).copied().unwrap_or("runtime");
+        if step_executor[first..end].iter().all(|x| *x == e) {
+            e
+        } else {
+            "runtime"
+        }
+    };
+    for &g in &guards.trace_level {
+        let guard = guards.guard(g);
+        let site = GuardSite {
+            label: guard.label().unwrap_or("trace"),
+            level: Level::Trace,
+            executor: "runtime",
+            ops: steps as u32,
+        };
+        scopes.push(Scope {
+            guard: guard.prepare(&site)?,
+            first: 0,
+            end: steps as u32,
+            whole_run: true,
+            profiling: guard.is_profiling(),
+        });
+    }
+    for (position, attachments) in guards.per_op.iter().enumerate() {
+        for a in attachments {
+            let guard = guards.guard(a.guard);
+            let label = guards.label_of(a, registry);
+            let mut push = |first: usize, end: usize, level: Level, label: &str| -> Result<()> {
+                let site = GuardSite { label, level, executor: executor_of(first, end), ops: (end - first) as u32 };
+                scopes.push(Scope {
+                    guard: guard.prepare(&site)?,
+                    first: first as u32,
+                    end: end as u32,
+                    whole_run: false,
+                    profiling: guard.is_profiling(),
+                });
+                Ok(())
+            };
+            let Some(node) = nodes.get(position) else {
+                return Err(Error::MalformedTrace {
+                    position: Some(position),
+                    detail: "a guard is attached to a bound symbol the trace does not have".into(),
+                });
+            };
+            if a.depth == 0 {
+                let last = nodes.get(position + a.span as usize - 1).unwrap_or(node);
+                push(node.first, last.first + last.len, a.level, &label)?;
+            } else if node.children.is_empty() {
+                dropped.record_drop(
+                    a,
+                    registry,
+                    "Plan::compile",
+                    format!(
+                        "an executor runs `{label}` whole, so its subsymbols never run separately; \
+                         attach the guard to `{label}` itself"
+                    ),
+                );
+            } else {
+                let bsym = &trace.bound_symbols()[position];
+                push_subsymbols(bsym, node, a.depth as usize, trace, &mut push)?;
+            }
+        }
+    }
+    Ok((scopes, dropped.dropped))
+}
+
+fn push_subsymbols(
+    bsym: &BoundSymbol<'_>,
+    node: &CompiledNode,
+    depth: usize,
+    trace: &Trace<'_>,
+    push: &mut impl FnMut(usize, usize, Level, &str) -> Result<()>,
+) -> Result<()> {
+    for (sub, child) in bsym.subsymbols().iter().zip(&node.children) {
+        push(child.first, child.first + child.len, Level::Subsymbol, trace.symbol_name(sub))?;
+        if depth > 1 && !child.children.is_empty() {
+            push_subsymbols(sub, child, depth - 1, trace, push)?;
+        }
+    }
+    Ok(())
+}
+
+/// The two schedules: profiling on (every scope) and off (non-profiling scopes only).
+pub(crate) fn schedules(scopes: &[Scope], steps: usize) -> [Schedule; 2] {
+    [Schedule::build(scopes, steps, |_| true), Schedule::build(scopes, steps, |s| !s.profiling)]
+}

@@ -246,3 +246,6 @@ pub(crate) fn check_label(label: &str) -> Result<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests;

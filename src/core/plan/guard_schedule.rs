@@ -125,7 +125,8 @@ pub(crate) fn prepare_scopes(
     let registry = trace.registry();
     let steps = step_executor.len();
     let mut scopes = Vec::new();
-    let mut dropped = GuardTable::default();
+    // Guard objects for the names in drop records; only the drops found here are returned.
+    let mut dropped = GuardTable { guards: guards.guards.clone(), ..GuardTable::default() };
     let executor_of = |first: usize, end: usize| {
         let e = step_executor.get(first).copied().unwrap_or("runtime");
         if step_executor[first..end].iter().all(|x| *x == e) {
@@ -186,27 +187,46 @@ pub(crate) fn prepare_scopes(
                 );
             } else {
                 let bsym = &trace.bound_symbols()[position];
-                push_subsymbols(bsym, node, a.depth as usize, trace, &mut push)?;
+                let mut sites = Vec::new();
+                let mut whole = Vec::new();
+                subsymbol_sites(bsym, node, a.depth as usize, trace, &mut sites, &mut whole);
+                for (first, end, name) in sites {
+                    push(first, end, Level::Subsymbol, name)?;
+                }
+                for name in whole {
+                    dropped.record_drop(
+                        a,
+                        registry,
+                        "Plan::compile",
+                        format!("an executor runs the subsymbol `{name}` of `{label}` whole, so its own subsymbols never run separately"),
+                    );
+                }
             }
         }
     }
     Ok((scopes, dropped.dropped))
 }
 
-fn push_subsymbols(
+/// The step ranges of `bsym`'s subsymbols down to `depth`, and the names of subsymbols whose
+/// own subsymbols the guard should reach but that an executor runs whole.
+fn subsymbol_sites<'t>(
     bsym: &BoundSymbol<'_>,
     node: &CompiledNode,
     depth: usize,
-    trace: &Trace<'_>,
-    push: &mut impl FnMut(usize, usize, Level, &str) -> Result<()>,
-) -> Result<()> {
+    trace: &Trace<'t>,
+    sites: &mut Vec<(usize, usize, &'t str)>,
+    whole: &mut Vec<&'t str>,
+) {
     for (sub, child) in bsym.subsymbols().iter().zip(&node.children) {
-        push(child.first, child.first + child.len, Level::Subsymbol, trace.symbol_name(sub))?;
-        if depth > 1 && !child.children.is_empty() {
-            push_subsymbols(sub, child, depth - 1, trace, push)?;
+        sites.push((child.first, child.first + child.len, trace.symbol_name(sub)));
+        if depth > 1 && !sub.subsymbols().is_empty() {
+            if child.children.is_empty() {
+                whole.push(trace.symbol_name(sub));
+            } else {
+                subsymbol_sites(sub, child, depth - 1, trace, sites, whole);
+            }
         }
     }
-    Ok(())
 }
 
 /// The two schedules: profiling on (every scope) and off (non-profiling scopes only).

@@ -1,0 +1,160 @@
+//! Attaching, carrying through passes, dropping with reasons, and the profiling switch.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::*;
+use crate::core::ir::{prims, Arena, BoundSymbolId, Registry, Trace, TraceBuilder};
+use crate::core::passes::{DeadCodeElimination, Decompose, Pass};
+use crate::core::plan::{Executor, Kernel, OpView, Plan};
+use crate::core::tensor::Tensor;
+use crate::error::Error;
+use crate::executors::CpuReference;
+
+/// `t0 -> exp (dead) ; softmax(t0) -> output`.
+fn trace<'a>(arena: &'a Arena, registry: &'a Registry) -> Trace<'a> {
+    let mut b = TraceBuilder::new(arena, registry);
+    let x = b.input(&[2, 3]).unwrap();
+    b.exp(x).unwrap();
+    let y = b.softmax(x).unwrap();
+    b.output(y).unwrap();
+    b.finish().unwrap()
+}
+
+#[test]
+fn bad_attachments_are_typed_errors() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut t = trace(&arena, &registry);
+    let far = BoundSymbolId::from_index(9);
+    assert!(matches!(
+        t.attach_guard(Selection::Op(far), Recorder::new()),
+        Err(Error::InvalidBoundSymbol { index: 9, len: 2 })
+    ));
+    assert!(matches!(
+        t.attach_guard(Selection::Positions(1..5), Recorder::new()),
+        Err(Error::InvalidBoundSymbol { .. })
+    ));
+    let err = t.attach_guard(Selection::Named("softmx"), Recorder::new()).unwrap_err();
+    assert!(err.to_string().contains("did you mean `softmax`"), "{err}");
+    let exp = BoundSymbolId::from_index(0);
+    assert!(matches!(t.attach_subsymbol_guard(exp, 1, Recorder::new()), Err(Error::DepthOutOfRange { max: 0, .. })));
+    let softmax = BoundSymbolId::from_index(1);
+    assert!(matches!(t.attach_subsymbol_guard(softmax, 0, Recorder::new()), Err(Error::DepthOutOfRange { .. })));
+    assert!(matches!(NvtxRange::new().label(""), Err(Error::InvalidLabel { .. })));
+    assert!(matches!(NvtxRange::new().domain("a\0"), Err(Error::InvalidLabel { .. })));
+    // Nothing was attached by the failed calls.
+    assert_eq!(t.guard_attachment_count(), 0);
+}
+
+#[test]
+fn passes_carry_or_drop_with_reason() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut t = trace(&arena, &registry);
+    let timer = HostTimer::new();
+    t.attach_guard(Selection::All, timer.clone()).unwrap();
+    let fragile = ClosureGuard::new(|| {}, || {}).with_policy(GuardPolicy::DropWithReason("it wraps one op"));
+    t.attach_guard(Selection::Named("softmax"), fragile).unwrap();
+    assert_eq!(t.guard_kinds_at(BoundSymbolId::from_index(1)), vec![GuardKind::HostTimer, GuardKind::Closure]);
+
+    let decomposed = Decompose.run(&t, &arena).unwrap();
+    // The timer now surrounds softmax's five prims; the closure guard was dropped, with why.
+    assert_eq!(decomposed.guard_attachment_count(), 2);
+    let dropped = decomposed.dropped_guards();
+    assert_eq!(dropped.len(), 1);
+    assert_eq!(dropped[0].kind, GuardKind::Closure);
+    assert!(dropped[0].reason.contains("decomposed") && dropped[0].reason.contains("it wraps one op"));
+    assert!(decomposed.to_string().contains("@timer(softmax: 5 ops)"));
+
+    let live = DeadCodeElimination.run(&decomposed, &arena).unwrap();
+    assert_eq!(live.guard_attachment_count(), 1);
+    let dropped = live.dropped_guards();
+    assert_eq!(dropped.len(), 2);
+    assert_eq!(dropped[1].label, "exp");
+    assert!(dropped[1].reason.contains("dead code"), "{}", dropped[1].reason);
+
+    let plan = Plan::compile(&live, &[CpuReference::shared()]).unwrap();
+    assert_eq!(plan.dropped_guards().len(), 2);
+    plan.run(&[&Tensor::zeros(&[2, 3])]).unwrap();
+    let stats = timer.stats();
+    assert_eq!((stats.len(), stats[0].label.as_str(), stats[0].count), (1, "softmax", 1));
+}
+
+/// Claims `softmax` whole, so its subsymbols never run separately.
+struct WholeSoftmax;
+
+impl Executor for WholeSoftmax {
+    fn name(&self) -> &str {
+        "whole_softmax"
+    }
+    fn claims(&self, op: &OpView<'_>) -> bool {
+        op.symbol_id() == prims::SOFTMAX
+    }
+    fn compile(&self, _op: &OpView<'_>) -> crate::Result<Box<dyn Kernel>> {
+        Ok(crate::kernel_fn(|_, outputs| {
+            outputs[0].data.fill(0.5);
+            Ok(())
+        }))
+    }
+}
+
+#[test]
+fn subsymbol_guards_of_a_composite_run_whole_are_reported() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut t = trace(&arena, &registry);
+    let recorder = Recorder::new();
+    t.attach_subsymbol_guard(BoundSymbolId::from_index(1), 1, recorder.clone()).unwrap();
+    t.attach_guard(Selection::Named("softmax"), recorder.clone()).unwrap();
+    let plan = Plan::compile(&t, &[Arc::new(WholeSoftmax), CpuReference::shared()]).unwrap();
+    assert_eq!(plan.dropped_guards().len(), 1);
+    assert!(plan.dropped_guards()[0].reason.contains("whole"));
+    plan.run(&[&Tensor::zeros(&[2, 3])]).unwrap();
+    assert_eq!(recorder.len(), 1); // softmax itself, as one op
+
+    // Decomposed on the CPU, the five subsymbols nest inside softmax's range.
+    let plan = Plan::compile(&t, &[CpuReference::shared()]).unwrap();
+    recorder.clear();
+    plan.run(&[&Tensor::zeros(&[2, 3])]).unwrap();
+    let ranges = recorder.ranges();
+    assert_eq!(ranges.len(), 6);
+    let softmax = ranges.iter().find(|r| r.label.as_ref() == "softmax").unwrap();
+    assert_eq!(softmax.level, Level::Op);
+    for r in ranges.iter().filter(|r| r.level == Level::Subsymbol) {
+        assert_eq!(r.parent, Some(softmax.id));
+    }
+}
+
+#[test]
+fn profiling_switch_spares_non_profiling_guards() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut t = trace(&arena, &registry);
+    let entries = Arc::new(AtomicUsize::new(0));
+    let counter = entries.clone();
+    t.attach_guard(Selection::All, ClosureGuard::new(move || _ = counter.fetch_add(1, Ordering::Relaxed), || {}))
+        .unwrap();
+    let timer = HostTimer::new();
+    t.attach_trace_guard(timer.clone()).unwrap();
+    let plan = Plan::compile(&t, &[CpuReference::shared()]).unwrap();
+    plan.set_profiling(false);
+    plan.run(&[&Tensor::zeros(&[2, 3])]).unwrap();
+    assert_eq!(entries.load(Ordering::Relaxed), 2);
+    assert!(timer.stats().is_empty());
+    plan.set_profiling(true);
+    plan.run(&[&Tensor::zeros(&[2, 3])]).unwrap();
+    assert_eq!(entries.load(Ordering::Relaxed), 4);
+    assert_eq!(timer.stats()[0].label, "trace");
+}
+
+#[test]
+fn chrome_trace_has_one_complete_event_per_range() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut t = trace(&arena, &registry);
+    let recorder = Recorder::new();
+    t.attach_trace_guard(recorder.clone()).unwrap();
+    t.attach_guard(Selection::All, recorder.clone()).unwrap();
+    let plan = Plan::compile(&t, &[CpuReference::shared()]).unwrap();
+    plan.run(&[&Tensor::zeros(&[2, 3])]).unwrap();
+    let json = recorder.to_chrome_trace();
+    assert!(json.starts_with("{\"displayTimeUnit\":\"ns\",\"traceEvents\":[") && json.ends_with("]}"));
+    assert_eq!(json.matches("\"ph\":\"X\"").count(), 3);
+    assert!(json.contains("\"cat\":\"trace\"") && json.contains("\"name\":\"softmax\""));
+}

@@ -22,6 +22,8 @@ use std::marker::PhantomData;
 pub use attach::Selection;
 pub use closure::ClosureGuard;
 pub use host_timer::{HostTimer, TimerStats};
+#[doc(hidden)]
+pub use nvtx_range::PreparedNvtxRange;
 pub use nvtx_range::{NvtxRange, DEFAULT_DOMAIN};
 pub use recorder::{RecordedRange, Recorder};
 pub use table::DroppedGuard;
@@ -184,6 +186,13 @@ pub trait ScopedGuard: Send + Sync {
 
     /// Exits the scope entered by the `on_enter` call that returned `entered`.
     fn on_exit(&self, entered: u64);
+
+    /// For built-in NVTX ranges: the domain and attributes, so that the run loop can push and
+    /// pop them directly instead of through two virtual calls. Others return `None`.
+    #[doc(hidden)]
+    fn as_nvtx_range(&self) -> Option<&nvtx_range::PreparedNvtxRange> {
+        None
+    }
 }
 
 impl dyn ScopedGuard + '_ {

@@ -156,13 +156,16 @@ pub(crate) fn event_attributes(
 }
 
 /// A range prepared for one site: the domain and the finished attributes.
-pub(crate) struct PreparedNvtxRange {
+#[doc(hidden)]
+#[derive(Clone, Copy)]
+pub struct PreparedNvtxRange {
     domain: nvtx_sys::DomainHandle,
     attributes: SendAttributes,
 }
 
 /// Event attributes hold a registered-string handle (a pointer NVTX owns for the life of the
 /// process) and plain values; they are only read after construction.
+#[derive(Clone, Copy)]
 struct SendAttributes(nvtx_sys::EventAttributes);
 // SAFETY: the attributes are immutable after construction, and the only pointer they hold is a
 // registered-string handle, which NVTX keeps valid for the whole process and on every thread.
@@ -178,15 +181,33 @@ impl PreparedNvtxRange {
     }
 }
 
+impl PreparedNvtxRange {
+    /// Pushes the range on this thread.
+    #[inline]
+    pub fn push(&self) -> i32 {
+        nvtx_sys::domain_range_push_ex(self.domain, &self.attributes.0)
+    }
+
+    /// Pops the innermost range of this domain on this thread.
+    #[inline]
+    pub fn pop(&self) {
+        nvtx_sys::domain_range_pop(self.domain);
+    }
+}
+
 impl ScopedGuard for PreparedNvtxRange {
     #[inline]
     fn on_enter(&self) -> u64 {
-        nvtx_sys::domain_range_push_ex(self.domain, &self.attributes.0) as u64
+        self.push() as u64
     }
 
     #[inline]
     fn on_exit(&self, _entered: u64) {
-        nvtx_sys::domain_range_pop(self.domain);
+        self.pop();
+    }
+
+    fn as_nvtx_range(&self) -> Option<&PreparedNvtxRange> {
+        Some(self)
     }
 }
 

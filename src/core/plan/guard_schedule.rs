@@ -24,11 +24,26 @@ pub(crate) struct CompiledNode {
 /// One prepared guard over the steps `first..end`.
 pub(crate) struct Scope {
     pub guard: Box<dyn ScopedGuard>,
+    /// A copy of a built-in NVTX range, which the run loop pushes and pops without virtual
+    /// calls.
+    pub nvtx: Option<crate::core::guards::PreparedNvtxRange>,
     pub first: u32,
     pub end: u32,
     /// Trace-level: entered before the first step and exited after the last.
     pub whole_run: bool,
     pub profiling: bool,
+}
+
+impl Scope {
+    fn new(guard: Box<dyn ScopedGuard>, first: usize, end: usize, whole_run: bool, profiling: bool) -> Self {
+        let nvtx = guard.as_nvtx_range().copied();
+        Self { guard, nvtx, first: first as u32, end: end as u32, whole_run, profiling }
+    }
+
+    #[inline(always)]
+    fn nvtx(&self) -> Option<&crate::core::guards::PreparedNvtxRange> {
+        self.nvtx.as_ref()
+    }
 }
 
 /// The entries and exits of one run, for one profiling setting.
@@ -91,7 +106,11 @@ impl<'p> GuardStack<'p> {
     #[inline]
     pub fn enter(&mut self, order: &[u32]) {
         for &i in order {
-            let state = self.scopes[i as usize].guard.on_enter();
+            let scope = &self.scopes[i as usize];
+            let state = match scope.nvtx() {
+                Some(range) => range.push() as u64,
+                None => scope.guard.on_enter(),
+            };
             self.entered.push((i, state));
         }
     }
@@ -99,18 +118,25 @@ impl<'p> GuardStack<'p> {
     #[inline]
     pub fn exit(&mut self, count: u32) {
         for _ in 0..count {
-            if let Some((i, state)) = self.entered.pop() {
-                self.scopes[i as usize].guard.on_exit(state);
-            }
+            self.exit_one();
         }
+    }
+
+    #[inline]
+    fn exit_one(&mut self) -> bool {
+        let Some((i, state)) = self.entered.pop() else { return false };
+        let scope = &self.scopes[i as usize];
+        match scope.nvtx() {
+            Some(range) => range.pop(),
+            None => scope.guard.on_exit(state),
+        }
+        true
     }
 }
 
 impl Drop for GuardStack<'_> {
     fn drop(&mut self) {
-        while let Some((i, state)) = self.entered.pop() {
-            self.scopes[i as usize].guard.on_exit(state);
-        }
+        while self.exit_one() {}
     }
 }
 
@@ -143,13 +169,7 @@ pub(crate) fn prepare_scopes(
             executor: "runtime",
             ops: steps as u32,
         };
-        scopes.push(Scope {
-            guard: guard.prepare(&site)?,
-            first: 0,
-            end: steps as u32,
-            whole_run: true,
-            profiling: guard.is_profiling(),
-        });
+        scopes.push(Scope::new(guard.prepare(&site)?, 0, steps, true, guard.is_profiling()));
     }
     for (position, attachments) in guards.per_op.iter().enumerate() {
         for a in attachments {
@@ -157,13 +177,7 @@ pub(crate) fn prepare_scopes(
             let label = guards.label_of(a, registry);
             let mut push = |first: usize, end: usize, level: Level, label: &str| -> Result<()> {
                 let site = GuardSite { label, level, executor: executor_of(first, end), ops: (end - first) as u32 };
-                scopes.push(Scope {
-                    guard: guard.prepare(&site)?,
-                    first: first as u32,
-                    end: end as u32,
-                    whole_run: false,
-                    profiling: guard.is_profiling(),
-                });
+                scopes.push(Scope::new(guard.prepare(&site)?, first, end, false, guard.is_profiling()));
                 Ok(())
             };
             let Some(node) = nodes.get(position) else {

@@ -1,0 +1,143 @@
+//! The overhead ladder of guards, on one plan of 1,000 trivial ops (1-element tensors):
+//!
+//! (a) no guards; (b) an NVTX range on every op, profiling off; (c) the same, profiling on, no
+//! tool attached; (d) the inserted-node approach: push and pop bound symbols around every op,
+//! run by the same runtime; (e) the floor: a bare `nvtx::sys` push/pop pair, 1,000 times.
+//!
+//! Figures it exists to show: (b) within 1 ns per op of (a); (c) - (a) at most 1.5x (e);
+//! (c) cheaper than (d). Criterion measures each; the ratios are then measured side by side,
+//! interleaved in rounds, and printed.
+//!
+//! `cargo bench --bench guards`
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use boundscope::executors::CpuReference;
+use boundscope::passes::{InsertRangeNodes, Pass, ProfileOps};
+use boundscope::{Arena, Plan, Registry, Tensor, Trace, TraceBuilder, Workspace};
+use criterion::{Criterion, Throughput};
+
+const OPS: usize = 1_000;
+
+fn chain<'a>(arena: &'a Arena, registry: &'a Registry) -> Trace<'a> {
+    let mut b = TraceBuilder::with_capacity(arena, registry, OPS);
+    let x = b.input(&[1]).expect("valid");
+    let mut v = x;
+    for i in 0..OPS {
+        v = if i % 2 == 0 { b.add_scalar(v, 1.0) } else { b.mul(v, x) }.expect("valid");
+    }
+    b.output(v).expect("valid");
+    b.finish().expect("valid")
+}
+
+struct Variant {
+    name: &'static str,
+    plan: Option<Plan>,
+    workspace: Option<Workspace>,
+}
+
+impl Variant {
+    fn new(name: &'static str, plan: Plan) -> Self {
+        let workspace = plan.workspace();
+        Self { name, plan: Some(plan), workspace: Some(workspace) }
+    }
+
+    #[inline]
+    fn run(&mut self, input: &Tensor) {
+        match (&self.plan, &mut self.workspace) {
+            (Some(plan), Some(ws)) => {
+                black_box(plan.run_with(ws, &[input.view()]).expect("runs").get(0).map(|t| t.data[0]));
+            }
+            _ => bare_nvtx_pairs(),
+        }
+    }
+}
+
+fn bare_nvtx_pairs() {
+    for _ in 0..OPS {
+        nvtx::sys::range_push_ascii(c"op");
+        nvtx::sys::range_pop();
+    }
+}
+
+fn variants() -> Vec<Variant> {
+    let mut registry = Registry::with_builtins();
+    InsertRangeNodes::register(&mut registry).expect("fresh registry");
+    let arena = Arena::new();
+    let plain = chain(&arena, &registry);
+    let profiled = ProfileOps::new().run(&plain, &arena).expect("attaches");
+    let inserted = InsertRangeNodes.run(&plain, &arena).expect("inserts");
+    let cpu = [CpuReference::shared()];
+    let off = Plan::compile(&profiled, &cpu).expect("compiles");
+    off.set_profiling(false);
+    vec![
+        Variant::new("a_no_guards", Plan::compile(&plain, &cpu).expect("compiles")),
+        Variant::new("b_nvtx_profiling_off", off),
+        Variant::new("c_nvtx_profiling_on", Plan::compile(&profiled, &cpu).expect("compiles")),
+        Variant::new("d_inserted_push_pop_nodes", Plan::compile(&inserted, &cpu).expect("compiles")),
+        Variant { name: "e_bare_nvtx_sys_pairs", plan: None, workspace: None },
+    ]
+}
+
+fn ladder(c: &mut Criterion, variants: &mut [Variant], input: &Tensor) {
+    let mut group = c.benchmark_group("guards");
+    group.throughput(Throughput::Elements(OPS as u64));
+    for v in variants.iter_mut() {
+        group.bench_function(v.name, |b| b.iter(|| v.run(input)));
+    }
+    group.finish();
+}
+
+/// Nanoseconds per op of each variant, measured side by side: rounds of 200 runs each,
+/// interleaved, the median round kept.
+fn side_by_side(variants: &mut [Variant], input: &Tensor) -> Vec<f64> {
+    let rounds = 31;
+    let mut samples = vec![Vec::with_capacity(rounds); variants.len()];
+    for _ in 0..rounds {
+        for (v, s) in variants.iter_mut().zip(&mut samples) {
+            let start = Instant::now();
+            for _ in 0..200 {
+                v.run(input);
+            }
+            s.push(start.elapsed().as_nanos() as f64 / (200 * OPS) as f64);
+        }
+    }
+    samples
+        .into_iter()
+        .map(|mut s| {
+            s.sort_by(f64::total_cmp);
+            s[s.len() / 2]
+        })
+        .collect()
+}
+
+fn main() {
+    let mut variants = variants();
+    let input = Tensor::new(&[1], vec![0.5]).expect("valid");
+    let mut criterion = Criterion::default().configure_from_args();
+    ladder(&mut criterion, &mut variants, &input);
+    criterion.final_summary();
+
+    let ns = side_by_side(&mut variants, &input);
+    println!("\nguards overhead ladder, ns per op (median of 31 interleaved rounds of 200 runs x {OPS} ops):");
+    for (v, t) in variants.iter().zip(&ns) {
+        println!("  {:<28} {t:8.2}", v.name);
+    }
+    let (a, b, c, d, e) = (ns[0], ns[1], ns[2], ns[3], ns[4]);
+    println!("  (b) - (a) = {:+.2} ns per op            goal: within 1 ns   {}", b - a, verdict((b - a).abs() <= 1.0));
+    println!(
+        "  ((c) - (a)) / (e) = {:.2}                 goal: <= 1.5      {}",
+        (c - a) / e,
+        verdict((c - a) / e <= 1.5)
+    );
+    println!("  (c) / (d) = {:.2}                         goal: < 1         {}", c / d, verdict(c < d));
+}
+
+fn verdict(met: bool) -> &'static str {
+    if met {
+        "met"
+    } else {
+        "NOT met"
+    }
+}

@@ -103,7 +103,7 @@ impl<'p> GuardStack<'p> {
         Self { scopes, entered: SmallVec::new() }
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn enter(&mut self, order: &[u32]) {
         for &i in order {
             let scope = &self.scopes[i as usize];
@@ -115,14 +115,14 @@ impl<'p> GuardStack<'p> {
         }
     }
 
-    #[inline]
+    #[inline(always)]
     pub fn exit(&mut self, count: u32) {
         for _ in 0..count {
             self.exit_one();
         }
     }
 
-    #[inline]
+    #[inline(always)]
     fn exit_one(&mut self) -> bool {
         let Some((i, state)) = self.entered.pop() else { return false };
         let scope = &self.scopes[i as usize];

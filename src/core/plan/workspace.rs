@@ -103,13 +103,22 @@ impl Plan {
         workspace.in_flight = true;
         let schedule = &self.schedules[if self.profiling.load(Ordering::Relaxed) { 0 } else { 1 }];
         let result = if schedule.is_empty() {
-            self.steps.iter().try_for_each(|step| self.run_step(step, workspace, inputs))
+            self.run_unguarded(workspace, inputs)
         } else {
             self.run_guarded(schedule, workspace, inputs)
         };
         // Every step puts its buffers back, even when it fails: the workspace is whole.
         workspace.in_flight = false;
         result.map(|()| Outputs { plan: self, workspace })
+    }
+
+    /// The run loop without guards (none attached, or profiling off and all are profiling
+    /// guards).
+    fn run_unguarded(&self, workspace: &mut Workspace, inputs: &[TensorRef<'_>]) -> Result<()> {
+        for step in &self.steps {
+            self.run_step(step, workspace, inputs)?;
+        }
+        Ok(())
     }
 
     /// The run loop with guards: enters and exits scopes around steps, on this thread. The
@@ -145,30 +154,54 @@ impl Plan {
         Ok(())
     }
 
-    #[inline]
+    /// Runs one step. Output buffers are moved out of the workspace for the duration of the
+    /// kernel call and moved back afterwards, also when the kernel fails.
+    #[inline(always)]
     fn run_step(&self, step: &Step, workspace: &mut Workspace, inputs: &[TensorRef<'_>]) -> Result<()> {
-        let mut taken: SmallVec<[Vec<f32>; 2]> =
-            step.outputs.iter().map(|&b| std::mem::take(&mut workspace.buffers[b as usize])).collect();
+        if let [buffer] = step.outputs[..] {
+            // The common case, one output: no list of taken buffers to build.
+            let mut data = std::mem::take(&mut workspace.buffers[buffer as usize]);
+            let result = {
+                let mut views = SmallVec::new();
+                self.input_views(&mut views, step, &workspace.buffers, inputs);
+                let mut outs = [TensorMut { shape: &self.buffer_shapes[buffer as usize], data: &mut data }];
+                step.kernel.run(&views, &mut outs)
+            };
+            workspace.buffers[buffer as usize] = data;
+            return result;
+        }
+        let mut taken: SmallVec<[Vec<f32>; 2]> = SmallVec::new();
+        for &b in &step.outputs {
+            taken.push(std::mem::take(&mut workspace.buffers[b as usize]));
+        }
         let result = {
-            let buffers = &workspace.buffers;
-            let views: SmallVec<[TensorRef<'_>; 4]> = step
-                .inputs
-                .iter()
-                .map(|slot| match *slot {
-                    Slot::Input(i) => inputs[i as usize],
-                    Slot::Buffer(b) => TensorRef { shape: &self.buffer_shapes[b as usize], data: &buffers[b as usize] },
-                })
-                .collect();
-            let mut outs: SmallVec<[TensorMut<'_>; 2]> = taken
-                .iter_mut()
-                .zip(&step.outputs)
-                .map(|(data, &b)| TensorMut { shape: &self.buffer_shapes[b as usize], data })
-                .collect();
+            let mut views = SmallVec::new();
+            self.input_views(&mut views, step, &workspace.buffers, inputs);
+            let mut outs: SmallVec<[TensorMut<'_>; 2]> = SmallVec::new();
+            for (data, &b) in taken.iter_mut().zip(&step.outputs) {
+                outs.push(TensorMut { shape: &self.buffer_shapes[b as usize], data });
+            }
             step.kernel.run(&views, &mut outs)
         };
         for (data, &b) in taken.into_iter().zip(&step.outputs) {
             workspace.buffers[b as usize] = data;
         }
         result
+    }
+
+    #[inline(always)]
+    fn input_views<'v>(
+        &'v self,
+        views: &mut SmallVec<[TensorRef<'v>; 4]>,
+        step: &Step,
+        buffers: &'v [Vec<f32>],
+        inputs: &[TensorRef<'v>],
+    ) {
+        for slot in &step.inputs {
+            views.push(match *slot {
+                Slot::Input(i) => inputs[i as usize],
+                Slot::Buffer(b) => TensorRef { shape: &self.buffer_shapes[b as usize], data: &buffers[b as usize] },
+            });
+        }
     }
 }

@@ -1,6 +1,9 @@
 //! Traces of bound symbols whose profiler ranges and other scoped guards are op metadata, not
 //! trace nodes.
 //!
+//! Nothing in this crate reads the environment or switches profiling on by itself: you attach
+//! guards from code, and [`Plan::set_profiling`] switches them off and on.
+//!
 //! boundscope builds, transforms and runs **traces of bound symbols** (ops applied to values,
 //! as in ML compilers such as Lightning Thunder). A trace lives in an [`Arena`] owned by the
 //! caller, is built through a checked [`TraceBuilder`], rewritten by [`passes`], and compiled
@@ -10,7 +13,10 @@
 //! # Main types
 //! - [`Registry`], [`Symbol`], [`prims`]: op kinds, built-in and your own.
 //! - [`Arena`], [`TraceBuilder`], [`Trace`], [`BoundSymbol`], [`ValueId`]: the IR.
-//! - [`passes::Pass`], [`passes::Pipeline`]: trace-to-trace rewrites.
+//! - [`guards`]: scoped guards attached to bound symbols as metadata: [`guards::Guard`],
+//!   [`guards::NvtxRange`], [`guards::Recorder`], [`guards::HostTimer`],
+//!   [`guards::ClosureGuard`], [`guards::Selection`].
+//! - [`passes::Pass`], [`passes::Pipeline`], [`passes::ProfileOps`]: trace-to-trace rewrites.
 //! - [`Executor`], [`Kernel`], [`Plan`], [`Workspace`]: compiling and running.
 //! - [`executors::CpuReference`]: the reference executor, oracle for all others.
 //! - [`Tensor`], [`TensorRef`], [`TensorMut`]: host data.

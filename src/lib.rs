@@ -60,7 +60,10 @@ pub use crate::core::ir::{
     TensorMeta, Trace, TraceBuilder, ValueId,
 };
 pub use crate::core::passes;
-pub use crate::core::plan::{kernel_fn, Executor, Kernel, OpView, Outputs, Plan, Workspace};
+pub use crate::core::plan::{
+    kernel_fn, Availability, EmittedRange, Executor, Fusible, Kernel, OpView, Outputs, Plan, PreparedRegionRange,
+    RegionRange, Workspace,
+};
 pub use crate::core::tensor::{Tensor, TensorMut, TensorRef};
 pub use crate::error::{Error, Result};
 

@@ -1,6 +1,8 @@
 //! The executors layer: the built-in executors. Users' own executors implement
 //! [`Executor`](crate::Executor) the same way and sit beside these in a plan's list.
 
-mod cpu_reference;
+mod cpu_fusion;
+pub(crate) mod cpu_reference;
 
+pub use cpu_fusion::{scratch_bytes as cpu_fusion_scratch_bytes, CpuFusion, FusedRegion, DEFAULT_BLOCK};
 pub use cpu_reference::CpuReference;

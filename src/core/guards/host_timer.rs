@@ -148,6 +148,10 @@ impl Guard for HostTimer {
         GuardPolicy::MoveToEnclosing
     }
 
+    fn merge_key(&self) -> Option<String> {
+        Some(format!("timer:{:p}", Arc::as_ptr(&self.inner)))
+    }
+
     fn prepare(&self, site: &GuardSite<'_>) -> Result<Box<dyn ScopedGuard>> {
         Ok(Box::new(PreparedTimer { epoch: self.inner.epoch, counters: self.counters(site.label) }))
     }

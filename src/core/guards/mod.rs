@@ -24,6 +24,7 @@ pub use closure::ClosureGuard;
 pub use host_timer::{HostTimer, TimerStats};
 #[doc(hidden)]
 pub use nvtx_range::PreparedNvtxRange;
+pub(crate) use nvtx_range::{executor_color, level_category};
 pub use nvtx_range::{NvtxRange, DEFAULT_DOMAIN};
 pub use recorder::{RecordedRange, Recorder};
 pub use table::DroppedGuard;
@@ -165,6 +166,18 @@ pub trait Guard: Send + Sync + 'static {
 
     /// A label that overrides the site's default label, if the user set one.
     fn label(&self) -> Option<&str> {
+        None
+    }
+
+    /// Guards with the same key, moved onto one fusion region, merge into one (an NVTX range
+    /// per domain; one range per recorder; one timing per timer). `None`: never merged with
+    /// another guard object. Default: `None`.
+    fn merge_key(&self) -> Option<String> {
+        None
+    }
+
+    /// For NVTX ranges: the domain they emit into. Default: `None`.
+    fn nvtx_domain(&self) -> Option<&str> {
         None
     }
 

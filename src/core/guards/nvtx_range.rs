@@ -225,6 +225,14 @@ impl Guard for NvtxRange {
         self.label.as_deref()
     }
 
+    fn merge_key(&self) -> Option<String> {
+        Some(format!("nvtx:{}", self.domain_name()))
+    }
+
+    fn nvtx_domain(&self) -> Option<&str> {
+        Some(self.domain_name())
+    }
+
     fn prepare(&self, site: &GuardSite<'_>) -> Result<Box<dyn ScopedGuard>> {
         let label = self.label.as_deref().unwrap_or(site.label);
         let payload = self.payload.or((site.level == Level::Region || site.ops > 1).then_some(site.ops as u64));

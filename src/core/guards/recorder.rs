@@ -234,6 +234,10 @@ impl Guard for Recorder {
         GuardPolicy::MoveToEnclosing
     }
 
+    fn merge_key(&self) -> Option<String> {
+        Some(format!("recorder:{}", self.inner.id))
+    }
+
     fn prepare(&self, site: &GuardSite<'_>) -> Result<Box<dyn ScopedGuard>> {
         Ok(Box::new(PreparedRecord { inner: self.inner.clone(), label: Arc::from(site.label), level: site.level }))
     }

@@ -87,6 +87,9 @@ pub struct BoundSymbol<'a> {
     pub(crate) outputs: &'a [ValueId],
     pub(crate) subsymbols: &'a [BoundSymbol<'a>],
     pub(crate) comment: Option<&'a str>,
+    /// The name listings and ranges use instead of the symbol's (fusion regions:
+    /// `CpuFusion0`).
+    pub(crate) name: Option<&'a str>,
 }
 
 impl<'a> BoundSymbol<'a> {
@@ -113,6 +116,12 @@ impl<'a> BoundSymbol<'a> {
     /// Its decomposition (empty for prims).
     pub fn subsymbols(&self) -> &'a [BoundSymbol<'a>] {
         self.subsymbols
+    }
+
+    /// Its own name, if it has one instead of its symbol's (fusion regions are named
+    /// `<Executor>Fusion<N>`).
+    pub fn name(&self) -> Option<&'a str> {
+        self.name
     }
 
     /// The header comment printed above it in listings, if any.

@@ -185,6 +185,12 @@ impl<'a> TraceBuilder<'a> {
         let registry = self.registry;
         let def = registry.get(symbol)?.symbol;
         let name = &def.name;
+        if symbol == super::prims::REGION {
+            return Err(Error::InvalidSymbol {
+                symbol: name.clone(),
+                detail: "fusion regions are made by the fusion pass (`passes::FuseRegions`), not bound directly".into(),
+            });
+        }
         if args.len() < def.required || args.len() > def.params.len() {
             return Err(Error::ArityMismatch { symbol: name.clone(), expected: def.arity_text(), got: args.len() });
         }
@@ -262,7 +268,7 @@ impl<'a> TraceBuilder<'a> {
             None => (self.new_value(&meta), &[][..]),
         };
         let outputs = std::slice::from_ref(self.arena.bump().alloc(output));
-        self.current_level().push(BoundSymbol { symbol, args, outputs, subsymbols, comment });
+        self.current_level().push(BoundSymbol { symbol, args, outputs, subsymbols, comment, name: None });
         Ok(output)
     }
 
@@ -276,6 +282,28 @@ impl<'a> TraceBuilder<'a> {
             }
         }
         self.current_level().push(copied);
+    }
+
+    /// Appends a fusion region: a bound symbol named `name` that applies `subsymbols` (copies
+    /// of bound symbols of the trace being rewritten) to `inputs`, defining `outputs`. Unchecked,
+    /// like [`push_copy`](Self::push_copy); [`Trace::verify`] checks it.
+    pub(crate) fn push_region(
+        &mut self,
+        name: &str,
+        inputs: &[ValueId],
+        outputs: &[ValueId],
+        subsymbols: &[BoundSymbol<'_>],
+    ) {
+        let bump = self.arena.bump();
+        let region = BoundSymbol {
+            symbol: super::prims::REGION,
+            args: bump.alloc_slice_fill_iter(inputs.iter().map(|&v| Arg::Value(v))),
+            outputs: bump.alloc_slice_copy(outputs),
+            subsymbols: bump.alloc_slice_fill_iter(subsymbols.iter().map(|s| self.deep_copy(s))),
+            comment: None,
+            name: Some(bump.alloc_str(name)),
+        };
+        self.push_copy(&region);
     }
 
     /// Records that a pass built this trace (shown in the listing header).
@@ -348,6 +376,7 @@ impl<'a> TraceBuilder<'a> {
             outputs: bump.alloc_slice_copy(bsym.outputs),
             subsymbols: bump.alloc_slice_fill_iter(bsym.subsymbols.iter().map(|s| self.deep_copy(s))),
             comment: bsym.comment.map(|c| bump.alloc_str(c) as &str),
+            name: bsym.name.map(|n| bump.alloc_str(n) as &str),
         }
     }
 }

@@ -62,6 +62,8 @@ builtin_ids! {
     LAYER_NORM = 19, "layer_norm";
     /// `linear(x, w, bias?)`: `x @ w^T + bias`, `w` is `[out, in]` (composite).
     LINEAR = 20, "linear";
+    /// A fusion region, made only by `passes::FuseRegions`; listed as `<Executor>Fusion<N>`.
+    REGION = 21, "fusion_region";
 }
 
 /// The unary elementwise prims, in id order.
@@ -107,6 +109,10 @@ pub(crate) fn builtin_symbols() -> Vec<Symbol> {
             .params_with_optional(&[Tensor, Tensor, Tensor], 2)
             .shape_rule(linear_rule)
             .decomposition(decompose_linear),
+    );
+    symbols.push(
+        Symbol::new("fusion_region", Category::Fusion)
+            .shape_rule(|_| Err("fusion regions are made by the fusion pass, not bound directly".to_string())),
     );
     debug_assert_eq!(symbols.len(), BUILTIN_NAMES.len());
     symbols

@@ -31,6 +31,8 @@ pub enum Category {
     Shape,
     /// Defined by a decomposition into other symbols.
     Composite,
+    /// A fusion region: ops grouped by a fusion pass, run as one unit by an executor.
+    Fusion,
 }
 
 impl fmt::Display for Category {
@@ -41,6 +43,7 @@ impl fmt::Display for Category {
             Category::Matmul => "matmul",
             Category::Shape => "shape",
             Category::Composite => "composite",
+            Category::Fusion => "fusion",
         })
     }
 }

@@ -111,9 +111,14 @@ impl<'a> Trace<'a> {
         &self.history
     }
 
-    /// The name of a bound symbol's symbol.
-    pub fn symbol_name(&self, bound_symbol: &BoundSymbol<'_>) -> &'a str {
-        self.registry.get(bound_symbol.symbol).map(|s| s.symbol.name.as_str()).unwrap_or("<unknown>")
+    /// The name of a bound symbol: its own (fusion regions) or its symbol's.
+    pub fn symbol_name<'b>(&self, bound_symbol: &BoundSymbol<'b>) -> &'b str
+    where
+        'a: 'b,
+    {
+        bound_symbol.name.unwrap_or_else(|| {
+            self.registry.get(bound_symbol.symbol).map(|s| s.symbol.name.as_str()).unwrap_or("<unknown>")
+        })
     }
 
     /// Checks the whole trace: every symbol is registered, every bound symbol has the right
@@ -145,6 +150,9 @@ impl<'a> Trace<'a> {
     }
 
     fn verify_bound_symbol(&self, bsym: &BoundSymbol<'_>, defined: &mut [bool]) -> std::result::Result<(), String> {
+        if bsym.symbol == super::prims::REGION {
+            return self.verify_region(bsym, defined);
+        }
         let symbol = self.registry.get(bsym.symbol).map_err(|e| e.to_string())?.symbol;
         let name = &symbol.name;
         if bsym.args.len() < symbol.required || bsym.args.len() > symbol.params.len() {
@@ -192,6 +200,37 @@ impl<'a> Trace<'a> {
         }
         if std::mem::replace(&mut defined[output.index()], true) {
             return Err(format!("`{name}` defines {output}, which is already defined"));
+        }
+        Ok(())
+    }
+}
+
+impl Trace<'_> {
+    /// A region: its inputs are defined; its subsymbols, checked in an inner scope, use only
+    /// its inputs and each other; each output is defined by a subsymbol and defined once.
+    fn verify_region(&self, bsym: &BoundSymbol<'_>, defined: &mut [bool]) -> std::result::Result<(), String> {
+        let name = self.symbol_name(bsym);
+        if bsym.subsymbols.is_empty() || bsym.outputs.is_empty() {
+            return Err(format!("region `{name}` has no ops or no outputs"));
+        }
+        let mut inner = vec![false; defined.len()];
+        for arg in bsym.args {
+            let Arg::Value(v) = *arg else { return Err(format!("region `{name}` takes only tensors")) };
+            if !defined.get(v.index()).copied().unwrap_or(false) {
+                return Err(format!("region `{name}` uses {v} before it is defined"));
+            }
+            inner[v.index()] = true;
+        }
+        for sub in bsym.subsymbols {
+            self.verify_bound_symbol(sub, &mut inner).map_err(|d| format!("in region `{name}`: {d}"))?;
+        }
+        for &o in bsym.outputs {
+            if !inner.get(o.index()).copied().unwrap_or(false) {
+                return Err(format!("region `{name}` lists output {o}, which none of its ops defines"));
+            }
+            if std::mem::replace(&mut defined[o.index()], true) {
+                return Err(format!("region `{name}` defines {o}, which is already defined"));
+            }
         }
         Ok(())
     }

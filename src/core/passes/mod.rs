@@ -6,6 +6,7 @@
 
 mod dead_code;
 mod decompose;
+mod fuse;
 pub mod inserted_ranges;
 mod profile_ops;
 
@@ -13,6 +14,7 @@ use std::time::Instant;
 
 pub use dead_code::DeadCodeElimination;
 pub use decompose::Decompose;
+pub use fuse::{FuseRegions, FusionStrategy};
 pub use inserted_ranges::InsertRangeNodes;
 pub use profile_ops::ProfileOps;
 

@@ -10,10 +10,12 @@ use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
+use super::executor::RegionRange;
 use super::executor::{kernel_fn, Executor, Kernel, OpView};
 use super::guard_schedule::{prepare_scopes, schedules, CompiledNode, Schedule, Scope};
 use super::workspace::Workspace;
-use crate::core::guards::DroppedGuard;
+use crate::core::guards::{DroppedGuard, GuardKind, Level};
+use crate::core::ir::prims;
 use crate::core::ir::{BoundSymbol, DimsDisplay, Shape, Trace, ValueId};
 use crate::error::{Error, Result};
 use std::sync::atomic::AtomicBool;
@@ -79,7 +81,7 @@ pub struct Plan {
     pub(crate) scopes: Vec<Scope>,
     /// `[profiling on, profiling off]`.
     pub(crate) schedules: [Schedule; 2],
-    pub(crate) profiling: AtomicBool,
+    pub(crate) profiling: Arc<AtomicBool>,
     pub(crate) dropped_guards: Vec<DroppedGuard>,
 }
 
@@ -106,9 +108,11 @@ impl Plan {
         for (i, &input) in trace.inputs().iter().enumerate() {
             compiler.value_slots[input.index()] = Some(Slot::Input(i as u32));
         }
+        let profiling = Arc::new(AtomicBool::new(true));
         let mut nodes = Vec::with_capacity(trace.len());
-        for bsym in trace.bound_symbols() {
-            nodes.push(compiler.compile_bound_symbol(bsym)?);
+        for (position, bsym) in trace.bound_symbols().iter().enumerate() {
+            let region_range = region_range(trace, position, &profiling);
+            nodes.push(compiler.compile_bound_symbol(bsym, region_range.as_ref())?);
         }
         let mut outputs = Vec::with_capacity(trace.outputs().len());
         for &value in trace.outputs() {
@@ -120,14 +124,14 @@ impl Plan {
         // is an input comes after all of them and stays outside every op's scope.
         let executor_names: Vec<&str> =
             compiler.steps.iter().map(|s| executors.get(s.executor).map_or("runtime", |e| e.name())).collect();
-        let (scopes, mut dropped_guards) = prepare_scopes(trace, &nodes, &executor_names)?;
+        let (scopes, mut dropped_guards) = prepare_scopes(trace, &nodes, &executor_names, executors)?;
         dropped_guards.extend(trace.dropped_guards().iter().cloned());
         let schedules = schedules(&scopes, compiler.steps.len());
         Ok(Plan {
             id: NEXT_PLAN_ID.fetch_add(1, Ordering::Relaxed),
             scopes,
             schedules,
-            profiling: AtomicBool::new(true),
+            profiling,
             dropped_guards,
             steps: compiler.steps,
             executor_names: executors.iter().map(|e| e.name().to_string()).collect(),
@@ -217,7 +221,7 @@ impl Plan {
 impl fmt::Display for Plan {
     /// One line per step, with the executor that runs it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "# boundscope plan: {} steps", self.steps.len())?;
+        writeln!(f, "# boundscope plan: {} step{}", self.steps.len(), if self.steps.len() == 1 { "" } else { "s" })?;
         for step in &self.steps {
             let executor = self.executor_names.get(step.executor).map_or("runtime", String::as_str);
             writeln!(f, "  {:<40}  # {executor}", step.line)?;
@@ -245,8 +249,14 @@ impl<'c, 't> Compiler<'c, 't> {
         self.trace.meta(value).map(|m| m.shape).ok_or(Error::UndefinedValue { value, used_by: "Plan::compile".into() })
     }
 
-    fn compile_bound_symbol(&mut self, bsym: &'c BoundSymbol<'t>) -> Result<CompiledNode> {
-        let op = OpView::new(self.trace, bsym)?;
+    /// Compiles one bound symbol; `region_range` is the range a region needs, for an executor
+    /// that emits its own region ranges.
+    fn compile_bound_symbol(
+        &mut self,
+        bsym: &'c BoundSymbol<'t>,
+        region_range: Option<&RegionRange>,
+    ) -> Result<CompiledNode> {
+        let mut op = OpView::new(self.trace, bsym)?;
         let first = self.steps.len();
         let claimed = self.executors.iter().position(|e| e.claims(&op));
         let Some(executor) = claimed else {
@@ -258,10 +268,13 @@ impl<'c, 't> Compiler<'c, 't> {
             }
             let mut children = Vec::with_capacity(bsym.subsymbols().len());
             for sub in bsym.subsymbols() {
-                children.push(self.compile_bound_symbol(sub)?);
+                children.push(self.compile_bound_symbol(sub, None)?);
             }
-            return Ok(CompiledNode { first, len: self.steps.len() - first, children });
+            return Ok(CompiledNode { first, len: self.steps.len() - first, children, executor: None });
         };
+        if emits_region_ranges(&*self.executors[executor]) {
+            op.region_range = region_range;
+        }
         let kernel = self.executors[executor].compile(&op)?;
         let inputs = bsym
             .inputs()
@@ -277,7 +290,7 @@ impl<'c, 't> Compiler<'c, 't> {
         }
         let line = format_line(self.trace, bsym);
         self.steps.push(Step { kernel, inputs, outputs, line, executor });
-        Ok(CompiledNode { first, len: 1, children: Vec::new() })
+        Ok(CompiledNode { first, len: 1, children: Vec::new(), executor: Some(executor) })
     }
 
     fn new_buffer(&mut self, shape: &[usize]) -> u32 {
@@ -308,6 +321,45 @@ impl<'c, 't> Compiler<'c, 't> {
             None => Err(Error::UndefinedValue { value, used_by: "trace output".into() }),
         }
     }
+}
+
+/// Whether an executor emits an NVTX range per region itself.
+pub(crate) fn emits_region_ranges(executor: &dyn Executor) -> bool {
+    executor.emits().iter().any(|e| e.kind == GuardKind::NvtxRange && e.level == Level::Region)
+}
+
+/// The label of a region's ranges: the user's, where an NVTX range with a label is attached to
+/// the region, else `<Executor>Fusion<N>: (op, op, ...)`.
+pub(crate) fn region_label(trace: &Trace<'_>, position: usize) -> String {
+    let bsym = &trace.bound_symbols()[position];
+    let guards = &trace.guards;
+    let user = guards
+        .at(position)
+        .iter()
+        .map(|a| guards.guard(a.guard))
+        .filter(|g| g.nvtx_domain().is_some())
+        .find_map(|g| g.label());
+    if let Some(label) = user {
+        return label.to_string();
+    }
+    let ops: Vec<&str> = bsym.subsymbols().iter().map(|s| trace.symbol_name(s)).collect();
+    format!("{}: ({})", trace.symbol_name(bsym), ops.join(", "))
+}
+
+/// The NVTX range a region at `position` asks for (when an NVTX guard is attached to it).
+fn region_range(trace: &Trace<'_>, position: usize, profiling: &Arc<AtomicBool>) -> Option<RegionRange> {
+    let bsym = &trace.bound_symbols()[position];
+    if bsym.symbol() != prims::REGION {
+        return None;
+    }
+    let guards = &trace.guards;
+    let domain = guards.at(position).iter().find_map(|a| guards.guard(a.guard).nvtx_domain())?;
+    Some(RegionRange::new(
+        region_label(trace, position),
+        domain.to_string(),
+        bsym.subsymbols().len() as u32,
+        profiling.clone(),
+    ))
 }
 
 fn format_line(trace: &Trace<'_>, bsym: &BoundSymbol<'_>) -> String {

@@ -7,9 +7,12 @@
 
 use std::fmt;
 
-use crate::core::ir::{Arg, BoundSymbol, Category, Symbol, SymbolId, Trace, ValueId};
+use crate::core::guards::{GuardKind, Level, PreparedNvtxRange};
+use crate::core::ir::{prims, Arg, BoundSymbol, Category, Symbol, SymbolId, Trace, ValueId};
 use crate::core::tensor::{TensorMut, TensorRef};
 use crate::error::{Error, Result};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// A compiled bound symbol, ready to run many times (from several threads at once).
 pub trait Kernel: Send + Sync {
@@ -92,6 +95,133 @@ pub trait Executor: Send + Sync {
     /// # Errors
     /// Whatever stops the executor from running it; the plan fails to compile with it.
     fn compile(&self, op: &OpView<'_>) -> Result<Box<dyn Kernel>>;
+
+    /// The guard kinds this executor emits itself, and at which level (for example an NVTX
+    /// range per fusion region, as nvFuser does). The runtime never emits a second copy of
+    /// those; it gives the executor the label to use instead ([`OpView::region_range`]).
+    /// Default: none.
+    fn emits(&self) -> &[EmittedRange] {
+        &[]
+    }
+
+    /// Whether it can run on this machine. Default: available.
+    fn availability(&self) -> Availability {
+        Availability::Available
+    }
+
+    /// How a fusion pass may group this op into this executor's regions. Default:
+    /// [`Fusible::No`] (the executor does not fuse).
+    fn fusible(&self, _op: &OpView<'_>) -> Fusible {
+        Fusible::No
+    }
+
+    /// The prefix of its regions' names, `<prefix>Fusion<N>`. Default: its name.
+    fn fusion_prefix(&self) -> &str {
+        self.name()
+    }
+}
+
+/// A guard kind an executor emits itself, at a level.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EmittedRange {
+    /// What it emits (e.g. [`GuardKind::NvtxRange`]).
+    pub kind: GuardKind,
+    /// Around what (e.g. [`Level::Region`]).
+    pub level: Level,
+}
+
+/// Whether an executor can run here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Availability {
+    /// It can.
+    Available,
+    /// It cannot, and why (no driver, no device, ...).
+    Unavailable(String),
+}
+
+/// How a fusion pass may use an op for an executor's regions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fusible {
+    /// Not in a region.
+    No,
+    /// Inside a region: one output element per element of the region's iteration shape.
+    Elementwise,
+    /// As the last op of a region (a last-axis reduction over the iteration shape).
+    EndsRegion,
+}
+
+/// The NVTX range an executor that emits its own region ranges must push around a region: the
+/// label, domain and payload the runtime would have used, so that the range is the same
+/// whoever emits it. Respects [`Plan::set_profiling`](crate::Plan::set_profiling).
+#[derive(Clone)]
+pub struct RegionRange {
+    label: String,
+    domain: String,
+    ops: u32,
+    profiling: Arc<AtomicBool>,
+}
+
+impl RegionRange {
+    pub(crate) fn new(label: String, domain: String, ops: u32, profiling: Arc<AtomicBool>) -> Self {
+        Self { label, domain, ops, profiling }
+    }
+
+    /// The label: `<Executor>Fusion<N>: (mul, add, ...)` or the user's.
+    pub fn label(&self) -> &str {
+        &self.label
+    }
+
+    /// The NVTX domain.
+    pub fn domain(&self) -> &str {
+        &self.domain
+    }
+
+    /// The number of fused ops (the payload).
+    pub fn ops(&self) -> u32 {
+        self.ops
+    }
+
+    /// Registers the label and builds the attributes (once, at compile time) for an executor
+    /// named `executor`, in the given domain (the region's, unless the executor emits into a
+    /// domain of its own).
+    ///
+    /// # Errors
+    /// [`Error::InvalidLabel`] if the domain name cannot be used.
+    pub fn prepare(&self, executor: &str, domain: Option<&str>) -> Result<PreparedRegionRange> {
+        let range = PreparedNvtxRange::new(
+            domain.unwrap_or(&self.domain),
+            &self.label,
+            crate::core::guards::level_category(Level::Region),
+            crate::core::guards::executor_color(executor),
+            Some(self.ops as u64),
+        )?;
+        Ok(PreparedRegionRange { range, profiling: self.profiling.clone() })
+    }
+}
+
+/// A region range ready to push from inside a kernel; pushes nothing while profiling is off.
+pub struct PreparedRegionRange {
+    range: PreparedNvtxRange,
+    profiling: Arc<AtomicBool>,
+}
+
+impl PreparedRegionRange {
+    /// Runs `f` inside the range (if profiling is on).
+    #[inline]
+    pub fn in_scope<R>(&self, f: impl FnOnce() -> R) -> R {
+        if !self.profiling.load(Ordering::Relaxed) {
+            return f();
+        }
+        struct Pop<'r>(&'r PreparedNvtxRange);
+        impl Drop for Pop<'_> {
+            fn drop(&mut self) {
+                self.0.pop();
+            }
+        }
+        self.range.push();
+        let _pop = Pop(&self.range);
+        f()
+    }
 }
 
 /// What an executor sees of one bound symbol when it is asked to claim and compile it.
@@ -100,12 +230,35 @@ pub struct OpView<'t> {
     pub(crate) trace: &'t Trace<'t>,
     pub(crate) bound_symbol: &'t BoundSymbol<'t>,
     pub(crate) symbol: &'t Symbol,
+    pub(crate) region_range: Option<&'t RegionRange>,
 }
 
 impl<'t> OpView<'t> {
     pub(crate) fn new(trace: &'t Trace<'t>, bound_symbol: &'t BoundSymbol<'t>) -> Result<Self> {
         let symbol = trace.registry().get(bound_symbol.symbol())?.symbol;
-        Ok(Self { trace, bound_symbol, symbol })
+        Ok(Self { trace, bound_symbol, symbol, region_range: None })
+    }
+
+    /// Whether this is a fusion region named `<prefix>Fusion<N>`.
+    pub fn is_region_of(&self, prefix: &str) -> bool {
+        self.symbol_id() == prims::REGION
+            && self.name().strip_prefix(prefix).is_some_and(|rest| rest.starts_with("Fusion"))
+    }
+
+    /// For a fusion region whose executor declared that it emits NVTX region ranges, and that
+    /// profiling asked for: the range to push around the region.
+    pub fn region_range(&self) -> Option<&'t RegionRange> {
+        self.region_range
+    }
+
+    /// The ops of a fusion region (its subsymbols), each as an `OpView`.
+    pub fn region_ops(&self) -> Result<Vec<OpView<'t>>> {
+        self.bound_symbol.subsymbols().iter().map(|s| OpView::new(self.trace, s)).collect()
+    }
+
+    /// The number of values a region (or any bound symbol) defines.
+    pub fn output_count(&self) -> usize {
+        self.bound_symbol.outputs().len()
     }
 
     /// The registry the trace's symbols come from.
@@ -123,9 +276,9 @@ impl<'t> OpView<'t> {
         self.symbol
     }
 
-    /// The symbol's name.
+    /// The bound symbol's name: its own (regions: `CpuFusion0`) or its symbol's.
     pub fn name(&self) -> &'t str {
-        &self.symbol.name
+        self.bound_symbol.name().unwrap_or(&self.symbol.name)
     }
 
     /// The symbol's category.

@@ -9,8 +9,8 @@
 
 use smallvec::SmallVec;
 
-use crate::core::guards::{GuardSite, GuardTable, Level, ScopedGuard};
-use crate::core::ir::{BoundSymbol, Trace};
+use crate::core::guards::{GuardKind, GuardSite, GuardTable, Level, ScopedGuard};
+use crate::core::ir::{prims, BoundSymbol, Trace};
 use crate::error::{Error, Result};
 
 /// Where one bound symbol's steps are in the plan.
@@ -19,6 +19,8 @@ pub(crate) struct CompiledNode {
     pub len: usize,
     /// Its subsymbols, if it was decomposed into them when compiled (empty if claimed whole).
     pub children: Vec<CompiledNode>,
+    /// The executor that runs it whole, if one does.
+    pub executor: Option<usize>,
 }
 
 /// One prepared guard over the steps `first..end`.
@@ -146,6 +148,7 @@ pub(crate) fn prepare_scopes(
     trace: &Trace<'_>,
     nodes: &[CompiledNode],
     step_executor: &[&str],
+    executors: &[std::sync::Arc<dyn crate::core::plan::Executor>],
 ) -> Result<(Vec<Scope>, Vec<crate::core::guards::DroppedGuard>)> {
     let guards: &GuardTable = &trace.guards;
     let registry = trace.registry();
@@ -172,9 +175,33 @@ pub(crate) fn prepare_scopes(
         scopes.push(Scope::new(guard.prepare(&site)?, 0, steps, true, guard.is_profiling()));
     }
     for (position, attachments) in guards.per_op.iter().enumerate() {
+        let is_region = trace.bound_symbols().get(position).is_some_and(|b| b.symbol() == prims::REGION);
+        let region_label = is_region.then(|| super::compile::region_label(trace, position));
+        // A region gets one range per merge key (one NVTX range per domain, ...), and none of a
+        // kind its executor emits itself.
+        let emitted_by_executor = nodes
+            .get(position)
+            .and_then(|n| n.executor)
+            .is_some_and(|e| super::compile::emits_region_ranges(&*executors[e]));
+        let mut merged: SmallVec<[String; 4]> = SmallVec::new();
         for a in attachments {
             let guard = guards.guard(a.guard);
-            let label = guards.label_of(a, registry);
+            let on_region = is_region && a.depth == 0 && a.span == 1;
+            if on_region {
+                if emitted_by_executor && guard.kind() == GuardKind::NvtxRange {
+                    continue;
+                }
+                if let Some(key) = guard.merge_key() {
+                    if merged.contains(&key) {
+                        continue;
+                    }
+                    merged.push(key);
+                }
+            }
+            let (label, level) = match (&region_label, on_region) {
+                (Some(label), true) => (label.clone(), Level::Region),
+                _ => (guards.label_of(a, registry), a.level),
+            };
             let mut push = |first: usize, end: usize, level: Level, label: &str| -> Result<()> {
                 let site = GuardSite { label, level, executor: executor_of(first, end), ops: (end - first) as u32 };
                 scopes.push(Scope::new(guard.prepare(&site)?, first, end, false, guard.is_profiling()));
@@ -188,7 +215,7 @@ pub(crate) fn prepare_scopes(
             };
             if a.depth == 0 {
                 let last = nodes.get(position + a.span as usize - 1).unwrap_or(node);
-                push(node.first, last.first + last.len, a.level, &label)?;
+                push(node.first, last.first + last.len, level, &label)?;
             } else if node.children.is_empty() {
                 dropped.record_drop(
                     a,
@@ -224,7 +251,7 @@ pub(crate) fn prepare_scopes(
 /// The step ranges of `bsym`'s subsymbols down to `depth`, and the names of subsymbols whose
 /// own subsymbols the guard should reach but that an executor runs whole.
 fn subsymbol_sites<'t>(
-    bsym: &BoundSymbol<'_>,
+    bsym: &BoundSymbol<'t>,
     node: &CompiledNode,
     depth: usize,
     trace: &Trace<'t>,

@@ -7,7 +7,9 @@ mod guard_schedule;
 mod workspace;
 
 pub use compile::Plan;
-pub use executor::{kernel_fn, Executor, Kernel, OpView};
+pub use executor::{
+    kernel_fn, Availability, EmittedRange, Executor, Fusible, Kernel, OpView, PreparedRegionRange, RegionRange,
+};
 pub use workspace::{Outputs, Workspace};
 
 #[cfg(test)]

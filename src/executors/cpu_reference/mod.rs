@@ -4,7 +4,7 @@
 //! is tested against. Each kernel does its shape analysis (broadcast strides, permutations)
 //! when it is compiled, so a run is only the arithmetic.
 
-mod kernels;
+pub(crate) mod kernels;
 pub(crate) mod math;
 
 use std::sync::Arc;

@@ -1,0 +1,285 @@
+//! Fusion: group the ops an executor can fuse into regions, each a bound symbol named
+//! `<Executor>Fusion<N>` whose subsymbols are the fused ops.
+
+use std::sync::Arc;
+
+use smallvec::SmallVec;
+
+use crate::core::guards::{Attachment, GuardPolicy, Level};
+use crate::core::ir::{prims, Arena, Trace, TraceBuilder, ValueId};
+use crate::core::plan::{Executor, Fusible, OpView};
+use crate::error::Result;
+
+use super::Pass;
+
+/// How ops are grouped into regions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum FusionStrategy {
+    /// Runs of consecutive fusible ops; any other op ends a region.
+    #[default]
+    Consecutive,
+    /// Fusible ops may join a region across independent ops in between (ops that use none of
+    /// the region's values); an op that uses them ends the region, which is placed where its
+    /// last op was.
+    Dataflow,
+}
+
+/// Groups the ops that an executor can fuse ([`Executor::fusible`]) into regions.
+///
+/// All the elementwise ops of a region have the same output shape (the region's iteration
+/// shape); a last-axis reduction over that shape may end a region. A region's inputs are the
+/// values its ops use from outside it; its outputs are the values its ops define that are used
+/// outside it or returned. Guards of fused ops follow their policy: an NVTX range, recorder or
+/// timer moves to the region (several of one kind merge into one), a guard with
+/// [`GuardPolicy::DropWithReason`] is dropped and listed in `Trace::dropped_guards`.
+///
+/// ```
+/// use boundscope::executors::CpuFusion;
+/// use boundscope::passes::{FuseRegions, Pass};
+/// use boundscope::{Arena, Registry, TraceBuilder};
+/// let registry = Registry::with_builtins();
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let a = b.input(&[1024]).unwrap();
+/// let c = b.input(&[1024]).unwrap();
+/// let ab = b.mul(a, c).unwrap();
+/// let x = b.add_scalar(ab, 1.0).unwrap();
+/// let s = b.sigmoid(x).unwrap();
+/// let y = b.mul(x, s).unwrap();
+/// b.output(y).unwrap();
+/// let trace = b.finish().unwrap();
+/// let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
+/// assert_eq!(fused.len(), 1);
+/// assert!(fused.to_string().contains("t5 = CpuFusion0(t0, t1)"));
+/// ```
+#[derive(Clone)]
+pub struct FuseRegions {
+    executor: Arc<dyn Executor>,
+    strategy: FusionStrategy,
+    min_ops: usize,
+    max_ops: usize,
+}
+
+impl FuseRegions {
+    /// Consecutive fusion for `executor`, regions of at least 2 ops.
+    pub fn new(executor: Arc<dyn Executor>) -> Self {
+        Self { executor, strategy: FusionStrategy::Consecutive, min_ops: 2, max_ops: usize::MAX }
+    }
+
+    /// Uses this grouping strategy.
+    pub fn strategy(mut self, strategy: FusionStrategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// Makes regions of at most `max_ops` ops (at least 1).
+    pub fn max_ops(mut self, max_ops: usize) -> Self {
+        self.max_ops = max_ops.max(1);
+        self
+    }
+
+    /// Leaves groups of fewer than `min_ops` ops unfused (at least 1).
+    pub fn min_ops(mut self, min_ops: usize) -> Self {
+        self.min_ops = min_ops.max(1);
+        self
+    }
+}
+
+struct Group<'t> {
+    members: Vec<usize>,
+    shape: &'t [usize],
+    spans: SmallVec<[usize; 2]>,
+}
+
+impl Pass for FuseRegions {
+    fn name(&self) -> &str {
+        "fuse_regions"
+    }
+
+    fn run<'a>(&self, trace: &Trace<'a>, arena: &'a Arena) -> Result<Trace<'a>> {
+        let n = trace.len();
+        let ops = trace.bound_symbols();
+        // What each op is to the executor, and the shape it iterates over.
+        let mut kinds = Vec::with_capacity(n);
+        let mut shapes: Vec<&[usize]> = Vec::with_capacity(n);
+        for bsym in ops {
+            let op = OpView::new(trace, bsym)?;
+            let kind = if bsym.symbol() == prims::REGION || !bsym.subsymbols().is_empty() {
+                Fusible::No
+            } else {
+                self.executor.fusible(&op)
+            };
+            shapes.push(match kind {
+                Fusible::EndsRegion => op.input_shape(0)?,
+                _ => op.output_shape(0)?,
+            });
+            kinds.push(kind);
+        }
+        // Guards that cover several ops (a decomposed composite's) are barriers: a region lies
+        // inside all of them or outside each, so that ranges keep nesting.
+        let mut covering: Vec<SmallVec<[usize; 2]>> = vec![SmallVec::new(); n];
+        let mut span_id = 0;
+        for (i, attachments) in trace.guards.per_op.iter().enumerate() {
+            for a in attachments.iter().filter(|a| a.span > 1 && a.depth == 0) {
+                for c in &mut covering[i..(i + a.span as usize).min(n)] {
+                    c.push(span_id);
+                }
+                span_id += 1;
+            }
+        }
+
+        let groups = self.group(trace, &kinds, &shapes, &covering);
+        let mut group_of = vec![None; n];
+        for (g, group) in groups.iter().enumerate() {
+            for &m in group {
+                group_of[m] = Some(g);
+            }
+        }
+        // Values used outside the group (or op) that defines them, or returned.
+        let mut defined_in: Vec<Option<usize>> = vec![None; trace.value_count()];
+        for (i, bsym) in ops.iter().enumerate() {
+            for o in bsym.outputs() {
+                defined_in[o.index()] = group_of[i];
+            }
+        }
+        let mut used_outside = vec![false; trace.value_count()];
+        for (i, bsym) in ops.iter().enumerate() {
+            for v in bsym.inputs() {
+                if defined_in[v.index()].is_none() || defined_in[v.index()] != group_of[i] {
+                    used_outside[v.index()] = true;
+                }
+            }
+        }
+        for o in trace.outputs() {
+            used_outside[o.index()] = true;
+        }
+
+        let mut builder = TraceBuilder::rewrite(trace, arena);
+        let mut new_position = vec![0; n];
+        let mut names = vec![String::new(); groups.len()];
+        for i in 0..n {
+            match group_of[i] {
+                None => {
+                    new_position[i] = builder.len();
+                    builder.push_copy(&ops[i]);
+                }
+                Some(g) if groups[g].last() == Some(&i) => {
+                    let members = &groups[g];
+                    let mut inputs: Vec<ValueId> = Vec::new();
+                    let mut outputs: Vec<ValueId> = Vec::new();
+                    for &m in members {
+                        for v in ops[m].inputs() {
+                            if defined_in[v.index()] != Some(g) && !inputs.contains(&v) {
+                                inputs.push(v);
+                            }
+                        }
+                        outputs.extend(ops[m].outputs().iter().filter(|o| used_outside[o.index()]));
+                    }
+                    names[g] = format!("{}Fusion{g}", self.executor.fusion_prefix());
+                    let subsymbols: Vec<_> = members.iter().map(|&m| ops[m]).collect();
+                    for &m in members {
+                        new_position[m] = builder.len();
+                    }
+                    builder.push_region(&names[g], &inputs, &outputs, &subsymbols);
+                }
+                Some(_) => {}
+            }
+        }
+
+        // Carry guards: those of fused ops move to their region (merged), or are dropped with
+        // the reason their policy gives.
+        let registry = trace.registry();
+        let old = &trace.guards;
+        let mut guards = old.without_attachments();
+        for (i, attachments) in old.per_op.iter().enumerate() {
+            for a in attachments {
+                let guard = old.guard(a.guard);
+                let fused_into = group_of[i].filter(|_| a.span == 1 && a.depth == 0);
+                let Some(g) = fused_into else {
+                    let last = new_position[(i + a.span as usize - 1).min(n - 1)];
+                    let span = (last + 1 - new_position[i]) as u32;
+                    guards.attach(new_position[i], Attachment { span, ..*a });
+                    continue;
+                };
+                if let GuardPolicy::DropWithReason(reason) = guard.policy() {
+                    let what =
+                        format!("`{}` was fused into region `{}`; {reason}", trace.symbol_name(&ops[i]), names[g]);
+                    guards.record_drop(a, registry, self.name(), what);
+                    continue;
+                }
+                let at = new_position[i];
+                let key = guard.merge_key();
+                let already = guards
+                    .at(at)
+                    .iter()
+                    .any(|b| b.guard == a.guard || (key.is_some() && old.guard(b.guard).merge_key() == key));
+                if !already {
+                    let moved = Attachment { span: 1, depth: 0, level: Level::Region, origin: prims::REGION, ..*a };
+                    guards.attach(at, moved);
+                }
+            }
+        }
+        builder.set_guards(guards);
+        builder.finish()
+    }
+}
+
+impl FuseRegions {
+    /// The groups of ops (positions, in order) that become regions.
+    fn group<'t>(
+        &self,
+        trace: &Trace<'_>,
+        kinds: &[Fusible],
+        shapes: &[&'t [usize]],
+        covering: &[SmallVec<[usize; 2]>],
+    ) -> Vec<Vec<usize>> {
+        let ops = trace.bound_symbols();
+        let mut groups = Vec::new();
+        let mut current: Option<Group<'t>> = None;
+        // `in_group[v] == generation`: v is defined by the open group. An op outside the group
+        // that uses such a value closes it, so no later op can depend on the group through an
+        // op that the region would have to be moved past.
+        let mut in_group = vec![0u32; trace.value_count()];
+        let mut generation = 1u32;
+        let close = |current: &mut Option<Group<'t>>, groups: &mut Vec<Vec<usize>>| {
+            if let Some(group) = current.take() {
+                if group.members.len() >= self.min_ops {
+                    groups.push(group.members);
+                }
+            }
+        };
+        for (i, bsym) in ops.iter().enumerate() {
+            let kind = kinds[i];
+            let depends = bsym.inputs().any(|v| in_group[v.index()] == generation);
+            let joinable = kind != Fusible::No
+                && current
+                    .as_ref()
+                    .is_some_and(|g| g.shape == shapes[i] && g.spans == covering[i] && g.members.len() < self.max_ops);
+            if joinable {
+                let group = current.as_mut().expect("joinable implies open");
+                group.members.push(i);
+                for o in bsym.outputs() {
+                    in_group[o.index()] = generation;
+                }
+                if kind == Fusible::EndsRegion {
+                    close(&mut current, &mut groups);
+                }
+                continue;
+            }
+            let skip_over = self.strategy == FusionStrategy::Dataflow && kind == Fusible::No && !depends;
+            if skip_over {
+                continue;
+            }
+            close(&mut current, &mut groups);
+            generation += 1;
+            if kind == Fusible::Elementwise {
+                current = Some(Group { members: vec![i], shape: shapes[i], spans: covering[i].clone() });
+                for o in bsym.outputs() {
+                    in_group[o.index()] = generation;
+                }
+            }
+        }
+        close(&mut current, &mut groups);
+        groups
+    }
+}

@@ -1,7 +1,5 @@
 //! A fused region compiled into a small program over block-sized temporaries.
 
-use smallvec::SmallVec;
-
 use super::SCRATCH;
 use crate::core::ir::{prims, Arg, Shape, SymbolId, ValueId};
 use crate::core::plan::{Kernel, OpView, PreparedRegionRange};
@@ -18,14 +16,23 @@ enum Source {
     Input(usize),
     /// Temporary `t`.
     Temp(usize),
+    /// The region's `o`-th output (written directly, read back from there).
+    Output(usize),
     /// A constant.
     Scalar(f32),
 }
 
+/// Where an instruction writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Dest {
+    Temp(usize),
+    Output(usize),
+}
+
 #[derive(Clone, Copy, Debug)]
 enum Instruction {
-    Unary { op: SymbolId, a: Source, out: usize },
-    Binary { op: SymbolId, a: Source, b: Source, out: usize },
+    Unary { op: SymbolId, a: Source, out: Dest },
+    Binary { op: SymbolId, a: Source, b: Source, out: Dest },
 }
 
 /// How a region input is read for a block of the iteration shape.
@@ -35,6 +42,9 @@ enum Load {
     Contiguous,
     /// One element: a constant.
     Scalar,
+    /// Constant along each row (last-axis stride 0), or one contiguous row repeated (stride 1
+    /// over a full row): read per row, no copy. Blocks then hold whole rows.
+    PerRow { strides: Shape },
     /// Broadcast: gathered into temporary `temp` through these strides.
     Gather { strides: Shape, temp: usize },
 }
@@ -45,11 +55,13 @@ pub struct FusedRegion {
     shape: Shape,
     numel: usize,
     block: usize,
+    /// Instructions run over segments of this many elements: the block, or one row.
+    segment: usize,
     loads: Vec<Load>,
     instructions: Vec<Instruction>,
     temps: usize,
-    /// Per region output: the temporary holding it, or `None` for the reduction's result.
-    outputs: Vec<Option<usize>>,
+    /// Which region output the trailing reduction writes, if there is one.
+    reduce_output: Option<usize>,
     /// A trailing last-axis reduction: op, source, row length.
     reduce: Option<(SymbolId, Source, usize)>,
     range: Option<PreparedRegionRange>,
@@ -76,22 +88,35 @@ impl FusedRegion {
         let mut loads = Vec::with_capacity(inputs.len());
         for &v in &inputs {
             let s = region.shape_of(v).map_err(|e| e.to_string())?;
+            let strides = broadcast_strides(s, &shape);
+            let row_len = shape.last().copied().unwrap_or(1);
+            let per_row = match strides.last() {
+                Some(0) => true,
+                Some(1) => s.last() == Some(&row_len),
+                _ => false,
+            };
             loads.push(if s == shape.as_slice() {
                 Load::Contiguous
             } else if s.iter().product::<usize>() == 1 {
                 Load::Scalar
+            } else if per_row {
+                Load::PerRow { strides }
             } else {
                 temps += 1;
                 Load::Gather { strides: broadcast_strides(s, &shape), temp: temps - 1 }
             });
         }
-        let mut value_temp: Vec<(ValueId, usize)> = Vec::new();
-        let source = |arg: &Arg<'_>, value_temp: &[(ValueId, usize)]| -> std::result::Result<Source, String> {
+        let region_outputs: &[ValueId] = region.bound_symbol().outputs();
+        let mut value_temp: Vec<(ValueId, Dest)> = Vec::new();
+        let source = |arg: &Arg<'_>, value_temp: &[(ValueId, Dest)]| -> std::result::Result<Source, String> {
             match *arg {
                 Arg::Scalar(s) => Ok(Source::Scalar(s)),
                 Arg::Value(v) => {
-                    if let Some(&(_, t)) = value_temp.iter().find(|(x, _)| *x == v) {
-                        Ok(Source::Temp(t))
+                    if let Some(&(_, d)) = value_temp.iter().find(|(x, _)| *x == v) {
+                        Ok(match d {
+                            Dest::Temp(t) => Source::Temp(t),
+                            Dest::Output(o) => Source::Output(o),
+                        })
                     } else {
                         inputs.iter().position(|&x| x == v).map(Source::Input).ok_or(format!("{v} is not an input"))
                     }
@@ -115,8 +140,15 @@ impl FusedRegion {
             if op.output_shape(0).map_err(|e| e.to_string())? != shape.as_slice() {
                 return Err(format!("`{}` does not have the region's shape {:?}", op.name(), shape.as_slice()));
             }
-            let out = temps;
-            temps += 1;
+            let value = op.bound_symbol().outputs()[0];
+            // A value the region returns is computed straight into its output buffer.
+            let out = match region_outputs.iter().position(|&o| o == value) {
+                Some(o) => Dest::Output(o),
+                None => {
+                    temps += 1;
+                    Dest::Temp(temps - 1)
+                }
+            };
             let a = source(&args[0], &value_temp)?;
             instructions.push(if prims::UNARY.contains(&id) {
                 Instruction::Unary { op: id, a, out }
@@ -125,27 +157,20 @@ impl FusedRegion {
             } else {
                 return Err(format!("`{}` cannot be fused", op.name()));
             });
-            value_temp.push((op.bound_symbol().outputs()[0], out));
+            value_temp.push((value, out));
         }
         let reduced = ops.last().filter(|_| reduce.is_some()).map(|op| op.bound_symbol().outputs()[0]);
-        let outputs = region
-            .bound_symbol()
-            .outputs()
-            .iter()
-            .map(|&o| {
-                if Some(o) == reduced {
-                    Ok(None)
-                } else {
-                    value_temp.iter().find(|(v, _)| *v == o).map(|&(_, t)| Some(t)).ok_or(format!("output {o}"))
-                }
-            })
-            .collect::<std::result::Result<_, String>>()?;
-        // With a reduction, blocks hold whole rows.
-        let block = match reduce {
-            Some((_, _, n)) if n > 0 => (block / n).max(1) * n,
-            _ => block,
-        };
-        Ok(Self { shape, numel, block, loads, instructions, temps, outputs, reduce, range })
+        let reduce_output = reduced.and_then(|r| region_outputs.iter().position(|&o| o == r));
+        for &o in region_outputs {
+            if Some(o) != reduced && !value_temp.iter().any(|(v, _)| *v == o) {
+                return Err(format!("region output {o} is defined by none of its ops"));
+            }
+        }
+        // With a reduction or per-row loads, blocks hold whole rows and run a row at a time.
+        let row_len = shape.last().copied().unwrap_or(1).max(1);
+        let by_rows = reduce.is_some() || loads.iter().any(|l| matches!(l, Load::PerRow { .. }));
+        let (block, segment) = if by_rows { ((block / row_len).max(1) * row_len, row_len) } else { (block, block) };
+        Ok(Self { shape, numel, block, segment, loads, instructions, temps, reduce_output, reduce, range })
     }
 
     /// Runs the region on the current thread's scratch temporaries.
@@ -155,9 +180,9 @@ impl FusedRegion {
             if temps.len() < self.temps {
                 temps.resize_with(self.temps, Vec::new);
             }
-            for t in temps.iter_mut().take(self.temps) {
-                if t.len() < self.block {
-                    t.resize(self.block, 0.0);
+            for (i, t) in temps.iter_mut().take(self.temps).enumerate() {
+                if t.len() < skew(i) + self.block {
+                    t.resize(skew(i) + self.block, 0.0);
                 }
             }
             let mut start = 0;
@@ -180,55 +205,76 @@ impl FusedRegion {
     ) {
         for (k, load) in self.loads.iter().enumerate() {
             if let Load::Gather { strides, temp } = load {
-                gather(inputs[k].data, &self.shape, strides, start, &mut temps[*temp][..len]);
+                gather(inputs[k].data, &self.shape, strides, start, &mut temps[*temp][skew(*temp)..][..len]);
             }
         }
+        let mut segment_start = start;
+        while segment_start < start + len {
+            let segment_len = self.segment.min(start + len - segment_start);
+            self.run_segment(start, segment_start, segment_len, inputs, temps, outputs);
+            segment_start += segment_len;
+        }
+        self.reduce_block(start, len, inputs, temps, outputs);
+    }
+
+    /// Runs every instruction over `len` elements from `at` (inside the block from `start`).
+    #[inline]
+    fn run_segment(
+        &self,
+        start: usize,
+        at: usize,
+        len: usize,
+        inputs: &[TensorRef<'_>],
+        temps: &mut [Vec<f32>],
+        outputs: &mut [TensorMut<'_>],
+    ) {
+        let offset = at - start;
         for instruction in &self.instructions {
-            match *instruction {
-                Instruction::Unary { op, a, out } => {
-                    let mut o = std::mem::take(&mut temps[out]);
-                    match self.read(a, start, len, inputs, temps) {
-                        Block::Slice(x) => with_unary!(op, f => {
-                            for (o, &x) in o[..len].iter_mut().zip(x) { *o = f(x); }
-                        }, _ => {}),
-                        Block::Scalar(x) => with_unary!(op, f => o[..len].fill(f(x)), _ => {}),
-                    }
-                    temps[out] = o;
-                }
-                Instruction::Binary { op, a, b, out } => {
-                    let mut o = std::mem::take(&mut temps[out]);
-                    let (a, b) = (self.read(a, start, len, inputs, temps), self.read(b, start, len, inputs, temps));
-                    let o = &mut o;
-                    with_binary!(op, f => match (a, b) {
-                        (Block::Slice(x), Block::Slice(y)) => {
-                            for ((o, &x), &y) in o[..len].iter_mut().zip(x).zip(y) { *o = f(x, y); }
-                        }
-                        (Block::Slice(x), Block::Scalar(y)) => {
-                            for (o, &x) in o[..len].iter_mut().zip(x) { *o = f(x, y); }
-                        }
-                        (Block::Scalar(x), Block::Slice(y)) => {
-                            for (o, &y) in o[..len].iter_mut().zip(y) { *o = f(x, y); }
-                        }
-                        (Block::Scalar(x), Block::Scalar(y)) => o[..len].fill(f(x, y)),
-                    }, _ => {});
-                    temps[out] = std::mem::take(o);
+            let (op, a, b, out) = match *instruction {
+                Instruction::Unary { op, a, out } => (op, a, None, out),
+                Instruction::Binary { op, a, b, out } => (op, a, Some(b), out),
+            };
+            // Move the destination out so that sources can be borrowed beside it.
+            let (mut temp, output): (Vec<f32>, &mut [f32]) = match out {
+                Dest::Temp(t) => (std::mem::take(&mut temps[t]), &mut []),
+                Dest::Output(o) => (Vec::new(), std::mem::take(&mut outputs[o].data)),
+            };
+            {
+                let dest: &mut [f32] = match out {
+                    Dest::Temp(t) => &mut temp[skew(t) + offset..][..len],
+                    Dest::Output(_) => &mut output[at..at + len],
+                };
+                let a = self.read(a, offset, at, len, inputs, temps, outputs);
+                match b {
+                    None => apply_unary(op, a, dest),
+                    Some(b) => apply_binary(op, a, self.read(b, offset, at, len, inputs, temps, outputs), dest),
                 }
             }
-        }
-        let mut reduce_output = None;
-        for (i, source) in self.outputs.iter().enumerate() {
-            match source {
-                Some(t) => outputs[i].data[start..start + len].copy_from_slice(&temps[*t][..len]),
-                None => reduce_output = Some(i),
+            match out {
+                Dest::Temp(t) => temps[t] = temp,
+                Dest::Output(o) => outputs[o].data = output,
             }
         }
+    }
+
+    /// The trailing reduction over the block's rows, if the region has one.
+    #[inline]
+    fn reduce_block(
+        &self,
+        start: usize,
+        len: usize,
+        inputs: &[TensorRef<'_>],
+        temps: &mut [Vec<f32>],
+        outputs: &mut [TensorMut<'_>],
+    ) {
+        let reduce_output = self.reduce_output;
         if let (Some((op, source, n)), Some(i)) = (self.reduce, reduce_output) {
-            let out = &mut outputs[i].data;
             if n == 0 {
                 return;
             }
+            let out = std::mem::take(&mut outputs[i].data);
             let row0 = start / n;
-            match self.read(source, start, len, inputs, temps) {
+            match self.read(source, 0, start, len, inputs, temps, outputs) {
                 Block::Slice(x) => {
                     for (r, row) in x.chunks_exact(n).enumerate() {
                         out[row0 + r] = if op == prims::SUM {
@@ -243,25 +289,40 @@ impl FusedRegion {
                     out[row0..row0 + len / n].fill(value);
                 }
             }
+            outputs[i].data = out;
         }
     }
 
+    /// The `len` elements from `at` of a source; `offset` is `at`'s place in its block.
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn read<'b>(
         &self,
         source: Source,
-        start: usize,
+        offset: usize,
+        at: usize,
         len: usize,
         inputs: &[TensorRef<'b>],
         temps: &'b [Vec<f32>],
+        outputs: &'b [TensorMut<'_>],
     ) -> Block<'b> {
         match source {
             Source::Scalar(s) => Block::Scalar(s),
-            Source::Temp(t) => Block::Slice(&temps[t][..len]),
+            Source::Temp(t) => Block::Slice(&temps[t][skew(t) + offset..][..len]),
+            Source::Output(o) => Block::Slice(&outputs[o].data[at..at + len]),
             Source::Input(k) => match &self.loads[k] {
-                Load::Contiguous => Block::Slice(&inputs[k].data[start..start + len]),
+                Load::Contiguous => Block::Slice(&inputs[k].data[at..at + len]),
                 Load::Scalar => Block::Scalar(inputs[k].data[0]),
-                Load::Gather { temp, .. } => Block::Slice(&temps[*temp][..len]),
+                Load::PerRow { strides } => {
+                    // Segments are whole rows here: `at` starts one.
+                    let base = row_base(at, &self.shape, strides);
+                    if strides.last() == Some(&0) {
+                        Block::Scalar(inputs[k].data[base])
+                    } else {
+                        Block::Slice(&inputs[k].data[base..base + len])
+                    }
+                }
+                Load::Gather { temp, .. } => Block::Slice(&temps[*temp][skew(*temp) + offset..][..len]),
             },
         }
     }
@@ -273,35 +334,93 @@ impl FusedRegion {
     }
 }
 
+/// Where temporary `t` starts in its buffer, in elements. Temporaries of the same size
+/// would otherwise sit a multiple of 4 KiB apart, and a loop that reads one and writes another
+/// at the same offset would stall on 4K aliasing (the store buffer matches addresses by their
+/// low 12 bits): staggering them by 80 bytes apiece keeps them apart.
+#[inline(always)]
+fn skew(t: usize) -> usize {
+    20 * (t % 48)
+}
+
 #[derive(Clone, Copy)]
 enum Block<'b> {
     Slice(&'b [f32]),
     Scalar(f32),
 }
 
-/// Reads `out.len()` elements of the iteration shape from `start`, through broadcast strides.
+/// Reads `out.len()` elements of the iteration shape from `start`, through broadcast strides,
+/// a row segment at a time: along the last axis a broadcast input is either constant (stride
+/// 0: a fill) or contiguous (stride 1: a copy).
 fn gather(input: &[f32], shape: &[usize], strides: &[usize], start: usize, out: &mut [f32]) {
     let rank = shape.len();
-    let mut index: SmallVec<[usize; 8]> = SmallVec::from_elem(0, rank);
-    let mut rest = start;
-    let mut source = 0;
-    for axis in (0..rank).rev() {
-        index[axis] = rest % shape[axis];
-        rest /= shape[axis];
-        source += index[axis] * strides[axis];
+    if rank == 0 {
+        out.fill(input[0]);
+        return;
     }
-    for o in out.iter_mut() {
-        *o = input[source];
-        for axis in (0..rank).rev() {
-            index[axis] += 1;
-            source += strides[axis];
-            if index[axis] < shape[axis] {
-                break;
-            }
-            source -= strides[axis] * shape[axis];
-            index[axis] = 0;
+    let n = shape[rank - 1];
+    let last_stride = strides[rank - 1];
+    let mut at = start;
+    let mut written = 0;
+    while written < out.len() {
+        let (row, column) = (at / n, at % n);
+        let take = (n - column).min(out.len() - written);
+        // Offset of (row, column) in the input.
+        let mut rest = row;
+        let mut base = column * last_stride;
+        for axis in (0..rank - 1).rev() {
+            base += (rest % shape[axis]) * strides[axis];
+            rest /= shape[axis];
         }
+        let segment = &mut out[written..written + take];
+        if last_stride == 0 {
+            segment.fill(input[base]);
+        } else {
+            segment.copy_from_slice(&input[base..base + take]);
+        }
+        written += take;
+        at += take;
     }
+}
+
+/// Offset in a broadcast input of the first element of the row that flat index `at` (a row
+/// start) begins.
+#[inline(always)]
+fn row_base(at: usize, shape: &[usize], strides: &[usize]) -> usize {
+    let rank = shape.len();
+    let mut rest = at / shape[rank - 1].max(1);
+    let mut base = 0;
+    for axis in (0..rank - 1).rev() {
+        base += (rest % shape[axis]) * strides[axis];
+        rest /= shape[axis];
+    }
+    base
+}
+
+#[inline(always)]
+fn apply_unary(op: SymbolId, a: Block<'_>, dest: &mut [f32]) {
+    match a {
+        Block::Slice(x) => with_unary!(op, f => {
+            for (o, &x) in dest.iter_mut().zip(x) { *o = f(x); }
+        }, _ => {}),
+        Block::Scalar(x) => with_unary!(op, f => dest.fill(f(x)), _ => {}),
+    }
+}
+
+#[inline(always)]
+fn apply_binary(op: SymbolId, a: Block<'_>, b: Block<'_>, dest: &mut [f32]) {
+    with_binary!(op, f => match (a, b) {
+        (Block::Slice(x), Block::Slice(y)) => {
+            for ((o, &x), &y) in dest.iter_mut().zip(x).zip(y) { *o = f(x, y); }
+        }
+        (Block::Slice(x), Block::Scalar(y)) => {
+            for (o, &x) in dest.iter_mut().zip(x) { *o = f(x, y); }
+        }
+        (Block::Scalar(x), Block::Slice(y)) => {
+            for (o, &y) in dest.iter_mut().zip(y) { *o = f(x, y); }
+        }
+        (Block::Scalar(x), Block::Scalar(y)) => dest.fill(f(x, y)),
+    }, _ => {});
 }
 
 impl Kernel for FusedRegion {

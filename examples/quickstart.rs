@@ -1,7 +1,7 @@
 //! A newcomer's first run: build a 2-layer MLP block as a trace, print it before and after the
-//! standard passes, attach an NVTX range to every op as metadata, run it on the CPU reference
-//! executor, check it against the same math written out by hand, and time it with profiling
-//! off and on.
+//! standard passes, attach an NVTX range to every op as metadata, fuse its elementwise chains,
+//! run it unfused (CPU reference executor) and fused (CPU fusion executor), check both against
+//! the same math written out by hand, and time them with profiling off and on.
 //!
 //! Run it under Nsight Systems (`scripts/nsys-check target/release/examples/quickstart`) to see
 //! the ranges; the last line says how many ranges it emitted, for that check.
@@ -14,9 +14,9 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use boundscope::executors::CpuReference;
+use boundscope::executors::{CpuFusion, CpuReference};
 use boundscope::guards::NvtxRange;
-use boundscope::passes::{InsertRangeNodes, Pass, Pipeline, ProfileOps};
+use boundscope::passes::{FuseRegions, InsertRangeNodes, Pass, Pipeline, ProfileOps};
 use boundscope::{Arena, Plan, Registry, Tensor, TraceBuilder};
 
 const BATCH: usize = 64;
@@ -78,8 +78,11 @@ fn run() -> boundscope::Result<bool> {
         inserted.len()
     );
 
-    // 4. Compile for the CPU reference executor and run.
-    let plan = Plan::compile(&profiled, &[CpuReference::shared()])?;
+    // 4. Fuse: elementwise chains become regions that CpuFusion runs in one pass. The NVTX
+    //    ranges of the fused ops merge into one range per region, which CpuFusion emits itself.
+    let fused = FuseRegions::new(CpuFusion::shared()).run(&profiled, &arena)?;
+    println!("== fused for CpuFusion ==\n{fused}");
+
     let inputs = [
         random(&[BATCH, HIDDEN], 1, 1.0),
         random(&[HIDDEN, HIDDEN], 2, 1.0 / (HIDDEN as f32).sqrt()),
@@ -89,21 +92,41 @@ fn run() -> boundscope::Result<bool> {
         random(&[HIDDEN], 6, 1.0),
         random(&[HIDDEN], 7, 0.1),
     ];
-    let refs: Vec<&Tensor> = inputs.iter().collect();
-    let out = plan.run(&refs)?;
-
-    // 5. Check against the same math written out directly.
     let expected = direct_mlp_block(&inputs);
-    let diff = out[0].max_abs_diff(&expected);
-    let ok = diff <= TOLERANCE;
-    println!("max |plan - direct| = {diff:.3e} (tolerance {TOLERANCE:e}): {}", if ok { "OK" } else { "MISMATCH" });
+    let mut ok = true;
+    let mut expected_ranges = 0;
+    for (name, trace, executors) in [
+        ("unfused", &profiled, vec![CpuReference::shared()]),
+        ("fused", &fused, vec![CpuFusion::shared(), CpuReference::shared()]),
+    ] {
+        // 5. Compile, run, and check against the same math written out directly.
+        let plan = Plan::compile(trace, &executors)?;
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        let out = plan.run(&refs)?;
+        let diff = out[0].max_abs_diff(&expected);
+        let matches = diff <= TOLERANCE;
+        ok &= matches;
+        println!(
+            "{name}: max |plan - direct| = {diff:.3e} (tolerance {TOLERANCE:e}): {}",
+            if matches { "OK" } else { "MISMATCH" }
+        );
+        // 6. Time it, reusing one workspace (no allocation per run), profiling off then on.
+        let profiled_runs = time_profiling_off_and_on(&plan, &inputs)? + 1;
+        // One range around each run and one per top-level bound symbol (op or region),
+        // whoever emits it; for scripts/nsys-check.
+        expected_ranges += profiled_runs * (1 + trace.len());
+    }
+    println!("boundscope-expected-ranges: boundscope {expected_ranges}");
+    Ok(ok)
+}
 
-    // 6. Time it, reusing one workspace (no allocation per run), profiling off then on.
+/// Times `plan` with profiling off, then on; returns how many runs were profiled.
+fn time_profiling_off_and_on(plan: &Plan, inputs: &[Tensor]) -> boundscope::Result<usize> {
     let mut workspace = plan.workspace();
     let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
     let runs = 200;
     plan.run_with(&mut workspace, &views)?;
-    let mut profiled_runs = 2; // the checked run and the warm-up
+    let mut profiled_runs = 1; // the warm-up
     for profiling in [false, true] {
         plan.set_profiling(profiling);
         let start = Instant::now();
@@ -111,17 +134,15 @@ fn run() -> boundscope::Result<bool> {
             plan.run_with(&mut workspace, &views)?;
         }
         let per_run = start.elapsed() / runs;
-        profiled_runs += if profiling { runs } else { 0 };
+        profiled_runs += if profiling { runs as usize } else { 0 };
         println!(
-            "{} steps on {:?}, profiling {}: {per_run:.2?} per run (mean of {runs})",
+            "  {} steps on {:?}, profiling {}: {per_run:.2?} per run (mean of {runs})",
             plan.len(),
             plan.steps_per_executor(),
             if profiling { "on " } else { "off" }
         );
     }
-    // One range per op and one around the run, for every profiled run (scripts/nsys-check).
-    println!("boundscope-expected-ranges: boundscope {}", profiled_runs as usize * plan.guard_scope_count());
-    Ok(ok)
+    Ok(profiled_runs)
 }
 
 /// A deterministic pseudo-random tensor in `[-scale, scale)`.

@@ -5,4 +5,4 @@ mod cpu_fusion;
 pub(crate) mod cpu_reference;
 
 pub use cpu_fusion::{scratch_bytes as cpu_fusion_scratch_bytes, CpuFusion, FusedRegion, DEFAULT_BLOCK};
-pub use cpu_reference::CpuReference;
+pub use cpu_reference::{math, CpuReference};

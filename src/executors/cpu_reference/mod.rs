@@ -5,7 +5,7 @@
 //! when it is compiled, so a run is only the arithmetic.
 
 pub(crate) mod kernels;
-pub(crate) mod math;
+pub mod math;
 
 use std::sync::Arc;
 

@@ -45,7 +45,7 @@ pub fn exp(x: f32) -> f32 {
     let p = p * r + 8.333_452e-3;
     let p = p * r + 4.166_579_6e-2;
     let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 5.000_000_1e-1;
+    let p = p * r + 0.5;
     let e_r = p * r * r + r + 1.0;
     // 2^k in two normal halves, so that k from -150 to 128 needs no special case. The integer
     // k sits in the low bits of `shifted` (|k| < 2^22).

@@ -146,6 +146,43 @@ pub enum Error {
         /// What is wrong with it.
         detail: String,
     },
+    /// No option has this name.
+    UnknownOption {
+        /// The name asked for.
+        name: String,
+        /// The closest option name, if one is close.
+        suggestion: Option<String>,
+    },
+    /// A value that does not fit an option's type or range.
+    InvalidOptionValue {
+        /// The option.
+        name: String,
+        /// What it accepts.
+        expected: String,
+        /// What it was given.
+        got: String,
+    },
+    /// A developer option set through the user API.
+    DeveloperOption {
+        /// The option.
+        name: String,
+    },
+    /// An environment variable with a value the front end does not accept (never ignored).
+    InvalidEnvironment {
+        /// The variable.
+        variable: String,
+        /// Its value.
+        value: String,
+        /// What it accepts.
+        expected: String,
+    },
+    /// An executor the plan requires cannot run on this machine.
+    ExecutorUnavailable {
+        /// The executor.
+        executor: String,
+        /// Why not.
+        reason: String,
+    },
     /// An executor failed while running a bound symbol.
     Execution {
         /// The executor's name.
@@ -233,6 +270,29 @@ impl fmt::Display for Error {
                 }
             }
             Error::InvalidLabel { label, detail } => write!(f, "invalid label \"{label}\": {detail}"),
+            Error::UnknownOption { name, suggestion } => {
+                write!(f, "unknown option `{name}`")?;
+                if let Some(s) = suggestion {
+                    write!(f, "; did you mean `{s}`?")?;
+                }
+                write!(f, " (every option: `boundscope::options::list()`, or `cargo run --example options`)")
+            }
+            Error::InvalidOptionValue { name, expected, got } => {
+                write!(f, "option `{name}` takes {expected}, not `{got}`")
+            }
+            Error::DeveloperOption { name } => write!(
+                f,
+                "`{name}` is a developer option; set it with `Options::set_developer` (plans built with it \
+                 say so in their listing), or leave it at its default"
+            ),
+            Error::InvalidEnvironment { variable, value, expected } => {
+                write!(f, "environment variable {variable}={value:?} is not accepted: expected {expected}; fix it or unset it")
+            }
+            Error::ExecutorUnavailable { executor, reason } => write!(
+                f,
+                "executor `{executor}` is required but unavailable here: {reason}; drop the requirement to fall back \
+                 to the CPU executors"
+            ),
             Error::Execution { executor, symbol, message } => {
                 write!(f, "executor `{executor}` failed running `{symbol}`: {message}")
             }

@@ -52,8 +52,14 @@
 mod core;
 mod error;
 pub mod executors;
+pub mod frontend;
 
 pub use crate::core::guards;
+/// Typed options: specs, values, and [`options::list`] of every built-in option.
+pub mod options {
+    pub use crate::core::options::*;
+    pub use crate::frontend::list;
+}
 pub use crate::core::ir::{
     prims, Arena, Arg, ArgInfo, BoundSymbol, BoundSymbolId, Category, CpuKernelFactory, DType, Decomposition, GuardId,
     Listing, ListingOptions, ParamKind, PassRecord, Registry, Shape, ShapeRule, Symbol, SymbolId, SymbolRef,

@@ -3,6 +3,7 @@
 
 pub mod guards;
 pub mod ir;
+pub mod options;
 pub mod passes;
 pub mod plan;
 pub mod tensor;

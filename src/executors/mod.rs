@@ -4,5 +4,7 @@
 mod cpu_fusion;
 pub(crate) mod cpu_reference;
 
-pub use cpu_fusion::{scratch_bytes as cpu_fusion_scratch_bytes, CpuFusion, FusedRegion, DEFAULT_BLOCK};
+pub use cpu_fusion::{
+    scratch_bytes as cpu_fusion_scratch_bytes, CpuFusion, FusedRegion, CPU_FUSION_OPTIONS, DEFAULT_BLOCK,
+};
 pub use cpu_reference::{math, CpuReference};

@@ -83,6 +83,10 @@ pub struct Plan {
     pub(crate) schedules: [Schedule; 2],
     pub(crate) profiling: Arc<AtomicBool>,
     pub(crate) dropped_guards: Vec<DroppedGuard>,
+    /// `name=value` of developer options the plan was built with (listed in its header).
+    pub(crate) developer_options: Vec<String>,
+    /// Options that were set but that neither the runtime nor any executor of the plan reads.
+    pub(crate) unused_options: Vec<String>,
 }
 
 static NEXT_PLAN_ID: AtomicU64 = AtomicU64::new(1);
@@ -133,6 +137,8 @@ impl Plan {
             schedules,
             profiling,
             dropped_guards,
+            developer_options: Vec::new(),
+            unused_options: Vec::new(),
             steps: compiler.steps,
             executor_names: executors.iter().map(|e| e.name().to_string()).collect(),
             input_shapes,
@@ -140,6 +146,55 @@ impl Plan {
             outputs,
             pool: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Like [`compile`](Self::compile), recording the options it was built with: developer
+    /// options are listed in the plan's header, and options that no executor in the list (nor
+    /// the runtime) reads are reported by [`unused_options`](Self::unused_options).
+    ///
+    /// ```
+    /// use boundscope::{executors::CpuReference, options::Options, Arena, Plan, Registry, TraceBuilder};
+    /// let registry = Registry::with_builtins();
+    /// let arena = Arena::new();
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[4]).unwrap();
+    /// let y = b.exp(x).unwrap();
+    /// b.output(y).unwrap();
+    /// let mut options = Options::new();
+    /// options.set_developer("cpu_fusion.block_size", 1024).unwrap();
+    /// let plan = Plan::compile_with_options(&b.finish().unwrap(), &[CpuReference::shared()], &options).unwrap();
+    /// assert!(plan.to_string().contains("# developer options: cpu_fusion.block_size=1024"));
+    /// assert_eq!(plan.unused_options(), &["cpu_fusion.block_size".to_string()]);
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`compile`](Self::compile).
+    pub fn compile_with_options(
+        trace: &Trace<'_>,
+        executors: &[Arc<dyn Executor>],
+        options: &crate::options::Options,
+    ) -> Result<Plan> {
+        let mut plan = Self::compile(trace, executors)?;
+        plan.developer_options = options.developer_overrides();
+        plan.unused_options = options
+            .set_names()
+            .filter(|name| {
+                let owner = name.split('.').next().unwrap_or(name);
+                owner != "runtime" && !executors.iter().any(|e| e.name() == owner)
+            })
+            .map(str::to_string)
+            .collect();
+        Ok(plan)
+    }
+
+    /// Options that were set but that neither the runtime nor any executor of this plan reads.
+    pub fn unused_options(&self) -> &[String] {
+        &self.unused_options
+    }
+
+    /// `name=value` of the developer options this plan was built with.
+    pub fn developer_options(&self) -> &[String] {
+        &self.developer_options
     }
 
     /// Number of compiled steps (bound symbols after decomposing unclaimed composites).
@@ -222,6 +277,12 @@ impl fmt::Display for Plan {
     /// One line per step, with the executor that runs it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "# boundscope plan: {} step{}", self.steps.len(), if self.steps.len() == 1 { "" } else { "s" })?;
+        if !self.developer_options.is_empty() {
+            writeln!(f, "# developer options: {}", self.developer_options.join(", "))?;
+        }
+        if !self.unused_options.is_empty() {
+            writeln!(f, "# options no executor of this plan reads: {}", self.unused_options.join(", "))?;
+        }
         for step in &self.steps {
             let executor = self.executor_names.get(step.executor).map_or("runtime", String::as_str);
             writeln!(f, "  {:<40}  # {executor}", step.line)?;

@@ -119,6 +119,12 @@ pub trait Executor: Send + Sync {
     fn fusion_prefix(&self) -> &str {
         self.name()
     }
+
+    /// The options it reads, named `<its name>.<option>` (see [`crate::options`]). Default:
+    /// none.
+    fn options(&self) -> &[crate::options::OptionSpec] {
+        &[]
+    }
 }
 
 /// A guard kind an executor emits itself, at a level.

@@ -10,10 +10,11 @@
 mod program;
 
 use std::cell::RefCell;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::core::guards::{GuardKind, Level};
 use crate::core::ir::prims;
+use crate::core::options::{Audience, OptionSpec, OptionType, OptionValue, Options};
 use crate::core::plan::{EmittedRange, Executor, Fusible, Kernel, OpView};
 use crate::error::{Error, Result};
 use crate::executors::cpu_reference::builtin_prim;
@@ -42,11 +43,42 @@ pub use program::FusedRegion;
 /// let out = plan.run(&[&Tensor::from_fn(&[8], |i| i as f32)]).unwrap();
 /// assert_eq!(out[0].data()[2], 9.0);
 /// ```
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct CpuFusion {
     block: usize,
     emit_ranges: bool,
+    max_region_ops: usize,
+    /// Where the programs of compiled regions go when dumping is on.
+    dumps: Option<Arc<Mutex<Vec<String>>>>,
 }
+
+/// The options CpuFusion reads (all for its developers: the defaults are right for users).
+pub const CPU_FUSION_OPTIONS: &[OptionSpec] = &[
+    OptionSpec {
+        name: "cpu_fusion.block_size",
+        ty: OptionType::Int { min: 16, max: 1 << 22 },
+        default: OptionValue::Int(DEFAULT_BLOCK as i64),
+        doc: "Elements per block; the temporaries of a region take block x 4 bytes each.",
+        audience: Audience::Developer,
+        env: None,
+    },
+    OptionSpec {
+        name: "cpu_fusion.max_region_ops",
+        ty: OptionType::Int { min: 1, max: 4096 },
+        default: OptionValue::Int(4096),
+        doc: "Largest number of ops fused into one region.",
+        audience: Audience::Developer,
+        env: None,
+    },
+    OptionSpec {
+        name: "cpu_fusion.dump_regions",
+        ty: OptionType::Bool,
+        default: OptionValue::Bool(false),
+        doc: "Print each compiled region's program to stderr (and keep it: CpuFusion::dumped_regions).",
+        audience: Audience::Developer,
+        env: None,
+    },
+];
 
 /// Elements per block by default: 16 KiB of `f32` per temporary, so that a region's
 /// temporaries stay in L1/L2.
@@ -66,7 +98,38 @@ impl CpuFusion {
 
     /// Blocks of [`DEFAULT_BLOCK`] elements; emits an NVTX range per region.
     pub fn new() -> Self {
-        Self { block: DEFAULT_BLOCK, emit_ranges: true }
+        Self { block: DEFAULT_BLOCK, emit_ranges: true, max_region_ops: 4096, dumps: None }
+    }
+
+    /// Configured from options (`cpu_fusion.*`).
+    ///
+    /// ```
+    /// use boundscope::executors::CpuFusion;
+    /// use boundscope::options::Options;
+    /// let mut options = Options::new();
+    /// options.set_developer("cpu_fusion.max_region_ops", 3).unwrap();
+    /// assert_eq!(CpuFusion::from_options(&options).unwrap().max_region_ops(), 3);
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::UnknownOption`] if `options` lacks CpuFusion's specs.
+    pub fn from_options(options: &Options) -> Result<Self> {
+        let mut fusion = Self::new().block_size(options.int("cpu_fusion.block_size")? as usize);
+        fusion.max_region_ops = options.int("cpu_fusion.max_region_ops")? as usize;
+        if options.bool("cpu_fusion.dump_regions")? {
+            fusion.dumps = Some(Arc::default());
+        }
+        Ok(fusion)
+    }
+
+    /// The largest region the fusion pass should make for it.
+    pub fn max_region_ops(&self) -> usize {
+        self.max_region_ops
+    }
+
+    /// The programs of the regions compiled so far, when `cpu_fusion.dump_regions` is on.
+    pub fn dumped_regions(&self) -> Vec<String> {
+        self.dumps.as_ref().map(|d| d.lock().unwrap_or_else(|p| p.into_inner()).clone()).unwrap_or_default()
     }
 
     /// A shared handle with the defaults.
@@ -107,6 +170,11 @@ impl Executor for CpuFusion {
             symbol: op.name().into(),
             message,
         })?;
+        if let Some(dumps) = &self.dumps {
+            let program = format!("{}:\n{region}", op.name());
+            eprintln!("{program}");
+            dumps.lock().unwrap_or_else(|p| p.into_inner()).push(program);
+        }
         Ok(Box::new(region))
     }
 
@@ -128,6 +196,10 @@ impl Executor for CpuFusion {
 
     fn fusion_prefix(&self) -> &str {
         "Cpu"
+    }
+
+    fn options(&self) -> &[OptionSpec] {
+        CPU_FUSION_OPTIONS
     }
 }
 

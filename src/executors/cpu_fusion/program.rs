@@ -432,3 +432,56 @@ impl Kernel for FusedRegion {
         Ok(())
     }
 }
+
+impl std::fmt::Display for Source {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Source::Input(k) => write!(f, "in{k}"),
+            Source::Temp(t) => write!(f, "tmp{t}"),
+            Source::Output(o) => write!(f, "out{o}"),
+            Source::Scalar(s) => write!(f, "{s:?}"),
+        }
+    }
+}
+
+impl std::fmt::Display for FusedRegion {
+    /// The program: iteration shape, block, how each input is read, one line per instruction.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "  shape {:?}, blocks of {}, segments of {}, {} temporaries",
+            self.shape.as_slice(),
+            self.block,
+            self.segment,
+            self.temps
+        )?;
+        for (k, load) in self.loads.iter().enumerate() {
+            let how = match load {
+                Load::Contiguous => "contiguous".to_string(),
+                Load::Scalar => "one element".to_string(),
+                Load::PerRow { .. } => "per row".to_string(),
+                Load::Gather { temp, .. } => format!("gathered into tmp{temp}"),
+            };
+            writeln!(f, "  in{k}: {how}")?;
+        }
+        let name = |op: SymbolId| crate::core::ir::prims::BUILTIN_NAMES.get(op.index()).copied().unwrap_or("?");
+        for instruction in &self.instructions {
+            let (op, a, b, out) = match *instruction {
+                Instruction::Unary { op, a, out } => (op, a, None, out),
+                Instruction::Binary { op, a, b, out } => (op, a, Some(b), out),
+            };
+            let out = match out {
+                Dest::Temp(t) => Source::Temp(t),
+                Dest::Output(o) => Source::Output(o),
+            };
+            match b {
+                Some(b) => writeln!(f, "  {out} = {}({a}, {b})", name(op))?,
+                None => writeln!(f, "  {out} = {}({a})", name(op))?,
+            }
+        }
+        if let (Some((op, source, n)), Some(o)) = (self.reduce, self.reduce_output) {
+            writeln!(f, "  out{o} = {}({source}) over rows of {n}", name(op))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,222 @@
+//! Option specs: what an option is, what it accepts, and who it is for.
+
+use std::fmt;
+
+use crate::error::{Error, Result};
+
+/// Who an option is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Audience {
+    /// Users: safe to set anywhere; the default is right unless the doc says when to deviate.
+    User,
+    /// Developers of an executor: experiments and debugging only, set through
+    /// [`Options::set_developer`](crate::options::Options::set_developer).
+    Developer,
+}
+
+impl fmt::Display for Audience {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Audience::User => "user",
+            Audience::Developer => "developer",
+        })
+    }
+}
+
+/// The type of an option's values.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OptionType {
+    /// `true` or `false` (strings: `true`, `false`, `1`, `0`).
+    Bool,
+    /// An integer in `min..=max`.
+    Int {
+        /// Smallest accepted value.
+        min: i64,
+        /// Largest accepted value.
+        max: i64,
+    },
+    /// One of these names.
+    Enum(&'static [&'static str]),
+    /// A comma-separated list of these names (each at most once; empty allowed).
+    EnumList(&'static [&'static str]),
+}
+
+impl fmt::Display for OptionType {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OptionType::Bool => f.write_str("bool"),
+            OptionType::Int { min, max } => write!(f, "integer {min}..={max}"),
+            OptionType::Enum(names) => write!(f, "one of {}", names.join("|")),
+            OptionType::EnumList(names) => write!(f, "list of {}", names.join(",")),
+        }
+    }
+}
+
+/// A value of an option.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum OptionValue {
+    /// A `Bool` option's value.
+    Bool(bool),
+    /// An `Int` option's value.
+    Int(i64),
+    /// An `Enum` option's value.
+    Enum(&'static str),
+    /// An `EnumList` option's value.
+    EnumList(Vec<&'static str>),
+}
+
+impl fmt::Display for OptionValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OptionValue::Bool(b) => write!(f, "{b}"),
+            OptionValue::Int(i) => write!(f, "{i}"),
+            OptionValue::Enum(e) => f.write_str(e),
+            OptionValue::EnumList(l) => f.write_str(&l.join(",")),
+        }
+    }
+}
+
+impl From<bool> for OptionValue {
+    fn from(b: bool) -> Self {
+        OptionValue::Bool(b)
+    }
+}
+
+impl From<i64> for OptionValue {
+    fn from(i: i64) -> Self {
+        OptionValue::Int(i)
+    }
+}
+
+/// One declared option.
+///
+/// ```
+/// use boundscope::options::{Audience, OptionSpec, OptionType, OptionValue};
+/// const BLOCK: OptionSpec = OptionSpec {
+///     name: "my_executor.block",
+///     ty: OptionType::Int { min: 1, max: 1 << 20 },
+///     default: OptionValue::Int(4096),
+///     doc: "Elements per block; raise it only if profiles show per-block overhead.",
+///     audience: Audience::Developer,
+///     env: None,
+/// };
+/// assert_eq!(BLOCK.parse("8192").unwrap(), OptionValue::Int(8192));
+/// assert!(BLOCK.parse("0").is_err());
+/// assert!(BLOCK.parse("lots").is_err());
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OptionSpec {
+    /// `owner.name`: the owner is `runtime` or an executor's name.
+    pub name: &'static str,
+    /// What it accepts.
+    pub ty: OptionType,
+    /// Its value when not set.
+    pub default: OptionValue,
+    /// One line: what it does and when to deviate from the default.
+    pub doc: &'static str,
+    /// Who it is for.
+    pub audience: Audience,
+    /// The environment variable the front end reads it from, if any (user options only).
+    pub env: Option<&'static str>,
+}
+
+impl OptionSpec {
+    /// The owner: the part of the name before the first `.` (`runtime`, `cpu_fusion`, ...).
+    pub fn owner(&self) -> &'static str {
+        self.name.split('.').next().unwrap_or(self.name)
+    }
+
+    /// Parses a string against this spec.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptionValue`] naming what was expected.
+    pub fn parse(&self, text: &str) -> Result<OptionValue> {
+        let invalid = || Error::InvalidOptionValue {
+            name: self.name.to_string(),
+            expected: self.ty.to_string(),
+            got: text.escape_default().to_string(),
+        };
+        match self.ty {
+            OptionType::Bool => match text {
+                "true" | "1" => Ok(OptionValue::Bool(true)),
+                "false" | "0" => Ok(OptionValue::Bool(false)),
+                _ => Err(invalid()),
+            },
+            OptionType::Int { .. } => {
+                text.parse::<i64>().map_err(|_| invalid()).and_then(|i| self.check(&OptionValue::Int(i)))
+            }
+            OptionType::Enum(names) => {
+                names.iter().find(|n| **n == text).map(|n| OptionValue::Enum(n)).ok_or_else(invalid)
+            }
+            OptionType::EnumList(names) => {
+                let mut items = Vec::new();
+                for item in text.split(',').filter(|s| !s.is_empty()) {
+                    let name = names.iter().find(|n| **n == item).ok_or_else(invalid)?;
+                    if items.contains(name) {
+                        return Err(invalid());
+                    }
+                    items.push(*name);
+                }
+                Ok(OptionValue::EnumList(items))
+            }
+        }
+    }
+
+    /// Checks a value against this spec (type and range), returning it.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptionValue`] naming what was expected.
+    pub fn check(&self, value: &OptionValue) -> Result<OptionValue> {
+        let ok = match (&self.ty, value) {
+            (OptionType::Bool, OptionValue::Bool(_)) => true,
+            (OptionType::Int { min, max }, OptionValue::Int(i)) => (*min..=*max).contains(i),
+            (OptionType::Enum(names), OptionValue::Enum(e)) => names.contains(e),
+            (OptionType::EnumList(names), OptionValue::EnumList(l)) => {
+                l.iter().all(|e| names.contains(e)) && l.iter().enumerate().all(|(i, e)| !l[..i].contains(e))
+            }
+            _ => false,
+        };
+        if ok {
+            Ok(value.clone())
+        } else {
+            Err(Error::InvalidOptionValue {
+                name: self.name.to_string(),
+                expected: self.ty.to_string(),
+                got: value.to_string(),
+            })
+        }
+    }
+}
+
+/// Profiling levels (`runtime.profiling`).
+pub(crate) const PROFILING_LEVELS: &[&str] = &["auto", "off", "regions", "ops"];
+/// Fusion strategies (`runtime.fusion_strategy`).
+pub(crate) const FUSION_STRATEGIES: &[&str] = &["consecutive", "dataflow"];
+
+/// The runtime's own options (those of the front end's pipeline).
+pub const RUNTIME_OPTIONS: &[OptionSpec] = &[
+    OptionSpec {
+        name: "runtime.profiling",
+        ty: OptionType::Enum(PROFILING_LEVELS),
+        default: OptionValue::Enum("auto"),
+        doc: "NVTX ranges: auto (on when a profiler is attached), off, regions (one per fused region and run), ops (every op).",
+        audience: Audience::User,
+        env: Some("BOUNDSCOPE_PROFILING"),
+    },
+    OptionSpec {
+        name: "runtime.fusion",
+        ty: OptionType::Bool,
+        default: OptionValue::Bool(true),
+        doc: "Fuse elementwise chains; turn off only to compare against unfused execution.",
+        audience: Audience::User,
+        env: Some("BOUNDSCOPE_FUSION"),
+    },
+    OptionSpec {
+        name: "runtime.fusion_strategy",
+        ty: OptionType::Enum(FUSION_STRATEGIES),
+        default: OptionValue::Enum("consecutive"),
+        doc: "consecutive: runs of adjacent ops; dataflow: also across independent ops (fewer, larger regions).",
+        audience: Audience::User,
+        env: Some("BOUNDSCOPE_FUSION_STRATEGY"),
+    },
+];

@@ -1,0 +1,134 @@
+//! `ProfiledSession`: from a trace to results in one call, with sane defaults.
+
+use std::sync::Arc;
+
+use super::environment::{Environment, ProfilingDecision};
+use crate::core::guards::{NvtxRange, Selection};
+use crate::core::ir::{Arena, Category, Trace};
+use crate::core::options::Options;
+use crate::core::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOps};
+use crate::core::plan::{Executor, Plan};
+use crate::core::tensor::Tensor;
+use crate::error::Result;
+use crate::executors::{CpuFusion, CpuReference};
+
+/// The label of the range around each run of a session's plans.
+pub const RUN_LABEL: &str = "boundscope run";
+
+/// A front end for people who never look at traces: options from the environment on top of
+/// sane defaults, the standard passes, fusion, and NVTX ranges that switch on by themselves
+/// when a profiler is attached (Nsight Systems, Nsight Compute), or with `BOUNDSCOPE_NVTX=1`.
+///
+/// ```
+/// use boundscope::frontend::{Environment, ProfiledSession};
+/// use boundscope::options::Options;
+/// use boundscope::{Arena, Registry, Tensor, TraceBuilder};
+/// let registry = Registry::with_builtins();
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let x = b.input(&[2, 8]).unwrap();
+/// let y = b.softmax(x).unwrap();
+/// b.output(y).unwrap();
+/// let trace = b.finish().unwrap();
+///
+/// let session = ProfiledSession::new(Options::new(), &Environment::from_pairs(&[])).unwrap();
+/// assert!(!session.profiling().is_on()); // no profiler attached, nothing asked for
+/// let out = session.run(&trace, &arena, &[&Tensor::zeros(&[2, 8])]).unwrap();
+/// assert!((out[0].data()[0] - 0.125).abs() < 1e-6);
+///
+/// let profiled = ProfiledSession::new(Options::new(), &Environment::from_pairs(&[("BOUNDSCOPE_NVTX", "1")])).unwrap();
+/// assert!(profiled.profiling().is_on());
+/// assert!(ProfiledSession::new(Options::new(), &Environment::from_pairs(&[("BOUNDSCOPE_NVTX", "yes")])).is_err());
+/// ```
+pub struct ProfiledSession {
+    options: Options,
+    profiling: ProfilingDecision,
+    fusion: Arc<CpuFusion>,
+    executors: Vec<Arc<dyn Executor>>,
+}
+
+impl ProfiledSession {
+    /// A session configured from the process environment.
+    ///
+    /// # Errors
+    /// [`Error::InvalidEnvironment`](crate::Error::InvalidEnvironment) for a variable with a
+    /// value it does not accept.
+    pub fn from_env() -> Result<Self> {
+        Self::new(Options::new(), &Environment::process())
+    }
+
+    /// A session with `options` (set in code; they win), the rest from `env`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidEnvironment`](crate::Error::InvalidEnvironment), or an option error.
+    pub fn new(mut options: Options, env: &Environment) -> Result<Self> {
+        env.apply_to(&mut options)?;
+        let profiling = ProfilingDecision::decide(&options, env)?;
+        let fusion = Arc::new(CpuFusion::from_options(&options)?);
+        let executors: Vec<Arc<dyn Executor>> = vec![fusion.clone(), CpuReference::shared()];
+        Ok(Self { options, profiling, fusion, executors })
+    }
+
+    /// Whether (and why) this session profiles.
+    pub fn profiling(&self) -> &ProfilingDecision {
+        &self.profiling
+    }
+
+    /// The options in effect.
+    pub fn options(&self) -> &Options {
+        &self.options
+    }
+
+    /// The executors, in the order plans try them.
+    pub fn executors(&self) -> &[Arc<dyn Executor>] {
+        &self.executors
+    }
+
+    /// The trace a session's plan runs: standard passes, profiling guards as decided, fusion
+    /// as the options say.
+    ///
+    /// # Errors
+    /// Errors of the passes.
+    pub fn prepare<'a>(&self, trace: &Trace<'a>, arena: &'a Arena) -> Result<Trace<'a>> {
+        let mut prepared = Pipeline::standard().run(trace, arena)?;
+        if self.profiling.level == "ops" {
+            prepared = ProfileOps::new().run(&prepared, arena)?;
+        }
+        if self.options.bool("runtime.fusion")? {
+            let strategy = match self.options.enum_value("runtime.fusion_strategy")? {
+                "dataflow" => FusionStrategy::Dataflow,
+                _ => FusionStrategy::Consecutive,
+            };
+            let fusion: Arc<dyn Executor> = self.fusion.clone();
+            prepared = FuseRegions::new(fusion)
+                .strategy(strategy)
+                .max_ops(self.fusion.max_region_ops())
+                .run(&prepared, arena)?;
+        }
+        if self.profiling.level == "regions" {
+            let is_region = |_: &crate::BoundSymbol<'_>, category: Category| category == Category::Fusion;
+            prepared.attach_guard(Selection::Where(&is_region), NvtxRange::new())?;
+        }
+        if self.profiling.is_on() {
+            prepared.attach_trace_guard(NvtxRange::new().label(RUN_LABEL)?)?;
+        }
+        Ok(prepared)
+    }
+
+    /// Compiles `trace` for this session's executors.
+    ///
+    /// # Errors
+    /// Errors of the passes and of [`Plan::compile`].
+    pub fn compile(&self, trace: &Trace<'_>, arena: &Arena) -> Result<Plan> {
+        let prepared = self.prepare(trace, arena)?;
+        Plan::compile_with_options(&prepared, &self.executors, &self.options)
+    }
+
+    /// From a trace to results, in one call.
+    ///
+    /// # Errors
+    /// Errors of [`compile`](Self::compile) and [`Plan::run`].
+    pub fn run(&self, trace: &Trace<'_>, arena: &Arena, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.compile(trace, arena)?.run(inputs)
+    }
+}

@@ -1,0 +1,151 @@
+//! The front end: strict environment parsing, detection in child processes, options wired to
+//! behaviour.
+
+use super::*;
+use crate::core::ir::{Arena, Registry, TraceBuilder};
+use crate::error::Error;
+use crate::options::OptionValue;
+
+fn session(pairs: &[(&str, &str)]) -> crate::Result<ProfiledSession> {
+    ProfiledSession::new(Options::new(), &Environment::from_pairs(pairs))
+}
+
+#[test]
+fn every_environment_variable_is_parsed_strictly() {
+    for (variable, bad) in [
+        ("BOUNDSCOPE_NVTX", "yes"),
+        ("BOUNDSCOPE_NVTX", "true"),
+        ("BOUNDSCOPE_NVTX", ""),
+        ("BOUNDSCOPE_NVTX", " 1"),
+        ("BOUNDSCOPE_FUSION", "2"),
+        ("BOUNDSCOPE_FUSION", "on"),
+        ("BOUNDSCOPE_FUSION_STRATEGY", "fast"),
+        ("BOUNDSCOPE_PROFILING", "verbose"),
+    ] {
+        let err = session(&[(variable, bad)]).err().unwrap_or_else(|| panic!("{variable}={bad:?} was accepted"));
+        assert!(matches!(&err, Error::InvalidEnvironment { variable: v, .. } if v == variable), "{err}");
+        assert!(err.to_string().contains(variable) && err.to_string().contains("expected"), "{err}");
+    }
+    for (variable, good) in [
+        ("BOUNDSCOPE_NVTX", "0"),
+        ("BOUNDSCOPE_NVTX", "1"),
+        ("BOUNDSCOPE_FUSION", "false"),
+        ("BOUNDSCOPE_FUSION_STRATEGY", "dataflow"),
+        ("BOUNDSCOPE_PROFILING", "regions"),
+    ] {
+        session(&[(variable, good)]).unwrap_or_else(|e| panic!("{variable}={good}: {e}"));
+    }
+}
+
+#[test]
+fn profiling_decision_precedence() {
+    let on = session(&[("NVTX_INJECTION64_PATH", "/opt/nsys/libToolsInjection64.so")]).unwrap();
+    assert_eq!(on.profiling().level, "ops");
+    assert!(on.profiling().reason.contains("NVTX_INJECTION64_PATH"));
+    let forced_off =
+        session(&[("NVTX_INJECTION64_PATH", "/opt/nsys/libToolsInjection64.so"), ("BOUNDSCOPE_NVTX", "0")]).unwrap();
+    assert_eq!(forced_off.profiling().level, "off");
+    let mut options = Options::new();
+    options.set_str("runtime.profiling", "regions").unwrap();
+    let explicit = ProfiledSession::new(options, &Environment::from_pairs(&[("BOUNDSCOPE_NVTX", "0")])).unwrap();
+    assert_eq!(explicit.profiling().level, "regions");
+    // Options set in code win over the environment.
+    let mut options = Options::new();
+    options.set("runtime.fusion", false).unwrap();
+    let code = ProfiledSession::new(options, &Environment::from_pairs(&[("BOUNDSCOPE_FUSION", "1")])).unwrap();
+    assert_eq!(code.options().get("runtime.fusion").unwrap(), OptionValue::Bool(false));
+}
+
+#[test]
+fn option_errors_name_the_problem_and_the_fix() {
+    let mut options = Options::new();
+    let unknown = options.set_str("runtime.fusoin", "true").unwrap_err();
+    assert_eq!(unknown.to_string(), "unknown option `runtime.fusoin`; did you mean `runtime.fusion`? (every option: `boundscope::options::list()`, or `cargo run --example options`)");
+    let wrong_type = options.set_str("runtime.fusion", "maybe").unwrap_err();
+    assert_eq!(wrong_type.to_string(), "option `runtime.fusion` takes bool, not `maybe`");
+    let range = options.set_developer("cpu_fusion.block_size", 3).unwrap_err();
+    assert_eq!(range.to_string(), "option `cpu_fusion.block_size` takes integer 16..=4194304, not `3`");
+    let dev = options.set("cpu_fusion.max_region_ops", 4).unwrap_err();
+    assert!(dev.to_string().contains("Options::set_developer"), "{dev}");
+    let ill_typed = options.set("runtime.fusion", 1).unwrap_err();
+    assert!(matches!(ill_typed, Error::InvalidOptionValue { .. }));
+}
+
+fn chain<'a>(arena: &'a Arena, registry: &'a Registry) -> crate::Trace<'a> {
+    let mut b = TraceBuilder::new(arena, registry);
+    let x = b.input(&[4, 8]).unwrap();
+    let m = b.input(&[8, 2]).unwrap();
+    let e = b.exp(x).unwrap();
+    let y = b.mul(e, x).unwrap();
+    let z = b.sum(y).unwrap();
+    let w = b.matmul(x, m).unwrap();
+    b.output(z).unwrap();
+    b.output(w).unwrap();
+    b.finish().unwrap()
+}
+
+#[test]
+fn options_are_wired_to_behaviour() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let trace = chain(&arena, &registry);
+    let fused = session(&[]).unwrap().prepare(&trace, &arena).unwrap();
+    assert_eq!(fused.len(), 2, "{fused}"); // region (exp, mul, sum) and matmul
+    let unfused = session(&[("BOUNDSCOPE_FUSION", "0")]).unwrap().prepare(&trace, &arena).unwrap();
+    assert_eq!(unfused.len(), 4, "{unfused}");
+    let mut options = Options::new();
+    options.set_developer("cpu_fusion.max_region_ops", 2).unwrap();
+    let small = ProfiledSession::new(options, &Environment::from_pairs(&[])).unwrap().prepare(&trace, &arena).unwrap();
+    assert_eq!(small.len(), 3, "{small}"); // (exp, mul), sum, matmul
+                                           // Profiling levels: ops puts a range on everything, regions only on regions and the run.
+    let ops = session(&[("BOUNDSCOPE_PROFILING", "ops")]).unwrap().prepare(&trace, &arena).unwrap();
+    assert_eq!(ops.to_string().matches("@nvtx").count(), 3, "{ops}");
+    let regions = session(&[("BOUNDSCOPE_PROFILING", "regions")]).unwrap().prepare(&trace, &arena).unwrap();
+    let listing = regions.to_string();
+    assert!(listing.contains("CpuFusion0(t0)  # @nvtx") && !listing.contains("matmul(t0, t1)  # @nvtx"), "{listing}");
+    let off = session(&[]).unwrap().prepare(&trace, &arena).unwrap();
+    assert!(!off.to_string().contains("@nvtx"));
+    // Dumping the region programs, and the plan's header naming the developer options.
+    let mut options = Options::new();
+    options.set_developer("cpu_fusion.dump_regions", true).unwrap();
+    let dumping = ProfiledSession::new(options, &Environment::from_pairs(&[])).unwrap();
+    let plan = dumping.compile(&trace, &arena).unwrap();
+    assert!(plan.to_string().contains("# developer options: cpu_fusion.dump_regions=true"), "{plan}");
+    let fusion = dumping.executors()[0].clone();
+    assert_eq!(fusion.name(), "cpu_fusion");
+}
+
+/// Run by `detection_in_child_processes` in a child process with a chosen environment; it
+/// prints what it detects.
+#[test]
+#[ignore = "a child process of detection_in_child_processes, which runs it with a chosen environment"]
+fn child_reports_detection() {
+    let tool = detect_nvtx_tool(&Environment::process());
+    let decision = ProfilingDecision::decide(&Options::new(), &Environment::process());
+    println!("DETECTED[{tool}] DECISION[{decision:?}]");
+}
+
+#[test]
+fn detection_in_child_processes() {
+    let exe = std::env::current_exe().unwrap();
+    let run = |env: &[(&str, &str)]| {
+        let mut command = std::process::Command::new(&exe);
+        command.args(["--exact", "frontend::tests::child_reports_detection", "--ignored", "--nocapture"]);
+        command.env_remove("NVTX_INJECTION64_PATH").env_remove("BOUNDSCOPE_NVTX");
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let out = command.output().unwrap();
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let plain = run(&[]);
+    assert!(plain.contains("DETECTED[no NVTX tool attached]") && plain.contains("level: \"off\""), "{plain}");
+    let profiled = run(&[("NVTX_INJECTION64_PATH", "/nonexistent/libToolsInjection64.so")]);
+    assert!(
+        profiled.contains("DETECTED[NVTX_INJECTION64_PATH=/nonexistent") && profiled.contains("level: \"ops\""),
+        "{profiled}"
+    );
+    let overridden = run(&[("NVTX_INJECTION64_PATH", "/nonexistent/lib.so"), ("BOUNDSCOPE_NVTX", "0")]);
+    assert!(overridden.contains("level: \"off\""), "{overridden}");
+    let bad = run(&[("BOUNDSCOPE_NVTX", "maybe")]);
+    assert!(bad.contains("InvalidEnvironment"), "{bad}");
+}

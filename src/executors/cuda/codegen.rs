@@ -100,7 +100,7 @@ pub fn region_source(region: &OpView<'_>, kernel: &str) -> Result<RegionSource, 
         input_shapes.push(region.shape_of(v).map_err(|e| e.to_string())?.to_vec());
     }
     let simple = input_shapes.iter().all(|s| *s == shape || s.iter().product::<usize>() == 1);
-    let vectorized = simple && numel % 4 == 0 && numel > 0;
+    let vectorized = simple && numel.is_multiple_of(4) && numel > 0;
 
     // The loop body, in terms of `x{k}` (input values) and `t{id}` (op values).
     let mut body = String::new();

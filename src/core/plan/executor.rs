@@ -245,6 +245,20 @@ impl<'t> OpView<'t> {
         Ok(Self { trace, bound_symbol, symbol, region_range: None })
     }
 
+    /// The view of the top-level bound symbol at `position`, for tools that compile or inspect
+    /// bound symbols outside a plan (code generators, benchmarks).
+    ///
+    /// # Errors
+    /// [`Error::InvalidBoundSymbol`] past the end; [`Error::UnknownSymbol`] for a symbol the
+    /// registry lacks.
+    pub fn of(trace: &'t Trace<'t>, position: usize) -> Result<Self> {
+        let bound_symbol = trace
+            .bound_symbols()
+            .get(position)
+            .ok_or(Error::InvalidBoundSymbol { index: position, len: trace.len() })?;
+        Self::new(trace, bound_symbol)
+    }
+
     /// Whether this is a fusion region named `<prefix>Fusion<N>`.
     pub fn is_region_of(&self, prefix: &str) -> bool {
         self.symbol_id() == prims::REGION

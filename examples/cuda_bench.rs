@@ -62,6 +62,7 @@ struct DeviceRegion {
     outputs: Vec<usize>,
     work: usize,
     vectorized: bool,
+    ops: u32,
 }
 
 /// Every region of `fused` compiled with NVRTC; `values` maps value ids to device buffers.
@@ -82,6 +83,7 @@ fn compile_regions(ctx: &Arc<CudaContext>, fused: &Trace<'_>, prefix: &str) -> R
             outputs: bsym.outputs().iter().map(|v| v.index()).collect(),
             work: if generated.vectorized { generated.numel / 4 } else { generated.numel },
             vectorized: generated.vectorized,
+            ops: ops.len() as u32,
         });
     }
     Ok(regions)
@@ -92,9 +94,16 @@ fn view<'t>(trace: &'t Trace<'t>, i: usize) -> OpView<'t> {
     boundscope::OpView::of(trace, i).expect("a bound symbol")
 }
 
-fn launch(stream: &Arc<CudaStream>, region: &DeviceRegion, buffers: &mut [Option<CudaSlice<f32>>], n: i64, sms: u32) -> Result<(), String> {
+fn launch(
+    stream: &Arc<CudaStream>,
+    region: &DeviceRegion,
+    buffers: &mut [Option<CudaSlice<f32>>],
+    n: i64,
+    sms: u32,
+) -> Result<(), String> {
     let grid = (region.work.div_ceil(BLOCK as usize) as u32).clamp(1, sms * 16);
-    let mut outputs: Vec<CudaSlice<f32>> = region.outputs.iter().map(|&o| buffers[o].take().expect("allocated")).collect();
+    let mut outputs: smallvec::SmallVec<[CudaSlice<f32>; 2]> =
+        region.outputs.iter().map(|&o| buffers[o].take().expect("allocated")).collect();
     let result = {
         let mut builder = stream.launch_builder(&region.function);
         for &k in &region.inputs {
@@ -132,8 +141,13 @@ fn main() -> ExitCode {
 
 fn run(ncu: bool) -> Result<bool, String> {
     let ctx = CudaContext::new(0).map_err(|e| e.to_string())?;
+    // SAFETY: everything here runs in order on the one default stream, so cudarc's per-buffer
+    // events (which order work across streams, at a cost per launch) are not needed.
+    unsafe { ctx.disable_event_tracking() };
     let stream = ctx.default_stream();
-    let sms = ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).map_err(|e| e.to_string())? as u32;
+    let sms = ctx
+        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+        .map_err(|e| e.to_string())? as u32;
     println!("device: {} ({sms} SMs)", ctx.name().map_err(|e| e.to_string())?);
     let registry = Registry::with_builtins();
     let trace_range = prepare_range("cuda_bench", Level::Trace, 0)?;
@@ -141,12 +155,15 @@ fn run(ncu: bool) -> Result<bool, String> {
     let sizes: &[usize] = if ncu { &[1 << 20] } else { &[1 << 24, 1 << 28] };
     let mut all_ok = true;
     for &n in sizes {
-        for (chain, build) in [("swish", swish_chain as for<'a> fn(&'a Arena, &'a Registry, usize) -> Trace<'a>), ("norm", norm_chain)] {
+        for (chain, build) in
+            [("swish", swish_chain as for<'a> fn(&'a Arena, &'a Registry, usize) -> Trace<'a>), ("norm", norm_chain)]
+        {
             let arena = Arena::new();
             let trace = build(&arena, &registry, n);
             let fusion: Arc<dyn Executor> = CpuFusion::shared();
             let fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).map_err(|e| e.to_string())?;
-            let unfused = FuseRegions::new(fusion).min_ops(1).max_ops(1).run(&trace, &arena).map_err(|e| e.to_string())?;
+            let unfused =
+                FuseRegions::new(fusion).min_ops(1).max_ops(1).run(&trace, &arena).map_err(|e| e.to_string())?;
             let start = Instant::now();
             let fused_regions = compile_regions(&ctx, &fused, "fused")?;
             let unfused_regions = compile_regions(&ctx, &unfused, "op")?;
@@ -170,11 +187,16 @@ fn run(ncu: bool) -> Result<bool, String> {
                     host_inputs.push(Tensor::from_fn(&shape, |i| chunk[i % chunk.len()]));
                 }
             }
-            for id in 0..trace.value_count() {
+            for (id, buffer) in buffers.iter_mut().enumerate() {
                 let produced = fused_regions.iter().chain(&unfused_regions).any(|r| r.outputs.contains(&id));
-                if produced && buffers[id].is_none() {
-                    let len: usize = trace.value_meta(boundscope::ValueId::from_index(id)).map_err(|e| e.to_string())?.shape.iter().product();
-                    buffers[id] = Some(stream.alloc_zeros::<f32>(len).map_err(|e| e.to_string())?);
+                if produced && buffer.is_none() {
+                    let len: usize = trace
+                        .value_meta(boundscope::ValueId::from_index(id))
+                        .map_err(|e| e.to_string())?
+                        .shape
+                        .iter()
+                        .product();
+                    *buffer = Some(stream.alloc_zeros::<f32>(len).map_err(|e| e.to_string())?);
                 }
             }
             let n_arg = n as i64;
@@ -183,25 +205,46 @@ fn run(ncu: bool) -> Result<bool, String> {
             // Correctness against the CPU reference executor.
             if !host_inputs.is_empty() {
                 let refs: Vec<&Tensor> = host_inputs.iter().collect();
-                let expected = Plan::compile(&trace, &[CpuReference::shared()]).map_err(|e| e.to_string())?.run(&refs).map_err(|e| e.to_string())?;
+                let expected = Plan::compile(&trace, &[CpuReference::shared()])
+                    .map_err(|e| e.to_string())?
+                    .run(&refs)
+                    .map_err(|e| e.to_string())?;
                 for (name, regions) in [("fused", &fused_regions), ("unfused", &unfused_regions)] {
                     for r in regions.iter() {
                         launch(&stream, r, &mut buffers, n_arg, sms)?;
                     }
-                    let got = stream.clone_dtoh(buffers[output].as_ref().expect("allocated")).map_err(|e| e.to_string())?;
-                    let worst = got.iter().zip(expected[0].data()).map(|(g, e)| (g - e).abs() / e.abs().max(1.0)).fold(0.0f32, f32::max);
+                    let got =
+                        stream.clone_dtoh(buffers[output].as_ref().expect("allocated")).map_err(|e| e.to_string())?;
+                    let worst = got
+                        .iter()
+                        .zip(expected[0].data())
+                        .map(|(g, e)| (g - e).abs() / e.abs().max(1.0))
+                        .fold(0.0f32, f32::max);
                     let ok = worst <= 1e-5;
                     all_ok &= ok;
-                    println!("check {chain} n=2^{} {name}: max relative difference to the CPU reference {worst:.2e}: {}", n.trailing_zeros(), if ok { "OK" } else { "MISMATCH" });
+                    println!(
+                        "check {chain} n=2^{} {name}: max relative difference to the CPU reference {worst:.2e}: {}",
+                        n.trailing_zeros(),
+                        if ok { "OK" } else { "MISMATCH" }
+                    );
                 }
             }
 
             // Timing with CUDA events: fused, unfused, and a copy of one full-size array.
-            let reps = if ncu { 2 } else if n > 1 << 24 { 20 } else { 100 };
+            let reps = if ncu {
+                2
+            } else if n > 1 << 24 {
+                20
+            } else {
+                100
+            };
             let time = |what: &mut dyn FnMut() -> Result<(), String>| -> Result<f64, String> {
                 what()?;
                 let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-                let (start, end) = (ctx.new_event(flags).map_err(|e| e.to_string())?, ctx.new_event(flags).map_err(|e| e.to_string())?);
+                let (start, end) = (
+                    ctx.new_event(flags).map_err(|e| e.to_string())?,
+                    ctx.new_event(flags).map_err(|e| e.to_string())?,
+                );
                 start.record(&stream).map_err(|e| e.to_string())?;
                 for _ in 0..reps {
                     what()?;
@@ -210,8 +253,12 @@ fn run(ncu: bool) -> Result<bool, String> {
                 end.synchronize().map_err(|e| e.to_string())?;
                 Ok(start.elapsed_ms(&end).map_err(|e| e.to_string())? as f64 / reps as f64)
             };
-            let ranges: Vec<_> = fused_regions.iter().map(|r| prepare_range(&r.label, Level::Region, 1)).collect::<Result<_, _>>()?;
-            let op_ranges: Vec<_> = unfused_regions.iter().map(|r| prepare_range(&r.label, Level::Op, 1)).collect::<Result<_, _>>()?;
+            let ranges: Vec<_> = fused_regions
+                .iter()
+                .map(|r| prepare_range(&r.label, Level::Region, r.ops))
+                .collect::<Result<_, _>>()?;
+            let op_ranges: Vec<_> =
+                unfused_regions.iter().map(|r| prepare_range(&r.label, Level::Op, 1)).collect::<Result<_, _>>()?;
             let fused_ms = time(&mut || {
                 for (r, range) in fused_regions.iter().zip(&ranges) {
                     range.in_scope(|| launch(&stream, r, &mut buffers, n_arg, sms))?;
@@ -226,7 +273,9 @@ fn run(ncu: bool) -> Result<bool, String> {
             })?;
             let mut copy_src = stream.alloc_zeros::<f32>(n).map_err(|e| e.to_string())?;
             let mut copy_dst = stream.alloc_zeros::<f32>(n).map_err(|e| e.to_string())?;
-            stream.memcpy_dtod(buffers[trace.inputs()[0].index()].as_ref().expect("input"), &mut copy_src).map_err(|e| e.to_string())?;
+            stream
+                .memcpy_dtod(buffers[trace.inputs()[0].index()].as_ref().expect("input"), &mut copy_src)
+                .map_err(|e| e.to_string())?;
             let copy_ms = time(&mut || stream.memcpy_dtod(&copy_src, &mut copy_dst).map_err(|e| e.to_string()))?;
 
             // Host time to launch one region (enqueue only).
@@ -240,7 +289,12 @@ fn run(ncu: bool) -> Result<bool, String> {
             stream.synchronize().map_err(|e| e.to_string())?;
 
             // Useful bytes: every input read once, the output written once.
-            let useful: usize = trace.inputs().iter().chain(trace.outputs()).map(|&v| trace.value_meta(v).map(|m| m.numel() * 4).unwrap_or(0)).sum();
+            let useful: usize = trace
+                .inputs()
+                .iter()
+                .chain(trace.outputs())
+                .map(|&v| trace.value_meta(v).map(|m| m.numel() * 4).unwrap_or(0))
+                .sum();
             let gbps = |ms: f64| useful as f64 / (ms * 1e-3) / 1e9;
             let copy_gbps = (2 * n * 4) as f64 / (copy_ms * 1e-3) / 1e9;
             println!(

@@ -65,6 +65,39 @@ fn index_expression(k: usize, shape: &[usize], input_shape: &[usize]) -> String 
     if input_shape.iter().product::<usize>() == 1 {
         return format!("in{k}[0]");
     }
+    format!("in{k}[{}]", offset_expression(shape, input_shape))
+}
+
+/// How a broadcast input reads one element per vector of 4 (constant along the last axis),
+/// or a `float4` (contiguous along a last axis as long as the iteration shape's), if it can.
+enum VectorRead {
+    Vector,
+    Scalar,
+    PerVector,
+    PerVectorFloat4,
+}
+
+fn vector_read(shape: &[usize], input_shape: &[usize]) -> Option<VectorRead> {
+    if input_shape == shape {
+        return Some(VectorRead::Vector);
+    }
+    if input_shape.iter().product::<usize>() == 1 {
+        return Some(VectorRead::Scalar);
+    }
+    let last = *shape.last()?;
+    if !last.is_multiple_of(4) {
+        return None;
+    }
+    let strides = broadcast_strides(input_shape, shape);
+    match strides.last() {
+        Some(0) => Some(VectorRead::PerVector),
+        Some(1) if input_shape.last() == Some(&last) => Some(VectorRead::PerVectorFloat4),
+        _ => None,
+    }
+}
+
+/// The offset in a broadcast input of element `i` of the iteration shape, as C.
+fn offset_expression(shape: &[usize], input_shape: &[usize]) -> String {
     let strides = broadcast_strides(input_shape, shape);
     let mut terms = Vec::new();
     let mut inner = 1usize;
@@ -80,7 +113,11 @@ fn index_expression(k: usize, shape: &[usize], input_shape: &[usize]) -> String 
         }
         inner *= shape[axis];
     }
-    format!("in{k}[{}]", if terms.is_empty() { "0".into() } else { terms.join(" + ") })
+    if terms.is_empty() {
+        "0".into()
+    } else {
+        terms.join(" + ")
+    }
 }
 
 /// Generates the CUDA C of a fused region of elementwise ops.
@@ -99,8 +136,8 @@ pub fn region_source(region: &OpView<'_>, kernel: &str) -> Result<RegionSource, 
     for &v in &inputs {
         input_shapes.push(region.shape_of(v).map_err(|e| e.to_string())?.to_vec());
     }
-    let simple = input_shapes.iter().all(|s| *s == shape || s.iter().product::<usize>() == 1);
-    let vectorized = simple && numel.is_multiple_of(4) && numel > 0;
+    let reads: Option<Vec<VectorRead>> = input_shapes.iter().map(|s| vector_read(&shape, s)).collect();
+    let vectorized = reads.is_some() && numel.is_multiple_of(4) && numel > 0;
 
     // The loop body, in terms of `x{k}` (input values) and `t{id}` (op values).
     let mut body = String::new();
@@ -139,20 +176,33 @@ pub fn region_source(region: &OpView<'_>, kernel: &str) -> Result<RegionSource, 
             source,
             "  for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < vectors; j += stride) {{"
         );
-        for (k, s) in input_shapes.iter().enumerate() {
-            if *s == shape {
-                let _ = writeln!(source, "    const float4 v{k} = reinterpret_cast<const float4*>(in{k})[j];");
-            } else {
-                let _ = writeln!(source, "    const float s{k} = in{k}[0];");
-            }
+        let reads = reads.unwrap_or_default();
+        if reads.iter().any(|r| matches!(r, VectorRead::PerVector | VectorRead::PerVectorFloat4)) {
+            let _ = writeln!(source, "    const long long i = 4ll * j;");
+        }
+        for (k, (s, read)) in input_shapes.iter().zip(&reads).enumerate() {
+            let offset = || offset_expression(&shape, s);
+            let _ = match read {
+                VectorRead::Vector => {
+                    writeln!(source, "    const float4 v{k} = reinterpret_cast<const float4*>(in{k})[j];")
+                }
+                VectorRead::Scalar => writeln!(source, "    const float s{k} = in{k}[0];"),
+                VectorRead::PerVector => writeln!(source, "    const float s{k} = in{k}[{}];", offset()),
+                VectorRead::PerVectorFloat4 => {
+                    writeln!(source, "    const float4 v{k} = *reinterpret_cast<const float4*>(in{k} + {});", offset())
+                }
+            };
         }
         for o in 0..outputs.len() {
             let _ = writeln!(source, "    float4 r{o};");
         }
         for lane in ["x", "y", "z", "w"] {
             let _ = writeln!(source, "    {{");
-            for (k, s) in input_shapes.iter().enumerate() {
-                let read = if *s == shape { format!("v{k}.{lane}") } else { format!("s{k}") };
+            for (k, read) in reads.iter().enumerate() {
+                let read = match read {
+                    VectorRead::Vector | VectorRead::PerVectorFloat4 => format!("v{k}.{lane}"),
+                    VectorRead::Scalar | VectorRead::PerVector => format!("s{k}"),
+                };
                 let _ = writeln!(source, "    const float x{k} = {read};");
             }
             source.push_str(&body);
@@ -248,21 +298,38 @@ extern \"C\" __global__ void region0(const float* __restrict__ in0, const float*
         );
     }
 
-    #[test]
-    fn broadcast_inputs_are_indexed_per_row_and_per_column() {
-        let generated = generate(|b| {
-            let x = b.input(&[16, 8]).unwrap();
+    /// `(x - mean) * w` over `[16, cols]`, `mean` per row, `w` per column.
+    fn broadcast_chain(cols: usize) -> RegionSource {
+        generate(|b| {
+            let x = b.input(&[16, cols]).unwrap();
             let mean = b.input(&[16, 1]).unwrap();
-            let w = b.input(&[8]).unwrap();
+            let w = b.input(&[cols]).unwrap();
             let c = b.sub(x, mean).unwrap();
             let y = b.mul(c, w).unwrap();
             b.output(y).unwrap();
-        });
+        })
+    }
+
+    #[test]
+    fn broadcast_inputs_are_read_per_vector_when_rows_hold_whole_vectors() {
+        let generated = broadcast_chain(8);
+        assert!(generated.vectorized);
+        let s = &generated.source;
+        assert!(s.contains("    const long long i = 4ll * j;"), "{s}");
+        assert!(s.contains("const float4 v0 = reinterpret_cast<const float4*>(in0)[j];"), "{s}");
+        assert!(s.contains("const float s1 = in1[(i / 8ll)];"), "{s}");
+        assert!(s.contains("const float4 v2 = *reinterpret_cast<const float4*>(in2 + (i % 8ll));"), "{s}");
+        assert!(s.contains("const float x1 = s1;") && s.contains("const float x2 = v2.z;"), "{s}");
+    }
+
+    #[test]
+    fn broadcast_inputs_are_indexed_per_element_otherwise() {
+        let generated = broadcast_chain(6);
         assert!(!generated.vectorized);
         let s = &generated.source;
         assert!(s.contains("const float x0 = in0[i];"), "{s}");
-        assert!(s.contains("const float x1 = in1[(i / 8ll)];"), "{s}");
-        assert!(s.contains("const float x2 = in2[(i % 8ll)];"), "{s}");
+        assert!(s.contains("const float x1 = in1[(i / 6ll)];"), "{s}");
+        assert!(s.contains("const float x2 = in2[(i % 6ll)];"), "{s}");
         assert!(s.contains("const float t4 = (t3 * x2);") && s.contains("out0[i] = t4;"), "{s}");
     }
 

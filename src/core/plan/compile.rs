@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
+use super::device::{Device, DeviceKernel};
 use super::executor::RegionRange;
 use super::executor::{kernel_fn, Executor, Kernel, OpView};
 use super::guard_schedule::{prepare_scopes, schedules, CompiledNode, Schedule, Scope};
@@ -25,13 +26,27 @@ use std::sync::atomic::AtomicBool;
 pub(crate) enum Slot {
     /// The `i`-th input of the run (borrowed from the caller, never copied).
     Input(u32),
-    /// The `i`-th buffer of the workspace.
+    /// The `i`-th host buffer of the workspace.
     Buffer(u32),
+    /// The `i`-th device buffer of the workspace.
+    Device(u32),
 }
 
-/// One compiled bound symbol.
+/// What a step does.
+pub(crate) enum Work {
+    /// A host kernel: inputs are host slots, outputs host buffers.
+    Host(Box<dyn Kernel>),
+    /// A device kernel: inputs are device slots, outputs device buffers.
+    Device(Box<dyn DeviceKernel>),
+    /// Host slot (input 0) to device buffer (output 0).
+    Upload,
+    /// Device slot (input 0) to host buffer (output 0).
+    Download,
+}
+
+/// One compiled bound symbol, or a transfer.
 pub(crate) struct Step {
-    pub kernel: Box<dyn Kernel>,
+    pub work: Work,
     pub inputs: SmallVec<[Slot; 4]>,
     pub outputs: SmallVec<[u32; 2]>,
     /// `t3 = add(t1, t2)`, for listings and errors.
@@ -76,6 +91,9 @@ pub struct Plan {
     pub(crate) executor_names: Vec<String>,
     pub(crate) input_shapes: Vec<Shape>,
     pub(crate) buffer_shapes: Vec<Shape>,
+    /// The device of the plan's device executors, and the lengths of its buffers.
+    pub(crate) device: Option<Arc<dyn Device>>,
+    pub(crate) device_lengths: Vec<usize>,
     pub(crate) outputs: Vec<u32>,
     pub(crate) pool: Mutex<Vec<Workspace>>,
     pub(crate) scopes: Vec<Scope>,
@@ -106,8 +124,11 @@ impl Plan {
             trace,
             executors,
             value_slots: vec![None; trace.value_count()],
+            device_slots: vec![None; trace.value_count()],
             steps: Vec::with_capacity(trace.len()),
             buffer_shapes: Vec::new(),
+            device: executors.iter().find_map(|e| e.device()),
+            device_lengths: Vec::new(),
         };
         for (i, &input) in trace.inputs().iter().enumerate() {
             compiler.value_slots[input.index()] = Some(Slot::Input(i as u32));
@@ -143,6 +164,8 @@ impl Plan {
             executor_names: executors.iter().map(|e| e.name().to_string()).collect(),
             input_shapes,
             buffer_shapes: compiler.buffer_shapes,
+            device: compiler.device,
+            device_lengths: compiler.device_lengths,
             outputs,
             pool: Mutex::new(Vec::new()),
         })
@@ -300,9 +323,14 @@ impl fmt::Debug for Plan {
 struct Compiler<'c, 't> {
     trace: &'c Trace<'t>,
     executors: &'c [Arc<dyn Executor>],
+    /// Where each value is on the host (an input or a host buffer), if it is there.
     value_slots: Vec<Option<Slot>>,
+    /// Which device buffer holds each value, if one does.
+    device_slots: Vec<Option<u32>>,
     steps: Vec<Step>,
     buffer_shapes: Vec<Shape>,
+    device: Option<Arc<dyn Device>>,
+    device_lengths: Vec<usize>,
 }
 
 impl<'c, 't> Compiler<'c, 't> {
@@ -336,22 +364,74 @@ impl<'c, 't> Compiler<'c, 't> {
         if emits_region_ranges(&*self.executors[executor]) {
             op.region_range = region_range;
         }
-        let kernel = self.executors[executor].compile(&op)?;
-        let inputs = bsym
-            .inputs()
-            .map(|v| {
-                self.value_slots[v.index()].ok_or(Error::UndefinedValue { value: v, used_by: op.name().to_string() })
-            })
-            .collect::<Result<_>>()?;
+        let on_device = self.executors[executor].device().is_some();
+        let work = if on_device {
+            Work::Device(self.executors[executor].compile_device(&op)?)
+        } else {
+            Work::Host(self.executors[executor].compile(&op)?)
+        };
+        let mut inputs = SmallVec::new();
+        for v in bsym.inputs() {
+            inputs.push(if on_device { self.on_device(v, op.name())? } else { self.on_host(v, op.name())? });
+        }
         let mut outputs = SmallVec::new();
         for &o in bsym.outputs() {
-            let buffer = self.new_buffer(self.shape(o)?);
-            self.value_slots[o.index()] = Some(Slot::Buffer(buffer));
-            outputs.push(buffer);
+            let shape = self.shape(o)?;
+            if on_device {
+                let buffer = self.new_device_buffer(shape);
+                self.device_slots[o.index()] = Some(buffer);
+                outputs.push(buffer);
+            } else {
+                let buffer = self.new_buffer(shape);
+                self.value_slots[o.index()] = Some(Slot::Buffer(buffer));
+                outputs.push(buffer);
+            }
         }
         let line = format_line(self.trace, bsym);
-        self.steps.push(Step { kernel, inputs, outputs, line, executor });
+        self.steps.push(Step { work, inputs, outputs, line, executor });
         Ok(CompiledNode { first, len: 1, children: Vec::new(), executor: Some(executor) })
+    }
+
+    /// The host slot of a value, downloading it first if it is only on the device.
+    fn on_host(&mut self, value: ValueId, used_by: &str) -> Result<Slot> {
+        if let Some(slot) = self.value_slots[value.index()] {
+            return Ok(slot);
+        }
+        let device =
+            self.device_slots[value.index()].ok_or(Error::UndefinedValue { value, used_by: used_by.into() })?;
+        let buffer = self.new_buffer(self.shape(value)?);
+        self.steps.push(Step {
+            work: Work::Download,
+            inputs: SmallVec::from_slice(&[Slot::Device(device)]),
+            outputs: SmallVec::from_slice(&[buffer]),
+            line: format!("download {value} from the device"),
+            executor: self.executors.len(),
+        });
+        self.value_slots[value.index()] = Some(Slot::Buffer(buffer));
+        Ok(Slot::Buffer(buffer))
+    }
+
+    /// The device slot of a value, uploading it first if it is only on the host.
+    fn on_device(&mut self, value: ValueId, used_by: &str) -> Result<Slot> {
+        if let Some(buffer) = self.device_slots[value.index()] {
+            return Ok(Slot::Device(buffer));
+        }
+        let host = self.value_slots[value.index()].ok_or(Error::UndefinedValue { value, used_by: used_by.into() })?;
+        let buffer = self.new_device_buffer(self.shape(value)?);
+        self.steps.push(Step {
+            work: Work::Upload,
+            inputs: SmallVec::from_slice(&[host]),
+            outputs: SmallVec::from_slice(&[buffer]),
+            line: format!("upload {value} to the device"),
+            executor: self.executors.len(),
+        });
+        self.device_slots[value.index()] = Some(buffer);
+        Ok(Slot::Device(buffer))
+    }
+
+    fn new_device_buffer(&mut self, shape: &[usize]) -> u32 {
+        self.device_lengths.push(shape.iter().product());
+        (self.device_lengths.len() - 1) as u32
     }
 
     fn new_buffer(&mut self, shape: &[usize]) -> u32 {
@@ -362,15 +442,18 @@ impl<'c, 't> Compiler<'c, 't> {
     /// The buffer holding an output; an output that is a trace input gets a copy step, so that
     /// every output lives in the workspace.
     fn output_buffer(&mut self, value: ValueId) -> Result<u32> {
+        if self.value_slots[value.index()].is_none() && self.device_slots[value.index()].is_some() {
+            self.on_host(value, "trace output")?;
+        }
         match self.value_slots[value.index()] {
             Some(Slot::Buffer(b)) => Ok(b),
             Some(input @ Slot::Input(_)) => {
                 let buffer = self.new_buffer(self.shape(value)?);
                 self.steps.push(Step {
-                    kernel: kernel_fn(|inputs, outputs| {
+                    work: Work::Host(kernel_fn(|inputs, outputs| {
                         outputs[0].data.copy_from_slice(inputs[0].data);
                         Ok(())
-                    }),
+                    })),
                     inputs: SmallVec::from_slice(&[input]),
                     outputs: SmallVec::from_slice(&[buffer]),
                     line: format!("copy of input {value} to the outputs"),
@@ -379,7 +462,7 @@ impl<'c, 't> Compiler<'c, 't> {
                 self.value_slots[value.index()] = Some(Slot::Buffer(buffer));
                 Ok(buffer)
             }
-            None => Err(Error::UndefinedValue { value, used_by: "trace output".into() }),
+            _ => Err(Error::UndefinedValue { value, used_by: "trace output".into() }),
         }
     }
 }

@@ -7,6 +7,7 @@
 
 use std::fmt;
 
+use super::device::{Device, DeviceKernel};
 use crate::core::guards::{GuardKind, Level, PreparedNvtxRange};
 use crate::core::ir::{prims, Arg, BoundSymbol, Category, Symbol, SymbolId, Trace, ValueId};
 use crate::core::tensor::{TensorMut, TensorRef};
@@ -90,11 +91,38 @@ pub trait Executor: Send + Sync {
     /// Whether this executor runs this bound symbol.
     fn claims(&self, op: &OpView<'_>) -> bool;
 
-    /// Compiles a kernel for a bound symbol that [`claims`](Self::claims) accepted.
+    /// Compiles a host kernel for a bound symbol that [`claims`](Self::claims) accepted.
+    /// Executors that run on a device implement [`compile_device`](Self::compile_device)
+    /// instead.
     ///
     /// # Errors
     /// Whatever stops the executor from running it; the plan fails to compile with it.
-    fn compile(&self, op: &OpView<'_>) -> Result<Box<dyn Kernel>>;
+    fn compile(&self, op: &OpView<'_>) -> Result<Box<dyn Kernel>> {
+        Err(Error::Execution {
+            executor: self.name().to_string(),
+            symbol: op.name().to_string(),
+            message: "this executor has no host kernels (it runs on a device: see Executor::device)".into(),
+        })
+    }
+
+    /// The device this executor runs on, if any; its kernels then come from
+    /// [`compile_device`](Self::compile_device) and read and write device buffers. Default:
+    /// none (host).
+    fn device(&self) -> Option<Arc<dyn Device>> {
+        None
+    }
+
+    /// Compiles a device kernel for a bound symbol that [`claims`](Self::claims) accepted.
+    ///
+    /// # Errors
+    /// Whatever stops the executor from running it; the plan fails to compile with it.
+    fn compile_device(&self, op: &OpView<'_>) -> Result<Box<dyn DeviceKernel>> {
+        Err(Error::Execution {
+            executor: self.name().to_string(),
+            symbol: op.name().to_string(),
+            message: "this executor has no device kernels".into(),
+        })
+    }
 
     /// The guard kinds this executor emits itself, and at which level (for example an NVTX
     /// range per fusion region, as nvFuser does). The runtime never emits a second copy of

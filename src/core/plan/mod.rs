@@ -2,11 +2,13 @@
 //! times with reusable workspaces.
 
 mod compile;
+mod device;
 mod executor;
 mod guard_schedule;
 mod workspace;
 
 pub use compile::Plan;
+pub use device::{Device, DeviceBuffer, DeviceKernel};
 pub use executor::{
     kernel_fn, Availability, EmittedRange, Executor, Fusible, Kernel, OpView, PreparedRegionRange, RegionRange,
 };

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use super::*;
+use super::{Device, DeviceBuffer, DeviceKernel};
 use crate::core::ir::{prims, Arena, Registry, TraceBuilder};
 use crate::core::tensor::Tensor;
 use crate::error::Error;
@@ -142,4 +143,107 @@ fn plan_runs_from_many_threads() {
             });
         }
     });
+}
+
+/// A device whose memory is host memory: tests the upload/download plumbing without a GPU.
+struct HostMemoryDevice;
+
+struct HostMemory(Vec<f32>);
+
+impl DeviceBuffer for HostMemory {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+fn memory(buffer: &dyn DeviceBuffer) -> &[f32] {
+    &buffer.as_any().downcast_ref::<HostMemory>().expect("our buffer").0
+}
+
+impl Device for HostMemoryDevice {
+    fn name(&self) -> &str {
+        "host-memory"
+    }
+    fn alloc(&self, len: usize) -> crate::Result<Box<dyn DeviceBuffer>> {
+        Ok(Box::new(HostMemory(vec![0.0; len])))
+    }
+    fn upload(&self, source: &[f32], target: &mut dyn DeviceBuffer) -> crate::Result<()> {
+        target.as_any_mut().downcast_mut::<HostMemory>().expect("our buffer").0.copy_from_slice(source);
+        Ok(())
+    }
+    fn download(&self, source: &dyn DeviceBuffer, target: &mut [f32]) -> crate::Result<()> {
+        target.copy_from_slice(memory(source));
+        Ok(())
+    }
+}
+
+/// Runs `exp` "on the device".
+struct DeviceExp;
+
+struct ExpOnDevice;
+
+impl DeviceKernel for ExpOnDevice {
+    fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> crate::Result<()> {
+        let x = memory(inputs[0]).to_vec();
+        let out = &mut outputs[0].as_any_mut().downcast_mut::<HostMemory>().expect("our buffer").0;
+        for (o, v) in out.iter_mut().zip(x) {
+            *o = crate::executors::math::exp(v);
+        }
+        Ok(())
+    }
+}
+
+impl Executor for DeviceExp {
+    fn name(&self) -> &str {
+        "device_exp"
+    }
+    fn claims(&self, op: &OpView<'_>) -> bool {
+        op.symbol_id() == prims::EXP
+    }
+    fn device(&self) -> Option<Arc<dyn Device>> {
+        Some(Arc::new(HostMemoryDevice))
+    }
+    fn compile_device(&self, _op: &OpView<'_>) -> crate::Result<Box<dyn DeviceKernel>> {
+        Ok(Box::new(ExpOnDevice))
+    }
+}
+
+#[test]
+fn device_steps_get_explicit_transfers() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 3]).unwrap();
+    let e = b.exp(x).unwrap(); // device: upload x first
+    let f = b.exp(e).unwrap(); // device: e is already there
+    let g = b.add(f, x).unwrap(); // host: download f first
+    let h = b.exp(g).unwrap(); // device again: upload g; the output is downloaded at the end
+    b.output(h).unwrap();
+    let trace = b.finish().unwrap();
+    let plan = Plan::compile(&trace, &[Arc::new(DeviceExp), CpuReference::shared()]).unwrap();
+    let listing = plan.to_string();
+    let order: Vec<&str> = listing.lines().skip(1).map(|l| l.trim()).collect();
+    assert!(
+        order[0].starts_with("upload t0") && order[1].starts_with("t1 = exp") && order[2].starts_with("t2 = exp"),
+        "{listing}"
+    );
+    assert!(
+        order[3].starts_with("download t2") && order[4].starts_with("t3 = add") && order[5].starts_with("upload t3"),
+        "{listing}"
+    );
+    assert!(order[6].starts_with("t4 = exp") && order[7].starts_with("download t4"), "{listing}");
+    let input = Tensor::from_fn(&[2, 3], |i| i as f32 * 0.1);
+    let reference = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+    assert_eq!(plan.run(&[&input]).unwrap(), reference.run(&[&input]).unwrap());
+    let mut ws = plan.workspace();
+    for _ in 0..3 {
+        let out = plan.run_with(&mut ws, &[input.view()]).unwrap();
+        assert_eq!(out.get(0).unwrap().to_tensor(), reference.run(&[&input]).unwrap()[0]);
+    }
 }

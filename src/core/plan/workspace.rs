@@ -8,7 +8,8 @@ use smallvec::SmallVec;
 
 use std::sync::atomic::Ordering;
 
-use super::compile::{Plan, Slot, Step};
+use super::compile::{Plan, Slot, Step, Work};
+use super::device::DeviceBuffer;
 use super::guard_schedule::{GuardStack, Schedule};
 use crate::core::tensor::{Tensor, TensorMut, TensorRef};
 use crate::error::{Error, Result};
@@ -19,6 +20,9 @@ use crate::error::{Error, Result};
 pub struct Workspace {
     plan_id: u64,
     buffers: Vec<Vec<f32>>,
+    /// Device buffers, allocated by the first run (a device allocation can fail; making a
+    /// workspace cannot).
+    device_buffers: Vec<Option<Box<dyn DeviceBuffer>>>,
     /// Set while a run is in flight; still set afterwards if a kernel panicked, in which case
     /// the buffers may be incomplete and are rebuilt by the next run.
     in_flight: bool,
@@ -66,6 +70,7 @@ impl Plan {
         Workspace {
             plan_id: self.id,
             buffers: self.buffer_shapes.iter().map(|s| vec![0.0; s.iter().product()]).collect(),
+            device_buffers: Vec::new(),
             in_flight: false,
         }
     }
@@ -99,6 +104,10 @@ impl Plan {
         self.check_inputs(inputs)?;
         if workspace.in_flight {
             *workspace = self.workspace();
+        }
+        if let (Some(device), true) = (&self.device, workspace.device_buffers.len() != self.device_lengths.len()) {
+            workspace.device_buffers =
+                self.device_lengths.iter().map(|&len| device.alloc(len).map(Some)).collect::<Result<_>>()?;
         }
         workspace.in_flight = true;
         let schedule = &self.schedules[if self.profiling.load(Ordering::Relaxed) { 0 } else { 1 }];
@@ -158,6 +167,10 @@ impl Plan {
     /// kernel call and moved back afterwards, also when the kernel fails.
     #[inline(always)]
     fn run_step(&self, step: &Step, workspace: &mut Workspace, inputs: &[TensorRef<'_>]) -> Result<()> {
+        let kernel = match &step.work {
+            Work::Host(kernel) => kernel,
+            other => return self.run_device_step(other, step, workspace, inputs),
+        };
         if let [buffer] = step.outputs[..] {
             // The common case, one output: no list of taken buffers to build.
             let mut data = std::mem::take(&mut workspace.buffers[buffer as usize]);
@@ -165,7 +178,7 @@ impl Plan {
                 let mut views = SmallVec::new();
                 self.input_views(&mut views, step, &workspace.buffers, inputs);
                 let mut outs = [TensorMut { shape: &self.buffer_shapes[buffer as usize], data: &mut data }];
-                step.kernel.run(&views, &mut outs)
+                kernel.run(&views, &mut outs)
             };
             workspace.buffers[buffer as usize] = data;
             return result;
@@ -181,7 +194,7 @@ impl Plan {
             for (data, &b) in taken.iter_mut().zip(&step.outputs) {
                 outs.push(TensorMut { shape: &self.buffer_shapes[b as usize], data });
             }
-            step.kernel.run(&views, &mut outs)
+            kernel.run(&views, &mut outs)
         };
         for (data, &b) in taken.into_iter().zip(&step.outputs) {
             workspace.buffers[b as usize] = data;
@@ -201,7 +214,66 @@ impl Plan {
             views.push(match *slot {
                 Slot::Input(i) => inputs[i as usize],
                 Slot::Buffer(b) => TensorRef { shape: &self.buffer_shapes[b as usize], data: &buffers[b as usize] },
+                // Compilation gives host kernels host slots only (downloads come first).
+                Slot::Device(_) => TensorRef { shape: &[], data: &[] },
             });
+        }
+    }
+
+    /// Runs a device kernel or a transfer.
+    #[inline(never)]
+    fn run_device_step(
+        &self,
+        work: &Work,
+        step: &Step,
+        workspace: &mut Workspace,
+        inputs: &[TensorRef<'_>],
+    ) -> Result<()> {
+        let missing = || Error::Execution {
+            executor: "runtime".into(),
+            symbol: step.line.clone(),
+            message: "a device buffer is missing: the plan has no device, or a previous run was interrupted".into(),
+        };
+        let device = self.device.as_ref().ok_or_else(missing)?;
+        let device_slot = |slot: &Slot| match *slot {
+            Slot::Device(d) => Some(d as usize),
+            _ => None,
+        };
+        match work {
+            Work::Upload => {
+                let source: &[f32] = match step.inputs[0] {
+                    Slot::Input(i) => inputs[i as usize].data,
+                    Slot::Buffer(b) => &workspace.buffers[b as usize],
+                    Slot::Device(_) => return Err(missing()),
+                };
+                let target = workspace.device_buffers[step.outputs[0] as usize].as_deref_mut().ok_or_else(missing)?;
+                device.upload(source, target)
+            }
+            Work::Download => {
+                let d = device_slot(&step.inputs[0]).ok_or_else(missing)?;
+                let source = workspace.device_buffers[d].as_deref().ok_or_else(missing)?;
+                device.download(source, &mut workspace.buffers[step.outputs[0] as usize])
+            }
+            Work::Device(kernel) => {
+                let mut taken: SmallVec<[Box<dyn DeviceBuffer>; 2]> = SmallVec::new();
+                for &o in &step.outputs {
+                    taken.push(workspace.device_buffers[o as usize].take().ok_or_else(missing)?);
+                }
+                let result = {
+                    let mut views: SmallVec<[&dyn DeviceBuffer; 4]> = SmallVec::new();
+                    for slot in &step.inputs {
+                        let d = device_slot(slot).ok_or_else(missing)?;
+                        views.push(workspace.device_buffers[d].as_deref().ok_or_else(missing)?);
+                    }
+                    let mut outs: SmallVec<[&mut dyn DeviceBuffer; 2]> = taken.iter_mut().map(|b| b.as_mut()).collect();
+                    kernel.run(&views, &mut outs)
+                };
+                for (buffer, &o) in taken.into_iter().zip(&step.outputs) {
+                    workspace.device_buffers[o as usize] = Some(buffer);
+                }
+                result
+            }
+            Work::Host(_) => Err(missing()),
         }
     }
 }

@@ -128,12 +128,35 @@ fn offset_expression(shape: &[usize], input_shape: &[usize]) -> String {
 pub fn region_source(region: &OpView<'_>, kernel: &str) -> Result<RegionSource, String> {
     let ops = region.region_ops().map_err(|e| e.to_string())?;
     let inputs: Vec<ValueId> = region.bound_symbol().inputs().collect();
-    let outputs: &[ValueId] = region.bound_symbol().outputs();
+    generate(region, &ops, &inputs, region.bound_symbol().outputs(), kernel)
+}
+
+/// Generates the CUDA C of one elementwise prim (a region of one op).
+///
+/// # Errors
+/// As for [`region_source`].
+pub fn op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, String> {
+    let mut inputs: Vec<ValueId> = Vec::new();
+    for v in op.bound_symbol().inputs() {
+        if !inputs.contains(&v) {
+            inputs.push(v);
+        }
+    }
+    generate(op, std::slice::from_ref(op), &inputs, op.bound_symbol().outputs(), kernel)
+}
+
+fn generate(
+    region: &OpView<'_>,
+    ops: &[OpView<'_>],
+    inputs: &[ValueId],
+    outputs: &[ValueId],
+    kernel: &str,
+) -> Result<RegionSource, String> {
     let first = ops.first().ok_or("an empty region")?;
     let shape = first.output_shape(0).map_err(|e| e.to_string())?.to_vec();
     let numel: usize = shape.iter().product();
     let mut input_shapes = Vec::new();
-    for &v in &inputs {
+    for &v in inputs {
         input_shapes.push(region.shape_of(v).map_err(|e| e.to_string())?.to_vec());
     }
     let reads: Option<Vec<VectorRead>> = input_shapes.iter().map(|s| vector_read(&shape, s)).collect();
@@ -141,7 +164,7 @@ pub fn region_source(region: &OpView<'_>, kernel: &str) -> Result<RegionSource, 
 
     // The loop body, in terms of `x{k}` (input values) and `t{id}` (op values).
     let mut body = String::new();
-    for op in &ops {
+    for op in ops {
         let id = builtin_prim(op).ok_or(format!("`{}` is not a built-in prim", op.name()))?;
         let operand = |arg: &Arg<'_>| -> Result<String, String> {
             Ok(match *arg {

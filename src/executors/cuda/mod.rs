@@ -12,8 +12,16 @@
 //! step and are not in this release.
 
 mod codegen;
+#[cfg(feature = "cuda")]
+mod device;
+#[cfg(feature = "cuda")]
+mod executors;
 
-pub use codegen::{region_source, RegionSource};
+pub use codegen::{op_source, region_source, RegionSource};
+#[cfg(feature = "cuda")]
+pub use device::{CudaBuffer, CudaDevice};
+#[cfg(feature = "cuda")]
+pub use executors::{CudaFusion, CudaOps};
 
 use crate::core::plan::Availability;
 

@@ -1,0 +1,122 @@
+//! On a GPU: random programs run by plans on the CUDA executors (fused regions and per-op
+//! kernels, cuBLAS matmul, the rest on the CPU with explicit transfers) equal the CPU reference
+//! executor, and each fused region gets exactly one NVTX range, pushed by `CudaFusion`.
+//!
+//! Without a usable GPU every test here prints `SKIPPED` with the reason and passes: run the
+//! test binary on the GPU machine (`cargo test --release --no-run`, then carry it there).
+
+mod common;
+
+use std::sync::{Arc, OnceLock};
+
+use boundscope::executors::cuda::{self, CudaDevice, CudaFusion, CudaOps};
+use boundscope::executors::CpuReference;
+use boundscope::guards::{NvtxRange, DEFAULT_DOMAIN};
+use boundscope::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOps};
+use boundscope::{prims, Arena, Availability, Executor, Plan, Registry};
+use common::nvtx_capture::{self, NvtxEventKind};
+use common::program::programs;
+use proptest::prelude::*;
+
+/// The device, or `None` after printing (once) why the tests are skipped.
+fn device() -> Option<Arc<CudaDevice>> {
+    static DEVICE: OnceLock<Option<Arc<CudaDevice>>> = OnceLock::new();
+    DEVICE
+        .get_or_init(|| match cuda::availability() {
+            Availability::Available => Some(CudaDevice::new().expect("available")),
+            Availability::Unavailable(reason) => {
+                println!("SKIPPED: cuda_matches_reference: {reason}; run this test binary on a GPU machine");
+                None
+            }
+        })
+        .clone()
+}
+
+/// GPU `expf`, `tanhf` and cuBLAS summation order differ from the CPU's in the last bits.
+const TOLERANCE: f32 = 1e-4;
+
+/// The quickstart's MLP block (linear, gelu, linear, residual, layer_norm, softmax) on the
+/// CUDA executors equals the CPU reference.
+#[test]
+fn the_quickstart_program_matches_on_cuda() {
+    let Some(device) = device() else { return };
+    println!("running on {}", boundscope::Device::name(&*device));
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+    let (batch, hidden) = (64, 256);
+    let x = b.input(&[batch, hidden]).unwrap();
+    let w1 = b.input(&[hidden, hidden]).unwrap();
+    let b1 = b.input(&[hidden]).unwrap();
+    let w2 = b.input(&[hidden, hidden]).unwrap();
+    let b2 = b.input(&[hidden]).unwrap();
+    let gamma = b.input(&[hidden]).unwrap();
+    let beta = b.input(&[hidden]).unwrap();
+    let h = b.linear(x, w1, Some(b1)).unwrap();
+    let g = b.gelu(h).unwrap();
+    let o = b.linear(g, w2, Some(b2)).unwrap();
+    let r = b.add(o, x).unwrap();
+    let n = b.layer_norm(r, 1e-5, Some(gamma), Some(beta)).unwrap();
+    let y = b.softmax(n).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let prims_only = Pipeline::standard().run(&trace, &arena).unwrap();
+    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
+    let fused = FuseRegions::new(fusion.clone()).run(&prims_only, &arena).unwrap();
+    let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device)), CpuReference::shared()]).unwrap();
+    println!("{plan}");
+    let inputs: Vec<boundscope::Tensor> = trace
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| {
+            let shape = trace.value_meta(v).unwrap().shape;
+            boundscope::Tensor::from_fn(&shape, |i| ((i * 7 + k * 13) % 29) as f32 / 29.0 - 0.5)
+        })
+        .collect();
+    let refs: Vec<_> = inputs.iter().collect();
+    let got = plan.run(&refs).unwrap();
+    let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&refs).unwrap();
+    let diff = got[0].max_abs_diff(&expected[0]);
+    println!("max |cuda - cpu| = {diff:e}");
+    assert!(diff <= 1e-5, "{diff}");
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// CUDA plans equal the CPU reference; one NVTX range per top-level bound symbol and one
+    /// around the run, whoever emits it.
+    #[test]
+    fn cuda_plans_match_the_reference(program in programs(true), dataflow in any::<bool>(), seed in any::<u64>()) {
+        let Some(device) = device() else { return Ok(()) };
+        let registry = Registry::with_builtins();
+        let arena = Arena::new();
+        let trace = program.build(&arena, &registry).unwrap();
+        let prims_only = Pipeline::standard().run(&trace, &arena).unwrap();
+        let profiled = ProfileOps::new().with_trace_range(NvtxRange::new()).run(&prims_only, &arena).unwrap();
+        let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
+        let strategy = if dataflow { FusionStrategy::Dataflow } else { FusionStrategy::Consecutive };
+        let fused = FuseRegions::new(fusion.clone()).strategy(strategy).run(&profiled, &arena).unwrap();
+        let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device));
+        let plan = Plan::compile(&fused, &[fusion, ops, CpuReference::shared()]).unwrap();
+        let reference = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+        let inputs = program.input_data(seed);
+        let refs: Vec<_> = inputs.iter().collect();
+        nvtx_capture::events_on_current_thread();
+        let got = plan.run(&refs).unwrap();
+        let events = nvtx_capture::events_on_current_thread();
+        let expected = reference.run(&refs).unwrap();
+        for (g, e) in got.iter().zip(&expected) {
+            let e = common::oracle::Value { shape: e.shape().to_vec(), data: e.data().to_vec() };
+            common::close(g.view(), &e, TOLERANCE).map_err(|m| TestCaseError::fail(format!("{m}\n{fused}\n{plan}")))?;
+        }
+        if nvtx_capture::is_installed() {
+            let pushes = events.iter().filter(|e| e.kind == NvtxEventKind::Push && e.domain.as_deref() == Some(DEFAULT_DOMAIN)).count();
+            prop_assert_eq!(pushes, 1 + fused.len(), "{}", fused);
+            let regions = fused.bound_symbols().iter().filter(|b| b.symbol() == prims::REGION).count();
+            let region_ranges = events.iter().filter(|e| e.message.as_deref().is_some_and(|m| m.starts_with("CudaFusion"))).count();
+            prop_assert_eq!(region_ranges, regions);
+        }
+    }
+}

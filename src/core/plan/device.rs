@@ -1,0 +1,56 @@
+//! Devices (accelerators) for executors that run on one: memory that workspaces own, moves
+//! between host and device, and kernels that run on device memory.
+//!
+//! The core knows no accelerator API: an executor brings its device (the CUDA executors bring
+//! one made with `cudarc`) and downcasts buffers to its own type. A plan compiled with device
+//! executors inserts an explicit upload where a device op reads a host value, and a download
+//! where a host op (or the caller) reads a device value; each workspace allocates its device
+//! buffers once, so steady-state runs make no device allocation.
+
+use std::any::Any;
+
+use crate::error::Result;
+
+/// Memory on a device, owned by a workspace.
+pub trait DeviceBuffer: Send + Sync + 'static {
+    /// Number of `f32` elements.
+    fn len(&self) -> usize;
+    /// Whether it holds no elements.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// For the device's executors to downcast.
+    fn as_any(&self) -> &dyn Any;
+    /// For the device's executors to downcast.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// A device: allocates buffers and moves data to and from the host, in order.
+pub trait Device: Send + Sync {
+    /// A short name (`cuda:0`).
+    fn name(&self) -> &str;
+    /// A zeroed buffer of `len` elements.
+    ///
+    /// # Errors
+    /// The device's allocation error.
+    fn alloc(&self, len: usize) -> Result<Box<dyn DeviceBuffer>>;
+    /// Copies host data into a device buffer (after the work already queued).
+    ///
+    /// # Errors
+    /// The device's copy error.
+    fn upload(&self, source: &[f32], target: &mut dyn DeviceBuffer) -> Result<()>;
+    /// Copies a device buffer to the host, waiting for the work queued before it.
+    ///
+    /// # Errors
+    /// The device's copy error.
+    fn download(&self, source: &dyn DeviceBuffer, target: &mut [f32]) -> Result<()>;
+}
+
+/// A compiled bound symbol that runs on a device, reading and writing device buffers.
+pub trait DeviceKernel: Send + Sync {
+    /// Queues the computation; outputs are sized to the shapes the trace declares.
+    ///
+    /// # Errors
+    /// The device's launch error.
+    fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()>;
+}

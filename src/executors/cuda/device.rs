@@ -1,0 +1,125 @@
+//! `CudaDevice`: one CUDA context and stream, buffers from `cudarc`, and a cache of compiled
+//! kernels (each generated source compiled by NVRTC once per device).
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaSlice, CudaStream};
+
+use super::{availability, RegionSource};
+use crate::core::plan::{Availability, Device, DeviceBuffer};
+use crate::error::{Error, Result};
+
+/// A CUDA device: context, the stream every plan's work goes to, and compiled kernels.
+pub struct CudaDevice {
+    name: String,
+    context: Arc<CudaContext>,
+    stream: Arc<CudaStream>,
+    multiprocessors: u32,
+    kernels: Mutex<HashMap<String, CudaFunction>>,
+}
+
+/// A device buffer of `f32`.
+pub struct CudaBuffer(pub(crate) CudaSlice<f32>);
+
+impl DeviceBuffer for CudaBuffer {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+pub(crate) fn cuda_error(what: &str, e: impl std::fmt::Debug) -> Error {
+    Error::Execution { executor: "cuda".into(), symbol: what.into(), message: format!("{e:?}") }
+}
+
+impl CudaDevice {
+    /// Device 0, or why it cannot be used.
+    ///
+    /// # Errors
+    /// [`Error::ExecutorUnavailable`] when there is no driver or no device.
+    pub fn new() -> Result<Arc<Self>> {
+        if let Availability::Unavailable(reason) = availability() {
+            return Err(Error::ExecutorUnavailable { executor: "cuda".into(), reason });
+        }
+        let context = CudaContext::new(0).map_err(|e| cuda_error("CudaContext::new", e))?;
+        // SAFETY: every plan queues its work, in order, on the one stream below; cudarc's
+        // per-buffer events (which order work across streams, at a cost per launch) are not
+        // needed.
+        unsafe { context.disable_event_tracking() };
+        let stream = context.default_stream();
+        let multiprocessors = context
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| cuda_error("device attribute", e))? as u32;
+        let name = format!("cuda:0 ({})", context.name().unwrap_or_default());
+        Ok(Arc::new(Self { name, context, stream, multiprocessors, kernels: Mutex::new(HashMap::new()) }))
+    }
+
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
+    pub(crate) fn multiprocessors(&self) -> u32 {
+        self.multiprocessors
+    }
+
+    /// The compiled kernel of a generated source, compiling it with NVRTC the first time.
+    pub(crate) fn function(&self, generated: &RegionSource) -> Result<CudaFunction> {
+        let mut kernels = self.kernels.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = kernels.get(&generated.source) {
+            return Ok(f.clone());
+        }
+        let ptx = cudarc::nvrtc::compile_ptx(&generated.source).map_err(|e| cuda_error(&generated.kernel, e))?;
+        let module = self.context.load_module(ptx).map_err(|e| cuda_error(&generated.kernel, e))?;
+        let function = module.load_function(&generated.kernel).map_err(|e| cuda_error(&generated.kernel, e))?;
+        kernels.insert(generated.source.clone(), function.clone());
+        Ok(function)
+    }
+
+    /// The number of kernels compiled so far.
+    pub fn compiled_kernels(&self) -> usize {
+        self.kernels.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+pub(crate) fn slice(buffer: &dyn DeviceBuffer) -> Result<&CudaSlice<f32>> {
+    buffer.as_any().downcast_ref::<CudaBuffer>().map(|b| &b.0).ok_or_else(|| cuda_error("buffer", "not a CUDA buffer"))
+}
+
+pub(crate) fn slice_mut(buffer: &mut dyn DeviceBuffer) -> Result<&mut CudaSlice<f32>> {
+    buffer
+        .as_any_mut()
+        .downcast_mut::<CudaBuffer>()
+        .map(|b| &mut b.0)
+        .ok_or_else(|| cuda_error("buffer", "not a CUDA buffer"))
+}
+
+impl Device for CudaDevice {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn alloc(&self, len: usize) -> Result<Box<dyn DeviceBuffer>> {
+        let slice = self.stream.alloc_zeros::<f32>(len.max(1)).map_err(|e| cuda_error("alloc", e))?;
+        Ok(Box::new(CudaBuffer(slice)))
+    }
+
+    fn upload(&self, source: &[f32], target: &mut dyn DeviceBuffer) -> Result<()> {
+        let target = slice_mut(target)?;
+        let mut view = target.slice_mut(0..source.len());
+        self.stream.memcpy_htod(source, &mut view).map_err(|e| cuda_error("upload", e))
+    }
+
+    fn download(&self, source: &dyn DeviceBuffer, target: &mut [f32]) -> Result<()> {
+        let source = slice(source)?;
+        let view = source.slice(0..target.len());
+        self.stream.memcpy_dtoh(&view, target).map_err(|e| cuda_error("download", e))?;
+        self.stream.synchronize().map_err(|e| cuda_error("synchronize", e))
+    }
+}

@@ -1,0 +1,210 @@
+//! The CUDA executors: `CudaFusion` (one generated kernel per fused region, its own NVTX range
+//! per region) and `CudaOps` (one generated kernel per elementwise prim, cuBLAS for `matmul`).
+
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
+use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+
+use super::device::{cuda_error, slice, slice_mut, CudaDevice};
+use super::{op_source, region_source, RegionSource};
+use crate::core::guards::{GuardKind, Level};
+use crate::core::ir::prims;
+use crate::core::plan::{
+    Device, DeviceBuffer, DeviceKernel, EmittedRange, Executor, Fusible, OpView, PreparedRegionRange,
+};
+use crate::error::{Error, Result};
+use crate::executors::cpu_reference::builtin_prim;
+
+const THREADS: u32 = 256;
+const EMITS: [EmittedRange; 1] = [EmittedRange { kind: GuardKind::NvtxRange, level: Level::Region }];
+
+fn elementwise(op: &OpView<'_>) -> bool {
+    builtin_prim(op).is_some_and(|id| prims::UNARY.contains(&id) || prims::BINARY.contains(&id))
+}
+
+/// Runs the regions named `CudaFusion<N>` that
+/// [`FuseRegions`](crate::passes::FuseRegions) made for it (elementwise chains) as one
+/// generated kernel each, and pushes its own NVTX range around each.
+pub struct CudaFusion {
+    device: Arc<CudaDevice>,
+}
+
+impl CudaFusion {
+    /// The executor's name.
+    pub const NAME: &'static str = "cuda_fusion";
+
+    /// On `device`.
+    pub fn new(device: Arc<CudaDevice>) -> Self {
+        Self { device }
+    }
+}
+
+impl Executor for CudaFusion {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn claims(&self, op: &OpView<'_>) -> bool {
+        op.is_region_of(self.fusion_prefix())
+    }
+
+    fn device(&self) -> Option<Arc<dyn Device>> {
+        Some(self.device.clone())
+    }
+
+    fn compile_device(&self, op: &OpView<'_>) -> Result<Box<dyn DeviceKernel>> {
+        let generated = region_source(op, &kernel_name(op.name())).map_err(|message| Error::Execution {
+            executor: Self::NAME.into(),
+            symbol: op.name().into(),
+            message,
+        })?;
+        let range = op.region_range().map(|r| r.prepare(Self::NAME, None)).transpose()?;
+        Ok(Box::new(GeneratedKernel::new(&self.device, &generated, range)?))
+    }
+
+    fn emits(&self) -> &[EmittedRange] {
+        &EMITS
+    }
+
+    fn fusible(&self, op: &OpView<'_>) -> Fusible {
+        if elementwise(op) {
+            Fusible::Elementwise
+        } else {
+            Fusible::No
+        }
+    }
+
+    fn fusion_prefix(&self) -> &str {
+        "Cuda"
+    }
+}
+
+/// Runs elementwise prims (one generated kernel each) and `matmul` (cuBLAS) on the device.
+pub struct CudaOps {
+    device: Arc<CudaDevice>,
+    blas: Arc<Mutex<Option<CudaBlas>>>,
+}
+
+impl CudaOps {
+    /// The executor's name.
+    pub const NAME: &'static str = "cuda_ops";
+
+    /// On `device`.
+    pub fn new(device: Arc<CudaDevice>) -> Self {
+        Self { device, blas: Arc::new(Mutex::new(None)) }
+    }
+}
+
+impl Executor for CudaOps {
+    fn name(&self) -> &str {
+        Self::NAME
+    }
+
+    fn claims(&self, op: &OpView<'_>) -> bool {
+        elementwise(op) || builtin_prim(op) == Some(prims::MATMUL)
+    }
+
+    fn device(&self) -> Option<Arc<dyn Device>> {
+        Some(self.device.clone())
+    }
+
+    fn compile_device(&self, op: &OpView<'_>) -> Result<Box<dyn DeviceKernel>> {
+        if builtin_prim(op) == Some(prims::MATMUL) {
+            let (a, b) = (op.input_shape(0)?, op.input_shape(1)?);
+            let mut blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
+            if blas.is_none() {
+                *blas = Some(CudaBlas::new(self.device.stream().clone()).map_err(|e| cuda_error("cuBLAS", e))?);
+            }
+            return Ok(Box::new(Matmul { blas: self.blas.clone(), m: a[0], k: a[1], n: b[1] }));
+        }
+        let generated = op_source(op, &kernel_name(op.name())).map_err(|message| Error::Execution {
+            executor: Self::NAME.into(),
+            symbol: op.name().into(),
+            message,
+        })?;
+        Ok(Box::new(GeneratedKernel::new(&self.device, &generated, None)?))
+    }
+}
+
+fn kernel_name(name: &str) -> String {
+    let clean: String = name.chars().map(|c| if c.is_ascii_alphanumeric() { c } else { '_' }).collect();
+    format!("boundscope_{clean}")
+}
+
+/// A generated kernel: one pointer per input and output, then the element count.
+struct GeneratedKernel {
+    device: Arc<CudaDevice>,
+    function: CudaFunction,
+    config: LaunchConfig,
+    numel: i64,
+    range: Option<PreparedRegionRange>,
+}
+
+impl GeneratedKernel {
+    fn new(device: &Arc<CudaDevice>, generated: &RegionSource, range: Option<PreparedRegionRange>) -> Result<Self> {
+        let function = device.function(generated)?;
+        let work = if generated.vectorized { generated.numel / 4 } else { generated.numel };
+        let blocks = (work.div_ceil(THREADS as usize) as u32).clamp(1, device.multiprocessors() * 16);
+        let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
+        Ok(Self { device: device.clone(), function, config, numel: generated.numel as i64, range })
+    }
+
+    fn launch(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
+        let stream = self.device.stream();
+        let mut builder = stream.launch_builder(&self.function);
+        for input in inputs {
+            builder.arg(slice(*input)?);
+        }
+        for output in outputs.iter_mut() {
+            builder.arg(slice_mut(&mut **output)?);
+        }
+        builder.arg(&self.numel);
+        // SAFETY: the generated kernel takes exactly one pointer per region input and output
+        // (in this order), each buffer sized by the plan for its value, then `long long n`.
+        unsafe { builder.launch(self.config) }.map(|_| ()).map_err(|e| cuda_error("launch", e))
+    }
+}
+
+impl DeviceKernel for GeneratedKernel {
+    fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
+        match &self.range {
+            Some(range) => range.in_scope(|| self.launch(inputs, outputs)),
+            None => self.launch(inputs, outputs),
+        }
+    }
+}
+
+/// `[m, k] x [k, n]` row-major through cuBLAS (column-major): `C^T = B^T A^T`.
+struct Matmul {
+    blas: Arc<Mutex<Option<CudaBlas>>>,
+    m: usize,
+    k: usize,
+    n: usize,
+}
+
+impl DeviceKernel for Matmul {
+    fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
+        let blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
+        let blas = blas.as_ref().ok_or_else(|| cuda_error("matmul", "cuBLAS was not created"))?;
+        let (a, b) = (slice(inputs[0])?, slice(inputs[1])?);
+        let c = slice_mut(&mut *outputs[0])?;
+        let (m, k, n) = (self.m as i32, self.k as i32, self.n as i32);
+        let config = GemmConfig {
+            transa: cublasOperation_t::CUBLAS_OP_N,
+            transb: cublasOperation_t::CUBLAS_OP_N,
+            m: n,
+            n: m,
+            k,
+            alpha: 1.0f32,
+            lda: n,
+            ldb: k,
+            beta: 0.0f32,
+            ldc: n,
+        };
+        // SAFETY: b is [k, n] and a is [m, k] row-major, i.e. column-major n x k and k x m with
+        // leading dimensions n and k; c is [m, n] row-major, column-major n x m, leading n. The
+        // plan sized all three buffers from these shapes.
+        unsafe { blas.gemm(config, b, a, c) }.map_err(|e| cuda_error("cublasSgemm", e))
+    }
+}

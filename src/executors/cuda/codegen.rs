@@ -136,12 +136,9 @@ pub fn region_source(region: &OpView<'_>, kernel: &str) -> Result<RegionSource, 
 /// # Errors
 /// As for [`region_source`].
 pub fn op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, String> {
-    let mut inputs: Vec<ValueId> = Vec::new();
-    for v in op.bound_symbol().inputs() {
-        if !inputs.contains(&v) {
-            inputs.push(v);
-        }
-    }
+    // One parameter per tensor argument, repeats included (`mul(x, x)` takes `x` twice), as
+    // the plan passes them.
+    let inputs: Vec<ValueId> = op.bound_symbol().inputs().collect();
     generate(op, std::slice::from_ref(op), &inputs, op.bound_symbol().outputs(), kernel)
 }
 
@@ -362,5 +359,26 @@ extern \"C\" __global__ void region0(const float* __restrict__ in0, const float*
         assert_eq!(literal(-0.5), "-5e-1f");
         assert_eq!(literal(f32::INFINITY), "__int_as_float(0x7f800000)");
         assert!(literal(f32::NAN).contains("0x7fc00000"));
+    }
+}
+
+#[cfg(test)]
+mod op_tests {
+    use super::*;
+    use crate::core::ir::{Arena, Registry, TraceBuilder};
+
+    #[test]
+    fn an_op_takes_one_parameter_per_tensor_argument_repeats_included() {
+        let (arena, registry) = (Arena::new(), Registry::with_builtins());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[8]).unwrap();
+        let y = b.mul(x, x).unwrap();
+        b.output(y).unwrap();
+        let trace = b.finish().unwrap();
+        let generated = op_source(&OpView::of(&trace, 0).unwrap(), "square").unwrap();
+        assert_eq!(generated.inputs, 2);
+        assert!(generated
+            .source
+            .contains("const float* __restrict__ in0, const float* __restrict__ in1, float* __restrict__ out0"));
     }
 }

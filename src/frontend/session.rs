@@ -43,7 +43,9 @@ pub const RUN_LABEL: &str = "boundscope run";
 pub struct ProfiledSession {
     options: Options,
     profiling: ProfilingDecision,
-    fusion: Arc<CpuFusion>,
+    /// The executor fusion regions are made for (CUDA or CPU).
+    fusion: Arc<dyn Executor>,
+    max_region_ops: usize,
     executors: Vec<Arc<dyn Executor>>,
 }
 
@@ -64,9 +66,14 @@ impl ProfiledSession {
     pub fn new(mut options: Options, env: &Environment) -> Result<Self> {
         env.apply_to(&mut options)?;
         let profiling = ProfilingDecision::decide(&options, env)?;
-        let fusion = Arc::new(CpuFusion::from_options(&options)?);
-        let executors: Vec<Arc<dyn Executor>> = vec![fusion.clone(), CpuReference::shared()];
-        Ok(Self { options, profiling, fusion, executors })
+        let cpu_fusion = CpuFusion::from_options(&options)?;
+        let max_region_ops = cpu_fusion.max_region_ops();
+        let cpu_fusion: Arc<dyn Executor> = Arc::new(cpu_fusion);
+        let (fusion, executors) = match gpu_executors(options.enum_value("runtime.device")?)? {
+            Some(gpu) => (gpu[0].clone(), gpu.into_iter().chain([cpu_fusion, CpuReference::shared()]).collect()),
+            None => (cpu_fusion.clone(), vec![cpu_fusion, CpuReference::shared()]),
+        };
+        Ok(Self { options, profiling, fusion, max_region_ops, executors })
     }
 
     /// Whether (and why) this session profiles.
@@ -99,10 +106,9 @@ impl ProfiledSession {
                 "dataflow" => FusionStrategy::Dataflow,
                 _ => FusionStrategy::Consecutive,
             };
-            let fusion: Arc<dyn Executor> = self.fusion.clone();
-            prepared = FuseRegions::new(fusion)
+            prepared = FuseRegions::new(self.fusion.clone())
                 .strategy(strategy)
-                .max_ops(self.fusion.max_region_ops())
+                .max_ops(self.max_region_ops)
                 .run(&prepared, arena)?;
         }
         if self.profiling.level == "regions" {
@@ -130,5 +136,39 @@ impl ProfiledSession {
     /// Errors of [`compile`](Self::compile) and [`Plan::run`].
     pub fn run(&self, trace: &Trace<'_>, arena: &Arena, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
         self.compile(trace, arena)?.run(inputs)
+    }
+}
+
+/// The CUDA executors (fusion first) for `runtime.device`, or `None` for the CPU. With `auto`
+/// and no usable GPU, says so once per process on stderr.
+fn gpu_executors(device: &str) -> Result<Option<Vec<Arc<dyn Executor>>>> {
+    if device == "cpu" {
+        return Ok(None);
+    }
+    #[cfg(feature = "cuda")]
+    {
+        use crate::executors::cuda::{CudaDevice, CudaFusion, CudaOps};
+        match CudaDevice::new() {
+            Ok(gpu) => {
+                let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
+                Ok(Some(vec![fusion, Arc::new(CudaOps::new(gpu))]))
+            }
+            Err(e) if device == "cuda" => Err(e),
+            Err(e) => {
+                static SAID: std::sync::Once = std::sync::Once::new();
+                SAID.call_once(|| eprintln!("boundscope: running on the CPU: {e}"));
+                Ok(None)
+            }
+        }
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        match device {
+            "cuda" => Err(crate::Error::ExecutorUnavailable {
+                executor: "cuda".into(),
+                reason: "boundscope was built without its `cuda` feature".into(),
+            }),
+            _ => Ok(None),
+        }
     }
 }

@@ -6,8 +6,14 @@ use crate::core::ir::{Arena, Registry, TraceBuilder};
 use crate::error::Error;
 use crate::options::OptionValue;
 
+/// A session from these variables, on the CPU unless they say otherwise (so that listings
+/// name CPU regions on a GPU machine too).
 fn session(pairs: &[(&str, &str)]) -> crate::Result<ProfiledSession> {
-    ProfiledSession::new(Options::new(), &Environment::from_pairs(pairs))
+    let mut pairs = pairs.to_vec();
+    if !pairs.iter().any(|(k, _)| *k == "BOUNDSCOPE_DEVICE") {
+        pairs.push(("BOUNDSCOPE_DEVICE", "cpu"));
+    }
+    ProfiledSession::new(Options::new(), &Environment::from_pairs(&pairs))
 }
 
 #[test]
@@ -94,7 +100,8 @@ fn options_are_wired_to_behaviour() {
     assert_eq!(unfused.len(), 4, "{unfused}");
     let mut options = Options::new();
     options.set_developer("cpu_fusion.max_region_ops", 2).unwrap();
-    let small = ProfiledSession::new(options, &Environment::from_pairs(&[])).unwrap().prepare(&trace, &arena).unwrap();
+    let cpu = Environment::from_pairs(&[("BOUNDSCOPE_DEVICE", "cpu")]);
+    let small = ProfiledSession::new(options, &cpu).unwrap().prepare(&trace, &arena).unwrap();
     assert_eq!(small.len(), 3, "{small}"); // (exp, mul), sum, matmul
                                            // Profiling levels: ops puts a range on everything, regions only on regions and the run.
     let ops = session(&[("BOUNDSCOPE_PROFILING", "ops")]).unwrap().prepare(&trace, &arena).unwrap();
@@ -107,7 +114,7 @@ fn options_are_wired_to_behaviour() {
     // Dumping the region programs, and the plan's header naming the developer options.
     let mut options = Options::new();
     options.set_developer("cpu_fusion.dump_regions", true).unwrap();
-    let dumping = ProfiledSession::new(options, &Environment::from_pairs(&[])).unwrap();
+    let dumping = ProfiledSession::new(options, &cpu).unwrap();
     let plan = dumping.compile(&trace, &arena).unwrap();
     assert!(plan.to_string().contains("# developer options: cpu_fusion.dump_regions=true"), "{plan}");
     let fusion = dumping.executors()[0].clone();
@@ -148,4 +155,18 @@ fn detection_in_child_processes() {
     assert!(overridden.contains("level: \"off\""), "{overridden}");
     let bad = run(&[("BOUNDSCOPE_NVTX", "maybe")]);
     assert!(bad.contains("InvalidEnvironment"), "{bad}");
+}
+
+#[test]
+fn a_required_gpu_is_a_typed_error_where_there_is_none() {
+    if crate::executors::cuda::availability() == crate::Availability::Available {
+        println!("SKIPPED: this machine has a GPU; the error path needs one without");
+        return;
+    }
+    let err = session(&[("BOUNDSCOPE_DEVICE", "cuda")]).err().expect("no GPU here");
+    assert!(matches!(err, Error::ExecutorUnavailable { .. }), "{err}");
+    assert!(err.to_string().contains("fall back to the CPU executors"), "{err}");
+    // auto falls back to the CPU executors.
+    let auto = ProfiledSession::new(Options::new(), &Environment::from_pairs(&[])).unwrap();
+    assert_eq!(auto.executors().iter().map(|e| e.name()).collect::<Vec<_>>(), ["cpu_fusion", "cpu_reference"]);
 }

@@ -190,6 +190,8 @@ impl OptionSpec {
 
 /// Profiling levels (`runtime.profiling`).
 pub(crate) const PROFILING_LEVELS: &[&str] = &["auto", "off", "regions", "ops"];
+/// Devices (`runtime.device`).
+pub(crate) const DEVICES: &[&str] = &["auto", "cpu", "cuda"];
 /// Fusion strategies (`runtime.fusion_strategy`).
 pub(crate) const FUSION_STRATEGIES: &[&str] = &["consecutive", "dataflow"];
 
@@ -202,6 +204,14 @@ pub const RUNTIME_OPTIONS: &[OptionSpec] = &[
         doc: "NVTX ranges: auto (on when a profiler is attached), off, regions (one per fused region and run), ops (every op).",
         audience: Audience::User,
         env: Some("BOUNDSCOPE_PROFILING"),
+    },
+    OptionSpec {
+        name: "runtime.device",
+        ty: OptionType::Enum(DEVICES),
+        default: OptionValue::Enum("auto"),
+        doc: "auto: the GPU when CUDA can run here, else the CPU (said once on stderr); cpu; cuda: required, an error without a GPU.",
+        audience: Audience::User,
+        env: Some("BOUNDSCOPE_DEVICE"),
     },
     OptionSpec {
         name: "runtime.fusion",

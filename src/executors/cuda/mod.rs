@@ -1,15 +1,29 @@
-//! CUDA support: run-time availability, and code generation for fused regions.
+//! CUDA executors: [`CudaFusion`] (one generated kernel per fused region, with its own NVTX
+//! range per region) and [`CudaOps`] (a generated kernel per elementwise prim, cuBLAS for
+//! `matmul`) on a [`CudaDevice`]; run-time availability; the CUDA C generator.
 //!
 //! The crate builds everywhere: `cudarc` loads the driver dynamically, and everything here
 //! checks for the driver library and a device before touching the API (cudarc's loader panics
 //! when the library is missing). With no driver or no device, CUDA is reported unavailable and
 //! the CPU executors run everything.
 //!
-//! Status: the generated CUDA C of a fused region is complete and verified on an H200 by
-//! `examples/cuda_bench.rs` (results against the CPU reference, bandwidth against a
-//! device-to-device copy, NVTX nesting under `ncu --nvtx`). Plan-integrated CUDA executors
-//! (device buffers in workspaces, per-op kernels, cuBLAS matmul, event guards) are the next
-//! step and are not in this release.
+//! ```no_run
+//! # #[cfg(feature = "cuda")] {
+//! use std::sync::Arc;
+//! use boundscope::executors::cuda::{CudaDevice, CudaFusion, CudaOps};
+//! use boundscope::executors::CpuReference;
+//! use boundscope::Executor;
+//! let gpu = CudaDevice::new()?; // Err(ExecutorUnavailable) without a driver or a device
+//! let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
+//! let executors = [fusion, Arc::new(CudaOps::new(gpu)), CpuReference::shared()];
+//! // FuseRegions::new(executors[0].clone()) makes `CudaFusion<N>` regions; Plan::compile(&trace,
+//! // &executors) runs them on the GPU, inserting uploads and downloads where needed.
+//! # }
+//! # Ok::<(), boundscope::Error>(())
+//! ```
+//!
+//! Not yet: a CUDA event guard (device time per op or region), regions that end in a reduction,
+//! and reductions and shape ops on the device (they run on the CPU, with transfers).
 
 mod codegen;
 #[cfg(feature = "cuda")]

@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::{Arc, OnceLock};
 
-use boundscope::executors::cuda::{self, CudaDevice, CudaFusion, CudaOps};
+use boundscope::executors::cuda::{self, CudaDevice, CudaEventTimer, CudaFusion, CudaOps};
 use boundscope::executors::CpuReference;
 use boundscope::guards::{NvtxRange, DEFAULT_DOMAIN};
 use boundscope::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOps};
@@ -63,6 +63,10 @@ fn the_quickstart_program_matches_on_cuda() {
     let prims_only = Pipeline::standard().run(&trace, &arena).unwrap();
     let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
     let fused = FuseRegions::new(fusion.clone()).run(&prims_only, &arena).unwrap();
+    // Device time per op and region, from CUDA events, over 3 runs.
+    let mut fused = fused;
+    let events = CudaEventTimer::new(device.clone());
+    fused.attach_guard(boundscope::guards::Selection::All, events.clone()).unwrap();
     let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device)), CpuReference::shared()]).unwrap();
     println!("{plan}");
     let inputs: Vec<boundscope::Tensor> = trace
@@ -80,6 +84,17 @@ fn the_quickstart_program_matches_on_cuda() {
     let diff = got[0].max_abs_diff(&expected[0]);
     println!("max |cuda - cpu| = {diff:e}");
     assert!(diff <= 1e-5, "{diff}");
+    plan.run(&refs).unwrap();
+    plan.run(&refs).unwrap();
+    let stats = events.stats();
+    let labels: Vec<&str> = fused.bound_symbols().iter().map(|b| fused.symbol_name(b)).collect();
+    for s in &stats {
+        let times = labels.iter().filter(|l| s.label.starts_with(**l)).count() as u64;
+        println!("{:<48} {} x, device {:?} mean, {:?} min, {:?} max", s.label, s.count, s.mean(), s.min, s.max);
+        assert_eq!(s.count, 3 * times.max(1), "{}", s.label);
+        assert!(s.min <= s.max && s.total > std::time::Duration::ZERO);
+    }
+    assert!(stats.iter().any(|s| s.label.starts_with("CudaFusion")), "{stats:?}");
 }
 
 proptest! {

@@ -22,18 +22,23 @@
 //! # Ok::<(), boundscope::Error>(())
 //! ```
 //!
-//! Not yet: a CUDA event guard (device time per op or region), regions that end in a reduction,
-//! and reductions and shape ops on the device (they run on the CPU, with transfers).
+//! [`CudaEventTimer`] is a guard that measures device time per op or region with pooled CUDA
+//! events. Not yet: regions that end in a reduction, and reductions and shape ops on the
+//! device (they run on the CPU, with transfers).
 
 mod codegen;
 #[cfg(feature = "cuda")]
 mod device;
+#[cfg(feature = "cuda")]
+mod event_timer;
 #[cfg(feature = "cuda")]
 mod executors;
 
 pub use codegen::{op_source, region_source, RegionSource};
 #[cfg(feature = "cuda")]
 pub use device::{CudaBuffer, CudaDevice};
+#[cfg(feature = "cuda")]
+pub use event_timer::CudaEventTimer;
 #[cfg(feature = "cuda")]
 pub use executors::{CudaFusion, CudaOps};
 

@@ -1,0 +1,159 @@
+//! `CudaEventTimer`: device time per op or region, from CUDA events recorded on the device's
+//! stream around it, summarised per label like the host timer.
+//!
+//! Each site owns a ring of event pairs made when the plan is compiled, so a run allocates
+//! nothing. Elapsed times are read lazily: when a pair comes round again, and in `stats()`,
+//! which waits for what was recorded.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use cudarc::driver::{sys, CudaEvent};
+
+use super::device::{cuda_error, CudaDevice};
+use crate::core::guards::{Guard, GuardKind, GuardPolicy, GuardSite, ScopedGuard, TimerStats};
+use crate::error::Result;
+
+/// Event pairs per site: the number of entries in flight before the oldest is read back.
+const RING: usize = 16;
+
+/// Device time of what it is attached to, per label (count, total, min, max), measured with
+/// CUDA events on the device's stream. Clones share statistics.
+///
+/// Attach it to ops or regions that run on the device. Around an op that runs on the host it
+/// measures the time the stream saw between the two events, which, the device being idle, is
+/// about the host op's time (with its transfers).
+#[derive(Clone)]
+pub struct CudaEventTimer {
+    device: Arc<CudaDevice>,
+    labels: Arc<Mutex<Sites>>,
+}
+
+/// The sites of a timer, by label.
+type Sites = Vec<(String, Arc<Site>)>;
+
+struct Site {
+    events: Vec<(CudaEvent, CudaEvent)>,
+    /// Entries so far; entry `e` used pair `e % RING`.
+    entries: AtomicU64,
+    /// Entries whose time has been read back.
+    read: Mutex<u64>,
+    stats: Mutex<Option<TimerStats>>,
+}
+
+impl CudaEventTimer {
+    /// A timer on `device`'s stream.
+    pub fn new(device: Arc<CudaDevice>) -> Self {
+        Self { device, labels: Arc::default() }
+    }
+
+    /// Statistics per label (waits for the device work recorded so far), in the order labels
+    /// were first prepared; labels that never ran are left out.
+    pub fn stats(&self) -> Vec<TimerStats> {
+        let labels = self.labels.lock().unwrap_or_else(|p| p.into_inner());
+        labels
+            .iter()
+            .filter_map(|(_, site)| {
+                site.read_back(site.entries.load(Ordering::Acquire));
+                site.stats.lock().unwrap_or_else(|p| p.into_inner()).clone().filter(|s| s.count > 0)
+            })
+            .collect()
+    }
+}
+
+impl Site {
+    /// Reads back every entry before `upto` that has not been read.
+    fn read_back(&self, upto: u64) {
+        let mut read = self.read.lock().unwrap_or_else(|p| p.into_inner());
+        while *read < upto {
+            let (start, end) = &self.events[(*read % RING as u64) as usize];
+            // A failed read leaves the statistics as they are; the next call that returns a
+            // Result (a plan run) reports the device error.
+            if end.synchronize().is_ok() {
+                if let Ok(ms) = start.elapsed_ms(end) {
+                    self.add(Duration::from_secs_f64(ms as f64 / 1e3));
+                }
+            }
+            *read += 1;
+        }
+    }
+
+    fn add(&self, elapsed: Duration) {
+        let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = stats.as_mut() {
+            s.count += 1;
+            s.total += elapsed;
+            s.min = s.min.min(elapsed);
+            s.max = s.max.max(elapsed);
+        }
+    }
+}
+
+struct PreparedEvents {
+    site: Arc<Site>,
+    stream: Arc<cudarc::driver::CudaStream>,
+}
+
+impl ScopedGuard for PreparedEvents {
+    fn on_enter(&self) -> u64 {
+        let entry = self.site.entries.fetch_add(1, Ordering::AcqRel);
+        // The pair comes round again: read the entry that used it first.
+        self.site.read_back((entry + 1).saturating_sub(RING as u64));
+        let (start, _) = &self.site.events[(entry % RING as u64) as usize];
+        let _ = start.record(&self.stream);
+        entry
+    }
+
+    fn on_exit(&self, entered: u64) {
+        let (_, end) = &self.site.events[(entered % RING as u64) as usize];
+        let _ = end.record(&self.stream);
+    }
+}
+
+impl Guard for CudaEventTimer {
+    fn kind(&self) -> GuardKind {
+        GuardKind::Custom("@cuda_events")
+    }
+
+    fn policy(&self) -> GuardPolicy {
+        GuardPolicy::MoveToEnclosing
+    }
+
+    fn merge_key(&self) -> Option<String> {
+        Some(format!("cuda_events:{:p}", Arc::as_ptr(&self.labels)))
+    }
+
+    fn prepare(&self, site: &GuardSite<'_>) -> Result<Box<dyn ScopedGuard>> {
+        let mut labels = self.labels.lock().unwrap_or_else(|p| p.into_inner());
+        let shared = match labels.iter().find(|(l, _)| l == site.label) {
+            Some((_, s)) => s.clone(),
+            None => {
+                let context = self.device.stream().context().clone();
+                let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+                let mut events = Vec::with_capacity(RING);
+                for _ in 0..RING {
+                    let start = context.new_event(flags).map_err(|e| cuda_error("event", e))?;
+                    let end = context.new_event(flags).map_err(|e| cuda_error("event", e))?;
+                    events.push((start, end));
+                }
+                let stats = TimerStats {
+                    label: site.label.to_string(),
+                    count: 0,
+                    total: Duration::ZERO,
+                    min: Duration::MAX,
+                    max: Duration::ZERO,
+                };
+                let s = Arc::new(Site {
+                    events,
+                    entries: AtomicU64::new(0),
+                    read: Mutex::new(0),
+                    stats: Mutex::new(Some(stats)),
+                });
+                labels.push((site.label.to_string(), s.clone()));
+                s
+            }
+        };
+        Ok(Box::new(PreparedEvents { site: shared, stream: self.device.stream().clone() }))
+    }
+}

@@ -2,6 +2,7 @@
 //! and a naive direct evaluator of the same math that shares no code with boundscope.
 #![allow(dead_code)]
 
+pub mod allocations;
 pub mod nvtx_capture;
 pub mod oracle;
 pub mod program;

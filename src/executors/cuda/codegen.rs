@@ -24,6 +24,8 @@ pub struct RegionSource {
     /// Whether the kernel processes four elements per thread with `float4` (then it loops over
     /// `n / 4` vectors; `n` is a multiple of 4).
     pub vectorized: bool,
+    /// How many threads have work: elements, vectors, or rows (for a trailing reduction).
+    pub threads: usize,
 }
 
 /// A float literal in C.
@@ -120,18 +122,20 @@ fn offset_expression(shape: &[usize], input_shape: &[usize]) -> String {
     }
 }
 
-/// Generates the CUDA C of a fused region of elementwise ops.
+/// Generates the CUDA C of a fused region of elementwise ops, optionally ending in a `sum` or
+/// `max` over the last axis.
 ///
 /// # Errors
 /// A message when the region holds something this generator does not support (an op other
-/// than an elementwise built-in prim).
+/// than an elementwise built-in prim or a trailing last-axis reduction).
 pub fn region_source(region: &OpView<'_>, kernel: &str) -> Result<RegionSource, String> {
     let ops = region.region_ops().map_err(|e| e.to_string())?;
     let inputs: Vec<ValueId> = region.bound_symbol().inputs().collect();
     generate(region, &ops, &inputs, region.bound_symbol().outputs(), kernel)
 }
 
-/// Generates the CUDA C of one elementwise prim (a region of one op).
+/// Generates the CUDA C of one elementwise prim, or a `sum` or `max` over the last axis (a
+/// region of one op).
 ///
 /// # Errors
 /// As for [`region_source`].
@@ -150,18 +154,33 @@ fn generate(
     kernel: &str,
 ) -> Result<RegionSource, String> {
     let first = ops.first().ok_or("an empty region")?;
-    let shape = first.output_shape(0).map_err(|e| e.to_string())?.to_vec();
+    let is_reduction = |op: &OpView<'_>| matches!(builtin_prim(op), Some(prims::SUM | prims::MAX));
+    // A trailing last-axis reduction: its op and the value it reduces.
+    let reduction = match ops.split_last() {
+        Some((last, rest)) if is_reduction(last) => {
+            if rest.iter().any(is_reduction) {
+                return Err("a reduction must be a region's last op".into());
+            }
+            let source = last.args().first().and_then(|a| a.value()).ok_or("a reduction without a tensor")?;
+            Some((builtin_prim(last).unwrap_or(prims::SUM), source, last.bound_symbol().outputs()[0]))
+        }
+        _ => None,
+    };
+    let shape = if is_reduction(first) { first.input_shape(0) } else { first.output_shape(0) }
+        .map_err(|e| e.to_string())?
+        .to_vec();
     let numel: usize = shape.iter().product();
     let mut input_shapes = Vec::new();
     for &v in inputs {
         input_shapes.push(region.shape_of(v).map_err(|e| e.to_string())?.to_vec());
     }
     let reads: Option<Vec<VectorRead>> = input_shapes.iter().map(|s| vector_read(&shape, s)).collect();
-    let vectorized = reads.is_some() && numel.is_multiple_of(4) && numel > 0;
+    let vectorized = reduction.is_none() && reads.is_some() && numel.is_multiple_of(4) && numel > 0;
 
     // The loop body, in terms of `x{k}` (input values) and `t{id}` (op values).
     let mut body = String::new();
-    for op in ops {
+    let elementwise_ops = if reduction.is_some() { &ops[..ops.len() - 1] } else { ops };
+    for op in elementwise_ops {
         let id = builtin_prim(op).ok_or(format!("`{}` is not a built-in prim", op.name()))?;
         let operand = |arg: &Arg<'_>| -> Result<String, String> {
             Ok(match *arg {
@@ -190,6 +209,52 @@ fn generate(
     params.push("long long n".into());
     let _ = writeln!(source, "extern \"C\" __global__ void {kernel}({}) {{", params.join(", "));
     let _ = writeln!(source, "  const long long stride = (long long)blockDim.x * gridDim.x;");
+    let value_name = |v: ValueId| match inputs.iter().position(|&x| x == v) {
+        Some(k) => format!("x{k}"),
+        None => format!("t{}", v.index()),
+    };
+    if let Some((op, reduced, result)) = reduction {
+        // One thread per row: the elementwise ops per element, then the row's sum or maximum,
+        // in the same order as the CPU executors.
+        let row = *shape.last().ok_or("a reduction over a rank-0 shape")?;
+        let _ = writeln!(source, "  const long long rows = n / {row}ll;");
+        let _ = writeln!(
+            source,
+            "  for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += stride) {{"
+        );
+        let init = if op == prims::SUM { "0.0f" } else { "__int_as_float(0xff800000)" };
+        let _ = writeln!(source, "    float acc = {init};");
+        let _ = writeln!(source, "    for (long long c = 0; c < {row}ll; ++c) {{");
+        let _ = writeln!(source, "    const long long i = r * {row}ll + c;");
+        for (k, s) in input_shapes.iter().enumerate() {
+            let _ = writeln!(source, "    const float x{k} = {};", index_expression(k, &shape, s));
+        }
+        source.push_str(&body);
+        for (o, v) in outputs.iter().enumerate().filter(|(_, v)| **v != result) {
+            let _ = writeln!(source, "    out{o}[i] = t{};", v.index());
+        }
+        let step = if op == prims::SUM {
+            format!("acc + {}", value_name(reduced))
+        } else {
+            format!("fmaxf(acc, {})", value_name(reduced))
+        };
+        let _ = writeln!(source, "    acc = {step};");
+        let _ = writeln!(source, "    }}");
+        if let Some(o) = outputs.iter().position(|&v| v == result) {
+            let _ = writeln!(source, "    out{o}[r] = acc;");
+        }
+        let _ = writeln!(source, "  }}\n}}");
+        let rows = numel / row.max(1);
+        return Ok(RegionSource {
+            kernel: kernel.to_string(),
+            source,
+            inputs: inputs.len(),
+            outputs: outputs.len(),
+            numel,
+            vectorized: false,
+            threads: rows,
+        });
+    }
     if vectorized {
         let _ = writeln!(source, "  const long long vectors = n / 4;");
         let _ = writeln!(
@@ -248,6 +313,7 @@ fn generate(
         }
     }
     let _ = writeln!(source, "  }}\n}}");
+    let threads = if vectorized { numel / 4 } else { numel };
     Ok(RegionSource {
         kernel: kernel.to_string(),
         source,
@@ -255,6 +321,7 @@ fn generate(
         outputs: outputs.len(),
         numel,
         vectorized,
+        threads,
     })
 }
 
@@ -380,5 +447,46 @@ mod op_tests {
         assert!(generated
             .source
             .contains("const float* __restrict__ in0, const float* __restrict__ in1, float* __restrict__ out0"));
+    }
+}
+
+#[cfg(test)]
+mod reduction_tests {
+    use super::*;
+    use crate::core::ir::{Arena, Registry, TraceBuilder};
+    use crate::core::passes::{FuseRegions, Pass};
+    use crate::executors::CpuFusion;
+
+    #[test]
+    fn a_trailing_reduction_runs_one_thread_per_row_in_the_cpu_order() {
+        let (arena, registry) = (Arena::new(), Registry::with_builtins());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[16, 8]).unwrap();
+        let e = b.exp(x).unwrap();
+        let s = b.sum(e).unwrap();
+        b.output(e).unwrap();
+        b.output(s).unwrap();
+        let trace = b.finish().unwrap();
+        let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
+        let generated = region_source(&OpView::of(&fused, 0).unwrap(), "softmax_part").unwrap();
+        assert_eq!((generated.threads, generated.vectorized, generated.outputs), (16, false, 2));
+        let src = &generated.source;
+        assert!(src.contains("const long long rows = n / 8ll;") && src.contains("float acc = 0.0f;"), "{src}");
+        assert!(
+            src.contains("out0[i] = t1;") && src.contains("acc = acc + t1;") && src.contains("out1[r] = acc;"),
+            "{src}"
+        );
+
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[4, 8]).unwrap();
+        let m = b.max(x).unwrap();
+        b.output(m).unwrap();
+        let trace = b.finish().unwrap();
+        let generated = op_source(&OpView::of(&trace, 0).unwrap(), "row_max").unwrap();
+        assert!(
+            generated.source.contains("acc = fmaxf(acc, x0);") && generated.source.contains("0xff800000"),
+            "{}",
+            generated.source
+        );
     }
 }

@@ -23,9 +23,14 @@ fn elementwise(op: &OpView<'_>) -> bool {
     builtin_prim(op).is_some_and(|id| prims::UNARY.contains(&id) || prims::BINARY.contains(&id))
 }
 
+fn last_axis_reduction(op: &OpView<'_>) -> bool {
+    matches!(builtin_prim(op), Some(prims::SUM | prims::MAX))
+}
+
 /// Runs the regions named `CudaFusion<N>` that
-/// [`FuseRegions`](crate::passes::FuseRegions) made for it (elementwise chains) as one
-/// generated kernel each, and pushes its own NVTX range around each.
+/// [`FuseRegions`](crate::passes::FuseRegions) made for it (elementwise chains, optionally
+/// ending in a last-axis `sum` or `max`) as one generated kernel each, and pushes its own NVTX
+/// range around each.
 pub struct CudaFusion {
     device: Arc<CudaDevice>,
 }
@@ -70,6 +75,8 @@ impl Executor for CudaFusion {
     fn fusible(&self, op: &OpView<'_>) -> Fusible {
         if elementwise(op) {
             Fusible::Elementwise
+        } else if last_axis_reduction(op) {
+            Fusible::EndsRegion
         } else {
             Fusible::No
         }
@@ -80,7 +87,8 @@ impl Executor for CudaFusion {
     }
 }
 
-/// Runs elementwise prims (one generated kernel each) and `matmul` (cuBLAS) on the device.
+/// Runs elementwise prims and last-axis `sum` and `max` (one generated kernel each), and
+/// `matmul` (cuBLAS), on the device.
 pub struct CudaOps {
     device: Arc<CudaDevice>,
     blas: Arc<Mutex<Option<CudaBlas>>>,
@@ -102,7 +110,7 @@ impl Executor for CudaOps {
     }
 
     fn claims(&self, op: &OpView<'_>) -> bool {
-        elementwise(op) || builtin_prim(op) == Some(prims::MATMUL)
+        elementwise(op) || last_axis_reduction(op) || builtin_prim(op) == Some(prims::MATMUL)
     }
 
     fn device(&self) -> Option<Arc<dyn Device>> {
@@ -144,8 +152,7 @@ struct GeneratedKernel {
 impl GeneratedKernel {
     fn new(device: &Arc<CudaDevice>, generated: &RegionSource, range: Option<PreparedRegionRange>) -> Result<Self> {
         let function = device.function(generated)?;
-        let work = if generated.vectorized { generated.numel / 4 } else { generated.numel };
-        let blocks = (work.div_ceil(THREADS as usize) as u32).clamp(1, device.multiprocessors() * 16);
+        let blocks = (generated.threads.div_ceil(THREADS as usize) as u32).clamp(1, device.multiprocessors() * 16);
         let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
         Ok(Self { device: device.clone(), function, config, numel: generated.numel as i64, range })
     }

@@ -1,6 +1,7 @@
 //! CUDA executors: [`CudaFusion`] (one generated kernel per fused region, with its own NVTX
-//! range per region) and [`CudaOps`] (a generated kernel per elementwise prim, cuBLAS for
-//! `matmul`) on a [`CudaDevice`]; run-time availability; the CUDA C generator.
+//! range per region) and [`CudaOps`] (a generated kernel per elementwise prim or last-axis
+//! reduction, cuBLAS for `matmul`) on a [`CudaDevice`]; run-time availability; the CUDA C
+//! generator.
 //!
 //! The crate builds everywhere: `cudarc` loads the driver dynamically, and everything here
 //! checks for the driver library and a device before touching the API (cudarc's loader panics
@@ -23,8 +24,8 @@
 //! ```
 //!
 //! [`CudaEventTimer`] is a guard that measures device time per op or region with pooled CUDA
-//! events. Not yet: regions that end in a reduction, and reductions and shape ops on the
-//! device (they run on the CPU, with transfers).
+//! events. Not yet: shape ops on the device (they run on the CPU, with transfers), and a
+//! per-warp reduction (a reduction runs one thread per row).
 
 mod codegen;
 #[cfg(feature = "cuda")]

@@ -15,38 +15,21 @@ use std::time::Instant;
 
 use boundscope::executors::{cpu_fusion_scratch_bytes, math, CpuFusion, CpuReference};
 use boundscope::passes::{FuseRegions, Pass};
-use boundscope::{Arena, Plan, Registry, Tensor, Trace, TraceBuilder, Workspace};
+use boundscope::{Arena, Plan, Registry, Tensor, Trace, Workspace};
 use criterion::{Criterion, Throughput};
 
-const N: usize = 1 << 24;
-const ROWS: usize = 1 << 14;
-const COLS: usize = 1 << 10;
+mod chains;
 
-fn swish_chain<'a>(arena: &'a Arena, registry: &'a Registry) -> Trace<'a> {
-    let mut b = TraceBuilder::new(arena, registry);
-    let a = b.input(&[N]).expect("valid");
-    let c = b.input(&[N]).expect("valid");
-    let ab = b.mul(a, c).expect("valid");
-    let x = b.add_scalar(ab, 1.0).expect("valid");
-    let s = b.sigmoid(x).expect("valid");
-    let y = b.mul(x, s).expect("valid");
-    b.output(y).expect("valid");
-    b.finish().expect("valid")
+use chains::COLS;
+
+const N: usize = 1 << 24;
+
+fn swish<'a>(arena: &'a Arena, registry: &'a Registry) -> Trace<'a> {
+    chains::swish_chain(arena, registry, N)
 }
 
-fn norm_chain<'a>(arena: &'a Arena, registry: &'a Registry) -> Trace<'a> {
-    let mut b = TraceBuilder::new(arena, registry);
-    let x = b.input(&[ROWS, COLS]).expect("valid");
-    let mean = b.input(&[ROWS, 1]).expect("valid");
-    let rstd = b.input(&[ROWS, 1]).expect("valid");
-    let w = b.input(&[COLS]).expect("valid");
-    let bias = b.input(&[COLS]).expect("valid");
-    let c = b.sub(x, mean).expect("valid");
-    let n = b.mul(c, rstd).expect("valid");
-    let s = b.mul(n, w).expect("valid");
-    let y = b.add(s, bias).expect("valid");
-    b.output(y).expect("valid");
-    b.finish().expect("valid")
+fn norm<'a>(arena: &'a Arena, registry: &'a Registry) -> Trace<'a> {
+    chains::norm_chain(arena, registry, N)
 }
 
 fn hand_swish(inputs: &[Tensor], out: &mut [f32]) {
@@ -138,8 +121,7 @@ impl Case {
 const VARIANTS: [&str; 3] = ["unfused", "fused", "hand_loop"];
 
 fn main() {
-    let mut cases =
-        vec![Case::new("swish_chain", swish_chain, hand_swish), Case::new("norm_chain", norm_chain, hand_norm)];
+    let mut cases = vec![Case::new("swish_chain", swish, hand_swish), Case::new("norm_chain", norm, hand_norm)];
     let mut criterion = Criterion::default().sample_size(10).configure_from_args();
     for case in &mut cases {
         case.check();

@@ -20,39 +20,15 @@ use std::time::Instant;
 use boundscope::executors::{cuda, CpuFusion, CpuReference};
 use boundscope::guards::{Guard, GuardSite, Level, NvtxRange};
 use boundscope::passes::{FuseRegions, Pass};
-use boundscope::{Arena, Availability, Executor, OpView, Plan, Registry, Tensor, Trace, TraceBuilder};
+use boundscope::{Arena, Availability, Executor, OpView, Plan, Registry, Tensor, Trace};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 
-const COLS: usize = 1024;
+#[path = "../benches/chains.rs"]
+mod chains;
+
+use chains::{norm_chain, swish_chain};
+
 const BLOCK: u32 = 256;
-
-fn swish_chain<'a>(arena: &'a Arena, registry: &'a Registry, n: usize) -> Trace<'a> {
-    let mut b = TraceBuilder::new(arena, registry);
-    let a = b.input(&[n]).expect("valid");
-    let c = b.input(&[n]).expect("valid");
-    let ab = b.mul(a, c).expect("valid");
-    let x = b.add_scalar(ab, 1.0).expect("valid");
-    let s = b.sigmoid(x).expect("valid");
-    let y = b.mul(x, s).expect("valid");
-    b.output(y).expect("valid");
-    b.finish().expect("valid")
-}
-
-fn norm_chain<'a>(arena: &'a Arena, registry: &'a Registry, n: usize) -> Trace<'a> {
-    let rows = n / COLS;
-    let mut b = TraceBuilder::new(arena, registry);
-    let x = b.input(&[rows, COLS]).expect("valid");
-    let mean = b.input(&[rows, 1]).expect("valid");
-    let rstd = b.input(&[rows, 1]).expect("valid");
-    let w = b.input(&[COLS]).expect("valid");
-    let bias = b.input(&[COLS]).expect("valid");
-    let c = b.sub(x, mean).expect("valid");
-    let m = b.mul(c, rstd).expect("valid");
-    let s = b.mul(m, w).expect("valid");
-    let y = b.add(s, bias).expect("valid");
-    b.output(y).expect("valid");
-    b.finish().expect("valid")
-}
 
 /// A compiled region kernel and how to launch it.
 struct DeviceRegion {

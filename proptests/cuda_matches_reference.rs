@@ -122,10 +122,7 @@ proptest! {
         let got = plan.run(&refs).unwrap();
         let events = nvtx_capture::events_on_current_thread();
         let expected = reference.run(&refs).unwrap();
-        for (g, e) in got.iter().zip(&expected) {
-            let e = common::oracle::Value { shape: e.shape().to_vec(), data: e.data().to_vec() };
-            common::close(g.view(), &e, TOLERANCE).map_err(|m| TestCaseError::fail(format!("{m}\n{fused}\n{plan}")))?;
-        }
+        common::close_all(&got, &expected, TOLERANCE).map_err(|m| TestCaseError::fail(format!("{m}\n{fused}\n{plan}")))?;
         if nvtx_capture::is_installed() {
             let pushes = events.iter().filter(|e| e.kind == NvtxEventKind::Push && e.domain.as_deref() == Some(DEFAULT_DOMAIN)).count();
             prop_assert_eq!(pushes, 1 + fused.len(), "{}", fused);

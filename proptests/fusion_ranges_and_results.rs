@@ -66,10 +66,7 @@ proptest! {
         let got = plan.run(&refs).unwrap();
         let events = nvtx_capture::events_on_current_thread();
         let expected = reference.run(&refs).unwrap();
-        for (g, e) in got.iter().zip(&expected) {
-            let e = common::oracle::Value { shape: e.shape().to_vec(), data: e.data().to_vec() };
-            common::close(g.view(), &e, TOLERANCE).map_err(|m| TestCaseError::fail(format!("{m}\n{fused}")))?;
-        }
+        common::close_all(&got, &expected, TOLERANCE).map_err(|m| TestCaseError::fail(format!("{m}\n{fused}")))?;
 
         // Rebuild the NVTX tree of the library's domain.
         let mut nodes: Vec<(String, Option<usize>)> = Vec::new();

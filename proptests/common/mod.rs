@@ -24,3 +24,12 @@ pub fn close(got: TensorRef<'_>, expected: &oracle::Value, tolerance: f32) -> Re
     }
     Ok(())
 }
+
+/// Every output within `tolerance` of the expected tensor (see [`close`]).
+pub fn close_all(got: &[boundscope::Tensor], expected: &[boundscope::Tensor], tolerance: f32) -> Result<(), String> {
+    for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+        let e = oracle::Value { shape: e.shape().to_vec(), data: e.data().to_vec() };
+        close(g.view(), &e, tolerance).map_err(|m| format!("output {i}: {m}"))?;
+    }
+    Ok(())
+}

@@ -1,0 +1,39 @@
+//! The two chains the fusion benchmarks measure, shared by `benches/fusion.rs` (CPU) and
+//! `examples/cuda_bench.rs` (GPU), so that both time the same programs.
+#![allow(dead_code)]
+
+use boundscope::{Arena, Registry, Trace, TraceBuilder};
+
+/// Row length of the layer-norm-like chain.
+pub const COLS: usize = 1024;
+
+/// `x = a*b + 1; y = x*sigmoid(x)` over `n` elements.
+pub fn swish_chain<'a>(arena: &'a Arena, registry: &'a Registry, n: usize) -> Trace<'a> {
+    let mut b = TraceBuilder::new(arena, registry);
+    let a = b.input(&[n]).expect("valid");
+    let c = b.input(&[n]).expect("valid");
+    let ab = b.mul(a, c).expect("valid");
+    let x = b.add_scalar(ab, 1.0).expect("valid");
+    let s = b.sigmoid(x).expect("valid");
+    let y = b.mul(x, s).expect("valid");
+    b.output(y).expect("valid");
+    b.finish().expect("valid")
+}
+
+/// `y = (x - mean) * rstd * w + b` over `[n / COLS, COLS]`, `mean` and `rstd` per row, `w` and
+/// `b` per column.
+pub fn norm_chain<'a>(arena: &'a Arena, registry: &'a Registry, n: usize) -> Trace<'a> {
+    let rows = n / COLS;
+    let mut b = TraceBuilder::new(arena, registry);
+    let x = b.input(&[rows, COLS]).expect("valid");
+    let mean = b.input(&[rows, 1]).expect("valid");
+    let rstd = b.input(&[rows, 1]).expect("valid");
+    let w = b.input(&[COLS]).expect("valid");
+    let bias = b.input(&[COLS]).expect("valid");
+    let c = b.sub(x, mean).expect("valid");
+    let m = b.mul(c, rstd).expect("valid");
+    let s = b.mul(m, w).expect("valid");
+    let y = b.add(s, bias).expect("valid");
+    b.output(y).expect("valid");
+    b.finish().expect("valid")
+}

@@ -18,9 +18,9 @@ pub enum FusionStrategy {
     /// Runs of consecutive fusible ops; any other op ends a region.
     #[default]
     Consecutive,
-    /// Fusible ops may join a region across independent ops in between (ops that use none of
-    /// the region's values); an op that uses them ends the region, which is placed where its
-    /// last op was.
+    /// Fusible ops may join a region across ops that the executor cannot fuse and that use none
+    /// of the region's values; an op that uses them (or a fusible op of another shape) ends the
+    /// region, which is placed where its last op was.
     Dataflow,
 }
 
@@ -266,7 +266,10 @@ impl FuseRegions {
                 }
                 continue;
             }
-            let skip_over = self.strategy == FusionStrategy::Dataflow && kind == Fusible::No && !depends;
+            // An independent op may stay outside the region (which moves past it) only if the
+            // same span guards cover it as the region: otherwise it would leave their range.
+            let same_spans = current.as_ref().is_some_and(|g| g.spans == covering[i]);
+            let skip_over = self.strategy == FusionStrategy::Dataflow && kind == Fusible::No && !depends && same_spans;
             if skip_over {
                 continue;
             }

@@ -389,7 +389,8 @@ impl<'c, 't> Compiler<'c, 't> {
         }
         let line = format_line(self.trace, bsym);
         self.steps.push(Step { work, inputs, outputs, line, executor });
-        Ok(CompiledNode { first, len: 1, children: Vec::new(), executor: Some(executor) })
+        // The op's scope covers the transfers it needed (inserted just before it) and the op.
+        Ok(CompiledNode { first, len: self.steps.len() - first, children: Vec::new(), executor: Some(executor) })
     }
 
     /// The host slot of a value, downloading it first if it is only on the device.

@@ -33,13 +33,16 @@ pub(crate) struct Scope {
     pub end: u32,
     /// Trace-level: entered before the first step and exited after the last.
     pub whole_run: bool,
+    /// Its level, which orders scopes over the same steps (op outside subsymbol).
+    pub level: Level,
     pub profiling: bool,
 }
 
 impl Scope {
-    fn new(guard: Box<dyn ScopedGuard>, first: usize, end: usize, whole_run: bool, profiling: bool) -> Self {
+    fn new(guard: Box<dyn ScopedGuard>, first: usize, end: usize, level: Level, profiling: bool) -> Self {
         let nvtx = guard.as_nvtx_range().copied();
-        Self { guard, nvtx, first: first as u32, end: end as u32, whole_run, profiling }
+        let whole_run = level == Level::Trace;
+        Self { guard, nvtx, first: first as u32, end: end as u32, whole_run, level, profiling }
     }
 
     #[inline(always)]
@@ -68,10 +71,10 @@ impl Schedule {
 
     fn build(scopes: &[Scope], steps: usize, include: impl Fn(&Scope) -> bool) -> Schedule {
         let mut order: Vec<u32> = (0..scopes.len() as u32).filter(|&i| include(&scopes[i as usize])).collect();
-        // Outer before inner: earlier start, then later end, then whole-run, then attach order.
+        // Outer before inner: whole-run, earlier start, later end, outer level, attach order.
         order.sort_by_key(|&i| {
             let s = &scopes[i as usize];
-            (!s.whole_run, s.first, std::cmp::Reverse(s.end), i)
+            (!s.whole_run, s.first, std::cmp::Reverse(s.end), s.level, i)
         });
         let mut schedule = Schedule { enter: vec![(0, 0); steps], exit: vec![0; steps], ..Default::default() };
         let run_level = order.iter().take_while(|&&i| scopes[i as usize].whole_run).count() as u32;
@@ -156,12 +159,12 @@ pub(crate) fn prepare_scopes(
     let mut scopes = Vec::new();
     // Guard objects for the names in drop records; only the drops found here are returned.
     let mut dropped = GuardTable { guards: guards.guards.clone(), ..GuardTable::default() };
+    // The executor that runs a range of steps, transfers aside; "runtime" when several do.
     let executor_of = |first: usize, end: usize| {
-        let e = step_executor.get(first).copied().unwrap_or("runtime");
-        if step_executor[first..end].iter().all(|x| *x == e) {
-            e
-        } else {
-            "runtime"
+        let mut executors = step_executor[first..end].iter().copied().filter(|e| *e != "runtime");
+        match executors.next() {
+            Some(e) if executors.all(|x| x == e) => e,
+            _ => "runtime",
         }
     };
     for &g in &guards.trace_level {
@@ -172,7 +175,7 @@ pub(crate) fn prepare_scopes(
             executor: "runtime",
             ops: steps as u32,
         };
-        scopes.push(Scope::new(guard.prepare(&site)?, 0, steps, true, guard.is_profiling()));
+        scopes.push(Scope::new(guard.prepare(&site)?, 0, steps, Level::Trace, guard.is_profiling()));
     }
     for (position, attachments) in guards.per_op.iter().enumerate() {
         let is_region = trace.bound_symbols().get(position).is_some_and(|b| b.symbol() == prims::REGION);
@@ -204,7 +207,7 @@ pub(crate) fn prepare_scopes(
             };
             let mut push = |first: usize, end: usize, level: Level, label: &str| -> Result<()> {
                 let site = GuardSite { label, level, executor: executor_of(first, end), ops: (end - first) as u32 };
-                scopes.push(Scope::new(guard.prepare(&site)?, first, end, false, guard.is_profiling()));
+                scopes.push(Scope::new(guard.prepare(&site)?, first, end, level, guard.is_profiling()));
                 Ok(())
             };
             let Some(node) = nodes.get(position) else {

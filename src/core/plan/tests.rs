@@ -188,8 +188,20 @@ struct DeviceExp;
 
 struct ExpOnDevice;
 
+thread_local! {
+    /// How many op guards are entered on this thread.
+    static GUARDED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
 impl DeviceKernel for ExpOnDevice {
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> crate::Result<()> {
+        if GUARDED.with(|g| g.get()) == 0 {
+            return Err(Error::Execution {
+                executor: "device_exp".into(),
+                symbol: "exp".into(),
+                message: "ran outside its guard".into(),
+            });
+        }
         let x = memory(inputs[0]).to_vec();
         let out = &mut outputs[0].as_any_mut().downcast_mut::<HostMemory>().expect("our buffer").0;
         for (o, v) in out.iter_mut().zip(x) {
@@ -225,7 +237,15 @@ fn device_steps_get_explicit_transfers() {
     let g = b.add(f, x).unwrap(); // host: download f first
     let h = b.exp(g).unwrap(); // device again: upload g; the output is downloaded at the end
     b.output(h).unwrap();
-    let trace = b.finish().unwrap();
+    let mut trace = b.finish().unwrap();
+    // Every op runs inside its own guard (the device kernel checks), transfers included.
+    let guard = crate::guards::ClosureGuard::new(
+        || GUARDED.with(|g| g.set(g.get() + 1)),
+        || GUARDED.with(|g| g.set(g.get() - 1)),
+    );
+    trace.attach_guard(crate::guards::Selection::All, guard).unwrap();
+    let recorder = crate::guards::Recorder::new();
+    trace.attach_guard(crate::guards::Selection::All, recorder.clone()).unwrap();
     let plan = Plan::compile(&trace, &[Arc::new(DeviceExp), CpuReference::shared()]).unwrap();
     let listing = plan.to_string();
     let order: Vec<&str> = listing.lines().skip(1).map(|l| l.trim()).collect();
@@ -239,8 +259,11 @@ fn device_steps_get_explicit_transfers() {
     );
     assert!(order[6].starts_with("t4 = exp") && order[7].starts_with("download t4"), "{listing}");
     let input = Tensor::from_fn(&[2, 3], |i| i as f32 * 0.1);
+    let got = plan.run(&[&input]).unwrap();
+    let labels: Vec<String> = recorder.ranges().iter().map(|r| r.label.to_string()).collect();
+    assert_eq!(labels, ["exp", "exp", "add", "exp"]);
     let reference = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
-    assert_eq!(plan.run(&[&input]).unwrap(), reference.run(&[&input]).unwrap());
+    assert_eq!(got, reference.run(&[&input]).unwrap());
     let mut ws = plan.workspace();
     for _ in 0..3 {
         let out = plan.run_with(&mut ws, &[input.view()]).unwrap();

@@ -255,21 +255,23 @@ impl Plan {
                 device.download(source, &mut workspace.buffers[step.outputs[0] as usize])
             }
             Work::Device(kernel) => {
-                let mut taken: SmallVec<[Box<dyn DeviceBuffer>; 2]> = SmallVec::new();
-                for &o in &step.outputs {
-                    taken.push(workspace.device_buffers[o as usize].take().ok_or_else(missing)?);
-                }
-                let result = {
+                // Taken out for the call and always put back, whatever happens in between.
+                let mut taken: SmallVec<[Option<Box<dyn DeviceBuffer>>; 2]> =
+                    step.outputs.iter().map(|&o| workspace.device_buffers[o as usize].take()).collect();
+                let result = (|| {
                     let mut views: SmallVec<[&dyn DeviceBuffer; 4]> = SmallVec::new();
                     for slot in &step.inputs {
                         let d = device_slot(slot).ok_or_else(missing)?;
                         views.push(workspace.device_buffers[d].as_deref().ok_or_else(missing)?);
                     }
-                    let mut outs: SmallVec<[&mut dyn DeviceBuffer; 2]> = taken.iter_mut().map(|b| b.as_mut()).collect();
+                    let mut outs: SmallVec<[&mut dyn DeviceBuffer; 2]> = SmallVec::new();
+                    for buffer in taken.iter_mut() {
+                        outs.push(buffer.as_deref_mut().ok_or_else(missing)?);
+                    }
                     kernel.run(&views, &mut outs)
-                };
+                })();
                 for (buffer, &o) in taken.into_iter().zip(&step.outputs) {
-                    workspace.device_buffers[o as usize] = Some(buffer);
+                    workspace.device_buffers[o as usize] = buffer;
                 }
                 result
             }

@@ -66,7 +66,7 @@ pub const CPU_FUSION_OPTIONS: &[OptionSpec] = &[
         name: "cpu_fusion.max_region_ops",
         ty: OptionType::Int { min: 1, max: 4096 },
         default: OptionValue::Int(4096),
-        doc: "Largest number of ops fused into one region.",
+        doc: "Largest number of ops fused into one region (the front end applies it to the CUDA fusion executor too).",
         audience: Audience::Developer,
         env: None,
     },

@@ -98,6 +98,13 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// A shape that cannot be used (its element count overflows what a buffer can hold).
+    InvalidShape {
+        /// The shape.
+        shape: Vec<usize>,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// A tensor's data length does not match its shape.
     InvalidTensor {
         /// The shape given.
@@ -238,11 +245,11 @@ impl fmt::Display for Error {
                 Some(p) => write!(f, "malformed trace at bound symbol {p}: {detail}"),
                 None => write!(f, "malformed trace: {detail}"),
             },
-            Error::InvalidTensor { shape, len } => write!(
-                f,
-                "a tensor of shape {shape:?} needs {} elements, but {len} were given",
-                shape.iter().product::<usize>()
-            ),
+            Error::InvalidShape { shape, detail } => write!(f, "shape {shape:?} cannot be used: {detail}"),
+            Error::InvalidTensor { shape, len } => match crate::core::ir::checked_numel(shape) {
+                Some(n) => write!(f, "a tensor of shape {shape:?} needs {n} elements, but {len} were given"),
+                None => write!(f, "a tensor of shape {shape:?} has more elements than a buffer can hold"),
+            },
             Error::InputCount { expected, got } => write!(
                 f,
                 "the plan takes {expected} input(s) but {got} were given; pass them in the order \

@@ -61,9 +61,9 @@ pub mod options {
     pub use crate::frontend::list;
 }
 pub use crate::core::ir::{
-    prims, Arena, Arg, ArgInfo, BoundSymbol, BoundSymbolId, Category, CpuKernelFactory, DType, Decomposition, GuardId,
-    Listing, ListingOptions, ParamKind, PassRecord, Registry, Shape, ShapeRule, Symbol, SymbolId, SymbolRef,
-    TensorMeta, Trace, TraceBuilder, ValueId,
+    checked_numel, prims, Arena, Arg, ArgInfo, BoundSymbol, BoundSymbolId, Category, CpuKernelFactory, DType,
+    Decomposition, GuardId, Listing, ListingOptions, ParamKind, PassRecord, Registry, Shape, ShapeRule, Symbol,
+    SymbolId, SymbolRef, TensorMeta, Trace, TraceBuilder, ValueId,
 };
 pub use crate::core::passes;
 pub use crate::core::plan::{

@@ -25,18 +25,24 @@ impl Tensor {
     /// # Errors
     /// [`Error::InvalidTensor`] if `data.len()` is not the product of `shape`.
     pub fn new(shape: &[usize], data: Vec<f32>) -> Result<Self> {
-        if shape.iter().product::<usize>() != data.len() {
+        if crate::core::ir::checked_numel(shape) != Some(data.len()) {
             return Err(Error::InvalidTensor { shape: shape.to_vec(), len: data.len() });
         }
         Ok(Self { shape: Shape::from_slice(shape), data })
     }
 
     /// A tensor of zeros.
+    ///
+    /// # Panics
+    /// If the shape has more elements than a buffer can hold, as `vec!` would.
     pub fn zeros(shape: &[usize]) -> Self {
         Self { shape: Shape::from_slice(shape), data: vec![0.0; shape.iter().product()] }
     }
 
     /// A tensor whose element at flat index `i` is `f(i)`.
+    ///
+    /// # Panics
+    /// If the shape has more elements than a buffer can hold, as `Vec` would.
     pub fn from_fn(shape: &[usize], f: impl FnMut(usize) -> f32) -> Self {
         Self { shape: Shape::from_slice(shape), data: (0..shape.iter().product()).map(f).collect() }
     }

@@ -17,6 +17,16 @@ use super::trace::{PassRecord, Trace};
 use crate::core::guards::GuardTable;
 use crate::error::{Error, Result};
 
+fn check_shape(shape: &[usize]) -> Result<()> {
+    match super::meta::checked_numel(shape) {
+        Some(_) => Ok(()),
+        None => Err(Error::InvalidShape {
+            shape: shape.to_vec(),
+            detail: "it has more elements than a buffer can hold".into(),
+        }),
+    }
+}
+
 /// Builds a [`Trace`] in an [`Arena`], checking each bound symbol as it is added.
 ///
 /// ```
@@ -134,7 +144,13 @@ impl<'a> TraceBuilder<'a> {
     }
 
     /// Adds an input with this metadata.
+    ///
+    /// # Errors
+    /// [`Error::InvalidShape`] if the shape has more elements than a buffer can hold, or
+    /// [`Error::InvalidSymbol`] inside a decomposition (inputs belong to the trace).
     pub fn input_with(&mut self, meta: &TensorMeta) -> Result<ValueId> {
+        self.check_top_level("input")?;
+        check_shape(&meta.shape)?;
         let v = self.new_value(meta);
         self.inputs.push(v);
         Ok(v)
@@ -145,6 +161,7 @@ impl<'a> TraceBuilder<'a> {
     /// # Errors
     /// [`Error::UndefinedValue`] if it is not defined at the trace's top level.
     pub fn output(&mut self, value: ValueId) -> Result<()> {
+        self.check_top_level("output")?;
         self.check_defined(value, "trace output")?;
         self.outputs.push(value);
         Ok(())
@@ -223,11 +240,18 @@ impl<'a> TraceBuilder<'a> {
             .shape_rule
             .as_ref()
             .ok_or_else(|| Error::InvalidSymbol { symbol: name.clone(), detail: "it has no shape rule".into() })?;
-        let meta = rule(&infos).map_err(|detail| Error::ShapeMismatch {
+        let shape_error = |detail: String| Error::ShapeMismatch {
             symbol: name.clone(),
             shapes: infos.iter().filter_map(|i| i.shape()).map(<[usize]>::to_vec).collect(),
             detail,
-        })?;
+        };
+        let meta = rule(&infos).map_err(shape_error)?;
+        if super::meta::checked_numel(&meta.shape).is_none() {
+            return Err(shape_error(format!(
+                "the result {:?} has more elements than a buffer can hold",
+                meta.shape.as_slice()
+            )));
+        }
 
         // Taken before the decomposition runs, so that its subsymbols do not consume it.
         let comment = self.pending_comment.take();
@@ -247,19 +271,21 @@ impl<'a> TraceBuilder<'a> {
                 match produced {
                     Some(m) if m.dtype == meta.dtype && m.shape == meta.shape.as_slice() => {}
                     Some(m) => {
+                        self.pending_comment = comment;
                         return Err(Error::InvalidSymbol {
                             symbol: name.clone(),
                             detail: format!(
                                 "its decomposition returns {}{:?} but its shape rule gives {meta}",
                                 m.dtype, m.shape
                             ),
-                        })
+                        });
                     }
                     None => {
+                        self.pending_comment = comment;
                         return Err(Error::InvalidSymbol {
                             symbol: name.clone(),
                             detail: format!("its decomposition must return a value it defines, not {output}"),
-                        })
+                        });
                     }
                 }
                 self.defined[output.index()] = true;
@@ -340,6 +366,17 @@ impl<'a> TraceBuilder<'a> {
         })
     }
 
+    /// Inputs and outputs belong to the trace, not to a decomposition being expanded.
+    fn check_top_level(&self, what: &str) -> Result<()> {
+        if self.levels.len() > 1 {
+            return Err(Error::InvalidSymbol {
+                symbol: "decomposition".into(),
+                detail: format!("a decomposition cannot declare a trace {what}; return its result value instead"),
+            });
+        }
+        Ok(())
+    }
+
     fn current_level(&mut self) -> &mut ArenaVec<'a, BoundSymbol<'a>> {
         self.levels.last_mut().expect("the trace level is never popped")
     }
@@ -404,6 +441,12 @@ mod tests {
         assert!(matches!(&err, Error::ShapeMismatch { symbol, shapes, .. } if symbol == "matmul" && shapes.len() == 2));
         assert!(matches!(b.bind(SymbolId::from_index(500), &[]), Err(Error::UnknownSymbol { .. })));
         assert!(matches!(b.output(ghost), Err(Error::UndefinedValue { .. })));
+        // Shapes whose element count overflows are typed errors, not panics.
+        assert!(matches!(b.input(&[usize::MAX, 2]), Err(Error::InvalidShape { .. })));
+        let empty = b.input(&[0]).unwrap();
+        assert!(matches!(b.reshape(empty, &[usize::MAX, 2]), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(b.broadcast_to(x, &[1 << 62, 2, 3]), Err(Error::ShapeMismatch { .. })));
+        assert!(matches!(crate::Tensor::new(&[1 << 63, 2], vec![]), Err(Error::InvalidTensor { .. })));
         // Nothing was added by the failed calls.
         let y = b.exp(x).unwrap();
         b.output(y).unwrap();

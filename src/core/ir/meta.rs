@@ -75,6 +75,20 @@ impl fmt::Display for TensorMeta {
     }
 }
 
+/// The number of elements of a shape, if a buffer of that many `f32` can exist (at most
+/// `isize::MAX` bytes); `None` when the count overflows.
+///
+/// ```
+/// assert_eq!(boundscope::checked_numel(&[2, 3]), Some(6));
+/// assert_eq!(boundscope::checked_numel(&[usize::MAX, 2]), None);
+/// ```
+pub fn checked_numel(shape: &[usize]) -> Option<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |n, &d| n.checked_mul(d))
+        .filter(|&n| n <= isize::MAX as usize / std::mem::size_of::<f32>())
+}
+
 /// Prints dimensions as `[2, 3]`.
 pub(crate) struct DimsDisplay<'d>(pub &'d [usize]);
 

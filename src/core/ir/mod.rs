@@ -17,7 +17,7 @@ pub use builder::TraceBuilder;
 pub use ids::{BoundSymbolId, GuardId, SymbolId, ValueId};
 pub use listing::{Listing, ListingOptions};
 pub(crate) use meta::DimsDisplay;
-pub use meta::{DType, Shape, TensorMeta};
+pub use meta::{checked_numel, DType, Shape, TensorMeta};
 pub use registry::Registry;
 pub use symbol::{ArgInfo, Category, CpuKernelFactory, Decomposition, ParamKind, ShapeRule, Symbol, SymbolRef};
 pub use trace::{PassRecord, Trace};

@@ -213,3 +213,33 @@ thread_local! {
 pub fn scratch_bytes() -> usize {
     SCRATCH.with(|s| s.borrow().iter().map(|t| t.capacity() * 4).sum())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::ir::{Arena, Registry, TraceBuilder};
+    use crate::core::passes::{FuseRegions, Pass};
+    use crate::core::plan::Plan;
+    use crate::core::tensor::Tensor;
+    use crate::executors::CpuReference;
+
+    #[test]
+    fn a_reduction_over_empty_rows_gives_the_identity_like_the_reference() {
+        let (arena, registry) = (Arena::new(), Registry::with_builtins());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[8, 0]).unwrap();
+        let e = b.exp(x).unwrap();
+        let m = b.max(e).unwrap();
+        let s = b.sum(e).unwrap();
+        b.output(m).unwrap();
+        b.output(s).unwrap();
+        let trace = b.finish().unwrap();
+        let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
+        assert!(fused.to_string().contains("CpuFusion0"), "{fused}");
+        let plan = Plan::compile(&fused, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();
+        let reference = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+        let input = Tensor::zeros(&[8, 0]);
+        assert_eq!(plan.run(&[&input]).unwrap(), reference.run(&[&input]).unwrap());
+        assert_eq!(reference.run(&[&input]).unwrap()[0].data(), &[f32::NEG_INFINITY; 8]);
+    }
+}

@@ -185,6 +185,12 @@ impl FusedRegion {
                     t.resize(skew(i) + self.block, 0.0);
                 }
             }
+            if self.numel == 0 {
+                // Rows of length zero: a reduction still has one result per row.
+                if let (Some((op, _, _)), Some(o)) = (self.reduce, self.reduce_output) {
+                    outputs[o].data.fill(if op == prims::SUM { 0.0 } else { f32::NEG_INFINITY });
+                }
+            }
             let mut start = 0;
             while start < self.numel {
                 let len = self.block.min(self.numel - start);

@@ -217,7 +217,9 @@ fn generate(
         // One thread per row: the elementwise ops per element, then the row's sum or maximum,
         // in the same order as the CPU executors.
         let row = *shape.last().ok_or("a reduction over a rank-0 shape")?;
-        let _ = writeln!(source, "  const long long rows = n / {row}ll;");
+        // From the shape, not `n / row`: rows of length zero still have one result each.
+        let rows: usize = shape[..shape.len() - 1].iter().product();
+        let _ = writeln!(source, "  const long long rows = {rows}ll;");
         let _ = writeln!(
             source,
             "  for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += stride) {{"
@@ -244,7 +246,6 @@ fn generate(
             let _ = writeln!(source, "    out{o}[r] = acc;");
         }
         let _ = writeln!(source, "  }}\n}}");
-        let rows = numel / row.max(1);
         return Ok(RegionSource {
             kernel: kernel.to_string(),
             source,
@@ -471,7 +472,7 @@ mod reduction_tests {
         let generated = region_source(&OpView::of(&fused, 0).unwrap(), "softmax_part").unwrap();
         assert_eq!((generated.threads, generated.vectorized, generated.outputs), (16, false, 2));
         let src = &generated.source;
-        assert!(src.contains("const long long rows = n / 8ll;") && src.contains("float acc = 0.0f;"), "{src}");
+        assert!(src.contains("const long long rows = 16ll;") && src.contains("float acc = 0.0f;"), "{src}");
         assert!(
             src.contains("out0[i] = t1;") && src.contains("acc = acc + t1;") && src.contains("out1[r] = acc;"),
             "{src}"

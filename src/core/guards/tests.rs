@@ -158,3 +158,47 @@ fn chrome_trace_has_one_complete_event_per_range() {
     assert_eq!(json.matches("\"ph\":\"X\"").count(), 3);
     assert!(json.contains("\"cat\":\"trace\"") && json.contains("\"name\":\"softmax\""));
 }
+
+#[test]
+fn a_pass_that_forgets_guards_does_not_lose_them_silently() {
+    use crate::core::passes::Pipeline;
+    struct Forgetful;
+    impl Pass for Forgetful {
+        fn name(&self) -> &str {
+            "forgetful"
+        }
+        fn run<'a>(&self, trace: &Trace<'a>, arena: &'a Arena) -> crate::Result<Trace<'a>> {
+            let mut b = TraceBuilder::rewrite(trace, arena);
+            for bsym in trace.bound_symbols() {
+                b.push_copy(bsym);
+            }
+            b.finish()
+        }
+    }
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut t = trace(&arena, &registry);
+    t.attach_guard(Selection::All, Recorder::new()).unwrap();
+    let out = Pipeline::new().then(Forgetful).run(&t, &arena).unwrap();
+    assert_eq!(out.guard_attachment_count(), 0);
+    assert_eq!(out.dropped_guards().len(), 2);
+    assert!(out.dropped_guards()[0].reason.contains("carry_guards"), "{:?}", out.dropped_guards());
+}
+
+#[test]
+fn region_ranges_in_another_domain_are_emitted_by_the_runtime() {
+    use crate::core::passes::{FuseRegions, ProfileOps};
+    use crate::executors::CpuFusion;
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4]).unwrap();
+    let e = b.exp(x).unwrap();
+    let y = b.neg(e).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let profiled = ProfileOps::new().run(&trace, &arena).unwrap();
+    let mut fused = FuseRegions::new(CpuFusion::shared()).run(&profiled, &arena).unwrap();
+    fused.attach_guard(Selection::All, NvtxRange::new().domain("mine").unwrap()).unwrap();
+    let plan = Plan::compile(&fused, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();
+    // CpuFusion pushes the `boundscope` range itself; the runtime pushes the one in `mine`.
+    assert_eq!(plan.guard_scope_count(), 1);
+}

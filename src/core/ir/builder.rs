@@ -332,6 +332,42 @@ impl<'a> TraceBuilder<'a> {
         self.push_copy(&region);
     }
 
+    /// Carries the guards of `from` (the trace this builder rewrites) to the trace being
+    /// built, for a pass that keeps or removes whole bound symbols: `new_position[i]` is where
+    /// old bound symbol `i` went (`None`: removed). Guards of removed bound symbols are listed
+    /// in [`Trace::dropped_guards`] with `reason(i)`. A pass that rewrites bound symbols in
+    /// other ways should carry its guards itself, as the built-in passes do.
+    ///
+    /// ```
+    /// use boundscope::guards::{Recorder, Selection};
+    /// use boundscope::{Arena, Registry, TraceBuilder};
+    /// let registry = Registry::with_builtins();
+    /// let arena = Arena::new();
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[4]).unwrap();
+    /// let y = b.exp(x).unwrap();
+    /// let z = b.neg(y).unwrap();
+    /// b.output(z).unwrap();
+    /// let mut trace = b.finish().unwrap();
+    /// trace.attach_guard(Selection::All, Recorder::new()).unwrap();
+    /// // A pass that keeps every bound symbol, in order.
+    /// let mut rewritten = TraceBuilder::rewrite(&trace, &arena);
+    /// for bsym in trace.bound_symbols() {
+    ///     rewritten.push_copy(bsym);
+    /// }
+    /// rewritten.carry_guards(&trace, &[Some(0), Some(1)], "my_pass", |_| unreachable!());
+    /// assert_eq!(rewritten.finish().unwrap().guard_attachment_count(), 2);
+    /// ```
+    pub fn carry_guards(
+        &mut self,
+        from: &Trace<'_>,
+        new_position: &[Option<usize>],
+        pass: &str,
+        reason: impl Fn(usize) -> String,
+    ) {
+        self.guards = from.guards.carry_through_removal(new_position, from.registry(), pass, reason);
+    }
+
     /// Records that a pass built this trace (shown in the listing header).
     pub fn record_pass(&mut self, name: &str, elapsed: std::time::Duration) {
         self.history.push(PassRecord { name: name.to_string(), elapsed });

@@ -40,13 +40,12 @@ impl Pass for DeadCodeElimination {
                 builder.push_copy(bsym);
             }
         }
-        let guards = trace.guards.carry_through_removal(&new_position, trace.registry(), self.name(), |old| {
+        builder.carry_guards(trace, &new_position, self.name(), |old| {
             format!(
                 "`{}` (bound symbol {old}) was removed as dead code: none of its outputs reaches the trace's outputs",
                 trace.symbol_name(&trace.bound_symbols()[old])
             )
         });
-        builder.set_guards(guards);
         builder.finish()
     }
 }

@@ -48,7 +48,8 @@ pub trait Pass {
 }
 
 /// Passes run in order; each result is verified, and each pass is recorded with its time in
-/// the trace's header.
+/// the trace's header. If a pass carried none of the guards its input had, the pipeline lists
+/// them in [`Trace::dropped_guards`] rather than losing them silently.
 ///
 /// ```
 /// use boundscope::passes::{DeadCodeElimination, Decompose, Pipeline};
@@ -105,6 +106,22 @@ impl Pipeline {
             let mut next = pass.run(&current, arena)?;
             let elapsed = start.elapsed();
             next.verify()?;
+            // A pass that built its trace without carrying any guard (a user's pass that
+            // forgot `TraceBuilder::carry_guards`) must not lose them silently.
+            let carried = next.guards.attachment_count() - next.guards.trace_level.len();
+            let before = current.guards.attachment_count() - current.guards.trace_level.len();
+            if before > 0 && carried == 0 && next.guards.dropped.len() == current.guards.dropped.len() {
+                for (i, attachments) in current.guards.per_op.iter().enumerate() {
+                    for a in attachments {
+                        let reason = format!(
+                            "pass `{}` carried no guards (bound symbol {i} had this one); a pass that rewrites \
+                             a trace carries them with `TraceBuilder::carry_guards` or as the built-in passes do",
+                            pass.name()
+                        );
+                        next.guards.record_drop(a, current.registry(), pass.name(), reason);
+                    }
+                }
+            }
             next.history.push(crate::core::ir::PassRecord { name: pass.name().to_string(), elapsed });
             current = next;
         }

@@ -186,12 +186,19 @@ pub(crate) fn prepare_scopes(
             .get(position)
             .and_then(|n| n.executor)
             .is_some_and(|e| super::compile::emits_region_ranges(&*executors[e]));
+        // The executor emits the region's range in the domain of its first NVTX guard (see
+        // `compile::region_range`); NVTX guards in other domains are the runtime's to emit.
+        let emitted_domain =
+            emitted_by_executor.then(|| attachments.iter().find_map(|a| guards.guard(a.guard).nvtx_domain())).flatten();
         let mut merged: SmallVec<[String; 4]> = SmallVec::new();
         for a in attachments {
             let guard = guards.guard(a.guard);
             let on_region = is_region && a.depth == 0 && a.span == 1;
             if on_region {
-                if emitted_by_executor && guard.kind() == GuardKind::NvtxRange {
+                if guard.kind() == GuardKind::NvtxRange
+                    && emitted_domain.is_some()
+                    && guard.nvtx_domain() == emitted_domain
+                {
                     continue;
                 }
                 if let Some(key) = guard.merge_key() {

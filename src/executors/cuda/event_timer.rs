@@ -21,6 +21,9 @@ const RING: usize = 16;
 /// Device time of what it is attached to, per label (count, total, min, max), measured with
 /// CUDA events on the device's stream. Clones share statistics.
 ///
+/// One timer reads its events back in entry order, so use it from one thread at a time (one
+/// plan run after another); from several threads at once its statistics may mix entries.
+///
 /// Attach it to ops or regions that run on the device. Around an op that runs on the host it
 /// measures the time the stream saw between the two events, which, the device being idle, is
 /// about the host op's time (with its transfers).

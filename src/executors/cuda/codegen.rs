@@ -214,19 +214,24 @@ fn generate(
         None => format!("t{}", v.index()),
     };
     if let Some((op, reduced, result)) = reduction {
-        // One thread per row: the elementwise ops per element, then the row's sum or maximum,
-        // in the same order as the CPU executors.
+        // One warp per row: each lane runs the elementwise ops over every 32nd element of the
+        // row and accumulates, then the warp combines its 32 partial results with shuffles.
+        // (The summation order differs from the CPU's sequential one, by rounding.)
         let row = *shape.last().ok_or("a reduction over a rank-0 shape")?;
         // From the shape, not `n / row`: rows of length zero still have one result each.
         let rows: usize = shape[..shape.len() - 1].iter().product();
         let _ = writeln!(source, "  const long long rows = {rows}ll;");
+        let _ = writeln!(source, "  const long long warps = stride / 32;");
+        let _ = writeln!(source, "  const int lane = threadIdx.x % 32;");
         let _ = writeln!(
             source,
-            "  for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r < rows; r += stride) {{"
+            "  for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {{"
         );
         let init = if op == prims::SUM { "0.0f" } else { "__int_as_float(0xff800000)" };
+        let combine =
+            |a: &str, b: &str| if op == prims::SUM { format!("{a} + {b}") } else { format!("fmaxf({a}, {b})") };
         let _ = writeln!(source, "    float acc = {init};");
-        let _ = writeln!(source, "    for (long long c = 0; c < {row}ll; ++c) {{");
+        let _ = writeln!(source, "    for (long long c = lane; c < {row}ll; c += 32) {{");
         let _ = writeln!(source, "    const long long i = r * {row}ll + c;");
         for (k, s) in input_shapes.iter().enumerate() {
             let _ = writeln!(source, "    const float x{k} = {};", index_expression(k, &shape, s));
@@ -235,15 +240,13 @@ fn generate(
         for (o, v) in outputs.iter().enumerate().filter(|(_, v)| **v != result) {
             let _ = writeln!(source, "    out{o}[i] = t{};", v.index());
         }
-        let step = if op == prims::SUM {
-            format!("acc + {}", value_name(reduced))
-        } else {
-            format!("fmaxf(acc, {})", value_name(reduced))
-        };
-        let _ = writeln!(source, "    acc = {step};");
+        let _ = writeln!(source, "    acc = {};", combine("acc", &value_name(reduced)));
+        let _ = writeln!(source, "    }}");
+        let _ = writeln!(source, "    for (int offset = 16; offset > 0; offset /= 2) {{");
+        let _ = writeln!(source, "      acc = {};", combine("acc", "__shfl_down_sync(0xffffffffu, acc, offset)"));
         let _ = writeln!(source, "    }}");
         if let Some(o) = outputs.iter().position(|&v| v == result) {
-            let _ = writeln!(source, "    out{o}[r] = acc;");
+            let _ = writeln!(source, "    if (lane == 0) out{o}[r] = acc;");
         }
         let _ = writeln!(source, "  }}\n}}");
         return Ok(RegionSource {
@@ -253,7 +256,8 @@ fn generate(
             outputs: outputs.len(),
             numel,
             vectorized: false,
-            threads: rows,
+            // Whole warps: the launch rounds up to blocks of 256 threads.
+            threads: rows * 32,
         });
     }
     if vectorized {
@@ -459,7 +463,7 @@ mod reduction_tests {
     use crate::executors::CpuFusion;
 
     #[test]
-    fn a_trailing_reduction_runs_one_thread_per_row_in_the_cpu_order() {
+    fn a_trailing_reduction_runs_one_warp_per_row() {
         let (arena, registry) = (Arena::new(), Registry::with_builtins());
         let mut b = TraceBuilder::new(&arena, &registry);
         let x = b.input(&[16, 8]).unwrap();
@@ -470,13 +474,13 @@ mod reduction_tests {
         let trace = b.finish().unwrap();
         let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
         let generated = region_source(&OpView::of(&fused, 0).unwrap(), "softmax_part").unwrap();
-        assert_eq!((generated.threads, generated.vectorized, generated.outputs), (16, false, 2));
+        assert_eq!((generated.threads, generated.vectorized, generated.outputs), (16 * 32, false, 2));
         let src = &generated.source;
         assert!(src.contains("const long long rows = 16ll;") && src.contains("float acc = 0.0f;"), "{src}");
-        assert!(
-            src.contains("out0[i] = t1;") && src.contains("acc = acc + t1;") && src.contains("out1[r] = acc;"),
-            "{src}"
-        );
+        assert!(src.contains("for (long long c = lane; c < 8ll; c += 32)"), "{src}");
+        assert!(src.contains("out0[i] = t1;") && src.contains("acc = acc + t1;"), "{src}");
+        assert!(src.contains("acc = acc + __shfl_down_sync(0xffffffffu, acc, offset);"), "{src}");
+        assert!(src.contains("if (lane == 0) out1[r] = acc;"), "{src}");
 
         let mut b = TraceBuilder::new(&arena, &registry);
         let x = b.input(&[4, 8]).unwrap();

@@ -24,8 +24,7 @@
 //! ```
 //!
 //! [`CudaEventTimer`] is a guard that measures device time per op or region with pooled CUDA
-//! events. Not yet: shape ops on the device (they run on the CPU, with transfers), and a
-//! per-warp reduction (a reduction runs one thread per row).
+//! events. Not yet: shape ops on the device (they run on the CPU, with transfers).
 
 mod codegen;
 #[cfg(feature = "cuda")]

@@ -31,9 +31,8 @@ pub(crate) struct Scope {
     pub nvtx: Option<crate::core::guards::PreparedNvtxRange>,
     pub first: u32,
     pub end: u32,
-    /// Trace-level: entered before the first step and exited after the last.
-    pub whole_run: bool,
-    /// Its level, which orders scopes over the same steps (op outside subsymbol).
+    /// Its level, which orders scopes over the same steps (op outside subsymbol). Trace-level
+    /// scopes are entered before the first step and exited after the last.
     pub level: Level,
     pub profiling: bool,
 }
@@ -41,8 +40,7 @@ pub(crate) struct Scope {
 impl Scope {
     fn new(guard: Box<dyn ScopedGuard>, first: usize, end: usize, level: Level, profiling: bool) -> Self {
         let nvtx = guard.as_nvtx_range().copied();
-        let whole_run = level == Level::Trace;
-        Self { guard, nvtx, first: first as u32, end: end as u32, whole_run, level, profiling }
+        Self { guard, nvtx, first: first as u32, end: end as u32, level, profiling }
     }
 
     #[inline(always)]
@@ -74,10 +72,10 @@ impl Schedule {
         // Outer before inner: whole-run, earlier start, later end, outer level, attach order.
         order.sort_by_key(|&i| {
             let s = &scopes[i as usize];
-            (!s.whole_run, s.first, std::cmp::Reverse(s.end), s.level, i)
+            (s.level != Level::Trace, s.first, std::cmp::Reverse(s.end), s.level, i)
         });
         let mut schedule = Schedule { enter: vec![(0, 0); steps], exit: vec![0; steps], ..Default::default() };
-        let run_level = order.iter().take_while(|&&i| scopes[i as usize].whole_run).count() as u32;
+        let run_level = order.iter().take_while(|&&i| scopes[i as usize].level == Level::Trace).count() as u32;
         schedule.run_enter = (0, run_level);
         let mut k = run_level as usize;
         for step in 0..steps {

@@ -13,11 +13,10 @@ use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
 use crate::core::guards::{GuardKind, Level};
-use crate::core::ir::prims;
 use crate::core::options::{Audience, OptionSpec, OptionType, OptionValue, Options};
 use crate::core::plan::{EmittedRange, Executor, Fusible, Kernel, OpView};
 use crate::error::{Error, Result};
-use crate::executors::cpu_reference::builtin_prim;
+use crate::executors::cpu_reference::builtin_fusible;
 
 pub use program::FusedRegion;
 
@@ -187,11 +186,7 @@ impl Executor for CpuFusion {
     }
 
     fn fusible(&self, op: &OpView<'_>) -> Fusible {
-        match builtin_prim(op) {
-            Some(id) if prims::UNARY.contains(&id) || prims::BINARY.contains(&id) => Fusible::Elementwise,
-            Some(prims::SUM | prims::MAX) => Fusible::EndsRegion,
-            _ => Fusible::No,
-        }
+        builtin_fusible(op)
     }
 
     fn fusion_prefix(&self) -> &str {

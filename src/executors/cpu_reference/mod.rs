@@ -52,6 +52,17 @@ pub(crate) fn builtin_prim(op: &OpView<'_>) -> Option<SymbolId> {
     (is_prim && BUILTIN_NAMES.get(id.index()) == Some(&op.name())).then_some(id)
 }
 
+/// How the built-in fusion executors (CPU and CUDA) may group a built-in prim: elementwise
+/// prims inside a region, a last-axis `sum` or `max` at its end, nothing else.
+pub(crate) fn builtin_fusible(op: &OpView<'_>) -> crate::core::plan::Fusible {
+    use crate::core::plan::Fusible;
+    match builtin_prim(op) {
+        Some(id) if prims::UNARY.contains(&id) || prims::BINARY.contains(&id) => Fusible::Elementwise,
+        Some(prims::SUM | prims::MAX) => Fusible::EndsRegion,
+        _ => Fusible::No,
+    }
+}
+
 impl Executor for CpuReference {
     fn name(&self) -> &str {
         Self::NAME

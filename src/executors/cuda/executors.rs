@@ -14,18 +14,11 @@ use crate::core::plan::{
     Device, DeviceBuffer, DeviceKernel, EmittedRange, Executor, Fusible, OpView, PreparedRegionRange,
 };
 use crate::error::{Error, Result};
-use crate::executors::cpu_reference::builtin_prim;
+use crate::executors::cpu_reference::{builtin_fusible, builtin_prim};
 
 const THREADS: u32 = 256;
 const EMITS: [EmittedRange; 1] = [EmittedRange { kind: GuardKind::NvtxRange, level: Level::Region }];
 
-fn elementwise(op: &OpView<'_>) -> bool {
-    builtin_prim(op).is_some_and(|id| prims::UNARY.contains(&id) || prims::BINARY.contains(&id))
-}
-
-fn last_axis_reduction(op: &OpView<'_>) -> bool {
-    matches!(builtin_prim(op), Some(prims::SUM | prims::MAX))
-}
 
 /// Runs the regions named `CudaFusion<N>` that
 /// [`FuseRegions`](crate::passes::FuseRegions) made for it (elementwise chains, optionally
@@ -73,13 +66,7 @@ impl Executor for CudaFusion {
     }
 
     fn fusible(&self, op: &OpView<'_>) -> Fusible {
-        if elementwise(op) {
-            Fusible::Elementwise
-        } else if last_axis_reduction(op) {
-            Fusible::EndsRegion
-        } else {
-            Fusible::No
-        }
+        builtin_fusible(op)
     }
 
     fn fusion_prefix(&self) -> &str {
@@ -110,7 +97,8 @@ impl Executor for CudaOps {
     }
 
     fn claims(&self, op: &OpView<'_>) -> bool {
-        elementwise(op) || last_axis_reduction(op) || builtin_prim(op) == Some(prims::MATMUL)
+        // What the generator compiles (everything fusible) and cuBLAS's matmul.
+        builtin_fusible(op) != Fusible::No || builtin_prim(op) == Some(prims::MATMUL)
     }
 
     fn device(&self) -> Option<Arc<dyn Device>> {

@@ -28,7 +28,7 @@ pub(crate) use nvtx_range::{executor_color, level_category};
 pub use nvtx_range::{NvtxRange, DEFAULT_DOMAIN};
 pub use recorder::{RecordedRange, Recorder};
 pub use table::DroppedGuard;
-pub(crate) use table::{Attachment, GuardTable};
+pub(crate) use table::{carried_span, Attachment, GuardTable};
 
 use crate::error::Result;
 

@@ -114,19 +114,36 @@ impl GuardTable {
         let mut out = self.without_attachments();
         for (old, attachments) in self.per_op.iter().enumerate() {
             for a in attachments {
-                let covered = old..(old + a.span as usize).min(new_position.len());
-                let mut survivors = covered.clone().filter_map(|i| new_position[i]);
-                match survivors.next() {
-                    Some(first) => {
-                        let span = 1 + survivors.count() as u32;
-                        out.attach(first, Attachment { span, ..*a });
-                    }
+                let moved = carried_span(old, a.span, new_position.len(), |i| new_position[i].map(|p| p..p + 1));
+                match moved {
+                    Some((first, span)) => out.attach(first, Attachment { span, ..*a }),
                     None => out.record_drop(a, registry, pass, reason(old)),
                 }
             }
         }
         out
     }
+}
+
+/// Where a span of old top-level bound symbols, `span` of them from `first`, lands after a
+/// rewrite that puts old bound symbol `i` at the new positions `new_range(i)` (`None` or empty:
+/// removed): its first new position and new length, or `None` if none of it survives. Every
+/// pass that carries guards uses it, so spans move the same way through all of them.
+pub(crate) fn carried_span(
+    first: usize,
+    span: u32,
+    old_len: usize,
+    new_range: impl Fn(usize) -> Option<std::ops::Range<usize>>,
+) -> Option<(usize, u32)> {
+    let mut start: Option<usize> = None;
+    let mut end = 0;
+    for i in first..(first + span as usize).min(old_len) {
+        if let Some(range) = new_range(i).filter(|r| !r.is_empty()) {
+            start = Some(start.map_or(range.start, |s| s.min(range.start)));
+            end = end.max(range.end);
+        }
+    }
+    start.map(|s| (s, (end - s) as u32))
 }
 
 impl std::fmt::Debug for GuardTable {

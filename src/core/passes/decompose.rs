@@ -1,6 +1,6 @@
 //! Decomposition: replace every composite with the prims it is made of, carrying its guards.
 
-use crate::core::guards::{Attachment, GuardPolicy, Level};
+use crate::core::guards::{carried_span, Attachment, GuardPolicy, Level};
 use crate::core::ir::{Arena, BoundSymbol, Trace, TraceBuilder};
 use crate::error::Result;
 
@@ -59,8 +59,7 @@ impl Pass for Decompose {
                     continue;
                 }
                 let end = (i + a.span as usize).min(spans.len());
-                let first = spans[i].0;
-                let (last_first, last_len) = spans[end - 1];
+                let moved = carried_span(i, a.span, spans.len(), |j| Some(spans[j].0..spans[j].0 + spans[j].1));
                 let rewritten = trace.bound_symbols()[i..end].iter().any(|b| !b.subsymbols().is_empty());
                 match old.guard(a.guard).policy() {
                     GuardPolicy::DropWithReason(reason) if rewritten => guards.record_drop(
@@ -72,7 +71,12 @@ impl Pass for Decompose {
                             trace.symbol_name(&trace.bound_symbols()[i])
                         ),
                     ),
-                    _ => guards.attach(first, Attachment { span: (last_first + last_len - first) as u32, ..*a }),
+                    _ => {
+                        // Every composite becomes at least one prim, so the span survives.
+                        if let Some((first, span)) = moved {
+                            guards.attach(first, Attachment { span, ..*a });
+                        }
+                    }
                 }
             }
         }

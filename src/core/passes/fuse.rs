@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use smallvec::SmallVec;
 
-use crate::core::guards::{Attachment, GuardPolicy, Level};
+use crate::core::guards::{carried_span, Attachment, GuardPolicy, Level};
 use crate::core::ir::{prims, Arena, Trace, TraceBuilder, ValueId};
 use crate::core::plan::{Executor, Fusible, OpView};
 use crate::error::Result;
@@ -196,9 +196,12 @@ impl Pass for FuseRegions {
                 let guard = old.guard(a.guard);
                 let fused_into = group_of[i].filter(|_| a.span == 1 && a.depth == 0);
                 let Some(g) = fused_into else {
-                    let last = new_position[(i + a.span as usize - 1).min(n - 1)];
-                    let span = (last + 1 - new_position[i]) as u32;
-                    guards.attach(new_position[i], Attachment { span, ..*a });
+                    // Nothing is removed: every old bound symbol has a new position.
+                    if let Some((first, span)) =
+                        carried_span(i, a.span, n, |j| Some(new_position[j]..new_position[j] + 1))
+                    {
+                        guards.attach(first, Attachment { span, ..*a });
+                    }
                     continue;
                 };
                 if let GuardPolicy::DropWithReason(reason) = guard.policy() {

@@ -19,7 +19,6 @@ use crate::executors::cpu_reference::{builtin_fusible, builtin_prim};
 const THREADS: u32 = 256;
 const EMITS: [EmittedRange; 1] = [EmittedRange { kind: GuardKind::NvtxRange, level: Level::Region }];
 
-
 /// Runs the regions named `CudaFusion<N>` that
 /// [`FuseRegions`](crate::passes::FuseRegions) made for it (elementwise chains, optionally
 /// ending in a last-axis `sum` or `max`) as one generated kernel each, and pushes its own NVTX

@@ -149,7 +149,7 @@ impl Plan {
         // is an input comes after all of them and stays outside every op's scope.
         let executor_names: Vec<&str> =
             compiler.steps.iter().map(|s| executors.get(s.executor).map_or("runtime", |e| e.name())).collect();
-        let (scopes, mut dropped_guards) = prepare_scopes(trace, &nodes, &executor_names, executors)?;
+        let (scopes, mut dropped_guards) = prepare_scopes(trace, &nodes, &executor_names)?;
         dropped_guards.extend(trace.dropped_guards().iter().cloned());
         let schedules = schedules(&scopes, compiler.steps.len());
         Ok(Plan {
@@ -359,11 +359,12 @@ impl<'c, 't> Compiler<'c, 't> {
             for sub in bsym.subsymbols() {
                 children.push(self.compile_bound_symbol(sub, None)?);
             }
-            return Ok(CompiledNode { first, len: self.steps.len() - first, children, executor: None });
+            return Ok(CompiledNode { first, len: self.steps.len() - first, children, emitted_nvtx_domain: None });
         };
         if emits_region_ranges(&*self.executors[executor]) {
             op.region_range = region_range;
         }
+        let emitted_nvtx_domain = op.region_range.map(|r| r.domain().to_string());
         let on_device = self.executors[executor].device().is_some();
         let work = if on_device {
             Work::Device(self.executors[executor].compile_device(&op)?)
@@ -390,7 +391,7 @@ impl<'c, 't> Compiler<'c, 't> {
         let line = format_line(self.trace, bsym);
         self.steps.push(Step { work, inputs, outputs, line, executor });
         // The op's scope covers the transfers it needed (inserted just before it) and the op.
-        Ok(CompiledNode { first, len: self.steps.len() - first, children: Vec::new(), executor: Some(executor) })
+        Ok(CompiledNode { first, len: self.steps.len() - first, children: Vec::new(), emitted_nvtx_domain })
     }
 
     /// The host slot of a value, downloading it first if it is only on the device.
@@ -469,7 +470,7 @@ impl<'c, 't> Compiler<'c, 't> {
 }
 
 /// Whether an executor emits an NVTX range per region itself.
-pub(crate) fn emits_region_ranges(executor: &dyn Executor) -> bool {
+fn emits_region_ranges(executor: &dyn Executor) -> bool {
     executor.emits().iter().any(|e| e.kind == GuardKind::NvtxRange && e.level == Level::Region)
 }
 

@@ -19,8 +19,9 @@ pub(crate) struct CompiledNode {
     pub len: usize,
     /// Its subsymbols, if it was decomposed into them when compiled (empty if claimed whole).
     pub children: Vec<CompiledNode>,
-    /// The executor that runs it whole, if one does.
-    pub executor: Option<usize>,
+    /// The NVTX domain of the region range handed to the executor that runs it whole, when
+    /// that executor emits its own region ranges: the runtime emits none in that domain.
+    pub emitted_nvtx_domain: Option<String>,
 }
 
 /// One prepared guard over the steps `first..end`.
@@ -149,7 +150,6 @@ pub(crate) fn prepare_scopes(
     trace: &Trace<'_>,
     nodes: &[CompiledNode],
     step_executor: &[&str],
-    executors: &[std::sync::Arc<dyn crate::core::plan::Executor>],
 ) -> Result<(Vec<Scope>, Vec<crate::core::guards::DroppedGuard>)> {
     let guards: &GuardTable = &trace.guards;
     let registry = trace.registry();
@@ -178,16 +178,9 @@ pub(crate) fn prepare_scopes(
     for (position, attachments) in guards.per_op.iter().enumerate() {
         let is_region = trace.bound_symbols().get(position).is_some_and(|b| b.symbol() == prims::REGION);
         let region_label = is_region.then(|| super::compile::region_label(trace, position));
-        // A region gets one range per merge key (one NVTX range per domain, ...), and none of a
-        // kind its executor emits itself.
-        let emitted_by_executor = nodes
-            .get(position)
-            .and_then(|n| n.executor)
-            .is_some_and(|e| super::compile::emits_region_ranges(&*executors[e]));
-        // The executor emits the region's range in the domain of its first NVTX guard (see
-        // `compile::region_range`); NVTX guards in other domains are the runtime's to emit.
-        let emitted_domain =
-            emitted_by_executor.then(|| attachments.iter().find_map(|a| guards.guard(a.guard).nvtx_domain())).flatten();
+        // A region gets one range per merge key (one NVTX range per domain, ...), and none in
+        // the domain whose range its executor pushes itself.
+        let emitted_domain = nodes.get(position).and_then(|n| n.emitted_nvtx_domain.as_deref());
         let mut merged: SmallVec<[String; 4]> = SmallVec::new();
         for a in attachments {
             let guard = guards.guard(a.guard);

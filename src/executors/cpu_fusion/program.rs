@@ -6,7 +6,7 @@ use crate::core::plan::{Kernel, OpView, PreparedRegionRange};
 use crate::core::tensor::{TensorMut, TensorRef};
 use crate::error::Result;
 use crate::executors::cpu_reference::builtin_prim;
-use crate::executors::cpu_reference::kernels::broadcast_strides;
+use crate::executors::cpu_reference::kernels::{broadcast_read, broadcast_strides, BroadcastRead};
 use crate::executors::cpu_reference::math::{with_binary, with_unary};
 
 /// Where an instruction reads an operand.
@@ -88,22 +88,16 @@ impl FusedRegion {
         let mut loads = Vec::with_capacity(inputs.len());
         for &v in &inputs {
             let s = region.shape_of(v).map_err(|e| e.to_string())?;
-            let strides = broadcast_strides(s, &shape);
-            let row_len = shape.last().copied().unwrap_or(1);
-            let per_row = match strides.last() {
-                Some(0) => true,
-                Some(1) => s.last() == Some(&row_len),
-                _ => false,
-            };
-            loads.push(if s == shape.as_slice() {
-                Load::Contiguous
-            } else if s.iter().product::<usize>() == 1 {
-                Load::Scalar
-            } else if per_row {
-                Load::PerRow { strides }
-            } else {
-                temps += 1;
-                Load::Gather { strides: broadcast_strides(s, &shape), temp: temps - 1 }
+            loads.push(match broadcast_read(s, &shape) {
+                BroadcastRead::Same => Load::Contiguous,
+                BroadcastRead::Single => Load::Scalar,
+                BroadcastRead::RowConstant | BroadcastRead::RowVector => {
+                    Load::PerRow { strides: broadcast_strides(s, &shape) }
+                }
+                BroadcastRead::Other => {
+                    temps += 1;
+                    Load::Gather { strides: broadcast_strides(s, &shape), temp: temps - 1 }
+                }
             });
         }
         let region_outputs: &[ValueId] = region.bound_symbol().outputs();

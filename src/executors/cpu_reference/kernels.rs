@@ -63,6 +63,36 @@ pub(crate) fn broadcast_strides(in_shape: &[usize], out_shape: &[usize]) -> Shap
     strides
 }
 
+/// How an input of `input_shape` is read while iterating over `shape` (which it broadcasts
+/// to): the classification both fusion executors (CPU and CUDA) build their loads on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum BroadcastRead {
+    /// The same shape: element `i` is element `i`.
+    Same,
+    /// One element, read everywhere.
+    Single,
+    /// Constant along each row (last-axis stride 0).
+    RowConstant,
+    /// One contiguous row, repeated (last-axis stride 1 over a full row).
+    RowVector,
+    /// Anything else: element by element, through the strides.
+    Other,
+}
+
+pub(crate) fn broadcast_read(input_shape: &[usize], shape: &[usize]) -> BroadcastRead {
+    if input_shape == shape {
+        return BroadcastRead::Same;
+    }
+    if input_shape.iter().product::<usize>() == 1 {
+        return BroadcastRead::Single;
+    }
+    match broadcast_strides(input_shape, shape).last() {
+        Some(0) => BroadcastRead::RowConstant,
+        Some(1) if input_shape.last() == shape.last() => BroadcastRead::RowVector,
+        _ => BroadcastRead::Other,
+    }
+}
+
 /// Offset of the first element of row `row` (all axes but the last) under `strides`.
 #[inline]
 fn row_offset(mut row: usize, shape: &[usize], strides: &[usize]) -> usize {

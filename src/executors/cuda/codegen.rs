@@ -6,7 +6,7 @@ use std::fmt::Write;
 use crate::core::ir::{prims, Arg, ValueId};
 use crate::core::plan::OpView;
 use crate::executors::cpu_reference::builtin_prim;
-use crate::executors::cpu_reference::kernels::broadcast_strides;
+use crate::executors::cpu_reference::kernels::{broadcast_read, broadcast_strides, BroadcastRead};
 
 /// The generated source of one region and how to launch it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -80,20 +80,13 @@ enum VectorRead {
 }
 
 fn vector_read(shape: &[usize], input_shape: &[usize]) -> Option<VectorRead> {
-    if input_shape == shape {
-        return Some(VectorRead::Vector);
-    }
-    if input_shape.iter().product::<usize>() == 1 {
-        return Some(VectorRead::Scalar);
-    }
-    let last = *shape.last()?;
-    if !last.is_multiple_of(4) {
-        return None;
-    }
-    let strides = broadcast_strides(input_shape, shape);
-    match strides.last() {
-        Some(0) => Some(VectorRead::PerVector),
-        Some(1) if input_shape.last() == Some(&last) => Some(VectorRead::PerVectorFloat4),
+    // A broadcast row is read per vector of 4 only if vectors never straddle two rows.
+    let whole_vectors = shape.last().is_some_and(|last| last.is_multiple_of(4));
+    match broadcast_read(input_shape, shape) {
+        BroadcastRead::Same => Some(VectorRead::Vector),
+        BroadcastRead::Single => Some(VectorRead::Scalar),
+        BroadcastRead::RowConstant if whole_vectors => Some(VectorRead::PerVector),
+        BroadcastRead::RowVector if whole_vectors => Some(VectorRead::PerVectorFloat4),
         _ => None,
     }
 }

@@ -31,10 +31,10 @@ proptest! {
         let refs: Vec<_> = inputs.iter().collect();
         let plan = Plan::compile(&decomposed, &[CpuReference::shared()]).map_err(|e| TestCaseError::fail(e.to_string()))?;
         let got = plan.run(&refs).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        let expected = common::oracle::evaluate(&program, &inputs);
+        let (expected, spread) = common::oracle::evaluate_with_spread(&program, &inputs);
         for (out, &index) in got.iter().zip(&program.outputs) {
-            common::close(out.view(), &expected[index], TOLERANCE)
-                .map_err(|e| TestCaseError::fail(format!("output {index}: {e}\n{trace}")))?;
+            common::close(out.view(), &expected[index], &spread[index], TOLERANCE)
+                .map_err(|e| TestCaseError::fail(format!("output {index}: {e} spread {:?} inputs {:?}\n{trace}", spread[index], inputs)))?;
         }
     }
 }

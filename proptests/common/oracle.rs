@@ -68,8 +68,30 @@ fn map_rows(x: &Value, f: impl Fn(&[f32]) -> Vec<f32>) -> Value {
 
 /// Evaluates every value of the program (inputs first), returning all of them.
 pub fn evaluate(program: &Program, inputs: &[boundscope::Tensor]) -> Vec<Value> {
+    evaluate_nudged(program, inputs, None)
+}
+
+/// Relative size of a nudge: about 8 ulps of f32.
+const NUDGE: f32 = 1e-6;
+
+/// Multiplies each element by `1 + NUDGE` or `1 - NUDGE`, by a pseudo-random pattern.
+fn nudge(value: &mut Value, pattern: u64, salt: u64) {
+    for (i, x) in value.data.iter_mut().enumerate() {
+        let bit = ((i as u64 + 1).wrapping_mul(pattern) ^ salt.wrapping_mul(0xC2B2_AE35)) >> 17 & 1;
+        *x *= if bit == 1 { 1.0 + NUDGE } else { 1.0 - NUDGE };
+    }
+}
+
+/// [`evaluate`], with every input and every op's result nudged by `pattern` when it is given:
+/// a model of the rounding an f32 implementation adds at each step.
+fn evaluate_nudged(program: &Program, inputs: &[boundscope::Tensor], pattern: Option<u64>) -> Vec<Value> {
     let mut values: Vec<Value> =
         inputs.iter().map(|t| Value { shape: t.shape().to_vec(), data: t.data().to_vec() }).collect();
+    if let Some(pattern) = pattern {
+        for (k, v) in values.iter_mut().enumerate() {
+            nudge(v, pattern, k as u64);
+        }
+    }
     for op in &program.ops {
         let v = match op {
             Op::Unary(name, x) => {
@@ -164,6 +186,10 @@ pub fn evaluate(program: &Program, inputs: &[boundscope::Tensor]) -> Vec<Value> 
                 y
             }
         };
+        let mut v = v;
+        if let Some(pattern) = pattern {
+            nudge(&mut v, pattern, values.len() as u64);
+        }
         values.push(v);
     }
     values
@@ -185,4 +211,29 @@ fn matmul(x: &Value, y: &Value, transpose_y: bool) -> Value {
         }
     }
     Value { shape: vec![m, n], data }
+}
+
+/// Evaluates the program, and how far each value moves when every input and every op's result
+/// is nudged by about 8 ulps, up or down by a fixed pseudo-random pattern (two patterns; the
+/// larger move counts; NaN or infinity counts as unbounded): how much f32 rounding alone can
+/// move it. Mixed directions, because uniform scaling would hide cancellations (`w * c + b`
+/// near zero).
+pub fn evaluate_with_spread(program: &Program, inputs: &[boundscope::Tensor]) -> (Vec<Value>, Vec<Vec<f32>>) {
+    let values = evaluate(program, inputs);
+    let mut spread: Vec<Vec<f32>> = values.iter().map(|v| vec![0.0; v.data.len()]).collect();
+    for pattern in [0x9E37_79B9u64, 0x85EB_CA6Bu64] {
+        for ((s, v), n) in spread.iter_mut().zip(&values).zip(evaluate_nudged(program, inputs, Some(pattern))) {
+            for ((s, &a), &b) in s.iter_mut().zip(&v.data).zip(&n.data) {
+                let moved = if a.is_finite() && b.is_finite() {
+                    (a - b).abs()
+                } else if a == b || (a.is_nan() && b.is_nan()) {
+                    0.0
+                } else {
+                    f32::INFINITY
+                };
+                *s = s.max(moved);
+            }
+        }
+    }
+    (values, spread)
 }

@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use boundscope::executors::CpuReference;
-use boundscope::guards::{GuardKind, Level, NvtxRange, Recorder, Selection};
+use boundscope::guards::{Level, NvtxRange, Recorder, Selection};
 use boundscope::passes::{FuseRegions, Pass, ProfileOps};
 use boundscope::{
     kernel_fn, Arena, Category, EmittedRange, Executor, Fusible, Kernel, OpView, ParamKind, Plan, Registry, Symbol,
@@ -53,7 +53,8 @@ fn scalar_fn(name: &str) -> Option<fn(f32) -> f32> {
 struct MyFuser;
 
 const MY_DOMAIN: &str = "my_fuser";
-const EMITS: [EmittedRange; 1] = [EmittedRange { kind: GuardKind::NvtxRange, level: Level::Region }];
+/// MyFuser pushes its region ranges in its own domain, and says so.
+static EMITS: [EmittedRange; 1] = [EmittedRange::nvtx_regions(MY_DOMAIN)];
 
 impl Executor for MyFuser {
     fn name(&self) -> &str {
@@ -80,7 +81,7 @@ impl Executor for MyFuser {
     fn compile(&self, op: &OpView<'_>) -> boundscope::Result<Box<dyn Kernel>> {
         let chain: Vec<fn(f32) -> f32> = op.region_ops()?.iter().filter_map(|o| scalar_fn(o.name())).collect();
         // Profiling asked for a range around this region: push it ourselves, in our domain.
-        let range = op.region_range().map(|r| r.prepare(self.name(), Some(MY_DOMAIN))).transpose()?;
+        let range = op.region_range().map(|r| r.prepare()).transpose()?;
         Ok(kernel_fn(move |inputs, outputs| {
             let mut run = || {
                 for (o, &x) in outputs[0].data.iter_mut().zip(inputs[0].data) {

@@ -89,12 +89,40 @@ fn max_depth(bsym: &BoundSymbol<'_>) -> usize {
 
 /// Attaches everything it can; returns the number of ranges one successful run must produce
 /// (recorder) and the number of closure entries.
-fn attach(trace: &mut Trace<'_>, specs: &[(Target, Kind)], recorder: &Recorder) -> (usize, usize) {
-    let (mut ranges, mut closures) = (0, 0);
+/// Where a recorder attachment lands: the run, an op, or a subsymbol (by its path).
+#[derive(Clone, PartialEq, Eq, Hash)]
+enum Scope {
+    Trace,
+    Op(usize),
+    Subsymbol(usize, Vec<usize>),
+}
+
+/// The subsymbols of `bsym` down to `depth`, as paths of subsymbol indices.
+fn subsymbol_paths(bsym: &BoundSymbol<'_>, depth: usize, prefix: &mut Vec<usize>, out: &mut Vec<Vec<usize>>) {
+    if depth == 0 {
+        return;
+    }
+    for (i, sub) in bsym.subsymbols().iter().enumerate() {
+        prefix.push(i);
+        out.push(prefix.clone());
+        subsymbol_paths(sub, depth - 1, prefix, out);
+        prefix.pop();
+    }
+}
+
+/// Attaches the guards `specs` describe. Returns how many ranges the recorder records per run
+/// (one per scope it is attached to, however many times: clones of one recorder are one
+/// guard), how many closure scopes there are (each closure guard is its own object), and how
+/// many attachments the recorder got.
+fn attach(trace: &mut Trace<'_>, specs: &[(Target, Kind)], recorder: &Recorder) -> (usize, usize, usize) {
+    let mut recorded: std::collections::HashSet<Scope> = Default::default();
+    let (mut closures, mut recorder_attachments) = (0, 0);
     let len = trace.len();
     for (tag, (target, kind)) in specs.iter().enumerate() {
+        let mut scopes: Vec<Scope> = Vec::new();
         let count = match *target {
             Target::Trace => {
+                scopes.push(Scope::Trace);
                 match kind {
                     Kind::Recorder => trace.attach_trace_guard(recorder.clone()),
                     Kind::Closure(p) => trace.attach_trace_guard(closure_guard(tag, *p)),
@@ -115,6 +143,9 @@ fn attach(trace: &mut Trace<'_>, specs: &[(Target, Kind)], recorder: &Recorder) 
                 } else {
                     let n = result.unwrap();
                     assert_eq!(n, subsymbol_count(&bsym, depth));
+                    let mut paths = Vec::new();
+                    subsymbol_paths(&bsym, depth, &mut Vec::new(), &mut paths);
+                    scopes.extend(paths.into_iter().map(|path| Scope::Subsymbol(i % len, path)));
                     n
                 }
             }
@@ -147,15 +178,32 @@ fn attach(trace: &mut Trace<'_>, specs: &[(Target, Kind)], recorder: &Recorder) 
                 }
                 .unwrap();
                 assert_eq!(n, expected);
+                let positions: Vec<usize> = match *other {
+                    Target::Op(i) => vec![i % len],
+                    Target::Named(i) => {
+                        let id = trace.bound_symbols()[i % len].symbol();
+                        (0..len).filter(|&p| trace.bound_symbols()[p].symbol() == id).collect()
+                    }
+                    Target::Positions(a, b) => {
+                        let (a, b) = (a % (len + 1), b % (len + 1));
+                        (a.min(b)..a.max(b)).collect()
+                    }
+                    _ => (0..len).collect(),
+                };
+                scopes.extend(positions.into_iter().map(Scope::Op));
                 n
             }
         };
+        assert_eq!(count, scopes.len());
         match kind {
-            Kind::Recorder => ranges += count,
+            Kind::Recorder => {
+                recorded.extend(scopes);
+                recorder_attachments += count;
+            }
             Kind::Closure(_) => closures += count,
         }
     }
-    (ranges, closures)
+    (recorded.len(), closures, recorder_attachments)
 }
 
 /// Recorded ranges of one thread nest: each lies inside its parent, siblings do not overlap.
@@ -274,7 +322,7 @@ proptest! {
         let arena = Arena::new();
         let mut trace = build(&program, &arena, &registry);
         let recorder = Recorder::new();
-        let (ranges, closures) = attach(&mut trace, &specs, &recorder);
+        let (ranges, closures, attached) = attach(&mut trace, &specs, &recorder);
         let inputs = program.input_data(7);
         let refs: Vec<_> = inputs.iter().collect();
         take_log();
@@ -302,8 +350,8 @@ proptest! {
         }
         // Subsymbol attachments expand into one per subsymbol; every other attachment is
         // carried one-to-one or dropped with a reason: nothing disappears.
-        prop_assert!(before <= ranges + closures);
-        prop_assert_eq!(after + dropped.len(), ranges + closures, "lost guards ({} before)", before);
+        prop_assert!(before <= attached + closures);
+        prop_assert_eq!(after + dropped.len(), attached + closures, "lost guards ({} before)", before);
         recorder.clear();
         take_log();
         let plan = Plan::compile(&passed, &[CpuReference::shared()]).unwrap();
@@ -325,7 +373,7 @@ proptest! {
         let arena = Arena::new();
         let mut trace = build(&program, &arena, &registry);
         let recorder = Recorder::new();
-        let (ranges, closures) = attach(&mut trace, &specs, &recorder);
+        let (ranges, closures, _) = attach(&mut trace, &specs, &recorder);
         let countdown = Arc::new(AtomicUsize::new(0));
         let failing: Arc<dyn Executor> = Arc::new(FailAt { countdown: countdown.clone(), panic });
         let plan = Plan::compile(&trace, &[failing]).unwrap();
@@ -363,7 +411,7 @@ proptest! {
         let arena = Arena::new();
         let mut trace = build(&program, &arena, &registry);
         let recorder = Recorder::new();
-        let (ranges, closures) = attach(&mut trace, &specs, &recorder);
+        let (ranges, closures, _) = attach(&mut trace, &specs, &recorder);
         let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
         let inputs = program.input_data(11);
         let runs = 5;

@@ -98,6 +98,14 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// Two guard spans overlap without one containing the other (a pass's position map moved
+    /// them so): ranges must nest, or the run would exit the wrong one.
+    OverlappingGuards {
+        /// The outer span, as `label over steps a..b` (or positions, from a pass).
+        first: String,
+        /// The span that starts inside it and ends after it.
+        second: String,
+    },
     /// A shape that cannot be used (its element count overflows what a buffer can hold).
     InvalidShape {
         /// The shape.
@@ -245,6 +253,11 @@ impl fmt::Display for Error {
                 Some(p) => write!(f, "malformed trace at bound symbol {p}: {detail}"),
                 None => write!(f, "malformed trace: {detail}"),
             },
+            Error::OverlappingGuards { first, second } => write!(
+                f,
+                "guard spans overlap: {second} starts inside {first} and ends after it; guards must nest \
+                 (a pass's position map must keep the bound symbols a guard spans together)"
+            ),
             Error::InvalidShape { shape, detail } => write!(f, "shape {shape:?} cannot be used: {detail}"),
             Error::InvalidTensor { shape, len } => match crate::core::ir::checked_numel(shape) {
                 Some(n) => write!(f, "a tensor of shape {shape:?} needs {n} elements, but {len} were given"),

@@ -68,7 +68,7 @@ pub use crate::core::ir::{
 pub use crate::core::passes;
 pub use crate::core::plan::{
     kernel_fn, Availability, Device, DeviceBuffer, DeviceKernel, EmittedRange, Executor, Fusible, Kernel, OpView,
-    Outputs, Plan, PreparedRegionRange, RegionRange, Workspace,
+    Outputs, Plan, PlannedRange, PreparedRegionRange, PushedBy, RangeMap, RegionRange, Workspace,
 };
 pub use crate::core::tensor::{Tensor, TensorMut, TensorRef};
 pub use crate::error::{Error, Result};

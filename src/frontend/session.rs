@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use super::environment::{Environment, ProfilingDecision};
 use crate::core::guards::{NvtxRange, Selection};
-use crate::core::ir::{Arena, Category, Trace};
+use crate::core::ir::{Arena, Trace};
 use crate::core::options::Options;
 use crate::core::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOps};
 use crate::core::plan::{Executor, Plan};
@@ -98,8 +98,9 @@ impl ProfiledSession {
     /// Errors of the passes.
     pub fn prepare<'a>(&self, trace: &Trace<'a>, arena: &'a Arena) -> Result<Trace<'a>> {
         let mut prepared = Pipeline::standard().run(trace, arena)?;
+        // Never a second range on what the user already profiled, in any domain.
         if self.profiling.level == "ops" {
-            prepared = ProfileOps::new().run(&prepared, arena)?;
+            prepared = ProfileOps::new().skip_profiled().run(&prepared, arena)?;
         }
         if self.options.bool("runtime.fusion")? {
             let strategy = match self.options.enum_value("runtime.fusion_strategy")? {
@@ -112,10 +113,18 @@ impl ProfiledSession {
                 .run(&prepared, arena)?;
         }
         if self.profiling.level == "regions" {
-            let is_region = |_: &crate::BoundSymbol<'_>, category: Category| category == Category::Fusion;
-            prepared.attach_guard(Selection::Where(&is_region), NvtxRange::new())?;
+            let profiled =
+                |p: usize| prepared.guards.at(p).iter().any(|a| prepared.guards.guard(a.guard).nvtx_domain().is_some());
+            let regions: Vec<usize> = (0..prepared.len())
+                .filter(|&p| prepared.bound_symbols()[p].symbol() == crate::prims::REGION && !profiled(p))
+                .collect();
+            for p in regions {
+                prepared.attach_guard(Selection::Op(crate::BoundSymbolId::from_index(p)), NvtxRange::new())?;
+            }
         }
-        if self.profiling.is_on() {
+        let run_profiled =
+            prepared.guards.trace_level.iter().any(|&g| prepared.guards.guard(g).nvtx_domain().is_some());
+        if self.profiling.is_on() && !run_profiled {
             prepared.attach_trace_guard(NvtxRange::new().label(RUN_LABEL)?)?;
         }
         Ok(prepared)

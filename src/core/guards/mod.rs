@@ -24,7 +24,7 @@ pub use closure::ClosureGuard;
 pub use host_timer::{HostTimer, TimerStats};
 #[doc(hidden)]
 pub use nvtx_range::PreparedNvtxRange;
-pub(crate) use nvtx_range::{executor_color, level_category};
+
 pub use nvtx_range::{NvtxRange, DEFAULT_DOMAIN};
 pub use recorder::{RecordedRange, Recorder};
 pub use table::DroppedGuard;
@@ -129,6 +129,20 @@ pub struct GuardSite<'s> {
 ///
 /// Implement it for your own guards; see [`ClosureGuard`] for the quickest way.
 ///
+/// # One per scope
+/// A plan runs each guard at most once per scope (a run, a region, an op, a subsymbol span):
+/// - guards that report an NVTX domain ([`nvtx_domain`](Self::nvtx_domain)): one range per
+///   domain per scope, merged as that method says; in the domain an executor pushes its own
+///   region ranges into ([`EmittedRange`](crate::EmittedRange)), none from the runtime;
+/// - other guards: one guard object attached twice to one scope, or two guards with the same
+///   [`merge_key`](Self::merge_key) (clones of one [`Recorder`] or [`HostTimer`]), run once.
+///
+/// # Exits that panic
+/// `on_exit` must not panic. If one does anyway, the run still exits every other guard it
+/// entered, innermost first, and then resumes that panic (the run does not return, and a kernel
+/// error it was returning is lost); if the run was already unwinding from a kernel's panic,
+/// the exit's panic is discarded and the kernel's panic goes on. The process never aborts.
+///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use std::sync::Arc;
@@ -177,7 +191,19 @@ pub trait Guard: Send + Sync + 'static {
     }
 
     /// For NVTX ranges: the domain they emit into. Default: `None`.
+    ///
+    /// A guard that reports a domain is an NVTX range for the plan's rule: per domain, every
+    /// scope (a run, a region, an op, a subsymbol span) gets at most one range. When several
+    /// guards of one domain land on one scope, the first one attached is the range; for
+    /// built-in [`NvtxRange`]s the first explicit label, colour, category or payload among them
+    /// wins, and a conflict is reported as a note of the plan ([`Plan::notes`](crate::Plan::notes)).
     fn nvtx_domain(&self) -> Option<&str> {
+        None
+    }
+
+    /// For built-in NVTX ranges: the range's settings, so that several ranges of one domain on
+    /// one scope merge into one. Default: `None`.
+    fn as_nvtx_range(&self) -> Option<&NvtxRange> {
         None
     }
 

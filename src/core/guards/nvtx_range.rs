@@ -88,6 +88,50 @@ impl NvtxRange {
     }
 }
 
+/// What a range pushes at one site: its settings, else the site's defaults.
+pub(crate) struct ResolvedRange<'s> {
+    pub label: &'s str,
+    pub category: u32,
+    pub color: u32,
+    pub payload: Option<u64>,
+}
+
+impl NvtxRange {
+    /// The label, category, colour and payload it pushes at `site`.
+    pub(crate) fn resolve<'s>(&'s self, site: &GuardSite<'s>) -> ResolvedRange<'s> {
+        ResolvedRange {
+            label: self.label.as_deref().unwrap_or(site.label),
+            category: self.category.unwrap_or(level_category(site.level)),
+            color: self.color.unwrap_or(executor_color(site.executor)),
+            payload: self.payload.or((site.level == Level::Region || site.ops > 1).then_some(site.ops as u64)),
+        }
+    }
+
+    /// Merges `later`, a range of the same domain on the same scope, into this one: each setting
+    /// this one lacks is taken from `later`. Returns the settings both set differently (this
+    /// one's value is kept), for the plan's notes.
+    pub(crate) fn merge(&mut self, later: &NvtxRange) -> Vec<String> {
+        fn take<T: Clone + PartialEq + std::fmt::Debug>(
+            mine: &mut Option<T>,
+            theirs: &Option<T>,
+            name: &str,
+            conflicts: &mut Vec<String>,
+        ) {
+            match (mine.as_ref(), theirs) {
+                (None, Some(t)) => *mine = Some(t.clone()),
+                (Some(m), Some(t)) if m != t => conflicts.push(format!("{name} {m:?} kept, {t:?} ignored")),
+                _ => {}
+            }
+        }
+        let mut conflicts = Vec::new();
+        take(&mut self.label, &later.label, "label", &mut conflicts);
+        take(&mut self.color, &later.color, "colour", &mut conflicts);
+        take(&mut self.category, &later.category, "category", &mut conflicts);
+        take(&mut self.payload, &later.payload, "payload", &mut conflicts);
+        conflicts
+    }
+}
+
 /// The NVTX category of a level; named in every domain we create.
 pub(crate) fn level_category(level: Level) -> u32 {
     match level {
@@ -233,15 +277,12 @@ impl Guard for NvtxRange {
         Some(self.domain_name())
     }
 
+    fn as_nvtx_range(&self) -> Option<&NvtxRange> {
+        Some(self)
+    }
+
     fn prepare(&self, site: &GuardSite<'_>) -> Result<Box<dyn ScopedGuard>> {
-        let label = self.label.as_deref().unwrap_or(site.label);
-        let payload = self.payload.or((site.level == Level::Region || site.ops > 1).then_some(site.ops as u64));
-        Ok(Box::new(PreparedNvtxRange::new(
-            self.domain_name(),
-            label,
-            self.category.unwrap_or(level_category(site.level)),
-            self.color.unwrap_or(executor_color(site.executor)),
-            payload,
-        )?))
+        let r = self.resolve(site);
+        Ok(Box::new(PreparedNvtxRange::new(self.domain_name(), r.label, r.category, r.color, r.payload)?))
     }
 }

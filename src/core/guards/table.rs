@@ -125,6 +125,36 @@ impl GuardTable {
     }
 }
 
+impl GuardTable {
+    /// Checks that the spans of the attachments nest (or are disjoint); `pass` names who made
+    /// them in the error.
+    pub fn check_spans_nest(&self, pass: &str) -> crate::error::Result<()> {
+        let mut spans: Vec<(usize, usize)> = self
+            .per_op
+            .iter()
+            .enumerate()
+            .flat_map(|(p, attachments)| attachments.iter().map(move |a| (p, p + a.span as usize)))
+            .collect();
+        spans.sort_by_key(|&(first, end)| (first, std::cmp::Reverse(end)));
+        let mut open: Vec<(usize, usize)> = Vec::new();
+        for span in spans {
+            while open.last().is_some_and(|o| o.1 <= span.0) {
+                open.pop();
+            }
+            if let Some(&(first, end)) = open.last() {
+                if span.1 > end {
+                    return Err(crate::error::Error::OverlappingGuards {
+                        first: format!("a guard over positions {first}..{end}"),
+                        second: format!("a guard over positions {}..{} (after `{pass}`)", span.0, span.1),
+                    });
+                }
+            }
+            open.push(span);
+        }
+        Ok(())
+    }
+}
+
 /// Where a span of old top-level bound symbols, `span` of them from `first`, lands after a
 /// rewrite that puts old bound symbol `i` at the new positions `new_range(i)` (`None` or empty:
 /// removed): its first new position and new length, or `None` if none of it survives. Every

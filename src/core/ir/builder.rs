@@ -338,6 +338,13 @@ impl<'a> TraceBuilder<'a> {
     /// in [`Trace::dropped_guards`] with `reason(i)`. A pass that rewrites bound symbols in
     /// other ways should carry its guards itself, as the built-in passes do.
     ///
+    /// # Errors
+    /// [`Error::MalformedTrace`] if `new_position` does not have one entry per bound symbol of
+    /// `from`; [`Error::InvalidBoundSymbol`] for a position past what this builder holds;
+    /// [`Error::OverlappingGuards`] if the map would make two guard spans overlap without one
+    /// containing the other (for example `[Some(0), Some(2), Some(1), Some(3)]` under a guard
+    /// spanning the first two of four bound symbols and another spanning the last two).
+    ///
     /// ```
     /// use boundscope::guards::{Recorder, Selection};
     /// use boundscope::{Arena, Registry, TraceBuilder};
@@ -355,7 +362,9 @@ impl<'a> TraceBuilder<'a> {
     /// for bsym in trace.bound_symbols() {
     ///     rewritten.push_copy(bsym);
     /// }
-    /// rewritten.carry_guards(&trace, &[Some(0), Some(1)], "my_pass", |_| unreachable!());
+    /// rewritten.carry_guards(&trace, &[Some(0), Some(1)], "my_pass", |_| unreachable!()).unwrap();
+    /// assert!(rewritten.carry_guards(&trace, &[Some(0)], "my_pass", |_| unreachable!()).is_err());
+    /// assert!(rewritten.carry_guards(&trace, &[Some(0), Some(7)], "my_pass", |_| unreachable!()).is_err());
     /// assert_eq!(rewritten.finish().unwrap().guard_attachment_count(), 2);
     /// ```
     pub fn carry_guards(
@@ -364,8 +373,26 @@ impl<'a> TraceBuilder<'a> {
         new_position: &[Option<usize>],
         pass: &str,
         reason: impl Fn(usize) -> String,
-    ) {
-        self.guards = from.guards.carry_through_removal(new_position, from.registry(), pass, reason);
+    ) -> Result<()> {
+        if new_position.len() != from.len() {
+            return Err(Error::MalformedTrace {
+                position: None,
+                detail: format!(
+                    "`{pass}` gave a position map of {} entries for a trace of {} bound symbols; \
+                     give one entry per bound symbol (`None` for a removed one)",
+                    new_position.len(),
+                    from.len()
+                ),
+            });
+        }
+        let len = self.len();
+        if let Some(&index) = new_position.iter().flatten().find(|&&p| p >= len) {
+            return Err(Error::InvalidBoundSymbol { index, len });
+        }
+        let carried = from.guards.carry_through_removal(new_position, from.registry(), pass, reason);
+        carried.check_spans_nest(pass)?;
+        self.guards = carried;
+        Ok(())
     }
 
     /// Records that a pass built this trace (shown in the listing header).

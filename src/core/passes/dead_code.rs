@@ -45,7 +45,7 @@ impl Pass for DeadCodeElimination {
                 "`{}` (bound symbol {old}) was removed as dead code: none of its outputs reaches the trace's outputs",
                 trace.symbol_name(&trace.bound_symbols()[old])
             )
-        });
+        })?;
         builder.finish()
     }
 }

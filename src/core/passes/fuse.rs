@@ -26,6 +26,9 @@ pub enum FusionStrategy {
 
 /// Groups the ops that an executor can fuse ([`Executor::fusible`]) into regions.
 ///
+/// Regions are named `<prefix>Fusion<N>`, numbered in order from the first number that no
+/// region of the trace has yet, so names stay unique across any number of fusion passes.
+///
 /// All the elementwise ops of a region have the same output shape (the region's iteration
 /// shape); a last-axis reduction over that shape may end a region. A region's inputs are the
 /// values its ops use from outside it; its outputs are the values its ops define that are used
@@ -157,6 +160,16 @@ impl Pass for FuseRegions {
         let mut builder = TraceBuilder::rewrite(trace, arena);
         let mut new_position = vec![0; n];
         let mut names = vec![String::new(); groups.len()];
+        // Region names stay unique across fusion passes: number on from the names taken.
+        let taken: Vec<&str> = ops.iter().filter(|b| b.symbol() == prims::REGION).filter_map(|b| b.name()).collect();
+        let mut next_number = 0usize;
+        let mut next_name = || loop {
+            let name = format!("{}Fusion{next_number}", self.executor.fusion_prefix());
+            next_number += 1;
+            if !taken.contains(&name.as_str()) {
+                return name;
+            }
+        };
         for i in 0..n {
             match group_of[i] {
                 None => {
@@ -175,7 +188,7 @@ impl Pass for FuseRegions {
                         }
                         outputs.extend(ops[m].outputs().iter().filter(|o| used_outside[o.index()]));
                     }
-                    names[g] = format!("{}Fusion{g}", self.executor.fusion_prefix());
+                    names[g] = next_name();
                     let subsymbols: Vec<_> = members.iter().map(|&m| ops[m]).collect();
                     for &m in members {
                         new_position[m] = builder.len();

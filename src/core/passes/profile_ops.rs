@@ -1,6 +1,8 @@
 //! `ProfileOps`: an NVTX range on every bound symbol, as metadata.
 
-use crate::core::guards::{NvtxRange, Selection};
+use std::sync::Arc;
+
+use crate::core::guards::{Attachment, Guard, Level, NvtxRange};
 use crate::core::ir::{Arena, Trace};
 use crate::error::Result;
 
@@ -12,6 +14,11 @@ use super::Pass;
 /// This is the metadata counterpart of a transform that inserts `range_push`/`range_pop`
 /// nodes around every op: the trace keeps its bound symbols and its length, and the listing
 /// only gains a `# @nvtx` annotation per line.
+///
+/// It is idempotent: a bound symbol (or run) that already has an NVTX range in the pass's
+/// domain gets no second one, so applying it twice gives the trace it gives once. With
+/// [`skip_profiled`](Self::skip_profiled) it also leaves alone what has a range in any
+/// domain (what the front end does to a trace the user already profiled).
 ///
 /// ```
 /// use boundscope::passes::{Pass, ProfileOps};
@@ -28,11 +35,14 @@ use super::Pass;
 /// assert!(profiled.to_string().contains("t1 = exp(t0)  # @nvtx"));
 /// let hidden = ListingOptions { guards: false, ..Default::default() };
 /// assert_eq!(profiled.listing(hidden).to_string(), trace.listing(hidden).to_string());
+/// let twice = ProfileOps::new().run(&profiled, &arena).unwrap();
+/// assert_eq!(twice.to_string(), profiled.to_string());
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct ProfileOps {
     range: NvtxRange,
     trace_range: Option<NvtxRange>,
+    skip_profiled: bool,
 }
 
 impl ProfileOps {
@@ -52,6 +62,18 @@ impl ProfileOps {
         self.trace_range = Some(range);
         self
     }
+
+    /// Leaves alone every bound symbol (and run) that has an NVTX range in any domain, not only
+    /// in this pass's domain.
+    pub fn skip_profiled(mut self) -> Self {
+        self.skip_profiled = true;
+        self
+    }
+
+    /// Whether a guard already profiles what the new range would, for this pass.
+    fn profiles(&self, existing: &dyn Guard, domain: &str) -> bool {
+        existing.nvtx_domain().is_some_and(|d| self.skip_profiled || d == domain)
+    }
 }
 
 impl Pass for ProfileOps {
@@ -61,9 +83,25 @@ impl Pass for ProfileOps {
 
     fn run<'a>(&self, trace: &Trace<'a>, _arena: &'a Arena) -> Result<Trace<'a>> {
         let mut profiled = trace.clone();
-        profiled.attach_guard(Selection::All, self.range.clone())?;
+        let domain = self.range.domain_name();
+        let table = &mut profiled.guards;
+        let unprofiled: Vec<usize> = (0..trace.len())
+            .filter(|&p| {
+                !table.at(p).iter().any(|a| a.depth == 0 && a.span == 1 && self.profiles(table.guard(a.guard), domain))
+            })
+            .collect();
+        if !unprofiled.is_empty() {
+            let id = table.add_guard(Arc::new(self.range.clone()));
+            for p in unprofiled {
+                let origin = trace.bound_symbols()[p].symbol();
+                table.attach(p, Attachment { guard: id, span: 1, depth: 0, level: Level::Op, origin });
+            }
+        }
         if let Some(range) = &self.trace_range {
-            profiled.attach_trace_guard(range.clone())?;
+            let run_profiled = table.trace_level.iter().any(|&g| self.profiles(table.guard(g), range.domain_name()));
+            if !run_profiled {
+                profiled.attach_trace_guard(range.clone())?;
+            }
         }
         Ok(profiled)
     }

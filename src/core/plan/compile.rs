@@ -11,11 +11,12 @@ use std::sync::{Arc, Mutex};
 use smallvec::SmallVec;
 
 use super::device::{Device, DeviceKernel};
-use super::executor::RegionRange;
-use super::executor::{kernel_fn, Executor, Kernel, OpView};
-use super::guard_schedule::{prepare_scopes, schedules, CompiledNode, Schedule, Scope};
+use super::executor::{kernel_fn, Executor, Kernel, OpView, RegionRange, RegionRangeParts};
+use super::guard_schedule::{prepare_scopes, range_map, schedules, CompiledNode, EmittedRegionRange, Schedule, Scope};
+use super::one_per_scope::{emitted_region_domain, ScopeGuards};
+use super::range_map::RangeMap;
 use super::workspace::Workspace;
-use crate::core::guards::{DroppedGuard, GuardKind, Level};
+use crate::core::guards::{DroppedGuard, GuardSite, Level};
 use crate::core::ir::prims;
 use crate::core::ir::{BoundSymbol, DimsDisplay, Shape, Trace, ValueId};
 use crate::error::{Error, Result};
@@ -99,6 +100,10 @@ pub struct Plan {
     pub(crate) scopes: Vec<Scope>,
     /// `[profiling on, profiling off]`.
     pub(crate) schedules: [Schedule; 2],
+    /// The NVTX ranges of one run, `[profiling on, profiling off]`.
+    pub(crate) range_maps: [RangeMap; 2],
+    /// What the plan reports about its guards (merged NVTX settings that conflicted).
+    pub(crate) notes: Vec<String>,
     pub(crate) profiling: Arc<AtomicBool>,
     pub(crate) dropped_guards: Vec<DroppedGuard>,
     /// `name=value` of developer options the plan was built with (listed in its header).
@@ -136,8 +141,7 @@ impl Plan {
         let profiling = Arc::new(AtomicBool::new(true));
         let mut nodes = Vec::with_capacity(trace.len());
         for (position, bsym) in trace.bound_symbols().iter().enumerate() {
-            let region_range = region_range(trace, position, &profiling);
-            nodes.push(compiler.compile_bound_symbol(bsym, region_range.as_ref())?);
+            nodes.push(compiler.compile_top_level(position, bsym, &profiling)?);
         }
         let mut outputs = Vec::with_capacity(trace.outputs().len());
         for &value in trace.outputs() {
@@ -149,13 +153,17 @@ impl Plan {
         // is an input comes after all of them and stays outside every op's scope.
         let executor_names: Vec<&str> =
             compiler.steps.iter().map(|s| executors.get(s.executor).map_or("runtime", |e| e.name())).collect();
-        let (scopes, mut dropped_guards) = prepare_scopes(trace, &nodes, &executor_names)?;
+        let (scopes, mut dropped_guards, notes) = prepare_scopes(trace, &nodes, &executor_names)?;
         dropped_guards.extend(trace.dropped_guards().iter().cloned());
         let schedules = schedules(&scopes, compiler.steps.len());
+        let range_maps =
+            [range_map(&scopes, &schedules[0], &nodes, true), range_map(&scopes, &schedules[1], &nodes, false)];
         Ok(Plan {
             id: NEXT_PLAN_ID.fetch_add(1, Ordering::Relaxed),
             scopes,
             schedules,
+            range_maps,
+            notes,
             profiling,
             dropped_guards,
             developer_options: Vec::new(),
@@ -281,6 +289,52 @@ impl Plan {
         &self.dropped_guards
     }
 
+    /// Every NVTX range one run pushes with the current profiling setting
+    /// ([`set_profiling`](Self::set_profiling)), in push order, with its scope, level, domain,
+    /// label, category, colour, payload and who pushes it (the runtime, or the executor that
+    /// declared it pushes its own region ranges). A profiler's record of one run equals this
+    /// list. `format!("{plan:#}")` lists it under the steps.
+    ///
+    /// ```
+    /// use boundscope::guards::{NvtxRange, Selection};
+    /// use boundscope::passes::{FuseRegions, Pass, ProfileOps};
+    /// use boundscope::executors::{CpuFusion, CpuReference};
+    /// use boundscope::{Arena, Plan, PushedBy, Registry, TraceBuilder};
+    /// let registry = Registry::with_builtins();
+    /// let arena = Arena::new();
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[64]).unwrap();
+    /// let e = b.exp(x).unwrap();
+    /// let y = b.neg(e).unwrap();
+    /// b.output(y).unwrap();
+    /// let trace = b.finish().unwrap();
+    /// // Profiled twice (still one range per op), plus a range in a domain of our own.
+    /// let profiled = ProfileOps::new().run(&ProfileOps::new().run(&trace, &arena).unwrap(), &arena).unwrap();
+    /// let mut fused = FuseRegions::new(CpuFusion::shared()).run(&profiled, &arena).unwrap();
+    /// fused.attach_guard(Selection::All, NvtxRange::new().domain("mine").unwrap()).unwrap();
+    /// let plan = Plan::compile(&fused, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();
+    /// let map = plan.range_map();
+    /// // CpuFusion pushes the region's range in `boundscope` itself; the runtime the one in `mine`.
+    /// assert_eq!(map.len(), 2);
+    /// assert_eq!(map.ranges()[0].domain, "mine");
+    /// assert_eq!(map.ranges()[0].pushed_by, PushedBy::Runtime);
+    /// assert_eq!(map.ranges()[1].domain, "boundscope");
+    /// assert_eq!(map.ranges()[1].label, "CpuFusion0: (exp, neg)");
+    /// assert_eq!(map.ranges()[1].pushed_by, PushedBy::Executor("cpu_fusion".into()));
+    /// plan.set_profiling(false);
+    /// assert!(plan.range_map().is_empty());
+    /// ```
+    pub fn range_map(&self) -> &RangeMap {
+        &self.range_maps[if self.profiling() { 0 } else { 1 }]
+    }
+
+    /// What the plan reports about its guards: NVTX ranges of one domain merged on one scope
+    /// whose settings conflicted (the first explicit one is kept), and guards of other kinds in a
+    /// domain merged away. Also listed in the plan's header.
+    pub fn notes(&self) -> &[String] {
+        &self.notes
+    }
+
     /// Number of prepared guard scopes.
     pub fn guard_scope_count(&self) -> usize {
         self.scopes.len()
@@ -297,7 +351,8 @@ impl Plan {
 }
 
 impl fmt::Display for Plan {
-    /// One line per step, with the executor that runs it.
+    /// One line per step, with the executor that runs it; with `{:#}`, then the range map
+    /// ([`Plan::range_map`]).
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "# boundscope plan: {} step{}", self.steps.len(), if self.steps.len() == 1 { "" } else { "s" })?;
         if !self.developer_options.is_empty() {
@@ -306,9 +361,15 @@ impl fmt::Display for Plan {
         if !self.unused_options.is_empty() {
             writeln!(f, "# options no executor of this plan reads: {}", self.unused_options.join(", "))?;
         }
-        for step in &self.steps {
+        for note in &self.notes {
+            writeln!(f, "# note: {note}")?;
+        }
+        for (i, step) in self.steps.iter().enumerate() {
             let executor = self.executor_names.get(step.executor).map_or("runtime", String::as_str);
-            writeln!(f, "  {:<40}  # {executor}", step.line)?;
+            writeln!(f, "  {:<40}  # step {i}, {executor}", step.line)?;
+        }
+        if f.alternate() {
+            write!(f, "{}", self.range_map())?;
         }
         Ok(())
     }
@@ -338,8 +399,27 @@ impl<'c, 't> Compiler<'c, 't> {
         self.trace.meta(value).map(|m| m.shape).ok_or(Error::UndefinedValue { value, used_by: "Plan::compile".into() })
     }
 
-    /// Compiles one bound symbol; `region_range` is the range a region needs, for an executor
-    /// that emits its own region ranges.
+    /// Compiles the top-level bound symbol at `position`; a region whose executor pushes its
+    /// own NVTX region ranges gets the range it must push.
+    fn compile_top_level(
+        &mut self,
+        position: usize,
+        bsym: &'c BoundSymbol<'t>,
+        profiling: &Arc<AtomicBool>,
+    ) -> Result<CompiledNode> {
+        let op = OpView::new(self.trace, bsym)?;
+        let claimed = self.executors.iter().find(|e| e.claims(&op));
+        let range = match claimed {
+            Some(executor) if bsym.symbol() == prims::REGION => {
+                let emitted = emitted_region_domain(executor.emits());
+                emitted.and_then(|domain| region_range(self.trace, position, executor.name(), domain, profiling))
+            }
+            _ => None,
+        };
+        self.compile_bound_symbol(bsym, range.as_ref())
+    }
+
+    /// Compiles one bound symbol; `region_range` is the range its executor pushes itself.
     fn compile_bound_symbol(
         &mut self,
         bsym: &'c BoundSymbol<'t>,
@@ -359,12 +439,9 @@ impl<'c, 't> Compiler<'c, 't> {
             for sub in bsym.subsymbols() {
                 children.push(self.compile_bound_symbol(sub, None)?);
             }
-            return Ok(CompiledNode { first, len: self.steps.len() - first, children, emitted_nvtx_domain: None });
+            return Ok(CompiledNode { first, len: self.steps.len() - first, children, emitted: None });
         };
-        if emits_region_ranges(&*self.executors[executor]) {
-            op.region_range = region_range;
-        }
-        let emitted_nvtx_domain = op.region_range.map(|r| r.domain().to_string());
+        op.region_range = region_range;
         let on_device = self.executors[executor].device().is_some();
         let work = if on_device {
             Work::Device(self.executors[executor].compile_device(&op)?)
@@ -389,9 +466,14 @@ impl<'c, 't> Compiler<'c, 't> {
             }
         }
         let line = format_line(self.trace, bsym);
+        let emitted = region_range.map(|range| EmittedRegionRange {
+            step: self.steps.len(),
+            executor: self.executors[executor].name().to_string(),
+            range: range.clone(),
+        });
         self.steps.push(Step { work, inputs, outputs, line, executor });
         // The op's scope covers the transfers it needed (inserted just before it) and the op.
-        Ok(CompiledNode { first, len: self.steps.len() - first, children: Vec::new(), emitted_nvtx_domain })
+        Ok(CompiledNode { first, len: self.steps.len() - first, children: Vec::new(), emitted })
     }
 
     /// The host slot of a value, downloading it first if it is only on the device.
@@ -469,43 +551,46 @@ impl<'c, 't> Compiler<'c, 't> {
     }
 }
 
-/// Whether an executor emits an NVTX range per region itself.
-fn emits_region_ranges(executor: &dyn Executor) -> bool {
-    executor.emits().iter().any(|e| e.kind == GuardKind::NvtxRange && e.level == Level::Region)
-}
-
-/// The label of a region's ranges: the user's, where an NVTX range with a label is attached to
-/// the region, else `<Executor>Fusion<N>: (op, op, ...)`.
+/// The default label of a region's ranges: `<Executor>Fusion<N>: (op, op, ...)`.
 pub(crate) fn region_label(trace: &Trace<'_>, position: usize) -> String {
     let bsym = &trace.bound_symbols()[position];
-    let guards = &trace.guards;
-    let user = guards
-        .at(position)
-        .iter()
-        .map(|a| guards.guard(a.guard))
-        .filter(|g| g.nvtx_domain().is_some())
-        .find_map(|g| g.label());
-    if let Some(label) = user {
-        return label.to_string();
-    }
     let ops: Vec<&str> = bsym.subsymbols().iter().map(|s| trace.symbol_name(s)).collect();
     format!("{}: ({})", trace.symbol_name(bsym), ops.join(", "))
 }
 
-/// The NVTX range a region at `position` asks for (when an NVTX guard is attached to it).
-fn region_range(trace: &Trace<'_>, position: usize, profiling: &Arc<AtomicBool>) -> Option<RegionRange> {
+/// The range an executor that pushes its own region ranges into `domain` must push around the
+/// region at `position`: `None` when the region carries no NVTX guard in any domain. Labelled,
+/// coloured and categorised by that domain's guards where they say so.
+fn region_range(
+    trace: &Trace<'_>,
+    position: usize,
+    executor: &str,
+    domain: &str,
+    profiling: &Arc<AtomicBool>,
+) -> Option<RegionRange> {
     let bsym = &trace.bound_symbols()[position];
-    if bsym.symbol() != prims::REGION {
+    let table = &trace.guards;
+    let mut merged = ScopeGuards::default();
+    for a in table.at(position).iter().filter(|a| a.depth == 0 && a.span == 1) {
+        merged.add(table, *a, |_| {});
+    }
+    if !merged.has_nvtx() {
         return None;
     }
-    let guards = &trace.guards;
-    let domain = guards.at(position).iter().find_map(|a| guards.guard(a.guard).nvtx_domain())?;
-    Some(RegionRange::new(
-        region_label(trace, position),
-        domain.to_string(),
-        bsym.subsymbols().len() as u32,
-        profiling.clone(),
-    ))
+    let settings = merged.nvtx_settings(table, domain).unwrap_or_default();
+    let label = region_label(trace, position);
+    let ops = bsym.subsymbols().len() as u32;
+    let site = GuardSite { label: &label, level: Level::Region, executor, ops };
+    let resolved = settings.resolve(&site);
+    let parts = RegionRangeParts {
+        label: resolved.label.to_string(),
+        domain: domain.to_string(),
+        ops,
+        category: resolved.category,
+        color: resolved.color,
+        payload: resolved.payload,
+    };
+    Some(RegionRange::new(parts, profiling.clone()))
 }
 
 fn format_line(trace: &Trace<'_>, bsym: &BoundSymbol<'_>) -> String {

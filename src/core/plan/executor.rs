@@ -5,6 +5,8 @@
 //! has already done all per-op analysis (broadcast strides, generated code, ...), so that
 //! running it is only the computation.
 
+use std::borrow::Cow;
+use std::cell::Cell;
 use std::fmt;
 
 use super::device::{Device, DeviceKernel};
@@ -124,9 +126,14 @@ pub trait Executor: Send + Sync {
         })
     }
 
-    /// The guard kinds this executor emits itself, and at which level (for example an NVTX
-    /// range per fusion region, as nvFuser does). The runtime never emits a second copy of
-    /// those; it gives the executor the label to use instead ([`OpView::region_range`]).
+    /// The guard kinds this executor emits itself, at which level, and for NVTX ranges in which
+    /// domain (for example an NVTX range per fusion region, as nvFuser does).
+    ///
+    /// An executor that declares [`EmittedRange::nvtx_regions`] must push exactly one range in
+    /// that domain around each region that [`OpView::region_range`] gives a range for (the
+    /// regions that carry NVTX guards in any domain), and none otherwise: the runtime then pushes
+    /// no range in that domain for the region, and one per other domain with NVTX guards on it.
+    /// [`Plan::range_map`](crate::Plan::range_map) lists those ranges as pushed by the executor.
     /// Default: none.
     fn emits(&self) -> &[EmittedRange] {
         &[]
@@ -155,13 +162,52 @@ pub trait Executor: Send + Sync {
     }
 }
 
-/// A guard kind an executor emits itself, at a level.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// A guard kind an executor emits itself, at a level, and for NVTX ranges the domain it
+/// pushes them into.
+///
+/// The rule for NVTX region ranges, per region that is profiled (that has NVTX guards in any
+/// domain):
+/// - the executor pushes exactly one range, in its declared `domain`, around the region: the
+///   one [`OpView::region_range`] describes, labelled by the NVTX guards of that domain if they
+///   give a label, else `<Executor>Fusion<N>: (op, ...)`;
+/// - the runtime pushes no range in that domain for the region;
+/// - for every other domain with NVTX guards on the region, the runtime pushes exactly one
+///   range, labelled from that domain's guards only.
+///
+/// ```
+/// use boundscope::guards::{GuardKind, Level};
+/// use boundscope::EmittedRange;
+/// // Declared once, in a `const`, for `Executor::emits`.
+/// const EMITS: [EmittedRange; 1] = [EmittedRange::nvtx_regions("my_fuser")];
+/// assert_eq!(EMITS[0].kind, GuardKind::NvtxRange);
+/// assert_eq!(EMITS[0].level, Level::Region);
+/// assert_eq!(EMITS[0].domain, "my_fuser");
+/// // A domain chosen at run time.
+/// let emits = EmittedRange::nvtx_regions_in(format!("fuser{}", 2));
+/// assert_eq!(emits.domain, "fuser2");
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EmittedRange {
     /// What it emits (e.g. [`GuardKind::NvtxRange`]).
     pub kind: GuardKind,
     /// Around what (e.g. [`Level::Region`]).
     pub level: Level,
+    /// For NVTX ranges, the domain it pushes into (for example
+    /// [`DEFAULT_DOMAIN`](crate::guards::DEFAULT_DOMAIN), or a domain of its own); unused for
+    /// other kinds.
+    pub domain: Cow<'static, str>,
+}
+
+impl EmittedRange {
+    /// An NVTX range around each of its regions, pushed into `domain`.
+    pub const fn nvtx_regions(domain: &'static str) -> Self {
+        Self { kind: GuardKind::NvtxRange, level: Level::Region, domain: Cow::Borrowed(domain) }
+    }
+
+    /// Like [`nvtx_regions`](Self::nvtx_regions), for a domain name made at run time.
+    pub fn nvtx_regions_in(domain: impl Into<String>) -> Self {
+        Self { kind: GuardKind::NvtxRange, level: Level::Region, domain: Cow::Owned(domain.into()) }
+    }
 }
 
 /// Whether an executor can run here.
@@ -184,66 +230,100 @@ pub enum Fusible {
     EndsRegion,
 }
 
-/// The NVTX range an executor that emits its own region ranges must push around a region: the
-/// label, domain and payload the runtime would have used, so that the range is the same
-/// whoever emits it. Respects [`Plan::set_profiling`](crate::Plan::set_profiling).
-#[derive(Clone)]
+/// The NVTX range an executor that emits its own region ranges must push around a region, in
+/// the domain it declared ([`EmittedRange::domain`]): the label, category, colour and payload
+/// resolved from the NVTX guards of that domain on the region (the first explicit value of
+/// each wins), else the runtime's defaults, so that the range is the same whoever emits it.
+///
+/// Push it with [`prepare`](Self::prepare) once, when the kernel is compiled, and
+/// [`PreparedRegionRange::in_scope`] around each run of the region. It follows the profiling
+/// decision that the run took when it started ([`Plan::set_profiling`](crate::Plan::set_profiling)
+/// during a run changes nothing until the next run).
+#[derive(Clone, Debug)]
 pub struct RegionRange {
     label: String,
     domain: String,
     ops: u32,
+    category: u32,
+    color: u32,
+    payload: Option<u64>,
     profiling: Arc<AtomicBool>,
 }
 
+/// What a [`RegionRange`] pushes, resolved when the plan is compiled.
+pub(crate) struct RegionRangeParts {
+    pub label: String,
+    pub domain: String,
+    pub ops: u32,
+    pub category: u32,
+    pub color: u32,
+    pub payload: Option<u64>,
+}
+
 impl RegionRange {
-    pub(crate) fn new(label: String, domain: String, ops: u32, profiling: Arc<AtomicBool>) -> Self {
-        Self { label, domain, ops, profiling }
+    pub(crate) fn new(parts: RegionRangeParts, profiling: Arc<AtomicBool>) -> Self {
+        let RegionRangeParts { label, domain, ops, category, color, payload } = parts;
+        Self { label, domain, ops, category, color, payload, profiling }
     }
 
-    /// The label: `<Executor>Fusion<N>: (mul, add, ...)` or the user's.
+    /// The label: the one the domain's NVTX guards give, else `<Executor>Fusion<N>: (mul, add, ...)`.
     pub fn label(&self) -> &str {
         &self.label
     }
 
-    /// The NVTX domain.
+    /// The NVTX domain: the one the executor declared in [`Executor::emits`].
     pub fn domain(&self) -> &str {
         &self.domain
     }
 
-    /// The number of fused ops (the payload).
+    /// The number of fused ops.
     pub fn ops(&self) -> u32 {
         self.ops
     }
 
-    /// Registers the label and builds the attributes (once, at compile time) for an executor
-    /// named `executor`, in the given domain (the region's, unless the executor emits into a
-    /// domain of its own).
+    /// The NVTX category (the region level's, unless a guard set one).
+    pub fn category(&self) -> u32 {
+        self.category
+    }
+
+    /// The ARGB colour (the executor's, unless a guard set one).
+    pub fn color(&self) -> u32 {
+        self.color
+    }
+
+    /// The payload (the number of fused ops, unless a guard set one).
+    pub fn payload(&self) -> Option<u64> {
+        self.payload
+    }
+
+    /// Registers the label and builds the attributes, once, when the kernel is compiled.
     ///
     /// # Errors
-    /// [`Error::InvalidLabel`] if the domain name cannot be used.
-    pub fn prepare(&self, executor: &str, domain: Option<&str>) -> Result<PreparedRegionRange> {
-        let range = PreparedNvtxRange::new(
-            domain.unwrap_or(&self.domain),
-            &self.label,
-            crate::core::guards::level_category(Level::Region),
-            crate::core::guards::executor_color(executor),
-            Some(self.ops as u64),
-        )?;
+    /// [`Error::InvalidLabel`] if the domain name or the label cannot be used.
+    pub fn prepare(&self) -> Result<PreparedRegionRange> {
+        let range = PreparedNvtxRange::new(&self.domain, &self.label, self.category, self.color, self.payload)?;
         Ok(PreparedRegionRange { range, profiling: self.profiling.clone() })
     }
 }
 
-/// A region range ready to push from inside a kernel; pushes nothing while profiling is off.
+/// A region range ready to push from inside a kernel; pushes nothing when the run it is part
+/// of has profiling off.
 pub struct PreparedRegionRange {
     range: PreparedNvtxRange,
     profiling: Arc<AtomicBool>,
 }
 
 impl PreparedRegionRange {
-    /// Runs `f` inside the range (if profiling is on).
+    /// Runs `f` inside the range (if the current run profiles; outside a run, if the plan's
+    /// profiling switch is on).
     #[inline]
     pub fn in_scope<R>(&self, f: impl FnOnce() -> R) -> R {
-        if !self.profiling.load(Ordering::Relaxed) {
+        let profiling = match RUN_PROFILING.with(Cell::get) {
+            RunProfiling::On => true,
+            RunProfiling::Off => false,
+            RunProfiling::NoRun => self.profiling.load(Ordering::Relaxed),
+        };
+        if !profiling {
             return f();
         }
         struct Pop<'r>(&'r PreparedNvtxRange);
@@ -255,6 +335,40 @@ impl PreparedRegionRange {
         self.range.push();
         let _pop = Pop(&self.range);
         f()
+    }
+}
+
+/// The profiling decision of the run in progress on this thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum RunProfiling {
+    NoRun,
+    On,
+    Off,
+}
+
+thread_local! {
+    static RUN_PROFILING: Cell<RunProfiling> = const { Cell::new(RunProfiling::NoRun) };
+}
+
+/// Holds a run's profiling decision for the kernels it calls on this thread, so that a run
+/// keeps one decision from its first step to its last; restores the previous one (a run that
+/// called this one) when dropped, also while unwinding.
+pub(crate) struct RunDecision {
+    previous: RunProfiling,
+}
+
+impl RunDecision {
+    #[inline]
+    pub fn enter(profiling: bool) -> Self {
+        let decision = if profiling { RunProfiling::On } else { RunProfiling::Off };
+        Self { previous: RUN_PROFILING.with(|d| d.replace(decision)) }
+    }
+}
+
+impl Drop for RunDecision {
+    #[inline]
+    fn drop(&mut self) {
+        RUN_PROFILING.with(|d| d.set(self.previous));
     }
 }
 
@@ -293,8 +407,9 @@ impl<'t> OpView<'t> {
             && self.name().strip_prefix(prefix).is_some_and(|rest| rest.starts_with("Fusion"))
     }
 
-    /// For a fusion region whose executor declared that it emits NVTX region ranges, and that
-    /// profiling asked for: the range to push around the region.
+    /// For a fusion region whose executor declared that it emits NVTX region ranges
+    /// ([`Executor::emits`]), and that carries NVTX guards in any domain: the one range to push
+    /// around the region, in the declared domain.
     pub fn region_range(&self) -> Option<&'t RegionRange> {
         self.region_range
     }

@@ -9,7 +9,9 @@
 
 use smallvec::SmallVec;
 
-use crate::core::guards::{GuardKind, GuardSite, GuardTable, Level, ScopedGuard};
+use super::one_per_scope::{ScopeEntry, ScopeGuards};
+use super::range_map::{PlannedRange, PushedBy, RangeMap};
+use crate::core::guards::{Attachment, Guard, GuardSite, GuardTable, Level, ScopedGuard};
 use crate::core::ir::{prims, BoundSymbol, Trace};
 use crate::error::{Error, Result};
 
@@ -19,9 +21,27 @@ pub(crate) struct CompiledNode {
     pub len: usize,
     /// Its subsymbols, if it was decomposed into them when compiled (empty if claimed whole).
     pub children: Vec<CompiledNode>,
-    /// The NVTX domain of the region range handed to the executor that runs it whole, when
-    /// that executor emits its own region ranges: the runtime emits none in that domain.
-    pub emitted_nvtx_domain: Option<String>,
+    /// The region range its executor pushes itself (it declared NVTX region ranges and the
+    /// region carries NVTX guards): the runtime pushes none in that domain.
+    pub emitted: Option<EmittedRegionRange>,
+}
+
+/// A region range an executor pushes from inside its kernel.
+pub(crate) struct EmittedRegionRange {
+    /// The step whose kernel pushes it.
+    pub step: usize,
+    pub executor: String,
+    pub range: super::executor::RegionRange,
+}
+
+/// What the range map says of a scope's NVTX range.
+#[derive(Clone)]
+pub(crate) struct NvtxPlan {
+    pub domain: String,
+    pub label: String,
+    pub category: Option<u32>,
+    pub color: Option<u32>,
+    pub payload: Option<u64>,
 }
 
 /// One prepared guard over the steps `first..end`.
@@ -36,14 +56,11 @@ pub(crate) struct Scope {
     /// scopes are entered before the first step and exited after the last.
     pub level: Level,
     pub profiling: bool,
+    /// For a guard that reports an NVTX domain: the range, for the range map.
+    pub planned: Option<NvtxPlan>,
 }
 
 impl Scope {
-    fn new(guard: Box<dyn ScopedGuard>, first: usize, end: usize, level: Level, profiling: bool) -> Self {
-        let nvtx = guard.as_nvtx_range().copied();
-        Self { guard, nvtx, first: first as u32, end: end as u32, level, profiling }
-    }
-
     #[inline(always)]
     fn nvtx(&self) -> Option<&crate::core::guards::PreparedNvtxRange> {
         self.nvtx.as_ref()
@@ -139,22 +156,51 @@ impl<'p> GuardStack<'p> {
 }
 
 impl Drop for GuardStack<'_> {
+    /// Exits every scope still entered, innermost first. A guard exit that panics does not stop
+    /// the others: they are all exited, then the first such panic resumes, unless the thread is
+    /// already unwinding (a kernel panicked), in which case that panic goes on and the exit's is
+    /// discarded, so that the process never aborts.
     fn drop(&mut self) {
-        while self.exit_one() {}
+        let mut first_panic = None;
+        while !self.entered.is_empty() {
+            let exited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.exit_one()));
+            if let Err(payload) = exited {
+                first_panic.get_or_insert(payload);
+            }
+        }
+        if let Some(payload) = first_panic {
+            if !std::thread::panicking() {
+                std::panic::resume_unwind(payload);
+            }
+        }
     }
 }
 
-/// Prepares every attachment of `trace` over the compiled steps. Returns the scopes and the
-/// attachments that cannot run (subsymbol guards of a composite an executor runs whole).
+/// A scope being gathered: its steps, level, default label, executor, and merged guards.
+struct PendingScope<'l> {
+    first: usize,
+    end: usize,
+    level: Level,
+    /// For subsymbol spans, how deep in the composite's decomposition (1: a direct
+    /// subsymbol), so that a subsymbol and its only child stay two scopes.
+    depth: usize,
+    label: String,
+    executor: &'l str,
+    guards: ScopeGuards,
+}
+
+/// Prepares every attachment of `trace` over the compiled steps, one range per scope and NVTX
+/// domain (see [`ScopeGuards`]). Returns the scopes, the attachments that cannot run
+/// (subsymbol guards of a composite an executor runs whole), and the plan's notes (merge
+/// conflicts).
 pub(crate) fn prepare_scopes(
     trace: &Trace<'_>,
     nodes: &[CompiledNode],
     step_executor: &[&str],
-) -> Result<(Vec<Scope>, Vec<crate::core::guards::DroppedGuard>)> {
+) -> Result<(Vec<Scope>, Vec<crate::core::guards::DroppedGuard>, Vec<String>)> {
     let guards: &GuardTable = &trace.guards;
     let registry = trace.registry();
     let steps = step_executor.len();
-    let mut scopes = Vec::new();
     // Guard objects for the names in drop records; only the drops found here are returned.
     let mut dropped = GuardTable { guards: guards.guards.clone(), ..GuardTable::default() };
     // The executor that runs a range of steps, transfers aside; "runtime" when several do.
@@ -165,58 +211,48 @@ pub(crate) fn prepare_scopes(
             _ => "runtime",
         }
     };
-    for &g in &guards.trace_level {
-        let guard = guards.guard(g);
-        let site = GuardSite {
-            label: guard.label().unwrap_or("trace"),
-            level: Level::Trace,
-            executor: "runtime",
-            ops: steps as u32,
+    let mut pending: Vec<PendingScope<'_>> = Vec::new();
+    let mut notes = Vec::new();
+    let mut add = |first: usize, end: usize, level: Level, depth: usize, label: &str, attachment: Attachment| {
+        let at = pending.iter().position(|p| (p.first, p.end, p.level, p.depth) == (first, end, level, depth));
+        let scope = match at {
+            Some(i) => &mut pending[i],
+            None => {
+                let executor = if level == Level::Trace { "runtime" } else { executor_of(first, end) };
+                let label = label.to_string();
+                let guards = ScopeGuards::default();
+                pending.push(PendingScope { first, end, level, depth, label, executor, guards });
+                pending.last_mut().expect("just pushed")
+            }
         };
-        scopes.push(Scope::new(guard.prepare(&site)?, 0, steps, Level::Trace, guard.is_profiling()));
+        let what = format!("{} `{}` (steps {first}..{end})", level.name(), scope.label);
+        scope.guards.add(guards, attachment, |note| notes.push(format!("{what}: {note}")));
+    };
+    for &g in &guards.trace_level {
+        let attachment = Attachment { guard: g, span: 1, depth: 0, level: Level::Trace, origin: prims::REGION };
+        add(0, steps, Level::Trace, 0, "trace", attachment);
     }
     for (position, attachments) in guards.per_op.iter().enumerate() {
-        let is_region = trace.bound_symbols().get(position).is_some_and(|b| b.symbol() == prims::REGION);
-        let region_label = is_region.then(|| super::compile::region_label(trace, position));
-        // A region gets one range per merge key (one NVTX range per domain, ...), and none in
-        // the domain whose range its executor pushes itself.
-        let emitted_domain = nodes.get(position).and_then(|n| n.emitted_nvtx_domain.as_deref());
-        let mut merged: SmallVec<[String; 4]> = SmallVec::new();
-        for a in attachments {
-            let guard = guards.guard(a.guard);
-            let on_region = is_region && a.depth == 0 && a.span == 1;
-            if on_region {
-                if guard.kind() == GuardKind::NvtxRange
-                    && emitted_domain.is_some()
-                    && guard.nvtx_domain() == emitted_domain
-                {
-                    continue;
-                }
-                if let Some(key) = guard.merge_key() {
-                    if merged.contains(&key) {
-                        continue;
-                    }
-                    merged.push(key);
-                }
+        let Some(node) = nodes.get(position) else {
+            if attachments.is_empty() {
+                continue;
             }
-            let (label, level) = match (&region_label, on_region) {
-                (Some(label), true) => (label.clone(), Level::Region),
-                _ => (guards.label_of(a, registry), a.level),
-            };
-            let mut push = |first: usize, end: usize, level: Level, label: &str| -> Result<()> {
-                let site = GuardSite { label, level, executor: executor_of(first, end), ops: (end - first) as u32 };
-                scopes.push(Scope::new(guard.prepare(&site)?, first, end, level, guard.is_profiling()));
-                Ok(())
-            };
-            let Some(node) = nodes.get(position) else {
-                return Err(Error::MalformedTrace {
-                    position: Some(position),
-                    detail: "a guard is attached to a bound symbol the trace does not have".into(),
-                });
+            return Err(Error::MalformedTrace {
+                position: Some(position),
+                detail: "a guard is attached to a bound symbol the trace does not have".into(),
+            });
+        };
+        let is_region = trace.bound_symbols()[position].symbol() == prims::REGION;
+        for a in attachments {
+            let label = if is_region && a.depth == 0 && a.span == 1 {
+                super::compile::region_label(trace, position)
+            } else {
+                registry.get(a.origin).map(|s| s.symbol.name().to_string()).unwrap_or_default()
             };
             if a.depth == 0 {
+                let level = if is_region && a.span == 1 { Level::Region } else { a.level };
                 let last = nodes.get(position + a.span as usize - 1).unwrap_or(node);
-                push(node.first, last.first + last.len, level, &label)?;
+                add(node.first, last.first + last.len, level, 0, &label, *a);
             } else if node.children.is_empty() {
                 dropped.record_drop(
                     a,
@@ -231,9 +267,9 @@ pub(crate) fn prepare_scopes(
                 let bsym = &trace.bound_symbols()[position];
                 let mut sites = Vec::new();
                 let mut whole = Vec::new();
-                subsymbol_sites(bsym, node, a.depth as usize, trace, &mut sites, &mut whole);
-                for (first, end, name) in sites {
-                    push(first, end, Level::Subsymbol, name)?;
+                subsymbol_sites(bsym, node, a.depth as usize, 1, trace, &mut sites, &mut whole);
+                for (first, end, depth, name) in sites {
+                    add(first, end, Level::Subsymbol, depth, name, *a);
                 }
                 for name in whole {
                     dropped.record_drop(
@@ -246,26 +282,102 @@ pub(crate) fn prepare_scopes(
             }
         }
     }
-    Ok((scopes, dropped.dropped))
+    check_scopes_nest(&pending)?;
+    // The domain each region's executor pushes its own range into, by first step.
+    let emitted: Vec<(usize, &str)> =
+        nodes.iter().filter_map(|n| n.emitted.as_ref().map(|e| (n.first, e.range.domain()))).collect();
+    let mut scopes = Vec::new();
+    for p in &pending {
+        let skip_domain = match p.level {
+            Level::Region => emitted.iter().find(|(first, _)| *first == p.first).map(|(_, d)| *d),
+            _ => None,
+        };
+        let site = GuardSite { label: &p.label, level: p.level, executor: p.executor, ops: (p.end - p.first) as u32 };
+        for entry in &p.guards.entries {
+            let (guard_id, planned, prepared) = match entry {
+                ScopeEntry::Nvtx { domain, .. } if Some(domain.as_str()) == skip_domain => continue,
+                ScopeEntry::Nvtx { domain, guard, merged: Some(range), .. } => {
+                    let r = range.resolve(&site);
+                    let planned = NvtxPlan {
+                        domain: domain.clone(),
+                        label: r.label.to_string(),
+                        category: Some(r.category),
+                        color: Some(r.color),
+                        payload: r.payload,
+                    };
+                    (*guard, Some(planned), range.prepare(&site)?)
+                }
+                ScopeEntry::Nvtx { domain, guard, merged: None, .. } => {
+                    let g = guards.guard(*guard);
+                    let label = g.label().unwrap_or(&p.label).to_string();
+                    let planned =
+                        NvtxPlan { domain: domain.clone(), label, category: None, color: None, payload: None };
+                    (*guard, Some(planned), g.prepare(&site)?)
+                }
+                ScopeEntry::Other { guard, .. } => {
+                    let g = guards.guard(*guard);
+                    let own = GuardSite { label: g.label().unwrap_or(&p.label), ..site };
+                    (*guard, None, g.prepare(&own)?)
+                }
+            };
+            let nvtx = prepared.as_nvtx_range().copied();
+            scopes.push(Scope {
+                guard: prepared,
+                nvtx,
+                first: p.first as u32,
+                end: p.end as u32,
+                level: p.level,
+                profiling: guards.guard(guard_id).is_profiling(),
+                planned,
+            });
+        }
+    }
+    Ok((scopes, dropped.dropped, notes))
 }
 
-/// The step ranges of `bsym`'s subsymbols down to `depth`, and the names of subsymbols whose
-/// own subsymbols the guard should reach but that an executor runs whole.
+/// Scopes must nest (or be disjoint): the run loop exits them by count, innermost first, so two
+/// that overlap would exit the wrong one.
+fn check_scopes_nest(pending: &[PendingScope<'_>]) -> Result<()> {
+    let mut spans: Vec<(usize, usize, &str)> =
+        pending.iter().filter(|p| p.level != Level::Trace).map(|p| (p.first, p.end, p.label.as_str())).collect();
+    spans.sort_by_key(|&(first, end, _)| (first, std::cmp::Reverse(end)));
+    let mut open: Vec<(usize, usize, &str)> = Vec::new();
+    for span in spans {
+        while open.last().is_some_and(|o| o.1 <= span.0) {
+            open.pop();
+        }
+        if let Some(outer) = open.last() {
+            if span.1 > outer.1 {
+                return Err(Error::OverlappingGuards {
+                    first: format!("`{}` over steps {}..{}", outer.2, outer.0, outer.1),
+                    second: format!("`{}` over steps {}..{}", span.2, span.0, span.1),
+                });
+            }
+        }
+        open.push(span);
+    }
+    Ok(())
+}
+
+/// The step ranges of `bsym`'s subsymbols down to `depth`, with how deep each is (`at` for the
+/// direct ones), and the names of subsymbols whose own subsymbols the guard should reach but
+/// that an executor runs whole.
 fn subsymbol_sites<'t>(
     bsym: &BoundSymbol<'t>,
     node: &CompiledNode,
     depth: usize,
+    at: usize,
     trace: &Trace<'t>,
-    sites: &mut Vec<(usize, usize, &'t str)>,
+    sites: &mut Vec<(usize, usize, usize, &'t str)>,
     whole: &mut Vec<&'t str>,
 ) {
     for (sub, child) in bsym.subsymbols().iter().zip(&node.children) {
-        sites.push((child.first, child.first + child.len, trace.symbol_name(sub)));
+        sites.push((child.first, child.first + child.len, at, trace.symbol_name(sub)));
         if depth > 1 && !sub.subsymbols().is_empty() {
             if child.children.is_empty() {
                 whole.push(trace.symbol_name(sub));
             } else {
-                subsymbol_sites(sub, child, depth - 1, trace, sites, whole);
+                subsymbol_sites(sub, child, depth - 1, at + 1, trace, sites, whole);
             }
         }
     }
@@ -274,4 +386,52 @@ fn subsymbol_sites<'t>(
 /// The two schedules: profiling on (every scope) and off (non-profiling scopes only).
 pub(crate) fn schedules(scopes: &[Scope], steps: usize) -> [Schedule; 2] {
     [Schedule::build(scopes, steps, |_| true), Schedule::build(scopes, steps, |s| !s.profiling)]
+}
+
+/// The NVTX ranges one run pushes with `schedule`, in push order: the scopes entered before
+/// each step, then the range the step's executor pushes from inside its kernel (when
+/// `profiling`, the run's decision, is on).
+pub(crate) fn range_map(scopes: &[Scope], schedule: &Schedule, nodes: &[CompiledNode], profiling: bool) -> RangeMap {
+    let mut emitted: Vec<&EmittedRegionRange> = nodes.iter().filter_map(|n| n.emitted.as_ref()).collect();
+    emitted.sort_by_key(|e| e.step);
+    let mut emitted = emitted.into_iter().peekable();
+    let mut ranges = Vec::new();
+    let push_scopes = |indices: &[u32], ranges: &mut Vec<PlannedRange>| {
+        for &i in indices {
+            let scope = &scopes[i as usize];
+            if let Some(p) = &scope.planned {
+                ranges.push(PlannedRange {
+                    steps: scope.first as usize..scope.end as usize,
+                    level: scope.level,
+                    domain: p.domain.clone(),
+                    label: p.label.clone(),
+                    category: p.category,
+                    color: p.color,
+                    payload: p.payload,
+                    pushed_by: PushedBy::Runtime,
+                });
+            }
+        }
+    };
+    let (a, b) = schedule.run_enter;
+    push_scopes(&schedule.order[a as usize..b as usize], &mut ranges);
+    for (step, &(a, b)) in schedule.enter.iter().enumerate() {
+        push_scopes(&schedule.order[a as usize..b as usize], &mut ranges);
+        while let Some(e) = emitted.next_if(|e| e.step == step) {
+            if profiling {
+                let r = &e.range;
+                ranges.push(PlannedRange {
+                    steps: step..step + 1,
+                    level: Level::Region,
+                    domain: r.domain().to_string(),
+                    label: r.label().to_string(),
+                    category: Some(r.category()),
+                    color: Some(r.color()),
+                    payload: r.payload(),
+                    pushed_by: PushedBy::Executor(e.executor.clone()),
+                });
+            }
+        }
+    }
+    RangeMap { ranges }
 }

@@ -5,6 +5,8 @@ mod compile;
 mod device;
 mod executor;
 mod guard_schedule;
+mod one_per_scope;
+mod range_map;
 mod workspace;
 
 pub use compile::Plan;
@@ -12,6 +14,7 @@ pub use device::{Device, DeviceBuffer, DeviceKernel};
 pub use executor::{
     kernel_fn, Availability, EmittedRange, Executor, Fusible, Kernel, OpView, PreparedRegionRange, RegionRange,
 };
+pub use range_map::{PlannedRange, PushedBy, RangeMap};
 pub use workspace::{Outputs, Workspace};
 
 #[cfg(test)]

@@ -10,6 +10,7 @@ use std::sync::atomic::Ordering;
 
 use super::compile::{Plan, Slot, Step, Work};
 use super::device::DeviceBuffer;
+use super::executor::RunDecision;
 use super::guard_schedule::{GuardStack, Schedule};
 use crate::core::tensor::{Tensor, TensorMut, TensorRef};
 use crate::error::{Error, Result};
@@ -110,7 +111,11 @@ impl Plan {
                 self.device_lengths.iter().map(|&len| device.alloc(len).map(Some)).collect::<Result<_>>()?;
         }
         workspace.in_flight = true;
-        let schedule = &self.schedules[if self.profiling.load(Ordering::Relaxed) { 0 } else { 1 }];
+        // One profiling decision for the whole run: the schedule, and the region ranges that
+        // executors push from inside their kernels.
+        let profiling = self.profiling.load(Ordering::Relaxed);
+        let _decision = RunDecision::enter(profiling);
+        let schedule = &self.schedules[if profiling { 0 } else { 1 }];
         let result = if schedule.is_empty() {
             self.run_unguarded(workspace, inputs)
         } else {

@@ -12,7 +12,7 @@ mod program;
 use std::cell::RefCell;
 use std::sync::{Arc, Mutex};
 
-use crate::core::guards::{GuardKind, Level};
+use crate::core::guards::DEFAULT_DOMAIN;
 use crate::core::options::{Audience, OptionSpec, OptionType, OptionValue, Options};
 use crate::core::plan::{EmittedRange, Executor, Fusible, Kernel, OpView};
 use crate::error::{Error, Result};
@@ -83,7 +83,8 @@ pub const CPU_FUSION_OPTIONS: &[OptionSpec] = &[
 /// temporaries stay in L1/L2.
 pub const DEFAULT_BLOCK: usize = 4096;
 
-const EMITS: [EmittedRange; 1] = [EmittedRange { kind: GuardKind::NvtxRange, level: Level::Region }];
+/// It pushes its region ranges in the library's domain.
+static EMITS: [EmittedRange; 1] = [EmittedRange::nvtx_regions(DEFAULT_DOMAIN)];
 
 impl Default for CpuFusion {
     fn default() -> Self {
@@ -161,7 +162,7 @@ impl Executor for CpuFusion {
 
     fn compile(&self, op: &OpView<'_>) -> Result<Box<dyn Kernel>> {
         let range = match (self.emit_ranges, op.region_range()) {
-            (true, Some(range)) => Some(range.prepare(Self::NAME, None)?),
+            (true, Some(range)) => Some(range.prepare()?),
             _ => None,
         };
         let region = FusedRegion::compile(op, self.block, range).map_err(|message| Error::Execution {

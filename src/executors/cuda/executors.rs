@@ -8,7 +8,7 @@ use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
 use super::device::{cuda_error, slice, slice_mut, CudaDevice};
 use super::{op_source, region_source, RegionSource};
-use crate::core::guards::{GuardKind, Level};
+use crate::core::guards::DEFAULT_DOMAIN;
 use crate::core::ir::prims;
 use crate::core::plan::{
     Device, DeviceBuffer, DeviceKernel, EmittedRange, Executor, Fusible, OpView, PreparedRegionRange,
@@ -17,7 +17,8 @@ use crate::error::{Error, Result};
 use crate::executors::cpu_reference::{builtin_fusible, builtin_prim};
 
 const THREADS: u32 = 256;
-const EMITS: [EmittedRange; 1] = [EmittedRange { kind: GuardKind::NvtxRange, level: Level::Region }];
+/// It pushes its region ranges in the library's domain.
+static EMITS: [EmittedRange; 1] = [EmittedRange::nvtx_regions(DEFAULT_DOMAIN)];
 
 /// Runs the regions named `CudaFusion<N>` that
 /// [`FuseRegions`](crate::passes::FuseRegions) made for it (elementwise chains, optionally
@@ -56,7 +57,7 @@ impl Executor for CudaFusion {
             symbol: op.name().into(),
             message,
         })?;
-        let range = op.region_range().map(|r| r.prepare(Self::NAME, None)).transpose()?;
+        let range = op.region_range().map(|r| r.prepare()).transpose()?;
         Ok(Box::new(GeneratedKernel::new(&self.device, &generated, range)?))
     }
 

@@ -107,6 +107,11 @@ impl NvtxRange {
         }
     }
 
+    /// Its label, else `default`.
+    pub(crate) fn label_or<'s>(&'s self, default: &'s str) -> &'s str {
+        self.label.as_deref().unwrap_or(default)
+    }
+
     /// Merges `later`, a range of the same domain on the same scope, into this one: each setting
     /// this one lacks is taken from `later`. Returns the settings both set differently (this
     /// one's value is kept), for the plan's notes.

@@ -16,7 +16,7 @@ use super::guard_schedule::{prepare_scopes, range_map, schedules, CompiledNode, 
 use super::one_per_scope::{emitted_region_domain, ScopeGuards};
 use super::range_map::RangeMap;
 use super::workspace::Workspace;
-use crate::core::guards::{DroppedGuard, GuardSite, Level};
+use crate::core::guards::{Attachment, DroppedGuard, GuardSite, Level};
 use crate::core::ir::prims;
 use crate::core::ir::{BoundSymbol, DimsDisplay, Shape, Trace, ValueId};
 use crate::error::{Error, Result};
@@ -582,6 +582,10 @@ fn region_range(
     let ops = bsym.subsymbols().len() as u32;
     let site = GuardSite { label: &label, level: Level::Region, executor, ops };
     let resolved = settings.resolve(&site);
+    if enclosing_label(trace, position, domain).as_deref() == Some(resolved.label) {
+        // Its range would sit directly inside one of its domain with its label: that one is it.
+        return None;
+    }
     let parts = RegionRangeParts {
         label: resolved.label.to_string(),
         domain: domain.to_string(),
@@ -591,6 +595,37 @@ fn region_range(
         payload: resolved.payload,
     };
     Some(RegionRange::new(parts, profiling.clone()))
+}
+
+/// The label of the innermost range of `domain` around the top-level bound symbol at
+/// `position` (a span that covers it, else the run's), if there is one.
+fn enclosing_label(trace: &Trace<'_>, position: usize, domain: &str) -> Option<String> {
+    let table = &trace.guards;
+    let in_domain = |a: &Attachment| table.guard(a.guard).nvtx_domain() == Some(domain);
+    let innermost = (0..=position)
+        .flat_map(|p| table.at(p).iter().map(move |a| (p, a)))
+        .filter(|&(p, a)| {
+            a.depth == 0 && p + a.span as usize > position && (p, a.span) != (position, 1) && in_domain(a)
+        })
+        .min_by_key(|&(p, a)| (a.span, std::cmp::Reverse(p)));
+    let mut merged = ScopeGuards::default();
+    let default = match innermost {
+        Some((p, a)) => {
+            for b in table.at(p).iter().filter(|b| b.depth == 0 && b.span == a.span) {
+                merged.add(table, *b, |_| {});
+            }
+            trace.registry().get(a.origin).map(|s| s.symbol.name().to_string()).unwrap_or_default()
+        }
+        None => {
+            for &g in &table.trace_level {
+                let run = Attachment { guard: g, span: 1, depth: 0, level: Level::Trace, origin: prims::REGION };
+                merged.add(table, run, |_| {});
+            }
+            "trace".to_string()
+        }
+    };
+    let settings = merged.nvtx_settings(table, domain)?;
+    Some(settings.label_or(&default).to_string())
 }
 
 fn format_line(trace: &Trace<'_>, bsym: &BoundSymbol<'_>) -> String {

@@ -332,7 +332,47 @@ pub(crate) fn prepare_scopes(
             });
         }
     }
+    drop_ranges_inside_their_twin(&mut scopes, &mut notes);
     Ok((scopes, dropped.dropped, notes))
+}
+
+/// Drops every NVTX range that would sit directly inside a range of the same domain with the
+/// same label (a run labelled like one of its ops, say): one range is what the user meant.
+fn drop_ranges_inside_their_twin(scopes: &mut Vec<Scope>, notes: &mut Vec<String>) {
+    let mut order: Vec<usize> = (0..scopes.len()).collect();
+    order.sort_by_key(|&i| {
+        let s = &scopes[i];
+        (s.level != Level::Trace, s.first, std::cmp::Reverse(s.end), s.level, i)
+    });
+    let mut open: Vec<(&str, usize)> = Vec::new();
+    let mut dropped = vec![false; scopes.len()];
+    for &i in &order {
+        let s = &scopes[i];
+        let Some(planned) = &s.planned else { continue };
+        let parent = open.iter().rev().copied().find(|&(domain, o)| {
+            let outer = &scopes[o];
+            domain == planned.domain && outer.first <= s.first && s.end <= outer.end
+        });
+        if parent.is_some_and(|(_, o)| scopes[o].planned.as_ref().is_some_and(|p| p.label == planned.label)) {
+            dropped[i] = true;
+            notes.push(format!(
+                "{} `{}` (steps {}..{}): its range in NVTX domain `{}` is dropped, as it would sit directly \
+                 inside a range of that domain with the same label",
+                s.level.name(),
+                planned.label,
+                s.first,
+                s.end,
+                planned.domain
+            ));
+            continue;
+        }
+        open.push((planned.domain.as_str(), i));
+    }
+    let mut index = 0;
+    scopes.retain(|_| {
+        index += 1;
+        !dropped[index - 1]
+    });
 }
 
 /// Scopes must nest (or be disjoint): the run loop exits them by count, innermost first, so two

@@ -1,0 +1,692 @@
+//! Invariants 3 and 4, as the NVTX API sees them: for random programs x executor sets x guard
+//! attachments (NVTX guards in up to three domains, attached before and after decomposition and
+//! fusion, `ProfileOps` zero to two times, one recorder attached twice, user labels), what one
+//! run pushes equals the plan's range map exactly, in order, and no range has a direct parent
+//! with the same label in the same domain. Also the targeted cases of the rule, one test each.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use boundscope::executors::{CpuFusion, CpuReference};
+use boundscope::guards::{ClosureGuard, Guard, GuardKind, GuardSite, NvtxRange, Recorder, ScopedGuard, Selection};
+use boundscope::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOps};
+use boundscope::{
+    prims, Arena, BoundSymbolId, EmittedRange, Error, Executor, Fusible, Kernel, OpView, Plan, PushedBy, RangeMap,
+    Registry, Tensor, Trace, TraceBuilder, ValueId,
+};
+use common::nvtx_capture::{self, NvtxEvent, NvtxEventKind};
+use common::program::programs;
+use proptest::prelude::*;
+
+const DOMAINS: [&str; 3] = ["boundscope", "user", "test_fuser"];
+
+/// A user's fusion executor: fuses unary elementwise ops, and pushes its region range itself,
+/// in the domain it declares.
+struct TestFuser {
+    emits: [EmittedRange; 1],
+    /// Claims only regions with one input (others are decomposed when compiled).
+    single_input_only: bool,
+}
+
+impl TestFuser {
+    fn new(domain: &str, single_input_only: bool) -> Self {
+        Self { emits: [EmittedRange::nvtx_regions_in(domain)], single_input_only }
+    }
+}
+
+fn unary(name: &str) -> Option<fn(f32) -> f32> {
+    Some(match name {
+        "neg" => |x: f32| -x,
+        "exp" => f32::exp,
+        "tanh" => f32::tanh,
+        "relu" => |x: f32| x.max(0.0),
+        "sigmoid" => |x: f32| 1.0 / (1.0 + (-x).exp()),
+        _ => return None,
+    })
+}
+
+impl Executor for TestFuser {
+    fn name(&self) -> &str {
+        "test_fuser"
+    }
+
+    fn fusion_prefix(&self) -> &str {
+        "Test"
+    }
+
+    fn fusible(&self, op: &OpView<'_>) -> Fusible {
+        if unary(op.name()).is_some() && op.bound_symbol().inputs().count() == 1 {
+            Fusible::Elementwise
+        } else {
+            Fusible::No
+        }
+    }
+
+    fn claims(&self, op: &OpView<'_>) -> bool {
+        op.is_region_of("Test") && (!self.single_input_only || op.bound_symbol().inputs().count() == 1)
+    }
+
+    fn compile(&self, op: &OpView<'_>) -> boundscope::Result<Box<dyn Kernel>> {
+        // Slots: the region's inputs, then each op's output.
+        let mut slots: Vec<ValueId> = op.bound_symbol().inputs().collect();
+        let mut program = Vec::new();
+        for sub in op.region_ops()? {
+            let input = sub.bound_symbol().inputs().next().expect("unary");
+            let from = slots.iter().position(|&v| v == input).expect("defined earlier");
+            slots.push(sub.bound_symbol().outputs()[0]);
+            program.push((unary(sub.name()).expect("fusible"), from, slots.len() - 1));
+        }
+        let outputs: Vec<usize> =
+            op.bound_symbol().outputs().iter().map(|o| slots.iter().position(|v| v == o).expect("defined")).collect();
+        let slot_count = slots.len();
+        let range = op.region_range().map(|r| r.prepare()).transpose()?;
+        Ok(boundscope::kernel_fn(move |inputs, outs| {
+            let mut run = || {
+                let mut values = vec![0.0f32; slot_count];
+                for i in 0..outs[0].data.len() {
+                    for (k, input) in inputs.iter().enumerate() {
+                        values[k] = input.data[i];
+                    }
+                    for &(f, from, to) in &program {
+                        values[to] = f(values[from]);
+                    }
+                    for (out, &slot) in outs.iter_mut().zip(&outputs) {
+                        out.data[i] = values[slot];
+                    }
+                }
+            };
+            match &range {
+                Some(range) => range.in_scope(run),
+                None => run(),
+            }
+            Ok(())
+        }))
+    }
+
+    fn emits(&self) -> &[EmittedRange] {
+        &self.emits
+    }
+}
+
+/// One push as the NVTX API saw it, or as the range map says it.
+#[derive(Clone, Debug, PartialEq)]
+struct Push {
+    domain: String,
+    label: String,
+    category: Option<u32>,
+    color: Option<u32>,
+    payload: Option<u64>,
+}
+
+fn pushes_of(events: &[NvtxEvent]) -> Vec<Push> {
+    events
+        .iter()
+        .filter(|e| e.kind == NvtxEventKind::Push)
+        .map(|e| Push {
+            domain: e.domain.clone().unwrap_or_default(),
+            label: e.message.clone().unwrap_or_default(),
+            category: Some(e.category),
+            color: e.color,
+            payload: e.payload,
+        })
+        .collect()
+}
+
+fn pushes_in(map: &RangeMap) -> Vec<Push> {
+    map.ranges()
+        .iter()
+        .map(|r| Push {
+            domain: r.domain.clone(),
+            label: r.label.clone(),
+            category: r.category,
+            color: r.color,
+            payload: r.payload,
+        })
+        .collect()
+}
+
+/// Balanced per domain, and no push whose direct parent in its domain has the same label.
+fn check_nesting(events: &[NvtxEvent]) -> Result<(), String> {
+    let mut stacks: std::collections::HashMap<Option<String>, Vec<String>> = Default::default();
+    for e in events {
+        let stack = stacks.entry(e.domain.clone()).or_default();
+        match e.kind {
+            NvtxEventKind::Push => {
+                let label = e.message.clone().unwrap_or_default();
+                if stack.last() == Some(&label) {
+                    return Err(format!("`{label}` directly inside `{label}` in domain {:?}", e.domain));
+                }
+                stack.push(label);
+            }
+            NvtxEventKind::Pop => {
+                stack.pop().ok_or_else(|| format!("a pop without a push in domain {:?}", e.domain))?;
+            }
+        }
+    }
+    match stacks.iter().find(|(_, s)| !s.is_empty()) {
+        Some((domain, s)) => Err(format!("{} range(s) left open in domain {domain:?}", s.len())),
+        None => Ok(()),
+    }
+}
+
+/// Where in the pipeline a guard is attached.
+#[derive(Clone, Copy, Debug)]
+enum Stage {
+    /// On the trace as built (composites whole).
+    Built,
+    /// After decomposition.
+    Decomposed,
+    /// After fusion.
+    Fused,
+}
+
+#[derive(Clone, Debug)]
+enum Target {
+    All,
+    Op(usize),
+    Trace,
+    Positions(usize, usize),
+    /// The subsymbols of an op, one level down (only where it has some).
+    Subsymbols(usize),
+    /// The first region (after fusion only).
+    FirstRegion,
+}
+
+#[derive(Clone, Debug)]
+struct GuardSpec {
+    stage: Stage,
+    target: Target,
+    domain: usize,
+    label: Option<&'static str>,
+    color: Option<u32>,
+}
+
+fn stages() -> impl Strategy<Value = Stage> {
+    prop_oneof![Just(Stage::Built), Just(Stage::Decomposed), Just(Stage::Fused)]
+}
+
+fn guard_specs() -> impl Strategy<Value = Vec<GuardSpec>> {
+    let target = prop_oneof![
+        Just(Target::All),
+        (0usize..20).prop_map(Target::Op),
+        Just(Target::Trace),
+        (0usize..20, 0usize..20).prop_map(|(a, b)| Target::Positions(a, b)),
+        (0usize..20).prop_map(Target::Subsymbols),
+        Just(Target::FirstRegion),
+    ];
+    let label = prop_oneof![3 => Just(None), 1 => Just(Some("mine")), 1 => Just(Some("other"))];
+    let color = prop_oneof![3 => Just(None), 1 => Just(Some(0xFF11_2233u32))];
+    let spec = (stages(), target, 0usize..3, label, color)
+        .prop_map(|(stage, target, domain, label, color)| GuardSpec { stage, target, domain, label, color });
+    prop::collection::vec(spec, 0..5)
+}
+
+/// The executors a case compiles with, besides the reference.
+#[derive(Clone, Debug)]
+enum Fuser {
+    None,
+    CpuFusion { emit: bool },
+    Test { domain: usize, single_input_only: bool },
+}
+
+fn fusers() -> impl Strategy<Value = Fuser> {
+    prop_oneof![
+        Just(Fuser::None),
+        any::<bool>().prop_map(|emit| Fuser::CpuFusion { emit }),
+        (0usize..3, any::<bool>()).prop_map(|(domain, single_input_only)| Fuser::Test { domain, single_input_only }),
+    ]
+}
+
+fn attach(trace: &mut Trace<'_>, specs: &[GuardSpec], stage: u8) {
+    for spec in specs.iter().filter(|s| s.stage as u8 == stage) {
+        let mut range = NvtxRange::new().domain(DOMAINS[spec.domain]).unwrap();
+        if let Some(label) = spec.label {
+            range = range.label(label).unwrap();
+        }
+        if let Some(color) = spec.color {
+            range = range.color(color);
+        }
+        let len = trace.len();
+        match spec.target {
+            Target::All => {
+                trace.attach_guard(Selection::All, range).unwrap();
+            }
+            Target::Op(i) => {
+                trace.attach_guard(Selection::Op(BoundSymbolId::from_index(i % len)), range).unwrap();
+            }
+            Target::Trace => {
+                trace.attach_trace_guard(range).unwrap();
+            }
+            Target::Positions(a, b) => {
+                let (a, b) = (a % (len + 1), b % (len + 1));
+                trace.attach_guard(Selection::Positions(a.min(b)..a.max(b)), range).unwrap();
+            }
+            Target::Subsymbols(i) => {
+                let op = BoundSymbolId::from_index(i % len);
+                if !trace.bound_symbols()[i % len].subsymbols().is_empty()
+                    && trace.bound_symbols()[i % len].symbol() != prims::REGION
+                {
+                    trace.attach_subsymbol_guard(op, 1, range).unwrap();
+                }
+            }
+            Target::FirstRegion => {
+                if let Some(p) = (0..len).find(|&p| trace.bound_symbols()[p].symbol() == prims::REGION) {
+                    trace.attach_guard(Selection::Op(BoundSymbolId::from_index(p)), range).unwrap();
+                }
+            }
+        }
+    }
+}
+
+fn profile<'a>(trace: Trace<'a>, arena: &'a Arena, times: u8) -> Trace<'a> {
+    let mut trace = trace;
+    for _ in 0..times {
+        trace = ProfileOps::new().with_trace_range(NvtxRange::new()).run(&trace, arena).unwrap();
+    }
+    trace
+}
+
+/// Runs `plan` once on this thread and returns what the NVTX API saw.
+fn captured_run(plan: &Plan, inputs: &[Tensor]) -> (boundscope::Result<Vec<Tensor>>, Vec<NvtxEvent>) {
+    let refs: Vec<&Tensor> = inputs.iter().collect();
+    nvtx_capture::events_on_current_thread();
+    let out = plan.run(&refs);
+    (out, nvtx_capture::events_on_current_thread())
+}
+
+/// The property for one case: the capture equals the map, ranges nest, results are right.
+fn check_case(plan: &Plan, reference: &Plan, inputs: &[Tensor], listing: &str) -> Result<(), TestCaseError> {
+    let (got, events) = captured_run(plan, inputs);
+    let got = got.map_err(|e| TestCaseError::fail(format!("{e}\n{listing}")))?;
+    prop_assert_eq!(pushes_of(&events), pushes_in(plan.range_map()), "{:#}\n{}", plan, listing);
+    check_nesting(&events).map_err(|m| TestCaseError::fail(format!("{m}\n{plan:#}")))?;
+    let refs: Vec<&Tensor> = inputs.iter().collect();
+    let expected = reference.run(&refs).unwrap();
+    common::close_all(&got, &expected, 1e-5).map_err(|m| TestCaseError::fail(format!("{m}\n{listing}")))?;
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(1024))]
+
+    /// What one run pushes equals the plan's range map, in order and in every attribute;
+    /// ranges are balanced and no range sits directly inside one with its label and domain.
+    #[test]
+    fn one_run_pushes_exactly_the_range_map(
+        program in programs(true),
+        fuser in fusers(),
+        strategy in prop_oneof![Just(FusionStrategy::Consecutive), Just(FusionStrategy::Dataflow)],
+        specs in guard_specs(),
+        profile_at in prop::collection::vec((0u8..3, 1u8..3), 0..3),
+        recorder_twice in any::<bool>(),
+        profiling_off in prop::bool::weighted(0.1),
+        seed in any::<u64>(),
+    ) {
+        prop_assume!(nvtx_capture::is_installed());
+        let registry = Registry::with_builtins();
+        let arena = Arena::new();
+        let built = program.build(&arena, &registry).unwrap();
+        let times = |stage: u8| profile_at.iter().filter(|(s, _)| *s == stage).map(|(_, n)| *n).sum::<u8>();
+
+        let mut trace = profile(built.clone(), &arena, times(0));
+        attach(&mut trace, &specs, 0);
+        let mut trace = profile(Pipeline::standard().run(&trace, &arena).unwrap(), &arena, times(1));
+        attach(&mut trace, &specs, 1);
+        let fuser: Option<Arc<dyn Executor>> = match fuser {
+            Fuser::None => None,
+            Fuser::CpuFusion { emit } => Some(Arc::new(CpuFusion::new().emit_region_ranges(emit))),
+            Fuser::Test { domain, single_input_only } => Some(Arc::new(TestFuser::new(DOMAINS[domain], single_input_only))),
+        };
+        if let Some(fuser) = &fuser {
+            trace = FuseRegions::new(fuser.clone()).strategy(strategy).run(&trace, &arena).unwrap();
+        }
+        let mut trace = profile(trace, &arena, times(2));
+        attach(&mut trace, &specs, 2);
+        let recorder = Recorder::new();
+        if recorder_twice {
+            trace.attach_guard(Selection::All, recorder.clone()).unwrap();
+            trace.attach_guard(Selection::All, recorder.clone()).unwrap();
+        }
+
+        let mut executors: Vec<Arc<dyn Executor>> = fuser.into_iter().collect();
+        executors.push(CpuReference::shared());
+        let plan = Plan::compile(&trace, &executors).unwrap();
+        plan.set_profiling(!profiling_off);
+        let reference = Plan::compile(&built, &[CpuReference::shared()]).unwrap();
+        let inputs = program.input_data(seed);
+        check_case(&plan, &reference, &inputs, &trace.to_string())?;
+        if recorder_twice && !profiling_off {
+            // One recorder attached twice to each op records each op once (regions as one).
+            let scopes = (0..trace.len()).count();
+            let recorded = recorder.ranges().iter().filter(|r| r.level != boundscope::guards::Level::Subsymbol).count();
+            prop_assert!(recorded <= scopes + plan.len(), "{recorded} ranges for {scopes} bound symbols");
+            prop_assert_eq!(recorder.ranges().iter().filter(|r| r.parent.is_none()).count(), scopes);
+        }
+        // And again: a second run pushes the same.
+        let (_, again) = captured_run(&plan, &inputs);
+        prop_assert_eq!(pushes_of(&again), pushes_in(plan.range_map()));
+    }
+}
+
+fn swish_chain<'a>(arena: &'a Arena, registry: &'a Registry) -> Trace<'a> {
+    let mut b = TraceBuilder::new(arena, registry);
+    let x = b.input(&[8, 8]).unwrap();
+    let e = b.exp(x).unwrap();
+    let t = b.tanh(e).unwrap();
+    let y = b.neg(t).unwrap();
+    let z = b.matmul(y, x).unwrap();
+    b.output(z).unwrap();
+    b.finish().unwrap()
+}
+
+fn inputs() -> Vec<Tensor> {
+    vec![Tensor::from_fn(&[8, 8], |i| i as f32 / 64.0 - 0.5)]
+}
+
+/// The labels pushed in `domain`, in order.
+fn labels_in(events: &[NvtxEvent], domain: &str) -> Vec<String> {
+    pushes_of(events).into_iter().filter(|p| p.domain == domain).map(|p| p.label).collect()
+}
+
+#[test]
+fn a_user_executor_in_its_own_domain_gets_no_second_range_there() {
+    if !nvtx_capture::is_installed() {
+        eprintln!("SKIPPED: the NVTX capture is not this process's NVTX tool");
+        return;
+    }
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let trace = swish_chain(&arena, &registry);
+    let fuser: Arc<dyn Executor> = Arc::new(TestFuser::new("test_fuser", false));
+    let profiled = ProfileOps::new().run(&trace, &arena).unwrap();
+    let mut fused = FuseRegions::new(fuser.clone()).run(&profiled, &arena).unwrap();
+    fused.attach_guard(Selection::All, NvtxRange::new().domain("test_fuser").unwrap()).unwrap();
+    let plan = Plan::compile(&fused, &[fuser, CpuReference::shared()]).unwrap();
+    let (_, events) = captured_run(&plan, &inputs());
+    // One range in the executor's domain, pushed by it; the `boundscope` one from the runtime.
+    assert_eq!(labels_in(&events, "test_fuser"), ["TestFusion0: (exp, tanh, neg)", "matmul"]);
+    let boundscope = labels_in(&events, "boundscope");
+    assert!(boundscope.contains(&"TestFusion0: (exp, tanh, neg)".to_string()), "{boundscope:?}");
+    let region = plan.range_map().ranges().iter().filter(|r| r.label.starts_with("TestFusion0")).cloned();
+    let pushers: Vec<PushedBy> = region.map(|r| r.pushed_by).collect();
+    assert_eq!(pushers.len(), 2);
+    assert!(pushers.contains(&PushedBy::Runtime) && pushers.contains(&PushedBy::Executor("test_fuser".into())));
+    check_nesting(&events).unwrap();
+}
+
+#[test]
+fn a_label_in_one_domain_renames_no_range_in_another() {
+    if !nvtx_capture::is_installed() {
+        eprintln!("SKIPPED: the NVTX capture is not this process's NVTX tool");
+        return;
+    }
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let trace = swish_chain(&arena, &registry);
+    let fusion = CpuFusion::shared();
+    let mut fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap();
+    let region = Selection::Op(BoundSymbolId::from_index(0));
+    assert_eq!(fused.bound_symbols()[0].symbol(), prims::REGION, "{fused}");
+    fused.attach_guard(region.clone(), NvtxRange::new().domain("user").unwrap().label("mine").unwrap()).unwrap();
+    fused.attach_guard(region, NvtxRange::new()).unwrap();
+    let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap();
+    let (_, events) = captured_run(&plan, &inputs());
+    assert_eq!(labels_in(&events, "user"), ["mine"]);
+    assert_eq!(labels_in(&events, "boundscope"), ["CpuFusion0: (exp, tanh, neg)"]);
+}
+
+#[test]
+fn profiling_twice_or_by_the_front_end_again_gives_one_range_per_op() {
+    if !nvtx_capture::is_installed() {
+        eprintln!("SKIPPED: the NVTX capture is not this process's NVTX tool");
+        return;
+    }
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let trace = swish_chain(&arena, &registry);
+    let once = ProfileOps::new().run(&trace, &arena).unwrap();
+    let twice = ProfileOps::new().run(&once, &arena).unwrap();
+    assert_eq!(once.to_string(), twice.to_string());
+    // Attached by hand twice: the plan still pushes one range per op.
+    let mut by_hand = trace.clone();
+    by_hand.attach_guard(Selection::All, NvtxRange::new()).unwrap();
+    by_hand.attach_guard(Selection::All, NvtxRange::new()).unwrap();
+    let plan = Plan::compile(&by_hand, &[CpuReference::shared()]).unwrap();
+    let (_, events) = captured_run(&plan, &inputs());
+    assert_eq!(labels_in(&events, "boundscope").len(), trace.len());
+    // The front end on a trace the user already profiled, in another domain: nothing added.
+    let mut users = trace.clone();
+    users.attach_guard(Selection::All, NvtxRange::new().domain("user").unwrap()).unwrap();
+    users.attach_trace_guard(NvtxRange::new().domain("user").unwrap()).unwrap();
+    let mut options = boundscope::options::Options::new();
+    options.set_str("runtime.profiling", "ops").unwrap();
+    options.set("runtime.fusion", false).unwrap();
+    let env = boundscope::frontend::Environment::from_pairs(&[]);
+    let session = boundscope::frontend::ProfiledSession::new(options, &env).unwrap();
+    let plan = session.compile(&users, &arena).unwrap();
+    let (_, events) = captured_run(&plan, &inputs());
+    assert_eq!(labels_in(&events, "boundscope"), Vec::<String>::new(), "{plan:#}");
+    assert_eq!(labels_in(&events, "user").len(), 1 + trace.len());
+}
+
+#[test]
+fn one_recorder_attached_twice_records_once_fused_or_not() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let trace = swish_chain(&arena, &registry);
+    let recorder = Recorder::new();
+    let mut twice = trace.clone();
+    twice.attach_guard(Selection::All, recorder.clone()).unwrap();
+    twice.attach_guard(Selection::All, recorder.clone()).unwrap();
+    let plan = Plan::compile(&twice, &[CpuReference::shared()]).unwrap();
+    let refs: Vec<Tensor> = inputs();
+    plan.run(&[&refs[0]]).unwrap();
+    assert_eq!(recorder.len(), trace.len());
+    recorder.clear();
+    let fusion = CpuFusion::shared();
+    let fused = FuseRegions::new(fusion.clone()).run(&twice, &arena).unwrap();
+    Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap().run(&[&refs[0]]).unwrap();
+    assert_eq!(recorder.len(), fused.len());
+}
+
+#[test]
+fn region_names_stay_unique_across_fusion_passes() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[16]).unwrap();
+    let e = b.exp(x).unwrap();
+    let n = b.neg(e).unwrap();
+    let s = b.sum(n).unwrap();
+    let t = b.tanh(s).unwrap();
+    let r = b.relu(t).unwrap();
+    b.output(r).unwrap();
+    let trace = b.finish().unwrap();
+    let first = FuseRegions::new(CpuFusion::shared()).max_ops(2).run(&trace, &arena).unwrap();
+    let second = FuseRegions::new(CpuFusion::shared()).run(&first, &arena).unwrap();
+    let names: Vec<&str> = second.bound_symbols().iter().filter_map(|b| b.name()).collect();
+    let mut unique = names.clone();
+    unique.sort();
+    unique.dedup();
+    assert_eq!(names.len(), unique.len(), "{second}");
+    assert!(names.len() >= 2, "{second}");
+}
+
+#[test]
+fn a_run_keeps_its_profiling_decision_to_the_end() {
+    if !nvtx_capture::is_installed() {
+        eprintln!("SKIPPED: the NVTX capture is not this process's NVTX tool");
+        return;
+    }
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[8, 8]).unwrap();
+    let m = b.mul(x, x).unwrap();
+    let e = b.exp(m).unwrap();
+    let y = b.neg(e).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let fusion = CpuFusion::shared();
+    let mut fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap();
+    fused.attach_trace_guard(NvtxRange::new().label("run").unwrap()).unwrap();
+    fused.attach_guard(Selection::All, NvtxRange::new()).unwrap();
+    // A non-profiling guard on the run that flips the plan's switch while the run is going.
+    let plan_cell: Arc<OnceLock<Arc<Plan>>> = Arc::new(OnceLock::new());
+    let flip = plan_cell.clone();
+    let on = Arc::new(AtomicBool::new(false));
+    let next = on.clone();
+    fused
+        .attach_trace_guard(ClosureGuard::new(
+            move || {
+                if let Some(plan) = flip.get() {
+                    plan.set_profiling(next.fetch_xor(true, Ordering::Relaxed));
+                }
+            },
+            || {},
+        ))
+        .unwrap();
+    let plan = Arc::new(Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap());
+    plan_cell.set(plan.clone()).ok().unwrap();
+    for _ in 0..4 {
+        let decided = plan.profiling();
+        let (_, events) = captured_run(&plan, &inputs());
+        let labels = labels_in(&events, "boundscope");
+        if decided {
+            assert_eq!(labels, ["run", "CpuFusion0: (mul, exp, neg)"]);
+        } else {
+            assert!(labels.is_empty(), "{labels:?}");
+        }
+        check_nesting(&events).unwrap();
+    }
+}
+
+/// A guard whose exit panics.
+struct PanickingExit(Arc<AtomicUsize>);
+struct PreparedPanickingExit(Arc<AtomicUsize>);
+impl ScopedGuard for PreparedPanickingExit {
+    fn on_enter(&self) -> u64 {
+        0
+    }
+    fn on_exit(&self, _: u64) {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        panic!("this guard's exit panics on purpose");
+    }
+}
+impl Guard for PanickingExit {
+    fn kind(&self) -> GuardKind {
+        GuardKind::Custom("@panics")
+    }
+    fn is_profiling(&self) -> bool {
+        false
+    }
+    fn prepare(&self, _: &GuardSite<'_>) -> boundscope::Result<Box<dyn ScopedGuard>> {
+        Ok(Box::new(PreparedPanickingExit(self.0.clone())))
+    }
+}
+
+/// Fails (or panics) on `exp`.
+struct FailOnExp {
+    panic: bool,
+}
+impl Executor for FailOnExp {
+    fn name(&self) -> &str {
+        "fail_on_exp"
+    }
+    fn claims(&self, op: &OpView<'_>) -> bool {
+        op.symbol_id() == prims::EXP
+    }
+    fn compile(&self, _: &OpView<'_>) -> boundscope::Result<Box<dyn Kernel>> {
+        let panic = self.panic;
+        Ok(boundscope::kernel_fn(move |_, _| {
+            if panic {
+                panic!("the kernel panics on purpose");
+            }
+            Err(Error::Execution { executor: "fail_on_exp".into(), symbol: "exp".into(), message: "on purpose".into() })
+        }))
+    }
+}
+
+#[test]
+fn a_panicking_exit_still_exits_every_guard_and_never_aborts() {
+    if !nvtx_capture::is_installed() {
+        eprintln!("SKIPPED: the NVTX capture is not this process's NVTX tool");
+        return;
+    }
+    for kernel_panics in [false, true] {
+        let (arena, registry) = (Arena::new(), Registry::with_builtins());
+        let trace = swish_chain(&arena, &registry);
+        let mut guarded = trace.clone();
+        let exits = Arc::new(AtomicUsize::new(0));
+        let recorder = Recorder::new();
+        guarded.attach_trace_guard(NvtxRange::new().label("run").unwrap()).unwrap();
+        guarded.attach_trace_guard(recorder.clone()).unwrap();
+        let exp = Selection::Op(BoundSymbolId::from_index(0));
+        guarded.attach_guard(exp.clone(), NvtxRange::new()).unwrap();
+        guarded.attach_guard(exp.clone(), PanickingExit(exits.clone())).unwrap();
+        guarded.attach_guard(exp, recorder.clone()).unwrap();
+        let failing: Arc<dyn Executor> = Arc::new(FailOnExp { panic: kernel_panics });
+        let plan = Plan::compile(&guarded, &[failing, CpuReference::shared()]).unwrap();
+        let inputs = inputs();
+        nvtx_capture::events_on_current_thread();
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| plan.run(&[&inputs[0]])));
+        let events = nvtx_capture::events_on_current_thread();
+        let message = outcome.as_ref().err().and_then(|p| p.downcast_ref::<&str>().copied());
+        let expected =
+            if kernel_panics { "the kernel panics on purpose" } else { "this guard's exit panics on purpose" };
+        assert_eq!(message, Some(expected), "kernel panics: {kernel_panics}");
+        assert_eq!(exits.load(Ordering::Relaxed), 1);
+        check_nesting(&events).unwrap();
+        assert_eq!(recorder.len(), 2, "the recorder's two scopes were both exited");
+        // The thread's state is sound: a later run on it nests from the top again.
+        recorder.clear();
+        let clean = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+        let mut profiled = trace.clone();
+        profiled.attach_trace_guard(recorder.clone()).unwrap();
+        Plan::compile(&profiled, &[CpuReference::shared()]).unwrap().run(&[&inputs[0]]).unwrap();
+        assert_eq!(recorder.ranges()[0].parent, None);
+        drop(clean);
+    }
+}
+
+#[test]
+fn conflicting_settings_in_one_domain_are_a_note_of_the_plan() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut trace = swish_chain(&arena, &registry);
+    let op = Selection::Op(BoundSymbolId::from_index(0));
+    trace.attach_guard(op.clone(), NvtxRange::new().label("first").unwrap()).unwrap();
+    trace.attach_guard(op, NvtxRange::new().label("second").unwrap().color(7)).unwrap();
+    let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+    assert_eq!(plan.notes().len(), 1, "{:?}", plan.notes());
+    assert!(plan.notes()[0].contains("\"first\" kept, \"second\" ignored"), "{:?}", plan.notes());
+    assert!(plan.to_string().contains("# note: op `exp`"), "{plan}");
+    let map = plan.range_map();
+    assert_eq!(map.len(), 1);
+    assert_eq!(map.ranges()[0].label, "first");
+    assert_eq!(map.ranges()[0].color, Some(7), "the colour only the second gave is taken");
+}
+
+#[test]
+fn a_position_map_that_makes_spans_overlap_is_a_typed_error() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 4]).unwrap();
+    let w = b.input(&[4, 4]).unwrap();
+    let h = b.linear(x, w, None).unwrap();
+    let y = b.softmax(h).unwrap();
+    b.output(y).unwrap();
+    let mut trace = b.finish().unwrap();
+    trace.attach_guard(Selection::All, Recorder::new()).unwrap();
+    let prims_only = Pipeline::standard().run(&trace, &arena).unwrap();
+    // linear became [transpose, matmul]; softmax several prims: two spans, side by side.
+    let n = prims_only.len();
+    assert!(n >= 4, "{prims_only}");
+    let mut rewritten = TraceBuilder::rewrite(&prims_only, &arena);
+    for bsym in prims_only.bound_symbols() {
+        rewritten.push_copy(bsym);
+    }
+    // Swap the last op of the first span with the first op of the second.
+    let mut map: Vec<Option<usize>> = (0..n).map(Some).collect();
+    map.swap(1, 2);
+    let err = rewritten.carry_guards(&prims_only, &map, "swap", |_| unreachable!()).unwrap_err();
+    assert!(matches!(err, Error::OverlappingGuards { .. }), "{err}");
+    assert!(err.to_string().contains("after `swap`"), "{err}");
+    let identity: Vec<Option<usize>> = (0..n).map(Some).collect();
+    rewritten.carry_guards(&prims_only, &identity, "keep", |_| unreachable!()).unwrap();
+}

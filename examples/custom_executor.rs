@@ -16,90 +16,13 @@ use std::sync::Arc;
 use boundscope::executors::CpuReference;
 use boundscope::guards::{Level, NvtxRange, Recorder, Selection};
 use boundscope::passes::{FuseRegions, Pass, ProfileOps};
-use boundscope::{
-    kernel_fn, Arena, Category, EmittedRange, Executor, Fusible, Kernel, OpView, ParamKind, Plan, Registry, Symbol,
-    Tensor, TraceBuilder,
-};
+use boundscope::{Arena, Executor, Plan, Registry, Tensor, TraceBuilder};
 
-fn swish(x: f32) -> f32 {
-    x / (1.0 + (-x).exp())
-}
-
-/// Our elementwise symbol, with its own CPU kernel.
-fn swish_symbol() -> Symbol {
-    Symbol::new("swish", Category::Elementwise).params(&[ParamKind::Tensor]).same_shape_as_first().cpu_kernel(|_| {
-        Ok(kernel_fn(|inputs, outputs| {
-            for (o, &x) in outputs[0].data.iter_mut().zip(inputs[0].data) {
-                *o = swish(x);
-            }
-            Ok(())
-        }))
-    })
-}
-
-/// The scalar function of each unary op MyFuser can fuse.
-fn scalar_fn(name: &str) -> Option<fn(f32) -> f32> {
-    Some(match name {
-        "neg" => |x: f32| -x,
-        "exp" => f32::exp,
-        "tanh" => f32::tanh,
-        "relu" => |x: f32| x.max(0.0),
-        "swish" => swish,
-        _ => return None,
-    })
-}
-
-/// Fuses chains of unary ops into one loop; emits an NVTX range per region, in its own domain.
-struct MyFuser;
-
-const MY_DOMAIN: &str = "my_fuser";
-/// MyFuser pushes its region ranges in its own domain, and says so.
-static EMITS: [EmittedRange; 1] = [EmittedRange::nvtx_regions(MY_DOMAIN)];
-
-impl Executor for MyFuser {
-    fn name(&self) -> &str {
-        "my_fuser"
-    }
-
-    fn fusion_prefix(&self) -> &str {
-        "My"
-    }
-
-    fn fusible(&self, op: &OpView<'_>) -> Fusible {
-        if scalar_fn(op.name()).is_some() {
-            Fusible::Elementwise
-        } else {
-            Fusible::No
-        }
-    }
-
-    /// Our regions with one input and one output; others run unfused on the other executors.
-    fn claims(&self, op: &OpView<'_>) -> bool {
-        op.is_region_of(self.fusion_prefix()) && op.bound_symbol().inputs().count() == 1 && op.output_count() == 1
-    }
-
-    fn compile(&self, op: &OpView<'_>) -> boundscope::Result<Box<dyn Kernel>> {
-        let chain: Vec<fn(f32) -> f32> = op.region_ops()?.iter().filter_map(|o| scalar_fn(o.name())).collect();
-        // Profiling asked for a range around this region: push it ourselves, in our domain.
-        let range = op.region_range().map(|r| r.prepare()).transpose()?;
-        Ok(kernel_fn(move |inputs, outputs| {
-            let mut run = || {
-                for (o, &x) in outputs[0].data.iter_mut().zip(inputs[0].data) {
-                    *o = chain.iter().fold(x, |v, f| f(v));
-                }
-            };
-            match &range {
-                Some(range) => range.in_scope(run),
-                None => run(),
-            }
-            Ok(())
-        }))
-    }
-
-    fn emits(&self) -> &[EmittedRange] {
-        &EMITS
-    }
-}
+#[path = "shared/my_fuser.rs"]
+mod my_fuser;
+#[path = "shared/nsys_check.rs"]
+mod nsys_check;
+use my_fuser::{swish_symbol, MyFuser, MY_DOMAIN};
 
 fn main() -> ExitCode {
     match run() {
@@ -168,9 +91,7 @@ fn run() -> boundscope::Result<bool> {
         "{regions} region range(s) in the record; the NVTX one is pushed by MyFuser in domain `{MY_DOMAIN}`, \
          the runtime pushed none for it"
     );
-    // For scripts/nsys-check: one run; its range and the two matmuls in our library's domain,
-    // the region's one range in MyFuser's.
-    println!("boundscope-expected-ranges: boundscope {}", 1 + fused.len() - regions);
-    println!("boundscope-expected-ranges: {MY_DOMAIN} {regions}");
+    // For scripts/nsys-check: the ranges this run pushed, by domain and label.
+    nsys_check::write_expected_ranges(&plan.range_map().counts_tsv(1));
     Ok(diff <= 1e-5 && one_per_region)
 }

@@ -1,9 +1,17 @@
-//! A plan run in a reused workspace allocates nothing, whatever the program.
+//! A plan run in a reused workspace allocates nothing, whatever the program: unfused or fused,
+//! with guards nested deeply or not, profiling on or off, regions with up to 8 inputs and 4
+//! outputs, ranks up to 6 (and a rank-9 transpose), zero-sized dimensions.
 
 mod common;
 
-use boundscope::executors::CpuReference;
-use boundscope::{Arena, Plan, Registry};
+use std::sync::Arc;
+
+use boundscope::executors::{CpuFusion, CpuReference};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use boundscope::guards::{ClosureGuard, HostTimer, NvtxRange, Selection};
+use boundscope::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOps};
+use boundscope::{Arena, Executor, Plan, Registry, Tensor, Trace, TraceBuilder};
 use common::allocations::{allocations_during, CountingAllocator};
 use common::program::programs;
 use proptest::prelude::*;
@@ -14,6 +22,96 @@ static ALLOCATOR: CountingAllocator = CountingAllocator;
 #[test]
 fn the_counter_counts() {
     assert_eq!(allocations_during(|| drop(std::hint::black_box(vec![1u8; 64]))), 1);
+}
+
+/// Heap allocations made by three runs after a warm-up run, in one workspace.
+fn steady_state_allocations(plan: &Plan, inputs: &[Tensor]) -> usize {
+    let views: Vec<_> = inputs.iter().map(|t| t.view()).collect();
+    let mut workspace = plan.workspace();
+    plan.run_with(&mut workspace, &views).unwrap();
+    allocations_during(|| {
+        for _ in 0..3 {
+            plan.run_with(&mut workspace, &views).unwrap();
+        }
+    })
+}
+
+/// Attaches `nested` distinct closure guards around the run (each its own scope, nested), a
+/// closure guard and a timer on every op, and (when `profile`) an NVTX range per op. (Not a
+/// `Recorder`: it keeps every range it records, so its memory grows by design.)
+fn guard(trace: &mut Trace<'_>, nested: usize, profile: bool) {
+    let entries = Arc::new(AtomicUsize::new(0));
+    let counter = || {
+        let entries = entries.clone();
+        ClosureGuard::new(
+            move || {
+                entries.fetch_add(1, Ordering::Relaxed);
+            },
+            || {},
+        )
+    };
+    for _ in 0..nested {
+        trace.attach_trace_guard(counter()).unwrap();
+    }
+    trace.attach_guard(Selection::All, counter()).unwrap();
+    trace.attach_guard(Selection::All, HostTimer::new()).unwrap();
+    if profile {
+        trace.attach_guard(Selection::All, NvtxRange::new()).unwrap();
+    }
+}
+
+/// A region-shaped program: `inputs` inputs of one shape combined by a chain of binary ops,
+/// unary ops after, and `outputs` of the intermediate values returned.
+#[derive(Clone, Debug)]
+struct Wide {
+    shape: Vec<usize>,
+    inputs: usize,
+    unary: usize,
+    outputs: usize,
+}
+
+fn wide_programs() -> impl Strategy<Value = Wide> {
+    let shape = prop::collection::vec(0usize..4, 1..7);
+    (shape, 1usize..9, 0usize..4, 1usize..5).prop_map(|(shape, inputs, unary, outputs)| Wide {
+        shape,
+        inputs,
+        unary,
+        outputs,
+    })
+}
+
+impl Wide {
+    fn build<'a>(&self, arena: &'a Arena, registry: &'a Registry) -> Trace<'a> {
+        let mut b = TraceBuilder::new(arena, registry);
+        let inputs: Vec<_> = (0..self.inputs).map(|_| b.input(&self.shape).unwrap()).collect();
+        let mut values = vec![inputs[0]];
+        for (i, &x) in inputs.iter().enumerate().skip(1) {
+            let last = *values.last().unwrap();
+            values.push(if i % 2 == 0 { b.mul(last, x).unwrap() } else { b.add(last, x).unwrap() });
+        }
+        for i in 0..self.unary {
+            let last = *values.last().unwrap();
+            values.push(if i % 2 == 0 { b.tanh(last).unwrap() } else { b.neg(last).unwrap() });
+        }
+        if values.len() == 1 {
+            let only = values[0];
+            values.push(b.exp(only).unwrap());
+        }
+        // The last value and up to three earlier results (not inputs).
+        let results = &values[self.inputs.min(values.len() - 1)..];
+        for &v in results.iter().rev().take(self.outputs) {
+            b.output(v).unwrap();
+        }
+        b.finish().unwrap()
+    }
+
+    fn input_data(&self) -> Vec<Tensor> {
+        (0..self.inputs).map(|k| Tensor::from_fn(&self.shape, |i| (i + k) as f32 / 7.0 - 0.5)).collect()
+    }
+}
+
+fn strategies() -> impl Strategy<Value = FusionStrategy> {
+    prop_oneof![Just(FusionStrategy::Consecutive), Just(FusionStrategy::Dataflow)]
 }
 
 proptest! {
@@ -27,15 +125,69 @@ proptest! {
         let arena = Arena::new();
         let trace = program.build(&arena, &registry).unwrap();
         let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
-        let inputs = program.input_data(seed);
-        let views: Vec<_> = inputs.iter().map(|t| t.view()).collect();
-        let mut workspace = plan.workspace();
-        plan.run_with(&mut workspace, &views).unwrap();
-        let count = allocations_during(|| {
-            for _ in 0..3 {
-                plan.run_with(&mut workspace, &views).unwrap();
-            }
-        });
+        let count = steady_state_allocations(&plan, &program.input_data(seed));
         prop_assert_eq!(count, 0, "{} steps", plan.len());
     }
+
+    /// The same for fused plans with guards: nested up to 20 deep around the run, on every op
+    /// and region, profiling on or off.
+    #[test]
+    fn fused_and_guarded_runs_allocate_nothing(
+        program in programs(true),
+        strategy in strategies(),
+        block in 1usize..64,
+        nested in 0usize..20,
+        profile in any::<bool>(),
+        profiling_on in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
+        let registry = Registry::with_builtins();
+        let arena = Arena::new();
+        let trace = Pipeline::standard().run(&program.build(&arena, &registry).unwrap(), &arena).unwrap();
+        let profiled = if profile { ProfileOps::new().run(&trace, &arena).unwrap() } else { trace };
+        let fusion: Arc<dyn Executor> = Arc::new(CpuFusion::new().block_size(block));
+        let mut fused = FuseRegions::new(fusion.clone()).strategy(strategy).run(&profiled, &arena).unwrap();
+        guard(&mut fused, nested, profile);
+        let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap();
+        plan.set_profiling(profiling_on);
+        let count = steady_state_allocations(&plan, &program.input_data(seed));
+        prop_assert_eq!(count, 0, "{}", plan);
+    }
+
+    /// Regions with up to 8 inputs and 4 outputs, ranks up to 6, zero-sized dimensions; fused
+    /// and unfused, guarded.
+    #[test]
+    fn wide_regions_allocate_nothing(wide in wide_programs(), block in 1usize..64, nested in 0usize..20) {
+        let registry = Registry::with_builtins();
+        let arena = Arena::new();
+        let trace = wide.build(&arena, &registry);
+        let fusion: Arc<dyn Executor> = Arc::new(CpuFusion::new().block_size(block));
+        let mut fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap();
+        guard(&mut fused, nested, true);
+        let inputs = wide.input_data();
+        let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap();
+        prop_assert_eq!(steady_state_allocations(&plan, &inputs), 0, "{}", plan);
+        let mut unfused = trace.clone();
+        guard(&mut unfused, nested, true);
+        let plan = Plan::compile(&unfused, &[CpuReference::shared()]).unwrap();
+        prop_assert_eq!(steady_state_allocations(&plan, &inputs), 0, "{}", plan);
+    }
+}
+
+#[test]
+fn a_rank_9_transpose_allocates_nothing() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let shape = [2, 1, 2, 1, 2, 1, 2, 1, 2];
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&shape).unwrap();
+    let y = b.transpose(x, &[8, 7, 6, 5, 4, 3, 2, 1, 0]).unwrap();
+    b.output(y).unwrap();
+    let plan = Plan::compile(&b.finish().unwrap(), &[CpuReference::shared()]).unwrap();
+    let input = Tensor::from_fn(&shape, |i| i as f32);
+    assert_eq!(steady_state_allocations(&plan, std::slice::from_ref(&input)), 0);
+    // And it is right: reversing every axis of this shape reverses the flat order's bits.
+    let out = plan.run(&[&input]).unwrap();
+    let expected: Vec<f32> = (0..32u32).map(|i| (i.reverse_bits() >> 27) as f32).collect();
+    assert_eq!(out[0].data(), expected.as_slice());
 }

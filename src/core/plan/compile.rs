@@ -102,6 +102,8 @@ pub struct Plan {
     pub(crate) schedules: [Schedule; 2],
     /// The NVTX ranges of one run, `[profiling on, profiling off]`.
     pub(crate) range_maps: [RangeMap; 2],
+    /// Its widest step and deepest guard nesting, which size a workspace's run-loop lists.
+    pub(crate) widths: Widths,
     /// What the plan reports about its guards (merged NVTX settings that conflicted).
     pub(crate) notes: Vec<String>,
     pub(crate) profiling: Arc<AtomicBool>,
@@ -110,6 +112,15 @@ pub struct Plan {
     pub(crate) developer_options: Vec<String>,
     /// Options that were set but that neither the runtime nor any executor of the plan reads.
     pub(crate) unused_options: Vec<String>,
+}
+
+/// The widest step (tensor inputs, outputs) and the deepest guard nesting of a plan: what a
+/// workspace's run-loop lists must hold so that no run allocates.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Widths {
+    pub inputs: usize,
+    pub outputs: usize,
+    pub guard_depth: usize,
 }
 
 static NEXT_PLAN_ID: AtomicU64 = AtomicU64::new(1);
@@ -158,8 +169,14 @@ impl Plan {
         let schedules = schedules(&scopes, compiler.steps.len());
         let range_maps =
             [range_map(&scopes, &schedules[0], &nodes, true), range_map(&scopes, &schedules[1], &nodes, false)];
+        let widths = Widths {
+            inputs: compiler.steps.iter().map(|s| s.inputs.len()).max().unwrap_or(0),
+            outputs: compiler.steps.iter().map(|s| s.outputs.len()).max().unwrap_or(0),
+            guard_depth: schedules.iter().map(Schedule::max_depth).max().unwrap_or(0),
+        };
         Ok(Plan {
             id: NEXT_PLAN_ID.fetch_add(1, Ordering::Relaxed),
+            widths,
             scopes,
             schedules,
             range_maps,

@@ -7,8 +7,6 @@
 //! that are not profiling guards), so that switching profiling costs nothing per step when the
 //! second one is empty.
 
-use smallvec::SmallVec;
-
 use super::one_per_scope::{ScopeEntry, ScopeGuards};
 use super::range_map::{PlannedRange, PushedBy, RangeMap};
 use crate::core::guards::{Attachment, Guard, GuardSite, GuardTable, Level, ScopedGuard};
@@ -85,6 +83,18 @@ impl Schedule {
         self.order.is_empty()
     }
 
+    /// The most scopes entered at once during a run.
+    pub fn max_depth(&self) -> usize {
+        let mut depth = (self.run_enter.1 - self.run_enter.0) as usize;
+        let mut deepest = depth;
+        for (&(a, b), &exits) in self.enter.iter().zip(&self.exit) {
+            depth += (b - a) as usize;
+            deepest = deepest.max(depth);
+            depth -= exits as usize;
+        }
+        deepest
+    }
+
     fn build(scopes: &[Scope], steps: usize, include: impl Fn(&Scope) -> bool) -> Schedule {
         let mut order: Vec<u32> = (0..scopes.len() as u32).filter(|&i| include(&scopes[i as usize])).collect();
         // Outer before inner: whole-run, earlier start, later end, outer level, attach order.
@@ -112,16 +122,24 @@ impl Schedule {
     }
 }
 
-/// Entered scopes of one run; exits whatever is still entered, innermost first, when dropped
-/// (after an error, or while unwinding from a panic).
+/// Entered scopes of one run; exits whatever is still entered, innermost first, when finished
+/// or dropped (after an error, or while unwinding from a panic).
 pub(crate) struct GuardStack<'p> {
     scopes: &'p [Scope],
-    entered: SmallVec<[(u32, u64); 16]>,
+    /// Borrowed from the workspace, with room for the plan's deepest nesting.
+    entered: Vec<(u32, u64)>,
 }
 
 impl<'p> GuardStack<'p> {
-    pub fn new(scopes: &'p [Scope]) -> Self {
-        Self { scopes, entered: SmallVec::new() }
+    pub fn new(scopes: &'p [Scope], mut storage: Vec<(u32, u64)>) -> Self {
+        storage.clear();
+        Self { scopes, entered: storage }
+    }
+
+    /// Exits whatever is still entered and gives the storage back for the next run.
+    pub fn finish(mut self) -> Vec<(u32, u64)> {
+        self.exit_all();
+        std::mem::take(&mut self.entered)
     }
 
     #[inline(always)]
@@ -155,12 +173,12 @@ impl<'p> GuardStack<'p> {
     }
 }
 
-impl Drop for GuardStack<'_> {
+impl GuardStack<'_> {
     /// Exits every scope still entered, innermost first. A guard exit that panics does not stop
     /// the others: they are all exited, then the first such panic resumes, unless the thread is
     /// already unwinding (a kernel panicked), in which case that panic goes on and the exit's is
     /// discarded, so that the process never aborts.
-    fn drop(&mut self) {
+    fn exit_all(&mut self) {
         let mut first_panic = None;
         while !self.entered.is_empty() {
             let exited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.exit_one()));
@@ -173,6 +191,12 @@ impl Drop for GuardStack<'_> {
                 std::panic::resume_unwind(payload);
             }
         }
+    }
+}
+
+impl Drop for GuardStack<'_> {
+    fn drop(&mut self) {
+        self.exit_all();
     }
 }
 

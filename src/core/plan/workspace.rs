@@ -5,7 +5,6 @@
 //! `unsafe`; putting them back is a move, not an allocation.
 
 use smallvec::SmallVec;
-
 use std::sync::atomic::Ordering;
 
 use super::compile::{Plan, Slot, Step, Work};
@@ -27,6 +26,31 @@ pub struct Workspace {
     /// Set while a run is in flight; still set afterwards if a kernel panicked, in which case
     /// the buffers may be incomplete and are rebuilt by the next run.
     in_flight: bool,
+    /// The run loop's per-step lists, sized when the workspace is made for the plan's widest
+    /// step and deepest guard nesting, so that no run allocates.
+    scratch: RunScratch,
+}
+
+/// Reusable lists of the run loop. Lists of borrowed views are kept empty between steps, with
+/// `'static` in their type; [`recycle`] lends their allocation to the lifetimes of one step.
+#[derive(Default)]
+struct RunScratch {
+    guard_stack: Vec<(u32, u64)>,
+    input_views: Vec<TensorRef<'static>>,
+    output_views: Vec<TensorMut<'static>>,
+    taken: Vec<Vec<f32>>,
+    device_inputs: Vec<&'static dyn DeviceBuffer>,
+    device_outputs: Vec<&'static mut dyn DeviceBuffer>,
+    device_taken: Vec<Option<Box<dyn DeviceBuffer>>>,
+}
+
+/// An empty list with the allocation of `list`, for elements of the same type with other
+/// lifetimes (the standard library collects a mapped `vec::IntoIter` in place, reusing the
+/// allocation, when the element layouts match, as they do here).
+#[inline(always)]
+fn recycle<T, U>(mut list: Vec<T>) -> Vec<U> {
+    list.clear();
+    list.into_iter().map(|_| unreachable!("the list was cleared")).collect()
 }
 
 impl Workspace {
@@ -73,6 +97,15 @@ impl Plan {
             buffers: self.buffer_shapes.iter().map(|s| vec![0.0; s.iter().product()]).collect(),
             device_buffers: Vec::new(),
             in_flight: false,
+            scratch: RunScratch {
+                guard_stack: Vec::with_capacity(self.widths.guard_depth),
+                input_views: Vec::with_capacity(self.widths.inputs),
+                output_views: Vec::with_capacity(self.widths.outputs),
+                taken: Vec::with_capacity(self.widths.outputs),
+                device_inputs: Vec::with_capacity(self.widths.inputs),
+                device_outputs: Vec::with_capacity(self.widths.outputs),
+                device_taken: Vec::with_capacity(self.widths.outputs),
+            },
         }
     }
 
@@ -138,8 +171,22 @@ impl Plan {
     /// The run loop with guards: enters and exits scopes around steps, on this thread. The
     /// stack exits whatever is still entered, innermost first, on error and on panic.
     fn run_guarded(&self, schedule: &Schedule, workspace: &mut Workspace, inputs: &[TensorRef<'_>]) -> Result<()> {
+        let storage = std::mem::take(&mut workspace.scratch.guard_stack);
+        let mut stack = GuardStack::new(&self.scopes, storage);
+        let result = self.run_guarded_steps(schedule, &mut stack, workspace, inputs);
+        workspace.scratch.guard_stack = stack.finish();
+        result
+    }
+
+    #[inline(always)]
+    fn run_guarded_steps(
+        &self,
+        schedule: &Schedule,
+        stack: &mut GuardStack<'_>,
+        workspace: &mut Workspace,
+        inputs: &[TensorRef<'_>],
+    ) -> Result<()> {
         let order = &schedule.order;
-        let mut stack = GuardStack::new(&self.scopes);
         let (a, b) = schedule.run_enter;
         stack.enter(&order[a as usize..b as usize]);
         for (i, step) in self.steps.iter().enumerate() {
@@ -176,41 +223,48 @@ impl Plan {
             Work::Host(kernel) => kernel,
             other => return self.run_device_step(other, step, workspace, inputs),
         };
+        let Workspace { buffers, scratch, .. } = workspace;
         if let [buffer] = step.outputs[..] {
             // The common case, one output: no list of taken buffers to build.
-            let mut data = std::mem::take(&mut workspace.buffers[buffer as usize]);
+            let mut data = std::mem::take(&mut buffers[buffer as usize]);
             let result = {
-                let mut views = SmallVec::new();
-                self.input_views(&mut views, step, &workspace.buffers, inputs);
+                let mut views = recycle(std::mem::take(&mut scratch.input_views));
+                self.input_views(&mut views, step, buffers, inputs);
                 let mut outs = [TensorMut { shape: &self.buffer_shapes[buffer as usize], data: &mut data }];
-                kernel.run(&views, &mut outs)
+                let result = kernel.run(&views, &mut outs);
+                scratch.input_views = recycle(views);
+                result
             };
-            workspace.buffers[buffer as usize] = data;
+            buffers[buffer as usize] = data;
             return result;
         }
-        let mut taken: SmallVec<[Vec<f32>; 2]> = SmallVec::new();
+        let mut taken = std::mem::take(&mut scratch.taken);
         for &b in &step.outputs {
-            taken.push(std::mem::take(&mut workspace.buffers[b as usize]));
+            taken.push(std::mem::take(&mut buffers[b as usize]));
         }
         let result = {
-            let mut views = SmallVec::new();
-            self.input_views(&mut views, step, &workspace.buffers, inputs);
-            let mut outs: SmallVec<[TensorMut<'_>; 2]> = SmallVec::new();
+            let mut views = recycle(std::mem::take(&mut scratch.input_views));
+            self.input_views(&mut views, step, buffers, inputs);
+            let mut outs: Vec<TensorMut<'_>> = recycle(std::mem::take(&mut scratch.output_views));
             for (data, &b) in taken.iter_mut().zip(&step.outputs) {
                 outs.push(TensorMut { shape: &self.buffer_shapes[b as usize], data });
             }
-            kernel.run(&views, &mut outs)
+            let result = kernel.run(&views, &mut outs);
+            scratch.input_views = recycle(views);
+            scratch.output_views = recycle(outs);
+            result
         };
-        for (data, &b) in taken.into_iter().zip(&step.outputs) {
-            workspace.buffers[b as usize] = data;
+        for (data, &b) in taken.drain(..).zip(&step.outputs) {
+            buffers[b as usize] = data;
         }
+        scratch.taken = taken;
         result
     }
 
     #[inline(always)]
     fn input_views<'v>(
         &'v self,
-        views: &mut SmallVec<[TensorRef<'v>; 4]>,
+        views: &mut Vec<TensorRef<'v>>,
         step: &Step,
         buffers: &'v [Vec<f32>],
         inputs: &[TensorRef<'v>],
@@ -260,24 +314,33 @@ impl Plan {
                 device.download(source, &mut workspace.buffers[step.outputs[0] as usize])
             }
             Work::Device(kernel) => {
+                let Workspace { device_buffers, scratch, .. } = workspace;
                 // Taken out for the call and always put back, whatever happens in between.
-                let mut taken: SmallVec<[Option<Box<dyn DeviceBuffer>>; 2]> =
-                    step.outputs.iter().map(|&o| workspace.device_buffers[o as usize].take()).collect();
-                let result = (|| {
-                    let mut views: SmallVec<[&dyn DeviceBuffer; 4]> = SmallVec::new();
+                let mut taken = std::mem::take(&mut scratch.device_taken);
+                taken.extend(step.outputs.iter().map(|&o| device_buffers[o as usize].take()));
+                let mut views: Vec<&dyn DeviceBuffer> = recycle(std::mem::take(&mut scratch.device_inputs));
+                let mut outs: Vec<&mut dyn DeviceBuffer> = recycle(std::mem::take(&mut scratch.device_outputs));
+                let result = 'run: {
                     for slot in &step.inputs {
-                        let d = device_slot(slot).ok_or_else(missing)?;
-                        views.push(workspace.device_buffers[d].as_deref().ok_or_else(missing)?);
+                        match device_slot(slot).and_then(|d| device_buffers[d].as_deref()) {
+                            Some(buffer) => views.push(buffer),
+                            None => break 'run Err(missing()),
+                        }
                     }
-                    let mut outs: SmallVec<[&mut dyn DeviceBuffer; 2]> = SmallVec::new();
                     for buffer in taken.iter_mut() {
-                        outs.push(buffer.as_deref_mut().ok_or_else(missing)?);
+                        match buffer.as_deref_mut() {
+                            Some(buffer) => outs.push(buffer),
+                            None => break 'run Err(missing()),
+                        }
                     }
                     kernel.run(&views, &mut outs)
-                })();
-                for (buffer, &o) in taken.into_iter().zip(&step.outputs) {
-                    workspace.device_buffers[o as usize] = buffer;
+                };
+                scratch.device_inputs = recycle(views);
+                scratch.device_outputs = recycle(outs);
+                for (buffer, &o) in taken.drain(..).zip(&step.outputs) {
+                    device_buffers[o as usize] = buffer;
                 }
+                scratch.device_taken = taken;
                 result
             }
             Work::Host(_) => Err(missing()),

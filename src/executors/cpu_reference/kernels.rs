@@ -1,7 +1,7 @@
 //! The CPU reference kernels. Each is built once per bound symbol with its shape analysis done,
 //! and runs on contiguous row-major buffers.
 
-use smallvec::{smallvec, SmallVec};
+use smallvec::smallvec;
 
 use super::math::{with_binary, with_unary};
 use crate::core::ir::{prims, Arg, Shape, SymbolId};
@@ -264,6 +264,9 @@ impl Kernel for Copy {
     }
 }
 
+/// Ranks up to this one count output indices on the stack; higher ranks divide instead.
+const MAX_COUNTED_RANK: usize = 8;
+
 /// Writes the output in order, reading the input through arbitrary strides (transpose,
 /// broadcast).
 struct StridedCopy {
@@ -275,7 +278,19 @@ impl Kernel for StridedCopy {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
         let (input, out) = (inputs[0].data, &mut *outputs[0].data);
         let rank = self.out_shape.len();
-        let mut index: SmallVec<[usize; 8]> = smallvec![0; rank];
+        if rank > MAX_COUNTED_RANK {
+            // No room for a counter per axis without allocating: find each source by division.
+            for (i, o) in out.iter_mut().enumerate() {
+                let (mut rest, mut source) = (i, 0);
+                for axis in (0..rank).rev() {
+                    source += (rest % self.out_shape[axis]) * self.source_strides[axis];
+                    rest /= self.out_shape[axis];
+                }
+                *o = input[source];
+            }
+            return Ok(());
+        }
+        let mut index = [0usize; MAX_COUNTED_RANK];
         let mut source = 0;
         for o in out.iter_mut() {
             *o = input[source];

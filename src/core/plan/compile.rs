@@ -19,6 +19,7 @@ use super::workspace::Workspace;
 use crate::core::guards::{Attachment, DroppedGuard, GuardSite, Level};
 use crate::core::ir::prims;
 use crate::core::ir::{BoundSymbol, DimsDisplay, Shape, Trace, ValueId};
+use crate::core::options::Audience;
 use crate::error::{Error, Result};
 use std::sync::atomic::AtomicBool;
 
@@ -183,7 +184,7 @@ impl Plan {
             notes,
             profiling,
             dropped_guards,
-            developer_options: Vec::new(),
+            developer_options: configured_developer_options(executors),
             unused_options: Vec::new(),
             steps: compiler.steps,
             executor_names: executors.iter().map(|e| e.name().to_string()).collect(),
@@ -196,23 +197,42 @@ impl Plan {
         })
     }
 
-    /// Like [`compile`](Self::compile), recording the options it was built with: developer
-    /// options are listed in the plan's header, and options that no executor in the list (nor
-    /// the runtime) reads are reported by [`unused_options`](Self::unused_options).
+    /// Like [`compile`](Self::compile), recording the options it was built with. The header
+    /// lists the developer options in force: those the executors were configured with (as
+    /// [`compile`](Self::compile) lists them too) and the runtime's. Options that had no effect
+    /// (no executor in the list, nor the runtime, reads them, or the executor that reads them
+    /// was configured otherwise) are reported by [`unused_options`](Self::unused_options).
     ///
     /// ```
-    /// use boundscope::{executors::CpuReference, options::Options, Arena, Plan, Registry, TraceBuilder};
+    /// use std::sync::Arc;
+    /// use boundscope::executors::{CpuFusion, CpuReference};
+    /// use boundscope::{options::Options, Arena, Plan, Registry, TraceBuilder};
     /// let registry = Registry::with_builtins();
     /// let arena = Arena::new();
     /// let mut b = TraceBuilder::new(&arena, &registry);
     /// let x = b.input(&[4]).unwrap();
     /// let y = b.exp(x).unwrap();
     /// b.output(y).unwrap();
+    /// let trace = b.finish().unwrap();
     /// let mut options = Options::new();
     /// options.set_developer("cpu_fusion.block_size", 1024).unwrap();
-    /// let plan = Plan::compile_with_options(&b.finish().unwrap(), &[CpuReference::shared()], &options).unwrap();
-    /// assert!(plan.to_string().contains("# developer options: cpu_fusion.block_size=1024"));
+    /// // No executor of the list reads it: unused, and not listed as in force.
+    /// let plan = Plan::compile_with_options(&trace, &[CpuReference::shared()], &options).unwrap();
+    /// assert!(!plan.to_string().contains("# developer options"));
     /// assert_eq!(plan.unused_options(), &["cpu_fusion.block_size".to_string()]);
+    /// // CpuFusion configured from the options: in force.
+    /// let fusion = Arc::new(CpuFusion::from_options(&options).unwrap());
+    /// let plan = Plan::compile_with_options(&trace, &[fusion, CpuReference::shared()], &options).unwrap();
+    /// assert!(plan.to_string().contains("# developer options: cpu_fusion.block_size=1024"));
+    /// assert!(plan.unused_options().is_empty());
+    /// // CpuFusion configured otherwise: the header says what it runs with; the option is unused.
+    /// let fusion = Arc::new(CpuFusion::new().block_size(16));
+    /// let plan = Plan::compile_with_options(&trace, &[fusion.clone(), CpuReference::shared()], &options).unwrap();
+    /// assert!(plan.to_string().contains("# developer options: cpu_fusion.block_size=16"));
+    /// assert_eq!(plan.unused_options(), &["cpu_fusion.block_size".to_string()]);
+    /// // And without options at all.
+    /// let plan = Plan::compile(&trace, &[fusion, CpuReference::shared()]).unwrap();
+    /// assert!(plan.to_string().contains("# developer options: cpu_fusion.block_size=16"));
     /// ```
     ///
     /// # Errors
@@ -223,12 +243,25 @@ impl Plan {
         options: &crate::options::Options,
     ) -> Result<Plan> {
         let mut plan = Self::compile(trace, executors)?;
-        plan.developer_options = options.developer_overrides();
+        // The runtime's own developer options are in force as set; the executors' are listed
+        // as they were configured (by `compile`).
+        let runtime = options.developer_overrides().into_iter().filter(|o| o.starts_with("runtime."));
+        plan.developer_options.splice(0..0, runtime);
+        // An option has an effect when the runtime reads it, or an executor of the list was
+        // configured with the value set.
         plan.unused_options = options
             .set_names()
-            .filter(|name| {
+            .filter(|&name| {
                 let owner = name.split('.').next().unwrap_or(name);
-                owner != "runtime" && !executors.iter().any(|e| e.name() == owner)
+                let set = options.get(name).ok();
+                let in_force = executors.iter().filter(|e| e.name() == owner).any(|e| {
+                    let configured = e.configured_options();
+                    match configured.iter().find(|(n, _)| *n == name) {
+                        Some((_, value)) => Some(value) == set.as_ref(),
+                        None => e.options().iter().any(|s| s.name == name),
+                    }
+                });
+                owner != "runtime" && !in_force
             })
             .map(str::to_string)
             .collect();
@@ -566,6 +599,21 @@ impl<'c, 't> Compiler<'c, 't> {
             _ => Err(Error::UndefinedValue { value, used_by: "trace output".into() }),
         }
     }
+}
+
+/// `name=value` of every developer option that an executor of the list was configured with,
+/// where the value is not the option's default.
+fn configured_developer_options(executors: &[Arc<dyn Executor>]) -> Vec<String> {
+    let mut listed = Vec::new();
+    for executor in executors {
+        for (name, value) in executor.configured_options() {
+            let spec = executor.options().iter().find(|s| s.name == name);
+            if spec.is_some_and(|s| s.audience == Audience::Developer && s.default != value) {
+                listed.push(format!("{name}={value}"));
+            }
+        }
+    }
+    listed
 }
 
 /// The default label of a region's ranges: `<Executor>Fusion<N>: (op, op, ...)`.

@@ -160,6 +160,15 @@ pub trait Executor: Send + Sync {
     fn options(&self) -> &[crate::options::OptionSpec] {
         &[]
     }
+
+    /// The value of each option in [`options`](Self::options) that this executor was actually
+    /// configured with, however it was configured (from [`crate::options::Options`] or by its
+    /// own builder methods). A plan lists the developer options among them that differ from
+    /// their defaults in its header, and reports an option set in `Options` that the executor
+    /// was not configured with as unused. Default: none.
+    fn configured_options(&self) -> Vec<(&'static str, crate::options::OptionValue)> {
+        Vec::new()
+    }
 }
 
 /// A guard kind an executor emits itself, at a level, and for NVTX ranges the domain it

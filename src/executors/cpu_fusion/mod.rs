@@ -197,6 +197,14 @@ impl Executor for CpuFusion {
     fn options(&self) -> &[OptionSpec] {
         CPU_FUSION_OPTIONS
     }
+
+    fn configured_options(&self) -> Vec<(&'static str, OptionValue)> {
+        vec![
+            ("cpu_fusion.block_size", OptionValue::Int(i64::try_from(self.block).unwrap_or(i64::MAX))),
+            ("cpu_fusion.max_region_ops", OptionValue::Int(i64::try_from(self.max_region_ops).unwrap_or(i64::MAX))),
+            ("cpu_fusion.dump_regions", OptionValue::Bool(self.dumps.is_some())),
+        ]
+    }
 }
 
 thread_local! {
@@ -204,8 +212,10 @@ thread_local! {
     static SCRATCH: RefCell<Vec<Vec<f32>>> = const { RefCell::new(Vec::new()) };
 }
 
-/// Bytes of fusion scratch (block-sized temporaries) held by the current thread: the extra
-/// memory fused regions need, whatever the tensor size.
+/// Bytes of fusion scratch held by the current thread: the extra memory fused regions need,
+/// one block of `f32` (plus an 80-byte stagger) per temporary of the largest region this thread
+/// has run, whatever the tensor size (rows longer than a block run in tiles). The thread keeps
+/// it for the next region it runs.
 pub fn scratch_bytes() -> usize {
     SCRATCH.with(|s| s.borrow().iter().map(|t| t.capacity() * 4).sum())
 }
@@ -218,6 +228,36 @@ mod tests {
     use crate::core::plan::Plan;
     use crate::core::tensor::Tensor;
     use crate::executors::CpuReference;
+
+    #[test]
+    fn long_rows_run_in_tiles_with_block_sized_scratch() {
+        let (arena, registry) = (Arena::new(), Registry::with_builtins());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[2, 1 << 20]).unwrap();
+        let w = b.input(&[1 << 20]).unwrap();
+        let e = b.exp(x).unwrap();
+        let n = b.neg(e).unwrap();
+        let m = b.mul(n, w).unwrap();
+        let s = b.sum(m).unwrap();
+        b.output(s).unwrap();
+        let trace = b.finish().unwrap();
+        let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
+        assert_eq!(fused.len(), 1, "{fused}");
+        let plan = Plan::compile(&fused, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();
+        let reference = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+        let inputs = [
+            Tensor::from_fn(&[2, 1 << 20], |i| (i % 13) as f32 / 13.0),
+            Tensor::from_fn(&[1 << 20], |i| (i % 3) as f32),
+        ];
+        // On a thread of its own, so that the scratch measured is this region's.
+        let (got, scratch) = std::thread::scope(|scope| {
+            scope.spawn(|| (plan.run(&[&inputs[0], &inputs[1]]).unwrap(), scratch_bytes())).join().unwrap()
+        });
+        let expected = reference.run(&[&inputs[0], &inputs[1]]).unwrap();
+        assert_eq!(got, expected, "tiles accumulate in the reference's order");
+        // A few block-sized temporaries (plus their stagger), not rows of 2^20 elements.
+        assert!(scratch <= 4 * (DEFAULT_BLOCK + 64) * 4, "{scratch} bytes of scratch");
+    }
 
     #[test]
     fn a_reduction_over_empty_rows_gives_the_identity_like_the_reference() {

@@ -57,6 +57,11 @@ pub struct FusedRegion {
     block: usize,
     /// Instructions run over segments of this many elements: the block, or one row.
     segment: usize,
+    /// The length of the iteration shape's rows.
+    row_len: usize,
+    /// Whether rows are longer than a block and run in tiles of at most a block, each inside
+    /// one row (a trailing reduction then accumulates across a row's tiles, in order).
+    tile_rows: bool,
     loads: Vec<Load>,
     instructions: Vec<Instruction>,
     temps: usize,
@@ -160,11 +165,30 @@ impl FusedRegion {
                 return Err(format!("region output {o} is defined by none of its ops"));
             }
         }
-        // With a reduction or per-row loads, blocks hold whole rows and run a row at a time.
+        // With a reduction or per-row loads, blocks hold whole rows and run a row at a time;
+        // rows longer than a block are cut into tiles of at most a block, so that the scratch
+        // stays `temps x block` whatever the row length.
         let row_len = shape.last().copied().unwrap_or(1).max(1);
         let by_rows = reduce.is_some() || loads.iter().any(|l| matches!(l, Load::PerRow { .. }));
-        let (block, segment) = if by_rows { ((block / row_len).max(1) * row_len, row_len) } else { (block, block) };
-        Ok(Self { shape, numel, block, segment, loads, instructions, temps, reduce_output, reduce, range })
+        let tile_rows = by_rows && row_len > block;
+        let (block, segment) = match (by_rows, tile_rows) {
+            (true, false) => ((block / row_len).max(1) * row_len, row_len),
+            _ => (block, block),
+        };
+        Ok(Self {
+            shape,
+            numel,
+            block,
+            segment,
+            row_len,
+            tile_rows,
+            loads,
+            instructions,
+            temps,
+            reduce_output,
+            reduce,
+            range,
+        })
     }
 
     /// Runs the region on the current thread's scratch temporaries.
@@ -187,7 +211,10 @@ impl FusedRegion {
             }
             let mut start = 0;
             while start < self.numel {
-                let len = self.block.min(self.numel - start);
+                let mut len = self.block.min(self.numel - start);
+                if self.tile_rows {
+                    len = len.min(self.row_len - start % self.row_len);
+                }
                 self.run_block(start, len, inputs, &mut temps, outputs);
                 start += len;
             }
@@ -274,6 +301,18 @@ impl FusedRegion {
             }
             let out = std::mem::take(&mut outputs[i].data);
             let row0 = start / n;
+            if self.tile_rows {
+                // One tile of one row: carry on from the row's earlier tiles, in order.
+                let identity = if op == prims::SUM { 0.0 } else { f32::NEG_INFINITY };
+                let carried = if start.is_multiple_of(n) { identity } else { out[row0] };
+                let fold = |acc: f32, x: f32| if op == prims::SUM { acc + x } else { acc.max(x) };
+                out[row0] = match self.read(source, 0, start, len, inputs, temps, outputs) {
+                    Block::Slice(x) => x.iter().copied().fold(carried, fold),
+                    Block::Scalar(x) => (0..len).fold(carried, |acc, _| fold(acc, x)),
+                };
+                outputs[i].data = out;
+                return;
+            }
             match self.read(source, 0, start, len, inputs, temps, outputs) {
                 Block::Slice(x) => {
                     for (r, row) in x.chunks_exact(n).enumerate() {
@@ -314,12 +353,13 @@ impl FusedRegion {
                 Load::Contiguous => Block::Slice(&inputs[k].data[at..at + len]),
                 Load::Scalar => Block::Scalar(inputs[k].data[0]),
                 Load::PerRow { strides } => {
-                    // Segments are whole rows here: `at` starts one.
+                    // Segments lie inside one row: whole rows, or tiles of a long one.
                     let base = row_base(at, &self.shape, strides);
                     if strides.last() == Some(&0) {
                         Block::Scalar(inputs[k].data[base])
                     } else {
-                        Block::Slice(&inputs[k].data[base..base + len])
+                        let within = at % self.row_len;
+                        Block::Slice(&inputs[k].data[base + within..base + within + len])
                     }
                 }
                 Load::Gather { temp, .. } => Block::Slice(&temps[*temp][skew(*temp) + offset..][..len]),

@@ -6,9 +6,11 @@
 //! or Nsight Compute is attached.
 
 mod environment;
+mod plan_cache;
 mod session;
 
 pub use environment::{detect_nvtx_tool, Environment, NvtxTool, ProfilingDecision, NVTX_OVERRIDE};
+pub use plan_cache::CACHED_PLANS;
 pub use session::ProfiledSession;
 
 use crate::core::options::{OptionSpec, Options, RUNTIME_OPTIONS};

@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use super::environment::{Environment, ProfilingDecision};
+use super::plan_cache::PlanCache;
 use crate::core::guards::{NvtxRange, Selection};
 use crate::core::ir::{Arena, Trace};
 use crate::core::options::Options;
@@ -47,6 +48,8 @@ pub struct ProfiledSession {
     fusion: Arc<dyn Executor>,
     max_region_ops: usize,
     executors: Vec<Arc<dyn Executor>>,
+    /// Compiled plans, by trace fingerprint.
+    pub(super) plans: PlanCache,
 }
 
 impl ProfiledSession {
@@ -73,7 +76,7 @@ impl ProfiledSession {
             Some(gpu) => (gpu[0].clone(), gpu.into_iter().chain([cpu_fusion, CpuReference::shared()]).collect()),
             None => (cpu_fusion.clone(), vec![cpu_fusion, CpuReference::shared()]),
         };
-        Ok(Self { options, profiling, fusion, max_region_ops, executors })
+        Ok(Self { options, profiling, fusion, max_region_ops, executors, plans: PlanCache::default() })
     }
 
     /// Whether (and why) this session profiles.
@@ -130,7 +133,8 @@ impl ProfiledSession {
         Ok(prepared)
     }
 
-    /// Compiles `trace` for this session's executors.
+    /// Compiles `trace` for this session's executors (a new plan each time; see
+    /// [`plan`](Self::plan) for the cached one).
     ///
     /// # Errors
     /// Errors of the passes and of [`Plan::compile`].
@@ -139,12 +143,44 @@ impl ProfiledSession {
         Plan::compile_with_options(&prepared, &self.executors, &self.options)
     }
 
-    /// From a trace to results, in one call.
+    /// The session's plan for `trace`: compiled by the first call for a trace, then taken from
+    /// the session's cache (the [`CACHED_PLANS`](super::CACHED_PLANS) most recently used),
+    /// without running the passes again or growing `arena`. A trace that changes in any way
+    /// a plan depends on (its ops, shapes, dtypes, or guards) gets a new plan. Run it with
+    /// [`Plan::run_with`] and a workspace of your own to allocate nothing per run.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use boundscope::frontend::{Environment, ProfiledSession};
+    /// use boundscope::{options::Options, Arena, Registry, Tensor, TraceBuilder};
+    /// let registry = Registry::with_builtins();
+    /// let arena = Arena::new();
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[2, 8]).unwrap();
+    /// let y = b.softmax(x).unwrap();
+    /// b.output(y).unwrap();
+    /// let trace = b.finish().unwrap();
+    /// let session = ProfiledSession::new(Options::new(), &Environment::from_pairs(&[])).unwrap();
+    /// let plan = session.plan(&trace, &arena).unwrap();
+    /// let grown = arena.allocated_bytes();
+    /// assert!(Arc::ptr_eq(&plan, &session.plan(&trace, &arena).unwrap()));
+    /// session.run(&trace, &arena, &[&Tensor::zeros(&[2, 8])]).unwrap();
+    /// assert_eq!(arena.allocated_bytes(), grown);
+    /// ```
     ///
     /// # Errors
-    /// Errors of [`compile`](Self::compile) and [`Plan::run`].
+    /// As for [`compile`](Self::compile).
+    pub fn plan(&self, trace: &Trace<'_>, arena: &Arena) -> Result<Arc<Plan>> {
+        self.plans.get_or_compile(trace, || self.compile(trace, arena))
+    }
+
+    /// From a trace to results, in one call: the cached [`plan`](Self::plan), run from its pool
+    /// of workspaces. After the first call for a trace, it allocates only the owned outputs.
+    ///
+    /// # Errors
+    /// Errors of [`plan`](Self::plan) and [`Plan::run`].
     pub fn run(&self, trace: &Trace<'_>, arena: &Arena, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        self.compile(trace, arena)?.run(inputs)
+        self.plan(trace, arena)?.run(inputs)
     }
 }
 

@@ -3,8 +3,10 @@
 
 use super::*;
 use crate::core::ir::{Arena, Registry, TraceBuilder};
+use crate::core::tensor::Tensor;
 use crate::error::Error;
 use crate::options::OptionValue;
+use std::sync::Arc;
 
 /// A session from these variables, on the CPU unless they say otherwise (so that listings
 /// name CPU regions on a GPU machine too).
@@ -169,4 +171,44 @@ fn a_required_gpu_is_a_typed_error_where_there_is_none() {
     // auto falls back to the CPU executors.
     let auto = ProfiledSession::new(Options::new(), &Environment::from_pairs(&[])).unwrap();
     assert_eq!(auto.executors().iter().map(|e| e.name()).collect::<Vec<_>>(), ["cpu_fusion", "cpu_reference"]);
+}
+
+#[test]
+fn a_session_compiles_a_trace_once_and_grows_no_arena_on_later_runs() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4, 8]).unwrap();
+    let w = b.input(&[8, 8]).unwrap();
+    let h = b.linear(x, w, None).unwrap();
+    let y = b.gelu(h).unwrap();
+    b.output(y).unwrap();
+    let mut trace = b.finish().unwrap();
+    let session = ProfiledSession::new(Options::new(), &Environment::from_pairs(&[("BOUNDSCOPE_NVTX", "1")])).unwrap();
+    let inputs = [Tensor::from_fn(&[4, 8], |i| i as f32 / 32.0), Tensor::zeros(&[8, 8])];
+    let first = session.run(&trace, &arena, &[&inputs[0], &inputs[1]]).unwrap();
+    let grown = arena.allocated_bytes();
+    let plan = session.plan(&trace, &arena).unwrap();
+    for _ in 0..2000 {
+        assert_eq!(session.run(&trace, &arena, &[&inputs[0], &inputs[1]]).unwrap(), first);
+    }
+    assert_eq!(arena.allocated_bytes(), grown, "later runs must not run the passes again");
+    assert!(Arc::ptr_eq(&plan, &session.plan(&trace, &arena).unwrap()));
+    assert_eq!(session.plans.len(), 1);
+    // A trace that changes gets its own plan: a new guard is part of what a plan runs.
+    let recorder = crate::guards::Recorder::new();
+    trace.attach_guard(crate::guards::Selection::All, recorder.clone()).unwrap();
+    let guarded = session.plan(&trace, &arena).unwrap();
+    assert!(!Arc::ptr_eq(&plan, &guarded));
+    session.run(&trace, &arena, &[&inputs[0], &inputs[1]]).unwrap();
+    assert!(!recorder.is_empty());
+    // The cache keeps the most recently used plans only.
+    for k in 0..2 * crate::frontend::CACHED_PLANS {
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[k + 1]).unwrap();
+        let y = b.exp(x).unwrap();
+        b.output(y).unwrap();
+        session.plan(&b.finish().unwrap(), &arena).unwrap();
+    }
+    assert_eq!(session.plans.len(), crate::frontend::CACHED_PLANS);
 }

@@ -98,7 +98,8 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
-    /// A shape that cannot be used (its element count overflows what a buffer can hold).
+    /// A shape that cannot be used: the product of its non-zero dimensions is more than a
+    /// buffer can hold (see [`checked_numel`](crate::checked_numel)).
     InvalidShape {
         /// The shape.
         shape: Vec<usize>,
@@ -248,7 +249,11 @@ impl fmt::Display for Error {
             Error::InvalidShape { shape, detail } => write!(f, "shape {shape:?} cannot be used: {detail}"),
             Error::InvalidTensor { shape, len } => match crate::core::ir::checked_numel(shape) {
                 Some(n) => write!(f, "a tensor of shape {shape:?} needs {n} elements, but {len} were given"),
-                None => write!(f, "a tensor of shape {shape:?} has more elements than a buffer can hold"),
+                None => write!(
+                    f,
+                    "a tensor of shape {shape:?} cannot be used: {}",
+                    crate::core::ir::unusable_shape_detail(shape)
+                ),
             },
             Error::InputCount { expected, got } => write!(
                 f,

@@ -20,10 +20,7 @@ use crate::error::{Error, Result};
 fn check_shape(shape: &[usize]) -> Result<()> {
     match super::meta::checked_numel(shape) {
         Some(_) => Ok(()),
-        None => Err(Error::InvalidShape {
-            shape: shape.to_vec(),
-            detail: "it has more elements than a buffer can hold".into(),
-        }),
+        None => Err(Error::InvalidShape { shape: shape.to_vec(), detail: super::meta::unusable_shape_detail(shape) }),
     }
 }
 
@@ -146,7 +143,7 @@ impl<'a> TraceBuilder<'a> {
     /// Adds an input with this metadata.
     ///
     /// # Errors
-    /// [`Error::InvalidShape`] if the shape has more elements than a buffer can hold, or
+    /// [`Error::InvalidShape`] if [`checked_numel`](crate::checked_numel) refuses the shape, or
     /// [`Error::InvalidSymbol`] inside a decomposition (inputs belong to the trace).
     pub fn input_with(&mut self, meta: &TensorMeta) -> Result<ValueId> {
         self.check_top_level("input")?;
@@ -248,8 +245,9 @@ impl<'a> TraceBuilder<'a> {
         let meta = rule(&infos).map_err(shape_error)?;
         if super::meta::checked_numel(&meta.shape).is_none() {
             return Err(shape_error(format!(
-                "the result {:?} has more elements than a buffer can hold",
-                meta.shape.as_slice()
+                "the result {:?} cannot be used: {}",
+                meta.shape.as_slice(),
+                super::meta::unusable_shape_detail(&meta.shape)
             )));
         }
 
@@ -487,6 +485,34 @@ mod tests {
         let y = b.exp(x).unwrap();
         b.output(y).unwrap();
         assert_eq!(b.finish().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn zero_sized_shapes_follow_one_rule_whatever_the_order_of_dimensions() {
+        let (arena, registry) = setup();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        // No elements, but strides that overflow: refused in every order, with a message that
+        // does not claim it has too many elements.
+        for shape in [[0, usize::MAX, 2], [2, usize::MAX, 0], [usize::MAX, 0, 2]] {
+            let err = b.input(&shape).unwrap_err();
+            assert!(matches!(err, Error::InvalidShape { .. }), "{shape:?}: {err}");
+            assert!(err.to_string().contains("no elements"), "{err}");
+            let err = crate::Tensor::new(&shape, vec![]).unwrap_err();
+            assert!(err.to_string().contains("no elements"), "{err}");
+        }
+        // A usable zero-sized shape with large dimensions transposes and broadcasts: its strides
+        // fit.
+        let x = b.input(&[0, 1 << 30, 4]).unwrap();
+        let t = b.transpose(x, &[2, 0, 1]).unwrap();
+        let y = b.broadcast_to(x, &[1 << 20, 0, 1 << 30, 4]).unwrap();
+        let e = b.exp(y).unwrap();
+        b.output(t).unwrap();
+        b.output(e).unwrap();
+        let trace = b.finish().unwrap();
+        let plan = crate::Plan::compile(&trace, &[crate::executors::CpuReference::shared()]).unwrap();
+        let out = plan.run(&[&crate::Tensor::new(&[0, 1 << 30, 4], vec![]).unwrap()]).unwrap();
+        assert_eq!(out[0].shape(), &[4, 0, 1 << 30]);
+        assert_eq!(out[1].shape(), &[1 << 20, 0, 1 << 30, 4]);
     }
 
     #[test]

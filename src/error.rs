@@ -106,6 +106,16 @@ pub enum Error {
         /// What is wrong with it.
         detail: String,
     },
+    /// A buffer of a usable shape could not be allocated: the machine does not have the
+    /// memory.
+    OutOfMemory {
+        /// What allocates it (`Tensor`, `Plan::workspace`, ...).
+        what: String,
+        /// The shape of the buffer.
+        shape: Vec<usize>,
+        /// The bytes asked for.
+        bytes: usize,
+    },
     /// A tensor's data length does not match its shape.
     InvalidTensor {
         /// The shape given.
@@ -247,6 +257,11 @@ impl fmt::Display for Error {
                 None => write!(f, "malformed trace: {detail}"),
             },
             Error::InvalidShape { shape, detail } => write!(f, "shape {shape:?} cannot be used: {detail}"),
+            Error::OutOfMemory { what, shape, bytes } => write!(
+                f,
+                "{what} could not allocate {bytes} bytes for a buffer of shape {shape:?}; use smaller shapes, \
+                 or free memory"
+            ),
             Error::InvalidTensor { shape, len } => match crate::core::ir::checked_numel(shape) {
                 Some(n) => write!(f, "a tensor of shape {shape:?} needs {n} elements, but {len} were given"),
                 None => write!(

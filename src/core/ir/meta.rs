@@ -64,8 +64,26 @@ impl TensorMeta {
     }
 
     /// Number of elements.
+    ///
+    /// # Panics
+    /// If [`checked_numel`] refuses the shape, which cannot happen for the metadata of a value
+    /// of a trace (the builder checks every shape); [`checked_numel`](Self::checked_numel)
+    /// returns `None` instead.
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.checked_numel().unwrap_or_else(|| {
+            panic!("TensorMeta::numel: shape {:?} cannot be used: {}", self.shape, unusable_shape_detail(&self.shape))
+        })
+    }
+
+    /// Number of elements, or `None` if [`checked_numel`] refuses the shape.
+    ///
+    /// ```
+    /// use boundscope::TensorMeta;
+    /// assert_eq!(TensorMeta::f32(&[4, 0, 8]).checked_numel(), Some(0));
+    /// assert_eq!(TensorMeta::f32(&[2, 1 << 63]).checked_numel(), None);
+    /// ```
+    pub fn checked_numel(&self) -> Option<usize> {
+        checked_numel(&self.shape)
     }
 }
 

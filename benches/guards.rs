@@ -39,7 +39,7 @@ struct Variant {
 
 impl Variant {
     fn new(name: &'static str, plan: Plan) -> Self {
-        let workspace = plan.workspace();
+        let workspace = plan.workspace().expect("allocates");
         Self { name, plan: Some(plan), workspace: Some(workspace) }
     }
 

@@ -29,7 +29,7 @@ proptest! {
         let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
         let inputs = program.input_data(seed);
         let views: Vec<_> = inputs.iter().map(|t| t.view()).collect();
-        let mut workspace = plan.workspace();
+        let mut workspace = plan.workspace().unwrap();
         plan.run_with(&mut workspace, &views).unwrap();
         let count = allocations_during(|| {
             for _ in 0..3 {

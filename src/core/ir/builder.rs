@@ -58,6 +58,10 @@ pub struct TraceBuilder<'a> {
 }
 
 impl<'a> TraceBuilder<'a> {
+    /// The most bound symbols [`with_capacity`](Self::with_capacity) reserves room for, so that
+    /// a wild guess cannot exhaust memory: 2^16.
+    pub const MAX_RESERVED: usize = 1 << 16;
+
     /// An empty builder over symbols from `registry`, allocating in `arena`.
     pub fn new(arena: &'a Arena, registry: &'a Registry) -> Self {
         Self::with_capacity(arena, registry, 16)
@@ -65,7 +69,8 @@ impl<'a> TraceBuilder<'a> {
 
     /// An empty builder with room for about `bound_symbols` top-level bound symbols (and as many
     /// values) before its lists grow. Growing copies a list within the arena, so a good guess
-    /// saves time; any guess is correct.
+    /// saves time; any guess is correct. Room is reserved for at most
+    /// [`MAX_RESERVED`](Self::MAX_RESERVED) bound symbols; the lists grow past it as needed.
     ///
     /// ```
     /// use boundscope::{Arena, Registry, TraceBuilder};
@@ -78,6 +83,7 @@ impl<'a> TraceBuilder<'a> {
     /// ```
     pub fn with_capacity(arena: &'a Arena, registry: &'a Registry, bound_symbols: usize) -> Self {
         let bump = arena.bump();
+        let bound_symbols = bound_symbols.min(Self::MAX_RESERVED);
         let values = bound_symbols + 8;
         let mut levels = ArenaVec::with_capacity_in(4, bump);
         levels.push(ArenaVec::with_capacity_in(bound_symbols, bump));
@@ -513,6 +519,18 @@ mod tests {
         let out = plan.run(&[&crate::Tensor::new(&[0, 1 << 30, 4], vec![]).unwrap()]).unwrap();
         assert_eq!(out[0].shape(), &[4, 0, 1 << 30]);
         assert_eq!(out[1].shape(), &[1 << 20, 0, 1 << 30, 4]);
+    }
+
+    #[test]
+    fn any_capacity_guess_is_correct() {
+        let (arena, registry) = setup();
+        for guess in [0, 1 << 40, usize::MAX - 4, usize::MAX] {
+            let mut b = TraceBuilder::with_capacity(&arena, &registry, guess);
+            let x = b.input(&[1]).unwrap();
+            let y = b.exp(x).unwrap();
+            b.output(y).unwrap();
+            assert_eq!(b.finish().unwrap().len(), 1, "guess {guess}");
+        }
     }
 
     #[test]

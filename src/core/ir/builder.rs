@@ -55,12 +55,20 @@ pub struct TraceBuilder<'a> {
     pending_comment: Option<&'a str>,
     history: Vec<PassRecord>,
     guards: GuardTable,
+    /// The composites whose decompositions are being expanded, outermost first (one per level
+    /// above the trace's own).
+    expanding: Vec<SymbolId>,
 }
 
 impl<'a> TraceBuilder<'a> {
     /// The most bound symbols [`with_capacity`](Self::with_capacity) reserves room for, so that
     /// a wild guess cannot exhaust memory: 2^16.
     pub const MAX_RESERVED: usize = 1 << 16;
+
+    /// How deeply decompositions may nest composites: a composite whose decomposition binds
+    /// itself (directly or through other composites) and never stops is an error at this depth,
+    /// not a stack overflow. Recursion that ends within it is allowed.
+    pub const MAX_DECOMPOSITION_DEPTH: usize = 64;
 
     /// An empty builder over symbols from `registry`, allocating in `arena`.
     pub fn new(arena: &'a Arena, registry: &'a Registry) -> Self {
@@ -98,6 +106,7 @@ impl<'a> TraceBuilder<'a> {
             pending_comment: None,
             history: Vec::new(),
             guards: GuardTable::default(),
+            expanding: Vec::new(),
         }
     }
 
@@ -200,7 +209,9 @@ impl<'a> TraceBuilder<'a> {
     /// # Errors
     /// [`Error::UnknownSymbol`], [`Error::ArityMismatch`], [`Error::ArgumentKind`],
     /// [`Error::UndefinedValue`], [`Error::ShapeMismatch`], or [`Error::InvalidSymbol`] when a
-    /// user decomposition disagrees with its own shape rule. On error nothing is added.
+    /// user decomposition disagrees with its own shape rule or nests composites more than
+    /// [`MAX_DECOMPOSITION_DEPTH`](Self::MAX_DECOMPOSITION_DEPTH) deep (a decomposition that
+    /// binds its own symbol without end). On error nothing is added.
     pub fn bind(&mut self, symbol: SymbolId, args: &[Arg<'_>]) -> Result<ValueId> {
         let registry = self.registry;
         let def = registry.get(symbol)?.symbol;
@@ -261,10 +272,16 @@ impl<'a> TraceBuilder<'a> {
         let comment = self.pending_comment.take();
         let (output, subsymbols) = match &def.decomposition {
             Some(decompose) => {
+                if self.expanding.len() >= Self::MAX_DECOMPOSITION_DEPTH {
+                    self.pending_comment = comment;
+                    return Err(self.recursion_error(symbol, name));
+                }
                 let bump = self.arena.bump();
                 let first_internal = self.values.len();
                 self.levels.push(ArenaVec::new_in(bump));
+                self.expanding.push(symbol);
                 let result = decompose(self, args);
+                self.expanding.pop();
                 let level = self.levels.pop().expect("pushed above");
                 // Values made inside the decomposition are not visible at this level.
                 for d in &mut self.defined[first_internal..] {
@@ -406,6 +423,44 @@ impl<'a> TraceBuilder<'a> {
         })
     }
 
+    /// The error for binding `symbol` (named `name`) past the decomposition depth limit. When
+    /// it closes a cycle, the error names the cycle's outermost composite (usually the one the
+    /// caller bound) and the cycle from it; otherwise the innermost composites.
+    fn recursion_error(&self, symbol: SymbolId, name: &str) -> Error {
+        let name_of = |id: SymbolId| self.registry.get(id).map_or_else(|_| id.to_string(), |s| s.symbol.name.clone());
+        let chain = |ids: &mut dyn Iterator<Item = SymbolId>| {
+            ids.map(|id| format!("`{}`", name_of(id))).collect::<Vec<_>>().join(" -> ")
+        };
+        let limit = Self::MAX_DECOMPOSITION_DEPTH;
+        match self.expanding.iter().rposition(|&s| s == symbol) {
+            Some(start) => {
+                let cycle = &self.expanding[start..];
+                let outermost = self.expanding.iter().find(|s| cycle.contains(s)).copied().unwrap_or(symbol);
+                let at = cycle.iter().position(|&s| s == outermost).unwrap_or(0);
+                let mut path = cycle[at..].iter().chain(&cycle[..at]).chain([&outermost]).copied();
+                Error::InvalidSymbol {
+                    symbol: name_of(outermost),
+                    detail: format!(
+                        "its decomposition binds it again without end ({}), nesting composites more than {limit} \
+                         deep; make the recursion stop (on a shape, say) or decompose into other symbols",
+                        chain(&mut path)
+                    ),
+                }
+            }
+            None => {
+                let innermost = &self.expanding[self.expanding.len().saturating_sub(3)..];
+                Error::InvalidSymbol {
+                    symbol: name.to_string(),
+                    detail: format!(
+                        "decompositions nest composites more than {limit} deep (innermost: {} -> `{name}`); \
+                         flatten them",
+                        chain(&mut innermost.iter().copied())
+                    ),
+                }
+            }
+        }
+    }
+
     /// Inputs and outputs belong to the trace, not to a decomposition being expanded.
     fn check_top_level(&self, what: &str) -> Result<()> {
         if self.levels.len() > 1 {
@@ -531,6 +586,67 @@ mod tests {
             b.output(y).unwrap();
             assert_eq!(b.finish().unwrap().len(), 1, "guess {guess}");
         }
+    }
+
+    /// A composite `name` whose decomposition applies `exp`, then `next` on the result: a
+    /// recursion without end when `next` leads back to `name`.
+    fn endless(name: &str, next: &'static str) -> crate::Symbol {
+        crate::Symbol::new(name, crate::Category::Composite)
+            .params(&[crate::ParamKind::Tensor])
+            .same_shape_as_first()
+            .decomposition(move |b, args| {
+                let Arg::Value(x) = args[0] else { unreachable!("a tensor") };
+                let y = b.exp(x)?;
+                b.call(next, &[y.into()])
+            })
+    }
+
+    /// A composite that applies `exp` and, while the first dimension is above 1, binds itself
+    /// on the tensor reshaped to half as many rows: a recursion that ends.
+    fn halve() -> crate::Symbol {
+        crate::Symbol::new("halve", crate::Category::Composite)
+            .params(&[crate::ParamKind::Tensor])
+            .same_shape_as_first()
+            .decomposition(|b, args| {
+                let Arg::Value(x) = args[0] else { unreachable!("a tensor") };
+                let shape = b.shape(x)?.to_vec();
+                let y = b.exp(x)?;
+                if shape[0] <= 1 {
+                    return Ok(y);
+                }
+                let halved = b.reshape(y, &[shape[0] / 2, 2 * shape[1]])?;
+                let inner = b.call("halve", &[halved.into()])?;
+                let back = b.reshape(inner, &shape)?;
+                b.exp(back)
+            })
+    }
+
+    #[test]
+    fn a_decomposition_that_binds_itself_without_end_is_an_error() {
+        let mut registry = Registry::with_builtins();
+        registry.register(endless("spin", "spin")).unwrap();
+        registry.register(endless("ping", "pong")).unwrap();
+        registry.register(endless("pong", "ping")).unwrap();
+        registry.register(halve()).unwrap();
+        let arena = Arena::new();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[1, 4]).unwrap();
+        for (name, cycle) in [
+            ("spin", "`spin` -> `spin`"),
+            ("ping", "`ping` -> `pong` -> `ping`"),
+            ("pong", "`pong` -> `ping` -> `pong`"),
+        ] {
+            let err = b.call(name, &[x.into()]).unwrap_err();
+            assert!(matches!(&err, Error::InvalidSymbol { symbol, .. } if symbol == name), "{err}");
+            assert!(err.to_string().contains(cycle), "{err}");
+        }
+        // Recursion that ends is fine (20 levels here).
+        let big = b.input(&[1 << 20, 1]).unwrap();
+        let y = b.call("halve", &[big.into()]).unwrap();
+        b.output(y).unwrap();
+        let trace = b.finish().unwrap();
+        trace.verify().unwrap();
+        assert_eq!(trace.len(), 1);
     }
 
     #[test]

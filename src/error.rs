@@ -194,6 +194,16 @@ pub enum Error {
         /// What it accepts.
         expected: String,
     },
+    /// A `BOUNDSCOPE_*` environment variable that the front end does not read: a typo, or a
+    /// variable of another version (never ignored).
+    UnknownEnvironmentVariable {
+        /// The variable.
+        variable: String,
+        /// The closest variable the front end reads, if one is close.
+        suggestion: Option<String>,
+        /// Every variable the front end reads.
+        known: Vec<String>,
+    },
     /// An executor the plan requires cannot run on this machine.
     ExecutorUnavailable {
         /// The executor.
@@ -314,6 +324,13 @@ impl fmt::Display for Error {
             ),
             Error::InvalidEnvironment { variable, value, expected } => {
                 write!(f, "environment variable {variable}={value:?} is not accepted: expected {expected}; fix it or unset it")
+            }
+            Error::UnknownEnvironmentVariable { variable, suggestion, known } => {
+                write!(f, "unknown environment variable {variable}")?;
+                if let Some(s) = suggestion {
+                    write!(f, "; did you mean {s}?")?;
+                }
+                write!(f, " (boundscope reads {}; rename it or unset it)", known.join(", "))
             }
             Error::ExecutorUnavailable { executor, reason } => write!(
                 f,

@@ -139,6 +139,18 @@ pub enum Error {
         /// The shape given.
         got: Vec<usize>,
     },
+    /// An input to `Plan::run_with` has the right shape but not as many elements as its shape
+    /// holds (a [`TensorRef`](crate::TensorRef) built by hand).
+    InputLength {
+        /// Zero-based input position.
+        index: usize,
+        /// Its shape (the one the trace declares).
+        shape: Vec<usize>,
+        /// How many elements the shape holds.
+        expected: usize,
+        /// How many its data has.
+        got: usize,
+    },
     /// A workspace made by one plan was passed to another.
     WorkspaceMismatch,
     /// A bound-symbol position past the end of the trace.
@@ -289,6 +301,11 @@ impl fmt::Display for Error {
                 f,
                 "input {index} has shape {got:?} but the trace was built for {expected:?}; \
                  build a trace (and plan) for this shape"
+            ),
+            Error::InputLength { index, shape, expected, got } => write!(
+                f,
+                "input {index} has shape {shape:?}, which holds {expected} elements, but its data has {got}; \
+                 give it exactly {expected} (`Tensor::new` checks this)"
             ),
             Error::WorkspaceMismatch => {
                 write!(f, "this workspace was made by another plan; make one with `plan.workspace()`")

@@ -68,6 +68,22 @@ fn checks_inputs_and_workspace() {
 }
 
 #[test]
+fn data_shorter_than_its_shape_is_reported_as_such() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let plan = Plan::compile(&exp_then_add(&arena, &registry), &[CpuReference::shared()]).unwrap();
+    let mut ws = plan.workspace().unwrap();
+    let short = crate::TensorRef { shape: &[2, 3], data: &[0.0; 5] };
+    let err = plan.run_with(&mut ws, &[short]).err().expect("5 elements for [2, 3]");
+    assert!(matches!(err, Error::InputLength { index: 0, expected: 6, got: 5, .. }), "{err:?}");
+    assert!(!err.to_string().contains("built for"), "{err}");
+    assert!(err.to_string().contains("6 elements") && err.to_string().contains("has 5"), "{err}");
+    // A wrong shape is still a shape error.
+    let wrong = crate::TensorRef { shape: &[3, 2], data: &[0.0; 6] };
+    assert!(matches!(plan.run_with(&mut ws, &[wrong]), Err(Error::InputShape { index: 0, .. })));
+}
+
+#[test]
 fn a_workspace_too_large_to_allocate_is_an_error() {
     let registry = Registry::with_builtins();
     let arena = Arena::new();

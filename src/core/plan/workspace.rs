@@ -124,8 +124,9 @@ impl Plan {
     ///
     /// # Errors
     /// [`Error::WorkspaceMismatch`], [`Error::InputCount`], [`Error::InputShape`],
-    /// [`Error::OutOfMemory`] if a run interrupted by a panic left the workspace to be rebuilt
-    /// and it cannot be, or the first error a kernel returns (the remaining steps are not run).
+    /// [`Error::InputLength`], [`Error::OutOfMemory`] if a run interrupted by a panic left the
+    /// workspace to be rebuilt and it cannot be, or the first error a kernel returns (the
+    /// remaining steps are not run).
     pub fn run_with<'w>(&'w self, workspace: &'w mut Workspace, inputs: &[TensorRef<'_>]) -> Result<Outputs<'w>> {
         if workspace.plan_id != self.id {
             return Err(Error::WorkspaceMismatch);
@@ -185,8 +186,18 @@ impl Plan {
             return Err(Error::InputCount { expected: self.input_shapes.len(), got: inputs.len() });
         }
         for (index, (input, expected)) in inputs.iter().zip(&self.input_shapes).enumerate() {
-            if input.shape != expected.as_slice() || input.data.len() != expected.iter().product::<usize>() {
+            if input.shape != expected.as_slice() {
                 return Err(Error::InputShape { index, expected: expected.to_vec(), got: input.shape.to_vec() });
+            }
+            // The trace's shapes are usable (the builder checks them), so this is the count.
+            let numel = expected.iter().product::<usize>();
+            if input.data.len() != numel {
+                return Err(Error::InputLength {
+                    index,
+                    shape: expected.to_vec(),
+                    expected: numel,
+                    got: input.data.len(),
+                });
             }
         }
         Ok(())

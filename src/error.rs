@@ -160,6 +160,14 @@ pub enum Error {
         /// How many top-level bound symbols the trace has.
         len: usize,
     },
+    /// A range of bound-symbol positions whose start is after its end
+    /// (`Selection::Positions(3..1)`).
+    ReversedRange {
+        /// The range's start.
+        start: usize,
+        /// The range's end.
+        end: usize,
+    },
     /// A subsymbol depth that the composite does not have.
     DepthOutOfRange {
         /// The composite's position.
@@ -313,6 +321,11 @@ impl fmt::Display for Error {
             Error::InvalidBoundSymbol { index, len } => {
                 write!(f, "there is no bound symbol at position {index}: the trace has {len} (positions 0..{len})")
             }
+            Error::ReversedRange { start, end } => write!(
+                f,
+                "the positions {start}..{end} are reversed (the start is after the end), so they select nothing; \
+                 write {end}..{start}"
+            ),
             Error::DepthOutOfRange { op, depth, max } => {
                 if *max == 0 {
                     write!(f, "bound symbol {op} is a prim with no subsymbols; attach to it directly instead")

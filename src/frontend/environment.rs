@@ -108,8 +108,10 @@ impl Environment {
         let known: Vec<&str> = std::iter::once(NVTX_OVERRIDE).chain(specs.iter().map(|(_, var)| *var)).collect();
         for name in self.prefixed_names() {
             if !known.contains(&name.as_str()) {
+                // Compared without the prefix they share, so that only a close name is suggested.
+                let unprefixed = known.iter().filter_map(|k| k.strip_prefix(PREFIX));
                 return Err(Error::UnknownEnvironmentVariable {
-                    suggestion: did_you_mean(&name, known.iter().copied()),
+                    suggestion: did_you_mean(&name[PREFIX.len()..], unprefixed).map(|s| format!("{PREFIX}{s}")),
                     variable: name,
                     known: known.iter().map(|k| k.to_string()).collect(),
                 });

@@ -223,6 +223,11 @@ fn an_unknown_boundscope_variable_is_an_error_with_a_suggestion() {
         "{err:?}"
     );
     assert!(err.to_string().contains("did you mean BOUNDSCOPE_PROFILING?"), "{err}");
+    let err = session(&[("BOUNDSCOPE_FUSION_STRATGY", "dataflow")]).err().expect("an error");
+    assert!(err.to_string().contains("did you mean BOUNDSCOPE_FUSION_STRATEGY?"), "{err}");
+    // Sharing the prefix does not make a name close.
+    let err = session(&[("BOUNDSCOPE_FOO", "1")]).err().expect("an error");
+    assert!(matches!(&err, Error::UnknownEnvironmentVariable { suggestion: None, .. }), "{err:?}");
     let err = session(&[("BOUNDSCOPE_COLOUR_SCHEME", "dark")]).err().expect("an error");
     assert!(matches!(&err, Error::UnknownEnvironmentVariable { suggestion: None, .. }), "{err:?}");
     assert!(err.to_string().contains("BOUNDSCOPE_NVTX") && err.to_string().contains("BOUNDSCOPE_FUSION"), "{err}");

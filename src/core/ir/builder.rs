@@ -57,7 +57,7 @@ pub struct TraceBuilder<'a> {
     guards: GuardTable,
     /// The composites whose decompositions are being expanded, outermost first (one per level
     /// above the trace's own).
-    expanding: Vec<SymbolId>,
+    expanding: ArenaVec<'a, SymbolId>,
 }
 
 impl<'a> TraceBuilder<'a> {
@@ -106,7 +106,7 @@ impl<'a> TraceBuilder<'a> {
             pending_comment: None,
             history: Vec::new(),
             guards: GuardTable::default(),
-            expanding: Vec::new(),
+            expanding: ArenaVec::new_in(bump),
         }
     }
 

@@ -26,7 +26,7 @@ fn dispatch(c: &mut Criterion) {
     let plan = Plan::compile(&trace, &[CpuReference::shared()]).expect("compiles");
     let input = Tensor::new(&[1], vec![0.5]).expect("valid");
     let views = [input.view()];
-    let mut workspace = plan.workspace();
+    let mut workspace = plan.workspace().expect("allocates");
 
     let mut group = c.benchmark_group("dispatch");
     group.throughput(Throughput::Elements(OPS as u64));

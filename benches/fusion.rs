@@ -88,7 +88,7 @@ impl Case {
                 })
             })
             .collect();
-        let (uw, fw) = (unfused.workspace(), fused.workspace());
+        let (uw, fw) = (unfused.workspace().expect("allocates"), fused.workspace().expect("allocates"));
         Self { name, inputs, unfused: (unfused, uw), fused: (fused, fw), hand, hand_out: vec![0.0; N] }
     }
 

@@ -61,7 +61,7 @@ fn run() -> boundscope::Result<()> {
     let bare_trace = FuseRegions::new(CpuFusion::shared()).run(&Pipeline::standard().run(&trace, &arena)?, &arena)?;
     let bare = Plan::compile(&bare_trace, &[CpuFusion::shared(), CpuReference::shared()])?;
     let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
-    let (mut ws_session, mut ws_bare) = (plan.workspace(), bare.workspace());
+    let (mut ws_session, mut ws_bare) = (plan.workspace()?, bare.workspace()?);
     let (mut t_session, mut t_bare) = (Vec::new(), Vec::new());
     let rounds = 15;
     for _ in 0..rounds {

@@ -124,7 +124,7 @@ fn run() -> boundscope::Result<bool> {
 
 /// Times `plan` with profiling off, then on; returns how many runs were profiled.
 fn time_profiling_off_and_on(plan: &Plan, inputs: &[Tensor]) -> boundscope::Result<usize> {
-    let mut workspace = plan.workspace();
+    let mut workspace = plan.workspace()?;
     let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
     let runs = 200;
     plan.run_with(&mut workspace, &views)?;

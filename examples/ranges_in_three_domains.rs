@@ -79,7 +79,7 @@ fn run() -> boundscope::Result<bool> {
         Tensor::from_fn(&[128, 128], |i| (i % 13) as f32 / 130.0),
     ];
     let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
-    let mut workspace = plan.workspace();
+    let mut workspace = plan.workspace()?;
     for _ in 0..RUNS {
         plan.run_with(&mut workspace, &views)?;
     }

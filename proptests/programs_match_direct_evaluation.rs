@@ -48,3 +48,39 @@ proptest! {
         check(&program, seed)?;
     }
 }
+
+/// The oracle's tolerance can fail where rounding alone can overflow an element: a wrong
+/// finite value is still wrong there (the spread of such an element was infinite, which
+/// accepted every finite value).
+#[test]
+fn the_tolerance_rejects_wrong_values_next_to_an_overflow() {
+    use common::program::Op;
+    use common::{close, oracle};
+    // exp just below and just above where f32 overflows; the nudges move t0 up and t1 down
+    // (checked below through what the evaluations give).
+    let program = Program {
+        inputs: vec![vec![1], vec![1]],
+        ops: vec![Op::Unary("exp", 0), Op::Unary("exp", 1)],
+        outputs: vec![2, 3],
+    };
+    let inputs =
+        [boundscope::Tensor::new(&[1], vec![88.7228]).unwrap(), boundscope::Tensor::new(&[1], vec![88.7229]).unwrap()];
+    let (expected, spread) = oracle::evaluate_with_spread(&program, &inputs);
+    let check = |index: usize, got: f32| {
+        let got = boundscope::Tensor::new(&[1], vec![got]).unwrap();
+        close(got.view(), &expected[index], &spread[index], 1e-4)
+    };
+    // t2 is finite; a nudged run overflows.
+    let finite = expected[2].data[0];
+    assert!(finite.is_finite() && finite > 3.0e38, "{finite}");
+    check(2, finite).unwrap();
+    check(2, f32::INFINITY).expect("rounding alone can overflow it");
+    check(2, 0.0).expect_err("0 is no rounding of 3.4e38");
+    check(2, finite * 0.5).expect_err("half of it is no rounding of it");
+    check(2, f32::NEG_INFINITY).expect_err("overflow keeps the sign");
+    // t3 overflows; a nudged run stays finite.
+    assert_eq!(expected[3].data[0], f32::INFINITY);
+    check(3, 3.4027e38).expect("the finite value a nudged run gives");
+    check(3, 0.0).expect_err("0 is no rounding of an overflow");
+    check(3, 1.0e38).expect_err("1e38 is no rounding of an overflow");
+}

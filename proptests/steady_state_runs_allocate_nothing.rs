@@ -27,7 +27,7 @@ fn the_counter_counts() {
 /// Heap allocations made by three runs after a warm-up run, in one workspace.
 fn steady_state_allocations(plan: &Plan, inputs: &[Tensor]) -> usize {
     let views: Vec<_> = inputs.iter().map(|t| t.view()).collect();
-    let mut workspace = plan.workspace();
+    let mut workspace = plan.workspace().unwrap();
     plan.run_with(&mut workspace, &views).unwrap();
     allocations_during(|| {
         for _ in 0..3 {

@@ -106,12 +106,23 @@ pub enum Error {
         /// The span that starts inside it and ends after it.
         second: String,
     },
-    /// A shape that cannot be used (its element count overflows what a buffer can hold).
+    /// A shape that cannot be used: the product of its non-zero dimensions is more than a
+    /// buffer can hold (see [`checked_numel`](crate::checked_numel)).
     InvalidShape {
         /// The shape.
         shape: Vec<usize>,
         /// What is wrong with it.
         detail: String,
+    },
+    /// A buffer of a usable shape could not be allocated: the machine does not have the
+    /// memory.
+    OutOfMemory {
+        /// What allocates it (`Tensor`, `Plan::workspace`, ...).
+        what: String,
+        /// The shape of the buffer.
+        shape: Vec<usize>,
+        /// The bytes asked for.
+        bytes: usize,
     },
     /// A tensor's data length does not match its shape.
     InvalidTensor {
@@ -136,6 +147,18 @@ pub enum Error {
         /// The shape given.
         got: Vec<usize>,
     },
+    /// An input to `Plan::run_with` has the right shape but not as many elements as its shape
+    /// holds (a [`TensorRef`](crate::TensorRef) built by hand).
+    InputLength {
+        /// Zero-based input position.
+        index: usize,
+        /// Its shape (the one the trace declares).
+        shape: Vec<usize>,
+        /// How many elements the shape holds.
+        expected: usize,
+        /// How many its data has.
+        got: usize,
+    },
     /// A workspace made by one plan was passed to another.
     WorkspaceMismatch,
     /// A bound-symbol position past the end of the trace.
@@ -144,6 +167,14 @@ pub enum Error {
         index: usize,
         /// How many top-level bound symbols the trace has.
         len: usize,
+    },
+    /// A range of bound-symbol positions whose start is after its end
+    /// (`Selection::Positions(3..1)`).
+    ReversedRange {
+        /// The range's start.
+        start: usize,
+        /// The range's end.
+        end: usize,
     },
     /// A subsymbol depth that the composite does not have.
     DepthOutOfRange {
@@ -190,6 +221,16 @@ pub enum Error {
         value: String,
         /// What it accepts.
         expected: String,
+    },
+    /// A `BOUNDSCOPE_*` environment variable that the front end does not read: a typo, or a
+    /// variable of another version (never ignored).
+    UnknownEnvironmentVariable {
+        /// The variable.
+        variable: String,
+        /// The closest variable the front end reads, if one is close.
+        suggestion: Option<String>,
+        /// Every variable the front end reads.
+        known: Vec<String>,
     },
     /// An executor the plan requires cannot run on this machine.
     ExecutorUnavailable {
@@ -259,9 +300,18 @@ impl fmt::Display for Error {
                  (a pass's position map must keep the bound symbols a guard spans together)"
             ),
             Error::InvalidShape { shape, detail } => write!(f, "shape {shape:?} cannot be used: {detail}"),
+            Error::OutOfMemory { what, shape, bytes } => write!(
+                f,
+                "{what} could not allocate {bytes} bytes for a buffer of shape {shape:?}; use smaller shapes, \
+                 or free memory"
+            ),
             Error::InvalidTensor { shape, len } => match crate::core::ir::checked_numel(shape) {
                 Some(n) => write!(f, "a tensor of shape {shape:?} needs {n} elements, but {len} were given"),
-                None => write!(f, "a tensor of shape {shape:?} has more elements than a buffer can hold"),
+                None => write!(
+                    f,
+                    "a tensor of shape {shape:?} cannot be used: {}",
+                    crate::core::ir::unusable_shape_detail(shape)
+                ),
             },
             Error::InputCount { expected, got } => write!(
                 f,
@@ -273,12 +323,22 @@ impl fmt::Display for Error {
                 "input {index} has shape {got:?} but the trace was built for {expected:?}; \
                  build a trace (and plan) for this shape"
             ),
+            Error::InputLength { index, shape, expected, got } => write!(
+                f,
+                "input {index} has shape {shape:?}, which holds {expected} elements, but its data has {got}; \
+                 give it exactly {expected} (`Tensor::new` checks this)"
+            ),
             Error::WorkspaceMismatch => {
                 write!(f, "this workspace was made by another plan; make one with `plan.workspace()`")
             }
             Error::InvalidBoundSymbol { index, len } => {
                 write!(f, "there is no bound symbol at position {index}: the trace has {len} (positions 0..{len})")
             }
+            Error::ReversedRange { start, end } => write!(
+                f,
+                "the positions {start}..{end} are reversed (the start is after the end), so they select nothing; \
+                 write {end}..{start}"
+            ),
             Error::DepthOutOfRange { op, depth, max } => {
                 if *max == 0 {
                     write!(f, "bound symbol {op} is a prim with no subsymbols; attach to it directly instead")
@@ -307,6 +367,13 @@ impl fmt::Display for Error {
             ),
             Error::InvalidEnvironment { variable, value, expected } => {
                 write!(f, "environment variable {variable}={value:?} is not accepted: expected {expected}; fix it or unset it")
+            }
+            Error::UnknownEnvironmentVariable { variable, suggestion, known } => {
+                write!(f, "unknown environment variable {variable}")?;
+                if let Some(s) = suggestion {
+                    write!(f, "; did you mean {s}?")?;
+                }
+                write!(f, " (boundscope reads {}; rename it or unset it)", known.join(", "))
             }
             Error::ExecutorUnavailable { executor, reason } => write!(
                 f,

@@ -10,19 +10,51 @@ pub mod program;
 use boundscope::TensorRef;
 
 /// Whether `got` equals `expected` within a relative tolerance, NaN matching NaN and
-/// infinities matching by sign. `spread` (per element, or empty for none) is how far the
-/// expected value itself moves when the inputs move by a few ulps (see
-/// [`oracle::evaluate_with_spread`]): an ill-conditioned element (a division by a difference
-/// that nearly cancels, say) may differ by that much more, for reasons of f32 rounding alone.
-pub fn close(got: TensorRef<'_>, expected: &oracle::Value, spread: &[f32], tolerance: f32) -> Result<(), String> {
+/// infinities matching by sign. `spread` (per element, or empty for none) is what the same
+/// math gives when the inputs and every intermediate move by a few ulps (see
+/// [`oracle::evaluate_with_spread`]): what f32 rounding alone can make of each element.
+///
+/// An element is right when some evaluation explains it, the plain one or a nudged one:
+/// - a finite element must be within `tolerance` (relative, at least absolute) plus 4x the
+///   finite spread of a finite evaluation. An ill-conditioned element (a division by a
+///   difference that nearly cancels, say) may be off by that much for reasons of rounding
+///   alone; a finite element where no evaluation is finite is wrong.
+/// - a non-finite element must be what an evaluation gives (NaN for NaN, an infinity of the
+///   same sign) or, where the evaluations disagree on finiteness (rounding alone can overflow
+///   the element, or keep it from overflowing), NaN or an infinity of a sign some evaluation
+///   has. Which non-finite value follows an overflow (an infinity, or NaN after `inf - inf`)
+///   depends on which intermediate overflowed first, which two nudges cannot pin down; the
+///   sign of an overflow they can.
+///
+/// (Counting a disagreement on finiteness as an infinite spread, as this did before, accepts
+/// every finite value next to an overflow: a tolerance that cannot fail there.)
+pub fn close(
+    got: TensorRef<'_>,
+    expected: &oracle::Value,
+    spread: &[oracle::Spread],
+    tolerance: f32,
+) -> Result<(), String> {
     if got.shape != expected.shape.as_slice() {
         return Err(format!("shape {:?} vs expected {:?}", got.shape, expected.shape));
     }
     for (i, (&g, &e)) in got.data.iter().zip(&expected.data).enumerate() {
-        let allowed = tolerance * e.abs().max(1.0) + 4.0 * spread.get(i).copied().unwrap_or(0.0);
-        let same = (g.is_nan() && e.is_nan()) || (g.is_infinite() && g == e) || (g - e).abs() <= allowed;
+        let s = spread.get(i);
+        let evaluations: Vec<f32> =
+            std::iter::once(e).chain(s.map_or(&[][..], |s| &s.nudged[..]).iter().copied()).collect();
+        let finite_spread = s.map_or(0.0, |s| s.finite);
+        let same = if g.is_finite() {
+            evaluations
+                .iter()
+                .any(|&r| r.is_finite() && (g - r).abs() <= tolerance * r.abs().max(1.0) + 4.0 * finite_spread)
+        } else {
+            let flips = evaluations.iter().any(|r| r.is_finite()) && evaluations.iter().any(|r| !r.is_finite());
+            let sign_seen =
+                |negative: bool| evaluations.iter().any(|r| !r.is_nan() && r.is_sign_negative() == negative);
+            evaluations.iter().any(|&r| (g.is_nan() && r.is_nan()) || g == r)
+                || (flips && (g.is_nan() || sign_seen(g.is_sign_negative())))
+        };
         if !same {
-            return Err(format!("element {i}: got {g}, expected {e}"));
+            return Err(format!("element {i}: got {g}, expected {e} (nudged: {:?})", s.map(|s| s.nudged)));
         }
     }
     Ok(())

@@ -213,25 +213,32 @@ fn matmul(x: &Value, y: &Value, transpose_y: bool) -> Value {
     Value { shape: vec![m, n], data }
 }
 
-/// Evaluates the program, and how far each value moves when every input and every op's result
-/// is nudged by about 8 ulps, up or down by a fixed pseudo-random pattern (two patterns; the
-/// larger move counts; NaN or infinity counts as unbounded): how much f32 rounding alone can
-/// move it. Mixed directions, because uniform scaling would hide cancellations (`w * c + b`
-/// near zero).
-pub fn evaluate_with_spread(program: &Program, inputs: &[boundscope::Tensor]) -> (Vec<Value>, Vec<Vec<f32>>) {
+/// What f32 rounding alone can make of one element, modelled by nudged evaluations (see
+/// [`evaluate_with_spread`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Spread {
+    /// The largest move of a nudged evaluation from the plain one, among those where both are
+    /// finite (0 if none is).
+    pub finite: f32,
+    /// The element in each nudged evaluation.
+    pub nudged: [f32; 2],
+}
+
+/// Evaluates the program, and per element what the evaluation gives when every input and every
+/// op's result is nudged by about 8 ulps, up or down by a fixed pseudo-random pattern (two
+/// patterns): how much f32 rounding alone can move it, and whether it can overflow (or stop
+/// overflowing). Mixed directions, because uniform scaling would hide cancellations
+/// (`w * c + b` near zero).
+pub fn evaluate_with_spread(program: &Program, inputs: &[boundscope::Tensor]) -> (Vec<Value>, Vec<Vec<Spread>>) {
     let values = evaluate(program, inputs);
-    let mut spread: Vec<Vec<f32>> = values.iter().map(|v| vec![0.0; v.data.len()]).collect();
-    for pattern in [0x9E37_79B9u64, 0x85EB_CA6Bu64] {
+    let mut spread: Vec<Vec<Spread>> = values.iter().map(|v| vec![Spread::default(); v.data.len()]).collect();
+    for (k, pattern) in [0x9E37_79B9u64, 0x85EB_CA6Bu64].into_iter().enumerate() {
         for ((s, v), n) in spread.iter_mut().zip(&values).zip(evaluate_nudged(program, inputs, Some(pattern))) {
             for ((s, &a), &b) in s.iter_mut().zip(&v.data).zip(&n.data) {
-                let moved = if a.is_finite() && b.is_finite() {
-                    (a - b).abs()
-                } else if a == b || (a.is_nan() && b.is_nan()) {
-                    0.0
-                } else {
-                    f32::INFINITY
-                };
-                *s = s.max(moved);
+                s.nudged[k] = b;
+                if a.is_finite() && b.is_finite() {
+                    s.finite = s.finite.max((a - b).abs());
+                }
             }
         }
     }

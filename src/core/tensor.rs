@@ -33,18 +33,74 @@ impl Tensor {
 
     /// A tensor of zeros.
     ///
+    /// ```
+    /// use boundscope::Tensor;
+    /// assert_eq!(Tensor::zeros(&[2, 3]).data(), &[0.0; 6]);
+    /// ```
+    ///
     /// # Panics
-    /// If the shape has more elements than a buffer can hold, as `vec!` would.
+    /// If [`checked_numel`](crate::checked_numel) refuses the shape or the allocation fails;
+    /// [`try_zeros`](Self::try_zeros) returns an error instead.
     pub fn zeros(shape: &[usize]) -> Self {
-        Self { shape: Shape::from_slice(shape), data: vec![0.0; shape.iter().product()] }
+        Self::try_zeros(shape).unwrap_or_else(|e| panic!("Tensor::zeros: {e}"))
+    }
+
+    /// A tensor of zeros, or an error if it cannot be made.
+    ///
+    /// ```
+    /// use boundscope::{Error, Tensor};
+    /// assert_eq!(Tensor::try_zeros(&[2, 3]).unwrap().shape(), &[2, 3]);
+    /// assert!(matches!(Tensor::try_zeros(&[2, usize::MAX]), Err(Error::InvalidShape { .. })));
+    /// assert!(matches!(Tensor::try_zeros(&[1 << 60]), Err(Error::OutOfMemory { .. })));
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidShape`] if [`checked_numel`](crate::checked_numel) refuses the shape,
+    /// [`Error::OutOfMemory`] if its buffer cannot be allocated.
+    pub fn try_zeros(shape: &[usize]) -> Result<Self> {
+        let (mut data, numel) = Self::try_buffer(shape)?;
+        data.resize(numel, 0.0);
+        Ok(Self { shape: Shape::from_slice(shape), data })
     }
 
     /// A tensor whose element at flat index `i` is `f(i)`.
     ///
     /// # Panics
-    /// If the shape has more elements than a buffer can hold, as `Vec` would.
+    /// If [`checked_numel`](crate::checked_numel) refuses the shape or the allocation fails;
+    /// [`try_from_fn`](Self::try_from_fn) returns an error instead.
     pub fn from_fn(shape: &[usize], f: impl FnMut(usize) -> f32) -> Self {
-        Self { shape: Shape::from_slice(shape), data: (0..shape.iter().product()).map(f).collect() }
+        Self::try_from_fn(shape, f).unwrap_or_else(|e| panic!("Tensor::from_fn: {e}"))
+    }
+
+    /// A tensor whose element at flat index `i` is `f(i)`, or an error if it cannot be made.
+    ///
+    /// ```
+    /// use boundscope::{Error, Tensor};
+    /// assert_eq!(Tensor::try_from_fn(&[3], |i| i as f32).unwrap().data(), &[0.0, 1.0, 2.0]);
+    /// assert!(matches!(Tensor::try_from_fn(&[usize::MAX, 2], |_| 0.0), Err(Error::InvalidShape { .. })));
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`try_zeros`](Self::try_zeros); `f` is not called on error.
+    pub fn try_from_fn(shape: &[usize], f: impl FnMut(usize) -> f32) -> Result<Self> {
+        let (mut data, numel) = Self::try_buffer(shape)?;
+        data.extend((0..numel).map(f));
+        Ok(Self { shape: Shape::from_slice(shape), data })
+    }
+
+    /// An empty buffer with room for the elements of `shape`, and their number.
+    fn try_buffer(shape: &[usize]) -> Result<(Vec<f32>, usize)> {
+        let numel = crate::core::ir::checked_numel(shape).ok_or_else(|| Error::InvalidShape {
+            shape: shape.to_vec(),
+            detail: crate::core::ir::unusable_shape_detail(shape),
+        })?;
+        let mut data = Vec::new();
+        data.try_reserve_exact(numel).map_err(|_| Error::OutOfMemory {
+            what: "Tensor".into(),
+            shape: shape.to_vec(),
+            bytes: numel * std::mem::size_of::<f32>(),
+        })?;
+        Ok((data, numel))
     }
 
     /// Its shape.
@@ -117,6 +173,29 @@ pub struct TensorMut<'r> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn constructors_refuse_shapes_past_usize_instead_of_wrapping() {
+        // 2 x 2^63 wraps to 0 elements in a release build.
+        let huge = [2, 1 << 63];
+        for result in [
+            std::panic::catch_unwind(|| Tensor::zeros(&huge)),
+            std::panic::catch_unwind(|| Tensor::from_fn(&huge, |_| 1.0)),
+        ] {
+            assert!(result.is_err(), "made a tensor of shape {:?} with {} elements", huge, result.unwrap().data.len());
+        }
+        let numel = std::panic::catch_unwind(|| crate::TensorMeta::f32(&huge).numel());
+        assert!(numel.is_err(), "numel {numel:?}");
+        assert_eq!(crate::TensorMeta::f32(&huge).checked_numel(), None);
+        assert!(matches!(Tensor::try_zeros(&huge), Err(Error::InvalidShape { .. })));
+        assert!(matches!(Tensor::try_from_fn(&huge, |_| 1.0), Err(Error::InvalidShape { .. })));
+        // A usable shape too large to allocate is an error too.
+        let err = Tensor::try_zeros(&[1 << 60]).unwrap_err();
+        assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+        assert!(matches!(Tensor::try_from_fn(&[1 << 60], |_| 1.0), Err(Error::OutOfMemory { .. })));
+        assert_eq!(Tensor::try_from_fn(&[2, 2], |i| i as f32).unwrap().data(), &[0.0, 1.0, 2.0, 3.0]);
+        assert_eq!(Tensor::try_zeros(&[3, 0]).unwrap().data(), &[] as &[f32]);
+    }
 
     #[test]
     fn diff_reports_shape_mismatch_and_nan() {

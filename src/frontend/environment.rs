@@ -1,13 +1,17 @@
 //! Reading the environment: strictly, so that a typo is an error and never silently ignored.
 
 use std::collections::HashMap;
+use std::ffi::OsString;
 use std::fmt;
 
 use crate::core::options::{Audience, Options};
-use crate::error::{Error, Result};
+use crate::error::{did_you_mean, Error, Result};
 
 /// Overrides profiler auto-detection: `1` on, `0` off; any other value is an error.
 pub const NVTX_OVERRIDE: &str = "BOUNDSCOPE_NVTX";
+
+/// The prefix of the front end's variables: every variable with it must be one it reads.
+const PREFIX: &str = "BOUNDSCOPE_";
 
 /// Where the front end reads variables: the process environment, or a fixed set (for tests and
 /// for embedders that keep their own configuration).
@@ -15,8 +19,8 @@ pub const NVTX_OVERRIDE: &str = "BOUNDSCOPE_NVTX";
 /// ```
 /// use boundscope::frontend::Environment;
 /// let env = Environment::from_pairs(&[("BOUNDSCOPE_NVTX", "1")]);
-/// assert_eq!(env.get("BOUNDSCOPE_NVTX").as_deref(), Some("1"));
-/// assert_eq!(env.get("HOME"), None);
+/// assert_eq!(env.get("BOUNDSCOPE_NVTX").unwrap().as_deref(), Some("1"));
+/// assert_eq!(env.get("HOME").unwrap(), None);
 /// ```
 #[derive(Clone, Debug, Default)]
 pub struct Environment {
@@ -34,37 +38,117 @@ impl Environment {
         Self { fixed: Some(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()) }
     }
 
-    /// A variable's value, if set (and valid Unicode).
-    pub fn get(&self, name: &str) -> Option<String> {
-        match &self.fixed {
-            Some(map) => map.get(name).cloned(),
-            None => std::env::var(name).ok(),
+    /// A variable's value, if set.
+    ///
+    /// # Errors
+    /// [`Error::InvalidEnvironment`] if it is set to something that is not valid Unicode: such
+    /// a value is a mistake to report, not a variable to treat as unset.
+    pub fn get(&self, name: &str) -> Result<Option<String>> {
+        match self.get_os(name) {
+            None => Ok(None),
+            Some(value) => value.into_string().map(Some).map_err(|value| Error::InvalidEnvironment {
+                variable: name.to_string(),
+                value: value.to_string_lossy().into_owned(),
+                expected: "valid UTF-8 text".into(),
+            }),
         }
     }
 
-    /// Applies every user option's environment variable to `options`, except options already
-    /// set in code.
+    /// A variable's value as the operating system holds it (for paths), if set.
+    fn get_os(&self, name: &str) -> Option<OsString> {
+        match &self.fixed {
+            Some(map) => map.get(name).map(OsString::from),
+            None => std::env::var_os(name),
+        }
+    }
+
+    /// The names of the variables set that start with [`PREFIX`], sorted (names that are not
+    /// Unicode, lossily).
+    fn prefixed_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = match &self.fixed {
+            Some(map) => map.keys().filter(|k| k.starts_with(PREFIX)).cloned().collect(),
+            None => std::env::vars_os()
+                .map(|(k, _)| k.to_string_lossy().into_owned())
+                .filter(|k| k.starts_with(PREFIX))
+                .collect(),
+        };
+        names.sort();
+        names
+    }
+
+    /// Checks every `BOUNDSCOPE_*` variable, then applies every user option's variable to
+    /// `options`, except options already set in code (which win).
+    ///
+    /// Checked strictly, whether or not a variable takes effect: its name must be one the
+    /// front end reads ([`NVTX_OVERRIDE`] or a user option's), its value valid Unicode and
+    /// accepted by its option (`BOUNDSCOPE_NVTX`: `0` or `1`).
+    ///
+    /// ```
+    /// use boundscope::frontend::Environment;
+    /// use boundscope::options::Options;
+    /// use boundscope::Error;
+    /// let mut options = Options::new();
+    /// Environment::from_pairs(&[("BOUNDSCOPE_FUSION", "0")]).apply_to(&mut options).unwrap();
+    /// assert!(!options.bool("runtime.fusion").unwrap());
+    /// let typo = Environment::from_pairs(&[("BOUNDSCOPE_FUSOIN", "0")]).apply_to(&mut Options::new());
+    /// assert!(matches!(typo, Err(Error::UnknownEnvironmentVariable { .. })));
+    /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidEnvironment`] naming the variable, its value and what it accepts.
+    /// [`Error::UnknownEnvironmentVariable`] for a `BOUNDSCOPE_*` variable the front end does
+    /// not read (with the closest one it does); [`Error::InvalidEnvironment`] naming the
+    /// variable, its value and what it accepts.
     pub fn apply_to(&self, options: &mut Options) -> Result<()> {
-        let set_in_code: Vec<&str> = options.set_names().collect();
         let specs: Vec<_> = options
             .specs()
             .iter()
-            .filter(|s| s.audience == Audience::User && !set_in_code.contains(&s.name))
-            .filter_map(|s| s.env.map(|var| (s.name, var, s.ty)))
+            .filter(|s| s.audience == Audience::User)
+            .filter_map(|s| s.env.map(|var| (s.clone(), var)))
             .collect();
-        for (name, variable, ty) in specs {
-            if let Some(value) = self.get(variable) {
-                options.set_str(name, &value).map_err(|_| Error::InvalidEnvironment {
-                    variable: variable.to_string(),
-                    value: value.clone(),
-                    expected: format!("{ty} (option `{name}`)"),
-                })?;
+        let known: Vec<&str> = std::iter::once(NVTX_OVERRIDE).chain(specs.iter().map(|(_, var)| *var)).collect();
+        for name in self.prefixed_names() {
+            if !known.contains(&name.as_str()) {
+                // Compared without the prefix they share, so that only a close name is suggested.
+                let unprefixed = known.iter().filter_map(|k| k.strip_prefix(PREFIX));
+                return Err(Error::UnknownEnvironmentVariable {
+                    suggestion: did_you_mean(&name[PREFIX.len()..], unprefixed).map(|s| format!("{PREFIX}{s}")),
+                    variable: name,
+                    known: known.iter().map(|k| k.to_string()).collect(),
+                });
             }
         }
+        nvtx_override(self)?;
+        let set_in_code: Vec<&str> = options.set_names().collect();
+        let mut apply = Vec::new();
+        for (spec, variable) in &specs {
+            let Some(value) = self.get(variable)? else { continue };
+            spec.parse(&value).map_err(|_| Error::InvalidEnvironment {
+                variable: variable.to_string(),
+                value: value.clone(),
+                expected: format!("{} (option `{}`)", spec.ty, spec.name),
+            })?;
+            if !set_in_code.contains(&spec.name) {
+                apply.push((spec.name, value));
+            }
+        }
+        for (name, value) in apply {
+            options.set_str(name, &value)?;
+        }
         Ok(())
+    }
+}
+
+/// The value of [`NVTX_OVERRIDE`]: `Some(true)` for `1`, `Some(false)` for `0`, `None` unset.
+fn nvtx_override(env: &Environment) -> Result<Option<bool>> {
+    match env.get(NVTX_OVERRIDE)?.as_deref() {
+        None => Ok(None),
+        Some("1") => Ok(Some(true)),
+        Some("0") => Ok(Some(false)),
+        Some(other) => Err(Error::InvalidEnvironment {
+            variable: NVTX_OVERRIDE.into(),
+            value: other.into(),
+            expected: "1 (profile) or 0 (do not profile); unset, a profiler is detected".into(),
+        }),
     }
 }
 
@@ -116,8 +200,9 @@ fn static_injection_present() -> bool {
 /// assert!(matches!(detect_nvtx_tool(&env), NvtxTool::InjectionPath(_)));
 /// ```
 pub fn detect_nvtx_tool(env: &Environment) -> NvtxTool {
-    match env.get("NVTX_INJECTION64_PATH") {
-        Some(path) if !path.is_empty() => NvtxTool::InjectionPath(path),
+    // A path, not text: any bytes name a library (shown lossily).
+    match env.get_os("NVTX_INJECTION64_PATH") {
+        Some(path) if !path.is_empty() => NvtxTool::InjectionPath(path.to_string_lossy().into_owned()),
         _ if static_injection_present() => NvtxTool::StaticInjection,
         _ => NvtxTool::None,
     }
@@ -139,24 +224,31 @@ impl ProfilingDecision {
     }
 
     /// Decides from the `runtime.profiling` option, then [`NVTX_OVERRIDE`], then detection.
+    /// `BOUNDSCOPE_NVTX` is checked even when the option decides.
+    ///
+    /// ```
+    /// use boundscope::frontend::{Environment, ProfilingDecision};
+    /// use boundscope::options::Options;
+    /// let forced = Environment::from_pairs(&[("BOUNDSCOPE_NVTX", "1")]);
+    /// assert_eq!(ProfilingDecision::decide(&Options::new(), &forced).unwrap().level, "ops");
+    /// let mut off = Options::new();
+    /// off.set_str("runtime.profiling", "off").unwrap();
+    /// assert_eq!(ProfilingDecision::decide(&off, &forced).unwrap().level, "off");
+    /// let typo = Environment::from_pairs(&[("BOUNDSCOPE_NVTX", "on")]);
+    /// assert!(ProfilingDecision::decide(&off, &typo).is_err());
+    /// ```
     ///
     /// # Errors
     /// [`Error::InvalidEnvironment`] if `BOUNDSCOPE_NVTX` is set to anything but `0` or `1`.
     pub fn decide(options: &Options, env: &Environment) -> Result<Self> {
+        let nvtx = nvtx_override(env)?;
         let level = options.enum_value("runtime.profiling")?;
         if level != "auto" {
             return Ok(Self { level, reason: format!("runtime.profiling={level}") });
         }
-        match env.get(NVTX_OVERRIDE).as_deref() {
-            Some("1") => return Ok(Self { level: "ops", reason: format!("{NVTX_OVERRIDE}=1") }),
-            Some("0") => return Ok(Self { level: "off", reason: format!("{NVTX_OVERRIDE}=0") }),
-            Some(other) => {
-                return Err(Error::InvalidEnvironment {
-                    variable: NVTX_OVERRIDE.into(),
-                    value: other.into(),
-                    expected: "1 (profile) or 0 (do not profile); unset, a profiler is detected".into(),
-                })
-            }
+        match nvtx {
+            Some(true) => return Ok(Self { level: "ops", reason: format!("{NVTX_OVERRIDE}=1") }),
+            Some(false) => return Ok(Self { level: "off", reason: format!("{NVTX_OVERRIDE}=0") }),
             None => {}
         }
         let tool = detect_nvtx_tool(env);

@@ -55,6 +55,7 @@ impl PlanCache {
     }
 
     /// Number of cached plans.
+    #[cfg(test)]
     pub fn len(&self) -> usize {
         self.entries.lock().map_or(0, |e| e.len())
     }

@@ -57,7 +57,9 @@ impl ProfiledSession {
     ///
     /// # Errors
     /// [`Error::InvalidEnvironment`](crate::Error::InvalidEnvironment) for a variable with a
-    /// value it does not accept.
+    /// value it does not accept (or one that is not Unicode),
+    /// [`Error::UnknownEnvironmentVariable`](crate::Error::UnknownEnvironmentVariable) for a
+    /// `BOUNDSCOPE_*` variable the front end does not read (see [`Environment::apply_to`]).
     pub fn from_env() -> Result<Self> {
         Self::new(Options::new(), &Environment::process())
     }
@@ -65,7 +67,7 @@ impl ProfiledSession {
     /// A session with `options` (set in code; they win), the rest from `env`.
     ///
     /// # Errors
-    /// [`Error::InvalidEnvironment`](crate::Error::InvalidEnvironment), or an option error.
+    /// As for [`from_env`](Self::from_env), or an option error.
     pub fn new(mut options: Options, env: &Environment) -> Result<Self> {
         env.apply_to(&mut options)?;
         let profiling = ProfilingDecision::decide(&options, env)?;

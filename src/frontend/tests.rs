@@ -1,6 +1,8 @@
 //! The front end: strict environment parsing, detection in child processes, options wired to
 //! behaviour.
 
+use std::ffi::OsStr;
+
 use super::*;
 use crate::core::ir::{Arena, Registry, TraceBuilder};
 use crate::core::tensor::Tensor;
@@ -124,28 +126,40 @@ fn options_are_wired_to_behaviour() {
 }
 
 /// Run by `detection_in_child_processes` in a child process with a chosen environment; it
-/// prints what it detects.
+/// prints what it detects, and what a CPU session makes of the environment.
 #[test]
 #[ignore = "a child process of detection_in_child_processes, which runs it with a chosen environment"]
 fn child_reports_detection() {
     let tool = detect_nvtx_tool(&Environment::process());
     let decision = ProfilingDecision::decide(&Options::new(), &Environment::process());
-    println!("DETECTED[{tool}] DECISION[{decision:?}]");
+    let mut cpu = Options::new();
+    cpu.set_str("runtime.device", "cpu").unwrap();
+    let session = ProfiledSession::new(cpu, &Environment::process()).map(|s| s.profiling().level);
+    println!("DETECTED[{tool}] DECISION[{decision:?}] SESSION[{session:?}]");
+}
+
+/// What `child_reports_detection` prints in a child process whose `BOUNDSCOPE_*` and
+/// `NVTX_INJECTION64_PATH` variables are exactly `env` (values need not be Unicode).
+fn child(env: &[(&str, &OsStr)]) -> String {
+    let exe = std::env::current_exe().unwrap();
+    let mut command = std::process::Command::new(exe);
+    command.args(["--exact", "frontend::tests::child_reports_detection", "--ignored", "--nocapture"]);
+    command.env_remove("NVTX_INJECTION64_PATH");
+    for (name, _) in std::env::vars_os() {
+        if name.to_string_lossy().starts_with("BOUNDSCOPE_") {
+            command.env_remove(name);
+        }
+    }
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let out = command.output().unwrap();
+    String::from_utf8_lossy(&out.stdout).to_string()
 }
 
 #[test]
 fn detection_in_child_processes() {
-    let exe = std::env::current_exe().unwrap();
-    let run = |env: &[(&str, &str)]| {
-        let mut command = std::process::Command::new(&exe);
-        command.args(["--exact", "frontend::tests::child_reports_detection", "--ignored", "--nocapture"]);
-        command.env_remove("NVTX_INJECTION64_PATH").env_remove("BOUNDSCOPE_NVTX");
-        for (k, v) in env {
-            command.env(k, v);
-        }
-        let out = command.output().unwrap();
-        String::from_utf8_lossy(&out.stdout).to_string()
-    };
+    let run = |env: &[(&str, &str)]| child(&env.iter().map(|(k, v)| (*k, OsStr::new(v))).collect::<Vec<_>>());
     let plain = run(&[]);
     assert!(plain.contains("DETECTED[no NVTX tool attached]") && plain.contains("level: \"off\""), "{plain}");
     let profiled = run(&[("NVTX_INJECTION64_PATH", "/nonexistent/libToolsInjection64.so")]);
@@ -157,6 +171,73 @@ fn detection_in_child_processes() {
     assert!(overridden.contains("level: \"off\""), "{overridden}");
     let bad = run(&[("BOUNDSCOPE_NVTX", "maybe")]);
     assert!(bad.contains("InvalidEnvironment"), "{bad}");
+}
+
+/// Bytes that are not UTF-8: `\xff`, then `1`.
+#[cfg(unix)]
+fn not_unicode() -> std::ffi::OsString {
+    use std::os::unix::ffi::OsStringExt;
+    std::ffi::OsString::from_vec(b"\xff1".to_vec())
+}
+
+#[cfg(unix)]
+#[test]
+fn a_value_that_is_not_unicode_is_an_error_not_unset() {
+    let bad = not_unicode();
+    for variable in ["BOUNDSCOPE_NVTX", "BOUNDSCOPE_FUSION", "BOUNDSCOPE_PROFILING"] {
+        let out = child(&[(variable, &bad)]);
+        let session = out.split("SESSION[").nth(1).unwrap_or_else(|| panic!("{variable}: {out}"));
+        assert!(session.starts_with("Err(InvalidEnvironment") && session.contains(variable), "{variable}: {out}");
+        assert!(session.contains("UTF-8"), "{variable}: {out}");
+    }
+    // A profiler's injection path is a path, not text: any bytes mean a tool is attached.
+    let out = child(&[("NVTX_INJECTION64_PATH", &bad)]);
+    assert!(out.contains("DETECTED[NVTX_INJECTION64_PATH=") && out.contains("level: \"ops\""), "{out}");
+}
+
+#[test]
+fn boundscope_nvtx_is_checked_whatever_decides_profiling() {
+    let bad_nvtx = Environment::from_pairs(&[("BOUNDSCOPE_NVTX", "yes")]);
+    let mut in_code = Options::new();
+    in_code.set_str("runtime.profiling", "regions").unwrap();
+    let err = ProfilingDecision::decide(&in_code, &bad_nvtx).unwrap_err();
+    assert!(matches!(&err, Error::InvalidEnvironment { variable, .. } if variable == "BOUNDSCOPE_NVTX"), "{err}");
+    assert!(ProfiledSession::new(in_code, &bad_nvtx).is_err());
+    let err = session(&[("BOUNDSCOPE_PROFILING", "ops"), ("BOUNDSCOPE_NVTX", "maybe")]).err().expect("an error");
+    assert!(matches!(&err, Error::InvalidEnvironment { variable, .. } if variable == "BOUNDSCOPE_NVTX"), "{err}");
+    // So is every option's variable, also when the option is set in code (which still wins).
+    let mut in_code = Options::new();
+    in_code.set("runtime.fusion", false).unwrap();
+    let err = ProfiledSession::new(in_code.clone(), &Environment::from_pairs(&[("BOUNDSCOPE_FUSION", "maybe")]))
+        .err()
+        .expect("an error");
+    assert!(matches!(&err, Error::InvalidEnvironment { variable, .. } if variable == "BOUNDSCOPE_FUSION"), "{err}");
+    let wins = ProfiledSession::new(in_code, &Environment::from_pairs(&[("BOUNDSCOPE_FUSION", "1")])).unwrap();
+    assert_eq!(wins.options().get("runtime.fusion").unwrap(), OptionValue::Bool(false));
+}
+
+#[test]
+fn an_unknown_boundscope_variable_is_an_error_with_a_suggestion() {
+    let err = session(&[("BOUNDSCOPE_PROFILNG", "ops")]).err().expect("an error");
+    assert!(
+        matches!(&err, Error::UnknownEnvironmentVariable { variable, suggestion: Some(s), .. }
+            if variable == "BOUNDSCOPE_PROFILNG" && s == "BOUNDSCOPE_PROFILING"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("did you mean BOUNDSCOPE_PROFILING?"), "{err}");
+    let err = session(&[("BOUNDSCOPE_FUSION_STRATGY", "dataflow")]).err().expect("an error");
+    assert!(err.to_string().contains("did you mean BOUNDSCOPE_FUSION_STRATEGY?"), "{err}");
+    // Sharing the prefix does not make a name close.
+    let err = session(&[("BOUNDSCOPE_FOO", "1")]).err().expect("an error");
+    assert!(matches!(&err, Error::UnknownEnvironmentVariable { suggestion: None, .. }), "{err:?}");
+    let err = session(&[("BOUNDSCOPE_COLOUR_SCHEME", "dark")]).err().expect("an error");
+    assert!(matches!(&err, Error::UnknownEnvironmentVariable { suggestion: None, .. }), "{err:?}");
+    assert!(err.to_string().contains("BOUNDSCOPE_NVTX") && err.to_string().contains("BOUNDSCOPE_FUSION"), "{err}");
+    // Other variables are none of boundscope's business.
+    session(&[("HOME", "/root"), ("BOUNDSCOPE", "x"), ("NVTX_PROFILING", "1")]).unwrap();
+    // The process environment too.
+    let out = child(&[("BOUNDSCOPE_NVXT", OsStr::new("1"))]);
+    assert!(out.contains("SESSION[Err(UnknownEnvironmentVariable") && out.contains("BOUNDSCOPE_NVTX"), "{out}");
 }
 
 #[test]

@@ -37,7 +37,8 @@ pub enum Selection<'s> {
     Op(BoundSymbolId),
     /// Every bound symbol of the symbol with this name.
     Named(&'s str),
-    /// The bound symbols at these positions.
+    /// The bound symbols at these positions. As with slicing, an empty range (`2..2`) selects
+    /// nothing, and a reversed one (`3..1`) is an error.
     Positions(Range<usize>),
     /// Every bound symbol for which the predicate (given the bound symbol and its symbol's
     /// category) is true.
@@ -58,8 +59,9 @@ impl<'a> Trace<'a> {
     /// from guard annotations.
     ///
     /// # Errors
-    /// [`Error::InvalidBoundSymbol`] for a position past the end, [`Error::UnknownSymbol`]
-    /// for a name no symbol has, [`Error::InvalidLabel`] for a guard with a bad label.
+    /// [`Error::InvalidBoundSymbol`] for a position past the end, [`Error::ReversedRange`] for
+    /// positions whose start is after their end, [`Error::UnknownSymbol`] for a name no symbol
+    /// has, [`Error::InvalidLabel`] for a guard with a bad label.
     pub fn attach_guard(&mut self, selection: Selection<'_>, guard: impl Guard) -> Result<usize> {
         self.attach_shared_guard(selection, Arc::new(guard))
     }
@@ -169,8 +171,12 @@ impl<'a> Trace<'a> {
                 (0..len).filter(|&i| self.bound_symbols[i].symbol() == id).collect()
             }
             Selection::Positions(range) => {
-                if range.end > len || range.start > range.end {
-                    return Err(Error::InvalidBoundSymbol { index: range.end.max(range.start), len });
+                if range.start > range.end {
+                    return Err(Error::ReversedRange { start: range.start, end: range.end });
+                }
+                if range.end > len {
+                    // The first position of the range that does not exist.
+                    return Err(Error::InvalidBoundSymbol { index: range.start.max(len), len });
                 }
                 range.collect()
             }

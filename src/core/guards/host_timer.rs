@@ -23,13 +23,23 @@ pub struct TimerStats {
 }
 
 impl TimerStats {
-    /// Mean time per run (zero if it never ran).
+    /// Mean time per run, rounded down to the nanosecond (zero if it never ran). Exact for
+    /// every count, 2^32 samples and more included.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use boundscope::guards::TimerStats;
+    /// let total = Duration::from_nanos(7 << 32);
+    /// let stats = TimerStats { label: "op".into(), count: 1 << 32, total, min: Duration::ZERO, max: total };
+    /// assert_eq!(stats.mean(), Duration::from_nanos(7));
+    /// ```
     pub fn mean(&self) -> Duration {
         if self.count == 0 {
-            Duration::ZERO
-        } else {
-            self.total / self.count as u32
+            return Duration::ZERO;
         }
+        let nanos = self.total.as_nanos() / u128::from(self.count);
+        // At most `total`, so the whole seconds fit in a u64.
+        Duration::new((nanos / 1_000_000_000) as u64, (nanos % 1_000_000_000) as u32)
     }
 }
 
@@ -154,5 +164,28 @@ impl Guard for HostTimer {
 
     fn prepare(&self, site: &GuardSite<'_>) -> Result<Box<dyn ScopedGuard>> {
         Ok(Box::new(PreparedTimer { epoch: self.inner.epoch, counters: self.counters(site.label) }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(count: u64, total: Duration) -> TimerStats {
+        TimerStats { label: "op".into(), count, total, min: Duration::ZERO, max: total }
+    }
+
+    #[test]
+    fn mean_is_right_at_and_past_two_to_the_32_samples() {
+        assert_eq!(stats(0, Duration::ZERO).mean(), Duration::ZERO);
+        assert_eq!(stats(4, Duration::from_nanos(10)).mean(), Duration::from_nanos(2));
+        // 2^32 samples: `count as u32` was 0 (a division by zero).
+        assert_eq!(stats(1 << 32, Duration::from_nanos(3 << 32)).mean(), Duration::from_nanos(3));
+        // Past 2^32: `count as u32` was 1, so the mean was the total.
+        let count = (1 << 32) + 1;
+        assert_eq!(stats(count, Duration::from_nanos(5 * count)).mean(), Duration::from_nanos(5));
+        // The largest values a `TimerStats` can hold.
+        assert_eq!(stats(u64::MAX, Duration::MAX).mean(), Duration::from_secs(1));
+        assert_eq!(stats(1, Duration::MAX).mean(), Duration::MAX);
     }
 }

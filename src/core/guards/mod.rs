@@ -237,13 +237,28 @@ pub trait ScopedGuard: Send + Sync {
 impl dyn ScopedGuard + '_ {
     /// Enters the scope; dropping the returned token exits it (also while unwinding).
     ///
-    /// The token cannot leave the thread, so the exit happens on the entering thread:
-    /// ```compile_fail
-    /// use boundscope::guards::{Guard, NvtxRange, GuardSite, Level};
+    /// The token stays on the entering thread, so the exit happens there, as NVTX push/pop
+    /// requires. Dropped on the thread that entered, it exits the scope:
+    /// ```
+    /// use boundscope::guards::{Guard, GuardSite, Level, Recorder, ScopedGuard};
+    /// let recorder = Recorder::new();
     /// let site = GuardSite { label: "add", level: Level::Op, executor: "cpu", ops: 1 };
-    /// let prepared = NvtxRange::new().prepare(&site).unwrap();
+    /// // Leaked, so that the token borrows nothing local: it is `'static`.
+    /// let prepared: &'static dyn ScopedGuard = Box::leak(recorder.prepare(&site).unwrap());
     /// let token = prepared.enter();
-    /// std::thread::spawn(move || drop(token)); // error: `*mut ()` cannot be sent between threads
+    /// std::thread::spawn(|| 6 * 7).join().unwrap();
+    /// drop(token);
+    /// assert_eq!(recorder.ranges().len(), 1);
+    /// ```
+    /// The same code sending the token to another thread does not compile, and `Send` is the
+    /// only reason (the token is `'static`, so no borrow is at stake):
+    /// ```compile_fail
+    /// use boundscope::guards::{Guard, GuardSite, Level, Recorder, ScopedGuard};
+    /// let recorder = Recorder::new();
+    /// let site = GuardSite { label: "add", level: Level::Op, executor: "cpu", ops: 1 };
+    /// let prepared: &'static dyn ScopedGuard = Box::leak(recorder.prepare(&site).unwrap());
+    /// let token = prepared.enter();
+    /// std::thread::spawn(move || drop(token)).join().unwrap(); // error: `*mut ()` cannot be sent between threads
     /// ```
     pub fn enter(&self) -> Entered<'_> {
         Entered { guard: self, state: self.on_enter(), _not_send: PhantomData }

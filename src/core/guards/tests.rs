@@ -47,6 +47,27 @@ fn bad_attachments_are_typed_errors() {
 }
 
 #[test]
+fn position_ranges_name_what_is_wrong_with_them() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut t = trace(&arena, &registry); // two bound symbols
+    #[allow(clippy::reversed_empty_ranges)]
+    let err = t.attach_guard(Selection::Positions(3..1), Recorder::new()).unwrap_err();
+    assert!(matches!(err, Error::ReversedRange { start: 3, end: 1 }), "{err:?}");
+    assert!(!err.to_string().contains("no bound symbol"), "{err}");
+    assert!(err.to_string().contains("1..3"), "{err}");
+    // Past the end: the first position that does not exist.
+    let err = t.attach_guard(Selection::Positions(1..5), Recorder::new()).unwrap_err();
+    assert!(matches!(err, Error::InvalidBoundSymbol { index: 2, len: 2 }), "{err:?}");
+    assert!(matches!(
+        t.attach_guard(Selection::Positions(4..4), Recorder::new()),
+        Err(Error::InvalidBoundSymbol { index: 4, len: 2 })
+    ));
+    // An empty range inside the trace selects nothing, as slicing does.
+    assert_eq!(t.attach_guard(Selection::Positions(2..2), Recorder::new()).unwrap(), 0);
+    assert_eq!(t.attach_guard(Selection::Positions(0..2), Recorder::new()).unwrap(), 2);
+}
+
+#[test]
 fn passes_carry_or_drop_with_reason() {
     let (arena, registry) = (Arena::new(), Registry::with_builtins());
     let mut t = trace(&arena, &registry);

@@ -20,10 +20,7 @@ use crate::error::{Error, Result};
 fn check_shape(shape: &[usize]) -> Result<()> {
     match super::meta::checked_numel(shape) {
         Some(_) => Ok(()),
-        None => Err(Error::InvalidShape {
-            shape: shape.to_vec(),
-            detail: "it has more elements than a buffer can hold".into(),
-        }),
+        None => Err(Error::InvalidShape { shape: shape.to_vec(), detail: super::meta::unusable_shape_detail(shape) }),
     }
 }
 
@@ -58,9 +55,21 @@ pub struct TraceBuilder<'a> {
     pending_comment: Option<&'a str>,
     history: Vec<PassRecord>,
     guards: GuardTable,
+    /// The composites whose decompositions are being expanded, outermost first (one per level
+    /// above the trace's own).
+    expanding: ArenaVec<'a, SymbolId>,
 }
 
 impl<'a> TraceBuilder<'a> {
+    /// The most bound symbols [`with_capacity`](Self::with_capacity) reserves room for, so that
+    /// a wild guess cannot exhaust memory: 2^16.
+    pub const MAX_RESERVED: usize = 1 << 16;
+
+    /// How deeply decompositions may nest composites: a composite whose decomposition binds
+    /// itself (directly or through other composites) and never stops is an error at this depth,
+    /// not a stack overflow. Recursion that ends within it is allowed.
+    pub const MAX_DECOMPOSITION_DEPTH: usize = 64;
+
     /// An empty builder over symbols from `registry`, allocating in `arena`.
     pub fn new(arena: &'a Arena, registry: &'a Registry) -> Self {
         Self::with_capacity(arena, registry, 16)
@@ -68,7 +77,8 @@ impl<'a> TraceBuilder<'a> {
 
     /// An empty builder with room for about `bound_symbols` top-level bound symbols (and as many
     /// values) before its lists grow. Growing copies a list within the arena, so a good guess
-    /// saves time; any guess is correct.
+    /// saves time; any guess is correct. Room is reserved for at most
+    /// [`MAX_RESERVED`](Self::MAX_RESERVED) bound symbols; the lists grow past it as needed.
     ///
     /// ```
     /// use boundscope::{Arena, Registry, TraceBuilder};
@@ -81,6 +91,7 @@ impl<'a> TraceBuilder<'a> {
     /// ```
     pub fn with_capacity(arena: &'a Arena, registry: &'a Registry, bound_symbols: usize) -> Self {
         let bump = arena.bump();
+        let bound_symbols = bound_symbols.min(Self::MAX_RESERVED);
         let values = bound_symbols + 8;
         let mut levels = ArenaVec::with_capacity_in(4, bump);
         levels.push(ArenaVec::with_capacity_in(bound_symbols, bump));
@@ -95,6 +106,7 @@ impl<'a> TraceBuilder<'a> {
             pending_comment: None,
             history: Vec::new(),
             guards: GuardTable::default(),
+            expanding: ArenaVec::new_in(bump),
         }
     }
 
@@ -146,7 +158,7 @@ impl<'a> TraceBuilder<'a> {
     /// Adds an input with this metadata.
     ///
     /// # Errors
-    /// [`Error::InvalidShape`] if the shape has more elements than a buffer can hold, or
+    /// [`Error::InvalidShape`] if [`checked_numel`](crate::checked_numel) refuses the shape, or
     /// [`Error::InvalidSymbol`] inside a decomposition (inputs belong to the trace).
     pub fn input_with(&mut self, meta: &TensorMeta) -> Result<ValueId> {
         self.check_top_level("input")?;
@@ -197,7 +209,9 @@ impl<'a> TraceBuilder<'a> {
     /// # Errors
     /// [`Error::UnknownSymbol`], [`Error::ArityMismatch`], [`Error::ArgumentKind`],
     /// [`Error::UndefinedValue`], [`Error::ShapeMismatch`], or [`Error::InvalidSymbol`] when a
-    /// user decomposition disagrees with its own shape rule. On error nothing is added.
+    /// user decomposition disagrees with its own shape rule or nests composites more than
+    /// [`MAX_DECOMPOSITION_DEPTH`](Self::MAX_DECOMPOSITION_DEPTH) deep (a decomposition that
+    /// binds its own symbol without end). On error nothing is added.
     pub fn bind(&mut self, symbol: SymbolId, args: &[Arg<'_>]) -> Result<ValueId> {
         let registry = self.registry;
         let def = registry.get(symbol)?.symbol;
@@ -248,8 +262,9 @@ impl<'a> TraceBuilder<'a> {
         let meta = rule(&infos).map_err(shape_error)?;
         if super::meta::checked_numel(&meta.shape).is_none() {
             return Err(shape_error(format!(
-                "the result {:?} has more elements than a buffer can hold",
-                meta.shape.as_slice()
+                "the result {:?} cannot be used: {}",
+                meta.shape.as_slice(),
+                super::meta::unusable_shape_detail(&meta.shape)
             )));
         }
 
@@ -257,10 +272,16 @@ impl<'a> TraceBuilder<'a> {
         let comment = self.pending_comment.take();
         let (output, subsymbols) = match &def.decomposition {
             Some(decompose) => {
+                if self.expanding.len() >= Self::MAX_DECOMPOSITION_DEPTH {
+                    self.pending_comment = comment;
+                    return Err(self.recursion_error(symbol, name));
+                }
                 let bump = self.arena.bump();
                 let first_internal = self.values.len();
                 self.levels.push(ArenaVec::new_in(bump));
+                self.expanding.push(symbol);
                 let result = decompose(self, args);
+                self.expanding.pop();
                 let level = self.levels.pop().expect("pushed above");
                 // Values made inside the decomposition are not visible at this level.
                 for d in &mut self.defined[first_internal..] {
@@ -429,6 +450,44 @@ impl<'a> TraceBuilder<'a> {
         })
     }
 
+    /// The error for binding `symbol` (named `name`) past the decomposition depth limit. When
+    /// it closes a cycle, the error names the cycle's outermost composite (usually the one the
+    /// caller bound) and the cycle from it; otherwise the innermost composites.
+    fn recursion_error(&self, symbol: SymbolId, name: &str) -> Error {
+        let name_of = |id: SymbolId| self.registry.get(id).map_or_else(|_| id.to_string(), |s| s.symbol.name.clone());
+        let chain = |ids: &mut dyn Iterator<Item = SymbolId>| {
+            ids.map(|id| format!("`{}`", name_of(id))).collect::<Vec<_>>().join(" -> ")
+        };
+        let limit = Self::MAX_DECOMPOSITION_DEPTH;
+        match self.expanding.iter().rposition(|&s| s == symbol) {
+            Some(start) => {
+                let cycle = &self.expanding[start..];
+                let outermost = self.expanding.iter().find(|s| cycle.contains(s)).copied().unwrap_or(symbol);
+                let at = cycle.iter().position(|&s| s == outermost).unwrap_or(0);
+                let mut path = cycle[at..].iter().chain(&cycle[..at]).chain([&outermost]).copied();
+                Error::InvalidSymbol {
+                    symbol: name_of(outermost),
+                    detail: format!(
+                        "its decomposition binds it again without end ({}), nesting composites more than {limit} \
+                         deep; make the recursion stop (on a shape, say) or decompose into other symbols",
+                        chain(&mut path)
+                    ),
+                }
+            }
+            None => {
+                let innermost = &self.expanding[self.expanding.len().saturating_sub(3)..];
+                Error::InvalidSymbol {
+                    symbol: name.to_string(),
+                    detail: format!(
+                        "decompositions nest composites more than {limit} deep (innermost: {} -> `{name}`); \
+                         flatten them",
+                        chain(&mut innermost.iter().copied())
+                    ),
+                }
+            }
+        }
+    }
+
     /// Inputs and outputs belong to the trace, not to a decomposition being expanded.
     fn check_top_level(&self, what: &str) -> Result<()> {
         if self.levels.len() > 1 {
@@ -514,6 +573,107 @@ mod tests {
         let y = b.exp(x).unwrap();
         b.output(y).unwrap();
         assert_eq!(b.finish().unwrap().len(), 1);
+    }
+
+    #[test]
+    fn zero_sized_shapes_follow_one_rule_whatever_the_order_of_dimensions() {
+        let (arena, registry) = setup();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        // No elements, but strides that overflow: refused in every order, with a message that
+        // does not claim it has too many elements.
+        for shape in [[0, usize::MAX, 2], [2, usize::MAX, 0], [usize::MAX, 0, 2]] {
+            let err = b.input(&shape).unwrap_err();
+            assert!(matches!(err, Error::InvalidShape { .. }), "{shape:?}: {err}");
+            assert!(err.to_string().contains("no elements"), "{err}");
+            let err = crate::Tensor::new(&shape, vec![]).unwrap_err();
+            assert!(err.to_string().contains("no elements"), "{err}");
+        }
+        // A usable zero-sized shape with large dimensions transposes and broadcasts: its strides
+        // fit.
+        let x = b.input(&[0, 1 << 30, 4]).unwrap();
+        let t = b.transpose(x, &[2, 0, 1]).unwrap();
+        let y = b.broadcast_to(x, &[1 << 20, 0, 1 << 30, 4]).unwrap();
+        let e = b.exp(y).unwrap();
+        b.output(t).unwrap();
+        b.output(e).unwrap();
+        let trace = b.finish().unwrap();
+        let plan = crate::Plan::compile(&trace, &[crate::executors::CpuReference::shared()]).unwrap();
+        let out = plan.run(&[&crate::Tensor::new(&[0, 1 << 30, 4], vec![]).unwrap()]).unwrap();
+        assert_eq!(out[0].shape(), &[4, 0, 1 << 30]);
+        assert_eq!(out[1].shape(), &[1 << 20, 0, 1 << 30, 4]);
+    }
+
+    #[test]
+    fn any_capacity_guess_is_correct() {
+        let (arena, registry) = setup();
+        for guess in [0, 1 << 40, usize::MAX - 4, usize::MAX] {
+            let mut b = TraceBuilder::with_capacity(&arena, &registry, guess);
+            let x = b.input(&[1]).unwrap();
+            let y = b.exp(x).unwrap();
+            b.output(y).unwrap();
+            assert_eq!(b.finish().unwrap().len(), 1, "guess {guess}");
+        }
+    }
+
+    /// A composite `name` whose decomposition applies `exp`, then `next` on the result: a
+    /// recursion without end when `next` leads back to `name`.
+    fn endless(name: &str, next: &'static str) -> crate::Symbol {
+        crate::Symbol::new(name, crate::Category::Composite)
+            .params(&[crate::ParamKind::Tensor])
+            .same_shape_as_first()
+            .decomposition(move |b, args| {
+                let Arg::Value(x) = args[0] else { unreachable!("a tensor") };
+                let y = b.exp(x)?;
+                b.call(next, &[y.into()])
+            })
+    }
+
+    /// A composite that applies `exp` and, while the first dimension is above 1, binds itself
+    /// on the tensor reshaped to half as many rows: a recursion that ends.
+    fn halve() -> crate::Symbol {
+        crate::Symbol::new("halve", crate::Category::Composite)
+            .params(&[crate::ParamKind::Tensor])
+            .same_shape_as_first()
+            .decomposition(|b, args| {
+                let Arg::Value(x) = args[0] else { unreachable!("a tensor") };
+                let shape = b.shape(x)?.to_vec();
+                let y = b.exp(x)?;
+                if shape[0] <= 1 {
+                    return Ok(y);
+                }
+                let halved = b.reshape(y, &[shape[0] / 2, 2 * shape[1]])?;
+                let inner = b.call("halve", &[halved.into()])?;
+                let back = b.reshape(inner, &shape)?;
+                b.exp(back)
+            })
+    }
+
+    #[test]
+    fn a_decomposition_that_binds_itself_without_end_is_an_error() {
+        let mut registry = Registry::with_builtins();
+        registry.register(endless("spin", "spin")).unwrap();
+        registry.register(endless("ping", "pong")).unwrap();
+        registry.register(endless("pong", "ping")).unwrap();
+        registry.register(halve()).unwrap();
+        let arena = Arena::new();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[1, 4]).unwrap();
+        for (name, cycle) in [
+            ("spin", "`spin` -> `spin`"),
+            ("ping", "`ping` -> `pong` -> `ping`"),
+            ("pong", "`pong` -> `ping` -> `pong`"),
+        ] {
+            let err = b.call(name, &[x.into()]).unwrap_err();
+            assert!(matches!(&err, Error::InvalidSymbol { symbol, .. } if symbol == name), "{err}");
+            assert!(err.to_string().contains(cycle), "{err}");
+        }
+        // Recursion that ends is fine (20 levels here).
+        let big = b.input(&[1 << 20, 1]).unwrap();
+        let y = b.call("halve", &[big.into()]).unwrap();
+        b.output(y).unwrap();
+        let trace = b.finish().unwrap();
+        trace.verify().unwrap();
+        assert_eq!(trace.len(), 1);
     }
 
     #[test]

@@ -64,8 +64,26 @@ impl TensorMeta {
     }
 
     /// Number of elements.
+    ///
+    /// # Panics
+    /// If [`checked_numel`] refuses the shape, which cannot happen for the metadata of a value
+    /// of a trace (the builder checks every shape); [`checked_numel`](Self::checked_numel)
+    /// returns `None` instead.
     pub fn numel(&self) -> usize {
-        self.shape.iter().product()
+        self.checked_numel().unwrap_or_else(|| {
+            panic!("TensorMeta::numel: shape {:?} cannot be used: {}", self.shape, unusable_shape_detail(&self.shape))
+        })
+    }
+
+    /// Number of elements, or `None` if [`checked_numel`] refuses the shape.
+    ///
+    /// ```
+    /// use boundscope::TensorMeta;
+    /// assert_eq!(TensorMeta::f32(&[4, 0, 8]).checked_numel(), Some(0));
+    /// assert_eq!(TensorMeta::f32(&[2, 1 << 63]).checked_numel(), None);
+    /// ```
+    pub fn checked_numel(&self) -> Option<usize> {
+        checked_numel(&self.shape)
     }
 }
 
@@ -75,18 +93,43 @@ impl fmt::Display for TensorMeta {
     }
 }
 
-/// The number of elements of a shape, if a buffer of that many `f32` can exist (at most
-/// `isize::MAX` bytes); `None` when the count overflows.
+/// Most `f32` elements a buffer can hold: `isize::MAX` bytes.
+const MAX_ELEMENTS: usize = isize::MAX as usize / std::mem::size_of::<f32>();
+
+/// The number of elements of a shape, or `None` if the shape cannot be used.
+///
+/// A shape can be used when the product of its non-zero dimensions is at most the number of
+/// `f32` a buffer can hold (`isize::MAX` bytes): NumPy's and ndarray's rule. Its element count
+/// is that product, or 0 when a dimension is 0. The rule does not depend on the order of the
+/// dimensions, and every stride and offset computed from a usable shape fits in a `usize`;
+/// that is why `[0, usize::MAX, 2]`, which holds no elements, is refused too.
 ///
 /// ```
 /// assert_eq!(boundscope::checked_numel(&[2, 3]), Some(6));
+/// assert_eq!(boundscope::checked_numel(&[0, 1 << 40, 3]), Some(0));
 /// assert_eq!(boundscope::checked_numel(&[usize::MAX, 2]), None);
+/// assert_eq!(boundscope::checked_numel(&[0, usize::MAX, 2]), None);
+/// assert_eq!(boundscope::checked_numel(&[2, usize::MAX, 0]), None);
 /// ```
 pub fn checked_numel(shape: &[usize]) -> Option<usize> {
-    shape
-        .iter()
-        .try_fold(1usize, |n, &d| n.checked_mul(d))
-        .filter(|&n| n <= isize::MAX as usize / std::mem::size_of::<f32>())
+    let nonzero = shape.iter().filter(|&&d| d != 0).try_fold(1usize, |n, &d| n.checked_mul(d))?;
+    if nonzero > MAX_ELEMENTS {
+        return None;
+    }
+    Some(if shape.contains(&0) { 0 } else { nonzero })
+}
+
+/// Why [`checked_numel`] refuses `shape`, for error messages.
+pub(crate) fn unusable_shape_detail(shape: &[usize]) -> String {
+    if shape.contains(&0) {
+        format!(
+            "it holds no elements, but its non-zero dimensions multiply to more than a buffer can hold \
+             ({MAX_ELEMENTS} f32), so its strides overflow; keep the product of its non-zero dimensions \
+             within that"
+        )
+    } else {
+        format!("it has more elements than a buffer can hold ({MAX_ELEMENTS} f32)")
+    }
 }
 
 /// Prints dimensions as `[2, 3]`.
@@ -110,4 +153,46 @@ impl fmt::Display for DimsDisplay<'_> {
 pub(crate) struct ValueMeta<'a> {
     pub dtype: DType,
     pub shape: &'a [usize],
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every ordering of `shape`'s dimensions.
+    fn permutations(shape: &[usize]) -> Vec<Vec<usize>> {
+        if shape.len() <= 1 {
+            return vec![shape.to_vec()];
+        }
+        let mut all = Vec::new();
+        for i in 0..shape.len() {
+            let mut rest = shape.to_vec();
+            let first = rest.remove(i);
+            for mut tail in permutations(&rest) {
+                tail.insert(0, first);
+                all.push(tail);
+            }
+        }
+        all
+    }
+
+    #[test]
+    fn checked_numel_does_not_depend_on_the_order_of_dimensions() {
+        let most = isize::MAX as usize / 4;
+        for (shape, expected) in [
+            (vec![0, usize::MAX, 2], None),
+            (vec![0, 1 << 40, 1 << 40], None),
+            (vec![0, most + 1], None),
+            (vec![0, most], Some(0)),
+            (vec![0, 1 << 30, 4, 3], Some(0)),
+            (vec![2, most / 2], Some(most / 2 * 2)),
+            (vec![2, most / 2 + 1], None),
+            (vec![3, 4, 5], Some(60)),
+            (vec![], Some(1)),
+        ] {
+            for p in permutations(&shape) {
+                assert_eq!(checked_numel(&p), expected, "{p:?}");
+            }
+        }
+    }
 }

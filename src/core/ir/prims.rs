@@ -194,7 +194,7 @@ fn dims_arg<'m>(args: &[ArgInfo<'m>], i: usize) -> std::result::Result<&'m [usiz
 fn reshape_rule(args: &[ArgInfo<'_>]) -> RuleResult {
     let (dtype, shape) = tensor(args, 0)?;
     let dims = dims_arg(args, 1)?;
-    let too_many = |d: &[usize]| format!("{d:?} has more elements than a buffer can hold");
+    let too_many = |d: &[usize]| format!("{d:?} cannot be used: {}", super::meta::unusable_shape_detail(d));
     let from = super::meta::checked_numel(shape).ok_or_else(|| too_many(shape))?;
     let to = super::meta::checked_numel(dims).ok_or_else(|| too_many(dims))?;
     if from != to {

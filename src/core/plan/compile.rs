@@ -81,7 +81,7 @@ pub(crate) struct Step {
 /// assert_eq!(out[0].data(), &[2.0, 5.0, 10.0, 17.0]);
 ///
 /// // Reuse one workspace: no allocation per run.
-/// let mut ws = plan.workspace();
+/// let mut ws = plan.workspace().unwrap();
 /// for _ in 0..3 {
 ///     let outs = plan.run_with(&mut ws, &[input.view()]).unwrap();
 ///     assert_eq!(outs.get(0).unwrap().data[3], 17.0);

@@ -61,10 +61,42 @@ fn checks_inputs_and_workspace() {
     assert!(matches!(plan.run(&[]), Err(Error::InputCount { expected: 1, got: 0 })));
     let wrong = Tensor::zeros(&[3, 2]);
     assert!(matches!(plan.run(&[&wrong]), Err(Error::InputShape { index: 0, .. })));
-    let mut ws = other.workspace();
+    let mut ws = other.workspace().unwrap();
     let x = Tensor::zeros(&[2, 3]);
     assert!(matches!(plan.run_with(&mut ws, &[x.view()]), Err(Error::WorkspaceMismatch)));
     assert_eq!(plan.run(&[&x]).unwrap()[0].data(), &[1.0; 6]);
+}
+
+#[test]
+fn data_shorter_than_its_shape_is_reported_as_such() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let plan = Plan::compile(&exp_then_add(&arena, &registry), &[CpuReference::shared()]).unwrap();
+    let mut ws = plan.workspace().unwrap();
+    let short = crate::TensorRef { shape: &[2, 3], data: &[0.0; 5] };
+    let err = plan.run_with(&mut ws, &[short]).err().expect("5 elements for [2, 3]");
+    assert!(matches!(err, Error::InputLength { index: 0, expected: 6, got: 5, .. }), "{err:?}");
+    assert!(!err.to_string().contains("built for"), "{err}");
+    assert!(err.to_string().contains("6 elements") && err.to_string().contains("has 5"), "{err}");
+    // A wrong shape is still a shape error.
+    let wrong = crate::TensorRef { shape: &[3, 2], data: &[0.0; 6] };
+    assert!(matches!(plan.run_with(&mut ws, &[wrong]), Err(Error::InputShape { index: 0, .. })));
+}
+
+#[test]
+fn a_workspace_too_large_to_allocate_is_an_error() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    // A usable shape (4 EiB of f32) that no machine can allocate.
+    let x = b.input(&[1 << 60]).unwrap();
+    let y = b.exp(x).unwrap();
+    b.output(y).unwrap();
+    let plan = Plan::compile(&b.finish().unwrap(), &[CpuReference::shared()]).unwrap();
+    let err = plan.workspace().err().expect("a workspace of 4 EiB");
+    assert!(matches!(&err, Error::OutOfMemory { shape, .. } if shape == &[1 << 60]), "{err}");
+    assert!(err.to_string().contains("Plan::workspace"), "{err}");
+    assert!(matches!(plan.run(&[&Tensor::zeros(&[1])]), Err(Error::OutOfMemory { .. })));
 }
 
 #[test]
@@ -89,7 +121,7 @@ fn workspace_stays_usable_after_an_error_and_a_panic() {
     let plan = Plan::compile(&trace, &[flaky, CpuReference::shared()]).unwrap();
     assert_eq!(plan.steps_per_executor(), vec![("flaky", 1), ("cpu_reference", 1)]);
     let x = Tensor::zeros(&[2, 3]);
-    let mut ws = plan.workspace();
+    let mut ws = plan.workspace().unwrap();
 
     fail.store(true, Ordering::Relaxed);
     assert!(matches!(plan.run_with(&mut ws, &[x.view()]), Err(Error::Execution { .. })));
@@ -264,7 +296,7 @@ fn device_steps_get_explicit_transfers() {
     assert_eq!(labels, ["exp", "exp", "add", "exp"]);
     let reference = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
     assert_eq!(got, reference.run(&[&input]).unwrap());
-    let mut ws = plan.workspace();
+    let mut ws = plan.workspace().unwrap();
     for _ in 0..3 {
         let out = plan.run_with(&mut ws, &[input.view()]).unwrap();
         assert_eq!(out.get(0).unwrap().to_tensor(), reference.run(&[&input]).unwrap()[0]);

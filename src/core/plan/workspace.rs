@@ -20,8 +20,7 @@ use crate::error::{Error, Result};
 pub struct Workspace {
     plan_id: u64,
     buffers: Vec<Vec<f32>>,
-    /// Device buffers, allocated by the first run (a device allocation can fail; making a
-    /// workspace cannot).
+    /// Device buffers, allocated by the first run.
     device_buffers: Vec<Option<Box<dyn DeviceBuffer>>>,
     /// Set while a run is in flight; still set afterwards if a kernel panicked, in which case
     /// the buffers may be incomplete and are rebuilt by the next run.
@@ -90,11 +89,40 @@ impl<'w> Outputs<'w> {
 }
 
 impl Plan {
-    /// A new workspace for this plan, with every buffer allocated.
-    pub fn workspace(&self) -> Workspace {
-        Workspace {
+    /// A new workspace for this plan, with every host buffer allocated (device buffers are
+    /// allocated by its first run).
+    ///
+    /// ```
+    /// use boundscope::{executors::CpuReference, Arena, Error, Plan, Registry, TraceBuilder};
+    /// let registry = Registry::with_builtins();
+    /// let arena = Arena::new();
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[1 << 60]).unwrap(); // a usable shape: 4 EiB of f32
+    /// let y = b.exp(x).unwrap();
+    /// b.output(y).unwrap();
+    /// let plan = Plan::compile(&b.finish().unwrap(), &[CpuReference::shared()]).unwrap();
+    /// assert!(matches!(plan.workspace(), Err(Error::OutOfMemory { .. })));
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] if a buffer cannot be allocated.
+    pub fn workspace(&self) -> Result<Workspace> {
+        let mut buffers = Vec::with_capacity(self.buffer_shapes.len());
+        for shape in &self.buffer_shapes {
+            // Every shape of a plan is usable (the builder checks them), so this is its count.
+            let numel = shape.iter().product::<usize>();
+            let mut buffer = Vec::new();
+            buffer.try_reserve_exact(numel).map_err(|_| Error::OutOfMemory {
+                what: "Plan::workspace".into(),
+                shape: shape.to_vec(),
+                bytes: numel * std::mem::size_of::<f32>(),
+            })?;
+            buffer.resize(numel, 0.0);
+            buffers.push(buffer);
+        }
+        Ok(Workspace {
             plan_id: self.id,
-            buffers: self.buffer_shapes.iter().map(|s| vec![0.0; s.iter().product()]).collect(),
+            buffers,
             device_buffers: Vec::new(),
             in_flight: false,
             scratch: RunScratch {
@@ -106,7 +134,7 @@ impl Plan {
                 device_outputs: Vec::with_capacity(self.widths.outputs),
                 device_taken: Vec::with_capacity(self.widths.outputs),
             },
-        }
+        })
     }
 
     /// Runs the plan on `inputs` and returns owned outputs. Takes a workspace from the plan's
@@ -114,9 +142,14 @@ impl Plan {
     /// afterwards.
     ///
     /// # Errors
-    /// [`Error::InputCount`], [`Error::InputShape`], or the first error a kernel returns.
+    /// [`Error::OutOfMemory`] if it has to make a workspace and cannot, [`Error::InputCount`],
+    /// [`Error::InputShape`], or the first error a kernel returns.
     pub fn run(&self, inputs: &[&Tensor]) -> Result<Vec<Tensor>> {
-        let mut workspace = self.pool.lock().ok().and_then(|mut pool| pool.pop()).unwrap_or_else(|| self.workspace());
+        let pooled = self.pool.lock().ok().and_then(|mut pool| pool.pop());
+        let mut workspace = match pooled {
+            Some(workspace) => workspace,
+            None => self.workspace()?,
+        };
         let views: SmallVec<[TensorRef<'_>; 8]> = inputs.iter().map(|t| t.view()).collect();
         let result = self.run_with(&mut workspace, &views).map(|outputs| outputs.to_tensors());
         if let Ok(mut pool) = self.pool.lock() {
@@ -129,15 +162,17 @@ impl Plan {
     /// Allocates nothing in steady state.
     ///
     /// # Errors
-    /// [`Error::WorkspaceMismatch`], [`Error::InputCount`], [`Error::InputShape`], or the first
-    /// error a kernel returns (the remaining steps are not run).
+    /// [`Error::WorkspaceMismatch`], [`Error::InputCount`], [`Error::InputShape`],
+    /// [`Error::InputLength`], [`Error::OutOfMemory`] if a run interrupted by a panic left the
+    /// workspace to be rebuilt and it cannot be, or the first error a kernel returns (the
+    /// remaining steps are not run).
     pub fn run_with<'w>(&'w self, workspace: &'w mut Workspace, inputs: &[TensorRef<'_>]) -> Result<Outputs<'w>> {
         if workspace.plan_id != self.id {
             return Err(Error::WorkspaceMismatch);
         }
         self.check_inputs(inputs)?;
         if workspace.in_flight {
-            *workspace = self.workspace();
+            *workspace = self.workspace()?;
         }
         if let (Some(device), true) = (&self.device, workspace.device_buffers.len() != self.device_lengths.len()) {
             workspace.device_buffers =
@@ -208,8 +243,18 @@ impl Plan {
             return Err(Error::InputCount { expected: self.input_shapes.len(), got: inputs.len() });
         }
         for (index, (input, expected)) in inputs.iter().zip(&self.input_shapes).enumerate() {
-            if input.shape != expected.as_slice() || input.data.len() != expected.iter().product::<usize>() {
+            if input.shape != expected.as_slice() {
                 return Err(Error::InputShape { index, expected: expected.to_vec(), got: input.shape.to_vec() });
+            }
+            // The trace's shapes are usable (the builder checks them), so this is the count.
+            let numel = expected.iter().product::<usize>();
+            if input.data.len() != numel {
+                return Err(Error::InputLength {
+                    index,
+                    shape: expected.to_vec(),
+                    expected: numel,
+                    got: input.data.len(),
+                });
             }
         }
         Ok(())

@@ -55,7 +55,7 @@ pub struct CpuFusion {
 pub const CPU_FUSION_OPTIONS: &[OptionSpec] = &[
     OptionSpec {
         name: "cpu_fusion.block_size",
-        ty: OptionType::Int { min: 16, max: 1 << 22 },
+        ty: OptionType::Int { min: 16, max: CpuFusion::MAX_BLOCK as i64 },
         default: OptionValue::Int(DEFAULT_BLOCK as i64),
         doc: "Elements per block; the temporaries of a region take block x 4 bytes each.",
         audience: Audience::Developer,
@@ -137,9 +137,35 @@ impl CpuFusion {
         Arc::new(Self::new())
     }
 
-    /// Processes `elements` elements per block (at least 1).
+    /// The largest block: 2^22 elements (16 MiB per temporary).
+    pub const MAX_BLOCK: usize = 1 << 22;
+
+    /// Processes `elements` elements per block, at least 1 and at most
+    /// [`MAX_BLOCK`](Self::MAX_BLOCK): any other value is clamped to that range (a block is a
+    /// size of temporaries, and any size computes the same results).
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use boundscope::executors::{CpuFusion, CpuReference};
+    /// use boundscope::passes::{FuseRegions, Pass};
+    /// use boundscope::{Arena, Plan, Registry, Tensor, TraceBuilder};
+    /// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[5]).unwrap();
+    /// let y = b.exp(x).unwrap();
+    /// let z = b.neg(y).unwrap();
+    /// b.output(z).unwrap();
+    /// let trace = b.finish().unwrap();
+    /// for block in [0, 2, usize::MAX] {
+    ///     // Blocks of 1, 2 and MAX_BLOCK elements.
+    ///     let fusion = Arc::new(CpuFusion::new().block_size(block));
+    ///     let fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap();
+    ///     let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap();
+    ///     assert_eq!(plan.run(&[&Tensor::zeros(&[5])]).unwrap()[0].data(), &[-1.0; 5]);
+    /// }
+    /// ```
     pub fn block_size(mut self, elements: usize) -> Self {
-        self.block = elements.max(1);
+        self.block = elements.clamp(1, Self::MAX_BLOCK);
         self
     }
 
@@ -257,6 +283,28 @@ mod tests {
         assert_eq!(got, expected, "tiles accumulate in the reference's order");
         // A few block-sized temporaries (plus their stagger), not rows of 2^20 elements.
         assert!(scratch <= 4 * (DEFAULT_BLOCK + 64) * 4, "{scratch} bytes of scratch");
+    }
+
+    #[test]
+    fn any_block_size_runs_like_the_reference() {
+        let (arena, registry) = (Arena::new(), Registry::with_builtins());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[3, 5]).unwrap();
+        let a = b.add_scalar(x, 1.0).unwrap();
+        let m = b.mul(a, x).unwrap();
+        let s = b.sum(m).unwrap();
+        b.output(m).unwrap();
+        b.output(s).unwrap();
+        let trace = b.finish().unwrap();
+        let reference = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+        let input = Tensor::from_fn(&[3, 5], |i| i as f32 - 7.0);
+        let expected = reference.run(&[&input]).unwrap();
+        for block in [0, 1, 7, 1 << 40, usize::MAX] {
+            let fusion = Arc::new(CpuFusion::new().block_size(block));
+            let fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap();
+            let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap();
+            assert_eq!(plan.run(&[&input]).unwrap(), expected, "block size {block}");
+        }
     }
 
     #[test]

@@ -56,6 +56,9 @@ where
 /// Runs bound symbols. A plan asks each executor in its list, in order, whether it claims a
 /// bound symbol; the first that does compiles a kernel for it.
 ///
+/// Recognise built-in prims by [`Symbol::builtin_prim`], not by id or name: a user's registry
+/// may give both to symbols of its own.
+///
 /// ```
 /// use std::sync::Arc;
 /// use boundscope::{kernel_fn, prims, Arena, Executor, Kernel, OpView, Plan, Registry, Result, Tensor, TraceBuilder};
@@ -64,7 +67,7 @@ where
 /// struct ReluOnly;
 /// impl Executor for ReluOnly {
 ///     fn name(&self) -> &str { "relu_only" }
-///     fn claims(&self, op: &OpView<'_>) -> bool { op.symbol_id() == prims::RELU }
+///     fn claims(&self, op: &OpView<'_>) -> bool { op.symbol().builtin_prim() == Some(prims::RELU) }
 ///     fn compile(&self, _op: &OpView<'_>) -> Result<Box<dyn Kernel>> {
 ///         Ok(kernel_fn(|inputs, outputs| {
 ///             for (o, x) in outputs[0].data.iter_mut().zip(inputs[0].data) { *o = x.max(0.0); }

@@ -164,10 +164,10 @@ impl Executor for CpuFusion {
             (true, Some(range)) => Some(range.prepare(Self::NAME, None)?),
             _ => None,
         };
-        let region = FusedRegion::compile(op, self.block, range).map_err(|message| Error::Execution {
+        let region = FusedRegion::compile(op, self.block, range).map_err(|detail| Error::KernelPrecondition {
             executor: Self::NAME.into(),
             symbol: op.name().into(),
-            message,
+            detail,
         })?;
         if let Some(dumps) = &self.dumps {
             let program = format!("{}:\n{region}", op.name());

@@ -5,8 +5,8 @@ use std::fmt::Write;
 
 use crate::core::ir::{prims, Arg, ValueId};
 use crate::core::plan::OpView;
-use crate::executors::cpu_reference::builtin_prim;
 use crate::executors::cpu_reference::kernels::{broadcast_read, broadcast_strides, BroadcastRead};
+use crate::executors::cpu_reference::{builtin_prim, fused_shape};
 
 /// The generated source of one region and how to launch it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -120,7 +120,10 @@ fn offset_expression(shape: &[usize], input_shape: &[usize]) -> String {
 ///
 /// # Errors
 /// A message when the region holds something this generator does not support (an op other
-/// than an elementwise built-in prim or a trailing last-axis reduction).
+/// than an elementwise built-in prim or a trailing last-axis reduction), or when its shapes
+/// break a relation the kernel relies on (an op that does not fit the built-in's shape rule,
+/// an input that does not broadcast to the iteration shape, a reduction over another shape):
+/// the generated kernel never reads or writes past the buffers of the shapes it was given.
 pub fn region_source(region: &OpView<'_>, kernel: &str) -> Result<RegionSource, String> {
     let ops = region.region_ops().map_err(|e| e.to_string())?;
     let inputs: Vec<ValueId> = region.bound_symbol().inputs().collect();
@@ -146,7 +149,9 @@ fn generate(
     outputs: &[ValueId],
     kernel: &str,
 ) -> Result<RegionSource, String> {
-    let first = ops.first().ok_or("an empty region")?;
+    // Every shape relation the generated kernel relies on, checked here: it indexes the
+    // buffers the plan sizes from these shapes, and nothing on the device checks bounds.
+    let shape = fused_shape(region, ops, inputs)?.to_vec();
     let is_reduction = |op: &OpView<'_>| matches!(builtin_prim(op), Some(prims::SUM | prims::MAX));
     // A trailing last-axis reduction: its op and the value it reduces.
     let reduction = match ops.split_last() {
@@ -159,9 +164,6 @@ fn generate(
         }
         _ => None,
     };
-    let shape = if is_reduction(first) { first.input_shape(0) } else { first.output_shape(0) }
-        .map_err(|e| e.to_string())?
-        .to_vec();
     let numel: usize = shape.iter().product();
     let mut input_shapes = Vec::new();
     for &v in inputs {

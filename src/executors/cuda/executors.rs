@@ -14,7 +14,7 @@ use crate::core::plan::{
     Device, DeviceBuffer, DeviceKernel, EmittedRange, Executor, Fusible, OpView, PreparedRegionRange,
 };
 use crate::error::{Error, Result};
-use crate::executors::cpu_reference::{builtin_fusible, builtin_prim};
+use crate::executors::cpu_reference::{builtin_fusible, builtin_prim, require_builtin};
 
 const THREADS: u32 = 256;
 const EMITS: [EmittedRange; 1] = [EmittedRange { kind: GuardKind::NvtxRange, level: Level::Region }];
@@ -51,10 +51,10 @@ impl Executor for CudaFusion {
     }
 
     fn compile_device(&self, op: &OpView<'_>) -> Result<Box<dyn DeviceKernel>> {
-        let generated = region_source(op, &kernel_name(op.name())).map_err(|message| Error::Execution {
+        let generated = region_source(op, &kernel_name(op.name())).map_err(|detail| Error::KernelPrecondition {
             executor: Self::NAME.into(),
             symbol: op.name().into(),
-            message,
+            detail,
         })?;
         let range = op.region_range().map(|r| r.prepare(Self::NAME, None)).transpose()?;
         Ok(Box::new(GeneratedKernel::new(&self.device, &generated, range)?))
@@ -106,6 +106,7 @@ impl Executor for CudaOps {
 
     fn compile_device(&self, op: &OpView<'_>) -> Result<Box<dyn DeviceKernel>> {
         if builtin_prim(op) == Some(prims::MATMUL) {
+            require_builtin(Self::NAME, prims::MATMUL, op)?;
             let (a, b) = (op.input_shape(0)?, op.input_shape(1)?);
             let mut blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
             if blas.is_none() {
@@ -113,10 +114,10 @@ impl Executor for CudaOps {
             }
             return Ok(Box::new(Matmul { blas: self.blas.clone(), m: a[0], k: a[1], n: b[1] }));
         }
-        let generated = op_source(op, &kernel_name(op.name())).map_err(|message| Error::Execution {
+        let generated = op_source(op, &kernel_name(op.name())).map_err(|detail| Error::KernelPrecondition {
             executor: Self::NAME.into(),
             symbol: op.name().into(),
-            message,
+            detail,
         })?;
         Ok(Box::new(GeneratedKernel::new(&self.device, &generated, None)?))
     }
@@ -198,7 +199,7 @@ impl DeviceKernel for Matmul {
         };
         // SAFETY: b is [k, n] and a is [m, k] row-major, i.e. column-major n x k and k x m with
         // leading dimensions n and k; c is [m, n] row-major, column-major n x m, leading n. The
-        // plan sized all three buffers from these shapes.
+        // plan sized all three buffers from these shapes (`require_builtin` checked them).
         unsafe { blas.gemm(config, b, a, c) }.map_err(|e| cuda_error("cublasSgemm", e))
     }
 }

@@ -1,15 +1,17 @@
 //! A safe program never makes a kernel read out of bounds: executors recognise the built-in
-//! prims by identity, not by id and name, and check the shapes their kernels rely on when a
-//! plan is compiled.
+//! prims by identity, not by id and name, check the shapes their kernels rely on when a plan
+//! is compiled, and run only the fusion regions their own fusion pass made.
 //!
 //! Each test uses the public API only, as any user program could.
+
+use std::sync::Arc;
 
 use boundscope::executors::cuda::{op_source, region_source};
 use boundscope::executors::{math, CpuFusion, CpuReference};
 use boundscope::passes::{FuseRegions, Pass};
 use boundscope::{
-    kernel_fn, prims, Arena, Arg, ArgInfo, Category, Error, Executor, Fusible, OpView, ParamKind, Plan, Registry,
-    Symbol, Tensor, TensorMeta, Trace, TraceBuilder,
+    kernel_fn, prims, Arena, Arg, ArgInfo, Category, Error, Executor, Fusible, Kernel, OpView, ParamKind, Plan,
+    Registry, Symbol, Tensor, TensorMeta, Trace, TraceBuilder,
 };
 
 fn tensor_shape<'m>(args: &[ArgInfo<'m>], i: usize) -> Result<&'m [usize], String> {
@@ -300,4 +302,60 @@ fn a_copy_of_a_builtin_stays_one_until_it_is_changed() {
     b.output(y).unwrap();
     let result = Plan::compile(&b.finish().unwrap(), &[CpuReference::shared()]);
     assert!(matches!(result, Err(Error::NoExecutor { .. })), "{:?}", result.err());
+}
+
+/// Fuses `exp` and `neg` into regions named like CpuFusion's (prefix `Cpu`), and runs any
+/// region it is given. Not CpuFusion: CpuFusion must leave its regions alone.
+struct LookalikeFusion;
+
+impl Executor for LookalikeFusion {
+    fn name(&self) -> &str {
+        "lookalike_fusion"
+    }
+    fn fusion_prefix(&self) -> &str {
+        "Cpu"
+    }
+    fn fusible(&self, op: &OpView<'_>) -> Fusible {
+        if matches!(op.symbol_id(), prims::EXP | prims::NEG) {
+            Fusible::Elementwise
+        } else {
+            Fusible::No
+        }
+    }
+    fn claims(&self, op: &OpView<'_>) -> bool {
+        op.symbol_id() == prims::REGION
+    }
+    fn compile(&self, op: &OpView<'_>) -> boundscope::Result<Box<dyn Kernel>> {
+        let chain: Vec<fn(f32) -> f32> = op
+            .region_ops()?
+            .iter()
+            .map(|o| if o.symbol_id() == prims::EXP { math::exp as fn(f32) -> f32 } else { math::neg })
+            .collect();
+        Ok(kernel_fn(move |inputs, outputs| {
+            for (o, &x) in outputs[0].data.iter_mut().zip(inputs[0].data) {
+                *o = chain.iter().fold(x, |v, f| f(v));
+            }
+            Ok(())
+        }))
+    }
+}
+
+#[test]
+fn a_fusion_executor_runs_only_the_regions_its_own_fusion_made() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4]).unwrap();
+    let e = b.exp(x).unwrap();
+    let y = b.neg(e).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let lookalike: Arc<dyn Executor> = Arc::new(LookalikeFusion);
+    let fused = FuseRegions::new(lookalike.clone()).run(&trace, &arena).unwrap();
+    assert!(fused.to_string().contains("CpuFusion0"), "{fused}");
+
+    let plan = Plan::compile(&fused, &[CpuFusion::shared(), lookalike, CpuReference::shared()]).unwrap();
+    assert_eq!(plan.steps_per_executor(), vec![("lookalike_fusion", 1)]);
+    let out = plan.run(&[&Tensor::from_fn(&[4], |i| i as f32)]).unwrap();
+    assert_eq!(out[0].data(), &[-math::exp(0.0), -math::exp(1.0), -math::exp(2.0), -math::exp(3.0)]);
 }

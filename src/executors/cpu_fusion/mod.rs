@@ -156,7 +156,7 @@ impl Executor for CpuFusion {
     }
 
     fn claims(&self, op: &OpView<'_>) -> bool {
-        op.is_region_of(self.fusion_prefix())
+        op.is_region_of(self)
     }
 
     fn compile(&self, op: &OpView<'_>) -> Result<Box<dyn Kernel>> {

@@ -43,7 +43,7 @@ impl Executor for CudaFusion {
     }
 
     fn claims(&self, op: &OpView<'_>) -> bool {
-        op.is_region_of(self.fusion_prefix())
+        op.is_region_of(self)
     }
 
     fn device(&self) -> Option<Arc<dyn Device>> {

@@ -97,6 +97,37 @@ fn the_quickstart_program_matches_on_cuda() {
     assert!(stats.iter().any(|s| s.label.starts_with("CudaFusion")), "{stats:?}");
 }
 
+/// A device kernel run outside a plan, with buffers smaller than the shapes it was compiled
+/// for (or too few of them), is a typed error before anything is launched: the generated
+/// kernels and cuBLAS check no bounds on the device.
+#[test]
+fn kernels_refuse_buffers_smaller_than_their_shapes() {
+    let Some(device) = device() else { return };
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[64, 32]).unwrap();
+    let w = b.input(&[32, 16]).unwrap();
+    let e = b.exp(x).unwrap();
+    let y = b.matmul(e, w).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let ops = CudaOps::new(device.clone());
+    let alloc = |len| boundscope::Device::alloc(&*device, len).unwrap();
+    for (position, lengths) in [(0, [64 * 32, 0, 64 * 32]), (1, [64 * 32, 32 * 16, 64 * 16])] {
+        let kernel = ops.compile_device(&boundscope::OpView::of(&trace, position).unwrap()).unwrap();
+        let inputs: Vec<_> = lengths[..2].iter().filter(|&&n| n > 0).map(|&n| alloc(n)).collect();
+        let mut output = alloc(lengths[2]);
+        let input_refs: Vec<&dyn boundscope::DeviceBuffer> = inputs.iter().map(|b| &**b).collect();
+        kernel.run(&input_refs, &mut [&mut *output]).unwrap();
+        let mut small = alloc(lengths[2] - 1);
+        let err = kernel.run(&input_refs, &mut [&mut *small]).unwrap_err();
+        assert!(matches!(err, boundscope::Error::Execution { .. }) && err.to_string().contains("holds"), "{err}");
+        let too_few = &input_refs[..input_refs.len() - 1];
+        assert!(kernel.run(too_few, &mut [&mut *output]).is_err());
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 

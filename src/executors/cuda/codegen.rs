@@ -26,6 +26,11 @@ pub struct RegionSource {
     pub vectorized: bool,
     /// How many threads have work: elements, vectors, or rows (for a trailing reduction).
     pub threads: usize,
+    /// The elements each input buffer must hold (its value's), in parameter order: the kernel
+    /// reads no further, and its launcher checks the buffers it is given against these.
+    pub input_lengths: Vec<usize>,
+    /// The elements each output buffer must hold (its value's), in parameter order.
+    pub output_lengths: Vec<usize>,
 }
 
 /// A float literal in C.
@@ -169,6 +174,11 @@ fn generate(
     for &v in inputs {
         input_shapes.push(region.shape_of(v).map_err(|e| e.to_string())?.to_vec());
     }
+    let input_lengths: Vec<usize> = input_shapes.iter().map(|s| s.iter().product()).collect();
+    let output_lengths = outputs
+        .iter()
+        .map(|&v| region.shape_of(v).map(|s| s.iter().product()).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<usize>, String>>()?;
     let reads: Option<Vec<VectorRead>> = input_shapes.iter().map(|s| vector_read(&shape, s)).collect();
     let vectorized = reduction.is_none() && reads.is_some() && numel.is_multiple_of(4) && numel > 0;
 
@@ -253,6 +263,8 @@ fn generate(
             vectorized: false,
             // Whole warps: the launch rounds up to blocks of 256 threads.
             threads: rows * 32,
+            input_lengths,
+            output_lengths,
         });
     }
     if vectorized {
@@ -322,6 +334,8 @@ fn generate(
         numel,
         vectorized,
         threads,
+        input_lengths,
+        output_lengths,
     })
 }
 
@@ -418,6 +432,7 @@ extern \"C\" __global__ void region0(const float* __restrict__ in0, const float*
         assert!(s.contains("const float x1 = in1[(i / 6ll)];"), "{s}");
         assert!(s.contains("const float x2 = in2[(i % 6ll)];"), "{s}");
         assert!(s.contains("const float t4 = (t3 * x2);") && s.contains("out0[i] = t4;"), "{s}");
+        assert_eq!((generated.input_lengths, generated.output_lengths), (vec![96, 16, 6], vec![96]));
     }
 
     #[test]
@@ -476,6 +491,7 @@ mod reduction_tests {
         assert!(src.contains("out0[i] = t1;") && src.contains("acc = acc + t1;"), "{src}");
         assert!(src.contains("acc = acc + __shfl_down_sync(0xffffffffu, acc, offset);"), "{src}");
         assert!(src.contains("if (lane == 0) out1[r] = acc;"), "{src}");
+        assert_eq!((generated.input_lengths, generated.output_lengths), (vec![128], vec![128, 16]));
 
         let mut b = TraceBuilder::new(&arena, &registry);
         let x = b.input(&[4, 8]).unwrap();

@@ -275,7 +275,7 @@ impl FusedRegion {
                         out[row0 + r] = if op == prims::SUM {
                             row.iter().sum()
                         } else {
-                            row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+                            crate::executors::cpu_reference::math::row_max(row)
                         };
                     }
                 }

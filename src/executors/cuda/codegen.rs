@@ -53,15 +53,22 @@ fn apply(op: crate::SymbolId, a: &str, b: Option<&str>) -> Option<String> {
         prims::LOG => format!("logf({a})"),
         prims::TANH => format!("tanhf({a})"),
         prims::SIGMOID => format!("(1.0f / (1.0f + expf(-{a})))"),
-        prims::RELU => format!("({a} > 0.0f ? {a} : 0.0f)"),
+        // NaN propagates through `relu` and `maximum`, as in PyTorch (`fmaxf` drops it).
+        prims::RELU => format!("({a} <= 0.0f ? 0.0f : {a})"),
         prims::GELU => format!("(0.5f * {a} * (1.0f + tanhf(0.7978846f * ({a} + 0.044715f * {a} * {a} * {a}))))"),
         prims::ADD => format!("({a} + {b})"),
         prims::SUB => format!("({a} - {b})"),
         prims::MUL => format!("({a} * {b})"),
         prims::DIV => format!("({a} / {b})"),
-        prims::MAXIMUM => format!("fmaxf({a}, {b})"),
+        prims::MAXIMUM => maximum(a, b),
         _ => return None,
     })
+}
+
+/// `maximum(a, b)` in C: NaN if either is, as PyTorch's `maximum`. Operands are evaluated
+/// more than once: pass names, not calls.
+fn maximum(a: &str, b: &str) -> String {
+    format!("(({a} != {a} || {a} > {b}) ? {a} : {b})")
 }
 
 /// How element `i` of the iteration shape reads region input `k`.
@@ -233,8 +240,7 @@ fn generate(
             "  for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {{"
         );
         let init = if op == prims::SUM { "0.0f" } else { "__int_as_float(0xff800000)" };
-        let combine =
-            |a: &str, b: &str| if op == prims::SUM { format!("{a} + {b}") } else { format!("fmaxf({a}, {b})") };
+        let combine = |a: &str, b: &str| if op == prims::SUM { format!("{a} + {b}") } else { maximum(a, b) };
         let _ = writeln!(source, "    float acc = {init};");
         let _ = writeln!(source, "    for (long long c = lane; c < {row}ll; c += 32) {{");
         let _ = writeln!(source, "    const long long i = r * {row}ll + c;");
@@ -248,7 +254,10 @@ fn generate(
         let _ = writeln!(source, "    acc = {};", combine("acc", &value_name(reduced)));
         let _ = writeln!(source, "    }}");
         let _ = writeln!(source, "    for (int offset = 16; offset > 0; offset /= 2) {{");
-        let _ = writeln!(source, "      acc = {};", combine("acc", "__shfl_down_sync(0xffffffffu, acc, offset)"));
+        // The shuffle once per step and in every lane, before the combination (which may read
+        // its operand twice).
+        let _ = writeln!(source, "      const float other = __shfl_down_sync(0xffffffffu, acc, offset);");
+        let _ = writeln!(source, "      acc = {};", combine("acc", "other"));
         let _ = writeln!(source, "    }}");
         if let Some(o) = outputs.iter().position(|&v| v == result) {
             let _ = writeln!(source, "    if (lane == 0) out{o}[r] = acc;");
@@ -489,7 +498,8 @@ mod reduction_tests {
         assert!(src.contains("const long long rows = 16ll;") && src.contains("float acc = 0.0f;"), "{src}");
         assert!(src.contains("for (long long c = lane; c < 8ll; c += 32)"), "{src}");
         assert!(src.contains("out0[i] = t1;") && src.contains("acc = acc + t1;"), "{src}");
-        assert!(src.contains("acc = acc + __shfl_down_sync(0xffffffffu, acc, offset);"), "{src}");
+        assert!(src.contains("const float other = __shfl_down_sync(0xffffffffu, acc, offset);"), "{src}");
+        assert!(src.contains("acc = acc + other;"), "{src}");
         assert!(src.contains("if (lane == 0) out1[r] = acc;"), "{src}");
         assert_eq!((generated.input_lengths, generated.output_lengths), (vec![128], vec![128, 16]));
 
@@ -499,10 +509,41 @@ mod reduction_tests {
         b.output(m).unwrap();
         let trace = b.finish().unwrap();
         let generated = op_source(&OpView::of(&trace, 0).unwrap(), "row_max").unwrap();
-        assert!(
-            generated.source.contains("acc = fmaxf(acc, x0);") && generated.source.contains("0xff800000"),
-            "{}",
-            generated.source
-        );
+        let src = &generated.source;
+        // NaN propagates, as in PyTorch (`fmaxf` drops it); the shuffle runs once per step, in
+        // every lane, outside the select.
+        assert!(src.contains("acc = ((acc != acc || acc > x0) ? acc : x0);") && src.contains("0xff800000"), "{src}");
+        assert!(src.contains("const float other = __shfl_down_sync(0xffffffffu, acc, offset);"), "{src}");
+        assert!(src.contains("acc = ((acc != acc || acc > other) ? acc : other);"), "{src}");
+        assert!(!src.contains("fmaxf"), "{src}");
+    }
+}
+
+#[cfg(test)]
+mod nan_tests {
+    use super::*;
+    use crate::core::ir::{Arena, Registry, TraceBuilder};
+
+    /// `relu` and `maximum` propagate NaN, as in PyTorch: `relu(NaN)` and `maximum` with a NaN
+    /// on either side are NaN (`x > 0 ? x : 0` and `fmaxf` give 0 and the other operand).
+    #[test]
+    fn relu_and_maximum_propagate_nan() {
+        let (arena, registry) = (Arena::new(), Registry::with_builtins());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[8]).unwrap();
+        let y = b.input(&[8]).unwrap();
+        let r = b.relu(x).unwrap();
+        let m = b.maximum(r, y).unwrap();
+        let s = b.maximum_scalar(m, 0.5).unwrap();
+        b.output(s).unwrap();
+        let trace = b.finish().unwrap();
+        let source = |position| op_source(&OpView::of(&trace, position).unwrap(), "k").unwrap().source;
+        let relu = source(0);
+        assert!(relu.contains("const float t2 = (x0 <= 0.0f ? 0.0f : x0);"), "{relu}");
+        let maximum = source(1);
+        assert!(maximum.contains("const float t3 = ((x0 != x0 || x0 > x1) ? x0 : x1);"), "{maximum}");
+        let scalar = source(2);
+        assert!(scalar.contains("const float t4 = ((x0 != x0 || x0 > 5e-1f) ? x0 : 5e-1f);"), "{scalar}");
+        assert!(!format!("{relu}{maximum}{scalar}").contains("fmaxf"));
     }
 }

@@ -97,6 +97,73 @@ fn the_quickstart_program_matches_on_cuda() {
     assert!(stats.iter().any(|s| s.label.starts_with("CudaFusion")), "{stats:?}");
 }
 
+/// NaN propagates as in PyTorch through `relu`, `maximum` (either side) and row `max`, in fused
+/// regions (`CudaFusion`) and per-op kernels (`CudaOps`), as on the CPU.
+#[test]
+fn nan_propagates_on_cuda() {
+    let Some(device) = device() else { return };
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4, 64]).unwrap();
+    let y = b.input(&[4, 64]).unwrap();
+    let r = b.relu(x).unwrap();
+    let xy = b.maximum(x, y).unwrap();
+    let yx = b.maximum(y, x).unwrap();
+    let m = b.max(x).unwrap();
+    for v in [r, xy, yx, m] {
+        b.output(v).unwrap();
+    }
+    let trace = b.finish().unwrap();
+    let nan_at = |i: usize| i % 64 == 37 && i / 64 != 2; // one NaN in rows 0, 1 and 3
+    let xs = boundscope::Tensor::from_fn(&[4, 64], |i| if nan_at(i) { f32::NAN } else { i as f32 - 100.0 });
+    let ys = boundscope::Tensor::from_fn(&[4, 64], |i| if i % 64 == 5 { f32::NAN } else { 0.5 });
+    let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&xs, &ys]).unwrap();
+    assert!(expected[0].data()[37].is_nan() && expected[1].data()[5].is_nan() && expected[2].data()[37].is_nan());
+    assert!(expected[3].data()[0].is_nan() && !expected[3].data()[2].is_nan());
+    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
+    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device));
+    for fused in [true, false] {
+        let trace = if fused { FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap() } else { trace.clone() };
+        let plan = Plan::compile(&trace, &[fusion.clone(), ops.clone(), CpuReference::shared()]).unwrap();
+        let device_steps = plan.steps_per_executor().iter().filter(|(e, _)| e.starts_with("cuda")).count();
+        assert!(device_steps > 0, "{plan}");
+        let got = plan.run(&[&xs, &ys]).unwrap();
+        common::close_all(&got, &expected, 0.0).unwrap_or_else(|m| panic!("fused: {fused}: {m}\n{plan}"));
+    }
+}
+
+/// A device kernel run outside a plan, with buffers smaller than the shapes it was compiled
+/// for (or too few of them), is a typed error before anything is launched: the generated
+/// kernels and cuBLAS check no bounds on the device.
+#[test]
+fn kernels_refuse_buffers_smaller_than_their_shapes() {
+    let Some(device) = device() else { return };
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[64, 32]).unwrap();
+    let w = b.input(&[32, 16]).unwrap();
+    let e = b.exp(x).unwrap();
+    let y = b.matmul(e, w).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let ops = CudaOps::new(device.clone());
+    let alloc = |len| boundscope::Device::alloc(&*device, len).unwrap();
+    for (position, lengths) in [(0, [64 * 32, 0, 64 * 32]), (1, [64 * 32, 32 * 16, 64 * 16])] {
+        let kernel = ops.compile_device(&boundscope::OpView::of(&trace, position).unwrap()).unwrap();
+        let inputs: Vec<_> = lengths[..2].iter().filter(|&&n| n > 0).map(|&n| alloc(n)).collect();
+        let mut output = alloc(lengths[2]);
+        let input_refs: Vec<&dyn boundscope::DeviceBuffer> = inputs.iter().map(|b| &**b).collect();
+        kernel.run(&input_refs, &mut [&mut *output]).unwrap();
+        let mut small = alloc(lengths[2] - 1);
+        let err = kernel.run(&input_refs, &mut [&mut *small]).unwrap_err();
+        assert!(matches!(err, boundscope::Error::Execution { .. }) && err.to_string().contains("holds"), "{err}");
+        let too_few = &input_refs[..input_refs.len() - 1];
+        assert!(kernel.run(too_few, &mut [&mut *output]).is_err());
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 

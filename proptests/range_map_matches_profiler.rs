@@ -65,7 +65,7 @@ impl Executor for TestFuser {
     }
 
     fn claims(&self, op: &OpView<'_>) -> bool {
-        op.is_region_of("Test") && (!self.single_input_only || op.bound_symbol().inputs().count() == 1)
+        op.is_region_of(self) && (!self.single_input_only || op.bound_symbol().inputs().count() == 1)
     }
 
     fn compile(&self, op: &OpView<'_>) -> boundscope::Result<Box<dyn Kernel>> {

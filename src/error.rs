@@ -91,6 +91,19 @@ pub enum Error {
         /// The executors that were asked, in order.
         tried: Vec<String>,
     },
+    /// An executor refused to compile a bound symbol because its arguments or shapes break a
+    /// relation the executor's kernel relies on: a built-in prim whose shapes do not follow the
+    /// built-in's own rule, or a fusion region whose inputs or ops do not fit its iteration
+    /// shape. Checked when the plan is compiled, so that no kernel reads or writes out of
+    /// bounds; it arises from bound symbols copied between traces of other shapes.
+    KernelPrecondition {
+        /// The executor's name.
+        executor: String,
+        /// The bound symbol's name (a region's own name, such as `CpuFusion0`).
+        symbol: String,
+        /// Which relation does not hold.
+        detail: String,
+    },
     /// A trace does not satisfy the IR's rules (found by `Trace::verify`).
     MalformedTrace {
         /// Index of the offending top-level bound symbol, if the problem is in one.
@@ -289,6 +302,12 @@ impl fmt::Display for Error {
                 "no executor can run `{symbol}` (tried: {}); add an executor that claims it, \
                  or give the symbol a decomposition",
                 if tried.is_empty() { "none, the executor list is empty".to_string() } else { tried.join(", ") }
+            ),
+            Error::KernelPrecondition { executor, symbol, detail } => write!(
+                f,
+                "executor `{executor}` cannot compile `{symbol}`: {detail}; build the op with `TraceBuilder` \
+                 (and regions with `passes::FuseRegions`) on the trace that runs it, rather than copying it \
+                 from a trace of other shapes"
             ),
             Error::MalformedTrace { position, detail } => match position {
                 Some(p) => write!(f, "malformed trace at bound symbol {p}: {detail}"),

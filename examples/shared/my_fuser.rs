@@ -58,7 +58,7 @@ impl Executor for MyFuser {
 
     /// Our regions with one input and one output; others run unfused on the other executors.
     fn claims(&self, op: &OpView<'_>) -> bool {
-        op.is_region_of(self.fusion_prefix()) && op.bound_symbol().inputs().count() == 1 && op.output_count() == 1
+        op.is_region_of(self) && op.bound_symbol().inputs().count() == 1 && op.output_count() == 1
     }
 
     fn compile(&self, op: &OpView<'_>) -> boundscope::Result<Box<dyn Kernel>> {

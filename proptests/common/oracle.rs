@@ -38,10 +38,10 @@ fn unary(name: &str, x: f32) -> f32 {
         "tanh" => x.tanh(),
         "sigmoid" => 1.0 / (1.0 + (-x).exp()),
         "relu" => {
-            if x > 0.0 {
+            if x.is_nan() {
                 x
             } else {
-                0.0
+                x.max(0.0)
             }
         }
         "gelu" => 0.5 * x * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (x + 0.044715 * x * x * x)).tanh()),
@@ -55,8 +55,17 @@ fn binary(name: &str, a: f32, b: f32) -> f32 {
         "sub" => a - b,
         "mul" => a * b,
         "div" => a / b,
-        "maximum" => a.max(b),
+        "maximum" => maximum(a, b),
         _ => unreachable!("{name}"),
+    }
+}
+
+/// PyTorch's `maximum`: NaN if either is NaN (`f32::max` returns the other one).
+fn maximum(a: f32, b: f32) -> f32 {
+    if a.is_nan() || b.is_nan() {
+        f32::NAN
+    } else {
+        a.max(b)
     }
 }
 
@@ -126,7 +135,7 @@ fn evaluate_nudged(program: &Program, inputs: &[boundscope::Tensor], pattern: Op
                         if *name == "sum" {
                             row.iter().fold(0.0, |a, &b| a + b)
                         } else {
-                            row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+                            row.iter().fold(f32::NEG_INFINITY, |a, &b| maximum(a, b))
                         }
                     })
                     .collect();
@@ -155,7 +164,7 @@ fn evaluate_nudged(program: &Program, inputs: &[boundscope::Tensor], pattern: Op
                 Value { shape: d.clone(), data: (0..numel).map(|i| broadcast_read(x, &unravel(i, d))).collect() }
             }
             Op::Softmax(x) => map_rows(&values[*x], |row| {
-                let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| maximum(a, b));
                 let z: f32 = row.iter().map(|v| (v - max).exp()).sum();
                 row.iter().map(|v| (v - max).exp() / z).collect()
             }),

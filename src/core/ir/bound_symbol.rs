@@ -90,6 +90,24 @@ pub struct BoundSymbol<'a> {
     /// The name listings and ranges use instead of the symbol's (fusion regions:
     /// `CpuFusion0`).
     pub(crate) name: Option<&'a str>,
+    /// For a fusion region: whose fusion made it (set only by `passes::FuseRegions`, kept by
+    /// copies).
+    pub(crate) fused_by: Option<&'a FusedBy>,
+}
+
+/// Which executor's fusion made a region: the concrete type of the executor that
+/// `passes::FuseRegions` was given. An executor runs only the regions made for its own type
+/// ([`OpView::is_region_of`](crate::OpView::is_region_of)); unlike a name, no user code can
+/// forge it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct FusedBy(std::any::TypeId);
+
+impl FusedBy {
+    /// The mark of regions made for `executor`.
+    pub(crate) fn of(executor: &dyn crate::core::plan::Executor) -> Self {
+        let executor: &dyn std::any::Any = executor;
+        Self(executor.type_id())
+    }
 }
 
 impl<'a> BoundSymbol<'a> {

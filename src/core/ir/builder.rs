@@ -8,7 +8,7 @@
 use smallvec::SmallVec;
 
 use super::arena::{Arena, ArenaVec};
-use super::bound_symbol::{Arg, BoundSymbol};
+use super::bound_symbol::{Arg, BoundSymbol, FusedBy};
 use super::ids::{SymbolId, ValueId};
 use super::meta::{TensorMeta, ValueMeta};
 use super::registry::Registry;
@@ -315,7 +315,8 @@ impl<'a> TraceBuilder<'a> {
             None => (self.new_value(&meta), &[][..]),
         };
         let outputs = std::slice::from_ref(self.arena.bump().alloc(output));
-        self.current_level().push(BoundSymbol { symbol, args, outputs, subsymbols, comment, name: None });
+        let bound = BoundSymbol { symbol, args, outputs, subsymbols, comment, name: None, fused_by: None };
+        self.current_level().push(bound);
         Ok(output)
     }
 
@@ -331,12 +332,14 @@ impl<'a> TraceBuilder<'a> {
         self.current_level().push(copied);
     }
 
-    /// Appends a fusion region: a bound symbol named `name` that applies `subsymbols` (copies
-    /// of bound symbols of the trace being rewritten) to `inputs`, defining `outputs`. Unchecked,
-    /// like [`push_copy`](Self::push_copy); [`Trace::verify`] checks it.
+    /// Appends a fusion region made by `fused_by`'s fusion: a bound symbol named `name` that
+    /// applies `subsymbols` (copies of bound symbols of the trace being rewritten) to `inputs`,
+    /// defining `outputs`. Unchecked, like [`push_copy`](Self::push_copy); [`Trace::verify`]
+    /// checks it.
     pub(crate) fn push_region(
         &mut self,
         name: &str,
+        fused_by: FusedBy,
         inputs: &[ValueId],
         outputs: &[ValueId],
         subsymbols: &[BoundSymbol<'_>],
@@ -349,6 +352,7 @@ impl<'a> TraceBuilder<'a> {
             subsymbols: bump.alloc_slice_fill_iter(subsymbols.iter().map(|s| self.deep_copy(s))),
             comment: None,
             name: Some(bump.alloc_str(name)),
+            fused_by: Some(bump.alloc(fused_by)),
         };
         self.push_copy(&region);
     }
@@ -536,11 +540,12 @@ impl<'a> TraceBuilder<'a> {
             subsymbols: bump.alloc_slice_fill_iter(bsym.subsymbols.iter().map(|s| self.deep_copy(s))),
             comment: bsym.comment.map(|c| bump.alloc_str(c) as &str),
             name: bsym.name.map(|n| bump.alloc_str(n) as &str),
+            fused_by: bsym.fused_by.map(|f| &*bump.alloc(*f)),
         }
     }
 }
 
-super::arena::assert_no_drop!(BoundSymbol<'static>, Arg<'static>, ValueMeta<'static>, ValueId);
+super::arena::assert_no_drop!(BoundSymbol<'static>, Arg<'static>, ValueMeta<'static>, ValueId, FusedBy);
 
 #[cfg(test)]
 mod tests {

@@ -12,6 +12,7 @@ mod symbol;
 mod trace;
 
 pub use arena::Arena;
+pub(crate) use bound_symbol::FusedBy;
 pub use bound_symbol::{Arg, BoundSymbol};
 pub use builder::TraceBuilder;
 pub use ids::{BoundSymbolId, GuardId, SymbolId, ValueId};

@@ -75,19 +75,17 @@ pub(crate) fn builtin_symbols() -> Vec<Symbol> {
     use Category::*;
     use ParamKind::*;
     let mut symbols = Vec::with_capacity(BUILTIN_NAMES.len());
-    for name in &BUILTIN_NAMES[NEG.index()..=GELU.index()] {
-        symbols.push(Symbol::new(*name, Elementwise).params(&[Tensor]).same_shape_as_first());
+    for (index, name) in BUILTIN_NAMES[..=BROADCAST_TO.index()].iter().enumerate() {
+        let id = SymbolId::from_index(index);
+        let category = match id {
+            SUM | MAX => Reduction,
+            MATMUL => Matmul,
+            RESHAPE | TRANSPOSE | BROADCAST_TO => Shape,
+            _ => Elementwise,
+        };
+        let (params, rule) = prim_rule(id).expect("ids up to BROADCAST_TO are prims");
+        symbols.push(Symbol::new(*name, category).params(params).shape_rule(rule));
     }
-    for name in &BUILTIN_NAMES[ADD.index()..=MAXIMUM.index()] {
-        symbols.push(Symbol::new(*name, Elementwise).params(&[Tensor, TensorOrScalar]).shape_rule(binary_rule));
-    }
-    for name in ["sum", "max"] {
-        symbols.push(Symbol::new(name, Reduction).params(&[Tensor]).shape_rule(reduce_last_axis_rule));
-    }
-    symbols.push(Symbol::new("matmul", Matmul).params(&[Tensor, Tensor]).shape_rule(matmul_rule));
-    symbols.push(Symbol::new("reshape", Shape).params(&[Tensor, Dims]).shape_rule(reshape_rule));
-    symbols.push(Symbol::new("transpose", Shape).params(&[Tensor, Dims]).shape_rule(transpose_rule));
-    symbols.push(Symbol::new("broadcast_to", Shape).params(&[Tensor, Dims]).shape_rule(broadcast_to_rule));
     symbols.push(
         Symbol::new("softmax", Composite)
             .params(&[Tensor])
@@ -115,10 +113,38 @@ pub(crate) fn builtin_symbols() -> Vec<Symbol> {
             .shape_rule(|_| Err("fusion regions are made by the fusion pass, not bound directly".to_string())),
     );
     debug_assert_eq!(symbols.len(), BUILTIN_NAMES.len());
+    // The mark executors recognise built-in prims by: only set here.
+    for (index, symbol) in symbols.iter_mut().enumerate().take(BROADCAST_TO.index() + 1) {
+        symbol.builtin_prim = Some(SymbolId::from_index(index));
+    }
     symbols
 }
 
+/// The signature and shape rule of built-in prim `id`, as [`builtin_symbols`] defines them
+/// (every parameter required): what executors check a bound symbol of a built-in prim against
+/// before trusting its shapes. `None` for ids that are not prims.
+pub(crate) fn prim_rule(id: SymbolId) -> Option<(&'static [ParamKind], PrimRule)> {
+    use ParamKind::*;
+    Some(match id {
+        _ if UNARY.contains(&id) => (&[Tensor], first_shape_rule),
+        _ if BINARY.contains(&id) => (&[Tensor, TensorOrScalar], binary_rule),
+        SUM | MAX => (&[Tensor], reduce_last_axis_rule),
+        MATMUL => (&[Tensor, Tensor], matmul_rule),
+        RESHAPE => (&[Tensor, Dims], reshape_rule),
+        TRANSPOSE => (&[Tensor, Dims], transpose_rule),
+        BROADCAST_TO => (&[Tensor, Dims], broadcast_to_rule),
+        _ => return None,
+    })
+}
+
 type RuleResult = std::result::Result<TensorMeta, String>;
+/// A built-in prim's shape rule.
+pub(crate) type PrimRule = fn(&[ArgInfo<'_>]) -> RuleResult;
+
+fn first_shape_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (dtype, shape) = tensor(args, 0)?;
+    Ok(TensorMeta::new(dtype, shape))
+}
 
 fn tensor<'m>(args: &[ArgInfo<'m>], i: usize) -> std::result::Result<(DType, &'m [usize]), String> {
     match args.get(i) {

@@ -133,6 +133,10 @@ pub type CpuKernelFactory = Arc<dyn Fn(&OpView<'_>) -> Result<Box<dyn Kernel>> +
 ///
 /// Register it with [`Registry::register`](crate::Registry::register) to use it in traces.
 ///
+/// Executors run a symbol as a built-in prim only if it is one: a copy of a built-in (from
+/// [`Registry::with_builtins`](crate::Registry::with_builtins)) stays one until a setter
+/// changes it; a symbol of your own is never one, whatever its name.
+///
 /// ```
 /// use boundscope::{kernel_fn, Arena, Category, ParamKind, Registry, Symbol, Tensor, TraceBuilder};
 /// use boundscope::{executors::CpuReference, Plan};
@@ -172,6 +176,11 @@ pub struct Symbol {
     pub(crate) shape_rule: Option<ShapeRule>,
     pub(crate) decomposition: Option<Decomposition>,
     pub(crate) cpu_kernel: Option<CpuKernelFactory>,
+    /// The built-in prim this symbol is, set only by the registration of the built-ins (see
+    /// [`Registry::with_builtins`](crate::Registry::with_builtins)) and cleared by every setter:
+    /// executors recognise built-ins by it, never by id or name, which a user's registry may
+    /// give to symbols of its own.
+    pub(crate) builtin_prim: Option<SymbolId>,
 }
 
 impl Symbol {
@@ -185,11 +194,13 @@ impl Symbol {
             shape_rule: None,
             decomposition: None,
             cpu_kernel: None,
+            builtin_prim: None,
         }
     }
 
     /// Its parameters, all required.
     pub fn params(mut self, params: &[ParamKind]) -> Self {
+        self.builtin_prim = None;
         self.params = params.to_vec();
         self.required = params.len();
         self
@@ -198,6 +209,7 @@ impl Symbol {
     /// Its parameters, of which the first `required` must be given and the rest may be left off
     /// from the end.
     pub fn params_with_optional(mut self, params: &[ParamKind], required: usize) -> Self {
+        self.builtin_prim = None;
         self.params = params.to_vec();
         self.required = required.min(params.len());
         self
@@ -208,6 +220,7 @@ impl Symbol {
         mut self,
         rule: impl Fn(&[ArgInfo<'_>]) -> std::result::Result<TensorMeta, String> + Send + Sync + 'static,
     ) -> Self {
+        self.builtin_prim = None;
         self.shape_rule = Some(Arc::new(rule));
         self
     }
@@ -226,6 +239,7 @@ impl Symbol {
         mut self,
         decompose: impl for<'a> Fn(&mut TraceBuilder<'a>, &[Arg<'a>]) -> Result<ValueId> + Send + Sync + 'static,
     ) -> Self {
+        self.builtin_prim = None;
         self.decomposition = Some(Arc::new(decompose));
         self
     }
@@ -236,6 +250,7 @@ impl Symbol {
         mut self,
         factory: impl Fn(&OpView<'_>) -> Result<Box<dyn Kernel>> + Send + Sync + 'static,
     ) -> Self {
+        self.builtin_prim = None;
         self.cpu_kernel = Some(Arc::new(factory));
         self
     }
@@ -253,6 +268,24 @@ impl Symbol {
     /// The symbol's parameters.
     pub fn param_kinds(&self) -> &[ParamKind] {
         &self.params
+    }
+
+    /// The built-in prim this symbol is (its id in [`prims`](crate::prims)), or `None` for a
+    /// symbol of your own, whatever its name and id: how an executor recognises the built-ins.
+    ///
+    /// ```
+    /// use boundscope::{prims, Category, ParamKind, Registry, Symbol};
+    /// let builtins = Registry::with_builtins();
+    /// assert_eq!(builtins.get(prims::RELU).unwrap().symbol.builtin_prim(), Some(prims::RELU));
+    ///
+    /// let mut mine = Registry::empty();
+    /// let relu = Symbol::new("relu", Category::Elementwise).params(&[ParamKind::Tensor]).same_shape_as_first();
+    /// let id = mine.register(relu).unwrap();
+    /// assert_eq!(id, prims::NEG); // the first id, and the name of a built-in: neither makes it one
+    /// assert_eq!(mine.get(id).unwrap().symbol.builtin_prim(), None);
+    /// ```
+    pub fn builtin_prim(&self) -> Option<SymbolId> {
+        self.builtin_prim
     }
 
     /// Whether the symbol has a decomposition.
@@ -284,6 +317,7 @@ impl fmt::Debug for Symbol {
             .field("required", &self.required)
             .field("decomposition", &self.decomposition.is_some())
             .field("cpu_kernel", &self.cpu_kernel.is_some())
+            .field("builtin_prim", &self.builtin_prim)
             .finish()
     }
 }

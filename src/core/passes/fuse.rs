@@ -6,7 +6,7 @@ use std::sync::Arc;
 use smallvec::SmallVec;
 
 use crate::core::guards::{carried_span, Attachment, GuardPolicy, Level};
-use crate::core::ir::{prims, Arena, Trace, TraceBuilder, ValueId};
+use crate::core::ir::{prims, Arena, FusedBy, Trace, TraceBuilder, ValueId};
 use crate::core::plan::{Executor, Fusible, OpView};
 use crate::error::Result;
 
@@ -193,7 +193,7 @@ impl Pass for FuseRegions {
                     for &m in members {
                         new_position[m] = builder.len();
                     }
-                    builder.push_region(&names[g], &inputs, &outputs, &subsymbols);
+                    builder.push_region(&names[g], FusedBy::of(&*self.executor), &inputs, &outputs, &subsymbols);
                 }
                 Some(_) => {}
             }

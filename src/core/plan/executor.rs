@@ -11,9 +11,10 @@ use std::fmt;
 
 use super::device::{Device, DeviceKernel};
 use crate::core::guards::{GuardKind, Level, PreparedNvtxRange};
-use crate::core::ir::{prims, Arg, BoundSymbol, Category, Symbol, SymbolId, Trace, ValueId};
+use crate::core::ir::{prims, Arg, BoundSymbol, Category, FusedBy, Symbol, SymbolId, Trace, ValueId};
 use crate::core::tensor::{TensorMut, TensorRef};
 use crate::error::{Error, Result};
+use std::any::Any;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -58,6 +59,11 @@ where
 /// Runs bound symbols. A plan asks each executor in its list, in order, whether it claims a
 /// bound symbol; the first that does compiles a kernel for it.
 ///
+/// Recognise built-in prims by [`Symbol::builtin_prim`], not by id or name (a user's registry
+/// may give both to symbols of its own), and your own fusion regions by
+/// [`OpView::is_region_of`]. Executors are `'static` types (the trait requires [`Any`]): a
+/// region records the type of the executor it was made for.
+///
 /// ```
 /// use std::sync::Arc;
 /// use boundscope::{kernel_fn, prims, Arena, Executor, Kernel, OpView, Plan, Registry, Result, Tensor, TraceBuilder};
@@ -66,7 +72,7 @@ where
 /// struct ReluOnly;
 /// impl Executor for ReluOnly {
 ///     fn name(&self) -> &str { "relu_only" }
-///     fn claims(&self, op: &OpView<'_>) -> bool { op.symbol_id() == prims::RELU }
+///     fn claims(&self, op: &OpView<'_>) -> bool { op.symbol().builtin_prim() == Some(prims::RELU) }
 ///     fn compile(&self, _op: &OpView<'_>) -> Result<Box<dyn Kernel>> {
 ///         Ok(kernel_fn(|inputs, outputs| {
 ///             for (o, x) in outputs[0].data.iter_mut().zip(inputs[0].data) { *o = x.max(0.0); }
@@ -86,7 +92,7 @@ where
 /// let out = plan.run(&[&Tensor::new(&[3], vec![-1.0, 0.5, 2.0]).unwrap()]).unwrap();
 /// assert_eq!(out[0].data(), &[0.0, 0.5, 2.0]);
 /// ```
-pub trait Executor: Send + Sync {
+pub trait Executor: Any + Send + Sync {
     /// A short, unique name (used in listings and errors).
     fn name(&self) -> &str;
 
@@ -150,7 +156,9 @@ pub trait Executor: Send + Sync {
         Fusible::No
     }
 
-    /// The prefix of its regions' names, `<prefix>Fusion<N>`. Default: its name.
+    /// The prefix of its regions' names, `<prefix>Fusion<N>`. Default: its name. A name is
+    /// only a name: which executor a region was made for is recorded apart from it (see
+    /// [`OpView::is_region_of`]).
     fn fusion_prefix(&self) -> &str {
         self.name()
     }
@@ -410,10 +418,31 @@ impl<'t> OpView<'t> {
         Self::new(trace, bound_symbol)
     }
 
-    /// Whether this is a fusion region named `<prefix>Fusion<N>`.
-    pub fn is_region_of(&self, prefix: &str) -> bool {
+    /// Whether this is a fusion region that [`FuseRegions`](crate::passes::FuseRegions) made
+    /// for an executor of `executor`'s type (named `<its prefix>Fusion<N>`): the regions an
+    /// executor should claim. A region made by another executor's fusion, or by hand, is not
+    /// one, whatever its name.
+    ///
+    /// ```
+    /// use boundscope::executors::{CpuFusion, CpuReference};
+    /// use boundscope::passes::{FuseRegions, Pass};
+    /// use boundscope::{Arena, OpView, Registry, TraceBuilder};
+    /// let registry = Registry::with_builtins();
+    /// let arena = Arena::new();
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[8]).unwrap();
+    /// let e = b.exp(x).unwrap();
+    /// let y = b.neg(e).unwrap();
+    /// b.output(y).unwrap();
+    /// let fused = FuseRegions::new(CpuFusion::shared()).run(&b.finish().unwrap(), &arena).unwrap();
+    /// let region = OpView::of(&fused, 0).unwrap();
+    /// assert!(region.is_region_of(&CpuFusion::new()));
+    /// assert!(!region.is_region_of(&CpuReference));
+    /// ```
+    pub fn is_region_of(&self, executor: &dyn Executor) -> bool {
         self.symbol_id() == prims::REGION
-            && self.name().strip_prefix(prefix).is_some_and(|rest| rest.starts_with("Fusion"))
+            && self.bound_symbol.fused_by == Some(&FusedBy::of(executor))
+            && self.name().strip_prefix(executor.fusion_prefix()).is_some_and(|rest| rest.starts_with("Fusion"))
     }
 
     /// For a fusion region whose executor declared that it emits NVTX region ranges

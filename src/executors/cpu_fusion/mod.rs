@@ -183,7 +183,7 @@ impl Executor for CpuFusion {
     }
 
     fn claims(&self, op: &OpView<'_>) -> bool {
-        op.is_region_of(self.fusion_prefix())
+        op.is_region_of(self)
     }
 
     fn compile(&self, op: &OpView<'_>) -> Result<Box<dyn Kernel>> {
@@ -191,10 +191,10 @@ impl Executor for CpuFusion {
             (true, Some(range)) => Some(range.prepare()?),
             _ => None,
         };
-        let region = FusedRegion::compile(op, self.block, range).map_err(|message| Error::Execution {
+        let region = FusedRegion::compile(op, self.block, range).map_err(|detail| Error::KernelPrecondition {
             executor: Self::NAME.into(),
             symbol: op.name().into(),
-            message,
+            detail,
         })?;
         if let Some(dumps) = &self.dumps {
             let program = format!("{}:\n{region}", op.name());

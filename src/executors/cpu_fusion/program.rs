@@ -5,9 +5,9 @@ use crate::core::ir::{prims, Arg, Shape, SymbolId, ValueId};
 use crate::core::plan::{Kernel, OpView, PreparedRegionRange};
 use crate::core::tensor::{TensorMut, TensorRef};
 use crate::error::Result;
-use crate::executors::cpu_reference::builtin_prim;
 use crate::executors::cpu_reference::kernels::{broadcast_read, broadcast_strides, BroadcastRead};
 use crate::executors::cpu_reference::math::{with_binary, with_unary};
+use crate::executors::cpu_reference::{builtin_prim, fused_shape};
 
 /// Where an instruction reads an operand.
 #[derive(Clone, Copy, Debug)]
@@ -80,14 +80,9 @@ impl FusedRegion {
     ) -> std::result::Result<Self, String> {
         let ops = region.region_ops().map_err(|e| e.to_string())?;
         let inputs: Vec<ValueId> = region.bound_symbol().inputs().collect();
-        let first = ops.first().ok_or("an empty region")?;
-        let shape = Shape::from_slice(
-            match builtin_prim(first) {
-                Some(prims::SUM | prims::MAX) => first.input_shape(0),
-                _ => first.output_shape(0),
-            }
-            .map_err(|e| e.to_string())?,
-        );
+        // Every shape relation the program relies on, checked here: the loads and blocks below
+        // index the buffers the plan sizes from these shapes.
+        let shape = Shape::from_slice(fused_shape(region, &ops, &inputs)?);
         let numel: usize = shape.iter().product();
         let mut temps = 0;
         let mut loads = Vec::with_capacity(inputs.len());
@@ -319,7 +314,7 @@ impl FusedRegion {
                         out[row0 + r] = if op == prims::SUM {
                             row.iter().sum()
                         } else {
-                            row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+                            crate::executors::cpu_reference::math::row_max(row)
                         };
                     }
                 }

@@ -212,11 +212,7 @@ impl Kernel for ReduceLastAxis {
             return Ok(());
         }
         for (o, row) in out.iter_mut().zip(inputs[0].data.chunks_exact(self.n)) {
-            *o = if self.op == prims::SUM {
-                row.iter().sum()
-            } else {
-                row.iter().copied().fold(f32::NEG_INFINITY, f32::max)
-            };
+            *o = if self.op == prims::SUM { row.iter().sum() } else { super::math::row_max(row) };
         }
         Ok(())
     }

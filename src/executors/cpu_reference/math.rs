@@ -76,13 +76,14 @@ pub fn tanh(x: f32) -> f32 {
 pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp(-x))
 }
-/// `max(x, 0)`.
+/// `max(x, 0)`; NaN for NaN, as in PyTorch. (One comparison and a select, so that loops over
+/// it vectorize: `x.max(0.0)` would give 0 for NaN.)
 #[inline(always)]
 pub fn relu(x: f32) -> f32 {
-    if x > 0.0 {
-        x
-    } else {
+    if x <= 0.0 {
         0.0
+    } else {
+        x
     }
 }
 /// GELU, tanh form.
@@ -110,10 +111,40 @@ pub fn mul(a: f32, b: f32) -> f32 {
 pub fn div(a: f32, b: f32) -> f32 {
     a / b
 }
-/// The larger of `a` and `b`.
+/// The larger of `a` and `b`; NaN if either is NaN, as PyTorch's `maximum` (`f32::max` would
+/// return the other one). Compares and selects, so that loops over it vectorize.
 #[inline(always)]
 pub fn maximum(a: f32, b: f32) -> f32 {
-    a.max(b)
+    if a > b || a.is_nan() {
+        a
+    } else {
+        b
+    }
+}
+
+/// The largest element of `row` (the `max` prim over one row): NaN if any element is NaN, as
+/// PyTorch's `amax`; negative infinity for an empty row.
+///
+/// ```
+/// use boundscope::executors::math;
+/// assert_eq!(math::row_max(&[1.0, 3.0, 2.0]), 3.0);
+/// assert!(math::row_max(&[1.0, f32::NAN, 2.0]).is_nan());
+/// assert_eq!(math::row_max(&[]), f32::NEG_INFINITY);
+/// ```
+#[inline]
+pub fn row_max(row: &[f32]) -> f32 {
+    // Independent lanes, combined at the end: a fold of `maximum` through one accumulator
+    // does not vectorize (LLVM vectorizes only the `f32::max` reduction, which drops NaN).
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let rest = chunks.remainder().iter().copied().fold(f32::NEG_INFINITY, maximum);
+    for chunk in chunks {
+        for (lane, &x) in lanes.iter_mut().zip(chunk) {
+            *lane = maximum(*lane, x);
+        }
+    }
+    lanes.into_iter().fold(rest, maximum)
 }
 
 /// Evaluates `$body` with `$f` bound to the unary prim `$op`'s scalar function, or evaluates
@@ -191,6 +222,20 @@ pub(crate) use {with_binary, with_unary};
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn row_max_is_the_largest_element_or_nan_in_every_lane() {
+        for n in 0..40 {
+            let row: Vec<f32> = (0..n).map(|i| ((i * 7) % 11) as f32 - 5.0).collect();
+            let want = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            assert_eq!(super::row_max(&row), want, "{n}");
+            for at in 0..n {
+                let mut with_nan = row.clone();
+                with_nan[at] = f32::NAN;
+                assert!(super::row_max(&with_nan).is_nan(), "NaN at {at} of {n}");
+            }
+        }
+    }
+
     #[test]
     fn exp_is_within_two_ulps_of_libm_and_keeps_special_values() {
         let mut worst = 0.0f32;

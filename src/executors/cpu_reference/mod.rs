@@ -9,8 +9,9 @@ pub mod math;
 
 use std::sync::Arc;
 
-use crate::core::ir::prims::{self, BUILTIN_NAMES};
-use crate::core::ir::SymbolId;
+use smallvec::SmallVec;
+
+use crate::core::ir::{prims, Arg, ArgInfo, SymbolId, ValueId};
 use crate::core::plan::{Executor, Kernel, OpView};
 use crate::error::{Error, Result};
 
@@ -44,12 +45,103 @@ impl CpuReference {
     }
 }
 
-/// The built-in prim this bound symbol applies, if it is one (by id and name, so that a
-/// user's registry that reuses an id for another symbol is not mistaken for a built-in).
+/// The built-in prim this bound symbol applies, if it is one: by the mark only the built-ins'
+/// registration sets ([`Symbol::builtin_prim`](crate::Symbol::builtin_prim)), never by id or
+/// name, which a user's registry may give to symbols of its own.
 pub(crate) fn builtin_prim(op: &OpView<'_>) -> Option<SymbolId> {
-    let id = op.symbol_id();
-    let is_prim = id.index() <= prims::BROADCAST_TO.index();
-    (is_prim && BUILTIN_NAMES.get(id.index()) == Some(&op.name())).then_some(id)
+    op.symbol().builtin_prim()
+}
+
+/// Checks a bound symbol of built-in prim `id` against that prim's own signature and shape
+/// rule, on the trace's metadata: every shape relation the built-in kernels (CPU and generated
+/// CUDA) rely on. The error says which relation does not hold.
+pub(crate) fn check_builtin(id: SymbolId, op: &OpView<'_>) -> std::result::Result<(), String> {
+    let name = op.name();
+    let (params, rule) = prims::prim_rule(id).ok_or_else(|| format!("`{name}` is not a built-in prim"))?;
+    let args = op.args();
+    if args.len() != params.len() {
+        return Err(format!("`{name}` has {} argument(s); the built-in takes {}", args.len(), params.len()));
+    }
+    let mut infos: SmallVec<[ArgInfo<'_>; 4]> = SmallVec::new();
+    for (i, (arg, kind)) in args.iter().zip(params).enumerate() {
+        if !kind.accepts(arg) {
+            return Err(format!("argument {i} of `{name}` must be {}", kind.describe()));
+        }
+        infos.push(match *arg {
+            Arg::Value(v) => {
+                let meta = op.trace.meta(v).ok_or_else(|| format!("`{name}` uses {v}, which has no metadata"))?;
+                ArgInfo::Tensor { dtype: meta.dtype, shape: meta.shape }
+            }
+            Arg::Scalar(s) => ArgInfo::Scalar(s),
+            Arg::Dims(d) => ArgInfo::Dims(d),
+        });
+    }
+    let expected =
+        rule(&infos).map_err(|detail| format!("`{name}` does not fit the built-in's shape rule: {detail}"))?;
+    let [output] = op.bound_symbol().outputs() else {
+        return Err(format!("`{name}` defines {} values; the built-in defines one", op.output_count()));
+    };
+    let meta = op.trace.meta(*output).ok_or_else(|| format!("`{name}` defines {output}, which has no metadata"))?;
+    if meta.dtype != expected.dtype || meta.shape != expected.shape.as_slice() {
+        return Err(format!(
+            "`{name}` defines {output} as {}{:?}, but the built-in gives {}{:?}",
+            meta.dtype,
+            meta.shape,
+            expected.dtype,
+            expected.shape.as_slice()
+        ));
+    }
+    Ok(())
+}
+
+/// [`check_builtin`] as the typed error of `executor`.
+pub(crate) fn require_builtin(executor: &str, id: SymbolId, op: &OpView<'_>) -> Result<()> {
+    check_builtin(id, op).map_err(|detail| Error::KernelPrecondition {
+        executor: executor.into(),
+        symbol: op.name().into(),
+        detail,
+    })
+}
+
+/// The iteration shape of ops that the built-in fusion executors (CPU and CUDA) run as one
+/// kernel (a region's ops, or a single op), once every relation those kernels rely on is
+/// checked: each op is a built-in elementwise prim defining that shape, or a last-axis `sum`
+/// or `max` of that shape as the last op, each fitting the built-in's own rule
+/// ([`check_builtin`]); each of `inputs` (the values the kernel reads, from `view`'s trace)
+/// broadcasts to that shape.
+pub(crate) fn fused_shape<'t>(
+    view: &OpView<'t>,
+    ops: &[OpView<'t>],
+    inputs: &[ValueId],
+) -> std::result::Result<&'t [usize], String> {
+    let mut shape: Option<&'t [usize]> = None;
+    for (i, op) in ops.iter().enumerate() {
+        let name = op.name();
+        let id = builtin_prim(op).ok_or_else(|| format!("`{name}` is not a built-in prim"))?;
+        let reduction = matches!(id, prims::SUM | prims::MAX);
+        if !reduction && !prims::UNARY.contains(&id) && !prims::BINARY.contains(&id) {
+            return Err(format!("`{name}` cannot be fused: only elementwise prims and a last `sum` or `max` can"));
+        }
+        if reduction && i + 1 != ops.len() {
+            return Err(format!("the reduction `{name}` must be the region's last op"));
+        }
+        check_builtin(id, op)?;
+        let op_shape = if reduction { op.input_shape(0) } else { op.output_shape(0) }.map_err(|e| e.to_string())?;
+        match shape {
+            Some(s) if s != op_shape => {
+                return Err(format!("`{name}` iterates over {op_shape:?}, not the region's shape {s:?}"))
+            }
+            _ => shape = Some(op_shape),
+        }
+    }
+    let shape = shape.ok_or("an empty region")?;
+    for &v in inputs {
+        let s = view.shape_of(v).map_err(|e| e.to_string())?;
+        if prims::broadcast_shapes(s, shape).ok().as_deref() != Some(shape) {
+            return Err(format!("input {v} has shape {s:?}, which does not broadcast to the region's shape {shape:?}"));
+        }
+    }
+    Ok(shape)
 }
 
 /// How the built-in fusion executors (CPU and CUDA) may group a built-in prim: elementwise
@@ -78,6 +170,7 @@ impl Executor for CpuReference {
         }
         let id = builtin_prim(op)
             .ok_or_else(|| Error::NoExecutor { symbol: op.name().to_string(), tried: vec![Self::NAME.to_string()] })?;
+        require_builtin(Self::NAME, id, op)?;
         kernels::compile(id, op)
     }
 }

@@ -5,8 +5,8 @@ use std::fmt::Write;
 
 use crate::core::ir::{prims, Arg, ValueId};
 use crate::core::plan::OpView;
-use crate::executors::cpu_reference::builtin_prim;
 use crate::executors::cpu_reference::kernels::{broadcast_read, broadcast_strides, BroadcastRead};
+use crate::executors::cpu_reference::{builtin_prim, fused_shape};
 
 /// The generated source of one region and how to launch it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,6 +26,11 @@ pub struct RegionSource {
     pub vectorized: bool,
     /// How many threads have work: elements, vectors, or rows (for a trailing reduction).
     pub threads: usize,
+    /// The elements each input buffer must hold (its value's), in parameter order: the kernel
+    /// reads no further, and its launcher checks the buffers it is given against these.
+    pub input_lengths: Vec<usize>,
+    /// The elements each output buffer must hold (its value's), in parameter order.
+    pub output_lengths: Vec<usize>,
 }
 
 /// A float literal in C.
@@ -48,15 +53,22 @@ fn apply(op: crate::SymbolId, a: &str, b: Option<&str>) -> Option<String> {
         prims::LOG => format!("logf({a})"),
         prims::TANH => format!("tanhf({a})"),
         prims::SIGMOID => format!("(1.0f / (1.0f + expf(-{a})))"),
-        prims::RELU => format!("({a} > 0.0f ? {a} : 0.0f)"),
+        // NaN propagates through `relu` and `maximum`, as in PyTorch (`fmaxf` drops it).
+        prims::RELU => format!("({a} <= 0.0f ? 0.0f : {a})"),
         prims::GELU => format!("(0.5f * {a} * (1.0f + tanhf(0.7978846f * ({a} + 0.044715f * {a} * {a} * {a}))))"),
         prims::ADD => format!("({a} + {b})"),
         prims::SUB => format!("({a} - {b})"),
         prims::MUL => format!("({a} * {b})"),
         prims::DIV => format!("({a} / {b})"),
-        prims::MAXIMUM => format!("fmaxf({a}, {b})"),
+        prims::MAXIMUM => maximum(a, b),
         _ => return None,
     })
+}
+
+/// `maximum(a, b)` in C: NaN if either is, as PyTorch's `maximum`. Operands are evaluated
+/// more than once: pass names, not calls.
+fn maximum(a: &str, b: &str) -> String {
+    format!("(({a} != {a} || {a} > {b}) ? {a} : {b})")
 }
 
 /// How element `i` of the iteration shape reads region input `k`.
@@ -120,7 +132,10 @@ fn offset_expression(shape: &[usize], input_shape: &[usize]) -> String {
 ///
 /// # Errors
 /// A message when the region holds something this generator does not support (an op other
-/// than an elementwise built-in prim or a trailing last-axis reduction).
+/// than an elementwise built-in prim or a trailing last-axis reduction), or when its shapes
+/// break a relation the kernel relies on (an op that does not fit the built-in's shape rule,
+/// an input that does not broadcast to the iteration shape, a reduction over another shape):
+/// the generated kernel never reads or writes past the buffers of the shapes it was given.
 pub fn region_source(region: &OpView<'_>, kernel: &str) -> Result<RegionSource, String> {
     let ops = region.region_ops().map_err(|e| e.to_string())?;
     let inputs: Vec<ValueId> = region.bound_symbol().inputs().collect();
@@ -146,7 +161,9 @@ fn generate(
     outputs: &[ValueId],
     kernel: &str,
 ) -> Result<RegionSource, String> {
-    let first = ops.first().ok_or("an empty region")?;
+    // Every shape relation the generated kernel relies on, checked here: it indexes the
+    // buffers the plan sizes from these shapes, and nothing on the device checks bounds.
+    let shape = fused_shape(region, ops, inputs)?.to_vec();
     let is_reduction = |op: &OpView<'_>| matches!(builtin_prim(op), Some(prims::SUM | prims::MAX));
     // A trailing last-axis reduction: its op and the value it reduces.
     let reduction = match ops.split_last() {
@@ -159,14 +176,16 @@ fn generate(
         }
         _ => None,
     };
-    let shape = if is_reduction(first) { first.input_shape(0) } else { first.output_shape(0) }
-        .map_err(|e| e.to_string())?
-        .to_vec();
     let numel: usize = shape.iter().product();
     let mut input_shapes = Vec::new();
     for &v in inputs {
         input_shapes.push(region.shape_of(v).map_err(|e| e.to_string())?.to_vec());
     }
+    let input_lengths: Vec<usize> = input_shapes.iter().map(|s| s.iter().product()).collect();
+    let output_lengths = outputs
+        .iter()
+        .map(|&v| region.shape_of(v).map(|s| s.iter().product()).map_err(|e| e.to_string()))
+        .collect::<Result<Vec<usize>, String>>()?;
     let reads: Option<Vec<VectorRead>> = input_shapes.iter().map(|s| vector_read(&shape, s)).collect();
     let vectorized = reduction.is_none() && reads.is_some() && numel.is_multiple_of(4) && numel > 0;
 
@@ -221,8 +240,7 @@ fn generate(
             "  for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {{"
         );
         let init = if op == prims::SUM { "0.0f" } else { "__int_as_float(0xff800000)" };
-        let combine =
-            |a: &str, b: &str| if op == prims::SUM { format!("{a} + {b}") } else { format!("fmaxf({a}, {b})") };
+        let combine = |a: &str, b: &str| if op == prims::SUM { format!("{a} + {b}") } else { maximum(a, b) };
         let _ = writeln!(source, "    float acc = {init};");
         let _ = writeln!(source, "    for (long long c = lane; c < {row}ll; c += 32) {{");
         let _ = writeln!(source, "    const long long i = r * {row}ll + c;");
@@ -236,7 +254,10 @@ fn generate(
         let _ = writeln!(source, "    acc = {};", combine("acc", &value_name(reduced)));
         let _ = writeln!(source, "    }}");
         let _ = writeln!(source, "    for (int offset = 16; offset > 0; offset /= 2) {{");
-        let _ = writeln!(source, "      acc = {};", combine("acc", "__shfl_down_sync(0xffffffffu, acc, offset)"));
+        // The shuffle once per step and in every lane, before the combination (which may read
+        // its operand twice).
+        let _ = writeln!(source, "      const float other = __shfl_down_sync(0xffffffffu, acc, offset);");
+        let _ = writeln!(source, "      acc = {};", combine("acc", "other"));
         let _ = writeln!(source, "    }}");
         if let Some(o) = outputs.iter().position(|&v| v == result) {
             let _ = writeln!(source, "    if (lane == 0) out{o}[r] = acc;");
@@ -251,6 +272,8 @@ fn generate(
             vectorized: false,
             // Whole warps: the launch rounds up to blocks of 256 threads.
             threads: rows * 32,
+            input_lengths,
+            output_lengths,
         });
     }
     if vectorized {
@@ -320,6 +343,8 @@ fn generate(
         numel,
         vectorized,
         threads,
+        input_lengths,
+        output_lengths,
     })
 }
 
@@ -416,6 +441,7 @@ extern \"C\" __global__ void region0(const float* __restrict__ in0, const float*
         assert!(s.contains("const float x1 = in1[(i / 6ll)];"), "{s}");
         assert!(s.contains("const float x2 = in2[(i % 6ll)];"), "{s}");
         assert!(s.contains("const float t4 = (t3 * x2);") && s.contains("out0[i] = t4;"), "{s}");
+        assert_eq!((generated.input_lengths, generated.output_lengths), (vec![96, 16, 6], vec![96]));
     }
 
     #[test]
@@ -472,8 +498,10 @@ mod reduction_tests {
         assert!(src.contains("const long long rows = 16ll;") && src.contains("float acc = 0.0f;"), "{src}");
         assert!(src.contains("for (long long c = lane; c < 8ll; c += 32)"), "{src}");
         assert!(src.contains("out0[i] = t1;") && src.contains("acc = acc + t1;"), "{src}");
-        assert!(src.contains("acc = acc + __shfl_down_sync(0xffffffffu, acc, offset);"), "{src}");
+        assert!(src.contains("const float other = __shfl_down_sync(0xffffffffu, acc, offset);"), "{src}");
+        assert!(src.contains("acc = acc + other;"), "{src}");
         assert!(src.contains("if (lane == 0) out1[r] = acc;"), "{src}");
+        assert_eq!((generated.input_lengths, generated.output_lengths), (vec![128], vec![128, 16]));
 
         let mut b = TraceBuilder::new(&arena, &registry);
         let x = b.input(&[4, 8]).unwrap();
@@ -481,10 +509,41 @@ mod reduction_tests {
         b.output(m).unwrap();
         let trace = b.finish().unwrap();
         let generated = op_source(&OpView::of(&trace, 0).unwrap(), "row_max").unwrap();
-        assert!(
-            generated.source.contains("acc = fmaxf(acc, x0);") && generated.source.contains("0xff800000"),
-            "{}",
-            generated.source
-        );
+        let src = &generated.source;
+        // NaN propagates, as in PyTorch (`fmaxf` drops it); the shuffle runs once per step, in
+        // every lane, outside the select.
+        assert!(src.contains("acc = ((acc != acc || acc > x0) ? acc : x0);") && src.contains("0xff800000"), "{src}");
+        assert!(src.contains("const float other = __shfl_down_sync(0xffffffffu, acc, offset);"), "{src}");
+        assert!(src.contains("acc = ((acc != acc || acc > other) ? acc : other);"), "{src}");
+        assert!(!src.contains("fmaxf"), "{src}");
+    }
+}
+
+#[cfg(test)]
+mod nan_tests {
+    use super::*;
+    use crate::core::ir::{Arena, Registry, TraceBuilder};
+
+    /// `relu` and `maximum` propagate NaN, as in PyTorch: `relu(NaN)` and `maximum` with a NaN
+    /// on either side are NaN (`x > 0 ? x : 0` and `fmaxf` give 0 and the other operand).
+    #[test]
+    fn relu_and_maximum_propagate_nan() {
+        let (arena, registry) = (Arena::new(), Registry::with_builtins());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[8]).unwrap();
+        let y = b.input(&[8]).unwrap();
+        let r = b.relu(x).unwrap();
+        let m = b.maximum(r, y).unwrap();
+        let s = b.maximum_scalar(m, 0.5).unwrap();
+        b.output(s).unwrap();
+        let trace = b.finish().unwrap();
+        let source = |position| op_source(&OpView::of(&trace, position).unwrap(), "k").unwrap().source;
+        let relu = source(0);
+        assert!(relu.contains("const float t2 = (x0 <= 0.0f ? 0.0f : x0);"), "{relu}");
+        let maximum = source(1);
+        assert!(maximum.contains("const float t3 = ((x0 != x0 || x0 > x1) ? x0 : x1);"), "{maximum}");
+        let scalar = source(2);
+        assert!(scalar.contains("const float t4 = ((x0 != x0 || x0 > 5e-1f) ? x0 : 5e-1f);"), "{scalar}");
+        assert!(!format!("{relu}{maximum}{scalar}").contains("fmaxf"));
     }
 }

@@ -14,7 +14,7 @@ use crate::core::plan::{
     Device, DeviceBuffer, DeviceKernel, EmittedRange, Executor, Fusible, OpView, PreparedRegionRange,
 };
 use crate::error::{Error, Result};
-use crate::executors::cpu_reference::{builtin_fusible, builtin_prim};
+use crate::executors::cpu_reference::{builtin_fusible, builtin_prim, require_builtin};
 
 const THREADS: u32 = 256;
 /// It pushes its region ranges in the library's domain.
@@ -44,7 +44,7 @@ impl Executor for CudaFusion {
     }
 
     fn claims(&self, op: &OpView<'_>) -> bool {
-        op.is_region_of(self.fusion_prefix())
+        op.is_region_of(self)
     }
 
     fn device(&self) -> Option<Arc<dyn Device>> {
@@ -52,10 +52,10 @@ impl Executor for CudaFusion {
     }
 
     fn compile_device(&self, op: &OpView<'_>) -> Result<Box<dyn DeviceKernel>> {
-        let generated = region_source(op, &kernel_name(op.name())).map_err(|message| Error::Execution {
+        let generated = region_source(op, &kernel_name(op.name())).map_err(|detail| Error::KernelPrecondition {
             executor: Self::NAME.into(),
             symbol: op.name().into(),
-            message,
+            detail,
         })?;
         let range = op.region_range().map(|r| r.prepare()).transpose()?;
         Ok(Box::new(GeneratedKernel::new(&self.device, &generated, range)?))
@@ -107,19 +107,65 @@ impl Executor for CudaOps {
 
     fn compile_device(&self, op: &OpView<'_>) -> Result<Box<dyn DeviceKernel>> {
         if builtin_prim(op) == Some(prims::MATMUL) {
+            require_builtin(Self::NAME, prims::MATMUL, op)?;
             let (a, b) = (op.input_shape(0)?, op.input_shape(1)?);
             let mut blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
             if blas.is_none() {
                 *blas = Some(CudaBlas::new(self.device.stream().clone()).map_err(|e| cuda_error("cuBLAS", e))?);
             }
-            return Ok(Box::new(Matmul { blas: self.blas.clone(), m: a[0], k: a[1], n: b[1] }));
+            let lengths = BufferLengths::of(op)?;
+            return Ok(Box::new(Matmul { blas: self.blas.clone(), m: a[0], k: a[1], n: b[1], lengths }));
         }
-        let generated = op_source(op, &kernel_name(op.name())).map_err(|message| Error::Execution {
+        let generated = op_source(op, &kernel_name(op.name())).map_err(|detail| Error::KernelPrecondition {
             executor: Self::NAME.into(),
             symbol: op.name().into(),
-            message,
+            detail,
         })?;
         Ok(Box::new(GeneratedKernel::new(&self.device, &generated, None)?))
+    }
+}
+
+/// The elements of each buffer a kernel reads and writes, from the shapes it was compiled
+/// for: checked before each launch, since nothing on the device checks bounds.
+struct BufferLengths {
+    inputs: Vec<usize>,
+    outputs: Vec<usize>,
+}
+
+impl BufferLengths {
+    fn of(op: &OpView<'_>) -> Result<Self> {
+        let len = |v| op.shape_of(v).map(|s| s.iter().product::<usize>());
+        Ok(Self {
+            inputs: op.bound_symbol().inputs().map(len).collect::<Result<_>>()?,
+            outputs: op.bound_symbol().outputs().iter().map(|&v| len(v)).collect::<Result<_>>()?,
+        })
+    }
+
+    /// `Ok` if there are as many buffers as the kernel takes, each holding at least the
+    /// elements it reads or writes.
+    fn check(&self, kernel: &str, inputs: &[&dyn DeviceBuffer], outputs: &[&mut dyn DeviceBuffer]) -> Result<()> {
+        let fail = |message: String| Err(Error::Execution { executor: "cuda".into(), symbol: kernel.into(), message });
+        if inputs.len() != self.inputs.len() || outputs.len() != self.outputs.len() {
+            return fail(format!(
+                "it takes {} input and {} output buffer(s), not {} and {}; pass one per tensor argument and output",
+                self.inputs.len(),
+                self.outputs.len(),
+                inputs.len(),
+                outputs.len()
+            ));
+        }
+        let lengths = inputs.iter().map(|b| b.len()).chain(outputs.iter().map(|b| b.len()));
+        for (i, (have, need)) in lengths.zip(self.inputs.iter().chain(&self.outputs)).enumerate() {
+            if have < *need {
+                let which =
+                    if i < inputs.len() { format!("input {i}") } else { format!("output {}", i - inputs.len()) };
+                return fail(format!(
+                    "{which} holds {have} elements, but the kernel accesses {need}; pass buffers sized for the \
+                     shapes it was compiled for"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -132,8 +178,10 @@ fn kernel_name(name: &str) -> String {
 struct GeneratedKernel {
     device: Arc<CudaDevice>,
     function: CudaFunction,
+    kernel: String,
     config: LaunchConfig,
     numel: i64,
+    lengths: BufferLengths,
     range: Option<PreparedRegionRange>,
 }
 
@@ -142,10 +190,14 @@ impl GeneratedKernel {
         let function = device.function(generated)?;
         let blocks = (generated.threads.div_ceil(THREADS as usize) as u32).clamp(1, device.multiprocessors() * 16);
         let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
-        Ok(Self { device: device.clone(), function, config, numel: generated.numel as i64, range })
+        let (kernel, numel) = (generated.kernel.clone(), generated.numel as i64);
+        let lengths =
+            BufferLengths { inputs: generated.input_lengths.clone(), outputs: generated.output_lengths.clone() };
+        Ok(Self { device: device.clone(), function, kernel, config, numel, lengths, range })
     }
 
     fn launch(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
+        self.lengths.check(&self.kernel, inputs, outputs)?;
         let stream = self.device.stream();
         let mut builder = stream.launch_builder(&self.function);
         for input in inputs {
@@ -156,7 +208,9 @@ impl GeneratedKernel {
         }
         builder.arg(&self.numel);
         // SAFETY: the generated kernel takes exactly one pointer per region input and output
-        // (in this order), each buffer sized by the plan for its value, then `long long n`.
+        // (in this order), then `long long n`; `lengths.check` made sure above that there are
+        // that many buffers, each holding at least the elements of its value, and the
+        // generator (`fused_shape`) that the kernel accesses no more than those.
         unsafe { builder.launch(self.config) }.map(|_| ()).map_err(|e| cuda_error("launch", e))
     }
 }
@@ -176,10 +230,12 @@ struct Matmul {
     m: usize,
     k: usize,
     n: usize,
+    lengths: BufferLengths,
 }
 
 impl DeviceKernel for Matmul {
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
+        self.lengths.check("matmul", inputs, outputs)?;
         let blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
         let blas = blas.as_ref().ok_or_else(|| cuda_error("matmul", "cuBLAS was not created"))?;
         let (a, b) = (slice(inputs[0])?, slice(inputs[1])?);
@@ -198,8 +254,9 @@ impl DeviceKernel for Matmul {
             ldc: n,
         };
         // SAFETY: b is [k, n] and a is [m, k] row-major, i.e. column-major n x k and k x m with
-        // leading dimensions n and k; c is [m, n] row-major, column-major n x m, leading n. The
-        // plan sized all three buffers from these shapes.
+        // leading dimensions n and k; c is [m, n] row-major, column-major n x m, leading n
+        // (`require_builtin` checked these shapes when compiling). `lengths.check` made sure
+        // above that the buffers hold m*k, k*n and m*n elements.
         unsafe { blas.gemm(config, b, a, c) }.map_err(|e| cuda_error("cublasSgemm", e))
     }
 }

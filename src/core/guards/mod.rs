@@ -74,10 +74,14 @@ impl fmt::Display for GuardKind {
 /// it is listed in [`Trace::dropped_guards`](crate::Trace::dropped_guards) with the reason.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum GuardPolicy {
-    /// Stay on the replacement: a decomposed composite's guard covers the prims it became.
+    /// Stay on the bound symbol itself: a decomposed composite's guard covers the prims it
+    /// became, and a fusion pass leaves an op with such a guard unfused (the guard would
+    /// otherwise surround the other ops of the region too). For guards that change behaviour
+    /// around one op.
     Keep,
-    /// Move to the enclosing unit: a fused op's guard moves to its region; a decomposed
-    /// composite's guard covers the prims it became.
+    /// Move to the enclosing unit: a fused op's guard moves to its region (and merges with the
+    /// same guard of the region's other ops); a decomposed composite's guard covers the prims
+    /// it became. For profiling guards.
     MoveToEnclosing,
     /// Be dropped, with this reason recorded, when the bound symbol is rewritten.
     DropWithReason(&'static str),

@@ -1,12 +1,14 @@
 //! Decomposition: replace every composite with the prims it is made of, carrying its guards.
 
 use crate::core::guards::{carried_span, Attachment, GuardPolicy, Level};
-use crate::core::ir::{Arena, BoundSymbol, Trace, TraceBuilder};
+use crate::core::ir::{prims, Arena, BoundSymbol, Trace, TraceBuilder};
 use crate::error::Result;
 
 use super::Pass;
 
 /// Replaces each composite bound symbol by its subsymbols, recursively, leaving only prims.
+/// Fusion regions stay whole: their subsymbols are what an executor runs as one unit, not a
+/// decomposition (so the standard pipeline after fusion keeps the regions).
 ///
 /// The subsymbols already use the trace's own value ids, so the replacement is a splice.
 /// Guards follow their policy: a composite's guard with [`GuardPolicy::Keep`] or
@@ -53,14 +55,14 @@ impl Pass for Decompose {
         let guards = builder.guards_mut();
         for (i, attachments) in old.per_op.iter().enumerate() {
             for a in attachments {
-                if a.depth > 0 {
+                if a.depth > 0 && is_composite(&trace.bound_symbols()[i]) {
                     let bsym = &trace.bound_symbols()[i];
                     attach_subsymbols(guards, a, bsym, spans[i].0, a.depth as usize);
                     continue;
                 }
                 let end = (i + a.span as usize).min(spans.len());
                 let moved = carried_span(i, a.span, spans.len(), |j| Some(spans[j].0..spans[j].0 + spans[j].1));
-                let rewritten = trace.bound_symbols()[i..end].iter().any(|b| !b.subsymbols().is_empty());
+                let rewritten = trace.bound_symbols()[i..end].iter().any(is_composite);
                 match old.guard(a.guard).policy() {
                     GuardPolicy::DropWithReason(reason) if rewritten => guards.record_drop(
                         a,
@@ -84,9 +86,14 @@ impl Pass for Decompose {
     }
 }
 
+/// Whether decomposition replaces this bound symbol (a composite, not a fusion region).
+fn is_composite(bsym: &BoundSymbol<'_>) -> bool {
+    !bsym.subsymbols().is_empty() && bsym.symbol() != prims::REGION
+}
+
 /// Number of prims a bound symbol becomes.
 fn prim_count(bsym: &BoundSymbol<'_>) -> usize {
-    if bsym.subsymbols().is_empty() {
+    if !is_composite(bsym) {
         1
     } else {
         bsym.subsymbols().iter().map(prim_count).sum()
@@ -107,7 +114,7 @@ fn attach_subsymbols(
         let len = prim_count(sub);
         let attachment = Attachment { span: len as u32, depth: 0, level: Level::Subsymbol, origin: sub.symbol(), ..*a };
         guards.attach(at, attachment);
-        if depth > 1 && !sub.subsymbols().is_empty() {
+        if depth > 1 && is_composite(sub) {
             attach_subsymbols(guards, a, sub, at, depth - 1);
         }
         at += len;
@@ -116,7 +123,7 @@ fn attach_subsymbols(
 
 /// Pushes `bsym`'s prims; the composite's comment goes to its first prim.
 fn splice(builder: &mut TraceBuilder<'_>, bsym: &BoundSymbol<'_>, comment: Option<&str>) {
-    if bsym.subsymbols().is_empty() {
+    if !is_composite(bsym) {
         let mut prim = *bsym;
         prim.comment = comment.or(bsym.comment());
         builder.push_copy(&prim);

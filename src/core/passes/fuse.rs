@@ -32,9 +32,12 @@ pub enum FusionStrategy {
 /// All the elementwise ops of a region have the same output shape (the region's iteration
 /// shape); a last-axis reduction over that shape may end a region. A region's inputs are the
 /// values its ops use from outside it; its outputs are the values its ops define that are used
-/// outside it or returned. Guards of fused ops follow their policy: an NVTX range, recorder or
-/// timer moves to the region (several of one kind merge into one), a guard with
-/// [`GuardPolicy::DropWithReason`] is dropped and listed in `Trace::dropped_guards`.
+/// outside it or returned; a group with none (dead code) is left unfused. Guards of fused ops
+/// follow their policy: one with [`GuardPolicy::MoveToEnclosing`] (NVTX range, recorder,
+/// timer) moves to the region (several of one kind merge into one), one with
+/// [`GuardPolicy::DropWithReason`] is dropped and listed in `Trace::dropped_guards`, and an op
+/// with a [`GuardPolicy::Keep`] guard (a [`ClosureGuard`](crate::guards::ClosureGuard) by
+/// default) is not fused, so that the guard still surrounds that op alone.
 ///
 /// ```
 /// use boundscope::executors::CpuFusion;
@@ -107,7 +110,13 @@ impl Pass for FuseRegions {
         let mut shapes: Vec<&[usize]> = Vec::with_capacity(n);
         for bsym in ops {
             let op = OpView::new(trace, bsym)?;
-            let kind = if bsym.symbol() == prims::REGION || !bsym.subsymbols().is_empty() {
+            // A guard that keeps to its op (`GuardPolicy::Keep`) keeps the op out of regions.
+            let kept = trace
+                .guards
+                .at(kinds.len())
+                .iter()
+                .any(|a| a.depth == 0 && a.span == 1 && trace.guards.guard(a.guard).policy() == GuardPolicy::Keep);
+            let kind = if bsym.symbol() == prims::REGION || !bsym.subsymbols().is_empty() || kept {
                 Fusible::No
             } else {
                 self.executor.fusible(&op)
@@ -131,7 +140,22 @@ impl Pass for FuseRegions {
             }
         }
 
-        let groups = self.group(trace, &kinds, &shapes, &covering);
+        // A group none of whose values is used outside it or returned is dead code: fusing it
+        // would make a region with no outputs. Its ops stay as they are (dead-code elimination
+        // removes them).
+        let mut consumers: Vec<SmallVec<[usize; 2]>> = vec![SmallVec::new(); trace.value_count()];
+        for (i, bsym) in ops.iter().enumerate() {
+            for v in bsym.inputs() {
+                consumers[v.index()].push(i);
+            }
+        }
+        let live = |group: &Vec<usize>| {
+            group
+                .iter()
+                .flat_map(|&m| ops[m].outputs())
+                .any(|o| trace.outputs().contains(o) || consumers[o.index()].iter().any(|c| !group.contains(c)))
+        };
+        let groups: Vec<Vec<usize>> = self.group(trace, &kinds, &shapes, &covering).into_iter().filter(live).collect();
         let mut group_of = vec![None; n];
         for (g, group) in groups.iter().enumerate() {
             for &m in group {

@@ -128,3 +128,6 @@ impl Pipeline {
         Ok(current)
     }
 }
+
+#[cfg(test)]
+mod tests;

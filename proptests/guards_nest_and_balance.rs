@@ -1,4 +1,4 @@
-//! Invariants 1, 2, 4 and 5 of DESIGN.md on random traces with random guard attachments:
+//! Invariants 1, 2, 4 and 5 (listed in the crate documentation, `src/lib.rs`) on random traces with random guard attachments:
 //! attaching changes nothing but annotations; guards are balanced, last-in first-out, properly
 //! nested and on the entering thread, after success, errors and panics, from four threads at
 //! once; exactly one range per guarded bound symbol that ran; passes lose no guard silently.

@@ -1,8 +1,10 @@
 //! Traces of bound symbols whose profiler ranges and other scoped guards are op metadata, not
 //! trace nodes.
 //!
-//! Nothing in this crate reads the environment or switches profiling on by itself: you attach
-//! guards from code, and [`Plan::set_profiling`] switches them off and on.
+//! Nothing in the core reads the environment or switches profiling on by itself: you attach
+//! guards from code, and [`Plan::set_profiling`] switches them off and on. Only the front end
+//! ([`frontend`]: [`frontend::ProfiledSession`], [`frontend::Environment::process`]) reads
+//! `BOUNDSCOPE_*` variables and detects an attached profiler.
 //!
 //! boundscope builds, transforms and runs **traces of bound symbols** (ops applied to values,
 //! as in ML compilers such as Lightning Thunder). A trace lives in an [`Arena`] owned by the
@@ -21,6 +23,24 @@
 //! - [`executors::CpuReference`]: the reference executor, oracle for all others.
 //! - [`Tensor`], [`TensorRef`], [`TensorMut`]: host data.
 //! - [`Error`], [`Result`]: one error type for everything.
+//!
+//! # Invariants
+//! Each is a property test in `proptests/`.
+//! 1. Attaching guards never changes which bound symbols a trace holds, their order, or its
+//!    listing other than the guard annotations.
+//! 2. Guards are entered in attach order and exited in reverse order, always: after success,
+//!    after an executor error, and while unwinding from a panic, on the thread that runs the op.
+//! 3. Per NVTX domain, each scope (run, region, op, subsymbol span) has at most one range; an
+//!    executor that pushes its own region ranges declares the domain it pushes into
+//!    ([`EmittedRange`]), and the runtime pushes none there. A plan lists every range one run
+//!    pushes ([`Plan::range_map`]), and what a profiler records equals that list.
+//! 4. Ranges nest (run ⊃ region or op ⊃ subsymbol), and no range has a direct parent with the
+//!    same label in the same domain.
+//! 5. Passes never lose a guard silently: it is kept, moved to the enclosing region, or dropped
+//!    with a recorded reason ([`Trace::dropped_guards`]).
+//! 6. With guards attached but profiling off, a run costs what it costs without them, and no
+//!    run allocates in steady state.
+//! 7. Bad input is a typed [`Error`] that names the problem and the fix, never a panic.
 //!
 //! # Cargo features
 //! - `cuda` (default): CUDA support through `cudarc`, loaded dynamically at run time, so the

@@ -234,7 +234,7 @@ fn an_unknown_boundscope_variable_is_an_error_with_a_suggestion() {
     assert!(matches!(&err, Error::UnknownEnvironmentVariable { suggestion: None, .. }), "{err:?}");
     assert!(err.to_string().contains("BOUNDSCOPE_NVTX") && err.to_string().contains("BOUNDSCOPE_FUSION"), "{err}");
     // Other variables are none of boundscope's business.
-    session(&[("HOME", "/root"), ("BOUNDSCOPE", "x"), ("NVTX_PROFILING", "1")]).unwrap();
+    session(&[("HOME", "elsewhere"), ("BOUNDSCOPE", "x"), ("NVTX_PROFILING", "1")]).unwrap();
     // The process environment too.
     let out = child(&[("BOUNDSCOPE_NVXT", OsStr::new("1"))]);
     assert!(out.contains("SESSION[Err(UnknownEnvironmentVariable") && out.contains("BOUNDSCOPE_NVTX"), "{out}");

@@ -41,7 +41,7 @@ fn unary(name: &str) -> Option<fn(f32) -> f32> {
         "neg" => |x: f32| -x,
         "exp" => f32::exp,
         "tanh" => f32::tanh,
-        "relu" => |x: f32| x.max(0.0),
+        "relu" => |x: f32| if x > 0.0 || x.is_nan() { x } else { 0.0 }, // NaN stays NaN, as in PyTorch
         "sigmoid" => |x: f32| 1.0 / (1.0 + (-x).exp()),
         _ => return None,
     })

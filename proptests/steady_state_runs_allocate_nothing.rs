@@ -191,3 +191,30 @@ fn a_rank_9_transpose_allocates_nothing() {
     let expected: Vec<f32> = (0..32u32).map(|i| (i.reverse_bits() >> 27) as f32).collect();
     assert_eq!(out[0].data(), expected.as_slice());
 }
+
+#[test]
+fn a_session_run_allocates_only_what_a_plan_run_does() {
+    use boundscope::frontend::{Environment, ProfiledSession};
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[16, 32]).unwrap();
+    let w = b.input(&[32, 32]).unwrap();
+    let h = b.linear(x, w, None).unwrap();
+    let y = b.gelu(h).unwrap();
+    let z = b.softmax(y).unwrap();
+    b.output(z).unwrap();
+    let trace = b.finish().unwrap();
+    let env = Environment::from_pairs(&[("BOUNDSCOPE_NVTX", "1")]);
+    let session = ProfiledSession::new(boundscope::options::Options::new(), &env).unwrap();
+    let inputs = [Tensor::from_fn(&[16, 32], |i| i as f32 / 512.0), Tensor::zeros(&[32, 32])];
+    let refs = [&inputs[0], &inputs[1]];
+    session.run(&trace, &arena, &refs).unwrap();
+    let plan = session.plan(&trace, &arena).unwrap();
+    plan.run(&refs).unwrap();
+    let by_plan = allocations_during(|| drop(plan.run(&refs).unwrap()));
+    let by_session = allocations_during(|| drop(session.run(&trace, &arena, &refs).unwrap()));
+    assert_eq!(by_session, by_plan, "the session adds no allocation to a plan's run (its owned outputs)");
+    // And through a workspace of one's own, nothing at all.
+    assert_eq!(steady_state_allocations(&plan, &inputs), 0);
+}

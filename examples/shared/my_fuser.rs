@@ -26,7 +26,7 @@ fn scalar_fn(name: &str) -> Option<fn(f32) -> f32> {
         "neg" => |x: f32| -x,
         "exp" => f32::exp,
         "tanh" => f32::tanh,
-        "relu" => |x: f32| x.max(0.0),
+        "relu" => |x: f32| if x > 0.0 || x.is_nan() { x } else { 0.0 }, // NaN stays NaN, as in PyTorch
         "swish" => swish,
         _ => return None,
     })

@@ -75,7 +75,7 @@ where
 ///     fn claims(&self, op: &OpView<'_>) -> bool { op.symbol().builtin_prim() == Some(prims::RELU) }
 ///     fn compile(&self, _op: &OpView<'_>) -> Result<Box<dyn Kernel>> {
 ///         Ok(kernel_fn(|inputs, outputs| {
-///             for (o, x) in outputs[0].data.iter_mut().zip(inputs[0].data) { *o = x.max(0.0); }
+///             for (o, &x) in outputs[0].data.iter_mut().zip(inputs[0].data) { *o = if x > 0.0 || x.is_nan() { x } else { 0.0 }; }
 ///             Ok(())
 ///         }))
 ///     }

@@ -43,6 +43,9 @@ struct RunScratch {
     device_taken: Vec<Option<Box<dyn DeviceBuffer>>>,
 }
 
+/// Steps with at most this many inputs (and one output) build their views on the stack.
+const INLINE_INPUTS: usize = 4;
+
 /// An empty list with the allocation of `list`, for elements of the same type with other
 /// lifetimes (the standard library collects a mapped `vec::IntoIter` in place, reusing the
 /// allocation, when the element layouts match, as they do here).
@@ -269,20 +272,22 @@ impl Plan {
             other => return self.run_device_step(other, step, workspace, inputs),
         };
         let Workspace { buffers, scratch, .. } = workspace;
-        if let [buffer] = step.outputs[..] {
-            // The common case, one output: no list of taken buffers to build.
-            let mut data = std::mem::take(&mut buffers[buffer as usize]);
+        if let ([buffer], true) = (&step.outputs[..], step.inputs.len() <= INLINE_INPUTS) {
+            // The common case, one output and a few inputs: everything on the stack.
+            let buffer = *buffer as usize;
+            let mut data = std::mem::take(&mut buffers[buffer]);
             let result = {
-                let mut views = recycle(std::mem::take(&mut scratch.input_views));
-                self.input_views(&mut views, step, buffers, inputs);
-                let mut outs = [TensorMut { shape: &self.buffer_shapes[buffer as usize], data: &mut data }];
-                let result = kernel.run(&views, &mut outs);
-                scratch.input_views = recycle(views);
-                result
+                let mut views: SmallVec<[TensorRef<'_>; INLINE_INPUTS]> = SmallVec::new();
+                for slot in &step.inputs {
+                    views.push(self.input_view(*slot, buffers, inputs));
+                }
+                let mut outs = [TensorMut { shape: &self.buffer_shapes[buffer], data: &mut data }];
+                kernel.run(&views, &mut outs)
             };
-            buffers[buffer as usize] = data;
+            buffers[buffer] = data;
             return result;
         }
+        // Wider steps: lists lent by the workspace, sized for the plan's widest step.
         let mut taken = std::mem::take(&mut scratch.taken);
         for &b in &step.outputs {
             taken.push(std::mem::take(&mut buffers[b as usize]));
@@ -309,18 +314,21 @@ impl Plan {
     #[inline(always)]
     fn input_views<'v>(
         &'v self,
-        views: &mut Vec<TensorRef<'v>>,
+        views: &mut impl Extend<TensorRef<'v>>,
         step: &Step,
         buffers: &'v [Vec<f32>],
         inputs: &[TensorRef<'v>],
     ) {
-        for slot in &step.inputs {
-            views.push(match *slot {
-                Slot::Input(i) => inputs[i as usize],
-                Slot::Buffer(b) => TensorRef { shape: &self.buffer_shapes[b as usize], data: &buffers[b as usize] },
-                // Compilation gives host kernels host slots only (downloads come first).
-                Slot::Device(_) => TensorRef { shape: &[], data: &[] },
-            });
+        views.extend(step.inputs.iter().map(|&slot| self.input_view(slot, buffers, inputs)));
+    }
+
+    #[inline(always)]
+    fn input_view<'v>(&'v self, slot: Slot, buffers: &'v [Vec<f32>], inputs: &[TensorRef<'v>]) -> TensorRef<'v> {
+        match slot {
+            Slot::Input(i) => inputs[i as usize],
+            Slot::Buffer(b) => TensorRef { shape: &self.buffer_shapes[b as usize], data: &buffers[b as usize] },
+            // Compilation gives host kernels host slots only (downloads come first).
+            Slot::Device(_) => TensorRef { shape: &[], data: &[] },
         }
     }
 

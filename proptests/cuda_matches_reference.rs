@@ -11,11 +11,12 @@ use std::sync::{Arc, OnceLock};
 
 use boundscope::executors::cuda::{self, CudaDevice, CudaEventTimer, CudaFusion, CudaOps};
 use boundscope::executors::CpuReference;
-use boundscope::guards::{NvtxRange, DEFAULT_DOMAIN};
+use boundscope::guards::{NvtxRange, Selection, DEFAULT_DOMAIN};
 use boundscope::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOps};
 use boundscope::{prims, Arena, Availability, Executor, Plan, Registry};
 use common::nvtx_capture::{self, NvtxEventKind};
 use common::program::programs;
+use common::ranges::{pushes_in, pushes_of};
 use proptest::prelude::*;
 
 /// The device, or `None` after printing (once) why the tests are skipped.
@@ -176,7 +177,9 @@ proptest! {
         let arena = Arena::new();
         let trace = program.build(&arena, &registry).unwrap();
         let prims_only = Pipeline::standard().run(&trace, &arena).unwrap();
-        let profiled = ProfileOps::new().with_trace_range(NvtxRange::new()).run(&prims_only, &arena).unwrap();
+        let mut profiled = ProfileOps::new().with_trace_range(NvtxRange::new()).run(&prims_only, &arena).unwrap();
+        // And the application's own ranges, in a domain of its own.
+        profiled.attach_guard(Selection::All, NvtxRange::new().domain("user").unwrap()).unwrap();
         let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
         let strategy = if dataflow { FusionStrategy::Dataflow } else { FusionStrategy::Consecutive };
         let fused = FuseRegions::new(fusion.clone()).strategy(strategy).run(&profiled, &arena).unwrap();
@@ -191,6 +194,8 @@ proptest! {
         let expected = reference.run(&refs).unwrap();
         common::close_all(&got, &expected, TOLERANCE).map_err(|m| TestCaseError::fail(format!("{m}\n{fused}\n{plan}")))?;
         if nvtx_capture::is_installed() {
+            // What the NVTX API saw is the plan's range map, exactly.
+            prop_assert_eq!(pushes_of(&events), pushes_in(plan.range_map()), "{:#}", plan);
             let pushes = events.iter().filter(|e| e.kind == NvtxEventKind::Push && e.domain.as_deref() == Some(DEFAULT_DOMAIN)).count();
             prop_assert_eq!(pushes, 1 + fused.len(), "{}", fused);
             let regions = fused.bound_symbols().iter().filter(|b| b.symbol() == prims::REGION).count();

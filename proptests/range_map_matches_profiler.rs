@@ -13,11 +13,12 @@ use boundscope::executors::{CpuFusion, CpuReference};
 use boundscope::guards::{ClosureGuard, Guard, GuardKind, GuardSite, NvtxRange, Recorder, ScopedGuard, Selection};
 use boundscope::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOps};
 use boundscope::{
-    prims, Arena, BoundSymbolId, EmittedRange, Error, Executor, Fusible, Kernel, OpView, Plan, PushedBy, RangeMap,
-    Registry, Tensor, Trace, TraceBuilder, ValueId,
+    prims, Arena, BoundSymbolId, EmittedRange, Error, Executor, Fusible, Kernel, OpView, Plan, PushedBy, Registry,
+    Tensor, Trace, TraceBuilder, ValueId,
 };
 use common::nvtx_capture::{self, NvtxEvent, NvtxEventKind};
 use common::program::programs;
+use common::ranges::{pushes_in, pushes_of};
 use proptest::prelude::*;
 
 const DOMAINS: [&str; 3] = ["boundscope", "user", "test_fuser"];
@@ -108,43 +109,6 @@ impl Executor for TestFuser {
     fn emits(&self) -> &[EmittedRange] {
         &self.emits
     }
-}
-
-/// One push as the NVTX API saw it, or as the range map says it.
-#[derive(Clone, Debug, PartialEq)]
-struct Push {
-    domain: String,
-    label: String,
-    category: Option<u32>,
-    color: Option<u32>,
-    payload: Option<u64>,
-}
-
-fn pushes_of(events: &[NvtxEvent]) -> Vec<Push> {
-    events
-        .iter()
-        .filter(|e| e.kind == NvtxEventKind::Push)
-        .map(|e| Push {
-            domain: e.domain.clone().unwrap_or_default(),
-            label: e.message.clone().unwrap_or_default(),
-            category: Some(e.category),
-            color: e.color,
-            payload: e.payload,
-        })
-        .collect()
-}
-
-fn pushes_in(map: &RangeMap) -> Vec<Push> {
-    map.ranges()
-        .iter()
-        .map(|r| Push {
-            domain: r.domain.clone(),
-            label: r.label.clone(),
-            category: r.category,
-            color: r.color,
-            payload: r.payload,
-        })
-        .collect()
 }
 
 /// Balanced per domain, and no push whose direct parent in its domain has the same label.

@@ -6,6 +6,7 @@ pub mod allocations;
 pub mod nvtx_capture;
 pub mod oracle;
 pub mod program;
+pub mod ranges;
 
 use boundscope::TensorRef;
 

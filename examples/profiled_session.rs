@@ -12,7 +12,6 @@
 use std::process::ExitCode;
 use std::time::Instant;
 
-use boundscope::executors::{CpuFusion, CpuReference};
 use boundscope::frontend::ProfiledSession;
 use boundscope::passes::{FuseRegions, Pass, Pipeline};
 use boundscope::{Arena, Plan, Registry, Tensor, TraceBuilder};
@@ -61,8 +60,10 @@ fn run() -> boundscope::Result<()> {
     // whose guards cost something with profiling off, would show here.
     let plan = session.plan(&trace, &arena)?;
     println!("{plan}");
-    let bare_trace = FuseRegions::new(CpuFusion::shared()).run(&Pipeline::standard().run(&trace, &arena)?, &arena)?;
-    let bare = Plan::compile(&bare_trace, &[CpuFusion::shared(), CpuReference::shared()])?;
+    // The same executors as the session's (its fusion executor first), on the CPU or the GPU.
+    let executors = session.executors();
+    let bare_trace = FuseRegions::new(executors[0].clone()).run(&Pipeline::standard().run(&trace, &arena)?, &arena)?;
+    let bare = Plan::compile(&bare_trace, executors)?;
     let (mut t_session, mut t_bare) = (Vec::new(), Vec::new());
     let rounds = 15;
     for _ in 0..rounds {

@@ -199,7 +199,10 @@ proptest! {
             let pushes = events.iter().filter(|e| e.kind == NvtxEventKind::Push && e.domain.as_deref() == Some(DEFAULT_DOMAIN)).count();
             prop_assert_eq!(pushes, 1 + fused.len(), "{}", fused);
             let regions = fused.bound_symbols().iter().filter(|b| b.symbol() == prims::REGION).count();
-            let region_ranges = events.iter().filter(|e| e.message.as_deref().is_some_and(|m| m.starts_with("CudaFusion"))).count();
+            let region_ranges = events
+                .iter()
+                .filter(|e| e.domain.as_deref() == Some(DEFAULT_DOMAIN) && e.message.as_deref().is_some_and(|m| m.starts_with("CudaFusion")))
+                .count();
             prop_assert_eq!(region_ranges, regions);
         }
     }

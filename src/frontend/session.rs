@@ -91,7 +91,8 @@ impl ProfiledSession {
         &self.options
     }
 
-    /// The executors, in the order plans try them.
+    /// The executors, in the order plans try them; the first is the one fusion regions are made
+    /// for (CUDA or CPU).
     pub fn executors(&self) -> &[Arc<dyn Executor>] {
         &self.executors
     }

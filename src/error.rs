@@ -111,6 +111,13 @@ pub enum Error {
         /// What is wrong.
         detail: String,
     },
+    /// An input given on the device that this plan cannot read there.
+    InputPlacement {
+        /// Its index.
+        index: usize,
+        /// Why, and what to do instead.
+        detail: String,
+    },
     /// Two guard spans overlap without one containing the other (a pass's position map moved
     /// them so): ranges must nest, or the run would exit the wrong one.
     OverlappingGuards {
@@ -313,6 +320,9 @@ impl fmt::Display for Error {
                 Some(p) => write!(f, "malformed trace at bound symbol {p}: {detail}"),
                 None => write!(f, "malformed trace: {detail}"),
             },
+            Error::InputPlacement { index, detail } => {
+                write!(f, "input {index} cannot be read on the device: {detail}")
+            }
             Error::OverlappingGuards { first, second } => write!(
                 f,
                 "guard spans overlap: {second} starts inside {first} and ends after it; guards must nest \

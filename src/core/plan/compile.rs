@@ -96,6 +96,8 @@ pub struct Plan {
     /// The device of the plan's device executors, and the lengths of its buffers.
     pub(crate) device: Option<Arc<dyn Device>>,
     pub(crate) device_lengths: Vec<usize>,
+    /// Which inputs and outputs may stay on the device.
+    pub(crate) device_io: DeviceIo,
     pub(crate) outputs: Vec<u32>,
     pub(crate) pool: Mutex<Vec<Workspace>>,
     pub(crate) scopes: Vec<Scope>,
@@ -113,6 +115,55 @@ pub struct Plan {
     pub(crate) developer_options: Vec<String>,
     /// Options that were set but that neither the runtime nor any executor of the plan reads.
     pub(crate) unused_options: Vec<String>,
+}
+
+/// Where a plan's inputs and outputs may live on its device: an input that only device steps
+/// read may be given on the device (its upload is then skipped), and an output that a device
+/// step computes may be left there (its download is then skipped).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct DeviceIo {
+    /// Per device buffer: the trace input it is the upload of, if it is one.
+    pub uploaded_input: Vec<Option<u32>>,
+    /// Per input: whether a host step reads it (then it must be given on the host).
+    pub read_on_host: Vec<bool>,
+    /// Per output: the device buffer holding it, when a device step computes it.
+    pub output_on_device: Vec<Option<u32>>,
+    /// Per step: whether it is a download that only brings an output to the host.
+    pub output_download: Vec<bool>,
+}
+
+impl DeviceIo {
+    fn of(
+        steps: &[Step],
+        inputs: usize,
+        device_lengths: &[usize],
+        output_downloads: &[(usize, u32)],
+        output_on_device: Vec<Option<u32>>,
+    ) -> Self {
+        let mut io = DeviceIo {
+            uploaded_input: vec![None; device_lengths.len()],
+            read_on_host: vec![false; inputs],
+            output_on_device,
+            output_download: vec![false; steps.len()],
+        };
+        for step in steps {
+            match (&step.work, step.inputs.first()) {
+                (Work::Upload, Some(&Slot::Input(i))) => io.uploaded_input[step.outputs[0] as usize] = Some(i),
+                (Work::Host(_), _) => {
+                    for slot in &step.inputs {
+                        if let Slot::Input(i) = *slot {
+                            io.read_on_host[i as usize] = true;
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        for &(step, _) in output_downloads {
+            io.output_download[step] = true;
+        }
+        io
+    }
 }
 
 /// The widest step (tensor inputs, outputs) and the deepest guard nesting of a plan: what a
@@ -146,6 +197,7 @@ impl Plan {
             buffer_shapes: Vec::new(),
             device: executors.iter().find_map(|e| e.device()),
             device_lengths: Vec::new(),
+            output_downloads: Vec::new(),
         };
         for (i, &input) in trace.inputs().iter().enumerate() {
             compiler.value_slots[input.index()] = Some(Slot::Input(i as u32));
@@ -156,9 +208,19 @@ impl Plan {
             nodes.push(compiler.compile_top_level(position, bsym, &profiling)?);
         }
         let mut outputs = Vec::with_capacity(trace.outputs().len());
+        let mut output_on_device = Vec::with_capacity(trace.outputs().len());
         for &value in trace.outputs() {
+            let downloads = compiler.output_downloads.len();
             outputs.push(compiler.output_buffer(value)?);
+            output_on_device.push(compiler.output_downloads.get(downloads).map(|&(_, device)| device));
         }
+        let device_io = DeviceIo::of(
+            &compiler.steps,
+            trace.inputs().len(),
+            &compiler.device_lengths,
+            &compiler.output_downloads,
+            output_on_device,
+        );
         let input_shapes =
             trace.inputs().iter().map(|&v| compiler.shape(v).map(Shape::from_slice)).collect::<Result<_>>()?;
         // Guards surround the steps of the trace's bound symbols; a copy step for an output that
@@ -192,6 +254,7 @@ impl Plan {
             buffer_shapes: compiler.buffer_shapes,
             device: compiler.device,
             device_lengths: compiler.device_lengths,
+            device_io,
             outputs,
             pool: Mutex::new(Vec::new()),
         })
@@ -442,6 +505,8 @@ struct Compiler<'c, 't> {
     buffer_shapes: Vec<Shape>,
     device: Option<Arc<dyn Device>>,
     device_lengths: Vec<usize>,
+    /// `(step, device buffer)` of each download that only brings an output to the host.
+    output_downloads: Vec<(usize, u32)>,
 }
 
 impl<'c, 't> Compiler<'c, 't> {
@@ -576,7 +641,10 @@ impl<'c, 't> Compiler<'c, 't> {
     /// The buffer holding an output; an output that is a trace input gets a copy step, so that
     /// every output lives in the workspace.
     fn output_buffer(&mut self, value: ValueId) -> Result<u32> {
-        if self.value_slots[value.index()].is_none() && self.device_slots[value.index()].is_some() {
+        let device = self.device_slots[value.index()];
+        if let (None, Some(device)) = (self.value_slots[value.index()], device) {
+            // A download that only brings an output to the host: `run_on_device` skips it.
+            self.output_downloads.push((self.steps.len(), device));
             self.on_host(value, "trace output")?;
         }
         match self.value_slots[value.index()] {

@@ -44,6 +44,14 @@ pub trait Device: Send + Sync {
     /// # Errors
     /// The device's copy error.
     fn download(&self, source: &dyn DeviceBuffer, target: &mut [f32]) -> Result<()>;
+    /// Waits until the work queued on the device so far is done (for timing, or before reading
+    /// device memory by other means). Default: nothing to wait for.
+    ///
+    /// # Errors
+    /// The device's error.
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A compiled bound symbol that runs on a device, reading and writing device buffers.

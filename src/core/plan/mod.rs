@@ -3,6 +3,7 @@
 
 mod compile;
 mod device;
+mod device_tensor;
 mod executor;
 mod guard_schedule;
 mod one_per_scope;
@@ -11,11 +12,12 @@ mod workspace;
 
 pub use compile::Plan;
 pub use device::{Device, DeviceBuffer, DeviceKernel};
+pub use device_tensor::{DeviceTensor, PlanInput, RunInput};
 pub use executor::{
     kernel_fn, Availability, EmittedRange, Executor, Fusible, Kernel, OpView, PreparedRegionRange, RegionRange,
 };
 pub use range_map::{PlannedRange, PushedBy, RangeMap};
-pub use workspace::{Outputs, Workspace};
+pub use workspace::{DeviceOutputs, Outputs, Workspace};
 
 #[cfg(test)]
 mod tests;

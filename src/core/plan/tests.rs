@@ -206,13 +206,28 @@ impl Device for HostMemoryDevice {
         Ok(Box::new(HostMemory(vec![0.0; len])))
     }
     fn upload(&self, source: &[f32], target: &mut dyn DeviceBuffer) -> crate::Result<()> {
+        TRANSFERS.with(|t| t.set((t.get().0 + 1, t.get().1)));
         target.as_any_mut().downcast_mut::<HostMemory>().expect("our buffer").0.copy_from_slice(source);
         Ok(())
     }
     fn download(&self, source: &dyn DeviceBuffer, target: &mut [f32]) -> crate::Result<()> {
+        TRANSFERS.with(|t| t.set((t.get().0, t.get().1 + 1)));
         target.copy_from_slice(memory(source));
         Ok(())
     }
+}
+
+thread_local! {
+    /// `(uploads, downloads)` made by host-memory devices on this thread.
+    static TRANSFERS: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
+}
+
+/// The transfers made by `f` on this thread.
+fn transfers_during(f: impl FnOnce()) -> (usize, usize) {
+    let before = TRANSFERS.with(|t| t.get());
+    f();
+    let after = TRANSFERS.with(|t| t.get());
+    (after.0 - before.0, after.1 - before.1)
 }
 
 /// Runs `exp` "on the device".
@@ -301,4 +316,74 @@ fn device_steps_get_explicit_transfers() {
         let out = plan.run_with(&mut ws, &[input.view()]).unwrap();
         assert_eq!(out.get(0).unwrap().to_tensor(), reference.run(&[&input]).unwrap()[0]);
     }
+}
+
+#[test]
+fn inputs_given_on_the_device_and_outputs_left_there_make_no_transfer() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 3]).unwrap();
+    let e = b.exp(x).unwrap();
+    let f = b.exp(e).unwrap();
+    b.output(f).unwrap();
+    let trace = b.finish().unwrap();
+    let plan = Plan::compile(&trace, &[Arc::new(DeviceExp), CpuReference::shared()]).unwrap();
+    // Every op inside a guard, as the device kernel checks.
+    GUARDED.with(|g| g.set(1));
+    let host = Tensor::from_fn(&[2, 3], |i| i as f32 * 0.1);
+    let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&host]).unwrap();
+    let mut ws = plan.workspace().unwrap();
+    // Host in, host out: the upload and the download in the listing, each run.
+    let host_run = transfers_during(|| {
+        plan.run_with(&mut ws, &[host.view()]).unwrap();
+    });
+    assert_eq!(host_run, (1, 1));
+    // The input uploaded once, then read where it is.
+    let device = plan.device().unwrap().clone();
+    let on_device = DeviceTensor::upload(&device, host.view()).unwrap();
+    let inputs = [RunInput::from(&on_device)];
+    assert_eq!(
+        transfers_during(|| {
+            plan.run_with(&mut ws, &inputs).unwrap();
+        }),
+        (0, 1)
+    );
+    let mut got = None;
+    assert_eq!(
+        transfers_during(|| {
+            plan.run_on_device(&mut ws, &inputs).unwrap();
+        }),
+        (0, 0)
+    );
+    assert_eq!(
+        transfers_during(|| got = Some(plan.run_on_device(&mut ws, &inputs).unwrap().to_host(0).unwrap())),
+        (0, 1)
+    );
+    assert_eq!(got.unwrap(), expected[0]);
+    // Host inputs still work with outputs left on the device.
+    let outputs = plan.run_on_device(&mut ws, &[host.view()]).unwrap();
+    assert!(outputs.device_buffer(0).is_some());
+    assert_eq!(outputs.to_host(0).unwrap(), expected[0]);
+    GUARDED.with(|g| g.set(0));
+
+    // A tensor of another device, or of another shape: typed errors.
+    let elsewhere: Arc<dyn Device> = Arc::new(HostMemoryDevice);
+    let foreign = DeviceTensor::upload(&elsewhere, host.view()).unwrap();
+    let err = plan.run_with(&mut ws, &[RunInput::from(&foreign)]).err().unwrap();
+    assert!(matches!(err, Error::InputPlacement { index: 0, .. }), "{err}");
+    let wrong = DeviceTensor::upload(&device, Tensor::zeros(&[3, 2]).view()).unwrap();
+    let err = plan.run_with(&mut ws, &[RunInput::from(&wrong)]).err().unwrap();
+    assert!(matches!(err, Error::InputShape { index: 0, .. }), "{err}");
+    // A plan that reads the input on the host too refuses it on the device (no silent copy).
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 3]).unwrap();
+    let e = b.exp(x).unwrap();
+    let y = b.add(e, x).unwrap();
+    b.output(y).unwrap();
+    let mixed = Plan::compile(&b.finish().unwrap(), &[Arc::new(DeviceExp), CpuReference::shared()]).unwrap();
+    let on_its_device = DeviceTensor::upload(mixed.device().unwrap(), host.view()).unwrap();
+    let err = mixed.run_with(&mut mixed.workspace().unwrap(), &[RunInput::from(&on_its_device)]).err().unwrap();
+    assert!(matches!(err, Error::InputPlacement { index: 0, .. }), "{err}");
+    assert!(err.to_string().contains("a host step of this plan reads it"), "{err}");
 }

@@ -8,11 +8,14 @@ use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
 
 use super::compile::{Plan, Slot, Step, Work};
+use super::device::Device;
 use super::device::DeviceBuffer;
+use super::device_tensor::{download, DeviceTensor, PlanInput, RunInput};
 use super::executor::RunDecision;
 use super::guard_schedule::{GuardStack, Schedule};
 use crate::core::tensor::{Tensor, TensorMut, TensorRef};
 use crate::error::{Error, Result};
+use std::sync::Arc;
 
 /// The buffers one run of a plan writes. Made by [`Plan::workspace`]; reused across runs.
 ///
@@ -41,6 +44,8 @@ struct RunScratch {
     device_inputs: Vec<&'static dyn DeviceBuffer>,
     device_outputs: Vec<&'static mut dyn DeviceBuffer>,
     device_taken: Vec<Option<Box<dyn DeviceBuffer>>>,
+    host_inputs: Vec<TensorRef<'static>>,
+    device_run_inputs: Vec<Option<&'static dyn DeviceBuffer>>,
 }
 
 /// Steps with at most this many inputs (and one output) build their views on the stack.
@@ -136,6 +141,8 @@ impl Plan {
                 device_inputs: Vec::with_capacity(self.widths.inputs),
                 device_outputs: Vec::with_capacity(self.widths.outputs),
                 device_taken: Vec::with_capacity(self.widths.outputs),
+                host_inputs: Vec::with_capacity(self.input_shapes.len()),
+                device_run_inputs: Vec::with_capacity(self.input_shapes.len()),
             },
         })
     }
@@ -161,19 +168,79 @@ impl Plan {
         result
     }
 
-    /// Runs the plan on `inputs` in a workspace the caller holds; the outputs borrow it.
-    /// Allocates nothing in steady state.
+    /// Runs the plan on `inputs` in a workspace the caller holds; the outputs borrow it, on the
+    /// host. Allocates nothing in steady state. Inputs are host views ([`TensorRef`]) or
+    /// [`RunInput`]s: an input given on the plan's device ([`RunInput::Device`]) is read there,
+    /// and its upload step is skipped.
     ///
     /// # Errors
     /// [`Error::WorkspaceMismatch`], [`Error::InputCount`], [`Error::InputShape`],
-    /// [`Error::InputLength`], [`Error::OutOfMemory`] if a run interrupted by a panic left the
+    /// [`Error::InputLength`], [`Error::InputPlacement`] (a device input of another device, or
+    /// that a host step reads), [`Error::OutOfMemory`] if a run interrupted by a panic left the
     /// workspace to be rebuilt and it cannot be, or the first error a kernel returns (the
     /// remaining steps are not run).
-    pub fn run_with<'w>(&'w self, workspace: &'w mut Workspace, inputs: &[TensorRef<'_>]) -> Result<Outputs<'w>> {
+    pub fn run_with<'w, I: PlanInput>(&'w self, workspace: &'w mut Workspace, inputs: &[I]) -> Result<Outputs<'w>> {
+        self.run_placed(workspace, inputs, false)?;
+        Ok(Outputs { plan: self, workspace })
+    }
+
+    /// Like [`run_with`](Self::run_with), leaving on the device every output that a device step
+    /// computes (their downloads are skipped): the run is queued on the device and this returns
+    /// without waiting for it. Read an output on the host with [`DeviceOutputs::to_host`], which
+    /// waits; pass it to another plan with [`DeviceOutputs::device_buffer`].
+    ///
+    /// # Errors
+    /// As for [`run_with`](Self::run_with).
+    pub fn run_on_device<'w, I: PlanInput>(
+        &'w self,
+        workspace: &'w mut Workspace,
+        inputs: &[I],
+    ) -> Result<DeviceOutputs<'w>> {
+        self.run_placed(workspace, inputs, true)?;
+        Ok(DeviceOutputs { plan: self, workspace })
+    }
+
+    /// The device of this plan's device executors, if it has any: where its device inputs live.
+    pub fn device(&self) -> Option<&Arc<dyn Device>> {
+        self.device.as_ref()
+    }
+
+    fn run_placed<I: PlanInput>(&self, workspace: &mut Workspace, inputs: &[I], outputs_on_device: bool) -> Result<()> {
         if workspace.plan_id != self.id {
             return Err(Error::WorkspaceMismatch);
         }
-        self.check_inputs(inputs)?;
+        if inputs.len() != self.input_shapes.len() {
+            return Err(Error::InputCount { expected: self.input_shapes.len(), got: inputs.len() });
+        }
+        let mut host = recycle(std::mem::take(&mut workspace.scratch.host_inputs));
+        let mut device = recycle(std::mem::take(&mut workspace.scratch.device_run_inputs));
+        let mut placed = Ok(());
+        for (index, input) in inputs.iter().enumerate() {
+            match input.as_run_input() {
+                RunInput::Host(tensor) => {
+                    host.push(tensor);
+                    device.push(None);
+                }
+                RunInput::Device(tensor) => {
+                    if placed.is_ok() {
+                        placed = self.check_device_input(index, tensor);
+                    }
+                    host.push(TensorRef { shape: tensor.shape(), data: &[] });
+                    device.push(Some(tensor.buffer()));
+                }
+            }
+        }
+        let result = placed.and_then(|()| {
+            let run = Run { host: &host, device: &device, outputs_on_device };
+            self.run_checked(workspace, &run)
+        });
+        workspace.scratch.host_inputs = recycle(host);
+        workspace.scratch.device_run_inputs = recycle(device);
+        result
+    }
+
+    fn run_checked(&self, workspace: &mut Workspace, run: &Run<'_>) -> Result<()> {
+        self.check_inputs(run)?;
         if workspace.in_flight {
             *workspace = self.workspace()?;
         }
@@ -188,30 +255,67 @@ impl Plan {
         let _decision = RunDecision::enter(profiling);
         let schedule = &self.schedules[if profiling { 0 } else { 1 }];
         let result = if schedule.is_empty() {
-            self.run_unguarded(workspace, inputs)
+            self.run_unguarded(workspace, run)
         } else {
-            self.run_guarded(schedule, workspace, inputs)
+            self.run_guarded(schedule, workspace, run)
         };
         // Every step puts its buffers back, even when it fails: the workspace is whole.
         workspace.in_flight = false;
-        result.map(|()| Outputs { plan: self, workspace })
+        result
+    }
+
+    /// An input given on the device: on this plan's device, of its shape, read by device steps
+    /// only.
+    fn check_device_input(&self, index: usize, tensor: &DeviceTensor) -> Result<()> {
+        let placement = |detail: String| Err(Error::InputPlacement { index, detail });
+        let Some(device) = &self.device else {
+            return placement("this plan has no device steps; pass the input on the host".into());
+        };
+        if !std::ptr::addr_eq(Arc::as_ptr(device), Arc::as_ptr(tensor.device())) {
+            return placement(format!(
+                "it is on `{}`, but this plan runs on `{}`; upload it to the plan's device (`Plan::device`)",
+                tensor.device().name(),
+                device.name()
+            ));
+        }
+        let expected = &self.input_shapes[index];
+        if tensor.shape() != expected.as_slice() {
+            return Err(Error::InputShape { index, expected: expected.to_vec(), got: tensor.shape().to_vec() });
+        }
+        if self.device_io.read_on_host[index] {
+            return placement(
+                "a host step of this plan reads it; pass it on the host, or compile with executors that run \
+                 every step reading it on the device"
+                    .into(),
+            );
+        }
+        let numel: usize = expected.iter().product();
+        if tensor.buffer().len() < numel {
+            return Err(Error::InputLength {
+                index,
+                shape: expected.to_vec(),
+                expected: numel,
+                got: tensor.buffer().len(),
+            });
+        }
+        Ok(())
     }
 
     /// The run loop without guards (none attached, or profiling off and all are profiling
     /// guards).
-    fn run_unguarded(&self, workspace: &mut Workspace, inputs: &[TensorRef<'_>]) -> Result<()> {
-        for step in &self.steps {
-            self.run_step(step, workspace, inputs)?;
+    fn run_unguarded(&self, workspace: &mut Workspace, run: &Run<'_>) -> Result<()> {
+        for (i, step) in self.steps.iter().enumerate() {
+            self.run_step(i, step, workspace, run)?;
         }
         Ok(())
     }
 
     /// The run loop with guards: enters and exits scopes around steps, on this thread. The
     /// stack exits whatever is still entered, innermost first, on error and on panic.
-    fn run_guarded(&self, schedule: &Schedule, workspace: &mut Workspace, inputs: &[TensorRef<'_>]) -> Result<()> {
+    fn run_guarded(&self, schedule: &Schedule, workspace: &mut Workspace, run: &Run<'_>) -> Result<()> {
         let storage = std::mem::take(&mut workspace.scratch.guard_stack);
         let mut stack = GuardStack::new(&self.scopes, storage);
-        let result = self.run_guarded_steps(schedule, &mut stack, workspace, inputs);
+        let result = self.run_guarded_steps(schedule, &mut stack, workspace, run);
         workspace.scratch.guard_stack = stack.finish();
         result
     }
@@ -222,7 +326,7 @@ impl Plan {
         schedule: &Schedule,
         stack: &mut GuardStack<'_>,
         workspace: &mut Workspace,
-        inputs: &[TensorRef<'_>],
+        run: &Run<'_>,
     ) -> Result<()> {
         let order = &schedule.order;
         let (a, b) = schedule.run_enter;
@@ -232,7 +336,7 @@ impl Plan {
             if a != b {
                 stack.enter(&order[a as usize..b as usize]);
             }
-            self.run_step(step, workspace, inputs)?;
+            self.run_step(i, step, workspace, run)?;
             let exits = schedule.exit[i];
             if exits != 0 {
                 stack.exit(exits);
@@ -241,11 +345,13 @@ impl Plan {
         Ok(())
     }
 
-    fn check_inputs(&self, inputs: &[TensorRef<'_>]) -> Result<()> {
-        if inputs.len() != self.input_shapes.len() {
-            return Err(Error::InputCount { expected: self.input_shapes.len(), got: inputs.len() });
-        }
-        for (index, (input, expected)) in inputs.iter().zip(&self.input_shapes).enumerate() {
+    /// Host inputs: of the plan's shapes, with the data those hold (device inputs are checked
+    /// by `check_device_input`).
+    fn check_inputs(&self, run: &Run<'_>) -> Result<()> {
+        for (index, (input, expected)) in run.host.iter().zip(&self.input_shapes).enumerate() {
+            if run.device[index].is_some() {
+                continue;
+            }
             if input.shape != expected.as_slice() {
                 return Err(Error::InputShape { index, expected: expected.to_vec(), got: input.shape.to_vec() });
             }
@@ -266,11 +372,12 @@ impl Plan {
     /// Runs one step. Output buffers are moved out of the workspace for the duration of the
     /// kernel call and moved back afterwards, also when the kernel fails.
     #[inline(always)]
-    fn run_step(&self, step: &Step, workspace: &mut Workspace, inputs: &[TensorRef<'_>]) -> Result<()> {
+    fn run_step(&self, index: usize, step: &Step, workspace: &mut Workspace, run: &Run<'_>) -> Result<()> {
         let kernel = match &step.work {
             Work::Host(kernel) => kernel,
-            other => return self.run_device_step(other, step, workspace, inputs),
+            other => return self.run_device_step(index, other, step, workspace, run),
         };
+        let inputs = run.host;
         let Workspace { buffers, scratch, .. } = workspace;
         if let ([buffer], true) = (&step.outputs[..], step.inputs.len() <= INLINE_INPUTS) {
             // The common case, one output and a few inputs: everything on the stack.
@@ -336,10 +443,11 @@ impl Plan {
     #[inline(never)]
     fn run_device_step(
         &self,
+        index: usize,
         work: &Work,
         step: &Step,
         workspace: &mut Workspace,
-        inputs: &[TensorRef<'_>],
+        run: &Run<'_>,
     ) -> Result<()> {
         let missing = || Error::Execution {
             executor: "runtime".into(),
@@ -354,16 +462,19 @@ impl Plan {
         match work {
             Work::Upload => {
                 let source: &[f32] = match step.inputs[0] {
-                    Slot::Input(i) => inputs[i as usize].data,
+                    // Given on the device: read there, nothing to upload.
+                    Slot::Input(i) if run.device[i as usize].is_some() => return Ok(()),
+                    Slot::Input(i) => run.host[i as usize].data,
                     Slot::Buffer(b) => &workspace.buffers[b as usize],
                     Slot::Device(_) => return Err(missing()),
                 };
                 let target = workspace.device_buffers[step.outputs[0] as usize].as_deref_mut().ok_or_else(missing)?;
                 device.upload(source, target)
             }
+            Work::Download if run.outputs_on_device && self.device_io.output_download[index] => Ok(()),
             Work::Download => {
                 let d = device_slot(&step.inputs[0]).ok_or_else(missing)?;
-                let source = workspace.device_buffers[d].as_deref().ok_or_else(missing)?;
+                let source = self.device_buffer(d, &workspace.device_buffers, run).ok_or_else(missing)?;
                 device.download(source, &mut workspace.buffers[step.outputs[0] as usize])
             }
             Work::Device(kernel) => {
@@ -375,7 +486,7 @@ impl Plan {
                 let mut outs: Vec<&mut dyn DeviceBuffer> = recycle(std::mem::take(&mut scratch.device_outputs));
                 let result = 'run: {
                     for slot in &step.inputs {
-                        match device_slot(slot).and_then(|d| device_buffers[d].as_deref()) {
+                        match device_slot(slot).and_then(|d| self.device_buffer(d, device_buffers, run)) {
                             Some(buffer) => views.push(buffer),
                             None => break 'run Err(missing()),
                         }
@@ -397,6 +508,79 @@ impl Plan {
                 result
             }
             Work::Host(_) => Err(missing()),
+        }
+    }
+
+    /// Device buffer `d` for this run: the caller's, where it is the upload of an input given
+    /// on the device, else the workspace's.
+    #[inline(always)]
+    fn device_buffer<'b>(
+        &self,
+        d: usize,
+        buffers: &'b [Option<Box<dyn DeviceBuffer>>],
+        run: &Run<'b>,
+    ) -> Option<&'b dyn DeviceBuffer> {
+        match self.device_io.uploaded_input[d].and_then(|i| run.device[i as usize]) {
+            Some(given) => Some(given),
+            None => buffers[d].as_deref(),
+        }
+    }
+}
+
+/// One run's inputs, wherever they are, and where its outputs go.
+struct Run<'i> {
+    /// Host inputs (an empty view where the input is on the device).
+    host: &'i [TensorRef<'i>],
+    /// Device inputs, by input index.
+    device: &'i [Option<&'i dyn DeviceBuffer>],
+    /// Whether outputs computed on the device stay there.
+    outputs_on_device: bool,
+}
+
+/// The outputs of one run made with [`Plan::run_on_device`]: those computed on the device are
+/// still there (and may still be being computed); reading one on the host waits for the device.
+pub struct DeviceOutputs<'w> {
+    plan: &'w Plan,
+    workspace: &'w Workspace,
+}
+
+impl<'w> DeviceOutputs<'w> {
+    /// Number of outputs.
+    pub fn len(&self) -> usize {
+        self.plan.outputs.len()
+    }
+
+    /// Whether there are no outputs.
+    pub fn is_empty(&self) -> bool {
+        self.plan.outputs.is_empty()
+    }
+
+    /// The shape of the `i`-th output, or `None` past the end.
+    pub fn shape(&self, i: usize) -> Option<&'w [usize]> {
+        let buffer = *self.plan.outputs.get(i)? as usize;
+        Some(&self.plan.buffer_shapes[buffer])
+    }
+
+    /// The device memory of the `i`-th output, if a device step computed it (else it is on the
+    /// host: see [`to_host`](Self::to_host)).
+    pub fn device_buffer(&self, i: usize) -> Option<&'w dyn DeviceBuffer> {
+        let d = (*self.plan.device_io.output_on_device.get(i)?)? as usize;
+        self.workspace.device_buffers.get(d)?.as_deref()
+    }
+
+    /// The `i`-th output on the host: downloaded (waiting for the device) if a device step
+    /// computed it, else copied from the workspace.
+    ///
+    /// # Errors
+    /// [`Error::InvalidBoundSymbol`] past the end; the device's copy error.
+    pub fn to_host(&self, i: usize) -> Result<Tensor> {
+        let shape = self.shape(i).ok_or(Error::InvalidBoundSymbol { index: i, len: self.len() })?;
+        match (self.device_buffer(i), &self.plan.device) {
+            (Some(buffer), Some(device)) => download(&**device, buffer, shape),
+            _ => Ok(Outputs { plan: self.plan, workspace: self.workspace }
+                .get(i)
+                .map(|t| t.to_tensor())
+                .unwrap_or_else(|| Tensor::zeros(shape))),
         }
     }
 }

@@ -3,6 +3,7 @@
 
 use std::any::Any;
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaSlice, CudaStream};
@@ -18,6 +19,8 @@ pub struct CudaDevice {
     stream: Arc<CudaStream>,
     multiprocessors: u32,
     kernels: Mutex<HashMap<String, CudaFunction>>,
+    /// Host-to-device and device-to-host copies made so far.
+    transfers: AtomicU64,
 }
 
 /// A device buffer of `f32`.
@@ -58,7 +61,8 @@ impl CudaDevice {
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| cuda_error("device attribute", e))? as u32;
         let name = format!("cuda:0 ({})", context.name().unwrap_or_default());
-        Ok(Arc::new(Self { name, context, stream, multiprocessors, kernels: Mutex::new(HashMap::new()) }))
+        let kernels = Mutex::new(HashMap::new());
+        Ok(Arc::new(Self { name, context, stream, multiprocessors, kernels, transfers: AtomicU64::new(0) }))
     }
 
     pub(crate) fn stream(&self) -> &Arc<CudaStream> {
@@ -80,6 +84,13 @@ impl CudaDevice {
         let function = module.load_function(&generated.kernel).map_err(|e| cuda_error(&generated.kernel, e))?;
         kernels.insert(generated.source.clone(), function.clone());
         Ok(function)
+    }
+
+    /// The copies between host and device made so far (uploads and downloads, by plans and by
+    /// [`DeviceTensor`](crate::DeviceTensor)s): a plan whose values all stay on the device makes
+    /// none per run.
+    pub fn transfers(&self) -> u64 {
+        self.transfers.load(Ordering::Relaxed)
     }
 
     /// The number of kernels compiled so far.
@@ -111,15 +122,21 @@ impl Device for CudaDevice {
     }
 
     fn upload(&self, source: &[f32], target: &mut dyn DeviceBuffer) -> Result<()> {
+        self.transfers.fetch_add(1, Ordering::Relaxed);
         let target = slice_mut(target)?;
         let mut view = target.slice_mut(0..source.len());
         self.stream.memcpy_htod(source, &mut view).map_err(|e| cuda_error("upload", e))
     }
 
     fn download(&self, source: &dyn DeviceBuffer, target: &mut [f32]) -> Result<()> {
+        self.transfers.fetch_add(1, Ordering::Relaxed);
         let source = slice(source)?;
         let view = source.slice(0..target.len());
         self.stream.memcpy_dtoh(&view, target).map_err(|e| cuda_error("download", e))?;
+        self.stream.synchronize().map_err(|e| cuda_error("synchronize", e))
+    }
+
+    fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().map_err(|e| cuda_error("synchronize", e))
     }
 }

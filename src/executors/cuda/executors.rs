@@ -7,7 +7,7 @@ use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
 use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
 
 use super::device::{cuda_error, slice, slice_mut, CudaDevice};
-use super::{op_source, region_source, RegionSource};
+use super::{op_source, region_source, shape_op_source, RegionSource};
 use crate::core::guards::DEFAULT_DOMAIN;
 use crate::core::ir::prims;
 use crate::core::plan::{
@@ -74,8 +74,9 @@ impl Executor for CudaFusion {
     }
 }
 
-/// Runs elementwise prims and last-axis `sum` and `max` (one generated kernel each), and
-/// `matmul` (cuBLAS), on the device.
+/// Runs every built-in prim on the device: elementwise prims, last-axis `sum` and `max`, and
+/// the shape ops `reshape`, `transpose` and `broadcast_to` (one generated kernel each), and
+/// `matmul` (cuBLAS).
 pub struct CudaOps {
     device: Arc<CudaDevice>,
     blas: Arc<Mutex<Option<CudaBlas>>>,
@@ -97,8 +98,10 @@ impl Executor for CudaOps {
     }
 
     fn claims(&self, op: &OpView<'_>) -> bool {
-        // What the generator compiles (everything fusible) and cuBLAS's matmul.
-        builtin_fusible(op) != Fusible::No || builtin_prim(op) == Some(prims::MATMUL)
+        // What the generator compiles (everything fusible, and the shape ops) and cuBLAS's
+        // matmul: every built-in prim, so that a plan's values stay on the device.
+        builtin_fusible(op) != Fusible::No
+            || matches!(builtin_prim(op), Some(prims::MATMUL | prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO))
     }
 
     fn device(&self) -> Option<Arc<dyn Device>> {
@@ -116,7 +119,9 @@ impl Executor for CudaOps {
             let lengths = BufferLengths::of(op)?;
             return Ok(Box::new(Matmul { blas: self.blas.clone(), m: a[0], k: a[1], n: b[1], lengths }));
         }
-        let generated = op_source(op, &kernel_name(op.name())).map_err(|detail| Error::KernelPrecondition {
+        let is_shape_op = matches!(builtin_prim(op), Some(prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO));
+        let source = if is_shape_op { shape_op_source } else { op_source };
+        let generated = source(op, &kernel_name(op.name())).map_err(|detail| Error::KernelPrecondition {
             executor: Self::NAME.into(),
             symbol: op.name().into(),
             detail,

@@ -34,7 +34,7 @@ mod event_timer;
 #[cfg(feature = "cuda")]
 mod executors;
 
-pub use codegen::{op_source, region_source, RegionSource};
+pub use codegen::{op_source, region_source, shape_op_source, RegionSource};
 #[cfg(feature = "cuda")]
 pub use device::{CudaBuffer, CudaDevice};
 #[cfg(feature = "cuda")]

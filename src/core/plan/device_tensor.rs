@@ -1,0 +1,147 @@
+//! Tensors in a device's memory, and a plan's inputs wherever they live.
+//!
+//! A [`DeviceTensor`] is made by an explicit upload and stays on its device until dropped:
+//! weights and any input that does not change between runs are uploaded once and passed to
+//! every run by reference ([`RunInput::Device`]), so that the plan skips their uploads. Reading
+//! a device value on the host is always an explicit call that waits for the device
+//! ([`DeviceTensor::to_host`], [`DeviceOutputs::to_host`](crate::DeviceOutputs::to_host)); no
+//! run copies a tensor between host and device silently.
+
+use std::sync::Arc;
+
+use super::device::{Device, DeviceBuffer};
+use crate::core::ir::Shape;
+use crate::core::tensor::{Tensor, TensorRef};
+use crate::error::{Error, Result};
+
+/// A tensor in a device's memory.
+///
+/// ```no_run
+/// # // Needs a GPU: see `proptests/cuda_matches_reference.rs` for the tested version.
+/// use std::sync::Arc;
+/// use boundscope::executors::cuda::{CudaDevice, CudaFusion, CudaOps};
+/// use boundscope::{Arena, Device, DeviceTensor, Plan, Registry, RunInput, Tensor, TraceBuilder};
+/// let device = CudaDevice::new()?;
+/// let registry = Registry::with_builtins();
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let x = b.input(&[1024])?;
+/// let y = b.exp(x)?;
+/// b.output(y)?;
+/// let plan = Plan::compile(&b.finish()?, &[Arc::new(CudaOps::new(device.clone()))])?;
+/// let on_device: Arc<dyn Device> = device;
+/// let x = DeviceTensor::upload(&on_device, Tensor::zeros(&[1024]).view())?; // once
+/// let mut workspace = plan.workspace()?;
+/// let outputs = plan.run_on_device(&mut workspace, &[RunInput::from(&x)])?; // no transfer
+/// assert_eq!(outputs.to_host(0)?.data()[0], 1.0); // waits for the device
+/// # Ok::<(), boundscope::Error>(())
+/// ```
+pub struct DeviceTensor {
+    shape: Shape,
+    buffer: Box<dyn DeviceBuffer>,
+    device: Arc<dyn Device>,
+}
+
+impl DeviceTensor {
+    /// Copies `tensor` to `device` (after the work already queued there).
+    ///
+    /// # Errors
+    /// The device's allocation or copy error.
+    pub fn upload(device: &Arc<dyn Device>, tensor: TensorRef<'_>) -> Result<Self> {
+        let mut buffer = device.alloc(tensor.data.len())?;
+        device.upload(tensor.data, &mut *buffer)?;
+        Ok(Self { shape: Shape::from_slice(tensor.shape), buffer, device: device.clone() })
+    }
+
+    /// Its shape.
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    /// The device it lives on.
+    pub fn device(&self) -> &Arc<dyn Device> {
+        &self.device
+    }
+
+    /// Its memory.
+    pub fn buffer(&self) -> &dyn DeviceBuffer {
+        &*self.buffer
+    }
+
+    /// Copies it to the host, waiting for the work queued on the device before.
+    ///
+    /// # Errors
+    /// The device's copy error.
+    pub fn to_host(&self) -> Result<Tensor> {
+        download(&*self.device, &*self.buffer, &self.shape)
+    }
+}
+
+impl std::fmt::Debug for DeviceTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceTensor").field("shape", &self.shape).field("device", &self.device.name()).finish()
+    }
+}
+
+/// Copies `len(shape)` elements of a device buffer to a new host tensor.
+pub(crate) fn download(device: &dyn Device, buffer: &dyn DeviceBuffer, shape: &[usize]) -> Result<Tensor> {
+    let numel: usize = shape.iter().product();
+    let mut data = Vec::new();
+    data.try_reserve_exact(numel).map_err(|_| Error::OutOfMemory {
+        what: "a download to the host".into(),
+        shape: shape.to_vec(),
+        bytes: numel.saturating_mul(4),
+    })?;
+    data.resize(numel, 0.0);
+    device.download(buffer, &mut data)?;
+    Tensor::new(shape, data)
+}
+
+/// One input of a run, wherever it lives.
+#[derive(Clone, Copy)]
+pub enum RunInput<'a> {
+    /// On the host: the plan uploads it if a device step reads it.
+    Host(TensorRef<'a>),
+    /// On the plan's device: the plan reads it there, with no transfer.
+    Device(&'a DeviceTensor),
+}
+
+impl<'a> From<TensorRef<'a>> for RunInput<'a> {
+    fn from(tensor: TensorRef<'a>) -> Self {
+        RunInput::Host(tensor)
+    }
+}
+
+impl<'a> From<&'a Tensor> for RunInput<'a> {
+    fn from(tensor: &'a Tensor) -> Self {
+        RunInput::Host(tensor.view())
+    }
+}
+
+impl<'a> From<&'a DeviceTensor> for RunInput<'a> {
+    fn from(tensor: &'a DeviceTensor) -> Self {
+        RunInput::Device(tensor)
+    }
+}
+
+/// What [`Plan::run_with`](crate::Plan::run_with) and
+/// [`Plan::run_on_device`](crate::Plan::run_on_device) take as inputs: host views
+/// ([`TensorRef`]) or [`RunInput`]s, which may be on the device.
+pub trait PlanInput {
+    /// Where it is.
+    fn as_run_input(&self) -> RunInput<'_>;
+}
+
+impl PlanInput for TensorRef<'_> {
+    #[inline(always)]
+    fn as_run_input(&self) -> RunInput<'_> {
+        RunInput::Host(*self)
+    }
+}
+
+impl PlanInput for RunInput<'_> {
+    #[inline(always)]
+    fn as_run_input(&self) -> RunInput<'_> {
+        *self
+    }
+}

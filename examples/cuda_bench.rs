@@ -1,104 +1,37 @@
-//! GPU benchmark and check of the CUDA code generated for fused regions (run on a machine with
-//! an NVIDIA GPU; elsewhere it prints a SKIPPED line and exits 0).
+//! GPU benchmark of plans (run on a machine with an NVIDIA GPU; elsewhere it prints a SKIPPED
+//! line and exits 0). Everything boundscope runs here goes through `Plan`, as a user's program
+//! would: no kernel is launched by hand and no range is pushed by the benchmark.
 //!
 //! For `x = a*b + 1; y = x*sigmoid(x)` and a layer-norm-like chain at 2^24 and 2^28 elements
-//! it runs: the fused region (one generated kernel), the same ops unfused (one generated kernel
-//! each), and a device-to-device copy of the same size (the bandwidth ceiling), timed with CUDA
-//! events; it checks the fused and unfused results against the CPU reference executor (at
-//! 2^24), and measures the host time to launch one region. Lines starting `RESULT ` are JSON
-//! for `scripts/gpu_report.py`, which puts them next to PyTorch's (`scripts/torch_baseline.py`).
+//! it times, per run: the fused plan (`CudaFusion`, one generated kernel) and the unfused plan
+//! (`CudaOps`, one kernel per op), both with their inputs uploaded once as `DeviceTensor`s and
+//! their outputs left on the device (`Plan::run_on_device`); the fused region's own device
+//! time (`CudaEventTimer` inside the plan); the same fused plan with host tensors in and out
+//! (`Plan::run_with`, transfers included, at 2^24); and, for the bandwidth ceiling, a
+//! device-to-device `cudaMemcpy` of the same size. It checks the plans' results against the CPU
+//! reference executor (at 2^24). Lines starting `RESULT ` are JSON for `scripts/gpu_report.py`,
+//! which puts them next to PyTorch's (`scripts/torch_baseline.py`).
 //!
 //! ```text
 //! cargo build --release --example cuda_bench      # here; then on the GPU machine:
-//! ./cuda_bench | tee results.txt                  # or: ./cuda_bench --ncu (a short run for ncu --nvtx)
+//! ./cuda_bench | tee results.txt                  # or: ./cuda_bench --ncu (a short profiled run for ncu --nvtx)
 //! ```
 
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use boundscope::executors::{cuda, CpuFusion, CpuReference};
-use boundscope::guards::{Guard, GuardSite, Level, NvtxRange};
-use boundscope::passes::{FuseRegions, Pass};
-use boundscope::{Arena, Availability, Executor, OpView, Plan, Registry, Tensor, Trace};
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
+use boundscope::executors::cuda::{self, CudaDevice, CudaEventTimer, CudaFusion, CudaOps};
+use boundscope::executors::CpuReference;
+use boundscope::guards::{NvtxRange, Selection};
+use boundscope::passes::{FuseRegions, Pass, ProfileOps};
+use boundscope::{Arena, Availability, Device, DeviceTensor, Executor, Plan, Registry, RunInput, Tensor, Trace};
+use cudarc::driver::CudaContext;
 
 #[path = "../benches/chains.rs"]
 mod chains;
 
 use chains::{norm_chain, swish_chain};
-
-const BLOCK: u32 = 256;
-
-/// A compiled region kernel and how to launch it.
-struct DeviceRegion {
-    label: String,
-    function: CudaFunction,
-    inputs: Vec<usize>,
-    outputs: Vec<usize>,
-    work: usize,
-    vectorized: bool,
-    ops: u32,
-}
-
-/// Every region of `fused` compiled with NVRTC; `values` maps value ids to device buffers.
-fn compile_regions(ctx: &Arc<CudaContext>, fused: &Trace<'_>, prefix: &str) -> Result<Vec<DeviceRegion>, String> {
-    let mut regions = Vec::new();
-    for (i, bsym) in fused.bound_symbols().iter().enumerate() {
-        let op = view(fused, i);
-        let kernel = format!("{prefix}{i}");
-        let generated = cuda::region_source(&op, &kernel)?;
-        let ptx = cudarc::nvrtc::compile_ptx(&generated.source).map_err(|e| format!("{e:?}\n{}", generated.source))?;
-        let module = ctx.load_module(ptx).map_err(|e| e.to_string())?;
-        let function = module.load_function(&kernel).map_err(|e| e.to_string())?;
-        let ops: Vec<&str> = bsym.subsymbols().iter().map(|s| fused.symbol_name(s)).collect();
-        regions.push(DeviceRegion {
-            label: if ops.len() == 1 { ops[0].to_string() } else { format!("CudaFusion{i}: ({})", ops.join(", ")) },
-            function,
-            inputs: bsym.inputs().map(|v| v.index()).collect(),
-            outputs: bsym.outputs().iter().map(|v| v.index()).collect(),
-            work: if generated.vectorized { generated.numel / 4 } else { generated.numel },
-            vectorized: generated.vectorized,
-            ops: ops.len() as u32,
-        });
-    }
-    Ok(regions)
-}
-
-fn view<'t>(trace: &'t Trace<'t>, i: usize) -> OpView<'t> {
-    // Plans make OpViews; a benchmark that drives kernels itself asks the executor API for one.
-    boundscope::OpView::of(trace, i).expect("a bound symbol")
-}
-
-fn launch(
-    stream: &Arc<CudaStream>,
-    region: &DeviceRegion,
-    buffers: &mut [Option<CudaSlice<f32>>],
-    n: i64,
-    sms: u32,
-) -> Result<(), String> {
-    let grid = (region.work.div_ceil(BLOCK as usize) as u32).clamp(1, sms * 16);
-    let mut outputs: smallvec::SmallVec<[CudaSlice<f32>; 2]> =
-        region.outputs.iter().map(|&o| buffers[o].take().expect("allocated")).collect();
-    let result = {
-        let mut builder = stream.launch_builder(&region.function);
-        for &k in &region.inputs {
-            builder.arg(buffers[k].as_ref().expect("allocated"));
-        }
-        for o in outputs.iter_mut() {
-            builder.arg(o);
-        }
-        builder.arg(&n);
-        let config = LaunchConfig { grid_dim: (grid, 1, 1), block_dim: (BLOCK, 1, 1), shared_mem_bytes: 0 };
-        // SAFETY: the kernel takes exactly these arguments: one device pointer per region input
-        // and output, each buffer sized for its value, then the element count as `long long`.
-        unsafe { builder.launch(config) }.map(|_| ()).map_err(|e| e.to_string())
-    };
-    for (&o, buffer) in region.outputs.iter().zip(outputs) {
-        buffers[o] = Some(buffer);
-    }
-    result
-}
 
 fn main() -> ExitCode {
     if let Availability::Unavailable(reason) = cuda::availability() {
@@ -115,83 +48,73 @@ fn main() -> ExitCode {
     }
 }
 
+type Chain = for<'a> fn(&'a Arena, &'a Registry, usize) -> Trace<'a>;
+
 fn run(ncu: bool) -> Result<bool, String> {
-    let ctx = CudaContext::new(0).map_err(|e| e.to_string())?;
-    // SAFETY: everything here runs in order on the one default stream, so cudarc's per-buffer
-    // events (which order work across streams, at a cost per launch) are not needed.
-    unsafe { ctx.disable_event_tracking() };
-    let stream = ctx.default_stream();
-    let sms = ctx
-        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-        .map_err(|e| e.to_string())? as u32;
-    println!("device: {} ({sms} SMs)", ctx.name().map_err(|e| e.to_string())?);
+    let gpu = CudaDevice::new().map_err(|e| e.to_string())?;
+    let device: Arc<dyn Device> = gpu.clone();
+    println!("device: {}", device.name());
     let registry = Registry::with_builtins();
-    let trace_range = prepare_range("cuda_bench", Level::Trace, 0)?;
-    let _run = trace_range.enter();
     let sizes: &[usize] = if ncu { &[1 << 20] } else { &[1 << 24, 1 << 28] };
     let mut all_ok = true;
     for &n in sizes {
-        for (chain, build) in
-            [("swish", swish_chain as for<'a> fn(&'a Arena, &'a Registry, usize) -> Trace<'a>), ("norm", norm_chain)]
-        {
+        for (chain, build) in [("swish", swish_chain as Chain), ("norm", norm_chain)] {
             let arena = Arena::new();
             let trace = build(&arena, &registry, n);
-            let fusion: Arc<dyn Executor> = CpuFusion::shared();
-            let fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).map_err(|e| e.to_string())?;
-            let unfused =
-                FuseRegions::new(fusion).min_ops(1).max_ops(1).run(&trace, &arena).map_err(|e| e.to_string())?;
-            let start = Instant::now();
-            let fused_regions = compile_regions(&ctx, &fused, "fused")?;
-            let unfused_regions = compile_regions(&ctx, &unfused, "op")?;
-            let compile_ms = start.elapsed().as_secs_f64() * 1e3;
+            let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
+            let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(gpu.clone()));
+            let mut fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).map_err(|e| e.to_string())?;
+            if ncu {
+                // The ranges a profiled user sees: the run's, and the region's, pushed by CudaFusion.
+                fused = ProfileOps::new()
+                    .with_trace_range(NvtxRange::new().label("cuda_bench").map_err(|e| e.to_string())?)
+                    .run(&fused, &arena)
+                    .map_err(|e| e.to_string())?;
+            }
+            let fused_plan = Plan::compile(&fused, &[fusion.clone(), ops.clone()]).map_err(|e| e.to_string())?;
+            let unfused_plan = Plan::compile(&trace, std::slice::from_ref(&ops)).map_err(|e| e.to_string())?;
 
-            // Inputs: a random host chunk, tiled over each device buffer.
-            let mut buffers: Vec<Option<CudaSlice<f32>>> = (0..trace.value_count()).map(|_| None).collect();
-            let mut host_inputs = Vec::new();
-            for (k, &v) in trace.inputs().iter().enumerate() {
-                let shape = trace.value_meta(v).map_err(|e| e.to_string())?.shape;
-                let len: usize = shape.iter().product();
-                let chunk: Vec<f32> = random_chunk(len.min(1 << 22), k as u64 + 1);
-                let mut device = stream.alloc_zeros::<f32>(len).map_err(|e| e.to_string())?;
-                for offset in (0..len).step_by(chunk.len()) {
-                    let take = chunk.len().min(len - offset);
-                    let mut target = device.slice_mut(offset..offset + take);
-                    stream.memcpy_htod(&chunk[..take], &mut target).map_err(|e| e.to_string())?;
+            // Inputs: random host tensors, uploaded once.
+            let host: Vec<Tensor> = trace
+                .inputs()
+                .iter()
+                .enumerate()
+                .map(|(k, &v)| {
+                    let shape = trace.value_meta(v).map(|m| m.shape.to_vec()).unwrap_or_default();
+                    let chunk = random_chunk(shape.iter().product::<usize>().min(1 << 22), k as u64 + 1);
+                    Tensor::from_fn(&shape, |i| chunk[i % chunk.len()])
+                })
+                .collect();
+            let uploaded: Vec<DeviceTensor> = host
+                .iter()
+                .map(|t| DeviceTensor::upload(&device, t.view()))
+                .collect::<Result<_, _>>()
+                .map_err(|e| e.to_string())?;
+            let inputs: Vec<RunInput<'_>> = uploaded.iter().map(RunInput::from).collect();
+            let mut fused_ws = fused_plan.workspace().map_err(|e| e.to_string())?;
+            let mut unfused_ws = unfused_plan.workspace().map_err(|e| e.to_string())?;
+
+            if ncu {
+                for _ in 0..2 {
+                    fused_plan.run_on_device(&mut fused_ws, &inputs).map_err(|e| e.to_string())?;
                 }
-                buffers[v.index()] = Some(device);
-                if n <= 1 << 24 {
-                    host_inputs.push(Tensor::from_fn(&shape, |i| chunk[i % chunk.len()]));
-                }
+                device.synchronize().map_err(|e| e.to_string())?;
+                println!("{fused_plan:#}");
+                continue;
             }
-            for (id, buffer) in buffers.iter_mut().enumerate() {
-                let produced = fused_regions.iter().chain(&unfused_regions).any(|r| r.outputs.contains(&id));
-                if produced && buffer.is_none() {
-                    let len: usize = trace
-                        .value_meta(boundscope::ValueId::from_index(id))
-                        .map_err(|e| e.to_string())?
-                        .shape
-                        .iter()
-                        .product();
-                    *buffer = Some(stream.alloc_zeros::<f32>(len).map_err(|e| e.to_string())?);
-                }
-            }
-            let n_arg = n as i64;
-            let output = trace.outputs()[0].index();
 
             // Correctness against the CPU reference executor.
-            if !host_inputs.is_empty() {
-                let refs: Vec<&Tensor> = host_inputs.iter().collect();
+            if n <= 1 << 24 {
+                let refs: Vec<&Tensor> = host.iter().collect();
                 let expected = Plan::compile(&trace, &[CpuReference::shared()])
-                    .map_err(|e| e.to_string())?
-                    .run(&refs)
+                    .and_then(|p| p.run(&refs))
                     .map_err(|e| e.to_string())?;
-                for (name, regions) in [("fused", &fused_regions), ("unfused", &unfused_regions)] {
-                    for r in regions.iter() {
-                        launch(&stream, r, &mut buffers, n_arg, sms)?;
-                    }
-                    let got =
-                        stream.clone_dtoh(buffers[output].as_ref().expect("allocated")).map_err(|e| e.to_string())?;
+                for (name, plan, ws) in
+                    [("fused", &fused_plan, &mut fused_ws), ("unfused", &unfused_plan, &mut unfused_ws)]
+                {
+                    let got = plan.run_on_device(ws, &inputs).and_then(|o| o.to_host(0)).map_err(|e| e.to_string())?;
                     let worst = got
+                        .data()
                         .iter()
                         .zip(expected[0].data())
                         .map(|(g, e)| (g - e).abs() / e.abs().max(1.0))
@@ -206,64 +129,59 @@ fn run(ncu: bool) -> Result<bool, String> {
                 }
             }
 
-            // Timing with CUDA events: fused, unfused, and a copy of one full-size array.
-            let reps = if ncu {
-                2
-            } else if n > 1 << 24 {
-                20
-            } else {
-                100
-            };
-            let time = |what: &mut dyn FnMut() -> Result<(), String>| -> Result<f64, String> {
-                what()?;
-                let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-                let (start, end) = (
-                    ctx.new_event(flags).map_err(|e| e.to_string())?,
-                    ctx.new_event(flags).map_err(|e| e.to_string())?,
-                );
-                start.record(&stream).map_err(|e| e.to_string())?;
+            let reps = if n > 1 << 24 { 20 } else { 100 };
+            // Per run: queue `reps` runs, wait once (runs overlap the host's queueing as a
+            // user's loop would).
+            let per_run = |plan: &Plan, ws: &mut boundscope::Workspace| -> Result<f64, String> {
+                plan.run_on_device(ws, &inputs).map_err(|e| e.to_string())?;
+                device.synchronize().map_err(|e| e.to_string())?;
+                let start = Instant::now();
                 for _ in 0..reps {
-                    what()?;
+                    plan.run_on_device(ws, &inputs).map_err(|e| e.to_string())?;
                 }
-                end.record(&stream).map_err(|e| e.to_string())?;
-                end.synchronize().map_err(|e| e.to_string())?;
-                Ok(start.elapsed_ms(&end).map_err(|e| e.to_string())? as f64 / reps as f64)
+                device.synchronize().map_err(|e| e.to_string())?;
+                Ok(start.elapsed().as_secs_f64() * 1e3 / reps as f64)
             };
-            let ranges: Vec<_> = fused_regions
-                .iter()
-                .map(|r| prepare_range(&r.label, Level::Region, r.ops))
-                .collect::<Result<_, _>>()?;
-            let op_ranges: Vec<_> =
-                unfused_regions.iter().map(|r| prepare_range(&r.label, Level::Op, 1)).collect::<Result<_, _>>()?;
-            let fused_ms = time(&mut || {
-                for (r, range) in fused_regions.iter().zip(&ranges) {
-                    range.in_scope(|| launch(&stream, r, &mut buffers, n_arg, sms))?;
-                }
-                Ok(())
-            })?;
-            let unfused_ms = time(&mut || {
-                for (r, range) in unfused_regions.iter().zip(&op_ranges) {
-                    range.in_scope(|| launch(&stream, r, &mut buffers, n_arg, sms))?;
-                }
-                Ok(())
-            })?;
-            let mut copy_src = stream.alloc_zeros::<f32>(n).map_err(|e| e.to_string())?;
-            let mut copy_dst = stream.alloc_zeros::<f32>(n).map_err(|e| e.to_string())?;
-            stream
-                .memcpy_dtod(buffers[trace.inputs()[0].index()].as_ref().expect("input"), &mut copy_src)
-                .map_err(|e| e.to_string())?;
-            let copy_ms = time(&mut || stream.memcpy_dtod(&copy_src, &mut copy_dst).map_err(|e| e.to_string()))?;
+            let fused_ms = per_run(&fused_plan, &mut fused_ws)?;
+            let unfused_ms = per_run(&unfused_plan, &mut unfused_ws)?;
 
-            // Host time to launch one region (enqueue only).
-            stream.synchronize().map_err(|e| e.to_string())?;
-            let launches = if ncu { 2 } else { 200 };
-            let start = Instant::now();
-            for _ in 0..launches {
-                launch(&stream, &fused_regions[0], &mut buffers, n_arg, sms)?;
+            // The region's own device time, from CUDA events the plan records around it.
+            let timer = CudaEventTimer::new(gpu.clone());
+            let mut timed = fused.clone();
+            timed.attach_guard(Selection::All, timer.clone()).map_err(|e| e.to_string())?;
+            let timed_plan = Plan::compile(&timed, &[fusion.clone(), ops.clone()]).map_err(|e| e.to_string())?;
+            let mut timed_ws = timed_plan.workspace().map_err(|e| e.to_string())?;
+            for _ in 0..reps {
+                timed_plan.run_on_device(&mut timed_ws, &inputs).map_err(|e| e.to_string())?;
             }
-            let host_us = start.elapsed().as_secs_f64() * 1e6 / launches as f64;
-            stream.synchronize().map_err(|e| e.to_string())?;
+            device.synchronize().map_err(|e| e.to_string())?;
+            let kernel_ms = timer.stats().iter().map(|s| s.mean().as_secs_f64() * 1e3).sum::<f64>();
 
+            // Host time to queue one run of the fused plan.
+            let queued = 200;
+            let start = Instant::now();
+            for _ in 0..queued {
+                fused_plan.run_on_device(&mut fused_ws, &inputs).map_err(|e| e.to_string())?;
+            }
+            let host_us = start.elapsed().as_secs_f64() * 1e6 / queued as f64;
+            device.synchronize().map_err(|e| e.to_string())?;
+
+            // The same fused plan with host tensors in and out (transfers included).
+            let host_ms = if n <= 1 << 24 {
+                let views: Vec<_> = host.iter().map(Tensor::view).collect();
+                let mut ws = fused_plan.workspace().map_err(|e| e.to_string())?;
+                fused_plan.run_with(&mut ws, &views).map_err(|e| e.to_string())?;
+                let runs = 10;
+                let start = Instant::now();
+                for _ in 0..runs {
+                    fused_plan.run_with(&mut ws, &views).map_err(|e| e.to_string())?;
+                }
+                Some(start.elapsed().as_secs_f64() * 1e3 / runs as f64)
+            } else {
+                None
+            };
+
+            let copy_ms = copy_ms(n, reps)?;
             // Useful bytes: every input read once, the output written once.
             let useful: usize = trace
                 .inputs()
@@ -274,8 +192,13 @@ fn run(ncu: bool) -> Result<bool, String> {
             let gbps = |ms: f64| useful as f64 / (ms * 1e-3) / 1e9;
             let copy_gbps = (2 * n * 4) as f64 / (copy_ms * 1e-3) / 1e9;
             println!(
-                "{chain} n=2^{}: fused {fused_ms:.3} ms ({:.0} GB/s, {:.0}% of copy), unfused {unfused_ms:.3} ms ({:.0} GB/s), copy {copy_ms:.3} ms ({copy_gbps:.0} GB/s), host {host_us:.2} us per region launch, NVRTC {compile_ms:.0} ms, vectorized {}",
-                n.trailing_zeros(), gbps(fused_ms), 100.0 * gbps(fused_ms) / copy_gbps, gbps(unfused_ms), fused_regions.iter().all(|r| r.vectorized)
+                "{chain} n=2^{}: fused plan {fused_ms:.3} ms ({:.0} GB/s, {:.0}% of copy; its kernel {kernel_ms:.3} ms, plan/kernel speed {:.2}), unfused plan {unfused_ms:.3} ms ({:.0} GB/s), copy {copy_ms:.3} ms ({copy_gbps:.0} GB/s), host {host_us:.2} us to queue a run{}",
+                n.trailing_zeros(),
+                gbps(fused_ms),
+                100.0 * gbps(fused_ms) / copy_gbps,
+                kernel_ms / fused_ms,
+                gbps(unfused_ms),
+                host_ms.map(|ms| format!(", host tensors in and out {ms:.3} ms ({:.1} GB/s)", gbps(ms))).unwrap_or_default()
             );
             for (implementation, ms) in [("boundscope_fused", fused_ms), ("boundscope_unfused", unfused_ms)] {
                 println!("RESULT {{\"impl\":\"{implementation}\",\"chain\":\"{chain}\",\"n\":{n},\"ms\":{ms},\"gbps\":{},\"copy_gbps\":{copy_gbps},\"host_us\":{host_us}}}", gbps(ms));
@@ -285,9 +208,21 @@ fn run(ncu: bool) -> Result<bool, String> {
     Ok(all_ok)
 }
 
-fn prepare_range(label: &str, level: Level, ops: u32) -> Result<Box<dyn boundscope::guards::ScopedGuard>, String> {
-    let site = GuardSite { label, level, executor: "cuda_fusion", ops };
-    NvtxRange::new().prepare(&site).map_err(|e| e.to_string())
+/// A device-to-device copy of `n` floats, per copy: the bandwidth ceiling, with the CUDA
+/// runtime's own copy (not boundscope's).
+fn copy_ms(n: usize, reps: usize) -> Result<f64, String> {
+    let context = CudaContext::new(0).map_err(|e| e.to_string())?;
+    let stream = context.default_stream();
+    let source = stream.alloc_zeros::<f32>(n).map_err(|e| e.to_string())?;
+    let mut target = stream.alloc_zeros::<f32>(n).map_err(|e| e.to_string())?;
+    stream.memcpy_dtod(&source, &mut target).map_err(|e| e.to_string())?;
+    stream.synchronize().map_err(|e| e.to_string())?;
+    let start = Instant::now();
+    for _ in 0..reps {
+        stream.memcpy_dtod(&source, &mut target).map_err(|e| e.to_string())?;
+    }
+    stream.synchronize().map_err(|e| e.to_string())?;
+    Ok(start.elapsed().as_secs_f64() * 1e3 / reps as f64)
 }
 
 fn random_chunk(len: usize, seed: u64) -> Vec<f32> {

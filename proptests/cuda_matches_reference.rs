@@ -36,15 +36,9 @@ fn device() -> Option<Arc<CudaDevice>> {
 /// GPU `expf`, `tanhf` and cuBLAS summation order differ from the CPU's in the last bits.
 const TOLERANCE: f32 = 1e-4;
 
-/// The quickstart's MLP block (linear, gelu, linear, residual, layer_norm, softmax) on the
-/// CUDA executors equals the CPU reference.
-#[test]
-fn the_quickstart_program_matches_on_cuda() {
-    let Some(device) = device() else { return };
-    println!("running on {}", boundscope::Device::name(&*device));
-    let registry = Registry::with_builtins();
-    let arena = Arena::new();
-    let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+/// The quickstart's MLP block: linear, gelu, linear, residual, layer_norm, softmax.
+fn quickstart_block<'a>(arena: &'a Arena, registry: &'a Registry) -> boundscope::Trace<'a> {
+    let mut b = boundscope::TraceBuilder::new(arena, registry);
     let (batch, hidden) = (64, 256);
     let x = b.input(&[batch, hidden]).unwrap();
     let w1 = b.input(&[hidden, hidden]).unwrap();
@@ -60,7 +54,30 @@ fn the_quickstart_program_matches_on_cuda() {
     let n = b.layer_norm(r, 1e-5, Some(gamma), Some(beta)).unwrap();
     let y = b.softmax(n).unwrap();
     b.output(y).unwrap();
-    let trace = b.finish().unwrap();
+    b.finish().unwrap()
+}
+
+/// Inputs for a trace: deterministic values in [-0.5, 0.5).
+fn inputs_for(trace: &boundscope::Trace<'_>) -> Vec<boundscope::Tensor> {
+    trace
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| {
+            let shape = trace.value_meta(v).unwrap().shape;
+            boundscope::Tensor::from_fn(&shape, |i| ((i * 7 + k * 13) % 29) as f32 / 29.0 - 0.5)
+        })
+        .collect()
+}
+
+/// The quickstart's MLP block on the CUDA executors equals the CPU reference.
+#[test]
+fn the_quickstart_program_matches_on_cuda() {
+    let Some(device) = device() else { return };
+    println!("running on {}", boundscope::Device::name(&*device));
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let trace = quickstart_block(&arena, &registry);
     let prims_only = Pipeline::standard().run(&trace, &arena).unwrap();
     let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
     let fused = FuseRegions::new(fusion.clone()).run(&prims_only, &arena).unwrap();
@@ -70,15 +87,7 @@ fn the_quickstart_program_matches_on_cuda() {
     fused.attach_guard(boundscope::guards::Selection::All, events.clone()).unwrap();
     let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device)), CpuReference::shared()]).unwrap();
     println!("{plan}");
-    let inputs: Vec<boundscope::Tensor> = trace
-        .inputs()
-        .iter()
-        .enumerate()
-        .map(|(k, &v)| {
-            let shape = trace.value_meta(v).unwrap().shape;
-            boundscope::Tensor::from_fn(&shape, |i| ((i * 7 + k * 13) % 29) as f32 / 29.0 - 0.5)
-        })
-        .collect();
+    let inputs = inputs_for(&trace);
     let refs: Vec<_> = inputs.iter().collect();
     let got = plan.run(&refs).unwrap();
     let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&refs).unwrap();
@@ -96,6 +105,46 @@ fn the_quickstart_program_matches_on_cuda() {
         assert!(s.min <= s.max && s.total > std::time::Duration::ZERO);
     }
     assert!(stats.iter().any(|s| s.label.starts_with("CudaFusion")), "{stats:?}");
+}
+
+/// With its inputs on the device, the quickstart's block runs every step there (shape ops
+/// included) and makes no transfer between host and device per run; reading the output is one.
+#[test]
+fn the_quickstart_block_stays_on_the_device() {
+    let Some(device) = device() else { return };
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let trace = quickstart_block(&arena, &registry);
+    let prims_only = Pipeline::standard().run(&trace, &arena).unwrap();
+    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
+    let fused = FuseRegions::new(fusion.clone()).run(&prims_only, &arena).unwrap();
+    let plan =
+        Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device.clone())), CpuReference::shared()]).unwrap();
+    let listing = plan.to_string();
+    println!("{listing}");
+    // Only the inputs' uploads and the output's download move data; no step runs on the host.
+    assert_eq!(listing.matches("upload ").count(), trace.inputs().len(), "{listing}");
+    assert_eq!(listing.matches("download ").count(), 1, "{listing}");
+    assert!(plan.steps_per_executor().iter().all(|(e, _)| *e != "cpu_reference"), "{listing}");
+    let inputs = inputs_for(&trace);
+    let on_device: Arc<dyn boundscope::Device> = device.clone();
+    let uploaded: Vec<boundscope::DeviceTensor> =
+        inputs.iter().map(|t| boundscope::DeviceTensor::upload(&on_device, t.view()).unwrap()).collect();
+    let run_inputs: Vec<boundscope::RunInput<'_>> = uploaded.iter().map(boundscope::RunInput::from).collect();
+    let mut workspace = plan.workspace().unwrap();
+    plan.run_on_device(&mut workspace, &run_inputs).unwrap();
+    let before = device.transfers();
+    for _ in 0..5 {
+        plan.run_on_device(&mut workspace, &run_inputs).unwrap();
+    }
+    assert_eq!(device.transfers(), before, "runs with device inputs and outputs transfer nothing");
+    let got = plan.run_on_device(&mut workspace, &run_inputs).unwrap().to_host(0).unwrap();
+    assert_eq!(device.transfers(), before + 1, "reading the output is one download");
+    let refs: Vec<_> = inputs.iter().collect();
+    let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&refs).unwrap();
+    let diff = got.max_abs_diff(&expected[0]);
+    println!("device-resident block: max |cuda - cpu| = {diff:e}");
+    assert!(diff <= 1e-5, "{diff}");
 }
 
 /// NaN propagates as in PyTorch through `relu`, `maximum` (either side) and row `max`, in fused

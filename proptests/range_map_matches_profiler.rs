@@ -654,3 +654,89 @@ fn a_position_map_that_makes_spans_overlap_is_a_typed_error() {
     let identity: Vec<Option<usize>> = (0..n).map(Some).collect();
     rewritten.carry_guards(&prims_only, &identity, "keep", |_| unreachable!()).unwrap();
 }
+
+/// A user's guard kind that reports an NVTX domain and pushes its range through `NvtxRange`.
+struct UserNvtx {
+    label: &'static str,
+    domain: &'static str,
+}
+impl Guard for UserNvtx {
+    fn kind(&self) -> GuardKind {
+        GuardKind::Custom("@user_nvtx")
+    }
+    fn label(&self) -> Option<&str> {
+        Some(self.label)
+    }
+    fn nvtx_domain(&self) -> Option<&str> {
+        Some(self.domain)
+    }
+    fn prepare(&self, site: &GuardSite<'_>) -> boundscope::Result<Box<dyn ScopedGuard>> {
+        NvtxRange::new().domain(self.domain)?.prepare(site)
+    }
+}
+
+#[test]
+fn a_users_nvtx_guard_kind_pushes_what_the_map_says_or_the_plan_notes_why_not() {
+    if !nvtx_capture::is_installed() {
+        eprintln!("SKIPPED: the NVTX capture is not this process's NVTX tool");
+        return;
+    }
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut trace = swish_chain(&arena, &registry);
+    trace
+        .attach_guard(Selection::Op(BoundSymbolId::from_index(3)), UserNvtx { label: "custom", domain: "user" })
+        .unwrap();
+    let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+    let (_, events) = captured_run(&plan, &inputs());
+    assert_eq!(labels_in(&events, "user"), ["custom"]);
+    // The map knows its domain and label (its attributes are the guard's own business).
+    let where_and_what =
+        |pushes: Vec<common::ranges::Push>| pushes.into_iter().map(|p| (p.domain, p.label)).collect::<Vec<_>>();
+    assert_eq!(where_and_what(pushes_of(&events)), where_and_what(pushes_in(plan.range_map())));
+    // In the domain a region's executor pushes itself, it does not run (its label names the
+    // executor's range, as the rule says), and the plan says so.
+    let fusion = CpuFusion::shared();
+    let mut fused = FuseRegions::new(fusion.clone()).run(&swish_chain(&arena, &registry), &arena).unwrap();
+    fused
+        .attach_guard(Selection::Op(BoundSymbolId::from_index(0)), UserNvtx { label: "mine", domain: "boundscope" })
+        .unwrap();
+    let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap();
+    let (_, events) = captured_run(&plan, &inputs());
+    assert_eq!(labels_in(&events, "boundscope"), ["mine"]);
+    assert_eq!(pushes_of(&events), pushes_in(plan.range_map()));
+    assert!(
+        plan.notes().iter().any(|n| n.contains("`@user_nvtx` guard in NVTX domain `boundscope` does not run")),
+        "{:?}",
+        plan.notes()
+    );
+}
+
+#[test]
+fn one_guard_object_attached_twice_runs_once() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut trace = swish_chain(&arena, &registry);
+    let entered = Arc::new(AtomicUsize::new(0));
+    let count = entered.clone();
+    let shared: Arc<dyn Guard> = Arc::new(ClosureGuard::new(
+        move || {
+            count.fetch_add(1, Ordering::Relaxed);
+        },
+        || {},
+    ));
+    trace.attach_shared_guard(Selection::All, shared.clone()).unwrap();
+    trace.attach_shared_guard(Selection::All, shared).unwrap();
+    let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+    plan.run(&[&inputs()[0]]).unwrap();
+    assert_eq!(entered.load(Ordering::Relaxed), trace.len());
+}
+
+#[test]
+fn an_empty_emitted_domain_is_a_typed_error() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let fuser: Arc<dyn Executor> = Arc::new(TestFuser::new("", false));
+    let profiled = ProfileOps::new().run(&swish_chain(&arena, &registry), &arena).unwrap();
+    let fused = FuseRegions::new(fuser.clone()).run(&profiled, &arena).unwrap();
+    let err = Plan::compile(&fused, &[fuser, CpuReference::shared()]).unwrap_err();
+    assert!(matches!(err, Error::InvalidLabel { .. }), "{err}");
+    assert!(err.to_string().contains("domain"), "{err}");
+}

@@ -1,8 +1,9 @@
 //! The session's compiled plans, by what the trace is: a repeated run neither re-runs the
 //! passes nor recompiles nor grows the caller's arena.
 //!
-//! A trace is identified by a fingerprint of everything a plan depends on: its bound symbols
-//! (symbols by name and id, arguments, outputs, names, decompositions), its values' dtypes and
+//! A trace is identified by a fingerprint of everything a plan depends on: its registry (a
+//! generation number unique to a registry and its symbols), its bound symbols (symbols by name
+//! and id, arguments, outputs, names, decompositions), its values' dtypes and
 //! shapes, its inputs and outputs, and its guards (the guard objects and where they are
 //! attached). Two independent 64-bit hashes make the 128-bit fingerprint. Computing it
 //! allocates nothing. A cached entry keeps the trace's guard objects alive, so that their
@@ -73,6 +74,9 @@ pub(crate) fn fingerprint(trace: &Trace<'_>) -> u128 {
 }
 
 fn hash_trace(trace: &Trace<'_>, h: &mut impl Hasher) {
+    // Which symbols the ids mean: two registries can give the same id and name to different
+    // definitions.
+    trace.registry().generation().hash(h);
     for meta in trace.values {
         meta.dtype.hash(h);
         meta.shape.hash(h);

@@ -293,3 +293,35 @@ fn a_session_compiles_a_trace_once_and_grows_no_arena_on_later_runs() {
     }
     assert_eq!(session.plans.len(), crate::frontend::CACHED_PLANS);
 }
+
+#[test]
+fn a_cached_plan_is_never_taken_for_a_trace_of_another_registry() {
+    use crate::core::ir::{Category, ParamKind, Symbol};
+    let scale = |factor: f32| {
+        Symbol::new("scale", Category::Elementwise).params(&[ParamKind::Tensor]).same_shape_as_first().cpu_kernel(
+            move |_| {
+                Ok(crate::kernel_fn(move |inputs, outputs| {
+                    for (o, x) in outputs[0].data.iter_mut().zip(inputs[0].data) {
+                        *o = factor * x;
+                    }
+                    Ok(())
+                }))
+            },
+        )
+    };
+    let session = ProfiledSession::new(Options::new(), &Environment::from_pairs(&[])).unwrap();
+    let arena = Arena::new();
+    let input = Tensor::from_fn(&[2], |_| 1.0);
+    let mut results = Vec::new();
+    for factor in [2.0, 3.0] {
+        let mut registry = Registry::with_builtins();
+        registry.register(scale(factor)).unwrap();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[2]).unwrap();
+        let y = b.call("scale", &[x.into()]).unwrap();
+        b.output(y).unwrap();
+        let trace = b.finish().unwrap();
+        results.push(session.run(&trace, &arena, &[&input]).unwrap()[0].data().to_vec());
+    }
+    assert_eq!(results, [vec![2.0, 2.0], vec![3.0, 3.0]]);
+}

@@ -47,7 +47,12 @@ pub(crate) struct GuardTable {
 }
 
 impl GuardTable {
+    /// The id of `guard`: the one it already has if this very object was added before (so that
+    /// one object attached twice is one guard), else a new one.
     pub fn add_guard(&mut self, guard: Arc<dyn Guard>) -> GuardId {
+        if let Some(i) = self.guards.iter().position(|g| Arc::ptr_eq(g, &guard)) {
+            return GuardId::from_index(i);
+        }
         self.guards.push(guard);
         GuardId::from_index(self.guards.len() - 1)
     }

@@ -17,13 +17,40 @@ use crate::error::{did_you_mean, Error, Result};
 /// let err = registry.lookup("sigmod").unwrap_err();
 /// assert!(err.to_string().contains("did you mean `sigmoid`?"));
 /// ```
-#[derive(Clone, Debug, Default)]
+#[derive(Debug)]
 pub struct Registry {
     symbols: Vec<Symbol>,
     by_name: HashMap<String, SymbolId>,
+    /// Unique to this registry in this state, process-wide: a new registry, a clone and every
+    /// `register` get a fresh one, so that what was compiled for one set of symbols is never
+    /// taken for another's (the front end's plan cache keys on it).
+    generation: u64,
+}
+
+/// The next registry generation (never reused in a process).
+fn next_generation() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+}
+
+impl Default for Registry {
+    fn default() -> Self {
+        Self { symbols: Vec::new(), by_name: HashMap::new(), generation: next_generation() }
+    }
+}
+
+impl Clone for Registry {
+    fn clone(&self) -> Self {
+        Self { symbols: self.symbols.clone(), by_name: self.by_name.clone(), generation: next_generation() }
+    }
 }
 
 impl Registry {
+    /// Unique to this registry and its current symbols, process-wide.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation
+    }
+
     /// A registry with no symbols at all.
     pub fn empty() -> Self {
         Self::default()
@@ -57,6 +84,7 @@ impl Registry {
         if self.by_name.contains_key(&symbol.name) {
             return Err(Error::DuplicateSymbol { name: symbol.name });
         }
+        self.generation = next_generation();
         let id = SymbolId::from_index(self.symbols.len());
         self.by_name.insert(symbol.name.clone(), id);
         self.symbols.push(symbol);

@@ -527,6 +527,16 @@ impl<'c, 't> Compiler<'c, 't> {
         let range = match claimed {
             Some(executor) if bsym.symbol() == prims::REGION => {
                 let emitted = emitted_region_domain(executor.emits());
+                if let Some(domain) = emitted.filter(|d| d.is_empty() || d.contains('\0')) {
+                    return Err(Error::InvalidLabel {
+                        label: domain.escape_default().to_string(),
+                        detail: format!(
+                            "executor `{}` declares this NVTX domain in `Executor::emits`; a domain name must be \
+                             non-empty and without NUL",
+                            executor.name()
+                        ),
+                    });
+                }
                 emitted.and_then(|domain| region_range(self.trace, position, executor.name(), domain, profiling))
             }
             _ => None,

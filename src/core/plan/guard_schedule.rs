@@ -319,7 +319,22 @@ pub(crate) fn prepare_scopes(
         let site = GuardSite { label: &p.label, level: p.level, executor: p.executor, ops: (p.end - p.first) as u32 };
         for entry in &p.guards.entries {
             let (guard_id, planned, prepared) = match entry {
-                ScopeEntry::Nvtx { domain, .. } if Some(domain.as_str()) == skip_domain => continue,
+                ScopeEntry::Nvtx { domain, guard, merged, .. } if Some(domain.as_str()) == skip_domain => {
+                    // The executor pushes this domain's range itself; a guard of another kind
+                    // than `NvtxRange` in it does not run, and the plan says so.
+                    if merged.is_none() {
+                        notes.push(format!(
+                            "region `{}` (steps {}..{}): a `{}` guard in NVTX domain `{domain}` does not run: the \
+                             region's executor pushes that domain's range itself (with the guard's label, if it \
+                             gives one)",
+                            p.label,
+                            p.first,
+                            p.end,
+                            guards.guard(*guard).kind()
+                        ));
+                    }
+                    continue;
+                }
                 ScopeEntry::Nvtx { domain, guard, merged: Some(range), .. } => {
                     let r = range.resolve(&site);
                     let planned = NvtxPlan {
@@ -333,10 +348,15 @@ pub(crate) fn prepare_scopes(
                 }
                 ScopeEntry::Nvtx { domain, guard, merged: None, .. } => {
                     let g = guards.guard(*guard);
-                    let label = g.label().unwrap_or(&p.label).to_string();
-                    let planned =
-                        NvtxPlan { domain: domain.clone(), label, category: None, color: None, payload: None };
-                    (*guard, Some(planned), g.prepare(&site)?)
+                    let own = GuardSite { label: g.label().unwrap_or(&p.label), ..site };
+                    let planned = NvtxPlan {
+                        domain: domain.clone(),
+                        label: own.label.to_string(),
+                        category: None,
+                        color: None,
+                        payload: None,
+                    };
+                    (*guard, Some(planned), g.prepare(&own)?)
                 }
                 ScopeEntry::Other { guard, .. } => {
                     let g = guards.guard(*guard);

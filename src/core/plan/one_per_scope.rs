@@ -96,7 +96,8 @@ impl ScopeGuards {
     }
 }
 
-/// Whether an executor's declared emissions include NVTX region ranges: their domain.
+/// Whether an executor's declared emissions include NVTX region ranges: their domain (the
+/// first such declaration; the runtime emits ranges at every other level itself).
 pub(crate) fn emitted_region_domain(emits: &[crate::core::plan::EmittedRange]) -> Option<&str> {
     emits
         .iter()

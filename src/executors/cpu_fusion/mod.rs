@@ -286,6 +286,26 @@ mod tests {
     }
 
     #[test]
+    fn nan_in_a_tiled_row_reaches_its_max() {
+        let (arena, registry) = (Arena::new(), Registry::with_builtins());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[2, 64]).unwrap();
+        let n = b.neg(x).unwrap();
+        let m = b.max(n).unwrap();
+        b.output(m).unwrap();
+        let trace = b.finish().unwrap();
+        let input = Tensor::from_fn(&[2, 64], |i| if i == 37 { f32::NAN } else { i as f32 });
+        for block in [16, 4096] {
+            let fusion = Arc::new(CpuFusion::new().block_size(block));
+            let fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap();
+            let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap();
+            let out = plan.run(&[&input]).unwrap();
+            assert!(out[0].data()[0].is_nan(), "block {block}: {:?}", out[0].data());
+            assert_eq!(out[0].data()[1], -64.0, "block {block}");
+        }
+    }
+
+    #[test]
     fn any_block_size_runs_like_the_reference() {
         let (arena, registry) = (Arena::new(), Registry::with_builtins());
         let mut b = TraceBuilder::new(&arena, &registry);

@@ -6,7 +6,7 @@ use crate::core::plan::{Kernel, OpView, PreparedRegionRange};
 use crate::core::tensor::{TensorMut, TensorRef};
 use crate::error::Result;
 use crate::executors::cpu_reference::kernels::{broadcast_read, broadcast_strides, BroadcastRead};
-use crate::executors::cpu_reference::math::{with_binary, with_unary};
+use crate::executors::cpu_reference::math::{maximum, with_binary, with_unary};
 use crate::executors::cpu_reference::{builtin_prim, fused_shape};
 
 /// Where an instruction reads an operand.
@@ -300,7 +300,8 @@ impl FusedRegion {
                 // One tile of one row: carry on from the row's earlier tiles, in order.
                 let identity = if op == prims::SUM { 0.0 } else { f32::NEG_INFINITY };
                 let carried = if start.is_multiple_of(n) { identity } else { out[row0] };
-                let fold = |acc: f32, x: f32| if op == prims::SUM { acc + x } else { acc.max(x) };
+                // NaN propagates through `max`, as in PyTorch (`f32::max` would drop it).
+                let fold = |acc: f32, x: f32| if op == prims::SUM { acc + x } else { maximum(acc, x) };
                 out[row0] = match self.read(source, 0, start, len, inputs, temps, outputs) {
                     Block::Slice(x) => x.iter().copied().fold(carried, fold),
                     Block::Scalar(x) => (0..len).fold(carried, |acc, _| fold(acc, x)),

@@ -91,6 +91,17 @@ fn nudge(value: &mut Value, pattern: u64, salt: u64) {
     }
 }
 
+/// One intermediate value nudged as [`nudge`] nudges elements, when `pattern` is given.
+fn jiggle(x: f32, pattern: Option<u64>, salt: u64, element: u64) -> f32 {
+    match pattern {
+        Some(pattern) => {
+            let bit = ((element + 1).wrapping_mul(pattern) ^ salt.wrapping_mul(0x85EB_CA6B)) >> 17 & 1;
+            x * if bit == 1 { 1.0 + NUDGE } else { 1.0 - NUDGE }
+        }
+        None => x,
+    }
+}
+
 /// [`evaluate`], with every input and every op's result nudged by `pattern` when it is given:
 /// a model of the rounding an f32 implementation adds at each step.
 fn evaluate_nudged(program: &Program, inputs: &[boundscope::Tensor], pattern: Option<u64>) -> Vec<Value> {
@@ -170,15 +181,18 @@ fn evaluate_nudged(program: &Program, inputs: &[boundscope::Tensor], pattern: Op
             }),
             Op::LayerNorm(x, eps, w, b) => {
                 let (w, b) = (w.map(|i| values[i].data.clone()), b.map(|i| values[i].data.clone()));
+                // Its intermediates are nudged too: the decomposition rounds each of them, and
+                // `y * w + b` can cancel (w = b, y near -1), magnifying their rounding.
+                let salt = values.len() as u64;
                 map_rows(&values[*x], |row| {
                     let n = row.len() as f32;
-                    let mean = row.iter().sum::<f32>() / n;
-                    let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+                    let mean = jiggle(row.iter().sum::<f32>() / n, pattern, salt, 1);
+                    let var = jiggle(row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n, pattern, salt, 2);
                     row.iter()
                         .enumerate()
                         .map(|(j, v)| {
-                            let y = (v - mean) / (var + eps).sqrt();
-                            let y = w.as_ref().map_or(y, |w| y * w[j]);
+                            let y = jiggle((v - mean) / (var + eps).sqrt(), pattern, salt, 3 + j as u64);
+                            let y = w.as_ref().map_or(y, |w| jiggle(y * w[j], pattern, salt, 1 << 20 | j as u64));
                             b.as_ref().map_or(y, |b| y + b[j])
                         })
                         .collect()

@@ -73,8 +73,8 @@ fn option_errors_name_the_problem_and_the_fix() {
     assert_eq!(unknown.to_string(), "unknown option `runtime.fusoin`; did you mean `runtime.fusion`? (every option: `boundscope::options::list()`, or `cargo run --example options`)");
     let wrong_type = options.set_str("runtime.fusion", "maybe").unwrap_err();
     assert_eq!(wrong_type.to_string(), "option `runtime.fusion` takes bool, not `maybe`");
-    let range = options.set_developer("cpu_fusion.block_size", 3).unwrap_err();
-    assert_eq!(range.to_string(), "option `cpu_fusion.block_size` takes integer 16..=4194304, not `3`");
+    let range = options.set_developer("cpu_fusion.block_size", 0).unwrap_err();
+    assert_eq!(range.to_string(), "option `cpu_fusion.block_size` takes integer 1..=4194304, not `0`");
     let dev = options.set("cpu_fusion.max_region_ops", 4).unwrap_err();
     assert!(dev.to_string().contains("Options::set_developer"), "{dev}");
     let ill_typed = options.set("runtime.fusion", 1).unwrap_err();

@@ -55,7 +55,7 @@ pub struct CpuFusion {
 pub const CPU_FUSION_OPTIONS: &[OptionSpec] = &[
     OptionSpec {
         name: "cpu_fusion.block_size",
-        ty: OptionType::Int { min: 16, max: CpuFusion::MAX_BLOCK as i64 },
+        ty: OptionType::Int { min: 1, max: CpuFusion::MAX_BLOCK as i64 },
         default: OptionValue::Int(DEFAULT_BLOCK as i64),
         doc: "Elements per block; the temporaries of a region take block x 4 bytes each.",
         audience: Audience::Developer,

@@ -205,7 +205,85 @@ fn run(ncu: bool) -> Result<bool, String> {
             }
         }
     }
+    if !ncu {
+        block(&gpu, &registry)?;
+    }
     Ok(all_ok)
+}
+
+/// The quickstart's MLP block ([64, 256], hidden 256) with its weights bound on the device:
+/// stream runs against graph replays, per run (GPU-bound, queued back to back) and host time
+/// to queue one.
+fn block(gpu: &Arc<CudaDevice>, registry: &Registry) -> Result<(), String> {
+    let (batch, hidden) = (64, 256);
+    let arena = Arena::new();
+    let mut b = boundscope::TraceBuilder::new(&arena, registry);
+    let e = |e: boundscope::Error| e.to_string();
+    let x = b.input(&[batch, hidden]).map_err(e)?;
+    let w1 = b.input(&[hidden, hidden]).map_err(e)?;
+    let b1 = b.input(&[hidden]).map_err(e)?;
+    let w2 = b.input(&[hidden, hidden]).map_err(e)?;
+    let b2 = b.input(&[hidden]).map_err(e)?;
+    let gamma = b.input(&[hidden]).map_err(e)?;
+    let beta = b.input(&[hidden]).map_err(e)?;
+    let h = b.linear(x, w1, Some(b1)).map_err(e)?;
+    let g = b.gelu(h).map_err(e)?;
+    let o = b.linear(g, w2, Some(b2)).map_err(e)?;
+    let r = b.add(o, x).map_err(e)?;
+    let n = b.layer_norm(r, 1e-5, Some(gamma), Some(beta)).map_err(e)?;
+    let y = b.softmax(n).map_err(e)?;
+    b.output(y).map_err(e)?;
+    let trace = b.finish().map_err(e)?;
+    let prims_only = boundscope::passes::Pipeline::standard().run(&trace, &arena).map_err(e)?;
+    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
+    let fused = FuseRegions::new(fusion.clone()).run(&prims_only, &arena).map_err(e)?;
+    let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(gpu.clone()))]).map_err(e)?;
+    let device: Arc<dyn Device> = gpu.clone();
+    let uploaded: Vec<DeviceTensor> = trace
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| {
+            let shape = trace.value_meta(v).map(|m| m.shape.to_vec()).unwrap_or_default();
+            let chunk = random_chunk(shape.iter().product(), k as u64 + 11);
+            DeviceTensor::upload(&device, Tensor::from_fn(&shape, |i| chunk[i] * 0.1).view())
+        })
+        .collect::<Result<_, _>>()
+        .map_err(e)?;
+    let inputs: Vec<RunInput<'_>> = uploaded.iter().map(RunInput::from).collect();
+    let mut stream_ws = plan.workspace().map_err(e)?;
+    let mut graph_ws = plan.workspace().map_err(e)?;
+    let mut graph = plan.capture(&mut graph_ws, &inputs).map_err(e)?;
+    let runs = 1000;
+    // Per run, queued back to back; then host time to queue one (after the queue drained).
+    let measure = |run: &mut dyn FnMut() -> Result<(), String>| -> Result<(f64, f64), String> {
+        run()?;
+        device.synchronize().map_err(e)?;
+        let start = Instant::now();
+        for _ in 0..runs {
+            run()?;
+        }
+        device.synchronize().map_err(e)?;
+        let per_run = start.elapsed().as_secs_f64() * 1e6 / runs as f64;
+        let queued = 50;
+        let start = Instant::now();
+        for _ in 0..queued {
+            run()?;
+        }
+        let host = start.elapsed().as_secs_f64() * 1e6 / queued as f64;
+        device.synchronize().map_err(e)?;
+        Ok((per_run, host))
+    };
+    let (stream_us, stream_host) = measure(&mut || plan.run_on_device(&mut stream_ws, &inputs).map(|_| ()).map_err(e))?;
+    let (graph_us, graph_host) = measure(&mut || graph.replay(&inputs).map(|_| ()).map_err(e))?;
+    println!(
+        "block [64, 256] x hidden 256, weights on the device: stream runs {stream_us:.1} us per run ({stream_host:.1} us \
+         of host time to queue one, {} steps), graph replays {graph_us:.1} us per run ({graph_host:.1} us of host time)",
+        plan.len()
+    );
+    println!("RESULT {{\"impl\":\"boundscope_block_stream\",\"us\":{stream_us},\"host_us\":{stream_host}}}");
+    println!("RESULT {{\"impl\":\"boundscope_block_graph\",\"us\":{graph_us},\"host_us\":{graph_host}}}");
+    Ok(())
 }
 
 /// A device-to-device copy of `n` floats, per copy: the bandwidth ceiling, with the CUDA

@@ -147,6 +147,54 @@ fn the_quickstart_block_stays_on_the_device() {
     assert!(diff <= 1e-5, "{diff}");
 }
 
+/// The quickstart's block captured as a graph replays to the same result as a stream run, inside
+/// the plan's run-level guards only (as its range map says), and refuses other inputs.
+#[test]
+fn the_quickstart_block_replays_as_a_graph() {
+    let Some(device) = device() else { return };
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let trace = quickstart_block(&arena, &registry);
+    let prims_only = Pipeline::standard().run(&trace, &arena).unwrap();
+    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
+    let mut fused = FuseRegions::new(fusion.clone()).run(&prims_only, &arena).unwrap();
+    fused = ProfileOps::new().with_trace_range(NvtxRange::new().label("block").unwrap()).run(&fused, &arena).unwrap();
+    let recorder = boundscope::guards::Recorder::new();
+    fused.attach_trace_guard(recorder.clone()).unwrap();
+    let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device.clone()))]).unwrap();
+    let inputs = inputs_for(&trace);
+    let on_device: Arc<dyn boundscope::Device> = device.clone();
+    let uploaded: Vec<boundscope::DeviceTensor> =
+        inputs.iter().map(|t| boundscope::DeviceTensor::upload(&on_device, t.view()).unwrap()).collect();
+    let run_inputs: Vec<boundscope::RunInput<'_>> = uploaded.iter().map(boundscope::RunInput::from).collect();
+    let mut stream_ws = plan.workspace().unwrap();
+    let expected = plan.run_on_device(&mut stream_ws, &run_inputs).unwrap().to_host(0).unwrap();
+    let mut graph_ws = plan.workspace().unwrap();
+    let mut graph = plan.capture(&mut graph_ws, &run_inputs).unwrap();
+    recorder.clear();
+    nvtx_capture::events_on_current_thread();
+    let before = device.transfers();
+    for _ in 0..3 {
+        graph.replay(&run_inputs).unwrap();
+    }
+    assert_eq!(device.transfers(), before, "replays transfer nothing");
+    let events = nvtx_capture::events_on_current_thread();
+    let got = graph.replay(&run_inputs).unwrap().to_host(0).unwrap();
+    assert_eq!(got, expected, "a replay computes what a stream run computes");
+    assert_eq!(recorder.len(), 4, "run-level guards surround each replay");
+    if nvtx_capture::is_installed() {
+        let map = graph.range_map();
+        assert_eq!(map.len(), 1);
+        let replays: Vec<_> = (0..3).flat_map(|_| pushes_in(&map)).collect();
+        assert_eq!(pushes_of(&events), replays);
+    }
+    // Other device tensors than those captured: refused.
+    let other: Vec<boundscope::DeviceTensor> =
+        inputs.iter().map(|t| boundscope::DeviceTensor::upload(&on_device, t.view()).unwrap()).collect();
+    let other_inputs: Vec<boundscope::RunInput<'_>> = other.iter().map(boundscope::RunInput::from).collect();
+    assert!(matches!(graph.replay(&other_inputs), Err(boundscope::Error::GraphUnsupported { .. })));
+}
+
 /// NaN propagates as in PyTorch through `relu`, `maximum` (either side) and row `max`, in fused
 /// regions (`CudaFusion`) and per-op kernels (`CudaOps`), as on the CPU.
 #[test]

@@ -39,8 +39,58 @@ def timed(fn, args, reps):
     return start.elapsed_time(end) / reps
 
 
+def block_baseline():
+    """The quickstart's MLP block ([64, 256], hidden 256, f32): eager, torch.compile and a CUDA
+    graph, per run (queued back to back) and host time to queue one, as cuda_bench measures."""
+    import time
+    import torch.nn.functional as F
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    g = torch.Generator(device="cuda").manual_seed(1)
+    r = lambda *s: (torch.rand(*s, device="cuda", generator=g) * 2 - 1) * 0.1
+    x, w1, b1, w2, b2, gamma, beta = r(64, 256), r(256, 256), r(256), r(256, 256), r(256), r(256), r(256)
+
+    def block(x):
+        h = F.gelu(F.linear(x, w1, b1), approximate="tanh")
+        o = F.linear(h, w2, b2) + x
+        return torch.softmax(F.layer_norm(o, (256,), gamma, beta, 1e-5), dim=-1)
+
+    def measure(run, runs=1000, queued=50):
+        run()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(runs):
+            run()
+        torch.cuda.synchronize()
+        per_run = (time.perf_counter() - start) * 1e6 / runs
+        start = time.perf_counter()
+        for _ in range(queued):
+            run()
+        host = (time.perf_counter() - start) * 1e6 / queued
+        torch.cuda.synchronize()
+        return per_run, host
+
+    compiled = torch.compile(block)
+    for _ in range(3):
+        compiled(x)
+    static_x = x.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            block(static_x)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        block(static_x)
+    for impl, run in (("torch_block_eager", lambda: block(x)), ("torch_block_compile", lambda: compiled(x)), ("torch_block_graph", graph.replay)):
+        us, host = measure(run)
+        print("RESULT " + json.dumps({"impl": impl, "us": us, "host_us": host}))
+
+
 def main():
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
+    block_baseline()
     for n in (1 << 24, 1 << 28):
         for chain, fn in (("swish", swish), ("norm", norm)):
             args = inputs(chain, n)

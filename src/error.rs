@@ -118,6 +118,12 @@ pub enum Error {
         /// Why, and what to do instead.
         detail: String,
     },
+    /// A plan that cannot be captured as a graph, or a graph replayed with other inputs than
+    /// those it captured.
+    GraphUnsupported {
+        /// Why, and what to do instead.
+        reason: String,
+    },
     /// Two guard spans overlap without one containing the other (a pass's position map moved
     /// them so): ranges must nest, or the run would exit the wrong one.
     OverlappingGuards {
@@ -323,6 +329,7 @@ impl fmt::Display for Error {
             Error::InputPlacement { index, detail } => {
                 write!(f, "input {index} cannot be read on the device: {detail}")
             }
+            Error::GraphUnsupported { reason } => write!(f, "cannot use a graph here: {reason}"),
             Error::OverlappingGuards { first, second } => write!(
                 f,
                 "guard spans overlap: {second} starts inside {first} and ends after it; guards must nest \

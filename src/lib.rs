@@ -87,9 +87,9 @@ pub use crate::core::ir::{
 };
 pub use crate::core::passes;
 pub use crate::core::plan::{
-    kernel_fn, Availability, Device, DeviceBuffer, DeviceKernel, DeviceOutputs, DeviceTensor, EmittedRange, Executor,
-    Fusible, Kernel, OpView, Outputs, Plan, PlanInput, PlannedRange, PreparedRegionRange, PushedBy, RangeMap,
-    RegionRange, RunInput, Workspace,
+    kernel_fn, Availability, Device, DeviceBuffer, DeviceGraph, DeviceKernel, DeviceOutputs, DeviceTensor,
+    EmittedRange, Executor, Fusible, Kernel, OpView, Outputs, Plan, PlanGraph, PlanInput, PlannedRange,
+    PreparedRegionRange, PushedBy, RangeMap, RegionRange, RunInput, Workspace,
 };
 pub use crate::core::tensor::{Tensor, TensorMut, TensorRef};
 pub use crate::error::{Error, Result};

@@ -9,7 +9,7 @@
 
 use std::any::Any;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Memory on a device, owned by a workspace.
 pub trait DeviceBuffer: Send + Sync + 'static {
@@ -52,6 +52,31 @@ pub trait Device: Send + Sync {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+    /// Starts recording the work this thread queues on the device, instead of running it, for
+    /// [`end_capture`](Self::end_capture) (CUDA graphs). Default: unsupported.
+    ///
+    /// # Errors
+    /// [`Error::GraphUnsupported`] when the device cannot capture.
+    fn begin_capture(&self) -> Result<()> {
+        Err(Error::GraphUnsupported { reason: format!("device `{}` cannot capture work into a graph", self.name()) })
+    }
+    /// Stops recording and returns what was recorded, ready to replay. Default: unsupported.
+    ///
+    /// # Errors
+    /// [`Error::GraphUnsupported`] when the device cannot capture; the device's error.
+    fn end_capture(&self) -> Result<Box<dyn DeviceGraph>> {
+        Err(Error::GraphUnsupported { reason: format!("device `{}` cannot capture work into a graph", self.name()) })
+    }
+}
+
+/// Work recorded on a device by [`Device::begin_capture`] and [`Device::end_capture`], replayed
+/// as one launch.
+pub trait DeviceGraph: Send + Sync {
+    /// Queues one replay of the recorded work.
+    ///
+    /// # Errors
+    /// The device's launch error.
+    fn launch(&self) -> Result<()>;
 }
 
 /// A compiled bound symbol that runs on a device, reading and writing device buffers.

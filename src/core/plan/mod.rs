@@ -5,17 +5,19 @@ mod compile;
 mod device;
 mod device_tensor;
 mod executor;
+mod graph;
 mod guard_schedule;
 mod one_per_scope;
 mod range_map;
 mod workspace;
 
 pub use compile::Plan;
-pub use device::{Device, DeviceBuffer, DeviceKernel};
+pub use device::{Device, DeviceBuffer, DeviceGraph, DeviceKernel};
 pub use device_tensor::{DeviceTensor, PlanInput, RunInput};
 pub use executor::{
     kernel_fn, Availability, EmittedRange, Executor, Fusible, Kernel, OpView, PreparedRegionRange, RegionRange,
 };
+pub use graph::PlanGraph;
 pub use range_map::{PlannedRange, PushedBy, RangeMap};
 pub use workspace::{DeviceOutputs, Outputs, Workspace};
 

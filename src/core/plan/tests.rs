@@ -387,3 +387,38 @@ fn inputs_given_on_the_device_and_outputs_left_there_make_no_transfer() {
     assert!(matches!(err, Error::InputPlacement { index: 0, .. }), "{err}");
     assert!(err.to_string().contains("a host step of this plan reads it"), "{err}");
 }
+
+#[test]
+fn plans_that_cannot_be_replayed_as_graphs_say_why() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let host = Tensor::from_fn(&[2, 3], |i| i as f32 * 0.1);
+    // No device at all.
+    let cpu = Plan::compile(&exp_then_add(&arena, &registry), &[CpuReference::shared()]).unwrap();
+    let err = cpu.capture(&mut cpu.workspace().unwrap(), &[host.view()]).err().unwrap();
+    assert!(matches!(err, Error::GraphUnsupported { .. }) && err.to_string().contains("no device steps"), "{err}");
+    // A host step.
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 3]).unwrap();
+    let e = b.exp(x).unwrap();
+    let y = b.add(e, e).unwrap();
+    b.output(y).unwrap();
+    let mixed = Plan::compile(&b.finish().unwrap(), &[Arc::new(DeviceExp), CpuReference::shared()]).unwrap();
+    let on_device = DeviceTensor::upload(mixed.device().unwrap(), host.view()).unwrap();
+    let err = mixed.capture(&mut mixed.workspace().unwrap(), &[RunInput::from(&on_device)]).err().unwrap();
+    assert!(err.to_string().contains("runs on the host"), "{err}");
+    // A host input.
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 3]).unwrap();
+    let e = b.exp(x).unwrap();
+    b.output(e).unwrap();
+    let device_only = Plan::compile(&b.finish().unwrap(), &[Arc::new(DeviceExp)]).unwrap();
+    let err = device_only.capture(&mut device_only.workspace().unwrap(), &[host.view()]).err().unwrap();
+    assert!(err.to_string().contains("input 0 is on the host"), "{err}");
+    // A device that cannot capture.
+    GUARDED.with(|g| g.set(1));
+    let on_device = DeviceTensor::upload(device_only.device().unwrap(), host.view()).unwrap();
+    let err = device_only.capture(&mut device_only.workspace().unwrap(), &[RunInput::from(&on_device)]).err().unwrap();
+    GUARDED.with(|g| g.set(0));
+    assert!(err.to_string().contains("cannot capture"), "{err}");
+}

@@ -21,23 +21,23 @@ use std::sync::Arc;
 ///
 /// A workspace belongs to the plan that made it; one thread uses it at a time (`&mut`).
 pub struct Workspace {
-    plan_id: u64,
+    pub(super) plan_id: u64,
     buffers: Vec<Vec<f32>>,
     /// Device buffers, allocated by the first run.
-    device_buffers: Vec<Option<Box<dyn DeviceBuffer>>>,
+    pub(super) device_buffers: Vec<Option<Box<dyn DeviceBuffer>>>,
     /// Set while a run is in flight; still set afterwards if a kernel panicked, in which case
     /// the buffers may be incomplete and are rebuilt by the next run.
-    in_flight: bool,
+    pub(super) in_flight: bool,
     /// The run loop's per-step lists, sized when the workspace is made for the plan's widest
     /// step and deepest guard nesting, so that no run allocates.
-    scratch: RunScratch,
+    pub(super) scratch: RunScratch,
 }
 
 /// Reusable lists of the run loop. Lists of borrowed views are kept empty between steps, with
 /// `'static` in their type; [`recycle`] lends their allocation to the lifetimes of one step.
 #[derive(Default)]
-struct RunScratch {
-    guard_stack: Vec<(u32, u64)>,
+pub(super) struct RunScratch {
+    pub(super) guard_stack: Vec<(u32, u64)>,
     input_views: Vec<TensorRef<'static>>,
     output_views: Vec<TensorMut<'static>>,
     taken: Vec<Vec<f32>>,
@@ -180,7 +180,7 @@ impl Plan {
     /// workspace to be rebuilt and it cannot be, or the first error a kernel returns (the
     /// remaining steps are not run).
     pub fn run_with<'w, I: PlanInput>(&'w self, workspace: &'w mut Workspace, inputs: &[I]) -> Result<Outputs<'w>> {
-        self.run_placed(workspace, inputs, false)?;
+        self.run_placed(workspace, inputs, false, Self::run_checked)?;
         Ok(Outputs { plan: self, workspace })
     }
 
@@ -196,7 +196,7 @@ impl Plan {
         workspace: &'w mut Workspace,
         inputs: &[I],
     ) -> Result<DeviceOutputs<'w>> {
-        self.run_placed(workspace, inputs, true)?;
+        self.run_placed(workspace, inputs, true, Self::run_checked)?;
         Ok(DeviceOutputs { plan: self, workspace })
     }
 
@@ -205,7 +205,15 @@ impl Plan {
         self.device.as_ref()
     }
 
-    fn run_placed<I: PlanInput>(&self, workspace: &mut Workspace, inputs: &[I], outputs_on_device: bool) -> Result<()> {
+    /// Sorts `inputs` into host views and device buffers, checks the device ones, and runs
+    /// `body` on them.
+    pub(super) fn run_placed<I: PlanInput>(
+        &self,
+        workspace: &mut Workspace,
+        inputs: &[I],
+        outputs_on_device: bool,
+        body: impl FnOnce(&Self, &mut Workspace, &Run<'_>) -> Result<()>,
+    ) -> Result<()> {
         if workspace.plan_id != self.id {
             return Err(Error::WorkspaceMismatch);
         }
@@ -232,7 +240,7 @@ impl Plan {
         }
         let result = placed.and_then(|()| {
             let run = Run { host: &host, device: &device, outputs_on_device };
-            self.run_checked(workspace, &run)
+            body(self, workspace, &run)
         });
         workspace.scratch.host_inputs = recycle(host);
         workspace.scratch.device_run_inputs = recycle(device);
@@ -303,7 +311,7 @@ impl Plan {
 
     /// The run loop without guards (none attached, or profiling off and all are profiling
     /// guards).
-    fn run_unguarded(&self, workspace: &mut Workspace, run: &Run<'_>) -> Result<()> {
+    pub(super) fn run_unguarded(&self, workspace: &mut Workspace, run: &Run<'_>) -> Result<()> {
         for (i, step) in self.steps.iter().enumerate() {
             self.run_step(i, step, workspace, run)?;
         }
@@ -347,7 +355,7 @@ impl Plan {
 
     /// Host inputs: of the plan's shapes, with the data those hold (device inputs are checked
     /// by `check_device_input`).
-    fn check_inputs(&self, run: &Run<'_>) -> Result<()> {
+    pub(super) fn check_inputs(&self, run: &Run<'_>) -> Result<()> {
         for (index, (input, expected)) in run.host.iter().zip(&self.input_shapes).enumerate() {
             if run.device[index].is_some() {
                 continue;
@@ -528,11 +536,11 @@ impl Plan {
 }
 
 /// One run's inputs, wherever they are, and where its outputs go.
-struct Run<'i> {
+pub(super) struct Run<'i> {
     /// Host inputs (an empty view where the input is on the device).
     host: &'i [TensorRef<'i>],
     /// Device inputs, by input index.
-    device: &'i [Option<&'i dyn DeviceBuffer>],
+    pub(super) device: &'i [Option<&'i dyn DeviceBuffer>],
     /// Whether outputs computed on the device stay there.
     outputs_on_device: bool,
 }
@@ -540,8 +548,8 @@ struct Run<'i> {
 /// The outputs of one run made with [`Plan::run_on_device`]: those computed on the device are
 /// still there (and may still be being computed); reading one on the host waits for the device.
 pub struct DeviceOutputs<'w> {
-    plan: &'w Plan,
-    workspace: &'w Workspace,
+    pub(super) plan: &'w Plan,
+    pub(super) workspace: &'w Workspace,
 }
 
 impl<'w> DeviceOutputs<'w> {

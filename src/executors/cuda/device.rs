@@ -6,10 +6,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaSlice, CudaStream};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream};
 
 use super::{availability, RegionSource};
-use crate::core::plan::{Availability, Device, DeviceBuffer};
+use crate::core::plan::{Availability, Device, DeviceBuffer, DeviceGraph};
 use crate::error::{Error, Result};
 
 /// A CUDA device: context, the stream every plan's work goes to, and compiled kernels.
@@ -56,7 +56,9 @@ impl CudaDevice {
         // per-buffer events (which order work across streams, at a cost per launch) are not
         // needed.
         unsafe { context.disable_event_tracking() };
-        let stream = context.default_stream();
+        // A stream of its own, not the legacy default stream: work on it can be captured into
+        // a CUDA graph.
+        let stream = context.new_stream().map_err(|e| cuda_error("new stream", e))?;
         let multiprocessors = context
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| cuda_error("device attribute", e))? as u32;
@@ -99,6 +101,22 @@ impl CudaDevice {
     }
 }
 
+/// A captured CUDA graph; replays are serialized, as CUDA requires for one graph.
+struct CudaPlanGraph(Mutex<CudaGraph>);
+
+// SAFETY: CUDA graph objects may be used from any thread as long as calls on one graph are
+// serialized (CUDA driver API, "Graph object thread safety"); the mutex serializes them.
+unsafe impl Send for CudaPlanGraph {}
+// SAFETY: as above: every use goes through the mutex.
+unsafe impl Sync for CudaPlanGraph {}
+
+impl DeviceGraph for CudaPlanGraph {
+    fn launch(&self) -> Result<()> {
+        let graph = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        graph.launch().map_err(|e| cuda_error("graph launch", e))
+    }
+}
+
 pub(crate) fn slice(buffer: &dyn DeviceBuffer) -> Result<&CudaSlice<f32>> {
     buffer.as_any().downcast_ref::<CudaBuffer>().map(|b| &b.0).ok_or_else(|| cuda_error("buffer", "not a CUDA buffer"))
 }
@@ -138,5 +156,23 @@ impl Device for CudaDevice {
 
     fn synchronize(&self) -> Result<()> {
         self.stream.synchronize().map_err(|e| cuda_error("synchronize", e))
+    }
+
+    fn begin_capture(&self) -> Result<()> {
+        // Thread-local: other threads may keep using CUDA (allocating, say) while this one
+        // records.
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| cuda_error("begin capture", e))
+    }
+
+    fn end_capture(&self) -> Result<Box<dyn DeviceGraph>> {
+        let graph = self
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(|e| cuda_error("end capture", e))?
+            .ok_or_else(|| Error::GraphUnsupported { reason: "nothing was captured".into() })?;
+        graph.upload().map_err(|e| cuda_error("graph upload", e))?;
+        Ok(Box::new(CudaPlanGraph(Mutex::new(graph))))
     }
 }

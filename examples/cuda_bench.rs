@@ -207,8 +207,68 @@ fn run(ncu: bool) -> Result<bool, String> {
     }
     if !ncu {
         block(&gpu, &registry)?;
+        transformer_block(&gpu, &registry)?;
     }
     Ok(all_ok)
+}
+
+/// A transformer MLP block end to end: linear -> gelu (tanh) -> linear -> residual ->
+/// layer_norm, [8192, 4096] activations, 16384x4096 and 4096x16384 weights, f32 (cuBLAS SGEMM,
+/// no TF32), inputs on the device.
+fn transformer_block(gpu: &Arc<CudaDevice>, registry: &Registry) -> Result<(), String> {
+    let (tokens, model, hidden) = (8192, 4096, 16384);
+    let arena = Arena::new();
+    let e = |e: boundscope::Error| e.to_string();
+    let mut b = boundscope::TraceBuilder::new(&arena, registry);
+    let x = b.input(&[tokens, model]).map_err(e)?;
+    let w1 = b.input(&[hidden, model]).map_err(e)?;
+    let b1 = b.input(&[hidden]).map_err(e)?;
+    let w2 = b.input(&[model, hidden]).map_err(e)?;
+    let b2 = b.input(&[model]).map_err(e)?;
+    let gamma = b.input(&[model]).map_err(e)?;
+    let beta = b.input(&[model]).map_err(e)?;
+    let h = b.linear(x, w1, Some(b1)).map_err(e)?;
+    let g = b.gelu(h).map_err(e)?;
+    let o = b.linear(g, w2, Some(b2)).map_err(e)?;
+    let r = b.add(o, x).map_err(e)?;
+    let y = b.layer_norm(r, 1e-5, Some(gamma), Some(beta)).map_err(e)?;
+    b.output(y).map_err(e)?;
+    let trace = b.finish().map_err(e)?;
+    let prims_only = boundscope::passes::Pipeline::standard().run(&trace, &arena).map_err(e)?;
+    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
+    let fused = FuseRegions::new(fusion.clone()).run(&prims_only, &arena).map_err(e)?;
+    let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(gpu.clone()))]).map_err(e)?;
+    let device: Arc<dyn Device> = gpu.clone();
+    let uploaded: Vec<DeviceTensor> = trace
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| {
+            let shape = trace.value_meta(v).map(|m| m.shape.to_vec()).unwrap_or_default();
+            let chunk = random_chunk(shape.iter().product::<usize>().min(1 << 20), k as u64 + 21);
+            DeviceTensor::upload(&device, Tensor::from_fn(&shape, |i| chunk[i % chunk.len()] * 0.02).view())
+        })
+        .collect::<Result<_, _>>()
+        .map_err(e)?;
+    let inputs: Vec<RunInput<'_>> = uploaded.iter().map(RunInput::from).collect();
+    let mut workspace = plan.workspace().map_err(e)?;
+    plan.run_on_device(&mut workspace, &inputs).map_err(e)?;
+    device.synchronize().map_err(e)?;
+    let runs = 10;
+    let start = Instant::now();
+    for _ in 0..runs {
+        plan.run_on_device(&mut workspace, &inputs).map_err(e)?;
+    }
+    device.synchronize().map_err(e)?;
+    let ms = start.elapsed().as_secs_f64() * 1e3 / runs as f64;
+    let flops = 2.0 * 2.0 * (tokens * model * hidden) as f64;
+    println!(
+        "transformer MLP block [8192, 4096] x 16384, f32: {ms:.2} ms per run ({:.1} TFLOP/s), {} steps",
+        flops / (ms * 1e-3) / 1e12,
+        plan.len()
+    );
+    println!("RESULT {{\"impl\":\"boundscope_transformer_block\",\"us\":{},\"host_us\":0}}", ms * 1e3);
+    Ok(())
 }
 
 /// The quickstart's MLP block ([64, 256], hidden 256) with its weights bound on the device:

@@ -195,6 +195,15 @@ fn the_quickstart_block_replays_as_a_graph() {
     assert!(matches!(graph.replay(&other_inputs), Err(boundscope::Error::GraphUnsupported { .. })));
 }
 
+/// Device memory that cannot be had is a typed error naming the bytes asked for and free.
+#[test]
+fn out_of_device_memory_is_a_typed_error() {
+    let Some(device) = device() else { return };
+    let err = boundscope::Device::alloc(&*device, 1 << 40).err().expect("4 TiB cannot be allocated");
+    assert!(matches!(err, boundscope::Error::OutOfMemory { bytes, .. } if bytes == 1 << 42), "{err}");
+    assert!(err.to_string().contains("bytes free"), "{err}");
+}
+
 /// NaN propagates as in PyTorch through `relu`, `maximum` (either side) and row `max`, in fused
 /// regions (`CudaFusion`) and per-op kernels (`CudaOps`), as on the CPU.
 #[test]

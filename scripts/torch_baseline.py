@@ -88,9 +88,39 @@ def block_baseline():
         print("RESULT " + json.dumps({"impl": impl, "us": us, "host_us": host}))
 
 
+def transformer_baseline():
+    """The transformer MLP block of cuda_bench ([8192, 4096], 16384 hidden, f32, TF32 off):
+    eager and torch.compile, ms per run."""
+    import time
+    import torch.nn.functional as F
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    g = torch.Generator(device="cuda").manual_seed(2)
+    r = lambda *s: (torch.rand(*s, device="cuda", generator=g) * 2 - 1) * 0.02
+    x, w1, b1, w2, b2 = r(8192, 4096), r(16384, 4096), r(16384), r(4096, 16384), r(4096)
+    gamma, beta = r(4096), r(4096)
+
+    def block(x):
+        h = F.gelu(F.linear(x, w1, b1), approximate="tanh")
+        return F.layer_norm(F.linear(h, w2, b2) + x, (4096,), gamma, beta, 1e-5)
+
+    compiled = torch.compile(block)
+    for impl, fn in (("torch_transformer_eager", block), ("torch_transformer_compile", compiled)):
+        for _ in range(2):
+            fn(x)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(10):
+            fn(x)
+        torch.cuda.synchronize()
+        us = (time.perf_counter() - start) * 1e6 / 10
+        print("RESULT " + json.dumps({"impl": impl, "us": us, "host_us": 0}))
+
+
 def main():
     print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
     block_baseline()
+    transformer_baseline()
     for n in (1 << 24, 1 << 28):
         for chain, fn in (("swish", swish), ("norm", norm)):
             args = inputs(chain, n)

@@ -135,7 +135,18 @@ impl Device for CudaDevice {
     }
 
     fn alloc(&self, len: usize) -> Result<Box<dyn DeviceBuffer>> {
-        let slice = self.stream.alloc_zeros::<f32>(len.max(1)).map_err(|e| cuda_error("alloc", e))?;
+        let bytes = len.max(1).saturating_mul(std::mem::size_of::<f32>());
+        let slice = self.stream.alloc_zeros::<f32>(len.max(1)).map_err(|e| {
+            if e.0 != sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
+                return cuda_error("alloc", e);
+            }
+            let free = cudarc::driver::result::mem_get_info().map(|(free, _)| free).unwrap_or(0);
+            Error::OutOfMemory {
+                what: format!("{} (device memory: {free} bytes free)", self.name),
+                shape: vec![len],
+                bytes,
+            }
+        })?;
         Ok(Box::new(CudaBuffer(slice)))
     }
 

@@ -219,37 +219,10 @@ fn transformer_block(gpu: &Arc<CudaDevice>, registry: &Registry) -> Result<(), S
     let (tokens, model, hidden) = (8192, 4096, 16384);
     let arena = Arena::new();
     let e = |e: boundscope::Error| e.to_string();
-    let mut b = boundscope::TraceBuilder::new(&arena, registry);
-    let x = b.input(&[tokens, model]).map_err(e)?;
-    let w1 = b.input(&[hidden, model]).map_err(e)?;
-    let b1 = b.input(&[hidden]).map_err(e)?;
-    let w2 = b.input(&[model, hidden]).map_err(e)?;
-    let b2 = b.input(&[model]).map_err(e)?;
-    let gamma = b.input(&[model]).map_err(e)?;
-    let beta = b.input(&[model]).map_err(e)?;
-    let h = b.linear(x, w1, Some(b1)).map_err(e)?;
-    let g = b.gelu(h).map_err(e)?;
-    let o = b.linear(g, w2, Some(b2)).map_err(e)?;
-    let r = b.add(o, x).map_err(e)?;
-    let y = b.layer_norm(r, 1e-5, Some(gamma), Some(beta)).map_err(e)?;
-    b.output(y).map_err(e)?;
-    let trace = b.finish().map_err(e)?;
-    let prims_only = boundscope::passes::Pipeline::standard().run(&trace, &arena).map_err(e)?;
-    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
-    let fused = FuseRegions::new(fusion.clone()).run(&prims_only, &arena).map_err(e)?;
-    let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(gpu.clone()))]).map_err(e)?;
+    let trace = mlp_block(&arena, registry, tokens, model, hidden, false).map_err(e)?;
+    let plan = device_plan(gpu, &trace, &arena).map_err(e)?;
     let device: Arc<dyn Device> = gpu.clone();
-    let uploaded: Vec<DeviceTensor> = trace
-        .inputs()
-        .iter()
-        .enumerate()
-        .map(|(k, &v)| {
-            let shape = trace.value_meta(v).map(|m| m.shape.to_vec()).unwrap_or_default();
-            let chunk = random_chunk(shape.iter().product::<usize>().min(1 << 20), k as u64 + 21);
-            DeviceTensor::upload(&device, Tensor::from_fn(&shape, |i| chunk[i % chunk.len()] * 0.02).view())
-        })
-        .collect::<Result<_, _>>()
-        .map_err(e)?;
+    let uploaded = upload_random(&device, &trace, 21, 0.02).map_err(e)?;
     let inputs: Vec<RunInput<'_>> = uploaded.iter().map(RunInput::from).collect();
     let mut workspace = plan.workspace().map_err(e)?;
     plan.run_on_device(&mut workspace, &inputs).map_err(e)?;
@@ -275,41 +248,12 @@ fn transformer_block(gpu: &Arc<CudaDevice>, registry: &Registry) -> Result<(), S
 /// stream runs against graph replays, per run (GPU-bound, queued back to back) and host time
 /// to queue one.
 fn block(gpu: &Arc<CudaDevice>, registry: &Registry) -> Result<(), String> {
-    let (batch, hidden) = (64, 256);
     let arena = Arena::new();
-    let mut b = boundscope::TraceBuilder::new(&arena, registry);
     let e = |e: boundscope::Error| e.to_string();
-    let x = b.input(&[batch, hidden]).map_err(e)?;
-    let w1 = b.input(&[hidden, hidden]).map_err(e)?;
-    let b1 = b.input(&[hidden]).map_err(e)?;
-    let w2 = b.input(&[hidden, hidden]).map_err(e)?;
-    let b2 = b.input(&[hidden]).map_err(e)?;
-    let gamma = b.input(&[hidden]).map_err(e)?;
-    let beta = b.input(&[hidden]).map_err(e)?;
-    let h = b.linear(x, w1, Some(b1)).map_err(e)?;
-    let g = b.gelu(h).map_err(e)?;
-    let o = b.linear(g, w2, Some(b2)).map_err(e)?;
-    let r = b.add(o, x).map_err(e)?;
-    let n = b.layer_norm(r, 1e-5, Some(gamma), Some(beta)).map_err(e)?;
-    let y = b.softmax(n).map_err(e)?;
-    b.output(y).map_err(e)?;
-    let trace = b.finish().map_err(e)?;
-    let prims_only = boundscope::passes::Pipeline::standard().run(&trace, &arena).map_err(e)?;
-    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
-    let fused = FuseRegions::new(fusion.clone()).run(&prims_only, &arena).map_err(e)?;
-    let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(gpu.clone()))]).map_err(e)?;
+    let trace = mlp_block(&arena, registry, 64, 256, 256, true).map_err(e)?;
+    let plan = device_plan(gpu, &trace, &arena).map_err(e)?;
     let device: Arc<dyn Device> = gpu.clone();
-    let uploaded: Vec<DeviceTensor> = trace
-        .inputs()
-        .iter()
-        .enumerate()
-        .map(|(k, &v)| {
-            let shape = trace.value_meta(v).map(|m| m.shape.to_vec()).unwrap_or_default();
-            let chunk = random_chunk(shape.iter().product(), k as u64 + 11);
-            DeviceTensor::upload(&device, Tensor::from_fn(&shape, |i| chunk[i] * 0.1).view())
-        })
-        .collect::<Result<_, _>>()
-        .map_err(e)?;
+    let uploaded = upload_random(&device, &trace, 11, 0.1).map_err(e)?;
     let inputs: Vec<RunInput<'_>> = uploaded.iter().map(RunInput::from).collect();
     let mut stream_ws = plan.workspace().map_err(e)?;
     let mut graph_ws = plan.workspace().map_err(e)?;
@@ -344,6 +288,59 @@ fn block(gpu: &Arc<CudaDevice>, registry: &Registry) -> Result<(), String> {
     println!("RESULT {{\"impl\":\"boundscope_block_stream\",\"us\":{stream_us},\"host_us\":{stream_host}}}");
     println!("RESULT {{\"impl\":\"boundscope_block_graph\",\"us\":{graph_us},\"host_us\":{graph_host}}}");
     Ok(())
+}
+
+/// An MLP block: linear -> gelu (tanh) -> linear -> residual -> layer_norm (-> softmax), on
+/// `[tokens, model]` activations with `hidden` units.
+fn mlp_block<'a>(
+    arena: &'a Arena,
+    registry: &'a Registry,
+    tokens: usize,
+    model: usize,
+    hidden: usize,
+    softmax: bool,
+) -> boundscope::Result<Trace<'a>> {
+    let mut b = boundscope::TraceBuilder::new(arena, registry);
+    let x = b.input(&[tokens, model])?;
+    let w1 = b.input(&[hidden, model])?;
+    let b1 = b.input(&[hidden])?;
+    let w2 = b.input(&[model, hidden])?;
+    let b2 = b.input(&[model])?;
+    let gamma = b.input(&[model])?;
+    let beta = b.input(&[model])?;
+    let h = b.linear(x, w1, Some(b1))?;
+    let g = b.gelu(h)?;
+    let o = b.linear(g, w2, Some(b2))?;
+    let r = b.add(o, x)?;
+    let n = b.layer_norm(r, 1e-5, Some(gamma), Some(beta))?;
+    let y = if softmax { b.softmax(n)? } else { n };
+    b.output(y)?;
+    b.finish()
+}
+
+/// `trace` decomposed, fused for `CudaFusion`, and compiled for the CUDA executors only.
+fn device_plan(gpu: &Arc<CudaDevice>, trace: &Trace<'_>, arena: &Arena) -> boundscope::Result<Plan> {
+    let prims_only = boundscope::passes::Pipeline::standard().run(trace, arena)?;
+    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
+    let fused = FuseRegions::new(fusion.clone()).run(&prims_only, arena)?;
+    Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(gpu.clone()))])
+}
+
+/// Random inputs for `trace` in `[-scale, scale)`, uploaded to `device`.
+fn upload_random(
+    device: &Arc<dyn Device>,
+    trace: &Trace<'_>,
+    seed: u64,
+    scale: f32,
+) -> boundscope::Result<Vec<DeviceTensor>> {
+    let mut uploaded = Vec::new();
+    for (k, &v) in trace.inputs().iter().enumerate() {
+        let shape = trace.value_meta(v)?.shape.to_vec();
+        let chunk = random_chunk(shape.iter().product::<usize>().clamp(1, 1 << 20), seed + k as u64);
+        uploaded
+            .push(DeviceTensor::upload(device, Tensor::from_fn(&shape, |i| chunk[i % chunk.len()] * scale).view())?);
+    }
+    Ok(uploaded)
 }
 
 /// A device-to-device copy of `n` floats, per copy: the bandwidth ceiling, with the CUDA

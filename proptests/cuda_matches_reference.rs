@@ -70,6 +70,12 @@ fn inputs_for(trace: &boundscope::Trace<'_>) -> Vec<boundscope::Tensor> {
         .collect()
 }
 
+/// `tensors` uploaded to `device`.
+fn upload(device: &Arc<CudaDevice>, tensors: &[boundscope::Tensor]) -> Vec<boundscope::DeviceTensor> {
+    let on_device: Arc<dyn boundscope::Device> = device.clone();
+    tensors.iter().map(|t| boundscope::DeviceTensor::upload(&on_device, t.view()).unwrap()).collect()
+}
+
 /// The quickstart's MLP block on the CUDA executors equals the CPU reference.
 #[test]
 fn the_quickstart_program_matches_on_cuda() {
@@ -127,9 +133,7 @@ fn the_quickstart_block_stays_on_the_device() {
     assert_eq!(listing.matches("download ").count(), 1, "{listing}");
     assert!(plan.steps_per_executor().iter().all(|(e, _)| *e != "cpu_reference"), "{listing}");
     let inputs = inputs_for(&trace);
-    let on_device: Arc<dyn boundscope::Device> = device.clone();
-    let uploaded: Vec<boundscope::DeviceTensor> =
-        inputs.iter().map(|t| boundscope::DeviceTensor::upload(&on_device, t.view()).unwrap()).collect();
+    let uploaded = upload(&device, &inputs);
     let run_inputs: Vec<boundscope::RunInput<'_>> = uploaded.iter().map(boundscope::RunInput::from).collect();
     let mut workspace = plan.workspace().unwrap();
     plan.run_on_device(&mut workspace, &run_inputs).unwrap();
@@ -163,9 +167,7 @@ fn the_quickstart_block_replays_as_a_graph() {
     fused.attach_trace_guard(recorder.clone()).unwrap();
     let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device.clone()))]).unwrap();
     let inputs = inputs_for(&trace);
-    let on_device: Arc<dyn boundscope::Device> = device.clone();
-    let uploaded: Vec<boundscope::DeviceTensor> =
-        inputs.iter().map(|t| boundscope::DeviceTensor::upload(&on_device, t.view()).unwrap()).collect();
+    let uploaded = upload(&device, &inputs);
     let run_inputs: Vec<boundscope::RunInput<'_>> = uploaded.iter().map(boundscope::RunInput::from).collect();
     let mut stream_ws = plan.workspace().unwrap();
     let expected = plan.run_on_device(&mut stream_ws, &run_inputs).unwrap().to_host(0).unwrap();
@@ -189,8 +191,7 @@ fn the_quickstart_block_replays_as_a_graph() {
         assert_eq!(pushes_of(&events), replays);
     }
     // Other device tensors than those captured: refused.
-    let other: Vec<boundscope::DeviceTensor> =
-        inputs.iter().map(|t| boundscope::DeviceTensor::upload(&on_device, t.view()).unwrap()).collect();
+    let other = upload(&device, &inputs);
     let other_inputs: Vec<boundscope::RunInput<'_>> = other.iter().map(boundscope::RunInput::from).collect();
     assert!(matches!(graph.replay(&other_inputs), Err(boundscope::Error::GraphUnsupported { .. })));
 }

@@ -257,7 +257,8 @@ fn block(gpu: &Arc<CudaDevice>, registry: &Registry) -> Result<(), String> {
     let inputs: Vec<RunInput<'_>> = uploaded.iter().map(RunInput::from).collect();
     let mut stream_ws = plan.workspace().map_err(e)?;
     let mut graph_ws = plan.workspace().map_err(e)?;
-    let mut graph = plan.capture(&mut graph_ws, &inputs).map_err(e)?;
+    let mut captured = upload_random(&device, &trace, 11, 0.1).map_err(e)?;
+    let mut graph = plan.capture(&mut graph_ws, captured.iter_mut().collect()).map_err(e)?;
     let runs = 1000;
     // Per run, queued back to back; then host time to queue one (after the queue drained).
     let measure = |run: &mut dyn FnMut() -> Result<(), String>| -> Result<(f64, f64), String> {
@@ -279,7 +280,7 @@ fn block(gpu: &Arc<CudaDevice>, registry: &Registry) -> Result<(), String> {
         Ok((per_run, host))
     };
     let (stream_us, stream_host) = measure(&mut || plan.run_on_device(&mut stream_ws, &inputs).map(|_| ()).map_err(e))?;
-    let (graph_us, graph_host) = measure(&mut || graph.replay(&inputs).map(|_| ()).map_err(e))?;
+    let (graph_us, graph_host) = measure(&mut || graph.replay().map(|_| ()).map_err(e))?;
     println!(
         "block [64, 256] x hidden 256, weights on the device: stream runs {stream_us:.1} us per run ({stream_host:.1} us \
          of host time to queue one, {} steps), graph replays {graph_us:.1} us per run ({graph_host:.1} us of host time)",

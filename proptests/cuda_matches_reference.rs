@@ -172,16 +172,17 @@ fn the_quickstart_block_replays_as_a_graph() {
     let mut stream_ws = plan.workspace().unwrap();
     let expected = plan.run_on_device(&mut stream_ws, &run_inputs).unwrap().to_host(0).unwrap();
     let mut graph_ws = plan.workspace().unwrap();
-    let mut graph = plan.capture(&mut graph_ws, &run_inputs).unwrap();
+    let mut captured = upload(&device, &inputs);
+    let mut graph = plan.capture(&mut graph_ws, captured.iter_mut().collect()).unwrap();
     recorder.clear();
     nvtx_capture::events_on_current_thread();
     let before = device.transfers();
     for _ in 0..3 {
-        graph.replay(&run_inputs).unwrap();
+        graph.replay().unwrap();
     }
     assert_eq!(device.transfers(), before, "replays transfer nothing");
     let events = nvtx_capture::events_on_current_thread();
-    let got = graph.replay(&run_inputs).unwrap().to_host(0).unwrap();
+    let got = graph.replay().unwrap().to_host(0).unwrap();
     assert_eq!(got, expected, "a replay computes what a stream run computes");
     assert_eq!(recorder.len(), 4, "run-level guards surround each replay");
     if nvtx_capture::is_installed() {
@@ -190,10 +191,17 @@ fn the_quickstart_block_replays_as_a_graph() {
         let replays: Vec<_> = (0..3).flat_map(|_| pushes_in(&map)).collect();
         assert_eq!(pushes_of(&events), replays);
     }
-    // Other device tensors than those captured: refused.
-    let other = upload(&device, &inputs);
-    let other_inputs: Vec<boundscope::RunInput<'_>> = other.iter().map(boundscope::RunInput::from).collect();
-    assert!(matches!(graph.replay(&other_inputs), Err(boundscope::Error::GraphUnsupported { .. })));
+    // New data, refilled in place, reaches the next replay.
+    let doubled = boundscope::Tensor::from_fn(inputs[0].shape(), |i| 2.0 * inputs[0].data()[i]);
+    graph.input_mut(0).unwrap().copy_from_host(doubled.view()).unwrap();
+    let refilled = graph.replay().unwrap().to_host(0).unwrap();
+    let mut changed = inputs.clone();
+    changed[0] = doubled;
+    let changed_uploaded = upload(&device, &changed);
+    let changed_inputs: Vec<boundscope::RunInput<'_>> =
+        changed_uploaded.iter().map(boundscope::RunInput::from).collect();
+    let expected = plan.run_on_device(&mut stream_ws, &changed_inputs).unwrap().to_host(0).unwrap();
+    assert_eq!(refilled, expected);
 }
 
 /// Device memory that cannot be had is a typed error naming the bytes asked for and free.

@@ -124,6 +124,13 @@ pub enum Error {
         /// Why, and what to do instead.
         reason: String,
     },
+    /// Two executors of one plan run on different devices (or different handles of one).
+    DeviceMismatch {
+        /// The first executor with a device.
+        first: String,
+        /// An executor on another device.
+        second: String,
+    },
     /// Two guard spans overlap without one containing the other (a pass's position map moved
     /// them so): ranges must nest, or the run would exit the wrong one.
     OverlappingGuards {
@@ -330,6 +337,11 @@ impl fmt::Display for Error {
                 write!(f, "input {index} cannot be read on the device: {detail}")
             }
             Error::GraphUnsupported { reason } => write!(f, "cannot use a graph here: {reason}"),
+            Error::DeviceMismatch { first, second } => write!(
+                f,
+                "executors `{first}` and `{second}` run on different devices; a plan runs on one: give them \
+                 the same device handle (one `Arc`)"
+            ),
             Error::OverlappingGuards { first, second } => write!(
                 f,
                 "guard spans overlap: {second} starts inside {first} and ends after it; guards must nest \

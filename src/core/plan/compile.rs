@@ -188,6 +188,13 @@ impl Plan {
     /// symbol and the executors tried; or an executor's own compile error.
     pub fn compile(trace: &Trace<'_>, executors: &[Arc<dyn Executor>]) -> Result<Plan> {
         trace.verify()?;
+        // One device per plan: its steps are ordered on that device's queue only.
+        let mut devices = executors.iter().filter_map(|e| e.device().map(|d| (e.name(), d)));
+        if let Some((first, device)) = devices.next() {
+            if let Some((other, _)) = devices.find(|(_, d)| !std::ptr::addr_eq(Arc::as_ptr(d), Arc::as_ptr(&device))) {
+                return Err(Error::DeviceMismatch { first: first.to_string(), second: other.to_string() });
+            }
+        }
         let mut compiler = Compiler {
             trace,
             executors,
@@ -210,9 +217,12 @@ impl Plan {
         let mut outputs = Vec::with_capacity(trace.outputs().len());
         let mut output_on_device = Vec::with_capacity(trace.outputs().len());
         for &value in trace.outputs() {
-            let downloads = compiler.output_downloads.len();
             outputs.push(compiler.output_buffer(value)?);
-            output_on_device.push(compiler.output_downloads.get(downloads).map(|&(_, device)| device));
+            // Every occurrence of an output brought to the host by an output download (the
+            // same value returned twice shares the first one's).
+            let device = compiler.device_slots[value.index()];
+            let downloaded = compiler.output_downloads.iter().any(|&(_, d)| Some(d) == device);
+            output_on_device.push(device.filter(|_| downloaded));
         }
         let device_io = DeviceIo::of(
             &compiler.steps,

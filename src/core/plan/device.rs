@@ -11,7 +11,11 @@ use std::any::Any;
 
 use crate::error::{Error, Result};
 
-/// Memory on a device, owned by a workspace.
+/// Memory on a device, owned by a workspace or a [`DeviceTensor`](crate::DeviceTensor).
+///
+/// Dropping one must be ordered after the work already queued on its device (as CUDA's
+/// stream-ordered frees are): a run queued by `Plan::run_on_device` may still read a tensor the
+/// caller drops right after.
 pub trait DeviceBuffer: Send + Sync + 'static {
     /// Number of `f32` elements.
     fn len(&self) -> usize;
@@ -52,8 +56,9 @@ pub trait Device: Send + Sync {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
-    /// Starts recording the work this thread queues on the device, instead of running it, for
-    /// [`end_capture`](Self::end_capture) (CUDA graphs). Default: unsupported.
+    /// Starts recording the work queued on the device, instead of running it, for
+    /// [`end_capture`](Self::end_capture) (CUDA graphs); nothing else may use the device until
+    /// then. Default: unsupported.
     ///
     /// # Errors
     /// [`Error::GraphUnsupported`] when the device cannot capture.

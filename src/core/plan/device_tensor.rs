@@ -48,9 +48,25 @@ impl DeviceTensor {
     /// # Errors
     /// The device's allocation or copy error.
     pub fn upload(device: &Arc<dyn Device>, tensor: TensorRef<'_>) -> Result<Self> {
+        check_holds(tensor)?;
         let mut buffer = device.alloc(tensor.data.len())?;
         device.upload(tensor.data, &mut *buffer)?;
         Ok(Self { shape: Shape::from_slice(tensor.shape), buffer, device: device.clone() })
+    }
+
+    /// Overwrites it with `tensor`, of its shape, in place (after the work already queued on
+    /// the device, so a run queued before reads the old data): how new data reaches a graph's
+    /// inputs ([`PlanGraph::input_mut`](crate::PlanGraph::input_mut)).
+    ///
+    /// # Errors
+    /// [`Error::InputShape`] for another shape, [`Error::InvalidTensor`] for data that does not
+    /// fill its shape; the device's copy error.
+    pub fn copy_from_host(&mut self, tensor: TensorRef<'_>) -> Result<()> {
+        check_holds(tensor)?;
+        if tensor.shape != self.shape.as_slice() {
+            return Err(Error::InputShape { index: 0, expected: self.shape.to_vec(), got: tensor.shape.to_vec() });
+        }
+        self.device.upload(tensor.data, &mut *self.buffer)
     }
 
     /// Its shape.
@@ -80,6 +96,14 @@ impl DeviceTensor {
 impl std::fmt::Debug for DeviceTensor {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DeviceTensor").field("shape", &self.shape).field("device", &self.device.name()).finish()
+    }
+}
+
+/// A tensor whose data fills its shape.
+fn check_holds(tensor: TensorRef<'_>) -> Result<()> {
+    match crate::core::ir::checked_numel(tensor.shape) {
+        Some(n) if n == tensor.data.len() => Ok(()),
+        _ => Err(Error::InvalidTensor { shape: tensor.shape.to_vec(), len: tensor.data.len() }),
     }
 }
 

@@ -395,7 +395,7 @@ fn plans_that_cannot_be_replayed_as_graphs_say_why() {
     let host = Tensor::from_fn(&[2, 3], |i| i as f32 * 0.1);
     // No device at all.
     let cpu = Plan::compile(&exp_then_add(&arena, &registry), &[CpuReference::shared()]).unwrap();
-    let err = cpu.capture(&mut cpu.workspace().unwrap(), &[host.view()]).err().unwrap();
+    let err = cpu.capture(&mut cpu.workspace().unwrap(), Vec::new()).err().unwrap();
     assert!(matches!(err, Error::GraphUnsupported { .. }) && err.to_string().contains("no device steps"), "{err}");
     // A host step.
     let mut b = TraceBuilder::new(&arena, &registry);
@@ -404,21 +404,56 @@ fn plans_that_cannot_be_replayed_as_graphs_say_why() {
     let y = b.add(e, e).unwrap();
     b.output(y).unwrap();
     let mixed = Plan::compile(&b.finish().unwrap(), &[Arc::new(DeviceExp), CpuReference::shared()]).unwrap();
-    let on_device = DeviceTensor::upload(mixed.device().unwrap(), host.view()).unwrap();
-    let err = mixed.capture(&mut mixed.workspace().unwrap(), &[RunInput::from(&on_device)]).err().unwrap();
+    let mut on_device = DeviceTensor::upload(mixed.device().unwrap(), host.view()).unwrap();
+    let err = mixed.capture(&mut mixed.workspace().unwrap(), vec![&mut on_device]).err().unwrap();
     assert!(err.to_string().contains("runs on the host"), "{err}");
-    // A host input.
+    // A device that cannot capture.
     let mut b = TraceBuilder::new(&arena, &registry);
     let x = b.input(&[2, 3]).unwrap();
     let e = b.exp(x).unwrap();
     b.output(e).unwrap();
     let device_only = Plan::compile(&b.finish().unwrap(), &[Arc::new(DeviceExp)]).unwrap();
-    let err = device_only.capture(&mut device_only.workspace().unwrap(), &[host.view()]).err().unwrap();
-    assert!(err.to_string().contains("input 0 is on the host"), "{err}");
-    // A device that cannot capture.
     GUARDED.with(|g| g.set(1));
-    let on_device = DeviceTensor::upload(device_only.device().unwrap(), host.view()).unwrap();
-    let err = device_only.capture(&mut device_only.workspace().unwrap(), &[RunInput::from(&on_device)]).err().unwrap();
+    let mut on_device = DeviceTensor::upload(device_only.device().unwrap(), host.view()).unwrap();
+    let err = device_only.capture(&mut device_only.workspace().unwrap(), vec![&mut on_device]).err().unwrap();
     GUARDED.with(|g| g.set(0));
     assert!(err.to_string().contains("cannot capture"), "{err}");
+}
+
+#[test]
+fn a_value_returned_twice_from_the_device_reads_the_same_on_the_host() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 3]).unwrap();
+    let e = b.exp(x).unwrap();
+    b.output(e).unwrap();
+    b.output(e).unwrap();
+    let plan = Plan::compile(&b.finish().unwrap(), &[Arc::new(DeviceExp), CpuReference::shared()]).unwrap();
+    GUARDED.with(|g| g.set(1));
+    let host = Tensor::from_fn(&[2, 3], |i| i as f32 * 0.1);
+    let mut ws = plan.workspace().unwrap();
+    let outputs = plan.run_on_device(&mut ws, &[host.view()]).unwrap();
+    let (first, second) = (outputs.to_host(0).unwrap(), outputs.to_host(1).unwrap());
+    GUARDED.with(|g| g.set(0));
+    assert_eq!(first, second);
+    assert!((first.data()[1] - 0.1f32.exp()).abs() < 1e-6, "{first:?}");
+}
+
+#[test]
+fn executors_on_two_devices_or_short_uploads_are_typed_errors() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let trace = exp_then_add(&arena, &registry);
+    // DeviceExp makes a new device handle each time it is asked: two of them are two devices.
+    let err = Plan::compile(&trace, &[Arc::new(DeviceExp), Arc::new(DeviceExp)]).unwrap_err();
+    assert!(matches!(err, Error::DeviceMismatch { .. }), "{err}");
+    let device: Arc<dyn Device> = Arc::new(HostMemoryDevice);
+    let short = crate::core::tensor::TensorRef { shape: &[4], data: &[1.0] };
+    let err = DeviceTensor::upload(&device, short).unwrap_err();
+    assert!(matches!(err, Error::InvalidTensor { .. }), "{err}");
+    let mut tensor = DeviceTensor::upload(&device, Tensor::zeros(&[4]).view()).unwrap();
+    assert!(matches!(tensor.copy_from_host(Tensor::zeros(&[2]).view()), Err(Error::InputShape { .. })));
+    tensor.copy_from_host(Tensor::from_fn(&[4], |i| i as f32).view()).unwrap();
+    assert_eq!(tensor.to_host().unwrap().data(), &[0.0, 1.0, 2.0, 3.0]);
 }

@@ -292,8 +292,9 @@ impl Plan {
         }
         if self.device_io.read_on_host[index] {
             return placement(
-                "a host step of this plan reads it; pass it on the host, or compile with executors that run \
-                 every step reading it on the device"
+                "a host step of this plan reads it (an op that runs on the host, or the copy of an input that \
+                 is also an output); pass it on the host, or compile with executors that run every step reading it \
+                 on the device"
                     .into(),
             );
         }

@@ -170,8 +170,9 @@ impl Device for CudaDevice {
     }
 
     fn begin_capture(&self) -> Result<()> {
-        // Thread-local: other threads may keep using CUDA (allocating, say) while this one
-        // records.
+        // Thread-local mode: CUDA calls of other threads are not refused. They must not queue
+        // work on this device meanwhile (`Plan::capture` says so): its one stream is the one
+        // being recorded.
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| cuda_error("begin capture", e))

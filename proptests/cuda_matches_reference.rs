@@ -204,6 +204,20 @@ fn the_quickstart_block_replays_as_a_graph() {
     assert_eq!(refilled, expected);
 }
 
+/// Large uploads go through a reused page-locked staging buffer: back-to-back uploads of one
+/// size with different data each arrive whole.
+#[test]
+fn staged_uploads_arrive_whole() {
+    let Some(device) = device() else { return };
+    let n = 1 << 20;
+    let tensors: Vec<boundscope::Tensor> =
+        (0..4).map(|k| boundscope::Tensor::from_fn(&[n], |i| (i * (k + 1)) as f32 + k as f32)).collect();
+    let uploaded = upload(&device, &tensors);
+    for (tensor, on_device) in tensors.iter().zip(&uploaded) {
+        assert_eq!(&on_device.to_host().unwrap(), tensor);
+    }
+}
+
 /// Device memory that cannot be had is a typed error naming the bytes asked for and free.
 #[test]
 fn out_of_device_memory_is_a_typed_error() {

@@ -40,6 +40,31 @@ impl Plan {
     /// Capturing records the work queued on the device's stream: no other thread may use the
     /// same device (run a plan on it, upload) while a capture is in progress.
     ///
+    /// ```no_run
+    /// # // Needs a GPU: `proptests/cuda_matches_reference.rs` runs the tested version.
+    /// use std::sync::Arc;
+    /// use boundscope::executors::cuda::{CudaDevice, CudaOps};
+    /// use boundscope::{Arena, Device, DeviceTensor, Plan, Registry, Tensor, TraceBuilder};
+    /// let gpu = CudaDevice::new()?;
+    /// let registry = Registry::with_builtins();
+    /// let arena = Arena::new();
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[256])?;
+    /// let y = b.tanh(x)?;
+    /// b.output(y)?;
+    /// let plan = Plan::compile(&b.finish()?, &[Arc::new(CudaOps::new(gpu.clone()))])?;
+    /// let device: Arc<dyn Device> = gpu;
+    /// let mut x = DeviceTensor::upload(&device, Tensor::zeros(&[256]).view())?;
+    /// let mut workspace = plan.workspace()?;
+    /// let mut graph = plan.capture(&mut workspace, vec![&mut x])?;
+    /// for step in 0..3 {
+    ///     graph.input_mut(0).unwrap().copy_from_host(Tensor::from_fn(&[256], |i| (i + step) as f32).view())?;
+    ///     let y = graph.replay()?.to_host(0)?; // one launch, then one download
+    ///     assert_eq!(y.data()[0], (step as f32).tanh());
+    /// }
+    /// # Ok::<(), boundscope::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// [`Error::GraphUnsupported`] for a plan with host steps, or a device that cannot capture;
     /// the errors of [`run_on_device`](Self::run_on_device).

@@ -131,6 +131,13 @@ pub enum Error {
         /// An executor on another device.
         second: String,
     },
+    /// An output index past a run's outputs.
+    NoSuchOutput {
+        /// The index asked for.
+        index: usize,
+        /// How many outputs there are.
+        outputs: usize,
+    },
     /// Two guard spans overlap without one containing the other (a pass's position map moved
     /// them so): ranges must nest, or the run would exit the wrong one.
     OverlappingGuards {
@@ -342,6 +349,9 @@ impl fmt::Display for Error {
                 "executors `{first}` and `{second}` run on different devices; a plan runs on one: give them \
                  the same device handle (one `Arc`)"
             ),
+            Error::NoSuchOutput { index, outputs } => {
+                write!(f, "there is no output {index}: the plan has {outputs} (0..{outputs})")
+            }
             Error::OverlappingGuards { first, second } => write!(
                 f,
                 "guard spans overlap: {second} starts inside {first} and ends after it; guards must nest \

@@ -457,3 +457,20 @@ fn executors_on_two_devices_or_short_uploads_are_typed_errors() {
     tensor.copy_from_host(Tensor::from_fn(&[4], |i| i as f32).view()).unwrap();
     assert_eq!(tensor.to_host().unwrap().data(), &[0.0, 1.0, 2.0, 3.0]);
 }
+
+#[test]
+fn a_host_plan_run_on_device_gives_its_outputs_on_the_host() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let plan = Plan::compile(&exp_then_add(&arena, &registry), &[CpuReference::shared()]).unwrap();
+    assert!(plan.device().is_none());
+    let host = Tensor::from_fn(&[2, 3], |i| i as f32 * 0.1);
+    let expected = plan.run(&[&host]).unwrap();
+    let mut ws = plan.workspace().unwrap();
+    let outputs = plan.run_on_device(&mut ws, &[host.view()]).unwrap();
+    assert_eq!(outputs.len(), 1);
+    assert!(outputs.device_buffer(0).is_none());
+    assert_eq!(outputs.shape(0), Some(&[2usize, 3][..]));
+    assert_eq!(outputs.to_host(0).unwrap(), expected[0]);
+    assert!(matches!(outputs.to_host(1), Err(Error::NoSuchOutput { index: 1, outputs: 1 })));
+}

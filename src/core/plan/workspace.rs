@@ -581,9 +581,9 @@ impl<'w> DeviceOutputs<'w> {
     /// computed it, else copied from the workspace.
     ///
     /// # Errors
-    /// [`Error::InvalidBoundSymbol`] past the end; the device's copy error.
+    /// [`Error::NoSuchOutput`] past the end; the device's copy error.
     pub fn to_host(&self, i: usize) -> Result<Tensor> {
-        let shape = self.shape(i).ok_or(Error::InvalidBoundSymbol { index: i, len: self.len() })?;
+        let shape = self.shape(i).ok_or(Error::NoSuchOutput { index: i, outputs: self.len() })?;
         match (self.device_buffer(i), &self.plan.device) {
             (Some(buffer), Some(device)) => download(&**device, buffer, shape),
             _ => Ok(Outputs { plan: self.plan, workspace: self.workspace }

@@ -204,6 +204,46 @@ fn the_quickstart_block_replays_as_a_graph() {
     assert_eq!(refilled, expected);
 }
 
+/// One plan run from four threads at once, each in its own workspace (its own stream), each
+/// with its own device inputs: every run's result is its own.
+#[test]
+fn runs_from_several_threads_each_get_their_own_result() {
+    let Some(device) = device() else { return };
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let trace = quickstart_block(&arena, &registry);
+    let prims_only = Pipeline::standard().run(&trace, &arena).unwrap();
+    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
+    let fused = FuseRegions::new(fusion.clone()).run(&prims_only, &arena).unwrap();
+    let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device.clone()))]).unwrap();
+    let reference = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+    let base = inputs_for(&trace);
+    std::thread::scope(|scope| {
+        for t in 0..4 {
+            let (plan, reference, base, device) = (&plan, &reference, &base, &device);
+            scope.spawn(move || {
+                let mut inputs = base.clone();
+                inputs[0] = boundscope::Tensor::from_fn(base[0].shape(), |i| base[0].data()[i] * (t + 1) as f32);
+                let refs: Vec<_> = inputs.iter().collect();
+                let expected = reference.run(&refs).unwrap();
+                let uploaded = upload(device, &inputs);
+                let run_inputs: Vec<boundscope::RunInput<'_>> =
+                    uploaded.iter().map(boundscope::RunInput::from).collect();
+                let mut workspace = plan.workspace().unwrap();
+                for _ in 0..20 {
+                    plan.run_on_device(&mut workspace, &run_inputs).unwrap();
+                }
+                let got = plan.run_on_device(&mut workspace, &run_inputs).unwrap().to_host(0).unwrap();
+                let diff = got.max_abs_diff(&expected[0]);
+                assert!(diff <= 1e-5, "thread {t}: {diff}");
+                // And through the plan's pool, host inputs in and out.
+                let pooled = plan.run(&refs).unwrap();
+                assert!(pooled[0].max_abs_diff(&expected[0]) <= 1e-5, "thread {t}, pooled");
+            });
+        }
+    });
+}
+
 /// Large uploads go through a reused page-locked staging buffer: back-to-back uploads of one
 /// size with different data each arrive whole.
 #[test]

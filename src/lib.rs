@@ -87,7 +87,7 @@ pub use crate::core::ir::{
 };
 pub use crate::core::passes;
 pub use crate::core::plan::{
-    kernel_fn, Availability, Device, DeviceBuffer, DeviceGraph, DeviceKernel, DeviceOutputs, DeviceTensor,
+    kernel_fn, Availability, Device, DeviceBuffer, DeviceGraph, DeviceKernel, DeviceOutputs, DeviceQueue, DeviceTensor,
     EmittedRange, Executor, Fusible, Kernel, OpView, Outputs, Plan, PlanGraph, PlanInput, PlannedRange,
     PreparedRegionRange, PushedBy, RangeMap, RegionRange, RunInput, Workspace,
 };

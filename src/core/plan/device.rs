@@ -56,6 +56,33 @@ pub trait Device: Send + Sync {
     fn synchronize(&self) -> Result<()> {
         Ok(())
     }
+    /// A queue of its own for one workspace's work (a CUDA stream), so that runs of one plan
+    /// from several threads, each in its own workspace, overlap on the device. `None`: the
+    /// device has one queue. Default: `None`.
+    ///
+    /// # Errors
+    /// The device's error.
+    fn new_queue(&self) -> Result<Option<Box<dyn DeviceQueue>>> {
+        Ok(None)
+    }
+    /// Sends this thread's device work to `queue` (a queue of this device's), after the work
+    /// already queued on the device's own queue, until [`leave_queue`](Self::leave_queue).
+    /// Default: nothing to do.
+    ///
+    /// # Errors
+    /// The device's error.
+    fn enter_queue(&self, _queue: &dyn DeviceQueue) -> Result<()> {
+        Ok(())
+    }
+    /// Ends [`enter_queue`](Self::enter_queue): work queued on the device's own queue from
+    /// now on (downloads, frees, other runs' inputs) comes after the work sent to `queue`.
+    /// Default: nothing to do.
+    ///
+    /// # Errors
+    /// The device's error.
+    fn leave_queue(&self, _queue: &dyn DeviceQueue) -> Result<()> {
+        Ok(())
+    }
     /// Starts recording the work queued on the device, instead of running it, for
     /// [`end_capture`](Self::end_capture) (CUDA graphs); nothing else may use the device until
     /// then. Default: unsupported.
@@ -72,6 +99,12 @@ pub trait Device: Send + Sync {
     fn end_capture(&self) -> Result<Box<dyn DeviceGraph>> {
         Err(Error::GraphUnsupported { reason: format!("device `{}` cannot capture work into a graph", self.name()) })
     }
+}
+
+/// A queue of device work of one workspace (see [`Device::new_queue`]).
+pub trait DeviceQueue: Send + Sync {
+    /// For the device to downcast.
+    fn as_any(&self) -> &dyn Any;
 }
 
 /// Work recorded on a device by [`Device::begin_capture`] and [`Device::end_capture`], replayed

@@ -16,7 +16,7 @@ use super::device::DeviceGraph;
 use super::executor::RunDecision;
 use super::guard_schedule::GuardStack;
 use super::range_map::RangeMap;
-use super::workspace::{DeviceOutputs, Workspace};
+use super::workspace::{DeviceOutputs, OnQueue, Workspace};
 use super::{DeviceTensor, RunInput};
 use crate::core::guards::Level;
 use crate::error::{Error, Result};
@@ -92,19 +92,27 @@ impl Plan {
         }
         let graph = {
             let run_inputs: Vec<RunInput<'_>> = inputs.iter().map(|t| RunInput::Device(t)).collect();
-            // Uncaptured first: kernels loaded, buffers and library handles allocated.
+            // Uncaptured first: kernels loaded, buffers, the workspace's queue and library
+            // handles allocated.
             self.run_on_device(workspace, &run_inputs)?;
             device.synchronize()?;
-            device.begin_capture()?;
-            let capturing = Capturing { device: &*device, open: true };
-            let captured = self.run_placed(workspace, &run_inputs, true, |plan, workspace, run| {
-                plan.check_inputs(run)?;
-                // Host-side code does not replay: record no region ranges either.
-                let _decision = RunDecision::enter(false);
-                plan.run_unguarded(workspace, run)
+            // Recorded on the workspace's queue, which replays then go to.
+            let queue = workspace.queue.take();
+            let on_queue = OnQueue::enter(Some(&*device), queue.as_deref());
+            let graph = on_queue.and_then(|_on_queue| {
+                device.begin_capture()?;
+                let capturing = Capturing { device: &*device, open: true };
+                let captured = self.run_placed(workspace, &run_inputs, true, |plan, workspace, run| {
+                    plan.check_inputs(run)?;
+                    // Host-side code does not replay: record no region ranges either.
+                    let _decision = RunDecision::enter(false);
+                    plan.run_unguarded(workspace, run)
+                });
+                let graph = capturing.end();
+                captured?;
+                graph
             });
-            let graph = capturing.end();
-            captured?;
+            workspace.queue = queue;
             graph?
         };
         Ok(PlanGraph { plan: self, workspace, graph, inputs })
@@ -147,7 +155,8 @@ impl PlanGraph<'_> {
         let mut stack = GuardStack::new(&plan.scopes, storage);
         let (a, b) = schedule.run_enter;
         stack.enter(&schedule.order[a as usize..b as usize]);
-        let launched = self.graph.launch();
+        let launched = OnQueue::enter(plan.device.as_deref(), self.workspace.queue.as_deref())
+            .and_then(|_on_queue| self.graph.launch());
         self.workspace.scratch.guard_stack = stack.finish();
         launched?;
         Ok(DeviceOutputs { plan, workspace: self.workspace })

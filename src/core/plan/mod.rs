@@ -12,7 +12,7 @@ mod range_map;
 mod workspace;
 
 pub use compile::Plan;
-pub use device::{Device, DeviceBuffer, DeviceGraph, DeviceKernel};
+pub use device::{Device, DeviceBuffer, DeviceGraph, DeviceKernel, DeviceQueue};
 pub use device_tensor::{DeviceTensor, PlanInput, RunInput};
 pub use executor::{
     kernel_fn, Availability, EmittedRange, Executor, Fusible, Kernel, OpView, PreparedRegionRange, RegionRange,

@@ -8,8 +8,8 @@ use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
 
 use super::compile::{Plan, Slot, Step, Work};
-use super::device::Device;
 use super::device::DeviceBuffer;
+use super::device::{Device, DeviceQueue};
 use super::device_tensor::{download, DeviceTensor, PlanInput, RunInput};
 use super::executor::RunDecision;
 use super::guard_schedule::{GuardStack, Schedule};
@@ -25,6 +25,8 @@ pub struct Workspace {
     buffers: Vec<Vec<f32>>,
     /// Device buffers, allocated by the first run.
     pub(super) device_buffers: Vec<Option<Box<dyn DeviceBuffer>>>,
+    /// Its own queue on the device, made by its first run (when the device has queues).
+    pub(super) queue: Option<Box<dyn DeviceQueue>>,
     /// Set while a run is in flight; still set afterwards if a kernel panicked, in which case
     /// the buffers may be incomplete and are rebuilt by the next run.
     pub(super) in_flight: bool,
@@ -132,6 +134,7 @@ impl Plan {
             plan_id: self.id,
             buffers,
             device_buffers: Vec::new(),
+            queue: None,
             in_flight: false,
             scratch: RunScratch {
                 guard_stack: Vec::with_capacity(self.widths.guard_depth),
@@ -255,7 +258,17 @@ impl Plan {
         if let (Some(device), true) = (&self.device, workspace.device_buffers.len() != self.device_lengths.len()) {
             workspace.device_buffers =
                 self.device_lengths.iter().map(|&len| device.alloc(len).map(Some)).collect::<Result<_>>()?;
+            workspace.queue = device.new_queue()?;
         }
+        let queue = workspace.queue.take();
+        let on_queue = OnQueue::enter(self.device.as_deref(), queue.as_deref())?;
+        let result = self.run_in_flight(workspace, run);
+        drop(on_queue);
+        workspace.queue = queue;
+        result
+    }
+
+    fn run_in_flight(&self, workspace: &mut Workspace, run: &Run<'_>) -> Result<()> {
         workspace.in_flight = true;
         // One profiling decision for the whole run: the schedule, and the region ranges that
         // executors push from inside their kernels.
@@ -532,6 +545,35 @@ impl Plan {
         match self.device_io.uploaded_input[d].and_then(|i| run.device[i as usize]) {
             Some(given) => Some(given),
             None => buffers[d].as_deref(),
+        }
+    }
+}
+
+/// This thread's device work goes to a workspace's queue while it lives (see
+/// [`Device::enter_queue`]); leaving it, also while unwinding, orders the device's own queue
+/// after that work.
+pub(super) struct OnQueue<'d> {
+    entered: Option<(&'d dyn Device, &'d dyn DeviceQueue)>,
+}
+
+impl<'d> OnQueue<'d> {
+    pub(super) fn enter(device: Option<&'d dyn Device>, queue: Option<&'d dyn DeviceQueue>) -> Result<Self> {
+        match (device, queue) {
+            (Some(device), Some(queue)) => {
+                device.enter_queue(queue)?;
+                Ok(Self { entered: Some((device, queue)) })
+            }
+            _ => Ok(Self { entered: None }),
+        }
+    }
+}
+
+impl Drop for OnQueue<'_> {
+    fn drop(&mut self) {
+        if let Some((device, queue)) = self.entered.take() {
+            // A failure here leaves the device's queue unordered after the run: nothing more
+            // can be done from a drop; the next call on the device reports the device's error.
+            let _ = device.leave_queue(queue);
         }
     }
 }

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, PinnedHostSlice};
 
 use super::{availability, RegionSource};
-use crate::core::plan::{Availability, Device, DeviceBuffer, DeviceGraph};
+use crate::core::plan::{Availability, Device, DeviceBuffer, DeviceGraph, DeviceQueue};
 use crate::error::{Error, Result};
 
 /// A CUDA device: context, the stream every plan's work goes to, and compiled kernels.
@@ -37,6 +37,20 @@ impl Drop for Staging {
         if let Some(copied) = self.copied.take() {
             let _ = copied.synchronize();
         }
+    }
+}
+
+thread_local! {
+    /// The queues entered on this thread (innermost last), with the address of their device.
+    static CURRENT_QUEUE: std::cell::RefCell<Vec<(usize, Arc<CudaStream>)>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A workspace's own CUDA stream.
+pub(crate) struct CudaQueue(Arc<CudaStream>);
+
+impl DeviceQueue for CudaQueue {
+    fn as_any(&self) -> &dyn Any {
+        self
     }
 }
 
@@ -98,8 +112,13 @@ impl CudaDevice {
         }))
     }
 
-    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
-        &self.stream
+    /// The stream this thread's work on this device goes to: the workspace queue of the run
+    /// in progress on this thread, else the device's own stream.
+    pub(crate) fn stream(&self) -> Arc<CudaStream> {
+        let me = self as *const Self as usize;
+        CURRENT_QUEUE
+            .with(|q| q.borrow().iter().rev().find(|(d, _)| *d == me).map(|(_, s)| s.clone()))
+            .unwrap_or_else(|| self.stream.clone())
     }
 
     pub(crate) fn multiprocessors(&self) -> u32 {
@@ -151,8 +170,9 @@ impl CudaDevice {
             }
         });
         let mut view = target.slice_mut(0..source.len());
-        self.stream.memcpy_htod(&buffer.host, &mut view).map_err(|e| cuda_error("upload", e))?;
-        buffer.copied = Some(self.stream.record_event(None).map_err(|e| cuda_error("record event", e))?);
+        let stream = self.stream();
+        stream.memcpy_htod(&buffer.host, &mut view).map_err(|e| cuda_error("upload", e))?;
+        buffer.copied = Some(stream.record_event(None).map_err(|e| cuda_error("record event", e))?);
         Ok(())
     }
 
@@ -225,33 +245,67 @@ impl Device for CudaDevice {
         }
         let target = slice_mut(target)?;
         let mut view = target.slice_mut(0..source.len());
-        self.stream.memcpy_htod(source, &mut view).map_err(|e| cuda_error("upload", e))
+        self.stream().memcpy_htod(source, &mut view).map_err(|e| cuda_error("upload", e))
     }
 
     fn download(&self, source: &dyn DeviceBuffer, target: &mut [f32]) -> Result<()> {
         self.transfers.fetch_add(1, Ordering::Relaxed);
         let source = slice(source)?;
         let view = source.slice(0..target.len());
-        self.stream.memcpy_dtoh(&view, target).map_err(|e| cuda_error("download", e))?;
-        self.stream.synchronize().map_err(|e| cuda_error("synchronize", e))
+        let stream = self.stream();
+        stream.memcpy_dtoh(&view, target).map_err(|e| cuda_error("download", e))?;
+        stream.synchronize().map_err(|e| cuda_error("synchronize", e))
     }
 
     fn synchronize(&self) -> Result<()> {
-        self.stream.synchronize().map_err(|e| cuda_error("synchronize", e))
+        // The device's own stream waits for every run that left its queue (see `leave_queue`).
+        self.stream().synchronize().map_err(|e| cuda_error("synchronize", e))
+    }
+
+    fn new_queue(&self) -> Result<Option<Box<dyn DeviceQueue>>> {
+        let stream = self.context.new_stream().map_err(|e| cuda_error("new stream", e))?;
+        Ok(Some(Box::new(CudaQueue(stream))))
+    }
+
+    fn enter_queue(&self, queue: &dyn DeviceQueue) -> Result<()> {
+        let queue =
+            queue.as_any().downcast_ref::<CudaQueue>().ok_or_else(|| cuda_error("queue", "not a CUDA queue"))?;
+        // The run comes after what the device's stream holds (uploads of its inputs, say).
+        let before = self.stream.record_event(None).map_err(|e| cuda_error("record event", e))?;
+        queue.0.wait(&before).map_err(|e| cuda_error("wait event", e))?;
+        let me = self as *const Self as usize;
+        CURRENT_QUEUE.with(|q| q.borrow_mut().push((me, queue.0.clone())));
+        Ok(())
+    }
+
+    fn leave_queue(&self, queue: &dyn DeviceQueue) -> Result<()> {
+        let me = self as *const Self as usize;
+        CURRENT_QUEUE.with(|q| {
+            let mut q = q.borrow_mut();
+            if let Some(i) = q.iter().rposition(|(d, _)| *d == me) {
+                q.remove(i);
+            }
+        });
+        let queue =
+            queue.as_any().downcast_ref::<CudaQueue>().ok_or_else(|| cuda_error("queue", "not a CUDA queue"))?;
+        // What comes later on the device's stream (downloads, frees, graphs' inputs) waits for
+        // the run.
+        let after = queue.0.record_event(None).map_err(|e| cuda_error("record event", e))?;
+        self.stream.wait(&after).map_err(|e| cuda_error("wait event", e))
     }
 
     fn begin_capture(&self) -> Result<()> {
         // Thread-local mode: CUDA calls of other threads are not refused. They must not queue
         // work on this device meanwhile (`Plan::capture` says so): its one stream is the one
         // being recorded.
-        self.stream
+        self.stream()
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| cuda_error("begin capture", e))
     }
 
     fn end_capture(&self) -> Result<Box<dyn DeviceGraph>> {
         let graph = self
-            .stream
+            .stream()
             .end_capture(sys::CUgraphInstantiate_flags(0))
             .map_err(|e| cuda_error("end capture", e))?
             .ok_or_else(|| Error::GraphUnsupported { reason: "nothing was captured".into() })?;

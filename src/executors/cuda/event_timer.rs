@@ -95,7 +95,8 @@ impl Site {
 
 struct PreparedEvents {
     site: Arc<Site>,
-    stream: Arc<cudarc::driver::CudaStream>,
+    /// Events are recorded on the stream of the run in progress (the workspace's queue).
+    device: Arc<CudaDevice>,
 }
 
 impl ScopedGuard for PreparedEvents {
@@ -104,13 +105,13 @@ impl ScopedGuard for PreparedEvents {
         // The pair comes round again: read the entry that used it first.
         self.site.read_back((entry + 1).saturating_sub(RING as u64));
         let (start, _) = &self.site.events[(entry % RING as u64) as usize];
-        let _ = start.record(&self.stream);
+        let _ = start.record(&self.device.stream());
         entry
     }
 
     fn on_exit(&self, entered: u64) {
         let (_, end) = &self.site.events[(entered % RING as u64) as usize];
-        let _ = end.record(&self.stream);
+        let _ = end.record(&self.device.stream());
     }
 }
 
@@ -157,6 +158,6 @@ impl Guard for CudaEventTimer {
                 s
             }
         };
-        Ok(Box::new(PreparedEvents { site: shared, stream: self.device.stream().clone() }))
+        Ok(Box::new(PreparedEvents { site: shared, device: self.device.clone() }))
     }
 }

@@ -117,7 +117,8 @@ impl Executor for CudaOps {
                 *blas = Some(CudaBlas::new(self.device.stream().clone()).map_err(|e| cuda_error("cuBLAS", e))?);
             }
             let lengths = BufferLengths::of(op)?;
-            return Ok(Box::new(Matmul { blas: self.blas.clone(), m: a[0], k: a[1], n: b[1], lengths }));
+            let device = self.device.clone();
+            return Ok(Box::new(Matmul { device, blas: self.blas.clone(), m: a[0], k: a[1], n: b[1], lengths }));
         }
         let is_shape_op = matches!(builtin_prim(op), Some(prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO));
         let source = if is_shape_op { shape_op_source } else { op_source };
@@ -231,6 +232,7 @@ impl DeviceKernel for GeneratedKernel {
 
 /// `[m, k] x [k, n]` row-major through cuBLAS (column-major): `C^T = B^T A^T`.
 struct Matmul {
+    device: Arc<CudaDevice>,
     blas: Arc<Mutex<Option<CudaBlas>>>,
     m: usize,
     k: usize,
@@ -241,8 +243,12 @@ struct Matmul {
 impl DeviceKernel for Matmul {
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
         self.lengths.check("matmul", inputs, outputs)?;
-        let blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
-        let blas = blas.as_ref().ok_or_else(|| cuda_error("matmul", "cuBLAS was not created"))?;
+        let mut blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
+        let blas = blas.as_mut().ok_or_else(|| cuda_error("matmul", "cuBLAS was not created"))?;
+        // SAFETY: the handle is used under the mutex only, and each product goes to the stream
+        // of the run that queues it (the workspace's queue), which is ordered after the run's
+        // inputs by the queue's events, as every other step of the run is.
+        unsafe { blas.set_stream(self.device.stream()) }.map_err(|e| cuda_error("cuBLAS stream", e))?;
         let (a, b) = (slice(inputs[0])?, slice(inputs[1])?);
         let c = slice_mut(&mut *outputs[0])?;
         let (m, k, n) = (self.m as i32, self.k as i32, self.n as i32);

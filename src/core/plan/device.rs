@@ -83,9 +83,9 @@ pub trait Device: Send + Sync {
     fn leave_queue(&self, _queue: &dyn DeviceQueue) -> Result<()> {
         Ok(())
     }
-    /// Starts recording the work queued on the device, instead of running it, for
-    /// [`end_capture`](Self::end_capture) (CUDA graphs); nothing else may use the device until
-    /// then. Default: unsupported.
+    /// Starts recording the work this thread queues (on the queue it entered, else the
+    /// device's own), instead of running it, for [`end_capture`](Self::end_capture) (CUDA
+    /// graphs). Default: unsupported.
     ///
     /// # Errors
     /// [`Error::GraphUnsupported`] when the device cannot capture.

@@ -37,8 +37,8 @@ impl Plan {
     /// new data reaches them through [`PlanGraph::input_mut`]. The run is made once first,
     /// uncaptured, so that kernels are loaded and buffers allocated.
     ///
-    /// Capturing records the work queued on the device's stream: no other thread may use the
-    /// same device (run a plan on it, upload) while a capture is in progress.
+    /// Capturing records the work this thread queues on the workspace's own queue (a CUDA
+    /// stream); other threads' runs go to their own workspaces' queues and are not recorded.
     ///
     /// ```no_run
     /// # // Needs a GPU: `proptests/cuda_matches_reference.rs` runs the tested version.

@@ -295,9 +295,9 @@ impl Device for CudaDevice {
     }
 
     fn begin_capture(&self) -> Result<()> {
-        // Thread-local mode: CUDA calls of other threads are not refused. They must not queue
-        // work on this device meanwhile (`Plan::capture` says so): its one stream is the one
-        // being recorded.
+        // Thread-local mode: CUDA calls of other threads are not refused, and their runs go to
+        // their own workspaces' streams, not to the one being recorded (`Plan::capture` records
+        // on the workspace's queue).
         self.stream()
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| cuda_error("begin capture", e))

@@ -1,5 +1,6 @@
-//! `CudaDevice`: one CUDA context and stream, buffers from `cudarc`, and a cache of compiled
-//! kernels (each generated source compiled by NVRTC once per device).
+//! `CudaDevice`: one CUDA context, its stream and one per workspace, buffers from `cudarc`, a
+//! cache of compiled kernels (each generated source compiled by NVRTC once per device), graphs,
+//! and page-locked staging for large uploads.
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -12,7 +13,9 @@ use super::{availability, RegionSource};
 use crate::core::plan::{Availability, Device, DeviceBuffer, DeviceGraph, DeviceQueue};
 use crate::error::{Error, Result};
 
-/// A CUDA device: context, the stream every plan's work goes to, and compiled kernels.
+/// A CUDA device: context, its own stream (uploads and downloads outside runs, and the order
+/// between runs), a stream per workspace that runs on it (see `Device::new_queue`), compiled
+/// kernels, and page-locked staging buffers for large uploads.
 pub struct CudaDevice {
     name: String,
     context: Arc<CudaContext>,

@@ -70,6 +70,17 @@ fn inputs_for(trace: &boundscope::Trace<'_>) -> Vec<boundscope::Tensor> {
         .collect()
 }
 
+/// `trace` decomposed and fused for `CudaFusion` on `device`, and that executor.
+fn fused_for_cuda<'a>(
+    device: &Arc<CudaDevice>,
+    trace: &boundscope::Trace<'a>,
+    arena: &'a Arena,
+) -> (boundscope::Trace<'a>, Arc<dyn Executor>) {
+    let prims_only = Pipeline::standard().run(trace, arena).unwrap();
+    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
+    (FuseRegions::new(fusion.clone()).run(&prims_only, arena).unwrap(), fusion)
+}
+
 /// `tensors` uploaded to `device`.
 fn upload(device: &Arc<CudaDevice>, tensors: &[boundscope::Tensor]) -> Vec<boundscope::DeviceTensor> {
     let on_device: Arc<dyn boundscope::Device> = device.clone();
@@ -84,9 +95,7 @@ fn the_quickstart_program_matches_on_cuda() {
     let registry = Registry::with_builtins();
     let arena = Arena::new();
     let trace = quickstart_block(&arena, &registry);
-    let prims_only = Pipeline::standard().run(&trace, &arena).unwrap();
-    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
-    let fused = FuseRegions::new(fusion.clone()).run(&prims_only, &arena).unwrap();
+    let (fused, fusion) = fused_for_cuda(&device, &trace, &arena);
     // Device time per op and region, from CUDA events, over 3 runs.
     let mut fused = fused;
     let events = CudaEventTimer::new(device.clone());
@@ -121,9 +130,7 @@ fn the_quickstart_block_stays_on_the_device() {
     let registry = Registry::with_builtins();
     let arena = Arena::new();
     let trace = quickstart_block(&arena, &registry);
-    let prims_only = Pipeline::standard().run(&trace, &arena).unwrap();
-    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
-    let fused = FuseRegions::new(fusion.clone()).run(&prims_only, &arena).unwrap();
+    let (fused, fusion) = fused_for_cuda(&device, &trace, &arena);
     let plan =
         Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device.clone())), CpuReference::shared()]).unwrap();
     let listing = plan.to_string();
@@ -159,9 +166,7 @@ fn the_quickstart_block_replays_as_a_graph() {
     let registry = Registry::with_builtins();
     let arena = Arena::new();
     let trace = quickstart_block(&arena, &registry);
-    let prims_only = Pipeline::standard().run(&trace, &arena).unwrap();
-    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
-    let mut fused = FuseRegions::new(fusion.clone()).run(&prims_only, &arena).unwrap();
+    let (mut fused, fusion) = fused_for_cuda(&device, &trace, &arena);
     fused = ProfileOps::new().with_trace_range(NvtxRange::new().label("block").unwrap()).run(&fused, &arena).unwrap();
     let recorder = boundscope::guards::Recorder::new();
     fused.attach_trace_guard(recorder.clone()).unwrap();
@@ -212,9 +217,7 @@ fn runs_from_several_threads_each_get_their_own_result() {
     let registry = Registry::with_builtins();
     let arena = Arena::new();
     let trace = quickstart_block(&arena, &registry);
-    let prims_only = Pipeline::standard().run(&trace, &arena).unwrap();
-    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
-    let fused = FuseRegions::new(fusion.clone()).run(&prims_only, &arena).unwrap();
+    let (fused, fusion) = fused_for_cuda(&device, &trace, &arena);
     let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device.clone()))]).unwrap();
     let reference = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
     let base = inputs_for(&trace);

@@ -205,9 +205,6 @@ struct PendingScope<'l> {
     first: usize,
     end: usize,
     level: Level,
-    /// For subsymbol spans, how deep in the composite's decomposition (1: a direct
-    /// subsymbol), so that a subsymbol and its only child stay two scopes.
-    depth: usize,
     label: String,
     executor: &'l str,
     guards: ScopeGuards,
@@ -235,22 +232,24 @@ pub(crate) fn prepare_scopes(
             _ => "runtime",
         }
     };
+    // Scopes in order of first attachment, and where each is by steps, level and, for
+    // subsymbol spans, depth in the composite's decomposition (1: a direct subsymbol), so that
+    // a subsymbol and its only child stay two scopes.
     let mut pending: Vec<PendingScope<'_>> = Vec::new();
+    let mut index: std::collections::HashMap<(usize, usize, Level, usize), usize> = Default::default();
     let mut notes = Vec::new();
     let mut add = |first: usize, end: usize, level: Level, depth: usize, label: &str, attachment: Attachment| {
-        let at = pending.iter().position(|p| (p.first, p.end, p.level, p.depth) == (first, end, level, depth));
-        let scope = match at {
-            Some(i) => &mut pending[i],
-            None => {
-                let executor = if level == Level::Trace { "runtime" } else { executor_of(first, end) };
-                let label = label.to_string();
-                let guards = ScopeGuards::default();
-                pending.push(PendingScope { first, end, level, depth, label, executor, guards });
-                pending.last_mut().expect("just pushed")
-            }
-        };
-        let what = format!("{} `{}` (steps {first}..{end})", level.name(), scope.label);
-        scope.guards.add(guards, attachment, |note| notes.push(format!("{what}: {note}")));
+        let i = *index.entry((first, end, level, depth)).or_insert_with(|| {
+            let executor = if level == Level::Trace { "runtime" } else { executor_of(first, end) };
+            let label = label.to_string();
+            pending.push(PendingScope { first, end, level, label, executor, guards: ScopeGuards::default() });
+            pending.len() - 1
+        });
+        let scope = &mut pending[i];
+        let label = &scope.label;
+        scope.guards.add(guards, attachment, |note| {
+            notes.push(format!("{} `{label}` (steps {first}..{end}): {note}", level.name()));
+        });
     };
     for &g in &guards.trace_level {
         let attachment = Attachment { guard: g, span: 1, depth: 0, level: Level::Trace, origin: prims::REGION };

@@ -256,7 +256,7 @@ impl Plan {
             notes,
             profiling,
             dropped_guards,
-            developer_options: configured_developer_options(executors),
+            developer_options: configured_developer_options(executors, &compiler.steps),
             unused_options: Vec::new(),
             steps: compiler.steps,
             executor_names: executors.iter().map(|e| e.name().to_string()).collect(),
@@ -271,22 +271,26 @@ impl Plan {
     }
 
     /// Like [`compile`](Self::compile), recording the options it was built with. The header
-    /// lists the developer options in force: those the executors were configured with (as
-    /// [`compile`](Self::compile) lists them too) and the runtime's. Options that had no effect
-    /// (no executor in the list, nor the runtime, reads them, or the executor that reads them
-    /// was configured otherwise) are reported by [`unused_options`](Self::unused_options).
+    /// lists the developer options in force: those the executors that run steps of the plan
+    /// were configured with (as [`compile`](Self::compile) lists them too) and the runtime's.
+    /// Options that had no effect (no executor running steps, nor the runtime, reads them, or
+    /// the executor that reads them was configured otherwise) are reported by
+    /// [`unused_options`](Self::unused_options).
     ///
     /// ```
     /// use std::sync::Arc;
     /// use boundscope::executors::{CpuFusion, CpuReference};
+    /// use boundscope::passes::{FuseRegions, Pass};
     /// use boundscope::{options::Options, Arena, Plan, Registry, TraceBuilder};
     /// let registry = Registry::with_builtins();
     /// let arena = Arena::new();
     /// let mut b = TraceBuilder::new(&arena, &registry);
     /// let x = b.input(&[4]).unwrap();
-    /// let y = b.exp(x).unwrap();
+    /// let e = b.exp(x).unwrap();
+    /// let y = b.neg(e).unwrap();
     /// b.output(y).unwrap();
-    /// let trace = b.finish().unwrap();
+    /// // A region for CpuFusion to run.
+    /// let trace = FuseRegions::new(CpuFusion::shared()).run(&b.finish().unwrap(), &arena).unwrap();
     /// let mut options = Options::new();
     /// options.set_developer("cpu_fusion.block_size", 1024).unwrap();
     /// // No executor of the list reads it: unused, and not listed as in force.
@@ -320,20 +324,22 @@ impl Plan {
         // as they were configured (by `compile`).
         let runtime = options.developer_overrides().into_iter().filter(|o| o.starts_with("runtime."));
         plan.developer_options.splice(0..0, runtime);
-        // An option has an effect when the runtime reads it, or an executor of the list was
-        // configured with the value set.
+        // An option has an effect when the runtime reads it, or an executor that runs steps of
+        // the plan was configured with the value set.
         plan.unused_options = options
             .set_names()
             .filter(|&name| {
                 let owner = name.split('.').next().unwrap_or(name);
                 let set = options.get(name).ok();
-                let in_force = executors.iter().filter(|e| e.name() == owner).any(|e| {
-                    let configured = e.configured_options();
-                    match configured.iter().find(|(n, _)| *n == name) {
-                        Some((_, value)) => Some(value) == set.as_ref(),
-                        None => e.options().iter().any(|s| s.name == name),
-                    }
-                });
+                let runs_steps = |i: usize| plan.steps.iter().any(|s| s.executor == i);
+                let in_force =
+                    executors.iter().enumerate().filter(|(i, e)| e.name() == owner && runs_steps(*i)).any(|(_, e)| {
+                        let configured = e.configured_options();
+                        match configured.iter().find(|(n, _)| *n == name) {
+                            Some((_, value)) => Some(value) == set.as_ref(),
+                            None => e.options().iter().any(|s| s.name == name),
+                        }
+                    });
                 owner != "runtime" && !in_force
             })
             .map(str::to_string)
@@ -533,8 +539,9 @@ impl<'c, 't> Compiler<'c, 't> {
         profiling: &Arc<AtomicBool>,
     ) -> Result<CompiledNode> {
         let op = OpView::new(self.trace, bsym)?;
-        let claimed = self.executors.iter().find(|e| e.claims(&op));
-        let range = match claimed {
+        // Asked once: the executor that claims it is the one its range is made for.
+        let claimed = self.executors.iter().position(|e| e.claims(&op));
+        let range = match claimed.map(|i| &self.executors[i]) {
             Some(executor) if bsym.symbol() == prims::REGION => {
                 let emitted = emitted_region_domain(executor.emits());
                 if let Some(domain) = emitted.filter(|d| d.is_empty() || d.contains('\0')) {
@@ -551,7 +558,7 @@ impl<'c, 't> Compiler<'c, 't> {
             }
             _ => None,
         };
-        self.compile_bound_symbol(bsym, range.as_ref())
+        self.compile_claimed(bsym, claimed, range.as_ref())
     }
 
     /// Compiles one bound symbol; `region_range` is the range its executor pushes itself.
@@ -560,9 +567,21 @@ impl<'c, 't> Compiler<'c, 't> {
         bsym: &'c BoundSymbol<'t>,
         region_range: Option<&RegionRange>,
     ) -> Result<CompiledNode> {
+        let op = OpView::new(self.trace, bsym)?;
+        let claimed = self.executors.iter().position(|e| e.claims(&op));
+        self.compile_claimed(bsym, claimed, region_range)
+    }
+
+    /// Compiles one bound symbol for the executor at `claimed` (decomposing it when none
+    /// claimed it); `region_range` is the range its executor pushes itself.
+    fn compile_claimed(
+        &mut self,
+        bsym: &'c BoundSymbol<'t>,
+        claimed: Option<usize>,
+        region_range: Option<&RegionRange>,
+    ) -> Result<CompiledNode> {
         let mut op = OpView::new(self.trace, bsym)?;
         let first = self.steps.len();
-        let claimed = self.executors.iter().position(|e| e.claims(&op));
         let Some(executor) = claimed else {
             if bsym.subsymbols().is_empty() {
                 return Err(Error::NoExecutor {
@@ -689,15 +708,21 @@ impl<'c, 't> Compiler<'c, 't> {
     }
 }
 
-/// `name=value` of every developer option that an executor of the list was configured with,
-/// where the value is not the option's default.
-fn configured_developer_options(executors: &[Arc<dyn Executor>]) -> Vec<String> {
-    let mut listed = Vec::new();
-    for executor in executors {
+/// `name=value` of every developer option that an executor running steps of the plan was
+/// configured with, where the value is not the option's default (each executor once).
+fn configured_developer_options(executors: &[Arc<dyn Executor>], steps: &[Step]) -> Vec<String> {
+    let mut listed: Vec<String> = Vec::new();
+    for (i, executor) in executors.iter().enumerate() {
+        if !steps.iter().any(|s| s.executor == i) {
+            continue;
+        }
         for (name, value) in executor.configured_options() {
             let spec = executor.options().iter().find(|s| s.name == name);
-            if spec.is_some_and(|s| s.audience == Audience::Developer && s.default != value) {
-                listed.push(format!("{name}={value}"));
+            let setting = format!("{name}={value}");
+            if spec.is_some_and(|s| s.audience == Audience::Developer && s.default != value)
+                && !listed.contains(&setting)
+            {
+                listed.push(setting);
             }
         }
     }

@@ -286,6 +286,30 @@ mod tests {
     }
 
     #[test]
+    fn a_region_run_outside_a_plan_with_wrong_buffers_is_a_typed_error() {
+        use crate::core::plan::{Executor, OpView};
+        use crate::core::tensor::{TensorMut, TensorRef};
+        let (arena, registry) = (Arena::new(), Registry::with_builtins());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[8]).unwrap();
+        let e = b.exp(x).unwrap();
+        let y = b.neg(e).unwrap();
+        b.output(y).unwrap();
+        let fused = FuseRegions::new(CpuFusion::shared()).run(&b.finish().unwrap(), &arena).unwrap();
+        let kernel = CpuFusion::new().compile(&OpView::of(&fused, 0).unwrap()).unwrap();
+        let (input, mut out) = ([1.0f32; 8], [0.0f32; 4]);
+        let short =
+            kernel.run(&[TensorRef { shape: &[8], data: &input }], &mut [TensorMut { shape: &[4], data: &mut out }]);
+        assert!(matches!(short, Err(Error::Execution { .. })), "{short:?}");
+        assert!(kernel.run(&[], &mut []).is_err());
+        let mut out = [0.0f32; 8];
+        kernel
+            .run(&[TensorRef { shape: &[8], data: &input }], &mut [TensorMut { shape: &[8], data: &mut out }])
+            .unwrap();
+        assert_eq!(out[0], -(1.0f32.exp()));
+    }
+
+    #[test]
     fn nan_in_a_tiled_row_reaches_its_max() {
         let (arena, registry) = (Arena::new(), Registry::with_builtins());
         let mut b = TraceBuilder::new(&arena, &registry);

@@ -52,6 +52,9 @@ enum Load {
 /// A region, compiled: instructions over temporaries, one load per input, and where each
 /// output comes from.
 pub struct FusedRegion {
+    /// The elements of each input and output buffer, checked before each run: the loops
+    /// index them without bounds checks of their own beyond Rust's.
+    lengths: BufferLengths,
     shape: Shape,
     numel: usize,
     block: usize,
@@ -170,7 +173,18 @@ impl FusedRegion {
             (true, false) => ((block / row_len).max(1) * row_len, row_len),
             _ => (block, block),
         };
+        let length = |v: ValueId| region.shape_of(v).map(|s| s.iter().product()).map_err(|e| e.to_string());
+        let lengths = BufferLengths {
+            inputs: inputs.iter().map(|&v| length(v)).collect::<std::result::Result<_, _>>()?,
+            outputs: region
+                .bound_symbol()
+                .outputs()
+                .iter()
+                .map(|&v| length(v))
+                .collect::<std::result::Result<_, _>>()?,
+        };
         Ok(Self {
+            lengths,
             shape,
             numel,
             block,
@@ -459,8 +473,40 @@ fn apply_binary(op: SymbolId, a: Block<'_>, b: Block<'_>, dest: &mut [f32]) {
     }, _ => {});
 }
 
+/// The element counts of a region's buffers, from the shapes it was compiled for.
+struct BufferLengths {
+    inputs: Vec<usize>,
+    outputs: Vec<usize>,
+}
+
+impl BufferLengths {
+    /// A typed error, not a panic, for buffers a caller outside a plan got wrong.
+    fn check(&self, inputs: &[TensorRef<'_>], outputs: &[TensorMut<'_>]) -> Result<()> {
+        let given = inputs.iter().map(|t| t.data.len()).chain(outputs.iter().map(|t| t.data.len()));
+        let same = inputs.len() == self.inputs.len()
+            && outputs.len() == self.outputs.len()
+            && given.eq(self.inputs.iter().chain(&self.outputs).copied());
+        if same {
+            return Ok(());
+        }
+        Err(crate::error::Error::Execution {
+            executor: super::CpuFusion::NAME.into(),
+            symbol: "fused region".into(),
+            message: format!(
+                "it takes inputs of {:?} and outputs of {:?} elements, not {:?} and {:?}; pass buffers of the shapes \
+                 it was compiled for",
+                self.inputs,
+                self.outputs,
+                inputs.iter().map(|t| t.data.len()).collect::<Vec<_>>(),
+                outputs.iter().map(|t| t.data.len()).collect::<Vec<_>>()
+            ),
+        })
+    }
+}
+
 impl Kernel for FusedRegion {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
+        self.lengths.check(inputs, outputs)?;
         match &self.range {
             Some(range) => range.in_scope(|| self.run_blocks(inputs, outputs)),
             None => self.run_blocks(inputs, outputs),

@@ -167,11 +167,16 @@ impl CudaDevice {
         let host = buffer.host.as_mut_slice().map_err(|e| cuda_error("staging", e))?;
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 16);
         let chunk = source.len().div_ceil(threads).max(STAGED_UPLOAD / 4);
-        std::thread::scope(|scope| {
-            for (to, from) in host.chunks_mut(chunk).zip(source.chunks(chunk)) {
-                scope.spawn(move || to.copy_from_slice(from));
+        std::thread::scope(|scope| -> Result<()> {
+            for (k, (to, from)) in host.chunks_mut(chunk).zip(source.chunks(chunk)).enumerate() {
+                // Named, so that profilers (Nsight Systems) show whose threads they are.
+                std::thread::Builder::new()
+                    .name(format!("boundscope-staging-{k}"))
+                    .spawn_scoped(scope, move || to.copy_from_slice(from))
+                    .map_err(|e| cuda_error("staging thread", e))?;
             }
-        });
+            Ok(())
+        })?;
         let mut view = target.slice_mut(0..source.len());
         let stream = self.stream();
         stream.memcpy_htod(&buffer.host, &mut view).map_err(|e| cuda_error("upload", e))?;

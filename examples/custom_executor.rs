@@ -16,13 +16,13 @@ use std::sync::Arc;
 use boundscope::executors::CpuReference;
 use boundscope::guards::{Level, NvtxRange, Recorder, Selection};
 use boundscope::passes::{FuseRegions, Pass, ProfileOps};
-use boundscope::{Arena, Executor, Plan, Registry, Tensor, TraceBuilder};
+use boundscope::{Arena, Executor, Plan, Registry, Tensor};
 
 #[path = "shared/my_fuser.rs"]
 mod my_fuser;
 #[path = "shared/nsys_check.rs"]
 mod nsys_check;
-use my_fuser::{swish_symbol, MyFuser, MY_DOMAIN};
+use my_fuser::{swish_program, swish_symbol, MyFuser, MY_DOMAIN};
 
 fn main() -> ExitCode {
     match run() {
@@ -40,16 +40,7 @@ fn run() -> boundscope::Result<bool> {
     registry.register(swish_symbol())?;
     let arena = Arena::new();
 
-    let mut b = TraceBuilder::new(&arena, &registry);
-    let x = b.input(&[256, 256])?;
-    let w = b.input(&[256, 256])?;
-    let h = b.matmul(x, w)?;
-    let t = b.tanh(h)?;
-    let s = b.call("swish", &[t.into()])?;
-    let y = b.neg(s)?;
-    let z = b.matmul(y, w)?;
-    b.output(z)?;
-    let trace = b.finish()?;
+    let trace = swish_program(&arena, &registry, 256)?;
 
     // Profile every op and the run, record the range tree, fuse for MyFuser.
     let mut profiled = ProfileOps::new().with_trace_range(NvtxRange::new().label("step")?).run(&trace, &arena)?;

@@ -18,13 +18,13 @@ use std::sync::Arc;
 use boundscope::executors::CpuReference;
 use boundscope::guards::{NvtxRange, Selection};
 use boundscope::passes::{FuseRegions, Pass, ProfileOps};
-use boundscope::{prims, Arena, BoundSymbolId, Executor, Plan, Registry, Tensor, TraceBuilder};
+use boundscope::{prims, Arena, BoundSymbolId, Executor, Plan, Registry, Tensor};
 
 #[path = "shared/my_fuser.rs"]
 mod my_fuser;
 #[path = "shared/nsys_check.rs"]
 mod nsys_check;
-use my_fuser::{swish_symbol, MyFuser, MY_DOMAIN};
+use my_fuser::{swish_program, swish_symbol, MyFuser, MY_DOMAIN};
 
 const APP_DOMAIN: &str = "my_app";
 const RUNS: usize = 20;
@@ -44,16 +44,7 @@ fn run() -> boundscope::Result<bool> {
     let mut registry = Registry::with_builtins();
     registry.register(swish_symbol())?;
     let arena = Arena::new();
-    let mut b = TraceBuilder::new(&arena, &registry);
-    let x = b.input(&[128, 128])?;
-    let w = b.input(&[128, 128])?;
-    let h = b.matmul(x, w)?;
-    let t = b.tanh(h)?;
-    let s = b.call("swish", &[t.into()])?;
-    let y = b.neg(s)?;
-    let z = b.matmul(y, w)?;
-    b.output(z)?;
-    let trace = b.finish()?;
+    let trace = swish_program(&arena, &registry, 128)?;
 
     // Profiled twice, as happens when a library and its caller both ask for it.
     let profile = ProfileOps::new().with_trace_range(NvtxRange::new().label("step")?);

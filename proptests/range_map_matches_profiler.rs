@@ -334,6 +334,16 @@ proptest! {
     }
 }
 
+/// Whether the NVTX capture is this process's NVTX tool (not so under a profiler); says why a
+/// test is skipped when it is not.
+fn capture_installed() -> bool {
+    let installed = nvtx_capture::is_installed();
+    if !installed {
+        eprintln!("SKIPPED: the NVTX capture is not this process's NVTX tool");
+    }
+    installed
+}
+
 fn swish_chain<'a>(arena: &'a Arena, registry: &'a Registry) -> Trace<'a> {
     let mut b = TraceBuilder::new(arena, registry);
     let x = b.input(&[8, 8]).unwrap();
@@ -356,8 +366,7 @@ fn labels_in(events: &[NvtxEvent], domain: &str) -> Vec<String> {
 
 #[test]
 fn a_user_executor_in_its_own_domain_gets_no_second_range_there() {
-    if !nvtx_capture::is_installed() {
-        eprintln!("SKIPPED: the NVTX capture is not this process's NVTX tool");
+    if !capture_installed() {
         return;
     }
     let (arena, registry) = (Arena::new(), Registry::with_builtins());
@@ -381,8 +390,7 @@ fn a_user_executor_in_its_own_domain_gets_no_second_range_there() {
 
 #[test]
 fn a_label_in_one_domain_renames_no_range_in_another() {
-    if !nvtx_capture::is_installed() {
-        eprintln!("SKIPPED: the NVTX capture is not this process's NVTX tool");
+    if !capture_installed() {
         return;
     }
     let (arena, registry) = (Arena::new(), Registry::with_builtins());
@@ -401,8 +409,7 @@ fn a_label_in_one_domain_renames_no_range_in_another() {
 
 #[test]
 fn profiling_twice_or_by_the_front_end_again_gives_one_range_per_op() {
-    if !nvtx_capture::is_installed() {
-        eprintln!("SKIPPED: the NVTX capture is not this process's NVTX tool");
+    if !capture_installed() {
         return;
     }
     let (arena, registry) = (Arena::new(), Registry::with_builtins());
@@ -475,8 +482,7 @@ fn region_names_stay_unique_across_fusion_passes() {
 
 #[test]
 fn a_run_keeps_its_profiling_decision_to_the_end() {
-    if !nvtx_capture::is_installed() {
-        eprintln!("SKIPPED: the NVTX capture is not this process's NVTX tool");
+    if !capture_installed() {
         return;
     }
     let (arena, registry) = (Arena::new(), Registry::with_builtins());
@@ -569,8 +575,7 @@ impl Executor for FailOnExp {
 
 #[test]
 fn a_panicking_exit_still_exits_every_guard_and_never_aborts() {
-    if !nvtx_capture::is_installed() {
-        eprintln!("SKIPPED: the NVTX capture is not this process's NVTX tool");
+    if !capture_installed() {
         return;
     }
     for kernel_panics in [false, true] {
@@ -677,8 +682,7 @@ impl Guard for UserNvtx {
 
 #[test]
 fn a_users_nvtx_guard_kind_pushes_what_the_map_says_or_the_plan_notes_why_not() {
-    if !nvtx_capture::is_installed() {
-        eprintln!("SKIPPED: the NVTX capture is not this process's NVTX tool");
+    if !capture_installed() {
         return;
     }
     let (arena, registry) = (Arena::new(), Registry::with_builtins());

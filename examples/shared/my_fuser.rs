@@ -1,7 +1,10 @@
 //! `MyFuser`, a user's fusion executor, and `swish`, a user's symbol: shared by the examples
 //! that embed boundscope with their own executor (`custom_executor`, `ranges_in_three_domains`).
 
-use boundscope::{kernel_fn, Category, EmittedRange, Executor, Fusible, Kernel, OpView, ParamKind, Symbol};
+use boundscope::{
+    kernel_fn, Arena, Category, EmittedRange, Executor, Fusible, Kernel, OpView, ParamKind, Registry, Symbol, Trace,
+    TraceBuilder,
+};
 
 /// The scalar swish function.
 pub fn swish(x: f32) -> f32 {
@@ -82,4 +85,19 @@ impl Executor for MyFuser {
     fn emits(&self) -> &[EmittedRange] {
         &EMITS
     }
+}
+
+/// `z = matmul(neg(swish(tanh(matmul(x, w)))), w)` on `[n, n]` inputs: a chain MyFuser fuses
+/// between two ops it does not. `registry` must hold `swish` ([`swish_symbol`]).
+pub fn swish_program<'a>(arena: &'a Arena, registry: &'a Registry, n: usize) -> boundscope::Result<Trace<'a>> {
+    let mut b = TraceBuilder::new(arena, registry);
+    let x = b.input(&[n, n])?;
+    let w = b.input(&[n, n])?;
+    let h = b.matmul(x, w)?;
+    let t = b.tanh(h)?;
+    let s = b.call("swish", &[t.into()])?;
+    let y = b.neg(s)?;
+    let z = b.matmul(y, w)?;
+    b.output(z)?;
+    b.finish()
 }

@@ -163,6 +163,13 @@ impl PlanInput for TensorRef<'_> {
     }
 }
 
+impl PlanInput for &Tensor {
+    #[inline(always)]
+    fn as_run_input(&self) -> RunInput<'_> {
+        RunInput::Host(self.view())
+    }
+}
+
 impl PlanInput for RunInput<'_> {
     #[inline(always)]
     fn as_run_input(&self) -> RunInput<'_> {

@@ -163,8 +163,7 @@ impl Plan {
             Some(workspace) => workspace,
             None => self.workspace()?,
         };
-        let views: SmallVec<[TensorRef<'_>; 8]> = inputs.iter().map(|t| t.view()).collect();
-        let result = self.run_with(&mut workspace, &views).map(|outputs| outputs.to_tensors());
+        let result = self.run_with(&mut workspace, inputs).map(|outputs| outputs.to_tensors());
         if let Ok(mut pool) = self.pool.lock() {
             pool.push(workspace);
         }

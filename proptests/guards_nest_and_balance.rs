@@ -254,10 +254,10 @@ impl Executor for FailAt {
         "fail_at"
     }
     fn claims(&self, op: &OpView<'_>) -> bool {
-        CpuReference.claims(op)
+        CpuReference::new().claims(op)
     }
     fn compile(&self, op: &OpView<'_>) -> boundscope::Result<Box<dyn Kernel>> {
-        let inner = CpuReference.compile(op)?;
+        let inner = CpuReference::new().compile(op)?;
         let (countdown, panic) = (self.countdown.clone(), self.panic);
         Ok(kernel_fn(move |inputs, outputs| {
             if countdown.fetch_sub(1, Ordering::Relaxed) == 1 {

@@ -257,7 +257,7 @@ fn a_builtin_whose_shapes_break_its_rule_is_a_typed_error_even_outside_a_plan() 
     assert!(matches!(trace.verify(), Err(Error::MalformedTrace { .. })));
 
     let op = OpView::of(&trace, 0).unwrap();
-    match CpuReference.compile(&op) {
+    match CpuReference::new().compile(&op) {
         Err(Error::KernelPrecondition { executor, detail, .. }) => {
             assert_eq!(executor, "cpu_reference");
             assert!(detail.contains("inner dimensions differ"), "{detail}");

@@ -1,6 +1,7 @@
 //! A plan run in a reused workspace allocates nothing, whatever the program: unfused or fused,
 //! with guards nested deeply or not, profiling on or off, regions with up to 8 inputs and 4
-//! outputs, ranks up to 6 (and a rank-9 transpose), zero-sized dimensions.
+//! outputs, ranks up to 6 (and a rank-9 transpose), zero-sized dimensions, and ops large enough
+//! to be split over the worker threads (whose allocations count too: the counter is global).
 
 mod common;
 
@@ -13,7 +14,7 @@ use boundscope::guards::{ClosureGuard, HostTimer, NvtxRange, Selection};
 use boundscope::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOps};
 use boundscope::{Arena, Executor, Plan, Registry, Tensor, Trace, TraceBuilder};
 use common::allocations::{allocations_during, CountingAllocator};
-use common::program::programs;
+use common::program::{programs, programs_of};
 use proptest::prelude::*;
 
 #[global_allocator]
@@ -170,6 +171,37 @@ proptest! {
         let mut unfused = trace.clone();
         guard(&mut unfused, nested, true);
         let plan = Plan::compile(&unfused, &[CpuReference::shared()]).unwrap();
+        prop_assert_eq!(steady_state_allocations(&plan, &inputs), 0, "{}", plan);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(12))]
+
+    /// Programs over tensors of 2^17 to 2^19 elements, which the CPU executors split over the
+    /// machine's cores: fused and unfused, guarded and profiled, still allocate nothing (on any
+    /// thread) after the first run.
+    #[test]
+    fn runs_split_over_threads_allocate_nothing(
+        program in programs_of((256usize..512, 512usize..1024, 1usize..3), false),
+        nested in 0usize..4,
+        seed in any::<u64>(),
+    ) {
+        if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+            eprintln!("SKIPPED: one core here, so no op is split over threads");
+            return Ok(());
+        }
+        let registry = Registry::with_builtins();
+        let arena = Arena::new();
+        let trace = program.build(&arena, &registry).unwrap();
+        let inputs = program.input_data(seed);
+        let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+        prop_assert_eq!(steady_state_allocations(&plan, &inputs), 0, "{}", plan);
+        let fusion: Arc<dyn Executor> = Arc::new(CpuFusion::new());
+        let mut fused = FuseRegions::new(fusion.clone()).run(&ProfileOps::new().run(&trace, &arena).unwrap(), &arena).unwrap();
+        guard(&mut fused, nested, true);
+        let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap();
+        plan.set_profiling(true);
         prop_assert_eq!(steady_state_allocations(&plan, &inputs), 0, "{}", plan);
     }
 }

@@ -6,7 +6,8 @@
 //! and on the first NVTX call in the process NVTX calls [`initialize`] with its export table. We
 //! then install our own functions in the CORE and CORE2 function tables for `DomainCreateA/W`,
 //! `DomainRegisterStringA/W`, `DomainRangePushEx`, `DomainRangePop`, `RangePushA/W`,
-//! `RangePushEx` and `RangePop`; every other NVTX call stays a no-op.
+//! `RangePushEx`, `RangePop` and `NameOsThreadA` (see [`thread_names`]); every other NVTX call
+//! stays a no-op.
 //!
 //! A dynamic injection (`NVTX_INJECTION64_PATH`, which Nsight Systems sets) takes precedence
 //! over static injection: under a real profiler [`is_installed`] is false and nothing is
@@ -432,6 +433,24 @@ unsafe extern "C" fn range_pop() -> c_int {
     pop(0)
 }
 
+/// Thread names given through `nvtxNameOsThreadA`: (OS thread id, name), in call order.
+static THREAD_NAMES: Mutex<Vec<(u32, String)>> = Mutex::new(Vec::new());
+
+/// The names threads were given through `nvtxNameOsThreadA` so far, with their OS thread ids.
+#[allow(dead_code)]
+pub fn thread_names() -> Vec<(u32, String)> {
+    THREAD_NAMES.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+unsafe extern "C" fn name_os_thread_a(thread: u32, name: *const c_char) {
+    if name.is_null() {
+        return;
+    }
+    // SAFETY: NVTX passes the caller's NUL-terminated name.
+    let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned();
+    THREAD_NAMES.lock().unwrap_or_else(|p| p.into_inner()).push((thread, name));
+}
+
 /// Writes `f` into slot `id` of a module's function table, if the table has that slot.
 ///
 /// # Safety
@@ -526,6 +545,12 @@ unsafe extern "C" fn initialize(get_export_table: ffi::NvtxGetExportTableFunc_t)
                 core_size,
                 Core::NVTX_CBID_CORE_RangePop as u32,
                 Some(range_pop),
+            ),
+            set_slot::<ffi::nvtxNameOsThreadA_impl_fntype>(
+                core,
+                core_size,
+                Core::NVTX_CBID_CORE_NameOsThreadA as u32,
+                Some(name_os_thread_a),
             ),
             set_slot::<ffi::nvtxDomainCreateA_impl_fntype>(
                 core2,

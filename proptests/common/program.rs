@@ -43,7 +43,15 @@ type Choice = (u8, u32, u32, f32);
 /// Random well-formed programs of elementwise, reduction, matmul and shape ops, and (when
 /// `composites`) softmax, layer_norm and linear.
 pub fn programs(composites: bool) -> impl Strategy<Value = Program> {
-    let dims = (1usize..5, 1usize..5, 1usize..5);
+    programs_of((1usize..5, 1usize..5, 1usize..5), composites)
+}
+
+/// [`programs`] whose inputs have dimensions `m`, `n`, `k` drawn from `dims`: large ones make
+/// the CPU executors split ops over threads.
+pub fn programs_of(
+    dims: impl Strategy<Value = (usize, usize, usize)>,
+    composites: bool,
+) -> impl Strategy<Value = Program> {
     let choices = prop::collection::vec((any::<u8>(), any::<u32>(), any::<u32>(), -2.0f32..2.0), 1..14);
     let outputs = prop::collection::vec(any::<u32>(), 0..3);
     (dims, choices, outputs)

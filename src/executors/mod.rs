@@ -4,6 +4,7 @@
 mod cpu_fusion;
 pub(crate) mod cpu_reference;
 pub mod cuda;
+pub(crate) mod worker_pool;
 
 pub use cpu_fusion::{
     scratch_bytes as cpu_fusion_scratch_bytes, CpuFusion, FusedRegion, CPU_FUSION_OPTIONS, DEFAULT_BLOCK,

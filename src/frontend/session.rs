@@ -71,12 +71,14 @@ impl ProfiledSession {
     pub fn new(mut options: Options, env: &Environment) -> Result<Self> {
         env.apply_to(&mut options)?;
         let profiling = ProfilingDecision::decide(&options, env)?;
-        let cpu_fusion = CpuFusion::from_options(&options)?;
+        let threads = usize::try_from(options.int("runtime.cpu_threads")?).unwrap_or(0);
+        let cpu_fusion = CpuFusion::from_options(&options)?.threads(threads);
         let max_region_ops = cpu_fusion.max_region_ops();
         let cpu_fusion: Arc<dyn Executor> = Arc::new(cpu_fusion);
+        let cpu_reference: Arc<dyn Executor> = Arc::new(CpuReference::new().threads(threads));
         let (fusion, executors) = match gpu_executors(options.enum_value("runtime.device")?)? {
-            Some(gpu) => (gpu[0].clone(), gpu.into_iter().chain([cpu_fusion, CpuReference::shared()]).collect()),
-            None => (cpu_fusion.clone(), vec![cpu_fusion, CpuReference::shared()]),
+            Some(gpu) => (gpu[0].clone(), gpu.into_iter().chain([cpu_fusion, cpu_reference]).collect()),
+            None => (cpu_fusion.clone(), vec![cpu_fusion, cpu_reference]),
         };
         Ok(Self { options, profiling, fusion, max_region_ops, executors, plans: PlanCache::default() })
     }

@@ -222,6 +222,14 @@ pub const RUNTIME_OPTIONS: &[OptionSpec] = &[
         env: Some("BOUNDSCOPE_FUSION"),
     },
     OptionSpec {
+        name: "runtime.cpu_threads",
+        ty: OptionType::Int { min: 0, max: 4096 },
+        default: OptionValue::Int(0),
+        doc: "Threads the CPU executors split large ops and regions over: 0 = every core; 1 = the calling thread only (for a process that runs many plans side by side).",
+        audience: Audience::User,
+        env: Some("BOUNDSCOPE_CPU_THREADS"),
+    },
+    OptionSpec {
         name: "runtime.fusion_strategy",
         ty: OptionType::Enum(FUSION_STRATEGIES),
         default: OptionValue::Enum("consecutive"),

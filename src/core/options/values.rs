@@ -16,10 +16,10 @@ use crate::error::{did_you_mean, Error, Result};
 /// // A typo gets a suggestion; a developer option through the user API says how to opt in.
 /// let typo = options.set_str("runtime.fusion_stratgy", "dataflow").unwrap_err();
 /// assert!(typo.to_string().contains("did you mean `runtime.fusion_strategy`?"));
-/// let dev = options.set_str("cpu_fusion.block_size", "1024").unwrap_err();
+/// let dev = options.set_str("cpu_fusion.block_size", "2048").unwrap_err();
 /// assert!(matches!(dev, Error::DeveloperOption { .. }));
-/// options.set_developer_str("cpu_fusion.block_size", "1024").unwrap();
-/// assert_eq!(options.developer_overrides(), vec!["cpu_fusion.block_size=1024".to_string()]);
+/// options.set_developer_str("cpu_fusion.block_size", "2048").unwrap();
+/// assert_eq!(options.developer_overrides(), vec!["cpu_fusion.block_size=2048".to_string()]);
 /// ```
 #[derive(Clone, Debug, PartialEq)]
 pub struct Options {

@@ -292,7 +292,7 @@ impl Plan {
     /// // A region for CpuFusion to run.
     /// let trace = FuseRegions::new(CpuFusion::shared()).run(&b.finish().unwrap(), &arena).unwrap();
     /// let mut options = Options::new();
-    /// options.set_developer("cpu_fusion.block_size", 1024).unwrap();
+    /// options.set_developer("cpu_fusion.block_size", 2048).unwrap();
     /// // No executor of the list reads it: unused, and not listed as in force.
     /// let plan = Plan::compile_with_options(&trace, &[CpuReference::shared()], &options).unwrap();
     /// assert!(!plan.to_string().contains("# developer options"));
@@ -300,7 +300,7 @@ impl Plan {
     /// // CpuFusion configured from the options: in force.
     /// let fusion = Arc::new(CpuFusion::from_options(&options).unwrap());
     /// let plan = Plan::compile_with_options(&trace, &[fusion, CpuReference::shared()], &options).unwrap();
-    /// assert!(plan.to_string().contains("# developer options: cpu_fusion.block_size=1024"));
+    /// assert!(plan.to_string().contains("# developer options: cpu_fusion.block_size=2048"));
     /// assert!(plan.unused_options().is_empty());
     /// // CpuFusion configured otherwise: the header says what it runs with; the option is unused.
     /// let fusion = Arc::new(CpuFusion::new().block_size(16));

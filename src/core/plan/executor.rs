@@ -437,7 +437,7 @@ impl<'t> OpView<'t> {
     /// let fused = FuseRegions::new(CpuFusion::shared()).run(&b.finish().unwrap(), &arena).unwrap();
     /// let region = OpView::of(&fused, 0).unwrap();
     /// assert!(region.is_region_of(&CpuFusion::new()));
-    /// assert!(!region.is_region_of(&CpuReference));
+    /// assert!(!region.is_region_of(&CpuReference::new()));
     /// ```
     pub fn is_region_of(&self, executor: &dyn Executor) -> bool {
         self.symbol_id() == prims::REGION

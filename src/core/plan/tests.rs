@@ -33,7 +33,7 @@ impl Executor for Flaky {
         op.symbol_id() == prims::EXP
     }
     fn compile(&self, op: &OpView<'_>) -> crate::Result<Box<dyn Kernel>> {
-        let inner = CpuReference.compile(op)?;
+        let inner = CpuReference::new().compile(op)?;
         let (fail, panic) = (self.fail.clone(), self.panic.clone());
         Ok(kernel_fn(move |inputs, outputs| {
             if panic.load(Ordering::Relaxed) {

@@ -45,6 +45,7 @@ pub use program::FusedRegion;
 #[derive(Clone, Debug)]
 pub struct CpuFusion {
     block: usize,
+    threads: usize,
     emit_ranges: bool,
     max_region_ops: usize,
     /// Where the programs of compiled regions go when dumping is on.
@@ -79,9 +80,9 @@ pub const CPU_FUSION_OPTIONS: &[OptionSpec] = &[
     },
 ];
 
-/// Elements per block by default: 16 KiB of `f32` per temporary, so that a region's
+/// Elements per block by default: 4 KiB of `f32` per temporary, so that a region's
 /// temporaries stay in L1/L2.
-pub const DEFAULT_BLOCK: usize = 4096;
+pub const DEFAULT_BLOCK: usize = 1024;
 
 /// It pushes its region ranges in the library's domain.
 static EMITS: [EmittedRange; 1] = [EmittedRange::nvtx_regions(DEFAULT_DOMAIN)];
@@ -98,7 +99,7 @@ impl CpuFusion {
 
     /// Blocks of [`DEFAULT_BLOCK`] elements; emits an NVTX range per region.
     pub fn new() -> Self {
-        Self { block: DEFAULT_BLOCK, emit_ranges: true, max_region_ops: 4096, dumps: None }
+        Self { block: DEFAULT_BLOCK, threads: 0, emit_ranges: true, max_region_ops: 4096, dumps: None }
     }
 
     /// Configured from options (`cpu_fusion.*`).
@@ -169,6 +170,41 @@ impl CpuFusion {
         self
     }
 
+    /// Splits large regions over at most `threads` threads, the calling one included: 0 (the
+    /// default) means every core, 1 keeps every region on the calling thread. A region is split
+    /// at block boundaries (at row boundaries when it reduces rows or reads per row) into one
+    /// part per thread, once it has at least 2^16 elements per part; the parts run on worker
+    /// threads named `boundscope-cpu-<k>` (in Nsight too), each on its own scratch. The region's
+    /// NVTX range and guards stay on the calling thread, around the whole region, and results do
+    /// not depend on the split.
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use boundscope::executors::{CpuFusion, CpuReference};
+    /// use boundscope::passes::{FuseRegions, Pass};
+    /// use boundscope::{Arena, Plan, Registry, Tensor, TraceBuilder};
+    /// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[1 << 18]).unwrap();
+    /// let y = b.sigmoid(x).unwrap();
+    /// let z = b.mul(x, y).unwrap();
+    /// b.output(z).unwrap();
+    /// let trace = b.finish().unwrap();
+    /// let x = Tensor::from_fn(&[1 << 18], |i| (i % 9) as f32 - 4.0);
+    /// let mut results = Vec::new();
+    /// for threads in [1, 0] {
+    ///     let fusion = Arc::new(CpuFusion::new().threads(threads));
+    ///     let fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap();
+    ///     let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap();
+    ///     results.push(plan.run(&[&x]).unwrap().remove(0));
+    /// }
+    /// assert_eq!(results[0].data(), results[1].data());
+    /// ```
+    pub fn threads(mut self, threads: usize) -> Self {
+        self.threads = threads;
+        self
+    }
+
     /// Whether it emits an NVTX range per region itself (default `true`). With `false` it
     /// declares nothing, and the runtime emits the region range instead: still exactly one.
     pub fn emit_region_ranges(mut self, emit: bool) -> Self {
@@ -191,10 +227,8 @@ impl Executor for CpuFusion {
             (true, Some(range)) => Some(range.prepare()?),
             _ => None,
         };
-        let region = FusedRegion::compile(op, self.block, range).map_err(|detail| Error::KernelPrecondition {
-            executor: Self::NAME.into(),
-            symbol: op.name().into(),
-            detail,
+        let region = FusedRegion::compile(op, self.block, self.threads, range).map_err(|detail| {
+            Error::KernelPrecondition { executor: Self::NAME.into(), symbol: op.name().into(), detail }
         })?;
         if let Some(dumps) = &self.dumps {
             let program = format!("{}:\n{region}", op.name());
@@ -241,7 +275,8 @@ thread_local! {
 /// Bytes of fusion scratch held by the current thread: the extra memory fused regions need,
 /// one block of `f32` (plus an 80-byte stagger) per temporary of the largest region this thread
 /// has run, whatever the tensor size (rows longer than a block run in tiles). The thread keeps
-/// it for the next region it runs.
+/// it for the next region it runs. A region split over several threads uses this much on each
+/// of them.
 pub fn scratch_bytes() -> usize {
     SCRATCH.with(|s| s.borrow().iter().map(|t| t.capacity() * 4).sum())
 }

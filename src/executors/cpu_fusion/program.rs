@@ -6,8 +6,16 @@ use crate::core::plan::{Kernel, OpView, PreparedRegionRange};
 use crate::core::tensor::{TensorMut, TensorRef};
 use crate::error::Result;
 use crate::executors::cpu_reference::kernels::{broadcast_read, broadcast_strides, BroadcastRead};
-use crate::executors::cpu_reference::math::{maximum, with_binary, with_unary};
+use crate::executors::cpu_reference::math::{maximum, with_binary, with_unary, LaneSum};
+use crate::executors::cpu_reference::vector_loops::{
+    add_to_lanes, map_binary, map_binary_scalar_left, map_binary_scalar_right, map_unary, row_maxima, row_sums,
+};
 use crate::executors::cpu_reference::{builtin_prim, fused_shape};
+use crate::executors::worker_pool::{part_range, parts_for, run_parts, SharedMut, MIN_ELEMENTS_PER_PART};
+use smallvec::SmallVec;
+
+/// A region's output buffers, or one part's pieces of them.
+type Outputs<'o> = SmallVec<[&'o mut [f32]; 16]>;
 
 /// Where an instruction reads an operand.
 #[derive(Clone, Copy, Debug)]
@@ -65,6 +73,10 @@ pub struct FusedRegion {
     /// Whether rows are longer than a block and run in tiles of at most a block, each inside
     /// one row (a trailing reduction then accumulates across a row's tiles, in order).
     tile_rows: bool,
+    /// Whether blocks hold whole rows (a reduction, or loads per row): parts then split at rows.
+    by_rows: bool,
+    /// Parts the region's elements are split into, one per thread (1: the calling thread only).
+    parts: usize,
     loads: Vec<Load>,
     instructions: Vec<Instruction>,
     temps: usize,
@@ -79,6 +91,7 @@ impl FusedRegion {
     pub(super) fn compile(
         region: &OpView<'_>,
         block: usize,
+        threads: usize,
         range: Option<PreparedRegionRange>,
     ) -> std::result::Result<Self, String> {
         let ops = region.region_ops().map_err(|e| e.to_string())?;
@@ -168,6 +181,9 @@ impl FusedRegion {
         // stays `temps x block` whatever the row length.
         let row_len = shape.last().copied().unwrap_or(1).max(1);
         let by_rows = reduce.is_some() || loads.iter().any(|l| matches!(l, Load::PerRow { .. }));
+        // Tiles of a long row hold a multiple of 16 elements, so that their partial sums line
+        // up with those of a whole row (`LaneSum`).
+        let block = if by_rows { block.next_multiple_of(LaneSum::LANES) } else { block };
         let tile_rows = by_rows && row_len > block;
         let (block, segment) = match (by_rows, tile_rows) {
             (true, false) => ((block / row_len).max(1) * row_len, row_len),
@@ -183,6 +199,9 @@ impl FusedRegion {
                 .map(|&v| length(v))
                 .collect::<std::result::Result<_, _>>()?,
         };
+        // Parts of whole blocks, or of whole rows when blocks hold rows.
+        let units = if by_rows { numel / row_len } else { numel.div_ceil(block) };
+        let parts = parts_for(threads, numel, MIN_ELEMENTS_PER_PART).min(units).max(1);
         Ok(Self {
             lengths,
             shape,
@@ -191,6 +210,8 @@ impl FusedRegion {
             segment,
             row_len,
             tile_rows,
+            by_rows,
+            parts,
             loads,
             instructions,
             temps,
@@ -200,8 +221,52 @@ impl FusedRegion {
         })
     }
 
-    /// Runs the region on the current thread's scratch temporaries.
-    fn run_blocks(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) {
+    /// Runs the region: on the calling thread, or split at block (or row) boundaries into
+    /// [`parts`](Self::parts) that run on the worker threads at once, each on its own
+    /// thread's scratch and its own pieces of the outputs.
+    fn run_parts(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) {
+        if self.numel == 0 {
+            // Rows of length zero: a reduction still has one result per row.
+            if let (Some((op, _, _)), Some(o)) = (self.reduce, self.reduce_output) {
+                outputs[o].data.fill(if op == prims::SUM { 0.0 } else { f32::NEG_INFINITY });
+            }
+            return;
+        }
+        if self.parts == 1 {
+            let mut outs: Outputs<'_> = outputs.iter_mut().map(|o| &mut *o.data).collect();
+            self.run_range(0, self.numel, inputs, &mut outs);
+            return;
+        }
+        let shared: SmallVec<[(SharedMut, usize); 16]> =
+            outputs.iter_mut().map(|o| (SharedMut::new(o.data), o.data.len())).collect();
+        let (unit, units) = if self.by_rows {
+            (self.row_len, self.numel / self.row_len)
+        } else {
+            (self.block, self.numel.div_ceil(self.block))
+        };
+        run_parts(self.parts, &|part| {
+            let r = part_range(part, self.parts, units);
+            let (lo, hi) = (r.start * unit, (r.end * unit).min(self.numel));
+            let mut outs: Outputs<'_> = shared
+                .iter()
+                .enumerate()
+                .map(|(o, &(buffer, len))| {
+                    let (start, end) =
+                        if Some(o) == self.reduce_output { (lo / self.row_len, hi / self.row_len) } else { (lo, hi) };
+                    debug_assert!(end <= len);
+                    // SAFETY: parts cover disjoint element ranges (and so disjoint rows), inside
+                    // the buffer (its length was checked against the region's shape), which
+                    // the caller lends exclusively until the section ends.
+                    unsafe { std::slice::from_raw_parts_mut(buffer.get().add(start), end.min(len) - start.min(end)) }
+                })
+                .collect();
+            self.run_range(lo, hi, inputs, &mut outs);
+        });
+    }
+
+    /// Runs elements `lo..hi` (whole blocks, or whole rows) on the current thread's scratch
+    /// temporaries; `outs` hold those elements of each output (those rows of a reduction's).
+    fn run_range(&self, lo: usize, hi: usize, inputs: &[TensorRef<'_>], outs: &mut Outputs<'_>) {
         SCRATCH.with(|scratch| {
             let mut temps = scratch.borrow_mut();
             if temps.len() < self.temps {
@@ -212,19 +277,14 @@ impl FusedRegion {
                     t.resize(skew(i) + self.block, 0.0);
                 }
             }
-            if self.numel == 0 {
-                // Rows of length zero: a reduction still has one result per row.
-                if let (Some((op, _, _)), Some(o)) = (self.reduce, self.reduce_output) {
-                    outputs[o].data.fill(if op == prims::SUM { 0.0 } else { f32::NEG_INFINITY });
-                }
-            }
-            let mut start = 0;
-            while start < self.numel {
-                let mut len = self.block.min(self.numel - start);
+            let mut part = Part { lo, row0: lo / self.row_len, row_sum: LaneSum::new() };
+            let mut start = lo;
+            while start < hi {
+                let mut len = self.block.min(hi - start);
                 if self.tile_rows {
                     len = len.min(self.row_len - start % self.row_len);
                 }
-                self.run_block(start, len, inputs, &mut temps, outputs);
+                self.run_block(&mut part, start, len, inputs, &mut temps, outs);
                 start += len;
             }
         });
@@ -233,11 +293,12 @@ impl FusedRegion {
     #[inline]
     fn run_block(
         &self,
+        part: &mut Part,
         start: usize,
         len: usize,
         inputs: &[TensorRef<'_>],
         temps: &mut [Vec<f32>],
-        outputs: &mut [TensorMut<'_>],
+        outputs: &mut Outputs<'_>,
     ) {
         for (k, load) in self.loads.iter().enumerate() {
             if let Load::Gather { strides, temp } = load {
@@ -247,22 +308,24 @@ impl FusedRegion {
         let mut segment_start = start;
         while segment_start < start + len {
             let segment_len = self.segment.min(start + len - segment_start);
-            self.run_segment(start, segment_start, segment_len, inputs, temps, outputs);
+            self.run_segment(*part, start, segment_start, segment_len, inputs, temps, outputs);
             segment_start += segment_len;
         }
-        self.reduce_block(start, len, inputs, temps, outputs);
+        self.reduce_block(part, start, len, inputs, temps, outputs);
     }
 
     /// Runs every instruction over `len` elements from `at` (inside the block from `start`).
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     fn run_segment(
         &self,
+        part: Part,
         start: usize,
         at: usize,
         len: usize,
         inputs: &[TensorRef<'_>],
         temps: &mut [Vec<f32>],
-        outputs: &mut [TensorMut<'_>],
+        outputs: &mut Outputs<'_>,
     ) {
         let offset = at - start;
         for instruction in &self.instructions {
@@ -273,22 +336,22 @@ impl FusedRegion {
             // Move the destination out so that sources can be borrowed beside it.
             let (mut temp, output): (Vec<f32>, &mut [f32]) = match out {
                 Dest::Temp(t) => (std::mem::take(&mut temps[t]), &mut []),
-                Dest::Output(o) => (Vec::new(), std::mem::take(&mut outputs[o].data)),
+                Dest::Output(o) => (Vec::new(), std::mem::take(&mut outputs[o])),
             };
             {
                 let dest: &mut [f32] = match out {
                     Dest::Temp(t) => &mut temp[skew(t) + offset..][..len],
-                    Dest::Output(_) => &mut output[at..at + len],
+                    Dest::Output(_) => &mut output[at - part.lo..][..len],
                 };
-                let a = self.read(a, offset, at, len, inputs, temps, outputs);
+                let a = self.read(part, a, offset, at, len, inputs, temps, outputs);
                 match b {
                     None => apply_unary(op, a, dest),
-                    Some(b) => apply_binary(op, a, self.read(b, offset, at, len, inputs, temps, outputs), dest),
+                    Some(b) => apply_binary(op, a, self.read(part, b, offset, at, len, inputs, temps, outputs), dest),
                 }
             }
             match out {
                 Dest::Temp(t) => temps[t] = temp,
-                Dest::Output(o) => outputs[o].data = output,
+                Dest::Output(o) => outputs[o] = output,
             }
         }
     }
@@ -297,48 +360,65 @@ impl FusedRegion {
     #[inline]
     fn reduce_block(
         &self,
+        part: &mut Part,
         start: usize,
         len: usize,
         inputs: &[TensorRef<'_>],
         temps: &mut [Vec<f32>],
-        outputs: &mut [TensorMut<'_>],
+        outputs: &mut Outputs<'_>,
     ) {
         let reduce_output = self.reduce_output;
         if let (Some((op, source, n)), Some(i)) = (self.reduce, reduce_output) {
             if n == 0 {
                 return;
             }
-            let out = std::mem::take(&mut outputs[i].data);
-            let row0 = start / n;
+            let out = std::mem::take(&mut outputs[i]);
+            let row0 = start / n - part.row0;
             if self.tile_rows {
-                // One tile of one row: carry on from the row's earlier tiles, in order.
-                let identity = if op == prims::SUM { 0.0 } else { f32::NEG_INFINITY };
-                let carried = if start.is_multiple_of(n) { identity } else { out[row0] };
-                // NaN propagates through `max`, as in PyTorch (`f32::max` would drop it).
-                let fold = |acc: f32, x: f32| if op == prims::SUM { acc + x } else { maximum(acc, x) };
-                out[row0] = match self.read(source, 0, start, len, inputs, temps, outputs) {
-                    Block::Slice(x) => x.iter().copied().fold(carried, fold),
-                    Block::Scalar(x) => (0..len).fold(carried, |acc, _| fold(acc, x)),
-                };
-                outputs[i].data = out;
+                // One tile of one row: carry on from the row's earlier tiles, in the order the
+                // reference adds a whole row (tiles hold a multiple of 16 elements but the last).
+                let first = start.is_multiple_of(n);
+                let last = (start + len).is_multiple_of(n);
+                let x = self.read(*part, source, 0, start, len, inputs, temps, outputs);
+                if op == prims::SUM {
+                    if first {
+                        part.row_sum = LaneSum::new();
+                    }
+                    let block = match x {
+                        Block::Slice(x) => x,
+                        Block::Scalar(x) => {
+                            part.row_sum.add_constant(x, len - if last { len % LaneSum::LANES } else { 0 });
+                            if last {
+                                let rest = [x; LaneSum::LANES];
+                                out[row0] = part.row_sum.finish(&rest[..len % LaneSum::LANES]);
+                            }
+                            outputs[i] = out;
+                            return;
+                        }
+                    };
+                    let full = if last { len - len % LaneSum::LANES } else { len };
+                    add_to_lanes(&mut part.row_sum, &block[..full]);
+                    if last {
+                        out[row0] = part.row_sum.finish(&block[full..]);
+                    }
+                } else {
+                    let carried = if first { f32::NEG_INFINITY } else { out[row0] };
+                    // NaN propagates through `max`, as in PyTorch (`f32::max` would drop it).
+                    out[row0] = match x {
+                        Block::Slice(x) => maximum(carried, crate::executors::cpu_reference::math::row_max(x)),
+                        Block::Scalar(x) => maximum(carried, x),
+                    };
+                }
+                outputs[i] = out;
                 return;
             }
-            match self.read(source, 0, start, len, inputs, temps, outputs) {
-                Block::Slice(x) => {
-                    for (r, row) in x.chunks_exact(n).enumerate() {
-                        out[row0 + r] = if op == prims::SUM {
-                            row.iter().sum()
-                        } else {
-                            crate::executors::cpu_reference::math::row_max(row)
-                        };
-                    }
-                }
-                Block::Scalar(x) => {
-                    let value = if op == prims::SUM { (0..n).map(|_| x).sum() } else { x };
-                    out[row0..row0 + len / n].fill(value);
-                }
+            let rows = &mut out[row0..row0 + len / n];
+            match self.read(*part, source, 0, start, len, inputs, temps, outputs) {
+                Block::Slice(x) if op == prims::SUM => row_sums(x, n, rows),
+                Block::Slice(x) => row_maxima(x, n, rows),
+                Block::Scalar(x) => rows.fill(if op == prims::SUM { (0..n).map(|_| x).sum() } else { x }),
             }
-            outputs[i].data = out;
+            outputs[i] = out;
         }
     }
 
@@ -347,18 +427,19 @@ impl FusedRegion {
     #[allow(clippy::too_many_arguments)]
     fn read<'b>(
         &self,
+        part: Part,
         source: Source,
         offset: usize,
         at: usize,
         len: usize,
         inputs: &[TensorRef<'b>],
         temps: &'b [Vec<f32>],
-        outputs: &'b [TensorMut<'_>],
+        outputs: &'b [&mut [f32]],
     ) -> Block<'b> {
         match source {
             Source::Scalar(s) => Block::Scalar(s),
             Source::Temp(t) => Block::Slice(&temps[t][skew(t) + offset..][..len]),
-            Source::Output(o) => Block::Slice(&outputs[o].data[at..at + len]),
+            Source::Output(o) => Block::Slice(&outputs[o][at - part.lo..][..len]),
             Source::Input(k) => match &self.loads[k] {
                 Load::Contiguous => Block::Slice(&inputs[k].data[at..at + len]),
                 Load::Scalar => Block::Scalar(inputs[k].data[0]),
@@ -450,9 +531,7 @@ fn row_base(at: usize, shape: &[usize], strides: &[usize]) -> usize {
 #[inline(always)]
 fn apply_unary(op: SymbolId, a: Block<'_>, dest: &mut [f32]) {
     match a {
-        Block::Slice(x) => with_unary!(op, f => {
-            for (o, &x) in dest.iter_mut().zip(x) { *o = f(x); }
-        }, _ => {}),
+        Block::Slice(x) => with_unary!(op, f => map_unary(f, x, dest), _ => {}),
         Block::Scalar(x) => with_unary!(op, f => dest.fill(f(x)), _ => {}),
     }
 }
@@ -460,17 +539,20 @@ fn apply_unary(op: SymbolId, a: Block<'_>, dest: &mut [f32]) {
 #[inline(always)]
 fn apply_binary(op: SymbolId, a: Block<'_>, b: Block<'_>, dest: &mut [f32]) {
     with_binary!(op, f => match (a, b) {
-        (Block::Slice(x), Block::Slice(y)) => {
-            for ((o, &x), &y) in dest.iter_mut().zip(x).zip(y) { *o = f(x, y); }
-        }
-        (Block::Slice(x), Block::Scalar(y)) => {
-            for (o, &x) in dest.iter_mut().zip(x) { *o = f(x, y); }
-        }
-        (Block::Scalar(x), Block::Slice(y)) => {
-            for (o, &y) in dest.iter_mut().zip(y) { *o = f(x, y); }
-        }
+        (Block::Slice(x), Block::Slice(y)) => map_binary(f, x, y, dest),
+        (Block::Slice(x), Block::Scalar(y)) => map_binary_scalar_right(f, x, y, dest),
+        (Block::Scalar(x), Block::Slice(y)) => map_binary_scalar_left(f, x, y, dest),
         (Block::Scalar(x), Block::Scalar(y)) => dest.fill(f(x, y)),
     }, _ => {});
+}
+
+/// Where a part starts: its first element, and its first row (of a reduction's output); and
+/// the partial sums of the row it is adding in tiles.
+#[derive(Clone, Copy)]
+struct Part {
+    lo: usize,
+    row0: usize,
+    row_sum: LaneSum,
 }
 
 /// The element counts of a region's buffers, from the shapes it was compiled for.
@@ -508,8 +590,8 @@ impl Kernel for FusedRegion {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
         self.lengths.check(inputs, outputs)?;
         match &self.range {
-            Some(range) => range.in_scope(|| self.run_blocks(inputs, outputs)),
-            None => self.run_blocks(inputs, outputs),
+            Some(range) => range.in_scope(|| self.run_parts(inputs, outputs)),
+            None => self.run_parts(inputs, outputs),
         }
         Ok(())
     }

@@ -1,37 +1,52 @@
 //! The CPU reference kernels. Each is built once per bound symbol with its shape analysis done,
 //! and runs on contiguous row-major buffers.
 
+use std::ops::Range;
+
 use smallvec::smallvec;
 
 use super::math::{with_binary, with_unary};
+use super::vector_loops::{
+    map_binary, map_binary_scalar_left, map_binary_scalar_right, map_unary, matmul_rows, row_maxima, row_sums,
+};
 use crate::core::ir::{prims, Arg, Shape, SymbolId};
 use crate::core::plan::{Kernel, OpView};
 use crate::core::tensor::{TensorMut, TensorRef};
 use crate::error::{Error, Result};
+use crate::executors::worker_pool::{parts_for, run_parts_writing, MIN_ELEMENTS_PER_PART};
 
-pub(super) fn compile(id: SymbolId, op: &OpView<'_>) -> Result<Box<dyn Kernel>> {
+/// Compiles the kernel of built-in prim `id`, splitting large ops over up to `threads` threads
+/// (0: every core).
+pub(super) fn compile(id: SymbolId, op: &OpView<'_>, threads: usize) -> Result<Box<dyn Kernel>> {
     let out_shape = op.output_shape(0)?;
+    let numel: usize = out_shape.iter().product();
+    let streaming = parts_for(threads, numel, MIN_ELEMENTS_PER_PART);
     Ok(match id {
         prims::SUM | prims::MAX => {
             let n = op.input_shape(0)?.last().copied().unwrap_or(1);
-            Box::new(ReduceLastAxis { op: id, n })
+            let parts = parts_for(threads, numel * n, MIN_ELEMENTS_PER_PART);
+            Box::new(ReduceLastAxis { op: id, n, parts })
         }
         prims::MATMUL => {
             let (a, b) = (op.input_shape(0)?, op.input_shape(1)?);
-            Box::new(Matmul { m: a[0], k: a[1], n: b[1] })
+            let (m, k, n) = (a[0], a[1], b[1]);
+            // Parts of rows worth at least as many multiply-adds as a streaming part's elements.
+            let parts = parts_for(threads, m.saturating_mul(k).saturating_mul(n), MIN_ELEMENTS_PER_PART);
+            Box::new(Matmul { m, k, n, parts })
         }
-        prims::RESHAPE => Box::new(Copy),
+        prims::RESHAPE => Box::new(Copy { parts: streaming }),
         prims::TRANSPOSE => {
             let input_strides = contiguous_strides(op.input_shape(0)?);
             let source_strides = op.dims(1)?.iter().map(|&p| input_strides[p]).collect();
-            Box::new(StridedCopy { out_shape: Shape::from_slice(out_shape), source_strides })
+            Box::new(StridedCopy { out_shape: Shape::from_slice(out_shape), source_strides, parts: streaming })
         }
         prims::BROADCAST_TO => Box::new(StridedCopy {
             out_shape: Shape::from_slice(out_shape),
             source_strides: broadcast_strides(op.input_shape(0)?, out_shape),
+            parts: streaming,
         }),
-        _ if with_unary!(id, _f => true, _ => false) => Box::new(Unary { op: id }),
-        _ if with_binary!(id, _f => true, _ => false) => Box::new(Binary::new(id, op, out_shape)?),
+        _ if with_unary!(id, _f => true, _ => false) => Box::new(Unary { op: id, parts: streaming }),
+        _ if with_binary!(id, _f => true, _ => false) => Box::new(Binary::new(id, op, out_shape, streaming)?),
         _ => {
             return Err(Error::NoExecutor {
                 symbol: op.name().to_string(),
@@ -108,16 +123,17 @@ fn row_offset(mut row: usize, shape: &[usize], strides: &[usize]) -> usize {
 
 struct Unary {
     op: SymbolId,
+    parts: usize,
 }
 
 impl Kernel for Unary {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
-        let (x, out) = (inputs[0].data, &mut *outputs[0].data);
-        with_unary!(self.op, f => {
-            for (o, &v) in out.iter_mut().zip(x) {
-                *o = f(v);
-            }
-        }, _ => unreachable!("checked when compiled"));
+        let x = inputs[0].data;
+        let out = &mut *outputs[0].data;
+        // The op is chosen outside the loop closure, so that each closure is one small loop.
+        with_unary!(self.op, f => run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [f32]| {
+            map_unary(f, &x[r], out)
+        }), _ => unreachable!("checked when compiled"));
         Ok(())
     }
 }
@@ -134,10 +150,11 @@ enum BinaryMode {
 struct Binary {
     op: SymbolId,
     mode: BinaryMode,
+    parts: usize,
 }
 
 impl Binary {
-    fn new(op: SymbolId, view: &OpView<'_>, out_shape: &[usize]) -> Result<Self> {
+    fn new(op: SymbolId, view: &OpView<'_>, out_shape: &[usize], parts: usize) -> Result<Self> {
         let a = view.input_shape(0)?;
         let mode = match view.args().get(1) {
             Some(Arg::Scalar(s)) => BinaryMode::Scalar(*s),
@@ -154,47 +171,51 @@ impl Binary {
                 }
             }
         };
-        Ok(Self { op, mode })
+        Ok(Self { op, mode, parts })
     }
 }
 
 impl Kernel for Binary {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
-        let out = &mut *outputs[0].data;
         let a = inputs[0].data;
-        with_binary!(self.op, f => match &self.mode {
+        match &self.mode {
             BinaryMode::SameShape => {
-                for ((o, &x), &y) in out.iter_mut().zip(a).zip(inputs[1].data) {
-                    *o = f(x, y);
-                }
+                let b = inputs[1].data;
+                let out = &mut *outputs[0].data;
+                with_binary!(self.op, f => run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [f32]| {
+                    map_binary(f, &a[r.clone()], &b[r], out)
+                }), _ => unreachable!("checked when compiled"));
             }
             BinaryMode::Scalar(s) => {
-                for (o, &x) in out.iter_mut().zip(a) {
-                    *o = f(x, *s);
-                }
+                let out = &mut *outputs[0].data;
+                with_binary!(self.op, f => run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [f32]| {
+                    map_binary_scalar_right(f, &a[r], *s, out)
+                }), _ => unreachable!("checked when compiled"));
             }
             BinaryMode::Broadcast { out_shape, a_strides, b_strides } => {
                 let b = inputs[1].data;
                 let inner = out_shape.last().copied().unwrap_or(1);
                 let (sa, sb) = (a_strides.last().copied().unwrap_or(0), b_strides.last().copied().unwrap_or(0));
-                if inner > 0 {
-                    for (row, o) in out.chunks_exact_mut(inner).enumerate() {
-                        let ao = row_offset(row, out_shape, a_strides);
-                        let bo = row_offset(row, out_shape, b_strides);
-                        match (sa, sb) {
-                            (0, 0) => o.fill(f(a[ao], b[bo])),
-                            (0, _) => o.iter_mut().zip(&b[bo..bo + inner]).for_each(|(o, &y)| *o = f(a[ao], y)),
-                            (_, 0) => o.iter_mut().zip(&a[ao..ao + inner]).for_each(|(o, &x)| *o = f(x, b[bo])),
-                            _ => o
-                                .iter_mut()
-                                .zip(&a[ao..ao + inner])
-                                .zip(&b[bo..bo + inner])
-                                .for_each(|((o, &x), &y)| *o = f(x, y)),
-                        }
-                    }
+                if inner == 0 {
+                    return Ok(());
                 }
+                // Parts of whole rows.
+                run_parts_writing(outputs[0].data, self.parts, inner, |rows: Range<usize>, out: &mut [f32]| {
+                    with_binary!(self.op, f => {
+                        for (row, o) in rows.zip(out.chunks_exact_mut(inner)) {
+                            let ao = row_offset(row, out_shape, a_strides);
+                            let bo = row_offset(row, out_shape, b_strides);
+                            match (sa, sb) {
+                                (0, 0) => o.fill(f(a[ao], b[bo])),
+                                (0, _) => map_binary_scalar_left(f, a[ao], &b[bo..bo + inner], o),
+                                (_, 0) => map_binary_scalar_right(f, &a[ao..ao + inner], b[bo], o),
+                                _ => map_binary(f, &a[ao..ao + inner], &b[bo..bo + inner], o),
+                            }
+                        }
+                    }, _ => unreachable!("checked when compiled"))
+                });
             }
-        }, _ => unreachable!("checked when compiled"));
+        }
         Ok(())
     }
 }
@@ -202,18 +223,25 @@ impl Kernel for Binary {
 struct ReduceLastAxis {
     op: SymbolId,
     n: usize,
+    parts: usize,
 }
 
 impl Kernel for ReduceLastAxis {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
-        let out = &mut *outputs[0].data;
-        if self.n == 0 {
-            out.fill(if self.op == prims::SUM { 0.0 } else { f32::NEG_INFINITY });
+        let (n, x) = (self.n, inputs[0].data);
+        if n == 0 {
+            outputs[0].data.fill(if self.op == prims::SUM { 0.0 } else { f32::NEG_INFINITY });
             return Ok(());
         }
-        for (o, row) in out.iter_mut().zip(inputs[0].data.chunks_exact(self.n)) {
-            *o = if self.op == prims::SUM { row.iter().sum() } else { super::math::row_max(row) };
-        }
+        // Parts of whole rows: each row is added in the same order whatever the split.
+        run_parts_writing(outputs[0].data, self.parts, 1, |rows: Range<usize>, out: &mut [f32]| {
+            let rows = &x[rows.start * n..rows.end * n];
+            if self.op == prims::SUM {
+                row_sums(rows, n, out)
+            } else {
+                row_maxima(rows, n, out)
+            }
+        });
         Ok(())
     }
 }
@@ -222,40 +250,34 @@ struct Matmul {
     m: usize,
     k: usize,
     n: usize,
+    parts: usize,
 }
-
-/// Rows of `b` processed together, so they stay in cache across the rows of `a`.
-const MATMUL_K_BLOCK: usize = 128;
 
 impl Kernel for Matmul {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
-        let (a, b, out) = (inputs[0].data, inputs[1].data, &mut *outputs[0].data);
-        let Matmul { m, k, n } = *self;
-        out.fill(0.0);
-        if n == 0 {
+        let (a, b) = (inputs[0].data, inputs[1].data);
+        let Matmul { m, k, n, parts } = *self;
+        if n == 0 || m == 0 {
             return Ok(());
         }
-        for k0 in (0..k).step_by(MATMUL_K_BLOCK) {
-            let k1 = (k0 + MATMUL_K_BLOCK).min(k);
-            for i in 0..m {
-                let out_row = &mut out[i * n..(i + 1) * n];
-                for p in k0..k1 {
-                    let scale = a[i * k + p];
-                    for (o, &y) in out_row.iter_mut().zip(&b[p * n..(p + 1) * n]) {
-                        *o += scale * y;
-                    }
-                }
-            }
-        }
+        // Parts of whole rows of the output.
+        run_parts_writing(outputs[0].data, parts, n, |rows: Range<usize>, out: &mut [f32]| {
+            matmul_rows(a, b, out, rows, k, n)
+        });
         Ok(())
     }
 }
 
-struct Copy;
+struct Copy {
+    parts: usize,
+}
 
 impl Kernel for Copy {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
-        outputs[0].data.copy_from_slice(inputs[0].data);
+        let x = inputs[0].data;
+        run_parts_writing(outputs[0].data, self.parts, 1, |r: Range<usize>, out: &mut [f32]| {
+            out.copy_from_slice(&x[r])
+        });
         Ok(())
     }
 }
@@ -268,15 +290,38 @@ const MAX_COUNTED_RANK: usize = 8;
 struct StridedCopy {
     out_shape: Shape,
     source_strides: Shape,
+    parts: usize,
 }
 
 impl Kernel for StridedCopy {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
-        let (input, out) = (inputs[0].data, &mut *outputs[0].data);
+        let input = inputs[0].data;
+        run_parts_writing(outputs[0].data, self.parts, 1, |r: Range<usize>, out: &mut [f32]| {
+            self.copy_range(input, r.start, out)
+        });
+        Ok(())
+    }
+}
+
+impl StridedCopy {
+    /// Output elements from `first` on, into `out`.
+    fn copy_range(&self, input: &[f32], first: usize, out: &mut [f32]) {
         let rank = self.out_shape.len();
+        // The output index of element `first`, and its source, by division once.
+        let mut index = [0usize; MAX_COUNTED_RANK];
+        let mut source = 0;
+        let mut rest = first;
+        for axis in (0..rank).rev() {
+            let i = rest % self.out_shape[axis].max(1);
+            rest /= self.out_shape[axis].max(1);
+            source += i * self.source_strides[axis];
+            if axis < MAX_COUNTED_RANK {
+                index[axis] = i;
+            }
+        }
         if rank > MAX_COUNTED_RANK {
             // No room for a counter per axis without allocating: find each source by division.
-            for (i, o) in out.iter_mut().enumerate() {
+            for (i, o) in (first..).zip(out.iter_mut()) {
                 let (mut rest, mut source) = (i, 0);
                 for axis in (0..rank).rev() {
                     source += (rest % self.out_shape[axis]) * self.source_strides[axis];
@@ -284,10 +329,8 @@ impl Kernel for StridedCopy {
                 }
                 *o = input[source];
             }
-            return Ok(());
+            return;
         }
-        let mut index = [0usize; MAX_COUNTED_RANK];
-        let mut source = 0;
         for o in out.iter_mut() {
             *o = input[source];
             for axis in (0..rank).rev() {
@@ -300,6 +343,5 @@ impl Kernel for StridedCopy {
                 index[axis] = 0;
             }
         }
-        Ok(())
     }
 }

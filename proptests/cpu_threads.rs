@@ -1,0 +1,126 @@
+//! Large ops and fused regions split over the machine's cores compute exactly what they compute
+//! on one thread, keep their guards and NVTX ranges on the calling thread, and run on worker
+//! threads named for NVTX.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::thread::ThreadId;
+
+use boundscope::executors::{CpuFusion, CpuReference};
+use boundscope::guards::{ClosureGuard, NvtxRange, Selection};
+use boundscope::passes::{FuseRegions, Pass, ProfileOps};
+use boundscope::{Arena, Executor, Plan, Registry, Tensor, Trace, TraceBuilder};
+use common::nvtx_capture;
+use common::program::programs_of;
+use proptest::prelude::*;
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+/// The unfused and fused plans of `trace` for CPU executors limited to `threads` threads.
+fn plans(trace: &Trace<'_>, arena: &Arena, threads: usize) -> [Plan; 2] {
+    let reference: Arc<dyn Executor> = Arc::new(CpuReference::new().threads(threads));
+    let fusion: Arc<dyn Executor> = Arc::new(CpuFusion::new().threads(threads));
+    let fused = FuseRegions::new(fusion.clone()).run(trace, arena).unwrap();
+    [
+        Plan::compile(trace, std::slice::from_ref(&reference)).unwrap(),
+        Plan::compile(&fused, &[fusion, reference]).unwrap(),
+    ]
+}
+
+fn bits(tensors: &[Tensor]) -> Vec<Vec<u32>> {
+    tensors.iter().map(|t| t.data().iter().map(|x| x.to_bits()).collect()).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(24))]
+
+    /// A plan's results are bit for bit the same on one thread and on every core, fused or not:
+    /// ops are split only between elements and between whole rows, never inside a row's sum.
+    #[test]
+    fn results_do_not_depend_on_the_thread_count(
+        program in programs_of((200usize..600, 300usize..900, 1usize..4), true),
+        seed in any::<u64>(),
+    ) {
+        if cores() < 2 {
+            eprintln!("SKIPPED: one core here, so nothing is split over threads");
+            return Ok(());
+        }
+        let registry = Registry::with_builtins();
+        let arena = Arena::new();
+        let trace = boundscope::passes::Pipeline::standard()
+            .run(&program.build(&arena, &registry).unwrap(), &arena)
+            .unwrap();
+        let inputs = program.input_data(seed);
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        let [unfused_1, fused_1] = plans(&trace, &arena, 1);
+        let [unfused, fused] = plans(&trace, &arena, 0);
+        let one = bits(&unfused_1.run(&refs).unwrap());
+        prop_assert_eq!(&one, &bits(&unfused.run(&refs).unwrap()), "unfused\n{}", unfused);
+        let fused_one = bits(&fused_1.run(&refs).unwrap());
+        prop_assert_eq!(&fused_one, &bits(&fused.run(&refs).unwrap()), "fused\n{}", fused);
+    }
+}
+
+/// A fused region of 2^20 elements and a large unfused op, both split over the cores: the
+/// capture holds every NVTX event on the calling thread only, balanced; a closure guard on each
+/// enters and exits on the calling thread; and the workers are named `boundscope-cpu-<k>`.
+#[test]
+fn guards_and_ranges_stay_on_the_calling_thread_and_workers_are_named() {
+    if !nvtx_capture::is_installed() {
+        eprintln!("SKIPPED: an NVTX tool is attached (NVTX_INJECTION64_PATH), so the in-process capture is off");
+        return;
+    }
+    if cores() < 2 {
+        eprintln!("SKIPPED: one core here, so nothing is split over threads");
+        return;
+    }
+    let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[1024, 1024]).unwrap();
+    let w = b.input(&[1024]).unwrap();
+    let y = b.mul(x, w).unwrap();
+    let z = b.sigmoid(y).unwrap();
+    let s = b.sum(z).unwrap();
+    let t = b.exp(x).unwrap();
+    let m = b.matmul(t, x).unwrap();
+    b.output(s).unwrap();
+    b.output(m).unwrap();
+    let trace = ProfileOps::new().run(&b.finish().unwrap(), &arena).unwrap();
+    let fusion: Arc<dyn Executor> = Arc::new(CpuFusion::new());
+    let mut fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap();
+    let threads: Arc<Mutex<Vec<ThreadId>>> = Arc::default();
+    let (on_enter, on_exit) = (threads.clone(), threads.clone());
+    fused
+        .attach_guard(
+            Selection::All,
+            ClosureGuard::new(
+                move || on_enter.lock().unwrap().push(std::thread::current().id()),
+                move || on_exit.lock().unwrap().push(std::thread::current().id()),
+            ),
+        )
+        .unwrap();
+    fused.attach_guard(Selection::All, NvtxRange::new()).unwrap();
+    let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap();
+    plan.set_profiling(true);
+    let inputs = [Tensor::from_fn(&[1024, 1024], |i| (i % 17) as f32 / 17.0), Tensor::from_fn(&[1024], |i| i as f32)];
+    let before = nvtx_capture::take_events();
+    drop(before);
+    plan.run(&[&inputs[0], &inputs[1]]).unwrap();
+    let events = nvtx_capture::take_events();
+    let me = std::thread::current().id();
+    assert!(!events.is_empty(), "the run pushed ranges");
+    assert!(events.iter().all(|e| e.thread == me), "every NVTX event on the calling thread: {events:#?}");
+    let pushes = events.iter().filter(|e| e.kind == nvtx_capture::NvtxEventKind::Push).count();
+    assert_eq!(pushes * 2, events.len(), "as many pops as pushes");
+    assert_eq!(common::ranges::pushes_of(&events), common::ranges::pushes_in(plan.range_map()), "the range map");
+    let seen = threads.lock().unwrap();
+    assert!(seen.len() >= 2 * plan.len() && seen.iter().all(|&t| t == me), "guards on {seen:?}");
+    let names = nvtx_capture::thread_names();
+    for k in 1..cores() {
+        let name = format!("boundscope-cpu-{k}");
+        assert!(names.iter().any(|(_, n)| *n == name), "{name} not named in {names:?}");
+    }
+}

@@ -2,7 +2,8 @@
 //! attachments (NVTX guards in up to three domains, attached before and after decomposition and
 //! fusion, `ProfileOps` zero to two times, one recorder attached twice, user labels), what one
 //! run pushes equals the plan's range map exactly, in order, and no range has a direct parent
-//! with the same label in the same domain. Also the targeted cases of the rule, one test each.
+//! with the same label in the same domain, also with a `RangeFilter` on (levels, executors,
+//! categories). Also the targeted cases of the rule, one test each.
 
 mod common;
 
@@ -10,11 +11,13 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use boundscope::executors::{CpuFusion, CpuReference};
-use boundscope::guards::{ClosureGuard, Guard, GuardKind, GuardSite, NvtxRange, Recorder, ScopedGuard, Selection};
+use boundscope::guards::{
+    ClosureGuard, Guard, GuardKind, GuardSite, Level, NvtxRange, Recorder, ScopedGuard, Selection,
+};
 use boundscope::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOps};
 use boundscope::{
-    prims, Arena, BoundSymbolId, EmittedRange, Error, Executor, Fusible, Kernel, OpView, Plan, PushedBy, Registry,
-    Tensor, Trace, TraceBuilder, ValueId,
+    prims, Arena, BoundSymbolId, Category, EmittedRange, Error, Executor, Fusible, Kernel, OpView, Plan, PushedBy,
+    RangeFilter, Registry, Tensor, Trace, TraceBuilder, ValueId,
 };
 use common::nvtx_capture::{self, NvtxEvent, NvtxEventKind};
 use common::program::programs;
@@ -203,6 +206,30 @@ fn fusers() -> impl Strategy<Value = Fuser> {
     ]
 }
 
+/// The filters a case compiles with: often none, else a random choice of levels, and maybe of
+/// executors (one that no plan has among them) and categories.
+fn range_filters() -> impl Strategy<Value = (Vec<Level>, RangeFilter)> {
+    let executors = ["cpu_fusion", "cpu_reference", "test_fuser", "runtime", "nobody"];
+    let categories =
+        [Category::Elementwise, Category::Reduction, Category::Matmul, Category::Composite, Category::Fusion];
+    let chosen = (
+        prop::sample::subsequence(Level::ALL.to_vec(), 0..=4),
+        prop::option::weighted(0.3, prop::sample::subsequence(executors.to_vec(), 0..=3)),
+        prop::option::weighted(0.3, prop::sample::subsequence(categories.to_vec(), 0..=3)),
+    )
+        .prop_map(|(levels, executors, categories)| {
+            let mut filter = RangeFilter::new().levels(&levels);
+            if let Some(names) = executors {
+                filter = filter.executors(names);
+            }
+            if let Some(categories) = categories {
+                filter = filter.categories(&categories);
+            }
+            (levels, filter)
+        });
+    prop_oneof![1 => Just((Level::ALL.to_vec(), RangeFilter::new())), 2 => chosen]
+}
+
 fn attach(trace: &mut Trace<'_>, specs: &[GuardSpec], stage: u8) {
     for spec in specs.iter().filter(|s| s.stage as u8 == stage) {
         let mut range = NvtxRange::new().domain(DOMAINS[spec.domain]).unwrap();
@@ -286,6 +313,7 @@ proptest! {
         profile_at in prop::collection::vec((0u8..3, 1u8..3), 0..3),
         recorder_twice in any::<bool>(),
         profiling_off in prop::bool::weighted(0.1),
+        (levels, filter) in range_filters(),
         seed in any::<u64>(),
     ) {
         prop_assume!(nvtx_capture::is_installed());
@@ -316,8 +344,12 @@ proptest! {
 
         let mut executors: Vec<Arc<dyn Executor>> = fuser.into_iter().collect();
         executors.push(CpuReference::shared());
-        let plan = Plan::compile(&trace, &executors).unwrap();
+        let plan = Plan::compile_filtered(&trace, &executors, &filter).unwrap();
         plan.set_profiling(!profiling_off);
+        // Only admitted levels have ranges (pushed by the runtime or by an executor).
+        for range in plan.range_map().ranges() {
+            prop_assert!(levels.contains(&range.level), "{:?} range `{}` with {:?}\n{:#}", range.level, range.label, filter, plan);
+        }
         let reference = Plan::compile(&built, &[CpuReference::shared()]).unwrap();
         let inputs = program.input_data(seed);
         check_case(&plan, &reference, &inputs, &trace.to_string())?;
@@ -743,4 +775,48 @@ fn an_empty_emitted_domain_is_a_typed_error() {
     let err = Plan::compile(&fused, &[fuser, CpuReference::shared()]).unwrap_err();
     assert!(matches!(err, Error::InvalidLabel { .. }), "{err}");
     assert!(err.to_string().contains("domain"), "{err}");
+}
+
+/// With filters by executor, category and level, what one run pushes is the range map, and the
+/// map holds exactly the admitted ranges (an executor that pushes its own region ranges pushes
+/// none for a region the filter leaves out).
+#[test]
+fn filters_by_executor_category_and_level_leave_the_capture_equal_to_the_map() {
+    if !capture_installed() {
+        return;
+    }
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let trace = swish_chain(&arena, &registry);
+    let fuser: Arc<dyn Executor> = Arc::new(TestFuser::new("boundscope", false));
+    let profiled =
+        ProfileOps::new().with_trace_range(NvtxRange::new().label("step").unwrap()).run(&trace, &arena).unwrap();
+    let fused = FuseRegions::new(fuser.clone()).run(&profiled, &arena).unwrap();
+    let executors = [fuser, CpuReference::shared()];
+    let labels = |filter: &RangeFilter| {
+        let plan = Plan::compile_filtered(&fused, &executors, filter).unwrap();
+        let (_, events) = captured_run(&plan, &inputs());
+        assert_eq!(pushes_of(&events), pushes_in(plan.range_map()), "{plan:#}");
+        check_nesting(&events).unwrap();
+        (labels_in(&events, "boundscope"), plan.notes().to_vec())
+    };
+    let (all, notes) = labels(&RangeFilter::new());
+    assert_eq!(all, ["step", "TestFusion0: (exp, tanh, neg)", "matmul"]);
+    assert!(notes.is_empty(), "{notes:?}");
+    // By executor: the fuser's own region range goes too; the run's stays.
+    assert_eq!(labels(&RangeFilter::new().executors(["cpu_reference"])).0, ["step", "matmul"]);
+    assert_eq!(labels(&RangeFilter::new().executors(["test_fuser"])).0, ["step", "TestFusion0: (exp, tanh, neg)"]);
+    // By category: a region is elementwise when its ops are.
+    assert_eq!(
+        labels(&RangeFilter::new().categories(&[Category::Elementwise])).0,
+        ["step", "TestFusion0: (exp, tanh, neg)"]
+    );
+    assert_eq!(labels(&RangeFilter::new().categories(&[Category::Matmul])).0, ["step", "matmul"]);
+    // By level.
+    assert_eq!(labels(&RangeFilter::new().levels(&[Level::Op])).0, ["matmul"]);
+    assert_eq!(labels(&RangeFilter::new().levels(&[])).0, Vec::<String>::new());
+    // What matches nothing is in the notes.
+    let (none, notes) = labels(&RangeFilter::new().levels(&[Level::Subsymbol]).executors(["cuda_ops"]));
+    assert!(none.is_empty());
+    assert!(notes.iter().any(|n| n.contains("level `subsymbol` matches no range")), "{notes:?}");
+    assert!(notes.iter().any(|n| n.contains("executor `cuda_ops` matches no range")), "{notes:?}");
 }

@@ -89,7 +89,7 @@ pub use crate::core::passes;
 pub use crate::core::plan::{
     kernel_fn, Availability, Device, DeviceBuffer, DeviceGraph, DeviceKernel, DeviceOutputs, DeviceQueue, DeviceTensor,
     EmittedRange, Executor, Fusible, Kernel, OpView, Outputs, Plan, PlanGraph, PlanInput, PlannedRange,
-    PreparedRegionRange, PushedBy, RangeMap, RegionRange, RunInput, Workspace,
+    PreparedRegionRange, PushedBy, RangeFilter, RangeMap, RegionRange, RunInput, Workspace,
 };
 pub use crate::core::tensor::{Tensor, TensorMut, TensorRef};
 pub use crate::error::{Error, Result};

@@ -31,6 +31,10 @@ fn every_environment_variable_is_parsed_strictly() {
         ("BOUNDSCOPE_FUSION", "on"),
         ("BOUNDSCOPE_FUSION_STRATEGY", "fast"),
         ("BOUNDSCOPE_PROFILING", "verbose"),
+        ("BOUNDSCOPE_NVTX_LEVELS", "ops"),
+        ("BOUNDSCOPE_NVTX_LEVELS", "op,op"),
+        ("BOUNDSCOPE_NVTX_EXECUTORS", "cpu_fuson"),
+        ("BOUNDSCOPE_NVTX_CATEGORIES", "elementwise;matmul"),
     ] {
         let err = session(&[(variable, bad)]).err().unwrap_or_else(|| panic!("{variable}={bad:?} was accepted"));
         assert!(matches!(&err, Error::InvalidEnvironment { variable: v, .. } if v == variable), "{err}");
@@ -42,6 +46,9 @@ fn every_environment_variable_is_parsed_strictly() {
         ("BOUNDSCOPE_FUSION", "false"),
         ("BOUNDSCOPE_FUSION_STRATEGY", "dataflow"),
         ("BOUNDSCOPE_PROFILING", "regions"),
+        ("BOUNDSCOPE_NVTX_LEVELS", "trace,region"),
+        ("BOUNDSCOPE_NVTX_EXECUTORS", "cpu_fusion,runtime"),
+        ("BOUNDSCOPE_NVTX_CATEGORIES", "matmul"),
     ] {
         session(&[(variable, good)]).unwrap_or_else(|e| panic!("{variable}={good}: {e}"));
     }
@@ -324,4 +331,33 @@ fn a_cached_plan_is_never_taken_for_a_trace_of_another_registry() {
         results.push(session.run(&trace, &arena, &[&input]).unwrap()[0].data().to_vec());
     }
     assert_eq!(results, [vec![2.0, 2.0], vec![3.0, 3.0]]);
+}
+
+#[test]
+fn nvtx_levels_from_the_environment_remove_ranges_from_the_plan() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[8, 8]).unwrap();
+    let e = b.exp(x).unwrap();
+    let t = b.tanh(e).unwrap();
+    let y = b.matmul(t, x).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let levels = |value: &str| {
+        let mut pairs = vec![("BOUNDSCOPE_NVTX", "1")];
+        if !value.is_empty() {
+            pairs.push(("BOUNDSCOPE_NVTX_LEVELS", value));
+        }
+        let plan = session(&pairs).unwrap().compile(&trace, &arena).unwrap();
+        let mut levels: Vec<&str> = plan.range_map().ranges().iter().map(|r| r.level.name()).collect();
+        levels.dedup();
+        (levels, plan.notes().to_vec())
+    };
+    assert_eq!(levels("").0, ["trace", "region", "op"]);
+    assert_eq!(levels("trace").0, ["trace"]);
+    assert_eq!(levels("region,op").0, ["region", "op"]);
+    let (none, notes) = levels("subsymbol");
+    assert!(none.is_empty());
+    assert!(notes.iter().any(|n| n.contains("level `subsymbol` matches no range")), "{notes:?}");
 }

@@ -12,9 +12,11 @@
 mod attach;
 mod closure;
 mod host_timer;
+mod nvtx_layer;
 mod nvtx_range;
 mod recorder;
 mod table;
+mod tracing_span;
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -25,10 +27,12 @@ pub use host_timer::{HostTimer, TimerStats};
 #[doc(hidden)]
 pub use nvtx_range::PreparedNvtxRange;
 
+pub use nvtx_layer::NvtxLayer;
 pub use nvtx_range::{NvtxRange, DEFAULT_DOMAIN};
 pub use recorder::{RecordedRange, Recorder};
 pub use table::DroppedGuard;
 pub(crate) use table::{carried_span, Attachment, GuardTable};
+pub use tracing_span::{TracingSpan, TRACING_TARGET};
 
 use crate::error::Result;
 
@@ -45,6 +49,8 @@ pub enum GuardKind {
     HostTimer,
     /// A pair of user closures.
     Closure,
+    /// A `tracing` span.
+    TracingSpan,
     /// A user-defined kind, named.
     Custom(&'static str),
 }
@@ -57,6 +63,7 @@ impl GuardKind {
             GuardKind::Recorder => "@record",
             GuardKind::HostTimer => "@timer",
             GuardKind::Closure => "@closure",
+            GuardKind::TracingSpan => "@span",
             GuardKind::Custom(name) => name,
         }
     }

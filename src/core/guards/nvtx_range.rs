@@ -242,6 +242,12 @@ impl PreparedNvtxRange {
         nvtx_sys::domain_range_push_ex(self.domain, &self.attributes.0)
     }
 
+    /// Its domain.
+    #[inline]
+    pub(crate) fn domain(&self) -> nvtx_sys::DomainHandle {
+        self.domain
+    }
+
     /// Pops the innermost range of this domain on this thread.
     #[inline]
     pub fn pop(&self) {

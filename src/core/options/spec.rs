@@ -195,6 +195,13 @@ pub(crate) const DEVICES: &[&str] = &["auto", "cpu", "cuda"];
 /// Fusion strategies (`runtime.fusion_strategy`).
 pub(crate) const FUSION_STRATEGIES: &[&str] = &["consecutive", "dataflow"];
 
+/// Range levels (`runtime.nvtx_levels`).
+pub(crate) const NVTX_LEVELS: &[&str] = crate::core::plan::range_filter::LEVEL_NAMES;
+/// Executors whose ranges are kept (`runtime.nvtx_executors`).
+pub(crate) const NVTX_EXECUTORS: &[&str] = crate::core::plan::range_filter::EXECUTOR_NAMES;
+/// Symbol categories whose ranges are kept (`runtime.nvtx_categories`).
+pub(crate) const NVTX_CATEGORIES: &[&str] = crate::core::plan::range_filter::CATEGORY_NAMES;
+
 /// The runtime's own options (those of the front end's pipeline).
 pub const RUNTIME_OPTIONS: &[OptionSpec] = &[
     OptionSpec {
@@ -236,5 +243,29 @@ pub const RUNTIME_OPTIONS: &[OptionSpec] = &[
         doc: "consecutive: runs of adjacent ops; dataflow: also across independent ops (fewer, larger regions).",
         audience: Audience::User,
         env: Some("BOUNDSCOPE_FUSION_STRATEGY"),
+    },
+    OptionSpec {
+        name: "runtime.nvtx_levels",
+        ty: OptionType::EnumList(NVTX_LEVELS),
+        default: OptionValue::EnumList(Vec::new()),
+        doc: "Levels that get NVTX ranges, e.g. trace,region; empty: all. Ranges left out are never prepared (no cost per op).",
+        audience: Audience::User,
+        env: Some("BOUNDSCOPE_NVTX_LEVELS"),
+    },
+    OptionSpec {
+        name: "runtime.nvtx_executors",
+        ty: OptionType::EnumList(NVTX_EXECUTORS),
+        default: OptionValue::EnumList(Vec::new()),
+        doc: "Only ranges around what these executors run (runtime: spans several share); empty: all. Run ranges always stay.",
+        audience: Audience::User,
+        env: Some("BOUNDSCOPE_NVTX_EXECUTORS"),
+    },
+    OptionSpec {
+        name: "runtime.nvtx_categories",
+        ty: OptionType::EnumList(NVTX_CATEGORIES),
+        default: OptionValue::EnumList(Vec::new()),
+        doc: "Only ranges around ops of these categories (a region: one of its ops); empty: all. Run ranges always stay.",
+        audience: Audience::User,
+        env: Some("BOUNDSCOPE_NVTX_CATEGORIES"),
     },
 ];

@@ -14,6 +14,7 @@ use super::device::{Device, DeviceKernel};
 use super::executor::{kernel_fn, Executor, Kernel, OpView, RegionRange, RegionRangeParts};
 use super::guard_schedule::{prepare_scopes, range_map, schedules, CompiledNode, EmittedRegionRange, Schedule, Scope};
 use super::one_per_scope::{emitted_region_domain, ScopeGuards};
+use super::range_filter::RangeFilter;
 use super::range_map::RangeMap;
 use super::workspace::Workspace;
 use crate::core::guards::{Attachment, DroppedGuard, GuardSite, Level};
@@ -187,6 +188,45 @@ impl Plan {
     /// [`Error::MalformedTrace`] if the trace does not verify; [`Error::NoExecutor`] naming the
     /// symbol and the executors tried; or an executor's own compile error.
     pub fn compile(trace: &Trace<'_>, executors: &[Arc<dyn Executor>]) -> Result<Plan> {
+        Self::compile_filtered(trace, executors, &RangeFilter::new())
+    }
+
+    /// Like [`compile`](Self::compile), preparing only the NVTX ranges that `filter` admits
+    /// (see [`RangeFilter`]): the others are never prepared, cost nothing per op, are absent
+    /// from the [`range_map`](Self::range_map), and executors that push their own region ranges
+    /// are given none to push where the filter leaves a region out. Parts of the filter that
+    /// match no range of the plan are listed in its [`notes`](Self::notes).
+    ///
+    /// ```
+    /// use boundscope::executors::{CpuFusion, CpuReference};
+    /// use boundscope::guards::Level;
+    /// use boundscope::passes::{FuseRegions, Pass, ProfileOps};
+    /// use boundscope::{Arena, Plan, PushedBy, RangeFilter, Registry, TraceBuilder};
+    /// let registry = Registry::with_builtins();
+    /// let arena = Arena::new();
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[64]).unwrap();
+    /// let e = b.exp(x).unwrap();
+    /// let y = b.neg(e).unwrap();
+    /// b.output(y).unwrap();
+    /// let profiled = ProfileOps::new().run(&b.finish().unwrap(), &arena).unwrap();
+    /// let fused = FuseRegions::new(CpuFusion::shared()).run(&profiled, &arena).unwrap();
+    /// let executors = [CpuFusion::shared(), CpuReference::shared()];
+    /// // Regions only: CpuFusion still pushes its region's range.
+    /// let regions = RangeFilter::new().levels(&[Level::Region]);
+    /// let plan = Plan::compile_filtered(&fused, &executors, &regions).unwrap();
+    /// assert_eq!(plan.range_map().len(), 1);
+    /// assert_eq!(plan.range_map().ranges()[0].pushed_by, PushedBy::Executor("cpu_fusion".into()));
+    /// // Ops only: this plan has none (its ops are fused), and says so.
+    /// let ops = RangeFilter::new().levels(&[Level::Op]);
+    /// let plan = Plan::compile_filtered(&fused, &executors, &ops).unwrap();
+    /// assert!(plan.range_map().is_empty());
+    /// assert!(plan.notes().iter().any(|n| n.contains("level `op` matches no range")));
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`compile`](Self::compile).
+    pub fn compile_filtered(trace: &Trace<'_>, executors: &[Arc<dyn Executor>], filter: &RangeFilter) -> Result<Plan> {
         trace.verify()?;
         // One device per plan: its steps are ordered on that device's queue only.
         let mut devices = executors.iter().filter_map(|e| e.device().map(|d| (e.name(), d)));
@@ -205,6 +245,7 @@ impl Plan {
             device: executors.iter().find_map(|e| e.device()),
             device_lengths: Vec::new(),
             output_downloads: Vec::new(),
+            filter,
         };
         for (i, &input) in trace.inputs().iter().enumerate() {
             compiler.value_slots[input.index()] = Some(Slot::Input(i as u32));
@@ -237,7 +278,7 @@ impl Plan {
         // is an input comes after all of them and stays outside every op's scope.
         let executor_names: Vec<&str> =
             compiler.steps.iter().map(|s| executors.get(s.executor).map_or("runtime", |e| e.name())).collect();
-        let (scopes, mut dropped_guards, notes) = prepare_scopes(trace, &nodes, &executor_names)?;
+        let (scopes, mut dropped_guards, notes) = prepare_scopes(trace, &nodes, &executor_names, filter)?;
         dropped_guards.extend(trace.dropped_guards().iter().cloned());
         let schedules = schedules(&scopes, compiler.steps.len());
         let range_maps =
@@ -319,7 +360,7 @@ impl Plan {
         executors: &[Arc<dyn Executor>],
         options: &crate::options::Options,
     ) -> Result<Plan> {
-        let mut plan = Self::compile(trace, executors)?;
+        let mut plan = Self::compile_filtered(trace, executors, &RangeFilter::from_options(options)?)?;
         // The runtime's own developer options are in force as set; the executors' are listed
         // as they were configured (by `compile`).
         let runtime = options.developer_overrides().into_iter().filter(|o| o.starts_with("runtime."));
@@ -523,6 +564,8 @@ struct Compiler<'c, 't> {
     device_lengths: Vec<usize>,
     /// `(step, device buffer)` of each download that only brings an output to the host.
     output_downloads: Vec<(usize, u32)>,
+    /// Which NVTX ranges the plan prepares (region ranges that executors push included).
+    filter: &'c RangeFilter,
 }
 
 impl<'c, 't> Compiler<'c, 't> {
@@ -554,7 +597,9 @@ impl<'c, 't> Compiler<'c, 't> {
                         ),
                     });
                 }
-                emitted.and_then(|domain| region_range(self.trace, position, executor.name(), domain, profiling))
+                emitted.and_then(|domain| {
+                    region_range(self.trace, position, executor.name(), domain, profiling, self.filter)
+                })
             }
             _ => None,
         };
@@ -745,8 +790,17 @@ fn region_range(
     executor: &str,
     domain: &str,
     profiling: &Arc<AtomicBool>,
+    filter: &RangeFilter,
 ) -> Option<RegionRange> {
     let bsym = &trace.bound_symbols()[position];
+    // The same categories as the region's scope (`prepare_scopes`): `Fusion` and its ops'.
+    let category_of = |id| trace.registry().get(id).map(|s| s.symbol.category()).ok();
+    let categories: Vec<crate::Category> = std::iter::once(crate::Category::Fusion)
+        .chain(bsym.subsymbols().iter().filter_map(|s| category_of(s.symbol())))
+        .collect();
+    if !filter.admits(Level::Region, executor, &categories) {
+        return None;
+    }
     let table = &trace.guards;
     let mut merged = ScopeGuards::default();
     for a in table.at(position).iter().filter(|a| a.depth == 0 && a.span == 1) {
@@ -760,7 +814,7 @@ fn region_range(
     let ops = bsym.subsymbols().len() as u32;
     let site = GuardSite { label: &label, level: Level::Region, executor, ops };
     let resolved = settings.resolve(&site);
-    if enclosing_label(trace, position, domain).as_deref() == Some(resolved.label) {
+    if enclosing_label(trace, position, domain, filter).as_deref() == Some(resolved.label) {
         // Its range would sit directly inside one of its domain with its label: that one is it.
         return None;
     }
@@ -777,9 +831,10 @@ fn region_range(
 
 /// The label of the innermost range of `domain` around the top-level bound symbol at
 /// `position` (a span that covers it, else the run's), if there is one.
-fn enclosing_label(trace: &Trace<'_>, position: usize, domain: &str) -> Option<String> {
+fn enclosing_label(trace: &Trace<'_>, position: usize, domain: &str, filter: &RangeFilter) -> Option<String> {
     let table = &trace.guards;
-    let in_domain = |a: &Attachment| table.guard(a.guard).nvtx_domain() == Some(domain);
+    // Ranges of a level the filter leaves out are not there to enclose anything.
+    let in_domain = |a: &Attachment| table.guard(a.guard).nvtx_domain() == Some(domain) && filter.admits_level(a.level);
     let innermost = (0..=position)
         .flat_map(|p| table.at(p).iter().map(move |a| (p, a)))
         .filter(|&(p, a)| {
@@ -794,6 +849,7 @@ fn enclosing_label(trace: &Trace<'_>, position: usize, domain: &str) -> Option<S
             }
             trace.registry().get(a.origin).map(|s| s.symbol.name().to_string()).unwrap_or_default()
         }
+        None if !filter.admits_level(Level::Trace) => return None,
         None => {
             for &g in &table.trace_level {
                 let run = Attachment { guard: g, span: 1, depth: 0, level: Level::Trace, origin: prims::REGION };

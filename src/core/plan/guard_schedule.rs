@@ -8,9 +8,10 @@
 //! second one is empty.
 
 use super::one_per_scope::{ScopeEntry, ScopeGuards};
+use super::range_filter::RangeFilter;
 use super::range_map::{PlannedRange, PushedBy, RangeMap};
 use crate::core::guards::{Attachment, Guard, GuardSite, GuardTable, Level, ScopedGuard};
-use crate::core::ir::{prims, BoundSymbol, Trace};
+use crate::core::ir::{prims, BoundSymbol, Category, Trace};
 use crate::error::{Error, Result};
 
 /// Where one bound symbol's steps are in the plan.
@@ -207,17 +208,21 @@ struct PendingScope<'l> {
     level: Level,
     label: String,
     executor: &'l str,
+    /// The categories of the symbols it surrounds, for the plan's [`RangeFilter`].
+    categories: Vec<Category>,
     guards: ScopeGuards,
 }
 
 /// Prepares every attachment of `trace` over the compiled steps, one range per scope and NVTX
 /// domain (see [`ScopeGuards`]). Returns the scopes, the attachments that cannot run
 /// (subsymbol guards of a composite an executor runs whole), and the plan's notes (merge
-/// conflicts).
+/// conflicts, parts of `filter` that match nothing). NVTX ranges that `filter` does not admit
+/// are not prepared at all.
 pub(crate) fn prepare_scopes(
     trace: &Trace<'_>,
     nodes: &[CompiledNode],
     step_executor: &[&str],
+    filter: &RangeFilter,
 ) -> Result<(Vec<Scope>, Vec<crate::core::guards::DroppedGuard>, Vec<String>)> {
     let guards: &GuardTable = &trace.guards;
     let registry = trace.registry();
@@ -238,14 +243,26 @@ pub(crate) fn prepare_scopes(
     let mut pending: Vec<PendingScope<'_>> = Vec::new();
     let mut index: std::collections::HashMap<(usize, usize, Level, usize), usize> = Default::default();
     let mut notes = Vec::new();
-    let mut add = |first: usize, end: usize, level: Level, depth: usize, label: &str, attachment: Attachment| {
+    let mut add = |first: usize,
+                   end: usize,
+                   level: Level,
+                   depth: usize,
+                   label: &str,
+                   categories: &[Category],
+                   attachment: Attachment| {
         let i = *index.entry((first, end, level, depth)).or_insert_with(|| {
             let executor = if level == Level::Trace { "runtime" } else { executor_of(first, end) };
             let label = label.to_string();
-            pending.push(PendingScope { first, end, level, label, executor, guards: ScopeGuards::default() });
+            let (categories, guards) = (Vec::new(), ScopeGuards::default());
+            pending.push(PendingScope { first, end, level, label, executor, categories, guards });
             pending.len() - 1
         });
         let scope = &mut pending[i];
+        for c in categories {
+            if !scope.categories.contains(c) {
+                scope.categories.push(*c);
+            }
+        }
         let label = &scope.label;
         scope.guards.add(guards, attachment, |note| {
             notes.push(format!("{} `{label}` (steps {first}..{end}): {note}", level.name()));
@@ -253,7 +270,7 @@ pub(crate) fn prepare_scopes(
     };
     for &g in &guards.trace_level {
         let attachment = Attachment { guard: g, span: 1, depth: 0, level: Level::Trace, origin: prims::REGION };
-        add(0, steps, Level::Trace, 0, "trace", attachment);
+        add(0, steps, Level::Trace, 0, "trace", &[], attachment);
     }
     for (position, attachments) in guards.per_op.iter().enumerate() {
         let Some(node) = nodes.get(position) else {
@@ -266,6 +283,14 @@ pub(crate) fn prepare_scopes(
             });
         };
         let is_region = trace.bound_symbols()[position].symbol() == prims::REGION;
+        let category_of = |id| registry.get(id).map(|s| s.symbol.category()).ok();
+        // A region is of the category `Fusion` and of each of its ops'.
+        let region_categories: Vec<Category> = if is_region {
+            let ops = trace.bound_symbols()[position].subsymbols().iter().filter_map(|s| category_of(s.symbol()));
+            std::iter::once(Category::Fusion).chain(ops).collect()
+        } else {
+            Vec::new()
+        };
         for a in attachments {
             let label = if is_region && a.depth == 0 && a.span == 1 {
                 super::compile::region_label(trace, position)
@@ -275,7 +300,11 @@ pub(crate) fn prepare_scopes(
             if a.depth == 0 {
                 let level = if is_region && a.span == 1 { Level::Region } else { a.level };
                 let last = nodes.get(position + a.span as usize - 1).unwrap_or(node);
-                add(node.first, last.first + last.len, level, 0, &label, *a);
+                let categories = match level {
+                    Level::Region => region_categories.clone(),
+                    _ => category_of(a.origin).into_iter().collect(),
+                };
+                add(node.first, last.first + last.len, level, 0, &label, &categories, *a);
             } else if node.children.is_empty() {
                 dropped.record_drop(
                     a,
@@ -291,8 +320,8 @@ pub(crate) fn prepare_scopes(
                 let mut sites = Vec::new();
                 let mut whole = Vec::new();
                 subsymbol_sites(bsym, node, a.depth as usize, 1, trace, &mut sites, &mut whole);
-                for (first, end, depth, name) in sites {
-                    add(first, end, Level::Subsymbol, depth, name, *a);
+                for (first, end, depth, name, category) in sites {
+                    add(first, end, Level::Subsymbol, depth, name, &category.into_iter().collect::<Vec<_>>(), *a);
                 }
                 for name in whole {
                     dropped.record_drop(
@@ -310,7 +339,13 @@ pub(crate) fn prepare_scopes(
     let emitted: Vec<(usize, &str)> =
         nodes.iter().filter_map(|n| n.emitted.as_ref().map(|e| (n.first, e.range.domain()))).collect();
     let mut scopes = Vec::new();
+    // The scopes with NVTX guards, before filtering: what each part of the filter could match.
+    let mut ranged = Vec::new();
     for p in &pending {
+        let admitted = filter.admits(p.level, p.executor, &p.categories);
+        if p.guards.has_nvtx() {
+            ranged.push((p.level, p.executor.to_string(), p.categories.clone()));
+        }
         let skip_domain = match p.level {
             Level::Region => emitted.iter().find(|(first, _)| *first == p.first).map(|(_, d)| *d),
             _ => None,
@@ -318,6 +353,8 @@ pub(crate) fn prepare_scopes(
         let site = GuardSite { label: &p.label, level: p.level, executor: p.executor, ops: (p.end - p.first) as u32 };
         for entry in &p.guards.entries {
             let (guard_id, planned, prepared) = match entry {
+                // Left out by the plan's filter: never prepared.
+                ScopeEntry::Nvtx { .. } if !admitted => continue,
                 ScopeEntry::Nvtx { domain, guard, merged, .. } if Some(domain.as_str()) == skip_domain => {
                     // The executor pushes this domain's range itself; a guard of another kind
                     // than `NvtxRange` in it does not run, and the plan says so.
@@ -376,6 +413,7 @@ pub(crate) fn prepare_scopes(
         }
     }
     drop_ranges_inside_their_twin(&mut scopes, &mut notes);
+    notes.extend(filter.unmatched_notes(&ranged));
     Ok((scopes, dropped.dropped, notes))
 }
 
@@ -451,11 +489,12 @@ fn subsymbol_sites<'t>(
     depth: usize,
     at: usize,
     trace: &Trace<'t>,
-    sites: &mut Vec<(usize, usize, usize, &'t str)>,
+    sites: &mut Vec<(usize, usize, usize, &'t str, Option<Category>)>,
     whole: &mut Vec<&'t str>,
 ) {
     for (sub, child) in bsym.subsymbols().iter().zip(&node.children) {
-        sites.push((child.first, child.first + child.len, at, trace.symbol_name(sub)));
+        let category = trace.registry().get(sub.symbol()).map(|s| s.symbol.category()).ok();
+        sites.push((child.first, child.first + child.len, at, trace.symbol_name(sub), category));
         if depth > 1 && !sub.subsymbols().is_empty() {
             if child.children.is_empty() {
                 whole.push(trace.symbol_name(sub));

@@ -8,6 +8,7 @@ mod executor;
 mod graph;
 mod guard_schedule;
 mod one_per_scope;
+pub(crate) mod range_filter;
 mod range_map;
 mod workspace;
 
@@ -18,6 +19,7 @@ pub use executor::{
     kernel_fn, Availability, EmittedRange, Executor, Fusible, Kernel, OpView, PreparedRegionRange, RegionRange,
 };
 pub use graph::PlanGraph;
+pub use range_filter::RangeFilter;
 pub use range_map::{PlannedRange, PushedBy, RangeMap};
 pub use workspace::{DeviceOutputs, Outputs, Workspace};
 

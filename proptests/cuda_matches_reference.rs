@@ -126,7 +126,10 @@ fn the_quickstart_program_matches_on_cuda() {
 /// included) and makes no transfer between host and device per run; reading the output is one.
 #[test]
 fn the_quickstart_block_stays_on_the_device() {
-    let Some(device) = device() else { return };
+    let Some(_) = device() else { return };
+    // A device of its own, so that its transfer counter counts this test's copies only (the
+    // other tests run at the same time and transfer on the shared one).
+    let device = CudaDevice::new().unwrap();
     let registry = Registry::with_builtins();
     let arena = Arena::new();
     let trace = quickstart_block(&arena, &registry);
@@ -258,6 +261,34 @@ fn staged_uploads_arrive_whole() {
     let uploaded = upload(&device, &tensors);
     for (tensor, on_device) in tensors.iter().zip(&uploaded) {
         assert_eq!(&on_device.to_host().unwrap(), tensor);
+    }
+}
+
+/// The device's stream and every workspace's stream carry NVTX names (Nsight shows them), and
+/// the threads that fill staging buffers are the named CPU workers.
+#[test]
+fn streams_and_staging_threads_are_named_for_nvtx() {
+    let Some(device) = device() else { return };
+    if !nvtx_capture::is_installed() {
+        println!("SKIPPED: streams_and_staging_threads_are_named_for_nvtx: an NVTX tool is attached");
+        return;
+    }
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let trace = quickstart_block(&arena, &registry);
+    let (fused, fusion) = fused_for_cuda(&device, &trace, &arena);
+    let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device.clone()))]).unwrap();
+    let _workspaces = [plan.workspace().unwrap(), plan.workspace().unwrap()];
+    let names = nvtx_capture::stream_names();
+    assert!(names.iter().any(|(_, n)| n == "boundscope cuda:0"), "{names:?}");
+    let queues: Vec<_> = names.iter().filter(|(_, n)| n.starts_with("boundscope workspace ")).collect();
+    assert!(queues.len() >= 2, "two workspaces, two named streams: {names:?}");
+    // A staged upload (on a device of its own: see above) fills its buffer on the named CPU
+    // workers.
+    upload(&CudaDevice::new().unwrap(), &[boundscope::Tensor::zeros(&[1 << 22])]);
+    let threads = nvtx_capture::thread_names();
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
+        assert!(threads.iter().any(|(_, n)| n == "boundscope-cpu-1"), "{threads:?}");
     }
 }
 

@@ -237,6 +237,7 @@ fn a_session_run_allocates_only_what_a_plan_run_does() {
     let z = b.softmax(y).unwrap();
     b.output(z).unwrap();
     let trace = b.finish().unwrap();
+    // `runtime.device` is `auto`: the GPU where there is one (the CUDA executors), else the CPU.
     let env = Environment::from_pairs(&[("BOUNDSCOPE_NVTX", "1")]);
     let session = ProfiledSession::new(boundscope::options::Options::new(), &env).unwrap();
     let inputs = [Tensor::from_fn(&[16, 32], |i| i as f32 / 512.0), Tensor::zeros(&[32, 32])];
@@ -249,4 +250,53 @@ fn a_session_run_allocates_only_what_a_plan_run_does() {
     assert_eq!(by_session, by_plan, "the session adds no allocation to a plan's run (its owned outputs)");
     // And through a workspace of one's own, nothing at all.
     assert_eq!(steady_state_allocations(&plan, &inputs), 0);
+}
+
+/// On a GPU: a fused, profiled plan on the CUDA executors (generated kernels, cuBLAS matmul,
+/// the softmax's reduction) run with device-resident inputs, and with host inputs uploaded and
+/// outputs downloaded, allocates nothing after its first run. Elsewhere it says why it is
+/// skipped.
+#[cfg(feature = "cuda")]
+#[test]
+fn cuda_runs_allocate_nothing() {
+    use boundscope::executors::cuda::{self, CudaDevice, CudaFusion, CudaOps};
+    use boundscope::{Availability, DeviceTensor, RunInput};
+    if let Availability::Unavailable(reason) = cuda::availability() {
+        println!("SKIPPED: cuda_runs_allocate_nothing: {reason}; run this test binary on a GPU machine");
+        return;
+    }
+    let device = CudaDevice::new().unwrap();
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[64, 256]).unwrap();
+    let w = b.input(&[256, 256]).unwrap();
+    let h = b.matmul(x, w).unwrap();
+    let g = b.gelu(h).unwrap();
+    let y = b.softmax(g).unwrap();
+    b.output(y).unwrap();
+    let trace = Pipeline::standard().run(&b.finish().unwrap(), &arena).unwrap();
+    let profiled = ProfileOps::new().run(&trace, &arena).unwrap();
+    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
+    let fused = FuseRegions::new(fusion.clone()).run(&profiled, &arena).unwrap();
+    let plan =
+        Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device.clone())), CpuReference::shared()]).unwrap();
+    plan.set_profiling(true);
+    let inputs = [
+        Tensor::from_fn(&[64, 256], |i| (i % 7) as f32 / 7.0),
+        Tensor::from_fn(&[256, 256], |i| (i % 5) as f32 / 50.0),
+    ];
+    let shared: Arc<dyn boundscope::Device> = device.clone();
+    let on_device: Vec<DeviceTensor> =
+        inputs.iter().map(|t| DeviceTensor::upload(&shared, t.view()).unwrap()).collect();
+    let run_inputs: Vec<RunInput<'_>> = on_device.iter().map(RunInput::from).collect();
+    let mut workspace = plan.workspace().unwrap();
+    plan.run_on_device(&mut workspace, &run_inputs).unwrap();
+    let count = allocations_during(|| {
+        for _ in 0..3 {
+            plan.run_on_device(&mut workspace, &run_inputs).unwrap();
+        }
+    });
+    assert_eq!(count, 0, "device-resident runs\n{plan}");
+    assert_eq!(steady_state_allocations(&plan, &inputs), 0, "host inputs in, outputs out\n{plan}");
 }

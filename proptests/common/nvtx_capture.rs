@@ -6,8 +6,8 @@
 //! and on the first NVTX call in the process NVTX calls [`initialize`] with its export table. We
 //! then install our own functions in the CORE and CORE2 function tables for `DomainCreateA/W`,
 //! `DomainRegisterStringA/W`, `DomainRangePushEx`, `DomainRangePop`, `RangePushA/W`,
-//! `RangePushEx`, `RangePop` and `NameOsThreadA` (see [`thread_names`]); every other NVTX call
-//! stays a no-op.
+//! `RangePushEx`, `RangePop`, `NameOsThreadA` (see [`thread_names`]) and, in the CUDA module,
+//! `NameCuStreamA` (see [`stream_names`]); every other NVTX call stays a no-op.
 //!
 //! A dynamic injection (`NVTX_INJECTION64_PATH`, which Nsight Systems sets) takes precedence
 //! over static injection: under a real profiler [`is_installed`] is false and nothing is
@@ -433,6 +433,24 @@ unsafe extern "C" fn range_pop() -> c_int {
     pop(0)
 }
 
+/// Stream names given through `nvtxNameCuStreamA`: (stream handle, name), in call order.
+static STREAM_NAMES: Mutex<Vec<(usize, String)>> = Mutex::new(Vec::new());
+
+/// The names CUDA streams were given through `nvtxNameCuStreamA` so far, with their handles.
+#[allow(dead_code)]
+pub fn stream_names() -> Vec<(usize, String)> {
+    STREAM_NAMES.lock().unwrap_or_else(|p| p.into_inner()).clone()
+}
+
+unsafe extern "C" fn name_cu_stream_a(stream: ffi::nvtx_CUstream, name: *const c_char) {
+    if name.is_null() {
+        return;
+    }
+    // SAFETY: NVTX passes the caller's NUL-terminated name.
+    let name = unsafe { std::ffi::CStr::from_ptr(name) }.to_string_lossy().into_owned();
+    STREAM_NAMES.lock().unwrap_or_else(|p| p.into_inner()).push((stream as usize, name));
+}
+
 /// Thread names given through `nvtxNameOsThreadA`: (OS thread id, name), in call order.
 static THREAD_NAMES: Mutex<Vec<(u32, String)>> = Mutex::new(Vec::new());
 
@@ -592,6 +610,18 @@ unsafe extern "C" fn initialize(get_export_table: ffi::NvtxGetExportTableFunc_t)
     };
     if installed.contains(&false) {
         return 0;
+    }
+    // Stream names, where NVTX was built with its CUDA module (optional: nothing else needs it).
+    // SAFETY: as above, for the CUDA module's table and its `NameCuStreamA` slot type.
+    unsafe {
+        if let Some((cuda, cuda_size)) = module_table(get_module, Module::NVTX_CB_MODULE_CUDA) {
+            set_slot::<ffi::nvtxNameCuStreamA_fakeimpl_fntype>(
+                cuda,
+                cuda_size,
+                ffi::NvtxCallbackIdCuda::NVTX_CBID_CUDA_NameCuStreamA as u32,
+                Some(name_cu_stream_a),
+            );
+        }
     }
     INSTALLED.store(true, Ordering::Release);
     1

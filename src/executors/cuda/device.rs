@@ -12,6 +12,7 @@ use cudarc::driver::{sys, CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaS
 use super::{availability, RegionSource};
 use crate::core::plan::{Availability, Device, DeviceBuffer, DeviceGraph, DeviceQueue};
 use crate::error::{Error, Result};
+use crate::executors::worker_pool::{parts_for, run_parts_writing};
 
 /// A CUDA device: context, its own stream (uploads and downloads outside runs, and the order
 /// between runs), a stream per workspace that runs on it (see `Device::new_queue`), compiled
@@ -99,6 +100,7 @@ impl CudaDevice {
         // A stream of its own, not the legacy default stream: work on it can be captured into
         // a CUDA graph.
         let stream = context.new_stream().map_err(|e| cuda_error("new stream", e))?;
+        name_stream(&stream, "boundscope cuda:0");
         let multiprocessors = context
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| cuda_error("device attribute", e))? as u32;
@@ -165,18 +167,10 @@ impl CudaDevice {
             copied.synchronize().map_err(|e| cuda_error("staging", e))?;
         }
         let host = buffer.host.as_mut_slice().map_err(|e| cuda_error("staging", e))?;
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).clamp(1, 16);
-        let chunk = source.len().div_ceil(threads).max(STAGED_UPLOAD / 4);
-        std::thread::scope(|scope| -> Result<()> {
-            for (k, (to, from)) in host.chunks_mut(chunk).zip(source.chunks(chunk)).enumerate() {
-                // Named, so that profilers (Nsight Systems) show whose threads they are.
-                std::thread::Builder::new()
-                    .name(format!("boundscope-staging-{k}"))
-                    .spawn_scoped(scope, move || to.copy_from_slice(from))
-                    .map_err(|e| cuda_error("staging thread", e))?;
-            }
-            Ok(())
-        })?;
+        // Filled on the CPU executors' worker threads (persistent, and named for profilers:
+        // `boundscope-cpu-<k>`), a part each.
+        let parts = parts_for(0, source.len(), STAGED_UPLOAD / 4);
+        run_parts_writing(host, parts, 1, |r: std::ops::Range<usize>, to: &mut [f32]| to.copy_from_slice(&source[r]));
         let mut view = target.slice_mut(0..source.len());
         let stream = self.stream();
         stream.memcpy_htod(&buffer.host, &mut view).map_err(|e| cuda_error("upload", e))?;
@@ -194,6 +188,17 @@ impl CudaDevice {
     /// The number of kernels compiled so far.
     pub fn compiled_kernels(&self) -> usize {
         self.kernels.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+}
+
+/// Workspace queues made so far, to number their streams' names.
+static QUEUES: AtomicU64 = AtomicU64::new(0);
+
+/// Gives `stream` a name that Nsight shows (`nvtxNameCuStreamA`); nothing without a tool.
+fn name_stream(stream: &CudaStream, name: &str) {
+    if let Ok(name) = std::ffi::CString::new(name) {
+        let handle: nvtx::sys::CuStream = stream.cu_stream().cast();
+        nvtx::name_cuda_resource(nvtx::CudaResource::Stream(handle), name);
     }
 }
 
@@ -272,6 +277,8 @@ impl Device for CudaDevice {
 
     fn new_queue(&self) -> Result<Option<Box<dyn DeviceQueue>>> {
         let stream = self.context.new_stream().map_err(|e| cuda_error("new stream", e))?;
+        let queue = QUEUES.fetch_add(1, Ordering::Relaxed) + 1;
+        name_stream(&stream, &format!("boundscope workspace {queue}"));
         Ok(Some(Box::new(CudaQueue(stream))))
     }
 

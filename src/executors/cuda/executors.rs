@@ -4,7 +4,10 @@
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
-use cudarc::driver::{CudaFunction, LaunchConfig, PushKernelArg};
+use std::ffi::c_void;
+
+use cudarc::driver::{sys, CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
+use smallvec::SmallVec;
 
 use super::device::{cuda_error, slice, slice_mut, CudaDevice};
 use super::{op_source, region_source, shape_op_source, RegionSource};
@@ -205,19 +208,38 @@ impl GeneratedKernel {
     fn launch(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
         self.lengths.check(&self.kernel, inputs, outputs)?;
         let stream = self.device.stream();
-        let mut builder = stream.launch_builder(&self.function);
+        // The arguments, on the stack: cudarc's launch builder collects them in a `Vec`, an
+        // allocation per launch that a steady-state run must not make.
+        let mut pointers: SmallVec<[sys::CUdeviceptr; 16]> = SmallVec::new();
         for input in inputs {
-            builder.arg(slice(*input)?);
+            pointers.push(slice(*input)?.device_ptr(&stream).0);
         }
         for output in outputs.iter_mut() {
-            builder.arg(slice_mut(&mut **output)?);
+            pointers.push(slice_mut(&mut **output)?.device_ptr_mut(&stream).0);
         }
-        builder.arg(&self.numel);
+        let mut numel = self.numel;
+        let mut params: SmallVec<[*mut c_void; 17]> =
+            pointers.iter_mut().map(|p| (p as *mut sys::CUdeviceptr).cast::<c_void>()).collect();
+        params.push((&mut numel as *mut i64).cast::<c_void>());
+        let LaunchConfig { grid_dim, block_dim, shared_mem_bytes } = self.config;
         // SAFETY: the generated kernel takes exactly one pointer per region input and output
-        // (in this order), then `long long n`; `lengths.check` made sure above that there are
-        // that many buffers, each holding at least the elements of its value, and the
-        // generator (`fused_shape`) that the kernel accesses no more than those.
-        unsafe { builder.launch(self.config) }.map(|_| ()).map_err(|e| cuda_error("launch", e))
+        // (in this order), then `long long n`, and `params` points at exactly those values,
+        // which outlive the call; `lengths.check` made sure above that there are that many
+        // buffers, each holding at least the elements of its value, and the generator
+        // (`fused_shape`) that the kernel accesses no more than those. The buffers' own
+        // synchronization is off on this device (`CudaDevice::new`): every plan queues its
+        // work in order on one stream.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                self.function.cu_function(),
+                grid_dim,
+                block_dim,
+                shared_mem_bytes,
+                stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(|e| cuda_error("launch", e))
     }
 }
 

@@ -165,7 +165,9 @@ fn the_quickstart_block_stays_on_the_device() {
 /// the plan's run-level guards only (as its range map says), and refuses other inputs.
 #[test]
 fn the_quickstart_block_replays_as_a_graph() {
-    let Some(device) = device() else { return };
+    let Some(_) = device() else { return };
+    // A device of its own, for its transfer counter (see `the_quickstart_block_stays_on_the_device`).
+    let device = CudaDevice::new().unwrap();
     let registry = Registry::with_builtins();
     let arena = Arena::new();
     let trace = quickstart_block(&arena, &registry);
@@ -250,10 +252,11 @@ fn runs_from_several_threads_each_get_their_own_result() {
     });
 }
 
-/// Large uploads go through a reused page-locked staging buffer: back-to-back uploads of one
-/// size with different data each arrive whole.
+/// Large uploads and downloads go through reused page-locked staging buffers: back-to-back
+/// transfers of one size with different data each arrive whole, both ways, and so does a
+/// download that shares its buffer size with an upload in between.
 #[test]
-fn staged_uploads_arrive_whole() {
+fn staged_uploads_and_downloads_arrive_whole() {
     let Some(device) = device() else { return };
     let n = 1 << 20;
     let tensors: Vec<boundscope::Tensor> =
@@ -262,6 +265,15 @@ fn staged_uploads_arrive_whole() {
     for (tensor, on_device) in tensors.iter().zip(&uploaded) {
         assert_eq!(&on_device.to_host().unwrap(), tensor);
     }
+    // Downloads and uploads of one size alternating through the shared staging buffer, and a
+    // size below the staging threshold.
+    for (k, on_device) in uploaded.iter().enumerate() {
+        let again = upload(&device, &tensors[(k + 1) % 4..(k + 1) % 4 + 1]);
+        assert_eq!(&on_device.to_host().unwrap(), &tensors[k]);
+        assert_eq!(&again[0].to_host().unwrap(), &tensors[(k + 1) % 4]);
+    }
+    let small = boundscope::Tensor::from_fn(&[1000], |i| i as f32);
+    assert_eq!(upload(&device, std::slice::from_ref(&small))[0].to_host().unwrap(), small);
 }
 
 /// The device's stream and every workspace's stream carry NVTX names (Nsight shows them), and

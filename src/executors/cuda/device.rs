@@ -25,7 +25,8 @@ pub struct CudaDevice {
     kernels: Mutex<HashMap<String, CudaFunction>>,
     /// Host-to-device and device-to-host copies made so far.
     transfers: AtomicU64,
-    /// Page-locked staging buffers for large uploads, one per size, the most recent last.
+    /// Page-locked staging buffers for large uploads and downloads, one per size, the most
+    /// recent last; one staged transfer at a time.
     staging: Mutex<Vec<Staging>>,
 }
 
@@ -58,7 +59,8 @@ impl DeviceQueue for CudaQueue {
     }
 }
 
-/// Uploads of at least this many elements (1 MiB) go through a page-locked staging buffer.
+/// Uploads and downloads of at least this many elements (1 MiB) go through a page-locked
+/// staging buffer.
 const STAGED_UPLOAD: usize = 1 << 18;
 
 /// How many staging buffers (of different sizes) a device keeps.
@@ -143,29 +145,36 @@ impl CudaDevice {
         Ok(function)
     }
 
-    /// Uploads through a page-locked staging buffer of `source`'s size (kept for the next
-    /// upload of that size), filled by several threads: a copy from pageable memory runs at a
-    /// fraction of what the bus carries.
-    fn staged_upload(&self, source: &[f32], target: &mut dyn DeviceBuffer) -> Result<()> {
-        let target = slice_mut(target)?;
-        let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-        if !staging.iter().any(|s| s.host.len() == source.len()) {
+    /// The page-locked staging buffer of `len` elements (made, or reused from an earlier
+    /// transfer of that size), once the last copy from or into it is done.
+    fn staging_buffer<'s>(&self, staging: &'s mut Vec<Staging>, len: usize) -> Result<&'s mut Staging> {
+        if !staging.iter().any(|s| s.host.len() == len) {
             if staging.len() >= STAGING_BUFFERS {
-                // Dropping one waits for the copy still reading it.
+                // Dropping one waits for the copy still using it.
                 staging.remove(0);
             }
-            // SAFETY: the memory is uninitialized until written; it is written in full below
-            // before any copy reads it, and never read on the host.
-            let host =
-                unsafe { self.context.alloc_pinned::<f32>(source.len()) }.map_err(|e| cuda_error("alloc pinned", e))?;
+            // SAFETY: the memory is uninitialized until written; every transfer writes the
+            // part it reads before reading it (an upload fills it on the host, a download
+            // copies into it on the device and waits).
+            let host = unsafe { self.context.alloc_pinned::<f32>(len) }.map_err(|e| cuda_error("alloc pinned", e))?;
             staging.push(Staging { host, copied: None });
         }
-        let buffer = staging.iter_mut().find(|s| s.host.len() == source.len()).expect("just made");
-        // An earlier copy from this buffer must be done before it is overwritten (cudarc's own
+        let buffer = staging.iter_mut().find(|s| s.host.len() == len).expect("just made");
+        // An earlier copy from this buffer must be done before it is used again (cudarc's own
         // tracking is off on this device: see `new`).
         if let Some(copied) = buffer.copied.take() {
             copied.synchronize().map_err(|e| cuda_error("staging", e))?;
         }
+        Ok(buffer)
+    }
+
+    /// Uploads through a page-locked staging buffer of `source`'s size (kept for the next
+    /// transfer of that size), filled in parallel on the CPU workers: a copy from pageable
+    /// memory runs at a fraction of what the bus carries.
+    fn staged_upload(&self, source: &[f32], target: &mut dyn DeviceBuffer) -> Result<()> {
+        let target = slice_mut(target)?;
+        let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        let buffer = self.staging_buffer(&mut staging, source.len())?;
         let host = buffer.host.as_mut_slice().map_err(|e| cuda_error("staging", e))?;
         // Filled on the CPU executors' worker threads (persistent, and named for profilers:
         // `boundscope-cpu-<k>`), a part each.
@@ -175,6 +184,23 @@ impl CudaDevice {
         let stream = self.stream();
         stream.memcpy_htod(&buffer.host, &mut view).map_err(|e| cuda_error("upload", e))?;
         buffer.copied = Some(stream.record_event(None).map_err(|e| cuda_error("record event", e))?);
+        Ok(())
+    }
+
+    /// Downloads through a page-locked staging buffer of `target`'s size: the device copies
+    /// into it at the bus's speed, then the CPU workers copy it out in parallel. Waits for the
+    /// device, as every download does.
+    fn staged_download(&self, source: &dyn DeviceBuffer, target: &mut [f32]) -> Result<()> {
+        let source = slice(source)?;
+        let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
+        let buffer = self.staging_buffer(&mut staging, target.len())?;
+        let stream = self.stream();
+        let view = source.slice(0..target.len());
+        stream.memcpy_dtoh(&view, &mut buffer.host).map_err(|e| cuda_error("download", e))?;
+        stream.synchronize().map_err(|e| cuda_error("synchronize", e))?;
+        let host = buffer.host.as_slice().map_err(|e| cuda_error("staging", e))?;
+        let parts = parts_for(0, target.len(), STAGED_UPLOAD / 4);
+        run_parts_writing(target, parts, 1, |r: std::ops::Range<usize>, to: &mut [f32]| to.copy_from_slice(&host[r]));
         Ok(())
     }
 
@@ -263,6 +289,9 @@ impl Device for CudaDevice {
 
     fn download(&self, source: &dyn DeviceBuffer, target: &mut [f32]) -> Result<()> {
         self.transfers.fetch_add(1, Ordering::Relaxed);
+        if target.len() >= STAGED_UPLOAD {
+            return self.staged_download(source, target);
+        }
         let source = slice(source)?;
         let view = source.slice(0..target.len());
         let stream = self.stream();

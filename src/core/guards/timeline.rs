@@ -242,21 +242,27 @@ impl Timeline {
     /// `args` = `executor` and `ops`. `otherData` holds `dropped_scopes` (so far, see
     /// [`dropped_scopes`](Self::dropped_scopes)) and `capacity_per_thread`.
     ///
-    /// Runs off the hot path: each thread's buffer is locked only while it is copied.
+    /// Runs off the hot path: each thread's buffer is locked only while it is copied. The
+    /// buffers of threads that have exited are freed once drained.
     pub fn to_chrome_trace(&self) -> Value {
         let inner = &self.inner;
-        let buffers: Vec<Arc<ThreadBuffer>> = lock(&inner.threads).clone();
-        let mut threads = Vec::with_capacity(buffers.len());
-        for buffer in &buffers {
-            let mut spans = {
-                let mut held = lock(&buffer.spans);
-                let copied = held.clone();
-                held.clear(); // keeps the reserved memory
-                copied
-            };
-            // By start, longer first: a parent comes before a child that starts with it.
-            spans.sort_by_key(|s| (s.start_ns, std::cmp::Reverse(s.end_ns)));
-            threads.push((buffer, spans));
+        let mut threads = Vec::new();
+        {
+            // Taken only here and when a thread closes its first scope: never per scope.
+            let mut registry = lock(&inner.threads);
+            for buffer in registry.iter() {
+                let mut spans = {
+                    let mut held = lock(&buffer.spans);
+                    let copied = held.clone();
+                    held.clear(); // keeps the reserved memory
+                    copied
+                };
+                // By start, longer first: a parent comes before a child that starts with it.
+                spans.sort_by_key(|s| (s.start_ns, std::cmp::Reverse(s.end_ns)));
+                threads.push((buffer.thread_index, buffer.thread_name.clone(), spans));
+            }
+            // A buffer only the registry holds belongs to a thread that has exited: free it.
+            registry.retain(|buffer| Arc::strong_count(buffer) > 1);
         }
         let device: Vec<DeviceTrack> = std::mem::take(&mut *lock(&inner.device));
         let dropped_now = inner.dropped.load(Ordering::Relaxed);
@@ -267,17 +273,17 @@ impl Timeline {
             "name": "process_name", "ph": "M", "pid": pid, "tid": 0, "ts": 0,
             "args": { "name": "boundscope" },
         })];
-        for (buffer, spans) in &threads {
+        for (thread_index, thread_name, spans) in &threads {
             if spans.is_empty() {
                 continue;
             }
             events.push(json!({
-                "name": "thread_name", "ph": "M", "pid": pid, "tid": buffer.thread_index, "ts": 0,
-                "args": { "name": buffer.thread_name },
+                "name": "thread_name", "ph": "M", "pid": pid, "tid": thread_index, "ts": 0,
+                "args": { "name": thread_name },
             }));
         }
         let mut first_start_ns = u64::MAX;
-        for (buffer, spans) in &threads {
+        for (thread_index, _, spans) in &threads {
             for span in spans {
                 first_start_ns = first_start_ns.min(span.start_ns);
                 let site = &sites[span.site];
@@ -286,7 +292,7 @@ impl Timeline {
                     "cat": site.level.name(),
                     "ph": "X",
                     "pid": pid,
-                    "tid": buffer.thread_index,
+                    "tid": thread_index,
                     "ts": micros(span.start_ns),
                     "dur": micros(span.end_ns.saturating_sub(span.start_ns)),
                     "args": { "executor": site.executor, "ops": site.ops },
@@ -294,7 +300,7 @@ impl Timeline {
             }
         }
         // Device tracks take thread ids past every host thread's.
-        let mut tid = threads.iter().map(|(b, _)| b.thread_index).max().unwrap_or(0);
+        let mut tid = threads.iter().map(|(thread_index, _, _)| *thread_index).max().unwrap_or(0);
         let first_start_ns = if first_start_ns == u64::MAX { 0 } else { first_start_ns };
         for track in &device {
             tid += 1;
@@ -462,5 +468,32 @@ impl Guard for Timeline {
             }
         };
         Ok(Box::new(PreparedTimeline { timeline: self.clone(), site: index }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn threads(timeline: &Timeline) -> usize {
+        lock(&timeline.inner.threads).len()
+    }
+
+    #[test]
+    fn a_drain_frees_the_buffers_of_threads_that_exited_and_keeps_the_others() {
+        let timeline = Timeline::with_capacity(8);
+        let site = GuardSite { label: "op", level: Level::Op, executor: "me", ops: 1 };
+        let prepared = timeline.prepare(&site).unwrap();
+        prepared.in_scope(|| ());
+        std::thread::scope(|s| {
+            s.spawn(|| prepared.in_scope(|| ()));
+        });
+        assert_eq!(threads(&timeline), 2);
+        let chrome = timeline.to_chrome_trace();
+        let scopes = chrome["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").count();
+        assert_eq!(scopes, 2, "the exited thread's scope is drained before its buffer goes");
+        assert_eq!(threads(&timeline), 1, "this thread's buffer stays, reserved");
+        prepared.in_scope(|| ());
+        assert_eq!(threads(&timeline), 1);
     }
 }

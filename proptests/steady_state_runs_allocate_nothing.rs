@@ -10,7 +10,7 @@ use std::sync::Arc;
 use boundscope::executors::{CpuFusion, CpuReference};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use boundscope::guards::{ClosureGuard, HostTimer, NvtxRange, Selection};
+use boundscope::guards::{ClosureGuard, HostTimer, NvtxRange, Selection, Timeline};
 use boundscope::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOps};
 use boundscope::{Arena, Executor, Plan, Registry, Tensor, Trace, TraceBuilder};
 use common::allocations::{allocations_during, CountingAllocator};
@@ -202,6 +202,40 @@ proptest! {
         guard(&mut fused, nested, true);
         let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap();
         plan.set_profiling(true);
+        prop_assert_eq!(steady_state_allocations(&plan, &inputs), 0, "{}", plan);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// A `Timeline` on the run and on every op or region, with any buffer capacity (full
+    /// buffers included), adds no allocation to a run once the running thread's buffer is
+    /// reserved by the warm-up run, before and after a drain.
+    #[test]
+    fn a_timeline_allocates_nothing_after_warm_up(
+        program in programs(true),
+        capacity in 0usize..64,
+        seed in any::<u64>(),
+    ) {
+        let registry = Registry::with_builtins();
+        let arena = Arena::new();
+        let trace = Pipeline::standard().run(&program.build(&arena, &registry).unwrap(), &arena).unwrap();
+        let fusion: Arc<dyn Executor> = Arc::new(CpuFusion::new());
+        let mut fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap();
+        let timeline = Timeline::with_capacity(capacity);
+        fused.attach_trace_guard(timeline.clone()).unwrap();
+        fused.attach_guard(Selection::All, timeline.clone()).unwrap();
+        let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap();
+        let inputs = program.input_data(seed);
+        prop_assert_eq!(steady_state_allocations(&plan, &inputs), 0, "{}", plan);
+        // Four runs: what the buffer holds, and the rest counted as dropped.
+        let scopes = 4 * (1 + fused.len());
+        let chrome = timeline.to_chrome_trace();
+        let kept = chrome["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").count();
+        prop_assert_eq!(kept, scopes.min(capacity));
+        prop_assert_eq!(timeline.dropped_scopes() as usize, scopes - kept);
+        // The drain kept the buffer's memory.
         prop_assert_eq!(steady_state_allocations(&plan, &inputs), 0, "{}", plan);
     }
 }

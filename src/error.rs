@@ -272,6 +272,15 @@ pub enum Error {
         /// Every variable the front end reads.
         known: Vec<String>,
     },
+    /// A directory that a file was to be written into cannot be made or written
+    /// ([`Timeline::write_chrome_trace`](crate::guards::Timeline::write_chrome_trace)): a path
+    /// under a regular file, a directory without write permission, a full disk.
+    UnwritableDirectory {
+        /// The directory, as given.
+        directory: String,
+        /// What the operating system said.
+        detail: String,
+    },
     /// An executor the plan requires cannot run on this machine.
     ExecutorUnavailable {
         /// The executor.
@@ -433,6 +442,11 @@ impl fmt::Display for Error {
                 }
                 write!(f, " (boundscope reads {}; rename it or unset it)", known.join(", "))
             }
+            Error::UnwritableDirectory { directory, detail } => write!(
+                f,
+                "cannot write a file into the directory `{directory}`: {detail}; pass a directory that this \
+                 process may create and write to (not a path under a regular file)"
+            ),
             Error::ExecutorUnavailable { executor, reason } => write!(
                 f,
                 "executor `{executor}` is required but unavailable here: {reason}; drop the requirement to fall back \

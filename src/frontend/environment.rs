@@ -10,6 +10,10 @@ use crate::error::{did_you_mean, Error, Result};
 /// Overrides profiler auto-detection: `1` on, `0` off; any other value is an error.
 pub const NVTX_OVERRIDE: &str = "BOUNDSCOPE_NVTX";
 
+/// The directory programs write trace files into (a [`Timeline`](crate::guards::Timeline)'s
+/// Chrome trace, say), read by [`Environment::trace_dir`]; the working directory when unset.
+pub const TRACE_DIR: &str = "BOUNDSCOPE_TRACE_DIR";
+
 /// The prefix of the front end's variables: every variable with it must be one it reads.
 const PREFIX: &str = "BOUNDSCOPE_";
 
@@ -54,6 +58,31 @@ impl Environment {
         }
     }
 
+    /// The directory to write trace files into: [`TRACE_DIR`] if set, else the working
+    /// directory (`.`). The value is a path, so any bytes the operating system allows.
+    ///
+    /// ```
+    /// use boundscope::frontend::Environment;
+    /// let env = Environment::from_pairs(&[("BOUNDSCOPE_TRACE_DIR", "/tmp/traces")]);
+    /// assert_eq!(env.trace_dir().unwrap(), std::path::Path::new("/tmp/traces"));
+    /// assert_eq!(Environment::from_pairs(&[]).trace_dir().unwrap(), std::path::Path::new("."));
+    /// assert!(Environment::from_pairs(&[("BOUNDSCOPE_TRACE_DIR", "")]).trace_dir().is_err());
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidEnvironment`] if it is set but empty (unset it for the working directory).
+    pub fn trace_dir(&self) -> Result<std::path::PathBuf> {
+        match self.get_os(TRACE_DIR) {
+            None => Ok(std::path::PathBuf::from(".")),
+            Some(dir) if dir.is_empty() => Err(Error::InvalidEnvironment {
+                variable: TRACE_DIR.into(),
+                value: String::new(),
+                expected: "a directory path; unset, the working directory".into(),
+            }),
+            Some(dir) => Ok(dir.into()),
+        }
+    }
+
     /// A variable's value as the operating system holds it (for paths), if set.
     fn get_os(&self, name: &str) -> Option<OsString> {
         match &self.fixed {
@@ -80,7 +109,7 @@ impl Environment {
     /// `options`, except options already set in code (which win).
     ///
     /// Checked strictly, whether or not a variable takes effect: its name must be one the
-    /// front end reads ([`NVTX_OVERRIDE`] or a user option's), its value valid Unicode and
+    /// front end reads ([`NVTX_OVERRIDE`], [`TRACE_DIR`] or a user option's), its value valid Unicode and
     /// accepted by its option (`BOUNDSCOPE_NVTX`: `0` or `1`).
     ///
     /// ```
@@ -105,7 +134,8 @@ impl Environment {
             .filter(|s| s.audience == Audience::User)
             .filter_map(|s| s.env.map(|var| (s.clone(), var)))
             .collect();
-        let known: Vec<&str> = std::iter::once(NVTX_OVERRIDE).chain(specs.iter().map(|(_, var)| *var)).collect();
+        let known: Vec<&str> =
+            [NVTX_OVERRIDE, TRACE_DIR].into_iter().chain(specs.iter().map(|(_, var)| *var)).collect();
         for name in self.prefixed_names() {
             if !known.contains(&name.as_str()) {
                 // Compared without the prefix they share, so that only a close name is suggested.

@@ -9,7 +9,7 @@ mod environment;
 mod plan_cache;
 mod session;
 
-pub use environment::{detect_nvtx_tool, Environment, NvtxTool, ProfilingDecision, NVTX_OVERRIDE};
+pub use environment::{detect_nvtx_tool, Environment, NvtxTool, ProfilingDecision, NVTX_OVERRIDE, TRACE_DIR};
 pub use plan_cache::CACHED_PLANS;
 pub use session::ProfiledSession;
 

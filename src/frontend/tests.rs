@@ -224,6 +224,13 @@ fn boundscope_nvtx_is_checked_whatever_decides_profiling() {
 }
 
 #[test]
+fn the_trace_directory_variable_is_known_and_a_typo_of_it_is_not() {
+    session(&[("BOUNDSCOPE_TRACE_DIR", "/tmp/traces")]).unwrap();
+    let err = session(&[("BOUNDSCOPE_TRACE_DRI", "/tmp/traces")]).err().expect("an error");
+    assert!(err.to_string().contains("did you mean BOUNDSCOPE_TRACE_DIR?"), "{err}");
+}
+
+#[test]
 fn an_unknown_boundscope_variable_is_an_error_with_a_suggestion() {
     let err = session(&[("BOUNDSCOPE_PROFILNG", "ops")]).err().expect("an error");
     assert!(

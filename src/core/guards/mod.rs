@@ -16,6 +16,7 @@ mod nvtx_layer;
 mod nvtx_range;
 mod recorder;
 mod table;
+mod timeline;
 mod tracing_span;
 
 use std::fmt;
@@ -32,6 +33,7 @@ pub use nvtx_range::{NvtxRange, DEFAULT_DOMAIN};
 pub use recorder::{RecordedRange, Recorder};
 pub use table::DroppedGuard;
 pub(crate) use table::{carried_span, Attachment, GuardTable};
+pub use timeline::{Timeline, CUDA_EVENTS_TRACK, DEFAULT_CAPACITY};
 pub use tracing_span::{TracingSpan, TRACING_TARGET};
 
 use crate::error::Result;
@@ -51,6 +53,8 @@ pub enum GuardKind {
     Closure,
     /// A `tracing` span.
     TracingSpan,
+    /// The timeline of host scopes ([`Timeline`]).
+    Timeline,
     /// A user-defined kind, named.
     Custom(&'static str),
 }
@@ -64,6 +68,7 @@ impl GuardKind {
             GuardKind::HostTimer => "@timer",
             GuardKind::Closure => "@closure",
             GuardKind::TracingSpan => "@span",
+            GuardKind::Timeline => "@timeline",
             GuardKind::Custom(name) => name,
         }
     }

@@ -485,9 +485,12 @@ mod tests {
         let site = GuardSite { label: "op", level: Level::Op, executor: "me", ops: 1 };
         let prepared = timeline.prepare(&site).unwrap();
         prepared.in_scope(|| ());
-        std::thread::scope(|s| {
-            s.spawn(|| prepared.in_scope(|| ()));
-        });
+        // A thread joined (not scoped: a scope may return before the thread's thread-locals
+        // are destroyed), so that its buffer is released when the check below runs.
+        let shared: std::sync::Arc<dyn ScopedGuard> = std::sync::Arc::from(prepared);
+        let other = shared.clone();
+        std::thread::spawn(move || other.in_scope(|| ())).join().unwrap();
+        let prepared = shared;
         assert_eq!(threads(&timeline), 2);
         let chrome = timeline.to_chrome_trace();
         let scopes = chrome["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").count();

@@ -124,3 +124,61 @@ fn guards_and_ranges_stay_on_the_calling_thread_and_workers_are_named() {
         assert!(names.iter().any(|(_, n)| *n == name), "{name} not named in {names:?}");
     }
 }
+
+/// Edge cases of the split, fused and not: rows longer than a block (tiles, whose partial sums
+/// carry across tiles inside one part), fewer rows than threads, one long row, a column, zero
+/// rows, and blocks of odd sizes; each bit for bit the same on one thread and on every core, and
+/// within rounding of the reference.
+#[test]
+fn awkward_shapes_and_blocks_split_the_same_as_one_thread() {
+    if cores() < 2 {
+        eprintln!("SKIPPED: one core here, so nothing is split over threads");
+        return;
+    }
+    for (rows, cols) in [(3, 70_000), (300, 1_500), (1, 1 << 18), (1 << 17, 1), (0, 1 << 18), (5, 40_000)] {
+        for block in [16, 100, 1024, 4099] {
+            let (registry, arena) = (Registry::with_builtins(), Arena::new());
+            let mut b = TraceBuilder::new(&arena, &registry);
+            let x = b.input(&[rows, cols]).unwrap();
+            let w = b.input(&[cols]).unwrap();
+            let m = b.input(&[rows, 1]).unwrap();
+            let y = b.mul(x, w).unwrap();
+            let z = b.sub(y, m).unwrap();
+            let t = b.tanh(z).unwrap();
+            let s = b.sum(t).unwrap();
+            let mx = b.max(z).unwrap();
+            b.output(s).unwrap();
+            b.output(mx).unwrap();
+            b.output(t).unwrap();
+            let trace = b.finish().unwrap();
+            let inputs = [
+                Tensor::from_fn(&[rows, cols], |i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0),
+                Tensor::from_fn(&[cols], |i| (i % 13) as f32 / 6.0 - 1.0),
+                Tensor::from_fn(&[rows, 1], |i| (i % 5) as f32 / 4.0),
+            ];
+            let refs: Vec<&Tensor> = inputs.iter().collect();
+            let mut results = Vec::new();
+            for threads in [1, 0] {
+                let reference: Arc<dyn Executor> = Arc::new(CpuReference::new().threads(threads));
+                let fusion: Arc<dyn Executor> = Arc::new(CpuFusion::new().threads(threads).block_size(block));
+                let fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap();
+                let plan = Plan::compile(&fused, &[fusion, reference.clone()]).unwrap();
+                let unfused = Plan::compile(&trace, &[reference]).unwrap();
+                results.push((bits(&plan.run(&refs).unwrap()), unfused.run(&refs).unwrap()));
+            }
+            let what = format!("[{rows}, {cols}] in blocks of {block}");
+            assert_eq!(results[0].0, results[1].0, "fused, {what}");
+            let unfused_bits = |r: &Vec<Tensor>| bits(r);
+            assert_eq!(unfused_bits(&results[0].1), unfused_bits(&results[1].1), "unfused, {what}");
+            // Fused against the reference: within rounding (sums of up to 2^18 terms).
+            let fused_values: Vec<Vec<f32>> =
+                results[1].0.iter().map(|t| t.iter().map(|&b| f32::from_bits(b)).collect()).collect();
+            for (k, (got, want)) in fused_values.iter().zip(&results[1].1).enumerate() {
+                for (g, w) in got.iter().zip(want.data()) {
+                    let tolerance = 1e-4 * w.abs().max(1.0) * if k == 0 { (cols as f32).sqrt() } else { 1.0 };
+                    assert!((g - w).abs() <= tolerance, "output {k}, {what}: {g} vs {w}");
+                }
+            }
+        }
+    }
+}

@@ -21,7 +21,6 @@ pub struct CudaDevice {
     name: String,
     context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
-    multiprocessors: u32,
     kernels: Mutex<HashMap<String, CudaFunction>>,
     /// Host-to-device and device-to-host copies made so far.
     transfers: AtomicU64,
@@ -103,16 +102,12 @@ impl CudaDevice {
         // a CUDA graph.
         let stream = context.new_stream().map_err(|e| cuda_error("new stream", e))?;
         name_stream(&stream, "boundscope cuda:0");
-        let multiprocessors = context
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|e| cuda_error("device attribute", e))? as u32;
         let name = format!("cuda:0 ({})", context.name().unwrap_or_default());
         let kernels = Mutex::new(HashMap::new());
         Ok(Arc::new(Self {
             name,
             context,
             stream,
-            multiprocessors,
             kernels,
             transfers: AtomicU64::new(0),
             staging: Mutex::new(Vec::new()),
@@ -126,10 +121,6 @@ impl CudaDevice {
         CURRENT_QUEUE
             .with(|q| q.borrow().iter().rev().find(|(d, _)| *d == me).map(|(_, s)| s.clone()))
             .unwrap_or_else(|| self.stream.clone())
-    }
-
-    pub(crate) fn multiprocessors(&self) -> u32 {
-        self.multiprocessors
     }
 
     /// The compiled kernel of a generated source, compiling it with NVRTC the first time.

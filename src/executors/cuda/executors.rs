@@ -197,7 +197,10 @@ struct GeneratedKernel {
 impl GeneratedKernel {
     fn new(device: &Arc<CudaDevice>, generated: &RegionSource, range: Option<PreparedRegionRange>) -> Result<Self> {
         let function = device.function(generated)?;
-        let blocks = (generated.threads.div_ceil(THREADS as usize) as u32).clamp(1, device.multiprocessors() * 16);
+        // One thread per vector (or element, or warp per row): a full grid, not a grid-stride
+        // loop over a few blocks per multiprocessor, keeps more loads in flight (measured on the
+        // H200: +7% at 2^28 floats). The kernels still loop, for grids past CUDA's limit.
+        let blocks = (generated.threads.div_ceil(THREADS as usize).min(i32::MAX as usize) as u32).max(1);
         let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 };
         let (kernel, numel) = (generated.kernel.clone(), generated.numel as i64);
         let lengths =

@@ -1,0 +1,104 @@
+//! Instruction counts of the guard paths, under Valgrind's Callgrind (gungraun): an overhead
+//! budget that the noise of a shared machine cannot blur.
+//!
+//! The plan is the guards ladder's (`benches/guards.rs`): 1,000 trivial ops on 1-element
+//! tensors. Each case measures one `Plan::run_with` in a workspace that a setup function has
+//! warmed up outside the measured function (plan compiled, workspace allocated, NVTX
+//! initialized, three runs done), so each count is the instructions (Ir) of one run; divide by
+//! 1,000 for the count per op.
+//!
+//! (a) no guards; (b) an NVTX range on every op, profiling off; (c) the same, profiling on, no
+//! NVTX tool attached; (d) as (c), every range with a `u64` payload (`NvtxRange::payload`, the
+//! only payload an NVTX range takes so far).
+//!
+//! Figures it exists to show: the count per run of each case, against the budgets in
+//! `benches/instruction_budgets.tsv`, checked by `scripts/check-instruction-budgets` (which
+//! also prints the counts per op and the ratios (b)/(a) and (c)/(a)).
+//!
+//! `cargo bench --bench instruction_counts` (needs `valgrind` and `gungraun-runner` 0.20.0)
+
+use std::hint::black_box;
+
+use boundscope::executors::CpuReference;
+use boundscope::guards::NvtxRange;
+use boundscope::passes::{Pass, ProfileOps};
+use boundscope::{Arena, Plan, Registry, Tensor, Trace, TraceBuilder, Workspace};
+use gungraun::{library_benchmark, library_benchmark_group, main};
+
+const OPS: usize = 1_000;
+
+/// The guards ladder's chain: `OPS` alternating `add_scalar` and `mul` ops on a 1-element input.
+fn chain<'a>(arena: &'a Arena, registry: &'a Registry) -> Trace<'a> {
+    let mut b = TraceBuilder::with_capacity(arena, registry, OPS);
+    let x = b.input(&[1]).expect("valid");
+    let mut v = x;
+    for i in 0..OPS {
+        v = if i % 2 == 0 { b.add_scalar(v, 1.0) } else { b.mul(v, x) }.expect("valid");
+    }
+    b.output(v).expect("valid");
+    b.finish().expect("valid")
+}
+
+/// Which guards the plan carries, and whether profiling is on.
+#[derive(Clone, Copy, Debug)]
+enum Case {
+    NoGuards,
+    NvtxProfilingOff,
+    NvtxProfilingOn,
+    NvtxU64PayloadProfilingOn,
+}
+
+/// A compiled plan, its workspace and its input, warmed up: what one measured run needs.
+struct WarmPlan {
+    plan: Plan,
+    workspace: Workspace,
+    input: Tensor,
+}
+
+/// Compiles the case's plan and runs it three times, outside the measured function.
+fn warmed_up(case: Case) -> WarmPlan {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let plain = chain(&arena, &registry);
+    let trace = match case {
+        Case::NoGuards => plain,
+        Case::NvtxProfilingOff | Case::NvtxProfilingOn => ProfileOps::new().run(&plain, &arena).expect("attaches"),
+        Case::NvtxU64PayloadProfilingOn => {
+            ProfileOps::new().with_range(NvtxRange::new().payload(42)).run(&plain, &arena).expect("attaches")
+        }
+    };
+    let plan = Plan::compile(&trace, &[CpuReference::shared()]).expect("compiles");
+    plan.set_profiling(!matches!(case, Case::NvtxProfilingOff));
+    let pushed = plan.range_map().len();
+    let expected = match case {
+        Case::NoGuards | Case::NvtxProfilingOff => 0,
+        Case::NvtxProfilingOn | Case::NvtxU64PayloadProfilingOn => OPS,
+    };
+    assert_eq!(pushed, expected, "{case:?}: ranges pushed per run");
+    if let Case::NvtxU64PayloadProfilingOn = case {
+        assert!(plan.range_map().ranges().iter().all(|r| r.payload == Some(42)), "every range has the payload");
+    }
+    let mut workspace = plan.workspace().expect("allocates");
+    let input = Tensor::new(&[1], vec![0.5]).expect("valid");
+    for _ in 0..3 {
+        plan.run_with(&mut workspace, &[input.view()]).expect("runs");
+    }
+    WarmPlan { plan, workspace, input }
+}
+
+// One run of the warmed-up plan; the plan is handed back so that dropping it is not measured.
+// (A doc comment here would be refused: `#[library_benchmark]` takes no attribute but `bench`.)
+#[library_benchmark]
+#[bench::a_no_guards(args = (Case::NoGuards), setup = warmed_up)]
+#[bench::b_nvtx_profiling_off(args = (Case::NvtxProfilingOff), setup = warmed_up)]
+#[bench::c_nvtx_profiling_on(args = (Case::NvtxProfilingOn), setup = warmed_up)]
+#[bench::d_nvtx_u64_payload_profiling_on(args = (Case::NvtxU64PayloadProfilingOn), setup = warmed_up)]
+fn plan_run(mut warm: WarmPlan) -> WarmPlan {
+    let outputs = warm.plan.run_with(&mut warm.workspace, &[warm.input.view()]).expect("runs");
+    black_box(outputs.get(0).map(|t| t.data[0]));
+    warm
+}
+
+library_benchmark_group!(name = guards, benchmarks = plan_run);
+
+main!(library_benchmark_groups = guards);

@@ -1,7 +1,8 @@
 //! A `Timeline`'s file is a Chrome trace event file: valid JSON with a `traceEvents` array,
 //! every event with name, ph, pid, tid and ts (and dur when complete), timestamps in order and
-//! scopes properly nested per thread, one complete event per scope the plan ran; and a
-//! directory that cannot be written is a typed error that loses nothing recorded.
+//! scopes properly nested per thread, one complete event per scope the plan ran; its folded
+//! stacks split the runs' time among the scopes; and a directory that cannot be written is a
+//! typed error that loses nothing recorded.
 
 mod common;
 
@@ -10,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use boundscope::executors::{CpuFusion, CpuReference};
-use boundscope::guards::{Recorder, Selection, Timeline};
+use boundscope::guards::{folded_stacks, Recorder, Selection, Timeline};
 use boundscope::passes::{FuseRegions, FusionStrategy, Pass, Pipeline};
 use boundscope::{Arena, Error, Executor, Plan, Registry, Tensor, Trace};
 use common::program::programs;
@@ -87,11 +88,42 @@ fn check_chrome_trace(chrome: &Value) -> Result<Vec<Scope>, String> {
     Ok(scopes)
 }
 
+/// Reads a written file as JSON.
+fn read_file(path: &Path) -> Result<Value, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_str(&text).map_err(|e| format!("not JSON: {e}"))
+}
+
 /// Reads and checks a written file.
 fn check_file(path: &Path) -> Result<Vec<Scope>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let chrome: Value = serde_json::from_str(&text).map_err(|e| format!("not JSON: {e}"))?;
-    check_chrome_trace(&chrome)
+    check_chrome_trace(&read_file(path)?)
+}
+
+/// Checks the folded stacks of a checked file's `scopes`: every line is frames and a positive
+/// count, its frames are the thread's name, a run (`trace`), then labels of scopes; and the
+/// counts (self times, rounded to microseconds per stack) add up to the runs' total time, to
+/// within half a microsecond per scope.
+fn check_folded_stacks(folded: &str, scopes: &[Scope]) -> Result<(), String> {
+    let labels: std::collections::BTreeSet<&str> = scopes.iter().map(|s| s.name.as_str()).collect();
+    let mut total_us = 0u64;
+    for line in folded.lines() {
+        let (stack, count) = line.rsplit_once(' ').ok_or_else(|| format!("no count: {line:?}"))?;
+        let count: u64 = count.parse().map_err(|e| format!("count not a number ({e}): {line:?}"))?;
+        if count == 0 {
+            return Err(format!("a stack of zero: {line:?}"));
+        }
+        let frames: Vec<&str> = stack.split(';').collect();
+        if frames.len() < 2 || frames[1] != "trace" || !frames[1..].iter().all(|f| labels.contains(f)) {
+            return Err(format!("not thread;trace;labels...: {line:?}"));
+        }
+        total_us += count;
+    }
+    let runs_ns: i64 = scopes.iter().filter(|s| s.name == "trace").map(|s| s.end_ns - s.start_ns).sum();
+    let error_ns = (total_us as i64 * 1000 - runs_ns).abs();
+    if error_ns > 500 * scopes.len() as i64 {
+        return Err(format!("the stacks add up to {total_us} µs, the runs to {runs_ns} ns"));
+    }
+    Ok(())
 }
 
 /// A directory of its own under the temporary directory.
@@ -114,7 +146,8 @@ proptest! {
 
     /// For random programs, fused or not, run `runs` times: the written file passes the
     /// format check and holds one complete event per scope run (the run plus each top-level
-    /// bound symbol, per run), with the labels a `Recorder` on the same scopes saw.
+    /// bound symbol, per run), with the labels a `Recorder` on the same scopes saw; its folded
+    /// stacks pass theirs.
     #[test]
     fn a_written_timeline_is_a_chrome_trace_with_every_scope(
         program in programs(true),
@@ -140,10 +173,13 @@ proptest! {
         }
         let dir = scratch_dir("timeline-proptest");
         let path = timeline.write_chrome_trace(&dir).unwrap();
-        let scopes = check_file(&path);
+        let chrome = read_file(&path);
         std::fs::remove_file(&path).ok();
-        let scopes = scopes.map_err(TestCaseError::fail)?;
+        let chrome = chrome.map_err(TestCaseError::fail)?;
+        let scopes = check_chrome_trace(&chrome).map_err(TestCaseError::fail)?;
         prop_assert_eq!(scopes.len(), runs * (1 + trace.len()), "{}", plan);
+        let folded = folded_stacks(&chrome);
+        check_folded_stacks(&folded, &scopes).map_err(|e| TestCaseError::fail(format!("{e}\n{folded}")))?;
         let mut labels: Vec<_> = scopes.iter().map(|s| s.name.clone()).collect();
         let mut recorded: Vec<_> = recorder.ranges().iter().map(|r| r.label.to_string()).collect();
         labels.sort();
@@ -193,8 +229,9 @@ fn threads_get_tracks_of_their_own() {
     assert!(per_thread.values().all(|&n| n == runs * 3), "{per_thread:?}");
 }
 
-/// The checker itself rejects what it must: events out of order, scopes that overlap without
-/// nesting, and events without a required field.
+/// The checkers themselves reject what they must: events out of order, scopes that overlap
+/// without nesting, events without a required field; stacks that do not add up, name unknown
+/// scopes, start outside a run or weigh nothing.
 #[test]
 fn the_checker_rejects_broken_files() {
     let event = |name: &str, ts: f64, dur: f64| serde_json::json!({"name": name, "cat": "op", "ph": "X", "pid": 1, "tid": 1, "ts": ts, "dur": dur, "args": {"executor": "e"}});
@@ -209,6 +246,13 @@ fn the_checker_rejects_broken_files() {
     no_dur.as_object_mut().unwrap().remove("dur");
     assert!(check_chrome_trace(&file(vec![no_dur])).is_err());
     assert!(check_chrome_trace(&serde_json::json!({ "events": [] })).is_err());
+    // And the folded stacks' checker: a run of 10 µs with `b` (3 µs) inside it.
+    let scopes = check_chrome_trace(&file(vec![event("trace", 0.0, 10.0), event("b", 2.0, 3.0)])).unwrap();
+    assert_eq!(check_folded_stacks("t;trace 7\nt;trace;b 3\n", &scopes), Ok(()));
+    assert!(check_folded_stacks("t;trace 10\nt;trace;b 3\n", &scopes).is_err(), "13 µs in 10");
+    assert!(check_folded_stacks("t;trace 7\nt;trace;c 3\n", &scopes).is_err(), "no scope `c`");
+    assert!(check_folded_stacks("t;b 7\nt;trace;b 3\n", &scopes).is_err(), "not in a run");
+    assert!(check_folded_stacks("t;trace 10\nt;trace;b 0\n", &scopes).is_err(), "a stack of zero");
 }
 
 /// A directory under a regular file cannot be made: the typed error names it, and the scopes

@@ -17,8 +17,8 @@
 //! - [`Arena`], [`TraceBuilder`], [`Trace`], [`BoundSymbol`], [`ValueId`]: the IR.
 //! - [`guards`]: scoped guards attached to bound symbols as metadata: [`guards::Guard`],
 //!   [`guards::NvtxRange`], [`guards::Recorder`], [`guards::HostTimer`],
-//!   [`guards::ClosureGuard`], [`guards::Timeline`] (a Chrome trace file without Nsight),
-//!   [`guards::Selection`].
+//!   [`guards::ClosureGuard`], [`guards::Timeline`] (a Chrome trace file without Nsight,
+//!   and [`guards::folded_stacks`] for flame graphs), [`guards::Selection`].
 //! - [`passes::Pass`], [`passes::Pipeline`], [`passes::ProfileOps`]: trace-to-trace rewrites.
 //! - [`Executor`], [`Kernel`], [`Plan`], [`Workspace`]: compiling and running.
 //! - [`executors::CpuReference`]: the reference executor, oracle for all others.

@@ -33,7 +33,7 @@ pub use nvtx_range::{NvtxRange, DEFAULT_DOMAIN};
 pub use recorder::{RecordedRange, Recorder};
 pub use table::DroppedGuard;
 pub(crate) use table::{carried_span, Attachment, GuardTable};
-pub use timeline::{Timeline, CUDA_EVENTS_TRACK, DEFAULT_CAPACITY};
+pub use timeline::{folded_stacks, Timeline, CUDA_EVENTS_TRACK, DEFAULT_CAPACITY};
 pub use tracing_span::{TracingSpan, TRACING_TARGET};
 
 use crate::error::Result;

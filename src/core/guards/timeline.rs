@@ -10,6 +10,8 @@
 //! timestamps, and turned into JSON, only when you ask for the file.
 
 use std::cell::RefCell;
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -413,6 +415,129 @@ impl Timeline {
     }
 }
 
+/// Folds a Chrome trace's complete events into folded stacks, the text flame graph tools read
+/// (inferno's `flamegraph`, Brendan Gregg's `flamegraph.pl`, speedscope): one line per stack,
+/// its frames joined by `;`, then a space and its weight, here its *self* time in whole
+/// microseconds, so that a frame's width in the graph is the time spent in it.
+///
+/// `chrome_trace` is what [`Timeline::to_chrome_trace`] returns (or such a file read back, or a
+/// bare array of events). Per track (`pid`, `tid`), the complete events (`"ph":"X"`) are nested
+/// by their times: an event lies inside every event still open when it starts. A stack is the
+/// track's name (from its `thread_name` metadata event; `thread <tid>` without one), then the
+/// names of the events open, outermost first (of two with the same start, the longer; of two
+/// with the same start and end, the one listed first); its weight is, summed over every event that ends
+/// it, the event's duration less the time its children cover (taken to the nanosecond, as the
+/// file keeps it, then rounded to the nearest microsecond per stack). Stacks that round to zero
+/// are left out; other phases, and events without a name, `ts` or `dur`, are ignored; `;` in
+/// a name becomes `:` and line breaks become spaces, so that every line parses. Lines come in
+/// order of their frames, so that stacks sharing a prefix are next to each other (inferno's
+/// `Options::no_sort` can keep that order). Every run of a plan adds to the same stacks: the
+/// graph shows where the time of all the runs drained went, not when.
+///
+/// ```
+/// use boundscope::guards::folded_stacks;
+/// use serde_json::json;
+/// let x = |name: &str, ts: f64, dur: f64| json!({"name": name, "ph": "X", "pid": 1, "tid": 1, "ts": ts, "dur": dur});
+/// let chrome = json!({ "traceEvents": [
+///     {"name": "thread_name", "ph": "M", "pid": 1, "tid": 1, "ts": 0, "args": {"name": "main"}},
+///     x("trace", 0.0, 100.0), x("matmul", 10.0, 60.0), x("CpuFusion0", 70.0, 20.0), // a run
+///     x("trace", 200.0, 50.0), x("matmul", 205.0, 40.0),                            // another
+/// ]});
+/// assert_eq!(
+///     folded_stacks(&chrome),
+///     "main;trace 30\nmain;trace;CpuFusion0 20\nmain;trace;matmul 100\n",
+/// );
+/// ```
+///
+/// With a timeline, `folded_stacks(&timeline.to_chrome_trace())` drains it;
+/// `examples/timeline_flamegraph.rs` renders the lines as an SVG with the `inferno` crate.
+pub fn folded_stacks(chrome_trace: &Value) -> String {
+    struct Complete<'a> {
+        name: &'a str,
+        start_ns: i64,
+        end_ns: i64,
+    }
+    /// An event whose end has not been reached yet, and its duration less its children's.
+    struct Open {
+        end_ns: i64,
+        self_ns: i64,
+    }
+    let events = match chrome_trace {
+        Value::Array(events) => events.as_slice(),
+        other => other.get("traceEvents").and_then(Value::as_array).map_or(&[][..], Vec::as_slice),
+    };
+    let mut track_names: HashMap<(u64, u64), &str> = HashMap::new();
+    let mut tracks: BTreeMap<(u64, u64), Vec<Complete<'_>>> = BTreeMap::new();
+    for event in events {
+        let (Some(pid), Some(tid)) = (event["pid"].as_u64(), event["tid"].as_u64()) else { continue };
+        match event["ph"].as_str() {
+            Some("M") if event["name"] == "thread_name" => {
+                if let Some(name) = event["args"]["name"].as_str() {
+                    track_names.insert((pid, tid), name);
+                }
+            }
+            Some("X") => {
+                let (Some(name), Some(ts), Some(dur)) =
+                    (event["name"].as_str(), event["ts"].as_f64(), event["dur"].as_f64())
+                else {
+                    continue;
+                };
+                if !(ts.is_finite() && dur.is_finite() && dur >= 0.0) {
+                    continue;
+                }
+                // Whole nanoseconds (what the file was written from): nesting is then exact.
+                let start_ns = (ts * 1e3).round() as i64;
+                let end_ns = start_ns.saturating_add((dur * 1e3).round() as i64);
+                tracks.entry((pid, tid)).or_default().push(Complete { name, start_ns, end_ns });
+            }
+            _ => {}
+        }
+    }
+
+    // Self time per stack, in nanoseconds; ordered by frames, so shared prefixes stay together.
+    let mut self_ns: BTreeMap<Vec<String>, i64> = BTreeMap::new();
+    for ((pid, tid), mut scopes) in tracks {
+        // By start, longer first: a parent comes before a child that starts with it.
+        scopes.sort_by_key(|s| (s.start_ns, std::cmp::Reverse(s.end_ns)));
+        let root = track_names.get(&(pid, tid)).map_or_else(|| format!("thread {tid}"), |name| frame_name(name));
+        let mut frames = vec![root];
+        let mut open: Vec<Open> = Vec::new();
+        let mut close = |frames: &mut Vec<String>, closed: Open| {
+            let total = self_ns.entry(frames.clone()).or_default();
+            *total = total.saturating_add(closed.self_ns.max(0));
+            frames.pop();
+        };
+        for scope in scopes {
+            while let Some(closed) = open.pop_if(|o| o.end_ns <= scope.start_ns) {
+                close(&mut frames, closed);
+            }
+            if let Some(parent) = open.last_mut() {
+                // Only the part inside the parent (all of it, when events nest as scopes do).
+                parent.self_ns = parent.self_ns.saturating_sub(scope.end_ns.min(parent.end_ns) - scope.start_ns);
+            }
+            frames.push(frame_name(scope.name));
+            open.push(Open { end_ns: scope.end_ns, self_ns: scope.end_ns - scope.start_ns });
+        }
+        while let Some(closed) = open.pop() {
+            close(&mut frames, closed);
+        }
+    }
+
+    let mut folded = String::new();
+    for (frames, ns) in self_ns {
+        let micros = ns.saturating_add(500) / 1000;
+        if micros > 0 {
+            let _ = writeln!(folded, "{} {micros}", frames.join(";"));
+        }
+    }
+    folded
+}
+
+/// A name as one frame of a folded stack: `;` separates frames and a line ends a stack.
+fn frame_name(name: &str) -> String {
+    name.replace(';', ":").replace(['\n', '\r'], " ")
+}
+
 fn micros(ns: u64) -> f64 {
     ns as f64 / 1e3
 }
@@ -498,5 +623,50 @@ mod tests {
         assert_eq!(threads(&timeline), 1, "this thread's buffer stays, reserved");
         prepared.in_scope(|| ());
         assert_eq!(threads(&timeline), 1);
+    }
+
+    /// Two named threads and one without a name, events out of order and nested three deep:
+    /// each stack weighs its self time (duration less its children's), summed over its
+    /// events and rounded to whole microseconds; stacks of zero are left out.
+    #[test]
+    fn folded_stacks_nest_events_per_thread_and_weigh_self_time() {
+        let x = |tid: u64, name: &str, ts: f64, dur: f64| json!({"name": name, "cat": "op", "ph": "X", "pid": 7, "tid": tid, "ts": ts, "dur": dur, "args": {}});
+        let thread = |tid: u64, name: &str| json!({"name": "thread_name", "ph": "M", "pid": 7, "tid": tid, "ts": 0, "args": {"name": name}});
+        let chrome = json!({ "traceEvents": [
+            {"name": "process_name", "ph": "M", "pid": 7, "tid": 0, "ts": 0, "args": {"name": "boundscope"}},
+            thread(1, "main"),
+            thread(2, "worker;1"),
+            // Thread 1, a first run: trace [0, 1000] > region [100, 600] > a, b; then c.
+            x(1, "trace", 0.0, 1000.0),
+            x(1, "a", 150.0, 100.0),          // before its parents: sorted by start
+            x(1, "region", 100.0, 500.0),
+            x(1, "b", 300.0, 50.4),
+            x(1, "c", 700.0, 200.0),
+            // Thread 2, on its own track although its times overlap thread 1's: an op that
+            // starts with its run (listed first, but shorter: the inner one) and leaves the run
+            // 0.3 µs of self time.
+            x(2, "a", 0.0, 299.7),
+            x(2, "trace", 0.0, 300.0),
+            // Thread 1, a second run: trace [2000, 2100] > region [2010, 2090].
+            x(1, "trace", 2000.0, 100.0),
+            x(1, "region", 2010.0, 80.0),
+            // A thread without a name, an instant event (ignored), one with no `dur` (ignored).
+            x(3, "x", 5.0, 2.25),
+            {"name": "mark", "ph": "i", "pid": 7, "tid": 3, "ts": 6.0},
+            {"name": "broken", "ph": "X", "pid": 7, "tid": 3, "ts": 6.0},
+        ]});
+        let expected = [
+            "main;trace 320", // 1000 - 500 - 200, and 100 - 80
+            "main;trace;c 200",
+            "main;trace;region 430",   // 500 - 100 - 50.4 = 349.6, and 80
+            "main;trace;region;a 100", // thread 2's `a` is a stack of its own
+            "main;trace;region;b 50",  // 50.4
+            "thread 3;x 2",            // 2.25
+            "worker:1;trace;a 300",    // 299.7; `worker:1;trace`, 0.3, rounds to 0: left out
+        ];
+        assert_eq!(folded_stacks(&chrome), expected.map(|line| format!("{line}\n")).concat());
+        // A bare array of events is a Chrome trace too.
+        assert_eq!(folded_stacks(&chrome["traceEvents"]), folded_stacks(&chrome));
+        assert_eq!(folded_stacks(&json!({})), "");
     }
 }

@@ -819,4 +819,7 @@ fn filters_by_executor_category_and_level_leave_the_capture_equal_to_the_map() {
     assert!(none.is_empty());
     assert!(notes.iter().any(|n| n.contains("level `subsymbol` matches no range")), "{notes:?}");
     assert!(notes.iter().any(|n| n.contains("executor `cuda_ops` matches no range")), "{notes:?}");
+    // A filter by executor alone chose no levels: no note about levels this plan lacks.
+    let (_, notes) = labels(&RangeFilter::new().executors(["cpu_reference"]));
+    assert!(notes.is_empty(), "{notes:?}");
 }

@@ -252,6 +252,11 @@ impl Timeline {
         {
             // Taken only here and when a thread closes its first scope: never per scope.
             let mut registry = lock(&inner.threads);
+            // A buffer only the registry holds belongs to a thread that has exited, and that
+            // thread can record no more: decided before the copy, so that a thread that records
+            // and exits while the others are copied keeps its buffer, and its scopes, until the
+            // next drain.
+            let exited: Vec<bool> = registry.iter().map(|buffer| Arc::strong_count(buffer) == 1).collect();
             for buffer in registry.iter() {
                 let mut spans = {
                     let mut held = lock(&buffer.spans);
@@ -263,8 +268,14 @@ impl Timeline {
                 spans.sort_by_key(|s| (s.start_ns, std::cmp::Reverse(s.end_ns)));
                 threads.push((buffer.thread_index, buffer.thread_name.clone(), spans));
             }
-            // A buffer only the registry holds belongs to a thread that has exited: free it.
-            registry.retain(|buffer| Arc::strong_count(buffer) > 1);
+            #[cfg(test)]
+            tests::AFTER_COPY.with(|hook| {
+                if let Some(hook) = hook.borrow_mut().as_mut() {
+                    hook();
+                }
+            });
+            let mut gone = exited.into_iter();
+            registry.retain(|_| !gone.next().unwrap_or(false));
         }
         let device: Vec<DeviceTrack> = std::mem::take(&mut *lock(&inner.device));
         let dropped_now = inner.dropped.load(Ordering::Relaxed);
@@ -600,6 +611,12 @@ impl Guard for Timeline {
 mod tests {
     use super::*;
 
+    thread_local! {
+        /// Run by `to_chrome_trace` on this thread between copying the buffers and freeing
+        /// those of exited threads.
+        pub(super) static AFTER_COPY: std::cell::RefCell<Option<Box<dyn FnMut()>>> = const { std::cell::RefCell::new(None) };
+    }
+
     fn threads(timeline: &Timeline) -> usize {
         lock(&timeline.inner.threads).len()
     }
@@ -623,6 +640,48 @@ mod tests {
         assert_eq!(threads(&timeline), 1, "this thread's buffer stays, reserved");
         prepared.in_scope(|| ());
         assert_eq!(threads(&timeline), 1);
+    }
+
+    /// A thread alive when a drain starts keeps its buffer through that drain even if it exits
+    /// right after: what it records in between reaches the next drain, and only then is its
+    /// buffer freed (a reviewer's probe lost such scopes when the buffers of exited threads were
+    /// chosen after the copy).
+    #[test]
+    fn scopes_of_a_thread_that_exits_during_a_drain_reach_the_next_drain() {
+        let timeline = Timeline::with_capacity(8);
+        let site = GuardSite { label: "op", level: Level::Op, executor: "me", ops: 1 };
+        let shared: std::sync::Arc<dyn ScopedGuard> = std::sync::Arc::from(timeline.prepare(&site).unwrap());
+        let (drained_tx, drained_rx) = std::sync::mpsc::channel::<()>();
+        let (recorded_tx, recorded_rx) = std::sync::mpsc::channel::<()>();
+        let other = shared.clone();
+        let worker = std::thread::spawn(move || {
+            other.in_scope(|| ());
+            recorded_tx.send(()).unwrap();
+            drained_rx.recv().unwrap();
+            other.in_scope(|| ());
+        });
+        recorded_rx.recv().unwrap();
+        // Between the copy and the freeing of exited threads' buffers, the worker records a
+        // second scope and exits.
+        let mut worker = Some(worker);
+        AFTER_COPY.with(|hook| {
+            *hook.borrow_mut() = Some(Box::new(move || {
+                if let Some(worker) = worker.take() {
+                    drained_tx.send(()).unwrap();
+                    worker.join().unwrap();
+                }
+            }))
+        });
+        let first = timeline.to_chrome_trace();
+        AFTER_COPY.with(|hook| *hook.borrow_mut() = None);
+        let count =
+            |chrome: &Value| chrome["traceEvents"].as_array().unwrap().iter().filter(|e| e["ph"] == "X").count();
+        assert_eq!(count(&first), 1);
+        assert_eq!(threads(&timeline), 1, "the worker's buffer, kept: it was alive when the drain began");
+        let second = timeline.to_chrome_trace();
+        assert_eq!(count(&second), 1, "the scope recorded after the first drain");
+        assert_eq!(threads(&timeline), 0, "freed once drained after the thread exited");
+        assert_eq!(timeline.dropped_scopes(), 0);
     }
 
     /// Two named threads and one without a name, events out of order and nested three deep:

@@ -211,7 +211,9 @@ impl RangeFilter {
             return Vec::new();
         }
         let mut notes = Vec::new();
-        for &level in &self.levels {
+        // Levels are noted only when the filter chose some: all four is no choice.
+        let chosen_levels: &[Level] = if self.levels.len() == Level::ALL.len() { &[] } else { &self.levels };
+        for &level in chosen_levels {
             if !scopes.iter().any(|(l, _, _)| *l == level) {
                 notes.push(format!(
                     "NVTX filter: level `{}` matches no range of this plan (no NVTX guard surrounds a {} here)",

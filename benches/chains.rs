@@ -1,5 +1,7 @@
-//! The two chains the fusion benchmarks measure, shared by `benches/fusion.rs` (CPU) and
-//! `examples/cuda_bench.rs` (GPU), so that both time the same programs.
+//! The programs the benchmarks measure: the two chains of the fusion benchmarks, shared by
+//! `benches/fusion.rs` (CPU) and `examples/cuda_bench.rs` (GPU), and the 1,000 trivial ops of
+//! the guards ladder, shared by `benches/guards.rs` (wall clock) and
+//! `benches/instruction_counts.rs` (instructions), so that each pair times the same program.
 #![allow(dead_code)]
 
 use boundscope::{Arena, Registry, Trace, TraceBuilder};
@@ -35,5 +37,18 @@ pub fn norm_chain<'a>(arena: &'a Arena, registry: &'a Registry, n: usize) -> Tra
     let s = b.mul(m, w).expect("valid");
     let y = b.add(s, bias).expect("valid");
     b.output(y).expect("valid");
+    b.finish().expect("valid")
+}
+
+/// `ops` alternating `add_scalar` and `mul` ops on a 1-element input: runtime and guard overhead
+/// with next to no arithmetic.
+pub fn trivial_chain<'a>(arena: &'a Arena, registry: &'a Registry, ops: usize) -> Trace<'a> {
+    let mut b = TraceBuilder::with_capacity(arena, registry, ops);
+    let x = b.input(&[1]).expect("valid");
+    let mut v = x;
+    for i in 0..ops {
+        v = if i % 2 == 0 { b.add_scalar(v, 1.0) } else { b.mul(v, x) }.expect("valid");
+    }
+    b.output(v).expect("valid");
     b.finish().expect("valid")
 }

@@ -25,20 +25,16 @@ use std::time::Instant;
 use boundscope::executors::CpuReference;
 use boundscope::guards::ClosureGuard;
 use boundscope::passes::{InsertRangeNodes, Pass, ProfileOps};
-use boundscope::{Arena, Plan, Registry, Tensor, Trace, TraceBuilder, Workspace};
+use boundscope::{Arena, Plan, Registry, Tensor, Trace, Workspace};
 use criterion::{Criterion, Throughput};
+
+mod chains;
 
 const OPS: usize = 1_000;
 
+/// The guards ladder's chain: `OPS` trivial ops (`chains::trivial_chain`).
 fn chain<'a>(arena: &'a Arena, registry: &'a Registry) -> Trace<'a> {
-    let mut b = TraceBuilder::with_capacity(arena, registry, OPS);
-    let x = b.input(&[1]).expect("valid");
-    let mut v = x;
-    for i in 0..OPS {
-        v = if i % 2 == 0 { b.add_scalar(v, 1.0) } else { b.mul(v, x) }.expect("valid");
-    }
-    b.output(v).expect("valid");
-    b.finish().expect("valid")
+    chains::trivial_chain(arena, registry, OPS)
 }
 
 struct Variant {

@@ -22,21 +22,16 @@ use std::hint::black_box;
 use boundscope::executors::CpuReference;
 use boundscope::guards::NvtxRange;
 use boundscope::passes::{Pass, ProfileOps};
-use boundscope::{Arena, Plan, Registry, Tensor, Trace, TraceBuilder, Workspace};
+use boundscope::{Arena, Plan, Registry, Tensor, Trace, Workspace};
 use gungraun::{library_benchmark, library_benchmark_group, main};
+
+mod chains;
 
 const OPS: usize = 1_000;
 
-/// The guards ladder's chain: `OPS` alternating `add_scalar` and `mul` ops on a 1-element input.
+/// The guards ladder's chain: `OPS` trivial ops (`chains::trivial_chain`).
 fn chain<'a>(arena: &'a Arena, registry: &'a Registry) -> Trace<'a> {
-    let mut b = TraceBuilder::with_capacity(arena, registry, OPS);
-    let x = b.input(&[1]).expect("valid");
-    let mut v = x;
-    for i in 0..OPS {
-        v = if i % 2 == 0 { b.add_scalar(v, 1.0) } else { b.mul(v, x) }.expect("valid");
-    }
-    b.output(v).expect("valid");
-    b.finish().expect("valid")
+    chains::trivial_chain(arena, registry, OPS)
 }
 
 /// Which guards the plan carries, and whether profiling is on.

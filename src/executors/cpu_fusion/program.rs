@@ -416,7 +416,7 @@ impl FusedRegion {
             match self.read(*part, source, 0, start, len, inputs, temps, outputs) {
                 Block::Slice(x) if op == prims::SUM => row_sums(x, n, rows),
                 Block::Slice(x) => row_maxima(x, n, rows),
-                Block::Scalar(x) => rows.fill(if op == prims::SUM { (0..n).map(|_| x).sum() } else { x }),
+                Block::Scalar(x) => rows.fill(if op == prims::SUM { constant_row_sum(x, n) } else { x }),
             }
             outputs[i] = out;
         }
@@ -544,6 +544,13 @@ fn apply_binary(op: SymbolId, a: Block<'_>, b: Block<'_>, dest: &mut [f32]) {
         (Block::Scalar(x), Block::Slice(y)) => map_binary_scalar_left(f, x, y, dest),
         (Block::Scalar(x), Block::Scalar(y)) => dest.fill(f(x, y)),
     }, _ => {});
+}
+
+/// The sum of a row of `n` copies of `x`, added in the order `row_sum` adds a row.
+fn constant_row_sum(x: f32, n: usize) -> f32 {
+    let mut sum = LaneSum::new();
+    sum.add_constant(x, n - n % LaneSum::LANES);
+    sum.finish(&[x; LaneSum::LANES][..n % LaneSum::LANES])
 }
 
 /// Where a part starts: its first element, and its first row (of a reduction's output); and

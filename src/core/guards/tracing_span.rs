@@ -308,9 +308,10 @@ fn executor_name(name: &str) -> &'static str {
 }
 
 thread_local! {
-    /// The spans this thread entered through the guard, innermost last. Its capacity stays, so
-    /// that steady state allocates nothing here.
-    static ENTERED: RefCell<Vec<tracing::span::EnteredSpan>> = const { RefCell::new(Vec::new()) };
+    /// The spans this thread entered through the guard, innermost last; `None` where a span was
+    /// exited while one entered after it was still open (trimmed once nothing open is above it).
+    /// Its capacity stays, so that steady state allocates nothing here.
+    static ENTERED: RefCell<Vec<Option<tracing::span::EnteredSpan>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A span site prepared for one scope of a plan.
@@ -358,6 +359,7 @@ impl PreparedSpan {
 }
 
 impl ScopedGuard for PreparedSpan {
+    /// Returns the span's position in this thread's [`ENTERED`] plus one (0: no span).
     #[inline]
     fn on_enter(&self) -> u64 {
         let Some((metadata, fields)) = self.wanted() else { return 0 };
@@ -382,17 +384,33 @@ impl ScopedGuard for PreparedSpan {
         };
         let span = span.entered();
         // After thread-local storage is gone (a run during thread exit), the span just closes.
-        let _ = ENTERED.try_with(|entered| entered.borrow_mut().push(span));
-        1
+        ENTERED
+            .try_with(|entered| {
+                let mut entered = entered.borrow_mut();
+                entered.push(Some(span));
+                entered.len() as u64
+            })
+            .unwrap_or(0)
     }
 
+    /// Exits the span at the position `on_enter` returned, even when spans entered after it are
+    /// still open (tokens of `dyn ScopedGuard::enter` may be dropped in any order): a position
+    /// is only reused once its span and every span above it have been exited.
     #[inline]
     fn on_exit(&self, entered: u64) {
-        if entered == 0 {
-            return;
-        }
+        let Some(at) = (entered as usize).checked_sub(1) else { return };
         // Dropped outside the borrow: a subscriber's exit may run guards of its own.
-        let span = ENTERED.try_with(|spans| spans.borrow_mut().pop()).ok().flatten();
+        let span = ENTERED
+            .try_with(|spans| {
+                let mut spans = spans.borrow_mut();
+                let span = spans.get_mut(at).and_then(Option::take);
+                while let Some(None) = spans.last() {
+                    spans.pop();
+                }
+                span
+            })
+            .ok()
+            .flatten();
         drop(span);
     }
 }
@@ -436,13 +454,15 @@ mod tests {
         GuardSite { label, level: Level::Op, executor: "cpu_reference", ops: 1 }
     }
 
-    /// What a [`Recording`] subscriber saw: spans made (name and `label` field).
+    /// What a [`Recording`] subscriber saw: spans made (name and `label` field) and exited.
     #[derive(Default)]
     struct Seen {
         made: Vec<(String, Option<String>)>,
+        exited: Vec<String>,
     }
 
-    /// A subscriber that records the name and `label` field of every span made.
+    /// A subscriber that records the name and `label` field of every span made, and the name
+    /// of every span exited.
     #[derive(Clone, Default)]
     struct Recording {
         seen: Arc<Mutex<Seen>>,
@@ -477,7 +497,11 @@ mod tests {
         fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
         fn event(&self, _: &tracing::Event<'_>) {}
         fn enter(&self, _: &tracing::span::Id) {}
-        fn exit(&self, _: &tracing::span::Id) {}
+        fn exit(&self, span: &tracing::span::Id) {
+            let mut seen = self.seen.lock().unwrap();
+            let name = seen.made[span.into_u64() as usize - 1].0.clone();
+            seen.exited.push(name);
+        }
     }
 
     #[test]
@@ -542,5 +566,28 @@ mod tests {
             *made,
             [("first".to_string(), None), (SHARED_NAME.to_string(), Some("CpuFusion0: (exp, tanh)".to_string()))]
         );
+    }
+
+    /// Tokens dropped out of order each exit their own span.
+    #[test]
+    fn tokens_dropped_out_of_order_exit_their_own_spans() {
+        let mut callsites = Callsites::new(16);
+        let a = PreparedSpan::new(&mut callsites, "a", INFO, &site("a"));
+        let b = PreparedSpan::new(&mut callsites, "b", INFO, &site("b"));
+        let recording = Recording::default();
+        tracing::subscriber::with_default(recording.clone(), || {
+            let (a, b): (&dyn ScopedGuard, &dyn ScopedGuard) = (&a, &b);
+            let entered_a = a.enter();
+            let entered_b = b.enter();
+            drop(entered_a);
+            assert_eq!(recording.seen.lock().unwrap().exited, ["a"]);
+            drop(entered_b);
+            assert_eq!(recording.seen.lock().unwrap().exited, ["a", "b"]);
+            // The thread's stack is empty again: a new span is entered at the bottom.
+            let entered_a = a.enter();
+            assert_eq!(ENTERED.with(|e| e.borrow().len()), 1);
+            drop(entered_a);
+        });
+        assert_eq!(ENTERED.with(|e| e.borrow().len()), 0);
     }
 }

@@ -8,8 +8,8 @@
 //! it needs no lookup in the subscriber's registry, no lock and no hash map: three relaxed
 //! loads and one `nvtxDomainRangePushEx` (a span entered on another thread than the one that
 //! made it, or whose slot another span took, falls back to the registry's metadata and the
-//! callsite map). Exiting pops the domain that this thread's innermost entry pushed. Nothing
-//! is allocated per span, and nothing is stored in the span's extensions (whose map boxes
+//! callsite map). Exiting finds the span in a fixed-capacity stack per thread and pops its domain (see
+//! [`PushedStack::exit`] for spans exited out of order). Nothing is allocated per span, and nothing is stored in the span's extensions (whose map boxes
 //! every value it holds). The `nvtx` crate's own layer (feature
 //! `tracing`) instead clones strings and takes a global mutex on every enter and exit; see
 //! `benches/tracing.rs` for both, side by side.
@@ -17,7 +17,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{OnceLock, RwLock};
+use std::sync::{Mutex, OnceLock, RwLock};
 
 use tracing::callsite::Identifier;
 use tracing::span::{Attributes, Id};
@@ -36,6 +36,11 @@ use super::Level;
 ///
 /// Ranges are pushed when a span is entered and popped when it is exited, on the entering
 /// thread, as NVTX push/pop requires (`tracing`'s `Entered` guards are not `Send` either).
+/// Spans may be exited in any order: a span exited while a span of another domain entered
+/// after it is still open pops its own range. NVTX ranges of one domain nest, so a span exited
+/// while a later span *of the same domain* is still open keeps its range open until that later
+/// range closes, and it closes then. A thread with more than 128 spans entered at once pushes
+/// no range for the deeper ones.
 ///
 /// ```
 /// use boundscope::guards::NvtxLayer;
@@ -52,9 +57,11 @@ pub struct NvtxLayer {
     domain: Option<String>,
     /// The index in `prepared` of every span callsite registered so far.
     callsites: RwLock<HashMap<Identifier, usize>>,
-    /// The prepared ranges, by index; set once each, read without a lock.
-    prepared: Box<[OnceLock<PreparedNvtxRange>]>,
-    /// Span id to callsite index, direct-mapped by id: `(id, index + 1)` per slot.
+    /// The prepared ranges and the numbers of their domains (see [`domain_number`]), by index;
+    /// set once each, read without a lock.
+    prepared: Box<[OnceLock<(PreparedNvtxRange, u32)>]>,
+    /// Span id to callsite index, direct-mapped by id.
+    /// `(id, index + 1)` per slot.
     spans: Box<[(AtomicU64, AtomicU64)]>,
 }
 
@@ -63,10 +70,101 @@ const CALLSITES: usize = 4096;
 /// Slots of the span table (a power of two).
 const SPAN_SLOTS: usize = 4096;
 
+/// Spans one thread can have entered at once with a range; deeper ones push none.
+const PUSHED_CAPACITY: usize = 128;
+
+/// A number per NVTX domain name, the same in every layer: `DomainHandle` cannot be compared,
+/// and [`PushedStack::exit`] needs to know whether two ranges are in one domain.
+fn domain_number(name: &str) -> u32 {
+    static NAMES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut names = NAMES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let at = names.iter().position(|n| n == name).unwrap_or_else(|| {
+        names.push(name.to_string());
+        names.len() - 1
+    });
+    at as u32
+}
+
+/// One span entered on this thread.
+#[derive(Clone, Copy)]
+struct Pushed {
+    /// The span's id.
+    span: u64,
+    /// The domain its range was pushed into; `None`: it pushed nothing.
+    domain: Option<nvtx::sys::DomainHandle>,
+    /// That domain's [`domain_number`].
+    domain_number: u32,
+    /// Exited, but its range stays open under a later range of its domain (see
+    /// [`PushedStack::exit`]).
+    exited: bool,
+}
+
+impl Pushed {
+    const EMPTY: Self = Self { span: 0, domain: None, domain_number: 0, exited: false };
+
+    fn in_domain(&self, number: u32) -> bool {
+        self.domain.is_some() && self.domain_number == number
+    }
+}
+
+/// The spans entered on one thread, innermost last: a fixed-capacity stack, so that entering
+/// and exiting never allocate.
+struct PushedStack {
+    entries: [Pushed; PUSHED_CAPACITY],
+    len: usize,
+}
+
+impl PushedStack {
+    const EMPTY: Self = Self { entries: [Pushed::EMPTY; PUSHED_CAPACITY], len: 0 };
+
+    /// Records an entered span; `false` (and nothing recorded) when the stack is full.
+    fn push(&mut self, entry: Pushed) -> bool {
+        let Some(slot) = self.entries.get_mut(self.len) else { return false };
+        *slot = entry;
+        self.len += 1;
+        true
+    }
+
+    fn remove(&mut self, at: usize) {
+        self.entries.copy_within(at + 1..self.len, at);
+        self.len -= 1;
+    }
+
+    /// Exits the innermost entry of `span` still open, and calls `pop` with the domain and its
+    /// number for every NVTX range that closes, in order.
+    ///
+    /// `tracing` lets spans exit in any order, but NVTX pops the innermost open range of a
+    /// domain. So: a span with no later entry of its domain pops its range now; one with a
+    /// later entry of its domain is marked exited and keeps its range open (NVTX cannot close
+    /// it alone), and closes it right after the last such later range closes. Its range then
+    /// ends late, but every range keeps its own label and the nesting stays valid.
+    fn exit(&mut self, span: u64, mut pop: impl FnMut(nvtx::sys::DomainHandle, u32)) {
+        let Some(at) = self.entries[..self.len].iter().rposition(|e| e.span == span && !e.exited) else { return };
+        let entry = self.entries[at];
+        let Some(domain) = entry.domain else {
+            self.remove(at);
+            return;
+        };
+        if self.entries[at + 1..self.len].iter().any(|e| e.in_domain(entry.domain_number)) {
+            self.entries[at].exited = true;
+            return;
+        }
+        self.remove(at);
+        pop(domain, entry.domain_number);
+        // Ranges of this domain exited earlier and kept open under this one close now.
+        while let Some(below) = self.entries[..self.len].iter().rposition(|e| e.in_domain(entry.domain_number)) {
+            if !self.entries[below].exited {
+                break;
+            }
+            self.remove(below);
+            pop(domain, entry.domain_number);
+        }
+    }
+}
+
 thread_local! {
-    /// The domain each span entered on this thread pushed into (null: it pushed nothing),
-    /// innermost last; popped on exit. Its capacity stays, so steady state allocates nothing.
-    static PUSHED: RefCell<Vec<Option<nvtx::sys::DomainHandle>>> = const { RefCell::new(Vec::new()) };
+    /// The spans entered on this thread through an `NvtxLayer`, innermost last.
+    static PUSHED: RefCell<PushedStack> = const { RefCell::new(PushedStack::EMPTY) };
 }
 
 impl Default for NvtxLayer {
@@ -114,7 +212,7 @@ impl NvtxLayer {
         let label = if label.is_empty() { "span" } else { label.as_str() };
         let category = super::nvtx_range::level_category(Level::Op);
         let range = PreparedNvtxRange::new(domain, label, category, executor_color(metadata.target()), None).ok()?;
-        let _ = slot.set(range);
+        let _ = slot.set((range, domain_number(domain)));
         callsites.insert(id, index);
         Some(index)
     }
@@ -125,9 +223,9 @@ impl NvtxLayer {
         &self.spans[hash as usize]
     }
 
-    /// The prepared range of the span `id`, if it has one.
+    /// The prepared range of the span `id` and its domain's number, if it has one.
     #[inline]
-    fn range<S>(&self, id: &Id, ctx: &Context<'_, S>) -> Option<PreparedNvtxRange>
+    fn range<S>(&self, id: &Id, ctx: &Context<'_, S>) -> Option<(PreparedNvtxRange, u32)>
     where
         S: Subscriber + for<'lookup> LookupSpan<'lookup>,
     {
@@ -173,17 +271,64 @@ where
     #[inline]
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
         let range = self.range(id, &ctx);
-        let domain = range.map(|r| {
-            r.push();
-            r.domain()
-        });
-        let _ = PUSHED.try_with(|pushed| pushed.borrow_mut().push(domain));
+        let entry = Pushed {
+            span: id.into_u64(),
+            domain: range.map(|(r, _)| r.domain()),
+            domain_number: range.map_or(0, |(_, number)| number),
+            exited: false,
+        };
+        // Pushed only once recorded, so that every push has its pop (after thread-local storage
+        // is gone, or past the stack's capacity, the span pushes nothing).
+        if PUSHED.try_with(|pushed| pushed.borrow_mut().push(entry)).unwrap_or(false) {
+            if let Some((range, _)) = range {
+                range.push();
+            }
+        }
     }
 
     #[inline]
-    fn on_exit(&self, _id: &Id, _ctx: Context<'_, S>) {
-        if let Ok(Some(Some(domain))) = PUSHED.try_with(|pushed| pushed.borrow_mut().pop()) {
-            nvtx::sys::domain_range_pop(domain);
+    fn on_exit(&self, id: &Id, _ctx: Context<'_, S>) {
+        let _ = PUSHED.try_with(|pushed| {
+            pushed.borrow_mut().exit(id.into_u64(), |domain, _| {
+                nvtx::sys::domain_range_pop(domain);
+            })
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Out-of-order exits: a range with no later range of its domain pops at once; one with a
+    /// later range of its domain pops right after that one.
+    #[test]
+    fn out_of_order_exits_pop_the_right_domains() {
+        let handle = super::super::nvtx_range::domain_handle("out of order").unwrap();
+        let entry = |span, domain_number| Pushed { span, domain: Some(handle), domain_number, exited: false };
+        let mut stack = PushedStack::EMPTY;
+        let mut popped = Vec::new();
+        // a (domain 1), b (domain 2), c (domain 1), d (no range).
+        for e in [entry(1, 1), entry(2, 2), entry(3, 1), Pushed { span: 4, ..Pushed::EMPTY }] {
+            assert!(stack.push(e));
         }
+        stack.exit(1, |_, n| popped.push((1, n))); // a waits under c
+        stack.exit(2, |_, n| popped.push((2, n))); // b pops its own domain
+        assert_eq!(popped, [(2, 2)]);
+        stack.exit(3, |_, n| popped.push((3, n))); // c pops, then a
+        assert_eq!(popped, [(2, 2), (3, 1), (3, 1)]);
+        stack.exit(4, |_, n| popped.push((4, n)));
+        stack.exit(4, |_, n| popped.push((4, n))); // not entered any more: nothing
+        assert_eq!((popped.len(), stack.len), (3, 0));
+    }
+
+    /// A full stack records nothing more, and says so.
+    #[test]
+    fn a_full_stack_records_nothing_more() {
+        let mut stack = PushedStack::EMPTY;
+        for span in 0..PUSHED_CAPACITY as u64 {
+            assert!(stack.push(Pushed { span, ..Pushed::EMPTY }));
+        }
+        assert!(!stack.push(Pushed::EMPTY));
     }
 }

@@ -8,7 +8,9 @@
 //! it needs no lookup in the subscriber's registry, no lock and no hash map: three relaxed
 //! loads and one `nvtxDomainRangePushEx` (a span entered on another thread than the one that
 //! made it, or whose slot another span took, falls back to the registry's metadata and the
-//! callsite map). Exiting finds the span in a fixed-capacity stack per thread and pops its domain (see
+//! callsite map). Each slot is a small sequence lock: a writer claims it with a
+//! compare-exchange, so two spans created at once never leave one's id with the other's index.
+//! Exiting finds the span in a fixed-capacity stack per thread and pops its domain (see
 //! [`PushedStack::exit`] for spans exited out of order). Nothing is allocated per span, and nothing is stored in the span's extensions (whose map boxes
 //! every value it holds). The `nvtx` crate's own layer (feature
 //! `tracing`) instead clones strings and takes a global mutex on every enter and exit; see
@@ -61,8 +63,7 @@ pub struct NvtxLayer {
     /// set once each, read without a lock.
     prepared: Box<[OnceLock<(PreparedNvtxRange, u32)>]>,
     /// Span id to callsite index, direct-mapped by id.
-    /// `(id, index + 1)` per slot.
-    spans: Box<[(AtomicU64, AtomicU64)]>,
+    spans: Box<[SpanSlot]>,
 }
 
 /// Callsites with a prepared range; spans of later callsites push nothing.
@@ -167,6 +168,76 @@ thread_local! {
     static PUSHED: RefCell<PushedStack> = const { RefCell::new(PushedStack::EMPTY) };
 }
 
+/// One slot of the span table: a span id and its callsite index + 1 (0: none), under a
+/// sequence number that is odd while a writer holds the slot.
+///
+/// Two stores cannot be published as one, so without the sequence number two writers hashing
+/// to one slot could interleave (writer 1 clears the id and stores index b, writer 2 stores
+/// index c and id c, writer 1 stores id b) and leave id b with the index of c: span b would
+/// push c's range. A writer now claims the slot with a compare-exchange from an even sequence
+/// number to the next, odd one, stores, and publishes the next even number; a second writer
+/// waits for that. A reader takes the pair only if the sequence number was even and unchanged
+/// around its loads, and otherwise falls back to the registry.
+#[derive(Default)]
+struct SpanSlot {
+    sequence: AtomicU64,
+    span: AtomicU64,
+    range: AtomicU64,
+}
+
+impl SpanSlot {
+    /// Claims the slot for writing: the sequence number to hand to `publish`, or `None` if
+    /// another writer holds it.
+    fn try_claim(&self) -> Option<u64> {
+        let sequence = self.sequence.load(Ordering::Relaxed);
+        (sequence.is_multiple_of(2)
+            && self.sequence.compare_exchange(sequence, sequence + 1, Ordering::Acquire, Ordering::Relaxed).is_ok())
+        .then_some(sequence)
+    }
+
+    /// Stores the pair; only between `try_claim` and `publish`. Release stores, so that a
+    /// reader that sees either value also sees the odd sequence number stored before it.
+    fn store(&self, span: u64, range: u64) {
+        self.span.store(span, Ordering::Release);
+        self.range.store(range, Ordering::Release);
+    }
+
+    /// Releases the slot claimed as `sequence`.
+    fn publish(&self, sequence: u64) {
+        self.sequence.store(sequence + 2, Ordering::Release);
+    }
+
+    /// Writes the pair, waiting while another writer holds the slot (a writer holds it for two
+    /// stores; a span creation that waits is rare, an enter never waits).
+    fn write(&self, span: u64, range: u64) {
+        let mut tries = 0u32;
+        let sequence = loop {
+            if let Some(sequence) = self.try_claim() {
+                break sequence;
+            }
+            tries += 1;
+            if tries < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        };
+        self.store(span, range);
+        self.publish(sequence);
+    }
+
+    /// The index + 1 stored for `span`, if the slot holds it and no writer got in the way.
+    #[inline]
+    fn read(&self, span: u64) -> Option<u64> {
+        let before = self.sequence.load(Ordering::Acquire);
+        let key = self.span.load(Ordering::Acquire);
+        let range = self.range.load(Ordering::Acquire);
+        // Not reordered before the loads above: they are acquire loads.
+        let after = self.sequence.load(Ordering::Relaxed);
+        (before.is_multiple_of(2) && before == after && key == span && range > 0).then_some(range)
+    }
+}
+
 impl Default for NvtxLayer {
     fn default() -> Self {
         Self::new()
@@ -180,7 +251,7 @@ impl NvtxLayer {
             domain: None,
             callsites: RwLock::new(HashMap::new()),
             prepared: (0..CALLSITES).map(|_| OnceLock::new()).collect(),
-            spans: (0..SPAN_SLOTS).map(|_| (AtomicU64::new(0), AtomicU64::new(0))).collect(),
+            spans: (0..SPAN_SLOTS).map(|_| SpanSlot::default()).collect(),
         }
     }
 
@@ -217,7 +288,7 @@ impl NvtxLayer {
         Some(index)
     }
 
-    fn slot(&self, id: &Id) -> &(AtomicU64, AtomicU64) {
+    fn slot(&self, id: &Id) -> &SpanSlot {
         // Fibonacci hashing of the id: ids of live spans spread over the slots.
         let hash = id.into_u64().wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SPAN_SLOTS.trailing_zeros());
         &self.spans[hash as usize]
@@ -229,11 +300,7 @@ impl NvtxLayer {
     where
         S: Subscriber + for<'lookup> LookupSpan<'lookup>,
     {
-        let (key, value) = self.slot(id);
-        let raw = id.into_u64();
-        let first = key.load(Ordering::Acquire);
-        let index = value.load(Ordering::Acquire);
-        if first == raw && key.load(Ordering::Acquire) == raw && index > 0 {
+        if let Some(index) = self.slot(id).read(id.into_u64()) {
             return self.prepared.get(index as usize - 1)?.get().copied();
         }
         // Not in the table: from the registry's metadata, by callsite.
@@ -260,12 +327,7 @@ where
         let known = self.callsites.read().ok().and_then(|c| c.get(&metadata.callsite()).copied());
         // A callsite registered before this layer existed (and not since) is prepared here, once.
         let Some(index) = known.or_else(|| self.prepare(metadata)) else { return };
-        // Invalidate, write, publish: a reader that sees the same id before and after reading
-        // the index has the index of this span.
-        let (key, value) = self.slot(id);
-        key.store(0, Ordering::Release);
-        value.store(index as u64 + 1, Ordering::Release);
-        key.store(id.into_u64(), Ordering::Release);
+        self.slot(id).write(id.into_u64(), index as u64 + 1);
     }
 
     #[inline]
@@ -299,6 +361,28 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two writers of one slot: the second cannot claim it until the first has published, and
+    /// a reader never takes a pair mid-write. (Before, the steps interleaved as writer 1 clears
+    /// the id and stores index b, writer 2 stores index c and id c, writer 1 stores id b, and
+    /// left id b with index c.)
+    #[test]
+    fn a_slot_never_pairs_one_span_with_anothers_index() {
+        let slot = SpanSlot::default();
+        let (b, c) = (7, 9);
+        let first = slot.try_claim().expect("a free slot");
+        assert_eq!(slot.try_claim(), None, "a second writer waits");
+        slot.store(b, 2);
+        assert_eq!(slot.read(b), None, "mid-write, readers fall back");
+        slot.publish(first);
+        assert_eq!(slot.read(b), Some(2));
+        let second = slot.try_claim().expect("free again");
+        slot.store(c, 3);
+        slot.publish(second);
+        assert_eq!((slot.read(b), slot.read(c)), (None, Some(3)));
+        slot.write(b, 4);
+        assert_eq!((slot.read(b), slot.read(c)), (Some(4), None));
+    }
 
     /// Out-of-order exits: a range with no later range of its domain pops at once; one with a
     /// later range of its domain pops right after that one.

@@ -1,7 +1,7 @@
 //! `tracing` interop: boundscope's `NvtxLayer` turns a user's spans into NVTX push/pop ranges
 //! labelled with the span's name and allocates nothing per span in steady state; the
 //! `TracingSpan` guard allocates nothing per scope, opens no span without a subscriber, and its
-//! spans reach NVTX through the layer.
+//! spans reach NVTX through the layer; spans exited out of order pop their own domains.
 
 mod common;
 
@@ -67,6 +67,51 @@ fn the_layer_forwards_spans_to_nvtx_and_allocates_nothing_per_span() {
         });
         assert_eq!(allocations, 0, "allocations for 1,000 spans");
         nvtx_capture::events_on_current_thread();
+    });
+}
+
+/// `(kind, domain, label)` of every push and pop the capture saw on this thread since the last
+/// call (pops have no label).
+fn pushes_and_pops() -> Vec<(NvtxEventKind, String, Option<String>)> {
+    nvtx_capture::events_on_current_thread()
+        .into_iter()
+        .map(|e| (e.kind, e.domain.unwrap_or_default(), e.message))
+        .collect()
+}
+
+/// Spans exited out of order pop their own NVTX domains: a span whose domain has no later
+/// range open pops at once, and one under a later range of its domain pops right after it.
+#[test]
+fn spans_exited_out_of_order_pop_their_own_domains() {
+    let _serial = one_at_a_time();
+    if !nvtx_capture::is_installed() {
+        eprintln!("SKIPPED: the NVTX capture is not this process's NVTX tool");
+        return;
+    }
+    let subscriber = tracing_subscriber::registry().with(NvtxLayer::new());
+    tracing::subscriber::with_default(subscriber, || {
+        let push = |domain: &str, label: &str| (NvtxEventKind::Push, domain.to_string(), Some(label.to_string()));
+        let pop = |domain: &str| (NvtxEventKind::Pop, domain.to_string(), None);
+        let a = tracing::info_span!(target: "dom_a", "a");
+        let b = tracing::info_span!(target: "dom_b", "b");
+        pushes_and_pops();
+        let entered_a = a.enter();
+        let entered_b = b.enter();
+        drop(entered_a);
+        drop(entered_b);
+        assert_eq!(pushes_and_pops(), [push("dom_a", "a"), push("dom_b", "b"), pop("dom_a"), pop("dom_b")]);
+
+        // a and c share a domain: a's range stays open under c's and closes right after it.
+        let c = tracing::info_span!(target: "dom_a", "c");
+        let entered_a = a.enter();
+        let entered_b = b.enter();
+        let entered_c = c.enter();
+        drop(entered_a);
+        assert_eq!(pushes_and_pops(), [push("dom_a", "a"), push("dom_b", "b"), push("dom_a", "c")]);
+        drop(entered_b);
+        assert_eq!(pushes_and_pops(), [pop("dom_b")]);
+        drop(entered_c);
+        assert_eq!(pushes_and_pops(), [pop("dom_a"), pop("dom_a")]);
     });
 }
 

@@ -8,8 +8,10 @@
 //! it needs no lookup in the subscriber's registry, no lock and no hash map: three relaxed
 //! loads and one `nvtxDomainRangePushEx` (a span entered on another thread than the one that
 //! made it, or whose slot another span took, falls back to the registry's metadata and the
-//! callsite map). Exiting pops the domain that this thread's innermost entry pushed. Nothing
-//! is allocated per span, and nothing is stored in the span's extensions (whose map boxes
+//! callsite map). Each slot is a small sequence lock: a writer claims it with a
+//! compare-exchange, so two spans created at once never leave one's id with the other's index.
+//! Exiting finds the span in a fixed-capacity stack per thread and pops its domain (see
+//! [`PushedStack::exit`] for spans exited out of order). Nothing is allocated per span, and nothing is stored in the span's extensions (whose map boxes
 //! every value it holds). The `nvtx` crate's own layer (feature
 //! `tracing`) instead clones strings and takes a global mutex on every enter and exit; see
 //! `benches/tracing.rs` for both, side by side.
@@ -17,7 +19,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{OnceLock, RwLock};
+use std::sync::{Mutex, OnceLock, RwLock};
 
 use tracing::callsite::Identifier;
 use tracing::span::{Attributes, Id};
@@ -36,6 +38,11 @@ use super::Level;
 ///
 /// Ranges are pushed when a span is entered and popped when it is exited, on the entering
 /// thread, as NVTX push/pop requires (`tracing`'s `Entered` guards are not `Send` either).
+/// Spans may be exited in any order: a span exited while a span of another domain entered
+/// after it is still open pops its own range. NVTX ranges of one domain nest, so a span exited
+/// while a later span *of the same domain* is still open keeps its range open until that later
+/// range closes, and it closes then. A thread with more than 128 spans entered at once pushes
+/// no range for the deeper ones.
 ///
 /// ```
 /// use boundscope::guards::NvtxLayer;
@@ -52,10 +59,11 @@ pub struct NvtxLayer {
     domain: Option<String>,
     /// The index in `prepared` of every span callsite registered so far.
     callsites: RwLock<HashMap<Identifier, usize>>,
-    /// The prepared ranges, by index; set once each, read without a lock.
-    prepared: Box<[OnceLock<PreparedNvtxRange>]>,
-    /// Span id to callsite index, direct-mapped by id: `(id, index + 1)` per slot.
-    spans: Box<[(AtomicU64, AtomicU64)]>,
+    /// The prepared ranges and the numbers of their domains (see [`domain_number`]), by index;
+    /// set once each, read without a lock.
+    prepared: Box<[OnceLock<(PreparedNvtxRange, u32)>]>,
+    /// Span id to callsite index, direct-mapped by id.
+    spans: Box<[SpanSlot]>,
 }
 
 /// Callsites with a prepared range; spans of later callsites push nothing.
@@ -63,10 +71,171 @@ const CALLSITES: usize = 4096;
 /// Slots of the span table (a power of two).
 const SPAN_SLOTS: usize = 4096;
 
+/// Spans one thread can have entered at once with a range; deeper ones push none.
+const PUSHED_CAPACITY: usize = 128;
+
+/// A number per NVTX domain name, the same in every layer: `DomainHandle` cannot be compared,
+/// and [`PushedStack::exit`] needs to know whether two ranges are in one domain.
+fn domain_number(name: &str) -> u32 {
+    static NAMES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut names = NAMES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let at = names.iter().position(|n| n == name).unwrap_or_else(|| {
+        names.push(name.to_string());
+        names.len() - 1
+    });
+    at as u32
+}
+
+/// One span entered on this thread.
+#[derive(Clone, Copy)]
+struct Pushed {
+    /// The span's id.
+    span: u64,
+    /// The domain its range was pushed into; `None`: it pushed nothing.
+    domain: Option<nvtx::sys::DomainHandle>,
+    /// That domain's [`domain_number`].
+    domain_number: u32,
+    /// Exited, but its range stays open under a later range of its domain (see
+    /// [`PushedStack::exit`]).
+    exited: bool,
+}
+
+impl Pushed {
+    const EMPTY: Self = Self { span: 0, domain: None, domain_number: 0, exited: false };
+
+    fn in_domain(&self, number: u32) -> bool {
+        self.domain.is_some() && self.domain_number == number
+    }
+}
+
+/// The spans entered on one thread, innermost last: a fixed-capacity stack, so that entering
+/// and exiting never allocate.
+struct PushedStack {
+    entries: [Pushed; PUSHED_CAPACITY],
+    len: usize,
+}
+
+impl PushedStack {
+    const EMPTY: Self = Self { entries: [Pushed::EMPTY; PUSHED_CAPACITY], len: 0 };
+
+    /// Records an entered span; `false` (and nothing recorded) when the stack is full.
+    fn push(&mut self, entry: Pushed) -> bool {
+        let Some(slot) = self.entries.get_mut(self.len) else { return false };
+        *slot = entry;
+        self.len += 1;
+        true
+    }
+
+    fn remove(&mut self, at: usize) {
+        self.entries.copy_within(at + 1..self.len, at);
+        self.len -= 1;
+    }
+
+    /// Exits the innermost entry of `span` still open, and calls `pop` with the domain and its
+    /// number for every NVTX range that closes, in order.
+    ///
+    /// `tracing` lets spans exit in any order, but NVTX pops the innermost open range of a
+    /// domain. So: a span with no later entry of its domain pops its range now; one with a
+    /// later entry of its domain is marked exited and keeps its range open (NVTX cannot close
+    /// it alone), and closes it right after the last such later range closes. Its range then
+    /// ends late, but every range keeps its own label and the nesting stays valid.
+    fn exit(&mut self, span: u64, mut pop: impl FnMut(nvtx::sys::DomainHandle, u32)) {
+        let Some(at) = self.entries[..self.len].iter().rposition(|e| e.span == span && !e.exited) else { return };
+        let entry = self.entries[at];
+        let Some(domain) = entry.domain else {
+            self.remove(at);
+            return;
+        };
+        if self.entries[at + 1..self.len].iter().any(|e| e.in_domain(entry.domain_number)) {
+            self.entries[at].exited = true;
+            return;
+        }
+        self.remove(at);
+        pop(domain, entry.domain_number);
+        // Ranges of this domain exited earlier and kept open under this one close now.
+        while let Some(below) = self.entries[..self.len].iter().rposition(|e| e.in_domain(entry.domain_number)) {
+            if !self.entries[below].exited {
+                break;
+            }
+            self.remove(below);
+            pop(domain, entry.domain_number);
+        }
+    }
+}
+
 thread_local! {
-    /// The domain each span entered on this thread pushed into (null: it pushed nothing),
-    /// innermost last; popped on exit. Its capacity stays, so steady state allocates nothing.
-    static PUSHED: RefCell<Vec<Option<nvtx::sys::DomainHandle>>> = const { RefCell::new(Vec::new()) };
+    /// The spans entered on this thread through an `NvtxLayer`, innermost last.
+    static PUSHED: RefCell<PushedStack> = const { RefCell::new(PushedStack::EMPTY) };
+}
+
+/// One slot of the span table: a span id and its callsite index + 1 (0: none), under a
+/// sequence number that is odd while a writer holds the slot.
+///
+/// Two stores cannot be published as one, so without the sequence number two writers hashing
+/// to one slot could interleave (writer 1 clears the id and stores index b, writer 2 stores
+/// index c and id c, writer 1 stores id b) and leave id b with the index of c: span b would
+/// push c's range. A writer now claims the slot with a compare-exchange from an even sequence
+/// number to the next, odd one, stores, and publishes the next even number; a second writer
+/// waits for that. A reader takes the pair only if the sequence number was even and unchanged
+/// around its loads, and otherwise falls back to the registry.
+#[derive(Default)]
+struct SpanSlot {
+    sequence: AtomicU64,
+    span: AtomicU64,
+    range: AtomicU64,
+}
+
+impl SpanSlot {
+    /// Claims the slot for writing: the sequence number to hand to `publish`, or `None` if
+    /// another writer holds it.
+    fn try_claim(&self) -> Option<u64> {
+        let sequence = self.sequence.load(Ordering::Relaxed);
+        (sequence.is_multiple_of(2)
+            && self.sequence.compare_exchange(sequence, sequence + 1, Ordering::Acquire, Ordering::Relaxed).is_ok())
+        .then_some(sequence)
+    }
+
+    /// Stores the pair; only between `try_claim` and `publish`. Release stores, so that a
+    /// reader that sees either value also sees the odd sequence number stored before it.
+    fn store(&self, span: u64, range: u64) {
+        self.span.store(span, Ordering::Release);
+        self.range.store(range, Ordering::Release);
+    }
+
+    /// Releases the slot claimed as `sequence`.
+    fn publish(&self, sequence: u64) {
+        self.sequence.store(sequence + 2, Ordering::Release);
+    }
+
+    /// Writes the pair, waiting while another writer holds the slot (a writer holds it for two
+    /// stores; a span creation that waits is rare, an enter never waits).
+    fn write(&self, span: u64, range: u64) {
+        let mut tries = 0u32;
+        let sequence = loop {
+            if let Some(sequence) = self.try_claim() {
+                break sequence;
+            }
+            tries += 1;
+            if tries < 64 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        };
+        self.store(span, range);
+        self.publish(sequence);
+    }
+
+    /// The index + 1 stored for `span`, if the slot holds it and no writer got in the way.
+    #[inline]
+    fn read(&self, span: u64) -> Option<u64> {
+        let before = self.sequence.load(Ordering::Acquire);
+        let key = self.span.load(Ordering::Acquire);
+        let range = self.range.load(Ordering::Acquire);
+        // Not reordered before the loads above: they are acquire loads.
+        let after = self.sequence.load(Ordering::Relaxed);
+        (before.is_multiple_of(2) && before == after && key == span && range > 0).then_some(range)
+    }
 }
 
 impl Default for NvtxLayer {
@@ -82,7 +251,7 @@ impl NvtxLayer {
             domain: None,
             callsites: RwLock::new(HashMap::new()),
             prepared: (0..CALLSITES).map(|_| OnceLock::new()).collect(),
-            spans: (0..SPAN_SLOTS).map(|_| (AtomicU64::new(0), AtomicU64::new(0))).collect(),
+            spans: (0..SPAN_SLOTS).map(|_| SpanSlot::default()).collect(),
         }
     }
 
@@ -114,28 +283,24 @@ impl NvtxLayer {
         let label = if label.is_empty() { "span" } else { label.as_str() };
         let category = super::nvtx_range::level_category(Level::Op);
         let range = PreparedNvtxRange::new(domain, label, category, executor_color(metadata.target()), None).ok()?;
-        let _ = slot.set(range);
+        let _ = slot.set((range, domain_number(domain)));
         callsites.insert(id, index);
         Some(index)
     }
 
-    fn slot(&self, id: &Id) -> &(AtomicU64, AtomicU64) {
+    fn slot(&self, id: &Id) -> &SpanSlot {
         // Fibonacci hashing of the id: ids of live spans spread over the slots.
         let hash = id.into_u64().wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - SPAN_SLOTS.trailing_zeros());
         &self.spans[hash as usize]
     }
 
-    /// The prepared range of the span `id`, if it has one.
+    /// The prepared range of the span `id` and its domain's number, if it has one.
     #[inline]
-    fn range<S>(&self, id: &Id, ctx: &Context<'_, S>) -> Option<PreparedNvtxRange>
+    fn range<S>(&self, id: &Id, ctx: &Context<'_, S>) -> Option<(PreparedNvtxRange, u32)>
     where
         S: Subscriber + for<'lookup> LookupSpan<'lookup>,
     {
-        let (key, value) = self.slot(id);
-        let raw = id.into_u64();
-        let first = key.load(Ordering::Acquire);
-        let index = value.load(Ordering::Acquire);
-        if first == raw && key.load(Ordering::Acquire) == raw && index > 0 {
+        if let Some(index) = self.slot(id).read(id.into_u64()) {
             return self.prepared.get(index as usize - 1)?.get().copied();
         }
         // Not in the table: from the registry's metadata, by callsite.
@@ -162,28 +327,92 @@ where
         let known = self.callsites.read().ok().and_then(|c| c.get(&metadata.callsite()).copied());
         // A callsite registered before this layer existed (and not since) is prepared here, once.
         let Some(index) = known.or_else(|| self.prepare(metadata)) else { return };
-        // Invalidate, write, publish: a reader that sees the same id before and after reading
-        // the index has the index of this span.
-        let (key, value) = self.slot(id);
-        key.store(0, Ordering::Release);
-        value.store(index as u64 + 1, Ordering::Release);
-        key.store(id.into_u64(), Ordering::Release);
+        self.slot(id).write(id.into_u64(), index as u64 + 1);
     }
 
     #[inline]
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
         let range = self.range(id, &ctx);
-        let domain = range.map(|r| {
-            r.push();
-            r.domain()
-        });
-        let _ = PUSHED.try_with(|pushed| pushed.borrow_mut().push(domain));
+        let entry = Pushed {
+            span: id.into_u64(),
+            domain: range.map(|(r, _)| r.domain()),
+            domain_number: range.map_or(0, |(_, number)| number),
+            exited: false,
+        };
+        // Pushed only once recorded, so that every push has its pop (after thread-local storage
+        // is gone, or past the stack's capacity, the span pushes nothing).
+        if PUSHED.try_with(|pushed| pushed.borrow_mut().push(entry)).unwrap_or(false) {
+            if let Some((range, _)) = range {
+                range.push();
+            }
+        }
     }
 
     #[inline]
-    fn on_exit(&self, _id: &Id, _ctx: Context<'_, S>) {
-        if let Ok(Some(Some(domain))) = PUSHED.try_with(|pushed| pushed.borrow_mut().pop()) {
-            nvtx::sys::domain_range_pop(domain);
+    fn on_exit(&self, id: &Id, _ctx: Context<'_, S>) {
+        let _ = PUSHED.try_with(|pushed| {
+            pushed.borrow_mut().exit(id.into_u64(), |domain, _| {
+                nvtx::sys::domain_range_pop(domain);
+            })
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two writers of one slot: the second cannot claim it until the first has published, and
+    /// a reader never takes a pair mid-write. (Before, the steps interleaved as writer 1 clears
+    /// the id and stores index b, writer 2 stores index c and id c, writer 1 stores id b, and
+    /// left id b with index c.)
+    #[test]
+    fn a_slot_never_pairs_one_span_with_anothers_index() {
+        let slot = SpanSlot::default();
+        let (b, c) = (7, 9);
+        let first = slot.try_claim().expect("a free slot");
+        assert_eq!(slot.try_claim(), None, "a second writer waits");
+        slot.store(b, 2);
+        assert_eq!(slot.read(b), None, "mid-write, readers fall back");
+        slot.publish(first);
+        assert_eq!(slot.read(b), Some(2));
+        let second = slot.try_claim().expect("free again");
+        slot.store(c, 3);
+        slot.publish(second);
+        assert_eq!((slot.read(b), slot.read(c)), (None, Some(3)));
+        slot.write(b, 4);
+        assert_eq!((slot.read(b), slot.read(c)), (Some(4), None));
+    }
+
+    /// Out-of-order exits: a range with no later range of its domain pops at once; one with a
+    /// later range of its domain pops right after that one.
+    #[test]
+    fn out_of_order_exits_pop_the_right_domains() {
+        let handle = super::super::nvtx_range::domain_handle("out of order").unwrap();
+        let entry = |span, domain_number| Pushed { span, domain: Some(handle), domain_number, exited: false };
+        let mut stack = PushedStack::EMPTY;
+        let mut popped = Vec::new();
+        // a (domain 1), b (domain 2), c (domain 1), d (no range).
+        for e in [entry(1, 1), entry(2, 2), entry(3, 1), Pushed { span: 4, ..Pushed::EMPTY }] {
+            assert!(stack.push(e));
         }
+        stack.exit(1, |_, n| popped.push((1, n))); // a waits under c
+        stack.exit(2, |_, n| popped.push((2, n))); // b pops its own domain
+        assert_eq!(popped, [(2, 2)]);
+        stack.exit(3, |_, n| popped.push((3, n))); // c pops, then a
+        assert_eq!(popped, [(2, 2), (3, 1), (3, 1)]);
+        stack.exit(4, |_, n| popped.push((4, n)));
+        stack.exit(4, |_, n| popped.push((4, n))); // not entered any more: nothing
+        assert_eq!((popped.len(), stack.len), (3, 0));
+    }
+
+    /// A full stack records nothing more, and says so.
+    #[test]
+    fn a_full_stack_records_nothing_more() {
+        let mut stack = PushedStack::EMPTY;
+        for span in 0..PUSHED_CAPACITY as u64 {
+            assert!(stack.push(Pushed { span, ..Pushed::EMPTY }));
+        }
+        assert!(!stack.push(Pushed::EMPTY));
     }
 }

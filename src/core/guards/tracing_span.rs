@@ -9,10 +9,16 @@
 //! asks the subscribers and caches the answer in it, and asks again when a subscriber is set
 //! later), and keeps the field handles. Entering then loads the cached interest and the level
 //! filter, and builds a span only when someone wants it.
+//!
+//! Interning is a hash map lookup, and it stops at [`INTERNED_CALLSITES`] callsites: labels
+//! that vary per request or per plan would otherwise leak a callsite each, forever. Past the
+//! cap, spans share one callsite per level, named `boundscope`, and carry their label in a
+//! field.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{LazyLock, Mutex, OnceLock};
 
 use tracing::callsite::{Callsite, Identifier};
 use tracing::field::{Field, FieldSet, Value};
@@ -39,6 +45,13 @@ const FIELDS: &[&str] = &["executor", "ops", "level"];
 /// target), entering and exiting cost one relaxed load each (about 1 ns; see
 /// `benches/tracing.rs`): the callsite and its cached interest are prepared when the plan is
 /// compiled, as `tracing`'s macros prepare theirs.
+///
+/// Each distinct span name (with its level) gets a callsite of its own, leaked once per process
+/// and shared by every plan, up to 4,096 in all. Past that, spans with new names share one
+/// callsite per level named `boundscope`, and carry the name they would have had in an extra
+/// field, `label`; so labels that vary per request (`label(&format!("request {i}"))`) stay
+/// searchable, and a long-running process that compiles such plans keeps a bounded footprint.
+/// Filter such spans by field rather than by name, or keep labels few.
 ///
 /// ```
 /// use std::sync::{Arc, Mutex};
@@ -119,17 +132,39 @@ const NEVER: u8 = 0;
 const SOMETIMES: u8 = 1;
 const ALWAYS: u8 = 2;
 
+/// Span names interned with a callsite of their own (one per name and level, at most this many
+/// in all). Past it, spans share one callsite per level named [`SHARED_NAME`] and carry their
+/// name in the field [`LABEL_FIELD`], so that labels that vary per request leak nothing more.
+pub(crate) const INTERNED_CALLSITES: usize = 4096;
+
+/// The name of the shared callsites that spans use once [`INTERNED_CALLSITES`] are taken.
+const SHARED_NAME: &str = "boundscope";
+
+/// The field in which a span of a shared callsite carries the name it would have had.
+const LABEL_FIELD: &str = "label";
+
+/// The fields of the shared callsites: [`FIELDS`] and the label.
+const SHARED_FIELDS: &[&str] = &["executor", "ops", "level", LABEL_FIELD];
+
+/// The field handles of a callsite's metadata.
+struct SpanFields {
+    executor: Field,
+    ops: Field,
+    level: Field,
+    /// Shared callsites only.
+    label: Option<Field>,
+}
+
 /// One span site: its metadata (set once, right after the callsite is leaked, since the
 /// metadata names the callsite) and the interest `tracing` caches in it.
 struct SpanCallsite {
     metadata: OnceLock<Metadata<'static>>,
     interest: AtomicU8,
-    /// The metadata's field handles, in [`FIELDS`] order.
-    fields: OnceLock<[Field; 3]>,
+    fields: OnceLock<SpanFields>,
 }
 
 /// Metadata for callsites whose metadata is somehow missing: never the case after
-/// [`callsite`] returns, but `Callsite::metadata` must return something.
+/// [`leak_callsite`] returns, but `Callsite::metadata` must return something.
 static PLACEHOLDER: SpanCallsite =
     SpanCallsite { metadata: OnceLock::new(), interest: AtomicU8::new(NEVER), fields: OnceLock::new() };
 
@@ -165,24 +200,15 @@ fn placeholder_metadata() -> &'static Metadata<'static> {
     })
 }
 
-/// The callsite of spans named `name` at `level`: made, leaked and registered with `tracing`
-/// the first time, then shared. Leaked as `tracing`'s macros' statics are: one per distinct
-/// name and level in the process, however many plans are compiled.
-fn callsite(name: &str, level: tracing::Level) -> &'static SpanCallsite {
-    type Sites = Vec<((String, tracing::Level), &'static SpanCallsite)>;
-    static SITES: Mutex<Sites> = Mutex::new(Vec::new());
-    let mut sites = SITES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-    if let Some((_, site)) = sites.iter().find(|((n, l), _)| n == name && *l == level) {
-        return site;
-    }
+/// Makes, leaks and registers with `tracing` the callsite of spans named `name` at `level`
+/// with the fields `fields` ([`FIELDS`] or [`SHARED_FIELDS`]).
+fn leak_callsite(name: &'static str, level: tracing::Level, fields: &'static [&'static str]) -> &'static SpanCallsite {
     let site: &'static SpanCallsite = Box::leak(Box::new(SpanCallsite {
         metadata: OnceLock::new(),
         interest: AtomicU8::new(NEVER),
         fields: OnceLock::new(),
     }));
-    let name: &'static str = Box::leak(name.to_string().into_boxed_str());
     let metadata = site.metadata.get_or_init(|| {
-        let fields = FieldSet::new(FIELDS, Identifier(site));
         Metadata::new(
             name,
             TRACING_TARGET,
@@ -190,20 +216,83 @@ fn callsite(name: &str, level: tracing::Level) -> &'static SpanCallsite {
             Some(file!()),
             Some(line!()),
             Some(module_path!()),
-            fields,
+            FieldSet::new(fields, Identifier(site)),
             Kind::SPAN,
         )
     });
-    let fields = metadata.fields();
-    let mut handles = FIELDS.iter().filter_map(|f| fields.field(f));
-    if let (Some(a), Some(b), Some(c)) = (handles.next(), handles.next(), handles.next()) {
-        let _ = site.fields.set([a, b, c]);
+    let set = metadata.fields();
+    if let (Some(executor), Some(ops), Some(scope_level)) =
+        (set.field("executor"), set.field("ops"), set.field("level"))
+    {
+        let label = set.field(LABEL_FIELD);
+        let _ = site.fields.set(SpanFields { executor, ops, level: scope_level, label });
     }
     // Asks every subscriber for its interest and caches it in the callsite (and again whenever
     // a subscriber is set later).
     tracing::callsite::register(site);
-    sites.push(((name.to_string(), level), site));
     site
+}
+
+/// The position of a `tracing` level in the per-level arrays of [`Callsites`].
+fn level_index(level: tracing::Level) -> usize {
+    [tracing::Level::TRACE, tracing::Level::DEBUG, tracing::Level::INFO, tracing::Level::WARN, tracing::Level::ERROR]
+        .iter()
+        .position(|l| *l == level)
+        .unwrap_or(0)
+}
+
+/// The callsites made so far: one per name and level, up to a cap, then one shared per level.
+///
+/// A hash map, so that preparing a site costs the same however many names the process has
+/// seen; a cap, because each interned callsite is leaked (as `tracing`'s macros' statics are,
+/// and because `tracing` keeps a `&'static` to every registered callsite) and a server that
+/// labels spans per request would otherwise grow without bound.
+struct Callsites {
+    /// How many callsites may be interned with a name of their own.
+    cap: usize,
+    /// By name (leaked once, shared by its levels), one callsite per level.
+    by_name: HashMap<&'static str, [Option<&'static SpanCallsite>; 5]>,
+    /// Callsites interned with a name of their own so far (at most `cap`).
+    interned: usize,
+    /// The callsites named [`SHARED_NAME`], per level, made when first needed.
+    shared: [Option<&'static SpanCallsite>; 5],
+}
+
+impl Callsites {
+    fn new(cap: usize) -> Self {
+        Self { cap, by_name: HashMap::new(), interned: 0, shared: [None; 5] }
+    }
+
+    /// The callsite of spans named `name` at `level`, and whether it is shared (the span then
+    /// carries `name` in its `label` field).
+    fn callsite(&mut self, name: &str, level: tracing::Level) -> (&'static SpanCallsite, bool) {
+        let at = level_index(level);
+        if let Some(site) = self.by_name.get(name).and_then(|levels| levels[at]) {
+            return (site, false);
+        }
+        if self.interned >= self.cap {
+            let site = *self.shared[at].get_or_insert_with(|| leak_callsite(SHARED_NAME, level, SHARED_FIELDS));
+            return (site, true);
+        }
+        let name: &'static str = match self.by_name.get_key_value(name) {
+            Some((&known, _)) => known,
+            None => Box::leak(name.to_string().into_boxed_str()),
+        };
+        let site = leak_callsite(name, level, FIELDS);
+        self.by_name.entry(name).or_insert([None; 5])[at] = Some(site);
+        self.interned += 1;
+        (site, false)
+    }
+}
+
+/// The process's callsites, shared by every plan.
+static CALLSITES: LazyLock<Mutex<Callsites>> = LazyLock::new(|| Mutex::new(Callsites::new(INTERNED_CALLSITES)));
+
+/// How many callsites the process has interned with a name of their own (at most
+/// [`INTERNED_CALLSITES`]).
+#[cfg(test)]
+pub(crate) fn interned_callsites() -> usize {
+    CALLSITES.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).interned
 }
 
 /// Interned executor names, as `&'static str` field values.
@@ -219,9 +308,10 @@ fn executor_name(name: &str) -> &'static str {
 }
 
 thread_local! {
-    /// The spans this thread entered through the guard, innermost last. Its capacity stays, so
-    /// that steady state allocates nothing here.
-    static ENTERED: RefCell<Vec<tracing::span::EnteredSpan>> = const { RefCell::new(Vec::new()) };
+    /// The spans this thread entered through the guard, innermost last; `None` where a span was
+    /// exited while one entered after it was still open (trimmed once nothing open is above it).
+    /// Its capacity stays, so that steady state allocates nothing here.
+    static ENTERED: RefCell<Vec<Option<tracing::span::EnteredSpan>>> = const { RefCell::new(Vec::new()) };
 }
 
 /// A span site prepared for one scope of a plan.
@@ -231,13 +321,28 @@ struct PreparedSpan {
     executor: &'static str,
     ops: u64,
     scope_level: &'static str,
+    /// The span's name, when its callsite is a shared one (recorded in the `label` field).
+    label: Option<Box<str>>,
 }
 
 impl PreparedSpan {
+    /// Prepares the span `name` at `level` for `site`, with a callsite from `callsites`.
+    fn new(callsites: &mut Callsites, name: &str, level: tracing::Level, site: &GuardSite<'_>) -> Self {
+        let (callsite, shared) = callsites.callsite(name, level);
+        Self {
+            callsite,
+            level,
+            executor: executor_name(site.executor),
+            ops: u64::from(site.ops),
+            scope_level: site.level.name(),
+            label: shared.then(|| name.into()),
+        }
+    }
+
     /// Whether a span is wanted now: the cached interest, then the level filters, then (only
     /// when the interest is "sometimes") the subscriber.
     #[inline(always)]
-    fn wanted(&self) -> Option<(&'static Metadata<'static>, &'static [Field; 3])> {
+    fn wanted(&self) -> Option<(&'static Metadata<'static>, &'static SpanFields)> {
         // The cached interest first: without a subscriber that wants the span, nothing else.
         let interest = self.callsite.interest.load(Ordering::Relaxed);
         if interest == NEVER || self.level > STATIC_MAX_LEVEL || self.level > LevelFilter::current() {
@@ -254,27 +359,58 @@ impl PreparedSpan {
 }
 
 impl ScopedGuard for PreparedSpan {
+    /// Returns the span's position in this thread's [`ENTERED`] plus one (0: no span).
     #[inline]
     fn on_enter(&self) -> u64 {
         let Some((metadata, fields)) = self.wanted() else { return 0 };
-        let values: [(&Field, Option<&dyn Value>); 3] = [
-            (&fields[0], Some(&self.executor as &dyn Value)),
-            (&fields[1], Some(&self.ops as &dyn Value)),
-            (&fields[2], Some(&self.scope_level as &dyn Value)),
-        ];
-        let span = Span::new(metadata, &metadata.fields().value_set(&values)).entered();
+        let span = match (fields.label.as_ref(), self.label.as_deref()) {
+            (Some(label_field), Some(label)) => {
+                let values: [(&Field, Option<&dyn Value>); 4] = [
+                    (&fields.executor, Some(&self.executor as &dyn Value)),
+                    (&fields.ops, Some(&self.ops as &dyn Value)),
+                    (&fields.level, Some(&self.scope_level as &dyn Value)),
+                    (label_field, Some(&label as &dyn Value)),
+                ];
+                Span::new(metadata, &metadata.fields().value_set(&values))
+            }
+            _ => {
+                let values: [(&Field, Option<&dyn Value>); 3] = [
+                    (&fields.executor, Some(&self.executor as &dyn Value)),
+                    (&fields.ops, Some(&self.ops as &dyn Value)),
+                    (&fields.level, Some(&self.scope_level as &dyn Value)),
+                ];
+                Span::new(metadata, &metadata.fields().value_set(&values))
+            }
+        };
+        let span = span.entered();
         // After thread-local storage is gone (a run during thread exit), the span just closes.
-        let _ = ENTERED.try_with(|entered| entered.borrow_mut().push(span));
-        1
+        ENTERED
+            .try_with(|entered| {
+                let mut entered = entered.borrow_mut();
+                entered.push(Some(span));
+                entered.len() as u64
+            })
+            .unwrap_or(0)
     }
 
+    /// Exits the span at the position `on_enter` returned, even when spans entered after it are
+    /// still open (tokens of `dyn ScopedGuard::enter` may be dropped in any order): a position
+    /// is only reused once its span and every span above it have been exited.
     #[inline]
     fn on_exit(&self, entered: u64) {
-        if entered == 0 {
-            return;
-        }
+        let Some(at) = (entered as usize).checked_sub(1) else { return };
         // Dropped outside the borrow: a subscriber's exit may run guards of its own.
-        let span = ENTERED.try_with(|spans| spans.borrow_mut().pop()).ok().flatten();
+        let span = ENTERED
+            .try_with(|spans| {
+                let mut spans = spans.borrow_mut();
+                let span = spans.get_mut(at).and_then(Option::take);
+                while let Some(None) = spans.last() {
+                    spans.pop();
+                }
+                span
+            })
+            .ok()
+            .flatten();
         drop(span);
     }
 }
@@ -301,29 +437,157 @@ impl Guard for TracingSpan {
     fn prepare(&self, site: &GuardSite<'_>) -> Result<Box<dyn ScopedGuard>> {
         let level = self.tracing_level(site.level);
         let name = self.label.as_deref().unwrap_or(site.label);
-        Ok(Box::new(PreparedSpan {
-            callsite: callsite(name, level),
-            level,
-            executor: executor_name(site.executor),
-            ops: u64::from(site.ops),
-            scope_level: site.level.name(),
-        }))
+        let mut callsites = CALLSITES.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        Ok(Box::new(PreparedSpan::new(&mut callsites, name, level, site)))
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+
     use super::*;
+
+    const INFO: tracing::Level = tracing::Level::INFO;
+
+    fn site(label: &str) -> GuardSite<'_> {
+        GuardSite { label, level: Level::Op, executor: "cpu_reference", ops: 1 }
+    }
+
+    /// What a [`Recording`] subscriber saw: spans made (name and `label` field) and exited.
+    #[derive(Default)]
+    struct Seen {
+        made: Vec<(String, Option<String>)>,
+        exited: Vec<String>,
+    }
+
+    /// A subscriber that records the name and `label` field of every span made, and the name
+    /// of every span exited.
+    #[derive(Clone, Default)]
+    struct Recording {
+        seen: Arc<Mutex<Seen>>,
+    }
+
+    struct LabelOf(Option<String>);
+    impl tracing::field::Visit for LabelOf {
+        fn record_str(&mut self, field: &Field, value: &str) {
+            if field.name() == LABEL_FIELD {
+                self.0 = Some(value.to_string());
+            }
+        }
+        fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+            if field.name() == LABEL_FIELD {
+                self.0 = Some(format!("{value:?}"));
+            }
+        }
+    }
+
+    impl tracing::Subscriber for Recording {
+        fn enabled(&self, _: &Metadata<'_>) -> bool {
+            true
+        }
+        fn new_span(&self, span: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            let mut label = LabelOf(None);
+            span.record(&mut label);
+            let mut seen = self.seen.lock().unwrap();
+            seen.made.push((span.metadata().name().to_string(), label.0));
+            tracing::span::Id::from_u64(seen.made.len() as u64)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {}
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, span: &tracing::span::Id) {
+            let mut seen = self.seen.lock().unwrap();
+            let name = seen.made[span.into_u64() as usize - 1].0.clone();
+            seen.exited.push(name);
+        }
+    }
 
     #[test]
     fn one_callsite_per_name_and_level_whatever_the_number_of_plans() {
-        let a = callsite("interned", tracing::Level::INFO);
-        let b = callsite("interned", tracing::Level::INFO);
-        let c = callsite("interned", tracing::Level::DEBUG);
+        let mut callsites = Callsites::new(16);
+        let (a, _) = callsites.callsite("interned", INFO);
+        let (b, _) = callsites.callsite("interned", INFO);
+        let (c, _) = callsites.callsite("interned", tracing::Level::DEBUG);
         assert!(std::ptr::eq(a, b));
         assert!(!std::ptr::eq(a, c));
+        assert_eq!(callsites.interned, 2);
+        assert_eq!(callsites.by_name.len(), 1, "one leaked name for both levels");
         assert_eq!(a.metadata().name(), "interned");
         assert_eq!(a.metadata().fields().len(), 3);
         assert!(a.metadata().is_span());
+    }
+
+    /// Past the cap, new names share one callsite per level, named `boundscope`, and names
+    /// interned before still have their own.
+    #[test]
+    fn past_the_cap_new_names_share_one_callsite_per_level() {
+        let mut callsites = Callsites::new(8);
+        let sites: Vec<_> = (0..100).map(|i| callsites.callsite(&format!("request {i}"), INFO)).collect();
+        assert_eq!(callsites.interned, 8);
+        assert_eq!(callsites.by_name.len(), 8);
+        assert!(sites[..8].iter().all(|(_, shared)| !shared));
+        assert!(sites[8..].iter().all(|(site, shared)| *shared && std::ptr::eq(*site, sites[8].0)));
+        assert_eq!(sites[8].0.metadata().name(), SHARED_NAME);
+        assert_eq!(sites[8].0.metadata().fields().len(), 4);
+        let (debug, shared) = callsites.callsite("request 99", tracing::Level::DEBUG);
+        assert!(shared && !std::ptr::eq(debug, sites[8].0) && debug.metadata().level() == &tracing::Level::DEBUG);
+        let (again, shared) = callsites.callsite("request 3", INFO);
+        assert!(!shared && std::ptr::eq(again, sites[3].0));
+    }
+
+    /// Preparing spans labelled per request interns at most [`INTERNED_CALLSITES`] callsites in
+    /// the process, however many labels it sees.
+    #[test]
+    fn per_request_labels_intern_at_most_the_cap() {
+        for i in 0..INTERNED_CALLSITES + 500 {
+            let guard = TracingSpan::new().label(&format!("request {i}")).unwrap();
+            drop(guard.prepare(&site("op")).unwrap());
+        }
+        assert_eq!(interned_callsites(), INTERNED_CALLSITES);
+    }
+
+    /// A span of a shared callsite is named `boundscope` and carries its label in a field.
+    #[test]
+    fn spans_past_the_cap_carry_their_label_in_a_field() {
+        let mut callsites = Callsites::new(1);
+        let first = PreparedSpan::new(&mut callsites, "first", INFO, &site("first"));
+        let later = PreparedSpan::new(&mut callsites, "CpuFusion0: (exp, tanh)", INFO, &site("x"));
+        let recording = Recording::default();
+        tracing::subscriber::with_default(recording.clone(), || {
+            let guards: [&dyn ScopedGuard; 2] = [&first, &later];
+            for guard in guards {
+                guard.in_scope(|| ());
+            }
+        });
+        let made = &recording.seen.lock().unwrap().made;
+        assert_eq!(
+            *made,
+            [("first".to_string(), None), (SHARED_NAME.to_string(), Some("CpuFusion0: (exp, tanh)".to_string()))]
+        );
+    }
+
+    /// Tokens dropped out of order each exit their own span.
+    #[test]
+    fn tokens_dropped_out_of_order_exit_their_own_spans() {
+        let mut callsites = Callsites::new(16);
+        let a = PreparedSpan::new(&mut callsites, "a", INFO, &site("a"));
+        let b = PreparedSpan::new(&mut callsites, "b", INFO, &site("b"));
+        let recording = Recording::default();
+        tracing::subscriber::with_default(recording.clone(), || {
+            let (a, b): (&dyn ScopedGuard, &dyn ScopedGuard) = (&a, &b);
+            let entered_a = a.enter();
+            let entered_b = b.enter();
+            drop(entered_a);
+            assert_eq!(recording.seen.lock().unwrap().exited, ["a"]);
+            drop(entered_b);
+            assert_eq!(recording.seen.lock().unwrap().exited, ["a", "b"]);
+            // The thread's stack is empty again: a new span is entered at the bottom.
+            let entered_a = a.enter();
+            assert_eq!(ENTERED.with(|e| e.borrow().len()), 1);
+            drop(entered_a);
+        });
+        assert_eq!(ENTERED.with(|e| e.borrow().len()), 0);
     }
 }

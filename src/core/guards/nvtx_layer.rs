@@ -113,10 +113,13 @@ impl Pushed {
 struct PushedStack {
     entries: [Pushed; PUSHED_CAPACITY],
     len: usize,
+    /// How many entries are marked exited (their ranges held open): while none is, a span
+    /// exiting in order is the top entry and nothing below it waits.
+    held_open: usize,
 }
 
 impl PushedStack {
-    const EMPTY: Self = Self { entries: [Pushed::EMPTY; PUSHED_CAPACITY], len: 0 };
+    const EMPTY: Self = Self { entries: [Pushed::EMPTY; PUSHED_CAPACITY], len: 0, held_open: 0 };
 
     /// Records an entered span; `false` (and nothing recorded) when the stack is full.
     fn push(&mut self, entry: Pushed) -> bool {
@@ -139,7 +142,23 @@ impl PushedStack {
     /// later entry of its domain is marked exited and keeps its range open (NVTX cannot close
     /// it alone), and closes it right after the last such later range closes. Its range then
     /// ends late, but every range keeps its own label and the nesting stays valid.
+    #[inline]
     fn exit(&mut self, span: u64, mut pop: impl FnMut(nvtx::sys::DomainHandle, u32)) {
+        // The common case, spans exiting in the order they entered: the top entry, and no range
+        // held open below it.
+        if self.held_open == 0 && self.len > 0 && self.entries[self.len - 1].span == span {
+            self.len -= 1;
+            let entry = self.entries[self.len];
+            if let Some(domain) = entry.domain {
+                pop(domain, entry.domain_number);
+            }
+            return;
+        }
+        self.exit_out_of_order(span, pop);
+    }
+
+    #[cold]
+    fn exit_out_of_order(&mut self, span: u64, mut pop: impl FnMut(nvtx::sys::DomainHandle, u32)) {
         let Some(at) = self.entries[..self.len].iter().rposition(|e| e.span == span && !e.exited) else { return };
         let entry = self.entries[at];
         let Some(domain) = entry.domain else {
@@ -148,6 +167,7 @@ impl PushedStack {
         };
         if self.entries[at + 1..self.len].iter().any(|e| e.in_domain(entry.domain_number)) {
             self.entries[at].exited = true;
+            self.held_open += 1;
             return;
         }
         self.remove(at);
@@ -158,6 +178,7 @@ impl PushedStack {
                 break;
             }
             self.remove(below);
+            self.held_open -= 1;
             pop(domain, entry.domain_number);
         }
     }

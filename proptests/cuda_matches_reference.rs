@@ -100,6 +100,9 @@ fn the_quickstart_program_matches_on_cuda() {
     let mut fused = fused;
     let events = CudaEventTimer::new(device.clone());
     fused.attach_guard(boundscope::guards::Selection::All, events.clone()).unwrap();
+    // And a timeline of the host scopes, to which the device times are added as their own track.
+    let timeline = boundscope::guards::Timeline::new();
+    fused.attach_guard(boundscope::guards::Selection::All, timeline.clone()).unwrap();
     let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device)), CpuReference::shared()]).unwrap();
     println!("{plan}");
     let inputs = inputs_for(&trace);
@@ -120,6 +123,29 @@ fn the_quickstart_program_matches_on_cuda() {
         assert!(s.min <= s.max && s.total > std::time::Duration::ZERO);
     }
     assert!(stats.iter().any(|s| s.label.starts_with("CudaFusion")), "{stats:?}");
+    // The timeline: the host scopes of the three runs, and the device track with one event per
+    // label the timer saw, each as long as the label's total device time.
+    timeline.add_cuda_event_timer(&events);
+    let chrome = timeline.to_chrome_trace();
+    let trace_events = chrome["traceEvents"].as_array().unwrap();
+    let device_tid = trace_events
+        .iter()
+        .find(|e| {
+            e["ph"] == "M"
+                && e["name"] == "thread_name"
+                && e["args"]["name"].as_str().is_some_and(|n| n.starts_with(boundscope::guards::CUDA_EVENTS_TRACK))
+        })
+        .map(|e| e["tid"].clone())
+        .expect("a device track");
+    let on_device: Vec<_> = trace_events.iter().filter(|e| e["ph"] == "X" && e["tid"] == device_tid).collect();
+    assert_eq!(on_device.len(), stats.len(), "one event per label: {on_device:?}");
+    for s in &stats {
+        let event = on_device.iter().find(|e| e["name"] == s.label.as_str()).expect("the label's event");
+        let dur = event["dur"].as_f64().unwrap();
+        assert!((dur - s.total.as_secs_f64() * 1e6).abs() <= 1.0, "{}: {dur} us", s.label);
+    }
+    let host = trace_events.iter().filter(|e| e["ph"] == "X" && e["tid"] != device_tid).count();
+    assert_eq!(host, 3 * fused.len(), "a host scope per top-level bound symbol and run");
 }
 
 /// With its inputs on the device, the quickstart's block runs every step there (shape ops

@@ -2,8 +2,8 @@
 //! folds what it recorded into stacks (`guards::folded_stacks`: self time per stack, summed over
 //! the runs) and renders them as an SVG flame graph with the `inferno` crate, written to
 //! `boundscope-timeline.svg` in `BOUNDSCOPE_TRACE_DIR` (or the working directory). Prints only
-//! the file's path. `scripts/timeline-svg` runs it and copies the picture to `docs/timeline.svg`,
-//! which the README shows.
+//! the file's path. `scripts/timeline-svg` runs it and copies the picture to
+//! `examples/timeline_flamegraph.svg`, which the README shows.
 //!
 //! `cargo run --release --example timeline_flamegraph`
 

@@ -242,6 +242,20 @@ fn transformer_block(gpu: &Arc<CudaDevice>, registry: &Registry) -> Result<(), S
         plan.len()
     );
     println!("RESULT {{\"impl\":\"boundscope_transformer_block\",\"us\":{},\"host_us\":0}}", ms * 1e3);
+    // Where its time goes: the same plan with a CUDA event timer on every step, in a plan of its
+    // own (the events are not in the figure above).
+    let timer = CudaEventTimer::new(gpu.clone());
+    let timed = timed_device_plan(gpu, &trace, &arena, Some(&timer)).map_err(e)?;
+    let mut timed_ws = timed.workspace().map_err(e)?;
+    for _ in 0..3 {
+        timed.run_on_device(&mut timed_ws, &inputs).map_err(e)?;
+    }
+    device.synchronize().map_err(e)?;
+    let mut stats = timer.stats();
+    stats.sort_by_key(|s| std::cmp::Reverse(s.total));
+    for s in stats.iter().take(8) {
+        eprintln!("  transformer step {:<44} {:8.3} ms per run", s.label, s.total.as_secs_f64() * 1e3 / 3.0);
+    }
     Ok(())
 }
 
@@ -409,9 +423,22 @@ fn mlp_block<'a>(
 
 /// `trace` decomposed, fused for `CudaFusion`, and compiled for the CUDA executors only.
 fn device_plan(gpu: &Arc<CudaDevice>, trace: &Trace<'_>, arena: &Arena) -> boundscope::Result<Plan> {
+    timed_device_plan(gpu, trace, arena, None)
+}
+
+/// [`device_plan`], with `timer` on every step when given.
+fn timed_device_plan(
+    gpu: &Arc<CudaDevice>,
+    trace: &Trace<'_>,
+    arena: &Arena,
+    timer: Option<&CudaEventTimer>,
+) -> boundscope::Result<Plan> {
     let prims_only = boundscope::passes::Pipeline::standard().run(trace, arena)?;
     let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
-    let fused = FuseRegions::new(fusion.clone()).run(&prims_only, arena)?;
+    let mut fused = FuseRegions::new(fusion.clone()).run(&prims_only, arena)?;
+    if let Some(timer) = timer {
+        fused.attach_guard(boundscope::guards::Selection::All, timer.clone())?;
+    }
     Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(gpu.clone()))])
 }
 

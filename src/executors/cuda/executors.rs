@@ -19,7 +19,7 @@ use crate::core::plan::{
 use crate::error::{Error, Result};
 use crate::executors::cpu_reference::{builtin_fusible, builtin_prim, require_builtin};
 
-const THREADS: u32 = 256;
+const THREADS: u32 = super::codegen::BLOCK_THREADS;
 /// It pushes its region ranges in the library's domain.
 static EMITS: [EmittedRange; 1] = [EmittedRange::nvtx_regions(DEFAULT_DOMAIN)];
 

@@ -83,6 +83,12 @@ thread_local! {
     };
 }
 
+/// A small number for the current thread (1, 2, ... in order of first use), the same for every
+/// guard that records threads (`Recorder`, `Timeline`), so that their traces agree on `tid`s.
+pub(crate) fn thread_index() -> u64 {
+    THREAD_INDEX.with(|t| *t)
+}
+
 impl Default for Recorder {
     fn default() -> Self {
         Self::new()
@@ -216,7 +222,7 @@ impl ScopedGuard for PreparedRecord {
             label: self.label.clone(),
             level: self.level,
             thread: std::thread::current().id(),
-            thread_index: THREAD_INDEX.with(|t| *t),
+            thread_index: thread_index(),
             start_ns: open.start_ns,
             end_ns,
         };

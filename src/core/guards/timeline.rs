@@ -126,10 +126,6 @@ struct DeviceTrack {
 thread_local! {
     /// This thread's buffer of each timeline it has used: `(timeline id, buffer)`.
     static BUFFERS: RefCell<Vec<(u64, Arc<ThreadBuffer>)>> = const { RefCell::new(Vec::new()) };
-    static THREAD_INDEX: u64 = {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        NEXT.fetch_add(1, Ordering::Relaxed)
-    };
 }
 
 impl Default for Timeline {
@@ -402,7 +398,7 @@ impl Timeline {
                     let _ = spans.try_reserve_exact(inner.capacity);
                     let current = std::thread::current();
                     let buffer = Arc::new(ThreadBuffer {
-                        thread_index: THREAD_INDEX.with(|t| *t),
+                        thread_index: super::recorder::thread_index(),
                         thread_name: current.name().map_or_else(|| format!("{:?}", current.id()), str::to_string),
                         spans: Mutex::new(spans),
                     });

@@ -23,17 +23,21 @@ const SHORT: usize = 16;
 #[inline(always)]
 pub(crate) fn map_unary<F: Fn(f32) -> f32>(f: F, x: &[f32], out: &mut [f32]) {
     if out.len() < SHORT {
-        for (o, &v) in out.iter_mut().zip(x) {
-            *o = f(v);
-        }
+        unary_loop(&f, x, out)
     } else {
         map_unary_wide(f, x, out)
     }
 }
 
-/// The loop of [`map_unary`], one version per instruction set.
+/// [`unary_loop`], one version per instruction set.
 #[multiversion(targets = "simd")]
 fn map_unary_wide<F: Fn(f32) -> f32>(f: F, x: &[f32], out: &mut [f32]) {
+    unary_loop(&f, x, out)
+}
+
+/// The loop of [`map_unary`], inlined into each instruction set's version.
+#[inline(always)]
+fn unary_loop<F: Fn(f32) -> f32>(f: &F, x: &[f32], out: &mut [f32]) {
     for (o, &v) in out.iter_mut().zip(x) {
         *o = f(v);
     }
@@ -43,60 +47,36 @@ fn map_unary_wide<F: Fn(f32) -> f32>(f: F, x: &[f32], out: &mut [f32]) {
 #[inline(always)]
 pub(crate) fn map_binary<F: Fn(f32, f32) -> f32>(f: F, a: &[f32], b: &[f32], out: &mut [f32]) {
     if out.len() < SHORT {
-        for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-            *o = f(x, y);
-        }
+        binary_loop(&f, a, b, out)
     } else {
         map_binary_wide(f, a, b, out)
     }
 }
 
-/// The loop of [`map_binary`], one version per instruction set.
+/// [`binary_loop`], one version per instruction set.
 #[multiversion(targets = "simd")]
 fn map_binary_wide<F: Fn(f32, f32) -> f32>(f: F, a: &[f32], b: &[f32], out: &mut [f32]) {
+    binary_loop(&f, a, b, out)
+}
+
+/// The loop of [`map_binary`], inlined into each instruction set's version.
+#[inline(always)]
+fn binary_loop<F: Fn(f32, f32) -> f32>(f: &F, a: &[f32], b: &[f32], out: &mut [f32]) {
     for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
         *o = f(x, y);
     }
 }
 
-/// `out[i] = f(a[i], b)`.
+/// `out[i] = f(a[i], b)`: a unary loop over `a`.
 #[inline(always)]
 pub(crate) fn map_binary_scalar_right<F: Fn(f32, f32) -> f32>(f: F, a: &[f32], b: f32, out: &mut [f32]) {
-    if out.len() < SHORT {
-        for (o, &x) in out.iter_mut().zip(a) {
-            *o = f(x, b);
-        }
-    } else {
-        map_binary_scalar_right_wide(f, a, b, out)
-    }
+    map_unary(move |x| f(x, b), a, out)
 }
 
-/// The loop of [`map_binary_scalar_right`], one version per instruction set.
-#[multiversion(targets = "simd")]
-fn map_binary_scalar_right_wide<F: Fn(f32, f32) -> f32>(f: F, a: &[f32], b: f32, out: &mut [f32]) {
-    for (o, &x) in out.iter_mut().zip(a) {
-        *o = f(x, b);
-    }
-}
-
-/// `out[i] = f(a, b[i])`.
+/// `out[i] = f(a, b[i])`: a unary loop over `b`.
 #[inline(always)]
 pub(crate) fn map_binary_scalar_left<F: Fn(f32, f32) -> f32>(f: F, a: f32, b: &[f32], out: &mut [f32]) {
-    if out.len() < SHORT {
-        for (o, &y) in out.iter_mut().zip(b) {
-            *o = f(a, y);
-        }
-    } else {
-        map_binary_scalar_left_wide(f, a, b, out)
-    }
-}
-
-/// The loop of [`map_binary_scalar_left`], one version per instruction set.
-#[multiversion(targets = "simd")]
-fn map_binary_scalar_left_wide<F: Fn(f32, f32) -> f32>(f: F, a: f32, b: &[f32], out: &mut [f32]) {
-    for (o, &y) in out.iter_mut().zip(b) {
-        *o = f(a, y);
-    }
+    map_unary(move |y| f(a, y), b, out)
 }
 
 /// The sum of each row of `rows` (rows of `n > 0` elements) into `out`, as

@@ -8,12 +8,15 @@
 //! 1,000 for the count per op.
 //!
 //! (a) no guards; (b) an NVTX range on every op, profiling off; (c) the same, profiling on, no
-//! NVTX tool attached; (d) as (c), every range with a `u64` payload (`NvtxRange::payload`, the
-//! only payload an NVTX range takes so far).
+//! NVTX tool attached; (d) as (c) under a null tool that takes payload schemas and reads each
+//! range's payload descriptor (`null_nvtx_tool.rs`), every range carrying its details; (e) as
+//! (d), the ranges without details (`NvtxRange::details(false)`): only the op count; (f) as
+//! (d), the tool copying each payload block, as a profiler does.
 //!
 //! Figures it exists to show: the count per run of each case, against the budgets in
 //! `benches/instruction_budgets.tsv`, checked by `scripts/check-instruction-budgets` (which
-//! also prints the counts per op and the ratios (b)/(a) and (c)/(a)).
+//! also prints the counts per op and the ratios (b)/(a), (c)/(a) and (d)/(e), the cost of a
+//! structured payload).
 //!
 //! `cargo bench --bench instruction_counts` (needs `valgrind` and `gungraun-runner` 0.20.0)
 
@@ -23,9 +26,10 @@ use boundscope::executors::CpuReference;
 use boundscope::guards::NvtxRange;
 use boundscope::passes::{Pass, ProfileOps};
 use boundscope::{Arena, Plan, Registry, Tensor, Trace, Workspace};
-use gungraun::{library_benchmark, library_benchmark_group, main};
+use gungraun::{library_benchmark, library_benchmark_group, main, LibraryBenchmarkConfig};
 
 mod chains;
+mod null_nvtx_tool;
 
 const OPS: usize = 1_000;
 
@@ -40,7 +44,9 @@ enum Case {
     NoGuards,
     NvtxProfilingOff,
     NvtxProfilingOn,
-    NvtxU64PayloadProfilingOn,
+    NvtxDetailsNullTool,
+    NvtxNoDetailsNullTool,
+    NvtxDetailsCopyingTool,
 }
 
 /// A compiled plan, its workspace and its input, warmed up: what one measured run needs.
@@ -58,8 +64,11 @@ fn warmed_up(case: Case) -> WarmPlan {
     let trace = match case {
         Case::NoGuards => plain,
         Case::NvtxProfilingOff | Case::NvtxProfilingOn => ProfileOps::new().run(&plain, &arena).expect("attaches"),
-        Case::NvtxU64PayloadProfilingOn => {
-            ProfileOps::new().with_range(NvtxRange::new().payload(42)).run(&plain, &arena).expect("attaches")
+        Case::NvtxDetailsNullTool | Case::NvtxDetailsCopyingTool => {
+            ProfileOps::new().run(&plain, &arena).expect("attaches")
+        }
+        Case::NvtxNoDetailsNullTool => {
+            ProfileOps::new().with_range(NvtxRange::new().details(false)).run(&plain, &arena).expect("attaches")
         }
     };
     let plan = Plan::compile(&trace, &[CpuReference::shared()]).expect("compiles");
@@ -67,12 +76,15 @@ fn warmed_up(case: Case) -> WarmPlan {
     let pushed = plan.range_map().len();
     let expected = match case {
         Case::NoGuards | Case::NvtxProfilingOff => 0,
-        Case::NvtxProfilingOn | Case::NvtxU64PayloadProfilingOn => OPS,
+        Case::NvtxProfilingOn
+        | Case::NvtxDetailsNullTool
+        | Case::NvtxNoDetailsNullTool
+        | Case::NvtxDetailsCopyingTool => OPS,
     };
     assert_eq!(pushed, expected, "{case:?}: ranges pushed per run");
-    if let Case::NvtxU64PayloadProfilingOn = case {
-        assert!(plan.range_map().ranges().iter().all(|r| r.payload == Some(42)), "every range has the payload");
-    }
+    let details = plan.range_map().ranges().iter().filter(|r| r.details.is_some()).count();
+    let expected = if let Case::NvtxDetailsNullTool | Case::NvtxDetailsCopyingTool = case { OPS } else { 0 };
+    assert_eq!(details, expected, "{case:?}: ranges with a structured payload");
     let mut workspace = plan.workspace().expect("allocates");
     let input = Tensor::new(&[1], vec![0.5]).expect("valid");
     for _ in 0..3 {
@@ -87,7 +99,21 @@ fn warmed_up(case: Case) -> WarmPlan {
 #[bench::a_no_guards(args = (Case::NoGuards), setup = warmed_up)]
 #[bench::b_nvtx_profiling_off(args = (Case::NvtxProfilingOff), setup = warmed_up)]
 #[bench::c_nvtx_profiling_on(args = (Case::NvtxProfilingOn), setup = warmed_up)]
-#[bench::d_nvtx_u64_payload_profiling_on(args = (Case::NvtxU64PayloadProfilingOn), setup = warmed_up)]
+#[bench::d_nvtx_details_null_tool(
+    args = (Case::NvtxDetailsNullTool),
+    setup = warmed_up,
+    config = LibraryBenchmarkConfig::default().env(null_nvtx_tool::ENABLE, "1")
+)]
+#[bench::e_nvtx_no_details_null_tool(
+    args = (Case::NvtxNoDetailsNullTool),
+    setup = warmed_up,
+    config = LibraryBenchmarkConfig::default().env(null_nvtx_tool::ENABLE, "1")
+)]
+#[bench::f_nvtx_details_copying_tool(
+    args = (Case::NvtxDetailsCopyingTool),
+    setup = warmed_up,
+    config = LibraryBenchmarkConfig::default().env(null_nvtx_tool::ENABLE, "copy")
+)]
 fn plan_run(mut warm: WarmPlan) -> WarmPlan {
     let outputs = warm.plan.run_with(&mut warm.workspace, &[warm.input.view()]).expect("runs");
     black_box(outputs.get(0).map(|t| t.data[0]));

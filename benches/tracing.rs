@@ -24,7 +24,7 @@ use tracing::Dispatch;
 use tracing_subscriber::layer::SubscriberExt;
 
 fn prepared_span() -> Box<dyn ScopedGuard> {
-    let site = GuardSite { label: "bench op", level: Level::Op, executor: "cpu_reference", ops: 1 };
+    let site = GuardSite::new("bench op", Level::Op, "cpu_reference", 1);
     TracingSpan::new().prepare(&site).expect("prepares")
 }
 

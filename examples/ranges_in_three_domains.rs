@@ -83,5 +83,17 @@ fn run() -> boundscope::Result<bool> {
         println!("ranges per run in `{domain}`: {}", plan.range_map().count_in(domain));
     }
     nsys_check::write_expected_ranges(&plan.range_map().counts_tsv(RUNS + 1));
+    // On stderr (stdout is the example's own output): whether the attached profiler took the
+    // structured payload schema, and one range's details.
+    let ranges = plan.range_map().ranges();
+    match ranges.iter().find_map(|r| r.details.as_ref().map(|d| (r, d))) {
+        Some((r, d)) => eprintln!(
+            "structured payloads: taken by the profiler ({} of {} ranges); `{}`: {d}",
+            ranges.iter().filter(|r| r.details.is_some()).count(),
+            ranges.len(),
+            r.label
+        ),
+        None => eprintln!("structured payloads: not taken (no tool, or it registers no payload schema): u64 op counts"),
+    }
     Ok(diff <= 1e-5)
 }

@@ -48,6 +48,7 @@ fn push(domain: Option<&str>, message: &str, category: u32, payload: Option<u64>
         category,
         payload,
         color,
+        details: None,
         thread: thread::current().id(),
     }
 }
@@ -60,6 +61,7 @@ fn pop(domain: Option<&str>) -> NvtxEvent {
         category: 0,
         payload: None,
         color: None,
+        details: None,
         thread: thread::current().id(),
     }
 }

@@ -127,10 +127,19 @@ fn user_labels_domains_colors_and_payloads_reach_nvtx() {
     let mut softmax = trace.clone();
     softmax.attach_guard(Selection::All, NvtxRange::new()).unwrap();
     let spanned = boundscope::passes::Decompose.run(&softmax, &arena).unwrap();
+    let mut lean = trace.clone();
+    lean.attach_guard(Selection::All, NvtxRange::new().details(false)).unwrap();
+    let lean = boundscope::passes::Decompose.run(&lean, &arena).unwrap();
 
-    for (t, domain, label, payload, color) in
-        [(&prims, "mine", "the exp", Some(42), Some(0xFF00FF00)), (&spanned, DEFAULT_DOMAIN, "softmax", Some(5), None)]
-    {
+    // A user's payload replaces the structured one; softmax's five prims carry their details
+    // (this capture takes payload schemas, as a current Nsight does).
+    let softmax_details =
+        "first_step=0; steps=5; ops=5; bytes_read=32; bytes_written=32; flops=40; inputs=f32[2, 4]; outputs=f32[2, 4]";
+    for (t, domain, label, payload, color, details) in [
+        (&prims, "mine", "the exp", Some(42), Some(0xFF00FF00), None),
+        (&spanned, DEFAULT_DOMAIN, "softmax", None, None, Some(softmax_details)),
+        (&lean, DEFAULT_DOMAIN, "softmax", Some(5), None, None),
+    ] {
         let plan = Plan::compile(t, &[CpuReference::shared()]).unwrap();
         nvtx_capture::events_on_current_thread();
         plan.run(&[&boundscope::Tensor::zeros(&[2, 4])]).unwrap();
@@ -139,6 +148,10 @@ fn user_labels_domains_colors_and_payloads_reach_nvtx() {
         assert_eq!(tree.len(), 1, "{events:?}");
         assert_eq!(tree[0].0, label);
         assert_eq!(tree[0].3, payload);
+        let push =
+            events.iter().find(|e| e.kind == NvtxEventKind::Push && e.message.as_deref() == Some(label)).unwrap();
+        let expected = details.map(|d| format!("plan={}; {d}", plan.id()));
+        assert_eq!(push.details, expected);
         if let Some(color) = color {
             let push = events.iter().find(|e| e.kind == NvtxEventKind::Push).unwrap();
             assert_eq!(push.color, Some(color));

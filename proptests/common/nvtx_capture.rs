@@ -7,7 +7,9 @@
 //! then install our own functions in the CORE and CORE2 function tables for `DomainCreateA/W`,
 //! `DomainRegisterStringA/W`, `DomainRangePushEx`, `DomainRangePop`, `RangePushA/W`,
 //! `RangePushEx`, `RangePop`, `NameOsThreadA` (see [`thread_names`]) and, in the CUDA module,
-//! `NameCuStreamA` (see [`stream_names`]); every other NVTX call stays a no-op.
+//! `NameCuStreamA` (see [`stream_names`]); every other NVTX call stays a no-op. Through NVTX's
+//! payload extension it also takes boundscope's payload schema and decodes structured payloads
+//! ([`super::nvtx_payloads`], [`NvtxEvent::details`]).
 //!
 //! A dynamic injection (`NVTX_INJECTION64_PATH`, which Nsight Systems sets) takes precedence
 //! over static injection: under a real profiler [`is_installed`] is false and nothing is
@@ -42,6 +44,8 @@ use std::thread::ThreadId;
 
 use nvtx_sys::ffi;
 
+use super::nvtx_payloads;
+
 /// Whether an event opens or closes a range.
 #[derive(Clone, Debug, PartialEq)]
 pub enum NvtxEventKind {
@@ -64,6 +68,9 @@ pub struct NvtxEvent {
     pub payload: Option<u64>,
     /// Pushes only: the ARGB color, when the attributes' color type is ARGB.
     pub color: Option<u32>,
+    /// Pushes only: a structured payload (`NVTX_PAYLOAD_TYPE_EXT`), decoded with its schema
+    /// into one line (see [`super::nvtx_payloads`]).
+    pub details: Option<String>,
     /// The thread that made the call.
     pub thread: ThreadId,
 }
@@ -128,6 +135,8 @@ thread_local! {
     static LOCAL: Arc<ThreadLog> = ThreadLog::register();
     /// Reused buffer for decoding wide strings, so steady state does not allocate.
     static SCRATCH: RefCell<String> = const { RefCell::new(String::new()) };
+    /// Reused buffer for decoding structured payloads.
+    static DETAILS_SCRATCH: RefCell<String> = const { RefCell::new(String::new()) };
 }
 
 /// An event as logged: handles instead of text, resolved when the log is drained.
@@ -142,6 +151,8 @@ struct RawEvent {
     category: u32,
     payload: Option<u64>,
     color: Option<u32>,
+    /// String handle value of the decoded structured payload: 0 is none.
+    details: usize,
 }
 
 #[derive(Default)]
@@ -173,6 +184,7 @@ impl Names {
             category: event.category,
             payload: event.payload,
             color: event.color,
+            details: lookup(&self.strings, event.details, "string"),
             thread,
         }
     }
@@ -226,8 +238,20 @@ fn with_local<R>(f: impl FnOnce(&ThreadLog, &mut ThreadState) -> R) -> Option<R>
 
 /// Logs a push and returns the level of the range it opens (`-1` if it could not be logged).
 fn push(domain: usize, message: usize, category: u32, payload: Option<u64>, color: Option<u32>) -> c_int {
+    push_with_details(domain, message, category, payload, color, 0)
+}
+
+/// [`push`], with the string handle of a decoded structured payload (0 for none).
+fn push_with_details(
+    domain: usize,
+    message: usize,
+    category: u32,
+    payload: Option<u64>,
+    color: Option<u32>,
+    details: usize,
+) -> c_int {
     let seq = SEQUENCE.fetch_add(1, Ordering::Relaxed);
-    let event = RawEvent { seq, push: true, domain, message, category, payload, color };
+    let event = RawEvent { seq, push: true, domain, message, category, payload, color, details };
     with_local(|_, state| {
         record(state, event);
         if state.depths.len() <= domain {
@@ -243,7 +267,7 @@ fn push(domain: usize, message: usize, category: u32, payload: Option<u64>, colo
 /// Logs a pop and returns the level of the range it closes, or `-1` if none was open.
 fn pop(domain: usize) -> c_int {
     let seq = SEQUENCE.fetch_add(1, Ordering::Relaxed);
-    let event = RawEvent { seq, push: false, domain, message: 0, category: 0, payload: None, color: None };
+    let event = RawEvent { seq, push: false, domain, message: 0, category: 0, payload: None, color: None, details: 0 };
     with_local(|_, state| {
         record(state, event);
         match state.depths.get_mut(domain) {
@@ -368,7 +392,35 @@ unsafe fn push_attributes(domain: usize, attributes: *const ffi::nvtxEventAttrib
         _ => None,
     };
     let color = (attributes.colorType == ffi::nvtxColorType_t::NVTX_COLOR_ARGB as i32).then_some(attributes.color);
-    push(domain, message, attributes.category, payload, color)
+    let details = if attributes.payloadType == nvtx_payloads::PAYLOAD_TYPE_EXT {
+        // SAFETY: the payload type says `ullValue` holds the address of `reserved0` payload
+        // descriptors, valid for the call per the API.
+        unsafe {
+            intern_details(domain, attributes.payload.ullValue as usize as *const _, attributes.reserved0 as usize)
+        }
+    } else {
+        0
+    };
+    push_with_details(domain, message, attributes.category, payload, color, details)
+}
+
+/// Decodes a push's structured payloads into one line and interns it (no allocation once the
+/// line has been seen).
+///
+/// # Safety
+/// As [`nvtx_payloads::decode`].
+unsafe fn intern_details(domain: usize, data: *const nvtx_payloads::PayloadData, count: usize) -> usize {
+    let decode = |buffer: &mut String| {
+        // SAFETY: forwarded from the caller.
+        unsafe { nvtx_payloads::decode(domain, data, count, buffer) };
+        lock(&NAMES).string(buffer)
+    };
+    DETAILS_SCRATCH
+        .try_with(|scratch| match scratch.try_borrow_mut() {
+            Ok(mut buffer) => decode(&mut buffer),
+            Err(_) => decode(&mut String::new()),
+        })
+        .unwrap_or_else(|_| decode(&mut String::new()))
 }
 
 // --- The functions installed in NVTX's tables. Their signatures are checked against the

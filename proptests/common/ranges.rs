@@ -1,6 +1,7 @@
 //! What a run pushed, as the NVTX capture saw it, next to what the plan's range map says, in
 //! one comparable form.
 
+use boundscope::guards::ScopeDetails;
 use boundscope::RangeMap;
 
 use super::nvtx_capture::{NvtxEvent, NvtxEventKind};
@@ -13,6 +14,8 @@ pub struct Push {
     pub category: Option<u32>,
     pub color: Option<u32>,
     pub payload: Option<u64>,
+    /// The structured payload, as [`super::nvtx_payloads`] decodes it.
+    pub details: Option<String>,
 }
 
 pub fn pushes_of(events: &[NvtxEvent]) -> Vec<Push> {
@@ -25,6 +28,7 @@ pub fn pushes_of(events: &[NvtxEvent]) -> Vec<Push> {
             category: Some(e.category),
             color: e.color,
             payload: e.payload,
+            details: e.details.clone(),
         })
         .collect()
 }
@@ -38,6 +42,35 @@ pub fn pushes_in(map: &RangeMap) -> Vec<Push> {
             category: r.category,
             color: r.color,
             payload: r.payload,
+            details: r.details.as_ref().map(details_line),
         })
         .collect()
+}
+
+/// The line the capture decodes from the payload of a range with these details: boundscope's
+/// schema's entries in order, the texts cut to the embedded lengths (159 and 95 bytes, ending
+/// in `...` when cut).
+pub fn details_line(d: &ScopeDetails) -> String {
+    fn cut(text: String, max: usize) -> String {
+        if text.len() <= max {
+            return text;
+        }
+        let mut end = max - 3;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}...", &text[..end])
+    }
+    format!(
+        "plan={}; first_step={}; steps={}; ops={}; bytes_read={}; bytes_written={}; flops={}; inputs={}; outputs={}",
+        d.plan,
+        d.first_step,
+        d.steps,
+        d.ops,
+        d.bytes_read,
+        d.bytes_written,
+        d.flops,
+        cut(d.inputs_text(), 159),
+        cut(d.outputs_text(), 95)
+    )
 }

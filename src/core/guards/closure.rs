@@ -16,7 +16,7 @@ type Hook = Arc<dyn Fn() + Send + Sync>;
 /// use boundscope::guards::{ClosureGuard, Guard, GuardSite, Level};
 /// thread_local!(static IN_OP: Cell<bool> = const { Cell::new(false) });
 /// let guard = ClosureGuard::new(|| IN_OP.with(|c| c.set(true)), || IN_OP.with(|c| c.set(false)));
-/// let site = GuardSite { label: "add", level: Level::Op, executor: "cpu", ops: 1 };
+/// let site = GuardSite::new("add", Level::Op, "cpu", 1);
 /// let prepared = guard.prepare(&site).unwrap();
 /// prepared.in_scope(|| assert!(IN_OP.with(|c| c.get())));
 /// assert!(!IN_OP.with(|c| c.get()));

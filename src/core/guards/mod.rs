@@ -13,8 +13,10 @@ mod attach;
 mod closure;
 mod host_timer;
 mod nvtx_layer;
+mod nvtx_payload;
 mod nvtx_range;
 mod recorder;
+mod scope_details;
 mod table;
 mod timeline;
 mod tracing_span;
@@ -29,8 +31,10 @@ pub use host_timer::{HostTimer, TimerStats};
 pub use nvtx_range::PreparedNvtxRange;
 
 pub use nvtx_layer::NvtxLayer;
+pub(crate) use nvtx_range::takes_details;
 pub use nvtx_range::{NvtxRange, DEFAULT_DOMAIN};
 pub use recorder::{RecordedRange, Recorder};
+pub use scope_details::ScopeDetails;
 pub use table::DroppedGuard;
 pub(crate) use table::{carried_span, Attachment, GuardTable};
 pub use timeline::{folded_stacks, Timeline, CUDA_EVENTS_TRACK, DEFAULT_CAPACITY};
@@ -128,7 +132,18 @@ impl Level {
 }
 
 /// Where a guard is being prepared: what it will surround.
+///
+/// A plan builds one per scope when it is compiled, with [`details`](Self::details); build
+/// your own with [`GuardSite::new`] to prepare a guard by hand (in a test, say).
+///
+/// ```
+/// use boundscope::guards::{GuardSite, Level, ScopeDetails};
+/// let details = ScopeDetails { ops: 3, ..ScopeDetails::default() };
+/// let site = GuardSite::new("mlp", Level::Op, "cpu_reference", 3).with_details(&details);
+/// assert_eq!(site.details.map(|d| d.ops), Some(3));
+/// ```
 #[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
 pub struct GuardSite<'s> {
     /// The default label: the symbol's name (`add`), the composite's name for the prims it
     /// became, or `trace` for a whole run.
@@ -139,6 +154,21 @@ pub struct GuardSite<'s> {
     pub executor: &'s str,
     /// How many compiled ops the guard surrounds (a payload for regions and spans).
     pub ops: u32,
+    /// What the scope reads, writes and computes: always set by a plan, `None` in a site built
+    /// by hand without [`with_details`](Self::with_details).
+    pub details: Option<&'s ScopeDetails>,
+}
+
+impl<'s> GuardSite<'s> {
+    /// A site with this label, level, executor and op count, without details.
+    pub fn new(label: &'s str, level: Level, executor: &'s str, ops: u32) -> Self {
+        Self { label, level, executor, ops, details: None }
+    }
+
+    /// The same site, with these details.
+    pub fn with_details(self, details: &'s ScopeDetails) -> Self {
+        Self { details: Some(details), ..self }
+    }
 }
 
 /// A context manager that can be attached to bound symbols, regions or whole traces.
@@ -258,7 +288,7 @@ impl dyn ScopedGuard + '_ {
     /// ```
     /// use boundscope::guards::{Guard, GuardSite, Level, Recorder, ScopedGuard};
     /// let recorder = Recorder::new();
-    /// let site = GuardSite { label: "add", level: Level::Op, executor: "cpu", ops: 1 };
+    /// let site = GuardSite::new("add", Level::Op, "cpu", 1);
     /// // Leaked, so that the token borrows nothing local: it is `'static`.
     /// let prepared: &'static dyn ScopedGuard = Box::leak(recorder.prepare(&site).unwrap());
     /// let token = prepared.enter();
@@ -271,7 +301,7 @@ impl dyn ScopedGuard + '_ {
     /// ```compile_fail
     /// use boundscope::guards::{Guard, GuardSite, Level, Recorder, ScopedGuard};
     /// let recorder = Recorder::new();
-    /// let site = GuardSite { label: "add", level: Level::Op, executor: "cpu", ops: 1 };
+    /// let site = GuardSite::new("add", Level::Op, "cpu", 1);
     /// let prepared: &'static dyn ScopedGuard = Box::leak(recorder.prepare(&site).unwrap());
     /// let token = prepared.enter();
     /// std::thread::spawn(move || drop(token)).join().unwrap(); // error: `*mut ()` cannot be sent between threads
@@ -285,7 +315,7 @@ impl dyn ScopedGuard + '_ {
     /// ```
     /// use boundscope::guards::{Guard, GuardSite, Level, Recorder};
     /// let recorder = Recorder::new();
-    /// let site = GuardSite { label: "work", level: Level::Op, executor: "me", ops: 1 };
+    /// let site = GuardSite::new("work", Level::Op, "me", 1);
     /// let prepared = recorder.prepare(&site).unwrap();
     /// let answer = prepared.in_scope(|| 6 * 7);
     /// assert_eq!(answer, 42);

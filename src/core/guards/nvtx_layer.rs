@@ -303,7 +303,8 @@ impl NvtxLayer {
         let domain = if domain.is_empty() { super::DEFAULT_DOMAIN } else { domain.as_str() };
         let label = if label.is_empty() { "span" } else { label.as_str() };
         let category = super::nvtx_range::level_category(Level::Op);
-        let range = PreparedNvtxRange::new(domain, label, category, executor_color(metadata.target()), None).ok()?;
+        let range =
+            PreparedNvtxRange::new(domain, label, category, executor_color(metadata.target()), None, None).ok()?;
         let _ = slot.set((range, domain_number(domain)));
         callsites.insert(id, index);
         Some(index)
@@ -317,18 +318,18 @@ impl NvtxLayer {
 
     /// The prepared range of the span `id` and its domain's number, if it has one.
     #[inline]
-    fn range<S>(&self, id: &Id, ctx: &Context<'_, S>) -> Option<(PreparedNvtxRange, u32)>
+    fn range<S>(&self, id: &Id, ctx: &Context<'_, S>) -> Option<&(PreparedNvtxRange, u32)>
     where
         S: Subscriber + for<'lookup> LookupSpan<'lookup>,
     {
         if let Some(index) = self.slot(id).read(id.into_u64()) {
-            return self.prepared.get(index as usize - 1)?.get().copied();
+            return self.prepared.get(index as usize - 1)?.get();
         }
         // Not in the table: from the registry's metadata, by callsite.
         let metadata = ctx.metadata(id)?;
         let callsites = self.callsites.read().unwrap_or_else(|poisoned| poisoned.into_inner());
         let index = *callsites.get(&metadata.callsite())?;
-        self.prepared.get(index)?.get().copied()
+        self.prepared.get(index)?.get()
     }
 }
 
@@ -357,7 +358,7 @@ where
         let entry = Pushed {
             span: id.into_u64(),
             domain: range.map(|(r, _)| r.domain()),
-            domain_number: range.map_or(0, |(_, number)| number),
+            domain_number: range.map_or(0, |(_, number)| *number),
             exited: false,
         };
         // Pushed only once recorded, so that every push has its pop (after thread-local storage

@@ -7,11 +7,12 @@
 //! `nvtxDomainRangePop`.
 
 use std::ffi::CString;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use nvtx::sys as nvtx_sys;
 
-use super::{check_label, Guard, GuardKind, GuardPolicy, GuardSite, Level, ScopedGuard};
+use super::nvtx_payload::{self, DetailsPayload};
+use super::{check_label, Guard, GuardKind, GuardPolicy, GuardSite, Level, ScopeDetails, ScopedGuard};
 use crate::error::{Error, Result};
 
 /// The NVTX domain boundscope's ranges go to unless a guard names another.
@@ -19,8 +20,16 @@ pub const DEFAULT_DOMAIN: &str = "boundscope";
 
 /// An NVTX range around what it is attached to: in the `boundscope` domain (or the one you
 /// name), labelled with the symbol's name (or your label), categorised by level (trace,
-/// region, op, subsymbol), coloured by executor, with the number of ops as payload where a
-/// range covers more than one.
+/// region, op, subsymbol), coloured by executor.
+///
+/// **Payload.** Where the profiler takes NVTX payload schemas, each range carries its scope's
+/// [`ScopeDetails`] as a structured payload: plan, first step, steps, ops, bytes read and
+/// written, estimated FLOPs, and the dtypes and shapes of its inputs and outputs (cut to 159
+/// and 95 bytes). Elsewhere (no tool, or Nsight Systems 2022.4, which registers no schema)
+/// it carries the number of ops where it covers more than one, as a `u64`. Both are prepared
+/// when the plan is compiled: entering the range costs the same either way.
+/// [`payload`](Self::payload) replaces both with your number; [`details`](Self::details)
+/// switches the structured payload off.
 ///
 /// ```
 /// use boundscope::guards::NvtxRange;
@@ -36,6 +45,7 @@ pub struct NvtxRange {
     color: Option<u32>,
     category: Option<u32>,
     payload: Option<u64>,
+    details: Option<bool>,
 }
 
 impl NvtxRange {
@@ -81,9 +91,22 @@ impl NvtxRange {
         self
     }
 
-    /// Attaches this payload instead of the op count.
+    /// Attaches this payload instead of the scope's details or op count.
     pub fn payload(mut self, payload: u64) -> Self {
         self.payload = Some(payload);
+        self
+    }
+
+    /// Whether the range carries its scope's [`ScopeDetails`] as a structured payload where
+    /// the profiler takes one (the default), or only the op count.
+    ///
+    /// ```
+    /// use boundscope::guards::NvtxRange;
+    /// let lean = NvtxRange::new().details(false);
+    /// # drop(lean);
+    /// ```
+    pub fn details(mut self, on: bool) -> Self {
+        self.details = Some(on);
         self
     }
 
@@ -99,6 +122,8 @@ pub(crate) struct ResolvedRange<'s> {
     pub category: u32,
     pub color: u32,
     pub payload: Option<u64>,
+    /// The details to send as a structured payload (when the domain's schema registers).
+    pub details: Option<&'s ScopeDetails>,
 }
 
 impl NvtxRange {
@@ -109,7 +134,14 @@ impl NvtxRange {
             category: self.category.unwrap_or(level_category(site.level)),
             color: self.color.unwrap_or(executor_color(site.executor)),
             payload: self.payload.or((site.level == Level::Region || site.ops > 1).then_some(site.ops as u64)),
+            details: site.details.filter(|_| self.payload.is_none() && self.details != Some(false)),
         }
+    }
+
+    /// Prepares the range it pushes at `site`, with the settings resolved there.
+    pub(crate) fn prepare_at(&self, site: &GuardSite<'_>) -> Result<PreparedNvtxRange> {
+        let r = self.resolve(site);
+        PreparedNvtxRange::new(self.domain_name(), r.label, r.category, r.color, r.payload, r.details)
     }
 
     /// Its label, else `default`.
@@ -138,6 +170,7 @@ impl NvtxRange {
         take(&mut self.color, &later.color, "colour", &mut conflicts);
         take(&mut self.category, &later.category, "category", &mut conflicts);
         take(&mut self.payload, &later.payload, "payload", &mut conflicts);
+        take(&mut self.details, &later.details, "details", &mut conflicts);
         conflicts
     }
 }
@@ -184,6 +217,11 @@ fn c_string(s: &str) -> Result<CString> {
     })
 }
 
+/// Whether ranges in `domain` can carry a structured payload: the profiler took the schema.
+pub(crate) fn takes_details(domain: &str) -> bool {
+    domain_handle(domain).ok().and_then(nvtx_payload::schema_id).is_some()
+}
+
 /// Builds the event attributes of a range with a registered message.
 pub(crate) fn event_attributes(
     message: nvtx_sys::StringHandle,
@@ -209,31 +247,61 @@ pub(crate) fn event_attributes(
     }
 }
 
-/// A range prepared for one site: the domain and the finished attributes.
+/// A range prepared for one site: the domain, the finished attributes and, when they point to
+/// one, the structured payload (kept alive here).
 #[doc(hidden)]
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 pub struct PreparedNvtxRange {
     domain: nvtx_sys::DomainHandle,
     attributes: SendAttributes,
+    details: Option<Arc<DetailsPayload>>,
 }
 
 /// Event attributes hold a registered-string handle (a pointer NVTX owns for the life of the
-/// process) and plain values; they are only read after construction.
+/// process), plain values and, for a structured payload, the address of a payload descriptor
+/// that the prepared range keeps alive; they are only read after construction.
 #[derive(Clone, Copy)]
 struct SendAttributes(nvtx_sys::EventAttributes);
-// SAFETY: the attributes are immutable after construction, and the only pointer they hold is a
-// registered-string handle, which NVTX keeps valid for the whole process and on every thread.
+// SAFETY: the attributes are immutable after construction; the pointers they hold are a
+// registered-string handle, which NVTX keeps valid for the whole process and on every thread,
+// and a payload descriptor owned (immutably, `Sync`) by the same prepared range.
 unsafe impl Send for SendAttributes {}
 // SAFETY: as above; shared references only ever read the attributes.
 unsafe impl Sync for SendAttributes {}
 
 impl PreparedNvtxRange {
-    pub(crate) fn new(domain: &str, label: &str, category: u32, color: u32, payload: Option<u64>) -> Result<Self> {
+    /// A range of `domain`: the structured payload of `details` where the domain's schema
+    /// registers, else `payload` as a `u64`.
+    pub(crate) fn new(
+        domain: &str,
+        label: &str,
+        category: u32,
+        color: u32,
+        payload: Option<u64>,
+        details: Option<&ScopeDetails>,
+    ) -> Result<Self> {
         let domain = domain_handle(domain)?;
         let message = nvtx_sys::domain_register_string_ascii(domain, &c_string(label)?);
-        Ok(Self { domain, attributes: SendAttributes(event_attributes(message, category, color, payload)) })
+        let mut attributes = event_attributes(message, category, color, payload);
+        let details = details.and_then(|d| Some(DetailsPayload::new(d, nvtx_payload::schema_id(domain)?)));
+        if let Some(block) = &details {
+            attributes.payloadType = NVTX_PAYLOAD_TYPE_EXT;
+            // The number of `nvtxPayloadData_t` descriptors `payload.ullValue` points to.
+            attributes.reserved0 = 1;
+            attributes.payload = nvtx_sys::PayloadValue { ullValue: block.descriptor_address() };
+        }
+        Ok(Self { domain, attributes: SendAttributes(attributes), details })
+    }
+
+    /// Whether it carries a structured payload.
+    pub(crate) fn has_details(&self) -> bool {
+        self.details.is_some()
     }
 }
+
+/// `NVTX_PAYLOAD_TYPE_EXT` (`nvToolsExtPayload.h`): the payload is an array of payload
+/// descriptors, `reserved0` of them.
+const NVTX_PAYLOAD_TYPE_EXT: i32 = 0xDFBD0009_u32 as i32;
 
 impl PreparedNvtxRange {
     /// Pushes the range on this thread.
@@ -298,7 +366,6 @@ impl Guard for NvtxRange {
     }
 
     fn prepare(&self, site: &GuardSite<'_>) -> Result<Box<dyn ScopedGuard>> {
-        let r = self.resolve(site);
-        Ok(Box::new(PreparedNvtxRange::new(self.domain_name(), r.label, r.category, r.color, r.payload)?))
+        Ok(Box::new(self.prepare_at(site)?))
     }
 }

@@ -147,7 +147,7 @@ impl Timeline {
     /// ```
     /// use boundscope::guards::{Guard, GuardSite, Level, Timeline};
     /// let timeline = Timeline::with_capacity(1);
-    /// let site = GuardSite { label: "add", level: Level::Op, executor: "cpu", ops: 1 };
+    /// let site = GuardSite::new("add", Level::Op, "cpu", 1);
     /// let prepared = timeline.prepare(&site)?;
     /// prepared.in_scope(|| ());
     /// prepared.in_scope(|| ()); // the buffer is full: dropped, and counted
@@ -620,7 +620,7 @@ mod tests {
     #[test]
     fn a_drain_frees_the_buffers_of_threads_that_exited_and_keeps_the_others() {
         let timeline = Timeline::with_capacity(8);
-        let site = GuardSite { label: "op", level: Level::Op, executor: "me", ops: 1 };
+        let site = GuardSite::new("op", Level::Op, "me", 1);
         let prepared = timeline.prepare(&site).unwrap();
         prepared.in_scope(|| ());
         // A thread joined (not scoped: a scope may return before the thread's thread-locals
@@ -645,7 +645,7 @@ mod tests {
     #[test]
     fn scopes_of_a_thread_that_exits_during_a_drain_reach_the_next_drain() {
         let timeline = Timeline::with_capacity(8);
-        let site = GuardSite { label: "op", level: Level::Op, executor: "me", ops: 1 };
+        let site = GuardSite::new("op", Level::Op, "me", 1);
         let shared: std::sync::Arc<dyn ScopedGuard> = std::sync::Arc::from(timeline.prepare(&site).unwrap());
         let (drained_tx, drained_rx) = std::sync::mpsc::channel::<()>();
         let (recorded_tx, recorded_rx) = std::sync::mpsc::channel::<()>();

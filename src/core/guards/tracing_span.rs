@@ -451,7 +451,7 @@ mod tests {
     const INFO: tracing::Level = tracing::Level::INFO;
 
     fn site(label: &str) -> GuardSite<'_> {
-        GuardSite { label, level: Level::Op, executor: "cpu_reference", ops: 1 }
+        GuardSite::new(label, Level::Op, "cpu_reference", 1)
     }
 
     /// What a [`Recording`] subscriber saw: spans made (name and `label` field) and exited.

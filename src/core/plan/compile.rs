@@ -16,8 +16,9 @@ use super::guard_schedule::{prepare_scopes, range_map, schedules, CompiledNode, 
 use super::one_per_scope::{emitted_region_domain, ScopeGuards};
 use super::range_filter::RangeFilter;
 use super::range_map::RangeMap;
+use super::scope_details::DetailsOf;
 use super::workspace::Workspace;
-use crate::core::guards::{Attachment, DroppedGuard, GuardSite, Level};
+use crate::core::guards::{Attachment, DroppedGuard, GuardSite, Level, ScopeDetails};
 use crate::core::ir::prims;
 use crate::core::ir::{BoundSymbol, DimsDisplay, Shape, Trace, ValueId};
 use crate::core::options::Audience;
@@ -235,8 +236,10 @@ impl Plan {
                 return Err(Error::DeviceMismatch { first: first.to_string(), second: other.to_string() });
             }
         }
+        let id = NEXT_PLAN_ID.fetch_add(1, Ordering::Relaxed);
         let mut compiler = Compiler {
             trace,
+            details_of: DetailsOf::new(trace, id),
             executors,
             value_slots: vec![None; trace.value_count()],
             device_slots: vec![None; trace.value_count()],
@@ -278,7 +281,8 @@ impl Plan {
         // is an input comes after all of them and stays outside every op's scope.
         let executor_names: Vec<&str> =
             compiler.steps.iter().map(|s| executors.get(s.executor).map_or("runtime", |e| e.name())).collect();
-        let (scopes, mut dropped_guards, notes) = prepare_scopes(trace, &nodes, &executor_names, filter)?;
+        let (scopes, mut dropped_guards, notes) =
+            prepare_scopes(trace, &nodes, &executor_names, filter, &compiler.details_of)?;
         dropped_guards.extend(trace.dropped_guards().iter().cloned());
         let schedules = schedules(&scopes, compiler.steps.len());
         let range_maps =
@@ -289,7 +293,7 @@ impl Plan {
             guard_depth: schedules.iter().map(Schedule::max_depth).max().unwrap_or(0),
         };
         Ok(Plan {
-            id: NEXT_PLAN_ID.fetch_add(1, Ordering::Relaxed),
+            id,
             widths,
             scopes,
             schedules,
@@ -396,6 +400,12 @@ impl Plan {
     /// `name=value` of the developer options this plan was built with.
     pub fn developer_options(&self) -> &[String] {
         &self.developer_options
+    }
+
+    /// A number unique to this plan in the process (plans are numbered from 1 as they are
+    /// compiled); NVTX payloads and timelines name plans by it.
+    pub fn id(&self) -> u64 {
+        self.id
     }
 
     /// Number of compiled steps (bound symbols after decomposing unclaimed composites).
@@ -566,6 +576,8 @@ struct Compiler<'c, 't> {
     output_downloads: Vec<(usize, u32)>,
     /// Which NVTX ranges the plan prepares (region ranges that executors push included).
     filter: &'c RangeFilter,
+    /// What each scope surrounds, for structured payloads.
+    details_of: DetailsOf<'c, 't>,
 }
 
 impl<'c, 't> Compiler<'c, 't> {
@@ -598,7 +610,8 @@ impl<'c, 't> Compiler<'c, 't> {
                     });
                 }
                 emitted.and_then(|domain| {
-                    region_range(self.trace, position, executor.name(), domain, profiling, self.filter)
+                    let details = self.details_of.of_span(position, 1, 0, 0);
+                    region_range(self.trace, position, executor.name(), domain, profiling, self.filter, details)
                 })
             }
             _ => None,
@@ -640,17 +653,19 @@ impl<'c, 't> Compiler<'c, 't> {
             }
             return Ok(CompiledNode { first, len: self.steps.len() - first, children, emitted: None });
         };
-        op.region_range = region_range;
         let on_device = self.executors[executor].device().is_some();
+        // Transfers first, so that the kernel's step is known when its region range is made.
+        let mut inputs = SmallVec::new();
+        for v in bsym.inputs() {
+            inputs.push(if on_device { self.on_device(v, op.name())? } else { self.on_host(v, op.name())? });
+        }
+        let region_range = region_range.map(|r| r.at_step(self.steps.len()));
+        op.region_range = region_range.as_ref();
         let work = if on_device {
             Work::Device(self.executors[executor].compile_device(&op)?)
         } else {
             Work::Host(self.executors[executor].compile(&op)?)
         };
-        let mut inputs = SmallVec::new();
-        for v in bsym.inputs() {
-            inputs.push(if on_device { self.on_device(v, op.name())? } else { self.on_host(v, op.name())? });
-        }
         let mut outputs = SmallVec::new();
         for &o in bsym.outputs() {
             let shape = self.shape(o)?;
@@ -791,6 +806,7 @@ fn region_range(
     domain: &str,
     profiling: &Arc<AtomicBool>,
     filter: &RangeFilter,
+    details: ScopeDetails,
 ) -> Option<RegionRange> {
     let bsym = &trace.bound_symbols()[position];
     // The same categories as the region's scope (`prepare_scopes`): `Fusion` and its ops'.
@@ -812,7 +828,7 @@ fn region_range(
     let settings = merged.nvtx_settings(table, domain).unwrap_or_default();
     let label = region_label(trace, position);
     let ops = bsym.subsymbols().len() as u32;
-    let site = GuardSite { label: &label, level: Level::Region, executor, ops };
+    let site = GuardSite::new(&label, Level::Region, executor, ops).with_details(&details);
     let resolved = settings.resolve(&site);
     if enclosing_label(trace, position, domain, filter).as_deref() == Some(resolved.label) {
         // Its range would sit directly inside one of its domain with its label: that one is it.
@@ -825,6 +841,7 @@ fn region_range(
         category: resolved.category,
         color: resolved.color,
         payload: resolved.payload,
+        details: resolved.details.cloned(),
     };
     Some(RegionRange::new(parts, profiling.clone()))
 }

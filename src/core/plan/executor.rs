@@ -10,7 +10,7 @@ use std::cell::Cell;
 use std::fmt;
 
 use super::device::{Device, DeviceKernel};
-use crate::core::guards::{GuardKind, Level, PreparedNvtxRange};
+use crate::core::guards::{GuardKind, Level, PreparedNvtxRange, ScopeDetails};
 use crate::core::ir::{prims, Arg, BoundSymbol, Category, FusedBy, Symbol, SymbolId, Trace, ValueId};
 use crate::core::tensor::{TensorMut, TensorRef};
 use crate::error::{Error, Result};
@@ -264,6 +264,7 @@ pub struct RegionRange {
     category: u32,
     color: u32,
     payload: Option<u64>,
+    details: Option<ScopeDetails>,
     profiling: Arc<AtomicBool>,
 }
 
@@ -275,12 +276,16 @@ pub(crate) struct RegionRangeParts {
     pub category: u32,
     pub color: u32,
     pub payload: Option<u64>,
+    /// The structured payload it would carry; kept only where the domain's profiler takes it.
+    pub details: Option<ScopeDetails>,
 }
 
 impl RegionRange {
     pub(crate) fn new(parts: RegionRangeParts, profiling: Arc<AtomicBool>) -> Self {
-        let RegionRangeParts { label, domain, ops, category, color, payload } = parts;
-        Self { label, domain, ops, category, color, payload, profiling }
+        let RegionRangeParts { label, domain, ops, category, color, payload, details } = parts;
+        let details = details.filter(|_| crate::core::guards::takes_details(&domain));
+        let payload = if details.is_some() { None } else { payload };
+        Self { label, domain, ops, category, color, payload, details, profiling }
     }
 
     /// The label: the one the domain's NVTX guards give, else `<Executor>Fusion<N>: (mul, add, ...)`.
@@ -308,9 +313,24 @@ impl RegionRange {
         self.color
     }
 
-    /// The payload (the number of fused ops, unless a guard set one).
+    /// The `u64` payload (the number of fused ops, unless a guard set one), where it carries
+    /// no structured payload.
     pub fn payload(&self) -> Option<u64> {
         self.payload
+    }
+
+    /// The same range, pushed by the kernel of compiled step `step` (its details say so).
+    pub(crate) fn at_step(&self, step: usize) -> RegionRange {
+        let mut range = self.clone();
+        if let Some(d) = &mut range.details {
+            (d.first_step, d.steps) = (step as u32, 1);
+        }
+        range
+    }
+
+    /// The structured payload, where the domain's profiler takes payload schemas.
+    pub fn details(&self) -> Option<&ScopeDetails> {
+        self.details.as_ref()
     }
 
     /// Registers the label and builds the attributes, once, when the kernel is compiled.
@@ -318,7 +338,14 @@ impl RegionRange {
     /// # Errors
     /// [`Error::InvalidLabel`] if the domain name or the label cannot be used.
     pub fn prepare(&self) -> Result<PreparedRegionRange> {
-        let range = PreparedNvtxRange::new(&self.domain, &self.label, self.category, self.color, self.payload)?;
+        let range = PreparedNvtxRange::new(
+            &self.domain,
+            &self.label,
+            self.category,
+            self.color,
+            self.payload,
+            self.details.as_ref(),
+        )?;
         Ok(PreparedRegionRange { range, profiling: self.profiling.clone() })
     }
 }

@@ -10,7 +10,8 @@
 use super::one_per_scope::{ScopeEntry, ScopeGuards};
 use super::range_filter::RangeFilter;
 use super::range_map::{PlannedRange, PushedBy, RangeMap};
-use crate::core::guards::{Attachment, Guard, GuardSite, GuardTable, Level, ScopedGuard};
+use super::scope_details::DetailsOf;
+use crate::core::guards::{Attachment, GuardSite, GuardTable, Level, ScopeDetails, ScopedGuard};
 use crate::core::ir::{prims, BoundSymbol, Category, Trace};
 use crate::error::{Error, Result};
 
@@ -41,13 +42,15 @@ pub(crate) struct NvtxPlan {
     pub category: Option<u32>,
     pub color: Option<u32>,
     pub payload: Option<u64>,
+    /// The structured payload, when the prepared range carries one.
+    pub details: Option<ScopeDetails>,
 }
 
 /// One prepared guard over the steps `first..end`.
 pub(crate) struct Scope {
     pub guard: Box<dyn ScopedGuard>,
-    /// A copy of a built-in NVTX range, which the run loop pushes and pops without virtual
-    /// calls.
+    /// A copy of a built-in NVTX range (sharing its payload), which the run loop pushes and
+    /// pops without virtual calls.
     pub nvtx: Option<crate::core::guards::PreparedNvtxRange>,
     pub first: u32,
     pub end: u32,
@@ -211,6 +214,8 @@ struct PendingScope<'l> {
     /// The categories of the symbols it surrounds, for the plan's [`RangeFilter`].
     categories: Vec<Category>,
     guards: ScopeGuards,
+    /// What it surrounds, for its guards' sites.
+    details: ScopeDetails,
 }
 
 /// Prepares every attachment of `trace` over the compiled steps, one range per scope and NVTX
@@ -223,6 +228,7 @@ pub(crate) fn prepare_scopes(
     nodes: &[CompiledNode],
     step_executor: &[&str],
     filter: &RangeFilter,
+    details_of: &DetailsOf<'_, '_>,
 ) -> Result<(Vec<Scope>, Vec<crate::core::guards::DroppedGuard>, Vec<String>)> {
     let guards: &GuardTable = &trace.guards;
     let registry = trace.registry();
@@ -249,12 +255,13 @@ pub(crate) fn prepare_scopes(
                    depth: usize,
                    label: &str,
                    categories: &[Category],
+                   details: &dyn Fn() -> ScopeDetails,
                    attachment: Attachment| {
         let i = *index.entry((first, end, level, depth)).or_insert_with(|| {
             let executor = if level == Level::Trace { "runtime" } else { executor_of(first, end) };
             let label = label.to_string();
-            let (categories, guards) = (Vec::new(), ScopeGuards::default());
-            pending.push(PendingScope { first, end, level, label, executor, categories, guards });
+            let (categories, guards, details) = (Vec::new(), ScopeGuards::default(), details());
+            pending.push(PendingScope { first, end, level, label, executor, categories, guards, details });
             pending.len() - 1
         });
         let scope = &mut pending[i];
@@ -270,7 +277,7 @@ pub(crate) fn prepare_scopes(
     };
     for &g in &guards.trace_level {
         let attachment = Attachment { guard: g, span: 1, depth: 0, level: Level::Trace, origin: prims::REGION };
-        add(0, steps, Level::Trace, 0, "trace", &[], attachment);
+        add(0, steps, Level::Trace, 0, "trace", &[], &|| details_of.of_run(steps), attachment);
     }
     for (position, attachments) in guards.per_op.iter().enumerate() {
         let Some(node) = nodes.get(position) else {
@@ -304,7 +311,9 @@ pub(crate) fn prepare_scopes(
                     Level::Region => region_categories.clone(),
                     _ => category_of(a.origin).into_iter().collect(),
                 };
-                add(node.first, last.first + last.len, level, 0, &label, &categories, *a);
+                let (first, end) = (node.first, last.first + last.len);
+                let details = || details_of.of_span(position, a.span as usize, first, end);
+                add(first, end, level, 0, &label, &categories, &details, *a);
             } else if node.children.is_empty() {
                 dropped.record_drop(
                     a,
@@ -320,8 +329,10 @@ pub(crate) fn prepare_scopes(
                 let mut sites = Vec::new();
                 let mut whole = Vec::new();
                 subsymbol_sites(bsym, node, a.depth as usize, 1, trace, &mut sites, &mut whole);
-                for (first, end, depth, name, category) in sites {
-                    add(first, end, Level::Subsymbol, depth, name, &category.into_iter().collect::<Vec<_>>(), *a);
+                for (sub, first, end, depth, name, category) in sites {
+                    let categories: Vec<Category> = category.into_iter().collect();
+                    let details = || details_of.of_subsymbol(sub, first, end);
+                    add(first, end, Level::Subsymbol, depth, name, &categories, &details, *a);
                 }
                 for name in whole {
                     dropped.record_drop(
@@ -350,7 +361,7 @@ pub(crate) fn prepare_scopes(
             Level::Region => emitted.iter().find(|(first, _)| *first == p.first).map(|(_, d)| *d),
             _ => None,
         };
-        let site = GuardSite { label: &p.label, level: p.level, executor: p.executor, ops: (p.end - p.first) as u32 };
+        let site = GuardSite::new(&p.label, p.level, p.executor, (p.end - p.first) as u32).with_details(&p.details);
         for entry in &p.guards.entries {
             let (guard_id, planned, prepared) = match entry {
                 // Left out by the plan's filter: never prepared.
@@ -373,14 +384,17 @@ pub(crate) fn prepare_scopes(
                 }
                 ScopeEntry::Nvtx { domain, guard, merged: Some(range), .. } => {
                     let r = range.resolve(&site);
+                    let prepared = range.prepare_at(&site)?;
+                    let details = prepared.has_details().then(|| p.details.clone());
                     let planned = NvtxPlan {
                         domain: domain.clone(),
                         label: r.label.to_string(),
                         category: Some(r.category),
                         color: Some(r.color),
-                        payload: r.payload,
+                        payload: if details.is_some() { None } else { r.payload },
+                        details,
                     };
-                    (*guard, Some(planned), range.prepare(&site)?)
+                    (*guard, Some(planned), Box::new(prepared) as Box<dyn ScopedGuard>)
                 }
                 ScopeEntry::Nvtx { domain, guard, merged: None, .. } => {
                     let g = guards.guard(*guard);
@@ -391,6 +405,7 @@ pub(crate) fn prepare_scopes(
                         category: None,
                         color: None,
                         payload: None,
+                        details: None,
                     };
                     (*guard, Some(planned), g.prepare(&own)?)
                 }
@@ -400,7 +415,7 @@ pub(crate) fn prepare_scopes(
                     (*guard, None, g.prepare(&own)?)
                 }
             };
-            let nvtx = prepared.as_nvtx_range().copied();
+            let nvtx = prepared.as_nvtx_range().cloned();
             scopes.push(Scope {
                 guard: prepared,
                 nvtx,
@@ -480,6 +495,9 @@ fn check_scopes_nest(pending: &[PendingScope<'_>]) -> Result<()> {
     Ok(())
 }
 
+/// A subsymbol scope: the subsymbol, its steps `first..end`, its depth, name and category.
+type SubsymbolSite<'t> = (&'t BoundSymbol<'t>, usize, usize, usize, &'t str, Option<Category>);
+
 /// The step ranges of `bsym`'s subsymbols down to `depth`, with how deep each is (`at` for the
 /// direct ones), and the names of subsymbols whose own subsymbols the guard should reach but
 /// that an executor runs whole.
@@ -489,12 +507,12 @@ fn subsymbol_sites<'t>(
     depth: usize,
     at: usize,
     trace: &Trace<'t>,
-    sites: &mut Vec<(usize, usize, usize, &'t str, Option<Category>)>,
+    sites: &mut Vec<SubsymbolSite<'t>>,
     whole: &mut Vec<&'t str>,
 ) {
     for (sub, child) in bsym.subsymbols().iter().zip(&node.children) {
         let category = trace.registry().get(sub.symbol()).map(|s| s.symbol.category()).ok();
-        sites.push((child.first, child.first + child.len, at, trace.symbol_name(sub), category));
+        sites.push((sub, child.first, child.first + child.len, at, trace.symbol_name(sub), category));
         if depth > 1 && !sub.subsymbols().is_empty() {
             if child.children.is_empty() {
                 whole.push(trace.symbol_name(sub));
@@ -530,6 +548,7 @@ pub(crate) fn range_map(scopes: &[Scope], schedule: &Schedule, nodes: &[Compiled
                     category: p.category,
                     color: p.color,
                     payload: p.payload,
+                    details: p.details.clone(),
                     pushed_by: PushedBy::Runtime,
                 });
             }
@@ -550,6 +569,7 @@ pub(crate) fn range_map(scopes: &[Scope], schedule: &Schedule, nodes: &[Compiled
                     category: Some(r.category()),
                     color: Some(r.color()),
                     payload: r.payload(),
+                    details: r.details().cloned(),
                     pushed_by: PushedBy::Executor(e.executor.clone()),
                 });
             }

@@ -10,6 +10,7 @@ mod guard_schedule;
 mod one_per_scope;
 pub(crate) mod range_filter;
 mod range_map;
+mod scope_details;
 mod workspace;
 
 pub use compile::Plan;

@@ -43,8 +43,11 @@ pub struct PlannedRange {
     pub category: Option<u32>,
     /// Its ARGB colour, where the plan knows it.
     pub color: Option<u32>,
-    /// Its payload, where it has one and the plan knows it.
+    /// Its `u64` payload, where it has one and the plan knows it.
     pub payload: Option<u64>,
+    /// Its structured payload, where it carries one (the profiler takes NVTX payload schemas;
+    /// see [`NvtxRange`](crate::guards::NvtxRange)).
+    pub details: Option<crate::guards::ScopeDetails>,
     /// Who pushes it.
     pub pushed_by: PushedBy,
 }
@@ -100,7 +103,8 @@ impl RangeMap {
 }
 
 impl fmt::Display for RangeMap {
-    /// One line per range, indented by nesting: `domain  label  [level, steps a..b] by whom`.
+    /// One line per range, indented by nesting: `domain  label  [level, steps a..b] by whom`,
+    /// then its structured payload where it carries one.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "# ranges of one run: {}", self.ranges.len())?;
         let mut open: Vec<Range<usize>> = Vec::new();
@@ -108,7 +112,7 @@ impl fmt::Display for RangeMap {
             while open.last().is_some_and(|o| !(o.start <= r.steps.start && r.steps.end <= o.end)) {
                 open.pop();
             }
-            writeln!(
+            write!(
                 f,
                 "#   {:indent$}{} `{}`  [{}, steps {}..{}] pushed by {}",
                 "",
@@ -120,6 +124,10 @@ impl fmt::Display for RangeMap {
                 r.pushed_by,
                 indent = 2 * open.len()
             )?;
+            match &r.details {
+                Some(details) => writeln!(f, "  payload: {details}")?,
+                None => writeln!(f)?,
+            }
             open.push(r.steps.clone());
         }
         Ok(())

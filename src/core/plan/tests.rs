@@ -474,3 +474,83 @@ fn a_host_plan_run_on_device_gives_its_outputs_on_the_host() {
     assert_eq!(outputs.to_host(0).unwrap(), expected[0]);
     assert!(matches!(outputs.to_host(1), Err(Error::NoSuchOutput { index: 1, outputs: 1 })));
 }
+
+/// A user's guard that keeps the details of every site it is prepared for.
+struct KeepsDetails(Arc<std::sync::Mutex<Vec<(String, crate::core::guards::Level, ScopeDetailsOf)>>>);
+type ScopeDetailsOf = Option<crate::core::guards::ScopeDetails>;
+
+impl crate::core::guards::Guard for KeepsDetails {
+    fn kind(&self) -> crate::core::guards::GuardKind {
+        crate::core::guards::GuardKind::Custom("@details")
+    }
+    fn prepare(
+        &self,
+        site: &crate::core::guards::GuardSite<'_>,
+    ) -> crate::Result<Box<dyn crate::core::guards::ScopedGuard>> {
+        self.0.lock().unwrap().push((site.label.to_string(), site.level, site.details.cloned()));
+        crate::core::guards::ClosureGuard::new(|| {}, || {}).prepare(site)
+    }
+}
+
+#[test]
+fn every_site_gets_the_details_of_what_it_surrounds() {
+    use crate::core::guards::{Level, ScopeDetails};
+    use crate::core::ir::TensorMeta;
+    use crate::passes::{Decompose, Pass};
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[64, 256]).unwrap();
+    let w = b.input(&[256, 128]).unwrap();
+    let m = b.matmul(x, w).unwrap();
+    let s = b.softmax(m).unwrap();
+    let e = b.exp(s).unwrap();
+    b.output(e).unwrap();
+    let mut trace = b.finish().unwrap();
+    let kept = Arc::new(std::sync::Mutex::new(Vec::new()));
+    trace.attach_guard(crate::core::guards::Selection::All, KeepsDetails(kept.clone())).unwrap();
+    trace.attach_trace_guard(KeepsDetails(kept.clone())).unwrap();
+    let trace = Decompose.run(&trace, &arena).unwrap();
+    let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+    let kept = kept.lock().unwrap();
+    let of = |label: &str, level: Level| {
+        kept.iter().find(|(l, lv, _)| l == label && *lv == level).and_then(|(_, _, d)| d.clone()).unwrap()
+    };
+    let f32 = |shape: &[usize]| TensorMeta::f32(shape);
+    let (xm, wm, out) = (f32(&[64, 256]), f32(&[256, 128]), f32(&[64, 128]));
+    let n = 64 * 128;
+    assert_eq!(
+        of("matmul", Level::Op),
+        ScopeDetails {
+            plan: plan.id(),
+            first_step: 0,
+            steps: 1,
+            ops: 1,
+            inputs: vec![xm.clone(), wm.clone()],
+            outputs: vec![out.clone()],
+            bytes_read: 4 * (64 * 256 + 256 * 128),
+            bytes_written: 4 * n,
+            flops: 2 * n * 256,
+        }
+    );
+    // Softmax became five prims (max, sub, exp, sum, div): its intermediates are neither
+    // inputs nor outputs of its scope.
+    assert_eq!(
+        of("softmax", Level::Op),
+        ScopeDetails {
+            plan: plan.id(),
+            first_step: 1,
+            steps: 5,
+            ops: 5,
+            inputs: vec![out.clone()],
+            outputs: vec![out.clone()],
+            bytes_read: 4 * n,
+            bytes_written: 4 * n,
+            flops: 5 * n,
+        }
+    );
+    let run = of("trace", Level::Trace);
+    assert_eq!((run.first_step, run.steps, run.ops), (0, 7, 7));
+    assert_eq!((run.inputs, run.outputs), (vec![xm, wm], vec![out]));
+    assert_eq!(run.flops, 2 * n * 256 + 5 * n + n);
+}

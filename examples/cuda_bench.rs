@@ -421,7 +421,8 @@ fn mlp_block<'a>(
     b.finish()
 }
 
-/// `trace` decomposed, fused for `CudaFusion`, and compiled for the CUDA executors only.
+/// `trace` decomposed for the CUDA executors (`linear` stays whole, one cuBLASLt product), fused for
+/// `CudaFusion`, and compiled for the CUDA executors only.
 fn device_plan(gpu: &Arc<CudaDevice>, trace: &Trace<'_>, arena: &Arena) -> boundscope::Result<Plan> {
     timed_device_plan(gpu, trace, arena, None)
 }
@@ -433,13 +434,14 @@ fn timed_device_plan(
     arena: &Arena,
     timer: Option<&CudaEventTimer>,
 ) -> boundscope::Result<Plan> {
-    let prims_only = boundscope::passes::Pipeline::standard().run(trace, arena)?;
+    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(gpu.clone()));
+    let prims_only = boundscope::passes::Pipeline::for_executors(std::slice::from_ref(&ops)).run(trace, arena)?;
     let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
     let mut fused = FuseRegions::new(fusion.clone()).run(&prims_only, arena)?;
     if let Some(timer) = timer {
         fused.attach_guard(boundscope::guards::Selection::All, timer.clone())?;
     }
-    Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(gpu.clone()))])
+    Plan::compile(&fused, &[fusion, ops])
 }
 
 /// Random inputs for `trace` in `[-scale, scale)`, uploaded to `device`.

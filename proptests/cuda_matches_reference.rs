@@ -70,13 +70,15 @@ fn inputs_for(trace: &boundscope::Trace<'_>) -> Vec<boundscope::Tensor> {
         .collect()
 }
 
-/// `trace` decomposed and fused for `CudaFusion` on `device`, and that executor.
+/// `trace` decomposed for the CUDA executors (`linear` stays whole for `CudaOps`) and fused for
+/// `CudaFusion` on `device`, and that executor.
 fn fused_for_cuda<'a>(
     device: &Arc<CudaDevice>,
     trace: &boundscope::Trace<'a>,
     arena: &'a Arena,
 ) -> (boundscope::Trace<'a>, Arc<dyn Executor>) {
-    let prims_only = Pipeline::standard().run(trace, arena).unwrap();
+    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let prims_only = Pipeline::for_executors(&[ops]).run(trace, arena).unwrap();
     let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
     (FuseRegions::new(fusion.clone()).run(&prims_only, arena).unwrap(), fusion)
 }
@@ -168,6 +170,9 @@ fn the_quickstart_block_stays_on_the_device() {
     assert_eq!(listing.matches("upload ").count(), trace.inputs().len(), "{listing}");
     assert_eq!(listing.matches("download ").count(), 1, "{listing}");
     assert!(plan.steps_per_executor().iter().all(|(e, _)| *e != "cpu_reference"), "{listing}");
+    // Each `linear` is one cuBLASLt product with its bias: no transpose, no separate bias add.
+    assert_eq!(listing.matches("linear(").count(), 2, "{listing}");
+    assert!(!listing.contains("transpose"), "{listing}");
     let inputs = inputs_for(&trace);
     let uploaded = upload(&device, &inputs);
     let run_inputs: Vec<boundscope::RunInput<'_>> = uploaded.iter().map(boundscope::RunInput::from).collect();

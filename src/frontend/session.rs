@@ -105,7 +105,7 @@ impl ProfiledSession {
     /// # Errors
     /// Errors of the passes.
     pub fn prepare<'a>(&self, trace: &Trace<'a>, arena: &'a Arena) -> Result<Trace<'a>> {
-        let mut prepared = Pipeline::standard().run(trace, arena)?;
+        let mut prepared = Pipeline::for_executors(&self.executors).run(trace, arena)?;
         // Never a second range on what the user already profiled, in any domain.
         if self.profiling.level == "ops" {
             prepared = ProfileOps::new().skip_profiled().run(&prepared, arena)?;

@@ -113,9 +113,9 @@ pub(crate) fn builtin_symbols() -> Vec<Symbol> {
             .shape_rule(|_| Err("fusion regions are made by the fusion pass, not bound directly".to_string())),
     );
     debug_assert_eq!(symbols.len(), BUILTIN_NAMES.len());
-    // The mark executors recognise built-in prims by: only set here.
-    for (index, symbol) in symbols.iter_mut().enumerate().take(BROADCAST_TO.index() + 1) {
-        symbol.builtin_prim = Some(SymbolId::from_index(index));
+    // The mark executors recognise built-in prims and composites by: only set here.
+    for (index, symbol) in symbols.iter_mut().enumerate() {
+        symbol.builtin = Some(SymbolId::from_index(index));
     }
     symbols
 }

@@ -180,7 +180,7 @@ pub struct Symbol {
     /// [`Registry::with_builtins`](crate::Registry::with_builtins)) and cleared by every setter:
     /// executors recognise built-ins by it, never by id or name, which a user's registry may
     /// give to symbols of its own.
-    pub(crate) builtin_prim: Option<SymbolId>,
+    pub(crate) builtin: Option<SymbolId>,
 }
 
 impl Symbol {
@@ -194,13 +194,13 @@ impl Symbol {
             shape_rule: None,
             decomposition: None,
             cpu_kernel: None,
-            builtin_prim: None,
+            builtin: None,
         }
     }
 
     /// Its parameters, all required.
     pub fn params(mut self, params: &[ParamKind]) -> Self {
-        self.builtin_prim = None;
+        self.builtin = None;
         self.params = params.to_vec();
         self.required = params.len();
         self
@@ -209,7 +209,7 @@ impl Symbol {
     /// Its parameters, of which the first `required` must be given and the rest may be left off
     /// from the end.
     pub fn params_with_optional(mut self, params: &[ParamKind], required: usize) -> Self {
-        self.builtin_prim = None;
+        self.builtin = None;
         self.params = params.to_vec();
         self.required = required.min(params.len());
         self
@@ -220,7 +220,7 @@ impl Symbol {
         mut self,
         rule: impl Fn(&[ArgInfo<'_>]) -> std::result::Result<TensorMeta, String> + Send + Sync + 'static,
     ) -> Self {
-        self.builtin_prim = None;
+        self.builtin = None;
         self.shape_rule = Some(Arc::new(rule));
         self
     }
@@ -239,7 +239,7 @@ impl Symbol {
         mut self,
         decompose: impl for<'a> Fn(&mut TraceBuilder<'a>, &[Arg<'a>]) -> Result<ValueId> + Send + Sync + 'static,
     ) -> Self {
-        self.builtin_prim = None;
+        self.builtin = None;
         self.decomposition = Some(Arc::new(decompose));
         self
     }
@@ -250,7 +250,7 @@ impl Symbol {
         mut self,
         factory: impl Fn(&OpView<'_>) -> Result<Box<dyn Kernel>> + Send + Sync + 'static,
     ) -> Self {
-        self.builtin_prim = None;
+        self.builtin = None;
         self.cpu_kernel = Some(Arc::new(factory));
         self
     }
@@ -285,7 +285,21 @@ impl Symbol {
     /// assert_eq!(mine.get(id).unwrap().symbol.builtin_prim(), None);
     /// ```
     pub fn builtin_prim(&self) -> Option<SymbolId> {
-        self.builtin_prim
+        self.builtin.filter(|id| id.index() <= crate::prims::BROADCAST_TO.index())
+    }
+
+    /// The built-in composite this symbol is (`softmax`, `layer_norm`, `linear`, ...), or `None`
+    /// for a prim or a symbol of your own: how an executor that runs a built-in composite whole
+    /// recognises it.
+    ///
+    /// ```
+    /// use boundscope::{prims, Registry};
+    /// let builtins = Registry::with_builtins();
+    /// assert_eq!(builtins.get(prims::LINEAR).unwrap().symbol.builtin_composite(), Some(prims::LINEAR));
+    /// assert_eq!(builtins.get(prims::LINEAR).unwrap().symbol.builtin_prim(), None);
+    /// ```
+    pub fn builtin_composite(&self) -> Option<SymbolId> {
+        self.builtin.filter(|id| id.index() > crate::prims::BROADCAST_TO.index() && *id != crate::prims::REGION)
     }
 
     /// Whether the symbol has a decomposition.
@@ -317,7 +331,7 @@ impl fmt::Debug for Symbol {
             .field("required", &self.required)
             .field("decomposition", &self.decomposition.is_some())
             .field("cpu_kernel", &self.cpu_kernel.is_some())
-            .field("builtin_prim", &self.builtin_prim)
+            .field("builtin", &self.builtin)
             .finish()
     }
 }

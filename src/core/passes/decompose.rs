@@ -1,7 +1,10 @@
 //! Decomposition: replace every composite with the prims it is made of, carrying its guards.
 
 use crate::core::guards::{carried_span, Attachment, GuardPolicy, Level};
+use std::sync::Arc;
+
 use crate::core::ir::{prims, Arena, BoundSymbol, Trace, TraceBuilder};
+use crate::core::plan::{Executor, OpView};
 use crate::error::Result;
 
 use super::Pass;
@@ -43,11 +46,71 @@ impl Pass for Decompose {
     }
 
     fn run<'a>(&self, trace: &Trace<'a>, arena: &'a Arena) -> Result<Trace<'a>> {
+        decompose(trace, arena, self.name(), &|_| false)
+    }
+}
+
+/// [`Decompose`], except for the composites that one of its executors prefers to run whole
+/// ([`Executor::prefers_whole`]), such as `linear` on [`CudaOps`](crate::executors::CudaOps),
+/// which runs it as one cuBLASLt product with its bias, instead of a transpose, a product
+/// and an add. What it keeps, a plan compiled with those executors runs whole.
+///
+/// ```
+/// use boundscope::executors::CpuReference;
+/// use boundscope::passes::{DecomposeFor, Pass};
+/// use boundscope::{Arena, Registry, TraceBuilder};
+/// let registry = Registry::with_builtins();
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let x = b.input(&[2, 4]).unwrap();
+/// let w = b.input(&[3, 4]).unwrap();
+/// let y = b.linear(x, w, None).unwrap();
+/// b.output(y).unwrap();
+/// // The CPU reference prefers no composite whole: `linear` becomes transpose and matmul.
+/// let prims = DecomposeFor::new(&[CpuReference::shared()]).run(&b.finish().unwrap(), &arena).unwrap();
+/// assert_eq!(prims.len(), 2);
+/// ```
+#[derive(Clone)]
+pub struct DecomposeFor {
+    executors: Vec<Arc<dyn Executor>>,
+}
+
+impl DecomposeFor {
+    /// Keeps what one of `executors` prefers whole.
+    pub fn new(executors: &[Arc<dyn Executor>]) -> Self {
+        Self { executors: executors.to_vec() }
+    }
+}
+
+impl Pass for DecomposeFor {
+    fn name(&self) -> &str {
+        "decompose"
+    }
+
+    fn run<'a>(&self, trace: &Trace<'a>, arena: &'a Arena) -> Result<Trace<'a>> {
+        let keep = |bsym: &BoundSymbol<'_>| match OpView::new(trace, bsym) {
+            Ok(op) => self.executors.iter().any(|e| e.prefers_whole(&op) && e.claims(&op)),
+            Err(_) => false,
+        };
+        decompose(trace, arena, self.name(), &keep)
+    }
+}
+
+/// Replaces each composite that `keep` does not keep by its prims (and what it keeps of its
+/// subsymbols), carrying guards.
+fn decompose<'a>(
+    trace: &Trace<'a>,
+    arena: &'a Arena,
+    pass: &str,
+    keep: &dyn Fn(&BoundSymbol<'_>) -> bool,
+) -> Result<Trace<'a>> {
+    let is_composite = |bsym: &BoundSymbol<'_>| is_composite(bsym) && !keep(bsym);
+    {
         let mut builder = TraceBuilder::rewrite(trace, arena);
         let mut spans = Vec::with_capacity(trace.len());
         for bsym in trace.bound_symbols() {
             let first = builder.len();
-            splice(&mut builder, bsym, bsym.comment());
+            splice(&mut builder, bsym, bsym.comment(), &is_composite);
             spans.push((first, builder.len() - first));
         }
         let registry = trace.registry();
@@ -57,7 +120,7 @@ impl Pass for Decompose {
             for a in attachments {
                 if a.depth > 0 && is_composite(&trace.bound_symbols()[i]) {
                     let bsym = &trace.bound_symbols()[i];
-                    attach_subsymbols(guards, a, bsym, spans[i].0, a.depth as usize);
+                    attach_subsymbols(guards, a, bsym, spans[i].0, a.depth as usize, &is_composite);
                     continue;
                 }
                 let end = (i + a.span as usize).min(spans.len());
@@ -67,7 +130,7 @@ impl Pass for Decompose {
                     GuardPolicy::DropWithReason(reason) if rewritten => guards.record_drop(
                         a,
                         registry,
-                        self.name(),
+                        pass,
                         format!(
                             "`{}` was decomposed into prims; {reason}",
                             trace.symbol_name(&trace.bound_symbols()[i])
@@ -91,12 +154,12 @@ fn is_composite(bsym: &BoundSymbol<'_>) -> bool {
     !bsym.subsymbols().is_empty() && bsym.symbol() != prims::REGION
 }
 
-/// Number of prims a bound symbol becomes.
-fn prim_count(bsym: &BoundSymbol<'_>) -> usize {
+/// Number of bound symbols `bsym` becomes when `is_composite` says which ones decompose.
+fn prim_count(bsym: &BoundSymbol<'_>, is_composite: &dyn Fn(&BoundSymbol<'_>) -> bool) -> usize {
     if !is_composite(bsym) {
         1
     } else {
-        bsym.subsymbols().iter().map(prim_count).sum()
+        bsym.subsymbols().iter().map(|s| prim_count(s, is_composite)).sum()
     }
 }
 
@@ -108,28 +171,35 @@ fn attach_subsymbols(
     bsym: &BoundSymbol<'_>,
     first: usize,
     depth: usize,
+    is_composite: &dyn Fn(&BoundSymbol<'_>) -> bool,
 ) {
     let mut at = first;
     for sub in bsym.subsymbols() {
-        let len = prim_count(sub);
+        let len = prim_count(sub, is_composite);
         let attachment = Attachment { span: len as u32, depth: 0, level: Level::Subsymbol, origin: sub.symbol(), ..*a };
         guards.attach(at, attachment);
         if depth > 1 && is_composite(sub) {
-            attach_subsymbols(guards, a, sub, at, depth - 1);
+            attach_subsymbols(guards, a, sub, at, depth - 1, is_composite);
         }
         at += len;
     }
 }
 
-/// Pushes `bsym`'s prims; the composite's comment goes to its first prim.
-fn splice(builder: &mut TraceBuilder<'_>, bsym: &BoundSymbol<'_>, comment: Option<&str>) {
+/// Pushes `bsym`'s prims (what `is_composite` decomposes); the composite's comment goes to its
+/// first prim.
+fn splice(
+    builder: &mut TraceBuilder<'_>,
+    bsym: &BoundSymbol<'_>,
+    comment: Option<&str>,
+    is_composite: &dyn Fn(&BoundSymbol<'_>) -> bool,
+) {
     if !is_composite(bsym) {
         let mut prim = *bsym;
         prim.comment = comment.or(bsym.comment());
         builder.push_copy(&prim);
     } else {
         for (i, sub) in bsym.subsymbols().iter().enumerate() {
-            splice(builder, sub, if i == 0 { comment } else { None });
+            splice(builder, sub, if i == 0 { comment } else { None }, is_composite);
         }
     }
 }

@@ -13,7 +13,7 @@ mod profile_ops;
 use std::time::Instant;
 
 pub use dead_code::DeadCodeElimination;
-pub use decompose::Decompose;
+pub use decompose::{Decompose, DecomposeFor};
 pub use fuse::{FuseRegions, FusionStrategy};
 pub use inserted_ranges::InsertRangeNodes;
 pub use profile_ops::ProfileOps;
@@ -81,6 +81,13 @@ impl Pipeline {
     /// Decomposition, then dead-code elimination.
     pub fn standard() -> Self {
         Self::new().then(Decompose).then(DeadCodeElimination)
+    }
+
+    /// [`standard`](Self::standard), keeping the composites one of `executors` prefers to run
+    /// whole ([`DecomposeFor`]): what the front end runs, and what a plan for the CUDA executors
+    /// wants (`linear` stays one cuBLASLt product).
+    pub fn for_executors(executors: &[std::sync::Arc<dyn crate::core::plan::Executor>]) -> Self {
+        Self::new().then(DecomposeFor::new(executors)).then(DeadCodeElimination)
     }
 
     /// Appends a pass.

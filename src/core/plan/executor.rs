@@ -113,6 +113,14 @@ pub trait Executor: Any + Send + Sync {
         })
     }
 
+    /// Whether this executor runs this composite better whole than as the prims it decomposes
+    /// into (one cuBLASLt product with its bias for `linear`, say), so that
+    /// [`DecomposeFor`](crate::passes::DecomposeFor) and the front end keep it for the executor
+    /// to claim. Default: no composite.
+    fn prefers_whole(&self, _op: &OpView<'_>) -> bool {
+        false
+    }
+
     /// The device this executor runs on, if any; its kernels then come from
     /// [`compile_device`](Self::compile_device) and read and write device buffers. Default:
     /// none (host).

@@ -1,15 +1,16 @@
 //! The CUDA executors: `CudaFusion` (one generated kernel per fused region, its own NVTX range
-//! per region) and `CudaOps` (one generated kernel per elementwise prim, cuBLAS for `matmul`).
+//! per region) and `CudaOps` (one generated kernel per elementwise prim, cuBLASLt for `matmul`
+//! and `linear`).
 
 use std::sync::{Arc, Mutex};
 
-use cudarc::cublas::{sys::cublasOperation_t, CudaBlas, Gemm, GemmConfig};
 use std::ffi::c_void;
 
 use cudarc::driver::{sys, CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
 use smallvec::SmallVec;
 
 use super::device::{cuda_error, slice, slice_mut, CudaDevice};
+use super::gemm::{GemmShape, LtContext, LtGemm};
 use super::{op_source, region_source, shape_op_source, RegionSource};
 use crate::core::guards::DEFAULT_DOMAIN;
 use crate::core::ir::prims;
@@ -79,10 +80,12 @@ impl Executor for CudaFusion {
 
 /// Runs every built-in prim on the device: elementwise prims, last-axis `sum` and `max`, and
 /// the shape ops `reshape`, `transpose` and `broadcast_to` (one generated kernel each), and
-/// `matmul` (cuBLAS).
+/// `matmul` (cuBLASLt); and the composite `linear` whole, as one cuBLASLt product that reads
+/// the weight transposed and adds the bias in its epilogue (it
+/// [prefers it whole](Executor::prefers_whole)).
 pub struct CudaOps {
     device: Arc<CudaDevice>,
-    blas: Arc<Mutex<Option<CudaBlas>>>,
+    lt: Arc<Mutex<Option<LtContext>>>,
 }
 
 impl CudaOps {
@@ -91,7 +94,7 @@ impl CudaOps {
 
     /// On `device`.
     pub fn new(device: Arc<CudaDevice>) -> Self {
-        Self { device, blas: Arc::new(Mutex::new(None)) }
+        Self { device, lt: Arc::new(Mutex::new(None)) }
     }
 }
 
@@ -105,6 +108,11 @@ impl Executor for CudaOps {
         // matmul: every built-in prim, so that a plan's values stay on the device.
         builtin_fusible(op) != Fusible::No
             || matches!(builtin_prim(op), Some(prims::MATMUL | prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO))
+            || self.prefers_whole(op)
+    }
+
+    fn prefers_whole(&self, op: &OpView<'_>) -> bool {
+        op.symbol().builtin_composite() == Some(prims::LINEAR)
     }
 
     fn device(&self) -> Option<Arc<dyn Device>> {
@@ -115,13 +123,16 @@ impl Executor for CudaOps {
         if builtin_prim(op) == Some(prims::MATMUL) {
             require_builtin(Self::NAME, prims::MATMUL, op)?;
             let (a, b) = (op.input_shape(0)?, op.input_shape(1)?);
-            let mut blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
-            if blas.is_none() {
-                *blas = Some(CudaBlas::new(self.device.stream().clone()).map_err(|e| cuda_error("cuBLAS", e))?);
-            }
-            let lengths = BufferLengths::of(op)?;
-            let device = self.device.clone();
-            return Ok(Box::new(Matmul { device, blas: self.blas.clone(), m: a[0], k: a[1], n: b[1], lengths }));
+            let shape = GemmShape { m: a[0], k: a[1], n: b[1], b_transposed: false, bias: false };
+            return Ok(Box::new(LtGemm::new(self.device.clone(), self.lt.clone(), shape, "matmul")?));
+        }
+        if self.prefers_whole(op) {
+            let shape = linear_shape(op).map_err(|detail| Error::KernelPrecondition {
+                executor: Self::NAME.into(),
+                symbol: op.name().into(),
+                detail,
+            })?;
+            return Ok(Box::new(LtGemm::new(self.device.clone(), self.lt.clone(), shape, "linear")?));
         }
         let is_shape_op = matches!(builtin_prim(op), Some(prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO));
         let source = if is_shape_op { shape_op_source } else { op_source };
@@ -142,14 +153,6 @@ struct BufferLengths {
 }
 
 impl BufferLengths {
-    fn of(op: &OpView<'_>) -> Result<Self> {
-        let len = |v| op.shape_of(v).map(|s| s.iter().product::<usize>());
-        Ok(Self {
-            inputs: op.bound_symbol().inputs().map(len).collect::<Result<_>>()?,
-            outputs: op.bound_symbol().outputs().iter().map(|&v| len(v)).collect::<Result<_>>()?,
-        })
-    }
-
     /// `Ok` if there are as many buffers as the kernel takes, each holding at least the
     /// elements it reads or writes.
     fn check(&self, kernel: &str, inputs: &[&dyn DeviceBuffer], outputs: &[&mut dyn DeviceBuffer]) -> Result<()> {
@@ -255,44 +258,21 @@ impl DeviceKernel for GeneratedKernel {
     }
 }
 
-/// `[m, k] x [k, n]` row-major through cuBLAS (column-major): `C^T = B^T A^T`.
-struct Matmul {
-    device: Arc<CudaDevice>,
-    blas: Arc<Mutex<Option<CudaBlas>>>,
-    m: usize,
-    k: usize,
-    n: usize,
-    lengths: BufferLengths,
-}
-
-impl DeviceKernel for Matmul {
-    fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
-        self.lengths.check("matmul", inputs, outputs)?;
-        let mut blas = self.blas.lock().unwrap_or_else(|p| p.into_inner());
-        let blas = blas.as_mut().ok_or_else(|| cuda_error("matmul", "cuBLAS was not created"))?;
-        // SAFETY: the handle is used under the mutex only, and each product goes to the stream
-        // of the run that queues it (the workspace's queue), which is ordered after the run's
-        // inputs by the queue's events, as every other step of the run is.
-        unsafe { blas.set_stream(self.device.stream()) }.map_err(|e| cuda_error("cuBLAS stream", e))?;
-        let (a, b) = (slice(inputs[0])?, slice(inputs[1])?);
-        let c = slice_mut(&mut *outputs[0])?;
-        let (m, k, n) = (self.m as i32, self.k as i32, self.n as i32);
-        let config = GemmConfig {
-            transa: cublasOperation_t::CUBLAS_OP_N,
-            transb: cublasOperation_t::CUBLAS_OP_N,
-            m: n,
-            n: m,
-            k,
-            alpha: 1.0f32,
-            lda: n,
-            ldb: k,
-            beta: 0.0f32,
-            ldc: n,
-        };
-        // SAFETY: b is [k, n] and a is [m, k] row-major, i.e. column-major n x k and k x m with
-        // leading dimensions n and k; c is [m, n] row-major, column-major n x m, leading n
-        // (`require_builtin` checked these shapes when compiling). `lengths.check` made sure
-        // above that the buffers hold m*k, k*n and m*n elements.
-        unsafe { blas.gemm(config, b, a, c) }.map_err(|e| cuda_error("cublasSgemm", e))
+/// The product `linear(x, w, bias)` is, from its shapes: `x [m, k]`, `w [n, k]`, `bias [n]`
+/// (the relations `linear`'s shape rule states, checked again since a kernel relies on them).
+fn linear_shape(op: &OpView<'_>) -> std::result::Result<GemmShape, String> {
+    let inputs = op.bound_symbol().inputs().count();
+    let shape = |i: usize| op.input_shape(i).map_err(|e| e.to_string());
+    let (x, w) = (shape(0)?, shape(1)?);
+    let (m, k, n) = match (x, w) {
+        ([m, k], [n, k2]) if k == k2 => (*m, *k, *n),
+        _ => return Err(format!("linear takes x [m, k] and w [n, k], not {x:?} and {w:?}")),
+    };
+    if inputs == 3 && shape(2)? != [n] {
+        return Err(format!("the bias must be [{n}], not {:?}", shape(2)?));
     }
+    if !(2..=3).contains(&inputs) {
+        return Err(format!("linear takes 2 or 3 tensors, not {inputs}"));
+    }
+    Ok(GemmShape { m, n, k, b_transposed: true, bias: inputs == 3 })
 }

@@ -33,6 +33,8 @@ mod device;
 mod event_timer;
 #[cfg(feature = "cuda")]
 mod executors;
+#[cfg(feature = "cuda")]
+mod gemm;
 
 pub use codegen::{op_source, region_source, shape_op_source, RegionSource};
 #[cfg(feature = "cuda")]

@@ -1,0 +1,244 @@
+//! Matrix products through cuBLASLt, planned when the plan is compiled: `matmul`, and `linear`
+//! as one product that reads the weight transposed (an operation flag, not a copy) and adds the
+//! bias in its epilogue, where the decomposition takes a transpose, a product and an add.
+//!
+//! Descriptors, layouts and the algorithm (cuBLASLt's heuristic, with a 32 MiB workspace) are
+//! made once per bound symbol; a run sets the bias pointer and calls `cublasLtMatmul` on the
+//! stream of its workspace, with a workspace buffer of that stream's own, so that runs on
+//! several streams never share one. Compute is FP32 (`CUBLAS_COMPUTE_32F`: no TF32).
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use cudarc::cublaslt::{result, sys};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+
+use super::device::{cuda_error, slice, slice_mut, CudaDevice};
+use crate::core::plan::{DeviceBuffer, DeviceKernel};
+use crate::error::Result;
+
+/// cuBLASLt's workspace per stream: what NVIDIA recommends for Hopper.
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// What a product computes, row-major: `c[m, n] = a[m, k] · b` with `b` stored `[k, n]`
+/// (`matmul`) or `[n, k]` (`linear`, read transposed), plus `bias[n]` on every row.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GemmShape {
+    pub m: usize,
+    pub n: usize,
+    pub k: usize,
+    /// `b` is stored `[n, k]` and read transposed.
+    pub b_transposed: bool,
+    /// A bias of `n` elements is the third input.
+    pub bias: bool,
+}
+
+/// One cuBLASLt handle per executor, and the workspace buffers of the streams it ran on.
+pub(crate) struct LtContext {
+    handle: sys::cublasLtHandle_t,
+    /// `(stream, workspace)`: one buffer per stream, made on its first product.
+    workspaces: Vec<(usize, CudaSlice<u8>)>,
+}
+
+// SAFETY: the handle and buffers are only used under the executor's mutex.
+unsafe impl Send for LtContext {}
+
+impl LtContext {
+    pub fn new() -> Result<Self> {
+        let handle = result::create_handle().map_err(|e| cuda_error("cublasLtCreate", e))?;
+        Ok(Self { handle, workspaces: Vec::new() })
+    }
+}
+
+impl Drop for LtContext {
+    fn drop(&mut self) {
+        // SAFETY: the handle was created by `new` and is destroyed once.
+        unsafe {
+            let _ = result::destroy_handle(self.handle);
+        }
+    }
+}
+
+/// The descriptors of one product, made when the plan is compiled.
+struct Descriptors {
+    desc: sys::cublasLtMatmulDesc_t,
+    a: sys::cublasLtMatrixLayout_t,
+    b: sys::cublasLtMatrixLayout_t,
+    c: sys::cublasLtMatrixLayout_t,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+// SAFETY: host descriptors, only used under the product's mutex.
+unsafe impl Send for Descriptors {}
+
+impl Drop for Descriptors {
+    fn drop(&mut self) {
+        // SAFETY: each was created once by `LtGemm::new` and is destroyed once.
+        unsafe {
+            let _ = result::destroy_matmul_desc(self.desc);
+            let _ = result::destroy_matrix_layout(self.a);
+            let _ = result::destroy_matrix_layout(self.b);
+            let _ = result::destroy_matrix_layout(self.c);
+        }
+    }
+}
+
+/// A planned product: a device kernel of the CUDA executors.
+pub(crate) struct LtGemm {
+    device: Arc<CudaDevice>,
+    context: Arc<Mutex<Option<LtContext>>>,
+    descriptors: Mutex<Descriptors>,
+    shape: GemmShape,
+    name: &'static str,
+}
+
+impl LtGemm {
+    /// Plans `shape` on `context` (created on first use): descriptors, layouts and the
+    /// heuristic's algorithm.
+    pub fn new(
+        device: Arc<CudaDevice>,
+        context: Arc<Mutex<Option<LtContext>>>,
+        shape: GemmShape,
+        name: &'static str,
+    ) -> Result<Self> {
+        let mut lt = context.lock().unwrap_or_else(|p| p.into_inner());
+        if lt.is_none() {
+            *lt = Some(LtContext::new()?);
+        }
+        let handle = lt.as_ref().map(|c| c.handle).unwrap_or(std::ptr::null_mut());
+        drop(lt);
+        let err = |what: &'static str| move |e| cuda_error(what, e);
+        let (m, n, k) = (shape.m as u64, shape.n as u64, shape.k as u64);
+        // Column-major, cuBLAS's order: C^T[n, m] = op(B)[n, k] · A^T[k, m], where the
+        // row-major buffers read as column-major are A^T (k x m, leading k), B^T (n x k, leading
+        // n) for `matmul`, and W^T (k x n, leading k) for `linear`, which op = T turns to n x k.
+        let f32 = sys::cudaDataType_t::CUDA_R_32F;
+        let desc = result::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, f32)
+            .map_err(err("cublasLtMatmulDescCreate"))?;
+        let a_layout = if shape.b_transposed {
+            result::create_matrix_layout(f32, k, n, k as i64)
+        } else {
+            result::create_matrix_layout(f32, n, k, n as i64)
+        }
+        .map_err(err("cublasLtMatrixLayoutCreate"))?;
+        let b_layout = result::create_matrix_layout(f32, k, m, k as i64).map_err(err("cublasLtMatrixLayoutCreate"))?;
+        let c_layout = result::create_matrix_layout(f32, n, m, n as i64).map_err(err("cublasLtMatrixLayoutCreate"))?;
+        // `cublasOperation_t` (an `int32_t` attribute): CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
+        let transa: i32 = if shape.b_transposed { 1 } else { 0 };
+        let epilogue = if shape.bias {
+            sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS
+        } else {
+            sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT
+        };
+        let pref = result::create_matmul_pref().map_err(err("cublasLtMatmulPreferenceCreate"))?;
+        let workspace = WORKSPACE_BYTES;
+        // SAFETY: each attribute is written from a value of the type cuBLASLt documents for it,
+        // with its size; the descriptors were just created.
+        let heuristic = unsafe {
+            result::set_matmul_desc_attribute(
+                desc,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+                (&transa as *const i32).cast(),
+                std::mem::size_of::<i32>(),
+            )
+            .map_err(err("cublasLtMatmulDescSetAttribute"))?;
+            result::set_matmul_desc_attribute(
+                desc,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_EPILOGUE,
+                (&epilogue as *const sys::cublasLtEpilogue_t).cast(),
+                std::mem::size_of::<sys::cublasLtEpilogue_t>(),
+            )
+            .map_err(err("cublasLtMatmulDescSetAttribute"))?;
+            result::set_matmul_pref_attribute(
+                pref,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&workspace as *const usize).cast(),
+                std::mem::size_of::<usize>(),
+            )
+            .map_err(err("cublasLtMatmulPreferenceSetAttribute"))?;
+            let found = result::get_matmul_algo_heuristic(handle, desc, a_layout, b_layout, c_layout, c_layout, pref);
+            let _ = result::destroy_matmul_pref(pref);
+            found.map_err(err("cublasLtMatmulAlgoGetHeuristic"))?
+        };
+        let descriptors = Descriptors { desc, a: a_layout, b: b_layout, c: c_layout, algo: heuristic.algo };
+        Ok(Self { device, context, descriptors: Mutex::new(descriptors), shape, name })
+    }
+}
+
+impl DeviceKernel for LtGemm {
+    fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
+        let GemmShape { m, n, k, bias, .. } = self.shape;
+        let needed_inputs = if bias { 3 } else { 2 };
+        let fail = |message: String| {
+            Err(crate::Error::Execution { executor: "cuda".into(), symbol: self.name.into(), message })
+        };
+        if inputs.len() != needed_inputs || outputs.len() != 1 {
+            return fail(format!(
+                "it takes {needed_inputs} input and 1 output buffer(s), not {} and {}",
+                inputs.len(),
+                outputs.len()
+            ));
+        }
+        let needs = [m * k, n * k, n];
+        for (i, (buffer, need)) in inputs.iter().zip(needs).enumerate() {
+            if buffer.len() < need {
+                return fail(format!("input {i} holds {} elements, but the product reads {need}", buffer.len()));
+            }
+        }
+        if outputs[0].len() < m * n {
+            return fail(format!("output 0 holds {} elements, but the product writes {}", outputs[0].len(), m * n));
+        }
+        let stream = self.device.stream();
+        let (a, _) = slice(inputs[0])?.device_ptr(&stream);
+        let (b, _) = slice(inputs[1])?.device_ptr(&stream);
+        let bias_ptr = if bias { Some(slice(inputs[2])?.device_ptr(&stream).0) } else { None };
+        let (c, _) = slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream);
+        let mut context = self.context.lock().unwrap_or_else(|p| p.into_inner());
+        let context = context.as_mut().ok_or_else(|| cuda_error(self.name, "cuBLASLt was not created"))?;
+        let key = stream.cu_stream() as usize;
+        if !context.workspaces.iter().any(|(s, _)| *s == key) {
+            // SAFETY: cuBLASLt only writes the workspace; its contents need no initial value.
+            let buffer = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }.map_err(|e| cuda_error("workspace", e))?;
+            context.workspaces.push((key, buffer));
+        }
+        let handle = context.handle;
+        let workspace = context.workspaces.iter().find(|(s, _)| *s == key).map(|(_, w)| w);
+        let workspace = workspace.ok_or_else(|| cuda_error(self.name, "no workspace"))?;
+        let (workspace_ptr, _) = workspace.device_ptr(&stream);
+        let descriptors = self.descriptors.lock().unwrap_or_else(|p| p.into_inner());
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: the buffers hold what the layouts describe (checked above), the bias pointer
+        // is set under the descriptors' mutex just before the product that reads it, and the
+        // product and everything it reads and writes are ordered on this run's stream.
+        unsafe {
+            if let Some(bias_ptr) = bias_ptr {
+                result::set_matmul_desc_attribute(
+                    descriptors.desc,
+                    sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                    (&bias_ptr as *const u64).cast(),
+                    std::mem::size_of::<u64>(),
+                )
+                .map_err(|e| cuda_error("cublasLtMatmulDescSetAttribute", e))?;
+            }
+            result::matmul(
+                handle,
+                descriptors.desc,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                b as *const c_void,
+                descriptors.a,
+                a as *const c_void,
+                descriptors.b,
+                c as *const c_void,
+                descriptors.c,
+                c as *mut c_void,
+                descriptors.c,
+                &descriptors.algo,
+                workspace_ptr as *mut c_void,
+                WORKSPACE_BYTES,
+                stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+        .map_err(|e| cuda_error("cublasLtMatmul", e))
+    }
+}

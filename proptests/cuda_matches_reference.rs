@@ -124,7 +124,15 @@ fn the_quickstart_program_matches_on_cuda() {
         assert_eq!(s.count, 3 * times.max(1), "{}", s.label);
         assert!(s.min <= s.max && s.total > std::time::Duration::ZERO);
     }
-    assert!(stats.iter().any(|s| s.label.starts_with("CudaFusion")), "{stats:?}");
+    // Every top-level bound symbol is timed: the composites CudaOps runs whole (two linear,
+    // layer_norm, softmax) under their own names.
+    let mut timed: Vec<&str> = stats.iter().map(|s| s.label.as_str()).collect();
+    let mut distinct = labels.clone();
+    timed.sort_unstable();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(timed, distinct, "{stats:?}");
+    assert!(timed.contains(&"layer_norm") && timed.contains(&"softmax"), "{stats:?}");
     // The timeline: the host scopes of the three runs, and the device track with one event per
     // label the timer saw, each as long as the label's total device time.
     timeline.add_cuda_event_timer(&events);
@@ -417,12 +425,23 @@ proptest! {
     /// CUDA plans equal the CPU reference; one NVTX range per top-level bound symbol and one
     /// around the run, whoever emits it.
     #[test]
-    fn cuda_plans_match_the_reference(program in programs(true), dataflow in any::<bool>(), seed in any::<u64>()) {
+    fn cuda_plans_match_the_reference(
+        program in programs(true),
+        dataflow in any::<bool>(),
+        whole in any::<bool>(),
+        seed in any::<u64>(),
+    ) {
         let Some(device) = device() else { return Ok(()) };
         let registry = Registry::with_builtins();
         let arena = Arena::new();
         let trace = program.build(&arena, &registry).unwrap();
-        let prims_only = Pipeline::standard().run(&trace, &arena).unwrap();
+        // Half the cases keep what `CudaOps` prefers whole (linear, softmax, layer_norm).
+        let pipeline = if whole {
+            Pipeline::for_executors(&[Arc::new(CudaOps::new(device.clone())) as Arc<dyn Executor>])
+        } else {
+            Pipeline::standard()
+        };
+        let prims_only = pipeline.run(&trace, &arena).unwrap();
         let mut profiled = ProfileOps::new().with_trace_range(NvtxRange::new()).run(&prims_only, &arena).unwrap();
         // And the application's own ranges, in a domain of its own.
         profiled.attach_guard(Selection::All, NvtxRange::new().domain("user").unwrap()).unwrap();

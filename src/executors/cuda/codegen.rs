@@ -38,7 +38,7 @@ pub struct RegionSource {
 }
 
 /// A float literal in C.
-fn literal(x: f32) -> String {
+pub(super) fn literal(x: f32) -> String {
     if x.is_nan() {
         "__int_as_float(0x7fc00000)".into()
     } else if x.is_infinite() {
@@ -71,7 +71,7 @@ fn apply(op: crate::SymbolId, a: &str, b: Option<&str>) -> Option<String> {
 
 /// `maximum(a, b)` in C: NaN if either is, as PyTorch's `maximum`. Operands are evaluated
 /// more than once: pass names, not calls.
-fn maximum(a: &str, b: &str) -> String {
+pub(super) fn maximum(a: &str, b: &str) -> String {
     format!("(({a} != {a} || {a} > {b}) ? {a} : {b})")
 }
 

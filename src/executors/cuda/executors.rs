@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 
 use super::device::{cuda_error, slice, slice_mut, CudaDevice};
 use super::gemm::{GemmShape, LtContext, LtGemm};
+use super::row_kernels::row_source;
 use super::{op_source, region_source, shape_op_source, RegionSource};
 use crate::core::guards::DEFAULT_DOMAIN;
 use crate::core::ir::prims;
@@ -80,9 +81,10 @@ impl Executor for CudaFusion {
 
 /// Runs every built-in prim on the device: elementwise prims, last-axis `sum` and `max`, and
 /// the shape ops `reshape`, `transpose` and `broadcast_to` (one generated kernel each), and
-/// `matmul` (cuBLASLt); and the composite `linear` whole, as one cuBLASLt product that reads
-/// the weight transposed and adds the bias in its epilogue (it
-/// [prefers it whole](Executor::prefers_whole)).
+/// `matmul` (cuBLASLt); and three composites whole (it
+/// [prefers them whole](Executor::prefers_whole)): `linear` as one cuBLASLt product that reads
+/// the weight transposed and adds the bias in its epilogue, `softmax` and `layer_norm` as one
+/// generated kernel each, a warp per row.
 pub struct CudaOps {
     device: Arc<CudaDevice>,
     lt: Arc<Mutex<Option<LtContext>>>,
@@ -112,7 +114,7 @@ impl Executor for CudaOps {
     }
 
     fn prefers_whole(&self, op: &OpView<'_>) -> bool {
-        op.symbol().builtin_composite() == Some(prims::LINEAR)
+        matches!(op.symbol().builtin_composite(), Some(prims::LINEAR | prims::SOFTMAX | prims::LAYER_NORM))
     }
 
     fn device(&self) -> Option<Arc<dyn Device>> {
@@ -125,6 +127,14 @@ impl Executor for CudaOps {
             let (a, b) = (op.input_shape(0)?, op.input_shape(1)?);
             let shape = GemmShape { m: a[0], k: a[1], n: b[1], b_transposed: false, bias: false };
             return Ok(Box::new(LtGemm::new(self.device.clone(), self.lt.clone(), shape, "matmul")?));
+        }
+        if matches!(op.symbol().builtin_composite(), Some(prims::SOFTMAX | prims::LAYER_NORM)) {
+            let generated = row_source(op, &kernel_name(op.name())).map_err(|detail| Error::KernelPrecondition {
+                executor: Self::NAME.into(),
+                symbol: op.name().into(),
+                detail,
+            })?;
+            return Ok(Box::new(GeneratedKernel::new(&self.device, &generated, None)?));
         }
         if self.prefers_whole(op) {
             let shape = linear_shape(op).map_err(|detail| Error::KernelPrecondition {

@@ -72,6 +72,32 @@ pub enum Error {
         /// The closest registered name, if one is close.
         suggestion: Option<String>,
     },
+    /// A dtype name that is not one of boundscope's.
+    UnknownDType {
+        /// The name given.
+        name: String,
+        /// The names it knows.
+        known: Vec<String>,
+    },
+    /// No executor of the plan runs this bound symbol at its dtypes (found when the plan is
+    /// compiled).
+    UnsupportedDType {
+        /// The symbol.
+        symbol: String,
+        /// The dtype no executor that would run the symbol takes.
+        dtype: crate::DType,
+        /// The executors tried, in order, with the dtypes each takes.
+        tried: Vec<String>,
+    },
+    /// A run was given a tensor of another dtype than the plan's input.
+    InputDType {
+        /// Its index.
+        index: usize,
+        /// The dtype the plan was compiled for.
+        expected: crate::DType,
+        /// The dtype given.
+        got: crate::DType,
+    },
     /// A symbol with this name is already registered.
     DuplicateSymbol {
         /// The name registered twice.
@@ -320,6 +346,20 @@ impl fmt::Display for Error {
                 write_shapes(f, shapes)?;
                 write!(f, ": {detail}")
             }
+            Error::UnknownDType { name, known } => {
+                write!(f, "unknown dtype `{name}`; use one of {}", known.join(", "))
+            }
+            Error::UnsupportedDType { symbol, dtype, tried } => write!(
+                f,
+                "no executor runs `{symbol}` in {dtype} (tried: {}); add an executor that takes {dtype} (the CPU \
+                 executors take every dtype), or cast to a dtype one of these takes",
+                tried.join("; ")
+            ),
+            Error::InputDType { index, expected, got } => write!(
+                f,
+                "input {index} is {got}, but the plan was compiled for {expected}; convert it first \
+                 (`Tensor::to_dtype({expected})`) or compile the plan for {got}"
+            ),
             Error::UnknownSymbol { name, suggestion } => {
                 write!(f, "unknown symbol `{name}`")?;
                 if let Some(s) = suggestion {

@@ -1,10 +1,16 @@
 //! Host tensors: owned (`Tensor`) and borrowed views (`TensorRef`, `TensorMut`) that kernels
 //! read and write.
 
-use crate::core::ir::Shape;
+use crate::core::ir::{DType, Shape};
 use crate::error::{Error, Result};
 
-/// An owned, contiguous, row-major `f32` tensor on the host.
+/// An owned, contiguous, row-major tensor on the host, of dtype `f32` (the default), `bf16` or
+/// `f16`.
+///
+/// Elements are held as `f32` whatever the dtype: a bf16 or f16 tensor holds values its dtype
+/// represents exactly, widened (`Tensor::from_bf16`, `to_dtype`, and every kernel of the CPU
+/// executors keep to that), so that kernels read and write `f32` slices. That costs twice the
+/// memory of a 2-byte storage, which is not done yet.
 ///
 /// ```
 /// use boundscope::Tensor;
@@ -16,6 +22,7 @@ use crate::error::{Error, Result};
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor {
     shape: Shape,
+    dtype: DType,
     data: Vec<f32>,
 }
 
@@ -28,7 +35,63 @@ impl Tensor {
         if crate::core::ir::checked_numel(shape) != Some(data.len()) {
             return Err(Error::InvalidTensor { shape: shape.to_vec(), len: data.len() });
         }
-        Ok(Self { shape: Shape::from_slice(shape), data })
+        Ok(Self { shape: Shape::from_slice(shape), dtype: DType::F32, data })
+    }
+
+    /// A bf16 tensor of this shape holding `data` (from the `half` crate) in row-major order.
+    ///
+    /// ```
+    /// use boundscope::{DType, Tensor};
+    /// use half::bf16;
+    /// let t = Tensor::from_bf16(&[2], vec![bf16::from_f32(1.5), bf16::from_f32(-2.0)]).unwrap();
+    /// assert_eq!((t.dtype(), t.data()), (DType::BF16, &[1.5, -2.0][..]));
+    /// assert_eq!(t.to_bf16(), vec![bf16::from_f32(1.5), bf16::from_f32(-2.0)]);
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidTensor`] if `data.len()` is not the product of `shape`.
+    pub fn from_bf16(shape: &[usize], data: Vec<half::bf16>) -> Result<Self> {
+        let widened = data.iter().map(|x| x.to_f32()).collect();
+        Ok(Self { dtype: DType::BF16, ..Self::new(shape, widened)? })
+    }
+
+    /// An f16 tensor of this shape holding `data` (from the `half` crate) in row-major order.
+    ///
+    /// # Errors
+    /// [`Error::InvalidTensor`] if `data.len()` is not the product of `shape`.
+    pub fn from_f16(shape: &[usize], data: Vec<half::f16>) -> Result<Self> {
+        let widened = data.iter().map(|x| x.to_f32()).collect();
+        Ok(Self { dtype: DType::F16, ..Self::new(shape, widened)? })
+    }
+
+    /// The same values converted to `dtype`, each rounded to nearest (ties to even; past the
+    /// range, an infinity), as [`DType::round`] does.
+    ///
+    /// ```
+    /// use boundscope::{DType, Tensor};
+    /// let t = Tensor::new(&[3], vec![1.0, 1.0 + 1.0 / 128.0, 70000.0]).unwrap();
+    /// let h = t.to_dtype(DType::F16);
+    /// assert_eq!(h.data(), &[1.0, 1.0 + 1.0 / 128.0, f32::INFINITY]);
+    /// assert_eq!(t.to_dtype(DType::BF16).data(), &[1.0, 1.0078125, 70144.0]);
+    /// ```
+    pub fn to_dtype(&self, dtype: DType) -> Tensor {
+        let data = self.data.iter().map(|&x| dtype.round(x)).collect();
+        Tensor { shape: self.shape.clone(), dtype, data }
+    }
+
+    /// Its dtype.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// Its elements as bf16 (rounded, if it is not bf16).
+    pub fn to_bf16(&self) -> Vec<half::bf16> {
+        self.data.iter().map(|&x| half::bf16::from_f32(x)).collect()
+    }
+
+    /// Its elements as f16 (rounded, if it is not f16).
+    pub fn to_f16(&self) -> Vec<half::f16> {
+        self.data.iter().map(|&x| half::f16::from_f32(x)).collect()
     }
 
     /// A tensor of zeros.
@@ -60,7 +123,7 @@ impl Tensor {
     pub fn try_zeros(shape: &[usize]) -> Result<Self> {
         let (mut data, numel) = Self::try_buffer(shape)?;
         data.resize(numel, 0.0);
-        Ok(Self { shape: Shape::from_slice(shape), data })
+        Ok(Self { shape: Shape::from_slice(shape), dtype: DType::F32, data })
     }
 
     /// A tensor whose element at flat index `i` is `f(i)`.
@@ -85,7 +148,7 @@ impl Tensor {
     pub fn try_from_fn(shape: &[usize], f: impl FnMut(usize) -> f32) -> Result<Self> {
         let (mut data, numel) = Self::try_buffer(shape)?;
         data.extend((0..numel).map(f));
-        Ok(Self { shape: Shape::from_slice(shape), data })
+        Ok(Self { shape: Shape::from_slice(shape), dtype: DType::F32, data })
     }
 
     /// An empty buffer with room for the elements of `shape`, and their number.
@@ -113,14 +176,15 @@ impl Tensor {
         &self.data
     }
 
-    /// Its elements, mutable.
+    /// Its elements, mutable. In a bf16 or f16 tensor, write values its dtype represents
+    /// (round them with [`DType::round`]): kernels take the values as they are.
     pub fn data_mut(&mut self) -> &mut [f32] {
         &mut self.data
     }
 
     /// A borrowed view.
     pub fn view(&self) -> TensorRef<'_> {
-        TensorRef { shape: &self.shape, data: &self.data }
+        TensorRef { shape: &self.shape, dtype: self.dtype, data: &self.data }
     }
 
     /// The largest absolute difference to `other`, or infinity if the shapes differ; NaN in
@@ -130,11 +194,13 @@ impl Tensor {
     }
 }
 
-/// A borrowed, contiguous, row-major `f32` tensor.
+/// A borrowed, contiguous, row-major tensor, its elements as `f32` (see [`Tensor`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TensorRef<'r> {
     /// Dimensions, outermost first.
     pub shape: &'r [usize],
+    /// Its dtype: the elements are values of it, widened to `f32`.
+    pub dtype: DType,
     /// Elements, row-major.
     pub data: &'r [f32],
 }
@@ -142,7 +208,7 @@ pub struct TensorRef<'r> {
 impl<'r> TensorRef<'r> {
     /// An owned copy.
     pub fn to_tensor(&self) -> Tensor {
-        Tensor { shape: Shape::from_slice(self.shape), data: self.data.to_vec() }
+        Tensor { shape: Shape::from_slice(self.shape), dtype: self.dtype, data: self.data.to_vec() }
     }
 
     /// The largest absolute difference to `other` (see [`Tensor::max_abs_diff`]).
@@ -161,11 +227,14 @@ impl<'r> TensorRef<'r> {
     }
 }
 
-/// A mutably borrowed, contiguous, row-major `f32` tensor: a kernel's output.
+/// A mutably borrowed, contiguous, row-major tensor, its elements as `f32`: a kernel's output.
+/// A kernel writes values of its [`dtype`](Self::dtype) (round with [`DType::round`]).
 #[derive(Debug, PartialEq)]
 pub struct TensorMut<'r> {
     /// Dimensions, outermost first.
     pub shape: &'r [usize],
+    /// Its dtype.
+    pub dtype: DType,
     /// Elements, row-major.
     pub data: &'r mut [f32],
 }

@@ -109,6 +109,7 @@ fn hash_bound_symbol(trace: &Trace<'_>, bsym: &BoundSymbol<'_>, h: &mut impl Has
             Arg::Value(v) => (0u8, v).hash(h),
             Arg::Scalar(s) => (1u8, s.to_bits()).hash(h),
             Arg::Dims(d) => (2u8, d).hash(h),
+            Arg::DType(d) => (3u8, d).hash(h),
         }
     }
     bsym.outputs().hash(h);

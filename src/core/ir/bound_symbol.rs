@@ -21,6 +21,8 @@ pub enum Arg<'a> {
     Scalar(f32),
     /// A list of dimensions (a shape or a permutation).
     Dims(&'a [usize]),
+    /// An element type (`cast`'s target).
+    DType(super::meta::DType),
 }
 
 impl Arg<'_> {
@@ -37,6 +39,7 @@ impl Arg<'_> {
             Arg::Value(_) => "tensor",
             Arg::Scalar(_) => "scalar",
             Arg::Dims(_) => "list of dimensions",
+            Arg::DType(_) => "dtype",
         }
     }
 }
@@ -59,6 +62,7 @@ impl fmt::Display for Arg<'_> {
             Arg::Value(v) => write!(f, "{v}"),
             Arg::Scalar(s) => write!(f, "{s:?}"),
             Arg::Dims(d) => write!(f, "{}", super::meta::DimsDisplay(d)),
+            Arg::DType(d) => write!(f, "{d}"),
         }
     }
 }

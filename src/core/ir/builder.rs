@@ -248,6 +248,7 @@ impl<'a> TraceBuilder<'a> {
                 }
                 Arg::Scalar(s) => ArgInfo::Scalar(s),
                 Arg::Dims(d) => ArgInfo::Dims(d),
+                Arg::DType(d) => ArgInfo::DType(d),
             })
             .collect();
         let rule = def
@@ -528,6 +529,7 @@ impl<'a> TraceBuilder<'a> {
             Arg::Value(v) => Arg::Value(v),
             Arg::Scalar(s) => Arg::Scalar(s),
             Arg::Dims(d) => Arg::Dims(bump.alloc_slice_copy(d)),
+            Arg::DType(d) => Arg::DType(d),
         }))
     }
 

@@ -56,15 +56,21 @@ builtin_ids! {
     TRANSPOSE = 16, "transpose";
     /// `broadcast_to(x, dims)`: numpy-style broadcast to `dims`.
     BROADCAST_TO = 17, "broadcast_to";
+    /// `cast(x, dtype)`: `x` converted to `dtype`, rounding to nearest (ties to even); values
+    /// past the target's range become infinities, as in PyTorch.
+    CAST = 18, "cast";
     /// `softmax(x)` over the last axis (composite).
-    SOFTMAX = 18, "softmax";
+    SOFTMAX = 19, "softmax";
     /// `layer_norm(x, eps, weight?, bias?)` over the last axis (composite).
-    LAYER_NORM = 19, "layer_norm";
+    LAYER_NORM = 20, "layer_norm";
     /// `linear(x, w, bias?)`: `x @ w^T + bias`, `w` is `[out, in]` (composite).
-    LINEAR = 20, "linear";
+    LINEAR = 21, "linear";
     /// A fusion region, made only by `passes::FuseRegions`; listed as `<Executor>Fusion<N>`.
-    REGION = 21, "fusion_region";
+    REGION = 22, "fusion_region";
 }
+
+/// The last prim: ids up to it are prims, the composites follow.
+pub(crate) const LAST_PRIM: SymbolId = CAST;
 
 /// The unary elementwise prims, in id order.
 pub const UNARY: [SymbolId; 7] = [NEG, EXP, LOG, TANH, SIGMOID, RELU, GELU];
@@ -75,7 +81,7 @@ pub(crate) fn builtin_symbols() -> Vec<Symbol> {
     use Category::*;
     use ParamKind::*;
     let mut symbols = Vec::with_capacity(BUILTIN_NAMES.len());
-    for (index, name) in BUILTIN_NAMES[..=BROADCAST_TO.index()].iter().enumerate() {
+    for (index, name) in BUILTIN_NAMES[..=LAST_PRIM.index()].iter().enumerate() {
         let id = SymbolId::from_index(index);
         let category = match id {
             SUM | MAX => Reduction,
@@ -83,7 +89,7 @@ pub(crate) fn builtin_symbols() -> Vec<Symbol> {
             RESHAPE | TRANSPOSE | BROADCAST_TO => Shape,
             _ => Elementwise,
         };
-        let (params, rule) = prim_rule(id).expect("ids up to BROADCAST_TO are prims");
+        let (params, rule) = prim_rule(id).expect("ids up to LAST_PRIM are prims");
         symbols.push(Symbol::new(*name, category).params(params).shape_rule(rule));
     }
     symbols.push(
@@ -133,6 +139,7 @@ pub(crate) fn prim_rule(id: SymbolId) -> Option<(&'static [ParamKind], PrimRule)
         RESHAPE => (&[Tensor, Dims], reshape_rule),
         TRANSPOSE => (&[Tensor, Dims], transpose_rule),
         BROADCAST_TO => (&[Tensor, Dims], broadcast_to_rule),
+        CAST => (&[Tensor, DType], cast_rule),
         _ => return None,
     })
 }
@@ -179,13 +186,29 @@ pub(crate) fn broadcast_shapes(a: &[usize], b: &[usize]) -> std::result::Result<
     Ok(out)
 }
 
-fn binary_rule(args: &[ArgInfo<'_>]) -> RuleResult {
-    let (dtype, a) = tensor(args, 0)?;
+fn cast_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (_, shape) = tensor(args, 0)?;
     match args.get(1) {
-        Some(ArgInfo::Tensor { dtype: db, shape: b }) => {
-            if *db != dtype {
-                return Err(format!("dtypes differ: {dtype} and {db}"));
-            }
+        Some(ArgInfo::DType(to)) => Ok(TensorMeta::new(*to, shape)),
+        _ => Err("argument 1 must be a dtype".into()),
+    }
+}
+
+/// The promoted dtype of the tensor arguments (scalars do not promote; see [`DType::promote`]).
+fn promoted(args: &[ArgInfo<'_>]) -> Option<DType> {
+    args.iter()
+        .filter_map(|a| match a {
+            ArgInfo::Tensor { dtype, .. } => Some(*dtype),
+            _ => None,
+        })
+        .reduce(DType::promote)
+}
+
+fn binary_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (_, a) = tensor(args, 0)?;
+    let dtype = promoted(args).unwrap_or(DType::F32);
+    match args.get(1) {
+        Some(ArgInfo::Tensor { shape: b, .. }) => {
             if a == *b {
                 return Ok(TensorMeta::new(dtype, a));
             }
@@ -204,8 +227,9 @@ fn reduce_last_axis_rule(args: &[ArgInfo<'_>]) -> RuleResult {
 }
 
 fn matmul_rule(args: &[ArgInfo<'_>]) -> RuleResult {
-    let (dtype, a) = tensor(args, 0)?;
+    let (_, a) = tensor(args, 0)?;
     let (_, b) = tensor(args, 1)?;
+    let dtype = promoted(args).unwrap_or(DType::F32);
     match (a, b) {
         ([m, k], [k2, n]) if k == k2 => Ok(TensorMeta::new(dtype, &[*m, *n])),
         ([_, k], [k2, _]) => Err(format!("inner dimensions differ ({k} vs {k2}); need [m, k] x [k, n]")),
@@ -254,7 +278,9 @@ fn broadcast_to_rule(args: &[ArgInfo<'_>]) -> RuleResult {
 }
 
 fn layer_norm_rule(args: &[ArgInfo<'_>]) -> RuleResult {
-    let (dtype, shape) = tensor(args, 0)?;
+    let (_, shape) = tensor(args, 0)?;
+    // As its decomposition computes it: x's dtype, promoted by the weight and the bias.
+    let dtype = promoted(args).unwrap_or(DType::F32);
     let n = last_axis(shape)?;
     for (i, what) in [(2, "weight"), (3, "bias")] {
         if args.len() > i {
@@ -268,7 +294,8 @@ fn layer_norm_rule(args: &[ArgInfo<'_>]) -> RuleResult {
 }
 
 fn linear_rule(args: &[ArgInfo<'_>]) -> RuleResult {
-    let (dtype, x) = tensor(args, 0)?;
+    let (_, x) = tensor(args, 0)?;
+    let dtype = promoted(args).unwrap_or(DType::F32);
     let (_, w) = tensor(args, 1)?;
     let (m, n) = match (x, w) {
         ([m, k], [n, k2]) if k == k2 => (*m, *n),
@@ -440,6 +467,27 @@ impl<'a> TraceBuilder<'a> {
     /// Applies `broadcast_to`.
     pub fn broadcast_to(&mut self, x: ValueId, dims: &[usize]) -> Result<ValueId> {
         self.bind(BROADCAST_TO, &[Arg::Value(x), Arg::Dims(dims)])
+    }
+
+    /// Applies `cast`: `x` converted to `dtype` (rounding to nearest, ties to even; values past
+    /// the target's range become infinities, as in PyTorch).
+    ///
+    /// ```
+    /// use boundscope::{Arena, DType, Registry, TraceBuilder};
+    /// let registry = Registry::with_builtins();
+    /// let arena = Arena::new();
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[4]).unwrap();
+    /// let h = b.cast(x, DType::BF16).unwrap();
+    /// let y = b.exp(h).unwrap(); // computed in f32, rounded to bf16
+    /// let z = b.add(y, x).unwrap(); // bf16 + f32 promotes to f32
+    /// b.output(z).unwrap();
+    /// let trace = b.finish().unwrap();
+    /// assert_eq!(trace.value_meta(y).unwrap().dtype, DType::BF16);
+    /// assert_eq!(trace.value_meta(z).unwrap().dtype, DType::F32);
+    /// ```
+    pub fn cast(&mut self, x: ValueId, dtype: DType) -> Result<ValueId> {
+        self.bind(CAST, &[Arg::Value(x), Arg::DType(dtype)])
     }
 
     /// Applies `layer_norm` over the last axis; a bias needs a weight.

@@ -59,6 +59,8 @@ pub enum ParamKind {
     Scalar,
     /// A list of dimensions (a shape or a permutation).
     Dims,
+    /// An element type (`cast`'s target).
+    DType,
 }
 
 impl ParamKind {
@@ -68,6 +70,7 @@ impl ParamKind {
             ParamKind::TensorOrScalar => "a tensor or a scalar",
             ParamKind::Scalar => "a scalar",
             ParamKind::Dims => "a list of dimensions",
+            ParamKind::DType => "a dtype",
         }
     }
 
@@ -77,6 +80,7 @@ impl ParamKind {
             (ParamKind::Tensor | ParamKind::TensorOrScalar, Arg::Value(_))
                 | (ParamKind::TensorOrScalar | ParamKind::Scalar, Arg::Scalar(_))
                 | (ParamKind::Dims, Arg::Dims(_))
+                | (ParamKind::DType, Arg::DType(_))
         )
     }
 }
@@ -95,6 +99,8 @@ pub enum ArgInfo<'m> {
     Scalar(f32),
     /// A dimension-list argument.
     Dims(&'m [usize]),
+    /// A dtype argument.
+    DType(DType),
 }
 
 impl<'m> ArgInfo<'m> {
@@ -285,7 +291,7 @@ impl Symbol {
     /// assert_eq!(mine.get(id).unwrap().symbol.builtin_prim(), None);
     /// ```
     pub fn builtin_prim(&self) -> Option<SymbolId> {
-        self.builtin.filter(|id| id.index() <= crate::prims::BROADCAST_TO.index())
+        self.builtin.filter(|id| id.index() <= crate::prims::LAST_PRIM.index())
     }
 
     /// The built-in composite this symbol is (`softmax`, `layer_norm`, `linear`, ...), or `None`
@@ -299,7 +305,7 @@ impl Symbol {
     /// assert_eq!(builtins.get(prims::LINEAR).unwrap().symbol.builtin_prim(), None);
     /// ```
     pub fn builtin_composite(&self) -> Option<SymbolId> {
-        self.builtin.filter(|id| id.index() > crate::prims::BROADCAST_TO.index() && *id != crate::prims::REGION)
+        self.builtin.filter(|id| id.index() > crate::prims::LAST_PRIM.index() && *id != crate::prims::REGION)
     }
 
     /// Whether the symbol has a decomposition.

@@ -173,6 +173,7 @@ impl<'a> Trace<'a> {
                 }
                 Arg::Scalar(s) => ArgInfo::Scalar(s),
                 Arg::Dims(d) => ArgInfo::Dims(d),
+                Arg::DType(d) => ArgInfo::DType(d),
             });
         }
         let rule = symbol.shape_rule.as_ref().ok_or_else(|| format!("`{name}` has no shape rule"))?;

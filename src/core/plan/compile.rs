@@ -20,7 +20,7 @@ use super::scope_details::DetailsOf;
 use super::workspace::Workspace;
 use crate::core::guards::{Attachment, DroppedGuard, GuardSite, Level, ScopeDetails};
 use crate::core::ir::prims;
-use crate::core::ir::{BoundSymbol, DimsDisplay, Shape, Trace, ValueId};
+use crate::core::ir::{BoundSymbol, DType, DimsDisplay, Shape, TensorMeta, Trace, ValueId};
 use crate::core::options::Audience;
 use crate::error::{Error, Result};
 use std::sync::atomic::AtomicBool;
@@ -94,7 +94,10 @@ pub struct Plan {
     pub(crate) steps: Vec<Step>,
     pub(crate) executor_names: Vec<String>,
     pub(crate) input_shapes: Vec<Shape>,
-    pub(crate) buffer_shapes: Vec<Shape>,
+    pub(crate) input_dtypes: Vec<DType>,
+    /// Each host buffer's shape and dtype (one vector, so that the run loop finds both with
+    /// one bounds check).
+    pub(crate) buffers: Vec<TensorMeta>,
     /// The device of the plan's device executors, and the lengths of its buffers.
     pub(crate) device: Option<Arc<dyn Device>>,
     pub(crate) device_lengths: Vec<usize>,
@@ -244,7 +247,7 @@ impl Plan {
             value_slots: vec![None; trace.value_count()],
             device_slots: vec![None; trace.value_count()],
             steps: Vec::with_capacity(trace.len()),
-            buffer_shapes: Vec::new(),
+            buffers: Vec::new(),
             device: executors.iter().find_map(|e| e.device()),
             device_lengths: Vec::new(),
             output_downloads: Vec::new(),
@@ -277,6 +280,7 @@ impl Plan {
         );
         let input_shapes =
             trace.inputs().iter().map(|&v| compiler.shape(v).map(Shape::from_slice)).collect::<Result<_>>()?;
+        let input_dtypes = trace.inputs().iter().map(|&v| compiler.dtype(v)).collect();
         // Guards surround the steps of the trace's bound symbols; a copy step for an output that
         // is an input comes after all of them and stays outside every op's scope.
         let executor_names: Vec<&str> =
@@ -306,7 +310,8 @@ impl Plan {
             steps: compiler.steps,
             executor_names: executors.iter().map(|e| e.name().to_string()).collect(),
             input_shapes,
-            buffer_shapes: compiler.buffer_shapes,
+            input_dtypes,
+            buffers: compiler.buffers,
             device: compiler.device,
             device_lengths: compiler.device_lengths,
             device_io,
@@ -425,7 +430,7 @@ impl Plan {
 
     /// The shapes of the outputs, in order.
     pub fn output_shapes(&self) -> impl Iterator<Item = &[usize]> {
-        self.outputs.iter().map(|&b| self.buffer_shapes[b as usize].as_slice())
+        self.outputs.iter().map(|&b| self.buffers[b as usize].shape.as_slice())
     }
 
     /// Switches profiling guards on or off without recompiling (on by default). Off, a run
@@ -569,7 +574,7 @@ struct Compiler<'c, 't> {
     /// Which device buffer holds each value, if one does.
     device_slots: Vec<Option<u32>>,
     steps: Vec<Step>,
-    buffer_shapes: Vec<Shape>,
+    buffers: Vec<TensorMeta>,
     device: Option<Arc<dyn Device>>,
     device_lengths: Vec<usize>,
     /// `(step, device buffer)` of each download that only brings an output to the host.
@@ -581,6 +586,41 @@ struct Compiler<'c, 't> {
 }
 
 impl<'c, 't> Compiler<'c, 't> {
+    /// The first executor that takes `op`'s dtypes and claims it.
+    fn claimant(&self, op: &OpView<'_>) -> Option<usize> {
+        let dtypes = op_dtypes(self.trace, op.bound_symbol());
+        self.executors.iter().position(|e| dtypes.iter().all(|d| e.dtypes().contains(d)) && e.claims(op))
+    }
+
+    /// The error for `op`, which no executor claimed: a dtype none of them takes, when that is
+    /// why, else no executor at all.
+    fn unclaimed(&self, op: &OpView<'_>) -> Error {
+        let dtypes = op_dtypes(self.trace, op.bound_symbol());
+        let refused = dtypes.iter().find(|d| self.executors.iter().any(|e| !e.dtypes().contains(d) && e.claims(op)));
+        match refused {
+            Some(&dtype) => Error::UnsupportedDType {
+                symbol: op.name().to_string(),
+                dtype,
+                tried: self
+                    .executors
+                    .iter()
+                    .map(|e| {
+                        let takes: Vec<&str> = e.dtypes().iter().map(|d| d.name()).collect();
+                        format!("{} takes {}", e.name(), takes.join(", "))
+                    })
+                    .collect(),
+            },
+            None => Error::NoExecutor {
+                symbol: op.name().to_string(),
+                tried: self.executors.iter().map(|e| e.name().to_string()).collect(),
+            },
+        }
+    }
+
+    fn dtype(&self, value: ValueId) -> DType {
+        self.trace.meta(value).map_or(DType::F32, |m| m.dtype)
+    }
+
     fn shape(&self, value: ValueId) -> Result<&'t [usize]> {
         self.trace.meta(value).map(|m| m.shape).ok_or(Error::UndefinedValue { value, used_by: "Plan::compile".into() })
     }
@@ -595,7 +635,7 @@ impl<'c, 't> Compiler<'c, 't> {
     ) -> Result<CompiledNode> {
         let op = OpView::new(self.trace, bsym)?;
         // Asked once: the executor that claims it is the one its range is made for.
-        let claimed = self.executors.iter().position(|e| e.claims(&op));
+        let claimed = self.claimant(&op);
         let range = match claimed.map(|i| &self.executors[i]) {
             Some(executor) if bsym.symbol() == prims::REGION => {
                 let emitted = emitted_region_domain(executor.emits());
@@ -626,7 +666,7 @@ impl<'c, 't> Compiler<'c, 't> {
         region_range: Option<&RegionRange>,
     ) -> Result<CompiledNode> {
         let op = OpView::new(self.trace, bsym)?;
-        let claimed = self.executors.iter().position(|e| e.claims(&op));
+        let claimed = self.claimant(&op);
         self.compile_claimed(bsym, claimed, region_range)
     }
 
@@ -642,10 +682,7 @@ impl<'c, 't> Compiler<'c, 't> {
         let first = self.steps.len();
         let Some(executor) = claimed else {
             if bsym.subsymbols().is_empty() {
-                return Err(Error::NoExecutor {
-                    symbol: op.name().to_string(),
-                    tried: self.executors.iter().map(|e| e.name().to_string()).collect(),
-                });
+                return Err(self.unclaimed(&op));
             }
             let mut children = Vec::with_capacity(bsym.subsymbols().len());
             for sub in bsym.subsymbols() {
@@ -674,7 +711,7 @@ impl<'c, 't> Compiler<'c, 't> {
                 self.device_slots[o.index()] = Some(buffer);
                 outputs.push(buffer);
             } else {
-                let buffer = self.new_buffer(shape);
+                let buffer = self.new_buffer(shape, self.dtype(o));
                 self.value_slots[o.index()] = Some(Slot::Buffer(buffer));
                 outputs.push(buffer);
             }
@@ -697,7 +734,7 @@ impl<'c, 't> Compiler<'c, 't> {
         }
         let device =
             self.device_slots[value.index()].ok_or(Error::UndefinedValue { value, used_by: used_by.into() })?;
-        let buffer = self.new_buffer(self.shape(value)?);
+        let buffer = self.new_buffer(self.shape(value)?, self.dtype(value));
         self.steps.push(Step {
             work: Work::Download,
             inputs: SmallVec::from_slice(&[Slot::Device(device)]),
@@ -732,9 +769,9 @@ impl<'c, 't> Compiler<'c, 't> {
         (self.device_lengths.len() - 1) as u32
     }
 
-    fn new_buffer(&mut self, shape: &[usize]) -> u32 {
-        self.buffer_shapes.push(Shape::from_slice(shape));
-        (self.buffer_shapes.len() - 1) as u32
+    fn new_buffer(&mut self, shape: &[usize], dtype: DType) -> u32 {
+        self.buffers.push(TensorMeta::new(dtype, shape));
+        (self.buffers.len() - 1) as u32
     }
 
     /// The buffer holding an output; an output that is a trace input gets a copy step, so that
@@ -749,7 +786,7 @@ impl<'c, 't> Compiler<'c, 't> {
         match self.value_slots[value.index()] {
             Some(Slot::Buffer(b)) => Ok(b),
             Some(input @ Slot::Input(_)) => {
-                let buffer = self.new_buffer(self.shape(value)?);
+                let buffer = self.new_buffer(self.shape(value)?, self.dtype(value));
                 self.steps.push(Step {
                     work: Work::Host(kernel_fn(|inputs, outputs| {
                         outputs[0].data.copy_from_slice(inputs[0].data);
@@ -894,4 +931,16 @@ fn format_line(trace: &Trace<'_>, bsym: &BoundSymbol<'_>) -> String {
         let _ = write!(line, "  # {}{}", m.dtype, DimsDisplay(m.shape));
     }
     line
+}
+
+/// The distinct dtypes of a bound symbol's tensor inputs and outputs.
+fn op_dtypes(trace: &Trace<'_>, bsym: &BoundSymbol<'_>) -> smallvec::SmallVec<[DType; 3]> {
+    let mut dtypes = smallvec::SmallVec::new();
+    for v in bsym.inputs().chain(bsym.outputs().iter().copied()) {
+        let d = trace.meta(v).map_or(DType::F32, |m| m.dtype);
+        if !dtypes.contains(&d) {
+            dtypes.push(d);
+        }
+    }
+    dtypes
 }

@@ -37,7 +37,7 @@ pub trait Kernel: Send + Sync {
 /// });
 /// let x = Tensor::new(&[2], vec![1.0, 2.0]).unwrap();
 /// let mut out = [0.0; 2];
-/// double.run(&[x.view()], &mut [TensorMut { shape: &[2], data: &mut out }]).unwrap();
+/// double.run(&[x.view()], &mut [TensorMut { shape: &[2], dtype: boundscope::DType::F32, data: &mut out }]).unwrap();
 /// assert_eq!(out, [2.0, 4.0]);
 /// ```
 pub fn kernel_fn<F>(f: F) -> Box<dyn Kernel>
@@ -111,6 +111,15 @@ pub trait Executor: Any + Send + Sync {
             symbol: op.name().to_string(),
             message: "this executor has no host kernels (it runs on a device: see Executor::device)".into(),
         })
+    }
+
+    /// The dtypes its kernels take and produce. A plan asks it to claim only bound symbols
+    /// whose tensors are all of these dtypes; when no executor takes a bound symbol's dtypes,
+    /// compiling fails with [`Error::UnsupportedDType`](crate::Error::UnsupportedDType), naming
+    /// the op, the dtype and the executors tried. Default: `f32` only, so that a kernel written
+    /// for `f32` never sees anything else.
+    fn dtypes(&self) -> &[crate::DType] {
+        &[crate::DType::F32]
     }
 
     /// Whether this executor runs this composite better whole than as the prims it decomposes
@@ -530,6 +539,11 @@ impl<'t> OpView<'t> {
     /// All arguments, in order.
     pub fn args(&self) -> &'t [Arg<'t>] {
         self.bound_symbol.args()
+    }
+
+    /// The dtype of a value of the trace (`f32` for a value it does not have).
+    pub fn dtype_of(&self, value: ValueId) -> crate::DType {
+        self.trace.meta(value).map_or(crate::DType::F32, |m| m.dtype)
     }
 
     /// The shape of a value of the trace.

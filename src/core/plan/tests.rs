@@ -73,13 +73,13 @@ fn data_shorter_than_its_shape_is_reported_as_such() {
     let arena = Arena::new();
     let plan = Plan::compile(&exp_then_add(&arena, &registry), &[CpuReference::shared()]).unwrap();
     let mut ws = plan.workspace().unwrap();
-    let short = crate::TensorRef { shape: &[2, 3], data: &[0.0; 5] };
+    let short = crate::TensorRef { shape: &[2, 3], dtype: crate::DType::F32, data: &[0.0; 5] };
     let err = plan.run_with(&mut ws, &[short]).err().expect("5 elements for [2, 3]");
     assert!(matches!(err, Error::InputLength { index: 0, expected: 6, got: 5, .. }), "{err:?}");
     assert!(!err.to_string().contains("built for"), "{err}");
     assert!(err.to_string().contains("6 elements") && err.to_string().contains("has 5"), "{err}");
     // A wrong shape is still a shape error.
-    let wrong = crate::TensorRef { shape: &[3, 2], data: &[0.0; 6] };
+    let wrong = crate::TensorRef { shape: &[3, 2], dtype: crate::DType::F32, data: &[0.0; 6] };
     assert!(matches!(plan.run_with(&mut ws, &[wrong]), Err(Error::InputShape { index: 0, .. })));
 }
 
@@ -449,7 +449,7 @@ fn executors_on_two_devices_or_short_uploads_are_typed_errors() {
     let err = Plan::compile(&trace, &[Arc::new(DeviceExp), Arc::new(DeviceExp)]).unwrap_err();
     assert!(matches!(err, Error::DeviceMismatch { .. }), "{err}");
     let device: Arc<dyn Device> = Arc::new(HostMemoryDevice);
-    let short = crate::core::tensor::TensorRef { shape: &[4], data: &[1.0] };
+    let short = crate::core::tensor::TensorRef { shape: &[4], dtype: crate::DType::F32, data: &[1.0] };
     let err = DeviceTensor::upload(&device, short).unwrap_err();
     assert!(matches!(err, Error::InvalidTensor { .. }), "{err}");
     let mut tensor = DeviceTensor::upload(&device, Tensor::zeros(&[4]).view()).unwrap();

@@ -79,7 +79,11 @@ impl<'w> Outputs<'w> {
     /// The `i`-th output, or `None` past the end.
     pub fn get(&self, i: usize) -> Option<TensorRef<'w>> {
         let buffer = *self.plan.outputs.get(i)? as usize;
-        Some(TensorRef { shape: &self.plan.buffer_shapes[buffer], data: &self.workspace.buffers[buffer] })
+        Some(TensorRef {
+            shape: &self.plan.buffers[buffer].shape,
+            dtype: self.plan.buffers[buffer].dtype,
+            data: &self.workspace.buffers[buffer],
+        })
     }
 
     /// Number of outputs.
@@ -117,8 +121,8 @@ impl Plan {
     /// # Errors
     /// [`Error::OutOfMemory`] if a buffer cannot be allocated.
     pub fn workspace(&self) -> Result<Workspace> {
-        let mut buffers = Vec::with_capacity(self.buffer_shapes.len());
-        for shape in &self.buffer_shapes {
+        let mut buffers = Vec::with_capacity(self.buffers.len());
+        for crate::core::ir::TensorMeta { shape, .. } in &self.buffers {
             // Every shape of a plan is usable (the builder checks them), so this is its count.
             let numel = shape.iter().product::<usize>();
             let mut buffer = Vec::new();
@@ -235,7 +239,7 @@ impl Plan {
                     if placed.is_ok() {
                         placed = self.check_device_input(index, tensor);
                     }
-                    host.push(TensorRef { shape: tensor.shape(), data: &[] });
+                    host.push(TensorRef { shape: tensor.shape(), dtype: crate::DType::F32, data: &[] });
                     device.push(Some(tensor.buffer()));
                 }
             }
@@ -288,6 +292,10 @@ impl Plan {
     /// only.
     fn check_device_input(&self, index: usize, tensor: &DeviceTensor) -> Result<()> {
         let placement = |detail: String| Err(Error::InputPlacement { index, detail });
+        // Device tensors are f32 so far.
+        if self.input_dtypes[index] != crate::DType::F32 {
+            return Err(Error::InputDType { index, expected: self.input_dtypes[index], got: crate::DType::F32 });
+        }
         let Some(device) = &self.device else {
             return placement("this plan has no device steps; pass the input on the host".into());
         };
@@ -376,6 +384,9 @@ impl Plan {
             if input.shape != expected.as_slice() {
                 return Err(Error::InputShape { index, expected: expected.to_vec(), got: input.shape.to_vec() });
             }
+            if input.dtype != self.input_dtypes[index] {
+                return Err(Error::InputDType { index, expected: self.input_dtypes[index], got: input.dtype });
+            }
             // The trace's shapes are usable (the builder checks them), so this is the count.
             let numel = expected.iter().product::<usize>();
             if input.data.len() != numel {
@@ -409,7 +420,8 @@ impl Plan {
                 for slot in &step.inputs {
                     views.push(self.input_view(*slot, buffers, inputs));
                 }
-                let mut outs = [TensorMut { shape: &self.buffer_shapes[buffer], data: &mut data }];
+                let meta = &self.buffers[buffer];
+                let mut outs = [TensorMut { shape: &meta.shape, dtype: meta.dtype, data: &mut data }];
                 kernel.run(&views, &mut outs)
             };
             buffers[buffer] = data;
@@ -425,7 +437,11 @@ impl Plan {
             self.input_views(&mut views, step, buffers, inputs);
             let mut outs: Vec<TensorMut<'_>> = recycle(std::mem::take(&mut scratch.output_views));
             for (data, &b) in taken.iter_mut().zip(&step.outputs) {
-                outs.push(TensorMut { shape: &self.buffer_shapes[b as usize], data });
+                outs.push(TensorMut {
+                    shape: &self.buffers[b as usize].shape,
+                    dtype: self.buffers[b as usize].dtype,
+                    data,
+                });
             }
             let result = kernel.run(&views, &mut outs);
             scratch.input_views = recycle(views);
@@ -454,9 +470,13 @@ impl Plan {
     fn input_view<'v>(&'v self, slot: Slot, buffers: &'v [Vec<f32>], inputs: &[TensorRef<'v>]) -> TensorRef<'v> {
         match slot {
             Slot::Input(i) => inputs[i as usize],
-            Slot::Buffer(b) => TensorRef { shape: &self.buffer_shapes[b as usize], data: &buffers[b as usize] },
+            Slot::Buffer(b) => TensorRef {
+                shape: &self.buffers[b as usize].shape,
+                dtype: self.buffers[b as usize].dtype,
+                data: &buffers[b as usize],
+            },
             // Compilation gives host kernels host slots only (downloads come first).
-            Slot::Device(_) => TensorRef { shape: &[], data: &[] },
+            Slot::Device(_) => TensorRef { shape: &[], dtype: crate::DType::F32, data: &[] },
         }
     }
 
@@ -608,7 +628,7 @@ impl<'w> DeviceOutputs<'w> {
     /// The shape of the `i`-th output, or `None` past the end.
     pub fn shape(&self, i: usize) -> Option<&'w [usize]> {
         let buffer = *self.plan.outputs.get(i)? as usize;
-        Some(&self.plan.buffer_shapes[buffer])
+        Some(&self.plan.buffers[buffer].shape)
     }
 
     /// The device memory of the `i`-th output, if a device step computed it (else it is on the

@@ -235,7 +235,15 @@ impl Executor for CpuFusion {
             eprintln!("{program}");
             dumps.lock().unwrap_or_else(|p| p.into_inner()).push(program);
         }
-        Ok(Box::new(region))
+        // Temporaries stay f32; only the region's outputs are rounded to their dtypes.
+        let dtypes = op.bound_symbol().outputs().iter().map(|&v| op.dtype_of(v));
+        Ok(crate::executors::cpu_reference::rounding::RoundOutputs::wrap(Box::new(region), dtypes))
+    }
+
+    /// Every dtype: a region computes in `f32` throughout, keeping its temporaries in `f32`
+    /// (not rounded to their ops' dtypes), and rounds only its outputs, once.
+    fn dtypes(&self) -> &[crate::DType] {
+        &crate::DType::ALL
     }
 
     fn emits(&self) -> &[EmittedRange] {
@@ -333,13 +341,18 @@ mod tests {
         let fused = FuseRegions::new(CpuFusion::shared()).run(&b.finish().unwrap(), &arena).unwrap();
         let kernel = CpuFusion::new().compile(&OpView::of(&fused, 0).unwrap()).unwrap();
         let (input, mut out) = ([1.0f32; 8], [0.0f32; 4]);
-        let short =
-            kernel.run(&[TensorRef { shape: &[8], data: &input }], &mut [TensorMut { shape: &[4], data: &mut out }]);
+        let short = kernel.run(
+            &[TensorRef { shape: &[8], dtype: crate::DType::F32, data: &input }],
+            &mut [TensorMut { shape: &[4], dtype: crate::DType::F32, data: &mut out }],
+        );
         assert!(matches!(short, Err(Error::Execution { .. })), "{short:?}");
         assert!(kernel.run(&[], &mut []).is_err());
         let mut out = [0.0f32; 8];
         kernel
-            .run(&[TensorRef { shape: &[8], data: &input }], &mut [TensorMut { shape: &[8], data: &mut out }])
+            .run(
+                &[TensorRef { shape: &[8], dtype: crate::DType::F32, data: &input }],
+                &mut [TensorMut { shape: &[8], dtype: crate::DType::F32, data: &mut out }],
+            )
             .unwrap();
         assert_eq!(out[0], -(1.0f32.exp()));
     }

@@ -132,6 +132,7 @@ impl FusedRegion {
                     }
                 }
                 Arg::Dims(_) => Err("an elementwise op with a dimension list".into()),
+                Arg::DType(_) => Err("an elementwise op with a dtype argument".into()),
             }
         };
         let mut instructions = Vec::new();

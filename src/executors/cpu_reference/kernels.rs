@@ -34,7 +34,8 @@ pub(super) fn compile(id: SymbolId, op: &OpView<'_>, threads: usize) -> Result<B
             let parts = parts_for(threads, m.saturating_mul(k).saturating_mul(n), MIN_ELEMENTS_PER_PART);
             Box::new(Matmul { m, k, n, parts })
         }
-        prims::RESHAPE => Box::new(Copy { parts: streaming }),
+        // `cast` copies; the caller rounds the copy to the target dtype.
+        prims::RESHAPE | prims::CAST => Box::new(Copy { parts: streaming }),
         prims::TRANSPOSE => {
             let input_strides = contiguous_strides(op.input_shape(0)?);
             let source_strides = op.dims(1)?.iter().map(|&p| input_strides[p]).collect();

@@ -9,6 +9,7 @@
 
 pub(crate) mod kernels;
 pub mod math;
+pub(crate) mod rounding;
 pub(crate) mod vector_loops;
 
 use std::sync::Arc;
@@ -115,6 +116,7 @@ pub(crate) fn check_builtin(id: SymbolId, op: &OpView<'_>) -> std::result::Resul
             }
             Arg::Scalar(s) => ArgInfo::Scalar(s),
             Arg::Dims(d) => ArgInfo::Dims(d),
+            Arg::DType(d) => ArgInfo::DType(d),
         });
     }
     let expected =
@@ -205,6 +207,12 @@ impl Executor for CpuReference {
         op.symbol().has_cpu_kernel() || builtin_prim(op).is_some()
     }
 
+    /// Every dtype: built-in prims compute in `f32` and round their results to the op's dtype;
+    /// your symbols' CPU kernels see the dtypes in their views and round their own results.
+    fn dtypes(&self) -> &[crate::DType] {
+        &crate::DType::ALL
+    }
+
     fn compile(&self, op: &OpView<'_>) -> Result<Box<dyn Kernel>> {
         if let Some(factory) = &op.symbol().cpu_kernel {
             return factory(op);
@@ -212,6 +220,7 @@ impl Executor for CpuReference {
         let id = builtin_prim(op)
             .ok_or_else(|| Error::NoExecutor { symbol: op.name().to_string(), tried: vec![Self::NAME.to_string()] })?;
         require_builtin(Self::NAME, id, op)?;
-        kernels::compile(id, op, self.threads)
+        let dtypes = op.bound_symbol().outputs().iter().map(|&v| op.dtype_of(v));
+        Ok(rounding::RoundOutputs::wrap(kernels::compile(id, op, self.threads)?, dtypes))
     }
 }

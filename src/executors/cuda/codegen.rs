@@ -315,6 +315,7 @@ fn generate(
                     None => format!("t{}", v.index()),
                 },
                 Arg::Dims(_) => return Err(format!("`{}` takes dimensions; only elementwise ops fuse", op.name())),
+                Arg::DType(_) => return Err(format!("`{}` takes a dtype; only elementwise ops fuse", op.name())),
             })
         };
         if op.output_shape(0).map_err(|e| e.to_string())? != shape.as_slice() {

@@ -419,6 +419,142 @@ fn kernels_refuse_buffers_smaller_than_their_shapes() {
     }
 }
 
+/// The largest difference between `got` and `expected` in units of `dtype`'s last place at
+/// each element's magnitude (at least 1).
+fn ulps(got: &boundscope::Tensor, expected: &boundscope::Tensor, dtype: boundscope::DType) -> f32 {
+    let eps = match dtype {
+        boundscope::DType::BF16 => 2f32.powi(-7),
+        boundscope::DType::F16 => 2f32.powi(-10),
+        _ => 2f32.powi(-23),
+    };
+    got.data()
+        .iter()
+        .zip(expected.data())
+        .map(|(g, e)| if g == e { 0.0 } else { (g - e).abs() / (eps * e.abs().max(1.0)) })
+        .fold(0.0, f32::max)
+}
+
+/// bf16 and f16 plans on the GPU (16-byte vector loads and stores, `f32` registers, cuBLASLt
+/// products with `f32` accumulation) equal the CPU executors with the same rounding points:
+/// fused regions against CpuFusion (rounding only a region's outputs), per-op kernels against
+/// the CPU reference (rounding every op), within one unit in the last place (two for products,
+/// whose sums are in another order); casts, uploads and downloads exactly.
+#[test]
+fn bf16_and_f16_plans_match_the_cpu_executors() {
+    use boundscope::executors::CpuFusion;
+    use boundscope::{DType, DeviceTensor, Tensor, TensorMeta, TraceBuilder};
+    let Some(device) = device() else { return };
+    let registry = Registry::with_builtins();
+    for dtype in [DType::BF16, DType::F16] {
+        let arena = Arena::new();
+        let t = |shape: &[usize]| TensorMeta::new(dtype, shape);
+        // The norm and swish chains, a mixed-dtype op, a product and a cast, in one trace.
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input_with(&t(&[32, 64])).unwrap();
+        let mean = b.input_with(&t(&[32, 1])).unwrap();
+        let w = b.input_with(&t(&[64])).unwrap();
+        let f = b.input(&[32, 64]).unwrap();
+        let m = b.input_with(&t(&[64, 48])).unwrap();
+        let c = b.sub(x, mean).unwrap();
+        let n = b.mul(c, w).unwrap();
+        let s = b.sigmoid(n).unwrap();
+        let swish = b.mul(n, s).unwrap();
+        let mixed = b.mul(swish, f).unwrap(); // promotes to f32
+        let product = b.matmul(swish, m).unwrap();
+        let cast = b.cast(f, dtype).unwrap();
+        for v in [swish, mixed, product, cast] {
+            b.output(v).unwrap();
+        }
+        let trace = b.finish().unwrap();
+        let inputs: Vec<Tensor> = trace
+            .inputs()
+            .iter()
+            .enumerate()
+            .map(|(k, &v)| {
+                let meta = trace.value_meta(v).unwrap();
+                Tensor::from_fn(&meta.shape, |i| ((i * 7 + k * 13) % 29) as f32 / 29.0 - 0.5).to_dtype(meta.dtype)
+            })
+            .collect();
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        let (fused_gpu, fusion) = fused_for_cuda(&device, &trace, &arena);
+        let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+        let gpu_fused = Plan::compile(&fused_gpu, &[fusion, ops.clone()]).unwrap();
+        let gpu_ops = Plan::compile(&trace, &[ops]).unwrap();
+        let fused_cpu = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
+        let cpu_fused = Plan::compile(&fused_cpu, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();
+        let cpu_ops = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+        println!("{dtype}: {gpu_fused}");
+        assert!(gpu_fused.steps_per_executor().iter().all(|(e, _)| *e != "cpu_reference"), "{gpu_fused}");
+        let (gf, go, cf, co) = (
+            gpu_fused.run(&refs).unwrap(),
+            gpu_ops.run(&refs).unwrap(),
+            cpu_fused.run(&refs).unwrap(),
+            cpu_ops.run(&refs).unwrap(),
+        );
+        for (i, limit) in [(0, 1.0), (1, 1.0), (2, 2.0), (3, 0.0)] {
+            let out = trace.value_meta(trace.outputs()[i]).unwrap().dtype;
+            let (fused, per_op) = (ulps(&gf[i], &cf[i], out), ulps(&go[i], &co[i], out));
+            println!("{dtype} output {i} ({out}): fused {fused} ulps, per op {per_op} ulps from the CPU's");
+            assert!(fused <= limit && per_op <= limit, "{dtype} output {i}: {fused} / {per_op} ulps");
+            assert_eq!((gf[i].dtype(), go[i].dtype()), (out, out));
+        }
+        // layer_norm and softmax, which CudaOps runs whole (a warp per row, `f32` throughout,
+        // one rounding): within one unit of the f32 result rounded once.
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let rows = b.input_with(&t(&[16, 64])).unwrap();
+        let gamma = b.input_with(&t(&[64])).unwrap();
+        let beta = b.input_with(&t(&[64])).unwrap();
+        let normed = b.layer_norm(rows, 1e-5, Some(gamma), Some(beta)).unwrap();
+        let soft = b.softmax(rows).unwrap();
+        b.output(normed).unwrap();
+        b.output(soft).unwrap();
+        let whole = b.finish().unwrap();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let (r32, g32, b32) = (b.input(&[16, 64]).unwrap(), b.input(&[64]).unwrap(), b.input(&[64]).unwrap());
+        let n32 = b.layer_norm(r32, 1e-5, Some(g32), Some(b32)).unwrap();
+        let s32 = b.softmax(r32).unwrap();
+        b.output(n32).unwrap();
+        b.output(s32).unwrap();
+        let in_f32 = b.finish().unwrap();
+        let row_inputs: Vec<Tensor> = [&[16usize, 64][..], &[64], &[64]]
+            .iter()
+            .enumerate()
+            .map(|(k, shape)| Tensor::from_fn(shape, |i| ((i * 5 + k * 11) % 23) as f32 / 11.0 - 1.0).to_dtype(dtype))
+            .collect();
+        let (whole_gpu, _) = fused_for_cuda(&device, &whole, &arena);
+        let plan = Plan::compile(&whole_gpu, &[Arc::new(CudaOps::new(device.clone())) as Arc<dyn Executor>]).unwrap();
+        assert_eq!(plan.len(), 7, "three uploads, two row kernels, two downloads: {plan}");
+        let got = plan.run(&row_inputs.iter().collect::<Vec<_>>()).unwrap();
+        let widened: Vec<Tensor> = row_inputs.iter().map(|t| t.to_dtype(DType::F32)).collect();
+        let exact = Plan::compile(&in_f32, &[CpuReference::shared()])
+            .unwrap()
+            .run(&widened.iter().collect::<Vec<_>>())
+            .unwrap();
+        for i in 0..2 {
+            let d = ulps(&got[i], &exact[i].to_dtype(dtype), dtype);
+            println!("{dtype} row kernel {i}: {d} ulps from the f32 result rounded once");
+            assert!(d <= 1.0, "{dtype} row kernel {i}: {d} ulps");
+        }
+        // Device tensors of 16-bit values: uploaded packed, read back exactly; a device input
+        // of another dtype is a typed error.
+        let on_device: Arc<dyn boundscope::Device> = device.clone();
+        let up = DeviceTensor::upload(&on_device, inputs[0].view()).unwrap();
+        assert_eq!(up.dtype(), dtype);
+        assert_eq!(up.to_host().unwrap(), inputs[0]);
+        let uploaded: Vec<DeviceTensor> =
+            inputs.iter().map(|t| DeviceTensor::upload(&on_device, t.view()).unwrap()).collect();
+        let run_inputs: Vec<boundscope::RunInput<'_>> = uploaded.iter().map(boundscope::RunInput::from).collect();
+        let mut ws = gpu_fused.workspace().unwrap();
+        let on_gpu = gpu_fused.run_on_device(&mut ws, &run_inputs).unwrap().to_host(0).unwrap();
+        assert_eq!(on_gpu, gf[0]);
+        let wrong = DeviceTensor::upload(&on_device, inputs[3].view()).unwrap(); // f32
+        let mut mixed_up: Vec<boundscope::RunInput<'_>> = run_inputs.clone();
+        mixed_up[0] = boundscope::RunInput::from(&wrong);
+        let err = gpu_fused.run_on_device(&mut ws, &mixed_up).err().expect("a dtype error");
+        assert!(matches!(err, boundscope::Error::InputDType { index: 0, .. }), "{err}");
+    }
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 

@@ -101,6 +101,8 @@ pub struct Plan {
     /// The device of the plan's device executors, and the lengths of its buffers.
     pub(crate) device: Option<Arc<dyn Device>>,
     pub(crate) device_lengths: Vec<usize>,
+    /// The dtype of each device buffer's values (16-bit ones are packed two per word).
+    pub(crate) device_dtypes: Vec<DType>,
     /// Which inputs and outputs may stay on the device.
     pub(crate) device_io: DeviceIo,
     pub(crate) outputs: Vec<u32>,
@@ -250,6 +252,7 @@ impl Plan {
             buffers: Vec::new(),
             device: executors.iter().find_map(|e| e.device()),
             device_lengths: Vec::new(),
+            device_dtypes: Vec::new(),
             output_downloads: Vec::new(),
             filter,
         };
@@ -314,6 +317,7 @@ impl Plan {
             buffers: compiler.buffers,
             device: compiler.device,
             device_lengths: compiler.device_lengths,
+            device_dtypes: compiler.device_dtypes,
             device_io,
             outputs,
             pool: Mutex::new(Vec::new()),
@@ -577,6 +581,7 @@ struct Compiler<'c, 't> {
     buffers: Vec<TensorMeta>,
     device: Option<Arc<dyn Device>>,
     device_lengths: Vec<usize>,
+    device_dtypes: Vec<DType>,
     /// `(step, device buffer)` of each download that only brings an output to the host.
     output_downloads: Vec<(usize, u32)>,
     /// Which NVTX ranges the plan prepares (region ranges that executors push included).
@@ -707,7 +712,7 @@ impl<'c, 't> Compiler<'c, 't> {
         for &o in bsym.outputs() {
             let shape = self.shape(o)?;
             if on_device {
-                let buffer = self.new_device_buffer(shape);
+                let buffer = self.new_device_buffer(shape, self.dtype(o));
                 self.device_slots[o.index()] = Some(buffer);
                 outputs.push(buffer);
             } else {
@@ -752,7 +757,7 @@ impl<'c, 't> Compiler<'c, 't> {
             return Ok(Slot::Device(buffer));
         }
         let host = self.value_slots[value.index()].ok_or(Error::UndefinedValue { value, used_by: used_by.into() })?;
-        let buffer = self.new_device_buffer(self.shape(value)?);
+        let buffer = self.new_device_buffer(self.shape(value)?, self.dtype(value));
         self.steps.push(Step {
             work: Work::Upload,
             inputs: SmallVec::from_slice(&[host]),
@@ -764,8 +769,11 @@ impl<'c, 't> Compiler<'c, 't> {
         Ok(Slot::Device(buffer))
     }
 
-    fn new_device_buffer(&mut self, shape: &[usize]) -> u32 {
-        self.device_lengths.push(shape.iter().product());
+    /// A device buffer for a value of `shape` and `dtype`: its length in words (16-bit values
+    /// two per word, see `packing`).
+    fn new_device_buffer(&mut self, shape: &[usize], dtype: DType) -> u32 {
+        self.device_lengths.push(super::packing::words(dtype, shape.iter().product()));
+        self.device_dtypes.push(dtype);
         (self.device_lengths.len() - 1) as u32
     }
 

@@ -10,6 +10,7 @@
 use std::sync::Arc;
 
 use super::device::{Device, DeviceBuffer};
+use super::packing;
 use crate::core::ir::Shape;
 use crate::core::tensor::{Tensor, TensorRef};
 use crate::error::{Error, Result};
@@ -38,6 +39,7 @@ use crate::error::{Error, Result};
 /// ```
 pub struct DeviceTensor {
     shape: Shape,
+    dtype: crate::DType,
     buffer: Box<dyn DeviceBuffer>,
     device: Arc<dyn Device>,
 }
@@ -49,9 +51,14 @@ impl DeviceTensor {
     /// The device's allocation or copy error.
     pub fn upload(device: &Arc<dyn Device>, tensor: TensorRef<'_>) -> Result<Self> {
         check_holds(tensor)?;
-        let mut buffer = device.alloc(tensor.data.len())?;
-        device.upload(tensor.data, &mut *buffer)?;
-        Ok(Self { shape: Shape::from_slice(tensor.shape), buffer, device: device.clone() })
+        let mut buffer = device.alloc(packing::words(tensor.dtype, tensor.data.len()))?;
+        upload_values(&**device, tensor, &mut *buffer)?;
+        Ok(Self { shape: Shape::from_slice(tensor.shape), dtype: tensor.dtype, buffer, device: device.clone() })
+    }
+
+    /// Its dtype (bf16 and f16 values are stored two per device word).
+    pub fn dtype(&self) -> crate::DType {
+        self.dtype
     }
 
     /// Overwrites it with `tensor`, of its shape, in place (after the work already queued on
@@ -66,7 +73,10 @@ impl DeviceTensor {
         if tensor.shape != self.shape.as_slice() {
             return Err(Error::InputShape { index: 0, expected: self.shape.to_vec(), got: tensor.shape.to_vec() });
         }
-        self.device.upload(tensor.data, &mut *self.buffer)
+        if tensor.dtype != self.dtype {
+            return Err(Error::InputDType { index: 0, expected: self.dtype, got: tensor.dtype });
+        }
+        upload_values(&*self.device, tensor, &mut *self.buffer)
     }
 
     /// Its shape.
@@ -89,7 +99,7 @@ impl DeviceTensor {
     /// # Errors
     /// The device's copy error.
     pub fn to_host(&self) -> Result<Tensor> {
-        download(&*self.device, &*self.buffer, &self.shape)
+        download(&*self.device, &*self.buffer, &self.shape, self.dtype)
     }
 }
 
@@ -107,8 +117,31 @@ fn check_holds(tensor: TensorRef<'_>) -> Result<()> {
     }
 }
 
-/// Copies `len(shape)` elements of a device buffer to a new host tensor.
-pub(crate) fn download(device: &dyn Device, buffer: &dyn DeviceBuffer, shape: &[usize]) -> Result<Tensor> {
+/// Uploads `tensor`'s values into `buffer`, 16-bit ones packed two per word.
+fn upload_values(device: &dyn Device, tensor: TensorRef<'_>, buffer: &mut dyn DeviceBuffer) -> Result<()> {
+    if !packing::is_packed(tensor.dtype) {
+        return device.upload(tensor.data, buffer);
+    }
+    let mut packed = Vec::new();
+    packing::pack(tensor.dtype, tensor.data, &mut packed);
+    device.upload(&packed, buffer)
+}
+
+/// Copies `len(shape)` values of `dtype` of a device buffer to a new host tensor.
+pub(crate) fn download(
+    device: &dyn Device,
+    buffer: &dyn DeviceBuffer,
+    shape: &[usize],
+    dtype: crate::DType,
+) -> Result<Tensor> {
+    if packing::is_packed(dtype) {
+        let numel: usize = shape.iter().product();
+        let mut packed = vec![0.0f32; packing::words(dtype, numel)];
+        device.download(buffer, &mut packed)?;
+        let mut values = vec![0.0f32; numel];
+        packing::unpack(dtype, &packed, &mut values);
+        return Ok(Tensor::new(shape, values)?.to_dtype(dtype));
+    }
     let numel: usize = shape.iter().product();
     let mut data = Vec::new();
     data.try_reserve_exact(numel).map_err(|_| Error::OutOfMemory {

@@ -8,6 +8,7 @@ mod executor;
 mod graph;
 mod guard_schedule;
 mod one_per_scope;
+pub(crate) mod packing;
 pub(crate) mod range_filter;
 mod range_map;
 mod scope_details;

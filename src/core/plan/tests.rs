@@ -554,3 +554,83 @@ fn every_site_gets_the_details_of_what_it_surrounds() {
     assert_eq!((run.inputs, run.outputs), (vec![xm, wm], vec![out]));
     assert_eq!(run.flops, 2 * n * 256 + 5 * n + n);
 }
+
+/// `exp` "on the device" for every dtype: 16-bit values arrive packed two per word.
+struct DeviceExpAnyDtype;
+
+struct PackedExp(crate::DType);
+
+impl DeviceKernel for PackedExp {
+    fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> crate::Result<()> {
+        let n = memory(inputs[0]).len() * if super::packing::is_packed(self.0) { 2 } else { 1 };
+        let mut values = vec![0.0; n];
+        if super::packing::is_packed(self.0) {
+            super::packing::unpack(self.0, memory(inputs[0]), &mut values);
+        } else {
+            values.copy_from_slice(memory(inputs[0]));
+        }
+        let results: Vec<f32> = values.iter().map(|&v| self.0.round(crate::executors::math::exp(v))).collect();
+        let out = &mut outputs[0].as_any_mut().downcast_mut::<HostMemory>().expect("our buffer").0;
+        if super::packing::is_packed(self.0) {
+            let mut packed = Vec::new();
+            super::packing::pack(self.0, &results, &mut packed);
+            out.copy_from_slice(&packed);
+        } else {
+            out.copy_from_slice(&results);
+        }
+        Ok(())
+    }
+}
+
+impl Executor for DeviceExpAnyDtype {
+    fn name(&self) -> &str {
+        "device_exp_any"
+    }
+    fn claims(&self, op: &OpView<'_>) -> bool {
+        op.symbol_id() == prims::EXP
+    }
+    fn dtypes(&self) -> &[crate::DType] {
+        &crate::DType::ALL
+    }
+    fn device(&self) -> Option<Arc<dyn Device>> {
+        Some(Arc::new(HostMemoryDevice))
+    }
+    fn compile_device(&self, op: &OpView<'_>) -> crate::Result<Box<dyn DeviceKernel>> {
+        Ok(Box::new(PackedExp(op.dtype_of(op.bound_symbol().outputs()[0]))))
+    }
+}
+
+/// 16-bit values cross to a device packed two per word and back, through host inputs, device
+/// tensors and outputs, and equal the CPU reference's; a device input of another dtype is a
+/// typed error.
+#[test]
+fn sixteen_bit_values_travel_packed_to_devices_and_back() {
+    use crate::core::ir::TensorMeta;
+    use crate::DType;
+    for dtype in [DType::BF16, DType::F16] {
+        let registry = Registry::with_builtins();
+        let arena = Arena::new();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input_with(&TensorMeta::new(dtype, &[5])).unwrap();
+        let e = b.exp(x).unwrap(); // on the device
+        let n = b.neg(e).unwrap(); // on the host: a download
+        let f = b.exp(n).unwrap(); // on the device again: an upload, then the output's download
+        b.output(f).unwrap();
+        let trace = b.finish().unwrap();
+        let plan = Plan::compile(&trace, &[Arc::new(DeviceExpAnyDtype), CpuReference::shared()]).unwrap();
+        let input = Tensor::new(&[5], vec![0.5, -1.0, 2.0, 0.0, 1.5]).unwrap().to_dtype(dtype);
+        let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&input]).unwrap();
+        let got = plan.run(&[&input]).unwrap();
+        assert_eq!(got, expected, "{dtype}: host input");
+        let device: Arc<dyn Device> = plan.device().unwrap().clone();
+        let on_device = crate::DeviceTensor::upload(&device, input.view()).unwrap();
+        assert_eq!(on_device.dtype(), dtype);
+        assert_eq!(on_device.to_host().unwrap(), input);
+        let mut ws = plan.workspace().unwrap();
+        let outputs = plan.run_on_device(&mut ws, &[crate::RunInput::from(&on_device)]).unwrap();
+        assert_eq!(outputs.to_host(0).unwrap(), expected[0], "{dtype}: device input");
+        let f32_on_device = crate::DeviceTensor::upload(&device, Tensor::zeros(&[5]).view()).unwrap();
+        let err = plan.run_on_device(&mut ws, &[crate::RunInput::from(&f32_on_device)]).err().unwrap();
+        assert_eq!(err, Error::InputDType { index: 0, expected: dtype, got: DType::F32 });
+    }
+}

@@ -13,6 +13,7 @@ use super::device::{Device, DeviceQueue};
 use super::device_tensor::{download, DeviceTensor, PlanInput, RunInput};
 use super::executor::RunDecision;
 use super::guard_schedule::{GuardStack, Schedule};
+use super::packing;
 use crate::core::tensor::{Tensor, TensorMut, TensorRef};
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -48,6 +49,9 @@ pub(super) struct RunScratch {
     device_taken: Vec<Option<Box<dyn DeviceBuffer>>>,
     host_inputs: Vec<TensorRef<'static>>,
     device_run_inputs: Vec<Option<&'static dyn DeviceBuffer>>,
+    /// 16-bit values packed two per word, for transfers of bf16 and f16 values (grown once to
+    /// the largest such transfer, then reused).
+    packed: Vec<f32>,
 }
 
 /// Steps with at most this many inputs (and one output) build their views on the stack.
@@ -150,6 +154,7 @@ impl Plan {
                 device_taken: Vec::with_capacity(self.widths.outputs),
                 host_inputs: Vec::with_capacity(self.input_shapes.len()),
                 device_run_inputs: Vec::with_capacity(self.input_shapes.len()),
+                packed: Vec::new(),
             },
         })
     }
@@ -239,7 +244,7 @@ impl Plan {
                     if placed.is_ok() {
                         placed = self.check_device_input(index, tensor);
                     }
-                    host.push(TensorRef { shape: tensor.shape(), dtype: crate::DType::F32, data: &[] });
+                    host.push(TensorRef { shape: tensor.shape(), dtype: tensor.dtype(), data: &[] });
                     device.push(Some(tensor.buffer()));
                 }
             }
@@ -292,9 +297,8 @@ impl Plan {
     /// only.
     fn check_device_input(&self, index: usize, tensor: &DeviceTensor) -> Result<()> {
         let placement = |detail: String| Err(Error::InputPlacement { index, detail });
-        // Device tensors are f32 so far.
-        if self.input_dtypes[index] != crate::DType::F32 {
-            return Err(Error::InputDType { index, expected: self.input_dtypes[index], got: crate::DType::F32 });
+        if self.input_dtypes[index] != tensor.dtype() {
+            return Err(Error::InputDType { index, expected: self.input_dtypes[index], got: tensor.dtype() });
         }
         let Some(device) = &self.device else {
             return placement("this plan has no device steps; pass the input on the host".into());
@@ -318,12 +322,13 @@ impl Plan {
                     .into(),
             );
         }
-        let numel: usize = expected.iter().product();
-        if tensor.buffer().len() < numel {
+        // In device words: 16-bit values two per word.
+        let words = packing::words(tensor.dtype(), expected.iter().product());
+        if tensor.buffer().len() < words {
             return Err(Error::InputLength {
                 index,
                 shape: expected.to_vec(),
-                expected: numel,
+                expected: words,
                 got: tensor.buffer().len(),
             });
         }
@@ -509,14 +514,30 @@ impl Plan {
                     Slot::Buffer(b) => &workspace.buffers[b as usize],
                     Slot::Device(_) => return Err(missing()),
                 };
-                let target = workspace.device_buffers[step.outputs[0] as usize].as_deref_mut().ok_or_else(missing)?;
+                let out = step.outputs[0] as usize;
+                let target = workspace.device_buffers[out].as_deref_mut().ok_or_else(missing)?;
+                let dtype = self.device_dtypes[out];
+                if packing::is_packed(dtype) {
+                    packing::pack(dtype, source, &mut workspace.scratch.packed);
+                    return device.upload(&workspace.scratch.packed, target);
+                }
                 device.upload(source, target)
             }
             Work::Download if run.outputs_on_device && self.device_io.output_download[index] => Ok(()),
             Work::Download => {
                 let d = device_slot(&step.inputs[0]).ok_or_else(missing)?;
                 let source = self.device_buffer(d, &workspace.device_buffers, run).ok_or_else(missing)?;
-                device.download(source, &mut workspace.buffers[step.outputs[0] as usize])
+                let target = &mut workspace.buffers[step.outputs[0] as usize];
+                let dtype = self.device_dtypes[d];
+                if packing::is_packed(dtype) {
+                    let packed = &mut workspace.scratch.packed;
+                    packed.clear();
+                    packed.resize(packing::words(dtype, target.len()), 0.0);
+                    device.download(source, packed)?;
+                    packing::unpack(dtype, packed, target);
+                    return Ok(());
+                }
+                device.download(source, target)
             }
             Work::Device(kernel) => {
                 let Workspace { device_buffers, scratch, .. } = workspace;
@@ -646,7 +667,9 @@ impl<'w> DeviceOutputs<'w> {
     pub fn to_host(&self, i: usize) -> Result<Tensor> {
         let shape = self.shape(i).ok_or(Error::NoSuchOutput { index: i, outputs: self.len() })?;
         match (self.device_buffer(i), &self.plan.device) {
-            (Some(buffer), Some(device)) => download(&**device, buffer, shape),
+            (Some(buffer), Some(device)) => {
+                download(&**device, buffer, shape, self.plan.buffers[self.plan.outputs[i] as usize].dtype)
+            }
             _ => Ok(Outputs { plan: self.plan, workspace: self.workspace }
                 .get(i)
                 .map(|t| t.to_tensor())

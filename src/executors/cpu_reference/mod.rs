@@ -162,7 +162,9 @@ pub(crate) fn fused_shape<'t>(
         let name = op.name();
         let id = builtin_prim(op).ok_or_else(|| format!("`{name}` is not a built-in prim"))?;
         let reduction = matches!(id, prims::SUM | prims::MAX);
-        if !reduction && !prims::UNARY.contains(&id) && !prims::BINARY.contains(&id) {
+        // `cast` is elementwise too: the value, read as `f32` and written as its dtype (it is
+        // never fusible, as a region rounds only its outputs; CudaOps runs it alone).
+        if !reduction && !prims::UNARY.contains(&id) && !prims::BINARY.contains(&id) && id != prims::CAST {
             return Err(format!("`{name}` cannot be fused: only elementwise prims and a last `sum` or `max` can"));
         }
         if reduction && i + 1 != ops.len() {

@@ -70,6 +70,12 @@ impl Executor for CudaFusion {
         &EMITS
     }
 
+    /// Every dtype: a region reads 16-bit inputs and writes 16-bit outputs with 16-byte vector
+    /// accesses and computes in `f32` registers, rounding only its outputs.
+    fn dtypes(&self) -> &[crate::DType] {
+        &crate::DType::ALL
+    }
+
     fn fusible(&self, op: &OpView<'_>) -> Fusible {
         builtin_fusible(op)
     }
@@ -106,15 +112,29 @@ impl Executor for CudaOps {
     }
 
     fn claims(&self, op: &OpView<'_>) -> bool {
-        // What the generator compiles (everything fusible, and the shape ops) and cuBLAS's
-        // matmul: every built-in prim, so that a plan's values stay on the device.
+        // What the generator compiles (everything fusible, casts, and the shape ops) and
+        // cuBLASLt's products: every built-in prim, so that a plan's values stay on the device.
+        // 16-bit values: elementwise ops, reductions, casts and products of one dtype so far.
+        let sixteen_bit = op_has_16_bit(op);
         builtin_fusible(op) != Fusible::No
-            || matches!(builtin_prim(op), Some(prims::MATMUL | prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO))
+            || builtin_prim(op) == Some(prims::CAST)
+            || (builtin_prim(op) == Some(prims::MATMUL) && single_dtype(op).is_ok())
+            || (!sixteen_bit
+                && matches!(builtin_prim(op), Some(prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO)))
             || self.prefers_whole(op)
     }
 
+    /// Every dtype (see [`claims`](Executor::claims) for what runs in 16 bits so far).
+    fn dtypes(&self) -> &[crate::DType] {
+        &crate::DType::ALL
+    }
+
     fn prefers_whole(&self, op: &OpView<'_>) -> bool {
-        matches!(op.symbol().builtin_composite(), Some(prims::LINEAR | prims::SOFTMAX | prims::LAYER_NORM))
+        match op.symbol().builtin_composite() {
+            Some(prims::LINEAR) => single_dtype(op).is_ok(),
+            Some(prims::SOFTMAX | prims::LAYER_NORM) => true,
+            _ => false,
+        }
     }
 
     fn device(&self) -> Option<Arc<dyn Device>> {
@@ -125,7 +145,8 @@ impl Executor for CudaOps {
         if builtin_prim(op) == Some(prims::MATMUL) {
             require_builtin(Self::NAME, prims::MATMUL, op)?;
             let (a, b) = (op.input_shape(0)?, op.input_shape(1)?);
-            let shape = GemmShape { m: a[0], k: a[1], n: b[1], b_transposed: false, bias: false };
+            let shape =
+                GemmShape { m: a[0], k: a[1], n: b[1], b_transposed: false, bias: false, dtype: single_dtype(op)? };
             return Ok(Box::new(LtGemm::new(self.device.clone(), self.lt.clone(), shape, "matmul")?));
         }
         if matches!(op.symbol().builtin_composite(), Some(prims::SOFTMAX | prims::LAYER_NORM)) {
@@ -284,5 +305,30 @@ fn linear_shape(op: &OpView<'_>) -> std::result::Result<GemmShape, String> {
     if !(2..=3).contains(&inputs) {
         return Err(format!("linear takes 2 or 3 tensors, not {inputs}"));
     }
-    Ok(GemmShape { m, n, k, b_transposed: true, bias: inputs == 3 })
+    let dtype = single_dtype(op).map_err(|e| e.to_string())?;
+    Ok(GemmShape { m, n, k, b_transposed: true, bias: inputs == 3, dtype })
+}
+
+/// Whether any tensor of `op` is of a 16-bit dtype.
+fn op_has_16_bit(op: &OpView<'_>) -> bool {
+    let bsym = op.bound_symbol();
+    bsym.inputs().chain(bsym.outputs().iter().copied()).any(|v| op.dtype_of(v).size_bytes() == 2)
+}
+
+/// The one dtype of all of `op`'s tensors (cuBLASLt's products here take operands of one
+/// dtype), or why not.
+fn single_dtype(op: &OpView<'_>) -> Result<crate::DType> {
+    let bsym = op.bound_symbol();
+    let mut dtypes = bsym.inputs().chain(bsym.outputs().iter().copied()).map(|v| op.dtype_of(v));
+    let first = dtypes.next().unwrap_or(crate::DType::F32);
+    match dtypes.find(|&d| d != first) {
+        None => Ok(first),
+        Some(other) => Err(Error::KernelPrecondition {
+            executor: CudaOps::NAME.into(),
+            symbol: op.name().into(),
+            detail: format!(
+                "its operands are {first} and {other}; cuBLASLt's products here take one dtype (cast first)"
+            ),
+        }),
+    }
 }

@@ -31,6 +31,8 @@ pub(crate) struct GemmShape {
     pub b_transposed: bool,
     /// A bias of `n` elements is the third input.
     pub bias: bool,
+    /// The dtype of every operand (bf16 and f16 products accumulate in `f32`).
+    pub dtype: crate::DType,
 }
 
 /// One cuBLASLt handle per executor, and the workspace buffers of the streams it ran on.
@@ -112,9 +114,15 @@ impl LtGemm {
         // Column-major, cuBLAS's order: C^T[n, m] = op(B)[n, k] · A^T[k, m], where the
         // row-major buffers read as column-major are A^T (k x m, leading k), B^T (n x k, leading
         // n) for `matmul`, and W^T (k x n, leading k) for `linear`, which op = T turns to n x k.
-        let f32 = sys::cudaDataType_t::CUDA_R_32F;
-        let desc = result::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, f32)
-            .map_err(err("cublasLtMatmulDescCreate"))?;
+        let f32 = match shape.dtype {
+            crate::DType::BF16 => sys::cudaDataType_t::CUDA_R_16BF,
+            crate::DType::F16 => sys::cudaDataType_t::CUDA_R_16F,
+            _ => sys::cudaDataType_t::CUDA_R_32F,
+        };
+        // FP32 accumulation and scaling whatever the operands' dtype.
+        let desc =
+            result::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType_t::CUDA_R_32F)
+                .map_err(err("cublasLtMatmulDescCreate"))?;
         let a_layout = if shape.b_transposed {
             result::create_matrix_layout(f32, k, n, k as i64)
         } else {
@@ -167,7 +175,8 @@ impl LtGemm {
 
 impl DeviceKernel for LtGemm {
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
-        let GemmShape { m, n, k, bias, .. } = self.shape;
+        let GemmShape { m, n, k, bias, dtype, .. } = self.shape;
+        let words = |elements: usize| crate::core::plan::packing::words(dtype, elements);
         let needed_inputs = if bias { 3 } else { 2 };
         let fail = |message: String| {
             Err(crate::Error::Execution { executor: "cuda".into(), symbol: self.name.into(), message })
@@ -179,14 +188,14 @@ impl DeviceKernel for LtGemm {
                 outputs.len()
             ));
         }
-        let needs = [m * k, n * k, n];
+        let needs = [words(m * k), words(n * k), words(n)];
         for (i, (buffer, need)) in inputs.iter().zip(needs).enumerate() {
             if buffer.len() < need {
                 return fail(format!("input {i} holds {} elements, but the product reads {need}", buffer.len()));
             }
         }
-        if outputs[0].len() < m * n {
-            return fail(format!("output 0 holds {} elements, but the product writes {}", outputs[0].len(), m * n));
+        if outputs[0].len() < words(m * n) {
+            return fail(format!("output 0 holds {} words, but the product writes {}", outputs[0].len(), words(m * n)));
         }
         let stream = self.device.stream();
         let (a, _) = slice(inputs[0])?.device_ptr(&stream);

@@ -46,7 +46,11 @@ pub(crate) struct LtContext {
 unsafe impl Send for LtContext {}
 
 impl LtContext {
-    pub fn new() -> Result<Self> {
+    /// A handle for `device`'s context, which this thread binds first: `cublasLtCreate` reads
+    /// the current context's limits (compute-sanitizer reports the call as an error when the
+    /// plan is compiled on a thread with none bound).
+    pub fn new(device: &CudaDevice) -> Result<Self> {
+        device.stream().context().bind_to_thread().map_err(|e| cuda_error("bind the CUDA context", e))?;
         let handle = result::create_handle().map_err(|e| cuda_error("cublasLtCreate", e))?;
         Ok(Self { handle, workspaces: Vec::new() })
     }
@@ -105,7 +109,7 @@ impl LtGemm {
     ) -> Result<Self> {
         let mut lt = context.lock().unwrap_or_else(|p| p.into_inner());
         if lt.is_none() {
-            *lt = Some(LtContext::new()?);
+            *lt = Some(LtContext::new(&device)?);
         }
         let handle = lt.as_ref().map(|c| c.handle).unwrap_or(std::ptr::null_mut());
         drop(lt);

@@ -87,3 +87,61 @@ fn keep_holds_an_op_out_of_regions_and_move_to_enclosing_moves_to_the_region() {
     let labels: Vec<String> = recorder.ranges().iter().map(|r| r.label.to_string()).collect();
     assert_eq!(labels, ["CpuFusion0: (exp)", "tanh", "CpuFusion1: (neg)"]);
 }
+
+/// A user's executor that runs `softmax` whole (with the CPU reference's decomposed arithmetic,
+/// for the test) and says it prefers to.
+struct WholeSoftmax;
+
+impl crate::core::plan::Executor for WholeSoftmax {
+    fn name(&self) -> &str {
+        "whole_softmax"
+    }
+    fn claims(&self, op: &crate::core::plan::OpView<'_>) -> bool {
+        op.symbol().builtin_composite() == Some(prims::SOFTMAX)
+    }
+    fn prefers_whole(&self, op: &crate::core::plan::OpView<'_>) -> bool {
+        self.claims(op)
+    }
+    fn compile(&self, _op: &crate::core::plan::OpView<'_>) -> crate::Result<Box<dyn crate::core::plan::Kernel>> {
+        Ok(crate::core::plan::kernel_fn(|inputs, outputs| {
+            let cols = *inputs[0].shape.last().unwrap_or(&1);
+            for (row, out) in inputs[0].data.chunks(cols).zip(outputs[0].data.chunks_mut(cols)) {
+                let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let z: f32 = row.iter().map(|x| (x - m).exp()).sum();
+                for (o, x) in out.iter_mut().zip(row) {
+                    *o = (x - m).exp() / z;
+                }
+            }
+            Ok(())
+        }))
+    }
+}
+
+/// `DecomposeFor` keeps exactly the composites one of its executors prefers whole (a user's,
+/// here), decomposes the rest, and the plan runs what it kept on that executor; with executors
+/// that prefer nothing it is `Decompose`.
+#[test]
+fn decompose_for_keeps_what_a_users_executor_prefers_whole() {
+    use super::DecomposeFor;
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 4]).unwrap();
+    let w = b.input(&[4, 4]).unwrap();
+    let s = b.softmax(x).unwrap();
+    let y = b.linear(s, w, None).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let mine: Arc<dyn crate::core::plan::Executor> = Arc::new(WholeSoftmax);
+    let kept = DecomposeFor::new(&[mine.clone(), CpuReference::shared()]).run(&trace, &arena).unwrap();
+    let names: Vec<&str> = kept.bound_symbols().iter().map(|b| kept.symbol_name(b)).collect();
+    assert_eq!(names, ["softmax", "transpose", "matmul"], "{kept}");
+    let plan = Plan::compile(&kept, &[mine, CpuReference::shared()]).unwrap();
+    assert!(plan.steps_per_executor().contains(&("whole_softmax", 1)), "{plan}");
+    let input = Tensor::from_fn(&[2, 4], |i| i as f32 / 4.0);
+    let weight = Tensor::from_fn(&[4, 4], |i| (i % 5) as f32 / 5.0);
+    let got = plan.run(&[&input, &weight]).unwrap();
+    let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&input, &weight]).unwrap();
+    assert!(got[0].max_abs_diff(&expected[0]) < 1e-6);
+    let plain = DecomposeFor::new(&[CpuReference::shared()]).run(&trace, &arena).unwrap();
+    assert_eq!(plain.to_string(), super::Decompose.run(&trace, &arena).unwrap().to_string());
+}

@@ -17,6 +17,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use nvtx_sys::ffi;
 
+#[path = "../proptests/common/nvtx_extension_abi.rs"]
+mod nvtx_extension_abi;
+
+use nvtx_extension_abi::{install_payload_slot, ModuleInfo};
+
 /// The variable that attaches the tool.
 pub const ENABLE: &str = "BOUNDSCOPE_BENCH_NVTX_TOOL";
 
@@ -49,25 +54,6 @@ struct PayloadData {
     schema_id: u64,
     size: usize,
     payload: *const u8,
-}
-
-#[repr(C)]
-pub struct ModuleSegment {
-    segment_id: usize,
-    slot_count: usize,
-    function_slots: *mut isize,
-}
-
-#[repr(C)]
-pub struct ModuleInfo {
-    nvtx_ver: u16,
-    struct_size: u16,
-    module_id: u16,
-    compat_id: u16,
-    segments_count: usize,
-    segments: *mut ModuleSegment,
-    get_export_function: *const c_void,
-    ext_info: *const c_void,
 }
 
 #[no_mangle]
@@ -117,21 +103,13 @@ unsafe extern "C" fn schema_register(_domain: *mut c_void, attr: *const u64) -> 
 }
 
 unsafe extern "C" fn initialize_extension(info: *mut ModuleInfo) -> c_int {
-    // SAFETY: the loader passes its module info, valid for the call.
-    let Some(info) = (unsafe { info.as_ref() }) else { return 0 };
-    if !enabled() || info.module_id != 2 || info.segments_count < 1 || info.segments.is_null() {
+    if !enabled() {
         return 0;
     }
-    // SAFETY: at least one segment; slot 0 is `nvtxPayloadSchemaRegister` in the payload module.
-    unsafe {
-        let segment = &*info.segments;
-        if segment.slot_count < 1 || segment.function_slots.is_null() {
-            return 0;
-        }
-        let register: unsafe extern "C" fn(*mut c_void, *const u64) -> u64 = schema_register;
-        segment.function_slots.write(register as usize as isize);
-    }
-    1
+    let register: unsafe extern "C" fn(*mut c_void, *const u64) -> u64 = schema_register;
+    // SAFETY: the loader passes its module info; slot 0 of the payload module is
+    // `nvtxPayloadSchemaRegister`, whose signature `register` has.
+    c_int::from(unsafe { install_payload_slot(info, 0, register as usize) })
 }
 
 unsafe extern "C" fn initialize(get_export_table: ffi::NvtxGetExportTableFunc_t) -> c_int {

@@ -27,7 +27,11 @@ use boundscope::{
     Arena, Availability, DType, Device, DeviceTensor, Executor, Plan, Registry, RunInput, Tensor, TensorMeta, Trace,
     TraceBuilder,
 };
-use cudarc::driver::CudaContext;
+
+#[path = "shared/gpu_bench.rs"]
+mod gpu_bench;
+
+use gpu_bench::{copy_ms, random_chunk};
 
 fn main() -> ExitCode {
     if let Availability::Unavailable(reason) = cuda::availability() {
@@ -250,32 +254,4 @@ fn transformer(gpu: &Arc<CudaDevice>, registry: &Registry) -> Result<(), String>
     eprintln!("{plan}");
     println!("RESULT {{\"impl\":\"boundscope_transformer_bf16\",\"ms\":{ms}}}");
     Ok(())
-}
-
-/// A device-to-device copy of `n` floats, per copy (the CUDA runtime's, not boundscope's).
-fn copy_ms(n: usize, reps: usize) -> Result<f64, String> {
-    let context = CudaContext::new(0).map_err(|e| e.to_string())?;
-    let stream = context.default_stream();
-    let source = stream.alloc_zeros::<f32>(n).map_err(|e| e.to_string())?;
-    let mut target = stream.alloc_zeros::<f32>(n).map_err(|e| e.to_string())?;
-    stream.memcpy_dtod(&source, &mut target).map_err(|e| e.to_string())?;
-    stream.synchronize().map_err(|e| e.to_string())?;
-    let start = Instant::now();
-    for _ in 0..reps {
-        stream.memcpy_dtod(&source, &mut target).map_err(|e| e.to_string())?;
-    }
-    stream.synchronize().map_err(|e| e.to_string())?;
-    Ok(start.elapsed().as_secs_f64() * 1e3 / reps as f64)
-}
-
-fn random_chunk(len: usize, seed: u64) -> Vec<f32> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-        })
-        .collect()
 }

@@ -10,17 +10,10 @@ import time
 import torch
 import torch.nn.functional as F
 
-COLS = 1024
+# The same chains as the f32 baseline (this script's directory is on the module path).
+from torch_baseline import COLS, norm, swish
+
 BF16 = torch.bfloat16
-
-
-def swish(a, b):
-    x = a * b + 1.0
-    return x * torch.sigmoid(x)
-
-
-def norm(x, mean, rstd, w, b):
-    return (x - mean) * rstd * w + b
 
 
 def inputs(chain, n):

@@ -4,6 +4,7 @@
 
 pub mod allocations;
 pub mod nvtx_capture;
+pub mod nvtx_extension_abi;
 pub mod nvtx_payloads;
 pub mod oracle;
 pub mod program;

@@ -17,10 +17,10 @@ use std::ffi::{c_char, c_int, c_void, CStr};
 use std::fmt::Write as _;
 use std::sync::{LazyLock, Mutex, MutexGuard, PoisonError};
 
+use super::nvtx_extension_abi::{install_payload_slot, ModuleInfo};
+
 /// `NVTX_PAYLOAD_TYPE_EXT`.
 pub const PAYLOAD_TYPE_EXT: i32 = 0xDFBD0009_u32 as i32;
-/// `NVTX_EXT_PAYLOAD_MODULEID`.
-const PAYLOAD_MODULE_ID: u16 = 2;
 /// `NVTX3EXT_CBID_nvtxPayloadSchemaRegister`.
 const CBID_SCHEMA_REGISTER: usize = 0;
 const ENTRY_TYPE_UINT64: u64 = 18;
@@ -28,25 +28,6 @@ const ENTRY_TYPE_CSTRING: u64 = 75;
 const SCHEMA_TYPE_STATIC: u64 = 1;
 const FIELD_SCHEMA_ID: u64 = 1 << 8;
 const FIELD_STATIC_SIZE: u64 = 1 << 6;
-
-#[repr(C)]
-pub struct ModuleSegment {
-    segment_id: usize,
-    slot_count: usize,
-    function_slots: *mut isize,
-}
-
-#[repr(C)]
-pub struct ModuleInfo {
-    nvtx_ver: u16,
-    struct_size: u16,
-    module_id: u16,
-    compat_id: u16,
-    segments_count: usize,
-    segments: *mut ModuleSegment,
-    get_export_function: *const c_void,
-    ext_info: *const c_void,
-}
 
 #[repr(C)]
 struct SchemaEntry {
@@ -108,21 +89,9 @@ pub static InitializeInjectionNvtxExtension_fnptr: Option<unsafe extern "C" fn(*
 
 /// Installs `nvtxPayloadSchemaRegister` in the payload module; takes no other module.
 unsafe extern "C" fn initialize_extension(info: *mut ModuleInfo) -> c_int {
-    // SAFETY: the loader passes its module info, valid for the call.
-    let Some(info) = (unsafe { info.as_ref() }) else { return 0 };
-    if info.module_id != PAYLOAD_MODULE_ID || info.segments_count < 1 || info.segments.is_null() {
-        return 0;
-    }
-    // SAFETY: `segments` points to `segments_count` (≥ 1) segments.
-    let segment = unsafe { &*info.segments };
-    if segment.slot_count < CBID_SCHEMA_REGISTER + 1 || segment.function_slots.is_null() {
-        return 0;
-    }
     let register: unsafe extern "C" fn(*mut c_void, *const SchemaAttr) -> u64 = schema_register;
-    // SAFETY: `function_slots` has `slot_count` slots, and the loader reads this one as the
-    // function `nvtxPayloadSchemaRegister`, whose signature `register` has.
-    unsafe { segment.function_slots.add(CBID_SCHEMA_REGISTER).write(register as usize as isize) };
-    1
+    // SAFETY: the loader passes its module info; `register` has the slot's signature.
+    c_int::from(unsafe { install_payload_slot(info, CBID_SCHEMA_REGISTER, register as usize) })
 }
 
 unsafe extern "C" fn schema_register(domain: *mut c_void, attr: *const SchemaAttr) -> u64 {

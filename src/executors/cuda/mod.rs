@@ -1,7 +1,8 @@
 //! CUDA executors: [`CudaFusion`] (one generated kernel per fused region, with its own NVTX
-//! range per region) and [`CudaOps`] (a generated kernel per elementwise prim or last-axis
-//! reduction, cuBLAS for `matmul`) on a [`CudaDevice`]; run-time availability; the CUDA C
-//! generator.
+//! range per region) and [`CudaOps`] (a generated kernel per elementwise prim, last-axis
+//! reduction, cast or shape op, cuBLASLt for `matmul` and `linear`, a row kernel each for
+//! `softmax` and `layer_norm`) on a [`CudaDevice`], in `f32`, bf16 and f16; run-time
+//! availability; the CUDA C generator.
 //!
 //! The crate builds everywhere: `cudarc` loads the driver dynamically, and everything here
 //! checks for the driver library and a device before touching the API (cudarc's loader panics
@@ -24,7 +25,7 @@
 //! ```
 //!
 //! [`CudaEventTimer`] is a guard that measures device time per op or region with pooled CUDA
-//! events. Not yet: shape ops on the device (they run on the CPU, with transfers).
+//! events. Not yet: shape ops on 16-bit values (they run on the CPU, with transfers).
 
 mod codegen;
 #[cfg(feature = "cuda")]

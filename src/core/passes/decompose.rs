@@ -51,7 +51,7 @@ impl Pass for Decompose {
 }
 
 /// [`Decompose`], except for the composites that one of its executors prefers to run whole
-/// ([`Executor::prefers_whole`]), such as `linear` on [`CudaOps`](crate::executors::CudaOps),
+/// ([`Executor::prefers_whole`]), such as `linear` on `executors::cuda::CudaOps`,
 /// which runs it as one cuBLASLt product with its bias, instead of a transpose, a product
 /// and an add. What it keeps, a plan compiled with those executors runs whole.
 ///

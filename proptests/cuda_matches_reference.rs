@@ -462,7 +462,11 @@ fn bf16_and_f16_plans_match_the_cpu_executors() {
         let mixed = b.mul(swish, f).unwrap(); // promotes to f32
         let product = b.matmul(swish, m).unwrap();
         let cast = b.cast(f, dtype).unwrap();
-        for v in [swish, mixed, product, cast] {
+        // Shape ops move 16-bit values as they are.
+        let transposed = b.transpose(m, &[1, 0]).unwrap();
+        let spread = b.broadcast_to(w, &[32, 64]).unwrap();
+        let reshaped = b.reshape(x, &[64, 32]).unwrap();
+        for v in [swish, mixed, product, cast, transposed, spread, reshaped] {
             b.output(v).unwrap();
         }
         let trace = b.finish().unwrap();
@@ -491,7 +495,7 @@ fn bf16_and_f16_plans_match_the_cpu_executors() {
             cpu_fused.run(&refs).unwrap(),
             cpu_ops.run(&refs).unwrap(),
         );
-        for (i, limit) in [(0, 1.0), (1, 1.0), (2, 2.0), (3, 0.0)] {
+        for (i, limit) in [(0, 1.0), (1, 1.0), (2, 2.0), (3, 0.0), (4, 0.0), (5, 0.0), (6, 0.0)] {
             let out = trace.value_meta(trace.outputs()[i]).unwrap().dtype;
             let (fused, per_op) = (ulps(&gf[i], &cf[i], out), ulps(&go[i], &co[i], out));
             println!("{dtype} output {i} ({out}): fused {fused} ulps, per op {per_op} ulps from the CPU's");

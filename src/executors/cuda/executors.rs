@@ -114,17 +114,14 @@ impl Executor for CudaOps {
     fn claims(&self, op: &OpView<'_>) -> bool {
         // What the generator compiles (everything fusible, casts, and the shape ops) and
         // cuBLASLt's products: every built-in prim, so that a plan's values stay on the device.
-        // 16-bit values: elementwise ops, reductions, casts and products of one dtype so far.
-        let sixteen_bit = op_has_16_bit(op);
+        // Products take operands of one dtype (cast mixed ones first).
         builtin_fusible(op) != Fusible::No
-            || builtin_prim(op) == Some(prims::CAST)
+            || matches!(builtin_prim(op), Some(prims::CAST | prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO))
             || (builtin_prim(op) == Some(prims::MATMUL) && single_dtype(op).is_ok())
-            || (!sixteen_bit
-                && matches!(builtin_prim(op), Some(prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO)))
             || self.prefers_whole(op)
     }
 
-    /// Every dtype (see [`claims`](Executor::claims) for what runs in 16 bits so far).
+    /// Every dtype: every built-in prim runs in bf16 and f16 too (products of one dtype).
     fn dtypes(&self) -> &[crate::DType] {
         &crate::DType::ALL
     }
@@ -307,12 +304,6 @@ fn linear_shape(op: &OpView<'_>) -> std::result::Result<GemmShape, String> {
     }
     let dtype = single_dtype(op).map_err(|e| e.to_string())?;
     Ok(GemmShape { m, n, k, b_transposed: true, bias: inputs == 3, dtype })
-}
-
-/// Whether any tensor of `op` is of a 16-bit dtype.
-fn op_has_16_bit(op: &OpView<'_>) -> bool {
-    let bsym = op.bound_symbol();
-    bsym.inputs().chain(bsym.outputs().iter().copied()).any(|v| op.dtype_of(v).size_bytes() == 2)
 }
 
 /// The one dtype of all of `op`'s tensors (cuBLASLt's products here take operands of one

@@ -25,7 +25,7 @@
 //! ```
 //!
 //! [`CudaEventTimer`] is a guard that measures device time per op or region with pooled CUDA
-//! events. Not yet: shape ops on 16-bit values (they run on the CPU, with transfers).
+//! events.
 
 mod codegen;
 #[cfg(feature = "cuda")]

@@ -65,8 +65,12 @@ builtin_ids! {
     LAYER_NORM = 20, "layer_norm";
     /// `linear(x, w, bias?)`: `x @ w^T + bias`, `w` is `[out, in]` (composite).
     LINEAR = 21, "linear";
+    /// `linear_gelu(x, w, bias?)`: `gelu(linear(x, w, bias))` (composite): what
+    /// `passes::FoldEpilogues` makes of a `linear` whose only use is a `gelu`, for executors that
+    /// run the activation in the product's epilogue.
+    LINEAR_GELU = 22, "linear_gelu";
     /// A fusion region, made only by `passes::FuseRegions`; listed as `<Executor>Fusion<N>`.
-    REGION = 22, "fusion_region";
+    REGION = 23, "fusion_region";
 }
 
 /// The last prim: ids up to it are prims, the composites follow.
@@ -113,6 +117,12 @@ pub(crate) fn builtin_symbols() -> Vec<Symbol> {
             .params_with_optional(&[Tensor, Tensor, Tensor], 2)
             .shape_rule(linear_rule)
             .decomposition(decompose_linear),
+    );
+    symbols.push(
+        Symbol::new("linear_gelu", Composite)
+            .params_with_optional(&[Tensor, Tensor, Tensor], 2)
+            .shape_rule(linear_rule)
+            .decomposition(decompose_linear_gelu),
     );
     symbols.push(
         Symbol::new("fusion_region", Category::Fusion)
@@ -363,6 +373,13 @@ fn decompose_layer_norm(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<Va
         y = b.add(y, bias)?;
     }
     Ok(y)
+}
+
+fn decompose_linear_gelu(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
+    let x = value(args, 0).ok_or_else(|| missing("linear_gelu"))?;
+    let w = value(args, 1).ok_or_else(|| missing("linear_gelu"))?;
+    let h = b.linear(x, w, value(args, 2))?;
+    b.gelu(h)
 }
 
 fn decompose_linear(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {

@@ -6,6 +6,7 @@
 
 mod dead_code;
 mod decompose;
+mod fold_epilogues;
 mod fuse;
 pub mod inserted_ranges;
 mod profile_ops;
@@ -14,6 +15,7 @@ use std::time::Instant;
 
 pub use dead_code::DeadCodeElimination;
 pub use decompose::{Decompose, DecomposeFor};
+pub use fold_epilogues::FoldEpilogues;
 pub use fuse::{FuseRegions, FusionStrategy};
 pub use inserted_ranges::InsertRangeNodes;
 pub use profile_ops::ProfileOps;
@@ -84,10 +86,12 @@ impl Pipeline {
     }
 
     /// [`standard`](Self::standard), keeping the composites one of `executors` prefers to run
-    /// whole ([`DecomposeFor`]): what the front end runs, and what a plan for the CUDA executors
-    /// wants (`linear` stays one cuBLASLt product).
+    /// whole ([`DecomposeFor`]), after folding activations into the products before them
+    /// ([`FoldEpilogues`], undone by the decomposition where no executor prefers the folded
+    /// form): what the front end runs, and what a plan for the CUDA executors wants (`linear`
+    /// stays one cuBLASLt product, `gelu(linear(...))` one product with a GELU epilogue).
     pub fn for_executors(executors: &[std::sync::Arc<dyn crate::core::plan::Executor>]) -> Self {
-        Self::new().then(DecomposeFor::new(executors)).then(DeadCodeElimination)
+        Self::new().then(FoldEpilogues).then(DecomposeFor::new(executors)).then(DeadCodeElimination)
     }
 
     /// Appends a pass.

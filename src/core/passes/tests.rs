@@ -145,3 +145,38 @@ fn decompose_for_keeps_what_a_users_executor_prefers_whole() {
     let plain = DecomposeFor::new(&[CpuReference::shared()]).run(&trace, &arena).unwrap();
     assert_eq!(plain.to_string(), super::Decompose.run(&trace, &arena).unwrap().to_string());
 }
+
+/// `FoldEpilogues` folds only a `gelu` that is the sole reader of the `linear` just before it,
+/// keeps whole-run guards, leaves a trace with per-op guards alone, and the CPU executors run
+/// the folded trace exactly as the unfolded one.
+#[test]
+fn fold_epilogues_folds_only_what_it_may() {
+    use super::{DecomposeFor, FoldEpilogues};
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 4]).unwrap();
+    let w = b.input(&[4, 4]).unwrap();
+    let h1 = b.linear(x, w, None).unwrap();
+    let g1 = b.gelu(h1).unwrap(); // folds
+    let h2 = b.linear(g1, w, None).unwrap();
+    let g2 = b.gelu(h2).unwrap(); // h2 is also an output: stays
+    b.output(g2).unwrap();
+    b.output(h2).unwrap();
+    let mut trace = b.finish().unwrap();
+    trace.attach_trace_guard(Recorder::new()).unwrap();
+    let folded = FoldEpilogues.run(&trace, &arena).unwrap();
+    let names: Vec<&str> = folded.bound_symbols().iter().map(|b| folded.symbol_name(b)).collect();
+    assert_eq!(names, ["linear_gelu", "linear", "gelu"], "{folded}");
+    assert_eq!(folded.guards.trace_level.len(), 1, "the whole-run guard stays");
+    let unfolded = DecomposeFor::new(&[CpuReference::shared()]).run(&folded, &arena).unwrap();
+    let input = Tensor::from_fn(&[2, 4], |i| i as f32 / 8.0 - 0.5);
+    let weight = Tensor::from_fn(&[4, 4], |i| (i % 3) as f32 / 3.0);
+    let run = |t: &crate::core::ir::Trace<'_>| {
+        Plan::compile(t, &[CpuReference::shared()]).unwrap().run(&[&input, &weight]).unwrap()
+    };
+    assert_eq!(run(&unfolded), run(&trace));
+    let mut guarded = trace.clone();
+    guarded.attach_guard(Selection::Named("gelu"), Recorder::new()).unwrap();
+    let untouched = FoldEpilogues.run(&guarded, &arena).unwrap();
+    assert_eq!(untouched.to_string(), guarded.to_string());
+}

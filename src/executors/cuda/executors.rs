@@ -128,7 +128,7 @@ impl Executor for CudaOps {
 
     fn prefers_whole(&self, op: &OpView<'_>) -> bool {
         match op.symbol().builtin_composite() {
-            Some(prims::LINEAR) => single_dtype(op).is_ok(),
+            Some(prims::LINEAR | prims::LINEAR_GELU) => single_dtype(op).is_ok(),
             Some(prims::SOFTMAX | prims::LAYER_NORM) => true,
             _ => false,
         }
@@ -142,8 +142,8 @@ impl Executor for CudaOps {
         if builtin_prim(op) == Some(prims::MATMUL) {
             require_builtin(Self::NAME, prims::MATMUL, op)?;
             let (a, b) = (op.input_shape(0)?, op.input_shape(1)?);
-            let shape =
-                GemmShape { m: a[0], k: a[1], n: b[1], b_transposed: false, bias: false, dtype: single_dtype(op)? };
+            let dtype = single_dtype(op)?;
+            let shape = GemmShape { m: a[0], k: a[1], n: b[1], b_transposed: false, bias: false, gelu: false, dtype };
             return Ok(Box::new(LtGemm::new(self.device.clone(), self.lt.clone(), shape, "matmul")?));
         }
         if matches!(op.symbol().builtin_composite(), Some(prims::SOFTMAX | prims::LAYER_NORM)) {
@@ -160,7 +160,8 @@ impl Executor for CudaOps {
                 symbol: op.name().into(),
                 detail,
             })?;
-            return Ok(Box::new(LtGemm::new(self.device.clone(), self.lt.clone(), shape, "linear")?));
+            let name = if shape.gelu { "linear_gelu" } else { "linear" };
+            return Ok(Box::new(LtGemm::new(self.device.clone(), self.lt.clone(), shape, name)?));
         }
         let is_shape_op = matches!(builtin_prim(op), Some(prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO));
         let source = if is_shape_op { shape_op_source } else { op_source };
@@ -303,7 +304,8 @@ fn linear_shape(op: &OpView<'_>) -> std::result::Result<GemmShape, String> {
         return Err(format!("linear takes 2 or 3 tensors, not {inputs}"));
     }
     let dtype = single_dtype(op).map_err(|e| e.to_string())?;
-    Ok(GemmShape { m, n, k, b_transposed: true, bias: inputs == 3, dtype })
+    let gelu = op.symbol().builtin_composite() == Some(prims::LINEAR_GELU);
+    Ok(GemmShape { m, n, k, b_transposed: true, bias: inputs == 3, gelu, dtype })
 }
 
 /// The one dtype of all of `op`'s tensors (cuBLASLt's products here take operands of one

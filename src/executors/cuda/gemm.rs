@@ -1,6 +1,7 @@
 //! Matrix products through cuBLASLt, planned when the plan is compiled: `matmul`, and `linear`
 //! as one product that reads the weight transposed (an operation flag, not a copy) and adds the
-//! bias in its epilogue, where the decomposition takes a transpose, a product and an add.
+//! bias in its epilogue, where the decomposition takes a transpose, a product and an add;
+//! `linear_gelu` applies GELU in the same epilogue.
 //!
 //! Descriptors, layouts and the algorithm (cuBLASLt's heuristic, with a 32 MiB workspace) are
 //! made once per bound symbol; a run sets the bias pointer and calls `cublasLtMatmul` on the
@@ -31,6 +32,8 @@ pub(crate) struct GemmShape {
     pub b_transposed: bool,
     /// A bias of `n` elements is the third input.
     pub bias: bool,
+    /// GELU (tanh form) applied to the result in the epilogue, after the bias.
+    pub gelu: bool,
     /// The dtype of every operand (bf16 and f16 products accumulate in `f32`).
     pub dtype: crate::DType,
 }
@@ -137,10 +140,11 @@ impl LtGemm {
         let c_layout = result::create_matrix_layout(f32, n, m, n as i64).map_err(err("cublasLtMatrixLayoutCreate"))?;
         // `cublasOperation_t` (an `int32_t` attribute): CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
         let transa: i32 = if shape.b_transposed { 1 } else { 0 };
-        let epilogue = if shape.bias {
-            sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS
-        } else {
-            sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT
+        let epilogue = match (shape.bias, shape.gelu) {
+            (true, true) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
+            (false, true) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU,
+            (true, false) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
+            (false, false) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
         };
         let pref = result::create_matmul_pref().map_err(err("cublasLtMatmulPreferenceCreate"))?;
         let workspace = WORKSPACE_BYTES;

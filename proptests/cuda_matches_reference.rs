@@ -562,6 +562,39 @@ fn bf16_and_f16_plans_match_the_cpu_executors() {
     }
 }
 
+/// Workspaces made and dropped one after another do not leave their cuBLASLt workspaces (32 MiB
+/// each, one per stream) behind: the device's free memory stays where it was.
+#[test]
+fn workspaces_made_and_dropped_leave_no_device_memory_behind() {
+    let Some(device) = device() else { return };
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let trace = quickstart_block(&arena, &registry);
+    let (fused, fusion) = fused_for_cuda(&device, &trace, &arena);
+    let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device.clone()))]).unwrap();
+    let uploaded = upload(&device, &inputs_for(&trace));
+    let run_inputs: Vec<boundscope::RunInput<'_>> = uploaded.iter().map(boundscope::RunInput::from).collect();
+    let context = cudarc::driver::CudaContext::new(0).unwrap();
+    let free = || {
+        boundscope::Device::synchronize(&*device).unwrap();
+        context.bind_to_thread().unwrap();
+        cudarc::driver::result::mem_get_info().unwrap().0
+    };
+    let run_once = || {
+        let mut workspace = plan.workspace().unwrap();
+        plan.run_on_device(&mut workspace, &run_inputs).unwrap();
+    };
+    run_once();
+    let before = free();
+    for _ in 0..40 {
+        run_once();
+    }
+    let after = free();
+    let lost = before.saturating_sub(after);
+    println!("device memory lost over 40 workspaces: {} MiB", lost >> 20);
+    assert!(lost < 128 << 20, "{} MiB lost: a workspace per stream is kept after its stream is gone", lost >> 20);
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(128))]
 

@@ -86,11 +86,12 @@ fn raw_domain(domain: nvtx_sys::DomainHandle) -> *mut c_void {
 /// any copy of the prepared range lives.
 pub(crate) struct DetailsPayload {
     data: PayloadData,
-    _block: Box<DetailsBlock>,
+    /// The block `data.payload` points to: from `Box::into_raw`, freed by `Drop`.
+    block: std::ptr::NonNull<DetailsBlock>,
 }
 
-// SAFETY: both parts are immutable after construction; the only pointer (`data.payload`)
-// points into `_block`, which the payload owns.
+// SAFETY: both parts are immutable after construction; the only pointers (`data.payload`,
+// `block`) point to the block, which the payload owns.
 unsafe impl Send for DetailsPayload {}
 // SAFETY: as above; shared references only read.
 unsafe impl Sync for DetailsPayload {}
@@ -98,18 +99,27 @@ unsafe impl Sync for DetailsPayload {}
 impl DetailsPayload {
     /// The payload for `details`, decoded by schema `schema_id`.
     pub(crate) fn new(details: &ScopeDetails, schema_id: u64) -> Arc<Self> {
-        let block = Box::new(block_of(details));
+        // A raw allocation, so that the pointer NVTX is given stays valid however the owner moves.
+        let block = std::ptr::NonNull::from(Box::leak(Box::new(block_of(details))));
         let data = PayloadData {
             schema_id,
             size: std::mem::size_of::<DetailsBlock>(),
-            payload: std::ptr::from_ref::<DetailsBlock>(&block).cast(),
+            payload: block.as_ptr().cast_const().cast(),
         };
-        Arc::new(Self { data, _block: block })
+        Arc::new(Self { data, block })
     }
 
     /// What the event attributes' `payload.ullValue` holds: the descriptor's address.
     pub(crate) fn descriptor_address(&self) -> u64 {
         std::ptr::from_ref(&self.data) as usize as u64
+    }
+}
+
+impl Drop for DetailsPayload {
+    fn drop(&mut self) {
+        // SAFETY: `block` came from `Box::leak` in `new` and is freed once, here; no prepared
+        // range (which holds this payload through an `Arc`) can push it any more.
+        drop(unsafe { Box::from_raw(self.block.as_ptr()) });
     }
 }
 

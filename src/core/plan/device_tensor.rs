@@ -66,8 +66,8 @@ impl DeviceTensor {
     /// inputs ([`PlanGraph::input_mut`](crate::PlanGraph::input_mut)).
     ///
     /// # Errors
-    /// [`Error::InputShape`] for another shape, [`Error::InvalidTensor`] for data that does not
-    /// fill its shape; the device's copy error.
+    /// [`Error::InputShape`] for another shape, [`Error::InputDType`] for another dtype,
+    /// [`Error::InvalidTensor`] for data that does not fill its shape; the device's copy error.
     pub fn copy_from_host(&mut self, tensor: TensorRef<'_>) -> Result<()> {
         check_holds(tensor)?;
         if tensor.shape != self.shape.as_slice() {

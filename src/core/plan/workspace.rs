@@ -322,14 +322,15 @@ impl Plan {
                     .into(),
             );
         }
-        // In device words: 16-bit values two per word.
-        let words = packing::words(tensor.dtype(), expected.iter().product());
-        if tensor.buffer().len() < words {
+        // Device buffers hold words: 16-bit values two per word. Reported in elements.
+        let numel: usize = expected.iter().product();
+        if tensor.buffer().len() < packing::words(tensor.dtype(), numel) {
+            let per_word = if packing::is_packed(tensor.dtype()) { 2 } else { 1 };
             return Err(Error::InputLength {
                 index,
                 shape: expected.to_vec(),
-                expected: words,
-                got: tensor.buffer().len(),
+                expected: numel,
+                got: tensor.buffer().len() * per_word,
             });
         }
         Ok(())

@@ -117,7 +117,7 @@ impl Executor for CudaOps {
         // Products take operands of one dtype (cast mixed ones first).
         builtin_fusible(op) != Fusible::No
             || matches!(builtin_prim(op), Some(prims::CAST | prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO))
-            || (builtin_prim(op) == Some(prims::MATMUL) && single_dtype(op).is_ok())
+            || (builtin_prim(op) == Some(prims::MATMUL) && single_dtype(op).is_ok() && nonempty_product(op))
             || self.prefers_whole(op)
     }
 
@@ -128,7 +128,7 @@ impl Executor for CudaOps {
 
     fn prefers_whole(&self, op: &OpView<'_>) -> bool {
         match op.symbol().builtin_composite() {
-            Some(prims::LINEAR | prims::LINEAR_GELU) => single_dtype(op).is_ok(),
+            Some(prims::LINEAR | prims::LINEAR_GELU) => single_dtype(op).is_ok() && nonempty_product(op),
             Some(prims::SOFTMAX | prims::LAYER_NORM) => true,
             _ => false,
         }
@@ -201,7 +201,7 @@ impl BufferLengths {
                 let which =
                     if i < inputs.len() { format!("input {i}") } else { format!("output {}", i - inputs.len()) };
                 return fail(format!(
-                    "{which} holds {have} elements, but the kernel accesses {need}; pass buffers sized for the \
+                    "{which} holds {have} device words, but the kernel accesses {need}; pass buffers sized for the \
                      shapes it was compiled for"
                 ));
             }
@@ -306,6 +306,14 @@ fn linear_shape(op: &OpView<'_>) -> std::result::Result<GemmShape, String> {
     let dtype = single_dtype(op).map_err(|e| e.to_string())?;
     let gelu = op.symbol().builtin_composite() == Some(prims::LINEAR_GELU);
     Ok(GemmShape { m, n, k, b_transposed: true, bias: inputs == 3, gelu, dtype })
+}
+
+/// Whether a product's `m`, `n` and `k` are all non-zero: cuBLASLt takes no empty product,
+/// so an empty one is left to another executor (the CPU reference's gives zeros, or the bias).
+fn nonempty_product(op: &OpView<'_>) -> bool {
+    let dims = |i: usize| op.input_shape(i).map(<[usize]>::to_vec).unwrap_or_default();
+    let (x, y) = (dims(0), dims(1));
+    x.iter().chain(&y).all(|&d| d > 0) && x.len() == 2 && y.len() == 2
 }
 
 /// The one dtype of all of `op`'s tensors (cuBLASLt's products here take operands of one

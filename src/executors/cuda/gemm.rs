@@ -41,7 +41,7 @@ pub(crate) struct GemmShape {
 /// One cuBLASLt handle per executor, and the workspace buffers of the streams it ran on.
 pub(crate) struct LtContext {
     handle: sys::cublasLtHandle_t,
-    /// `(stream, workspace)`: one buffer per stream, made on its first product.
+    /// `(stream, workspace)`: one buffer per live stream, made on its first product.
     workspaces: Vec<(usize, CudaSlice<u8>)>,
 }
 
@@ -82,12 +82,16 @@ unsafe impl Send for Descriptors {}
 
 impl Drop for Descriptors {
     fn drop(&mut self) {
-        // SAFETY: each was created once by `LtGemm::new` and is destroyed once.
+        // SAFETY: each non-null one was created once by `LtGemm::new` and is destroyed once.
         unsafe {
-            let _ = result::destroy_matmul_desc(self.desc);
-            let _ = result::destroy_matrix_layout(self.a);
-            let _ = result::destroy_matrix_layout(self.b);
-            let _ = result::destroy_matrix_layout(self.c);
+            if !self.desc.is_null() {
+                let _ = result::destroy_matmul_desc(self.desc);
+            }
+            for layout in [self.a, self.b, self.c] {
+                if !layout.is_null() {
+                    let _ = result::destroy_matrix_layout(layout);
+                }
+            }
         }
     }
 }
@@ -110,12 +114,12 @@ impl LtGemm {
         shape: GemmShape,
         name: &'static str,
     ) -> Result<Self> {
+        // The handle is used under the lock only, here as in `run`.
         let mut lt = context.lock().unwrap_or_else(|p| p.into_inner());
         if lt.is_none() {
             *lt = Some(LtContext::new(&device)?);
         }
         let handle = lt.as_ref().map(|c| c.handle).unwrap_or(std::ptr::null_mut());
-        drop(lt);
         let err = |what: &'static str| move |e| cuda_error(what, e);
         let (m, n, k) = (shape.m as u64, shape.n as u64, shape.k as u64);
         // Column-major, cuBLAS's order: C^T[n, m] = op(B)[n, k] · A^T[k, m], where the
@@ -126,18 +130,28 @@ impl LtGemm {
             crate::DType::F16 => sys::cudaDataType_t::CUDA_R_16F,
             _ => sys::cudaDataType_t::CUDA_R_32F,
         };
+        // Each handle is owned (and destroyed on every early return) from the moment it exists.
+        // SAFETY: an all-zero `cublasLtMatmulAlgo_t` is a valid value of the plain C struct; it is
+        // overwritten by the heuristic's choice before any product uses it.
+        let mut descriptors = Descriptors {
+            desc: std::ptr::null_mut(),
+            a: std::ptr::null_mut(),
+            b: std::ptr::null_mut(),
+            c: std::ptr::null_mut(),
+            algo: unsafe { std::mem::zeroed() },
+        };
         // FP32 accumulation and scaling whatever the operands' dtype.
-        let desc =
+        descriptors.desc =
             result::create_matmul_desc(sys::cublasComputeType_t::CUBLAS_COMPUTE_32F, sys::cudaDataType_t::CUDA_R_32F)
                 .map_err(err("cublasLtMatmulDescCreate"))?;
-        let a_layout = if shape.b_transposed {
+        descriptors.a = if shape.b_transposed {
             result::create_matrix_layout(f32, k, n, k as i64)
         } else {
             result::create_matrix_layout(f32, n, k, n as i64)
         }
         .map_err(err("cublasLtMatrixLayoutCreate"))?;
-        let b_layout = result::create_matrix_layout(f32, k, m, k as i64).map_err(err("cublasLtMatrixLayoutCreate"))?;
-        let c_layout = result::create_matrix_layout(f32, n, m, n as i64).map_err(err("cublasLtMatrixLayoutCreate"))?;
+        descriptors.b = result::create_matrix_layout(f32, k, m, k as i64).map_err(err("cublasLtMatrixLayoutCreate"))?;
+        descriptors.c = result::create_matrix_layout(f32, n, m, n as i64).map_err(err("cublasLtMatrixLayoutCreate"))?;
         // `cublasOperation_t` (an `int32_t` attribute): CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
         let transa: i32 = if shape.b_transposed { 1 } else { 0 };
         let epilogue = match (shape.bias, shape.gelu) {
@@ -146,10 +160,11 @@ impl LtGemm {
             (true, false) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS,
             (false, false) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_DEFAULT,
         };
-        let pref = result::create_matmul_pref().map_err(err("cublasLtMatmulPreferenceCreate"))?;
+        let pref = Preference(result::create_matmul_pref().map_err(err("cublasLtMatmulPreferenceCreate"))?);
         let workspace = WORKSPACE_BYTES;
+        let desc = descriptors.desc;
         // SAFETY: each attribute is written from a value of the type cuBLASLt documents for it,
-        // with its size; the descriptors were just created.
+        // with its size; the descriptors were just created; the handle is used under the lock.
         let heuristic = unsafe {
             result::set_matmul_desc_attribute(
                 desc,
@@ -166,18 +181,31 @@ impl LtGemm {
             )
             .map_err(err("cublasLtMatmulDescSetAttribute"))?;
             result::set_matmul_pref_attribute(
-                pref,
+                pref.0,
                 sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                 (&workspace as *const usize).cast(),
                 std::mem::size_of::<usize>(),
             )
             .map_err(err("cublasLtMatmulPreferenceSetAttribute"))?;
-            let found = result::get_matmul_algo_heuristic(handle, desc, a_layout, b_layout, c_layout, c_layout, pref);
-            let _ = result::destroy_matmul_pref(pref);
-            found.map_err(err("cublasLtMatmulAlgoGetHeuristic"))?
+            let (a, b, c) = (descriptors.a, descriptors.b, descriptors.c);
+            result::get_matmul_algo_heuristic(handle, desc, a, b, c, c, pref.0)
+                .map_err(err("cublasLtMatmulAlgoGetHeuristic"))?
         };
-        let descriptors = Descriptors { desc, a: a_layout, b: b_layout, c: c_layout, algo: heuristic.algo };
+        drop(lt);
+        descriptors.algo = heuristic.algo;
         Ok(Self { device, context, descriptors: Mutex::new(descriptors), shape, name })
+    }
+}
+
+/// A matmul preference, destroyed when dropped.
+struct Preference(sys::cublasLtMatmulPreference_t);
+
+impl Drop for Preference {
+    fn drop(&mut self) {
+        // SAFETY: created once by `LtGemm::new` and destroyed once, here.
+        unsafe {
+            let _ = result::destroy_matmul_pref(self.0);
+        }
     }
 }
 
@@ -199,7 +227,7 @@ impl DeviceKernel for LtGemm {
         let needs = [words(m * k), words(n * k), words(n)];
         for (i, (buffer, need)) in inputs.iter().zip(needs).enumerate() {
             if buffer.len() < need {
-                return fail(format!("input {i} holds {} elements, but the product reads {need}", buffer.len()));
+                return fail(format!("input {i} holds {} device words, but the product reads {need}", buffer.len()));
             }
         }
         if outputs[0].len() < words(m * n) {
@@ -214,6 +242,9 @@ impl DeviceKernel for LtGemm {
         let context = context.as_mut().ok_or_else(|| cuda_error(self.name, "cuBLASLt was not created"))?;
         let key = stream.cu_stream() as usize;
         if !context.workspaces.iter().any(|(s, _)| *s == key) {
+            // Workspaces of streams nobody else holds any more (their plan workspaces were
+            // dropped) are freed first, ordered after their stream's work: one per live stream.
+            context.workspaces.retain(|(_, w)| Arc::strong_count(w.stream()) > 1);
             // SAFETY: cuBLASLt only writes the workspace; its contents need no initial value.
             let buffer = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }.map_err(|e| cuda_error("workspace", e))?;
             context.workspaces.push((key, buffer));

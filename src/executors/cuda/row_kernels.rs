@@ -3,8 +3,8 @@
 //! global memory once per pass (the later passes hit the cache) and combines its lanes with
 //! shuffles, where the decomposition makes four or five kernels (a reduction, a broadcast use,
 //! another reduction...). The arithmetic is the decomposition's, op for op (`layer_norm`'s
-//! `1/sqrt(v)` is `exp(-0.5 * log(v))`), so results differ from the CPU reference only by the
-//! order of the sums. bf16 and f16 rows are read and written two values per word and computed
+//! `1/sqrt(v)` is `exp(-0.5 * log(v))`), so results differ from the CPU reference by the order of
+//! the sums and by CUDA's `expf` and `logf`, a few units in the last place. bf16 and f16 rows are read and written two values per word and computed
 //! in `float` throughout, rounding only the result (as PyTorch's fused `layer_norm` and `softmax`
 //! kernels do; the CPU reference, which rounds each prim of the decomposition, is further from
 //! exact).

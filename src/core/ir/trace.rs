@@ -106,6 +106,11 @@ impl<'a> Trace<'a> {
         self.values.get(value.index())
     }
 
+    /// The dtype of a value (`f32` for a value it does not have).
+    pub(crate) fn dtype_of(&self, value: ValueId) -> super::DType {
+        self.meta(value).map_or(super::DType::F32, |m| m.dtype)
+    }
+
     /// The passes that built it, in order.
     pub fn history(&self) -> &[PassRecord] {
         &self.history

@@ -117,8 +117,7 @@ impl Pass for FuseRegions {
                 .iter()
                 .any(|a| a.depth == 0 && a.span == 1 && trace.guards.guard(a.guard).policy() == GuardPolicy::Keep);
             // An op of a dtype the executor does not take stays out of its regions.
-            let dtypes = bsym.inputs().chain(bsym.outputs().iter().copied()).map(|v| op.dtype_of(v));
-            let foreign = dtypes.into_iter().any(|d| !self.executor.dtypes().contains(&d));
+            let foreign = op.dtypes().iter().any(|d| !self.executor.dtypes().contains(d));
             let kind = if bsym.symbol() == prims::REGION || !bsym.subsymbols().is_empty() || kept || foreign {
                 Fusible::No
             } else {

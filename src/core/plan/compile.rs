@@ -593,14 +593,14 @@ struct Compiler<'c, 't> {
 impl<'c, 't> Compiler<'c, 't> {
     /// The first executor that takes `op`'s dtypes and claims it.
     fn claimant(&self, op: &OpView<'_>) -> Option<usize> {
-        let dtypes = op_dtypes(self.trace, op.bound_symbol());
+        let dtypes = op.dtypes();
         self.executors.iter().position(|e| dtypes.iter().all(|d| e.dtypes().contains(d)) && e.claims(op))
     }
 
     /// The error for `op`, which no executor claimed: a dtype none of them takes, when that is
     /// why, else no executor at all.
     fn unclaimed(&self, op: &OpView<'_>) -> Error {
-        let dtypes = op_dtypes(self.trace, op.bound_symbol());
+        let dtypes = op.dtypes();
         let refused = dtypes.iter().find(|d| self.executors.iter().any(|e| !e.dtypes().contains(d) && e.claims(op)));
         match refused {
             Some(&dtype) => Error::UnsupportedDType {
@@ -623,7 +623,7 @@ impl<'c, 't> Compiler<'c, 't> {
     }
 
     fn dtype(&self, value: ValueId) -> DType {
-        self.trace.meta(value).map_or(DType::F32, |m| m.dtype)
+        self.trace.dtype_of(value)
     }
 
     fn shape(&self, value: ValueId) -> Result<&'t [usize]> {
@@ -939,16 +939,4 @@ fn format_line(trace: &Trace<'_>, bsym: &BoundSymbol<'_>) -> String {
         let _ = write!(line, "  # {}{}", m.dtype, DimsDisplay(m.shape));
     }
     line
-}
-
-/// The distinct dtypes of a bound symbol's tensor inputs and outputs.
-fn op_dtypes(trace: &Trace<'_>, bsym: &BoundSymbol<'_>) -> smallvec::SmallVec<[DType; 3]> {
-    let mut dtypes = smallvec::SmallVec::new();
-    for v in bsym.inputs().chain(bsym.outputs().iter().copied()) {
-        let d = trace.meta(v).map_or(DType::F32, |m| m.dtype);
-        if !dtypes.contains(&d) {
-            dtypes.push(d);
-        }
-    }
-    dtypes
 }

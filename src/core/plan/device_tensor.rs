@@ -119,12 +119,7 @@ fn check_holds(tensor: TensorRef<'_>) -> Result<()> {
 
 /// Uploads `tensor`'s values into `buffer`, 16-bit ones packed two per word.
 fn upload_values(device: &dyn Device, tensor: TensorRef<'_>, buffer: &mut dyn DeviceBuffer) -> Result<()> {
-    if !packing::is_packed(tensor.dtype) {
-        return device.upload(tensor.data, buffer);
-    }
-    let mut packed = Vec::new();
-    packing::pack(tensor.dtype, tensor.data, &mut packed);
-    device.upload(&packed, buffer)
+    packing::upload(device, tensor.dtype, tensor.data, buffer, &mut Vec::new())
 }
 
 /// Copies `len(shape)` values of `dtype` of a device buffer to a new host tensor.
@@ -134,14 +129,6 @@ pub(crate) fn download(
     shape: &[usize],
     dtype: crate::DType,
 ) -> Result<Tensor> {
-    if packing::is_packed(dtype) {
-        let numel: usize = shape.iter().product();
-        let mut packed = vec![0.0f32; packing::words(dtype, numel)];
-        device.download(buffer, &mut packed)?;
-        let mut values = vec![0.0f32; numel];
-        packing::unpack(dtype, &packed, &mut values);
-        return Ok(Tensor::new(shape, values)?.to_dtype(dtype));
-    }
     let numel: usize = shape.iter().product();
     let mut data = Vec::new();
     data.try_reserve_exact(numel).map_err(|_| Error::OutOfMemory {
@@ -150,8 +137,10 @@ pub(crate) fn download(
         bytes: numel.saturating_mul(4),
     })?;
     data.resize(numel, 0.0);
-    device.download(buffer, &mut data)?;
-    Tensor::new(shape, data)
+    packing::download(device, dtype, buffer, &mut data, &mut Vec::new())?;
+    let tensor = Tensor::new(shape, data)?;
+    // The values are of `dtype` already; this only tags the tensor.
+    Ok(if dtype == crate::DType::F32 { tensor } else { tensor.to_dtype(dtype) })
 }
 
 /// One input of a run, wherever it lives.

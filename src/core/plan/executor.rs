@@ -543,7 +543,24 @@ impl<'t> OpView<'t> {
 
     /// The dtype of a value of the trace (`f32` for a value it does not have).
     pub fn dtype_of(&self, value: ValueId) -> crate::DType {
-        self.trace.meta(value).map_or(crate::DType::F32, |m| m.dtype)
+        self.trace.dtype_of(value)
+    }
+
+    /// The distinct dtypes of its tensor inputs and outputs, in order of first appearance.
+    pub fn dtypes(&self) -> smallvec::SmallVec<[crate::DType; 3]> {
+        let mut dtypes = smallvec::SmallVec::new();
+        for v in self.bound_symbol.inputs().chain(self.bound_symbol.outputs().iter().copied()) {
+            let d = self.dtype_of(v);
+            if !dtypes.contains(&d) {
+                dtypes.push(d);
+            }
+        }
+        dtypes
+    }
+
+    /// The dtypes of its outputs, in order.
+    pub fn output_dtypes(&self) -> impl Iterator<Item = crate::DType> + '_ {
+        self.bound_symbol.outputs().iter().map(|&v| self.dtype_of(v))
     }
 
     /// The shape of a value of the trace.

@@ -4,7 +4,9 @@
 //! leaves the last high half zero. The bits are those of the dtype (bf16: `f32`'s upper half;
 //! f16: IEEE half precision), rounded to nearest, ties to even, by the `half` crate.
 
+use super::device::{Device, DeviceBuffer};
 use crate::core::ir::DType;
+use crate::error::Result;
 
 /// Whether values of `dtype` are stored two per word on a device.
 pub(crate) fn is_packed(dtype: DType) -> bool {
@@ -52,6 +54,41 @@ pub(crate) fn unpack(dtype: DType, words: &[f32], values: &mut [f32]) {
         let word = words.get(i / 2).map_or(0, |w| w.to_bits());
         *v = value(dtype, if i % 2 == 0 { word } else { word >> 16 });
     }
+}
+
+/// Uploads `values` (of `dtype`, widened to `f32`) into `target`, packing 16-bit ones through
+/// `scratch` (grown once, then reused).
+pub(crate) fn upload(
+    device: &dyn Device,
+    dtype: DType,
+    values: &[f32],
+    target: &mut dyn DeviceBuffer,
+    scratch: &mut Vec<f32>,
+) -> Result<()> {
+    if !is_packed(dtype) {
+        return device.upload(values, target);
+    }
+    pack(dtype, values, scratch);
+    device.upload(scratch, target)
+}
+
+/// Downloads `source` (values of `dtype`) into `values`, widened to `f32`, unpacking 16-bit
+/// ones through `scratch` (grown once, then reused).
+pub(crate) fn download(
+    device: &dyn Device,
+    dtype: DType,
+    source: &dyn DeviceBuffer,
+    values: &mut [f32],
+    scratch: &mut Vec<f32>,
+) -> Result<()> {
+    if !is_packed(dtype) {
+        return device.download(source, values);
+    }
+    scratch.clear();
+    scratch.resize(words(dtype, values.len()), 0.0);
+    device.download(source, scratch)?;
+    unpack(dtype, scratch, values);
+    Ok(())
 }
 
 #[cfg(test)]

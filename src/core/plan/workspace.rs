@@ -517,28 +517,14 @@ impl Plan {
                 };
                 let out = step.outputs[0] as usize;
                 let target = workspace.device_buffers[out].as_deref_mut().ok_or_else(missing)?;
-                let dtype = self.device_dtypes[out];
-                if packing::is_packed(dtype) {
-                    packing::pack(dtype, source, &mut workspace.scratch.packed);
-                    return device.upload(&workspace.scratch.packed, target);
-                }
-                device.upload(source, target)
+                packing::upload(&**device, self.device_dtypes[out], source, target, &mut workspace.scratch.packed)
             }
             Work::Download if run.outputs_on_device && self.device_io.output_download[index] => Ok(()),
             Work::Download => {
                 let d = device_slot(&step.inputs[0]).ok_or_else(missing)?;
                 let source = self.device_buffer(d, &workspace.device_buffers, run).ok_or_else(missing)?;
                 let target = &mut workspace.buffers[step.outputs[0] as usize];
-                let dtype = self.device_dtypes[d];
-                if packing::is_packed(dtype) {
-                    let packed = &mut workspace.scratch.packed;
-                    packed.clear();
-                    packed.resize(packing::words(dtype, target.len()), 0.0);
-                    device.download(source, packed)?;
-                    packing::unpack(dtype, packed, target);
-                    return Ok(());
-                }
-                device.download(source, target)
+                packing::download(&**device, self.device_dtypes[d], source, target, &mut workspace.scratch.packed)
             }
             Work::Device(kernel) => {
                 let Workspace { device_buffers, scratch, .. } = workspace;

@@ -236,8 +236,7 @@ impl Executor for CpuFusion {
             dumps.lock().unwrap_or_else(|p| p.into_inner()).push(program);
         }
         // Temporaries stay f32; only the region's outputs are rounded to their dtypes.
-        let dtypes = op.bound_symbol().outputs().iter().map(|&v| op.dtype_of(v));
-        Ok(crate::executors::cpu_reference::rounding::RoundOutputs::wrap(Box::new(region), dtypes))
+        Ok(crate::executors::cpu_reference::rounding::RoundOutputs::wrap(Box::new(region), op))
     }
 
     /// Every dtype: a region computes in `f32` throughout, keeping its temporaries in `f32`

@@ -222,7 +222,6 @@ impl Executor for CpuReference {
         let id = builtin_prim(op)
             .ok_or_else(|| Error::NoExecutor { symbol: op.name().to_string(), tried: vec![Self::NAME.to_string()] })?;
         require_builtin(Self::NAME, id, op)?;
-        let dtypes = op.bound_symbol().outputs().iter().map(|&v| op.dtype_of(v));
-        Ok(rounding::RoundOutputs::wrap(kernels::compile(id, op, self.threads)?, dtypes))
+        Ok(rounding::RoundOutputs::wrap(kernels::compile(id, op, self.threads)?, op))
     }
 }

@@ -2,7 +2,7 @@
 //! each result to its op's dtype (bf16, f16), as PyTorch's CPU kernels do.
 
 use crate::core::ir::DType;
-use crate::core::plan::Kernel;
+use crate::core::plan::{Kernel, OpView};
 use crate::core::tensor::{TensorMut, TensorRef};
 use crate::error::Result;
 
@@ -12,9 +12,9 @@ pub(crate) struct RoundOutputs {
 }
 
 impl RoundOutputs {
-    /// `inner`, rounding its outputs when one of `dtypes` (the outputs' dtypes) needs it.
-    pub fn wrap(inner: Box<dyn Kernel>, dtypes: impl IntoIterator<Item = DType>) -> Box<dyn Kernel> {
-        if dtypes.into_iter().all(|d| d == DType::F32) {
+    /// `inner`, `op`'s kernel, rounding its outputs when one of them is not `f32`.
+    pub fn wrap(inner: Box<dyn Kernel>, op: &OpView<'_>) -> Box<dyn Kernel> {
+        if op.output_dtypes().all(|d| d == DType::F32) {
             inner
         } else {
             Box::new(RoundOutputs { inner })

@@ -216,7 +216,7 @@ fn matrix_transpose_source(name: &str, kernel: &str, rows: usize, cols: usize, d
 }
 
 /// The C type of one element of `dtype` in a kernel: 16-bit values are moved as their bits.
-fn element_type(dtype: DType) -> &'static str {
+pub(super) fn element_type(dtype: DType) -> &'static str {
     if packing::is_packed(dtype) {
         "unsigned short"
     } else {
@@ -369,10 +369,12 @@ fn generate(
     if wide {
         source.push_str(HALF_CONVERSIONS);
     }
-    let element = |d: DType| if packing::is_packed(d) { "unsigned short" } else { "float" };
-    let mut params: Vec<String> =
-        input_dtypes.iter().enumerate().map(|(k, &d)| format!("const {}* __restrict__ in{k}", element(d))).collect();
-    params.extend(output_dtypes.iter().enumerate().map(|(o, &d)| format!("{}* __restrict__ out{o}", element(d))));
+    let mut params: Vec<String> = input_dtypes
+        .iter()
+        .enumerate()
+        .map(|(k, &d)| format!("const {}* __restrict__ in{k}", element_type(d)))
+        .collect();
+    params.extend(output_dtypes.iter().enumerate().map(|(o, &d)| format!("{}* __restrict__ out{o}", element_type(d))));
     params.push("long long n".into());
     let _ = writeln!(source, "extern \"C\" __global__ void {kernel}({}) {{", params.join(", "));
     let _ = writeln!(source, "  const long long stride = (long long)blockDim.x * gridDim.x;");

@@ -319,12 +319,10 @@ fn nonempty_product(op: &OpView<'_>) -> bool {
 /// The one dtype of all of `op`'s tensors (cuBLASLt's products here take operands of one
 /// dtype), or why not.
 fn single_dtype(op: &OpView<'_>) -> Result<crate::DType> {
-    let bsym = op.bound_symbol();
-    let mut dtypes = bsym.inputs().chain(bsym.outputs().iter().copied()).map(|v| op.dtype_of(v));
-    let first = dtypes.next().unwrap_or(crate::DType::F32);
-    match dtypes.find(|&d| d != first) {
-        None => Ok(first),
-        Some(other) => Err(Error::KernelPrecondition {
+    match op.dtypes().as_slice() {
+        [] => Ok(crate::DType::F32),
+        &[only] => Ok(only),
+        &[first, other, ..] => Err(Error::KernelPrecondition {
             executor: CudaOps::NAME.into(),
             symbol: op.name().into(),
             detail: format!(

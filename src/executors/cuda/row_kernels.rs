@@ -11,7 +11,7 @@
 
 use std::fmt::Write as _;
 
-use super::codegen::{literal, maximum, narrow, widen, RegionSource, HALF_CONVERSIONS};
+use super::codegen::{element_type, literal, maximum, narrow, widen, RegionSource, HALF_CONVERSIONS};
 use crate::core::ir::{prims, DType};
 use crate::core::plan::{packing, OpView};
 
@@ -30,7 +30,6 @@ pub fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, String>
     // bf16 and f16 values are read and written packed two per word, and computed in `float`.
     let dtypes: Vec<DType> = op.bound_symbol().inputs().map(|v| op.dtype_of(v)).collect();
     let out_dtype = op.dtype_of(op.bound_symbol().outputs()[0]);
-    let element = |d: DType| if packing::is_packed(d) { "unsigned short" } else { "float" };
     let x = |k: usize, at: &str| widen(dtypes[k], &format!("in{k}[{at}]"));
     let mut input_lengths = vec![packing::words(dtypes[0], numel)];
     let mut source = String::new();
@@ -38,7 +37,7 @@ pub fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, String>
     if dtypes.iter().chain([&out_dtype]).any(|&d| packing::is_packed(d)) {
         source.push_str(HALF_CONVERSIONS);
     }
-    let mut params = vec![format!("const {}* __restrict__ in0", element(dtypes[0]))];
+    let mut params = vec![format!("const {}* __restrict__ in0", element_type(dtypes[0]))];
     match id {
         prims::SOFTMAX if tensors == 1 => {}
         prims::LAYER_NORM if tensors <= 3 => {
@@ -47,13 +46,13 @@ pub fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, String>
                 if s != [cols] {
                     return Err(format!("layer_norm's weight and bias must be [{cols}], not {s:?}"));
                 }
-                params.push(format!("const {}* __restrict__ in{k}", element(dtype)));
+                params.push(format!("const {}* __restrict__ in{k}", element_type(dtype)));
                 input_lengths.push(packing::words(dtype, cols));
             }
         }
         _ => return Err(format!("no row kernel for `{}` with {tensors} tensor argument(s)", op.name())),
     }
-    params.push(format!("{}* __restrict__ out0", element(out_dtype)));
+    params.push(format!("{}* __restrict__ out0", element_type(out_dtype)));
     params.push("long long n".into());
     let _ = writeln!(source, "extern \"C\" __global__ void {kernel}({}) {{", params.join(", "));
     let _ = writeln!(source, "  const long long warps = (long long)blockDim.x * gridDim.x / 32;");

@@ -332,7 +332,13 @@ fn streams_and_staging_threads_are_named_for_nvtx() {
     let trace = quickstart_block(&arena, &registry);
     let (fused, fusion) = fused_for_cuda(&device, &trace, &arena);
     let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device.clone()))]).unwrap();
-    let _workspaces = [plan.workspace().unwrap(), plan.workspace().unwrap()];
+    // A workspace makes its stream on its first run (as its device buffers).
+    let uploaded = upload(&device, &inputs_for(&trace));
+    let run_inputs: Vec<boundscope::RunInput<'_>> = uploaded.iter().map(boundscope::RunInput::from).collect();
+    let mut workspaces = [plan.workspace().unwrap(), plan.workspace().unwrap()];
+    for workspace in &mut workspaces {
+        plan.run_on_device(workspace, &run_inputs).unwrap();
+    }
     let names = nvtx_capture::stream_names();
     assert!(names.iter().any(|(_, n)| n == "boundscope cuda:0"), "{names:?}");
     let queues: Vec<_> = names.iter().filter(|(_, n)| n.starts_with("boundscope workspace ")).collect();

@@ -452,3 +452,151 @@ fn users_symbols_declare_their_dtype_rule() {
     assert_eq!(got[0].dtype(), DType::BF16);
     assert_eq!(got[0].data(), &[0.5, DType::BF16.round(1.0 / 6.0)]);
 }
+
+/// The composites PyTorch runs as one kernel (`softmax`, `layer_norm`, `gelu`, `linear`,
+/// `linear_gelu`) are computed in `f32` and rounded once to their dtype, on the CPU reference,
+/// in CpuFusion and through the front end alike: each element is within half a unit in the
+/// last place (plus `f32`'s own error) of an `f64` evaluation. The rows make per-prim rounding
+/// visible: a bf16 `layer_norm` of a row alternating 100 and 100.5 is `[-1, 1]` (rounding each
+/// prim gave `[0, 1.414]`), and sums of many terms lose their low bits in 16 bits.
+#[test]
+fn composites_are_computed_in_f32_and_rounded_once() {
+    use boundscope::frontend::{Environment, ProfiledSession};
+    use boundscope::options::Options;
+    let (rows, cols, out) = (4usize, 64usize, 24usize);
+    // Row 0 alternates 100 and 100.5; the others spread over a few units with fine steps.
+    let x_at = |i: usize| {
+        let (r, c) = (i / cols, i % cols);
+        if r == 0 {
+            100.0 + 0.5 * (c % 2) as f32
+        } else {
+            ((c * 37 + r * 11) % 61) as f32 / 61.0 * 4.0 - 2.0 + r as f32 * 0.37
+        }
+    };
+    let session =
+        ProfiledSession::new(Options::new(), &Environment::from_pairs(&[("BOUNDSCOPE_DEVICE", "cpu")])).unwrap();
+    for dtype in [DType::BF16, DType::F16] {
+        let t = |shape: &[usize]| TensorMeta::new(dtype, shape);
+        let x = Tensor::from_fn(&[rows, cols], x_at).to_dtype(dtype);
+        let gamma = Tensor::from_fn(&[cols], |c| 1.0 + (c % 5) as f32 / 8.0).to_dtype(dtype);
+        let beta = Tensor::from_fn(&[cols], |c| (c % 3) as f32 / 4.0 - 0.25).to_dtype(dtype);
+        let w = Tensor::from_fn(&[out, cols], |i| ((i * 29) % 41) as f32 / 41.0 - 0.5).to_dtype(dtype);
+        let bias = Tensor::from_fn(&[out], |i| (i % 7) as f32 / 7.0).to_dtype(dtype);
+        let small = Tensor::from_fn(&[rows, cols], |i| x_at(i + cols) / 4.0).to_dtype(dtype);
+        let at = |t: &Tensor, r: usize, c: usize, n: usize| f64::from(t.data()[r * n + c]);
+        let gelu = |v: f64| 0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh());
+        let linear = |r: usize, o: usize| -> (f64, f64) {
+            let terms = (0..cols).map(|c| at(&small, r, c, cols) * at(&w, o, c, cols));
+            let scale: f64 = terms.clone().map(f64::abs).sum::<f64>() + at(&bias, 0, o, out).abs();
+            (terms.sum::<f64>() + at(&bias, 0, o, out), scale)
+        };
+        // (name, inputs, the f64 value and its scale at [r, c], output columns)
+        type Exact<'e> = Box<dyn Fn(usize, usize) -> (f64, f64) + 'e>;
+        let cases: Vec<(&str, Vec<&Tensor>, Exact<'_>, usize)> = vec![
+            (
+                "softmax",
+                vec![&x],
+                Box::new(|r, c| {
+                    let row: Vec<f64> = (0..cols).map(|k| at(&x, r, k, cols)).collect();
+                    let m = row.iter().copied().fold(f64::MIN, f64::max);
+                    let z: f64 = row.iter().map(|v| (v - m).exp()).sum();
+                    ((row[c] - m).exp() / z, 1.0)
+                }),
+                cols,
+            ),
+            (
+                "layer_norm",
+                vec![&x, &gamma, &beta],
+                Box::new(|r, c| {
+                    let row: Vec<f64> = (0..cols).map(|k| at(&x, r, k, cols)).collect();
+                    let mean = row.iter().sum::<f64>() / cols as f64;
+                    let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;
+                    let y = (row[c] - mean) / (var + 1e-5).sqrt() * at(&gamma, 0, c, cols) + at(&beta, 0, c, cols);
+                    (y, y.abs().max(1.0) * 8.0)
+                }),
+                cols,
+            ),
+            ("gelu", vec![&small], Box::new(|r, c| (gelu(at(&small, r, c, cols)), 1.0)), cols),
+            ("linear", vec![&small, &w, &bias], Box::new(linear), out),
+            (
+                "linear_gelu",
+                vec![&small, &w, &bias],
+                Box::new(|r, o| {
+                    let (h, scale) = linear(r, o);
+                    (gelu(h), scale)
+                }),
+                out,
+            ),
+        ];
+        let registry = Registry::with_builtins();
+        for (name, inputs, exact, n) in cases {
+            let arena = Arena::new();
+            let mut b = TraceBuilder::new(&arena, &registry);
+            let ids: Vec<_> = inputs.iter().map(|i| b.input_with(&t(i.shape())).unwrap()).collect();
+            let y = match name {
+                "softmax" => b.softmax(ids[0]),
+                "layer_norm" => b.layer_norm(ids[0], 1e-5, Some(ids[1]), Some(ids[2])),
+                "gelu" => b.gelu(ids[0]),
+                "linear" => b.linear(ids[0], ids[1], Some(ids[2])),
+                _ => b.call("linear_gelu", &[ids[0].into(), ids[1].into(), ids[2].into()]),
+            }
+            .unwrap();
+            b.output(y).unwrap();
+            let trace = b.finish().unwrap();
+            let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
+            let runs = [
+                ("cpu_reference", Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&inputs)),
+                (
+                    "cpu_fusion",
+                    Plan::compile(&fused, &[CpuFusion::shared(), CpuReference::shared()]).unwrap().run(&inputs),
+                ),
+                ("session", session.run(&trace, &arena, &inputs)),
+            ];
+            for (executor, got) in runs {
+                let got = got.unwrap();
+                assert_eq!(got[0].dtype(), dtype);
+                for r in 0..rows {
+                    for c in 0..n {
+                        let (e, scale) = exact(r, c);
+                        let g = f64::from(got[0].data()[r * n + c]);
+                        let bound = ulp(dtype, e) + 1e-5 * scale;
+                        assert!(
+                            (g - e).abs() <= bound,
+                            "{dtype} {name} on {executor} [{r}, {c}]: {g} against {e} (rounded once: {}; bound {bound:e})",
+                            round_to(dtype, e)
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Inside a fused region, an op reads the `f32` value of a 16-bit value made earlier in the
+/// region, also when that value is an output of the region (stored rounded): `torch.compile`'s
+/// rule. Outside regions (the CPU reference), each op reads the rounded value: PyTorch eager's.
+/// Here `y = x + 1/512` rounds to 1 in bf16 (a tie, to even), so `z = (y - 1) * 512` is 1 from
+/// the `f32` value and 0 from the rounded one. (CudaFusion follows the same rule:
+/// `proptests/cuda_matches_reference.rs` checks it on the GPU.)
+#[test]
+fn a_fused_region_reads_the_f32_value_of_its_own_16_bit_outputs() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input_with(&TensorMeta::new(DType::BF16, &[8])).unwrap();
+    let y = b.add_scalar(x, 1.0 / 512.0).unwrap();
+    let d = b.sub_scalar(y, 1.0).unwrap();
+    let z = b.mul_scalar(d, 512.0).unwrap();
+    b.output(y).unwrap();
+    b.output(z).unwrap();
+    let trace = b.finish().unwrap();
+    let ones = Tensor::from_fn(&[8], |_| 1.0).to_dtype(DType::BF16);
+    let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
+    let plan = Plan::compile(&fused, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();
+    assert_eq!(plan.steps_per_executor(), [("cpu_fusion", 1)], "{plan}");
+    let out = plan.run(&[&ones]).unwrap();
+    assert_eq!(out[0].data(), [1.0; 8], "y is stored rounded");
+    assert_eq!(out[1].data(), [1.0; 8], "z reads y's f32 value inside the region");
+    let eager = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&ones]).unwrap();
+    assert_eq!((eager[0].data(), eager[1].data()), (&[1.0; 8][..], &[0.0; 8][..]), "op by op: the rounded value");
+}

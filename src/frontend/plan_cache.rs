@@ -8,57 +8,149 @@
 //! attached). Two independent 64-bit hashes make the 128-bit fingerprint. Computing it
 //! allocates nothing. A cached entry keeps the trace's guard objects alive, so that their
 //! addresses, part of the fingerprint, cannot be reused by other guards while it is cached.
+//!
+//! The cache is least-recently-used: a hit makes its entry the most recent, and a new plan
+//! past [`CACHED_PLANS`] evicts the entry used longest ago. A trace is compiled once even when
+//! several threads ask for it at the same time: the first one compiles, the others wait for
+//! its plan (or, if it failed, try again themselves, so each caller sees its own error).
 
 use std::hash::{Hash, Hasher};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use crate::core::guards::Guard;
 use crate::core::ir::{Arg, BoundSymbol, Trace};
 use crate::core::plan::Plan;
 use crate::error::Result;
 
-/// How many plans a session keeps (the most recently used).
+/// How many plans a session keeps: the most recently used ones. Each holds its workspaces
+/// and the trace's guard objects, so a program that cycles through more distinct traces than
+/// this recompiles them (and grows its arena) as they come back.
 pub const CACHED_PLANS: usize = 16;
+
+/// A cached plan, or one being compiled.
+#[derive(Default)]
+struct Slot {
+    state: Mutex<SlotState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+enum SlotState {
+    /// A thread is compiling it.
+    #[default]
+    Compiling,
+    Ready(Arc<Plan>),
+    /// The compile failed; a later caller compiles it again.
+    Failed,
+}
 
 struct Entry {
     fingerprint: u128,
-    plan: Arc<Plan>,
+    slot: Arc<Slot>,
     _guards: Vec<Arc<dyn Guard>>,
 }
 
-/// Plans by trace fingerprint, most recently used last.
+/// Plans by trace fingerprint, least recently used first.
 #[derive(Default)]
 pub(crate) struct PlanCache {
     entries: Mutex<Vec<Entry>>,
 }
 
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 impl PlanCache {
-    /// The cached plan of `trace`, or the one `compile` makes (then cached).
+    /// The cached plan of `trace`, or the one `compile` makes (then cached). Concurrent callers
+    /// for one trace share one compile.
     pub fn get_or_compile(&self, trace: &Trace<'_>, compile: impl FnOnce() -> Result<Plan>) -> Result<Arc<Plan>> {
         let fingerprint = fingerprint(trace);
-        {
-            let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(i) = entries.iter().position(|e| e.fingerprint == fingerprint) {
-                let plan = entries[i].plan.clone();
-                let last = entries.len() - 1;
-                entries.swap(i, last);
-                return Ok(plan);
+        let mut compile = Some(compile);
+        loop {
+            let slot = {
+                let mut entries = lock(&self.entries);
+                match entries.iter().position(|e| e.fingerprint == fingerprint) {
+                    Some(i) => {
+                        // Most recently used last.
+                        let entry = entries.remove(i);
+                        let slot = entry.slot.clone();
+                        entries.push(entry);
+                        slot
+                    }
+                    None => {
+                        if entries.len() >= CACHED_PLANS {
+                            entries.remove(0);
+                        }
+                        let slot = Arc::new(Slot::default());
+                        let guards = trace.guards.guards.clone();
+                        entries.push(Entry { fingerprint, slot: slot.clone(), _guards: guards });
+                        drop(entries);
+                        let compile = compile.take().expect("a caller compiles at most once");
+                        return self.compile_into(fingerprint, &slot, compile);
+                    }
+                }
+            };
+            let mut state = lock(&slot.state);
+            loop {
+                match &*state {
+                    SlotState::Ready(plan) => return Ok(plan.clone()),
+                    SlotState::Compiling => state = slot.ready.wait(state).unwrap_or_else(PoisonError::into_inner),
+                    SlotState::Failed => break,
+                }
+            }
+            // The compiling caller failed and removed the entry: try again (this caller
+            // compiles, unless another one got there first).
+        }
+    }
+
+    /// Runs `compile` for the new entry `slot`, then wakes its waiters. On failure (or a
+    /// panic) the entry leaves the cache first, so that the waiters compile it again.
+    fn compile_into(
+        &self,
+        fingerprint: u128,
+        slot: &Slot,
+        compile: impl FnOnce() -> Result<Plan>,
+    ) -> Result<Arc<Plan>> {
+        struct Wake<'s> {
+            cache: &'s PlanCache,
+            fingerprint: u128,
+            slot: &'s Slot,
+            plan: Option<Arc<Plan>>,
+        }
+        impl Drop for Wake<'_> {
+            fn drop(&mut self) {
+                let state = match self.plan.take() {
+                    Some(plan) => SlotState::Ready(plan),
+                    None => {
+                        let mut entries = lock(&self.cache.entries);
+                        let ours = |e: &Entry| e.fingerprint == self.fingerprint && std::ptr::eq(&*e.slot, self.slot);
+                        if let Some(i) = entries.iter().position(ours) {
+                            entries.remove(i);
+                        }
+                        SlotState::Failed
+                    }
+                };
+                *lock(&self.slot.state) = state;
+                self.slot.ready.notify_all();
             }
         }
+        let mut wake = Wake { cache: self, fingerprint, slot, plan: None };
         let plan = Arc::new(compile()?);
-        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
-        if entries.len() >= CACHED_PLANS {
-            entries.remove(0);
-        }
-        let guards = trace.guards.guards.clone();
-        entries.push(Entry { fingerprint, plan: plan.clone(), _guards: guards });
+        wake.plan = Some(plan.clone());
         Ok(plan)
     }
 
     /// Number of cached plans.
     #[cfg(test)]
     pub fn len(&self) -> usize {
-        self.entries.lock().map_or(0, |e| e.len())
+        lock(&self.entries).len()
+    }
+
+    /// Whether `trace`'s plan is cached (or being compiled).
+    #[cfg(test)]
+    pub fn contains(&self, trace: &Trace<'_>) -> bool {
+        let fingerprint = fingerprint(trace);
+        lock(&self.entries).iter().any(|e| e.fingerprint == fingerprint)
     }
 }
 
@@ -116,5 +208,48 @@ fn hash_bound_symbol(trace: &Trace<'_>, bsym: &BoundSymbol<'_>, h: &mut impl Has
     bsym.subsymbols().len().hash(h);
     for sub in bsym.subsymbols() {
         hash_bound_symbol(trace, sub, h);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::ir::{Arena, Registry, TraceBuilder};
+    use crate::executors::CpuReference;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    #[test]
+    fn waiters_share_one_compile_and_retry_after_a_failure() {
+        let registry = Registry::with_builtins();
+        let cache = PlanCache::default();
+        let compiles = AtomicUsize::new(0);
+        let threads = 8;
+        let barrier = std::sync::Barrier::new(threads);
+        std::thread::scope(|s| {
+            for k in 0..threads {
+                let (registry, cache, compiles, barrier) = (&registry, &cache, &compiles, &barrier);
+                s.spawn(move || {
+                    let arena = Arena::new();
+                    let mut b = TraceBuilder::new(&arena, registry);
+                    let x = b.input(&[8]).unwrap();
+                    let y = b.exp(x).unwrap();
+                    b.output(y).unwrap();
+                    let trace = b.finish().unwrap();
+                    barrier.wait();
+                    let result = cache.get_or_compile(&trace, || {
+                        let n = compiles.fetch_add(1, Ordering::SeqCst);
+                        std::thread::sleep(std::time::Duration::from_millis(50));
+                        // The first compile fails: its waiters compile again, once.
+                        if n == 0 {
+                            return Err(crate::Error::WorkspaceMismatch);
+                        }
+                        Plan::compile(&trace, &[CpuReference::shared()])
+                    });
+                    assert!(result.is_ok() || k < threads, "{result:?}");
+                });
+            }
+        });
+        assert_eq!(compiles.load(Ordering::SeqCst), 2, "one failed compile, then one that every waiter shares");
+        assert_eq!(cache.len(), 1);
     }
 }

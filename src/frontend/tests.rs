@@ -368,3 +368,69 @@ fn nvtx_levels_from_the_environment_remove_ranges_from_the_plan() {
     assert!(none.is_empty());
     assert!(notes.iter().any(|n| n.contains("level `subsymbol` matches no range")), "{notes:?}");
 }
+
+/// `exp` of an input of `[n]`: a trace per `n`.
+fn exp_trace<'a>(arena: &'a Arena, registry: &'a Registry, n: usize) -> crate::Trace<'a> {
+    let mut b = TraceBuilder::new(arena, registry);
+    let x = b.input(&[n]).unwrap();
+    let y = b.exp(x).unwrap();
+    b.output(y).unwrap();
+    b.finish().unwrap()
+}
+
+#[test]
+fn the_plan_cache_evicts_the_least_recently_used_plan() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let session = session(&[]).unwrap();
+    let traces: Vec<_> = (1..=crate::frontend::CACHED_PLANS + 1).map(|n| exp_trace(&arena, &registry, n)).collect();
+    let first = session.plan(&traces[0], &arena).unwrap();
+    for trace in &traces[1..crate::frontend::CACHED_PLANS] {
+        session.plan(trace, &arena).unwrap();
+    }
+    // The first is used again, then one more plan comes: the second (used longest ago) goes.
+    assert!(Arc::ptr_eq(&first, &session.plan(&traces[0], &arena).unwrap()));
+    session.plan(&traces[crate::frontend::CACHED_PLANS], &arena).unwrap();
+    assert_eq!(session.plans.len(), crate::frontend::CACHED_PLANS);
+    assert!(session.plans.contains(&traces[0]), "the plan used last must stay");
+    assert!(!session.plans.contains(&traces[1]), "the plan used longest ago must go");
+    for trace in &traces[2..] {
+        assert!(session.plans.contains(trace));
+    }
+    let grown = arena.allocated_bytes();
+    assert!(Arc::ptr_eq(&first, &session.plan(&traces[0], &arena).unwrap()));
+    assert_eq!(arena.allocated_bytes(), grown);
+}
+
+#[test]
+fn concurrent_first_calls_compile_a_trace_once() {
+    let registry = Registry::with_builtins();
+    let session = session(&[]).unwrap();
+    let threads = 16;
+    let barrier = std::sync::Barrier::new(threads);
+    // Every thread builds the same trace in an arena of its own, then asks for its plan at once.
+    let plans: Vec<(Arc<crate::Plan>, usize, usize)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| {
+                    let arena = Arena::new();
+                    let mut b = TraceBuilder::new(&arena, &registry);
+                    let x = b.input(&[64, 64]).unwrap();
+                    let y = b.softmax(x).unwrap();
+                    let z = b.layer_norm(y, 1e-5, None, None).unwrap();
+                    b.output(z).unwrap();
+                    let trace = b.finish().unwrap();
+                    let before = arena.allocated_bytes();
+                    barrier.wait();
+                    let plan = session.plan(&trace, &arena).unwrap();
+                    (plan, before, arena.allocated_bytes())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert_eq!(session.plans.len(), 1, "one entry for one trace");
+    assert!(plans.iter().all(|(p, _, _)| Arc::ptr_eq(p, &plans[0].0)), "every caller shares one plan");
+    let grew = plans.iter().filter(|(_, before, after)| after > before).count();
+    assert_eq!(grew, 1, "exactly one caller ran the passes (in its arena)");
+}

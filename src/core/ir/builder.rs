@@ -10,7 +10,7 @@ use smallvec::SmallVec;
 use super::arena::{Arena, ArenaVec};
 use super::bound_symbol::{Arg, BoundSymbol, FusedBy};
 use super::ids::{SymbolId, ValueId};
-use super::meta::{TensorMeta, ValueMeta};
+use super::meta::{DType, TensorMeta, ValueMeta};
 use super::registry::Registry;
 use super::symbol::ArgInfo;
 use super::trace::{PassRecord, Trace};
@@ -188,6 +188,17 @@ impl<'a> TraceBuilder<'a> {
             .get(value.index())
             .map(|m| m.shape)
             .ok_or(Error::UndefinedValue { value, used_by: "TraceBuilder::shape".into() })
+    }
+
+    /// The dtype of a value.
+    ///
+    /// # Errors
+    /// [`Error::UndefinedValue`] if there is no such value.
+    pub fn dtype(&self, value: ValueId) -> Result<DType> {
+        self.values
+            .get(value.index())
+            .map(|m| m.dtype)
+            .ok_or(Error::UndefinedValue { value, used_by: "TraceBuilder::dtype".into() })
     }
 
     /// Sets a header comment for the next bound symbol added; listings print it above it.

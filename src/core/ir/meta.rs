@@ -11,6 +11,19 @@ use smallvec::SmallVec;
 /// PyTorch's CPU kernels do; [`DType::round`] is that rounding (to nearest, ties to even;
 /// overflow gives an infinity of the same sign, as in PyTorch; NaN stays NaN).
 ///
+/// Where results are rounded, on every executor:
+/// - **An op** rounds its result once. Products and reductions accumulate in `f32`.
+/// - **A composite that PyTorch runs as one kernel** (`softmax`, `layer_norm`, `gelu`,
+///   `linear`, `linear_gelu`) is computed in `f32` and rounded once: its decomposition casts
+///   16-bit operands to `f32`, does the math in `f32` and casts the result back, so the CPU
+///   reference (which rounds each prim) and CpuFusion give what PyTorch gives, and an executor
+///   that runs the composite whole (CudaOps' row kernels) rounds once too.
+/// - **Inside a fused region** (CpuFusion, CudaFusion) values stay in `f32`: an op reads the
+///   `f32` value of an earlier op of the region even when that value is also an output of the
+///   region, which is stored rounded. This is `torch.compile`'s rule; op by op (the CPU
+///   reference, CudaOps), each op reads the rounded value, as in PyTorch eager. So a fused
+///   plan can differ from the reference by the roundings it skips, never by more.
+///
 /// ```
 /// use boundscope::DType;
 /// assert_eq!(DType::BF16.to_string(), "bf16");
@@ -48,7 +61,25 @@ impl DType {
 
     /// The dtype of an op on tensors of dtypes `a` and `b`, as PyTorch promotes them: equal
     /// dtypes stay, `f32` with anything is `f32`, and bf16 with f16 is `f32` (neither holds the
-    /// other). A scalar operand does not promote a tensor (`bf16 * 2.0` is bf16).
+    /// other).
+    ///
+    /// As in PyTorch, operands come in three categories, and only the highest one present
+    /// promotes: tensors with dimensions, then zero-dimensional tensors, then scalars. So
+    /// `bf16[4] + f32[]` is bf16 (the zero-dimensional `f32` does not promote a dimensioned
+    /// tensor), `bf16[] + f32[]` is `f32`, and `bf16 * 2.0` is bf16 (a scalar never promotes).
+    ///
+    /// ```
+    /// use boundscope::{Arena, DType, Registry, TensorMeta, TraceBuilder};
+    /// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input_with(&TensorMeta::new(DType::BF16, &[4])).unwrap();
+    /// let s = b.input_with(&TensorMeta::new(DType::F32, &[])).unwrap();
+    /// let y = b.add(x, s).unwrap();
+    /// assert_eq!(b.dtype(y).unwrap(), DType::BF16);
+    /// let t = b.input_with(&TensorMeta::new(DType::BF16, &[])).unwrap();
+    /// let z = b.add(t, s).unwrap();
+    /// assert_eq!(b.dtype(z).unwrap(), DType::F32);
+    /// ```
     pub const fn promote(a: DType, b: DType) -> DType {
         match (a, b) {
             (DType::BF16, DType::BF16) => DType::BF16,

@@ -204,14 +204,20 @@ fn cast_rule(args: &[ArgInfo<'_>]) -> RuleResult {
     }
 }
 
-/// The promoted dtype of the tensor arguments (scalars do not promote; see [`DType::promote`]).
+/// The promoted dtype of the tensor arguments, as PyTorch's `result_type` gives it for floating
+/// operands: the dimensioned tensors promote among themselves, a zero-dimensional tensor counts
+/// only when no operand has dimensions (`bf16[4] + f32[]` is bf16, `bf16[] + f32[]` is f32), and
+/// scalars never do (see [`DType::promote`]).
 fn promoted(args: &[ArgInfo<'_>]) -> Option<DType> {
-    args.iter()
-        .filter_map(|a| match a {
-            ArgInfo::Tensor { dtype, .. } => Some(*dtype),
-            _ => None,
-        })
-        .reduce(DType::promote)
+    let of = |dimensioned: bool| {
+        args.iter()
+            .filter_map(|a| match a {
+                ArgInfo::Tensor { dtype, shape } if shape.is_empty() != dimensioned => Some(*dtype),
+                _ => None,
+            })
+            .reduce(DType::promote)
+    };
+    of(true).or_else(|| of(false))
 }
 
 fn binary_rule(args: &[ArgInfo<'_>]) -> RuleResult {
@@ -341,56 +347,100 @@ fn missing(symbol: &str) -> Error {
     Error::InvalidSymbol { symbol: symbol.into(), detail: "decomposition called with unchecked arguments".into() }
 }
 
+/// `math` on `values` computed in `f32` and rounded once to the composite's dtype (the
+/// promotion of `values`' dtypes): how PyTorch runs these composites, one kernel with `f32`
+/// registers. A composite of 16-bit values decomposes into casts to `f32`, the math in `f32`,
+/// and one cast of the result, so that every executor that runs the decomposition (the CPU
+/// reference included, which rounds each prim) rounds only once; `f32` composites get no cast.
+fn in_f32<const N: usize>(
+    b: &mut TraceBuilder<'_>,
+    values: [Option<ValueId>; N],
+    math: impl FnOnce(&mut TraceBuilder<'_>, [Option<ValueId>; N]) -> Result<ValueId>,
+) -> Result<ValueId> {
+    let mut dtypes = Vec::with_capacity(N);
+    for v in values.iter().flatten() {
+        dtypes.push(b.dtype(*v)?);
+    }
+    if dtypes.iter().all(|&d| d == DType::F32) {
+        return math(b, values);
+    }
+    let out = dtypes.iter().copied().reduce(DType::promote).unwrap_or(DType::F32);
+    let mut wide = values;
+    for (v, &dtype) in wide.iter_mut().flatten().zip(&dtypes) {
+        if dtype != DType::F32 {
+            *v = b.cast(*v, DType::F32)?;
+        }
+    }
+    let y = math(b, wide)?;
+    if out == DType::F32 {
+        Ok(y)
+    } else {
+        b.cast(y, out)
+    }
+}
+
 fn decompose_softmax(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
     let x = value(args, 0).ok_or_else(|| missing("softmax"))?;
-    let m = b.max(x)?;
-    let shifted = b.sub(x, m)?;
-    let e = b.exp(shifted)?;
-    let z = b.sum(e)?;
-    b.div(e, z)
+    in_f32(b, [Some(x)], |b, [x]| {
+        let x = x.ok_or_else(|| missing("softmax"))?;
+        let m = b.max(x)?;
+        let shifted = b.sub(x, m)?;
+        let e = b.exp(shifted)?;
+        let z = b.sum(e)?;
+        b.div(e, z)
+    })
 }
 
 fn decompose_layer_norm(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
     let x = value(args, 0).ok_or_else(|| missing("layer_norm"))?;
     let eps = scalar(args, 1);
-    let n = *b.shape(x)?.last().ok_or_else(|| missing("layer_norm"))? as f32;
-    let total = b.sum(x)?;
-    let mean = b.mul_scalar(total, 1.0 / n)?;
-    let centered = b.sub(x, mean)?;
-    let squares = b.mul(centered, centered)?;
-    let square_sum = b.sum(squares)?;
-    let variance = b.mul_scalar(square_sum, 1.0 / n)?;
-    let shifted = b.add_scalar(variance, eps)?;
-    // 1/sqrt(v) = exp(-0.5 * log(v)): the prims have no sqrt.
-    let log_var = b.log(shifted)?;
-    let half = b.mul_scalar(log_var, -0.5)?;
-    let inv_std = b.exp(half)?;
-    let mut y = b.mul(centered, inv_std)?;
-    if let Some(w) = value(args, 2) {
-        y = b.mul(y, w)?;
-    }
-    if let Some(bias) = value(args, 3) {
-        y = b.add(y, bias)?;
-    }
-    Ok(y)
+    in_f32(b, [Some(x), value(args, 2), value(args, 3)], |b, [x, weight, bias]| {
+        let x = x.ok_or_else(|| missing("layer_norm"))?;
+        let n = *b.shape(x)?.last().ok_or_else(|| missing("layer_norm"))? as f32;
+        let total = b.sum(x)?;
+        let mean = b.mul_scalar(total, 1.0 / n)?;
+        let centered = b.sub(x, mean)?;
+        let squares = b.mul(centered, centered)?;
+        let square_sum = b.sum(squares)?;
+        let variance = b.mul_scalar(square_sum, 1.0 / n)?;
+        let shifted = b.add_scalar(variance, eps)?;
+        // 1/sqrt(v) = exp(-0.5 * log(v)): the prims have no sqrt.
+        let log_var = b.log(shifted)?;
+        let half = b.mul_scalar(log_var, -0.5)?;
+        let inv_std = b.exp(half)?;
+        let mut y = b.mul(centered, inv_std)?;
+        if let Some(w) = weight {
+            y = b.mul(y, w)?;
+        }
+        if let Some(bias) = bias {
+            y = b.add(y, bias)?;
+        }
+        Ok(y)
+    })
 }
 
 fn decompose_linear_gelu(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
     let x = value(args, 0).ok_or_else(|| missing("linear_gelu"))?;
     let w = value(args, 1).ok_or_else(|| missing("linear_gelu"))?;
-    let h = b.linear(x, w, value(args, 2))?;
-    b.gelu(h)
+    in_f32(b, [Some(x), Some(w), value(args, 2)], |b, [x, w, bias]| {
+        let (x, w) = (x.ok_or_else(|| missing("linear_gelu"))?, w.ok_or_else(|| missing("linear_gelu"))?);
+        let h = b.linear(x, w, bias)?;
+        b.gelu(h)
+    })
 }
 
 fn decompose_linear(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
     let x = value(args, 0).ok_or_else(|| missing("linear"))?;
     let w = value(args, 1).ok_or_else(|| missing("linear"))?;
-    let wt = b.transpose(w, &[1, 0])?;
-    let y = b.matmul(x, wt)?;
-    match value(args, 2) {
-        Some(bias) => b.add(y, bias),
-        None => Ok(y),
-    }
+    in_f32(b, [Some(x), Some(w), value(args, 2)], |b, [x, w, bias]| {
+        let (x, w) = (x.ok_or_else(|| missing("linear"))?, w.ok_or_else(|| missing("linear"))?);
+        let wt = b.transpose(w, &[1, 0])?;
+        let y = b.matmul(x, wt)?;
+        match bias {
+            Some(bias) => b.add(y, bias),
+            None => Ok(y),
+        }
+    })
 }
 
 macro_rules! unary_methods {
@@ -553,6 +603,46 @@ mod tests {
 
     fn t(shape: &[usize]) -> ArgInfo<'_> {
         ArgInfo::Tensor { dtype: DType::F32, shape }
+    }
+
+    /// PyTorch's `torch.result_type` for every pair of float dtypes and operand categories
+    /// (checked with PyTorch 2.11): a dimensioned tensor, a zero-dimensional one, a scalar.
+    #[test]
+    fn promotion_follows_pytorchs_three_categories() {
+        use DType::{BF16, F16, F32};
+        // Between two operands of one category (both dimensioned, or both zero-dimensional).
+        let same_category = [
+            (F32, F32, F32),
+            (F32, BF16, F32),
+            (F32, F16, F32),
+            (BF16, F32, F32),
+            (BF16, BF16, BF16),
+            (BF16, F16, F32),
+            (F16, F32, F32),
+            (F16, BF16, F32),
+            (F16, F16, F16),
+        ];
+        let dims: &[usize] = &[4];
+        let zero: &[usize] = &[];
+        for (a, b, expected) in same_category {
+            for shape in [dims, zero] {
+                let args = [ArgInfo::Tensor { dtype: a, shape }, ArgInfo::Tensor { dtype: b, shape }];
+                assert_eq!(binary_rule(&args).unwrap().dtype, expected, "{a}{shape:?} with {b}{shape:?}");
+            }
+            // A dimensioned tensor with a zero-dimensional one: the dimensioned one's dtype,
+            // in either order (bf16[4] + f32[] is bf16).
+            let mixed = [ArgInfo::Tensor { dtype: a, shape: dims }, ArgInfo::Tensor { dtype: b, shape: zero }];
+            assert_eq!(binary_rule(&mixed).unwrap().dtype, a, "{a}[4] with {b}[]");
+            let mixed = [ArgInfo::Tensor { dtype: a, shape: zero }, ArgInfo::Tensor { dtype: b, shape: dims }];
+            assert_eq!(binary_rule(&mixed).unwrap().dtype, b, "{a}[] with {b}[4]");
+        }
+        // A scalar never promotes, a zero-dimensional tensor's dtype included.
+        for a in DType::ALL {
+            for shape in [dims, zero] {
+                let args = [ArgInfo::Tensor { dtype: a, shape }, ArgInfo::Scalar(2.5)];
+                assert_eq!(binary_rule(&args).unwrap().dtype, a);
+            }
+        }
     }
 
     #[test]

@@ -654,3 +654,123 @@ proptest! {
         }
     }
 }
+
+/// One device object per GPU: `CudaDevice::new` and `with_ordinal(0)` give the process's one
+/// handle, the front end uses it too (`ProfiledSession::device`), so a tensor uploaded through
+/// a handle the user made runs in a session's plan; an ordinal past the GPUs is a typed error
+/// that says how many there are.
+#[test]
+fn one_handle_per_gpu_and_the_front_end_shares_it() {
+    use boundscope::frontend::{Environment, ProfiledSession};
+    use boundscope::options::Options;
+    use boundscope::{DeviceTensor, RunInput, Tensor};
+    let Some(device) = device() else { return };
+    let mine = CudaDevice::new().unwrap();
+    assert!(Arc::ptr_eq(&mine, &device) && Arc::ptr_eq(&mine, &CudaDevice::with_ordinal(0).unwrap()));
+    assert_eq!(mine.ordinal(), 0);
+    let count = cudarc::driver::CudaContext::device_count().unwrap() as usize;
+    let err = CudaDevice::with_ordinal(count).err().expect("no such GPU");
+    assert!(err.to_string().contains(&format!("this machine has {count}")), "{err}");
+    let session =
+        ProfiledSession::new(Options::new(), &Environment::from_pairs(&[("BOUNDSCOPE_DEVICE", "cuda")])).unwrap();
+    let theirs = session.device().expect("a GPU session has a device");
+    let as_device: Arc<dyn boundscope::Device> = mine.clone();
+    assert!(std::ptr::addr_eq(Arc::as_ptr(theirs), Arc::as_ptr(&as_device)));
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4096]).unwrap();
+    let y = b.exp(x).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let host = Tensor::from_fn(&[4096], |i| (i % 13) as f32 / 13.0);
+    let on_device = DeviceTensor::upload(&as_device, host.view()).unwrap();
+    let plan = session.plan(&trace, &arena).unwrap();
+    let mut workspace = plan.workspace().unwrap();
+    let out = plan.run_on_device(&mut workspace, &[RunInput::from(&on_device)]).unwrap().to_host(0).unwrap();
+    let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&host]).unwrap();
+    assert!(out.data().iter().zip(expected[0].data()).all(|(a, b)| (a - b).abs() < TOLERANCE));
+}
+
+/// Transfers through the public `Device` trait with a device buffer shorter than the host
+/// data are typed errors naming both lengths, staged (2^20 words) or not (1,000), both ways:
+/// never a panic inside cudarc.
+#[test]
+fn transfers_of_the_wrong_length_are_typed_errors() {
+    use boundscope::{Device, Error};
+    let Some(device) = device() else { return };
+    for n in [1000usize, 1 << 20] {
+        let host = vec![1.0f32; n];
+        let mut short = device.alloc(n - 1).unwrap();
+        let err = device.upload(&host, &mut *short).unwrap_err();
+        assert_eq!(err, Error::TransferLength { direction: "upload", host: n, device: n - 1 });
+        assert!(err.to_string().contains(&format!("{n} words into a device buffer of {}", n - 1)), "{err}");
+        let mut back = vec![0.0f32; n];
+        let err = device.download(&*short, &mut back).unwrap_err();
+        assert_eq!(err, Error::TransferLength { direction: "download", host: n, device: n - 1 });
+        // A buffer at least as long takes the data (into its first words) and gives it back.
+        let mut long = device.alloc(n + 7).unwrap();
+        device.upload(&host, &mut *long).unwrap();
+        device.download(&*long, &mut back).unwrap();
+        assert_eq!(back, host);
+    }
+}
+
+/// Inside a fused region on the GPU, an op reads the `f32` value of a 16-bit value the region
+/// also writes (rounded): `torch.compile`'s rule, as CpuFusion follows it
+/// (`dtypes_match_direct_evaluation`). `y = x + 1/512` is 1 in bf16, `z = (y - 1) * 512` is 1.
+#[test]
+fn a_fused_region_reads_the_f32_value_of_its_own_16_bit_outputs_on_the_gpu() {
+    use boundscope::{DType, Tensor, TensorMeta};
+    let Some(device) = device() else { return };
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+    let x = b.input_with(&TensorMeta::new(DType::BF16, &[4096])).unwrap();
+    let y = b.add_scalar(x, 1.0 / 512.0).unwrap();
+    let d = b.sub_scalar(y, 1.0).unwrap();
+    let z = b.mul_scalar(d, 512.0).unwrap();
+    b.output(y).unwrap();
+    b.output(z).unwrap();
+    let trace = b.finish().unwrap();
+    let (fused, fusion) = fused_for_cuda(&device, &trace, &arena);
+    let plan = Plan::compile(&fused, &[fusion]).unwrap();
+    assert_eq!(plan.steps_per_executor().iter().map(|(_, n)| n).sum::<usize>(), 1, "{plan}");
+    let out = plan.run(&[&Tensor::from_fn(&[4096], |_| 1.0).to_dtype(DType::BF16)]).unwrap();
+    assert!(out[0].data().iter().all(|&v| v == 1.0), "y is stored rounded");
+    assert!(out[1].data().iter().all(|&v| v == 1.0), "z reads y's f32 value: {:?}", &out[1].data()[..4]);
+}
+
+/// Zero-dimensional operands promote as in PyTorch on the GPU too: `bf16[n] + f32[]` is bf16,
+/// computed in `f32` and rounded once, in a fused region and per op, equal to the CPU reference.
+#[test]
+fn zero_dimensional_operands_promote_as_in_pytorch_on_the_gpu() {
+    use boundscope::{DType, Tensor, TensorMeta};
+    let Some(device) = device() else { return };
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+    let x = b.input_with(&TensorMeta::new(DType::BF16, &[1000])).unwrap();
+    let s = b.input_with(&TensorMeta::new(DType::F32, &[])).unwrap();
+    let y = b.add(x, s).unwrap();
+    let z = b.mul(y, s).unwrap();
+    b.output(z).unwrap();
+    let trace = b.finish().unwrap();
+    assert_eq!(trace.value_meta(z).unwrap().dtype, DType::BF16);
+    let inputs =
+        [Tensor::from_fn(&[1000], |i| i as f32 / 7.0).to_dtype(DType::BF16), Tensor::new(&[], vec![1.3]).unwrap()];
+    let refs: Vec<&Tensor> = inputs.iter().collect();
+    let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&refs).unwrap();
+    let (fused, fusion) = fused_for_cuda(&device, &trace, &arena);
+    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let fused_plan = Plan::compile(&fused, &[fusion, ops.clone()]).unwrap();
+    let per_op = Plan::compile(&trace, &[ops]).unwrap();
+    let cpu_fused = FuseRegions::new(boundscope::executors::CpuFusion::shared()).run(&trace, &arena).unwrap();
+    let cpu_fused =
+        Plan::compile(&cpu_fused, &[boundscope::executors::CpuFusion::shared()]).unwrap().run(&refs).unwrap();
+    let fused_out = fused_plan.run(&refs).unwrap();
+    let per_op_out = per_op.run(&refs).unwrap();
+    assert_eq!(fused_out[0].dtype(), DType::BF16);
+    assert!(ulps(&per_op_out[0], &expected[0], DType::BF16) <= 1.0);
+    assert!(ulps(&fused_out[0], &cpu_fused[0], DType::BF16) <= 1.0);
+}

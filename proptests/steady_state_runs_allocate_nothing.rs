@@ -334,3 +334,59 @@ fn cuda_runs_allocate_nothing() {
     assert_eq!(count, 0, "device-resident runs\n{plan}");
     assert_eq!(steady_state_allocations(&plan, &inputs), 0, "host inputs in, outputs out\n{plan}");
 }
+
+/// Staged transfers (1 MiB and more) allocate nothing per run and pin nothing after the first,
+/// in `f32` and in 16 bits, however many sizes a plan moves: [1024, 1024] inputs of each dtype
+/// (the sizes of a transformer's activations), and a plan with 12 distinct transfer sizes (more
+/// than the 8 staging buffers a device used to keep, one per size). On a GPU machine only.
+#[cfg(feature = "cuda")]
+#[test]
+fn staged_cuda_transfers_allocate_nothing_and_pin_once() {
+    use boundscope::executors::cuda::{self, CudaDevice, CudaOps};
+    use boundscope::{Availability, DType};
+    if let Availability::Unavailable(reason) = cuda::availability() {
+        println!("SKIPPED: staged_cuda_transfers_allocate_nothing_and_pin_once: {reason}; run this test binary on a GPU machine");
+        return;
+    }
+    let device = CudaDevice::new().unwrap();
+    let registry = Registry::with_builtins();
+    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let mut shapes: Vec<(DType, Vec<usize>)> =
+        [DType::F32, DType::BF16, DType::F16].into_iter().map(|d| (d, vec![1024, 1024])).collect();
+    // 12 sizes from 1 MiB up (in device words).
+    shapes.extend((0..12).map(|k| (DType::F32, vec![(1 << 18) + k * 40_000])));
+    let arena = Arena::new();
+    let trace = exp_of_each(&arena, &registry, &shapes);
+    let plan = Plan::compile(&trace, &[ops]).unwrap();
+    let inputs: Vec<Tensor> = shapes
+        .iter()
+        .map(|(dtype, shape)| Tensor::from_fn(shape, |i| (i % 11) as f32 / 11.0).to_dtype(*dtype))
+        .collect();
+    // The warm-up run pins the staging memory, once.
+    let pinned = device.pinned_allocations();
+    assert_eq!(steady_state_allocations(&plan, &inputs), 0, "staged transfers\n{plan}");
+    assert!(device.pinned_allocations() - pinned <= 2, "pinned {} times", device.pinned_allocations() - pinned);
+    let pinned = device.pinned_allocations();
+    assert_eq!(steady_state_allocations(&plan, &inputs), 0);
+    assert_eq!(device.pinned_allocations(), pinned, "nothing pinned again");
+    // And the results are whole.
+    let out = plan.run(&inputs.iter().collect::<Vec<_>>()).unwrap();
+    let expected =
+        Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&inputs.iter().collect::<Vec<_>>()).unwrap();
+    for (got, want) in out.iter().zip(&expected) {
+        let worst = got.data().iter().zip(want.data()).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        assert!(worst <= 1e-2, "{worst}");
+    }
+}
+
+/// `exp` of an input of each dtype and shape, each an output.
+#[cfg(feature = "cuda")]
+fn exp_of_each<'a>(arena: &'a Arena, registry: &'a Registry, shapes: &[(boundscope::DType, Vec<usize>)]) -> Trace<'a> {
+    let mut b = TraceBuilder::new(arena, registry);
+    for (dtype, shape) in shapes {
+        let x = b.input_with(&boundscope::TensorMeta::new(*dtype, shape)).unwrap();
+        let y = b.exp(x).unwrap();
+        b.output(y).unwrap();
+    }
+    b.finish().unwrap()
+}

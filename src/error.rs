@@ -154,8 +154,12 @@ pub enum Error {
     DeviceMismatch {
         /// The first executor with a device.
         first: String,
+        /// Its device's name.
+        first_device: String,
         /// An executor on another device.
         second: String,
+        /// Its device's name (the same name when they are two handles of one device).
+        second_device: String,
     },
     /// An output index past a run's outputs.
     NoSuchOutput {
@@ -224,6 +228,25 @@ pub enum Error {
         expected: usize,
         /// How many its data has.
         got: usize,
+    },
+    /// A copy between host and device memory ([`Device::upload`](crate::Device::upload),
+    /// [`Device::download`](crate::Device::download)) whose device buffer is shorter than the
+    /// host data.
+    TransferLength {
+        /// `upload` or `download`.
+        direction: &'static str,
+        /// The host data's length, in device words (`f32` elements).
+        host: usize,
+        /// The device buffer's length, in device words.
+        device: usize,
+    },
+    /// [`DeviceTensor::copy_from_host`](crate::DeviceTensor::copy_from_host) got data of
+    /// another shape or dtype than the tensor's.
+    CopyMismatch {
+        /// The device tensor's dtype and shape.
+        expected: crate::TensorMeta,
+        /// The host data's.
+        got: crate::TensorMeta,
     },
     /// A workspace made by one plan was passed to another.
     WorkspaceMismatch,
@@ -393,11 +416,30 @@ impl fmt::Display for Error {
                 write!(f, "input {index} cannot be read on the device: {detail}")
             }
             Error::GraphUnsupported { reason } => write!(f, "cannot use a graph here: {reason}"),
-            Error::DeviceMismatch { first, second } => write!(
+            Error::CopyMismatch { expected, got } => write!(
                 f,
-                "executors `{first}` and `{second}` run on different devices; a plan runs on one: give them \
-                 the same device handle (one `Arc`)"
+                "cannot copy {got} host data into a device tensor of {expected}: give data of its dtype and shape \
+                 (`Tensor::to_dtype` converts), or upload a new tensor (`DeviceTensor::upload`)"
             ),
+            Error::TransferLength { direction, host, device } => write!(
+                f,
+                "an {direction} of {host} words {} a device buffer of {device}: the device buffer must hold at \
+                 least as many words as the host data (allocate it with `Device::alloc({host})`, or copy \
+                 {device} words)",
+                if *direction == "upload" { "into" } else { "from" }
+            ),
+            Error::DeviceMismatch { first, first_device, second, second_device } => {
+                let what = if first_device == second_device {
+                    format!("two device objects that are both named `{first_device}`")
+                } else {
+                    format!("`{first_device}` and `{second_device}`")
+                };
+                write!(
+                    f,
+                    "executors `{first}` and `{second}` run on {what}; a plan runs on one device: give them the same \
+                     device handle (one `Arc`; `CudaDevice::new` returns the process's handle of a GPU)"
+                )
+            }
             Error::NoSuchOutput { index, outputs } => {
                 write!(f, "there is no output {index}: the plan has {outputs} (0..{outputs})")
             }

@@ -22,9 +22,11 @@ use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
 /// costs more than it saves, and small ops stay on the calling thread.
 pub(crate) const MIN_ELEMENTS_PER_PART: usize = 1 << 16;
 
-/// How many threads the machine offers (at least 1).
+/// How many threads the machine offers (at least 1), asked once per process:
+/// `available_parallelism` reads the cgroup files on Linux and allocates each time.
 pub(crate) fn available_threads() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    static THREADS: OnceLock<usize> = OnceLock::new();
+    *THREADS.get_or_init(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
 }
 
 /// The number of parts to split `work` units into, for an executor configured with `threads`

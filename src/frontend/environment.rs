@@ -110,7 +110,8 @@ impl Environment {
     ///
     /// Checked strictly, whether or not a variable takes effect: its name must be one the
     /// front end reads ([`NVTX_OVERRIDE`], [`TRACE_DIR`] or a user option's), its value valid Unicode and
-    /// accepted by its option (`BOUNDSCOPE_NVTX`: `0` or `1`).
+    /// accepted by its option (`BOUNDSCOPE_NVTX`: `0` or `1`; [`TRACE_DIR`]: what
+    /// [`trace_dir`](Self::trace_dir) accepts, so not empty).
     ///
     /// ```
     /// use boundscope::frontend::Environment;
@@ -148,6 +149,8 @@ impl Environment {
             }
         }
         nvtx_override(self)?;
+        // One rule for the trace directory, here and in `trace_dir`.
+        self.trace_dir()?;
         let set_in_code: Vec<&str> = options.set_names().collect();
         let mut apply = Vec::new();
         for (spec, variable) in &specs {

@@ -8,7 +8,7 @@ use crate::core::guards::{NvtxRange, Selection};
 use crate::core::ir::{Arena, Trace};
 use crate::core::options::Options;
 use crate::core::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOps};
-use crate::core::plan::{Executor, Plan};
+use crate::core::plan::{Device, Executor, Plan};
 use crate::core::tensor::Tensor;
 use crate::error::Result;
 use crate::executors::{CpuFusion, CpuReference};
@@ -48,6 +48,8 @@ pub struct ProfiledSession {
     fusion: Arc<dyn Executor>,
     max_region_ops: usize,
     executors: Vec<Arc<dyn Executor>>,
+    /// The GPU its plans run on, if any.
+    device: Option<Arc<dyn Device>>,
     /// Compiled plans, by trace fingerprint.
     pub(super) plans: PlanCache,
 }
@@ -76,11 +78,13 @@ impl ProfiledSession {
         let max_region_ops = cpu_fusion.max_region_ops();
         let cpu_fusion: Arc<dyn Executor> = Arc::new(cpu_fusion);
         let cpu_reference: Arc<dyn Executor> = Arc::new(CpuReference::new().threads(threads));
-        let (fusion, executors) = match gpu_executors(options.enum_value("runtime.device")?)? {
-            Some(gpu) => (gpu[0].clone(), gpu.into_iter().chain([cpu_fusion, cpu_reference]).collect()),
-            None => (cpu_fusion.clone(), vec![cpu_fusion, cpu_reference]),
+        let (fusion, executors, device) = match gpu_executors(options.enum_value("runtime.device")?)? {
+            Some((device, gpu)) => {
+                (gpu[0].clone(), gpu.into_iter().chain([cpu_fusion, cpu_reference]).collect(), Some(device))
+            }
+            None => (cpu_fusion.clone(), vec![cpu_fusion, cpu_reference], None),
         };
-        Ok(Self { options, profiling, fusion, max_region_ops, executors, plans: PlanCache::default() })
+        Ok(Self { options, profiling, fusion, max_region_ops, executors, device, plans: PlanCache::default() })
     }
 
     /// Whether (and why) this session profiles.
@@ -91,6 +95,20 @@ impl ProfiledSession {
     /// The options in effect.
     pub fn options(&self) -> &Options {
         &self.options
+    }
+
+    /// The device its plans run on: the process's handle of the GPU it chose
+    /// (`runtime.device`, `BOUNDSCOPE_DEVICE`), or `None` on the CPU. Upload inputs through it
+    /// (or through `CudaDevice::new()`, the same handle) to pass them as device tensors.
+    ///
+    /// ```
+    /// use boundscope::frontend::{Environment, ProfiledSession};
+    /// use boundscope::options::Options;
+    /// let session = ProfiledSession::new(Options::new(), &Environment::from_pairs(&[("BOUNDSCOPE_DEVICE", "cpu")])).unwrap();
+    /// assert!(session.device().is_none());
+    /// ```
+    pub fn device(&self) -> Option<&Arc<dyn Device>> {
+        self.device.as_ref()
     }
 
     /// The executors, in the order plans try them; the first is the one fusion regions are made
@@ -191,9 +209,12 @@ impl ProfiledSession {
     }
 }
 
-/// The CUDA executors (fusion first) for `runtime.device`, or `None` for the CPU. With `auto`
-/// and no usable GPU, says so once per process on stderr.
-fn gpu_executors(device: &str) -> Result<Option<Vec<Arc<dyn Executor>>>> {
+/// A GPU and its executors.
+type Gpu = (Arc<dyn Device>, Vec<Arc<dyn Executor>>);
+
+/// The GPU and its CUDA executors (fusion first) for `runtime.device`, or `None` for the CPU.
+/// With `auto` and no usable GPU, says so once per process on stderr.
+fn gpu_executors(device: &str) -> Result<Option<Gpu>> {
     if device == "cpu" {
         return Ok(None);
     }
@@ -203,7 +224,8 @@ fn gpu_executors(device: &str) -> Result<Option<Vec<Arc<dyn Executor>>>> {
         match CudaDevice::new() {
             Ok(gpu) => {
                 let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
-                Ok(Some(vec![fusion, Arc::new(CudaOps::new(gpu))]))
+                let executors = vec![fusion, Arc::new(CudaOps::new(gpu.clone())) as Arc<dyn Executor>];
+                Ok(Some((gpu, executors)))
             }
             Err(e) if device == "cuda" => Err(e),
             Err(e) => {

@@ -226,6 +226,11 @@ fn boundscope_nvtx_is_checked_whatever_decides_profiling() {
 #[test]
 fn the_trace_directory_variable_is_known_and_a_typo_of_it_is_not() {
     session(&[("BOUNDSCOPE_TRACE_DIR", "/tmp/traces")]).unwrap();
+    // One rule for an empty value: the session refuses it as `Environment::trace_dir` does.
+    let empty = Environment::from_pairs(&[("BOUNDSCOPE_TRACE_DIR", "")]);
+    assert!(matches!(empty.trace_dir(), Err(Error::InvalidEnvironment { .. })));
+    let err = session(&[("BOUNDSCOPE_TRACE_DIR", "")]).err().expect("an empty trace directory is refused");
+    assert!(matches!(&err, Error::InvalidEnvironment { variable, .. } if variable == "BOUNDSCOPE_TRACE_DIR"), "{err}");
     let err = session(&[("BOUNDSCOPE_TRACE_DRI", "/tmp/traces")]).err().expect("an error");
     assert!(err.to_string().contains("did you mean BOUNDSCOPE_TRACE_DIR?"), "{err}");
 }

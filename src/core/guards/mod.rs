@@ -37,7 +37,7 @@ pub use recorder::{RecordedRange, Recorder};
 pub use scope_details::ScopeDetails;
 pub use table::DroppedGuard;
 pub(crate) use table::{carried_span, Attachment, GuardTable};
-pub use timeline::{folded_stacks, Timeline, CUDA_EVENTS_TRACK, DEFAULT_CAPACITY};
+pub use timeline::{folded_stacks, Timeline, CUDA_EVENTS_TRACK, DEFAULT_CAPACITY, PAST_BOUND_LABEL};
 pub use tracing_span::{TracingSpan, TRACING_TARGET};
 
 use crate::error::Result;

@@ -28,13 +28,20 @@ use tracing::{Metadata, Subscriber};
 use tracing_subscriber::layer::{Context, Layer};
 use tracing_subscriber::registry::LookupSpan;
 
-use super::nvtx_range::{executor_color, PreparedNvtxRange};
+use super::nvtx_range::{executor_color, OwnedNvtxRange, PreparedNvtxRange};
 use super::Level;
 
 /// Forwards `tracing` spans to NVTX push/pop ranges, labelled with the span's name, in the NVTX
 /// domain named by the span's target (or one domain for all, [`in_domain`](Self::in_domain)),
-/// coloured by target. Events are not forwarded. A layer gives ranges to the first 4,096 span
-/// callsites it sees (spans of later ones push nothing).
+/// coloured by target. Events are not forwarded.
+///
+/// Every span gets its range. The first [`PREPARED_CALLSITES`](Self::PREPARED_CALLSITES) span callsites a layer sees (or
+/// [`prepared_callsites`](Self::prepared_callsites)) get a prepared range (their name
+/// registered once; nothing allocated per span). Spans of later callsites, and the
+/// spans that [`TracingSpan`](super::TracingSpan) opens on its shared callsites once it has
+/// interned its 4,096 labels (they carry their label in a `label` field, which names their
+/// range), take a slower path: the span keeps its own range, with its label copied, in its
+/// extensions (two small allocations per span) and enters it from there.
 ///
 /// Ranges are pushed when a span is entered and popped when it is exited, on the entering
 /// thread, as NVTX push/pop requires (`tracing`'s `Entered` guards are not `Send` either).
@@ -59,15 +66,20 @@ pub struct NvtxLayer {
     domain: Option<String>,
     /// The index in `prepared` of every span callsite registered so far.
     callsites: RwLock<HashMap<Identifier, usize>>,
-    /// The prepared ranges and the numbers of their domains (see [`domain_number`]), by index;
-    /// set once each, read without a lock.
-    prepared: Box<[OnceLock<(PreparedNvtxRange, u32)>]>,
+    /// The prepared ranges and the numbers of their domains (see [`domain_number`]), by index,
+    /// in chunks of [`CHUNK`] made as needed; set once each, read without a lock.
+    prepared: Box<[OnceLock<Chunk>]>,
+    /// How many callsites get a prepared range.
+    capacity: usize,
     /// Span id to callsite index, direct-mapped by id.
     spans: Box<[SpanSlot]>,
 }
 
-/// Callsites with a prepared range; spans of later callsites push nothing.
-const CALLSITES: usize = 4096;
+/// Prepared ranges per chunk of the table.
+const CHUNK: usize = 1024;
+
+/// [`CHUNK`] prepared ranges, each with its domain's number, set once each.
+type Chunk = Box<[OnceLock<(PreparedNvtxRange, u32)>]>;
 /// Slots of the span table (a power of two).
 const SPAN_SLOTS: usize = 4096;
 
@@ -266,12 +278,17 @@ impl Default for NvtxLayer {
 }
 
 impl NvtxLayer {
+    /// Callsites with a prepared range, by default and at most; spans of later callsites keep a
+    /// range of their own in their extensions.
+    pub const PREPARED_CALLSITES: usize = CHUNK * 256;
+
     /// A layer that puts each span in the NVTX domain named by its target.
     pub fn new() -> Self {
         Self {
             domain: None,
             callsites: RwLock::new(HashMap::new()),
-            prepared: (0..CALLSITES).map(|_| OnceLock::new()).collect(),
+            prepared: (0..Self::PREPARED_CALLSITES / CHUNK).map(|_| OnceLock::new()).collect(),
+            capacity: Self::PREPARED_CALLSITES,
             spans: (0..SPAN_SLOTS).map(|_| SpanSlot::default()).collect(),
         }
     }
@@ -286,28 +303,74 @@ impl NvtxLayer {
         Ok(self)
     }
 
+    /// Gives prepared ranges to the first `callsites` span callsites only (at most
+    /// [`PREPARED_CALLSITES`](Self::PREPARED_CALLSITES), the default); spans of later callsites take the slower path
+    /// described on the type. Each prepared callsite costs about 100 bytes, allocated 1,024 at
+    /// a time as callsites come.
+    pub fn prepared_callsites(mut self, callsites: usize) -> Self {
+        self.capacity = callsites.min(Self::PREPARED_CALLSITES);
+        self
+    }
+
+    /// The prepared range at `index`, if it is set.
+    #[inline]
+    fn prepared_at(&self, index: usize) -> Option<&(PreparedNvtxRange, u32)> {
+        self.prepared.get(index / CHUNK)?.get()?.get(index % CHUNK)?.get()
+    }
+
     /// Registers the span's name in its domain and builds its attributes, once per callsite;
-    /// returns its index.
+    /// returns its index. `None` for callsites past the table and for shared callsites, whose
+    /// spans carry their label in a field.
     fn prepare(&self, metadata: &'static Metadata<'static>) -> Option<usize> {
+        if super::tracing_span::carries_label(metadata) {
+            return None;
+        }
         let id = metadata.callsite();
         let mut callsites = self.callsites.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(&index) = callsites.get(&id) {
             return Some(index);
         }
         let index = callsites.len();
-        let slot = self.prepared.get(index)?;
-        let domain = self.domain.as_deref().unwrap_or(metadata.target());
-        // A name or target with a NUL cannot be an NVTX string: it is pushed without the NUL.
-        let clean = |s: &str| s.replace('\0', "");
-        let (label, domain) = (clean(metadata.name()), clean(domain));
-        let domain = if domain.is_empty() { super::DEFAULT_DOMAIN } else { domain.as_str() };
-        let label = if label.is_empty() { "span" } else { label.as_str() };
-        let category = super::nvtx_range::level_category(Level::Op);
+        if index >= self.capacity {
+            return None;
+        }
+        let chunk = self.prepared.get(index / CHUNK)?.get_or_init(|| (0..CHUNK).map(|_| OnceLock::new()).collect());
+        let slot = chunk.get(index % CHUNK)?;
+        let (domain, label) = self.names(metadata, metadata.name());
         let range =
-            PreparedNvtxRange::new(domain, label, category, executor_color(metadata.target()), None, None).ok()?;
-        let _ = slot.set((range, domain_number(domain)));
+            PreparedNvtxRange::new(&domain, &label, span_category(), executor_color(metadata.target()), None, None)
+                .ok()?;
+        let _ = slot.set((range, domain_number(&domain)));
         callsites.insert(id, index);
         Some(index)
+    }
+
+    /// The domain and label of a span of `metadata` named `name`: a name or target with a NUL
+    /// cannot be an NVTX string, so it goes without the NUL; empty ones get defaults.
+    fn names(&self, metadata: &Metadata<'_>, name: &str) -> (String, String) {
+        let clean = |s: &str| s.replace('\0', "");
+        let (mut label, mut domain) = (clean(name), clean(self.domain.as_deref().unwrap_or(metadata.target())));
+        if domain.is_empty() {
+            domain = super::DEFAULT_DOMAIN.to_string();
+        }
+        if label.is_empty() {
+            label = "span".to_string();
+        }
+        (domain, label)
+    }
+
+    /// The range of a span with no prepared one (see the type's docs): labelled with its
+    /// `label` field on a shared callsite, else with its name.
+    fn own_range(&self, attrs: &Attributes<'_>) -> Option<(OwnedNvtxRange, u32)> {
+        let metadata = attrs.metadata();
+        let mut label = LabelField(None);
+        if super::tracing_span::carries_label(metadata) {
+            attrs.record(&mut label);
+        }
+        let (domain, label) = self.names(metadata, label.0.as_deref().unwrap_or(metadata.name()));
+        let handle = super::nvtx_range::domain_handle(&domain).ok()?;
+        let range = OwnedNvtxRange::new(handle, &label, span_category(), executor_color(metadata.target()));
+        Some((range, domain_number(&domain)))
     }
 
     fn slot(&self, id: &Id) -> &SpanSlot {
@@ -323,13 +386,13 @@ impl NvtxLayer {
         S: Subscriber + for<'lookup> LookupSpan<'lookup>,
     {
         if let Some(index) = self.slot(id).read(id.into_u64()) {
-            return self.prepared.get(index as usize - 1)?.get();
+            return self.prepared_at(index as usize - 1);
         }
         // Not in the table: from the registry's metadata, by callsite.
         let metadata = ctx.metadata(id)?;
         let callsites = self.callsites.read().unwrap_or_else(|poisoned| poisoned.into_inner());
         let index = *callsites.get(&metadata.callsite())?;
-        self.prepared.get(index)?.get()
+        self.prepared_at(index)
     }
 }
 
@@ -344,28 +407,44 @@ where
         Interest::always()
     }
 
-    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, _ctx: Context<'_, S>) {
+    fn on_new_span(&self, attrs: &Attributes<'_>, id: &Id, ctx: Context<'_, S>) {
         let metadata = attrs.metadata();
         let known = self.callsites.read().ok().and_then(|c| c.get(&metadata.callsite()).copied());
         // A callsite registered before this layer existed (and not since) is prepared here, once.
-        let Some(index) = known.or_else(|| self.prepare(metadata)) else { return };
-        self.slot(id).write(id.into_u64(), index as u64 + 1);
+        if let Some(index) = known.or_else(|| self.prepare(metadata)) {
+            self.slot(id).write(id.into_u64(), index as u64 + 1);
+            return;
+        }
+        // No prepared range: the span keeps one of its own. Its id may be a closed span's
+        // (the registry reuses them), whose table entry must not be taken for it.
+        self.slot(id).write(id.into_u64(), 0);
+        if let (Some(range), Some(span)) = (self.own_range(attrs), ctx.span(id)) {
+            span.extensions_mut().insert(OwnRange(range));
+        }
     }
 
     #[inline]
     fn on_enter(&self, id: &Id, ctx: Context<'_, S>) {
-        let range = self.range(id, &ctx);
-        let entry = Pushed {
-            span: id.into_u64(),
-            domain: range.map(|(r, _)| r.domain()),
-            domain_number: range.map_or(0, |(_, number)| *number),
-            exited: false,
-        };
+        let entry = |domain, domain_number| Pushed { span: id.into_u64(), domain, domain_number, exited: false };
         // Pushed only once recorded, so that every push has its pop (after thread-local storage
         // is gone, or past the stack's capacity, the span pushes nothing).
-        if PUSHED.try_with(|pushed| pushed.borrow_mut().push(entry)).unwrap_or(false) {
-            if let Some((range, _)) = range {
+        let record = |pushed: Pushed| PUSHED.try_with(|stack| stack.borrow_mut().push(pushed)).unwrap_or(false);
+        if let Some((range, number)) = self.range(id, &ctx) {
+            if record(entry(Some(range.domain()), *number)) {
                 range.push();
+            }
+            return;
+        }
+        let own = ctx.span(id);
+        let extensions = own.as_ref().map(|span| span.extensions());
+        match extensions.as_ref().and_then(|e| e.get::<OwnRange>()) {
+            Some(OwnRange((range, number))) => {
+                if record(entry(Some(range.domain()), *number)) {
+                    range.push();
+                }
+            }
+            None => {
+                record(entry(None, 0));
             }
         }
     }
@@ -377,6 +456,31 @@ where
                 nvtx::sys::domain_range_pop(domain);
             })
         });
+    }
+}
+
+/// The category of every span's range: the op level's.
+fn span_category() -> u32 {
+    super::nvtx_range::level_category(Level::Op)
+}
+
+/// A span's own range and its domain's number, in its extensions (see [`NvtxLayer`]).
+struct OwnRange((OwnedNvtxRange, u32));
+
+/// Reads the `label` field of a span of a shared callsite.
+struct LabelField(Option<String>);
+
+impl tracing::field::Visit for LabelField {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == super::tracing_span::LABEL_FIELD {
+            self.0 = Some(value.to_string());
+        }
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == super::tracing_span::LABEL_FIELD && self.0.is_none() {
+            self.0 = Some(format!("{value:?}"));
+        }
     }
 }
 

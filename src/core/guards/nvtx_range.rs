@@ -229,6 +229,18 @@ pub(crate) fn event_attributes(
     color: u32,
     payload: Option<u64>,
 ) -> nvtx_sys::EventAttributes {
+    let message =
+        (nvtx_sys::MessageType::NVTX_MESSAGE_TYPE_REGISTERED, nvtx_sys::MessageValue { registered: message.into() });
+    attributes_of(message, category, color, payload)
+}
+
+/// Event attributes with this message (its type and value).
+fn attributes_of(
+    (message_type, message): (nvtx_sys::MessageType, nvtx_sys::MessageValue),
+    category: u32,
+    color: u32,
+    payload: Option<u64>,
+) -> nvtx_sys::EventAttributes {
     let (payload_type, payload_value) = match payload {
         Some(p) => (nvtx_sys::PayloadType::NVTX_PAYLOAD_TYPE_UNSIGNED_INT64, nvtx_sys::PayloadValue { ullValue: p }),
         None => (nvtx_sys::PayloadType::NVTX_PAYLOAD_UNKNOWN, nvtx_sys::PayloadValue { ullValue: 0 }),
@@ -242,8 +254,38 @@ pub(crate) fn event_attributes(
         payloadType: i32::from(payload_type),
         reserved0: 0,
         payload: payload_value,
-        messageType: i32::from(nvtx_sys::MessageType::NVTX_MESSAGE_TYPE_REGISTERED),
-        message: nvtx_sys::MessageValue { registered: message.into() },
+        messageType: i32::from(message_type),
+        message,
+    }
+}
+
+/// A range whose label is its own C string rather than a registered one: for spans that have
+/// no prepared range ([`NvtxLayer`](super::NvtxLayer)'s slow path). It owns its label, which
+/// its attributes point to.
+pub(crate) struct OwnedNvtxRange {
+    domain: nvtx_sys::DomainHandle,
+    attributes: SendAttributes,
+    _label: CString,
+}
+
+impl OwnedNvtxRange {
+    /// A range labelled `label` (NUL characters left out) in `domain`.
+    pub(crate) fn new(domain: nvtx_sys::DomainHandle, label: &str, category: u32, color: u32) -> Self {
+        let label = CString::new(label.replace('\0', "")).unwrap_or_default();
+        let message =
+            (nvtx_sys::MessageType::NVTX_MESSAGE_TYPE_ASCII, nvtx_sys::MessageValue { ascii: label.as_ptr() });
+        let attributes = attributes_of(message, category, color, None);
+        Self { domain, attributes: SendAttributes(attributes), _label: label }
+    }
+
+    /// Pushes the range on this thread.
+    pub(crate) fn push(&self) {
+        nvtx_sys::domain_range_push_ex(self.domain, &self.attributes.0);
+    }
+
+    /// Its domain.
+    pub(crate) fn domain(&self) -> nvtx_sys::DomainHandle {
+        self.domain
     }
 }
 
@@ -264,7 +306,8 @@ pub struct PreparedNvtxRange {
 struct SendAttributes(nvtx_sys::EventAttributes);
 // SAFETY: the attributes are immutable after construction; the pointers they hold are a
 // registered-string handle, which NVTX keeps valid for the whole process and on every thread,
-// and a payload descriptor owned (immutably, `Sync`) by the same prepared range.
+// a payload descriptor owned (immutably, `Sync`) by the same prepared range, or the C string
+// an `OwnedNvtxRange` owns (immutably) beside them.
 unsafe impl Send for SendAttributes {}
 // SAFETY: as above; shared references only ever read the attributes.
 unsafe impl Sync for SendAttributes {}

@@ -87,7 +87,7 @@ struct TimelineInner {
     epoch: Instant,
     capacity: usize,
     /// What each site surrounds; a span names its site by index.
-    sites: Mutex<Vec<Site>>,
+    sites: Mutex<Sites>,
     /// Every thread's buffer, in order of first use.
     threads: Mutex<Vec<Arc<ThreadBuffer>>>,
     /// Device times added since the last drain.
@@ -96,7 +96,44 @@ struct TimelineInner {
     dropped: AtomicU64,
 }
 
-#[derive(PartialEq)]
+/// The sites of a timeline: at most [`Timeline::MAX_SITES`] of their own, then one shared site
+/// per level for the rest.
+#[derive(Default)]
+struct Sites {
+    list: Vec<Site>,
+    index: HashMap<Site, usize>,
+    /// Sites prepared under a shared one.
+    past_bound: u64,
+}
+
+impl Sites {
+    /// The index of `site`, added if new; past the bound, the index of its level's shared site.
+    fn intern(&mut self, site: Site) -> usize {
+        if let Some(&index) = self.index.get(&site) {
+            return index;
+        }
+        let site = if self.list.len() < Timeline::MAX_SITES {
+            site
+        } else {
+            let shared =
+                Site { label: PAST_BOUND_LABEL.to_string(), level: site.level, executor: String::new(), ops: 0 };
+            if let Some(&index) = self.index.get(&shared) {
+                self.past_bound += 1;
+                return index;
+            }
+            self.past_bound += 1;
+            shared
+        };
+        self.list.push(site.clone());
+        self.index.insert(site, self.list.len() - 1);
+        self.list.len() - 1
+    }
+}
+
+/// The label of the shared sites of scopes past [`Timeline::MAX_SITES`].
+pub const PAST_BOUND_LABEL: &str = "(sites past the timeline's bound)";
+
+#[derive(Clone, PartialEq, Eq, Hash)]
 struct Site {
     label: String,
     level: Level,
@@ -135,6 +172,14 @@ impl Default for Timeline {
 }
 
 impl Timeline {
+    /// Distinct sites (label, level, executor and op count) a timeline describes one by one.
+    /// Scopes of later sites (labels that vary per request, say) are recorded under one shared
+    /// site per level, labelled [`PAST_BOUND_LABEL`], and counted
+    /// ([`sites_past_bound`](Self::sites_past_bound), and `otherData.sites_past_bound` in the file):
+    /// their times stay, their own labels do not, and the memory a timeline keeps per site stays
+    /// bounded.
+    pub const MAX_SITES: usize = 1 << 16;
+
     /// An empty timeline whose threads keep [`DEFAULT_CAPACITY`] scopes each between drains.
     pub fn new() -> Self {
         Self::with_capacity(DEFAULT_CAPACITY)
@@ -164,7 +209,7 @@ impl Timeline {
                 id: NEXT_TIMELINE.fetch_add(1, Ordering::Relaxed),
                 epoch: Instant::now(),
                 capacity: scopes_per_thread,
-                sites: Mutex::new(Vec::new()),
+                sites: Mutex::new(Sites::default()),
                 threads: Mutex::new(Vec::new()),
                 device: Mutex::new(Vec::new()),
                 dropped: AtomicU64::new(0),
@@ -176,6 +221,28 @@ impl Timeline {
     /// [`with_capacity`](Self::with_capacity)); drains do not reset it.
     pub fn dropped_scopes(&self) -> u64 {
         self.inner.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Sites prepared under a shared site because the timeline already described
+    /// [`MAX_SITES`](Self::MAX_SITES) of its own (each preparation counts: a plan compiled
+    /// again counts again).
+    ///
+    /// ```
+    /// use boundscope::guards::{Guard, GuardSite, Level, Timeline, PAST_BOUND_LABEL};
+    /// let timeline = Timeline::with_capacity(Timeline::MAX_SITES + 2);
+    /// for i in 0..Timeline::MAX_SITES + 2 {
+    ///     let label = format!("request {i}");
+    ///     timeline.prepare(&GuardSite::new(&label, Level::Op, "cpu", 1))?.in_scope(|| ());
+    /// }
+    /// assert_eq!(timeline.sites_past_bound(), 2);
+    /// let chrome = timeline.to_chrome_trace();
+    /// assert_eq!(chrome["otherData"]["sites_past_bound"], 2);
+    /// let last = chrome["traceEvents"].as_array().unwrap().iter().rev().find(|e| e["ph"] == "X").unwrap();
+    /// assert_eq!(last["name"], PAST_BOUND_LABEL);
+    /// # Ok::<(), boundscope::Error>(())
+    /// ```
+    pub fn sites_past_bound(&self) -> u64 {
+        lock(&self.inner.sites).past_bound
     }
 
     /// Adds per-label device times as a track of their own, named `track`, to the next drain.
@@ -238,7 +305,8 @@ impl Timeline {
     /// it), with `name` = label, `cat` = level (`trace`, `region`, `op`, `subsymbol`), `pid`,
     /// `tid` (one per thread), `ts` and `dur` in microseconds since the timeline was made, and
     /// `args` = `executor` and `ops`. `otherData` holds `dropped_scopes` (so far, see
-    /// [`dropped_scopes`](Self::dropped_scopes)) and `capacity_per_thread`.
+    /// [`dropped_scopes`](Self::dropped_scopes)), `capacity_per_thread` and `sites_past_bound`
+    /// (see [`MAX_SITES`](Self::MAX_SITES)).
     ///
     /// Runs off the hot path: each thread's buffer is locked only while it is copied. The
     /// buffers of threads that have exited are freed once drained.
@@ -295,7 +363,7 @@ impl Timeline {
         for (thread_index, _, spans) in &threads {
             for span in spans {
                 first_start_ns = first_start_ns.min(span.start_ns);
-                let site = &sites[span.site];
+                let site = &sites.list[span.site];
                 events.push(json!({
                     "name": site.label,
                     "cat": site.level.name(),
@@ -341,7 +409,11 @@ impl Timeline {
         json!({
             "traceEvents": events,
             "displayTimeUnit": "ns",
-            "otherData": { "dropped_scopes": dropped_now, "capacity_per_thread": inner.capacity },
+            "otherData": {
+                "dropped_scopes": dropped_now,
+                "capacity_per_thread": inner.capacity,
+                "sites_past_bound": sites.past_bound,
+            },
         })
     }
 
@@ -590,15 +662,8 @@ impl Guard for Timeline {
             executor: site.executor.to_string(),
             ops: site.ops,
         };
-        let mut sites = lock(&self.inner.sites);
         // A plan compiled again reuses its sites' entries.
-        let index = match sites.iter().position(|s| *s == described) {
-            Some(index) => index,
-            None => {
-                sites.push(described);
-                sites.len() - 1
-            }
-        };
+        let index = lock(&self.inner.sites).intern(described);
         Ok(Box::new(PreparedTimeline { timeline: self.clone(), site: index }))
     }
 }

@@ -141,7 +141,15 @@ pub(crate) const INTERNED_CALLSITES: usize = 4096;
 const SHARED_NAME: &str = "boundscope";
 
 /// The field in which a span of a shared callsite carries the name it would have had.
-const LABEL_FIELD: &str = "label";
+pub(crate) const LABEL_FIELD: &str = "label";
+
+/// Whether `metadata` is one of the shared callsites, whose spans carry their label in
+/// [`LABEL_FIELD`] (what [`NvtxLayer`](super::NvtxLayer) names their ranges after).
+pub(crate) fn carries_label(metadata: &Metadata<'_>) -> bool {
+    metadata.name() == SHARED_NAME
+        && metadata.target() == TRACING_TARGET
+        && metadata.fields().field(LABEL_FIELD).is_some()
+}
 
 /// The fields of the shared callsites: [`FIELDS`] and the label.
 const SHARED_FIELDS: &[&str] = &["executor", "ops", "level", LABEL_FIELD];

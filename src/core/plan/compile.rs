@@ -237,8 +237,13 @@ impl Plan {
         // One device per plan: its steps are ordered on that device's queue only.
         let mut devices = executors.iter().filter_map(|e| e.device().map(|d| (e.name(), d)));
         if let Some((first, device)) = devices.next() {
-            if let Some((other, _)) = devices.find(|(_, d)| !std::ptr::addr_eq(Arc::as_ptr(d), Arc::as_ptr(&device))) {
-                return Err(Error::DeviceMismatch { first: first.to_string(), second: other.to_string() });
+            if let Some((other, d)) = devices.find(|(_, d)| !std::ptr::addr_eq(Arc::as_ptr(d), Arc::as_ptr(&device))) {
+                return Err(Error::DeviceMismatch {
+                    first: first.to_string(),
+                    first_device: device.name().to_string(),
+                    second: other.to_string(),
+                    second_device: d.name().to_string(),
+                });
             }
         }
         let id = NEXT_PLAN_ID.fetch_add(1, Ordering::Relaxed);

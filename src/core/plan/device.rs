@@ -38,15 +38,19 @@ pub trait Device: Send + Sync {
     /// # Errors
     /// The device's allocation error.
     fn alloc(&self, len: usize) -> Result<Box<dyn DeviceBuffer>>;
-    /// Copies host data into a device buffer (after the work already queued).
+    /// Copies host data into the first `source.len()` words of a device buffer (after the work
+    /// already queued).
     ///
     /// # Errors
-    /// The device's copy error.
+    /// [`Error::TransferLength`] when `target` holds fewer words than `source` (never a panic);
+    /// the device's copy error.
     fn upload(&self, source: &[f32], target: &mut dyn DeviceBuffer) -> Result<()>;
-    /// Copies a device buffer to the host, waiting for the work queued before it.
+    /// Copies the first `target.len()` words of a device buffer to the host, waiting for the
+    /// work queued before it.
     ///
     /// # Errors
-    /// The device's copy error.
+    /// [`Error::TransferLength`] when `source` holds fewer words than `target` (never a panic);
+    /// the device's copy error.
     fn download(&self, source: &dyn DeviceBuffer, target: &mut [f32]) -> Result<()>;
     /// Waits until the work queued on the device so far is done (for timing, or before reading
     /// device memory by other means). Default: nothing to wait for.

@@ -66,15 +66,15 @@ impl DeviceTensor {
     /// inputs ([`PlanGraph::input_mut`](crate::PlanGraph::input_mut)).
     ///
     /// # Errors
-    /// [`Error::InputShape`] for another shape, [`Error::InputDType`] for another dtype,
+    /// [`Error::CopyMismatch`] for data of another shape or dtype (naming both),
     /// [`Error::InvalidTensor`] for data that does not fill its shape; the device's copy error.
     pub fn copy_from_host(&mut self, tensor: TensorRef<'_>) -> Result<()> {
         check_holds(tensor)?;
-        if tensor.shape != self.shape.as_slice() {
-            return Err(Error::InputShape { index: 0, expected: self.shape.to_vec(), got: tensor.shape.to_vec() });
-        }
-        if tensor.dtype != self.dtype {
-            return Err(Error::InputDType { index: 0, expected: self.dtype, got: tensor.dtype });
+        if tensor.shape != self.shape.as_slice() || tensor.dtype != self.dtype {
+            return Err(Error::CopyMismatch {
+                expected: crate::TensorMeta::new(self.dtype, &self.shape),
+                got: crate::TensorMeta::new(tensor.dtype, tensor.shape),
+            });
         }
         upload_values(&*self.device, tensor, &mut *self.buffer)
     }

@@ -448,12 +448,18 @@ fn executors_on_two_devices_or_short_uploads_are_typed_errors() {
     // DeviceExp makes a new device handle each time it is asked: two of them are two devices.
     let err = Plan::compile(&trace, &[Arc::new(DeviceExp), Arc::new(DeviceExp)]).unwrap_err();
     assert!(matches!(err, Error::DeviceMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("two device objects that are both named `host-memory`"), "{err}");
     let device: Arc<dyn Device> = Arc::new(HostMemoryDevice);
     let short = crate::core::tensor::TensorRef { shape: &[4], dtype: crate::DType::F32, data: &[1.0] };
     let err = DeviceTensor::upload(&device, short).unwrap_err();
     assert!(matches!(err, Error::InvalidTensor { .. }), "{err}");
     let mut tensor = DeviceTensor::upload(&device, Tensor::zeros(&[4]).view()).unwrap();
-    assert!(matches!(tensor.copy_from_host(Tensor::zeros(&[2]).view()), Err(Error::InputShape { .. })));
+    // Errors name the tensor's and the data's dtype and shape (no input index: it is no input).
+    let err = tensor.copy_from_host(Tensor::zeros(&[2]).view()).unwrap_err();
+    assert!(matches!(err, Error::CopyMismatch { .. }), "{err}");
+    assert!(err.to_string().contains("cannot copy f32[2] host data into a device tensor of f32[4]"), "{err}");
+    let err = tensor.copy_from_host(Tensor::zeros(&[4]).to_dtype(crate::DType::BF16).view()).unwrap_err();
+    assert!(err.to_string().contains("cannot copy bf16[4] host data into a device tensor of f32[4]"), "{err}");
     tensor.copy_from_host(Tensor::from_fn(&[4], |i| i as f32).view()).unwrap();
     assert_eq!(tensor.to_host().unwrap().data(), &[0.0, 1.0, 2.0, 3.0]);
 }

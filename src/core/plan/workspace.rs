@@ -304,11 +304,16 @@ impl Plan {
             return placement("this plan has no device steps; pass the input on the host".into());
         };
         if !std::ptr::addr_eq(Arc::as_ptr(device), Arc::as_ptr(tensor.device())) {
-            return placement(format!(
-                "it is on `{}`, but this plan runs on `{}`; upload it to the plan's device (`Plan::device`)",
-                tensor.device().name(),
-                device.name()
-            ));
+            let (theirs, ours) = (tensor.device().name(), device.name());
+            return placement(if theirs == ours {
+                format!(
+                    "it is on another device object named `{ours}`, not the one this plan runs on (devices are \
+                     the same only as one handle); upload it through the plan's device (`Plan::device`), or \
+                     make both from one handle (`CudaDevice::new` returns the process's handle of a GPU)"
+                )
+            } else {
+                format!("it is on `{theirs}`, but this plan runs on `{ours}`; upload it to the plan's device (`Plan::device`)")
+            });
         }
         let expected = &self.input_shapes[index];
         if tensor.shape() != expected.as_slice() {

@@ -19,28 +19,39 @@ use crate::executors::worker_pool::{parts_for, run_parts_writing};
 /// kernels, and page-locked staging buffers for large uploads.
 pub struct CudaDevice {
     name: String,
+    ordinal: usize,
     context: Arc<CudaContext>,
     stream: Arc<CudaStream>,
     kernels: Mutex<HashMap<String, CudaFunction>>,
     /// Host-to-device and device-to-host copies made so far.
     transfers: AtomicU64,
-    /// Page-locked staging buffers for large uploads and downloads, one per size, the most
-    /// recent last; one staged transfer at a time.
-    staging: Mutex<Vec<Staging>>,
+    /// Page-locked staging for large uploads and downloads; one staged transfer at a time.
+    staging: Mutex<Staging>,
+    /// Page-locked allocations made so far.
+    pins: AtomicU64,
 }
 
-/// A page-locked staging buffer and the event after the last copy from it.
+/// Two page-locked chunks of [`STAGING_CHUNK`] words, used in turn: a transfer of any size goes
+/// through them a chunk at a time, so that filling (or emptying) one on the host overlaps the
+/// copy of the other on the bus. Made by the first staged transfer and kept: the pinned memory
+/// is the same whatever the sizes a plan moves, and nothing is pinned again.
+#[derive(Default)]
 struct Staging {
-    host: PinnedHostSlice<f32>,
-    copied: Option<cudarc::driver::CudaEvent>,
+    chunks: Vec<Chunk>,
+    /// The chunk the next transfer starts with.
+    next: usize,
 }
 
-impl Drop for Staging {
-    /// The copy reading it finishes before it is freed.
+/// A staging chunk and the event after the last copy from or into it.
+struct Chunk {
+    host: PinnedHostSlice<f32>,
+    copied: cudarc::driver::CudaEvent,
+}
+
+impl Drop for Chunk {
+    /// The copy using it finishes before it is freed.
     fn drop(&mut self) {
-        if let Some(copied) = self.copied.take() {
-            let _ = copied.synchronize();
-        }
+        let _ = self.copied.synchronize();
     }
 }
 
@@ -58,12 +69,11 @@ impl DeviceQueue for CudaQueue {
     }
 }
 
-/// Uploads and downloads of at least this many elements (1 MiB) go through a page-locked
-/// staging buffer.
+/// Uploads and downloads of at least this many words (1 MiB) go through page-locked staging.
 const STAGED_UPLOAD: usize = 1 << 18;
 
-/// How many staging buffers (of different sizes) a device keeps.
-const STAGING_BUFFERS: usize = 8;
+/// Words per staging chunk (16 MiB).
+const STAGING_CHUNK: usize = 1 << 22;
 
 /// A device buffer of `f32`.
 pub struct CudaBuffer(pub(crate) CudaSlice<f32>);
@@ -85,15 +95,57 @@ pub(crate) fn cuda_error(what: &str, e: impl std::fmt::Debug) -> Error {
 }
 
 impl CudaDevice {
-    /// Device 0, or why it cannot be used.
+    /// The process's handle of GPU 0 (as [`with_ordinal(0)`](Self::with_ordinal)), or why it
+    /// cannot be used.
     ///
     /// # Errors
     /// [`Error::ExecutorUnavailable`] when there is no driver or no device.
     pub fn new() -> Result<Arc<Self>> {
+        Self::with_ordinal(0)
+    }
+
+    /// The process's handle of GPU `ordinal`: every call for one GPU returns the same handle
+    /// (one context, one set of streams, compiled kernels and staging buffers), so tensors
+    /// uploaded through a handle you made run in plans of the front end, and the other way
+    /// round. The handle lives until the process ends.
+    ///
+    /// ```no_run
+    /// # // Needs a GPU: `proptests/cuda_matches_reference.rs` runs this on the H200.
+    /// use std::sync::Arc;
+    /// use boundscope::executors::cuda::CudaDevice;
+    /// let a = CudaDevice::new()?;
+    /// assert!(Arc::ptr_eq(&a, &CudaDevice::with_ordinal(0)?));
+    /// assert_eq!(a.ordinal(), 0);
+    /// # Ok::<(), boundscope::Error>(())
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::ExecutorUnavailable`] when there is no driver, or no GPU of that ordinal (the
+    /// message gives the number of GPUs).
+    pub fn with_ordinal(ordinal: usize) -> Result<Arc<Self>> {
+        static DEVICES: Mutex<Vec<Arc<CudaDevice>>> = Mutex::new(Vec::new());
+        let mut devices = DEVICES.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(device) = devices.iter().find(|d| d.ordinal == ordinal) {
+            return Ok(device.clone());
+        }
+        let device = Arc::new(Self::open(ordinal)?);
+        devices.push(device.clone());
+        Ok(device)
+    }
+
+    /// A new handle of GPU `ordinal`, for [`with_ordinal`](Self::with_ordinal) to share.
+    fn open(ordinal: usize) -> Result<Self> {
         if let Availability::Unavailable(reason) = availability() {
             return Err(Error::ExecutorUnavailable { executor: "cuda".into(), reason });
         }
-        let context = CudaContext::new(0).map_err(|e| cuda_error("CudaContext::new", e))?;
+        let count = CudaContext::device_count().map_err(|e| cuda_error("cuDeviceGetCount", e))?;
+        if ordinal >= usize::try_from(count).unwrap_or(0) {
+            return Err(Error::ExecutorUnavailable {
+                executor: "cuda".into(),
+                reason: format!("there is no GPU {ordinal}: this machine has {count} (ordinals 0..{count})"),
+            });
+        }
+        let context = CudaContext::new(ordinal).map_err(|e| cuda_error("CudaContext::new", e))?;
         // SAFETY: every plan queues its work, in order, on the one stream below; cudarc's
         // per-buffer events (which order work across streams, at a cost per launch) are not
         // needed.
@@ -101,17 +153,24 @@ impl CudaDevice {
         // A stream of its own, not the legacy default stream: work on it can be captured into
         // a CUDA graph.
         let stream = context.new_stream().map_err(|e| cuda_error("new stream", e))?;
-        name_stream(&stream, "boundscope cuda:0");
-        let name = format!("cuda:0 ({})", context.name().unwrap_or_default());
+        name_stream(&stream, &format!("boundscope cuda:{ordinal}"));
+        let name = format!("cuda:{ordinal} ({})", context.name().unwrap_or_default());
         let kernels = Mutex::new(HashMap::new());
-        Ok(Arc::new(Self {
+        Ok(Self {
             name,
+            ordinal,
             context,
             stream,
             kernels,
             transfers: AtomicU64::new(0),
-            staging: Mutex::new(Vec::new()),
-        }))
+            staging: Mutex::new(Staging::default()),
+            pins: AtomicU64::new(0),
+        })
+    }
+
+    /// The GPU's ordinal (0 for the first).
+    pub fn ordinal(&self) -> usize {
+        self.ordinal
     }
 
     /// The stream this thread's work on this device goes to: the workspace queue of the run
@@ -136,62 +195,78 @@ impl CudaDevice {
         Ok(function)
     }
 
-    /// The page-locked staging buffer of `len` elements (made, or reused from an earlier
-    /// transfer of that size), once the last copy from or into it is done.
-    fn staging_buffer<'s>(&self, staging: &'s mut Vec<Staging>, len: usize) -> Result<&'s mut Staging> {
-        if !staging.iter().any(|s| s.host.len() == len) {
-            if staging.len() >= STAGING_BUFFERS {
-                // Dropping one waits for the copy still using it.
-                staging.remove(0);
-            }
+    /// The two staging chunks, made the first time.
+    fn staging_chunks<'s>(&self, staging: &'s mut Staging) -> Result<&'s mut Staging> {
+        while staging.chunks.len() < 2 {
             // SAFETY: the memory is uninitialized until written; every transfer writes the
             // part it reads before reading it (an upload fills it on the host, a download
             // copies into it on the device and waits).
-            let host = unsafe { self.context.alloc_pinned::<f32>(len) }.map_err(|e| cuda_error("alloc pinned", e))?;
-            staging.push(Staging { host, copied: None });
+            let host = unsafe { self.context.alloc_pinned_with_flags::<f32>(STAGING_CHUNK, 0) }
+                .map_err(|e| cuda_error("alloc pinned", e))?;
+            self.pins.fetch_add(1, Ordering::Relaxed);
+            let copied = self.context.new_event(None).map_err(|e| cuda_error("staging event", e))?;
+            staging.chunks.push(Chunk { host, copied });
         }
-        let buffer = staging.iter_mut().find(|s| s.host.len() == len).expect("just made");
-        // An earlier copy from this buffer must be done before it is used again (cudarc's own
-        // tracking is off on this device: see `new`).
-        if let Some(copied) = buffer.copied.take() {
-            copied.synchronize().map_err(|e| cuda_error("staging", e))?;
-        }
-        Ok(buffer)
+        Ok(staging)
     }
 
-    /// Uploads through a page-locked staging buffer of `source`'s size (kept for the next
-    /// transfer of that size), filled in parallel on the CPU workers: a copy from pageable
-    /// memory runs at a fraction of what the bus carries.
-    fn staged_upload(&self, source: &[f32], target: &mut dyn DeviceBuffer) -> Result<()> {
-        let target = slice_mut(target)?;
+    /// Uploads through the staging chunks, each filled in parallel on the CPU workers while the
+    /// other one is copied: a copy from pageable memory runs at a fraction of what the bus
+    /// carries. Returns once the last chunk's copy is queued.
+    fn staged_upload(&self, source: &[f32], target: &mut CudaSlice<f32>) -> Result<()> {
         let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-        let buffer = self.staging_buffer(&mut staging, source.len())?;
-        let host = buffer.host.as_mut_slice().map_err(|e| cuda_error("staging", e))?;
-        // Filled on the CPU executors' worker threads (persistent, and named for profilers:
-        // `boundscope-cpu-<k>`), a part each.
-        let parts = parts_for(0, source.len(), STAGED_UPLOAD / 4);
-        run_parts_writing(host, parts, 1, |r: std::ops::Range<usize>, to: &mut [f32]| to.copy_from_slice(&source[r]));
-        let mut view = target.slice_mut(0..source.len());
+        let staging = self.staging_chunks(&mut staging)?;
         let stream = self.stream();
-        stream.memcpy_htod(&buffer.host, &mut view).map_err(|e| cuda_error("upload", e))?;
-        buffer.copied = Some(stream.record_event(None).map_err(|e| cuda_error("record event", e))?);
+        for (piece, from) in source.chunks(STAGING_CHUNK).enumerate() {
+            let start = piece * STAGING_CHUNK;
+            let chunk = &mut staging.chunks[staging.next];
+            staging.next ^= 1;
+            // The earlier copy from this chunk is done before it is filled again.
+            chunk.copied.synchronize().map_err(|e| cuda_error("staging", e))?;
+            let host = &mut chunk.host.as_mut_slice().map_err(|e| cuda_error("staging", e))?[..from.len()];
+            // Filled on the CPU executors' worker threads (persistent, and named for profilers:
+            // `boundscope-cpu-<k>`), a part each.
+            let parts = parts_for(0, from.len(), STAGED_UPLOAD / 4);
+            run_parts_writing(host, parts, 1, |r: std::ops::Range<usize>, to: &mut [f32]| to.copy_from_slice(&from[r]));
+            let mut view = target.slice_mut(start..start + from.len());
+            stream.memcpy_htod(&*host, &mut view).map_err(|e| cuda_error("upload", e))?;
+            chunk.copied.record(&stream).map_err(|e| cuda_error("record event", e))?;
+        }
         Ok(())
     }
 
-    /// Downloads through a page-locked staging buffer of `target`'s size: the device copies
-    /// into it at the bus's speed, then the CPU workers copy it out in parallel. Waits for the
-    /// device, as every download does.
-    fn staged_download(&self, source: &dyn DeviceBuffer, target: &mut [f32]) -> Result<()> {
-        let source = slice(source)?;
+    /// Downloads through the staging chunks: the device copies into one while the CPU workers
+    /// empty the other. Waits for the device, as every download does.
+    fn staged_download(&self, source: &CudaSlice<f32>, target: &mut [f32]) -> Result<()> {
         let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
-        let buffer = self.staging_buffer(&mut staging, target.len())?;
+        let staging = self.staging_chunks(&mut staging)?;
         let stream = self.stream();
-        let view = source.slice(0..target.len());
-        stream.memcpy_dtoh(&view, &mut buffer.host).map_err(|e| cuda_error("download", e))?;
-        stream.synchronize().map_err(|e| cuda_error("synchronize", e))?;
-        let host = buffer.host.as_slice().map_err(|e| cuda_error("staging", e))?;
-        let parts = parts_for(0, target.len(), STAGED_UPLOAD / 4);
-        run_parts_writing(target, parts, 1, |r: std::ops::Range<usize>, to: &mut [f32]| to.copy_from_slice(&host[r]));
+        let len = target.len();
+        let pieces = len.div_ceil(STAGING_CHUNK);
+        let piece_range = |piece: usize| piece * STAGING_CHUNK..((piece + 1) * STAGING_CHUNK).min(len);
+        let queue = |chunk: &mut Chunk, piece: usize| -> Result<()> {
+            let range = piece_range(piece);
+            let host = &mut chunk.host.as_mut_slice().map_err(|e| cuda_error("staging", e))?[..range.len()];
+            stream.memcpy_dtoh(&source.slice(range), host).map_err(|e| cuda_error("download", e))?;
+            chunk.copied.record(&stream).map_err(|e| cuda_error("record event", e))
+        };
+        for piece in 0..pieces.min(2) {
+            queue(&mut staging.chunks[piece], piece)?;
+        }
+        for piece in 0..pieces {
+            let chunk = &mut staging.chunks[piece % 2];
+            chunk.copied.synchronize().map_err(|e| cuda_error("download", e))?;
+            let range = piece_range(piece);
+            let host = &chunk.host.as_slice().map_err(|e| cuda_error("staging", e))?[..range.len()];
+            let to = &mut target[range];
+            let parts = parts_for(0, to.len(), STAGED_UPLOAD / 4);
+            run_parts_writing(to, parts, 1, |r: std::ops::Range<usize>, to: &mut [f32]| to.copy_from_slice(&host[r]));
+            if piece + 2 < pieces {
+                queue(chunk, piece + 2)?;
+            }
+        }
+        // Uploads start with the chunk used longest ago.
+        staging.next = pieces % 2;
         Ok(())
     }
 
@@ -200,6 +275,13 @@ impl CudaDevice {
     /// none per run.
     pub fn transfers(&self) -> u64 {
         self.transfers.load(Ordering::Relaxed)
+    }
+
+    /// The page-locked host allocations this device has made for staging so far: two, at the
+    /// first transfer of 1 MiB or more, whatever the sizes transferred after it (a transfer of
+    /// any size goes through them 16 MiB at a time).
+    pub fn pinned_allocations(&self) -> u64 {
+        self.pins.load(Ordering::Relaxed)
     }
 
     /// The number of kernels compiled so far.
@@ -269,21 +351,27 @@ impl Device for CudaDevice {
     }
 
     fn upload(&self, source: &[f32], target: &mut dyn DeviceBuffer) -> Result<()> {
+        let target = slice_mut(target)?;
+        if source.len() > target.len() {
+            return Err(Error::TransferLength { direction: "upload", host: source.len(), device: target.len() });
+        }
         self.transfers.fetch_add(1, Ordering::Relaxed);
         if source.len() >= STAGED_UPLOAD {
             return self.staged_upload(source, target);
         }
-        let target = slice_mut(target)?;
         let mut view = target.slice_mut(0..source.len());
         self.stream().memcpy_htod(source, &mut view).map_err(|e| cuda_error("upload", e))
     }
 
     fn download(&self, source: &dyn DeviceBuffer, target: &mut [f32]) -> Result<()> {
+        let source = slice(source)?;
+        if target.len() > source.len() {
+            return Err(Error::TransferLength { direction: "download", host: target.len(), device: source.len() });
+        }
         self.transfers.fetch_add(1, Ordering::Relaxed);
         if target.len() >= STAGED_UPLOAD {
             return self.staged_download(source, target);
         }
-        let source = slice(source)?;
         let view = source.slice(0..target.len());
         let stream = self.stream();
         stream.memcpy_dtoh(&view, target).map_err(|e| cuda_error("download", e))?;

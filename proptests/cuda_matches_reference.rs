@@ -7,7 +7,7 @@
 
 mod common;
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use boundscope::executors::cuda::{self, CudaDevice, CudaEventTimer, CudaFusion, CudaOps};
 use boundscope::executors::CpuReference;
@@ -20,7 +20,7 @@ use common::ranges::{pushes_in, pushes_of};
 use proptest::prelude::*;
 
 /// The device, or `None` after printing (once) why the tests are skipped.
-fn device() -> Option<Arc<CudaDevice>> {
+fn the_device() -> Option<Arc<CudaDevice>> {
     static DEVICE: OnceLock<Option<Arc<CudaDevice>>> = OnceLock::new();
     DEVICE
         .get_or_init(|| match cuda::availability() {
@@ -31,6 +31,22 @@ fn device() -> Option<Arc<CudaDevice>> {
             }
         })
         .clone()
+}
+
+/// The process has one handle per GPU, so its transfer counter counts every test's copies:
+/// tests that count transfers hold this exclusively, the others share it.
+static COUNTING_TRANSFERS: RwLock<()> = RwLock::new(());
+
+/// The device, with a shared hold on [`COUNTING_TRANSFERS`] for the caller's test.
+fn device() -> Option<(Arc<CudaDevice>, RwLockReadGuard<'static, ()>)> {
+    let device = the_device()?;
+    Some((device, COUNTING_TRANSFERS.read().unwrap_or_else(|p| p.into_inner())))
+}
+
+/// The device, alone: no other test transfers while the guard lives.
+fn device_alone() -> Option<(Arc<CudaDevice>, RwLockWriteGuard<'static, ()>)> {
+    let device = the_device()?;
+    Some((device, COUNTING_TRANSFERS.write().unwrap_or_else(|p| p.into_inner())))
 }
 
 /// GPU `expf`, `tanhf` and cuBLAS summation order differ from the CPU's in the last bits.
@@ -92,7 +108,7 @@ fn upload(device: &Arc<CudaDevice>, tensors: &[boundscope::Tensor]) -> Vec<bound
 /// The quickstart's MLP block on the CUDA executors equals the CPU reference.
 #[test]
 fn the_quickstart_program_matches_on_cuda() {
-    let Some(device) = device() else { return };
+    let Some((device, _sharing)) = device() else { return };
     println!("running on {}", boundscope::Device::name(&*device));
     let registry = Registry::with_builtins();
     let arena = Arena::new();
@@ -163,10 +179,8 @@ fn the_quickstart_program_matches_on_cuda() {
 /// included) and makes no transfer between host and device per run; reading the output is one.
 #[test]
 fn the_quickstart_block_stays_on_the_device() {
-    let Some(_) = device() else { return };
-    // A device of its own, so that its transfer counter counts this test's copies only (the
-    // other tests run at the same time and transfer on the shared one).
-    let device = CudaDevice::new().unwrap();
+    // Alone on the device, so that its transfer counter counts this test's copies only.
+    let Some((device, _alone)) = device_alone() else { return };
     let registry = Registry::with_builtins();
     let arena = Arena::new();
     let trace = quickstart_block(&arena, &registry);
@@ -207,9 +221,8 @@ fn the_quickstart_block_stays_on_the_device() {
 /// the plan's run-level guards only (as its range map says), and refuses other inputs.
 #[test]
 fn the_quickstart_block_replays_as_a_graph() {
-    let Some(_) = device() else { return };
-    // A device of its own, for its transfer counter (see `the_quickstart_block_stays_on_the_device`).
-    let device = CudaDevice::new().unwrap();
+    // Alone on the device, for its transfer counter.
+    let Some((device, _alone)) = device_alone() else { return };
     let registry = Registry::with_builtins();
     let arena = Arena::new();
     let trace = quickstart_block(&arena, &registry);
@@ -260,7 +273,7 @@ fn the_quickstart_block_replays_as_a_graph() {
 /// with its own device inputs: every run's result is its own.
 #[test]
 fn runs_from_several_threads_each_get_their_own_result() {
-    let Some(device) = device() else { return };
+    let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
     let arena = Arena::new();
     let trace = quickstart_block(&arena, &registry);
@@ -299,7 +312,7 @@ fn runs_from_several_threads_each_get_their_own_result() {
 /// download that shares its buffer size with an upload in between.
 #[test]
 fn staged_uploads_and_downloads_arrive_whole() {
-    let Some(device) = device() else { return };
+    let Some((device, _sharing)) = device() else { return };
     let n = 1 << 20;
     let tensors: Vec<boundscope::Tensor> =
         (0..4).map(|k| boundscope::Tensor::from_fn(&[n], |i| (i * (k + 1)) as f32 + k as f32)).collect();
@@ -322,7 +335,7 @@ fn staged_uploads_and_downloads_arrive_whole() {
 /// the threads that fill staging buffers are the named CPU workers.
 #[test]
 fn streams_and_staging_threads_are_named_for_nvtx() {
-    let Some(device) = device() else { return };
+    let Some((device, _sharing)) = device() else { return };
     if !nvtx_capture::is_installed() {
         println!("SKIPPED: streams_and_staging_threads_are_named_for_nvtx: an NVTX tool is attached");
         return;
@@ -343,9 +356,8 @@ fn streams_and_staging_threads_are_named_for_nvtx() {
     assert!(names.iter().any(|(_, n)| n == "boundscope cuda:0"), "{names:?}");
     let queues: Vec<_> = names.iter().filter(|(_, n)| n.starts_with("boundscope workspace ")).collect();
     assert!(queues.len() >= 2, "two workspaces, two named streams: {names:?}");
-    // A staged upload (on a device of its own: see above) fills its buffer on the named CPU
-    // workers.
-    upload(&CudaDevice::new().unwrap(), &[boundscope::Tensor::zeros(&[1 << 22])]);
+    // A staged upload fills its staging chunk on the named CPU workers.
+    upload(&device, &[boundscope::Tensor::zeros(&[1 << 22])]);
     let threads = nvtx_capture::thread_names();
     if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
         assert!(threads.iter().any(|(_, n)| n == "boundscope-cpu-1"), "{threads:?}");
@@ -355,7 +367,7 @@ fn streams_and_staging_threads_are_named_for_nvtx() {
 /// Device memory that cannot be had is a typed error naming the bytes asked for and free.
 #[test]
 fn out_of_device_memory_is_a_typed_error() {
-    let Some(device) = device() else { return };
+    let Some((device, _sharing)) = device() else { return };
     let err = boundscope::Device::alloc(&*device, 1 << 40).err().expect("4 TiB cannot be allocated");
     assert!(matches!(err, boundscope::Error::OutOfMemory { bytes, .. } if bytes == 1 << 42), "{err}");
     assert!(err.to_string().contains("bytes free"), "{err}");
@@ -365,7 +377,7 @@ fn out_of_device_memory_is_a_typed_error() {
 /// regions (`CudaFusion`) and per-op kernels (`CudaOps`), as on the CPU.
 #[test]
 fn nan_propagates_on_cuda() {
-    let Some(device) = device() else { return };
+    let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
     let arena = Arena::new();
     let mut b = boundscope::TraceBuilder::new(&arena, &registry);
@@ -402,7 +414,7 @@ fn nan_propagates_on_cuda() {
 /// kernels and cuBLAS check no bounds on the device.
 #[test]
 fn kernels_refuse_buffers_smaller_than_their_shapes() {
-    let Some(device) = device() else { return };
+    let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
     let arena = Arena::new();
     let mut b = boundscope::TraceBuilder::new(&arena, &registry);
@@ -452,7 +464,7 @@ fn ulps(got: &boundscope::Tensor, expected: &boundscope::Tensor, dtype: boundsco
 fn bf16_and_f16_plans_match_the_cpu_executors() {
     use boundscope::executors::CpuFusion;
     use boundscope::{DType, DeviceTensor, Tensor, TensorMeta, TraceBuilder};
-    let Some(device) = device() else { return };
+    let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
     for dtype in [DType::BF16, DType::F16] {
         let arena = Arena::new();
@@ -572,7 +584,7 @@ fn bf16_and_f16_plans_match_the_cpu_executors() {
 /// each, one per stream) behind: the device's free memory stays where it was.
 #[test]
 fn workspaces_made_and_dropped_leave_no_device_memory_behind() {
-    let Some(device) = device() else { return };
+    let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
     let arena = Arena::new();
     let trace = quickstart_block(&arena, &registry);
@@ -613,7 +625,7 @@ proptest! {
         whole in any::<bool>(),
         seed in any::<u64>(),
     ) {
-        let Some(device) = device() else { return Ok(()) };
+        let Some((device, _sharing)) = device() else { return Ok(()) };
         let registry = Registry::with_builtins();
         let arena = Arena::new();
         let trace = program.build(&arena, &registry).unwrap();
@@ -664,7 +676,7 @@ fn one_handle_per_gpu_and_the_front_end_shares_it() {
     use boundscope::frontend::{Environment, ProfiledSession};
     use boundscope::options::Options;
     use boundscope::{DeviceTensor, RunInput, Tensor};
-    let Some(device) = device() else { return };
+    let Some((device, _sharing)) = device() else { return };
     let mine = CudaDevice::new().unwrap();
     assert!(Arc::ptr_eq(&mine, &device) && Arc::ptr_eq(&mine, &CudaDevice::with_ordinal(0).unwrap()));
     assert_eq!(mine.ordinal(), 0);
@@ -698,7 +710,7 @@ fn one_handle_per_gpu_and_the_front_end_shares_it() {
 #[test]
 fn transfers_of_the_wrong_length_are_typed_errors() {
     use boundscope::{Device, Error};
-    let Some(device) = device() else { return };
+    let Some((device, _sharing)) = device() else { return };
     for n in [1000usize, 1 << 20] {
         let host = vec![1.0f32; n];
         let mut short = device.alloc(n - 1).unwrap();
@@ -722,7 +734,7 @@ fn transfers_of_the_wrong_length_are_typed_errors() {
 #[test]
 fn a_fused_region_reads_the_f32_value_of_its_own_16_bit_outputs_on_the_gpu() {
     use boundscope::{DType, Tensor, TensorMeta};
-    let Some(device) = device() else { return };
+    let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
     let arena = Arena::new();
     let mut b = boundscope::TraceBuilder::new(&arena, &registry);
@@ -735,7 +747,7 @@ fn a_fused_region_reads_the_f32_value_of_its_own_16_bit_outputs_on_the_gpu() {
     let trace = b.finish().unwrap();
     let (fused, fusion) = fused_for_cuda(&device, &trace, &arena);
     let plan = Plan::compile(&fused, &[fusion]).unwrap();
-    assert_eq!(plan.steps_per_executor().iter().map(|(_, n)| n).sum::<usize>(), 1, "{plan}");
+    assert_eq!(plan.steps_per_executor()[0], ("cuda_fusion", 1), "one fused region\n{plan}");
     let out = plan.run(&[&Tensor::from_fn(&[4096], |_| 1.0).to_dtype(DType::BF16)]).unwrap();
     assert!(out[0].data().iter().all(|&v| v == 1.0), "y is stored rounded");
     assert!(out[1].data().iter().all(|&v| v == 1.0), "z reads y's f32 value: {:?}", &out[1].data()[..4]);
@@ -746,7 +758,7 @@ fn a_fused_region_reads_the_f32_value_of_its_own_16_bit_outputs_on_the_gpu() {
 #[test]
 fn zero_dimensional_operands_promote_as_in_pytorch_on_the_gpu() {
     use boundscope::{DType, Tensor, TensorMeta};
-    let Some(device) = device() else { return };
+    let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
     let arena = Arena::new();
     let mut b = boundscope::TraceBuilder::new(&arena, &registry);

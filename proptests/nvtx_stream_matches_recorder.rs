@@ -45,6 +45,8 @@ fn category_of(level: boundscope::guards::Level) -> u32 {
         boundscope::guards::Level::Region => 2,
         boundscope::guards::Level::Op => 3,
         boundscope::guards::Level::Subsymbol => 4,
+        boundscope::guards::Level::Scope => 5,
+        _ => 0,
     }
 }
 

@@ -159,6 +159,10 @@ enum Target {
     Subsymbols(usize),
     /// The first region (after fusion only).
     FirstRegion,
+    /// Every scope matching a pattern, as a whole.
+    Scope(&'static str),
+    /// The ops inside the scopes matching a pattern.
+    InScope(&'static str),
 }
 
 #[derive(Clone, Debug)]
@@ -182,6 +186,8 @@ fn guard_specs() -> impl Strategy<Value = Vec<GuardSpec>> {
         (0usize..20, 0usize..20).prop_map(|(a, b)| Target::Positions(a, b)),
         (0usize..20).prop_map(Target::Subsymbols),
         Just(Target::FirstRegion),
+        prop::sample::select(vec!["**", "*", "layer.*", "**.attn", "**.exp"]).prop_map(Target::Scope),
+        prop::sample::select(vec!["**", "layer.**"]).prop_map(Target::InScope),
     ];
     let label = prop_oneof![3 => Just(None), 1 => Just(Some("mine")), 1 => Just(Some("other"))];
     let color = prop_oneof![3 => Just(None), 1 => Just(Some(0xFF11_2233u32))];
@@ -213,7 +219,7 @@ fn range_filters() -> impl Strategy<Value = (Vec<Level>, RangeFilter)> {
     let categories =
         [Category::Elementwise, Category::Reduction, Category::Matmul, Category::Composite, Category::Fusion];
     let chosen = (
-        prop::sample::subsequence(Level::ALL.to_vec(), 0..=4),
+        prop::sample::subsequence(Level::ALL.to_vec(), 0..=5),
         prop::option::weighted(0.3, prop::sample::subsequence(executors.to_vec(), 0..=3)),
         prop::option::weighted(0.3, prop::sample::subsequence(categories.to_vec(), 0..=3)),
     )
@@ -267,6 +273,16 @@ fn attach(trace: &mut Trace<'_>, specs: &[GuardSpec], stage: u8) {
                     trace.attach_guard(Selection::Op(BoundSymbolId::from_index(p)), range).unwrap();
                 }
             }
+            // A pattern that matches no scope of this case is a typed error, and nothing is
+            // attached.
+            Target::Scope(pattern) => match trace.attach_guard(Selection::Scope(pattern), range) {
+                Ok(n) => assert!(n > 0),
+                Err(e) => assert!(matches!(e, Error::NoSuchScope { .. }), "{e}"),
+            },
+            Target::InScope(pattern) => match trace.attach_guard(Selection::InScope(pattern), range) {
+                Ok(_) => {}
+                Err(e) => assert!(matches!(e, Error::NoSuchScope { .. }), "{e}"),
+            },
         }
     }
 }
@@ -315,11 +331,14 @@ proptest! {
         profiling_off in prop::bool::weighted(0.1),
         (levels, filter) in range_filters(),
         seed in any::<u64>(),
+        scopes in prop::collection::vec((0u8..3, 0u8..3, 0usize..6), 0..14),
+        within_scopes in prop::bool::weighted(0.25),
     ) {
         prop_assume!(nvtx_capture::is_installed());
         let registry = Registry::with_builtins();
         let arena = Arena::new();
-        let built = program.build(&arena, &registry).unwrap();
+        // Random nested scopes (some named like ops) around the program's ops.
+        let built = program.build_in_scopes(&arena, &registry, &scopes).unwrap();
         let times = |stage: u8| profile_at.iter().filter(|(s, _)| *s == stage).map(|(_, n)| *n).sum::<u8>();
 
         let mut trace = profile(built.clone(), &arena, times(0));
@@ -332,7 +351,11 @@ proptest! {
             Fuser::Test { domain, single_input_only } => Some(Arc::new(TestFuser::new(DOMAINS[domain], single_input_only))),
         };
         if let Some(fuser) = &fuser {
-            trace = FuseRegions::new(fuser.clone()).strategy(strategy).run(&trace, &arena).unwrap();
+            trace = FuseRegions::new(fuser.clone())
+                .strategy(strategy)
+                .within_scopes(within_scopes)
+                .run(&trace, &arena)
+                .unwrap();
         }
         let mut trace = profile(trace, &arena, times(2));
         attach(&mut trace, &specs, 2);

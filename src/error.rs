@@ -281,6 +281,26 @@ pub enum Error {
         /// What is wrong with it.
         detail: String,
     },
+    /// A scope name that cannot be used (empty, with a NUL, a `.` or a `*`).
+    InvalidScopeName {
+        /// The name, escaped.
+        name: String,
+        /// What is wrong with it.
+        detail: String,
+    },
+    /// [`TraceBuilder::exit_scope`](crate::TraceBuilder::exit_scope) with no scope open, or a
+    /// trace finished with scopes still open.
+    UnbalancedScope {
+        /// What is unbalanced, and how to fix it.
+        detail: String,
+    },
+    /// A scope pattern that matches no scope of the trace.
+    NoSuchScope {
+        /// The pattern.
+        pattern: String,
+        /// Some of the trace's scope paths (empty: it has none).
+        known: Vec<String>,
+    },
     /// No option has this name.
     UnknownOption {
         /// The name asked for.
@@ -499,6 +519,20 @@ impl fmt::Display for Error {
                 }
             }
             Error::InvalidLabel { label, detail } => write!(f, "invalid label \"{label}\": {detail}"),
+            Error::InvalidScopeName { name, detail } => write!(f, "invalid scope name \"{name}\": {detail}"),
+            Error::UnbalancedScope { detail } => write!(f, "unbalanced scopes: {detail}"),
+            Error::NoSuchScope { pattern, known } => {
+                write!(f, "no scope of the trace matches `{pattern}`")?;
+                if known.is_empty() {
+                    write!(f, "; the trace has no scopes (build them with `TraceBuilder::scope`)")
+                } else {
+                    write!(
+                        f,
+                        "; its scopes include {} (`*` matches within a component, `**` any components)",
+                        known.join(", ")
+                    )
+                }
+            }
             Error::UnknownOption { name, suggestion } => {
                 write!(f, "unknown option `{name}`")?;
                 if let Some(s) = suggestion {

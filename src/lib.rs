@@ -82,9 +82,9 @@ pub mod options {
     pub use crate::frontend::list;
 }
 pub use crate::core::ir::{
-    checked_numel, prims, Arena, Arg, ArgInfo, BoundSymbol, BoundSymbolId, Category, CpuKernelFactory, DType,
-    Decomposition, GuardId, Listing, ListingOptions, ParamKind, PassRecord, Registry, Shape, ShapeRule, Symbol,
-    SymbolId, SymbolRef, TensorMeta, Trace, TraceBuilder, ValueId,
+    checked_numel, path_matches, prims, Arena, Arg, ArgInfo, BoundSymbol, BoundSymbolId, Category, CpuKernelFactory,
+    DType, Decomposition, GuardId, Listing, ListingOptions, NamedScope, ParamKind, PassRecord, Registry, Shape,
+    ShapeRule, Symbol, SymbolId, SymbolRef, TensorMeta, Trace, TraceBuilder, ValueId, SCOPE_SEPARATOR,
 };
 pub use crate::core::passes;
 pub use crate::core::plan::{

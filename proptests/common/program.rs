@@ -34,6 +34,10 @@ pub struct Program {
     pub outputs: Vec<usize>,
 }
 
+/// Names of the scopes [`Program::build_in_scopes`] makes: module-like ones, and two that are
+/// also op names (a scope `exp` around an `exp` alone: one range, by the rule).
+pub const SCOPE_NAMES: [&str; 6] = ["layer", "0", "attn", "mlp", "exp", "neg"];
+
 const UNARY: [&str; 7] = ["neg", "exp", "log", "tanh", "sigmoid", "relu", "gelu"];
 const BINARY: [&str; 5] = ["add", "sub", "mul", "div", "maximum"];
 
@@ -154,12 +158,30 @@ impl Program {
 
     /// Builds the program as a trace.
     pub fn build<'a>(&self, arena: &'a Arena, registry: &'a Registry) -> Result<Trace<'a>> {
+        self.build_in_scopes(arena, registry, &[])
+    }
+
+    /// [`build`](Self::build), with named scopes around its ops: before op `k`,
+    /// `scopes[k].0 % 3` scopes open (named `SCOPE_NAMES[scopes[k].2 % 6]`); after it,
+    /// `scopes[k].1 % 3` of the open ones close; the rest close at the end.
+    pub fn build_in_scopes<'a>(
+        &self,
+        arena: &'a Arena,
+        registry: &'a Registry,
+        scopes: &[(u8, u8, usize)],
+    ) -> Result<Trace<'a>> {
         let mut b = TraceBuilder::new(arena, registry);
         let mut values: Vec<ValueId> = Vec::new();
         for shape in &self.inputs {
             values.push(b.input(shape)?);
         }
-        for op in &self.ops {
+        let mut open = 0;
+        for (k, op) in self.ops.iter().enumerate() {
+            let (opens, closes, name) = scopes.get(k).copied().unwrap_or((0, 0, 0));
+            for j in 0..opens % 3 {
+                b.enter_scope(SCOPE_NAMES[(name + j as usize) % SCOPE_NAMES.len()])?;
+                open += 1;
+            }
             let v = match op {
                 Op::Unary(name, x) => b.call(name, &[values[*x].into()])?,
                 Op::Binary(name, x, Operand::Value(y)) => b.call(name, &[values[*x].into(), values[*y].into()])?,
@@ -176,6 +198,13 @@ impl Program {
                 Op::Linear(x, w, bias) => b.linear(values[*x], values[*w], bias.map(|i| values[i]))?,
             };
             values.push(v);
+            for _ in 0..(closes % 3).min(open) {
+                b.exit_scope()?;
+                open -= 1;
+            }
+        }
+        for _ in 0..open {
+            b.exit_scope()?;
         }
         for &o in &self.outputs {
             b.output(values[o])?;

@@ -125,8 +125,12 @@ impl ProfiledSession {
     pub fn prepare<'a>(&self, trace: &Trace<'a>, arena: &'a Arena) -> Result<Trace<'a>> {
         let mut prepared = Pipeline::for_executors(&self.executors).run(trace, arena)?;
         // Never a second range on what the user already profiled, in any domain.
-        if self.profiling.level == "ops" {
-            prepared = ProfileOps::new().skip_profiled().run(&prepared, arena)?;
+        // Named scopes get a range at every level that profiles (one per module: cheap, and
+        // what a profile is read by); ops only at `ops`.
+        match self.profiling.level {
+            "ops" => prepared = ProfileOps::new().skip_profiled().run(&prepared, arena)?,
+            "scopes" | "regions" => prepared = ProfileOps::new().ops(false).skip_profiled().run(&prepared, arena)?,
+            _ => {}
         }
         if self.options.bool("runtime.fusion")? {
             let strategy = match self.options.enum_value("runtime.fusion_strategy")? {

@@ -439,3 +439,113 @@ fn concurrent_first_calls_compile_a_trace_once() {
     let grew = plans.iter().filter(|(_, before, after)| after > before).count();
     assert_eq!(grew, 1, "exactly one caller ran the passes (in its arena)");
 }
+
+/// A two-layer trace in scopes `layer.{i}.norm` and `layer.{i}.mlp`.
+fn scoped_layers<'a>(arena: &'a Arena, registry: &'a Registry) -> crate::Trace<'a> {
+    let mut b = TraceBuilder::new(arena, registry);
+    let mut x = b.input(&[4, 8]).unwrap();
+    let w = b.input(&[8, 8]).unwrap();
+    b.scope("layer", |b| {
+        for i in 0..2 {
+            x = b.scope(&i.to_string(), |b| {
+                let n = b.scope("norm", |b| b.layer_norm(x, 1e-5, None, None))?;
+                b.scope("mlp", |b| {
+                    let h = b.linear(n, w, None)?;
+                    let g = b.gelu(h)?;
+                    b.add(g, x)
+                })
+            })?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    b.output(x).unwrap();
+    b.finish().unwrap()
+}
+
+#[test]
+fn every_profiling_level_gives_scope_ranges_and_scopes_mode_only_those() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let trace = scoped_layers(&arena, &registry);
+    let ranges = |pairs: &[(&str, &str)]| {
+        let plan = session(pairs).unwrap().compile(&trace, &arena).unwrap();
+        plan.range_map().ranges().iter().map(|r| (r.level, r.label.clone())).collect::<Vec<_>>()
+    };
+    use crate::guards::Level;
+    let scopes_only = ranges(&[("BOUNDSCOPE_PROFILING", "scopes")]);
+    let labels: Vec<&str> = scopes_only.iter().map(|(_, l)| l.as_str()).collect();
+    assert!(scopes_only.iter().all(|(level, _)| matches!(level, Level::Trace | Level::Scope)), "{scopes_only:?}");
+    for path in ["layer", "layer.0", "layer.0.norm", "layer.1.mlp"] {
+        assert!(labels.contains(&path), "{path} in {labels:?}");
+    }
+    let ops = ranges(&[("BOUNDSCOPE_PROFILING", "ops")]);
+    assert!(ops.iter().any(|(l, _)| *l == Level::Scope) && ops.iter().any(|(l, _)| *l == Level::Region));
+    // The level filter takes `scope` like the other levels.
+    let filtered = ranges(&[("BOUNDSCOPE_PROFILING", "ops"), ("BOUNDSCOPE_NVTX_LEVELS", "trace,scope")]);
+    assert!(!filtered.is_empty() && filtered.iter().all(|(l, _)| matches!(l, Level::Trace | Level::Scope)));
+    // Fusion is the same whether profiling is on or off, scopes or not.
+    let steps = |pairs: &[(&str, &str)]| session(pairs).unwrap().compile(&trace, &arena).unwrap().to_string();
+    let listing = |s: String| s.lines().filter(|l| l.contains("# step")).map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(listing(steps(&[("BOUNDSCOPE_PROFILING", "ops")])), listing(steps(&[("BOUNDSCOPE_PROFILING", "off")])));
+}
+
+#[test]
+fn a_timeline_on_scopes_groups_the_flame_graph_by_module() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut trace = scoped_layers(&arena, &registry);
+    let timeline = crate::guards::Timeline::new();
+    trace.attach_guard(crate::guards::Selection::Scope("**"), timeline.clone()).unwrap();
+    trace.attach_guard(crate::guards::Selection::All, timeline.clone()).unwrap();
+    let plan = crate::Plan::compile(&trace, &[crate::executors::CpuReference::shared()]).unwrap();
+    plan.run(&[&Tensor::zeros(&[4, 8]), &Tensor::zeros(&[8, 8])]).unwrap();
+    let folded = crate::guards::folded_stacks(&timeline.to_chrome_trace());
+    assert!(folded.lines().any(|l| l.contains(";layer;layer.1;layer.1.mlp;linear ")), "{folded}");
+    assert!(folded.lines().any(|l| l.contains(";layer;layer.0;layer.0.norm;layer_norm ")), "{folded}");
+}
+
+#[test]
+fn scope_names_and_balance_are_checked_and_dead_code_removes_empty_scopes_with_a_note() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4]).unwrap();
+    for bad in ["", "a.b", "nul\0", "star*"] {
+        assert!(matches!(b.enter_scope(bad), Err(Error::InvalidScopeName { .. })), "{bad:?}");
+    }
+    assert!(matches!(b.exit_scope(), Err(Error::UnbalancedScope { .. })));
+    b.scope("dead", |b| b.exp(x)).unwrap();
+    let y = b.scope("live", |b| b.neg(x)).unwrap();
+    b.output(y).unwrap();
+    b.enter_scope("open").unwrap();
+    let err = b.finish().unwrap_err();
+    assert!(matches!(&err, Error::UnbalancedScope { detail } if detail.contains("`open`")), "{err}");
+
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4]).unwrap();
+    b.scope("dead", |b| b.exp(x)).unwrap();
+    let y = b.scope("live", |b| b.neg(x)).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let cleaned = crate::passes::Pass::run(&crate::passes::DeadCodeElimination, &trace, &arena).unwrap();
+    let paths: Vec<&str> = cleaned.scopes().iter().map(|s| s.path()).collect();
+    assert_eq!(paths, ["live"]);
+    assert!(
+        cleaned.scope_notes().iter().any(|n| n.contains("scope `dead` disappeared")),
+        "{:?}",
+        cleaned.scope_notes()
+    );
+    // Scopes change neither the bound symbols nor the listing without them.
+    let plain = {
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[4]).unwrap();
+        b.exp(x).unwrap();
+        let y = b.neg(x).unwrap();
+        b.output(y).unwrap();
+        b.finish().unwrap()
+    };
+    let hidden = crate::ListingOptions { scopes: false, ..Default::default() };
+    assert_eq!(trace.listing(hidden).to_string(), plain.listing(hidden).to_string());
+    assert!(trace.to_string().contains("  # scope dead (1 op)\n  t1 = exp(t0)"), "{trace}");
+}

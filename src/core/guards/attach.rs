@@ -45,6 +45,30 @@ pub enum Selection<'s> {
     Where(&'s dyn Fn(&BoundSymbol<'_>, crate::Category) -> bool),
     /// Every bound symbol.
     All,
+    /// Each scope whose path matches the pattern ([`path_matches`](crate::path_matches):
+    /// `h.*.attn`, `**` for every scope), as a whole: one range around each scope instance per
+    /// NVTX domain, labelled with the scope's path unless the guard gives a label. Only
+    /// [`Trace::attach_guard`] and [`Trace::attach_shared_guard`] take it; it counts scopes.
+    ///
+    /// ```
+    /// use boundscope::guards::{NvtxRange, Selection};
+    /// use boundscope::{Arena, Error, Registry, TraceBuilder};
+    /// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let mut x = b.input(&[8]).unwrap();
+    /// for i in 0..3 {
+    ///     x = b.scope("h", |b| b.scope(&i.to_string(), |b| b.scope("attn", |b| b.exp(x)))).unwrap();
+    /// }
+    /// b.output(x).unwrap();
+    /// let mut trace = b.finish().unwrap();
+    /// assert_eq!(trace.attach_guard(Selection::Scope("h.*.attn"), NvtxRange::new()).unwrap(), 3);
+    /// assert_eq!(trace.attach_guard(Selection::InScope("h.1"), NvtxRange::new()).unwrap(), 1); // its op
+    /// let typo = trace.attach_guard(Selection::Scope("h.*.atn"), NvtxRange::new()).unwrap_err();
+    /// assert!(matches!(typo, Error::NoSuchScope { .. }));
+    /// ```
+    Scope(&'s str),
+    /// The bound symbols inside each scope whose path matches the pattern, one by one.
+    InScope(&'s str),
 }
 
 fn max_depth(bsym: &BoundSymbol<'_>) -> usize {
@@ -61,7 +85,8 @@ impl<'a> Trace<'a> {
     /// # Errors
     /// [`Error::InvalidBoundSymbol`] for a position past the end, [`Error::ReversedRange`] for
     /// positions whose start is after their end, [`Error::UnknownSymbol`] for a name no symbol
-    /// has, [`Error::InvalidLabel`] for a guard with a bad label.
+    /// has, [`Error::NoSuchScope`] for a scope pattern that matches no scope,
+    /// [`Error::InvalidLabel`] for a guard with a bad label.
     pub fn attach_guard(&mut self, selection: Selection<'_>, guard: impl Guard) -> Result<usize> {
         self.attach_shared_guard(selection, Arc::new(guard))
     }
@@ -73,6 +98,17 @@ impl<'a> Trace<'a> {
     pub fn attach_shared_guard(&mut self, selection: Selection<'_>, guard: Arc<dyn Guard>) -> Result<usize> {
         if let Some(label) = guard.label() {
             check_label(label)?;
+        }
+        if let Selection::Scope(pattern) = selection {
+            let matching = self.scopes.matching(pattern)?;
+            let id = self.guards.add_guard(guard);
+            for &i in &matching {
+                let guards = &mut self.scopes.scopes[i].guards;
+                if !guards.contains(&id) {
+                    guards.push(id);
+                }
+            }
+            return Ok(matching.len());
         }
         let positions = self.select(selection)?;
         let id = self.guards.add_guard(guard);
@@ -188,6 +224,18 @@ impl<'a> Trace<'a> {
                 })
                 .collect(),
             Selection::All => (0..len).collect(),
+            Selection::InScope(pattern) => {
+                let mut positions: Vec<usize> = self
+                    .scopes
+                    .matching(pattern)?
+                    .into_iter()
+                    .flat_map(|i| self.scopes.scopes[i].positions())
+                    .collect();
+                positions.sort_unstable();
+                positions.dedup();
+                positions
+            }
+            Selection::Scope(_) => Vec::new(),
         })
     }
 }

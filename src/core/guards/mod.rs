@@ -103,11 +103,15 @@ pub enum GuardPolicy {
     DropWithReason(&'static str),
 }
 
-/// The level of a range in the nesting `trace ⊃ region or op ⊃ subsymbol`.
+/// The level of a range in the nesting `trace ⊃ scope ⊃ region or op ⊃ subsymbol`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Level {
     /// Around a whole run.
     Trace,
+    /// Around a named scope of the trace (`h.3.attn`; see
+    /// [`TraceBuilder::scope`](crate::TraceBuilder::scope)); nested scopes nest.
+    Scope,
     /// Around a fused region.
     Region,
     /// Around a top-level bound symbol (or the prims a composite became).
@@ -117,10 +121,11 @@ pub enum Level {
 }
 
 impl Level {
-    /// Lower-case name (`trace`, `region`, `op`, `subsymbol`).
+    /// Lower-case name (`trace`, `scope`, `region`, `op`, `subsymbol`).
     pub fn name(self) -> &'static str {
         match self {
             Level::Trace => "trace",
+            Level::Scope => "scope",
             Level::Region => "region",
             Level::Op => "op",
             Level::Subsymbol => "subsymbol",
@@ -128,7 +133,7 @@ impl Level {
     }
 
     /// All levels, outermost first.
-    pub const ALL: [Level; 4] = [Level::Trace, Level::Region, Level::Op, Level::Subsymbol];
+    pub const ALL: [Level; 5] = [Level::Trace, Level::Scope, Level::Region, Level::Op, Level::Subsymbol];
 }
 
 /// Where a guard is being prepared: what it will surround.

@@ -182,6 +182,7 @@ pub(crate) fn level_category(level: Level) -> u32 {
         Level::Region => 2,
         Level::Op => 3,
         Level::Subsymbol => 4,
+        Level::Scope => 5,
     }
 }
 

@@ -120,7 +120,7 @@ impl TracingSpan {
     /// The `tracing` level of a span at `level`.
     fn tracing_level(&self, level: Level) -> tracing::Level {
         self.level.unwrap_or(match level {
-            Level::Trace | Level::Region => tracing::Level::INFO,
+            Level::Trace | Level::Scope | Level::Region => tracing::Level::INFO,
             Level::Op => tracing::Level::DEBUG,
             Level::Subsymbol => tracing::Level::TRACE,
         })

@@ -12,6 +12,7 @@ use super::bound_symbol::{Arg, BoundSymbol, FusedBy};
 use super::ids::{SymbolId, ValueId};
 use super::meta::{DType, TensorMeta, ValueMeta};
 use super::registry::Registry;
+use super::scopes::{check_scope_name, ScopeTable, SCOPE_SEPARATOR};
 use super::symbol::ArgInfo;
 use super::trace::{PassRecord, Trace};
 use crate::core::guards::GuardTable;
@@ -58,6 +59,13 @@ pub struct TraceBuilder<'a> {
     /// The composites whose decompositions are being expanded, outermost first (one per level
     /// above the trace's own).
     expanding: ArenaVec<'a, SymbolId>,
+    /// The scopes closed so far.
+    scopes: ScopeTable,
+    /// The scopes open now, outermost first: path and first position.
+    open_scopes: Vec<(String, usize)>,
+    /// For a rewrite: the length of the trace whose scopes `scopes` holds, until a pass
+    /// carries them to the new positions.
+    scopes_of_len: Option<usize>,
 }
 
 impl<'a> TraceBuilder<'a> {
@@ -107,6 +115,9 @@ impl<'a> TraceBuilder<'a> {
             history: Vec::new(),
             guards: GuardTable::default(),
             expanding: ArenaVec::new_in(bump),
+            scopes: ScopeTable::default(),
+            open_scopes: Vec::new(),
+            scopes_of_len: None,
         }
     }
 
@@ -127,6 +138,8 @@ impl<'a> TraceBuilder<'a> {
         b.outputs.extend_from_slice(trace.outputs);
         b.history = trace.history.clone();
         b.guards = trace.guards.without_attachments();
+        b.scopes = trace.scopes.clone();
+        b.scopes_of_len = Some(trace.len());
         b
     }
 
@@ -199,6 +212,115 @@ impl<'a> TraceBuilder<'a> {
             .get(value.index())
             .map(|m| m.dtype)
             .ok_or(Error::UndefinedValue { value, used_by: "TraceBuilder::dtype".into() })
+    }
+
+    /// Runs `build` inside a scope named `name`: the bound symbols it adds form a span with
+    /// the path of the scopes open around it and `name` (`h`, then `h.3`, then `h.3.attn`).
+    /// Scopes are metadata: they change neither the bound symbols nor what they compute. A
+    /// scope that adds nothing is not recorded. The scope closes whatever `build` returns.
+    ///
+    /// ```
+    /// use boundscope::{Arena, Error, Registry, TraceBuilder};
+    /// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let mut x = b.input(&[2, 8]).unwrap();
+    /// for i in 0..2 {
+    ///     x = b.scope(&format!("{i}"), |b| {
+    ///         let h = b.scope("mlp", |b| b.exp(x))?;
+    ///         b.scope("norm", |b| b.softmax(h))
+    ///     }).unwrap();
+    /// }
+    /// b.output(x).unwrap();
+    /// let trace = b.finish().unwrap();
+    /// let paths: Vec<&str> = trace.scopes().iter().map(|s| s.path()).collect();
+    /// assert_eq!(paths, ["0", "0.mlp", "0.norm", "1", "1.mlp", "1.norm"]);
+    /// assert_eq!(trace.scope_path(3), Some("1.norm"));
+    /// let mut other = TraceBuilder::new(&arena, &registry);
+    /// let err = other.scope("h.3", |_| Ok(())).unwrap_err(); // nest `h`, then `3`
+    /// assert!(matches!(err, Error::InvalidScopeName { .. }));
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidScopeName`] for a name that is empty or holds a NUL, a `.` (the path
+    /// separator: nest scopes instead) or a `*`; [`Error::InvalidSymbol`] inside a
+    /// decomposition; the error `build` returns.
+    pub fn scope<T>(&mut self, name: &str, build: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
+        self.enter_scope(name)?;
+        let result = build(self);
+        let exited = self.exit_scope();
+        let value = result?;
+        exited?;
+        Ok(value)
+    }
+
+    /// Opens a scope named `name`, for code that cannot use a closure
+    /// ([`scope`](Self::scope)); [`exit_scope`](Self::exit_scope) closes the innermost one.
+    ///
+    /// ```
+    /// use boundscope::{Arena, Error, Registry, TraceBuilder};
+    /// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[4]).unwrap();
+    /// b.enter_scope("block").unwrap();
+    /// let y = b.exp(x).unwrap();
+    /// b.output(y).unwrap();
+    /// // Still open: finishing is an error, not a silently dropped scope.
+    /// let mut unfinished = TraceBuilder::new(&arena, &registry);
+    /// unfinished.enter_scope("open").unwrap();
+    /// assert!(matches!(unfinished.exit_scope().and_then(|_| unfinished.exit_scope()), Err(Error::UnbalancedScope { .. })));
+    /// b.exit_scope().unwrap();
+    /// assert_eq!(b.finish().unwrap().scopes()[0].path(), "block");
+    /// ```
+    ///
+    /// # Errors
+    /// As for [`scope`](Self::scope).
+    pub fn enter_scope(&mut self, name: &str) -> Result<()> {
+        self.check_top_level("scope")?;
+        check_scope_name(name)?;
+        let path = match self.open_scopes.last() {
+            Some((outer, _)) => format!("{outer}{SCOPE_SEPARATOR}{name}"),
+            None => name.to_string(),
+        };
+        let first = self.len();
+        self.open_scopes.push((path, first));
+        Ok(())
+    }
+
+    /// Closes the innermost open scope.
+    ///
+    /// # Errors
+    /// [`Error::UnbalancedScope`] when no scope is open.
+    pub fn exit_scope(&mut self) -> Result<()> {
+        let (path, first) = self.open_scopes.pop().ok_or_else(|| Error::UnbalancedScope {
+            detail: "`exit_scope` with no scope open; each `exit_scope` closes one `enter_scope`".into(),
+        })?;
+        let end = self.len();
+        if end > first {
+            self.scopes.push(path, first..end, self.open_scopes.len());
+        }
+        Ok(())
+    }
+
+    /// Carries the scopes of `from` to this builder's bound symbols, where old top-level bound
+    /// symbol `i` became the new ones at `new_range(i)` (see [`ScopeTable::carried`]).
+    pub(crate) fn carry_scopes(
+        &mut self,
+        from: &Trace<'_>,
+        new_range: impl Fn(usize) -> Option<std::ops::Range<usize>>,
+        pass: &str,
+    ) {
+        let new_len = self.len();
+        let level = &self.levels[0];
+        let registry = self.registry;
+        let describe = |q: usize| {
+            let bsym = &level[q];
+            let name = bsym.name().map(str::to_string).unwrap_or_else(|| {
+                registry.get(bsym.symbol()).map(|s| s.symbol.name().to_string()).unwrap_or_default()
+            });
+            format!("`{name}`")
+        };
+        self.scopes = from.scopes.carried(from.len(), new_len, new_range, pass, describe);
+        self.scopes_of_len = None;
     }
 
     /// Sets a header comment for the next bound symbol added; listings print it above it.
@@ -379,7 +501,9 @@ impl<'a> TraceBuilder<'a> {
     /// [`Error::MalformedTrace`] if `new_position` does not have one entry per bound symbol of
     /// `from`; [`Error::InvalidBoundSymbol`] for a position past what this builder holds;
     /// [`Error::OverlappingGuards`] if the map would make two guard spans overlap without one
-    /// containing the other (for example `[Some(0), Some(2), Some(1), Some(3)]` under a guard
+    /// containing the other. Scopes move the same way (a bound symbol stays in a scope if the
+    /// old one it comes from was in it; a scope left empty disappears, with a note in
+    /// [`Trace::scope_notes`]) (for example `[Some(0), Some(2), Some(1), Some(3)]` under a guard
     /// spanning the first two of four bound symbols and another spanning the last two).
     ///
     /// ```
@@ -429,6 +553,7 @@ impl<'a> TraceBuilder<'a> {
         let carried = from.guards.carry_through_removal(new_position, from.registry(), pass, reason);
         carried.check_spans_nest(pass)?;
         self.guards = carried;
+        self.carry_scopes(from, |i| new_position[i].map(|p| p..p + 1), pass);
         Ok(())
     }
 
@@ -454,6 +579,25 @@ impl<'a> TraceBuilder<'a> {
                 detail: "the trace has no outputs; declare them with `TraceBuilder::output`".into(),
             });
         }
+        if let Some((path, _)) = self.open_scopes.last() {
+            return Err(Error::UnbalancedScope {
+                detail: format!(
+                    "scope `{path}` is still open ({} open in all); close each with `exit_scope` before `finish`",
+                    self.open_scopes.len()
+                ),
+            });
+        }
+        if self.scopes_of_len.is_some_and(|n| n != self.len()) {
+            // A rewrite that moved bound symbols without carrying the scopes: their positions
+            // mean nothing here.
+            for scope in std::mem::take(&mut self.scopes.scopes) {
+                self.scopes.notes.push(format!(
+                    "scope `{}` was dropped: a pass rewrote the trace without carrying its scopes \
+                     (`TraceBuilder::carry_guards` carries them)",
+                    scope.path()
+                ));
+            }
+        }
         let bound_symbols = self.levels.swap_remove(0).into_bump_slice();
         Ok(Trace {
             registry: self.registry,
@@ -463,6 +607,7 @@ impl<'a> TraceBuilder<'a> {
             bound_symbols,
             history: self.history,
             guards: self.guards,
+            scopes: self.scopes,
         })
     }
 

@@ -31,11 +31,26 @@ pub struct ListingOptions {
     /// Print guard annotations (`# @nvtx`). With `false`, a guarded trace lists exactly like
     /// the same trace without guards.
     pub guards: bool,
+    /// Print a `# scope h.3.attn (4 ops)` line before the first bound symbol of each named
+    /// scope (with its guards, when `guards` is on). With `false`, a trace lists exactly like
+    /// the same trace built without scopes.
+    ///
+    /// ```
+    /// use boundscope::{Arena, ListingOptions, Registry, TraceBuilder};
+    /// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[4]).unwrap();
+    /// let y = b.scope("h", |b| b.scope("0", |b| { let e = b.exp(x)?; b.neg(e) })).unwrap();
+    /// b.output(y).unwrap();
+    /// let listing = b.finish().unwrap().to_string();
+    /// assert!(listing.contains("  # scope h (2 ops)\n  # scope h.0 (2 ops)\n  t1 = exp(t0)"), "{listing}");
+    /// ```
+    pub scopes: bool,
 }
 
 impl Default for ListingOptions {
     fn default() -> Self {
-        Self { subsymbols: true, header: true, guards: true }
+        Self { subsymbols: true, header: true, guards: true, scopes: true }
     }
 }
 
@@ -97,7 +112,13 @@ impl fmt::Display for Listing<'_, '_> {
             }
         }
         writeln!(f, "):")?;
+        let mut scopes = trace.scopes().iter().peekable();
         for (position, bsym) in trace.bound_symbols.iter().enumerate() {
+            while let Some(scope) = scopes.next_if(|s| s.positions().start == position) {
+                if self.options.scopes {
+                    self.write_scope(f, scope)?;
+                }
+            }
             self.write_bound_symbol(f, bsym, 0, Some(position))?;
         }
         write!(f, "  return (")?;
@@ -144,6 +165,22 @@ impl Listing<'_, '_> {
 }
 
 impl Listing<'_, '_> {
+    /// `  # scope h.3.attn (4 ops)  # @nvtx` before a scope's first bound symbol.
+    fn write_scope(&self, f: &mut fmt::Formatter<'_>, scope: &super::scopes::NamedScope) -> fmt::Result {
+        let n = scope.positions().len();
+        write!(f, "  # scope {} ({n} op{})", scope.path(), if n == 1 { "" } else { "s" })?;
+        if self.options.guards {
+            let guards = &self.trace.guards;
+            for (i, &g) in scope.guards.iter().enumerate() {
+                write!(f, "{}{}", if i == 0 { "  # " } else { " " }, guards.guard(g).kind())?;
+                if let Some(label) = guards.guard(g).label() {
+                    write!(f, "({label:?})")?;
+                }
+            }
+        }
+        writeln!(f)
+    }
+
     /// `  # @nvtx @timer(softmax: 5 ops)` after a guarded bound symbol.
     fn write_guard_annotations(&self, f: &mut fmt::Formatter<'_>, position: usize) -> fmt::Result {
         let guards = &self.trace.guards;

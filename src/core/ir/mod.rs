@@ -8,6 +8,7 @@ mod listing;
 mod meta;
 pub mod prims;
 mod registry;
+mod scopes;
 mod symbol;
 mod trace;
 
@@ -20,5 +21,6 @@ pub use listing::{Listing, ListingOptions};
 pub use meta::{checked_numel, DType, Shape, TensorMeta};
 pub(crate) use meta::{unusable_shape_detail, DimsDisplay};
 pub use registry::Registry;
+pub use scopes::{path_matches, NamedScope, SCOPE_SEPARATOR};
 pub use symbol::{ArgInfo, Category, CpuKernelFactory, Decomposition, ParamKind, ShapeRule, Symbol, SymbolRef};
 pub use trace::{PassRecord, Trace};

@@ -9,6 +9,7 @@ use super::bound_symbol::{Arg, BoundSymbol};
 use super::ids::ValueId;
 use super::meta::{TensorMeta, ValueMeta};
 use super::registry::Registry;
+use super::scopes::{NamedScope, ScopeTable};
 use super::symbol::ArgInfo;
 use crate::core::guards::GuardTable;
 use crate::error::{Error, Result};
@@ -54,6 +55,8 @@ pub struct Trace<'a> {
     pub(crate) history: Vec<PassRecord>,
     /// Guards attached to this trace: a side table, never in the arena.
     pub(crate) guards: GuardTable,
+    /// Its named scopes: a side table too.
+    pub(crate) scopes: ScopeTable,
 }
 
 impl<'a> Trace<'a> {
@@ -65,6 +68,23 @@ impl<'a> Trace<'a> {
     /// Its top-level bound symbols, in program order.
     pub fn bound_symbols(&self) -> &'a [BoundSymbol<'a>] {
         self.bound_symbols
+    }
+
+    /// Its named scopes ([`TraceBuilder::scope`](crate::TraceBuilder::scope)), outer before
+    /// inner, in program order.
+    pub fn scopes(&self) -> &[NamedScope] {
+        &self.scopes.scopes
+    }
+
+    /// The path of the innermost scope holding top-level bound symbol `position`, if any.
+    pub fn scope_path(&self, position: usize) -> Option<&str> {
+        self.scopes.innermost(position).map(|i| self.scopes.scopes[i].path())
+    }
+
+    /// What passes did to its scopes: each one cut around a fused region that straddles it,
+    /// split in pieces, or gone (a plan's notes include them).
+    pub fn scope_notes(&self) -> &[String] {
+        &self.scopes.notes
     }
 
     /// Number of top-level bound symbols.

@@ -189,7 +189,7 @@ impl OptionSpec {
 }
 
 /// Profiling levels (`runtime.profiling`).
-pub(crate) const PROFILING_LEVELS: &[&str] = &["auto", "off", "regions", "ops"];
+pub(crate) const PROFILING_LEVELS: &[&str] = &["auto", "off", "scopes", "regions", "ops"];
 /// Devices (`runtime.device`).
 pub(crate) const DEVICES: &[&str] = &["auto", "cpu", "cuda"];
 /// Fusion strategies (`runtime.fusion_strategy`).
@@ -208,7 +208,7 @@ pub const RUNTIME_OPTIONS: &[OptionSpec] = &[
         name: "runtime.profiling",
         ty: OptionType::Enum(PROFILING_LEVELS),
         default: OptionValue::Enum("auto"),
-        doc: "NVTX ranges: auto (on when a profiler is attached), off, regions (one per fused region and run), ops (every op).",
+        doc: "NVTX ranges: auto (on when a profiler is attached), off, scopes (one per named scope and run), regions (scopes and fused regions), ops (scopes and every op).",
         audience: Audience::User,
         env: Some("BOUNDSCOPE_PROFILING"),
     },

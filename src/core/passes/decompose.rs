@@ -145,6 +145,8 @@ fn decompose<'a>(
                 }
             }
         }
+        // A composite's prims take its scopes.
+        builder.carry_scopes(trace, |j| Some(spans[j].0..spans[j].0 + spans[j].1), pass);
         builder.finish()
     }
 }

@@ -64,12 +64,13 @@ pub struct FuseRegions {
     strategy: FusionStrategy,
     min_ops: usize,
     max_ops: usize,
+    within_scopes: bool,
 }
 
 impl FuseRegions {
     /// Consecutive fusion for `executor`, regions of at least 2 ops.
     pub fn new(executor: Arc<dyn Executor>) -> Self {
-        Self { executor, strategy: FusionStrategy::Consecutive, min_ops: 2, max_ops: usize::MAX }
+        Self { executor, strategy: FusionStrategy::Consecutive, min_ops: 2, max_ops: usize::MAX, within_scopes: false }
     }
 
     /// Uses this grouping strategy.
@@ -81,6 +82,35 @@ impl FuseRegions {
     /// Makes regions of at most `max_ops` ops (at least 1).
     pub fn max_ops(mut self, max_ops: usize) -> Self {
         self.max_ops = max_ops.max(1);
+        self
+    }
+
+    /// Keeps every region within one scope (off by default): for exact attribution, at the
+    /// cost of more kernels where `torch.compile` would fuse across modules (the residual add
+    /// of one layer with the norm of the next). By default regions may straddle scopes, and
+    /// each sits in the innermost scope holding all of its ops ([`Trace::scope_notes`] says
+    /// which scopes were cut around it). Scopes never change fusion otherwise, and profiling
+    /// never does.
+    ///
+    /// ```
+    /// use boundscope::executors::CpuFusion;
+    /// use boundscope::passes::{FuseRegions, Pass};
+    /// use boundscope::{Arena, Registry, TraceBuilder};
+    /// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[64]).unwrap();
+    /// let h = b.scope("a", |b| { let e = b.exp(x)?; b.neg(e) }).unwrap();
+    /// let y = b.scope("b", |b| { let t = b.tanh(h)?; b.relu(t) }).unwrap();
+    /// b.output(y).unwrap();
+    /// let trace = b.finish().unwrap();
+    /// let across = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
+    /// assert_eq!((across.len(), across.scopes().len()), (1, 0)); // one region; both scopes cut
+    /// assert_eq!(across.scope_notes().len(), 2);
+    /// let within = FuseRegions::new(CpuFusion::shared()).within_scopes(true).run(&trace, &arena).unwrap();
+    /// assert_eq!((within.len(), within.scope_path(0), within.scope_path(1)), (2, Some("a"), Some("b")));
+    /// ```
+    pub fn within_scopes(mut self, within: bool) -> Self {
+        self.within_scopes = within;
         self
     }
 
@@ -136,6 +166,14 @@ impl Pass for FuseRegions {
         for (i, attachments) in trace.guards.per_op.iter().enumerate() {
             for a in attachments.iter().filter(|a| a.span > 1 && a.depth == 0) {
                 for c in &mut covering[i..(i + a.span as usize).min(n)] {
+                    c.push(span_id);
+                }
+                span_id += 1;
+            }
+        }
+        if self.within_scopes {
+            for scope in trace.scopes() {
+                for c in &mut covering[scope.positions().start..scope.positions().end.min(n)] {
                     c.push(span_id);
                 }
                 span_id += 1;
@@ -262,6 +300,9 @@ impl Pass for FuseRegions {
             }
         }
         builder.set_guards(guards);
+        // A region sits in the innermost scope that holds all of its ops; the scopes it
+        // straddles are cut around it (the trace's scope notes say which).
+        builder.carry_scopes(trace, |j| Some(new_position[j]..new_position[j] + 1), self.name());
         builder.finish()
     }
 }

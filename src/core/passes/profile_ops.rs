@@ -1,4 +1,4 @@
-//! `ProfileOps`: an NVTX range on every bound symbol, as metadata.
+//! `ProfileOps`: an NVTX range on every bound symbol and every named scope, as metadata.
 
 use std::sync::Arc;
 
@@ -8,8 +8,10 @@ use crate::error::Result;
 
 use super::Pass;
 
-/// Attaches an [`NvtxRange`] to every bound symbol of the trace (and, with
-/// [`with_trace_range`](Self::with_trace_range), one around each whole run).
+/// Attaches an [`NvtxRange`] to every bound symbol of the trace and to every named scope (one
+/// range around each scope instance, labelled with its path: `h.3.attn`), and, with
+/// [`with_trace_range`](Self::with_trace_range), one around each whole run.
+/// [`scopes`](Self::scopes) and [`ops`](Self::ops) switch either part off.
 ///
 /// This is the metadata counterpart of a transform that inserts `range_push`/`range_pop`
 /// nodes around every op: the trace keeps its bound symbols and its length, and the listing
@@ -38,17 +40,53 @@ use super::Pass;
 /// let twice = ProfileOps::new().run(&profiled, &arena).unwrap();
 /// assert_eq!(twice.to_string(), profiled.to_string());
 /// ```
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct ProfileOps {
     range: NvtxRange,
     trace_range: Option<NvtxRange>,
     skip_profiled: bool,
+    ops: bool,
+    scopes: bool,
+}
+
+impl Default for ProfileOps {
+    fn default() -> Self {
+        Self { range: NvtxRange::new(), trace_range: None, skip_profiled: false, ops: true, scopes: true }
+    }
 }
 
 impl ProfileOps {
-    /// Default ranges in the `boundscope` domain, labelled by symbol name.
+    /// Default ranges in the `boundscope` domain, labelled by symbol name (ops) and path
+    /// (scopes).
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Whether every named scope gets a range (default: yes).
+    ///
+    /// ```
+    /// use boundscope::passes::{Pass, ProfileOps};
+    /// use boundscope::{Arena, Registry, TraceBuilder};
+    /// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[4]).unwrap();
+    /// let y = b.scope("block", |b| b.exp(x)).unwrap();
+    /// b.output(y).unwrap();
+    /// let trace = b.finish().unwrap();
+    /// let both = ProfileOps::new().run(&trace, &arena).unwrap();
+    /// assert_eq!((both.scopes()[0].guard_count(), both.guard_attachment_count()), (1, 1));
+    /// let scopes_only = ProfileOps::new().ops(false).run(&trace, &arena).unwrap();
+    /// assert_eq!((scopes_only.scopes()[0].guard_count(), scopes_only.guard_attachment_count()), (1, 0));
+    /// ```
+    pub fn scopes(mut self, on: bool) -> Self {
+        self.scopes = on;
+        self
+    }
+
+    /// Whether every bound symbol gets a range (default: yes).
+    pub fn ops(mut self, on: bool) -> Self {
+        self.ops = on;
+        self
     }
 
     /// Uses this range (domain, color, ...) for every op.
@@ -87,7 +125,11 @@ impl Pass for ProfileOps {
         let table = &mut profiled.guards;
         let unprofiled: Vec<usize> = (0..trace.len())
             .filter(|&p| {
-                !table.at(p).iter().any(|a| a.depth == 0 && a.span == 1 && self.profiles(table.guard(a.guard), domain))
+                self.ops
+                    && !table
+                        .at(p)
+                        .iter()
+                        .any(|a| a.depth == 0 && a.span == 1 && self.profiles(table.guard(a.guard), domain))
             })
             .collect();
         if !unprofiled.is_empty() {
@@ -95,6 +137,17 @@ impl Pass for ProfileOps {
             for p in unprofiled {
                 let origin = trace.bound_symbols()[p].symbol();
                 table.attach(p, Attachment { guard: id, span: 1, depth: 0, level: Level::Op, origin });
+            }
+        }
+        if self.scopes {
+            let unprofiled: Vec<usize> = (0..profiled.scopes.scopes.len())
+                .filter(|&i| !profiled.scopes.scopes[i].guards.iter().any(|&g| self.profiles(table.guard(g), domain)))
+                .collect();
+            if !unprofiled.is_empty() {
+                let id = table.add_guard(Arc::new(self.range.clone()));
+                for i in unprofiled {
+                    profiled.scopes.scopes[i].guards.push(id);
+                }
             }
         }
         if let Some(range) = &self.trace_range {

@@ -293,8 +293,10 @@ impl Plan {
         // is an input comes after all of them and stays outside every op's scope.
         let executor_names: Vec<&str> =
             compiler.steps.iter().map(|s| executors.get(s.executor).map_or("runtime", |e| e.name())).collect();
-        let (scopes, mut dropped_guards, notes) =
+        let (scopes, mut dropped_guards, mut notes) =
             prepare_scopes(trace, &nodes, &executor_names, filter, &compiler.details_of)?;
+        // What passes did to the trace's scopes (cut around regions, split, gone).
+        notes.extend(trace.scope_notes().iter().cloned());
         dropped_guards.extend(trace.dropped_guards().iter().cloned());
         let schedules = schedules(&scopes, compiler.steps.len());
         let range_maps =
@@ -523,8 +525,10 @@ impl Plan {
     }
 
     /// What the plan reports about its guards: NVTX ranges of one domain merged on one scope
-    /// whose settings conflicted (the first explicit one is kept), and guards of other kinds in a
-    /// domain merged away. Also listed in the plan's header.
+    /// whose settings conflicted (the first explicit one is kept), guards of other kinds in a
+    /// domain merged away, and what passes did to the trace's named scopes
+    /// ([`Trace::scope_notes`]: scope ranges cut around a region that straddles them). Also
+    /// listed in the plan's header.
     pub fn notes(&self) -> &[String] {
         &self.notes
     }

@@ -5,11 +5,11 @@
 //! activations refilled in place with [`DeviceTensor::copy_from_host`] through
 //! [`PlanGraph::input_mut`]). What a replay runs is what the capture recorded: the device work
 //! of every step, on the same device memory; the graph borrows its input tensors, so none can
-//! be dropped or replaced while it lives. Host code does not replay, so per-op
-//! and per-region guards (NVTX ranges, recorders, timers) do not run in replays; the plan's
-//! run-level guards (those attached with `attach_trace_guard`) surround each replay, and
-//! [`PlanGraph::range_map`] lists the ranges a replay pushes. Profile in stream mode
-//! ([`Plan::run_on_device`]) to see each op.
+//! be dropped or replaced while it lives. Host code does not replay, so per-op, per-region
+//! and per-scope guards (NVTX ranges, recorders, timers; the ranges of named scopes such as
+//! `h.3.attn` too) do not run in replays; the plan's run-level guards (those attached with
+//! `attach_trace_guard`) surround each replay, and [`PlanGraph::range_map`] lists the ranges a
+//! replay pushes. Profile in stream mode ([`Plan::run_on_device`]) to see each op and module.
 
 use super::compile::{Plan, Work};
 use super::device::DeviceGraph;
@@ -169,7 +169,7 @@ impl PlanGraph<'_> {
     }
 
     /// The NVTX ranges one replay pushes: the plan's run-level ones (with the current profiling
-    /// setting), none per op or region.
+    /// setting), none per named scope, op or region.
     pub fn range_map(&self) -> RangeMap {
         let ranges = self.plan.range_map().ranges().iter().filter(|r| r.level == Level::Trace).cloned().collect();
         RangeMap { ranges }

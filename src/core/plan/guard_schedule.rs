@@ -57,6 +57,9 @@ pub(crate) struct Scope {
     /// Its level, which orders scopes over the same steps (op outside subsymbol). Trace-level
     /// scopes are entered before the first step and exited after the last.
     pub level: Level,
+    /// How deep it is among scopes of its level over the same steps (a named scope's nesting,
+    /// a subsymbol's depth in its composite): the outer one is entered first.
+    pub depth: usize,
     pub profiling: bool,
     /// For a guard that reports an NVTX domain: the range, for the range map.
     pub planned: Option<NvtxPlan>,
@@ -104,7 +107,7 @@ impl Schedule {
         // Outer before inner: whole-run, earlier start, later end, outer level, attach order.
         order.sort_by_key(|&i| {
             let s = &scopes[i as usize];
-            (s.level != Level::Trace, s.first, std::cmp::Reverse(s.end), s.level, i)
+            (s.level != Level::Trace, s.first, std::cmp::Reverse(s.end), s.level, s.depth, i)
         });
         let mut schedule = Schedule { enter: vec![(0, 0); steps], exit: vec![0; steps], ..Default::default() };
         let run_level = order.iter().take_while(|&&i| scopes[i as usize].level == Level::Trace).count() as u32;
@@ -209,6 +212,7 @@ struct PendingScope<'l> {
     first: usize,
     end: usize,
     level: Level,
+    depth: usize,
     label: String,
     executor: &'l str,
     /// The categories of the symbols it surrounds, for the plan's [`RangeFilter`].
@@ -261,7 +265,7 @@ pub(crate) fn prepare_scopes(
             let executor = if level == Level::Trace { "runtime" } else { executor_of(first, end) };
             let label = label.to_string();
             let (categories, guards, details) = (Vec::new(), ScopeGuards::default(), details());
-            pending.push(PendingScope { first, end, level, label, executor, categories, guards, details });
+            pending.push(PendingScope { first, end, level, depth, label, executor, categories, guards, details });
             pending.len() - 1
         });
         let scope = &mut pending[i];
@@ -345,6 +349,27 @@ pub(crate) fn prepare_scopes(
             }
         }
     }
+    // Named scopes with guards: one scope each, labelled with its path, over the steps of its
+    // bound symbols.
+    for scope in trace.scopes().iter().filter(|s| s.guard_count() > 0) {
+        let positions = scope.positions();
+        let (Some(head), Some(tail)) = (nodes.get(positions.start), nodes.get(positions.end.saturating_sub(1))) else {
+            return Err(Error::MalformedTrace {
+                position: Some(positions.start),
+                detail: format!("scope `{}` spans bound symbols the trace does not have", scope.path()),
+            });
+        };
+        let (first, end) = (head.first, tail.first + tail.len);
+        if first >= end {
+            continue;
+        }
+        let details = || details_of.of_span(positions.start, positions.len(), first, end);
+        for &guard in &scope.guards {
+            let span = positions.len() as u32;
+            let attachment = Attachment { guard, span, depth: 0, level: Level::Scope, origin: prims::REGION };
+            add(first, end, Level::Scope, scope.depth() + 1, scope.path(), &[], &details, attachment);
+        }
+    }
     check_scopes_nest(&pending)?;
     // The domain each region's executor pushes its own range into, by first step.
     let emitted: Vec<(usize, &str)> =
@@ -422,6 +447,7 @@ pub(crate) fn prepare_scopes(
                 first: p.first as u32,
                 end: p.end as u32,
                 level: p.level,
+                depth: p.depth,
                 profiling: guards.guard(guard_id).is_profiling(),
                 planned,
             });
@@ -438,7 +464,7 @@ fn drop_ranges_inside_their_twin(scopes: &mut Vec<Scope>, notes: &mut Vec<String
     let mut order: Vec<usize> = (0..scopes.len()).collect();
     order.sort_by_key(|&i| {
         let s = &scopes[i];
-        (s.level != Level::Trace, s.first, std::cmp::Reverse(s.end), s.level, i)
+        (s.level != Level::Trace, s.first, std::cmp::Reverse(s.end), s.level, s.depth, i)
     });
     let mut open: Vec<(&str, usize)> = Vec::new();
     let mut dropped = vec![false; scopes.len()];

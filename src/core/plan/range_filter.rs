@@ -13,7 +13,7 @@ use crate::core::options::{OptionValue, Options};
 use crate::error::{Error, Result};
 
 /// Level names, outermost first (`runtime.nvtx_levels`).
-pub(crate) const LEVEL_NAMES: &[&str] = &["trace", "region", "op", "subsymbol"];
+pub(crate) const LEVEL_NAMES: &[&str] = &["trace", "scope", "region", "op", "subsymbol"];
 /// Symbol category names (`runtime.nvtx_categories`).
 pub(crate) const CATEGORY_NAMES: &[&str] = &["elementwise", "reduction", "matmul", "shape", "composite", "fusion"];
 /// Built-in executor names, and `runtime` for scopes that several executors share
@@ -32,12 +32,12 @@ const CATEGORIES: [Category; 6] = [
 /// Which NVTX ranges a plan prepares: every range of a chosen level, of a chosen executor and
 /// of a chosen symbol category. The default admits every range.
 ///
-/// - Levels: [`Level::Trace`] (the range around each run), [`Level::Region`],
-///   [`Level::Op`], [`Level::Subsymbol`].
+/// - Levels: [`Level::Trace`] (the range around each run), [`Level::Scope`] (named scopes),
+///   [`Level::Region`], [`Level::Op`], [`Level::Subsymbol`].
 /// - Executors: the name of the executor that runs what the range surrounds (`runtime` for a
-///   span that several executors share). Not applied to run ranges.
+///   span that several executors share). Not applied to run and scope ranges.
 /// - Categories: the [`Category`] of the symbol a range surrounds; a fused region matches when
-///   one of its ops does (or when `Fusion` is chosen). Not applied to run ranges.
+///   one of its ops does (or when `Fusion` is chosen). Not applied to run and scope ranges.
 ///
 /// Only ranges (guards that report an NVTX domain) are filtered: recorders, timers and guards of
 /// yours run as attached.
@@ -196,7 +196,7 @@ impl RangeFilter {
         if !self.admits_level(level) {
             return false;
         }
-        if level == Level::Trace {
+        if matches!(level, Level::Trace | Level::Scope) {
             return true;
         }
         let executor_ok = self.executors.as_ref().is_none_or(|names| names.iter().any(|n| n == executor));
@@ -211,7 +211,7 @@ impl RangeFilter {
             return Vec::new();
         }
         let mut notes = Vec::new();
-        // Levels are noted only when the filter chose some: all four is no choice.
+        // Levels are noted only when the filter chose some: all of them is no choice.
         let chosen_levels: &[Level] = if self.levels.len() == Level::ALL.len() { &[] } else { &self.levels };
         for &level in chosen_levels {
             if !scopes.iter().any(|(l, _, _)| *l == level) {

@@ -1,0 +1,318 @@
+//! Named scopes: spans of a trace's top-level bound symbols (a layer, an attention block) with a
+//! dotted path (`h.3.attn`), nested, kept as a side table of the trace like its guards.
+//!
+//! A scope is metadata: it changes neither the bound symbols, nor their order, nor what they
+//! compute. Guards attach to scopes ([`Selection::Scope`](crate::guards::Selection::Scope));
+//! a plan enters a scope's guards before its first step and exits them after its last, one
+//! range per scope instance and NVTX domain. Passes carry scopes as they carry guards: a
+//! composite's prims take its scope, an empty scope disappears, and a fused region sits in the
+//! innermost scope holding all of its ops (the scopes it straddles are cut around it, and
+//! [`Trace::scope_notes`](crate::Trace::scope_notes) says so).
+
+use std::ops::Range;
+
+use smallvec::SmallVec;
+
+use super::ids::GuardId;
+use crate::error::{Error, Result};
+
+/// The separator of a scope path's components.
+pub const SCOPE_SEPARATOR: char = '.';
+
+/// One scope instance of a trace: its path, the top-level bound symbols it spans, and how
+/// deeply it is nested (0 for a scope at the top).
+///
+/// ```
+/// use boundscope::{Arena, Registry, TraceBuilder};
+/// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let x = b.input(&[4]).unwrap();
+/// let y = b.scope("h", |b| b.scope("0", |b| b.exp(x))).unwrap();
+/// b.output(y).unwrap();
+/// let trace = b.finish().unwrap();
+/// let inner = &trace.scopes()[1];
+/// assert_eq!((inner.path(), inner.name(), inner.depth()), ("h.0", "0", 1));
+/// assert_eq!(inner.positions(), 0..1);
+/// assert_eq!(trace.scope_path(0), Some("h.0"));
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamedScope {
+    path: Box<str>,
+    first: u32,
+    end: u32,
+    depth: u16,
+    /// The guards attached to this scope, in attach order.
+    pub(crate) guards: SmallVec<[GuardId; 2]>,
+}
+
+impl NamedScope {
+    /// Its full path (`h.3.attn`).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// Its own name: the last component of its path (`attn`).
+    pub fn name(&self) -> &str {
+        self.path.rsplit(SCOPE_SEPARATOR).next().unwrap_or(&self.path)
+    }
+
+    /// The top-level bound symbols it spans.
+    pub fn positions(&self) -> Range<usize> {
+        self.first as usize..self.end as usize
+    }
+
+    /// How many scopes it is nested in.
+    pub fn depth(&self) -> usize {
+        usize::from(self.depth)
+    }
+
+    /// How many guards are attached to it.
+    pub fn guard_count(&self) -> usize {
+        self.guards.len()
+    }
+}
+
+/// A trace's scopes, outer before inner and in program order (by first position, then
+/// depth), and what passes did to them.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ScopeTable {
+    pub scopes: Vec<NamedScope>,
+    /// Sentences about scopes that passes cut, split or removed.
+    pub notes: Vec<String>,
+}
+
+impl ScopeTable {
+    /// Adds a scope over `positions` (kept in order: outer before inner, program order).
+    pub fn push(&mut self, path: String, positions: Range<usize>, depth: usize) {
+        let scope = NamedScope {
+            path: path.into_boxed_str(),
+            first: positions.start as u32,
+            end: positions.end as u32,
+            depth: depth as u16,
+            guards: SmallVec::new(),
+        };
+        let at = self.scopes.partition_point(|s| (s.first, s.depth) <= (scope.first, scope.depth));
+        self.scopes.insert(at, scope);
+    }
+
+    /// The innermost scope holding `position`.
+    pub fn innermost(&self, position: usize) -> Option<usize> {
+        self.scopes
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| s.positions().contains(&position))
+            .max_by_key(|(_, s)| s.depth)
+            .map(|(i, _)| i)
+    }
+
+    /// The indices of the scopes whose path matches `pattern` (see [`path_matches`]).
+    pub fn matching(&self, pattern: &str) -> Result<Vec<usize>> {
+        let found: Vec<usize> =
+            (0..self.scopes.len()).filter(|&i| path_matches(pattern, self.scopes[i].path())).collect();
+        if found.is_empty() {
+            let mut known: Vec<String> = self.scopes.iter().map(|s| s.path().to_string()).collect();
+            known.dedup();
+            known.truncate(8);
+            return Err(Error::NoSuchScope { pattern: pattern.to_string(), known });
+        }
+        Ok(found)
+    }
+
+    /// The scopes after a rewrite that puts old top-level bound symbol `i` at the new positions
+    /// `new_range(i)` (`None` or empty: removed) in a trace of `new_len` bound symbols. A new
+    /// bound symbol belongs to a scope when every old one it comes from did: a fused region
+    /// that straddles scopes leaves each of them (which is cut around it, or split in two where
+    /// it sat in the middle) and sits in the innermost scope holding all its ops. A scope left
+    /// with nothing disappears. `describe(q)` names new bound symbol `q` in the notes.
+    pub fn carried(
+        &self,
+        old_len: usize,
+        new_len: usize,
+        new_range: impl Fn(usize) -> Option<Range<usize>>,
+        pass: &str,
+        describe: impl Fn(usize) -> String,
+    ) -> ScopeTable {
+        // The old positions each new bound symbol comes from, as their least and greatest.
+        let mut owners: Vec<Option<(usize, usize)>> = vec![None; new_len];
+        for i in 0..old_len {
+            for q in new_range(i).into_iter().flatten().filter(|&q| q < new_len) {
+                owners[q] = Some(owners[q].map_or((i, i), |(lo, hi)| (lo.min(i), hi.max(i))));
+            }
+        }
+        let mut out = ScopeTable { scopes: Vec::new(), notes: self.notes.clone() };
+        for scope in &self.scopes {
+            let (first, end) = (scope.first as usize, scope.end as usize);
+            let inside = |q: usize| owners[q].is_some_and(|(lo, hi)| lo >= first && hi < end);
+            let straddles = |q: usize| owners[q].is_some_and(|(lo, hi)| !inside(q) && lo < end && hi >= first);
+            let mut pieces: Vec<Range<usize>> = Vec::new();
+            for q in (0..new_len).filter(|&q| inside(q)) {
+                match pieces.last_mut() {
+                    Some(last) if last.end == q => last.end = q + 1,
+                    _ => pieces.push(q..q + 1),
+                }
+            }
+            let cut: Vec<String> = (0..new_len).filter(|&q| straddles(q)).map(&describe).collect();
+            let path = scope.path();
+            if pieces.is_empty() {
+                let why = if cut.is_empty() {
+                    "its bound symbols were removed".to_string()
+                } else {
+                    format!("its bound symbols were fused with others into {}", cut.join(", "))
+                };
+                out.notes.push(format!("`{pass}`: scope `{path}` disappeared: {why}"));
+                continue;
+            }
+            if !cut.is_empty() {
+                out.notes.push(format!(
+                    "`{pass}`: scope `{path}` was cut around {}, which straddle{} it: {} in the innermost scope \
+                     holding all of {} ops",
+                    cut.join(", "),
+                    if cut.len() == 1 { "s" } else { "" },
+                    if cut.len() == 1 { "it sits" } else { "each sits" },
+                    if cut.len() == 1 { "its" } else { "their" },
+                ));
+            }
+            if pieces.len() > 1 {
+                out.notes.push(format!(
+                    "`{pass}`: scope `{path}` is in {} pieces, each with the scope's guards",
+                    pieces.len()
+                ));
+            }
+            for piece in pieces {
+                let mut carried = scope.clone();
+                carried.first = piece.start as u32;
+                carried.end = piece.end as u32;
+                let at = out.scopes.partition_point(|s| (s.first, s.depth) <= (carried.first, carried.depth));
+                out.scopes.insert(at, carried);
+            }
+        }
+        out
+    }
+}
+
+/// Checks one component of a scope path: not empty, no NUL (NVTX takes C strings), no
+/// [`SCOPE_SEPARATOR`] (it joins components).
+///
+/// # Errors
+/// [`Error::InvalidScopeName`] naming the problem.
+pub(crate) fn check_scope_name(name: &str) -> Result<()> {
+    let detail = if name.is_empty() {
+        "a scope name must not be empty"
+    } else if name.contains('\0') {
+        "a scope name must not contain a NUL character (NVTX takes C strings)"
+    } else if name.contains(SCOPE_SEPARATOR) {
+        "a scope name must not contain `.`, which joins the components of a path: nest scopes instead \
+         (`b.scope(\"h\", |b| b.scope(\"3\", ...))` is `h.3`)"
+    } else if name.contains('*') {
+        "a scope name must not contain `*`, which patterns use"
+    } else {
+        return Ok(());
+    };
+    Err(Error::InvalidScopeName { name: name.escape_default().to_string(), detail: detail.to_string() })
+}
+
+/// Whether scope path `path` matches `pattern`: the same components, where a `*` in a pattern
+/// component matches any run of characters within one component (`h.*.attn` matches `h.3.attn`,
+/// `h.*` matches `h.3` but not `h.3.attn`, `*` matches every top-level scope); a pattern
+/// component `**` matches any number of components (`**` matches every scope, `**.attn` every
+/// scope named `attn`).
+///
+/// ```
+/// use boundscope::path_matches;
+/// assert!(path_matches("h.*.attn", "h.3.attn"));
+/// assert!(!path_matches("h.*", "h.3.attn"));
+/// assert!(path_matches("**.attn", "h.3.attn") && path_matches("**", "h.3.attn"));
+/// assert!(path_matches("layer.1*", "layer.12") && !path_matches("layer.1*", "layer.21"));
+/// ```
+pub fn path_matches(pattern: &str, path: &str) -> bool {
+    let pattern: Vec<&str> = pattern.split(SCOPE_SEPARATOR).collect();
+    let path: Vec<&str> = path.split(SCOPE_SEPARATOR).collect();
+    components_match(&pattern, &path)
+}
+
+fn components_match(pattern: &[&str], path: &[&str]) -> bool {
+    match (pattern.first(), path.first()) {
+        (None, None) => true,
+        (Some(&"**"), _) => (0..=path.len()).any(|k| components_match(&pattern[1..], &path[k..])),
+        (Some(p), Some(c)) => glob(p.as_bytes(), c.as_bytes()) && components_match(&pattern[1..], &path[1..]),
+        _ => false,
+    }
+}
+
+/// `*` matches any run of bytes; everything else matches itself.
+fn glob(pattern: &[u8], text: &[u8]) -> bool {
+    match pattern.split_first() {
+        None => text.is_empty(),
+        Some((b'*', rest)) => (0..=text.len()).any(|k| glob(rest, &text[k..])),
+        Some((&c, rest)) => text.first() == Some(&c) && glob(rest, &text[1..]),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(scopes: &[(&str, Range<usize>, usize)]) -> ScopeTable {
+        let mut t = ScopeTable::default();
+        for (path, positions, depth) in scopes {
+            t.push(path.to_string(), positions.clone(), *depth);
+        }
+        t
+    }
+
+    fn spans(t: &ScopeTable) -> Vec<(String, Range<usize>)> {
+        t.scopes.iter().map(|s| (s.path().to_string(), s.positions())).collect()
+    }
+
+    #[test]
+    fn decomposition_keeps_scopes_around_the_prims() {
+        // Old 0 -> 0, old 1 -> 1..4 (a composite's three prims), old 2 -> 4.
+        let t = table(&[("a", 0..2, 0), ("b", 2..3, 0)]);
+        let ranges = [0..1, 1..4, 4..5];
+        let carried = t.carried(3, 5, |i| Some(ranges[i].clone()), "decompose", |q| q.to_string());
+        assert_eq!(spans(&carried), [("a".into(), 0..4), ("b".into(), 4..5)]);
+        assert!(carried.notes.is_empty());
+    }
+
+    #[test]
+    fn a_region_that_straddles_scopes_sits_in_their_innermost_common_scope() {
+        // layer.0 = 0..3 (with layer.0.norm = 2..3), layer.1 = 3..6; ops 2 and 3 fuse into new 2.
+        let t = table(&[("layer", 0..6, 0), ("layer.0", 0..3, 1), ("layer.0.norm", 2..3, 2), ("layer.1", 3..6, 1)]);
+        let map = [0, 1, 2, 2, 3, 4];
+        let carried = t.carried(6, 5, |i| Some(map[i]..map[i] + 1), "fuse_regions", |q| format!("region {q}"));
+        assert_eq!(
+            spans(&carried),
+            [("layer".into(), 0..5), ("layer.0".into(), 0..2), ("layer.1".into(), 3..5)],
+            "the region stays in `layer`, outside both layers; `layer.0.norm` is gone"
+        );
+        assert!(
+            carried.notes.iter().any(|n| n.contains("scope `layer.0` was cut around region 2")),
+            "{:?}",
+            carried.notes
+        );
+        assert!(carried.notes.iter().any(|n| n.contains("scope `layer.0.norm` disappeared")), "{:?}", carried.notes);
+    }
+
+    #[test]
+    fn a_region_in_the_middle_splits_a_scope_and_removal_empties_one() {
+        // s = 1..4; ops 0 and 2 fuse (dataflow) into new 1; op 1 -> 0, op 3 -> 2; t = 4..5 removed.
+        let t = table(&[("s", 1..4, 0), ("t", 4..5, 0)]);
+        let map = [Some(1), Some(0), Some(1), Some(2), None];
+        let carried = t.carried(5, 3, |i| map[i].map(|q| q..q + 1), "p", |q| format!("#{q}"));
+        assert_eq!(spans(&carried), [("s".into(), 0..1), ("s".into(), 2..3)]);
+        assert!(carried.notes.iter().any(|n| n.contains("in 2 pieces")));
+        assert!(carried.notes.iter().any(|n| n.contains("scope `t` disappeared: its bound symbols were removed")));
+    }
+
+    #[test]
+    fn names_and_patterns() {
+        assert!(check_scope_name("attn").is_ok());
+        for bad in ["", "a.b", "a\0", "a*"] {
+            assert!(matches!(check_scope_name(bad), Err(Error::InvalidScopeName { .. })), "{bad:?}");
+        }
+        assert!(path_matches("h.*.attn", "h.10.attn"));
+        assert!(!path_matches("h.*.attn", "h.10.mlp"));
+        assert!(path_matches("h", "h") && !path_matches("h", "h.0"));
+        assert!(path_matches("**.mlp", "mlp") && path_matches("h.**", "h") && path_matches("h.**", "h.1.mlp"));
+    }
+}

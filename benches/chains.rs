@@ -43,11 +43,31 @@ pub fn norm_chain<'a>(arena: &'a Arena, registry: &'a Registry, n: usize) -> Tra
 /// `ops` alternating `add_scalar` and `mul` ops on a 1-element input: runtime and guard overhead
 /// with next to no arithmetic.
 pub fn trivial_chain<'a>(arena: &'a Arena, registry: &'a Registry, ops: usize) -> Trace<'a> {
+    scoped_trivial_chain(arena, registry, ops, 0)
+}
+
+/// [`trivial_chain`], with every `per_scope` ops (0: none) in a scope `layer.<k>`, all inside
+/// one scope `model`.
+#[allow(dead_code)] // not every benchmark that includes this file uses every chain
+pub fn scoped_trivial_chain<'a>(arena: &'a Arena, registry: &'a Registry, ops: usize, per_scope: usize) -> Trace<'a> {
     let mut b = TraceBuilder::with_capacity(arena, registry, ops);
     let x = b.input(&[1]).expect("valid");
     let mut v = x;
+    if per_scope > 0 {
+        b.enter_scope("model").expect("valid");
+    }
     for i in 0..ops {
+        if per_scope > 0 && i % per_scope == 0 {
+            if i > 0 {
+                b.exit_scope().expect("open");
+            }
+            b.enter_scope(&format!("{}", i / per_scope)).expect("valid");
+        }
         v = if i % 2 == 0 { b.add_scalar(v, 1.0) } else { b.mul(v, x) }.expect("valid");
+    }
+    if per_scope > 0 {
+        b.exit_scope().expect("open");
+        b.exit_scope().expect("open");
     }
     b.output(v).expect("valid");
     b.finish().expect("valid")

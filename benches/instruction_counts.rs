@@ -11,7 +11,10 @@
 //! NVTX tool attached; (d) as (c) under a null tool that takes payload schemas and reads each
 //! range's payload descriptor (`null_nvtx_tool.rs`), every range carrying its details; (e) as
 //! (d), the ranges without details (`NvtxRange::details(false)`): only the op count; (f) as
-//! (d), the tool copying each payload block, as a profiler does.
+//! (d), the tool copying each payload block, as a profiler does; (g) as (b), the ops in 100
+//! named scopes of 10 (inside one more), every scope and op with its range, profiling off:
+//! scopes cost nothing per op then, so (g) = (b); (h) the same, profiling on: (c) plus one push
+//! and pop per scope instance (101).
 //!
 //! Figures it exists to show: the count per run of each case, against the budgets in
 //! `benches/instruction_budgets.tsv`, checked by `scripts/check-instruction-budgets` (which
@@ -47,7 +50,12 @@ enum Case {
     NvtxDetailsNullTool,
     NvtxNoDetailsNullTool,
     NvtxDetailsCopyingTool,
+    ScopesProfilingOff,
+    ScopesProfilingOn,
 }
+
+/// Ops per named scope in cases (g) and (h).
+const OPS_PER_SCOPE: usize = 10;
 
 /// A compiled plan, its workspace and its input, warmed up: what one measured run needs.
 struct WarmPlan {
@@ -70,12 +78,17 @@ fn warmed_up(case: Case) -> WarmPlan {
         Case::NvtxNoDetailsNullTool => {
             ProfileOps::new().with_range(NvtxRange::new().details(false)).run(&plain, &arena).expect("attaches")
         }
+        Case::ScopesProfilingOff | Case::ScopesProfilingOn => {
+            let scoped = chains::scoped_trivial_chain(&arena, &registry, OPS, OPS_PER_SCOPE);
+            ProfileOps::new().run(&scoped, &arena).expect("attaches")
+        }
     };
     let plan = Plan::compile(&trace, &[CpuReference::shared()]).expect("compiles");
-    plan.set_profiling(!matches!(case, Case::NvtxProfilingOff));
+    plan.set_profiling(!matches!(case, Case::NvtxProfilingOff | Case::ScopesProfilingOff));
     let pushed = plan.range_map().len();
     let expected = match case {
-        Case::NoGuards | Case::NvtxProfilingOff => 0,
+        Case::NoGuards | Case::NvtxProfilingOff | Case::ScopesProfilingOff => 0,
+        Case::ScopesProfilingOn => OPS + OPS / OPS_PER_SCOPE + 1,
         Case::NvtxProfilingOn
         | Case::NvtxDetailsNullTool
         | Case::NvtxNoDetailsNullTool
@@ -83,7 +96,11 @@ fn warmed_up(case: Case) -> WarmPlan {
     };
     assert_eq!(pushed, expected, "{case:?}: ranges pushed per run");
     let details = plan.range_map().ranges().iter().filter(|r| r.details.is_some()).count();
-    let expected = if let Case::NvtxDetailsNullTool | Case::NvtxDetailsCopyingTool = case { OPS } else { 0 };
+    let expected = match case {
+        Case::NvtxDetailsNullTool | Case::NvtxDetailsCopyingTool => OPS,
+        // Off: none pushed; on, without a tool: no schema taken, so no details.
+        _ => 0,
+    };
     assert_eq!(details, expected, "{case:?}: ranges with a structured payload");
     let mut workspace = plan.workspace().expect("allocates");
     let input = Tensor::new(&[1], vec![0.5]).expect("valid");
@@ -114,6 +131,8 @@ fn warmed_up(case: Case) -> WarmPlan {
     setup = warmed_up,
     config = LibraryBenchmarkConfig::default().env(null_nvtx_tool::ENABLE, "copy")
 )]
+#[bench::g_scopes_profiling_off(args = (Case::ScopesProfilingOff), setup = warmed_up)]
+#[bench::h_scopes_profiling_on(args = (Case::ScopesProfilingOn), setup = warmed_up)]
 fn plan_run(mut warm: WarmPlan) -> WarmPlan {
     let outputs = warm.plan.run_with(&mut warm.workspace, &[warm.input.view()]).expect("runs");
     black_box(outputs.get(0).map(|t| t.data[0]));

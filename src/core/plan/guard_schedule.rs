@@ -58,8 +58,9 @@ pub(crate) struct Scope {
     /// scopes are entered before the first step and exited after the last.
     pub level: Level,
     /// How deep it is among scopes of its level over the same steps (a named scope's nesting,
-    /// a subsymbol's depth in its composite): the outer one is entered first.
-    pub depth: usize,
+    /// a subsymbol's depth in its composite): the outer one is entered first. (A `u16` beside
+    /// `level`, so that it packs into their padding: the run loop strides over scopes.)
+    pub depth: u16,
     pub profiling: bool,
     /// For a guard that reports an NVTX domain: the range, for the range map.
     pub planned: Option<NvtxPlan>,
@@ -447,7 +448,7 @@ pub(crate) fn prepare_scopes(
                 first: p.first as u32,
                 end: p.end as u32,
                 level: p.level,
-                depth: p.depth,
+                depth: u16::try_from(p.depth).unwrap_or(u16::MAX),
                 profiling: guards.guard(guard_id).is_profiling(),
                 planned,
             });

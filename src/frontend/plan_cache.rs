@@ -4,8 +4,8 @@
 //! A trace is identified by a fingerprint of everything a plan depends on: its registry (a
 //! generation number unique to a registry and its symbols), its bound symbols (symbols by name
 //! and id, arguments, outputs, names, decompositions), its values' dtypes and
-//! shapes, its inputs and outputs, and its guards (the guard objects and where they are
-//! attached). Two independent 64-bit hashes make the 128-bit fingerprint. Computing it
+//! shapes, its inputs and outputs, its guards (the guard objects and where they are
+//! attached) and its named scopes (paths, spans and the guards on them). Two independent 64-bit hashes make the 128-bit fingerprint. Computing it
 //! allocates nothing. A cached entry keeps the trace's guard objects alive, so that their
 //! addresses, part of the fingerprint, cannot be reused by other guards while it is cached.
 //!
@@ -188,6 +188,11 @@ fn hash_trace(trace: &Trace<'_>, h: &mut impl Hasher) {
         for a in attachments {
             (position, a.guard, a.span, a.depth, a.level, a.origin).hash(h);
         }
+    }
+    // Named scopes and the guards on them.
+    trace.scopes().len().hash(h);
+    for scope in trace.scopes() {
+        (scope.path(), scope.positions(), scope.depth(), scope.guard_ids()).hash(h);
     }
 }
 

@@ -549,3 +549,16 @@ fn scope_names_and_balance_are_checked_and_dead_code_removes_empty_scopes_with_a
     assert_eq!(trace.listing(hidden).to_string(), plain.listing(hidden).to_string());
     assert!(trace.to_string().contains("  # scope dead (1 op)\n  t1 = exp(t0)"), "{trace}");
 }
+
+#[test]
+fn a_trace_that_differs_only_in_its_scopes_gets_its_own_cached_plan() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let session = session(&[]).unwrap();
+    let mut scoped = scoped_layers(&arena, &registry);
+    let plain = session.plan(&scoped, &arena).unwrap();
+    scoped.attach_guard(crate::guards::Selection::Scope("**"), crate::guards::NvtxRange::new()).unwrap();
+    let ranged = session.plan(&scoped, &arena).unwrap();
+    assert!(!Arc::ptr_eq(&plain, &ranged), "a guard on a scope is part of what a plan runs");
+    assert!(ranged.range_map().ranges().iter().any(|r| r.level == crate::guards::Level::Scope));
+}

@@ -70,6 +70,11 @@ impl NamedScope {
     pub fn guard_count(&self) -> usize {
         self.guards.len()
     }
+
+    /// The guards attached to it, by id in the trace's guard table, in attach order.
+    pub(crate) fn guard_ids(&self) -> &[GuardId] {
+        &self.guards
+    }
 }
 
 /// A trace's scopes, outer before inner and in program order (by first position, then

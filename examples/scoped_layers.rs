@@ -4,6 +4,7 @@
 //! ```text
 //! cargo run --release --example scoped_layers
 //! scripts/nsys-check target/release/examples/scoped_layers   # under Nsight Systems
+//! scoped_layers --cuda    # on a GPU: CudaFusion and CudaOps; with ncu --nvtx, kernels by module
 //! ```
 //! Each layer is pre-norm, as in GPT-2: `layer_norm` in `layer.{i}.norm`, then
 //! `x + linear(gelu(linear(.)))` in `layer.{i}.mlp`, all in the scope `layer`; the residual add
@@ -16,12 +17,13 @@
 //! `scripts/nsys-check`. Exits non-zero if a result differs from the reference.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use boundscope::executors::{CpuFusion, CpuReference};
 use boundscope::guards::{Level, NvtxRange};
 use boundscope::passes::{FuseRegions, Pass, Pipeline, ProfileOps};
-use boundscope::{Arena, Plan, Registry, Tensor, Trace, TraceBuilder, ValueId};
+use boundscope::{Arena, Executor, Plan, Registry, Tensor, Trace, TraceBuilder, ValueId};
 
 #[path = "shared/nsys_check.rs"]
 mod nsys_check;
@@ -103,6 +105,26 @@ fn time_per_run(plans: &[&Plan], inputs: &[Tensor]) -> boundscope::Result<Vec<f6
     Ok(best)
 }
 
+/// The fusion executor and the plan's executors: the CPU's, or with `cuda` the GPU's.
+fn executors(cuda: bool) -> boundscope::Result<(Arc<dyn Executor>, Vec<Arc<dyn Executor>>)> {
+    if !cuda {
+        let fusion = CpuFusion::shared();
+        return Ok((fusion.clone(), vec![fusion, CpuReference::shared()]));
+    }
+    #[cfg(feature = "cuda")]
+    {
+        use boundscope::executors::cuda::{CudaDevice, CudaFusion, CudaOps};
+        let gpu = CudaDevice::new()?;
+        let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
+        Ok((fusion.clone(), vec![fusion, Arc::new(CudaOps::new(gpu)), CpuReference::shared()]))
+    }
+    #[cfg(not(feature = "cuda"))]
+    Err(boundscope::Error::ExecutorUnavailable {
+        executor: "cuda".into(),
+        reason: "built without the `cuda` feature".into(),
+    })
+}
+
 fn run() -> boundscope::Result<bool> {
     let registry = Registry::with_builtins();
     let arena = Arena::new();
@@ -112,10 +134,10 @@ fn run() -> boundscope::Result<bool> {
 
     // As the front end does: decomposed, then a range on every op and scope, then fused (ranges
     // attached to a composite before decomposition would keep its prims out of regions).
-    let prims = Pipeline::standard().run(&trace, &arena)?;
+    let (fusion, executors) = executors(std::env::args().any(|a| a == "--cuda"))?;
+    // Composites an executor runs better whole (CudaOps: linear, layer_norm) stay whole.
+    let prims = Pipeline::for_executors(&executors).run(&trace, &arena)?;
     let prims = ProfileOps::new().with_trace_range(NvtxRange::new().label("forward")?).run(&prims, &arena)?;
-    let fusion = CpuFusion::shared();
-    let executors = [fusion.clone(), CpuReference::shared()];
     let across = Plan::compile(&FuseRegions::new(fusion.clone()).run(&prims, &arena)?, &executors)?;
     let within = Plan::compile(&FuseRegions::new(fusion).within_scopes(true).run(&prims, &arena)?, &executors)?;
     println!("== fused across scopes\n{across:#}");

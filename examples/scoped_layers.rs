@@ -105,8 +105,11 @@ fn time_per_run(plans: &[&Plan], inputs: &[Tensor]) -> boundscope::Result<Vec<f6
     Ok(best)
 }
 
+/// A fusion executor, and a plan's executors (that one first).
+type Executors = (Arc<dyn Executor>, Vec<Arc<dyn Executor>>);
+
 /// The fusion executor and the plan's executors: the CPU's, or with `cuda` the GPU's.
-fn executors(cuda: bool) -> boundscope::Result<(Arc<dyn Executor>, Vec<Arc<dyn Executor>>)> {
+fn executors(cuda: bool) -> boundscope::Result<Executors> {
     if !cuda {
         let fusion = CpuFusion::shared();
         return Ok((fusion.clone(), vec![fusion, CpuReference::shared()]));

@@ -440,11 +440,11 @@ fn concurrent_first_calls_compile_a_trace_once() {
     assert_eq!(grew, 1, "exactly one caller ran the passes (in its arena)");
 }
 
-/// A two-layer trace in scopes `layer.{i}.norm` and `layer.{i}.mlp`.
-fn scoped_layers<'a>(arena: &'a Arena, registry: &'a Registry) -> crate::Trace<'a> {
+/// A two-layer trace in scopes `layer.{i}.norm` and `layer.{i}.mlp`, on `[rows, width]`.
+fn scoped_layers_of<'a>(arena: &'a Arena, registry: &'a Registry, rows: usize, width: usize) -> crate::Trace<'a> {
     let mut b = TraceBuilder::new(arena, registry);
-    let mut x = b.input(&[4, 8]).unwrap();
-    let w = b.input(&[8, 8]).unwrap();
+    let mut x = b.input(&[rows, width]).unwrap();
+    let w = b.input(&[width, width]).unwrap();
     b.scope("layer", |b| {
         for i in 0..2 {
             x = b.scope(&i.to_string(), |b| {
@@ -461,6 +461,10 @@ fn scoped_layers<'a>(arena: &'a Arena, registry: &'a Registry) -> crate::Trace<'
     .unwrap();
     b.output(x).unwrap();
     b.finish().unwrap()
+}
+
+fn scoped_layers<'a>(arena: &'a Arena, registry: &'a Registry) -> crate::Trace<'a> {
+    scoped_layers_of(arena, registry, 4, 8)
 }
 
 #[test]
@@ -494,15 +498,20 @@ fn every_profiling_level_gives_scope_ranges_and_scopes_mode_only_those() {
 fn a_timeline_on_scopes_groups_the_flame_graph_by_module() {
     let registry = Registry::with_builtins();
     let arena = Arena::new();
-    let mut trace = scoped_layers(&arena, &registry);
+    // Large enough that every op takes a measurable time (folded stacks leave out empty ones).
+    let mut trace = scoped_layers_of(&arena, &registry, 128, 256);
     let timeline = crate::guards::Timeline::new();
     trace.attach_guard(crate::guards::Selection::Scope("**"), timeline.clone()).unwrap();
     trace.attach_guard(crate::guards::Selection::All, timeline.clone()).unwrap();
     let plan = crate::Plan::compile(&trace, &[crate::executors::CpuReference::shared()]).unwrap();
-    plan.run(&[&Tensor::zeros(&[4, 8]), &Tensor::zeros(&[8, 8])]).unwrap();
+    plan.run(&[&Tensor::zeros(&[128, 256]), &Tensor::zeros(&[256, 256])]).unwrap();
     let folded = crate::guards::folded_stacks(&timeline.to_chrome_trace());
     assert!(folded.lines().any(|l| l.contains(";layer;layer.1;layer.1.mlp;linear ")), "{folded}");
     assert!(folded.lines().any(|l| l.contains(";layer;layer.0;layer.0.norm;layer_norm ")), "{folded}");
+    // Every op's stack goes through its module's scopes.
+    for op in [";linear ", ";gelu ", ";add ", ";layer_norm "] {
+        assert!(folded.lines().filter(|l| l.contains(op)).all(|l| l.contains(";layer;layer.")), "{op}: {folded}");
+    }
 }
 
 #[test]

@@ -846,3 +846,37 @@ fn filters_by_executor_category_and_level_leave_the_capture_equal_to_the_map() {
     let (_, notes) = labels(&RangeFilter::new().executors(["cpu_reference"]));
     assert!(notes.is_empty(), "{notes:?}");
 }
+
+/// A region range that its executor pushes itself is not pushed directly inside a named scope's
+/// range of the same label and domain (one range is what the user meant), and the capture
+/// still equals the map.
+#[test]
+fn a_region_range_its_executor_pushes_is_not_doubled_inside_a_scope_of_its_label() {
+    if !capture_installed() {
+        return;
+    }
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[8, 8]).unwrap();
+    let y = b
+        .scope("L", |b| {
+            let e = b.exp(x)?;
+            b.tanh(e)
+        })
+        .unwrap();
+    let z = b.matmul(y, x).unwrap();
+    b.output(z).unwrap();
+    let mut trace = b.finish().unwrap();
+    trace.attach_guard(Selection::Scope("L"), NvtxRange::new()).unwrap();
+    trace.attach_guard(Selection::All, NvtxRange::new().label("L").unwrap()).unwrap();
+    let fusion: Arc<dyn Executor> = Arc::new(CpuFusion::new().emit_region_ranges(true));
+    let fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap();
+    let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap();
+    let (got, events) = captured_run(&plan, &inputs());
+    got.unwrap();
+    assert_eq!(pushes_of(&events), pushes_in(plan.range_map()), "{plan:#}");
+    check_nesting(&events).unwrap();
+    let labels: Vec<(Level, String)> = plan.range_map().ranges().iter().map(|r| (r.level, r.label.clone())).collect();
+    assert_eq!(labels, [(Level::Scope, "L".to_string()), (Level::Op, "L".to_string())], "{plan:#}");
+}

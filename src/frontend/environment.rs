@@ -244,7 +244,7 @@ pub fn detect_nvtx_tool(env: &Environment) -> NvtxTool {
 /// Whether a session profiles, at which level, and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ProfilingDecision {
-    /// `off`, `regions` or `ops`.
+    /// `off`, `scopes`, `regions` or `ops`.
     pub level: &'static str,
     /// Why: which option, variable or detection decided it.
     pub reason: String,

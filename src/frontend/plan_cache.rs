@@ -194,6 +194,7 @@ fn hash_trace(trace: &Trace<'_>, h: &mut impl Hasher) {
     for scope in trace.scopes() {
         (scope.path(), scope.positions(), scope.depth(), scope.guard_ids()).hash(h);
     }
+    trace.scope_notes().hash(h);
 }
 
 fn hash_bound_symbol(trace: &Trace<'_>, bsym: &BoundSymbol<'_>, h: &mut impl Hasher) {

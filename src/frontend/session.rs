@@ -173,7 +173,8 @@ impl ProfiledSession {
     /// The session's plan for `trace`: compiled by the first call for a trace, then taken from
     /// the session's cache (the [`CACHED_PLANS`](super::CACHED_PLANS) most recently used),
     /// without running the passes again or growing `arena`. A trace that changes in any way
-    /// a plan depends on (its registry, ops, shapes, dtypes, or guards) gets a new plan; guards
+    /// a plan depends on (its registry, ops, shapes, dtypes, guards, or named scopes and the
+    /// guards on them) gets a new plan; guards
     /// count by object, so a trace rebuilt with new guard objects is a new trace to the cache
     /// (attach the same guard objects to reuse its plan). Run it with
     /// [`Plan::run_with`] and a workspace of your own to allocate nothing per run.

@@ -571,3 +571,72 @@ fn a_trace_that_differs_only_in_its_scopes_gets_its_own_cached_plan() {
     assert!(!Arc::ptr_eq(&plain, &ranged), "a guard on a scope is part of what a plan runs");
     assert!(ranged.range_map().ranges().iter().any(|r| r.level == crate::guards::Level::Scope));
 }
+
+#[test]
+fn scopes_survive_only_rewrites_that_carry_them_and_their_guards_are_dropped_with_a_reason() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4]).unwrap();
+    let e = b.scope("a", |b| b.exp(x)).unwrap();
+    let n = b.scope("b", |b| b.neg(x)).unwrap();
+    b.output(e).unwrap();
+    b.output(n).unwrap();
+    let mut trace = b.finish().unwrap();
+    trace.attach_guard(crate::guards::Selection::Scope("a"), crate::guards::NvtxRange::new()).unwrap();
+    // A rewrite of the same length that reorders the bound symbols without carrying anything.
+    let mut reordered = TraceBuilder::rewrite(&trace, &arena);
+    for bsym in trace.bound_symbols().iter().rev() {
+        reordered.push_copy(bsym);
+    }
+    let reordered = reordered.finish().unwrap();
+    assert!(reordered.scopes().is_empty());
+    assert!(
+        reordered.scope_notes().iter().any(|n| n.contains("without carrying its scopes")),
+        "{:?}",
+        reordered.scope_notes()
+    );
+    // One that copies them one for one keeps them.
+    let mut copied = TraceBuilder::rewrite(&trace, &arena);
+    for bsym in trace.bound_symbols() {
+        copied.push_copy(bsym);
+    }
+    assert_eq!(copied.finish().unwrap().scopes().len(), 2);
+    // A guard on a scope that disappears is listed among the dropped guards, with why.
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4]).unwrap();
+    b.scope("dead", |b| b.exp(x)).unwrap();
+    let y = b.neg(x).unwrap();
+    b.output(y).unwrap();
+    let mut trace = b.finish().unwrap();
+    trace.attach_guard(crate::guards::Selection::Scope("dead"), crate::guards::NvtxRange::new()).unwrap();
+    let cleaned = crate::passes::Pass::run(&crate::passes::DeadCodeElimination, &trace, &arena).unwrap();
+    let dropped = cleaned.dropped_guards();
+    assert!(dropped.iter().any(|d| d.label == "dead" && d.reason.contains("scope `dead` disappeared")), "{dropped:?}");
+}
+
+#[test]
+fn scope_closes_what_its_closure_left_open_and_profile_ops_labels_scopes_by_path() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4]).unwrap();
+    let y = b
+        .scope("a", |b| {
+            b.enter_scope("b")?; // left open: `scope` closes it with `a`
+            b.exp(x)
+        })
+        .unwrap();
+    let z = b.scope("c", |b| b.neg(y)).unwrap();
+    b.output(z).unwrap();
+    let trace = b.finish().unwrap();
+    let paths: Vec<&str> = trace.scopes().iter().map(|s| s.path()).collect();
+    assert_eq!(paths, ["a", "a.b", "c"]);
+    // A labelled range for the ops: the scopes keep their paths.
+    let labelled = crate::guards::NvtxRange::new().label("op").unwrap();
+    let profiled =
+        crate::passes::Pass::run(&crate::passes::ProfileOps::new().with_range(labelled), &trace, &arena).unwrap();
+    let plan = crate::Plan::compile(&profiled, &[crate::executors::CpuReference::shared()]).unwrap();
+    let labels: Vec<&str> = plan.range_map().ranges().iter().map(|r| r.label.as_str()).collect();
+    assert_eq!(labels, ["a", "a.b", "op", "c", "op"]);
+}

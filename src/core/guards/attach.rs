@@ -32,6 +32,7 @@ use crate::error::{Error, Result};
 /// assert_eq!(trace.attach_guard(Selection::All, timer).unwrap(), 3);
 /// ```
 #[derive(Clone)]
+#[non_exhaustive]
 pub enum Selection<'s> {
     /// One bound symbol.
     Op(BoundSymbolId),

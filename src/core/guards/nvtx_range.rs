@@ -144,7 +144,12 @@ impl NvtxRange {
         PreparedNvtxRange::new(self.domain_name(), r.label, r.category, r.color, r.payload, r.details)
     }
 
-    /// Its label, else `default`.
+    /// The same settings without a label (sites label it).
+    pub(crate) fn without_label(&self) -> NvtxRange {
+        NvtxRange { label: None, ..self.clone() }
+    }
+
+    /// Its label, or `default`.
     pub(crate) fn label_or<'s>(&'s self, default: &'s str) -> &'s str {
         self.label.as_deref().unwrap_or(default)
     }

@@ -302,7 +302,7 @@ impl Timeline {
     /// them as a Chrome trace event object: `traceEvents` holds a `process_name` and a
     /// `thread_name` metadata event (`"ph":"M"`) per track, then one complete event
     /// (`"ph":"X"`) per scope, per thread in order of start (a parent before the scopes inside
-    /// it), with `name` = label, `cat` = level (`trace`, `region`, `op`, `subsymbol`), `pid`,
+    /// it), with `name` = label, `cat` = level (`trace`, `scope`, `region`, `op`, `subsymbol`), `pid`,
     /// `tid` (one per thread), `ts` and `dur` in microseconds since the timeline was made, and
     /// `args` = `executor` and `ops`. `otherData` holds `dropped_scopes` (so far, see
     /// [`dropped_scopes`](Self::dropped_scopes)), `capacity_per_thread` and `sites_past_bound`

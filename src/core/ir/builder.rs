@@ -63,9 +63,9 @@ pub struct TraceBuilder<'a> {
     scopes: ScopeTable,
     /// The scopes open now, outermost first: path and first position.
     open_scopes: Vec<(String, usize)>,
-    /// For a rewrite: the length of the trace whose scopes `scopes` holds, until a pass
+    /// For a rewrite: the bound symbols of the trace whose scopes `scopes` holds, until a pass
     /// carries them to the new positions.
-    scopes_of_len: Option<usize>,
+    scopes_of: Option<&'a [BoundSymbol<'a>]>,
 }
 
 impl<'a> TraceBuilder<'a> {
@@ -117,7 +117,7 @@ impl<'a> TraceBuilder<'a> {
             expanding: ArenaVec::new_in(bump),
             scopes: ScopeTable::default(),
             open_scopes: Vec::new(),
-            scopes_of_len: None,
+            scopes_of: None,
         }
     }
 
@@ -139,7 +139,7 @@ impl<'a> TraceBuilder<'a> {
         b.history = trace.history.clone();
         b.guards = trace.guards.without_attachments();
         b.scopes = trace.scopes.clone();
-        b.scopes_of_len = Some(trace.len());
+        b.scopes_of = Some(trace.bound_symbols);
         b
     }
 
@@ -246,8 +246,14 @@ impl<'a> TraceBuilder<'a> {
     /// decomposition; the error `build` returns.
     pub fn scope<T>(&mut self, name: &str, build: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         self.enter_scope(name)?;
+        let level = self.open_scopes.len();
         let result = build(self);
-        let exited = self.exit_scope();
+        // Closes this scope and whatever `build` left open inside it; an `exit_scope` too many
+        // inside `build` already closed this one.
+        let mut exited = Ok(());
+        while self.open_scopes.len() >= level && exited.is_ok() {
+            exited = self.exit_scope();
+        }
         let value = result?;
         exited?;
         Ok(value)
@@ -277,6 +283,11 @@ impl<'a> TraceBuilder<'a> {
     pub fn enter_scope(&mut self, name: &str) -> Result<()> {
         self.check_top_level("scope")?;
         check_scope_name(name)?;
+        if self.open_scopes.len() >= usize::from(u16::MAX) {
+            return Err(Error::UnbalancedScope {
+                detail: format!("more than {} scopes open at once; close some with `exit_scope`", u16::MAX),
+            });
+        }
         let path = match self.open_scopes.last() {
             Some((outer, _)) => format!("{outer}{SCOPE_SEPARATOR}{name}"),
             None => name.to_string(),
@@ -289,8 +300,10 @@ impl<'a> TraceBuilder<'a> {
     /// Closes the innermost open scope.
     ///
     /// # Errors
-    /// [`Error::UnbalancedScope`] when no scope is open.
+    /// [`Error::UnbalancedScope`] when no scope is open; [`Error::InvalidSymbol`] inside a
+    /// decomposition.
     pub fn exit_scope(&mut self) -> Result<()> {
+        self.check_top_level("scope")?;
         let (path, first) = self.open_scopes.pop().ok_or_else(|| Error::UnbalancedScope {
             detail: "`exit_scope` with no scope open; each `exit_scope` closes one `enter_scope`".into(),
         })?;
@@ -319,8 +332,21 @@ impl<'a> TraceBuilder<'a> {
             });
             format!("`{name}`")
         };
-        self.scopes = from.scopes.carried(from.len(), new_len, new_range, pass, describe);
-        self.scopes_of_len = None;
+        let (carried, gone) = from.scopes.carried(from.len(), new_len, new_range, pass, describe);
+        // The guards of a scope that disappeared are dropped, and say why.
+        for (path, guards) in gone {
+            for guard in guards {
+                let guard = self.guards.guard(guard);
+                self.guards.dropped.push(crate::core::guards::DroppedGuard {
+                    kind: guard.kind(),
+                    label: guard.label().unwrap_or(&path).to_string(),
+                    pass: pass.to_string(),
+                    reason: format!("scope `{path}` disappeared (see `Trace::scope_notes`)"),
+                });
+            }
+        }
+        self.scopes = carried;
+        self.scopes_of = None;
     }
 
     /// Sets a header comment for the next bound symbol added; listings print it above it.
@@ -501,10 +527,12 @@ impl<'a> TraceBuilder<'a> {
     /// [`Error::MalformedTrace`] if `new_position` does not have one entry per bound symbol of
     /// `from`; [`Error::InvalidBoundSymbol`] for a position past what this builder holds;
     /// [`Error::OverlappingGuards`] if the map would make two guard spans overlap without one
-    /// containing the other. Scopes move the same way (a bound symbol stays in a scope if the
-    /// old one it comes from was in it; a scope left empty disappears, with a note in
-    /// [`Trace::scope_notes`]) (for example `[Some(0), Some(2), Some(1), Some(3)]` under a guard
+    /// containing the other (for example `[Some(0), Some(2), Some(1), Some(3)]` under a guard
     /// spanning the first two of four bound symbols and another spanning the last two).
+    ///
+    /// Named scopes move the same way: a bound symbol stays in a scope if the old one it comes
+    /// from was in it; a scope left empty disappears, with a note in [`Trace::scope_notes`] (and
+    /// its guards in [`Trace::dropped_guards`]).
     ///
     /// ```
     /// use boundscope::guards::{Recorder, Selection};
@@ -587,9 +615,14 @@ impl<'a> TraceBuilder<'a> {
                 ),
             });
         }
-        if self.scopes_of_len.is_some_and(|n| n != self.len()) {
-            // A rewrite that moved bound symbols without carrying the scopes: their positions
-            // mean nothing here.
+        // A rewrite that changed the bound symbols without carrying the scopes: their positions
+        // mean nothing here. (Bound symbols copied one for one, in order, keep them.)
+        let level = &self.levels[0];
+        let same = |source: &[BoundSymbol<'_>]| {
+            source.len() == level.len()
+                && source.iter().zip(level.iter()).all(|(a, b)| a.symbol() == b.symbol() && a.outputs() == b.outputs())
+        };
+        if self.scopes_of.is_some_and(|source| !same(source)) {
             for scope in std::mem::take(&mut self.scopes.scopes) {
                 self.scopes.notes.push(format!(
                     "scope `{}` was dropped: a pass rewrote the trace without carrying its scopes \

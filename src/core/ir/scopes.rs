@@ -77,6 +77,9 @@ impl NamedScope {
     }
 }
 
+/// A scope that a rewrite left empty: its path and the guards it had.
+pub(crate) type GoneScope = (String, SmallVec<[GuardId; 2]>);
+
 /// A trace's scopes, outer before inner and in program order (by first position, then
 /// depth), and what passes did to them.
 #[derive(Clone, Debug, Default)]
@@ -128,7 +131,8 @@ impl ScopeTable {
     /// bound symbol belongs to a scope when every old one it comes from did: a fused region
     /// that straddles scopes leaves each of them (which is cut around it, or split in two where
     /// it sat in the middle) and sits in the innermost scope holding all its ops. A scope left
-    /// with nothing disappears. `describe(q)` names new bound symbol `q` in the notes.
+    /// with nothing disappears; its path and guards are returned beside the table.
+    /// `describe(q)` names new bound symbol `q` in the notes.
     pub fn carried(
         &self,
         old_len: usize,
@@ -136,19 +140,21 @@ impl ScopeTable {
         new_range: impl Fn(usize) -> Option<Range<usize>>,
         pass: &str,
         describe: impl Fn(usize) -> String,
-    ) -> ScopeTable {
-        // The old positions each new bound symbol comes from, as their least and greatest.
-        let mut owners: Vec<Option<(usize, usize)>> = vec![None; new_len];
+    ) -> (ScopeTable, Vec<GoneScope>) {
+        // The old positions each new bound symbol comes from.
+        let mut owners: Vec<SmallVec<[usize; 1]>> = vec![SmallVec::new(); new_len];
         for i in 0..old_len {
             for q in new_range(i).into_iter().flatten().filter(|&q| q < new_len) {
-                owners[q] = Some(owners[q].map_or((i, i), |(lo, hi)| (lo.min(i), hi.max(i))));
+                owners[q].push(i);
             }
         }
         let mut out = ScopeTable { scopes: Vec::new(), notes: self.notes.clone() };
+        let mut gone = Vec::new();
         for scope in &self.scopes {
             let (first, end) = (scope.first as usize, scope.end as usize);
-            let inside = |q: usize| owners[q].is_some_and(|(lo, hi)| lo >= first && hi < end);
-            let straddles = |q: usize| owners[q].is_some_and(|(lo, hi)| !inside(q) && lo < end && hi >= first);
+            let held = |i: &usize| (first..end).contains(i);
+            let inside = |q: usize| !owners[q].is_empty() && owners[q].iter().all(held);
+            let straddles = |q: usize| owners[q].iter().any(held) && !owners[q].iter().all(held);
             let mut pieces: Vec<Range<usize>> = Vec::new();
             for q in (0..new_len).filter(|&q| inside(q)) {
                 match pieces.last_mut() {
@@ -165,6 +171,9 @@ impl ScopeTable {
                     format!("its bound symbols were fused with others into {}", cut.join(", "))
                 };
                 out.notes.push(format!("`{pass}`: scope `{path}` disappeared: {why}"));
+                if !scope.guards.is_empty() {
+                    gone.push((path.to_string(), scope.guards.clone()));
+                }
                 continue;
             }
             if !cut.is_empty() {
@@ -191,7 +200,7 @@ impl ScopeTable {
                 out.scopes.insert(at, carried);
             }
         }
-        out
+        (out, gone)
     }
 }
 
@@ -274,7 +283,7 @@ mod tests {
         // Old 0 -> 0, old 1 -> 1..4 (a composite's three prims), old 2 -> 4.
         let t = table(&[("a", 0..2, 0), ("b", 2..3, 0)]);
         let ranges = [0..1, 1..4, 4..5];
-        let carried = t.carried(3, 5, |i| Some(ranges[i].clone()), "decompose", |q| q.to_string());
+        let (carried, _) = t.carried(3, 5, |i| Some(ranges[i].clone()), "decompose", |q| q.to_string());
         assert_eq!(spans(&carried), [("a".into(), 0..4), ("b".into(), 4..5)]);
         assert!(carried.notes.is_empty());
     }
@@ -284,7 +293,7 @@ mod tests {
         // layer.0 = 0..3 (with layer.0.norm = 2..3), layer.1 = 3..6; ops 2 and 3 fuse into new 2.
         let t = table(&[("layer", 0..6, 0), ("layer.0", 0..3, 1), ("layer.0.norm", 2..3, 2), ("layer.1", 3..6, 1)]);
         let map = [0, 1, 2, 2, 3, 4];
-        let carried = t.carried(6, 5, |i| Some(map[i]..map[i] + 1), "fuse_regions", |q| format!("region {q}"));
+        let (carried, _) = t.carried(6, 5, |i| Some(map[i]..map[i] + 1), "fuse_regions", |q| format!("region {q}"));
         assert_eq!(
             spans(&carried),
             [("layer".into(), 0..5), ("layer.0".into(), 0..2), ("layer.1".into(), 3..5)],
@@ -303,10 +312,20 @@ mod tests {
         // s = 1..4; ops 0 and 2 fuse (dataflow) into new 1; op 1 -> 0, op 3 -> 2; t = 4..5 removed.
         let t = table(&[("s", 1..4, 0), ("t", 4..5, 0)]);
         let map = [Some(1), Some(0), Some(1), Some(2), None];
-        let carried = t.carried(5, 3, |i| map[i].map(|q| q..q + 1), "p", |q| format!("#{q}"));
+        let (carried, _) = t.carried(5, 3, |i| map[i].map(|q| q..q + 1), "p", |q| format!("#{q}"));
         assert_eq!(spans(&carried), [("s".into(), 0..1), ("s".into(), 2..3)]);
         assert!(carried.notes.iter().any(|n| n.contains("in 2 pieces")));
         assert!(carried.notes.iter().any(|n| n.contains("scope `t` disappeared: its bound symbols were removed")));
+    }
+
+    #[test]
+    fn a_region_that_only_moves_past_a_scope_does_not_cut_it() {
+        // Ops 0 and 3 fuse (dataflow) into new 2, moving past ops 1 and 2 (scope z = 1..3).
+        let t = table(&[("z", 1..3, 0)]);
+        let map = [2, 0, 1, 2];
+        let (carried, gone) = t.carried(4, 3, |i| Some(map[i]..map[i] + 1), "p", |q| format!("#{q}"));
+        assert_eq!(spans(&carried), [("z".into(), 0..2)]);
+        assert!(carried.notes.is_empty() && gone.is_empty(), "{:?}", carried.notes);
     }
 
     #[test]

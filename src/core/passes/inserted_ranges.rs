@@ -84,6 +84,8 @@ impl Pass for InsertRangeNodes {
             builder.push_copy(bsym);
             builder.bind(pop, &[Arg::Value(token)])?;
         }
+        // Each bound symbol became three: its push, itself and its pop, in its scopes.
+        builder.carry_scopes(trace, |i| Some(3 * i..3 * i + 3), self.name());
         builder.finish()
     }
 }

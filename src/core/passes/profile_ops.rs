@@ -89,7 +89,8 @@ impl ProfileOps {
         self
     }
 
-    /// Uses this range (domain, color, ...) for every op.
+    /// Uses this range (domain, color, ...) for every op, and for every scope without its
+    /// label (a scope's range is labelled with its path).
     pub fn with_range(mut self, range: NvtxRange) -> Self {
         self.range = range;
         self
@@ -144,7 +145,8 @@ impl Pass for ProfileOps {
                 .filter(|&i| !profiled.scopes.scopes[i].guards.iter().any(|&g| self.profiles(table.guard(g), domain)))
                 .collect();
             if !unprofiled.is_empty() {
-                let id = table.add_guard(Arc::new(self.range.clone()));
+                // Labelled by their paths, even when the ops' range has a label of its own.
+                let id = table.add_guard(Arc::new(self.range.without_label()));
                 for i in unprofiled {
                     profiled.scopes.scopes[i].guards.push(id);
                 }

@@ -901,7 +901,8 @@ fn region_range(
 }
 
 /// The label of the innermost range of `domain` around the top-level bound symbol at
-/// `position` (a span that covers it, else the run's), if there is one.
+/// `position` (a span that covers it, a named scope that holds it, else the run's), if there
+/// is one. Of a span and a scope over the same bound symbols, the span is inside.
 fn enclosing_label(trace: &Trace<'_>, position: usize, domain: &str, filter: &RangeFilter) -> Option<String> {
     let table = &trace.guards;
     // Ranges of a level the filter leaves out are not there to enclose anything.
@@ -912,16 +913,30 @@ fn enclosing_label(trace: &Trace<'_>, position: usize, domain: &str, filter: &Ra
             a.depth == 0 && p + a.span as usize > position && (p, a.span) != (position, 1) && in_domain(a)
         })
         .min_by_key(|&(p, a)| (a.span, std::cmp::Reverse(p)));
+    let scope = trace
+        .scopes()
+        .iter()
+        .filter(|s| s.positions().contains(&position) && filter.admits_level(Level::Scope))
+        .filter(|s| s.guard_ids().iter().any(|&g| table.guard(g).nvtx_domain() == Some(domain)))
+        .min_by_key(|s| (s.positions().len(), std::cmp::Reverse(s.depth())));
     let mut merged = ScopeGuards::default();
-    let default = match innermost {
-        Some((p, a)) => {
+    let default = match (innermost, scope) {
+        (Some((p, a)), scope) if scope.is_none_or(|s| a.span as usize <= s.positions().len()) => {
             for b in table.at(p).iter().filter(|b| b.depth == 0 && b.span == a.span) {
                 merged.add(table, *b, |_| {});
             }
             trace.registry().get(a.origin).map(|s| s.symbol.name().to_string()).unwrap_or_default()
         }
-        None if !filter.admits_level(Level::Trace) => return None,
-        None => {
+        (_, Some(scope)) => {
+            for &g in scope.guard_ids() {
+                let span = scope.positions().len() as u32;
+                let on_scope = Attachment { guard: g, span, depth: 0, level: Level::Scope, origin: prims::REGION };
+                merged.add(table, on_scope, |_| {});
+            }
+            scope.path().to_string()
+        }
+        (_, None) if !filter.admits_level(Level::Trace) => return None,
+        (_, None) => {
             for &g in &table.trace_level {
                 let run = Attachment { guard: g, span: 1, depth: 0, level: Level::Trace, origin: prims::REGION };
                 merged.add(table, run, |_| {});

@@ -1,7 +1,8 @@
 //! Where a plan enters and exits its guards.
 //!
 //! Each attachment becomes a [`Scope`] over a contiguous range of steps, prepared once. Scopes
-//! nest (trace ⊃ op ⊃ subsymbol; spans from decomposition nest by construction), so a run only
+//! nest (trace ⊃ named scope ⊃ region or op ⊃ subsymbol; spans from decomposition nest by
+//! construction, and passes keep regions inside or outside each named scope), so a run only
 //! needs, per step, which scopes to enter before it and how many to exit after it, taken from
 //! a stack. Two schedules are precomputed: with profiling on (every guard) and off (only guards
 //! that are not profiling guards), so that switching profiling costs nothing per step when the

@@ -329,6 +329,44 @@ fn staged_uploads_and_downloads_arrive_whole() {
     }
     let small = boundscope::Tensor::from_fn(&[1000], |i| i as f32);
     assert_eq!(upload(&device, std::slice::from_ref(&small))[0].to_host().unwrap(), small);
+    // Sizes that take several 16 MiB staging chunks, used in turn, both ways.
+    for n in [2 * (1 << 22) + 5, 3 * (1 << 22)] {
+        let big = boundscope::Tensor::from_fn(&[n], |i| (i % 1009) as f32 + (i / 1009) as f32 * 0.5);
+        assert_eq!(upload(&device, std::slice::from_ref(&big))[0].to_host().unwrap(), big, "{n} words");
+    }
+}
+
+/// Staged transfers from two threads at once, on two streams (the device's own, and a plan's
+/// workspace queue), through the shared staging chunks, several chunks each: every copy
+/// arrives whole (a chunk is never refilled while a copy on another stream still reads it).
+#[test]
+fn staged_transfers_from_two_streams_at_once_arrive_whole() {
+    let Some((device, _sharing)) = device() else { return };
+    let n = 2 * (1 << 22) + 5;
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[n]).unwrap();
+    let y = b.neg(x).unwrap();
+    b.output(y).unwrap();
+    let plan = Plan::compile(&b.finish().unwrap(), &[Arc::new(CudaOps::new(device.clone()))]).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for k in 0..4 {
+                let t = boundscope::Tensor::from_fn(&[n], |i| (i % 977) as f32 + k as f32);
+                let on_device = upload(&device, std::slice::from_ref(&t));
+                assert_eq!(on_device[0].to_host().unwrap(), t, "device stream, round {k}");
+            }
+        });
+        s.spawn(|| {
+            let mut workspace = plan.workspace().unwrap();
+            for k in 0..4 {
+                let t = boundscope::Tensor::from_fn(&[n], |i| (i % 613) as f32 - k as f32);
+                let out = plan.run_with(&mut workspace, &[t.view()]).unwrap().to_tensors();
+                assert!(out[0].data().iter().zip(t.data()).all(|(y, x)| *y == -*x), "workspace stream, round {k}");
+            }
+        });
+    });
 }
 
 /// The device's stream and every workspace's stream carry NVTX names (Nsight shows them), and

@@ -61,3 +61,26 @@ fn ten_thousand_labels_each_get_their_range() {
         }
     });
 }
+
+/// Two layers in one subscriber (two domains) each keep their own range in a span past their
+/// prepared callsites, and each pushes its own, in its own domain.
+#[test]
+fn two_layers_keep_a_range_each_in_one_span() {
+    if !nvtx_capture::is_installed() {
+        eprintln!("SKIPPED two_layers_keep_a_range_each_in_one_span: the NVTX capture is not this process's NVTX tool");
+        return;
+    }
+    let first = NvtxLayer::new().in_domain("first").unwrap().prepared_callsites(0);
+    let second = NvtxLayer::new().in_domain("second").unwrap().prepared_callsites(0);
+    let subscriber = tracing_subscriber::registry().with(first).with(second);
+    tracing::subscriber::with_default(subscriber, || {
+        nvtx_capture::events_on_current_thread();
+        for _ in 0..3 {
+            tracing::info_span!("both").in_scope(|| std::hint::black_box(1));
+        }
+        let pushes = pushes_of(&nvtx_capture::events_on_current_thread());
+        let seen: Vec<(String, String)> = pushes.into_iter().map(|p| (p.domain, p.label)).collect();
+        let one = [("first".to_string(), "both".to_string()), ("second".to_string(), "both".to_string())];
+        assert_eq!(seen, [one.clone(), one.clone(), one].concat());
+    });
+}

@@ -312,6 +312,12 @@ impl NvtxLayer {
         self
     }
 
+    /// This layer's address, which tells its own ranges in a span's extensions from another
+    /// layer's (a layer lives as long as its subscriber, which outlives the spans).
+    fn address(&self) -> usize {
+        self as *const Self as usize
+    }
+
     /// The prepared range at `index`, if it is set.
     #[inline]
     fn prepared_at(&self, index: usize) -> Option<&(PreparedNvtxRange, u32)> {
@@ -326,6 +332,11 @@ impl NvtxLayer {
             return None;
         }
         let id = metadata.callsite();
+        // Past the table, under the read lock only: every span of a later callsite asks.
+        let full = |c: &HashMap<Identifier, usize>| c.len() >= self.capacity && !c.contains_key(&id);
+        if self.callsites.read().is_ok_and(|c| full(&c)) {
+            return None;
+        }
         let mut callsites = self.callsites.write().unwrap_or_else(|poisoned| poisoned.into_inner());
         if let Some(&index) = callsites.get(&id) {
             return Some(index);
@@ -419,7 +430,13 @@ where
         // (the registry reuses them), whose table entry must not be taken for it.
         self.slot(id).write(id.into_u64(), 0);
         if let (Some(range), Some(span)) = (self.own_range(attrs), ctx.span(id)) {
-            span.extensions_mut().insert(OwnRange(range));
+            // Several layers may keep a range in one span: each finds its own by address.
+            let mut extensions = span.extensions_mut();
+            let entry = (self.address(), range);
+            match extensions.get_mut::<OwnRanges>() {
+                Some(ranges) => ranges.0.push(entry),
+                None => extensions.insert(OwnRanges(smallvec::smallvec![entry])),
+            }
         }
     }
 
@@ -437,8 +454,12 @@ where
         }
         let own = ctx.span(id);
         let extensions = own.as_ref().map(|span| span.extensions());
-        match extensions.as_ref().and_then(|e| e.get::<OwnRange>()) {
-            Some(OwnRange((range, number))) => {
+        let mine = extensions
+            .as_ref()
+            .and_then(|e| e.get::<OwnRanges>())
+            .and_then(|ranges| ranges.0.iter().find(|(layer, _)| *layer == self.address()).map(|(_, range)| range));
+        match mine {
+            Some((range, number)) => {
                 if record(entry(Some(range.domain()), *number)) {
                     range.push();
                 }
@@ -464,8 +485,9 @@ fn span_category() -> u32 {
     super::nvtx_range::level_category(Level::Op)
 }
 
-/// A span's own range and its domain's number, in its extensions (see [`NvtxLayer`]).
-struct OwnRange((OwnedNvtxRange, u32));
+/// A span's own ranges and their domains' numbers, in its extensions (see [`NvtxLayer`]), one
+/// per layer that keeps one, by the layer's address.
+struct OwnRanges(smallvec::SmallVec<[(usize, (OwnedNvtxRange, u32)); 1]>);
 
 /// Reads the `label` field of a span of a shared callsite.
 struct LabelField(Option<String>);

@@ -17,7 +17,10 @@ use smallvec::SmallVec;
 ///   `linear`, `linear_gelu`) is computed in `f32` and rounded once: its decomposition casts
 ///   16-bit operands to `f32`, does the math in `f32` and casts the result back, so the CPU
 ///   reference (which rounds each prim) and CpuFusion give what PyTorch gives, and an executor
-///   that runs the composite whole (CudaOps' row kernels) rounds once too.
+///   that runs the composite whole (CudaOps' row kernels) rounds once too. (A `linear_gelu`
+///   that [`FoldEpilogues`](crate::passes::FoldEpilogues) made of a `linear` and a `gelu` keeps
+///   those two ops as its decomposition, so executors other than CudaOps round twice, as the
+///   trace the user wrote does; CudaOps' fused epilogue rounds once.)
 /// - **Inside a fused region** (CpuFusion, CudaFusion) values stay in `f32`: an op reads the
 ///   `f32` value of an earlier op of the region even when that value is also an output of the
 ///   region, which is stored rounded. This is `torch.compile`'s rule; op by op (the CPU

@@ -214,9 +214,10 @@ impl CudaDevice {
     /// other one is copied: a copy from pageable memory runs at a fraction of what the bus
     /// carries. Returns once the last chunk's copy is queued.
     fn staged_upload(&self, source: &[f32], target: &mut CudaSlice<f32>) -> Result<()> {
+        let stream = self.stream();
+        refuse_during_capture(&stream)?;
         let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
         let staging = self.staging_chunks(&mut staging)?;
-        let stream = self.stream();
         for (piece, from) in source.chunks(STAGING_CHUNK).enumerate() {
             let start = piece * STAGING_CHUNK;
             let chunk = &mut staging.chunks[staging.next];
@@ -238,14 +239,21 @@ impl CudaDevice {
     /// Downloads through the staging chunks: the device copies into one while the CPU workers
     /// empty the other. Waits for the device, as every download does.
     fn staged_download(&self, source: &CudaSlice<f32>, target: &mut [f32]) -> Result<()> {
+        let stream = self.stream();
+        refuse_during_capture(&stream)?;
+        // The work queued before the download finishes before the staging lock is taken, so
+        // that other threads' staged transfers do not wait for this thread's run.
+        stream.synchronize().map_err(|e| cuda_error("synchronize", e))?;
         let mut staging = self.staging.lock().unwrap_or_else(|p| p.into_inner());
         let staging = self.staging_chunks(&mut staging)?;
-        let stream = self.stream();
         let len = target.len();
         let pieces = len.div_ceil(STAGING_CHUNK);
         let piece_range = |piece: usize| piece * STAGING_CHUNK..((piece + 1) * STAGING_CHUNK).min(len);
         let queue = |chunk: &mut Chunk, piece: usize| -> Result<()> {
             let range = piece_range(piece);
+            // An upload queued earlier (on any stream) may still be reading the chunk: this copy
+            // comes after it.
+            stream.wait(&chunk.copied).map_err(|e| cuda_error("wait event", e))?;
             let host = &mut chunk.host.as_mut_slice().map_err(|e| cuda_error("staging", e))?[..range.len()];
             stream.memcpy_dtoh(&source.slice(range), host).map_err(|e| cuda_error("download", e))?;
             chunk.copied.record(&stream).map_err(|e| cuda_error("record event", e))
@@ -288,6 +296,20 @@ impl CudaDevice {
     pub fn compiled_kernels(&self) -> usize {
         self.kernels.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
+}
+
+/// A staged transfer cannot be recorded into a graph: it goes through the device's shared
+/// staging chunks, which the host fills and empties around each copy.
+fn refuse_during_capture(stream: &CudaStream) -> Result<()> {
+    let status = stream.capture_status().map_err(|e| cuda_error("capture status", e))?;
+    if status == sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE {
+        return Ok(());
+    }
+    Err(Error::GraphUnsupported {
+        reason: "a transfer of 1 MiB or more from or to host memory cannot be captured in a graph (it is staged \
+                 through page-locked memory on the host); pass device tensors to the captured run"
+            .into(),
+    })
 }
 
 /// Workspace queues made so far, to number their streams' names.

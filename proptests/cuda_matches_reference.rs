@@ -771,18 +771,11 @@ fn transfers_of_the_wrong_length_are_typed_errors() {
 /// (`dtypes_match_direct_evaluation`). `y = x + 1/512` is 1 in bf16, `z = (y - 1) * 512` is 1.
 #[test]
 fn a_fused_region_reads_the_f32_value_of_its_own_16_bit_outputs_on_the_gpu() {
-    use boundscope::{DType, Tensor, TensorMeta};
+    use boundscope::{DType, Tensor};
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
     let arena = Arena::new();
-    let mut b = boundscope::TraceBuilder::new(&arena, &registry);
-    let x = b.input_with(&TensorMeta::new(DType::BF16, &[4096])).unwrap();
-    let y = b.add_scalar(x, 1.0 / 512.0).unwrap();
-    let d = b.sub_scalar(y, 1.0).unwrap();
-    let z = b.mul_scalar(d, 512.0).unwrap();
-    b.output(y).unwrap();
-    b.output(z).unwrap();
-    let trace = b.finish().unwrap();
+    let trace = common::program::reads_its_own_16_bit_output(&arena, &registry, 4096);
     let (fused, fusion) = fused_for_cuda(&device, &trace, &arena);
     let plan = Plan::compile(&fused, &[fusion]).unwrap();
     assert_eq!(plan.steps_per_executor()[0], ("cuda_fusion", 1), "one fused region\n{plan}");

@@ -582,14 +582,7 @@ fn composites_are_computed_in_f32_and_rounded_once() {
 fn a_fused_region_reads_the_f32_value_of_its_own_16_bit_outputs() {
     let registry = Registry::with_builtins();
     let arena = Arena::new();
-    let mut b = TraceBuilder::new(&arena, &registry);
-    let x = b.input_with(&TensorMeta::new(DType::BF16, &[8])).unwrap();
-    let y = b.add_scalar(x, 1.0 / 512.0).unwrap();
-    let d = b.sub_scalar(y, 1.0).unwrap();
-    let z = b.mul_scalar(d, 512.0).unwrap();
-    b.output(y).unwrap();
-    b.output(z).unwrap();
-    let trace = b.finish().unwrap();
+    let trace = common::program::reads_its_own_16_bit_output(&arena, &registry, 8);
     let ones = Tensor::from_fn(&[8], |_| 1.0).to_dtype(DType::BF16);
     let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
     let plan = Plan::compile(&fused, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();

@@ -261,3 +261,17 @@ pub fn broadcast(a: &[usize], b: &[usize]) -> Option<Vec<usize>> {
         })
         .collect()
 }
+
+/// `y = x + 1/512` and `z = (y - 1) * 512` over bf16 `[n]`, both outputs: from all-ones input,
+/// `y` rounds to 1 (a tie, to even), so `z` is 1 when it reads `y`'s `f32` value (inside a
+/// fused region: `torch.compile`'s rule) and 0 when it reads the rounded one (op by op).
+pub fn reads_its_own_16_bit_output<'a>(arena: &'a Arena, registry: &'a Registry, n: usize) -> Trace<'a> {
+    let mut b = TraceBuilder::new(arena, registry);
+    let x = b.input_with(&boundscope::TensorMeta::new(boundscope::DType::BF16, &[n])).unwrap();
+    let y = b.add_scalar(x, 1.0 / 512.0).unwrap();
+    let d = b.sub_scalar(y, 1.0).unwrap();
+    let z = b.mul_scalar(d, 512.0).unwrap();
+    b.output(y).unwrap();
+    b.output(z).unwrap();
+    b.finish().unwrap()
+}

@@ -101,17 +101,18 @@ impl<'t, 'a> DetailsOf<'t, 'a> {
     }
 }
 
-/// The values `bsyms` read that none of them computed before, in order of first use.
+/// The values `bsyms` read that none of them computed before, in order of first use (linear
+/// in the ops: a named scope can hold a whole model).
 fn inputs_of(bsyms: &[BoundSymbol<'_>]) -> Vec<ValueId> {
-    let mut defined: Vec<ValueId> = Vec::new();
+    let mut seen: std::collections::HashSet<ValueId> = std::collections::HashSet::new();
     let mut inputs: Vec<ValueId> = Vec::new();
     for b in bsyms {
         for v in b.inputs() {
-            if !defined.contains(&v) && !inputs.contains(&v) {
+            if seen.insert(v) {
                 inputs.push(v);
             }
         }
-        defined.extend_from_slice(b.outputs());
+        seen.extend(b.outputs().iter().copied());
     }
     inputs
 }

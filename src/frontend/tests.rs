@@ -640,3 +640,33 @@ fn scope_closes_what_its_closure_left_open_and_profile_ops_labels_scopes_by_path
     let labels: Vec<&str> = plan.range_map().ranges().iter().map(|r| r.label.as_str()).collect();
     assert_eq!(labels, ["a", "a.b", "op", "c", "op"]);
 }
+
+#[test]
+fn a_users_position_map_that_makes_a_scope_cross_a_guard_span_is_a_typed_error() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4, 4]).unwrap();
+    let w = b.input(&[4, 4]).unwrap();
+    // Scope `s` holds a `neg` and a `linear`, which decomposes into two prims under one guard.
+    let y = b
+        .scope("s", |b| {
+            let a = b.neg(x)?;
+            b.linear(a, w, None)
+        })
+        .unwrap();
+    let z = b.neg(y).unwrap();
+    b.output(z).unwrap();
+    let mut trace = b.finish().unwrap();
+    trace.attach_guard(crate::guards::Selection::Named("linear"), crate::guards::Recorder::new()).unwrap();
+    let prims = crate::passes::Pass::run(&crate::passes::Decompose, &trace, &arena).unwrap();
+    assert_eq!((prims.len(), prims.scopes()[0].positions()), (4, 0..3));
+    // Swapping the last prim of `linear` with the op after the scope splits `s` into 0..2 and
+    // 3..4 and stretches the guard over 1..4: the first piece would cross it.
+    let mut rewritten = TraceBuilder::rewrite(&prims, &arena);
+    for bsym in prims.bound_symbols() {
+        rewritten.push_copy(bsym);
+    }
+    let err = rewritten.carry_guards(&prims, &[Some(0), Some(1), Some(3), Some(2)], "my_pass", |_| String::new());
+    assert!(matches!(err, Err(Error::OverlappingGuards { .. })), "{err:?}");
+}

@@ -134,11 +134,18 @@ impl GuardTable {
     /// Checks that the spans of the attachments nest (or are disjoint); `pass` names who made
     /// them in the error.
     pub fn check_spans_nest(&self, pass: &str) -> crate::error::Result<()> {
+        self.check_spans_nest_with(&[], pass)
+    }
+
+    /// [`check_spans_nest`](Self::check_spans_nest), with more spans (named scopes', as
+    /// positions `first..end`) that must nest with the guards' and each other.
+    pub fn check_spans_nest_with(&self, more: &[(usize, usize)], pass: &str) -> crate::error::Result<()> {
         let mut spans: Vec<(usize, usize)> = self
             .per_op
             .iter()
             .enumerate()
             .flat_map(|(p, attachments)| attachments.iter().map(move |a| (p, p + a.span as usize)))
+            .chain(more.iter().copied())
             .collect();
         spans.sort_by_key(|&(first, end)| (first, std::cmp::Reverse(end)));
         let mut open: Vec<(usize, usize)> = Vec::new();

@@ -582,7 +582,10 @@ impl<'a> TraceBuilder<'a> {
         carried.check_spans_nest(pass)?;
         self.guards = carried;
         self.carry_scopes(from, |i| new_position[i].map(|p| p..p + 1), pass);
-        Ok(())
+        // A map that reorders can also make a scope cross a guard span.
+        let scopes: Vec<(usize, usize)> =
+            self.scopes.scopes.iter().map(|s| (s.positions().start, s.positions().end)).collect();
+        self.guards.check_spans_nest_with(&scopes, pass)
     }
 
     /// Records that a pass built this trace (shown in the listing header).

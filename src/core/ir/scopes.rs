@@ -155,14 +155,24 @@ impl ScopeTable {
             let held = |i: &usize| (first..end).contains(i);
             let inside = |q: usize| !owners[q].is_empty() && owners[q].iter().all(held);
             let straddles = |q: usize| owners[q].iter().any(held) && !owners[q].iter().all(held);
+            // Only where the scope's own bound symbols went: a new bound symbol inside it or
+            // straddling it comes from one of them (so a pass costs the scopes' sizes, not
+            // scopes x bound symbols).
+            let window = (first..end.min(old_len))
+                .flat_map(|i| new_range(i))
+                .filter(|r| !r.is_empty())
+                .fold(None, |w: Option<Range<usize>>, r| {
+                    Some(w.map_or(r.clone(), |w| w.start.min(r.start)..w.end.max(r.end)))
+                })
+                .map_or(0..0, |w| w.start.min(new_len)..w.end.min(new_len));
             let mut pieces: Vec<Range<usize>> = Vec::new();
-            for q in (0..new_len).filter(|&q| inside(q)) {
+            for q in window.clone().filter(|&q| inside(q)) {
                 match pieces.last_mut() {
                     Some(last) if last.end == q => last.end = q + 1,
                     _ => pieces.push(q..q + 1),
                 }
             }
-            let cut: Vec<String> = (0..new_len).filter(|&q| straddles(q)).map(&describe).collect();
+            let cut: Vec<String> = window.filter(|&q| straddles(q)).map(&describe).collect();
             let path = scope.path();
             if pieces.is_empty() {
                 let why = if cut.is_empty() {

@@ -159,7 +159,7 @@ impl ScopeTable {
             // straddling it comes from one of them (so a pass costs the scopes' sizes, not
             // scopes x bound symbols).
             let window = (first..end.min(old_len))
-                .flat_map(|i| new_range(i))
+                .flat_map(&new_range)
                 .filter(|r| !r.is_empty())
                 .fold(None, |w: Option<Range<usize>>, r| {
                     Some(w.map_or(r.clone(), |w| w.start.min(r.start)..w.end.max(r.end)))

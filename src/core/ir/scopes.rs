@@ -75,6 +75,19 @@ impl NamedScope {
     pub(crate) fn guard_ids(&self) -> &[GuardId] {
         &self.guards
     }
+
+    /// Its guards as attachments over its span, at the scope level, for the plan's merge of
+    /// the guards on one scope.
+    pub(crate) fn attachments(&self) -> impl Iterator<Item = crate::core::guards::Attachment> + '_ {
+        let span = self.end - self.first;
+        self.guards.iter().map(move |&guard| crate::core::guards::Attachment {
+            guard,
+            span,
+            depth: 0,
+            level: crate::core::guards::Level::Scope,
+            origin: super::prims::REGION,
+        })
+    }
 }
 
 /// A scope that a rewrite left empty: its path and the guards it had.
@@ -99,6 +112,11 @@ impl ScopeTable {
             depth: depth as u16,
             guards: SmallVec::new(),
         };
+        self.insert(scope);
+    }
+
+    /// Inserts `scope` where the order (outer before inner, program order) puts it.
+    fn insert(&mut self, scope: NamedScope) {
         let at = self.scopes.partition_point(|s| (s.first, s.depth) <= (scope.first, scope.depth));
         self.scopes.insert(at, scope);
     }
@@ -206,8 +224,7 @@ impl ScopeTable {
                 let mut carried = scope.clone();
                 carried.first = piece.start as u32;
                 carried.end = piece.end as u32;
-                let at = out.scopes.partition_point(|s| (s.first, s.depth) <= (carried.first, carried.depth));
-                out.scopes.insert(at, carried);
+                out.insert(carried);
             }
         }
         (out, gone)

@@ -928,9 +928,7 @@ fn enclosing_label(trace: &Trace<'_>, position: usize, domain: &str, filter: &Ra
             trace.registry().get(a.origin).map(|s| s.symbol.name().to_string()).unwrap_or_default()
         }
         (_, Some(scope)) => {
-            for &g in scope.guard_ids() {
-                let span = scope.positions().len() as u32;
-                let on_scope = Attachment { guard: g, span, depth: 0, level: Level::Scope, origin: prims::REGION };
+            for on_scope in scope.attachments() {
                 merged.add(table, on_scope, |_| {});
             }
             scope.path().to_string()

@@ -366,9 +366,7 @@ pub(crate) fn prepare_scopes(
             continue;
         }
         let details = || details_of.of_span(positions.start, positions.len(), first, end);
-        for &guard in &scope.guards {
-            let span = positions.len() as u32;
-            let attachment = Attachment { guard, span, depth: 0, level: Level::Scope, origin: prims::REGION };
+        for attachment in scope.attachments() {
             add(first, end, Level::Scope, scope.depth() + 1, scope.path(), &[], &details, attachment);
         }
     }

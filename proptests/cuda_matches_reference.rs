@@ -725,7 +725,7 @@ fn one_handle_per_gpu_and_the_front_end_shares_it() {
         ProfiledSession::new(Options::new(), &Environment::from_pairs(&[("BOUNDSCOPE_DEVICE", "cuda")])).unwrap();
     let theirs = session.device().expect("a GPU session has a device");
     let as_device: Arc<dyn boundscope::Device> = mine.clone();
-    assert!(std::ptr::addr_eq(Arc::as_ptr(theirs), Arc::as_ptr(&as_device)));
+    assert!(std::ptr::addr_eq(Arc::as_ptr(&theirs), Arc::as_ptr(&as_device)));
     let registry = Registry::with_builtins();
     let arena = Arena::new();
     let mut b = boundscope::TraceBuilder::new(&arena, &registry);

@@ -48,8 +48,6 @@ pub struct ProfiledSession {
     fusion: Arc<dyn Executor>,
     max_region_ops: usize,
     executors: Vec<Arc<dyn Executor>>,
-    /// The GPU its plans run on, if any.
-    device: Option<Arc<dyn Device>>,
     /// Compiled plans, by trace fingerprint.
     pub(super) plans: PlanCache,
 }
@@ -78,13 +76,11 @@ impl ProfiledSession {
         let max_region_ops = cpu_fusion.max_region_ops();
         let cpu_fusion: Arc<dyn Executor> = Arc::new(cpu_fusion);
         let cpu_reference: Arc<dyn Executor> = Arc::new(CpuReference::new().threads(threads));
-        let (fusion, executors, device) = match gpu_executors(options.enum_value("runtime.device")?)? {
-            Some((device, gpu)) => {
-                (gpu[0].clone(), gpu.into_iter().chain([cpu_fusion, cpu_reference]).collect(), Some(device))
-            }
-            None => (cpu_fusion.clone(), vec![cpu_fusion, cpu_reference], None),
+        let (fusion, executors) = match gpu_executors(options.enum_value("runtime.device")?)? {
+            Some(gpu) => (gpu[0].clone(), gpu.into_iter().chain([cpu_fusion, cpu_reference]).collect()),
+            None => (cpu_fusion.clone(), vec![cpu_fusion, cpu_reference]),
         };
-        Ok(Self { options, profiling, fusion, max_region_ops, executors, device, plans: PlanCache::default() })
+        Ok(Self { options, profiling, fusion, max_region_ops, executors, plans: PlanCache::default() })
     }
 
     /// Whether (and why) this session profiles.
@@ -107,8 +103,9 @@ impl ProfiledSession {
     /// let session = ProfiledSession::new(Options::new(), &Environment::from_pairs(&[("BOUNDSCOPE_DEVICE", "cpu")])).unwrap();
     /// assert!(session.device().is_none());
     /// ```
-    pub fn device(&self) -> Option<&Arc<dyn Device>> {
-        self.device.as_ref()
+    pub fn device(&self) -> Option<Arc<dyn Device>> {
+        // The executors' device, as `Plan::compile` takes it.
+        self.executors.iter().find_map(|e| e.device())
     }
 
     /// The executors, in the order plans try them; the first is the one fusion regions are made
@@ -214,12 +211,9 @@ impl ProfiledSession {
     }
 }
 
-/// A GPU and its executors.
-type Gpu = (Arc<dyn Device>, Vec<Arc<dyn Executor>>);
-
-/// The GPU and its CUDA executors (fusion first) for `runtime.device`, or `None` for the CPU.
-/// With `auto` and no usable GPU, says so once per process on stderr.
-fn gpu_executors(device: &str) -> Result<Option<Gpu>> {
+/// The CUDA executors (fusion first) for `runtime.device`, or `None` for the CPU. With `auto`
+/// and no usable GPU, says so once per process on stderr.
+fn gpu_executors(device: &str) -> Result<Option<Vec<Arc<dyn Executor>>>> {
     if device == "cpu" {
         return Ok(None);
     }
@@ -229,8 +223,7 @@ fn gpu_executors(device: &str) -> Result<Option<Gpu>> {
         match CudaDevice::new() {
             Ok(gpu) => {
                 let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
-                let executors = vec![fusion, Arc::new(CudaOps::new(gpu.clone())) as Arc<dyn Executor>];
-                Ok(Some((gpu, executors)))
+                Ok(Some(vec![fusion, Arc::new(CudaOps::new(gpu))]))
             }
             Err(e) if device == "cuda" => Err(e),
             Err(e) => {

@@ -31,7 +31,7 @@ fn dispatch(c: &mut Criterion) {
     let mut group = c.benchmark_group("dispatch");
     group.throughput(Throughput::Elements(OPS as u64));
     group.bench_function("cpu_reference_1000_ops", |bench| {
-        bench.iter(|| plan.run_with(&mut workspace, &views).expect("runs").get(0).map(|t| t.data[0]))
+        bench.iter(|| plan.run_with(&mut workspace, &views).expect("runs").get(0).map(|t| t.data.f32_at(0)))
     });
     group.finish();
 }

@@ -67,7 +67,7 @@ fn swish_loop(a: &[f32], b: &[f32], out: &mut [f32]) {
 }
 
 fn hand_swish(inputs: &[Tensor], out: &mut [f32]) {
-    let (a, b) = (inputs[0].data(), inputs[1].data());
+    let (a, b) = (inputs[0].values::<f32>().unwrap(), inputs[1].values::<f32>().unwrap());
     split(out, 1, |start, out| swish_loop(&a[start..], &b[start..], out));
 }
 
@@ -82,8 +82,13 @@ fn norm_loop(x: &[f32], mean: &[f32], rstd: &[f32], w: &[f32], b: &[f32], first_
 }
 
 fn hand_norm(inputs: &[Tensor], out: &mut [f32]) {
-    let (x, mean, rstd, w, b) =
-        (inputs[0].data(), inputs[1].data(), inputs[2].data(), inputs[3].data(), inputs[4].data());
+    let (x, mean, rstd, w, b) = (
+        inputs[0].values::<f32>().unwrap(),
+        inputs[1].values::<f32>().unwrap(),
+        inputs[2].values::<f32>().unwrap(),
+        inputs[3].values::<f32>().unwrap(),
+        inputs[4].values::<f32>().unwrap(),
+    );
     split(out, COLS, |start, out| norm_loop(&x[start..], mean, rstd, w, b, start / COLS, out));
 }
 
@@ -96,14 +101,14 @@ fn add_loop(a: &[f32], b: &[f32], out: &mut [f32]) {
 
 /// The swish chain's bytes with no arithmetic to speak of: two reads and a write.
 fn stream_swish(inputs: &[Tensor], out: &mut [f32]) {
-    let (a, b) = (inputs[0].data(), inputs[1].data());
+    let (a, b) = (inputs[0].values::<f32>().unwrap(), inputs[1].values::<f32>().unwrap());
     split(out, 1, |start, out| add_loop(&a[start..], &b[start..], out));
 }
 
 /// The norm chain's bytes (its per-row and per-column inputs are 0.2% of them): a read and a
 /// write.
 fn stream_norm(inputs: &[Tensor], out: &mut [f32]) {
-    let x = inputs[0].data();
+    let x = inputs[0].values::<f32>().unwrap();
     split(out, 1, |start, out| out.copy_from_slice(&x[start..start + out.len()]));
 }
 
@@ -156,7 +161,7 @@ impl Case {
         match which {
             0..4 => {
                 let Compiled(plan, workspace) = &mut self.plans[which];
-                black_box(plan.run_with(workspace, &views).expect("runs").get(0).map(|t| t.data[0]));
+                black_box(plan.run_with(workspace, &views).expect("runs").get(0).map(|t| t.data.f32_at(0)));
             }
             4 => {
                 (self.hand)(&self.inputs, &mut self.out);
@@ -319,7 +324,7 @@ fn main() {
         let views: Vec<_> = inputs.iter().map(Tensor::view).collect();
         let ms = interleaved(9, 2, |which| {
             let Compiled(plan, workspace) = &mut compiled[which];
-            black_box(plan.run_with(workspace, &views).expect("runs").get(0).map(|t| t.data[0]));
+            black_box(plan.run_with(workspace, &views).expect("runs").get(0).map(|t| t.data.f32_at(0)));
         });
         println!(
             "  {name:<8} every core {:7.2}  one thread {:7.2}   one/every {:.2} (goal >= 1.7 on 2 cores: {})",

@@ -53,7 +53,7 @@ impl Variant {
     fn run(&mut self, input: &Tensor) {
         match (&self.plan, &mut self.workspace) {
             (Some(plan), Some(ws)) => {
-                black_box(plan.run_with(ws, &[input.view()]).expect("runs").get(0).map(|t| t.data[0]));
+                black_box(plan.run_with(ws, &[input.view()]).expect("runs").get(0).map(|t| t.data.f32_at(0)));
             }
             _ => bare_nvtx_pairs(),
         }

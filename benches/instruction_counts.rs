@@ -135,7 +135,7 @@ fn warmed_up(case: Case) -> WarmPlan {
 #[bench::h_scopes_profiling_on(args = (Case::ScopesProfilingOn), setup = warmed_up)]
 fn plan_run(mut warm: WarmPlan) -> WarmPlan {
     let outputs = warm.plan.run_with(&mut warm.workspace, &[warm.input.view()]).expect("runs");
-    black_box(outputs.get(0).map(|t| t.data[0]));
+    black_box(outputs.get(0).map(|t| t.data.f32_at(0)));
     warm
 }
 

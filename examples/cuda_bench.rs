@@ -192,9 +192,9 @@ fn run(ncu: bool) -> Result<bool, String> {
                 {
                     let got = plan.run_on_device(ws, &inputs).and_then(|o| o.to_host(0)).map_err(|e| e.to_string())?;
                     let worst = got
-                        .data()
+                        .to_f32_vec()
                         .iter()
-                        .zip(expected[0].data())
+                        .zip(expected[0].to_f32_vec())
                         .map(|(g, e)| (g - e).abs() / e.abs().max(1.0))
                         .fold(0.0f32, f32::max);
                     let ok = worst <= 1e-5;
@@ -352,7 +352,7 @@ fn uploads(gpu: &Arc<CudaDevice>, registry: &Registry) -> Result<(), String> {
     let host = Tensor::from_fn(&[n], |i| chunk[i % chunk.len()]);
     let mut workspace = plan.workspace().map_err(e)?;
     let check = plan.run_on_device(&mut workspace, &[host.view()]).and_then(|o| o.to_host(0)).map_err(e)?;
-    if check.data().iter().zip(host.data()).any(|(y, x)| *y != -*x) {
+    if check.to_f32_vec().into_iter().zip(host.to_f32_vec()).any(|(y, x)| y != -x) {
         return Err("the uploaded data came back wrong".into());
     }
     let runs = 20;

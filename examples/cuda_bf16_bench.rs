@@ -138,9 +138,9 @@ fn run() -> Result<bool, String> {
                 let expected = cpu.run(&refs).map_err(e)?;
                 let got = plan.run_on_device(&mut ws, &inputs).and_then(|o| o.to_host(0)).map_err(e)?;
                 let worst = got
-                    .data()
+                    .to_f32_vec()
                     .iter()
-                    .zip(expected[0].data())
+                    .zip(expected[0].to_f32_vec())
                     .map(|(g, x)| (g - x).abs() / (x.abs().max(1.0) * 2f32.powi(-7)))
                     .fold(0.0f32, f32::max);
                 let ok = worst <= 1.0 && got.dtype() == DType::BF16;
@@ -267,7 +267,7 @@ fn transformer(gpu: &Arc<CudaDevice>, registry: &Registry) -> Result<(), String>
     let device: Arc<dyn Device> = gpu.clone();
     let host: Vec<Tensor> = random_inputs(&trace, 21)
         .into_iter()
-        .map(|t| Tensor::from_fn(t.shape(), |i| t.data()[i] * 0.02).to_dtype(DType::BF16))
+        .map(|t| Tensor::from_fn(t.shape(), |i| t.values::<f32>().unwrap()[i] * 0.02).to_dtype(DType::BF16))
         .collect();
     let uploaded = upload(&device, &host)?;
     let inputs: Vec<RunInput<'_>> = uploaded.iter().map(RunInput::from).collect();

@@ -52,7 +52,7 @@ fn run() -> boundscope::Result<()> {
     let refs: Vec<&Tensor> = inputs.iter().collect();
     let out = session.run(&trace, &arena, &refs)?;
     println!("profiling: {} ({})", session.profiling().level, session.profiling().reason);
-    println!("output row sums to {:.4}", out[0].data()[..512].iter().sum::<f32>());
+    println!("output row sums to {:.4}", out[0].to_f32_vec()[..512].iter().sum::<f32>());
 
     // Its cost per call, on the user's path (the session's cached plan, run from its pool, owned
     // outputs), against a plan compiled by hand with no guards at all (the same passes and

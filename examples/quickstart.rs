@@ -167,23 +167,28 @@ fn direct_mlp_block(inputs: &[Tensor]) -> Tensor {
             for j in 0..HIDDEN {
                 let mut acc = 0.0f32;
                 for k in 0..HIDDEN {
-                    acc += x[i * HIDDEN + k] * w.data()[j * HIDDEN + k];
+                    acc += x[i * HIDDEN + k] * w.values::<f32>().unwrap()[j * HIDDEN + k];
                 }
-                out[i * HIDDEN + j] = acc + bias.data()[j];
+                out[i * HIDDEN + j] = acc + bias.values::<f32>().unwrap()[j];
             }
         }
         out
     };
     let gelu = |v: f32| 0.5 * v * (1.0 + ((2.0 / std::f32::consts::PI).sqrt() * (v + 0.044715 * v.powi(3))).tanh());
-    let h: Vec<f32> = linear(x.data(), w1, b1).into_iter().map(gelu).collect();
+    let h: Vec<f32> = linear(x.values::<f32>().unwrap(), w1, b1).into_iter().map(gelu).collect();
     let o = linear(&h, w2, b2);
     let mut y = vec![0.0f32; BATCH * HIDDEN];
     for i in 0..BATCH {
-        let row: Vec<f32> = (0..HIDDEN).map(|j| o[i * HIDDEN + j] + x.data()[i * HIDDEN + j]).collect();
+        let row: Vec<f32> =
+            (0..HIDDEN).map(|j| o[i * HIDDEN + j] + x.values::<f32>().unwrap()[i * HIDDEN + j]).collect();
         let mean = row.iter().sum::<f32>() / HIDDEN as f32;
         let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / HIDDEN as f32;
-        let normed: Vec<f32> =
-            (0..HIDDEN).map(|j| (row[j] - mean) / (var + EPS).sqrt() * gamma.data()[j] + beta.data()[j]).collect();
+        let normed: Vec<f32> = (0..HIDDEN)
+            .map(|j| {
+                (row[j] - mean) / (var + EPS).sqrt() * gamma.values::<f32>().unwrap()[j]
+                    + beta.values::<f32>().unwrap()[j]
+            })
+            .collect();
         let max = normed.iter().copied().fold(f32::NEG_INFINITY, f32::max);
         let z: f32 = normed.iter().map(|v| (v - max).exp()).sum();
         for j in 0..HIDDEN {

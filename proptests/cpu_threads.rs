@@ -31,7 +31,7 @@ fn plans(trace: &Trace<'_>, arena: &Arena, threads: usize) -> [Plan; 2] {
 }
 
 fn bits(tensors: &[Tensor]) -> Vec<Vec<u32>> {
-    tensors.iter().map(|t| t.data().iter().map(|x| x.to_bits()).collect()).collect()
+    tensors.iter().map(|t| t.to_f32_vec().iter().map(|x| x.to_bits()).collect()).collect()
 }
 
 proptest! {
@@ -174,7 +174,7 @@ fn awkward_shapes_and_blocks_split_the_same_as_one_thread() {
             let fused_values: Vec<Vec<f32>> =
                 results[1].0.iter().map(|t| t.iter().map(|&b| f32::from_bits(b)).collect()).collect();
             for (k, (got, want)) in fused_values.iter().zip(&results[1].1).enumerate() {
-                for (g, w) in got.iter().zip(want.data()) {
+                for (g, w) in got.iter().zip(want.to_f32_vec()) {
                     let tolerance = 1e-4 * w.abs().max(1.0) * if k == 0 { (cols as f32).sqrt() } else { 1.0 };
                     assert!((g - w).abs() <= tolerance, "output {k}, {what}: {g} vs {w}");
                 }

@@ -257,7 +257,7 @@ fn the_quickstart_block_replays_as_a_graph() {
         assert_eq!(pushes_of(&events), replays);
     }
     // New data, refilled in place, reaches the next replay.
-    let doubled = boundscope::Tensor::from_fn(inputs[0].shape(), |i| 2.0 * inputs[0].data()[i]);
+    let doubled = boundscope::Tensor::from_fn(inputs[0].shape(), |i| 2.0 * inputs[0].values::<f32>().unwrap()[i]);
     graph.input_mut(0).unwrap().copy_from_host(doubled.view()).unwrap();
     let refilled = graph.replay().unwrap().to_host(0).unwrap();
     let mut changed = inputs.clone();
@@ -286,7 +286,9 @@ fn runs_from_several_threads_each_get_their_own_result() {
             let (plan, reference, base, device) = (&plan, &reference, &base, &device);
             scope.spawn(move || {
                 let mut inputs = base.clone();
-                inputs[0] = boundscope::Tensor::from_fn(base[0].shape(), |i| base[0].data()[i] * (t + 1) as f32);
+                inputs[0] = boundscope::Tensor::from_fn(base[0].shape(), |i| {
+                    base[0].values::<f32>().unwrap()[i] * (t + 1) as f32
+                });
                 let refs: Vec<_> = inputs.iter().collect();
                 let expected = reference.run(&refs).unwrap();
                 let uploaded = upload(device, &inputs);
@@ -363,7 +365,10 @@ fn staged_transfers_from_two_streams_at_once_arrive_whole() {
             for k in 0..4 {
                 let t = boundscope::Tensor::from_fn(&[n], |i| (i % 613) as f32 - k as f32);
                 let out = plan.run_with(&mut workspace, &[t.view()]).unwrap().to_tensors();
-                assert!(out[0].data().iter().zip(t.data()).all(|(y, x)| *y == -*x), "workspace stream, round {k}");
+                assert!(
+                    out[0].to_f32_vec().into_iter().zip(t.to_f32_vec()).all(|(y, x)| y == -x),
+                    "workspace stream, round {k}"
+                );
             }
         });
     });
@@ -433,8 +438,12 @@ fn nan_propagates_on_cuda() {
     let xs = boundscope::Tensor::from_fn(&[4, 64], |i| if nan_at(i) { f32::NAN } else { i as f32 - 100.0 });
     let ys = boundscope::Tensor::from_fn(&[4, 64], |i| if i % 64 == 5 { f32::NAN } else { 0.5 });
     let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&xs, &ys]).unwrap();
-    assert!(expected[0].data()[37].is_nan() && expected[1].data()[5].is_nan() && expected[2].data()[37].is_nan());
-    assert!(expected[3].data()[0].is_nan() && !expected[3].data()[2].is_nan());
+    assert!(
+        expected[0].to_f32_vec()[37].is_nan()
+            && expected[1].to_f32_vec()[5].is_nan()
+            && expected[2].to_f32_vec()[37].is_nan()
+    );
+    assert!(expected[3].to_f32_vec()[0].is_nan() && !expected[3].to_f32_vec()[2].is_nan());
     let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
     let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device));
     for fused in [true, false] {
@@ -486,9 +495,9 @@ fn ulps(got: &boundscope::Tensor, expected: &boundscope::Tensor, dtype: boundsco
         boundscope::DType::F16 => 2f32.powi(-10),
         _ => 2f32.powi(-23),
     };
-    got.data()
-        .iter()
-        .zip(expected.data())
+    got.to_f32_vec()
+        .into_iter()
+        .zip(expected.to_f32_vec())
         .map(|(g, e)| if g == e { 0.0 } else { (g - e).abs() / (eps * e.abs().max(1.0)) })
         .fold(0.0, f32::max)
 }
@@ -739,7 +748,7 @@ fn one_handle_per_gpu_and_the_front_end_shares_it() {
     let mut workspace = plan.workspace().unwrap();
     let out = plan.run_on_device(&mut workspace, &[RunInput::from(&on_device)]).unwrap().to_host(0).unwrap();
     let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&host]).unwrap();
-    assert!(out.data().iter().zip(expected[0].data()).all(|(a, b)| (a - b).abs() < TOLERANCE));
+    assert!(out.to_f32_vec().iter().zip(expected[0].to_f32_vec()).all(|(a, b)| (a - b).abs() < TOLERANCE));
 }
 
 /// Transfers through the public `Device` trait with a device buffer shorter than the host
@@ -780,8 +789,8 @@ fn a_fused_region_reads_the_f32_value_of_its_own_16_bit_outputs_on_the_gpu() {
     let plan = Plan::compile(&fused, &[fusion]).unwrap();
     assert_eq!(plan.steps_per_executor()[0], ("cuda_fusion", 1), "one fused region\n{plan}");
     let out = plan.run(&[&Tensor::from_fn(&[4096], |_| 1.0).to_dtype(DType::BF16)]).unwrap();
-    assert!(out[0].data().iter().all(|&v| v == 1.0), "y is stored rounded");
-    assert!(out[1].data().iter().all(|&v| v == 1.0), "z reads y's f32 value: {:?}", &out[1].data()[..4]);
+    assert!(out[0].to_f32_vec().iter().all(|&v| v == 1.0), "y is stored rounded");
+    assert!(out[1].to_f32_vec().iter().all(|&v| v == 1.0), "z reads y's f32 value: {:?}", &out[1].to_f32_vec()[..4]);
 }
 
 /// Zero-dimensional operands promote as in PyTorch on the GPU too: `bf16[n] + f32[]` is bf16,

@@ -150,9 +150,9 @@ fn evaluate(p: &Program, inputs: &[Tensor]) -> Evaluated {
     let mut values: Vec<Evaluated> = inputs[..p.input_dtypes.len()]
         .iter()
         .map(|t| Evaluated {
-            data: t.data().iter().map(|&x| x as f64).collect(),
+            data: t.to_f32_vec().iter().map(|&x| x as f64).collect(),
             dtype: t.dtype(),
-            error: vec![0.0; t.data().len()],
+            error: vec![0.0; t.to_f32_vec().len()],
         })
         .collect();
     let idx = |width: usize, r: usize, c: usize| r * width + if width == 1 { 0 } else { c };
@@ -237,7 +237,8 @@ fn evaluate(p: &Program, inputs: &[Tensor]) -> Evaluated {
         for j in 0..3 {
             let (mut dot, mut error, mut magnitude) = (0.0, 0.0, 0.0);
             for k in 0..p.cols {
-                let (x, e, y) = (last.data[idx(width, r, k)], last.error[idx(width, r, k)], b.data()[k * 3 + j] as f64);
+                let (x, e, y) =
+                    (last.data[idx(width, r, k)], last.error[idx(width, r, k)], b.data().f32_at(k * 3 + j) as f64);
                 dot += x * y;
                 error += e * y.abs();
                 magnitude += (x * y).abs();
@@ -280,8 +281,8 @@ fn build<'a>(p: &Program, arena: &'a Arena, registry: &'a Registry) -> boundscop
 /// both evaluations may err, each by the bound) of the direct evaluation.
 fn check(got: &Tensor, expected: &Evaluated, what: &str) -> Result<(), TestCaseError> {
     prop_assert_eq!(got.dtype(), expected.dtype, "{}: dtype", what);
-    prop_assert_eq!(got.data().len(), expected.data.len(), "{}: length", what);
-    for (i, ((&g, &e), &bound)) in got.data().iter().zip(&expected.data).zip(&expected.error).enumerate() {
+    prop_assert_eq!(got.to_f32_vec().len(), expected.data.len(), "{}: length", what);
+    for (i, ((&g, &e), &bound)) in got.to_f32_vec().iter().zip(&expected.data).zip(&expected.error).enumerate() {
         let g = g as f64;
         if !e.is_finite() || !g.is_finite() || !bound.is_finite() {
             // Overflow to an infinity (or NaN after it) depends on which rounding came first.
@@ -392,7 +393,7 @@ fn host_data_of_another_dtype_is_a_typed_error_when_running() {
     assert_eq!(err, Error::InputDType { index: 0, expected: DType::BF16, got: DType::F32 });
     assert!(err.to_string().contains("to_dtype(bf16)"), "{err}");
     let ok = plan.run(&[&f32_data.to_dtype(DType::BF16)]).unwrap();
-    assert_eq!((ok[0].dtype(), ok[0].data()), (DType::BF16, &[1.0f32; 4][..]));
+    assert_eq!((ok[0].dtype(), ok[0].to_f32_vec()), (DType::BF16, vec![1.0f32; 4]));
 }
 
 #[test]
@@ -409,9 +410,9 @@ fn casts_that_overflow_give_infinities_as_in_pytorch() {
     let x = Tensor::new(&[4], vec![65504.0, 65520.0, -1.0e6, f32::MAX]).unwrap();
     let got = plan.run(&[&x]).unwrap();
     // torch.tensor([65504., 65520., -1e6, 3.4028235e38]).half() -> [65504, inf, -inf, inf]
-    assert_eq!(got[0].data(), &[65504.0, f32::INFINITY, f32::NEG_INFINITY, f32::INFINITY]);
+    assert_eq!(got[0].to_f32_vec(), &[65504.0, f32::INFINITY, f32::NEG_INFINITY, f32::INFINITY]);
     // .bfloat16() -> [65536, 65536, -999424, inf]: f32::MAX rounds past bf16's largest value.
-    assert_eq!(got[1].data(), &[65536.0, 65536.0, -999424.0, f32::INFINITY]);
+    assert_eq!(got[1].to_f32_vec(), &[65536.0, 65536.0, -999424.0, f32::INFINITY]);
 }
 
 #[test]
@@ -430,9 +431,9 @@ fn users_symbols_declare_their_dtype_rule() {
         .shape_rule(|args| Ok(TensorMeta::new(DType::BF16, args[0].shape().ok_or("a tensor")?)))
         .cpu_kernel(|_| {
             Ok(kernel_fn(|inputs, outputs| {
-                assert_eq!((inputs[0].dtype, outputs[0].dtype), (DType::F32, DType::BF16));
-                for (o, &i) in outputs[0].data.iter_mut().zip(inputs[0].data) {
-                    *o = outputs[0].dtype.round(i / 2.0);
+                assert_eq!((inputs[0].dtype(), outputs[0].dtype()), (DType::F32, DType::BF16));
+                for (o, &i) in outputs[0].values_mut::<half::bf16>()?.iter_mut().zip(inputs[0].values::<f32>()?) {
+                    *o = half::bf16::from_f32(i / 2.0);
                 }
                 Ok(())
             }))
@@ -450,7 +451,7 @@ fn users_symbols_declare_their_dtype_rule() {
         .run(&[&Tensor::new(&[2], vec![1.0, 1.0 / 3.0]).unwrap()])
         .unwrap();
     assert_eq!(got[0].dtype(), DType::BF16);
-    assert_eq!(got[0].data(), &[0.5, DType::BF16.round(1.0 / 6.0)]);
+    assert_eq!(got[0].to_f32_vec(), &[0.5, DType::BF16.round(1.0 / 6.0)]);
 }
 
 /// The composites PyTorch runs as one kernel (`softmax`, `layer_norm`, `gelu`, `linear`,
@@ -483,7 +484,7 @@ fn composites_are_computed_in_f32_and_rounded_once() {
         let w = Tensor::from_fn(&[out, cols], |i| ((i * 29) % 41) as f32 / 41.0 - 0.5).to_dtype(dtype);
         let bias = Tensor::from_fn(&[out], |i| (i % 7) as f32 / 7.0).to_dtype(dtype);
         let small = Tensor::from_fn(&[rows, cols], |i| x_at(i + cols) / 4.0).to_dtype(dtype);
-        let at = |t: &Tensor, r: usize, c: usize, n: usize| f64::from(t.data()[r * n + c]);
+        let at = |t: &Tensor, r: usize, c: usize, n: usize| f64::from(t.data().f32_at(r * n + c));
         let gelu = |v: f64| 0.5 * v * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v * v * v)).tanh());
         let linear = |r: usize, o: usize| -> (f64, f64) {
             let terms = (0..cols).map(|c| at(&small, r, c, cols) * at(&w, o, c, cols));
@@ -558,7 +559,7 @@ fn composites_are_computed_in_f32_and_rounded_once() {
                 for r in 0..rows {
                     for c in 0..n {
                         let (e, scale) = exact(r, c);
-                        let g = f64::from(got[0].data()[r * n + c]);
+                        let g = f64::from(got[0].data().f32_at(r * n + c));
                         let bound = ulp(dtype, e) + 1e-5 * scale;
                         assert!(
                             (g - e).abs() <= bound,
@@ -588,8 +589,12 @@ fn a_fused_region_reads_the_f32_value_of_its_own_16_bit_outputs() {
     let plan = Plan::compile(&fused, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();
     assert_eq!(plan.steps_per_executor(), [("cpu_fusion", 1)], "{plan}");
     let out = plan.run(&[&ones]).unwrap();
-    assert_eq!(out[0].data(), [1.0; 8], "y is stored rounded");
-    assert_eq!(out[1].data(), [1.0; 8], "z reads y's f32 value inside the region");
+    assert_eq!(out[0].to_f32_vec(), [1.0; 8], "y is stored rounded");
+    assert_eq!(out[1].to_f32_vec(), [1.0; 8], "z reads y's f32 value inside the region");
     let eager = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&ones]).unwrap();
-    assert_eq!((eager[0].data(), eager[1].data()), (&[1.0; 8][..], &[0.0; 8][..]), "op by op: the rounded value");
+    assert_eq!(
+        (eager[0].to_f32_vec(), eager[1].to_f32_vec()),
+        (vec![1.0; 8], vec![0.0; 8]),
+        "op by op: the rounded value"
+    );
 }

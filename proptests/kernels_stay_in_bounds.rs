@@ -36,7 +36,12 @@ fn lookalike_registry() -> Registry {
             Some(id) if prims::UNARY.contains(&id) => {
                 Symbol::new(name, Elementwise).params(&[Tensor, Tensor]).shape_rule(same_shapes).cpu_kernel(|_| {
                     Ok(kernel_fn(|inputs, outputs| {
-                        for ((o, a), b) in outputs[0].data.iter_mut().zip(inputs[0].data).zip(inputs[1].data) {
+                        for ((o, a), b) in outputs[0]
+                            .values_mut::<f32>()?
+                            .iter_mut()
+                            .zip(inputs[0].values::<f32>()?)
+                            .zip(inputs[1].values::<f32>()?)
+                        {
                             *o = a - b;
                         }
                         Ok(())
@@ -144,12 +149,12 @@ fn user_symbols_named_like_builtins_with_their_own_kernel_give_their_own_result(
     let expected: Vec<f32> = (0..8).map(|i| (i as f32 - (1.0 - i as f32)) - (1.0 - i as f32)).collect();
 
     let reference = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
-    assert_eq!(reference.run(&[&xs, &ys]).unwrap()[0].data(), expected.as_slice());
+    assert_eq!(reference.run(&[&xs, &ys]).unwrap()[0].to_f32_vec(), expected.as_slice());
 
     let fused = FuseRegions::new(CpuFusion::shared()).min_ops(1).run(&trace, &arena).unwrap();
     assert!(!fused.to_string().contains("CpuFusion"), "user symbols were fused as built-ins:\n{fused}");
     let plan = Plan::compile(&fused, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();
-    assert_eq!(plan.run(&[&xs, &ys]).unwrap()[0].data(), expected.as_slice());
+    assert_eq!(plan.run(&[&xs, &ys]).unwrap()[0].to_f32_vec(), expected.as_slice());
 }
 
 #[test]
@@ -294,7 +299,7 @@ fn a_copy_of_a_builtin_stays_one_until_it_is_changed() {
     assert_eq!(CpuFusion::new().fusible(&OpView::of(&trace, 0).unwrap()), Fusible::Elementwise);
     let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
     let out = plan.run(&[&Tensor::from_fn(&[4], |i| i as f32)]).unwrap();
-    assert_eq!(out[0].data(), &[-math::exp(0.0), -math::exp(1.0), -math::exp(2.0), -math::exp(3.0)]);
+    assert_eq!(out[0].to_f32_vec(), &[-math::exp(0.0), -math::exp(1.0), -math::exp(2.0), -math::exp(3.0)]);
 
     let mut b = TraceBuilder::new(&arena, &registry);
     let (p, q) = (b.input(&[2, 8]).unwrap(), b.input(&[2, 4]).unwrap());
@@ -332,7 +337,7 @@ impl Executor for LookalikeFusion {
             .map(|o| if o.symbol_id() == prims::EXP { math::exp as fn(f32) -> f32 } else { math::neg })
             .collect();
         Ok(kernel_fn(move |inputs, outputs| {
-            for (o, &x) in outputs[0].data.iter_mut().zip(inputs[0].data) {
+            for (o, &x) in outputs[0].values_mut::<f32>()?.iter_mut().zip(inputs[0].values::<f32>()?) {
                 *o = chain.iter().fold(x, |v, f| f(v));
             }
             Ok(())
@@ -357,5 +362,5 @@ fn a_fusion_executor_runs_only_the_regions_its_own_fusion_made() {
     let plan = Plan::compile(&fused, &[CpuFusion::shared(), lookalike, CpuReference::shared()]).unwrap();
     assert_eq!(plan.steps_per_executor(), vec![("lookalike_fusion", 1)]);
     let out = plan.run(&[&Tensor::from_fn(&[4], |i| i as f32)]).unwrap();
-    assert_eq!(out[0].data(), &[-math::exp(0.0), -math::exp(1.0), -math::exp(2.0), -math::exp(3.0)]);
+    assert_eq!(out[0].to_f32_vec(), &[-math::exp(0.0), -math::exp(1.0), -math::exp(2.0), -math::exp(3.0)]);
 }

@@ -53,9 +53,9 @@ fn expected() -> Vec<Vec<f32>> {
 /// Equal, NaN matching NaN.
 fn check(executor: &str, got: &[Tensor]) {
     for (i, (g, e)) in got.iter().zip(expected()).enumerate() {
-        let same =
-            g.data().len() == e.len() && g.data().iter().zip(&e).all(|(a, b)| a == b || (a.is_nan() && b.is_nan()));
-        assert!(same, "{executor}: output {i} is {:?}, PyTorch gives {e:?}", g.data());
+        let same = g.to_f32_vec().len() == e.len()
+            && g.to_f32_vec().iter().zip(&e).all(|(a, b)| a == b || (a.is_nan() && b.is_nan()));
+        assert!(same, "{executor}: output {i} is {:?}, PyTorch gives {e:?}", g.to_f32_vec());
     }
 }
 

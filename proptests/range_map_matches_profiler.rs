@@ -91,13 +91,13 @@ impl Executor for TestFuser {
                 let mut values = vec![0.0f32; slot_count];
                 for i in 0..outs[0].data.len() {
                     for (k, input) in inputs.iter().enumerate() {
-                        values[k] = input.data[i];
+                        values[k] = input.data.f32_at(i);
                     }
                     for &(f, from, to) in &program {
                         values[to] = f(values[from]);
                     }
                     for (out, &slot) in outs.iter_mut().zip(&outputs) {
-                        out.data[i] = values[slot];
+                        out.data.set_f32(i, values[slot]);
                     }
                 }
             };

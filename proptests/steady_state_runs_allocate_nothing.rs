@@ -255,7 +255,7 @@ fn a_rank_9_transpose_allocates_nothing() {
     // And it is right: reversing every axis of this shape reverses the flat order's bits.
     let out = plan.run(&[&input]).unwrap();
     let expected: Vec<f32> = (0..32u32).map(|i| (i.reverse_bits() >> 27) as f32).collect();
-    assert_eq!(out[0].data(), expected.as_slice());
+    assert_eq!(out[0].to_f32_vec(), expected.as_slice());
 }
 
 #[test]
@@ -374,7 +374,7 @@ fn staged_cuda_transfers_allocate_nothing_and_pin_once() {
     let expected =
         Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&inputs.iter().collect::<Vec<_>>()).unwrap();
     for (got, want) in out.iter().zip(&expected) {
-        let worst = got.data().iter().zip(want.data()).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
+        let worst = got.to_f32_vec().iter().zip(want.to_f32_vec()).map(|(a, b)| (a - b).abs()).fold(0.0, f32::max);
         assert!(worst <= 1e-2, "{worst}");
     }
 }

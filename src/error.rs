@@ -194,6 +194,16 @@ pub enum Error {
         /// The bytes asked for.
         bytes: usize,
     },
+    /// A tensor's values were asked for as another element type than its dtype's (for example
+    /// `values::<f32>()` on an `i64` tensor).
+    DTypeMismatch {
+        /// What was asked: a tensor, a kernel's input or output.
+        what: String,
+        /// The dtype asked for.
+        expected: crate::DType,
+        /// The tensor's dtype.
+        got: crate::DType,
+    },
     /// A tensor's data length does not match its shape.
     InvalidTensor {
         /// The shape given.
@@ -392,6 +402,12 @@ impl fmt::Display for Error {
             Error::UnknownDType { name, known } => {
                 write!(f, "unknown dtype `{name}`; use one of {}", known.join(", "))
             }
+            Error::DTypeMismatch { what, expected, got } => write!(
+                f,
+                "{what} holds {got} values, not {expected}; read it as {got} (`values::<{}>()`, or match on its \
+                 `data`), or convert it first (`to_dtype`, or a `cast` in the trace)",
+                got.rust_type()
+            ),
             Error::UnsupportedDType { symbol, dtype, tried } => write!(
                 f,
                 "no executor runs `{symbol}` in {dtype} (tried: {}); add an executor that takes {dtype} (the CPU \

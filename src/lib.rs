@@ -65,7 +65,7 @@
 //!
 //! let plan = Plan::compile(&prims, &[CpuReference::shared()])?;
 //! let out = plan.run(&[&Tensor::from_fn(&[4, 8], |i| i as f32 / 32.0), &Tensor::zeros(&[8, 8])])?;
-//! assert_eq!(out[0].data(), &[0.0; 32]);
+//! assert_eq!(out[0].to_f32_vec(), &[0.0; 32]);
 //! # Ok::<(), boundscope::Error>(())
 //! ```
 #![warn(missing_docs)]
@@ -92,7 +92,7 @@ pub use crate::core::plan::{
     EmittedRange, Executor, Fusible, Kernel, OpView, Outputs, Plan, PlanGraph, PlanInput, PlannedRange,
     PreparedRegionRange, PushedBy, RangeFilter, RangeMap, RegionRange, RunInput, Workspace,
 };
-pub use crate::core::tensor::{Tensor, TensorMut, TensorRef};
+pub use crate::core::tensor::{Data, DataMut, Element, Tensor, TensorMut, TensorRef};
 pub use crate::error::{Error, Result};
 
 /// The README's code example, compiled and run as a doctest.

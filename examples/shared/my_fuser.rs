@@ -15,7 +15,7 @@ pub fn swish(x: f32) -> f32 {
 pub fn swish_symbol() -> Symbol {
     Symbol::new("swish", Category::Elementwise).params(&[ParamKind::Tensor]).same_shape_as_first().cpu_kernel(|_| {
         Ok(kernel_fn(|inputs, outputs| {
-            for (o, &x) in outputs[0].data.iter_mut().zip(inputs[0].data) {
+            for (o, &x) in outputs[0].values_mut::<f32>()?.iter_mut().zip(inputs[0].values::<f32>()?) {
                 *o = swish(x);
             }
             Ok(())
@@ -69,8 +69,10 @@ impl Executor for MyFuser {
         // Profiling asked for a range around this region: push it ourselves, in our domain.
         let range = op.region_range().map(|r| r.prepare()).transpose()?;
         Ok(kernel_fn(move |inputs, outputs| {
+            let x = inputs[0].values::<f32>()?;
+            let out = outputs[0].values_mut::<f32>()?;
             let mut run = || {
-                for (o, &x) in outputs[0].data.iter_mut().zip(inputs[0].data) {
+                for (o, &x) in out.iter_mut().zip(x) {
                     *o = chain.iter().fold(x, |v, f| f(v));
                 }
             };

@@ -40,7 +40,7 @@ pub fn close(
     if got.shape != expected.shape.as_slice() {
         return Err(format!("shape {:?} vs expected {:?}", got.shape, expected.shape));
     }
-    for (i, (&g, &e)) in got.data.iter().zip(&expected.data).enumerate() {
+    for (i, (g, &e)) in got.data.to_f32_vec().into_iter().zip(&expected.data).enumerate() {
         let s = spread.get(i);
         let evaluations: Vec<f32> =
             std::iter::once(e).chain(s.map_or(&[][..], |s| &s.nudged[..]).iter().copied()).collect();
@@ -66,7 +66,7 @@ pub fn close(
 /// Every output within `tolerance` of the expected tensor (see [`close`]).
 pub fn close_all(got: &[boundscope::Tensor], expected: &[boundscope::Tensor], tolerance: f32) -> Result<(), String> {
     for (i, (g, e)) in got.iter().zip(expected).enumerate() {
-        let e = oracle::Value { shape: e.shape().to_vec(), data: e.data().to_vec() };
+        let e = oracle::Value { shape: e.shape().to_vec(), data: e.to_f32_vec() };
         close(g.view(), &e, &[], tolerance).map_err(|m| format!("output {i}: {m}"))?;
     }
     Ok(())

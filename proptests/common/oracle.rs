@@ -106,7 +106,7 @@ fn jiggle(x: f32, pattern: Option<u64>, salt: u64, element: u64) -> f32 {
 /// a model of the rounding an f32 implementation adds at each step.
 fn evaluate_nudged(program: &Program, inputs: &[boundscope::Tensor], pattern: Option<u64>) -> Vec<Value> {
     let mut values: Vec<Value> =
-        inputs.iter().map(|t| Value { shape: t.shape().to_vec(), data: t.data().to_vec() }).collect();
+        inputs.iter().map(|t| Value { shape: t.shape().to_vec(), data: t.to_f32_vec() }).collect();
     if let Some(pattern) = pattern {
         for (k, v) in values.iter_mut().enumerate() {
             nudge(v, pattern, k as u64);

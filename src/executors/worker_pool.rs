@@ -63,8 +63,8 @@ pub(crate) fn run_parts(parts: usize, job: &(dyn Fn(usize) + Sync)) {
 /// Runs `job(units, out_part)` in `parts` parts, where `out` holds `unit` elements per unit
 /// (the last unit may be shorter) and each part gets its own units and its own slice of `out`.
 #[inline(always)]
-pub(crate) fn run_parts_writing<F: Fn(std::ops::Range<usize>, &mut [f32]) + Sync>(
-    out: &mut [f32],
+pub(crate) fn run_parts_writing<T: Send, F: Fn(std::ops::Range<usize>, &mut [T]) + Sync>(
+    out: &mut [T],
     parts: usize,
     unit: usize,
     job: F,
@@ -89,23 +89,29 @@ pub(crate) fn run_parts_writing<F: Fn(std::ops::Range<usize>, &mut [f32]) + Sync
 }
 
 /// A pointer into a buffer that the parts of one section write disjoint pieces of.
-#[derive(Clone, Copy)]
-pub(crate) struct SharedMut(*mut f32);
+pub(crate) struct SharedMut<T = f32>(*mut T);
+
+impl<T> Clone for SharedMut<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<T> Copy for SharedMut<T> {}
 
 // SAFETY: a section's parts only write disjoint element ranges through it, and the section
-// ends before the borrow it was made from does.
-unsafe impl Send for SharedMut {}
+// ends before the borrow it was made from does; the elements are `Send`.
+unsafe impl<T: Send> Send for SharedMut<T> {}
 // SAFETY: as above.
-unsafe impl Sync for SharedMut {}
+unsafe impl<T: Send> Sync for SharedMut<T> {}
 
-impl SharedMut {
-    pub(crate) fn new(buffer: &mut [f32]) -> Self {
+impl<T> SharedMut<T> {
+    pub(crate) fn new(buffer: &mut [T]) -> Self {
         Self(buffer.as_mut_ptr())
     }
 
     /// The pointer (a method, so that closures capture the whole `Send + Sync` wrapper).
     #[inline(always)]
-    pub(crate) fn get(self) -> *mut f32 {
+    pub(crate) fn get(self) -> *mut T {
         self.0
     }
 }

@@ -35,7 +35,7 @@ pub const RUN_LABEL: &str = "boundscope run";
 /// let session = ProfiledSession::new(Options::new(), &Environment::from_pairs(&[])).unwrap();
 /// assert!(!session.profiling().is_on()); // no profiler attached, nothing asked for
 /// let out = session.run(&trace, &arena, &[&Tensor::zeros(&[2, 8])]).unwrap();
-/// assert!((out[0].data()[0] - 0.125).abs() < 1e-6);
+/// assert!((out[0].to_f32_vec()[0] - 0.125).abs() < 1e-6);
 ///
 /// let profiled = ProfiledSession::new(Options::new(), &Environment::from_pairs(&[("BOUNDSCOPE_NVTX", "1")])).unwrap();
 /// assert!(profiled.profiling().is_on());

@@ -320,7 +320,7 @@ fn a_cached_plan_is_never_taken_for_a_trace_of_another_registry() {
         Symbol::new("scale", Category::Elementwise).params(&[ParamKind::Tensor]).same_shape_as_first().cpu_kernel(
             move |_| {
                 Ok(crate::kernel_fn(move |inputs, outputs| {
-                    for (o, x) in outputs[0].data.iter_mut().zip(inputs[0].data) {
+                    for (o, x) in outputs[0].values_mut::<f32>()?.iter_mut().zip(inputs[0].values::<f32>()?) {
                         *o = factor * x;
                     }
                     Ok(())
@@ -340,7 +340,7 @@ fn a_cached_plan_is_never_taken_for_a_trace_of_another_registry() {
         let y = b.call("scale", &[x.into()]).unwrap();
         b.output(y).unwrap();
         let trace = b.finish().unwrap();
-        results.push(session.run(&trace, &arena, &[&input]).unwrap()[0].data().to_vec());
+        results.push(session.run(&trace, &arena, &[&input]).unwrap()[0].to_f32_vec().to_vec());
     }
     assert_eq!(results, [vec![2.0, 2.0], vec![3.0, 3.0]]);
 }

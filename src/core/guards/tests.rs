@@ -112,7 +112,7 @@ impl Executor for WholeSoftmax {
     }
     fn compile(&self, _op: &OpView<'_>) -> crate::Result<Box<dyn Kernel>> {
         Ok(crate::kernel_fn(|_, outputs| {
-            outputs[0].data.fill(0.5);
+            outputs[0].values_mut::<f32>()?.fill(0.5);
             Ok(())
         }))
     }

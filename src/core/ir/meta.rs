@@ -4,12 +4,17 @@ use std::fmt;
 
 use smallvec::SmallVec;
 
-/// Element type of a tensor: `f32`, or one of the 16-bit floats models run in on GPUs.
+/// Element type of a tensor: `f32`, one of the 16-bit floats models run in on GPUs, or one of
+/// the integer types token ids and indices are held in (`i64`, `i32`, as PyTorch holds them).
 ///
-/// Host tensors and the CPU executors hold every dtype's values widened to `f32` (exactly: each
-/// bf16 or f16 value is an `f32`), compute in `f32` and round each op's result to its dtype, as
-/// PyTorch's CPU kernels do; [`DType::round`] is that rounding (to nearest, ties to even;
-/// overflow gives an infinity of the same sign, as in PyTorch; NaN stays NaN).
+/// Every tensor stores its dtype's own values ([`Tensor`](crate::Tensor): 2 bytes per bf16 or
+/// f16 value, 8 per `i64`). Float ops compute in `f32` and round each op's result to its dtype,
+/// as PyTorch's CPU kernels do; [`DType::round`] is that rounding (to nearest, ties to even;
+/// overflow gives an infinity of the same sign, as in PyTorch; NaN stays NaN). Float ops on
+/// integer tensors are typed errors ([`Error::ShapeMismatch`](crate::Error::ShapeMismatch)
+/// naming the dtype): `cast` them first. Integer values are exact everywhere; `cast` converts
+/// between integer and float dtypes as PyTorch's `.to()` does (floats to integers truncate
+/// toward zero).
 ///
 /// Where results are rounded, on every executor:
 /// - **An op** rounds its result once. Products and reductions accumulate in `f32`.
@@ -48,23 +53,55 @@ pub enum DType {
     BF16,
     /// IEEE half precision: 5 exponent bits, 11 bits of mantissa (10 stored).
     F16,
+    /// 64-bit signed integer: token ids and indices (PyTorch's `torch.long`).
+    I64,
+    /// 32-bit signed integer.
+    I32,
 }
 
 impl DType {
     /// Every dtype, in declaration order.
-    pub const ALL: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+    pub const ALL: [DType; 5] = [DType::F32, DType::BF16, DType::F16, DType::I64, DType::I32];
+
+    /// The floating-point dtypes, in declaration order.
+    pub const FLOATS: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
+    /// The integer dtypes, in declaration order.
+    pub const INTEGERS: [DType; 2] = [DType::I64, DType::I32];
 
     /// Bytes per element.
     pub const fn size_bytes(self) -> usize {
         match self {
-            DType::F32 => 4,
+            DType::I64 => 8,
+            DType::F32 | DType::I32 => 4,
             DType::BF16 | DType::F16 => 2,
         }
     }
 
+    /// The Rust type that holds its values: `f32`, `half::bf16`, `half::f16`, `i64`, `i32`.
+    pub const fn rust_type(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::BF16 => "half::bf16",
+            DType::F16 => "half::f16",
+            DType::I64 => "i64",
+            DType::I32 => "i32",
+        }
+    }
+
+    /// Whether it is a floating-point dtype (`f32`, `bf16`, `f16`).
+    pub const fn is_float(self) -> bool {
+        matches!(self, DType::F32 | DType::BF16 | DType::F16)
+    }
+
+    /// Whether it is an integer dtype (`i64`, `i32`).
+    pub const fn is_integer(self) -> bool {
+        !self.is_float()
+    }
+
     /// The dtype of an op on tensors of dtypes `a` and `b`, as PyTorch promotes them: equal
     /// dtypes stay, `f32` with anything is `f32`, and bf16 with f16 is `f32` (neither holds the
-    /// other).
+    /// other); a float with an integer is the float, `i64` with `i32` is `i64`.
     ///
     /// As in PyTorch, operands come in three categories, and only the highest one present
     /// promotes: tensors with dimensions, then zero-dimensional tensors, then scalars. So
@@ -87,26 +124,35 @@ impl DType {
         match (a, b) {
             (DType::BF16, DType::BF16) => DType::BF16,
             (DType::F16, DType::F16) => DType::F16,
+            (DType::I32, DType::I32) => DType::I32,
+            (DType::I64 | DType::I32, DType::I64 | DType::I32) => DType::I64,
+            (x, y) if x.is_integer() => y,
+            (x, y) if y.is_integer() => x,
             _ => DType::F32,
         }
     }
 
-    /// `x` rounded to this dtype (and widened back to `f32`).
+    /// `x` rounded to this dtype (and widened back to `f32`); for an integer dtype, truncated
+    /// toward zero and saturated to its range, as a cast to it does.
     #[inline]
     pub fn round(self, x: f32) -> f32 {
         match self {
             DType::F32 => x,
             DType::BF16 => half::bf16::from_f32(x).to_f32(),
             DType::F16 => half::f16::from_f32(x).to_f32(),
+            DType::I64 => x as i64 as f32,
+            DType::I32 => x as i32 as f32,
         }
     }
 
-    /// Its name: `f32`, `bf16`, `f16`.
+    /// Its name: `f32`, `bf16`, `f16`, `i64`, `i32`.
     pub const fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
             DType::BF16 => "bf16",
             DType::F16 => "f16",
+            DType::I64 => "i64",
+            DType::I32 => "i32",
         }
     }
 }
@@ -120,12 +166,15 @@ impl fmt::Display for DType {
 impl std::str::FromStr for DType {
     type Err = crate::Error;
 
-    /// `f32`, `bf16` or `f16` (also `float32`, `bfloat16`, `float16`, as PyTorch names them).
+    /// `f32`, `bf16`, `f16`, `i64` or `i32` (also `float32`, `bfloat16`, `float16`, `int64`,
+    /// `long`, `int32`, `int`, as PyTorch names them).
     fn from_str(s: &str) -> crate::Result<DType> {
         match s {
             "f32" | "float32" => Ok(DType::F32),
             "bf16" | "bfloat16" => Ok(DType::BF16),
             "f16" | "float16" | "half" => Ok(DType::F16),
+            "i64" | "int64" | "long" => Ok(DType::I64),
+            "i32" | "int32" | "int" => Ok(DType::I32),
             other => Err(crate::Error::UnknownDType {
                 name: other.to_string(),
                 known: DType::ALL.iter().map(|d| d.name().to_string()).collect(),

@@ -100,7 +100,7 @@ pub(crate) fn builtin_symbols() -> Vec<Symbol> {
         Symbol::new("softmax", Composite)
             .params(&[Tensor])
             .shape_rule(|args| {
-                let (dtype, shape) = tensor(args, 0)?;
+                let (dtype, shape) = float_tensor(args, 0)?;
                 last_axis(shape)?;
                 Ok(TensorMeta::new(dtype, shape))
             })
@@ -159,8 +159,29 @@ type RuleResult = std::result::Result<TensorMeta, String>;
 pub(crate) type PrimRule = fn(&[ArgInfo<'_>]) -> RuleResult;
 
 fn first_shape_rule(args: &[ArgInfo<'_>]) -> RuleResult {
-    let (dtype, shape) = tensor(args, 0)?;
+    let (dtype, shape) = float_tensor(args, 0)?;
     Ok(TensorMeta::new(dtype, shape))
+}
+
+/// Tensor argument `i` of a float op: an integer tensor is an error that says to cast it.
+fn float_tensor<'m>(args: &[ArgInfo<'m>], i: usize) -> std::result::Result<(DType, &'m [usize]), String> {
+    let (dtype, shape) = tensor(args, i)?;
+    if dtype.is_integer() {
+        return Err(format!(
+            "argument {i} is {dtype}, and this op computes on floats; cast it first (`cast(x, DType::F32)`)"
+        ));
+    }
+    Ok((dtype, shape))
+}
+
+/// Every tensor argument of a float op is a float tensor.
+fn floats_only(args: &[ArgInfo<'_>]) -> std::result::Result<(), String> {
+    for (i, a) in args.iter().enumerate() {
+        if let ArgInfo::Tensor { .. } = a {
+            float_tensor(args, i)?;
+        }
+    }
+    Ok(())
 }
 
 fn tensor<'m>(args: &[ArgInfo<'m>], i: usize) -> std::result::Result<(DType, &'m [usize]), String> {
@@ -222,6 +243,7 @@ fn promoted(args: &[ArgInfo<'_>]) -> Option<DType> {
 
 fn binary_rule(args: &[ArgInfo<'_>]) -> RuleResult {
     let (_, a) = tensor(args, 0)?;
+    floats_only(args)?;
     let dtype = promoted(args).unwrap_or(DType::F32);
     match args.get(1) {
         Some(ArgInfo::Tensor { shape: b, .. }) => {
@@ -235,7 +257,7 @@ fn binary_rule(args: &[ArgInfo<'_>]) -> RuleResult {
 }
 
 fn reduce_last_axis_rule(args: &[ArgInfo<'_>]) -> RuleResult {
-    let (dtype, shape) = tensor(args, 0)?;
+    let (dtype, shape) = float_tensor(args, 0)?;
     last_axis(shape)?;
     let mut out = Shape::from_slice(shape);
     *out.last_mut().expect("rank checked") = 1;
@@ -243,8 +265,8 @@ fn reduce_last_axis_rule(args: &[ArgInfo<'_>]) -> RuleResult {
 }
 
 fn matmul_rule(args: &[ArgInfo<'_>]) -> RuleResult {
-    let (_, a) = tensor(args, 0)?;
-    let (_, b) = tensor(args, 1)?;
+    let (_, a) = float_tensor(args, 0)?;
+    let (_, b) = float_tensor(args, 1)?;
     let dtype = promoted(args).unwrap_or(DType::F32);
     match (a, b) {
         ([m, k], [k2, n]) if k == k2 => Ok(TensorMeta::new(dtype, &[*m, *n])),
@@ -295,6 +317,7 @@ fn broadcast_to_rule(args: &[ArgInfo<'_>]) -> RuleResult {
 
 fn layer_norm_rule(args: &[ArgInfo<'_>]) -> RuleResult {
     let (_, shape) = tensor(args, 0)?;
+    floats_only(args)?;
     // As its decomposition computes it: x's dtype, promoted by the weight and the bias.
     let dtype = promoted(args).unwrap_or(DType::F32);
     let n = last_axis(shape)?;
@@ -311,6 +334,7 @@ fn layer_norm_rule(args: &[ArgInfo<'_>]) -> RuleResult {
 
 fn linear_rule(args: &[ArgInfo<'_>]) -> RuleResult {
     let (_, x) = tensor(args, 0)?;
+    floats_only(args)?;
     let dtype = promoted(args).unwrap_or(DType::F32);
     let (_, w) = tensor(args, 1)?;
     let (m, n) = match (x, w) {
@@ -637,7 +661,7 @@ mod tests {
             assert_eq!(binary_rule(&mixed).unwrap().dtype, b, "{a}[] with {b}[4]");
         }
         // A scalar never promotes, a zero-dimensional tensor's dtype included.
-        for a in DType::ALL {
+        for a in DType::FLOATS {
             for shape in [dims, zero] {
                 let args = [ArgInfo::Tensor { dtype: a, shape }, ArgInfo::Scalar(2.5)];
                 assert_eq!(binary_rule(&args).unwrap().dtype, a);

@@ -153,7 +153,7 @@ pub type CpuKernelFactory = Arc<dyn Fn(&OpView<'_>) -> Result<Box<dyn Kernel>> +
 ///     .same_shape_as_first()
 ///     .cpu_kernel(|_op| {
 ///         Ok(kernel_fn(|inputs, outputs| {
-///             for (o, x) in outputs[0].data.iter_mut().zip(inputs[0].data) {
+///             for (o, x) in outputs[0].values_mut::<f32>()?.iter_mut().zip(inputs[0].values::<f32>()?) {
 ///                 *o = x * x;
 ///             }
 ///             Ok(())
@@ -171,7 +171,7 @@ pub type CpuKernelFactory = Arc<dyn Fn(&OpView<'_>) -> Result<Box<dyn Kernel>> +
 ///
 /// let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
 /// let out = plan.run(&[&Tensor::new(&[3], vec![1.0, 2.0, 3.0]).unwrap()]).unwrap();
-/// assert_eq!(out[0].data(), &[1.0, 4.0, 9.0]);
+/// assert_eq!(out[0].to_f32_vec(), &[1.0, 4.0, 9.0]);
 /// ```
 #[derive(Clone)]
 pub struct Symbol {

@@ -52,14 +52,14 @@ impl InsertRangeNodes {
                 .map_err(|_| Error::InvalidLabel { label: PUSH.into(), detail: "symbol names have no NUL".into() })?;
             Ok(kernel_fn(move |_, outputs| {
                 nvtx::sys::range_push_ascii(&name);
-                outputs[0].data[0] = 0.0;
+                outputs[0].data.set_f32(0, 0.0);
                 Ok(())
             }))
         });
         let pop = Symbol::new(POP, Category::Shape).params(&[ParamKind::Tensor]).shape_rule(token).cpu_kernel(|_| {
             Ok(kernel_fn(|_, outputs| {
                 nvtx::sys::range_pop();
-                outputs[0].data[0] = 0.0;
+                outputs[0].data.set_f32(0, 0.0);
                 Ok(())
             }))
         });

@@ -105,7 +105,9 @@ impl crate::core::plan::Executor for WholeSoftmax {
     fn compile(&self, _op: &crate::core::plan::OpView<'_>) -> crate::Result<Box<dyn crate::core::plan::Kernel>> {
         Ok(crate::core::plan::kernel_fn(|inputs, outputs| {
             let cols = *inputs[0].shape.last().unwrap_or(&1);
-            for (row, out) in inputs[0].data.chunks(cols).zip(outputs[0].data.chunks_mut(cols)) {
+            for (row, out) in
+                inputs[0].values::<f32>()?.chunks(cols).zip(outputs[0].values_mut::<f32>()?.chunks_mut(cols))
+            {
                 let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
                 let z: f32 = row.iter().map(|x| (x - m).exp()).sum();
                 for (o, x) in out.iter_mut().zip(row) {

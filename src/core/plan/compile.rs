@@ -80,13 +80,13 @@ pub(crate) struct Step {
 /// let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
 /// let input = Tensor::new(&[2, 2], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
 /// let out = plan.run(&[&input]).unwrap();
-/// assert_eq!(out[0].data(), &[2.0, 5.0, 10.0, 17.0]);
+/// assert_eq!(out[0].to_f32_vec(), &[2.0, 5.0, 10.0, 17.0]);
 ///
 /// // Reuse one workspace: no allocation per run.
 /// let mut ws = plan.workspace().unwrap();
 /// for _ in 0..3 {
 ///     let outs = plan.run_with(&mut ws, &[input.view()]).unwrap();
-///     assert_eq!(outs.get(0).unwrap().data[3], 17.0);
+///     assert_eq!(outs.get(0).unwrap().values::<f32>().unwrap()[3], 17.0);
 /// }
 /// ```
 pub struct Plan {
@@ -101,8 +101,6 @@ pub struct Plan {
     /// The device of the plan's device executors, and the lengths of its buffers.
     pub(crate) device: Option<Arc<dyn Device>>,
     pub(crate) device_lengths: Vec<usize>,
-    /// The dtype of each device buffer's values (16-bit ones are packed two per word).
-    pub(crate) device_dtypes: Vec<DType>,
     /// Which inputs and outputs may stay on the device.
     pub(crate) device_io: DeviceIo,
     pub(crate) outputs: Vec<u32>,
@@ -257,7 +255,6 @@ impl Plan {
             buffers: Vec::new(),
             device: executors.iter().find_map(|e| e.device()),
             device_lengths: Vec::new(),
-            device_dtypes: Vec::new(),
             output_downloads: Vec::new(),
             filter,
         };
@@ -324,7 +321,6 @@ impl Plan {
             buffers: compiler.buffers,
             device: compiler.device,
             device_lengths: compiler.device_lengths,
-            device_dtypes: compiler.device_dtypes,
             device_io,
             outputs,
             pool: Mutex::new(Vec::new()),
@@ -590,7 +586,6 @@ struct Compiler<'c, 't> {
     buffers: Vec<TensorMeta>,
     device: Option<Arc<dyn Device>>,
     device_lengths: Vec<usize>,
-    device_dtypes: Vec<DType>,
     /// `(step, device buffer)` of each download that only brings an output to the host.
     output_downloads: Vec<(usize, u32)>,
     /// Which NVTX ranges the plan prepares (region ranges that executors push included).
@@ -782,7 +777,6 @@ impl<'c, 't> Compiler<'c, 't> {
     /// two per word, see `packing`).
     fn new_device_buffer(&mut self, shape: &[usize], dtype: DType) -> u32 {
         self.device_lengths.push(super::packing::words(dtype, shape.iter().product()));
-        self.device_dtypes.push(dtype);
         (self.device_lengths.len() - 1) as u32
     }
 
@@ -806,8 +800,13 @@ impl<'c, 't> Compiler<'c, 't> {
                 let buffer = self.new_buffer(self.shape(value)?, self.dtype(value));
                 self.steps.push(Step {
                     work: Work::Host(kernel_fn(|inputs, outputs| {
-                        outputs[0].data.copy_from_slice(inputs[0].data);
-                        Ok(())
+                        crate::core::tensor::with_same_values!(inputs[0].data, outputs[0].data.reborrow(), (x, out) => {
+                            out.copy_from_slice(x);
+                            Ok(())
+                        }, _ => Err(Error::CopyMismatch {
+                            expected: crate::TensorMeta::new(outputs[0].dtype(), outputs[0].shape),
+                            got: crate::TensorMeta::new(inputs[0].dtype(), inputs[0].shape),
+                        }))
                     })),
                     inputs: SmallVec::from_slice(&[input]),
                     outputs: SmallVec::from_slice(&[buffer]),

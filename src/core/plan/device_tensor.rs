@@ -12,7 +12,7 @@ use std::sync::Arc;
 use super::device::{Device, DeviceBuffer};
 use super::packing;
 use crate::core::ir::Shape;
-use crate::core::tensor::{Tensor, TensorRef};
+use crate::core::tensor::{Storage, Tensor, TensorRef};
 use crate::error::{Error, Result};
 
 /// A tensor in a device's memory.
@@ -34,7 +34,7 @@ use crate::error::{Error, Result};
 /// let x = DeviceTensor::upload(&on_device, Tensor::zeros(&[1024]).view())?; // once
 /// let mut workspace = plan.workspace()?;
 /// let outputs = plan.run_on_device(&mut workspace, &[RunInput::from(&x)])?; // no transfer
-/// assert_eq!(outputs.to_host(0)?.data()[0], 1.0); // waits for the device
+/// assert_eq!(outputs.to_host(0)?.to_f32_vec()[0], 1.0); // waits for the device
 /// # Ok::<(), boundscope::Error>(())
 /// ```
 pub struct DeviceTensor {
@@ -51,12 +51,12 @@ impl DeviceTensor {
     /// The device's allocation or copy error.
     pub fn upload(device: &Arc<dyn Device>, tensor: TensorRef<'_>) -> Result<Self> {
         check_holds(tensor)?;
-        let mut buffer = device.alloc(packing::words(tensor.dtype, tensor.data.len()))?;
+        let mut buffer = device.alloc(packing::words(tensor.dtype(), tensor.data.len()))?;
         upload_values(&**device, tensor, &mut *buffer)?;
-        Ok(Self { shape: Shape::from_slice(tensor.shape), dtype: tensor.dtype, buffer, device: device.clone() })
+        Ok(Self { shape: Shape::from_slice(tensor.shape), dtype: tensor.dtype(), buffer, device: device.clone() })
     }
 
-    /// Its dtype (bf16 and f16 values are stored two per device word).
+    /// Its dtype (its values are stored in their own bits: 16-bit ones two per device word).
     pub fn dtype(&self) -> crate::DType {
         self.dtype
     }
@@ -70,10 +70,10 @@ impl DeviceTensor {
     /// [`Error::InvalidTensor`] for data that does not fill its shape; the device's copy error.
     pub fn copy_from_host(&mut self, tensor: TensorRef<'_>) -> Result<()> {
         check_holds(tensor)?;
-        if tensor.shape != self.shape.as_slice() || tensor.dtype != self.dtype {
+        if tensor.shape != self.shape.as_slice() || tensor.dtype() != self.dtype {
             return Err(Error::CopyMismatch {
                 expected: crate::TensorMeta::new(self.dtype, &self.shape),
-                got: crate::TensorMeta::new(tensor.dtype, tensor.shape),
+                got: crate::TensorMeta::new(tensor.dtype(), tensor.shape),
             });
         }
         upload_values(&*self.device, tensor, &mut *self.buffer)
@@ -117,9 +117,9 @@ fn check_holds(tensor: TensorRef<'_>) -> Result<()> {
     }
 }
 
-/// Uploads `tensor`'s values into `buffer`, 16-bit ones packed two per word.
+/// Uploads `tensor`'s values into `buffer`, in their own bits.
 fn upload_values(device: &dyn Device, tensor: TensorRef<'_>, buffer: &mut dyn DeviceBuffer) -> Result<()> {
-    packing::upload(device, tensor.dtype, tensor.data, buffer, &mut Vec::new())
+    packing::upload(device, tensor.data, buffer, &mut Vec::new())
 }
 
 /// Copies `len(shape)` values of `dtype` of a device buffer to a new host tensor.
@@ -130,17 +130,9 @@ pub(crate) fn download(
     dtype: crate::DType,
 ) -> Result<Tensor> {
     let numel: usize = shape.iter().product();
-    let mut data = Vec::new();
-    data.try_reserve_exact(numel).map_err(|_| Error::OutOfMemory {
-        what: "a download to the host".into(),
-        shape: shape.to_vec(),
-        bytes: numel.saturating_mul(4),
-    })?;
-    data.resize(numel, 0.0);
-    packing::download(device, dtype, buffer, &mut data, &mut Vec::new())?;
-    let tensor = Tensor::new(shape, data)?;
-    // The values are of `dtype` already; this only tags the tensor.
-    Ok(if dtype == crate::DType::F32 { tensor } else { tensor.to_dtype(dtype) })
+    let mut tensor = Tensor::from_storage(shape, Storage::try_zeros(dtype, numel, "a download to the host", shape)?);
+    packing::download(device, buffer, tensor.data_mut(), &mut Vec::new())?;
+    Ok(tensor)
 }
 
 /// One input of a run, wherever it lives.

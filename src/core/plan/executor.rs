@@ -30,14 +30,14 @@ pub trait Kernel: Send + Sync {
 /// ```
 /// use boundscope::{kernel_fn, Kernel, Tensor, TensorMut};
 /// let double = kernel_fn(|inputs, outputs| {
-///     for (o, x) in outputs[0].data.iter_mut().zip(inputs[0].data) {
+///     for (o, x) in outputs[0].values_mut::<f32>()?.iter_mut().zip(inputs[0].values::<f32>()?) {
 ///         *o = 2.0 * x;
 ///     }
 ///     Ok(())
 /// });
 /// let x = Tensor::new(&[2], vec![1.0, 2.0]).unwrap();
 /// let mut out = [0.0; 2];
-/// double.run(&[x.view()], &mut [TensorMut { shape: &[2], dtype: boundscope::DType::F32, data: &mut out }]).unwrap();
+/// double.run(&[x.view()], &mut [TensorMut::new(&[2], &mut out[..]).unwrap()]).unwrap();
 /// assert_eq!(out, [2.0, 4.0]);
 /// ```
 pub fn kernel_fn<F>(f: F) -> Box<dyn Kernel>
@@ -75,7 +75,7 @@ where
 ///     fn claims(&self, op: &OpView<'_>) -> bool { op.symbol().builtin_prim() == Some(prims::RELU) }
 ///     fn compile(&self, _op: &OpView<'_>) -> Result<Box<dyn Kernel>> {
 ///         Ok(kernel_fn(|inputs, outputs| {
-///             for (o, &x) in outputs[0].data.iter_mut().zip(inputs[0].data) { *o = if x > 0.0 || x.is_nan() { x } else { 0.0 }; }
+///             for (o, &x) in outputs[0].values_mut::<f32>()?.iter_mut().zip(inputs[0].values::<f32>()?) { *o = if x > 0.0 || x.is_nan() { x } else { 0.0 }; }
 ///             Ok(())
 ///         }))
 ///     }
@@ -90,7 +90,7 @@ where
 /// let trace = b.finish().unwrap();
 /// let plan = Plan::compile(&trace, &[Arc::new(ReluOnly)]).unwrap();
 /// let out = plan.run(&[&Tensor::new(&[3], vec![-1.0, 0.5, 2.0]).unwrap()]).unwrap();
-/// assert_eq!(out[0].data(), &[0.0, 0.5, 2.0]);
+/// assert_eq!(out[0].to_f32_vec(), &[0.0, 0.5, 2.0]);
 /// ```
 pub trait Executor: Any + Send + Sync {
     /// A short, unique name (used in listings and errors).

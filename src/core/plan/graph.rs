@@ -60,7 +60,7 @@ impl Plan {
     /// for step in 0..3 {
     ///     graph.input_mut(0).unwrap().copy_from_host(Tensor::from_fn(&[256], |i| (i + step) as f32).view())?;
     ///     let y = graph.replay()?.to_host(0)?; // one launch, then one download
-    ///     assert_eq!(y.data()[0], (step as f32).tanh());
+    ///     assert_eq!(y.to_f32_vec()[0], (step as f32).tanh());
     /// }
     /// # Ok::<(), boundscope::Error>(())
     /// ```

@@ -1,11 +1,12 @@
-//! 16-bit values on a device: two per 32-bit word of a device buffer, so that the `Device`
-//! trait keeps moving `f32` words. Value `2i` is the low half of word `i`, value `2i + 1` its
-//! high half (the little-endian order of a `__nv_bfloat16` or `__half` array); an odd count
-//! leaves the last high half zero. The bits are those of the dtype (bf16: `f32`'s upper half;
-//! f16: IEEE half precision), rounded to nearest, ties to even, by the `half` crate.
+//! Values of every dtype on a device, in their own bits, in the 32-bit words of a device buffer,
+//! so that the `Device` trait keeps moving words: the little-endian layout of an array of the
+//! dtype (`float`, `__nv_bfloat16`, `__half`, `int64_t`, `int32_t`). 16-bit values go two per
+//! word: value `2i` is the low half of word `i`, value `2i + 1` its high half; an odd count
+//! leaves the last high half zero. An `i64` takes two words, its low half first.
 
 use super::device::{Device, DeviceBuffer};
 use crate::core::ir::DType;
+use crate::core::tensor::{Data, DataMut};
 use crate::error::Result;
 
 /// Whether values of `dtype` are stored two per word on a device.
@@ -15,79 +16,81 @@ pub(crate) fn is_packed(dtype: DType) -> bool {
 
 /// Device words that `n` values of `dtype` take.
 pub(crate) fn words(dtype: DType, n: usize) -> usize {
-    if is_packed(dtype) {
-        n.div_ceil(2)
-    } else {
-        n
-    }
+    n.saturating_mul(dtype.size_bytes()).div_ceil(4)
 }
 
-fn bits(dtype: DType, x: f32) -> u32 {
-    match dtype {
-        DType::F16 => u32::from(half::f16::from_f32(x).to_bits()),
-        _ => u32::from(half::bf16::from_f32(x).to_bits()),
-    }
+/// Values of `dtype` that `words` device words hold.
+pub(crate) fn values_in(dtype: DType, words: usize) -> usize {
+    words.saturating_mul(4) / dtype.size_bytes()
 }
 
-fn value(dtype: DType, bits: u32) -> f32 {
-    let bits = (bits & 0xFFFF) as u16;
-    match dtype {
-        DType::F16 => half::f16::from_bits(bits).to_f32(),
-        _ => half::bf16::from_bits(bits).to_f32(),
-    }
-}
-
-/// `values` (of `dtype`, widened to `f32`) packed into `words`, which is cleared first (and
-/// keeps its capacity: no allocation once it is large enough).
-pub(crate) fn pack(dtype: DType, values: &[f32], words: &mut Vec<f32>) {
+/// Device words holding the values of `values`, in their dtype's own bits, into `words` (cleared
+/// first; it keeps its capacity: no allocation once it is large enough). `f32` values are one
+/// word each, `i32` values their bits, `i64` values two words (low, then high), 16-bit values
+/// two per word.
+pub(crate) fn pack(values: Data<'_>, words: &mut Vec<f32>) {
     words.clear();
-    words.extend(values.chunks(2).map(|pair| {
-        let low = bits(dtype, pair[0]);
-        let high = pair.get(1).map_or(0, |&x| bits(dtype, x));
-        f32::from_bits(low | (high << 16))
-    }));
-}
-
-/// The values of `dtype` packed in `words`, widened into `values` (as many as it holds).
-pub(crate) fn unpack(dtype: DType, words: &[f32], values: &mut [f32]) {
-    for (i, v) in values.iter_mut().enumerate() {
-        let word = words.get(i / 2).map_or(0, |w| w.to_bits());
-        *v = value(dtype, if i % 2 == 0 { word } else { word >> 16 });
+    let word = |bits: u32| f32::from_bits(bits);
+    match values {
+        Data::F32(x) => words.extend_from_slice(x),
+        Data::BF16(x) => words.extend(x.chunks(2).map(|p| word(pair(p[0].to_bits(), p.get(1).map(|h| h.to_bits()))))),
+        Data::F16(x) => words.extend(x.chunks(2).map(|p| word(pair(p[0].to_bits(), p.get(1).map(|h| h.to_bits()))))),
+        Data::I32(x) => words.extend(x.iter().map(|&v| word(v as u32))),
+        Data::I64(x) => words.extend(x.iter().flat_map(|&v| [word(v as u32), word((v >> 32) as u32)])),
     }
 }
 
-/// Uploads `values` (of `dtype`, widened to `f32`) into `target`, packing 16-bit ones through
-/// `scratch` (grown once, then reused).
+fn pair(low: u16, high: Option<u16>) -> u32 {
+    u32::from(low) | (u32::from(high.unwrap_or(0)) << 16)
+}
+
+/// The values that `words` holds (as [`pack`] lays them out) into `values`, as many as it holds.
+pub(crate) fn unpack(words: &[f32], values: DataMut<'_>) {
+    let word = |i: usize| words.get(i).map_or(0, |w| w.to_bits());
+    let half = |i: usize| (if i.is_multiple_of(2) { word(i / 2) } else { word(i / 2) >> 16 }) as u16;
+    match values {
+        DataMut::F32(x) => x.iter_mut().enumerate().for_each(|(i, v)| *v = f32::from_bits(word(i))),
+        DataMut::BF16(x) => x.iter_mut().enumerate().for_each(|(i, v)| *v = half::bf16::from_bits(half(i))),
+        DataMut::F16(x) => x.iter_mut().enumerate().for_each(|(i, v)| *v = half::f16::from_bits(half(i))),
+        DataMut::I32(x) => x.iter_mut().enumerate().for_each(|(i, v)| *v = word(i) as i32),
+        DataMut::I64(x) => x
+            .iter_mut()
+            .enumerate()
+            .for_each(|(i, v)| *v = (u64::from(word(2 * i)) | (u64::from(word(2 * i + 1)) << 32)) as i64),
+    }
+}
+
+/// Uploads `values` into `target`, through `scratch` (grown once, then reused) unless they are
+/// `f32`.
 pub(crate) fn upload(
     device: &dyn Device,
-    dtype: DType,
-    values: &[f32],
+    values: Data<'_>,
     target: &mut dyn DeviceBuffer,
     scratch: &mut Vec<f32>,
 ) -> Result<()> {
-    if !is_packed(dtype) {
-        return device.upload(values, target);
+    if let Data::F32(x) = values {
+        return device.upload(x, target);
     }
-    pack(dtype, values, scratch);
+    pack(values, scratch);
     device.upload(scratch, target)
 }
 
-/// Downloads `source` (values of `dtype`) into `values`, widened to `f32`, unpacking 16-bit
-/// ones through `scratch` (grown once, then reused).
+/// Downloads `source` into `values`, through `scratch` (grown once, then reused) unless they
+/// are `f32`.
 pub(crate) fn download(
     device: &dyn Device,
-    dtype: DType,
     source: &dyn DeviceBuffer,
-    values: &mut [f32],
+    values: DataMut<'_>,
     scratch: &mut Vec<f32>,
 ) -> Result<()> {
-    if !is_packed(dtype) {
-        return device.download(source, values);
+    let dtype = values.dtype();
+    if let DataMut::F32(x) = values {
+        return device.download(source, x);
     }
     scratch.clear();
     scratch.resize(words(dtype, values.len()), 0.0);
     device.download(source, scratch)?;
-    unpack(dtype, scratch, values);
+    unpack(scratch, values);
     Ok(())
 }
 
@@ -96,18 +99,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn packing_round_trips_and_orders_halves_little_endian() {
-        for dtype in [DType::BF16, DType::F16] {
-            let values = [1.0f32, -2.5, 0.0, f32::INFINITY, 3.0];
-            let mut packed = Vec::new();
-            pack(dtype, &values, &mut packed);
-            assert_eq!(packed.len(), words(dtype, values.len()));
-            let low = packed[0].to_bits() & 0xFFFF;
-            assert_eq!(low, bits(dtype, 1.0), "{dtype}");
-            let mut back = [0.0f32; 5];
-            unpack(dtype, &packed, &mut back);
-            assert_eq!(back, values, "{dtype}");
-        }
-        assert_eq!((words(DType::F32, 5), words(DType::BF16, 5)), (5, 3));
+    fn packing_round_trips_in_each_dtypes_own_bits() {
+        use half::{bf16, f16};
+        let b: Vec<bf16> = [1.0f32, -2.5, 0.0, f32::INFINITY, 3.0].iter().map(|&x| bf16::from_f32(x)).collect();
+        let mut packed = Vec::new();
+        pack(Data::BF16(&b), &mut packed);
+        assert_eq!(packed.len(), words(DType::BF16, 5));
+        assert_eq!(packed[0].to_bits() & 0xFFFF, u32::from(b[0].to_bits()));
+        let mut back = [bf16::ZERO; 5];
+        unpack(&packed, DataMut::BF16(&mut back));
+        assert_eq!(back[..], b[..]);
+        let h: Vec<f16> = [0.5f32, 65504.0, -1.0].iter().map(|&x| f16::from_f32(x)).collect();
+        pack(Data::F16(&h), &mut packed);
+        let mut back = [f16::ZERO; 3];
+        unpack(&packed, DataMut::F16(&mut back));
+        assert_eq!(back[..], h[..]);
+        let ids = [i64::MIN, -1, (1 << 53) + 1, i64::MAX];
+        pack(Data::I64(&ids), &mut packed);
+        assert_eq!(packed.len(), 8);
+        let mut back = [0i64; 4];
+        unpack(&packed, DataMut::I64(&mut back));
+        assert_eq!(back, ids);
+        let small = [i32::MIN, 7, -7];
+        pack(Data::I32(&small), &mut packed);
+        let mut back = [0i32; 3];
+        unpack(&packed, DataMut::I32(&mut back));
+        assert_eq!(back, small);
+        assert_eq!((words(DType::F32, 5), words(DType::BF16, 5), words(DType::I64, 5)), (5, 3, 10));
+        assert_eq!((values_in(DType::BF16, 3), values_in(DType::I64, 10)), (6, 5));
     }
 }

@@ -64,7 +64,7 @@ fn checks_inputs_and_workspace() {
     let mut ws = other.workspace().unwrap();
     let x = Tensor::zeros(&[2, 3]);
     assert!(matches!(plan.run_with(&mut ws, &[x.view()]), Err(Error::WorkspaceMismatch)));
-    assert_eq!(plan.run(&[&x]).unwrap()[0].data(), &[1.0; 6]);
+    assert_eq!(plan.run(&[&x]).unwrap()[0].to_f32_vec(), &[1.0; 6]);
 }
 
 #[test]
@@ -73,13 +73,13 @@ fn data_shorter_than_its_shape_is_reported_as_such() {
     let arena = Arena::new();
     let plan = Plan::compile(&exp_then_add(&arena, &registry), &[CpuReference::shared()]).unwrap();
     let mut ws = plan.workspace().unwrap();
-    let short = crate::TensorRef { shape: &[2, 3], dtype: crate::DType::F32, data: &[0.0; 5] };
+    let short = crate::TensorRef { shape: &[2, 3], data: crate::Data::F32(&[0.0; 5]) };
     let err = plan.run_with(&mut ws, &[short]).err().expect("5 elements for [2, 3]");
     assert!(matches!(err, Error::InputLength { index: 0, expected: 6, got: 5, .. }), "{err:?}");
     assert!(!err.to_string().contains("built for"), "{err}");
     assert!(err.to_string().contains("6 elements") && err.to_string().contains("has 5"), "{err}");
     // A wrong shape is still a shape error.
-    let wrong = crate::TensorRef { shape: &[3, 2], dtype: crate::DType::F32, data: &[0.0; 6] };
+    let wrong = crate::TensorRef { shape: &[3, 2], data: crate::Data::F32(&[0.0; 6]) };
     assert!(matches!(plan.run_with(&mut ws, &[wrong]), Err(Error::InputShape { index: 0, .. })));
 }
 
@@ -126,7 +126,7 @@ fn workspace_stays_usable_after_an_error_and_a_panic() {
     fail.store(true, Ordering::Relaxed);
     assert!(matches!(plan.run_with(&mut ws, &[x.view()]), Err(Error::Execution { .. })));
     fail.store(false, Ordering::Relaxed);
-    assert_eq!(plan.run_with(&mut ws, &[x.view()]).unwrap().get(0).unwrap().data, &[1.0; 6]);
+    assert_eq!(plan.run_with(&mut ws, &[x.view()]).unwrap().get(0).unwrap().data, crate::Data::F32(&[1.0; 6]));
 
     panic.store(true, Ordering::Relaxed);
     let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -134,7 +134,7 @@ fn workspace_stays_usable_after_an_error_and_a_panic() {
     }));
     assert!(caught.is_err());
     panic.store(false, Ordering::Relaxed);
-    assert_eq!(plan.run_with(&mut ws, &[x.view()]).unwrap().get(0).unwrap().data, &[1.0; 6]);
+    assert_eq!(plan.run_with(&mut ws, &[x.view()]).unwrap().get(0).unwrap().data, crate::Data::F32(&[1.0; 6]));
 }
 
 #[test]
@@ -148,8 +148,8 @@ fn output_that_is_an_input_is_copied() {
     b.output(y).unwrap();
     let plan = Plan::compile(&b.finish().unwrap(), &[CpuReference::shared()]).unwrap();
     let out = plan.run(&[&Tensor::new(&[2], vec![1.0, -2.0]).unwrap()]).unwrap();
-    assert_eq!(out[0].data(), &[1.0, -2.0]);
-    assert_eq!(out[1].data(), &[-1.0, 2.0]);
+    assert_eq!(out[0].to_f32_vec(), &[1.0, -2.0]);
+    assert_eq!(out[1].to_f32_vec(), &[-1.0, 2.0]);
     assert!(plan.to_string().contains("copy of input t0"));
 }
 
@@ -168,7 +168,7 @@ fn plan_runs_from_many_threads() {
                 let x = Tensor::from_fn(&[2, 3], |i| (i + t) as f32 * 0.1);
                 for _ in 0..100 {
                     let out = plan.run(&[&x]).unwrap();
-                    for (o, v) in out[0].data().iter().zip(x.data()) {
+                    for (o, v) in out[0].to_f32_vec().iter().zip(x.to_f32_vec()) {
                         assert!((o - (v.exp() + v)).abs() < 1e-6);
                     }
                 }
@@ -437,7 +437,7 @@ fn a_value_returned_twice_from_the_device_reads_the_same_on_the_host() {
     let (first, second) = (outputs.to_host(0).unwrap(), outputs.to_host(1).unwrap());
     GUARDED.with(|g| g.set(0));
     assert_eq!(first, second);
-    assert!((first.data()[1] - 0.1f32.exp()).abs() < 1e-6, "{first:?}");
+    assert!((first.to_f32_vec()[1] - 0.1f32.exp()).abs() < 1e-6, "{first:?}");
 }
 
 #[test]
@@ -450,7 +450,7 @@ fn executors_on_two_devices_or_short_uploads_are_typed_errors() {
     assert!(matches!(err, Error::DeviceMismatch { .. }), "{err}");
     assert!(err.to_string().contains("two device objects that are both named `host-memory`"), "{err}");
     let device: Arc<dyn Device> = Arc::new(HostMemoryDevice);
-    let short = crate::core::tensor::TensorRef { shape: &[4], dtype: crate::DType::F32, data: &[1.0] };
+    let short = crate::core::tensor::TensorRef { shape: &[4], data: crate::Data::F32(&[1.0]) };
     let err = DeviceTensor::upload(&device, short).unwrap_err();
     assert!(matches!(err, Error::InvalidTensor { .. }), "{err}");
     let mut tensor = DeviceTensor::upload(&device, Tensor::zeros(&[4]).view()).unwrap();
@@ -461,7 +461,7 @@ fn executors_on_two_devices_or_short_uploads_are_typed_errors() {
     let err = tensor.copy_from_host(Tensor::zeros(&[4]).to_dtype(crate::DType::BF16).view()).unwrap_err();
     assert!(err.to_string().contains("cannot copy bf16[4] host data into a device tensor of f32[4]"), "{err}");
     tensor.copy_from_host(Tensor::from_fn(&[4], |i| i as f32).view()).unwrap();
-    assert_eq!(tensor.to_host().unwrap().data(), &[0.0, 1.0, 2.0, 3.0]);
+    assert_eq!(tensor.to_host().unwrap().to_f32_vec(), &[0.0, 1.0, 2.0, 3.0]);
 }
 
 #[test]
@@ -568,22 +568,16 @@ struct PackedExp(crate::DType);
 
 impl DeviceKernel for PackedExp {
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> crate::Result<()> {
-        let n = memory(inputs[0]).len() * if super::packing::is_packed(self.0) { 2 } else { 1 };
-        let mut values = vec![0.0; n];
-        if super::packing::is_packed(self.0) {
-            super::packing::unpack(self.0, memory(inputs[0]), &mut values);
-        } else {
-            values.copy_from_slice(memory(inputs[0]));
-        }
-        let results: Vec<f32> = values.iter().map(|&v| self.0.round(crate::executors::math::exp(v))).collect();
+        let n = super::packing::values_in(self.0, memory(inputs[0]).len());
+        let mut wide = crate::Tensor::try_zeros_of(self.0, &[n])?;
+        super::packing::unpack(memory(inputs[0]), wide.data_mut());
+        let results: Vec<f32> = wide.to_f32_vec().iter().map(|&v| crate::executors::math::exp(v)).collect();
+        let results = crate::Tensor::new(&[n], results)?.to_dtype(self.0);
         let out = &mut outputs[0].as_any_mut().downcast_mut::<HostMemory>().expect("our buffer").0;
-        if super::packing::is_packed(self.0) {
-            let mut packed = Vec::new();
-            super::packing::pack(self.0, &results, &mut packed);
-            out.copy_from_slice(&packed);
-        } else {
-            out.copy_from_slice(&results);
-        }
+        let mut packed = Vec::new();
+        super::packing::pack(results.data(), &mut packed);
+        let len = out.len();
+        out.copy_from_slice(&packed[..len]);
         Ok(())
     }
 }
@@ -596,7 +590,7 @@ impl Executor for DeviceExpAnyDtype {
         op.symbol_id() == prims::EXP
     }
     fn dtypes(&self) -> &[crate::DType] {
-        &crate::DType::ALL
+        &crate::DType::FLOATS
     }
     fn device(&self) -> Option<Arc<dyn Device>> {
         Some(Arc::new(HostMemoryDevice))
@@ -639,4 +633,38 @@ fn sixteen_bit_values_travel_packed_to_devices_and_back() {
         let err = plan.run_on_device(&mut ws, &[crate::RunInput::from(&f32_on_device)]).err().unwrap();
         assert_eq!(err, Error::InputDType { index: 0, expected: dtype, got: DType::F32 });
     }
+}
+
+#[test]
+fn integer_tensors_move_exactly_and_float_ops_refuse_them() {
+    use crate::{DType, TensorMeta};
+    let (registry, arena) = (crate::Registry::with_builtins(), crate::Arena::new());
+    let mut b = crate::TraceBuilder::new(&arena, &registry);
+    let ids = b.input_with(&TensorMeta::new(DType::I64, &[2, 3])).unwrap();
+    let t = b.transpose(ids, &[1, 0]).unwrap();
+    let r = b.reshape(t, &[6]).unwrap();
+    let wide = b.broadcast_to(r, &[2, 6]).unwrap();
+    let f = b.cast(wide, DType::F32).unwrap();
+    let narrow = b.cast(r, DType::I32).unwrap();
+    b.output(wide).unwrap();
+    b.output(f).unwrap();
+    b.output(narrow).unwrap();
+    let trace = b.finish().unwrap();
+    let plan = Plan::compile(&trace, &[crate::executors::CpuReference::shared()]).unwrap();
+    let big = (1i64 << 53) + 1;
+    let x = crate::Tensor::from_vec(&[2, 3], vec![0, 1, 2, big, -4, 5]).unwrap();
+    let out = plan.run(&[&x]).unwrap();
+    let moved = [0, big, 1, -4, 2, 5];
+    assert_eq!(out[0].values::<i64>().unwrap(), [moved, moved].concat());
+    assert_eq!(out[1].values::<f32>().unwrap()[1], big as f32);
+    assert_eq!(out[2].values::<i32>().unwrap(), &[0, 1, 1, -4, 2, 5]);
+    // Float ops on integers are typed errors naming the fix.
+    let mut b = crate::TraceBuilder::new(&arena, &registry);
+    let ids = b.input_with(&TensorMeta::new(DType::I64, &[4])).unwrap();
+    let err = b.exp(ids).unwrap_err();
+    assert!(matches!(err, Error::ShapeMismatch { .. }) && err.to_string().contains("cast it first"), "{err}");
+    assert!(b.add_scalar(ids, 1.0).is_err() && b.sum(ids).is_err() && b.softmax(ids).is_err());
+    // A run given f32 for an i64 input is told so.
+    let f = crate::Tensor::zeros(&[2, 3]);
+    assert!(matches!(plan.run(&[&f]), Err(Error::InputDType { expected: DType::I64, .. })));
 }

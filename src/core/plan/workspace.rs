@@ -14,7 +14,7 @@ use super::device_tensor::{download, DeviceTensor, PlanInput, RunInput};
 use super::executor::RunDecision;
 use super::guard_schedule::{GuardStack, Schedule};
 use super::packing;
-use crate::core::tensor::{Tensor, TensorMut, TensorRef};
+use crate::core::tensor::{Data, Storage, Tensor, TensorMut, TensorRef};
 use crate::error::{Error, Result};
 use std::sync::Arc;
 
@@ -23,7 +23,7 @@ use std::sync::Arc;
 /// A workspace belongs to the plan that made it; one thread uses it at a time (`&mut`).
 pub struct Workspace {
     pub(super) plan_id: u64,
-    buffers: Vec<Vec<f32>>,
+    buffers: Vec<Storage>,
     /// Device buffers, allocated by the first run.
     pub(super) device_buffers: Vec<Option<Box<dyn DeviceBuffer>>>,
     /// Its own queue on the device, made by its first run (when the device has queues).
@@ -43,14 +43,14 @@ pub(super) struct RunScratch {
     pub(super) guard_stack: Vec<(u32, u64)>,
     input_views: Vec<TensorRef<'static>>,
     output_views: Vec<TensorMut<'static>>,
-    taken: Vec<Vec<f32>>,
+    taken: Vec<Storage>,
     device_inputs: Vec<&'static dyn DeviceBuffer>,
     device_outputs: Vec<&'static mut dyn DeviceBuffer>,
     device_taken: Vec<Option<Box<dyn DeviceBuffer>>>,
     host_inputs: Vec<TensorRef<'static>>,
     device_run_inputs: Vec<Option<&'static dyn DeviceBuffer>>,
-    /// 16-bit values packed two per word, for transfers of bf16 and f16 values (grown once to
-    /// the largest such transfer, then reused).
+    /// Values other than `f32` as device words, for their transfers (grown once to the largest
+    /// such transfer, then reused).
     packed: Vec<f32>,
 }
 
@@ -69,7 +69,7 @@ fn recycle<T, U>(mut list: Vec<T>) -> Vec<U> {
 impl Workspace {
     /// Bytes held by its buffers.
     pub fn bytes(&self) -> usize {
-        self.buffers.iter().map(|b| b.len() * std::mem::size_of::<f32>()).sum()
+        self.buffers.iter().map(Storage::bytes).sum()
     }
 }
 
@@ -83,11 +83,7 @@ impl<'w> Outputs<'w> {
     /// The `i`-th output, or `None` past the end.
     pub fn get(&self, i: usize) -> Option<TensorRef<'w>> {
         let buffer = *self.plan.outputs.get(i)? as usize;
-        Some(TensorRef {
-            shape: &self.plan.buffers[buffer].shape,
-            dtype: self.plan.buffers[buffer].dtype,
-            data: &self.workspace.buffers[buffer],
-        })
+        Some(TensorRef { shape: &self.plan.buffers[buffer].shape, data: self.workspace.buffers[buffer].data() })
     }
 
     /// Number of outputs.
@@ -126,17 +122,10 @@ impl Plan {
     /// [`Error::OutOfMemory`] if a buffer cannot be allocated.
     pub fn workspace(&self) -> Result<Workspace> {
         let mut buffers = Vec::with_capacity(self.buffers.len());
-        for crate::core::ir::TensorMeta { shape, .. } in &self.buffers {
+        for crate::core::ir::TensorMeta { shape, dtype } in &self.buffers {
             // Every shape of a plan is usable (the builder checks them), so this is its count.
             let numel = shape.iter().product::<usize>();
-            let mut buffer = Vec::new();
-            buffer.try_reserve_exact(numel).map_err(|_| Error::OutOfMemory {
-                what: "Plan::workspace".into(),
-                shape: shape.to_vec(),
-                bytes: numel * std::mem::size_of::<f32>(),
-            })?;
-            buffer.resize(numel, 0.0);
-            buffers.push(buffer);
+            buffers.push(Storage::try_zeros(*dtype, numel, "Plan::workspace", shape)?);
         }
         Ok(Workspace {
             plan_id: self.id,
@@ -244,7 +233,7 @@ impl Plan {
                     if placed.is_ok() {
                         placed = self.check_device_input(index, tensor);
                     }
-                    host.push(TensorRef { shape: tensor.shape(), dtype: tensor.dtype(), data: &[] });
+                    host.push(TensorRef { shape: tensor.shape(), data: Data::empty(tensor.dtype()) });
                     device.push(Some(tensor.buffer()));
                 }
             }
@@ -327,15 +316,15 @@ impl Plan {
                     .into(),
             );
         }
-        // Device buffers hold words: 16-bit values two per word. Reported in elements.
+        // Device buffers hold words (16-bit values two per word, i64 two words each). Reported in
+        // elements.
         let numel: usize = expected.iter().product();
         if tensor.buffer().len() < packing::words(tensor.dtype(), numel) {
-            let per_word = if packing::is_packed(tensor.dtype()) { 2 } else { 1 };
             return Err(Error::InputLength {
                 index,
                 shape: expected.to_vec(),
                 expected: numel,
-                got: tensor.buffer().len() * per_word,
+                got: packing::values_in(tensor.dtype(), tensor.buffer().len()),
             });
         }
         Ok(())
@@ -395,8 +384,8 @@ impl Plan {
             if input.shape != expected.as_slice() {
                 return Err(Error::InputShape { index, expected: expected.to_vec(), got: input.shape.to_vec() });
             }
-            if input.dtype != self.input_dtypes[index] {
-                return Err(Error::InputDType { index, expected: self.input_dtypes[index], got: input.dtype });
+            if input.dtype() != self.input_dtypes[index] {
+                return Err(Error::InputDType { index, expected: self.input_dtypes[index], got: input.dtype() });
             }
             // The trace's shapes are usable (the builder checks them), so this is the count.
             let numel = expected.iter().product::<usize>();
@@ -432,7 +421,7 @@ impl Plan {
                     views.push(self.input_view(*slot, buffers, inputs));
                 }
                 let meta = &self.buffers[buffer];
-                let mut outs = [TensorMut { shape: &meta.shape, dtype: meta.dtype, data: &mut data }];
+                let mut outs = [TensorMut { shape: &meta.shape, data: data.data_mut() }];
                 kernel.run(&views, &mut outs)
             };
             buffers[buffer] = data;
@@ -448,11 +437,7 @@ impl Plan {
             self.input_views(&mut views, step, buffers, inputs);
             let mut outs: Vec<TensorMut<'_>> = recycle(std::mem::take(&mut scratch.output_views));
             for (data, &b) in taken.iter_mut().zip(&step.outputs) {
-                outs.push(TensorMut {
-                    shape: &self.buffers[b as usize].shape,
-                    dtype: self.buffers[b as usize].dtype,
-                    data,
-                });
+                outs.push(TensorMut { shape: &self.buffers[b as usize].shape, data: data.data_mut() });
             }
             let result = kernel.run(&views, &mut outs);
             scratch.input_views = recycle(views);
@@ -471,23 +456,19 @@ impl Plan {
         &'v self,
         views: &mut impl Extend<TensorRef<'v>>,
         step: &Step,
-        buffers: &'v [Vec<f32>],
+        buffers: &'v [Storage],
         inputs: &[TensorRef<'v>],
     ) {
         views.extend(step.inputs.iter().map(|&slot| self.input_view(slot, buffers, inputs)));
     }
 
     #[inline(always)]
-    fn input_view<'v>(&'v self, slot: Slot, buffers: &'v [Vec<f32>], inputs: &[TensorRef<'v>]) -> TensorRef<'v> {
+    fn input_view<'v>(&'v self, slot: Slot, buffers: &'v [Storage], inputs: &[TensorRef<'v>]) -> TensorRef<'v> {
         match slot {
             Slot::Input(i) => inputs[i as usize],
-            Slot::Buffer(b) => TensorRef {
-                shape: &self.buffers[b as usize].shape,
-                dtype: self.buffers[b as usize].dtype,
-                data: &buffers[b as usize],
-            },
+            Slot::Buffer(b) => TensorRef { shape: &self.buffers[b as usize].shape, data: buffers[b as usize].data() },
             // Compilation gives host kernels host slots only (downloads come first).
-            Slot::Device(_) => TensorRef { shape: &[], dtype: crate::DType::F32, data: &[] },
+            Slot::Device(_) => TensorRef { shape: &[], data: Data::F32(&[]) },
         }
     }
 
@@ -513,23 +494,23 @@ impl Plan {
         };
         match work {
             Work::Upload => {
-                let source: &[f32] = match step.inputs[0] {
+                let source: Data<'_> = match step.inputs[0] {
                     // Given on the device: read there, nothing to upload.
                     Slot::Input(i) if run.device[i as usize].is_some() => return Ok(()),
                     Slot::Input(i) => run.host[i as usize].data,
-                    Slot::Buffer(b) => &workspace.buffers[b as usize],
+                    Slot::Buffer(b) => workspace.buffers[b as usize].data(),
                     Slot::Device(_) => return Err(missing()),
                 };
                 let out = step.outputs[0] as usize;
                 let target = workspace.device_buffers[out].as_deref_mut().ok_or_else(missing)?;
-                packing::upload(&**device, self.device_dtypes[out], source, target, &mut workspace.scratch.packed)
+                packing::upload(&**device, source, target, &mut workspace.scratch.packed)
             }
             Work::Download if run.outputs_on_device && self.device_io.output_download[index] => Ok(()),
             Work::Download => {
                 let d = device_slot(&step.inputs[0]).ok_or_else(missing)?;
                 let source = self.device_buffer(d, &workspace.device_buffers, run).ok_or_else(missing)?;
-                let target = &mut workspace.buffers[step.outputs[0] as usize];
-                packing::download(&**device, self.device_dtypes[d], source, target, &mut workspace.scratch.packed)
+                let target = workspace.buffers[step.outputs[0] as usize].data_mut();
+                packing::download(&**device, source, target, &mut workspace.scratch.packed)
             }
             Work::Device(kernel) => {
                 let Workspace { device_buffers, scratch, .. } = workspace;

@@ -40,7 +40,7 @@ pub use program::FusedRegion;
 /// let plan = Plan::compile(&fused, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();
 /// assert_eq!(plan.steps_per_executor(), vec![("cpu_fusion", 1)]);
 /// let out = plan.run(&[&Tensor::from_fn(&[8], |i| i as f32)]).unwrap();
-/// assert_eq!(out[0].data()[2], 9.0);
+/// assert_eq!(out[0].to_f32_vec()[2], 9.0);
 /// ```
 #[derive(Clone, Debug)]
 pub struct CpuFusion {
@@ -162,7 +162,7 @@ impl CpuFusion {
     ///     let fusion = Arc::new(CpuFusion::new().block_size(block));
     ///     let fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap();
     ///     let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap();
-    ///     assert_eq!(plan.run(&[&Tensor::zeros(&[5])]).unwrap()[0].data(), &[-1.0; 5]);
+    ///     assert_eq!(plan.run(&[&Tensor::zeros(&[5])]).unwrap()[0].to_f32_vec(), &[-1.0; 5]);
     /// }
     /// ```
     pub fn block_size(mut self, elements: usize) -> Self {
@@ -198,7 +198,7 @@ impl CpuFusion {
     ///     let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap();
     ///     results.push(plan.run(&[&x]).unwrap().remove(0));
     /// }
-    /// assert_eq!(results[0].data(), results[1].data());
+    /// assert_eq!(results[0].to_f32_vec(), results[1].to_f32_vec());
     /// ```
     pub fn threads(mut self, threads: usize) -> Self {
         self.threads = threads;
@@ -236,13 +236,13 @@ impl Executor for CpuFusion {
             dumps.lock().unwrap_or_else(|p| p.into_inner()).push(program);
         }
         // Temporaries stay f32; only the region's outputs are rounded to their dtypes.
-        Ok(crate::executors::cpu_reference::rounding::RoundOutputs::wrap(Box::new(region), op))
+        Ok(crate::executors::cpu_reference::in_f32::InF32::wrap(Box::new(region), op))
     }
 
-    /// Every dtype: a region computes in `f32` throughout, keeping its temporaries in `f32`
-    /// (not rounded to their ops' dtypes), and rounds only its outputs, once.
+    /// Every float dtype: a region computes in `f32` throughout, keeping its temporaries in
+    /// `f32` (not rounded to their ops' dtypes), and rounds only its outputs, once.
     fn dtypes(&self) -> &[crate::DType] {
-        &crate::DType::ALL
+        &crate::DType::FLOATS
     }
 
     fn emits(&self) -> &[EmittedRange] {
@@ -341,16 +341,16 @@ mod tests {
         let kernel = CpuFusion::new().compile(&OpView::of(&fused, 0).unwrap()).unwrap();
         let (input, mut out) = ([1.0f32; 8], [0.0f32; 4]);
         let short = kernel.run(
-            &[TensorRef { shape: &[8], dtype: crate::DType::F32, data: &input }],
-            &mut [TensorMut { shape: &[4], dtype: crate::DType::F32, data: &mut out }],
+            &[TensorRef { shape: &[8], data: crate::Data::F32(&input) }],
+            &mut [TensorMut { shape: &[4], data: crate::DataMut::F32(&mut out) }],
         );
         assert!(matches!(short, Err(Error::Execution { .. })), "{short:?}");
         assert!(kernel.run(&[], &mut []).is_err());
         let mut out = [0.0f32; 8];
         kernel
             .run(
-                &[TensorRef { shape: &[8], dtype: crate::DType::F32, data: &input }],
-                &mut [TensorMut { shape: &[8], dtype: crate::DType::F32, data: &mut out }],
+                &[TensorRef { shape: &[8], data: crate::Data::F32(&input) }],
+                &mut [TensorMut { shape: &[8], data: crate::DataMut::F32(&mut out) }],
             )
             .unwrap();
         assert_eq!(out[0], -(1.0f32.exp()));
@@ -371,8 +371,8 @@ mod tests {
             let fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap();
             let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap();
             let out = plan.run(&[&input]).unwrap();
-            assert!(out[0].data()[0].is_nan(), "block {block}: {:?}", out[0].data());
-            assert_eq!(out[0].data()[1], -64.0, "block {block}");
+            assert!(out[0].to_f32_vec()[0].is_nan(), "block {block}: {:?}", out[0].to_f32_vec());
+            assert_eq!(out[0].to_f32_vec()[1], -64.0, "block {block}");
         }
     }
 
@@ -415,6 +415,6 @@ mod tests {
         let reference = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
         let input = Tensor::zeros(&[8, 0]);
         assert_eq!(plan.run(&[&input]).unwrap(), reference.run(&[&input]).unwrap());
-        assert_eq!(reference.run(&[&input]).unwrap()[0].data(), &[f32::NEG_INFINITY; 8]);
+        assert_eq!(reference.run(&[&input]).unwrap()[0].to_f32_vec(), &[f32::NEG_INFINITY; 8]);
     }
 }

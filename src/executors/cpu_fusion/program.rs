@@ -1,9 +1,9 @@
 //! A fused region compiled into a small program over block-sized temporaries.
 
 use super::SCRATCH;
-use crate::core::ir::{prims, Arg, Shape, SymbolId, ValueId};
+use crate::core::ir::{prims, Arg, DType, Shape, SymbolId, ValueId};
 use crate::core::plan::{Kernel, OpView, PreparedRegionRange};
-use crate::core::tensor::{TensorMut, TensorRef};
+use crate::core::tensor::{Data, DataMut, TensorMut, TensorRef};
 use crate::error::Result;
 use crate::executors::cpu_reference::kernels::{broadcast_read, broadcast_strides, BroadcastRead};
 use crate::executors::cpu_reference::math::{maximum, with_binary, with_unary, LaneSum};
@@ -229,17 +229,20 @@ impl FusedRegion {
         if self.numel == 0 {
             // Rows of length zero: a reduction still has one result per row.
             if let (Some((op, _, _)), Some(o)) = (self.reduce, self.reduce_output) {
-                outputs[o].data.fill(if op == prims::SUM { 0.0 } else { f32::NEG_INFINITY });
+                floats_mut(&mut outputs[o].data).fill(if op == prims::SUM { 0.0 } else { f32::NEG_INFINITY });
             }
             return;
         }
         if self.parts == 1 {
-            let mut outs: Outputs<'_> = outputs.iter_mut().map(|o| &mut *o.data).collect();
+            let mut outs: Outputs<'_> = outputs.iter_mut().map(|o| floats_mut(&mut o.data)).collect();
             self.run_range(0, self.numel, inputs, &mut outs);
             return;
         }
-        let shared: SmallVec<[(SharedMut, usize); 16]> =
-            outputs.iter_mut().map(|o| (SharedMut::new(o.data), o.data.len())).collect();
+        let shared: SmallVec<[(SharedMut, usize); 16]> = outputs
+            .iter_mut()
+            .map(|o| (o.data.len(), floats_mut(&mut o.data)))
+            .map(|(n, o)| (SharedMut::new(o), n))
+            .collect();
         let (unit, units) = if self.by_rows {
             (self.row_len, self.numel / self.row_len)
         } else {
@@ -303,7 +306,7 @@ impl FusedRegion {
     ) {
         for (k, load) in self.loads.iter().enumerate() {
             if let Load::Gather { strides, temp } = load {
-                gather(inputs[k].data, &self.shape, strides, start, &mut temps[*temp][skew(*temp)..][..len]);
+                gather(floats(inputs[k].data), &self.shape, strides, start, &mut temps[*temp][skew(*temp)..][..len]);
             }
         }
         let mut segment_start = start;
@@ -442,16 +445,16 @@ impl FusedRegion {
             Source::Temp(t) => Block::Slice(&temps[t][skew(t) + offset..][..len]),
             Source::Output(o) => Block::Slice(&outputs[o][at - part.lo..][..len]),
             Source::Input(k) => match &self.loads[k] {
-                Load::Contiguous => Block::Slice(&inputs[k].data[at..at + len]),
-                Load::Scalar => Block::Scalar(inputs[k].data[0]),
+                Load::Contiguous => Block::Slice(&floats(inputs[k].data)[at..at + len]),
+                Load::Scalar => Block::Scalar(floats(inputs[k].data)[0]),
                 Load::PerRow { strides } => {
                     // Segments lie inside one row: whole rows, or tiles of a long one.
                     let base = row_base(at, &self.shape, strides);
                     if strides.last() == Some(&0) {
-                        Block::Scalar(inputs[k].data[base])
+                        Block::Scalar(floats(inputs[k].data)[base])
                     } else {
                         let within = at % self.row_len;
-                        Block::Slice(&inputs[k].data[base + within..base + within + len])
+                        Block::Slice(&floats(inputs[k].data)[base + within..base + within + len])
                     }
                 }
                 Load::Gather { temp, .. } => Block::Slice(&temps[*temp][skew(*temp) + offset..][..len]),
@@ -563,6 +566,25 @@ struct Part {
     row_sum: LaneSum,
 }
 
+/// The `f32` values of a view that [`BufferLengths::check`] accepted (so `f32`; anything else
+/// reads as no values).
+#[inline(always)]
+fn floats(data: Data<'_>) -> &[f32] {
+    match data {
+        Data::F32(x) => x,
+        _ => &[],
+    }
+}
+
+/// The `f32` values of an output view that [`BufferLengths::check`] accepted.
+#[inline(always)]
+fn floats_mut<'m>(data: &'m mut DataMut<'_>) -> &'m mut [f32] {
+    match data {
+        DataMut::F32(x) => x,
+        _ => &mut [],
+    }
+}
+
 /// The element counts of a region's buffers, from the shapes it was compiled for.
 struct BufferLengths {
     inputs: Vec<usize>,
@@ -573,7 +595,10 @@ impl BufferLengths {
     /// A typed error, not a panic, for buffers a caller outside a plan got wrong.
     fn check(&self, inputs: &[TensorRef<'_>], outputs: &[TensorMut<'_>]) -> Result<()> {
         let given = inputs.iter().map(|t| t.data.len()).chain(outputs.iter().map(|t| t.data.len()));
-        let same = inputs.len() == self.inputs.len()
+        let all_f32 =
+            inputs.iter().map(|t| t.dtype()).chain(outputs.iter().map(|t| t.dtype())).all(|d| d == DType::F32);
+        let same = all_f32
+            && inputs.len() == self.inputs.len()
             && outputs.len() == self.outputs.len()
             && given.eq(self.inputs.iter().chain(&self.outputs).copied());
         if same {
@@ -583,8 +608,8 @@ impl BufferLengths {
             executor: super::CpuFusion::NAME.into(),
             symbol: "fused region".into(),
             message: format!(
-                "it takes inputs of {:?} and outputs of {:?} elements, not {:?} and {:?}; pass buffers of the shapes \
-                 it was compiled for",
+                "it takes f32 inputs of {:?} and outputs of {:?} elements, not {:?} and {:?}; pass f32 buffers of the \
+                 shapes it was compiled for",
                 self.inputs,
                 self.outputs,
                 inputs.iter().map(|t| t.data.len()).collect::<Vec<_>>(),

@@ -5,19 +5,29 @@ use std::ops::Range;
 
 use smallvec::smallvec;
 
+use super::in_f32::InF32;
 use super::math::{with_binary, with_unary};
 use super::vector_loops::{
     map_binary, map_binary_scalar_left, map_binary_scalar_right, map_unary, matmul_rows, row_maxima, row_sums,
 };
 use crate::core::ir::{prims, Arg, Shape, SymbolId};
 use crate::core::plan::{Kernel, OpView};
-use crate::core::tensor::{TensorMut, TensorRef};
+use crate::core::tensor::{with_same_values, with_values, Data, DataMut, Element, TensorMut, TensorRef};
 use crate::error::{Error, Result};
 use crate::executors::worker_pool::{parts_for, run_parts_writing, MIN_ELEMENTS_PER_PART};
 
 /// Compiles the kernel of built-in prim `id`, splitting large ops over up to `threads` threads
-/// (0: every core).
+/// (0: every core). Kernels that move values (reshape, transpose, broadcast, cast) take every
+/// dtype as it is; the float math computes in `f32` ([`InF32`]).
 pub(super) fn compile(id: SymbolId, op: &OpView<'_>, threads: usize) -> Result<Box<dyn Kernel>> {
+    let kernel = compile_kernel(id, op, threads)?;
+    Ok(match id {
+        prims::RESHAPE | prims::CAST | prims::TRANSPOSE | prims::BROADCAST_TO => kernel,
+        _ => InF32::wrap(kernel, op),
+    })
+}
+
+fn compile_kernel(id: SymbolId, op: &OpView<'_>, threads: usize) -> Result<Box<dyn Kernel>> {
     let out_shape = op.output_shape(0)?;
     let numel: usize = out_shape.iter().product();
     let streaming = parts_for(threads, numel, MIN_ELEMENTS_PER_PART);
@@ -34,8 +44,8 @@ pub(super) fn compile(id: SymbolId, op: &OpView<'_>, threads: usize) -> Result<B
             let parts = parts_for(threads, m.saturating_mul(k).saturating_mul(n), MIN_ELEMENTS_PER_PART);
             Box::new(Matmul { m, k, n, parts })
         }
-        // `cast` copies; the caller rounds the copy to the target dtype.
-        prims::RESHAPE | prims::CAST => Box::new(Copy { parts: streaming }),
+        prims::RESHAPE => Box::new(Copy { parts: streaming }),
+        prims::CAST => Box::new(Cast { parts: streaming }),
         prims::TRANSPOSE => {
             let input_strides = contiguous_strides(op.input_shape(0)?);
             let source_strides = op.dims(1)?.iter().map(|&p| input_strides[p]).collect();
@@ -129,8 +139,8 @@ struct Unary {
 
 impl Kernel for Unary {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
-        let x = inputs[0].data;
-        let out = &mut *outputs[0].data;
+        let x = inputs[0].values::<f32>()?;
+        let out = outputs[0].values_mut::<f32>()?;
         // The op is chosen outside the loop closure, so that each closure is one small loop.
         with_unary!(self.op, f => run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [f32]| {
             map_unary(f, &x[r], out)
@@ -178,31 +188,35 @@ impl Binary {
 
 impl Kernel for Binary {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
-        let a = inputs[0].data;
+        let a = inputs[0].values::<f32>()?;
         match &self.mode {
             BinaryMode::SameShape => {
-                let b = inputs[1].data;
-                let out = &mut *outputs[0].data;
+                let b = inputs[1].values::<f32>()?;
+                let out = outputs[0].values_mut::<f32>()?;
                 with_binary!(self.op, f => run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [f32]| {
                     map_binary(f, &a[r.clone()], &b[r], out)
                 }), _ => unreachable!("checked when compiled"));
             }
             BinaryMode::Scalar(s) => {
-                let out = &mut *outputs[0].data;
+                let out = outputs[0].values_mut::<f32>()?;
                 with_binary!(self.op, f => run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [f32]| {
                     map_binary_scalar_right(f, &a[r], *s, out)
                 }), _ => unreachable!("checked when compiled"));
             }
             BinaryMode::Broadcast { out_shape, a_strides, b_strides } => {
-                let b = inputs[1].data;
+                let b = inputs[1].values::<f32>()?;
                 let inner = out_shape.last().copied().unwrap_or(1);
                 let (sa, sb) = (a_strides.last().copied().unwrap_or(0), b_strides.last().copied().unwrap_or(0));
                 if inner == 0 {
                     return Ok(());
                 }
                 // Parts of whole rows.
-                run_parts_writing(outputs[0].data, self.parts, inner, |rows: Range<usize>, out: &mut [f32]| {
-                    with_binary!(self.op, f => {
+                run_parts_writing(
+                    outputs[0].values_mut::<f32>()?,
+                    self.parts,
+                    inner,
+                    |rows: Range<usize>, out: &mut [f32]| {
+                        with_binary!(self.op, f => {
                         for (row, o) in rows.zip(out.chunks_exact_mut(inner)) {
                             let ao = row_offset(row, out_shape, a_strides);
                             let bo = row_offset(row, out_shape, b_strides);
@@ -214,7 +228,8 @@ impl Kernel for Binary {
                             }
                         }
                     }, _ => unreachable!("checked when compiled"))
-                });
+                    },
+                );
             }
         }
         Ok(())
@@ -229,13 +244,13 @@ struct ReduceLastAxis {
 
 impl Kernel for ReduceLastAxis {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
-        let (n, x) = (self.n, inputs[0].data);
+        let (n, x) = (self.n, inputs[0].values::<f32>()?);
         if n == 0 {
-            outputs[0].data.fill(if self.op == prims::SUM { 0.0 } else { f32::NEG_INFINITY });
+            outputs[0].values_mut::<f32>()?.fill(if self.op == prims::SUM { 0.0 } else { f32::NEG_INFINITY });
             return Ok(());
         }
         // Parts of whole rows: each row is added in the same order whatever the split.
-        run_parts_writing(outputs[0].data, self.parts, 1, |rows: Range<usize>, out: &mut [f32]| {
+        run_parts_writing(outputs[0].values_mut::<f32>()?, self.parts, 1, |rows: Range<usize>, out: &mut [f32]| {
             let rows = &x[rows.start * n..rows.end * n];
             if self.op == prims::SUM {
                 row_sums(rows, n, out)
@@ -256,13 +271,13 @@ struct Matmul {
 
 impl Kernel for Matmul {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
-        let (a, b) = (inputs[0].data, inputs[1].data);
+        let (a, b) = (inputs[0].values::<f32>()?, inputs[1].values::<f32>()?);
         let Matmul { m, k, n, parts } = *self;
         if n == 0 || m == 0 {
             return Ok(());
         }
         // Parts of whole rows of the output.
-        run_parts_writing(outputs[0].data, parts, n, |rows: Range<usize>, out: &mut [f32]| {
+        run_parts_writing(outputs[0].values_mut::<f32>()?, parts, n, |rows: Range<usize>, out: &mut [f32]| {
             matmul_rows(a, b, out, rows, k, n)
         });
         Ok(())
@@ -275,11 +290,39 @@ struct Copy {
 
 impl Kernel for Copy {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
-        let x = inputs[0].data;
-        run_parts_writing(outputs[0].data, self.parts, 1, |r: Range<usize>, out: &mut [f32]| {
-            out.copy_from_slice(&x[r])
-        });
+        with_same_values!(inputs[0].data, outputs[0].data.reborrow(), (x, out) => {
+            run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [_]| out.copy_from_slice(&x[r]));
+            Ok(())
+        }, _ => Err(mismatch("reshape", &inputs[0], &outputs[0])))
+    }
+}
+
+/// `cast`: each value converted to the output's dtype, as [`Element::convert`] does.
+struct Cast {
+    parts: usize,
+}
+
+impl Kernel for Cast {
+    fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
+        fn convert<S: Element, T: Element>(x: &[S], out: &mut [T], parts: usize) {
+            run_parts_writing(out, parts, 1, |r: Range<usize>, out: &mut [T]| {
+                for (o, &v) in out.iter_mut().zip(&x[r]) {
+                    *o = T::convert(v);
+                }
+            });
+        }
+        let parts = self.parts;
+        with_values!(Data, inputs[0].data, x => with_values!(DataMut, outputs[0].data.reborrow(), out => convert(x, out, parts)));
         Ok(())
+    }
+}
+
+/// The error of a kernel given views of other dtypes than its op's.
+pub(crate) fn mismatch(op: &str, input: &TensorRef<'_>, output: &TensorMut<'_>) -> Error {
+    Error::KernelPrecondition {
+        executor: super::CpuReference::NAME.into(),
+        symbol: op.into(),
+        detail: format!("the input is {} but the output {}: the views are not the op's", input.dtype(), output.dtype()),
     }
 }
 
@@ -287,7 +330,7 @@ impl Kernel for Copy {
 const MAX_COUNTED_RANK: usize = 8;
 
 /// Writes the output in order, reading the input through arbitrary strides (transpose,
-/// broadcast).
+/// broadcast), in any dtype.
 struct StridedCopy {
     out_shape: Shape,
     source_strides: Shape,
@@ -296,17 +339,16 @@ struct StridedCopy {
 
 impl Kernel for StridedCopy {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
-        let input = inputs[0].data;
-        run_parts_writing(outputs[0].data, self.parts, 1, |r: Range<usize>, out: &mut [f32]| {
-            self.copy_range(input, r.start, out)
-        });
-        Ok(())
+        with_same_values!(inputs[0].data, outputs[0].data.reborrow(), (input, out) => {
+            run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [_]| self.copy_range(input, r.start, out));
+            Ok(())
+        }, _ => Err(mismatch("a strided copy", &inputs[0], &outputs[0])))
     }
 }
 
 impl StridedCopy {
     /// Output elements from `first` on, into `out`.
-    fn copy_range(&self, input: &[f32], first: usize, out: &mut [f32]) {
+    fn copy_range<T: std::marker::Copy>(&self, input: &[T], first: usize, out: &mut [T]) {
         let rank = self.out_shape.len();
         // The output index of element `first`, and its source, by division once.
         let mut index = [0usize; MAX_COUNTED_RANK];

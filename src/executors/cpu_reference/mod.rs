@@ -7,9 +7,9 @@
 //! run time, with identical results on every instruction set), and large ops are split over
 //! the cores.
 
+pub(crate) mod in_f32;
 pub(crate) mod kernels;
 pub mod math;
-pub(crate) mod rounding;
 pub(crate) mod vector_loops;
 
 use std::sync::Arc;
@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 /// b.output(y).unwrap();
 /// let plan = Plan::compile(&b.finish().unwrap(), &[CpuReference::shared()]).unwrap();
 /// let out = plan.run(&[&Tensor::new(&[1, 3], vec![1.0, 1.0, 1.0]).unwrap()]).unwrap();
-/// assert!((out[0].data()[0] - 1.0 / 3.0).abs() < 1e-6);
+/// assert!((out[0].to_f32_vec()[0] - 1.0 / 3.0).abs() < 1e-6);
 /// ```
 ///
 /// Ops of at least 2^17 elements (and matmuls of as many multiply-adds) are split over the
@@ -74,7 +74,7 @@ impl CpuReference {
     /// let x = Tensor::from_fn(&[1 << 18], |i| (i % 7) as f32);
     /// let one = Plan::compile(&trace, &[Arc::new(CpuReference::new().threads(1))]).unwrap();
     /// let all = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
-    /// assert_eq!(one.run(&[&x]).unwrap()[0].data(), all.run(&[&x]).unwrap()[0].data());
+    /// assert_eq!(one.run(&[&x]).unwrap()[0].to_f32_vec(), all.run(&[&x]).unwrap()[0].to_f32_vec());
     /// ```
     pub const fn threads(mut self, threads: usize) -> Self {
         self.threads = threads;
@@ -222,6 +222,6 @@ impl Executor for CpuReference {
         let id = builtin_prim(op)
             .ok_or_else(|| Error::NoExecutor { symbol: op.name().to_string(), tried: vec![Self::NAME.to_string()] })?;
         require_builtin(Self::NAME, id, op)?;
-        Ok(rounding::RoundOutputs::wrap(kernels::compile(id, op, self.threads)?, op))
+        kernels::compile(id, op, self.threads)
     }
 }

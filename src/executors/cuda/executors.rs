@@ -70,10 +70,10 @@ impl Executor for CudaFusion {
         &EMITS
     }
 
-    /// Every dtype: a region reads 16-bit inputs and writes 16-bit outputs with 16-byte vector
-    /// accesses and computes in `f32` registers, rounding only its outputs.
+    /// Every float dtype: a region reads 16-bit inputs and writes 16-bit outputs with 16-byte
+    /// vector accesses and computes in `f32` registers, rounding only its outputs.
     fn dtypes(&self) -> &[crate::DType] {
-        &crate::DType::ALL
+        &crate::DType::FLOATS
     }
 
     fn fusible(&self, op: &OpView<'_>) -> Fusible {
@@ -121,9 +121,10 @@ impl Executor for CudaOps {
             || self.prefers_whole(op)
     }
 
-    /// Every dtype: every built-in prim runs in bf16 and f16 too (products of one dtype).
+    /// Every float dtype: every built-in prim runs in bf16 and f16 too (products of one dtype).
+    /// Integer tensors run on the CPU executors.
     fn dtypes(&self) -> &[crate::DType] {
-        &crate::DType::ALL
+        &crate::DType::FLOATS
     }
 
     fn prefers_whole(&self, op: &OpView<'_>) -> bool {

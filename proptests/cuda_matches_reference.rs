@@ -13,7 +13,7 @@ use boundscope::executors::cuda::{self, CudaDevice, CudaEventTimer, CudaFusion, 
 use boundscope::executors::CpuReference;
 use boundscope::guards::{NvtxRange, Selection, DEFAULT_DOMAIN};
 use boundscope::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOps};
-use boundscope::{prims, Arena, Availability, Executor, Plan, Registry};
+use boundscope::{prims, Arena, Availability, DType, DeviceTensor, Executor, Plan, Registry, Tensor, TensorMeta};
 use common::nvtx_capture::{self, NvtxEventKind};
 use common::program::programs;
 use common::ranges::{pushes_in, pushes_of};
@@ -825,4 +825,52 @@ fn zero_dimensional_operands_promote_as_in_pytorch_on_the_gpu() {
     assert_eq!(fused_out[0].dtype(), DType::BF16);
     assert!(ulps(&per_op_out[0], &expected[0], DType::BF16) <= 1.0);
     assert!(ulps(&fused_out[0], &cpu_fused[0], DType::BF16) <= 1.0);
+}
+
+/// A transformer's ops beside CudaOps: integer ids and every dtype cross the host-device
+/// boundary in their own bits; ops CudaOps does not run yet (embedding, batched products,
+/// slices, the loss) run on the CPU reference in the same plan, and the results equal the CPU
+/// reference's alone.
+#[test]
+fn transformer_ops_run_beside_cuda_ops_with_typed_transfers() {
+    let Some((device, _sharing)) = device() else { return };
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        let (tokens, width, vocab) = (8, 16, 32);
+        let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+        let wte = b.input_with(&TensorMeta::new(dtype, &[vocab, width])).unwrap();
+        let ids = b.input_with(&TensorMeta::new(DType::I64, &[2, tokens])).unwrap();
+        let x = b.embedding(wte, ids).unwrap();
+        let h = b.layer_norm(x, 1e-5, None, None).unwrap();
+        let qkv = b.split(h, 2, &[8, 8]).unwrap();
+        let a = b.scaled_dot_product_attention(qkv[0], qkv[1], qkv[1], true, None).unwrap();
+        let t = b.exp(a).unwrap();
+        let logits = b.reshape(t, &[2 * tokens, 8]).unwrap();
+        let flat = b.reshape(ids, &[2 * tokens]).unwrap();
+        let classes = b.argmax(logits, 1, false).unwrap();
+        let loss = b.cross_entropy(logits, classes).unwrap();
+        for v in [loss, flat, classes, logits] {
+            b.output(v).unwrap();
+        }
+        let trace = b.finish().unwrap();
+        let wte = Tensor::from_fn(&[vocab, width], |i| ((i * 37 % 101) as f32 / 50.0) - 1.0).to_dtype(dtype);
+        let ids =
+            Tensor::from_vec(&[2, tokens], (0..2 * tokens as i64).map(|i| (i * 5 + (1 << 40)) % 32).collect()).unwrap();
+        let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&wte, &ids]).unwrap();
+        let plan = Plan::compile(&trace, &[Arc::new(CudaOps::new(device.clone())), CpuReference::shared()]).unwrap();
+        let listing = plan.to_string();
+        assert!(listing.contains("cuda_ops"), "{listing}");
+        let got = plan.run(&[&wte, &ids]).unwrap();
+        assert_eq!(got[1], expected[1], "{dtype}: ids cross unchanged");
+        let tolerance = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
+        for i in [0, 3] {
+            let diff = got[i].max_abs_diff(&expected[i]);
+            assert!(diff <= tolerance, "{dtype}: output {i} differs by {diff}\n{listing}");
+        }
+        // An i64 device tensor round-trips exactly.
+        let on: Arc<dyn boundscope::Device> = device.clone();
+        let big = Tensor::from_vec(&[3], vec![i64::MIN, (1 << 53) + 1, -7]).unwrap();
+        assert_eq!(DeviceTensor::upload(&on, big.view()).unwrap().to_host().unwrap(), big);
+    }
 }

@@ -204,6 +204,18 @@ pub enum Error {
         /// The tensor's dtype.
         got: crate::DType,
     },
+    /// An integer id given to a run (an `embedding` row, a `gather_last` or `cross_entropy`
+    /// index) lies outside the axis it indexes.
+    IndexOutOfRange {
+        /// The op.
+        symbol: String,
+        /// The id.
+        index: i64,
+        /// Where it is among the ids (flat, row-major).
+        position: usize,
+        /// The size of the axis it indexes: valid ids are `0..bound`.
+        bound: usize,
+    },
     /// A tensor's data length does not match its shape.
     InvalidTensor {
         /// The shape given.
@@ -402,6 +414,11 @@ impl fmt::Display for Error {
             Error::UnknownDType { name, known } => {
                 write!(f, "unknown dtype `{name}`; use one of {}", known.join(", "))
             }
+            Error::IndexOutOfRange { symbol, index, position, bound } => write!(
+                f,
+                "`{symbol}` was given id {index} at position {position}, outside 0..{bound}; ids index an axis of \
+                 size {bound} (check the ids, or the size of the table they index)"
+            ),
             Error::DTypeMismatch { what, expected, got } => write!(
                 f,
                 "{what} holds {got} values, not {expected}; read it as {got} (`values::<{}>()`, or match on its \

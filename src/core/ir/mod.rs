@@ -11,6 +11,7 @@ mod registry;
 mod scopes;
 mod symbol;
 mod trace;
+mod transformer_ops;
 
 pub use arena::Arena;
 pub(crate) use bound_symbol::FusedBy;

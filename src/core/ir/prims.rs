@@ -48,7 +48,8 @@ builtin_ids! {
     SUM = 12, "sum";
     /// `max(x)`: maximum over the last axis, kept as size 1.
     MAX = 13, "max";
-    /// `matmul(a, b)`: `[m, k] x [k, n] -> [m, n]`.
+    /// `matmul(a, b)`: `[..., m, k] x [..., k, n] -> [..., m, n]`, the batch dimensions
+    /// broadcast as in `torch.matmul`.
     MATMUL = 14, "matmul";
     /// `reshape(x, dims)`: same elements, new shape.
     RESHAPE = 15, "reshape";
@@ -59,22 +60,50 @@ builtin_ids! {
     /// `cast(x, dtype)`: `x` converted to `dtype`, rounding to nearest (ties to even); values
     /// past the target's range become infinities, as in PyTorch.
     CAST = 18, "cast";
+    /// `slice(x, [axis, start, end])`: elements `start..end` along `axis` (`narrow`).
+    SLICE = 19, "slice";
+    /// `concat(a, b, [axis])`: `a` then `b` along `axis`; the other dimensions match.
+    CONCAT = 20, "concat";
+    /// `sum_axis(x, [axis])`: sum over `axis`, kept as size 1.
+    SUM_AXIS = 21, "sum_axis";
+    /// `max_axis(x, [axis])`: maximum over `axis`, kept as size 1 (NaN if the axis holds one).
+    MAX_AXIS = 22, "max_axis";
+    /// `argmax(x, [axis])`: the `i64` index of the first maximum along `axis`, kept as size 1.
+    ARGMAX = 23, "argmax";
+    /// `causal_mask(x)`: `x` with `-inf` above the diagonal of its last two axes (row `i` keeps
+    /// columns up to `i + cols - rows`), as `is_causal` attention masks scores.
+    CAUSAL_MASK = 24, "causal_mask";
+    /// `embedding(weight, ids)`: rows of `weight` `[rows, width]` gathered by integer `ids`
+    /// of any shape: `[*ids, width]`.
+    EMBEDDING = 25, "embedding";
+    /// `gather_last(x, ids)`: `x[..., ids[...]]`: one element of each last-axis row of `x`
+    /// `[..., n]`, picked by the integer `ids` `[...]` (`torch.gather` along the last axis).
+    GATHER_LAST = 26, "gather_last";
     /// `softmax(x)` over the last axis (composite).
-    SOFTMAX = 19, "softmax";
+    SOFTMAX = 27, "softmax";
     /// `layer_norm(x, eps, weight?, bias?)` over the last axis (composite).
-    LAYER_NORM = 20, "layer_norm";
+    LAYER_NORM = 28, "layer_norm";
     /// `linear(x, w, bias?)`: `x @ w^T + bias`, `w` is `[out, in]` (composite).
-    LINEAR = 21, "linear";
+    LINEAR = 29, "linear";
     /// `linear_gelu(x, w, bias?)`: `gelu(linear(x, w, bias))` (composite): what
     /// `passes::FoldEpilogues` makes of a `linear` whose only use is a `gelu`, for executors that
     /// run the activation in the product's epilogue.
-    LINEAR_GELU = 22, "linear_gelu";
+    LINEAR_GELU = 30, "linear_gelu";
+    /// `log_softmax(x)` over the last axis (composite).
+    LOG_SOFTMAX = 31, "log_softmax";
+    /// `cross_entropy(logits, targets)`: the mean over rows of `-log_softmax(logits)[target]`,
+    /// logits `[rows, classes]`, integer targets `[rows]`, a zero-dimensional result
+    /// (composite), as `torch.nn.functional.cross_entropy`.
+    CROSS_ENTROPY = 32, "cross_entropy";
+    /// `scaled_dot_product_attention(q, k, v, scale, causal)`: `softmax(q k^T scale (+ causal
+    /// mask)) v` over `[..., tokens, head]` operands (composite).
+    SCALED_DOT_PRODUCT_ATTENTION = 33, "scaled_dot_product_attention";
     /// A fusion region, made only by `passes::FuseRegions`; listed as `<Executor>Fusion<N>`.
-    REGION = 23, "fusion_region";
+    REGION = 34, "fusion_region";
 }
 
 /// The last prim: ids up to it are prims, the composites follow.
-pub(crate) const LAST_PRIM: SymbolId = CAST;
+pub(crate) const LAST_PRIM: SymbolId = GATHER_LAST;
 
 /// The unary elementwise prims, in id order.
 pub const UNARY: [SymbolId; 7] = [NEG, EXP, LOG, TANH, SIGMOID, RELU, GELU];
@@ -88,9 +117,9 @@ pub(crate) fn builtin_symbols() -> Vec<Symbol> {
     for (index, name) in BUILTIN_NAMES[..=LAST_PRIM.index()].iter().enumerate() {
         let id = SymbolId::from_index(index);
         let category = match id {
-            SUM | MAX => Reduction,
+            SUM | MAX | SUM_AXIS | MAX_AXIS | ARGMAX => Reduction,
             MATMUL => Matmul,
-            RESHAPE | TRANSPOSE | BROADCAST_TO => Shape,
+            RESHAPE | TRANSPOSE | BROADCAST_TO | SLICE | CONCAT | EMBEDDING | GATHER_LAST => Shape,
             _ => Elementwise,
         };
         let (params, rule) = prim_rule(id).expect("ids up to LAST_PRIM are prims");
@@ -124,6 +153,7 @@ pub(crate) fn builtin_symbols() -> Vec<Symbol> {
             .shape_rule(linear_rule)
             .decomposition(decompose_linear_gelu),
     );
+    super::transformer_ops::push_composites(&mut symbols);
     symbols.push(
         Symbol::new("fusion_region", Category::Fusion)
             .shape_rule(|_| Err("fusion regions are made by the fusion pass, not bound directly".to_string())),
@@ -150,11 +180,11 @@ pub(crate) fn prim_rule(id: SymbolId) -> Option<(&'static [ParamKind], PrimRule)
         TRANSPOSE => (&[Tensor, Dims], transpose_rule),
         BROADCAST_TO => (&[Tensor, Dims], broadcast_to_rule),
         CAST => (&[Tensor, DType], cast_rule),
-        _ => return None,
+        _ => return super::transformer_ops::prim_rule(id),
     })
 }
 
-type RuleResult = std::result::Result<TensorMeta, String>;
+pub(super) type RuleResult = std::result::Result<TensorMeta, String>;
 /// A built-in prim's shape rule.
 pub(crate) type PrimRule = fn(&[ArgInfo<'_>]) -> RuleResult;
 
@@ -164,7 +194,7 @@ fn first_shape_rule(args: &[ArgInfo<'_>]) -> RuleResult {
 }
 
 /// Tensor argument `i` of a float op: an integer tensor is an error that says to cast it.
-fn float_tensor<'m>(args: &[ArgInfo<'m>], i: usize) -> std::result::Result<(DType, &'m [usize]), String> {
+pub(super) fn float_tensor<'m>(args: &[ArgInfo<'m>], i: usize) -> std::result::Result<(DType, &'m [usize]), String> {
     let (dtype, shape) = tensor(args, i)?;
     if dtype.is_integer() {
         return Err(format!(
@@ -175,7 +205,7 @@ fn float_tensor<'m>(args: &[ArgInfo<'m>], i: usize) -> std::result::Result<(DTyp
 }
 
 /// Every tensor argument of a float op is a float tensor.
-fn floats_only(args: &[ArgInfo<'_>]) -> std::result::Result<(), String> {
+pub(super) fn floats_only(args: &[ArgInfo<'_>]) -> std::result::Result<(), String> {
     for (i, a) in args.iter().enumerate() {
         if let ArgInfo::Tensor { .. } = a {
             float_tensor(args, i)?;
@@ -184,14 +214,14 @@ fn floats_only(args: &[ArgInfo<'_>]) -> std::result::Result<(), String> {
     Ok(())
 }
 
-fn tensor<'m>(args: &[ArgInfo<'m>], i: usize) -> std::result::Result<(DType, &'m [usize]), String> {
+pub(super) fn tensor<'m>(args: &[ArgInfo<'m>], i: usize) -> std::result::Result<(DType, &'m [usize]), String> {
     match args.get(i) {
         Some(ArgInfo::Tensor { dtype, shape }) => Ok((*dtype, shape)),
         _ => Err(format!("argument {i} must be a tensor")),
     }
 }
 
-fn last_axis(shape: &[usize]) -> std::result::Result<usize, String> {
+pub(super) fn last_axis(shape: &[usize]) -> std::result::Result<usize, String> {
     shape.last().copied().ok_or_else(|| "needs a tensor of rank at least 1 (it works on the last axis)".to_string())
 }
 
@@ -229,7 +259,7 @@ fn cast_rule(args: &[ArgInfo<'_>]) -> RuleResult {
 /// operands: the dimensioned tensors promote among themselves, a zero-dimensional tensor counts
 /// only when no operand has dimensions (`bf16[4] + f32[]` is bf16, `bf16[] + f32[]` is f32), and
 /// scalars never do (see [`DType::promote`]).
-fn promoted(args: &[ArgInfo<'_>]) -> Option<DType> {
+pub(super) fn promoted(args: &[ArgInfo<'_>]) -> Option<DType> {
     let of = |dimensioned: bool| {
         args.iter()
             .filter_map(|a| match a {
@@ -268,14 +298,20 @@ fn matmul_rule(args: &[ArgInfo<'_>]) -> RuleResult {
     let (_, a) = float_tensor(args, 0)?;
     let (_, b) = float_tensor(args, 1)?;
     let dtype = promoted(args).unwrap_or(DType::F32);
-    match (a, b) {
-        ([m, k], [k2, n]) if k == k2 => Ok(TensorMeta::new(dtype, &[*m, *n])),
-        ([_, k], [k2, _]) => Err(format!("inner dimensions differ ({k} vs {k2}); need [m, k] x [k, n]")),
-        _ => Err("matmul takes two 2-D tensors, [m, k] x [k, n]".into()),
+    let (ra, rb) = (a.len(), b.len());
+    if ra < 2 || rb < 2 {
+        return Err("matmul takes tensors of rank 2 or more, [..., m, k] x [..., k, n]".into());
     }
+    let (m, k, k2, n) = (a[ra - 2], a[ra - 1], b[rb - 2], b[rb - 1]);
+    if k != k2 {
+        return Err(format!("inner dimensions differ ({k} vs {k2}); need [..., m, k] x [..., k, n]"));
+    }
+    let mut out = broadcast_shapes(&a[..ra - 2], &b[..rb - 2]).map_err(|e| format!("batch dimensions: {e}"))?;
+    out.extend([m, n]);
+    Ok(TensorMeta { dtype, shape: out })
 }
 
-fn dims_arg<'m>(args: &[ArgInfo<'m>], i: usize) -> std::result::Result<&'m [usize], String> {
+pub(super) fn dims_arg<'m>(args: &[ArgInfo<'m>], i: usize) -> std::result::Result<&'m [usize], String> {
     args.get(i).and_then(|a| a.dims()).ok_or_else(|| format!("argument {i} must be a list of dimensions"))
 }
 
@@ -351,14 +387,14 @@ fn linear_rule(args: &[ArgInfo<'_>]) -> RuleResult {
     Ok(TensorMeta::new(dtype, &[m, n]))
 }
 
-fn value(args: &[Arg<'_>], i: usize) -> Option<ValueId> {
+pub(super) fn value(args: &[Arg<'_>], i: usize) -> Option<ValueId> {
     match args.get(i) {
         Some(Arg::Value(v)) => Some(*v),
         _ => None,
     }
 }
 
-fn scalar(args: &[Arg<'_>], i: usize) -> f32 {
+pub(super) fn scalar(args: &[Arg<'_>], i: usize) -> f32 {
     match args.get(i) {
         Some(Arg::Scalar(s)) => *s,
         _ => 0.0,
@@ -367,7 +403,7 @@ fn scalar(args: &[Arg<'_>], i: usize) -> f32 {
 
 // Decompositions only run after the builder has checked the signature and shape rule, so the
 // `value(..)` lookups below cannot miss; `missing` keeps that a typed error rather than a panic.
-fn missing(symbol: &str) -> Error {
+pub(super) fn missing(symbol: &str) -> Error {
     Error::InvalidSymbol { symbol: symbol.into(), detail: "decomposition called with unchecked arguments".into() }
 }
 
@@ -376,7 +412,7 @@ fn missing(symbol: &str) -> Error {
 /// registers. A composite of 16-bit values decomposes into casts to `f32`, the math in `f32`,
 /// and one cast of the result, so that every executor that runs the decomposition (the CPU
 /// reference included, which rounds each prim) rounds only once; `f32` composites get no cast.
-fn in_f32<const N: usize>(
+pub(super) fn in_f32<const N: usize>(
     b: &mut TraceBuilder<'_>,
     values: [Option<ValueId>; N],
     math: impl FnOnce(&mut TraceBuilder<'_>, [Option<ValueId>; N]) -> Result<ValueId>,
@@ -540,7 +576,7 @@ impl<'a> TraceBuilder<'a> {
         maximum, maximum_scalar => MAXIMUM;
     }
 
-    /// Applies `matmul`: `[m, k] x [k, n]`.
+    /// Applies `matmul`: `[..., m, k] x [..., k, n]`, batch dimensions broadcast.
     pub fn matmul(&mut self, a: ValueId, b: ValueId) -> Result<ValueId> {
         self.bind(MATMUL, &[Arg::Value(a), Arg::Value(b)])
     }

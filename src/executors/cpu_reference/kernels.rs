@@ -10,6 +10,7 @@ use super::math::{with_binary, with_unary};
 use super::vector_loops::{
     map_binary, map_binary_scalar_left, map_binary_scalar_right, map_unary, matmul_rows, row_maxima, row_sums,
 };
+use super::{axis_kernels, index_kernels};
 use crate::core::ir::{prims, Arg, Shape, SymbolId};
 use crate::core::plan::{Kernel, OpView};
 use crate::core::tensor::{with_same_values, with_values, Data, DataMut, Element, TensorMut, TensorRef};
@@ -22,7 +23,15 @@ use crate::executors::worker_pool::{parts_for, run_parts_writing, MIN_ELEMENTS_P
 pub(super) fn compile(id: SymbolId, op: &OpView<'_>, threads: usize) -> Result<Box<dyn Kernel>> {
     let kernel = compile_kernel(id, op, threads)?;
     Ok(match id {
-        prims::RESHAPE | prims::CAST | prims::TRANSPOSE | prims::BROADCAST_TO => kernel,
+        prims::RESHAPE
+        | prims::CAST
+        | prims::TRANSPOSE
+        | prims::BROADCAST_TO
+        | prims::SLICE
+        | prims::CONCAT
+        | prims::EMBEDDING
+        | prims::GATHER_LAST
+        | prims::ARGMAX => kernel,
         _ => InF32::wrap(kernel, op),
     })
 }
@@ -37,25 +46,41 @@ fn compile_kernel(id: SymbolId, op: &OpView<'_>, threads: usize) -> Result<Box<d
             let parts = parts_for(threads, numel * n, MIN_ELEMENTS_PER_PART);
             Box::new(ReduceLastAxis { op: id, n, parts })
         }
-        prims::MATMUL => {
-            let (a, b) = (op.input_shape(0)?, op.input_shape(1)?);
-            let (m, k, n) = (a[0], a[1], b[1]);
-            // Parts of rows worth at least as many multiply-adds as a streaming part's elements.
-            let parts = parts_for(threads, m.saturating_mul(k).saturating_mul(n), MIN_ELEMENTS_PER_PART);
-            Box::new(Matmul { m, k, n, parts })
-        }
+        prims::MATMUL => Box::new(Matmul::new(op, out_shape, threads)?),
         prims::RESHAPE => Box::new(Copy { parts: streaming }),
         prims::CAST => Box::new(Cast { parts: streaming }),
         prims::TRANSPOSE => {
             let input_strides = contiguous_strides(op.input_shape(0)?);
             let source_strides = op.dims(1)?.iter().map(|&p| input_strides[p]).collect();
-            Box::new(StridedCopy { out_shape: Shape::from_slice(out_shape), source_strides, parts: streaming })
+            Box::new(StridedCopy {
+                out_shape: Shape::from_slice(out_shape),
+                source_strides,
+                offset: 0,
+                parts: streaming,
+            })
         }
         prims::BROADCAST_TO => Box::new(StridedCopy {
             out_shape: Shape::from_slice(out_shape),
             source_strides: broadcast_strides(op.input_shape(0)?, out_shape),
+            offset: 0,
             parts: streaming,
         }),
+        prims::SLICE => {
+            // The input's own strides, from the first element of the slice.
+            let source_strides = contiguous_strides(op.input_shape(0)?);
+            let (axis, start) = match op.dims(1)? {
+                &[axis, start, _] => (axis, start),
+                _ => (0, 0),
+            };
+            let offset = start * source_strides.get(axis).copied().unwrap_or(0);
+            Box::new(StridedCopy { out_shape: Shape::from_slice(out_shape), source_strides, offset, parts: streaming })
+        }
+        prims::CONCAT => Box::new(index_kernels::Concat::new(op)?),
+        prims::EMBEDDING => Box::new(index_kernels::Embedding::new(op)?),
+        prims::GATHER_LAST => Box::new(index_kernels::GatherLast::new(op)?),
+        prims::CAUSAL_MASK => Box::new(index_kernels::CausalMask::new(op)?),
+        prims::SUM_AXIS | prims::MAX_AXIS => Box::new(axis_kernels::ReduceAxis::new(id, op, threads)?),
+        prims::ARGMAX => Box::new(axis_kernels::Argmax::new(op)?),
         _ if with_unary!(id, _f => true, _ => false) => Box::new(Unary { op: id, parts: streaming }),
         _ if with_binary!(id, _f => true, _ => false) => Box::new(Binary::new(id, op, out_shape, streaming)?),
         _ => {
@@ -262,26 +287,79 @@ impl Kernel for ReduceLastAxis {
     }
 }
 
+/// `matmul`, batched: `[..., m, k] x [..., k, n]`, each batch index's operands found through
+/// the broadcast strides of the batch dimensions (a batch of one for 2-D operands).
 struct Matmul {
     m: usize,
     k: usize,
     n: usize,
+    /// The output's batch dimensions, and the strides (in matrices) that read each operand's
+    /// matrix for a batch index (0 along broadcast dimensions).
+    batch: Shape,
+    a_strides: Shape,
+    b_strides: Shape,
     parts: usize,
+}
+
+impl Matmul {
+    fn new(op: &OpView<'_>, out_shape: &[usize], threads: usize) -> Result<Self> {
+        let (a, b) = (op.input_shape(0)?, op.input_shape(1)?);
+        let (ra, rb, ro) = (a.len(), b.len(), out_shape.len());
+        let (m, k, n) = (a[ra - 2], a[ra - 1], b[rb - 1]);
+        let batch = Shape::from_slice(&out_shape[..ro - 2]);
+        let batches: usize = batch.iter().product();
+        // Parts of rows worth at least as many multiply-adds as a streaming part's elements.
+        let work = batches.saturating_mul(m).saturating_mul(k).saturating_mul(n);
+        Ok(Self {
+            m,
+            k,
+            n,
+            a_strides: broadcast_strides(&a[..ra - 2], &batch),
+            b_strides: broadcast_strides(&b[..rb - 2], &batch),
+            batch,
+            parts: parts_for(threads, work, MIN_ELEMENTS_PER_PART),
+        })
+    }
 }
 
 impl Kernel for Matmul {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
         let (a, b) = (inputs[0].values::<f32>()?, inputs[1].values::<f32>()?);
-        let Matmul { m, k, n, parts } = *self;
+        let Matmul { m, k, n, parts, .. } = *self;
         if n == 0 || m == 0 {
             return Ok(());
         }
-        // Parts of whole rows of the output.
+        let (a_matrix, b_matrix) = (m * k, k * n);
+        // Parts of whole rows of the output (all batches' rows in order); each run of rows
+        // within one batch index is one call of the row loop.
         run_parts_writing(outputs[0].values_mut::<f32>()?, parts, n, |rows: Range<usize>, out: &mut [f32]| {
-            matmul_rows(a, b, out, rows, k, n)
+            let mut row = rows.start;
+            let mut out = out;
+            while row < rows.end {
+                let index = row / m;
+                let end = ((index + 1) * m).min(rows.end);
+                let a_at = row_offset_in(index, &self.batch, &self.a_strides) * a_matrix;
+                let b_at = row_offset_in(index, &self.batch, &self.b_strides) * b_matrix;
+                let (here, rest) = out.split_at_mut((end - row) * n);
+                let within = row - index * m..end - index * m;
+                matmul_rows(&a[a_at..a_at + a_matrix], &b[b_at..b_at + b_matrix], here, within, k, n);
+                (row, out) = (end, rest);
+            }
         });
         Ok(())
     }
+}
+
+/// The offset of batch index `index` (flat, row-major over `shape`) under `strides`.
+#[inline]
+fn row_offset_in(mut index: usize, shape: &[usize], strides: &[usize]) -> usize {
+    let mut offset = 0;
+    for axis in (0..shape.len()).rev() {
+        let d = shape[axis].max(1);
+        offset += (index % d) * strides[axis];
+        index /= d;
+    }
+    offset
 }
 
 struct Copy {
@@ -334,6 +412,8 @@ const MAX_COUNTED_RANK: usize = 8;
 struct StridedCopy {
     out_shape: Shape,
     source_strides: Shape,
+    /// Where the source starts (a slice's first element).
+    offset: usize,
     parts: usize,
 }
 
@@ -352,7 +432,7 @@ impl StridedCopy {
         let rank = self.out_shape.len();
         // The output index of element `first`, and its source, by division once.
         let mut index = [0usize; MAX_COUNTED_RANK];
-        let mut source = 0;
+        let mut source = self.offset;
         let mut rest = first;
         for axis in (0..rank).rev() {
             let i = rest % self.out_shape[axis].max(1);
@@ -365,7 +445,7 @@ impl StridedCopy {
         if rank > MAX_COUNTED_RANK {
             // No room for a counter per axis without allocating: find each source by division.
             for (i, o) in (first..).zip(out.iter_mut()) {
-                let (mut rest, mut source) = (i, 0);
+                let (mut rest, mut source) = (i, self.offset);
                 for axis in (0..rank).rev() {
                     source += (rest % self.out_shape[axis]) * self.source_strides[axis];
                     rest /= self.out_shape[axis];

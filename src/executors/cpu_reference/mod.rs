@@ -7,7 +7,9 @@
 //! run time, with identical results on every instruction set), and large ops are split over
 //! the cores.
 
+mod axis_kernels;
 pub(crate) mod in_f32;
+mod index_kernels;
 pub(crate) mod kernels;
 pub mod math;
 pub(crate) mod vector_loops;

@@ -1,0 +1,312 @@
+//! The transformer ops (batched products, slices, concatenation, reductions over any axis,
+//! `argmax`, embeddings, gathers, `log_softmax`, `cross_entropy`, causal attention) on random
+//! shapes, axes and broadcasts, run by a plan on the CPU reference (and through the standard
+//! passes), equal a naive evaluation in `f64` written here, independently of the kernels.
+
+use boundscope::executors::{CpuFusion, CpuReference};
+use boundscope::passes::Pipeline;
+use boundscope::{Arena, DType, Error, Executor, Plan, Registry, Tensor, TensorMeta, TraceBuilder};
+use proptest::prelude::*;
+use std::sync::Arc;
+
+/// Relative tolerance against the `f64` evaluation: products and softmaxes in `f32`.
+const TOLERANCE: f64 = 2e-5;
+
+fn values(shape: &[usize], seed: u64) -> Vec<f32> {
+    let n: usize = shape.iter().product();
+    (0..n).map(|i| (((i as u64 * 2654435761 + seed * 97) % 1000) as f32 / 250.0) - 2.0).collect()
+}
+
+fn strides(shape: &[usize]) -> Vec<usize> {
+    let mut s = vec![1; shape.len()];
+    for i in (0..shape.len().saturating_sub(1)).rev() {
+        s[i] = s[i + 1] * shape[i + 1];
+    }
+    s
+}
+
+/// The multi-index of flat index `i` in `shape`.
+fn index(mut i: usize, shape: &[usize]) -> Vec<usize> {
+    let mut out = vec![0; shape.len()];
+    for a in (0..shape.len()).rev() {
+        out[a] = i % shape[a].max(1);
+        i /= shape[a].max(1);
+    }
+    out
+}
+
+fn close(got: &[f32], expected: &[f64], what: &str) -> Result<(), TestCaseError> {
+    prop_assert_eq!(got.len(), expected.len(), "{}: length", what);
+    for (i, (&g, &e)) in got.iter().zip(expected).enumerate() {
+        let ok = (f64::from(g) - e).abs() <= TOLERANCE * e.abs().max(1.0) || (g.is_infinite() && g as f64 == e);
+        prop_assert!(ok, "{}: element {}: got {}, expected {}", what, i, g, e);
+    }
+    Ok(())
+}
+
+fn executors() -> [Vec<Arc<dyn Executor>>; 2] {
+    [vec![CpuReference::shared()], vec![Arc::new(CpuFusion::new()), CpuReference::shared()]]
+}
+
+/// Runs the trace `build` makes on every executor list, plain and through the standard
+/// passes, and returns the first output of each run.
+fn run_all(
+    inputs: &[(DType, Vec<usize>)],
+    data: &[Tensor],
+    build: impl Fn(&mut TraceBuilder<'_>, &[boundscope::ValueId]) -> boundscope::Result<boundscope::ValueId>,
+) -> Result<Vec<Tensor>, TestCaseError> {
+    let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let vs: Vec<_> = inputs.iter().map(|(d, s)| b.input_with(&TensorMeta::new(*d, s)).unwrap()).collect();
+    let y = build(&mut b, &vs).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let passed = Pipeline::standard().run(&trace, &arena).map_err(|e| TestCaseError::fail(e.to_string()))?;
+    let refs: Vec<&Tensor> = data.iter().collect();
+    let mut outs = Vec::new();
+    for executors in executors() {
+        for t in [&trace, &passed] {
+            let plan = Plan::compile(t, &executors).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            outs.push(plan.run(&refs).map_err(|e| TestCaseError::fail(e.to_string()))?.remove(0));
+        }
+    }
+    Ok(outs)
+}
+
+/// A batched product's shapes: batch dimensions that broadcast, and m, k, n.
+fn product_shapes() -> impl Strategy<Value = (Vec<usize>, Vec<usize>)> {
+    (proptest::collection::vec((1usize..4, 0usize..3), 0..3), 1usize..6, 0usize..7, 1usize..6).prop_map(
+        |(batch, m, k, n)| {
+            // Each batch dimension: both d, or one side 1 (mode 1, 2), or absent on one side.
+            let mut a: Vec<usize> = batch.iter().map(|&(d, mode)| if mode == 1 { 1 } else { d }).collect();
+            let mut b: Vec<usize> = batch.iter().map(|&(d, mode)| if mode == 2 { 1 } else { d }).collect();
+            if batch.len() == 2 && batch[0].1 == 0 {
+                b.remove(0); // rank differs: broadcast from the left
+            }
+            a.extend([m, k]);
+            b.extend([k, n]);
+            (a, b)
+        },
+    )
+}
+
+fn naive_matmul(a: &[f32], ash: &[usize], b: &[f32], bsh: &[usize]) -> (Vec<usize>, Vec<f64>) {
+    let (m, k, n) = (ash[ash.len() - 2], ash[ash.len() - 1], bsh[bsh.len() - 1]);
+    let rank = ash.len().max(bsh.len());
+    let pad = |s: &[usize]| {
+        let mut p = vec![1; rank - s.len()];
+        p.extend_from_slice(s);
+        p
+    };
+    let (pa, pb) = (pad(ash), pad(bsh));
+    let batch: Vec<usize> = (0..rank - 2).map(|i| pa[i].max(pb[i])).collect();
+    let (sa, sb) = (strides(&pa), strides(&pb));
+    let mut out_shape = batch.clone();
+    out_shape.extend([m, n]);
+    let mut out = Vec::new();
+    for flat in 0..batch.iter().product::<usize>() {
+        let bi = index(flat, &batch);
+        let off =
+            |p: &[usize], s: &[usize]| (0..rank - 2).map(|i| if p[i] == 1 { 0 } else { bi[i] * s[i] }).sum::<usize>();
+        let (oa, ob) = (off(&pa, &sa), off(&pb, &sb));
+        for i in 0..m {
+            for j in 0..n {
+                out.push((0..k).map(|p| f64::from(a[oa + i * k + p]) * f64::from(b[ob + p * n + j])).sum());
+            }
+        }
+    }
+    (out_shape, out)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn batched_products_broadcast_as_torch_matmul((ash, bsh) in product_shapes(), seed in 0u64..100) {
+        let data = [Tensor::new(&ash, values(&ash, seed)).unwrap(), Tensor::new(&bsh, values(&bsh, seed + 1)).unwrap()];
+        let (shape, expected) = naive_matmul(&data[0].to_f32_vec(), &ash, &data[1].to_f32_vec(), &bsh);
+        let inputs = [(DType::F32, ash.clone()), (DType::F32, bsh.clone())];
+        for out in run_all(&inputs, &data, |b, v| b.matmul(v[0], v[1]))? {
+            prop_assert_eq!(out.shape(), shape.as_slice());
+            close(&out.to_f32_vec(), &expected, "matmul")?;
+        }
+    }
+
+    #[test]
+    fn slices_and_concatenation_move_every_dtype_exactly(
+        shape in proptest::collection::vec(1usize..5, 1..5),
+        axis_pick in 0usize..8,
+        cut in 0usize..8,
+        dtype in proptest::sample::select(DType::ALL.to_vec()),
+        seed in 0u64..100,
+    ) {
+        let axis = axis_pick % shape.len();
+        let cut = cut % (shape[axis] + 1);
+        let x = Tensor::new(&shape, values(&shape, seed)).unwrap().to_dtype(dtype);
+        // split at `cut`, concatenate back: the input, exactly.
+        let inputs = [(dtype, shape.clone())];
+        let sizes = [cut, shape[axis] - cut];
+        for out in run_all(&inputs, std::slice::from_ref(&x), |b, v| {
+            let parts = b.split(v[0], axis, &sizes)?;
+            b.concat(&parts, axis)
+        })? {
+            prop_assert_eq!(&out, &x);
+        }
+        // One slice against its definition.
+        for out in run_all(&inputs, std::slice::from_ref(&x), |b, v| b.slice(v[0], axis, cut, shape[axis]))? {
+            let mut want_shape = shape.clone();
+            want_shape[axis] = shape[axis] - cut;
+            let all = x.to_f32_vec();
+            let st = strides(&shape);
+            let want: Vec<f64> = (0..want_shape.iter().product::<usize>()).map(|i| {
+                let mut at = index(i, &want_shape);
+                at[axis] += cut;
+                f64::from(all[at.iter().zip(&st).map(|(a, s)| a * s).sum::<usize>()])
+            }).collect();
+            prop_assert_eq!(out.dtype(), dtype);
+            close(&out.to_f32_vec(), &want, "slice")?;
+        }
+    }
+
+    #[test]
+    fn reductions_over_any_axis_and_argmax(
+        shape in proptest::collection::vec(1usize..5, 1..5),
+        axis_pick in 0usize..8,
+        keepdim in any::<bool>(),
+        seed in 0u64..100,
+    ) {
+        let axis = axis_pick % shape.len();
+        let x = Tensor::new(&shape, values(&shape, seed)).unwrap();
+        let all = x.to_f32_vec();
+        let st = strides(&shape);
+        let mut kept = shape.clone();
+        kept[axis] = 1;
+        let along = |i: usize| -> Vec<f32> {
+            let at = index(i, &kept);
+            (0..shape[axis]).map(|p| {
+                let mut at = at.clone();
+                at[axis] = p;
+                all[at.iter().zip(&st).map(|(a, s)| a * s).sum::<usize>()]
+            }).collect()
+        };
+        let count = kept.iter().product::<usize>();
+        let sums: Vec<f64> = (0..count).map(|i| along(i).iter().map(|&v| f64::from(v)).sum()).collect();
+        let maxima: Vec<f64> = (0..count).map(|i| f64::from(along(i).into_iter().fold(f32::NEG_INFINITY, f32::max))).collect();
+        let firsts: Vec<i64> = (0..count).map(|i| {
+            let row = along(i);
+            let m = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            row.iter().position(|&v| v == m).unwrap() as i64
+        }).collect();
+        let mut out_shape = kept.clone();
+        if !keepdim {
+            out_shape.remove(axis);
+        }
+        let inputs = [(DType::F32, shape.clone())];
+        for out in run_all(&inputs, std::slice::from_ref(&x), |b, v| b.sum_dim(v[0], axis, keepdim))? {
+            prop_assert_eq!(out.shape(), out_shape.as_slice());
+            close(&out.to_f32_vec(), &sums, "sum_dim")?;
+        }
+        for out in run_all(&inputs, std::slice::from_ref(&x), |b, v| b.mean_dim(v[0], axis, keepdim))? {
+            let means: Vec<f64> = sums.iter().map(|s| s / shape[axis] as f64).collect();
+            close(&out.to_f32_vec(), &means, "mean_dim")?;
+        }
+        for out in run_all(&inputs, std::slice::from_ref(&x), |b, v| b.max_dim(v[0], axis, keepdim))? {
+            close(&out.to_f32_vec(), &maxima, "max_dim")?;
+        }
+        for out in run_all(&inputs, std::slice::from_ref(&x), |b, v| b.argmax(v[0], axis, keepdim))? {
+            prop_assert_eq!(out.values::<i64>().unwrap(), firsts.as_slice());
+        }
+    }
+
+    #[test]
+    fn embeddings_losses_and_causal_attention(
+        rows in 1usize..6,
+        classes in 1usize..9,
+        heads in 1usize..3,
+        tokens in 1usize..6,
+        head in 1usize..5,
+        seed in 0u64..100,
+        id_dtype in proptest::sample::select(vec![DType::I64, DType::I32]),
+    ) {
+        // embedding, then cross_entropy of the looked-up rows against ids.
+        let weight = Tensor::new(&[classes, classes], values(&[classes, classes], seed)).unwrap();
+        let ids: Vec<i64> = (0..rows).map(|r| ((r as u64 * 7 + seed) % classes as u64) as i64).collect();
+        let ids_t = Tensor::from_vec(&[rows], ids.clone()).unwrap().to_dtype(id_dtype);
+        let w = weight.to_f32_vec();
+        let inputs = [(DType::F32, vec![classes, classes]), (id_dtype, vec![rows])];
+        let data = [weight.clone(), ids_t.clone()];
+        let mut loss = 0.0;
+        for &id in &ids {
+            let row: Vec<f64> = w[id as usize * classes..][..classes].iter().map(|&v| f64::from(v)).collect();
+            let m = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let lse = row.iter().map(|v| (v - m).exp()).sum::<f64>().ln() + m;
+            loss += lse - row[id as usize];
+        }
+        for out in run_all(&inputs, &data, |b, v| {
+            let x = b.embedding(v[0], v[1])?;
+            b.cross_entropy(x, v[1])
+        })? {
+            prop_assert_eq!(out.shape(), &[] as &[usize]);
+            close(&out.to_f32_vec(), &[loss / rows as f64], "cross_entropy")?;
+        }
+        for out in run_all(&inputs, &data, |b, v| b.embedding(v[0], v[1]))? {
+            let want: Vec<f64> = ids.iter().flat_map(|&i| w[i as usize * classes..][..classes].to_vec()).map(f64::from).collect();
+            close(&out.to_f32_vec(), &want, "embedding")?;
+        }
+        // Causal attention, [heads, tokens, head].
+        let shape = vec![heads, tokens, head];
+        let qkv: Vec<Tensor> = (0..3).map(|i| Tensor::new(&shape, values(&shape, seed + i)).unwrap()).collect();
+        let (q, k, v) = (qkv[0].to_f32_vec(), qkv[1].to_f32_vec(), qkv[2].to_f32_vec());
+        let scale = 1.0 / (head as f64).sqrt();
+        let mut want = Vec::new();
+        for h in 0..heads {
+            for i in 0..tokens {
+                let at = |t: &[f32], r: usize, c: usize| f64::from(t[(h * tokens + r) * head + c]);
+                let s: Vec<f64> = (0..=i).map(|j| (0..head).map(|c| at(&q, i, c) * at(&k, j, c)).sum::<f64>() * scale).collect();
+                let m = s.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                let z: f64 = s.iter().map(|x| (x - m).exp()).sum();
+                for c in 0..head {
+                    want.push((0..=i).map(|j| (s[j] - m).exp() / z * at(&v, j, c)).sum::<f64>());
+                }
+            }
+        }
+        let inputs = [(DType::F32, shape.clone()), (DType::F32, shape.clone()), (DType::F32, shape.clone())];
+        for out in run_all(&inputs, &qkv, |b, v| b.scaled_dot_product_attention(v[0], v[1], v[2], true, None))? {
+            close(&out.to_f32_vec(), &want, "causal attention")?;
+        }
+    }
+}
+
+#[test]
+fn out_of_range_ids_and_bad_shapes_are_typed_errors() {
+    let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let w = b.input(&[4, 2]).unwrap();
+    let ids = b.input_with(&TensorMeta::new(DType::I64, &[3])).unwrap();
+    let y = b.embedding(w, ids).unwrap();
+    b.output(y).unwrap();
+    // Bad shapes, axes and dtypes, at build time.
+    let f = b.input(&[3]).unwrap();
+    assert!(matches!(b.embedding(w, f), Err(Error::ShapeMismatch { .. })), "float ids");
+    assert!(b.slice(w, 2, 0, 1).is_err() && b.slice(w, 0, 3, 5).is_err() && b.slice(w, 0, 2, 1).is_err());
+    assert!(b.sum_dim(w, 2, false).is_err() && b.argmax(ids, 0, false).is_err());
+    assert!(b.concat(&[w, ids], 0).is_err() && b.concat(&[], 0).is_err() && b.split(w, 0, &[1, 1]).is_err());
+    let m = b.input(&[2, 3]).unwrap();
+    assert!(b.matmul(w, m).is_ok() && b.matmul(m, w).is_err() && b.matmul(f, m).is_err(), "inner 3 vs 4, rank 1");
+    assert!(b.cross_entropy(w, f).is_err() && b.cross_entropy(w, ids).is_err(), "float targets, 3 rows vs 4");
+    let trace = b.finish().unwrap();
+    let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+    let weight = Tensor::zeros(&[4, 2]);
+    for (bad, position) in [(vec![0i64, 4, 1], 1), (vec![-1i64, 0, 0], 0)] {
+        let ids = Tensor::from_vec(&[3], bad.clone()).unwrap();
+        let f = Tensor::zeros(&[3]);
+        let m = Tensor::zeros(&[2, 3]);
+        let err = plan.run(&[&weight, &ids, &f, &m]).unwrap_err();
+        match err {
+            Error::IndexOutOfRange { index, position: p, bound: 4, .. } => {
+                assert_eq!((index, p), (bad[position], position), "{err}")
+            }
+            other => panic!("{other}"),
+        }
+    }
+}

@@ -1,0 +1,420 @@
+//! The ops of a transformer beyond an MLP block: slices and concatenation, reductions over any
+//! axis and `argmax`, the causal mask, embedding lookups and gathers by integer ids (prims),
+//! and `log_softmax`, `cross_entropy` and `scaled_dot_product_attention` (composites): their
+//! shape and dtype rules, decompositions, and typed builder methods.
+
+use super::bound_symbol::Arg;
+use super::builder::TraceBuilder;
+use super::ids::{SymbolId, ValueId};
+use super::meta::{DType, Shape, TensorMeta};
+use super::prims::{
+    dims_arg, float_tensor, floats_only, in_f32, last_axis, missing, promoted, scalar, tensor, value, PrimRule,
+    RuleResult, ARGMAX, CAUSAL_MASK, CONCAT, CROSS_ENTROPY, EMBEDDING, GATHER_LAST, LOG_SOFTMAX, MAX_AXIS,
+    SCALED_DOT_PRODUCT_ATTENTION, SLICE, SUM_AXIS,
+};
+use super::symbol::{ArgInfo, Category, ParamKind, Symbol};
+use crate::error::{Error, Result};
+
+/// The signature and rule of the prims this file defines.
+pub(super) fn prim_rule(id: SymbolId) -> Option<(&'static [ParamKind], PrimRule)> {
+    use ParamKind::*;
+    Some(match id {
+        SLICE => (&[Tensor, Dims], slice_rule),
+        CONCAT => (&[Tensor, Tensor, Dims], concat_rule),
+        SUM_AXIS | MAX_AXIS => (&[Tensor, Dims], reduce_axis_rule),
+        ARGMAX => (&[Tensor, Dims], argmax_rule),
+        CAUSAL_MASK => (&[Tensor], causal_mask_rule),
+        EMBEDDING => (&[Tensor, Tensor], embedding_rule),
+        GATHER_LAST => (&[Tensor, Tensor], gather_last_rule),
+        _ => return None,
+    })
+}
+
+/// The composites this file defines, in id order (after `linear_gelu`).
+pub(super) fn push_composites(symbols: &mut Vec<Symbol>) {
+    use Category::Composite;
+    use ParamKind::*;
+    symbols.push(
+        Symbol::new("log_softmax", Composite)
+            .params(&[Tensor])
+            .shape_rule(|args| {
+                let (dtype, shape) = float_tensor(args, 0)?;
+                last_axis(shape)?;
+                Ok(TensorMeta::new(dtype, shape))
+            })
+            .decomposition(decompose_log_softmax),
+    );
+    symbols.push(
+        Symbol::new("cross_entropy", Composite)
+            .params(&[Tensor, Tensor])
+            .shape_rule(cross_entropy_rule)
+            .decomposition(decompose_cross_entropy),
+    );
+    symbols.push(
+        Symbol::new("scaled_dot_product_attention", Composite)
+            .params(&[Tensor, Tensor, Tensor, Scalar, Scalar])
+            .shape_rule(attention_rule)
+            .decomposition(decompose_attention),
+    );
+}
+
+/// `axis` of a tensor of rank `rank`, or why not.
+fn axis_of(dims: &[usize], rank: usize, what: &str) -> std::result::Result<usize, String> {
+    match dims {
+        [axis] if *axis < rank => Ok(*axis),
+        [axis] => Err(format!("axis {axis} is out of range for a tensor of rank {rank}; give 0..{rank}")),
+        _ => Err(format!("{what} takes one axis, [axis], not {dims:?}")),
+    }
+}
+
+/// An integer tensor argument (ids, targets).
+fn ids_tensor<'m>(args: &[ArgInfo<'m>], i: usize, what: &str) -> std::result::Result<&'m [usize], String> {
+    let (dtype, shape) = tensor(args, i)?;
+    if !dtype.is_integer() {
+        return Err(format!("{what} (argument {i}) must be i64 or i32, not {dtype}; cast it (`cast(x, DType::I64)`)"));
+    }
+    Ok(shape)
+}
+
+fn slice_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (dtype, shape) = tensor(args, 0)?;
+    let (axis, start, end) = match dims_arg(args, 1)? {
+        &[axis, start, end] => (axis, start, end),
+        other => return Err(format!("slice takes [axis, start, end], not {other:?}")),
+    };
+    let axis = axis_of(&[axis], shape.len(), "slice")?;
+    if start > end || end > shape[axis] {
+        return Err(format!(
+            "elements {start}..{end} do not lie within axis {axis} of size {}; give start <= end <= {}",
+            shape[axis], shape[axis]
+        ));
+    }
+    let mut out = Shape::from_slice(shape);
+    out[axis] = end - start;
+    Ok(TensorMeta { dtype, shape: out })
+}
+
+fn concat_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (dtype, a) = tensor(args, 0)?;
+    let (other, b) = tensor(args, 1)?;
+    if dtype != other {
+        return Err(format!("the tensors are {dtype} and {other}; concatenate tensors of one dtype (cast first)"));
+    }
+    let axis = axis_of(dims_arg(args, 2)?, a.len(), "concat")?;
+    let same_elsewhere = a.len() == b.len() && a.iter().zip(b).enumerate().all(|(i, (x, y))| i == axis || x == y);
+    if !same_elsewhere {
+        return Err(format!("{a:?} and {b:?} differ outside axis {axis}; only the concatenated axis may differ"));
+    }
+    let mut out = Shape::from_slice(a);
+    out[axis] += b[axis];
+    Ok(TensorMeta { dtype, shape: out })
+}
+
+fn reduce_axis_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (dtype, shape) = float_tensor(args, 0)?;
+    let axis = axis_of(dims_arg(args, 1)?, shape.len(), "a reduction")?;
+    let mut out = Shape::from_slice(shape);
+    out[axis] = 1;
+    Ok(TensorMeta { dtype, shape: out })
+}
+
+fn argmax_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (_, shape) = float_tensor(args, 0)?;
+    let axis = axis_of(dims_arg(args, 1)?, shape.len(), "argmax")?;
+    if shape[axis] == 0 {
+        return Err(format!("argmax over axis {axis} of size 0 has no answer; reduce over a non-empty axis"));
+    }
+    let mut out = Shape::from_slice(shape);
+    out[axis] = 1;
+    Ok(TensorMeta { dtype: DType::I64, shape: out })
+}
+
+fn causal_mask_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (dtype, shape) = float_tensor(args, 0)?;
+    if shape.len() < 2 {
+        return Err("causal_mask needs a tensor of rank at least 2 ([..., rows, cols])".into());
+    }
+    Ok(TensorMeta::new(dtype, shape))
+}
+
+fn embedding_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (dtype, weight) = tensor(args, 0)?;
+    let ids = ids_tensor(args, 1, "the ids")?;
+    let [_, width] = weight else {
+        return Err(format!("the weight must be [rows, width], not {weight:?}"));
+    };
+    let mut out = Shape::from_slice(ids);
+    out.push(*width);
+    Ok(TensorMeta { dtype, shape: out })
+}
+
+fn gather_last_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (dtype, x) = tensor(args, 0)?;
+    let ids = ids_tensor(args, 1, "the ids")?;
+    last_axis(x)?;
+    if ids != &x[..x.len() - 1] {
+        return Err(format!("the ids must have x's shape without its last axis, {:?}, not {ids:?}", &x[..x.len() - 1]));
+    }
+    Ok(TensorMeta::new(dtype, ids))
+}
+
+fn cross_entropy_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (dtype, logits) = float_tensor(args, 0)?;
+    let targets = ids_tensor(args, 1, "the targets")?;
+    match (logits, targets) {
+        ([rows, _], [n]) if rows == n => Ok(TensorMeta::new(dtype, &[])),
+        ([rows, _], _) => {
+            Err(format!("the targets must be [{rows}] (one class per row of the logits), not {targets:?}"))
+        }
+        _ => Err(format!("the logits must be [rows, classes], not {logits:?} (reshape first)")),
+    }
+}
+
+fn attention_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (_, q) = tensor(args, 0)?;
+    let (_, k) = tensor(args, 1)?;
+    let (_, v) = tensor(args, 2)?;
+    floats_only(args)?;
+    let dtype = promoted(args).unwrap_or(DType::F32);
+    let rank = q.len();
+    if rank < 2 || k.len() != rank || v.len() != rank {
+        return Err(format!(
+            "q, k and v must be [..., tokens, head] of one rank (at least 2), not {q:?}, {k:?}, {v:?}"
+        ));
+    }
+    let (batch, t, d) = (&q[..rank - 2], q[rank - 2], q[rank - 1]);
+    if &k[..rank - 2] != batch || &v[..rank - 2] != batch {
+        return Err(format!("q, k and v must share their leading dimensions {batch:?}; got {k:?} and {v:?}"));
+    }
+    if k[rank - 1] != d {
+        return Err(format!("q's head size is {d} and k's {}; they must match", k[rank - 1]));
+    }
+    if v[rank - 2] != k[rank - 2] {
+        return Err(format!("k has {} tokens and v {}; they must match", k[rank - 2], v[rank - 2]));
+    }
+    let mut out = Shape::from_slice(batch);
+    out.extend([t, v[rank - 1]]);
+    Ok(TensorMeta { dtype, shape: out })
+}
+
+fn decompose_log_softmax(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
+    let x = value(args, 0).ok_or_else(|| missing("log_softmax"))?;
+    in_f32(b, [Some(x)], |b, [x]| {
+        let x = x.ok_or_else(|| missing("log_softmax"))?;
+        let m = b.max(x)?;
+        let shifted = b.sub(x, m)?;
+        let e = b.exp(shifted)?;
+        let z = b.sum(e)?;
+        let log_z = b.log(z)?;
+        b.sub(shifted, log_z)
+    })
+}
+
+fn decompose_cross_entropy(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
+    let logits = value(args, 0).ok_or_else(|| missing("cross_entropy"))?;
+    let targets = value(args, 1).ok_or_else(|| missing("cross_entropy"))?;
+    let rows = b.shape(targets)?.first().copied().ok_or_else(|| missing("cross_entropy"))?;
+    // Only the logits are floats: `in_f32` widens them, the targets stay integers.
+    in_f32(b, [Some(logits)], |b, [logits]| {
+        let logits = logits.ok_or_else(|| missing("cross_entropy"))?;
+        let log_p = b.log_softmax(logits)?;
+        let picked = b.gather_last(log_p, targets)?;
+        let row = b.reshape(picked, &[1, rows])?;
+        let total = b.sum(row)?;
+        let total = b.reshape(total, &[])?;
+        // The mean of an empty batch is NaN, as in PyTorch.
+        b.mul_scalar(total, -1.0 / rows as f32)
+    })
+}
+
+fn decompose_attention(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
+    let what = "scaled_dot_product_attention";
+    let (q, k, v) = (value(args, 0), value(args, 1), value(args, 2));
+    let (scale, causal) = (scalar(args, 3), scalar(args, 4) != 0.0);
+    in_f32(b, [q, k, v], |b, [q, k, v]| {
+        let (q, k, v) =
+            (q.ok_or_else(|| missing(what))?, k.ok_or_else(|| missing(what))?, v.ok_or_else(|| missing(what))?);
+        let rank = b.shape(k)?.len();
+        let mut perm: Vec<usize> = (0..rank).collect();
+        perm.swap(rank - 2, rank - 1);
+        let kt = b.transpose(k, &perm)?;
+        let scores = b.matmul(q, kt)?;
+        let mut scores = b.mul_scalar(scores, scale)?;
+        if causal {
+            scores = b.causal_mask(scores)?;
+        }
+        let p = b.softmax(scores)?;
+        b.matmul(p, v)
+    })
+}
+
+/// Typed methods for the transformer ops. Each one is `bind` with the symbol's fixed id.
+///
+/// ```
+/// use boundscope::executors::CpuReference;
+/// use boundscope::{Arena, DType, Plan, Registry, Tensor, TensorMeta, TraceBuilder};
+/// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let wte = b.input(&[10, 4]).unwrap();
+/// let ids = b.input_with(&TensorMeta::new(DType::I64, &[2, 3])).unwrap();
+/// let x = b.embedding(wte, ids).unwrap(); // [2, 3, 4]
+/// let qkv = b.split(x, 2, &[2, 2]).unwrap(); // two [2, 3, 2]
+/// let y = b.scaled_dot_product_attention(qkv[0], qkv[1], qkv[1], true, None).unwrap();
+/// let logits = b.reshape(y, &[6, 2]).unwrap();
+/// let targets = b.reshape(ids, &[6]).unwrap();
+/// let targets = b.slice(targets, 0, 0, 6).unwrap();
+/// let clipped = b.argmax(logits, 1, false).unwrap(); // [6] of i64, each 0 or 1
+/// let loss = b.cross_entropy(logits, clipped).unwrap();
+/// b.output(loss).unwrap();
+/// b.output(targets).unwrap();
+/// let plan = Plan::compile(&b.finish().unwrap(), &[CpuReference::shared()]).unwrap();
+/// let wte = Tensor::from_fn(&[10, 4], |i| (i as f32 * 0.37).sin());
+/// let ids = Tensor::from_vec(&[2, 3], vec![1i64, 5, 9, 0, 0, 3]).unwrap();
+/// let out = plan.run(&[&wte, &ids]).unwrap();
+/// assert_eq!(out[0].shape(), &[] as &[usize]);
+/// assert!(out[0].to_f32_vec()[0] > 0.0);
+/// assert_eq!(out[1].values::<i64>().unwrap(), &[1, 5, 9, 0, 0, 3]);
+/// ```
+impl<'a> TraceBuilder<'a> {
+    /// Elements `start..end` of `x` along `axis` (`x[..., start:end, ...]`).
+    pub fn slice(&mut self, x: ValueId, axis: usize, start: usize, end: usize) -> Result<ValueId> {
+        self.bind(SLICE, &[Arg::Value(x), Arg::Dims(&[axis, start, end])])
+    }
+
+    /// `len` elements of `x` from `start` along `axis`, as `torch.narrow`.
+    pub fn narrow(&mut self, x: ValueId, axis: usize, start: usize, len: usize) -> Result<ValueId> {
+        self.slice(x, axis, start, start.saturating_add(len))
+    }
+
+    /// `x` cut along `axis` into consecutive pieces of `sizes` (which add up to the axis), as
+    /// `torch.split` with a list: the attention's q, k and v from one product.
+    ///
+    /// # Errors
+    /// [`Error::ShapeMismatch`] if `sizes` do not add up to the axis's size.
+    pub fn split(&mut self, x: ValueId, axis: usize, sizes: &[usize]) -> Result<Vec<ValueId>> {
+        let shape = self.shape(x)?.to_vec();
+        let total = sizes.iter().try_fold(0usize, |t, &s| t.checked_add(s));
+        if shape.get(axis).copied() != total {
+            return Err(Error::ShapeMismatch {
+                symbol: "split".into(),
+                shapes: vec![shape.clone()],
+                detail: format!("sizes {sizes:?} do not add up to axis {axis} of {shape:?}"),
+            });
+        }
+        let mut start = 0;
+        let mut pieces = Vec::with_capacity(sizes.len());
+        for &size in sizes {
+            pieces.push(self.slice(x, axis, start, start + size)?);
+            start += size;
+        }
+        Ok(pieces)
+    }
+
+    /// `parts` joined along `axis`, as `torch.cat` (one `concat` per part after the first).
+    ///
+    /// # Errors
+    /// [`Error::ArityMismatch`] for no parts; [`Error::ShapeMismatch`] for parts that differ
+    /// outside `axis` or in dtype.
+    pub fn concat(&mut self, parts: &[ValueId], axis: usize) -> Result<ValueId> {
+        let (&first, rest) = parts.split_first().ok_or_else(|| Error::ArityMismatch {
+            symbol: "concat".into(),
+            expected: "at least 1".into(),
+            got: 0,
+        })?;
+        let mut joined = first;
+        for &part in rest {
+            joined = self.bind(CONCAT, &[Arg::Value(joined), Arg::Value(part), Arg::Dims(&[axis])])?;
+        }
+        Ok(joined)
+    }
+
+    /// `x` with its axes permuted, as `torch.permute`: output axis `i` is input axis `perm[i]`
+    /// (the `transpose` prim).
+    pub fn permute(&mut self, x: ValueId, perm: &[usize]) -> Result<ValueId> {
+        self.transpose(x, perm)
+    }
+
+    fn reduce_axis(&mut self, id: SymbolId, x: ValueId, axis: usize, keepdim: bool) -> Result<ValueId> {
+        let kept = self.bind(id, &[Arg::Value(x), Arg::Dims(&[axis])])?;
+        if keepdim {
+            return Ok(kept);
+        }
+        let mut shape = self.shape(kept)?.to_vec();
+        shape.remove(axis);
+        self.reshape(kept, &shape)
+    }
+
+    /// The sum over `axis`, as `torch.sum(x, axis, keepdim)`.
+    pub fn sum_dim(&mut self, x: ValueId, axis: usize, keepdim: bool) -> Result<ValueId> {
+        self.reduce_axis(SUM_AXIS, x, axis, keepdim)
+    }
+
+    /// The maximum over `axis`, as `torch.amax(x, axis, keepdim)` (NaN wins).
+    pub fn max_dim(&mut self, x: ValueId, axis: usize, keepdim: bool) -> Result<ValueId> {
+        self.reduce_axis(MAX_AXIS, x, axis, keepdim)
+    }
+
+    /// The mean over `axis`, as `torch.mean(x, axis, keepdim)`: the sum, times 1 / size.
+    pub fn mean_dim(&mut self, x: ValueId, axis: usize, keepdim: bool) -> Result<ValueId> {
+        let n = self.shape(x)?.get(axis).copied().unwrap_or(1);
+        let sum = self.sum_dim(x, axis, keepdim)?;
+        self.mul_scalar(sum, 1.0 / n as f32)
+    }
+
+    /// The `i64` index of the first maximum over `axis` (a NaN counts as the maximum), as
+    /// `torch.argmax(x, axis, keepdim)`.
+    pub fn argmax(&mut self, x: ValueId, axis: usize, keepdim: bool) -> Result<ValueId> {
+        self.reduce_axis(ARGMAX, x, axis, keepdim)
+    }
+
+    /// `x` with `-inf` above the diagonal of its last two axes: row `i` keeps columns `0..=i`,
+    /// as `scaled_dot_product_attention(is_causal=True)` masks its scores.
+    pub fn causal_mask(&mut self, x: ValueId) -> Result<ValueId> {
+        self.bind(CAUSAL_MASK, &[Arg::Value(x)])
+    }
+
+    /// The rows of `weight` (`[rows, width]`) at integer `ids`: `[*ids.shape, width]`, as
+    /// `torch.nn.functional.embedding`. An id outside `0..rows` fails the run with
+    /// [`Error::IndexOutOfRange`].
+    pub fn embedding(&mut self, weight: ValueId, ids: ValueId) -> Result<ValueId> {
+        self.bind(EMBEDDING, &[Arg::Value(weight), Arg::Value(ids)])
+    }
+
+    /// `x[..., ids[...]]`: from each last-axis row of `x`, the element at the integer id of that
+    /// row, as `torch.gather(x, -1, ids[..., None])[..., 0]`.
+    pub fn gather_last(&mut self, x: ValueId, ids: ValueId) -> Result<ValueId> {
+        self.bind(GATHER_LAST, &[Arg::Value(x), Arg::Value(ids)])
+    }
+
+    /// `log(softmax(x))` over the last axis, computed as `x - max - log(sum(exp(x - max)))`.
+    pub fn log_softmax(&mut self, x: ValueId) -> Result<ValueId> {
+        self.bind(LOG_SOFTMAX, &[Arg::Value(x)])
+    }
+
+    /// The mean over rows of `-log_softmax(logits)[row, targets[row]]`: logits `[rows,
+    /// classes]`, integer targets `[rows]`, a zero-dimensional result, as
+    /// `torch.nn.functional.cross_entropy`.
+    pub fn cross_entropy(&mut self, logits: ValueId, targets: ValueId) -> Result<ValueId> {
+        self.bind(CROSS_ENTROPY, &[Arg::Value(logits), Arg::Value(targets)])
+    }
+
+    /// `softmax(q k^T scale (+ causal mask)) v` for `q` `[..., tokens, head]` and `k`, `v`
+    /// `[..., kv_tokens, head]`, as `torch.nn.functional.scaled_dot_product_attention`; `scale`
+    /// defaults to `1 / sqrt(head)`.
+    pub fn scaled_dot_product_attention(
+        &mut self,
+        q: ValueId,
+        k: ValueId,
+        v: ValueId,
+        causal: bool,
+        scale: Option<f32>,
+    ) -> Result<ValueId> {
+        let head = self.shape(q)?.last().copied().unwrap_or(1);
+        let scale = scale.unwrap_or(1.0 / (head as f32).sqrt());
+        let causal = if causal { 1.0 } else { 0.0 };
+        self.bind(
+            SCALED_DOT_PRODUCT_ATTENTION,
+            &[Arg::Value(q), Arg::Value(k), Arg::Value(v), Arg::Scalar(scale), Arg::Scalar(causal)],
+        )
+    }
+}

@@ -335,7 +335,13 @@ impl<'a> TraceBuilder<'a> {
     }
 
     fn reduce_axis(&mut self, id: SymbolId, x: ValueId, axis: usize, keepdim: bool) -> Result<ValueId> {
-        let kept = self.bind(id, &[Arg::Value(x), Arg::Dims(&[axis])])?;
+        // Over the last axis, the last-axis prims: the fusion executors fuse them.
+        let last = self.shape(x)?.len().checked_sub(1) == Some(axis);
+        let kept = match id {
+            SUM_AXIS if last => self.sum(x)?,
+            MAX_AXIS if last => self.max(x)?,
+            _ => self.bind(id, &[Arg::Value(x), Arg::Dims(&[axis])])?,
+        };
         if keepdim {
             return Ok(kept);
         }

@@ -117,7 +117,7 @@ fn offset_expression(shape: &[usize], input_shape: &[usize]) -> String {
 }
 
 /// The offset, through `strides` (one per axis of `shape`), of element `i` of `shape`, as C.
-fn strided_offset(shape: &[usize], strides: &[usize]) -> String {
+pub(super) fn strided_offset(shape: &[usize], strides: &[usize]) -> String {
     let mut terms = Vec::new();
     let mut inner = 1usize;
     for axis in (0..shape.len()).rev() {
@@ -217,10 +217,11 @@ fn matrix_transpose_source(name: &str, kernel: &str, rows: usize, cols: usize, d
 
 /// The C type of one element of `dtype` in a kernel: 16-bit values are moved as their bits.
 pub(super) fn element_type(dtype: DType) -> &'static str {
-    if packing::is_packed(dtype) {
-        "unsigned short"
-    } else {
-        "float"
+    match dtype {
+        DType::BF16 | DType::F16 => "unsigned short",
+        DType::I64 => "long long",
+        DType::I32 => "int",
+        DType::F32 => "float",
     }
 }
 

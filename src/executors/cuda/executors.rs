@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 
 use super::device::{cuda_error, slice, slice_mut, CudaDevice};
 use super::gemm::{GemmShape, LtContext, LtGemm};
+use super::index_ops;
 use super::row_kernels::row_source;
 use super::{op_source, region_source, shape_op_source, RegionSource};
 use crate::core::guards::DEFAULT_DOMAIN;
@@ -112,19 +113,32 @@ impl Executor for CudaOps {
     }
 
     fn claims(&self, op: &OpView<'_>) -> bool {
-        // What the generator compiles (everything fusible, casts, and the shape ops) and
-        // cuBLASLt's products: every built-in prim, so that a plan's values stay on the device.
-        // Products take operands of one dtype (cast mixed ones first).
+        // Moves take every dtype (their kernels copy bits); `argmax` writes i64. Everything
+        // else computes on floats: what the generator compiles (everything fusible, casts, the
+        // transformer ops of `index_ops`) and cuBLASLt's products, so that a plan's values stay
+        // on the device. Products take operands of one dtype (cast mixed ones first).
+        let moves = matches!(
+            builtin_prim(op),
+            Some(prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO | prims::SLICE | prims::CONCAT)
+        );
+        if moves || builtin_prim(op) == Some(prims::ARGMAX) {
+            return true;
+        }
+        if op.dtypes().iter().any(|d| d.is_integer()) {
+            return false;
+        }
         builtin_fusible(op) != Fusible::No
-            || matches!(builtin_prim(op), Some(prims::CAST | prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO))
+            || builtin_prim(op) == Some(prims::CAST)
+            || index_ops::generates(op)
             || (builtin_prim(op) == Some(prims::MATMUL) && single_dtype(op).is_ok() && nonempty_product(op))
             || self.prefers_whole(op)
     }
 
-    /// Every float dtype: every built-in prim runs in bf16 and f16 too (products of one dtype).
-    /// Integer tensors run on the CPU executors.
+    /// Every dtype: every float op runs in bf16 and f16 too (products of one dtype); integer
+    /// tensors are moved (reshape, transpose, slice, ...) and made by `argmax` on the device,
+    /// and the other ops that read them (embedding, gathers) run on the CPU executors.
     fn dtypes(&self) -> &[crate::DType] {
-        &crate::DType::FLOATS
+        &crate::DType::ALL
     }
 
     fn prefers_whole(&self, op: &OpView<'_>) -> bool {
@@ -142,9 +156,14 @@ impl Executor for CudaOps {
     fn compile_device(&self, op: &OpView<'_>) -> Result<Box<dyn DeviceKernel>> {
         if builtin_prim(op) == Some(prims::MATMUL) {
             require_builtin(Self::NAME, prims::MATMUL, op)?;
-            let (a, b) = (op.input_shape(0)?, op.input_shape(1)?);
-            let dtype = single_dtype(op)?;
-            let shape = GemmShape { m: a[0], k: a[1], n: b[1], b_transposed: false, bias: false, gelu: false, dtype };
+            let shape = product_shape(op).ok_or_else(|| Error::KernelPrecondition {
+                executor: Self::NAME.into(),
+                symbol: op.name().into(),
+                detail: "its operands' batch dimensions are neither the output's nor all 1 (one strided batched \
+                         product cannot read them; broadcast_to first)"
+                    .into(),
+            })?;
+            let shape = GemmShape { dtype: single_dtype(op)?, ..shape };
             return Ok(Box::new(LtGemm::new(self.device.clone(), self.lt.clone(), shape, "matmul")?));
         }
         if matches!(op.symbol().builtin_composite(), Some(prims::SOFTMAX | prims::LAYER_NORM)) {
@@ -165,7 +184,13 @@ impl Executor for CudaOps {
             return Ok(Box::new(LtGemm::new(self.device.clone(), self.lt.clone(), shape, name)?));
         }
         let is_shape_op = matches!(builtin_prim(op), Some(prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO));
-        let source = if is_shape_op { shape_op_source } else { op_source };
+        let source = if is_shape_op {
+            shape_op_source
+        } else if index_ops::generates(op) {
+            index_ops::index_op_source
+        } else {
+            op_source
+        };
         let generated = source(op, &kernel_name(op.name())).map_err(|detail| Error::KernelPrecondition {
             executor: Self::NAME.into(),
             symbol: op.name().into(),
@@ -306,7 +331,31 @@ fn linear_shape(op: &OpView<'_>) -> std::result::Result<GemmShape, String> {
     }
     let dtype = single_dtype(op).map_err(|e| e.to_string())?;
     let gelu = op.symbol().builtin_composite() == Some(prims::LINEAR_GELU);
-    Ok(GemmShape { m, n, k, b_transposed: true, bias: inputs == 3, gelu, dtype })
+    Ok(GemmShape { b_transposed: true, bias: inputs == 3, gelu, ..GemmShape::single(m, n, k, dtype) })
+}
+
+/// `matmul`'s product as one strided batched call, if it is one: each operand's batch
+/// dimensions are the output's (a matrix per batch index) or all 1 (one matrix, read by every
+/// product, at a stride of 0). Other broadcasts are not claimed (the CPU reference runs them).
+fn product_shape(op: &OpView<'_>) -> Option<GemmShape> {
+    let (a, b, out) = (op.input_shape(0).ok()?, op.input_shape(1).ok()?, op.output_shape(0).ok()?);
+    let (ra, rb, ro) = (a.len(), b.len(), out.len());
+    if ra < 2 || rb < 2 || ro < 2 {
+        return None;
+    }
+    let batch_dims = &out[..ro - 2];
+    let batched = |dims: &[usize]| -> Option<bool> {
+        let own: usize = dims.iter().product();
+        let full = dims.len() <= batch_dims.len() && dims == &batch_dims[batch_dims.len() - dims.len()..];
+        match (own == batch_dims.iter().product::<usize>() && full, own == 1) {
+            (true, _) => Some(own > 1),
+            (false, true) => Some(false),
+            _ => None,
+        }
+    };
+    let (a_batched, b_batched) = (batched(&a[..ra - 2])?, batched(&b[..rb - 2])?);
+    let shape = GemmShape::single(a[ra - 2], b[rb - 1], a[ra - 1], crate::DType::F32);
+    Some(GemmShape { batch: batch_dims.iter().product(), a_batched, b_batched, ..shape })
 }
 
 /// Whether a product's `m`, `n` and `k` are all non-zero: cuBLASLt takes no empty product,
@@ -314,7 +363,9 @@ fn linear_shape(op: &OpView<'_>) -> std::result::Result<GemmShape, String> {
 fn nonempty_product(op: &OpView<'_>) -> bool {
     let dims = |i: usize| op.input_shape(i).map(<[usize]>::to_vec).unwrap_or_default();
     let (x, y) = (dims(0), dims(1));
-    x.iter().chain(&y).all(|&d| d > 0) && x.len() == 2 && y.len() == 2
+    let two_d = x.len() == 2 && y.len() == 2;
+    let batched = builtin_prim(op) == Some(prims::MATMUL) && product_shape(op).is_some();
+    x.iter().chain(&y).all(|&d| d > 0) && (two_d || batched)
 }
 
 /// The one dtype of all of `op`'s tensors (cuBLASLt's products here take operands of one

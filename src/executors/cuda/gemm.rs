@@ -36,6 +36,30 @@ pub(crate) struct GemmShape {
     pub gelu: bool,
     /// The dtype of every operand (bf16 and f16 products accumulate in `f32`).
     pub dtype: crate::DType,
+    /// Products in the batch (1 for a 2-D product): one strided batched call.
+    pub batch: usize,
+    /// Whether `a` holds one matrix per batch index (else one, read by every product).
+    pub a_batched: bool,
+    /// Whether `b` holds one matrix per batch index (else one, read by every product).
+    pub b_batched: bool,
+}
+
+impl GemmShape {
+    /// A product of one pair of matrices.
+    pub fn single(m: usize, n: usize, k: usize, dtype: crate::DType) -> Self {
+        Self {
+            m,
+            n,
+            k,
+            b_transposed: false,
+            bias: false,
+            gelu: false,
+            dtype,
+            batch: 1,
+            a_batched: false,
+            b_batched: false,
+        }
+    }
 }
 
 /// One cuBLASLt handle per executor, and the workspace buffers of the streams it ran on.
@@ -152,6 +176,36 @@ impl LtGemm {
         .map_err(err("cublasLtMatrixLayoutCreate"))?;
         descriptors.b = result::create_matrix_layout(f32, k, m, k as i64).map_err(err("cublasLtMatrixLayoutCreate"))?;
         descriptors.c = result::create_matrix_layout(f32, n, m, n as i64).map_err(err("cublasLtMatrixLayoutCreate"))?;
+        if shape.batch > 1 {
+            // cuBLAS's A is our `b`, its B our `a`. A broadcast operand has a stride of 0.
+            let count = i32::try_from(shape.batch).map_err(|_| cuda_error("a batch of more than 2^31 products", ""))?;
+            let strides = [
+                (descriptors.a, if shape.b_batched { n * k } else { 0 }),
+                (descriptors.b, if shape.a_batched { m * k } else { 0 }),
+                (descriptors.c, m * n),
+            ];
+            for (layout, stride) in strides {
+                let stride = stride as i64;
+                // SAFETY: each attribute is written from a value of the type cuBLASLt documents
+                // for it (`int32_t` count, `int64_t` offset), with its size.
+                unsafe {
+                    result::set_matrix_layout_attribute(
+                        layout,
+                        sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                        (&count as *const i32).cast(),
+                        std::mem::size_of::<i32>(),
+                    )
+                    .map_err(err("cublasLtMatrixLayoutSetAttribute"))?;
+                    result::set_matrix_layout_attribute(
+                        layout,
+                        sys::cublasLtMatrixLayoutAttribute_t::CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                        (&stride as *const i64).cast(),
+                        std::mem::size_of::<i64>(),
+                    )
+                    .map_err(err("cublasLtMatrixLayoutSetAttribute"))?;
+                }
+            }
+        }
         // `cublasOperation_t` (an `int32_t` attribute): CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
         let transa: i32 = if shape.b_transposed { 1 } else { 0 };
         let epilogue = match (shape.bias, shape.gelu) {
@@ -211,7 +265,7 @@ impl Drop for Preference {
 
 impl DeviceKernel for LtGemm {
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
-        let GemmShape { m, n, k, bias, dtype, .. } = self.shape;
+        let GemmShape { m, n, k, bias, dtype, batch, a_batched, b_batched, .. } = self.shape;
         let words = |elements: usize| crate::core::plan::packing::words(dtype, elements);
         let needed_inputs = if bias { 3 } else { 2 };
         let fail = |message: String| {
@@ -224,14 +278,16 @@ impl DeviceKernel for LtGemm {
                 outputs.len()
             ));
         }
-        let needs = [words(m * k), words(n * k), words(n)];
+        let of = |batched: bool| if batched { batch } else { 1 };
+        let needs = [words(of(a_batched) * m * k), words(of(b_batched) * n * k), words(n)];
         for (i, (buffer, need)) in inputs.iter().zip(needs).enumerate() {
             if buffer.len() < need {
                 return fail(format!("input {i} holds {} device words, but the product reads {need}", buffer.len()));
             }
         }
-        if outputs[0].len() < words(m * n) {
-            return fail(format!("output 0 holds {} words, but the product writes {}", outputs[0].len(), words(m * n)));
+        if outputs[0].len() < words(batch * m * n) {
+            let writes = words(batch * m * n);
+            return fail(format!("output 0 holds {} words, but the product writes {writes}", outputs[0].len()));
         }
         let stream = self.device.stream();
         let (a, _) = slice(inputs[0])?.device_ptr(&stream);

@@ -99,6 +99,7 @@ mod event_timer;
 mod executors;
 #[cfg(feature = "cuda")]
 mod gemm;
+mod index_ops;
 mod row_kernels;
 
 pub use codegen::{op_source, region_source, shape_op_source, RegionSource};

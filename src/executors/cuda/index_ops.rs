@@ -1,0 +1,148 @@
+//! CUDA C for the transformer ops that pick values by position or reduce over any axis:
+//! `slice` and `concat` (moves, in every dtype, as bits), the `causal_mask`, `sum_axis` and
+//! `max_axis` over any axis (`sum_dim` and `max_dim` bind the last axis to the `sum` and `max`
+//! prims, which fuse), and `argmax` (`i64` results). One thread per output element, in a grid-stride loop;
+//! a reduction's thread walks its axis, so neighbouring threads read neighbouring elements.
+
+use std::fmt::Write;
+
+use super::codegen::{element_type, literal, narrow, widen, RegionSource, HALF_CONVERSIONS};
+use crate::core::ir::prims;
+use crate::core::plan::packing;
+use crate::core::plan::OpView;
+use crate::executors::cpu_reference::{builtin_prim, check_builtin};
+
+/// Whether [`index_op_source`] generates `op`.
+pub(crate) fn generates(op: &OpView<'_>) -> bool {
+    matches!(
+        builtin_prim(op),
+        Some(prims::SLICE | prims::CONCAT | prims::CAUSAL_MASK | prims::SUM_AXIS | prims::MAX_AXIS | prims::ARGMAX)
+    )
+}
+
+/// Generates the CUDA C of one of the ops [`generates`] accepts.
+///
+/// # Errors
+/// A message when `op` is not one of them, or does not fit its built-in's shape rule (every
+/// index the kernel computes stays inside the buffers of the shapes that rule relates).
+pub fn index_op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, String> {
+    let id = builtin_prim(op).ok_or(format!("`{}` is not a built-in prim", op.name()))?;
+    check_builtin(id, op)?;
+    let shape = |i: usize| op.input_shape(i).map_err(|e| e.to_string());
+    let out_shape = op.output_shape(0).map_err(|e| e.to_string())?;
+    let numel: usize = out_shape.iter().product();
+    let in_dtype = op.dtype_of(op.bound_symbol().inputs().next().ok_or("an op without inputs")?);
+    let out_dtype = op.dtype_of(op.bound_symbol().outputs()[0]);
+    let axis_of = |i: usize| op.dims(i).map_err(|e| e.to_string()).map(|d| d.first().copied().unwrap_or(0));
+    let (element, out_element) = (element_type(in_dtype), element_type(out_dtype));
+    // The loop body, writing `out0[i]`; the inputs' element counts.
+    let (body, inputs): (String, Vec<usize>) = match id {
+        prims::SLICE => {
+            let input = shape(0)?;
+            let dims = op.dims(1).map_err(|e| e.to_string())?;
+            let (axis, start) = (dims[0], dims[1]);
+            let strides = contiguous(input);
+            let offset = start * strides[axis];
+            let read = super::codegen::strided_offset(out_shape, &strides);
+            (format!("out0[i] = in0[{offset}ll + {read}];"), vec![input.iter().product()])
+        }
+        prims::CONCAT => {
+            let (a, b) = (shape(0)?, shape(1)?);
+            let axis = axis_of(2)?;
+            let (a_block, b_block): (usize, usize) = (a[axis..].iter().product(), b[axis..].iter().product());
+            let block = (a_block + b_block).max(1);
+            (
+                format!(
+                    "const long long o = i / {block}ll, r = i % {block}ll;\n    \
+                     out0[i] = r < {a_block}ll ? in0[o * {a_block}ll + r] : in1[o * {b_block}ll + (r - {a_block}ll)];"
+                ),
+                vec![a.iter().product(), b.iter().product()],
+            )
+        }
+        prims::CAUSAL_MASK => {
+            let input = shape(0)?;
+            let (rows, cols) = (input[input.len() - 2].max(1), input[input.len() - 1].max(1));
+            let masked = narrow(out_dtype, &literal(f32::NEG_INFINITY));
+            (
+                format!(
+                    "const long long c = i % {cols}ll, r = (i / {cols}ll) % {rows}ll;\n    \
+                     out0[i] = c <= r ? in0[i] : ({out_element})({masked});"
+                ),
+                vec![input.iter().product()],
+            )
+        }
+        prims::SUM_AXIS | prims::MAX_AXIS | prims::ARGMAX => {
+            let input = shape(0)?;
+            let axis = axis_of(1)?;
+            let (n, inner): (usize, usize) = (input[axis], input[axis + 1..].iter().product::<usize>().max(1));
+            let at = |p: &str| widen(in_dtype, &format!("in0[(o * {n}ll + {p}) * {inner}ll + q]"));
+            let head = format!("const long long o = i / {inner}ll, q = i % {inner}ll;\n    ");
+            let body = match id {
+                prims::ARGMAX => format!(
+                    "{head}long long best = 0; float value = {first};\n    \
+                     for (long long p = 1; p < {n}ll; ++p) {{ const float v = {v}; \
+                     if (value == value && (v > value || v != v)) {{ best = p; value = v; }} }}\n    \
+                     out0[i] = best;",
+                    first = at("0"),
+                    v = at("p"),
+                ),
+                _ if n == 0 => {
+                    let empty = if id == prims::SUM_AXIS { 0.0 } else { f32::NEG_INFINITY };
+                    format!("out0[i] = {};", narrow(out_dtype, &literal(empty)))
+                }
+                _ => {
+                    let step =
+                        if id == prims::SUM_AXIS { "acc += v;" } else { "acc = (acc > v || acc != acc) ? acc : v;" };
+                    format!(
+                        "{head}float acc = {first};\n    \
+                         for (long long p = 1; p < {n}ll; ++p) {{ const float v = {v}; {step} }}\n    \
+                         out0[i] = {result};",
+                        first = at("0"),
+                        v = at("p"),
+                        result = narrow(out_dtype, "acc"),
+                    )
+                }
+            };
+            (body, vec![input.iter().product()])
+        }
+        _ => return Err(format!("`{}` is not generated here", op.name())),
+    };
+    let mut source = String::new();
+    let _ = writeln!(source, "// Generated by boundscope for `{}`.", op.name());
+    if [in_dtype, out_dtype].iter().any(|&d| packing::is_packed(d)) {
+        source.push_str(HALF_CONVERSIONS);
+    }
+    let parameters: Vec<String> = (0..inputs.len()).map(|k| format!("const {element}* __restrict__ in{k}")).collect();
+    let _ = writeln!(
+        source,
+        "extern \"C\" __global__ void {kernel}({}, {out_element}* __restrict__ out0, long long n) {{",
+        parameters.join(", ")
+    );
+    let _ = writeln!(source, "  const long long stride = (long long)blockDim.x * gridDim.x;");
+    let _ = writeln!(
+        source,
+        "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {{"
+    );
+    let _ = writeln!(source, "    {body}");
+    let _ = writeln!(source, "  }}\n}}");
+    Ok(RegionSource {
+        kernel: kernel.to_string(),
+        source,
+        inputs: inputs.len(),
+        outputs: 1,
+        numel,
+        vectorized: false,
+        threads: numel,
+        input_lengths: inputs.iter().map(|&n| packing::words(in_dtype, n)).collect(),
+        output_lengths: vec![packing::words(out_dtype, numel)],
+    })
+}
+
+/// Row-major strides of a contiguous tensor.
+fn contiguous(shape: &[usize]) -> Vec<usize> {
+    let mut strides = vec![1usize; shape.len()];
+    for axis in (0..shape.len().saturating_sub(1)).rev() {
+        strides[axis] = strides[axis + 1] * shape[axis + 1];
+    }
+    strides
+}

@@ -130,6 +130,23 @@ proptest! {
             prop_assert_eq!(out.shape(), shape.as_slice());
             close(&out.to_f32_vec(), &expected, "matmul")?;
         }
+        // The same product with `b` given transposed ([..., n, k]).
+        let mut bt_shape = bsh.clone();
+        let r = bt_shape.len();
+        bt_shape.swap(r - 2, r - 1);
+        let (k, n) = (bsh[r - 2], bsh[r - 1]);
+        let bv = data[1].to_f32_vec();
+        let bt: Vec<f32> = (0..bv.len()).map(|i| {
+            let (batch, rest) = (i / (k * n), i % (k * n));
+            let (row, col) = (rest / k, rest % k); // bt[batch, row (n), col (k)] = b[batch, col, row]
+            bv[batch * k * n + col * n + row]
+        }).collect();
+        let data_t = [data[0].clone(), Tensor::new(&bt_shape, bt).unwrap()];
+        let inputs_t = [(DType::F32, ash.clone()), (DType::F32, bt_shape.clone())];
+        for out in run_all(&inputs_t, &data_t, |b, v| b.matmul_transposed(v[0], v[1]))? {
+            prop_assert_eq!(out.shape(), shape.as_slice());
+            close(&out.to_f32_vec(), &expected, "matmul_transposed")?;
+        }
     }
 
     #[test]

@@ -98,8 +98,12 @@ builtin_ids! {
     /// `scaled_dot_product_attention(q, k, v, scale, causal)`: `softmax(q k^T scale (+ causal
     /// mask)) v` over `[..., tokens, head]` operands (composite).
     SCALED_DOT_PRODUCT_ATTENTION = 33, "scaled_dot_product_attention";
+    /// `matmul_transposed(a, b)`: `a @ b^T` over the last two axes, `[..., m, k] x [..., n, k]
+    /// -> [..., m, n]` (composite: a transpose and a product, which executors that read an
+    /// operand transposed run as one product).
+    MATMUL_TRANSPOSED = 34, "matmul_transposed";
     /// A fusion region, made only by `passes::FuseRegions`; listed as `<Executor>Fusion<N>`.
-    REGION = 34, "fusion_region";
+    REGION = 35, "fusion_region";
 }
 
 /// The last prim: ids up to it are prims, the composites follow.
@@ -294,7 +298,7 @@ fn reduce_last_axis_rule(args: &[ArgInfo<'_>]) -> RuleResult {
     Ok(TensorMeta { dtype, shape: out })
 }
 
-fn matmul_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+pub(super) fn matmul_rule(args: &[ArgInfo<'_>]) -> RuleResult {
     let (_, a) = float_tensor(args, 0)?;
     let (_, b) = float_tensor(args, 1)?;
     let dtype = promoted(args).unwrap_or(DType::F32);

@@ -9,8 +9,8 @@ use super::ids::{SymbolId, ValueId};
 use super::meta::{DType, Shape, TensorMeta};
 use super::prims::{
     dims_arg, float_tensor, floats_only, in_f32, last_axis, missing, promoted, scalar, tensor, value, PrimRule,
-    RuleResult, ARGMAX, CAUSAL_MASK, CONCAT, CROSS_ENTROPY, EMBEDDING, GATHER_LAST, LOG_SOFTMAX, MAX_AXIS,
-    SCALED_DOT_PRODUCT_ATTENTION, SLICE, SUM_AXIS,
+    RuleResult, ARGMAX, CAUSAL_MASK, CONCAT, CROSS_ENTROPY, EMBEDDING, GATHER_LAST, LOG_SOFTMAX, MATMUL_TRANSPOSED,
+    MAX_AXIS, SCALED_DOT_PRODUCT_ATTENTION, SLICE, SUM_AXIS,
 };
 use super::symbol::{ArgInfo, Category, ParamKind, Symbol};
 use crate::error::{Error, Result};
@@ -56,6 +56,39 @@ pub(super) fn push_composites(symbols: &mut Vec<Symbol>) {
             .shape_rule(attention_rule)
             .decomposition(decompose_attention),
     );
+    symbols.push(
+        Symbol::new("matmul_transposed", Composite)
+            .params(&[Tensor, Tensor])
+            .shape_rule(matmul_transposed_rule)
+            .decomposition(decompose_matmul_transposed),
+    );
+}
+
+/// The permutation that swaps the last two of `rank` axes.
+fn swap_last_two(rank: usize) -> Vec<usize> {
+    let mut perm: Vec<usize> = (0..rank).collect();
+    if rank >= 2 {
+        perm.swap(rank - 2, rank - 1);
+    }
+    perm
+}
+
+fn matmul_transposed_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    float_tensor(args, 0)?;
+    let (dtype_b, b) = float_tensor(args, 1)?;
+    if b.len() < 2 {
+        return Err("matmul_transposed takes tensors of rank 2 or more, [..., m, k] x [..., n, k]".into());
+    }
+    let bt: Shape = swap_last_two(b.len()).iter().map(|&p| b[p]).collect();
+    super::prims::matmul_rule(&[args[0], ArgInfo::Tensor { dtype: dtype_b, shape: &bt }])
+}
+
+fn decompose_matmul_transposed(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
+    let (x, y) = (value(args, 0), value(args, 1));
+    let (x, y) = (x.ok_or_else(|| missing("matmul_transposed"))?, y.ok_or_else(|| missing("matmul_transposed"))?);
+    let rank = b.shape(y)?.len();
+    let yt = b.transpose(y, &swap_last_two(rank))?;
+    b.matmul(x, yt)
 }
 
 /// `axis` of a tensor of rank `rank`, or why not.
@@ -234,11 +267,7 @@ fn decompose_attention(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<Val
     in_f32(b, [q, k, v], |b, [q, k, v]| {
         let (q, k, v) =
             (q.ok_or_else(|| missing(what))?, k.ok_or_else(|| missing(what))?, v.ok_or_else(|| missing(what))?);
-        let rank = b.shape(k)?.len();
-        let mut perm: Vec<usize> = (0..rank).collect();
-        perm.swap(rank - 2, rank - 1);
-        let kt = b.transpose(k, &perm)?;
-        let scores = b.matmul(q, kt)?;
+        let scores = b.matmul_transposed(q, k)?;
         let mut scores = b.mul_scalar(scores, scale)?;
         if causal {
             scores = b.causal_mask(scores)?;
@@ -326,6 +355,13 @@ impl<'a> TraceBuilder<'a> {
             joined = self.bind(CONCAT, &[Arg::Value(joined), Arg::Value(part), Arg::Dims(&[axis])])?;
         }
         Ok(joined)
+    }
+
+    /// `a @ b^T` over the last two axes: `[..., m, k] x [..., n, k] -> [..., m, n]`, batch
+    /// dimensions broadcast as in `matmul` (attention's `q k^T`). CudaOps runs it as one product
+    /// that reads `b` transposed; elsewhere it is a `transpose` and a `matmul`.
+    pub fn matmul_transposed(&mut self, a: ValueId, b: ValueId) -> Result<ValueId> {
+        self.bind(MATMUL_TRANSPOSED, &[Arg::Value(a), Arg::Value(b)])
     }
 
     /// `x` with its axes permuted, as `torch.permute`: output axis `i` is input axis `perm[i]`

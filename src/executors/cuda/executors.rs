@@ -144,6 +144,7 @@ impl Executor for CudaOps {
     fn prefers_whole(&self, op: &OpView<'_>) -> bool {
         match op.symbol().builtin_composite() {
             Some(prims::LINEAR | prims::LINEAR_GELU) => single_dtype(op).is_ok() && nonempty_product(op),
+            Some(prims::MATMUL_TRANSPOSED) => single_dtype(op).is_ok() && nonempty_product(op),
             Some(prims::SOFTMAX | prims::LAYER_NORM) => true,
             _ => false,
         }
@@ -154,8 +155,11 @@ impl Executor for CudaOps {
     }
 
     fn compile_device(&self, op: &OpView<'_>) -> Result<Box<dyn DeviceKernel>> {
-        if builtin_prim(op) == Some(prims::MATMUL) {
-            require_builtin(Self::NAME, prims::MATMUL, op)?;
+        let transposed = op.symbol().builtin_composite() == Some(prims::MATMUL_TRANSPOSED);
+        if builtin_prim(op) == Some(prims::MATMUL) || transposed {
+            if !transposed {
+                require_builtin(Self::NAME, prims::MATMUL, op)?;
+            }
             let shape = product_shape(op).ok_or_else(|| Error::KernelPrecondition {
                 executor: Self::NAME.into(),
                 symbol: op.name().into(),
@@ -338,6 +342,7 @@ fn linear_shape(op: &OpView<'_>) -> std::result::Result<GemmShape, String> {
 /// dimensions are the output's (a matrix per batch index) or all 1 (one matrix, read by every
 /// product, at a stride of 0). Other broadcasts are not claimed (the CPU reference runs them).
 fn product_shape(op: &OpView<'_>) -> Option<GemmShape> {
+    let transposed = op.symbol().builtin_composite() == Some(prims::MATMUL_TRANSPOSED);
     let (a, b, out) = (op.input_shape(0).ok()?, op.input_shape(1).ok()?, op.output_shape(0).ok()?);
     let (ra, rb, ro) = (a.len(), b.len(), out.len());
     if ra < 2 || rb < 2 || ro < 2 {
@@ -354,8 +359,14 @@ fn product_shape(op: &OpView<'_>) -> Option<GemmShape> {
         }
     };
     let (a_batched, b_batched) = (batched(&a[..ra - 2])?, batched(&b[..rb - 2])?);
-    let shape = GemmShape::single(a[ra - 2], b[rb - 1], a[ra - 1], crate::DType::F32);
-    Some(GemmShape { batch: batch_dims.iter().product(), a_batched, b_batched, ..shape })
+    // `matmul_transposed` reads `b` as [..., n, k]: cuBLASLt's transpose flag, as for `linear`.
+    let (n, k) = if transposed { (b[rb - 2], b[rb - 1]) } else { (b[rb - 1], b[rb - 2]) };
+    // The relations the buffers' sizes rest on, checked again: nothing on the device checks.
+    if k != a[ra - 1] || out[ro - 2..] != [a[ra - 2], n] {
+        return None;
+    }
+    let shape = GemmShape::single(a[ra - 2], n, k, crate::DType::F32);
+    Some(GemmShape { batch: batch_dims.iter().product(), a_batched, b_batched, b_transposed: transposed, ..shape })
 }
 
 /// Whether a product's `m`, `n` and `k` are all non-zero: cuBLASLt takes no empty product,
@@ -364,7 +375,9 @@ fn nonempty_product(op: &OpView<'_>) -> bool {
     let dims = |i: usize| op.input_shape(i).map(<[usize]>::to_vec).unwrap_or_default();
     let (x, y) = (dims(0), dims(1));
     let two_d = x.len() == 2 && y.len() == 2;
-    let batched = builtin_prim(op) == Some(prims::MATMUL) && product_shape(op).is_some();
+    let product =
+        builtin_prim(op) == Some(prims::MATMUL) || op.symbol().builtin_composite() == Some(prims::MATMUL_TRANSPOSED);
+    let batched = product && product_shape(op).is_some();
     x.iter().chain(&y).all(|&d| d > 0) && (two_d || batched)
 }
 

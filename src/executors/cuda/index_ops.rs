@@ -2,7 +2,8 @@
 //! `slice` and `concat` (moves, in every dtype, as bits), the `causal_mask`, `sum_axis` and
 //! `max_axis` over any axis (`sum_dim` and `max_dim` bind the last axis to the `sum` and `max`
 //! prims, which fuse), and `argmax` (`i64` results). One thread per output element, in a grid-stride loop;
-//! a reduction's thread walks its axis, so neighbouring threads read neighbouring elements.
+//! a reduction's thread walks its axis, so neighbouring threads read neighbouring elements. A
+//! move whose contiguous runs are whole 16-byte vectors copies a vector per thread.
 
 use std::fmt::Write;
 
@@ -35,25 +36,39 @@ pub fn index_op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, St
     let out_dtype = op.dtype_of(op.bound_symbol().outputs()[0]);
     let axis_of = |i: usize| op.dims(i).map_err(|e| e.to_string()).map(|d| d.first().copied().unwrap_or(0));
     let (element, out_element) = (element_type(in_dtype), element_type(out_dtype));
+    // Elements per thread: moves copy 16-byte vectors where every run they copy allows it.
+    let mut vector = 1;
     // The loop body, writing `out0[i]`; the inputs' element counts.
     let (body, inputs): (String, Vec<usize>) = match id {
         prims::SLICE => {
+            // Rows of `len` contiguous elements, one per index of the axes before `axis`, each
+            // `from` elements into an input row of `row`.
             let input = shape(0)?;
             let dims = op.dims(1).map_err(|e| e.to_string())?;
-            let (axis, start) = (dims[0], dims[1]);
-            let strides = contiguous(input);
-            let offset = start * strides[axis];
-            let read = super::codegen::strided_offset(out_shape, &strides);
-            (format!("out0[i] = in0[{offset}ll + {read}];"), vec![input.iter().product()])
+            let (axis, start, end) = (dims[0], dims[1], dims[2]);
+            let inner: usize = input[axis + 1..].iter().product();
+            let (len, row, from) = ((end - start) * inner, input[axis] * inner, start * inner);
+            let v = vector_width(in_dtype, &[len, row, from]);
+            vector = v;
+            let (len, row, from) = ((len / v).max(1), row / v, from / v);
+            (
+                format!(
+                    "const long long o = i / {len}ll;\n    out0[i] = in0[o * {row}ll + {from}ll + (i - o * {len}ll)];"
+                ),
+                vec![input.iter().product()],
+            )
         }
         prims::CONCAT => {
             let (a, b) = (shape(0)?, shape(1)?);
             let axis = axis_of(2)?;
             let (a_block, b_block): (usize, usize) = (a[axis..].iter().product(), b[axis..].iter().product());
+            let v = vector_width(in_dtype, &[a_block, b_block]);
+            vector = v;
+            let (a_block, b_block) = (a_block / v, b_block / v);
             let block = (a_block + b_block).max(1);
             (
                 format!(
-                    "const long long o = i / {block}ll, r = i % {block}ll;\n    \
+                    "const long long o = i / {block}ll, r = i - o * {block}ll;\n    \
                      out0[i] = r < {a_block}ll ? in0[o * {a_block}ll + r] : in1[o * {b_block}ll + (r - {a_block}ll)];"
                 ),
                 vec![a.iter().product(), b.iter().product()],
@@ -112,6 +127,8 @@ pub fn index_op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, St
     if [in_dtype, out_dtype].iter().any(|&d| packing::is_packed(d)) {
         source.push_str(HALF_CONVERSIONS);
     }
+    // A vectorized move reads and writes `uint4`s (16 bytes: 4 f32, 8 bf16, 2 i64).
+    let (element, out_element) = if vector > 1 { ("uint4", "uint4") } else { (element, out_element) };
     let parameters: Vec<String> = (0..inputs.len()).map(|k| format!("const {element}* __restrict__ in{k}")).collect();
     let _ = writeln!(
         source,
@@ -130,19 +147,66 @@ pub fn index_op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, St
         source,
         inputs: inputs.len(),
         outputs: 1,
-        numel,
-        vectorized: false,
-        threads: numel,
+        numel: numel / vector,
+        vectorized: vector > 1,
+        threads: numel / vector,
         input_lengths: inputs.iter().map(|&n| packing::words(in_dtype, n)).collect(),
         output_lengths: vec![packing::words(out_dtype, numel)],
     })
 }
 
-/// Row-major strides of a contiguous tensor.
-fn contiguous(shape: &[usize]) -> Vec<usize> {
-    let mut strides = vec![1usize; shape.len()];
-    for axis in (0..shape.len().saturating_sub(1)).rev() {
-        strides[axis] = strides[axis + 1] * shape[axis + 1];
+/// Elements of `dtype` per 16-byte vector, if every count in `runs` (lengths and offsets of
+/// the contiguous runs a move copies, in elements) is a multiple of it and one is non-zero; else
+/// 1. Device buffers start 256-byte aligned, so such runs are 16-byte aligned too.
+fn vector_width(dtype: crate::DType, runs: &[usize]) -> usize {
+    let v = 16 / dtype.size_bytes();
+    if runs.iter().all(|r| r % v == 0) && runs.iter().any(|&r| r > 0) {
+        v
+    } else {
+        1
     }
-    strides
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::ir::{Arena, Registry, TraceBuilder};
+    use crate::core::plan::OpView;
+    use crate::TensorMeta;
+
+    /// The source of the one op `build` binds.
+    fn source(build: impl FnOnce(&mut TraceBuilder<'_>)) -> RegionSource {
+        let (registry, arena) = (Registry::with_builtins(), Arena::new());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        build(&mut b);
+        let trace = b.finish().unwrap();
+        let op = OpView::of(&trace, trace.bound_symbols().len() - 1).unwrap();
+        index_op_source(&op, "k").unwrap()
+    }
+
+    #[test]
+    fn moves_copy_16_byte_vectors_where_their_runs_allow() {
+        let s = source(|b| {
+            let x = b.input_with(&TensorMeta::new(crate::DType::F32, &[2, 3, 12])).unwrap();
+            let y = b.slice(x, 2, 4, 8).unwrap();
+            b.output(y).unwrap();
+        });
+        assert!(s.vectorized && s.numel == 2 * 3 && s.source.contains("uint4"), "{}", s.source);
+        assert!(s.source.contains("in0[o * 3ll + 1ll + (i - o * 1ll)]"), "{}", s.source);
+        assert_eq!((s.input_lengths.clone(), s.output_lengths.clone()), (vec![72], vec![24]));
+        // Runs of 3 f32 are not whole vectors: one element per thread.
+        let s = source(|b| {
+            let x = b.input_with(&TensorMeta::new(crate::DType::F32, &[2, 6])).unwrap();
+            let y = b.slice(x, 1, 1, 4).unwrap();
+            b.output(y).unwrap();
+        });
+        assert!(!s.vectorized && s.numel == 6 && !s.source.contains("uint4"), "{}", s.source);
+        let s = source(|b| {
+            let x = b.input_with(&TensorMeta::new(crate::DType::BF16, &[2, 8])).unwrap();
+            let y = b.input_with(&TensorMeta::new(crate::DType::BF16, &[2, 16])).unwrap();
+            let z = b.concat(&[x, y], 1).unwrap();
+            b.output(z).unwrap();
+        });
+        assert!(s.vectorized && s.numel == 2 * 3, "{}", s.source);
+    }
 }

@@ -1,0 +1,203 @@
+//! GPU benchmark of the transformer ops at GPT-2's shapes (batch 8, 1,024 tokens, 12 heads of
+//! 64, width 768), in f32 and bf16, through `Plan` with device inputs, as a user's program runs
+//! them (on a machine without a GPU it prints a SKIPPED line and exits 0): attention's two
+//! batched products (`q k^T` as `matmul_transposed`, `p v`), a product with a broadcast weight,
+//! the copies of `slice`, `concat` and `permute`, and causal attention as its decomposition.
+//! Each plan's result is checked against a `torch`-free reference: the same plan on
+//! `CpuReference` at a smaller batch. Lines starting `RESULT ` are JSON;
+//! `scripts/torch_transformer_ops.py` prints PyTorch's for the same workloads and
+//! `scripts/transformer_ops_report.py` puts them side by side.
+//!
+//! ```text
+//! cargo build --release --example transformer_ops_bench   # here; then on the GPU machine:
+//! (./transformer_ops_bench; python3 scripts/torch_transformer_ops.py) | python3 scripts/transformer_ops_report.py
+//! ```
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use boundscope::executors::cuda::{self, CudaDevice, CudaOps};
+use boundscope::executors::CpuReference;
+use boundscope::passes::{FuseRegions, Pass, Pipeline};
+use boundscope::{
+    Arena, DType, Device, DeviceTensor, Executor, Plan, Registry, RunInput, Tensor, TensorMeta, TraceBuilder, ValueId,
+};
+
+type Build = fn(&mut TraceBuilder<'_>, &[ValueId]) -> boundscope::Result<ValueId>;
+
+/// A workload: its name, its inputs' shapes (at batch `b`), how to build it, and its useful
+/// bytes or FLOPs per run (the figure it is judged by).
+struct Workload {
+    name: &'static str,
+    inputs: fn(usize) -> Vec<Vec<usize>>,
+    build: Build,
+    /// FLOPs per run at batch `b` (0: judged by bytes moved).
+    flops: fn(usize) -> f64,
+}
+
+const T: usize = 1024;
+const H: usize = 12;
+const D: usize = 64;
+const C: usize = 768;
+
+fn workloads() -> Vec<Workload> {
+    vec![
+        Workload {
+            name: "qk_t",
+            inputs: |b| vec![vec![b, H, T, D], vec![b, H, T, D]],
+            build: |g, v| g.matmul_transposed(v[0], v[1]),
+            flops: |b| 2.0 * (b * H * T * T * D) as f64,
+        },
+        Workload {
+            name: "pv",
+            inputs: |b| vec![vec![b, H, T, T], vec![b, H, T, D]],
+            build: |g, v| g.matmul(v[0], v[1]),
+            flops: |b| 2.0 * (b * H * T * T * D) as f64,
+        },
+        Workload {
+            name: "x_w",
+            inputs: |b| vec![vec![b, T, C], vec![C, 4 * C]],
+            build: |g, v| g.matmul(v[0], v[1]),
+            flops: |b| 2.0 * (b * T * C * 4 * C) as f64,
+        },
+        Workload {
+            name: "slice",
+            inputs: |b| vec![vec![b, T, 3 * C]],
+            build: |g, v| g.slice(v[0], 2, C, 2 * C),
+            flops: |_| 0.0,
+        },
+        Workload {
+            name: "concat",
+            inputs: |b| vec![vec![b, T, C], vec![b, T, C]],
+            build: |g, v| g.concat(&[v[0], v[1]], 2),
+            flops: |_| 0.0,
+        },
+        Workload {
+            name: "permute",
+            inputs: |b| vec![vec![b, T, H, D]],
+            build: |g, v| g.permute(v[0], &[0, 2, 1, 3]),
+            flops: |_| 0.0,
+        },
+        Workload {
+            name: "attention",
+            inputs: |b| vec![vec![b, H, T, D], vec![b, H, T, D], vec![b, H, T, D]],
+            build: |g, v| g.scaled_dot_product_attention(v[0], v[1], v[2], true, None),
+            // Causal: half the score matrix, as PyTorch's kernels count it.
+            flops: |b| 2.0 * (b * H * T * T * D) as f64,
+        },
+    ]
+}
+
+fn main() -> ExitCode {
+    if let boundscope::Availability::Unavailable(reason) = cuda::availability() {
+        println!("SKIPPED: transformer_ops_bench: {reason}");
+        return ExitCode::SUCCESS;
+    }
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn trace<'a>(
+    arena: &'a Arena,
+    registry: &'a Registry,
+    w: &Workload,
+    batch: usize,
+    dtype: DType,
+) -> boundscope::Result<boundscope::Trace<'a>> {
+    let mut b = TraceBuilder::new(arena, registry);
+    let mut values = Vec::new();
+    for shape in (w.inputs)(batch) {
+        values.push(b.input_with(&TensorMeta::new(dtype, &shape))?);
+    }
+    let y = (w.build)(&mut b, &values)?;
+    b.output(y)?;
+    b.finish()
+}
+
+fn inputs(w: &Workload, batch: usize, dtype: DType) -> Vec<Tensor> {
+    (w.inputs)(batch)
+        .iter()
+        .enumerate()
+        .map(|(k, shape)| {
+            Tensor::from_fn(shape, |i| ((i.wrapping_mul(2654435761).wrapping_add(k * 97) % 1000) as f32 / 500.0) - 1.0)
+                .to_dtype(dtype)
+        })
+        .collect()
+}
+
+/// The plan a user compiles for the GPU: composites CudaOps runs whole kept, the rest
+/// decomposed and fused, on CudaFusion and CudaOps (the CPU reference for what neither runs).
+fn gpu_plan(gpu: &Arc<CudaDevice>, trace: &boundscope::Trace<'_>, arena: &Arena) -> boundscope::Result<Plan> {
+    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(gpu.clone()));
+    let fusion: Arc<dyn Executor> = Arc::new(cuda::CudaFusion::new(gpu.clone()));
+    let prims = Pipeline::for_executors(std::slice::from_ref(&ops)).run(trace, arena)?;
+    let fused = FuseRegions::new(fusion.clone()).run(&prims, arena)?;
+    Plan::compile(&fused, &[fusion, ops, CpuReference::shared()])
+}
+
+fn run() -> Result<(), String> {
+    let e = |e: boundscope::Error| e.to_string();
+    let gpu = CudaDevice::new().map_err(e)?;
+    let device: Arc<dyn Device> = gpu.clone();
+    println!("device: {}", device.name());
+    let registry = Registry::with_builtins();
+    for dtype in [DType::F32, DType::BF16] {
+        for w in workloads() {
+            // Correctness first, at batch 1, against the CPU reference.
+            let arena = Arena::new();
+            let small = trace(&arena, &registry, &w, 1, dtype).map_err(e)?;
+            let small_inputs = inputs(&w, 1, dtype);
+            let refs: Vec<&Tensor> = small_inputs.iter().collect();
+            let expected = Plan::compile(&small, &[CpuReference::shared()]).map_err(e)?.run(&refs).map_err(e)?;
+            let got = gpu_plan(&gpu, &small, &arena).map_err(e)?.run(&refs).map_err(e)?;
+            let scale = expected[0].to_f32_vec().iter().fold(1f32, |m, v| m.max(v.abs()));
+            let diff = got[0].max_abs_diff(&expected[0]) / scale;
+            let tolerance = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
+            if diff.is_nan() || diff > tolerance {
+                return Err(format!("{} {dtype}: differs from the CPU reference by {diff} (relative)", w.name));
+            }
+            // Then the full shape, inputs on the device, outputs left there.
+            let batch = 8;
+            let full = trace(&arena, &registry, &w, batch, dtype).map_err(e)?;
+            let plan = gpu_plan(&gpu, &full, &arena).map_err(e)?;
+            let host = inputs(&w, batch, dtype);
+            let uploaded: Vec<DeviceTensor> =
+                host.iter().map(|t| DeviceTensor::upload(&device, t.view())).collect::<Result<_, _>>().map_err(e)?;
+            let run_inputs: Vec<RunInput<'_>> = uploaded.iter().map(RunInput::from).collect();
+            let mut ws = plan.workspace().map_err(e)?;
+            for _ in 0..3 {
+                plan.run_on_device(&mut ws, &run_inputs).map_err(e)?;
+            }
+            device.synchronize().map_err(e)?;
+            let reps = 20;
+            let start = Instant::now();
+            for _ in 0..reps {
+                plan.run_on_device(&mut ws, &run_inputs).map_err(e)?;
+            }
+            device.synchronize().map_err(e)?;
+            let ms = start.elapsed().as_secs_f64() * 1e3 / reps as f64;
+            let bytes: usize = full
+                .inputs()
+                .iter()
+                .chain(full.outputs())
+                .map(|&v| full.value_meta(v).map(|m| m.numel() * m.dtype.size_bytes()).unwrap_or(0))
+                .sum();
+            let flops = (w.flops)(batch);
+            let steps = plan.steps_per_executor();
+            println!(
+                "RESULT {{\"impl\":\"boundscope\",\"op\":\"{}\",\"dtype\":\"{dtype}\",\"ms\":{ms},\"gbps\":{},\"tflops\":{},\"check\":{diff}}}",
+                w.name,
+                bytes as f64 / (ms * 1e-3) / 1e9,
+                flops / (ms * 1e-3) / 1e12,
+            );
+            eprintln!("{} {dtype}: {ms:.3} ms per run, steps {steps:?}", w.name);
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,50 @@
+#!/usr/bin/env python3
+"""PyTorch baselines for examples/transformer_ops_bench.rs, on the same GPU and shapes (batch 8,
+1,024 tokens, 12 heads of 64, width 768; f32 with TF32 off, and bf16): eager and torch.compile,
+timed with CUDA events, bytes and FLOPs counted as the example counts them. Attention is
+torch.nn.functional.scaled_dot_product_attention(is_causal=True), whatever backend it picks.
+Prints `RESULT {json}` lines for transformer_ops_report.py.
+"""
+import json
+import torch
+
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+B, T, H, D, C = 8, 1024, 12, 64, 768
+
+WORKLOADS = {
+    "qk_t": ([(B, H, T, D), (B, H, T, D)], lambda q, k: q @ k.transpose(-2, -1), 2 * B * H * T * T * D),
+    "pv": ([(B, H, T, T), (B, H, T, D)], lambda p, v: p @ v, 2 * B * H * T * T * D),
+    "x_w": ([(B, T, C), (C, 4 * C)], lambda x, w: x @ w, 2 * B * T * C * 4 * C),
+    "slice": ([(B, T, 3 * C)], lambda x: x[:, :, C:2 * C].contiguous(), 0),
+    "concat": ([(B, T, C), (B, T, C)], lambda a, b: torch.cat([a, b], 2), 0),
+    "permute": ([(B, T, H, D)], lambda x: x.permute(0, 2, 1, 3).contiguous(), 0),
+    "attention": ([(B, H, T, D)] * 3,
+                  lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
+                  2 * B * H * T * T * D),
+}
+
+
+def timed(fn, args, reps=20):
+    for _ in range(3):
+        fn(*args)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn(*args)
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / reps
+
+
+for dtype_name, dtype in [("f32", torch.float32), ("bf16", torch.bfloat16)]:
+    for name, (shapes, fn, flops) in WORKLOADS.items():
+        args = [torch.rand(*s, device="cuda", dtype=dtype) * 2 - 1 for s in shapes]
+        out = fn(*args)
+        nbytes = sum(a.numel() * a.element_size() for a in args) + out.numel() * out.element_size()
+        for impl, f in [("torch_eager", fn), ("torch_compile", torch.compile(fn))]:
+            ms = timed(f, args)
+            print("RESULT " + json.dumps({"impl": impl, "op": name, "dtype": dtype_name, "ms": ms,
+                                          "gbps": nbytes / (ms * 1e-3) / 1e9,
+                                          "tflops": flops / (ms * 1e-3) / 1e12}), flush=True)

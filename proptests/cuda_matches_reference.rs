@@ -912,6 +912,8 @@ fn transformer_ops_on_cuda_match_the_reference() {
             let parts = b.split(x, axis, &[cut, shape[axis] - cut]).unwrap();
             let joined = b.concat(&parts, axis).unwrap();
             let masked = b.causal_mask(joined).unwrap();
+            let positive = b.compare_scalar(prims::GT, x, 0.0).unwrap();
+            let below = b.lt(x, a1).unwrap();
             let outs = [
                 b.matmul(x, w2).unwrap(),
                 b.matmul(x, wb).unwrap(),
@@ -923,6 +925,10 @@ fn transformer_ops_on_cuda_match_the_reference() {
                 b.max_dim(x, axis, true).unwrap(),
                 b.argmax(x, axis, false).unwrap(),
                 b.slice(ids, axis, cut, shape[axis]).unwrap(),
+                b.where_scalar(positive, x, -1.5).unwrap(),
+                b.where_(below, x, a1).unwrap(),
+                below,
+                b.eq(ids, ids).unwrap(),
             ];
             for v in outs {
                 b.output(v).unwrap();
@@ -943,7 +949,9 @@ fn transformer_ops_on_cuda_match_the_reference() {
             let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&refs).unwrap();
             let plan = Plan::compile(&trace, &cuda).unwrap();
             let listing = plan.to_string();
-            for op in ["matmul", "matmul_transposed", "slice", "concat", "causal_mask", "argmax"] {
+            for op in
+                ["matmul", "matmul_transposed", "slice", "concat", "causal_mask", "argmax", "lt", "gt", "eq", "where"]
+            {
                 let on_cpu = listing.lines().any(|l| l.contains(&format!("= {op}(")) && l.contains("cpu_reference"));
                 prop_assert!(!on_cpu, "{} ran on the CPU:\n{}", op, listing);
             }

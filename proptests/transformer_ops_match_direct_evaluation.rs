@@ -294,6 +294,74 @@ proptest! {
     }
 }
 
+/// The value of `t` (of `shape`, broadcast to `out`) at output index `i`.
+fn broadcast_at(t: &[f32], shape: &[usize], out: &[usize], i: usize) -> f32 {
+    let at = index(i, out);
+    let offset = out.len() - shape.len();
+    let st = strides(shape);
+    t[(0..shape.len()).map(|a| if shape[a] == 1 { 0 } else { at[a + offset] * st[a] }).sum::<usize>()]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn comparisons_and_where_broadcast(
+        shape in proptest::collection::vec(1usize..4, 1..4),
+        ones in proptest::collection::vec(any::<bool>(), 4),
+        drop in 0usize..2,
+        dtype in proptest::sample::select(vec![DType::F32, DType::BF16, DType::I64, DType::I32]),
+        seed in 0u64..50,
+    ) {
+        let mut other: Vec<usize> = shape.iter().zip(&ones).map(|(&d, &one)| if one { 1 } else { d }).collect();
+        other.drain(..drop.min(other.len() - 1));
+        let a = Tensor::new(&shape, values(&shape, seed).iter().map(|v| (v * 2.0).round()).collect()).unwrap().to_dtype(dtype);
+        let b = Tensor::new(&other, values(&other, seed + 3).iter().map(|v| (v * 2.0).round()).collect()).unwrap().to_dtype(dtype);
+        let (av, bv) = (a.to_f32_vec(), b.to_f32_vec());
+        let numel: usize = shape.iter().product();
+        let inputs = [(dtype, shape.clone()), (dtype, other.clone())];
+        let data = [a, b];
+        for (k, want) in [
+            (0, (|x: f32, y: f32| x < y) as fn(f32, f32) -> bool),
+            (1, |x, y| x <= y),
+            (2, |x, y| x > y),
+            (3, |x, y| x >= y),
+            (4, |x, y| x == y),
+            (5, |x, y| x != y),
+        ] {
+            let expected: Vec<i32> = (0..numel)
+                .map(|i| i32::from(want(av[i], broadcast_at(&bv, &other, &shape, i))))
+                .collect();
+            for out in run_all(&inputs, &data, |b, v| match k {
+                0 => b.lt(v[0], v[1]),
+                1 => b.le(v[0], v[1]),
+                2 => b.gt(v[0], v[1]),
+                3 => b.ge(v[0], v[1]),
+                4 => b.eq(v[0], v[1]),
+                _ => b.ne(v[0], v[1]),
+            })? {
+                prop_assert_eq!(out.values::<i32>().unwrap(), expected.as_slice(), "comparison {}", k);
+            }
+        }
+        // where(a > b, a, b) is maximum; masked with a scalar, the fill.
+        let wanted: Vec<f64> = (0..numel).map(|i| f64::from(av[i].max(broadcast_at(&bv, &other, &shape, i)))).collect();
+        for out in run_all(&inputs, &data, |b, v| {
+            let m = b.gt(v[0], v[1])?;
+            b.where_(m, v[0], v[1])
+        })? {
+            prop_assert_eq!(out.dtype(), dtype);
+            close(&out.to_f32_vec(), &wanted, "where")?;
+        }
+        let filled: Vec<f64> = (0..numel).map(|i| if av[i] > 0.0 { f64::from(av[i]) } else { -7.0 }).collect();
+        for out in run_all(&inputs[..1], &data[..1], |b, v| {
+            let m = b.compare_scalar(boundscope::prims::GT, v[0], 0.0)?;
+            b.where_scalar(m, v[0], -7.0)
+        })? {
+            close(&out.to_f32_vec(), &filled, "where_scalar")?;
+        }
+    }
+}
+
 #[test]
 fn out_of_range_ids_and_bad_shapes_are_typed_errors() {
     let (registry, arena) = (Registry::with_builtins(), Arena::new());

@@ -79,40 +79,57 @@ builtin_ids! {
     /// `gather_last(x, ids)`: `x[..., ids[...]]`: one element of each last-axis row of `x`
     /// `[..., n]`, picked by the integer `ids` `[...]` (`torch.gather` along the last axis).
     GATHER_LAST = 26, "gather_last";
+    /// `lt(a, b)`: `a < b` elementwise (broadcasting; `b` may be a scalar), as `i32` 0 or 1.
+    LT = 27, "lt";
+    /// `le(a, b)`: `a <= b`, as `i32` 0 or 1.
+    LE = 28, "le";
+    /// `gt(a, b)`: `a > b`, as `i32` 0 or 1.
+    GT = 29, "gt";
+    /// `ge(a, b)`: `a >= b`, as `i32` 0 or 1.
+    GE = 30, "ge";
+    /// `eq(a, b)`: `a == b`, as `i32` 0 or 1.
+    EQ = 31, "eq";
+    /// `ne(a, b)`: `a != b`, as `i32` 0 or 1.
+    NE = 32, "ne";
+    /// `where(cond, a, b)`: `a` where the integer `cond` is non-zero, else `b` (a tensor or a
+    /// scalar), all three broadcast.
+    WHERE = 33, "where";
     /// `softmax(x)` over the last axis (composite).
-    SOFTMAX = 27, "softmax";
+    SOFTMAX = 34, "softmax";
     /// `layer_norm(x, eps, weight?, bias?)` over the last axis (composite).
-    LAYER_NORM = 28, "layer_norm";
+    LAYER_NORM = 35, "layer_norm";
     /// `linear(x, w, bias?)`: `x @ w^T + bias`, `w` is `[out, in]` (composite).
-    LINEAR = 29, "linear";
+    LINEAR = 36, "linear";
     /// `linear_gelu(x, w, bias?)`: `gelu(linear(x, w, bias))` (composite): what
     /// `passes::FoldEpilogues` makes of a `linear` whose only use is a `gelu`, for executors that
     /// run the activation in the product's epilogue.
-    LINEAR_GELU = 30, "linear_gelu";
+    LINEAR_GELU = 37, "linear_gelu";
     /// `log_softmax(x)` over the last axis (composite).
-    LOG_SOFTMAX = 31, "log_softmax";
+    LOG_SOFTMAX = 38, "log_softmax";
     /// `cross_entropy(logits, targets)`: the mean over rows of `-log_softmax(logits)[target]`,
     /// logits `[rows, classes]`, integer targets `[rows]`, a zero-dimensional result
     /// (composite), as `torch.nn.functional.cross_entropy`.
-    CROSS_ENTROPY = 32, "cross_entropy";
+    CROSS_ENTROPY = 39, "cross_entropy";
     /// `scaled_dot_product_attention(q, k, v, scale, causal)`: `softmax(q k^T scale (+ causal
     /// mask)) v` over `[..., tokens, head]` operands (composite).
-    SCALED_DOT_PRODUCT_ATTENTION = 33, "scaled_dot_product_attention";
+    SCALED_DOT_PRODUCT_ATTENTION = 40, "scaled_dot_product_attention";
     /// `matmul_transposed(a, b)`: `a @ b^T` over the last two axes, `[..., m, k] x [..., n, k]
     /// -> [..., m, n]` (composite: a transpose and a product, which executors that read an
     /// operand transposed run as one product).
-    MATMUL_TRANSPOSED = 34, "matmul_transposed";
+    MATMUL_TRANSPOSED = 41, "matmul_transposed";
     /// A fusion region, made only by `passes::FuseRegions`; listed as `<Executor>Fusion<N>`.
-    REGION = 35, "fusion_region";
+    REGION = 42, "fusion_region";
 }
 
 /// The last prim: ids up to it are prims, the composites follow.
-pub(crate) const LAST_PRIM: SymbolId = GATHER_LAST;
+pub(crate) const LAST_PRIM: SymbolId = WHERE;
 
 /// The unary elementwise prims, in id order.
 pub const UNARY: [SymbolId; 7] = [NEG, EXP, LOG, TANH, SIGMOID, RELU, GELU];
 /// The binary elementwise prims, in id order.
 pub const BINARY: [SymbolId; 5] = [ADD, SUB, MUL, DIV, MAXIMUM];
+/// The comparison prims, in id order: `i32` results, 0 or 1.
+pub const COMPARISONS: [SymbolId; 6] = [LT, LE, GT, GE, EQ, NE];
 
 pub(crate) fn builtin_symbols() -> Vec<Symbol> {
     use Category::*;

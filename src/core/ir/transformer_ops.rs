@@ -9,8 +9,8 @@ use super::ids::{SymbolId, ValueId};
 use super::meta::{DType, Shape, TensorMeta};
 use super::prims::{
     dims_arg, float_tensor, floats_only, in_f32, last_axis, missing, promoted, scalar, tensor, value, PrimRule,
-    RuleResult, ARGMAX, CAUSAL_MASK, CONCAT, CROSS_ENTROPY, EMBEDDING, GATHER_LAST, LOG_SOFTMAX, MATMUL_TRANSPOSED,
-    MAX_AXIS, SCALED_DOT_PRODUCT_ATTENTION, SLICE, SUM_AXIS,
+    RuleResult, ARGMAX, CAUSAL_MASK, COMPARISONS, CONCAT, CROSS_ENTROPY, EMBEDDING, EQ, GATHER_LAST, GE, GT, LE,
+    LOG_SOFTMAX, LT, MATMUL_TRANSPOSED, MAX_AXIS, NE, SCALED_DOT_PRODUCT_ATTENTION, SLICE, SUM_AXIS, WHERE,
 };
 use super::symbol::{ArgInfo, Category, ParamKind, Symbol};
 use crate::error::{Error, Result};
@@ -26,6 +26,8 @@ pub(super) fn prim_rule(id: SymbolId) -> Option<(&'static [ParamKind], PrimRule)
         CAUSAL_MASK => (&[Tensor], causal_mask_rule),
         EMBEDDING => (&[Tensor, Tensor], embedding_rule),
         GATHER_LAST => (&[Tensor, Tensor], gather_last_rule),
+        _ if COMPARISONS.contains(&id) => (&[Tensor, TensorOrScalar], comparison_rule),
+        WHERE => (&[Tensor, Tensor, TensorOrScalar], where_rule),
         _ => return None,
     })
 }
@@ -189,6 +191,29 @@ fn gather_last_rule(args: &[ArgInfo<'_>]) -> RuleResult {
         return Err(format!("the ids must have x's shape without its last axis, {:?}, not {ids:?}", &x[..x.len() - 1]));
     }
     Ok(TensorMeta::new(dtype, ids))
+}
+
+/// The broadcast shape of the tensor arguments (scalars broadcast to anything).
+fn broadcast_all(args: &[ArgInfo<'_>]) -> std::result::Result<Shape, String> {
+    let mut shape = Shape::new();
+    for a in args {
+        if let ArgInfo::Tensor { shape: s, .. } = a {
+            shape = super::prims::broadcast_shapes(&shape, s)?;
+        }
+    }
+    Ok(shape)
+}
+
+fn comparison_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    tensor(args, 0)?;
+    Ok(TensorMeta { dtype: DType::I32, shape: broadcast_all(args)? })
+}
+
+fn where_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    ids_tensor(args, 0, "the condition")?;
+    tensor(args, 1)?;
+    let dtype = promoted(&args[1..]).unwrap_or(DType::F32);
+    Ok(TensorMeta { dtype, shape: broadcast_all(args)? })
 }
 
 fn cross_entropy_rule(args: &[ArgInfo<'_>]) -> RuleResult {
@@ -407,6 +432,67 @@ impl<'a> TraceBuilder<'a> {
     /// `torch.argmax(x, axis, keepdim)`.
     pub fn argmax(&mut self, x: ValueId, axis: usize, keepdim: bool) -> Result<ValueId> {
         self.reduce_axis(ARGMAX, x, axis, keepdim)
+    }
+
+    fn compare(&mut self, id: SymbolId, a: ValueId, b: Arg<'_>) -> Result<ValueId> {
+        self.bind(id, &[Arg::Value(a), b])
+    }
+
+    /// `a < b` elementwise (broadcasting), as `i32` 0 or 1. PyTorch gives `bool`; boundscope
+    /// has no bool dtype, so masks are `i32` (every op that takes a mask reads non-zero as true).
+    /// Integers compare exactly; an integer with a float compares as `f32`, as PyTorch promotes.
+    pub fn lt(&mut self, a: ValueId, b: ValueId) -> Result<ValueId> {
+        self.compare(LT, a, Arg::Value(b))
+    }
+
+    /// `a <= b` (see [`lt`](Self::lt)).
+    pub fn le(&mut self, a: ValueId, b: ValueId) -> Result<ValueId> {
+        self.compare(LE, a, Arg::Value(b))
+    }
+
+    /// `a > b` (see [`lt`](Self::lt)).
+    pub fn gt(&mut self, a: ValueId, b: ValueId) -> Result<ValueId> {
+        self.compare(GT, a, Arg::Value(b))
+    }
+
+    /// `a >= b` (see [`lt`](Self::lt)).
+    pub fn ge(&mut self, a: ValueId, b: ValueId) -> Result<ValueId> {
+        self.compare(GE, a, Arg::Value(b))
+    }
+
+    /// `a == b` (see [`lt`](Self::lt)).
+    pub fn eq(&mut self, a: ValueId, b: ValueId) -> Result<ValueId> {
+        self.compare(EQ, a, Arg::Value(b))
+    }
+
+    /// `a != b` (see [`lt`](Self::lt)): `ids != pad` is a padding mask.
+    pub fn ne(&mut self, a: ValueId, b: ValueId) -> Result<ValueId> {
+        self.compare(NE, a, Arg::Value(b))
+    }
+
+    /// `a` compared with the scalar `b` by `op` (one of [`prims::COMPARISONS`](super::prims::COMPARISONS)).
+    ///
+    /// # Errors
+    /// [`Error::InvalidSymbol`] if `op` is not a comparison.
+    pub fn compare_scalar(&mut self, op: SymbolId, a: ValueId, b: f32) -> Result<ValueId> {
+        if !COMPARISONS.contains(&op) {
+            return Err(Error::InvalidSymbol {
+                symbol: format!("{op:?}"),
+                detail: "compare_scalar takes one of prims::COMPARISONS (LT, LE, GT, GE, EQ, NE)".into(),
+            });
+        }
+        self.compare(op, a, Arg::Scalar(b))
+    }
+
+    /// `a` where the integer mask `cond` is non-zero, else `b`, all three broadcast, as
+    /// `torch.where`; the result's dtype is `a`'s and `b`'s, promoted.
+    pub fn where_(&mut self, cond: ValueId, a: ValueId, b: ValueId) -> Result<ValueId> {
+        self.bind(WHERE, &[Arg::Value(cond), Arg::Value(a), Arg::Value(b)])
+    }
+
+    /// `a` where `cond` is non-zero, else the scalar `fill` (`a.masked_fill(cond == 0, fill)`).
+    pub fn where_scalar(&mut self, cond: ValueId, a: ValueId, fill: f32) -> Result<ValueId> {
+        self.bind(WHERE, &[Arg::Value(cond), Arg::Value(a), Arg::Scalar(fill)])
     }
 
     /// `x` with `-inf` above the diagonal of its last two axes: row `i` keeps columns `0..=i`,

@@ -10,7 +10,7 @@ use super::math::{with_binary, with_unary};
 use super::vector_loops::{
     map_binary, map_binary_scalar_left, map_binary_scalar_right, map_unary, matmul_rows, row_maxima, row_sums,
 };
-use super::{axis_kernels, index_kernels};
+use super::{axis_kernels, index_kernels, select_kernels};
 use crate::core::ir::{prims, Arg, Shape, SymbolId};
 use crate::core::plan::{Kernel, OpView};
 use crate::core::tensor::{with_same_values, with_values, Data, DataMut, Element, TensorMut, TensorRef};
@@ -31,7 +31,9 @@ pub(super) fn compile(id: SymbolId, op: &OpView<'_>, threads: usize) -> Result<B
         | prims::CONCAT
         | prims::EMBEDDING
         | prims::GATHER_LAST
-        | prims::ARGMAX => kernel,
+        | prims::ARGMAX
+        | prims::WHERE => kernel,
+        _ if prims::COMPARISONS.contains(&id) => kernel,
         _ => InF32::wrap(kernel, op),
     })
 }
@@ -81,6 +83,8 @@ fn compile_kernel(id: SymbolId, op: &OpView<'_>, threads: usize) -> Result<Box<d
         prims::CAUSAL_MASK => Box::new(index_kernels::CausalMask::new(op)?),
         prims::SUM_AXIS | prims::MAX_AXIS => Box::new(axis_kernels::ReduceAxis::new(id, op, threads)?),
         prims::ARGMAX => Box::new(axis_kernels::Argmax::new(op)?),
+        prims::WHERE => Box::new(select_kernels::Where::new(op)?),
+        _ if prims::COMPARISONS.contains(&id) => Box::new(select_kernels::Compare::new(id, op)?),
         _ if with_unary!(id, _f => true, _ => false) => Box::new(Unary { op: id, parts: streaming }),
         _ if with_binary!(id, _f => true, _ => false) => Box::new(Binary::new(id, op, out_shape, streaming)?),
         _ => {

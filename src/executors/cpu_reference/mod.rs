@@ -12,6 +12,7 @@ pub(crate) mod in_f32;
 mod index_kernels;
 pub(crate) mod kernels;
 pub mod math;
+mod select_kernels;
 pub(crate) mod vector_loops;
 
 use std::sync::Arc;

@@ -121,7 +121,9 @@ impl Executor for CudaOps {
             builtin_prim(op),
             Some(prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO | prims::SLICE | prims::CONCAT)
         );
-        if moves || builtin_prim(op) == Some(prims::ARGMAX) {
+        let makes_integers =
+            matches!(builtin_prim(op), Some(id) if id == prims::ARGMAX || prims::COMPARISONS.contains(&id));
+        if moves || makes_integers || (builtin_prim(op) == Some(prims::WHERE) && index_ops::generates(op)) {
             return true;
         }
         if op.dtypes().iter().any(|d| d.is_integer()) {

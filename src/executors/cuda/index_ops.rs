@@ -15,10 +15,34 @@ use crate::executors::cpu_reference::{builtin_prim, check_builtin};
 
 /// Whether [`index_op_source`] generates `op`.
 pub(crate) fn generates(op: &OpView<'_>) -> bool {
-    matches!(
-        builtin_prim(op),
-        Some(prims::SLICE | prims::CONCAT | prims::CAUSAL_MASK | prims::SUM_AXIS | prims::MAX_AXIS | prims::ARGMAX)
-    )
+    match builtin_prim(op) {
+        Some(prims::SLICE | prims::CONCAT | prims::CAUSAL_MASK | prims::SUM_AXIS | prims::MAX_AXIS | prims::ARGMAX) => {
+            true
+        }
+        Some(id) if prims::COMPARISONS.contains(&id) => true,
+        // `where` with tensors of the result's dtype (their bits are copied).
+        Some(prims::WHERE) => {
+            let out = op.output_dtypes().next();
+            op.bound_symbol().inputs().skip(1).all(|v| Some(op.dtype_of(v)) == out)
+        }
+        _ => false,
+    }
+}
+
+/// Element `i` of the output shape read from tensor argument `k` (of `input_shape`), broadcast.
+fn broadcast_read(k: usize, shape: &[usize], input_shape: &[usize]) -> String {
+    let strides = crate::executors::cpu_reference::kernels::broadcast_strides(input_shape, shape);
+    format!("in{k}[{}]", super::codegen::strided_offset(shape, &strides))
+}
+
+/// `read` (an element of `dtype`) as a C value to compare: `long long` for integers, `float`
+/// for floats (16-bit ones widened).
+fn comparable(dtype: crate::DType, read: &str, as_float: bool) -> String {
+    match (dtype.is_integer(), as_float) {
+        (true, false) => format!("(long long){read}"),
+        (true, true) => format!("(float){read}"),
+        _ => widen(dtype, read),
+    }
 }
 
 /// Generates the CUDA C of one of the ops [`generates`] accepts.
@@ -38,8 +62,59 @@ pub fn index_op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, St
     let (element, out_element) = (element_type(in_dtype), element_type(out_dtype));
     // Elements per thread: moves copy 16-byte vectors where every run they copy allows it.
     let mut vector = 1;
+    // Each input's C element type, when not all are the first input's.
+    let mut input_types: Vec<&'static str> = Vec::new();
     // The loop body, writing `out0[i]`; the inputs' element counts.
     let (body, inputs): (String, Vec<usize>) = match id {
+        _ if prims::COMPARISONS.contains(&id) => {
+            let a = shape(0)?;
+            let tensors: Vec<_> = op.bound_symbol().inputs().collect();
+            let dtypes: Vec<_> = tensors.iter().map(|&v| op.dtype_of(v)).collect();
+            let as_float = dtypes.iter().any(|d| d.is_float()) || tensors.len() == 1;
+            let left = comparable(dtypes[0], &broadcast_read(0, out_shape, a), as_float);
+            let (right, lengths) = if tensors.len() == 2 {
+                let b = shape(1)?;
+                (
+                    comparable(dtypes[1], &broadcast_read(1, out_shape, b), as_float),
+                    vec![a.iter().product(), b.iter().product()],
+                )
+            } else {
+                (literal(op.scalar(1).map_err(|e| e.to_string())?), vec![a.iter().product()])
+            };
+            input_types = dtypes.iter().map(|&d| element_type(d)).collect();
+            let c = match id {
+                prims::LT => "<",
+                prims::LE => "<=",
+                prims::GT => ">",
+                prims::GE => ">=",
+                prims::EQ => "==",
+                _ => "!=",
+            };
+            (format!("out0[i] = ({left} {c} {right}) ? 1 : 0;"), lengths)
+        }
+        prims::WHERE => {
+            let tensors: Vec<_> = op.bound_symbol().inputs().collect();
+            let shapes: Vec<&[usize]> = (0..tensors.len()).map(shape).collect::<Result<_, _>>()?;
+            input_types = tensors.iter().map(|&v| element_type(op.dtype_of(v))).collect();
+            let otherwise = if tensors.len() == 3 {
+                broadcast_read(2, out_shape, shapes[2])
+            } else {
+                let fill = op.scalar(2).map_err(|e| e.to_string())?;
+                if out_dtype.is_integer() {
+                    format!("({out_element}){}ll", fill as i64)
+                } else {
+                    format!("({out_element}){}", narrow(out_dtype, &literal(fill)))
+                }
+            };
+            (
+                format!(
+                    "out0[i] = {cond} != 0 ? {a} : {otherwise};",
+                    cond = broadcast_read(0, out_shape, shapes[0]),
+                    a = broadcast_read(1, out_shape, shapes[1]),
+                ),
+                shapes.iter().map(|s| s.iter().product()).collect(),
+            )
+        }
         prims::SLICE => {
             // Rows of `len` contiguous elements, one per index of the axes before `axis`, each
             // `from` elements into an input row of `row`.
@@ -124,12 +199,14 @@ pub fn index_op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, St
     };
     let mut source = String::new();
     let _ = writeln!(source, "// Generated by boundscope for `{}`.", op.name());
-    if [in_dtype, out_dtype].iter().any(|&d| packing::is_packed(d)) {
+    if op.dtypes().iter().any(|&d| packing::is_packed(d)) {
         source.push_str(HALF_CONVERSIONS);
     }
     // A vectorized move reads and writes `uint4`s (16 bytes: 4 f32, 8 bf16, 2 i64).
     let (element, out_element) = if vector > 1 { ("uint4", "uint4") } else { (element, out_element) };
-    let parameters: Vec<String> = (0..inputs.len()).map(|k| format!("const {element}* __restrict__ in{k}")).collect();
+    let parameters: Vec<String> = (0..inputs.len())
+        .map(|k| format!("const {}* __restrict__ in{k}", input_types.get(k).copied().unwrap_or(element)))
+        .collect();
     let _ = writeln!(
         source,
         "extern \"C\" __global__ void {kernel}({}, {out_element}* __restrict__ out0, long long n) {{",
@@ -150,7 +227,12 @@ pub fn index_op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, St
         numel: numel / vector,
         vectorized: vector > 1,
         threads: numel / vector,
-        input_lengths: inputs.iter().map(|&n| packing::words(in_dtype, n)).collect(),
+        input_lengths: op
+            .bound_symbol()
+            .inputs()
+            .zip(&inputs)
+            .map(|(v, &n)| packing::words(if input_types.is_empty() { in_dtype } else { op.dtype_of(v) }, n))
+            .collect(),
         output_lengths: vec![packing::words(out_dtype, numel)],
     })
 }

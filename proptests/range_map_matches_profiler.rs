@@ -880,3 +880,64 @@ fn a_region_range_its_executor_pushes_is_not_doubled_inside_a_scope_of_its_label
     let labels: Vec<(Level, String)> = plan.range_map().ranges().iter().map(|r| (r.level, r.label.clone())).collect();
     assert_eq!(labels, [(Level::Scope, "L".to_string()), (Level::Op, "L".to_string())], "{plan:#}");
 }
+
+/// A small transformer step (embedding, layer_norm, split into q, k, v, causal attention, the
+/// loss) in named scopes, profiled before decomposition (each composite's range surrounds its
+/// prims) and fused or not: what the NVTX API sees equals the range map, ranges nest, and the
+/// results equal the CPU reference's.
+#[test]
+fn a_transformer_step_in_scopes_pushes_its_range_map() {
+    if !capture_installed() {
+        return;
+    }
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let wte = b.input(&[16, 12]).unwrap();
+    let ids = b.input_with(&boundscope::TensorMeta::new(boundscope::DType::I64, &[2, 5])).unwrap();
+    let x = b.scope("wte", |b| b.embedding(wte, ids)).unwrap();
+    let y = b
+        .scope("h", |b| {
+            b.scope("0", |b| {
+                let h = b.scope("ln_1", |b| b.layer_norm(x, 1e-5, None, None))?;
+                b.scope("attn", |b| {
+                    let qkv = b.split(h, 2, &[4, 4, 4])?;
+                    b.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2], true, None)
+                })
+            })
+        })
+        .unwrap();
+    let loss = b
+        .scope("loss", |b| {
+            let logits = b.reshape(y, &[10, 4])?;
+            let targets = b.argmax(logits, 1, false)?;
+            b.cross_entropy(logits, targets)
+        })
+        .unwrap();
+    b.output(loss).unwrap();
+    let trace = b.finish().unwrap();
+    let profiled = ProfileOps::new().run(&trace, &arena).unwrap();
+    let inputs = vec![
+        Tensor::from_fn(&[16, 12], |i| (i as f32 * 0.37).sin()),
+        Tensor::from_vec(&[2, 5], vec![1i64, 15, 3, 3, 0, 7, 8, 2, 11, 4]).unwrap(),
+    ];
+    let reference = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+    let decomposed = Pipeline::standard().run(&profiled, &arena).unwrap();
+    let fused = FuseRegions::new(CpuFusion::shared()).run(&decomposed, &arena).unwrap();
+    for (what, t, executors) in [
+        ("unfused", &profiled, vec![CpuReference::shared()]),
+        ("decomposed", &decomposed, vec![CpuReference::shared()]),
+        ("fused", &fused, vec![CpuFusion::shared(), CpuReference::shared()]),
+    ] {
+        let plan = Plan::compile(t, &executors).unwrap();
+        let (got, events) = captured_run(&plan, &inputs);
+        let got = got.unwrap();
+        assert_eq!(pushes_of(&events), pushes_in(plan.range_map()), "{what}\n{plan:#}");
+        check_nesting(&events).unwrap_or_else(|m| panic!("{what}: {m}\n{plan:#}"));
+        let labels = labels_in(&events, "boundscope");
+        for label in ["h.0.attn", "scaled_dot_product_attention", "cross_entropy", "embedding"] {
+            assert!(labels.iter().any(|l| l == label), "{what}: no `{label}` range in {labels:?}");
+        }
+        let expected = reference.run(&inputs.iter().collect::<Vec<_>>()).unwrap();
+        common::close_all(&got, &expected, 1e-5).unwrap_or_else(|m| panic!("{what}: {m}"));
+    }
+}

@@ -34,7 +34,12 @@ struct Workload {
     build: Build,
     /// FLOPs per run at batch `b` (0: judged by bytes moved).
     flops: fn(usize) -> f64,
+    /// Inputs that are `i64` ids, with the size of the table they index.
+    ids: &'static [(usize, usize)],
 }
+
+/// GPT-2's vocabulary.
+const VOCAB: usize = 50257;
 
 const T: usize = 1024;
 const H: usize = 12;
@@ -48,36 +53,42 @@ fn workloads() -> Vec<Workload> {
             inputs: |b| vec![vec![b, H, T, D], vec![b, H, T, D]],
             build: |g, v| g.matmul_transposed(v[0], v[1]),
             flops: |b| 2.0 * (b * H * T * T * D) as f64,
+            ids: &[],
         },
         Workload {
             name: "pv",
             inputs: |b| vec![vec![b, H, T, T], vec![b, H, T, D]],
             build: |g, v| g.matmul(v[0], v[1]),
             flops: |b| 2.0 * (b * H * T * T * D) as f64,
+            ids: &[],
         },
         Workload {
             name: "x_w",
             inputs: |b| vec![vec![b, T, C], vec![C, 4 * C]],
             build: |g, v| g.matmul(v[0], v[1]),
             flops: |b| 2.0 * (b * T * C * 4 * C) as f64,
+            ids: &[],
         },
         Workload {
             name: "slice",
             inputs: |b| vec![vec![b, T, 3 * C]],
             build: |g, v| g.slice(v[0], 2, C, 2 * C),
             flops: |_| 0.0,
+            ids: &[],
         },
         Workload {
             name: "concat",
             inputs: |b| vec![vec![b, T, C], vec![b, T, C]],
             build: |g, v| g.concat(&[v[0], v[1]], 2),
             flops: |_| 0.0,
+            ids: &[],
         },
         Workload {
             name: "permute",
             inputs: |b| vec![vec![b, T, H, D]],
             build: |g, v| g.permute(v[0], &[0, 2, 1, 3]),
             flops: |_| 0.0,
+            ids: &[],
         },
         Workload {
             name: "attention",
@@ -85,6 +96,21 @@ fn workloads() -> Vec<Workload> {
             build: |g, v| g.scaled_dot_product_attention(v[0], v[1], v[2], true, None),
             // Causal: half the score matrix, as PyTorch's kernels count it.
             flops: |b| 2.0 * (b * H * T * T * D) as f64,
+            ids: &[],
+        },
+        Workload {
+            name: "embedding",
+            inputs: |b| vec![vec![VOCAB, C], vec![b, T]],
+            build: |g, v| g.embedding(v[0], v[1]),
+            flops: |_| 0.0,
+            ids: &[(1, VOCAB)],
+        },
+        Workload {
+            name: "cross_entropy",
+            inputs: |b| vec![vec![b * T, VOCAB], vec![b * T]],
+            build: |g, v| g.cross_entropy(v[0], v[1]),
+            flops: |_| 0.0,
+            ids: &[(1, VOCAB)],
         },
     ]
 }
@@ -112,8 +138,9 @@ fn trace<'a>(
 ) -> boundscope::Result<boundscope::Trace<'a>> {
     let mut b = TraceBuilder::new(arena, registry);
     let mut values = Vec::new();
-    for shape in (w.inputs)(batch) {
-        values.push(b.input_with(&TensorMeta::new(dtype, &shape))?);
+    for (k, shape) in (w.inputs)(batch).iter().enumerate() {
+        let dtype = if w.ids.iter().any(|&(i, _)| i == k) { DType::I64 } else { dtype };
+        values.push(b.input_with(&TensorMeta::new(dtype, shape))?);
     }
     let y = (w.build)(&mut b, &values)?;
     b.output(y)?;
@@ -124,9 +151,16 @@ fn inputs(w: &Workload, batch: usize, dtype: DType) -> Vec<Tensor> {
     (w.inputs)(batch)
         .iter()
         .enumerate()
-        .map(|(k, shape)| {
-            Tensor::from_fn(shape, |i| ((i.wrapping_mul(2654435761).wrapping_add(k * 97) % 1000) as f32 / 500.0) - 1.0)
-                .to_dtype(dtype)
+        .map(|(k, shape)| match w.ids.iter().find(|&&(i, _)| i == k) {
+            Some(&(_, bound)) => {
+                let n: usize = shape.iter().product();
+                Tensor::from_vec(shape, (0..n).map(|i: usize| (i.wrapping_mul(2654435761) % bound) as i64).collect())
+                    .expect("the shape's count")
+            }
+            None => Tensor::from_fn(shape, |i| {
+                ((i.wrapping_mul(2654435761).wrapping_add(k * 97) % 1000) as f32 / 500.0) - 1.0
+            })
+            .to_dtype(dtype),
         })
         .collect()
 }

@@ -13,7 +13,9 @@ use boundscope::executors::cuda::{self, CudaDevice, CudaEventTimer, CudaFusion, 
 use boundscope::executors::CpuReference;
 use boundscope::guards::{NvtxRange, Selection, DEFAULT_DOMAIN};
 use boundscope::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOps};
-use boundscope::{prims, Arena, Availability, DType, DeviceTensor, Executor, Plan, Registry, Tensor, TensorMeta};
+use boundscope::{
+    prims, Arena, Availability, DType, DeviceTensor, Executor, Plan, Registry, RunInput, Tensor, TensorMeta,
+};
 use common::nvtx_capture::{self, NvtxEventKind};
 use common::program::programs;
 use common::ranges::{pushes_in, pushes_of};
@@ -1036,5 +1038,83 @@ fn vectorized_moves_on_cuda_are_exact() {
             let got = plan.run(&[&data[0], &data[1]]).unwrap();
             assert_eq!(got, expected, "{dtype} ({t}, {h}, {d})\n{plan}");
         }
+    }
+}
+
+/// `embedding` and `gather_last` run on the device with their ids checked there: results equal
+/// the CPU reference's, an id out of range is `Error::IndexOutOfRange` from the run that
+/// queued it (stream runs too), the next good run is clean, and a graph capture says why it
+/// cannot replay the check.
+#[test]
+fn gathers_on_cuda_check_their_ids_on_the_device() {
+    let Some((device, _sharing)) = device() else { return };
+    let registry = Registry::with_builtins();
+    let cuda: Vec<Arc<dyn Executor>> = vec![Arc::new(CudaOps::new(device.clone())), CpuReference::shared()];
+    for (dtype, id_dtype) in [(DType::F32, DType::I64), (DType::BF16, DType::I32), (DType::F16, DType::I64)] {
+        let arena = Arena::new();
+        let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+        let wte = b.input_with(&TensorMeta::new(dtype, &[50, 8])).unwrap();
+        let ids = b.input_with(&TensorMeta::new(id_dtype, &[3, 7])).unwrap();
+        let x = b.embedding(wte, ids).unwrap();
+        let logits = b.reshape(x, &[21, 8]).unwrap();
+        let targets = b.reshape(ids, &[21]).unwrap();
+        let targets = b.cast(targets, DType::I64).unwrap();
+        let small = b.compare_scalar(prims::LT, targets, 8.0).unwrap();
+        let clipped = b.where_scalar(small, targets, 0.0).unwrap();
+        let loss = b.cross_entropy(logits, clipped).unwrap();
+        b.output(x).unwrap();
+        b.output(loss).unwrap();
+        let trace = b.finish().unwrap();
+        let plan = Plan::compile(&trace, &cuda).unwrap();
+        let listing = plan.to_string();
+        for op in ["embedding(", "gather_last("] {
+            let line = listing.lines().find(|l| l.contains(op));
+            assert!(line.is_some_and(|l| l.contains("cuda_ops")), "{op} not on the GPU:\n{listing}");
+        }
+        let weight = Tensor::from_fn(&[50, 8], |i| (i as f32 * 0.1).sin()).to_dtype(dtype);
+        let good = Tensor::from_vec(&[3, 7], (0..21i64).map(|i| (i * 13) % 50).collect()).unwrap().to_dtype(id_dtype);
+        let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&weight, &good]).unwrap();
+        let got = plan.run(&[&weight, &good]).unwrap();
+        assert_eq!(got[0], expected[0], "{dtype}: the rows, bit for bit");
+        let tolerance = if dtype == DType::F32 { 1e-5 } else { 2e-2 };
+        assert!(got[1].max_abs_diff(&expected[1]) <= tolerance, "{dtype}: loss {:?} vs {:?}", got[1], expected[1]);
+        let mut values: Vec<i64> = (0..21i64).map(|i| (i * 13) % 50).collect();
+        values[17] = 50;
+        let bad = Tensor::from_vec(&[3, 7], values).unwrap().to_dtype(id_dtype);
+        match plan.run(&[&weight, &bad]) {
+            Err(boundscope::Error::IndexOutOfRange { index: 50, position: 17, bound: 50, .. }) => {}
+            other => panic!("{dtype}: {other:?}"),
+        }
+        assert_eq!(plan.run(&[&weight, &good]).unwrap()[0], expected[0], "the fault was cleared");
+        // Stream runs with device inputs report it too.
+        let on: Arc<dyn boundscope::Device> = device.clone();
+        let (w_dev, bad_dev) =
+            (DeviceTensor::upload(&on, weight.view()).unwrap(), DeviceTensor::upload(&on, bad.view()).unwrap());
+        let mut ws = plan.workspace().unwrap();
+        let err = plan.run_on_device(&mut ws, &[RunInput::from(&w_dev), RunInput::from(&bad_dev)]).err();
+        assert!(matches!(err, Some(boundscope::Error::IndexOutOfRange { .. })), "{err:?}");
+        let (mut w_dev, mut good_dev) = (w_dev, DeviceTensor::upload(&on, good.view()).unwrap());
+        let err = plan.capture(&mut ws, vec![&mut w_dev, &mut good_dev]).err();
+        assert!(
+            matches!(&err, Some(boundscope::Error::GraphUnsupported { reason }) if reason.contains("checks its inputs")),
+            "{err:?}"
+        );
+        // Rows that are not whole 16-byte vectors: an element per thread.
+        let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+        let table = b.input_with(&TensorMeta::new(dtype, &[9, 5])).unwrap();
+        let ids = b.input_with(&TensorMeta::new(id_dtype, &[4])).unwrap();
+        let rows = b.embedding(table, ids).unwrap();
+        b.output(rows).unwrap();
+        let trace = b.finish().unwrap();
+        let plan = Plan::compile(&trace, &cuda).unwrap();
+        let table = Tensor::from_fn(&[9, 5], |i| i as f32).to_dtype(dtype);
+        let ids = Tensor::from_vec(&[4], vec![8i64, 0, 3, 3]).unwrap().to_dtype(id_dtype);
+        let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&table, &ids]).unwrap();
+        assert_eq!(plan.run(&[&table, &ids]).unwrap(), expected, "{dtype}: width 5");
+        let ids = Tensor::from_vec(&[4], vec![8i64, -1, 3, 3]).unwrap().to_dtype(id_dtype);
+        assert!(matches!(
+            plan.run(&[&table, &ids]),
+            Err(boundscope::Error::IndexOutOfRange { index: -1, position: 1, .. })
+        ));
     }
 }

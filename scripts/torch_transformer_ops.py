@@ -10,7 +10,7 @@ import torch
 
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
-B, T, H, D, C = 8, 1024, 12, 64, 768
+B, T, H, D, C, V = 8, 1024, 12, 64, 768, 50257
 
 WORKLOADS = {
     "qk_t": ([(B, H, T, D), (B, H, T, D)], lambda q, k: q @ k.transpose(-2, -1), 2 * B * H * T * T * D),
@@ -22,6 +22,8 @@ WORKLOADS = {
     "attention": ([(B, H, T, D)] * 3,
                   lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
                   2 * B * H * T * T * D),
+    "embedding": ([(V, C), ("ids", (B, T))], lambda w, i: torch.nn.functional.embedding(i, w), 0),
+    "cross_entropy": ([(B * T, V), ("ids", (B * T,))], lambda x, t: torch.nn.functional.cross_entropy(x, t), 0),
 }
 
 
@@ -40,7 +42,8 @@ def timed(fn, args, reps=20):
 
 for dtype_name, dtype in [("f32", torch.float32), ("bf16", torch.bfloat16)]:
     for name, (shapes, fn, flops) in WORKLOADS.items():
-        args = [torch.rand(*s, device="cuda", dtype=dtype) * 2 - 1 for s in shapes]
+        args = [torch.randint(0, V, s[1], device="cuda") if s[0] == "ids" else
+                torch.rand(*s, device="cuda", dtype=dtype) * 2 - 1 for s in shapes]
         out = fn(*args)
         nbytes = sum(a.numel() * a.element_size() for a in args) + out.numel() * out.element_size()
         for impl, f in [("torch_eager", fn), ("torch_compile", torch.compile(fn))]:

@@ -92,6 +92,9 @@ pub(crate) struct Step {
 pub struct Plan {
     pub(crate) id: u64,
     pub(crate) steps: Vec<Step>,
+    /// The steps whose device kernel checks its inputs after each run
+    /// ([`DeviceKernel::checks_after_run`]).
+    pub(crate) checked_steps: Vec<usize>,
     pub(crate) executor_names: Vec<String>,
     pub(crate) input_shapes: Vec<Shape>,
     pub(crate) input_dtypes: Vec<DType>,
@@ -314,6 +317,13 @@ impl Plan {
             dropped_guards,
             developer_options: configured_developer_options(executors, &compiler.steps),
             unused_options: Vec::new(),
+            checked_steps: compiler
+                .steps
+                .iter()
+                .enumerate()
+                .filter(|(_, step)| matches!(&step.work, Work::Device(kernel) if kernel.checks_after_run()))
+                .map(|(i, _)| i)
+                .collect(),
             steps: compiler.steps,
             executor_names: executors.iter().map(|e| e.name().to_string()).collect(),
             input_shapes,

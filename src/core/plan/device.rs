@@ -128,4 +128,23 @@ pub trait DeviceKernel: Send + Sync {
     /// # Errors
     /// The device's launch error.
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()>;
+
+    /// Whether the plan must call [`check_after_run`](Self::check_after_run) after each run
+    /// (a kernel that checks its inputs on the device, as the built-in `embedding` checks its
+    /// ids). Such a plan waits for the device at the end of every run, and cannot be captured
+    /// as a graph. Default: no.
+    fn checks_after_run(&self) -> bool {
+        false
+    }
+
+    /// Reports what the kernel found while the run ran, once the run's device work is done (the
+    /// plan calls it on the thread that queued the run, on the run's queue): an id out of range
+    /// is [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange), returned by the run that
+    /// queued the kernel. Default: nothing to report.
+    ///
+    /// # Errors
+    /// What the kernel found, or the device's copy error.
+    fn check_after_run(&self) -> Result<()> {
+        Ok(())
+    }
 }

@@ -77,6 +77,13 @@ impl Plan {
         let Some(device) = self.device.clone() else {
             return unsupported("this plan has no device steps; compile it with device executors".into());
         };
+        if let Some(&i) = self.checked_steps.first() {
+            return unsupported(format!(
+                "step {i} (`{}`) checks its inputs on the device after each run (ids against their table), \
+                 which a replay cannot report; run the plan as stream runs (`Plan::run_on_device`)",
+                self.steps[i].line
+            ));
+        }
         for (i, step) in self.steps.iter().enumerate() {
             let replayable = match step.work {
                 Work::Device(_) | Work::Upload => true,

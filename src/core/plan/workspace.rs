@@ -259,7 +259,10 @@ impl Plan {
         }
         let queue = workspace.queue.take();
         let on_queue = OnQueue::enter(self.device.as_deref(), queue.as_deref())?;
-        let result = self.run_in_flight(workspace, run);
+        let mut result = self.run_in_flight(workspace, run);
+        if result.is_ok() && !self.checked_steps.is_empty() {
+            result = self.check_after_run();
+        }
         drop(on_queue);
         workspace.queue = queue;
         result
@@ -280,6 +283,21 @@ impl Plan {
         // Every step puts its buffers back, even when it fails: the workspace is whole.
         workspace.in_flight = false;
         result
+    }
+
+    /// Waits for the run's device work (on the run's queue, which this thread is still on) and
+    /// asks each kernel that checks its inputs on the device what it found
+    /// ([`DeviceKernel::check_after_run`]): the first finding is the run's error.
+    fn check_after_run(&self) -> Result<()> {
+        if let Some(device) = &self.device {
+            device.synchronize()?;
+        }
+        for &i in &self.checked_steps {
+            if let Work::Device(kernel) = &self.steps[i].work {
+                kernel.check_after_run()?;
+            }
+        }
+        Ok(())
     }
 
     /// An input given on the device: on this plan's device, of its shape, read by device steps

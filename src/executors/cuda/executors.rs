@@ -11,8 +11,8 @@ use smallvec::SmallVec;
 
 use super::device::{cuda_error, slice, slice_mut, CudaDevice};
 use super::gemm::{GemmShape, LtContext, LtGemm};
-use super::index_ops;
 use super::row_kernels::row_source;
+use super::{gather, index_ops};
 use super::{op_source, region_source, shape_op_source, RegionSource};
 use crate::core::guards::DEFAULT_DOMAIN;
 use crate::core::ir::prims;
@@ -123,7 +123,8 @@ impl Executor for CudaOps {
         );
         let makes_integers =
             matches!(builtin_prim(op), Some(id) if id == prims::ARGMAX || prims::COMPARISONS.contains(&id));
-        if moves || makes_integers || (builtin_prim(op) == Some(prims::WHERE) && index_ops::generates(op)) {
+        let gathers = gather::generates(op);
+        if moves || makes_integers || gathers || (builtin_prim(op) == Some(prims::WHERE) && index_ops::generates(op)) {
             return true;
         }
         if op.dtypes().iter().any(|d| d.is_integer()) {
@@ -188,6 +189,9 @@ impl Executor for CudaOps {
             })?;
             let name = if shape.gelu { "linear_gelu" } else { "linear" };
             return Ok(Box::new(LtGemm::new(self.device.clone(), self.lt.clone(), shape, name)?));
+        }
+        if gather::generates(op) {
+            return Ok(Box::new(gather::CheckedGather::new(&self.device, op, &kernel_name(op.name()))?));
         }
         let is_shape_op = matches!(builtin_prim(op), Some(prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO));
         let source = if is_shape_op {

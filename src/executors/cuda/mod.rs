@@ -98,6 +98,7 @@ mod event_timer;
 #[cfg(feature = "cuda")]
 mod executors;
 #[cfg(feature = "cuda")]
+mod gather;
 mod gemm;
 mod index_ops;
 mod row_kernels;

@@ -1,0 +1,218 @@
+//! `embedding` and `gather_last` on the GPU, with their ids checked there: one thread per
+//! output element reads its id, and an id outside its table records one such `(position, id)`
+//! (the first to arrive) in a small fault buffer of the run's stream (its element gets NaN, or
+//! zeros). Rows whose width is a whole number of 16-byte vectors move a vector per thread. The
+//! plan waits for the run and reads that buffer after it
+//! ([`DeviceKernel::check_after_run`]), so a bad id is [`Error::IndexOutOfRange`] from the run
+//! that queued it, never a silent wrong row. Values move as bits, in every dtype; ids are `i64`
+//! or `i32`.
+
+use std::ffi::c_void;
+use std::fmt::Write;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{sys, CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
+
+use super::codegen::{element_type, RegionSource};
+use super::device::{cuda_error, slice, slice_mut, CudaDevice};
+use crate::core::ir::{prims, DType};
+use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView};
+use crate::error::{Error, Result};
+use crate::executors::cpu_reference::{builtin_prim, check_builtin};
+
+/// Whether `op` is a gather this module runs.
+pub(crate) fn generates(op: &OpView<'_>) -> bool {
+    matches!(builtin_prim(op), Some(prims::EMBEDDING | prims::GATHER_LAST))
+}
+
+/// A compiled gather and the fault buffers of the streams it ran on.
+pub(crate) struct CheckedGather {
+    device: Arc<CudaDevice>,
+    function: CudaFunction,
+    name: &'static str,
+    numel: usize,
+    /// Size of the axis the ids index.
+    bound: usize,
+    lengths: [usize; 3],
+    config: LaunchConfig,
+    /// `(stream, [flag, position, id low, id high])`, one per stream it ran on.
+    faults: Mutex<Vec<(usize, CudaSlice<u32>)>>,
+}
+
+impl CheckedGather {
+    pub(crate) fn new(device: &Arc<CudaDevice>, op: &OpView<'_>, kernel: &str) -> Result<Self> {
+        let id = builtin_prim(op).ok_or_else(|| precondition(op, "not a built-in prim".into()))?;
+        check_builtin(id, op).map_err(|detail| precondition(op, detail))?;
+        let (table, ids) = (op.input_shape(0)?, op.input_shape(1)?);
+        let tensors: Vec<_> = op.bound_symbol().inputs().collect();
+        let (dtype, id_dtype) = (op.dtype_of(tensors[0]), op.dtype_of(tensors[1]));
+        let ids_numel: usize = ids.iter().product();
+        let (name, bound, width, numel) = if id == prims::EMBEDDING {
+            ("embedding", table[0], table[1], ids_numel * table[1])
+        } else {
+            let n = table.last().copied().unwrap_or(1);
+            ("gather_last", n, n, ids_numel)
+        };
+        // Rows of 16-byte vectors where the width allows: a vector per thread.
+        let per_vector = 16 / dtype.size_bytes();
+        let vector = if id == prims::EMBEDDING && width % per_vector == 0 && width > 0 { per_vector } else { 1 };
+        let source = source(kernel, id == prims::EMBEDDING, dtype, id_dtype, bound, width / vector, vector > 1);
+        let numel = numel / vector;
+        let generated = RegionSource {
+            kernel: kernel.to_string(),
+            source,
+            inputs: 2,
+            outputs: 1,
+            numel,
+            vectorized: false,
+            threads: numel,
+            input_lengths: vec![packing::words(dtype, table.iter().product()), packing::words(id_dtype, ids_numel)],
+            output_lengths: vec![packing::words(dtype, numel * vector)],
+        };
+        let function = device.function(&generated)?;
+        let threads = super::codegen::BLOCK_THREADS;
+        let blocks = (numel.div_ceil(threads as usize).min(i32::MAX as usize) as u32).max(1);
+        Ok(Self {
+            device: device.clone(),
+            function,
+            name,
+            numel,
+            bound,
+            lengths: [generated.input_lengths[0], generated.input_lengths[1], generated.output_lengths[0]],
+            config: LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 },
+            faults: Mutex::new(Vec::new()),
+        })
+    }
+}
+
+fn precondition(op: &OpView<'_>, detail: String) -> Error {
+    Error::KernelPrecondition { executor: super::CudaOps::NAME.into(), symbol: op.name().into(), detail }
+}
+
+/// The kernel: `out[i]` from the table, or the fault recorded.
+/// With `vectors`, `width` counts 16-byte vectors (`uint4`), and a bad id's row is zeros.
+fn source(
+    kernel: &str,
+    embedding: bool,
+    dtype: DType,
+    id_dtype: DType,
+    bound: usize,
+    width: usize,
+    vectors: bool,
+) -> String {
+    let (element, id_type) = (if vectors { "uint4" } else { element_type(dtype) }, element_type(id_dtype));
+    let nan = match dtype {
+        _ if vectors => "make_uint4(0u, 0u, 0u, 0u)",
+        DType::F32 => "__int_as_float(0x7fc00000)",
+        DType::BF16 => "(unsigned short)0x7fc0",
+        DType::F16 => "(unsigned short)0x7e00",
+        _ => "0",
+    };
+    let (row, at) = if embedding {
+        (format!("i / {width}ll"), format!("id * {width}ll + i % {width}ll"))
+    } else {
+        ("i".to_string(), format!("i * {width}ll + id"))
+    };
+    let mut s = String::new();
+    let _ = writeln!(s, "// Generated by boundscope: a gather with its ids checked on the device.");
+    let _ = writeln!(
+        s,
+        "extern \"C\" __global__ void {kernel}(const {element}* __restrict__ table, const {id_type}* __restrict__ ids, \
+         {element}* __restrict__ out, unsigned int* fault, long long n) {{"
+    );
+    let _ = writeln!(s, "  const long long stride = (long long)blockDim.x * gridDim.x;");
+    let _ =
+        writeln!(s, "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {{");
+    let _ = writeln!(s, "    const long long r = {row};");
+    let _ = writeln!(s, "    const long long id = (long long)ids[r];");
+    let _ = writeln!(s, "    if (id < 0 || id >= {bound}ll) {{");
+    let _ = writeln!(s, "      if (atomicCAS(fault, 0u, 1u) == 0u) {{");
+    let _ = writeln!(
+        s,
+        "        fault[1] = (unsigned int)r; fault[2] = (unsigned int)id; fault[3] = (unsigned int)(id >> 32);"
+    );
+    let _ = writeln!(s, "      }}");
+    let _ = writeln!(s, "      out[i] = {nan};");
+    let _ = writeln!(s, "    }} else {{");
+    let _ = writeln!(s, "      out[i] = table[{at}];");
+    let _ = writeln!(s, "    }}\n  }}\n}}");
+    s
+}
+
+impl DeviceKernel for CheckedGather {
+    fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
+        let fail =
+            |message: String| Err(Error::Execution { executor: "cuda".into(), symbol: self.name.into(), message });
+        if inputs.len() != 2 || outputs.len() != 1 {
+            return fail(format!("it takes 2 inputs and 1 output, not {} and {}", inputs.len(), outputs.len()));
+        }
+        let given = [inputs[0].len(), inputs[1].len(), outputs[0].len()];
+        if given.iter().zip(&self.lengths).any(|(g, need)| g < need) {
+            return fail(format!(
+                "its buffers hold {given:?} words, fewer than the {:?} it reads and writes",
+                self.lengths
+            ));
+        }
+        let stream = self.device.stream();
+        let key = stream.cu_stream() as usize;
+        let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        if !faults.iter().any(|(s, _)| *s == key) {
+            // Buffers of streams nobody else holds any more are freed first: one per live stream.
+            faults.retain(|(_, f)| Arc::strong_count(f.stream()) > 1);
+            let buffer = stream.alloc_zeros::<u32>(4).map_err(|e| cuda_error("fault buffer", e))?;
+            faults.push((key, buffer));
+        }
+        let fault = faults.iter_mut().find(|(s, _)| *s == key).map(|(_, f)| f);
+        let fault = fault.ok_or_else(|| cuda_error(self.name, "no fault buffer"))?;
+        let mut pointers: [sys::CUdeviceptr; 4] = [
+            slice(inputs[0])?.device_ptr(&stream).0,
+            slice(inputs[1])?.device_ptr(&stream).0,
+            slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream).0,
+            fault.device_ptr_mut(&stream).0,
+        ];
+        let mut n = self.numel as i64;
+        let mut params: [*mut c_void; 5] = [
+            (&mut pointers[0] as *mut sys::CUdeviceptr).cast(),
+            (&mut pointers[1] as *mut sys::CUdeviceptr).cast(),
+            (&mut pointers[2] as *mut sys::CUdeviceptr).cast(),
+            (&mut pointers[3] as *mut sys::CUdeviceptr).cast(),
+            (&mut n as *mut i64).cast(),
+        ];
+        let LaunchConfig { grid_dim, block_dim, shared_mem_bytes } = self.config;
+        // SAFETY: the kernel takes the table, the ids, the output, the fault buffer (4 words)
+        // and `long long n`, and `params` points at exactly those values, which outlive the
+        // call; the buffers hold at least what the kernel reads and writes (checked above: the
+        // ids are checked against the table on the device before any table read).
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                self.function.cu_function(),
+                grid_dim,
+                block_dim,
+                shared_mem_bytes,
+                stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(|e| cuda_error("launch", e))
+    }
+
+    fn checks_after_run(&self) -> bool {
+        true
+    }
+
+    fn check_after_run(&self) -> Result<()> {
+        let stream = self.device.stream();
+        let key = stream.cu_stream() as usize;
+        let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((_, fault)) = faults.iter_mut().find(|(s, _)| *s == key) else { return Ok(()) };
+        let mut found = [0u32; 4];
+        stream.memcpy_dtoh(&*fault, &mut found[..]).map_err(|e| cuda_error("read the fault buffer", e))?;
+        stream.synchronize().map_err(|e| cuda_error("synchronize", e))?;
+        if found[0] == 0 {
+            return Ok(());
+        }
+        stream.memset_zeros(fault).map_err(|e| cuda_error("clear the fault buffer", e))?;
+        let index = (u64::from(found[2]) | (u64::from(found[3]) << 32)) as i64;
+        Err(Error::IndexOutOfRange { symbol: self.name.into(), index, position: found[1] as usize, bound: self.bound })
+    }
+}

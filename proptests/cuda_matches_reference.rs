@@ -1067,7 +1067,7 @@ fn gathers_on_cuda_check_their_ids_on_the_device() {
         let trace = b.finish().unwrap();
         let plan = Plan::compile(&trace, &cuda).unwrap();
         let listing = plan.to_string();
-        for op in ["embedding(", "gather_last("] {
+        for op in ["embedding(", "cross_entropy("] {
             let line = listing.lines().find(|l| l.contains(op));
             assert!(line.is_some_and(|l| l.contains("cuda_ops")), "{op} not on the GPU:\n{listing}");
         }
@@ -1116,5 +1116,31 @@ fn gathers_on_cuda_check_their_ids_on_the_device() {
             plan.run(&[&table, &ids]),
             Err(boundscope::Error::IndexOutOfRange { index: -1, position: 1, .. })
         ));
+        // gather_last, and cross_entropy whole, with a target out of range.
+        let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+        let x = b.input_with(&TensorMeta::new(dtype, &[300, 37])).unwrap();
+        let t = b.input_with(&TensorMeta::new(id_dtype, &[300])).unwrap();
+        let picked = b.gather_last(x, t).unwrap();
+        let loss = b.cross_entropy(x, t).unwrap();
+        b.output(picked).unwrap();
+        b.output(loss).unwrap();
+        let trace = b.finish().unwrap();
+        let plan = Plan::compile(&trace, &cuda).unwrap();
+        assert!(!plan.to_string().contains("cpu_reference"), "{plan}");
+        let x = Tensor::from_fn(&[300, 37], |i| ((i * 7919 % 1000) as f32 / 100.0) - 5.0).to_dtype(dtype);
+        let mut targets: Vec<i64> = (0..300).map(|i| (i * 11) % 37).collect();
+        let t = Tensor::from_vec(&[300], targets.clone()).unwrap().to_dtype(id_dtype);
+        let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&x, &t]).unwrap();
+        let got = plan.run(&[&x, &t]).unwrap();
+        assert_eq!(got[0], expected[0], "{dtype}: gather_last");
+        let (g, e) = (got[1].to_f32_vec()[0], expected[1].to_f32_vec()[0]);
+        let tolerance = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+        assert!((g - e).abs() <= tolerance * e.abs().max(1.0), "{dtype}: cross_entropy {g} against {e}");
+        targets[123] = 37;
+        let t = Tensor::from_vec(&[300], targets).unwrap().to_dtype(id_dtype);
+        match plan.run(&[&x, &t]) {
+            Err(boundscope::Error::IndexOutOfRange { index: 37, position: 123, bound: 37, .. }) => {}
+            other => panic!("{dtype}: {other:?}"),
+        }
     }
 }

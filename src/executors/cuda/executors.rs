@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 use super::device::{cuda_error, slice, slice_mut, CudaDevice};
 use super::gemm::{GemmShape, LtContext, LtGemm};
 use super::row_kernels::row_source;
-use super::{gather, index_ops};
+use super::{cross_entropy, gather, index_ops};
 use super::{op_source, region_source, shape_op_source, RegionSource};
 use crate::core::guards::DEFAULT_DOMAIN;
 use crate::core::ir::prims;
@@ -123,7 +123,7 @@ impl Executor for CudaOps {
         );
         let makes_integers =
             matches!(builtin_prim(op), Some(id) if id == prims::ARGMAX || prims::COMPARISONS.contains(&id));
-        let gathers = gather::generates(op);
+        let gathers = gather::generates(op) || cross_entropy::runs_whole(op);
         if moves || makes_integers || gathers || (builtin_prim(op) == Some(prims::WHERE) && index_ops::generates(op)) {
             return true;
         }
@@ -148,6 +148,7 @@ impl Executor for CudaOps {
         match op.symbol().builtin_composite() {
             Some(prims::LINEAR | prims::LINEAR_GELU) => single_dtype(op).is_ok() && nonempty_product(op),
             Some(prims::MATMUL_TRANSPOSED) => single_dtype(op).is_ok() && nonempty_product(op),
+            Some(prims::CROSS_ENTROPY) => cross_entropy::runs_whole(op),
             Some(prims::SOFTMAX | prims::LAYER_NORM) => true,
             _ => false,
         }
@@ -180,6 +181,9 @@ impl Executor for CudaOps {
                 detail,
             })?;
             return Ok(Box::new(GeneratedKernel::new(&self.device, &generated, None)?));
+        }
+        if cross_entropy::runs_whole(op) {
+            return Ok(Box::new(cross_entropy::CrossEntropy::new(&self.device, op, &kernel_name(op.name()))?));
         }
         if self.prefers_whole(op) {
             let shape = linear_shape(op).map_err(|detail| Error::KernelPrecondition {

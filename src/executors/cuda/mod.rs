@@ -91,6 +91,7 @@
 //! ops and transfers exactly.
 
 mod codegen;
+mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod device;
 #[cfg(feature = "cuda")]

@@ -1136,11 +1136,35 @@ fn gathers_on_cuda_check_their_ids_on_the_device() {
         let (g, e) = (got[1].to_f32_vec()[0], expected[1].to_f32_vec()[0]);
         let tolerance = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
         assert!((g - e).abs() <= tolerance * e.abs().max(1.0), "{dtype}: cross_entropy {g} against {e}");
+        let good_targets = t.clone();
         targets[123] = 37;
         let t = Tensor::from_vec(&[300], targets).unwrap().to_dtype(id_dtype);
         match plan.run(&[&x, &t]) {
             Err(boundscope::Error::IndexOutOfRange { index: 37, position: 123, bound: 37, .. }) => {}
             other => panic!("{dtype}: {other:?}"),
         }
+        // Both checked kernels found a bad id; the next good run reports neither.
+        assert_eq!(plan.run(&[&x, &good_targets]).unwrap()[0], expected[0], "{dtype}: every fault was cleared");
+        // A masked vocabulary (-inf logits) wider than a block: the loss stays finite.
+        let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+        let logits = b.input_with(&TensorMeta::new(dtype, &[2, 300])).unwrap();
+        let t = b.input_with(&TensorMeta::new(id_dtype, &[2])).unwrap();
+        let loss = b.cross_entropy(logits, t).unwrap();
+        let big = b.input_with(&TensorMeta::new(DType::I32, &[3])).unwrap();
+        let keep = b.compare_scalar(prims::GT, big, 0.0).unwrap();
+        let filled = b.where_scalar(keep, big, 3e9).unwrap();
+        b.output(loss).unwrap();
+        b.output(filled).unwrap();
+        let trace = b.finish().unwrap();
+        let plan = Plan::compile(&trace, &cuda).unwrap();
+        let logits = Tensor::from_fn(&[2, 300], |i| if i % 300 < 40 { f32::NEG_INFINITY } else { (i % 7) as f32 })
+            .to_dtype(dtype);
+        let t = Tensor::from_vec(&[2], vec![45i64, 299]).unwrap().to_dtype(id_dtype);
+        let big = Tensor::from_vec(&[3], vec![5i32, -1, 0]).unwrap();
+        let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&logits, &t, &big]).unwrap();
+        let got = plan.run(&[&logits, &t, &big]).unwrap();
+        let (g, e) = (got[0].to_f32_vec()[0], expected[0].to_f32_vec()[0]);
+        assert!(e.is_finite() && (g - e).abs() <= tolerance * e.abs().max(1.0), "{dtype}: masked loss {g} against {e}");
+        assert_eq!(got[1], expected[1], "where's i32 fill saturates as on the CPU");
     }
 }

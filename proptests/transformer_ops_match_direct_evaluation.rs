@@ -395,3 +395,21 @@ fn out_of_range_ids_and_bad_shapes_are_typed_errors() {
         }
     }
 }
+
+#[test]
+fn reductions_next_to_empty_axes_give_empty_or_neutral_results() {
+    for (shape, axis, want_shape, want) in [
+        (vec![3, 0], 0, vec![1, 0], vec![]),
+        (vec![0, 4], 0, vec![1, 4], vec![0.0; 4]),
+        (vec![2, 0, 3], 2, vec![2, 0, 1], vec![]),
+    ] {
+        let x = Tensor::zeros(&shape);
+        let inputs = [(DType::F32, shape.clone())];
+        for out in run_all(&inputs, std::slice::from_ref(&x), |b, v| b.sum_dim(v[0], axis, true)).unwrap() {
+            assert_eq!((out.shape(), out.to_f32_vec()), (want_shape.as_slice(), want.clone()), "{shape:?} over {axis}");
+        }
+        for out in run_all(&inputs, std::slice::from_ref(&x), |b, v| b.max_dim(v[0], axis, true)).unwrap() {
+            assert_eq!(out.shape(), want_shape.as_slice());
+        }
+    }
+}

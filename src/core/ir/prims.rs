@@ -71,7 +71,7 @@ builtin_ids! {
     /// `argmax(x, [axis])`: the `i64` index of the first maximum along `axis`, kept as size 1.
     ARGMAX = 23, "argmax";
     /// `causal_mask(x)`: `x` with `-inf` above the diagonal of its last two axes (row `i` keeps
-    /// columns up to `i + cols - rows`), as `is_causal` attention masks scores.
+    /// columns `0..=i`), as `scaled_dot_product_attention(is_causal=True)` masks scores.
     CAUSAL_MASK = 24, "causal_mask";
     /// `embedding(weight, ids)`: rows of `weight` `[rows, width]` gathered by integer `ids`
     /// of any shape: `[*ids, width]`.

@@ -260,8 +260,13 @@ impl Plan {
         let queue = workspace.queue.take();
         let on_queue = OnQueue::enter(self.device.as_deref(), queue.as_deref())?;
         let mut result = self.run_in_flight(workspace, run);
-        if result.is_ok() && !self.checked_steps.is_empty() {
-            result = self.check_after_run();
+        if !self.checked_steps.is_empty() {
+            // Every run's findings are read (and cleared), also after a failed run, so none is
+            // reported by a later run; the run's own error comes first.
+            let checked = self.check_after_run();
+            if result.is_ok() {
+                result = checked;
+            }
         }
         drop(on_queue);
         workspace.queue = queue;
@@ -292,12 +297,17 @@ impl Plan {
         if let Some(device) = &self.device {
             device.synchronize()?;
         }
+        // Every kernel is asked (each clears what it found); the first finding is returned.
+        let mut first = Ok(());
         for &i in &self.checked_steps {
             if let Work::Device(kernel) = &self.steps[i].work {
-                kernel.check_after_run()?;
+                let found = kernel.check_after_run();
+                if first.is_ok() {
+                    first = found;
+                }
             }
         }
-        Ok(())
+        first
     }
 
     /// An input given on the device: on this plan's device, of its shape, read by device steps

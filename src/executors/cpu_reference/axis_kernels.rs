@@ -43,6 +43,10 @@ impl Kernel for ReduceAxis {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
         let (x, out) = (inputs[0].values::<f32>()?, outputs[0].values_mut::<f32>()?);
         let (n, inner, sum) = (self.n, self.inner, self.op == prims::SUM_AXIS);
+        if out.is_empty() {
+            // An axis after this one of size 0: no results.
+            return Ok(());
+        }
         if n == 0 {
             out.fill(if sum { 0.0 } else { f32::NEG_INFINITY });
             return Ok(());

@@ -29,6 +29,10 @@ impl InF32 {
     }
 }
 
+/// Views built on the stack: as many as a fused region's inputs or outputs usually are (the
+/// fusion program's own lists hold as many), so that runs do not allocate.
+const INLINE: usize = 16;
+
 thread_local! {
     /// `f32` copies of one kernel call's tensors, kept by each thread that runs kernels so that
     /// steady-state runs allocate nothing (each buffer grows to the largest tensor it held).
@@ -49,12 +53,12 @@ impl Kernel for InF32 {
             widen(input.data, buffer);
         }
         let result = {
-            let views: SmallVec<[TensorRef<'_>; 4]> = inputs
+            let views: SmallVec<[TensorRef<'_>; INLINE]> = inputs
                 .iter()
                 .zip(ins.iter())
                 .map(|(input, buffer)| TensorRef { shape: input.shape, data: Data::F32(buffer) })
                 .collect();
-            let mut wide: SmallVec<[TensorMut<'_>; 2]> = SmallVec::new();
+            let mut wide: SmallVec<[TensorMut<'_>; INLINE]> = SmallVec::new();
             for (buffer, output) in outs.iter_mut().zip(outputs.iter()) {
                 buffer.clear();
                 buffer.resize(output.len(), 0.0);

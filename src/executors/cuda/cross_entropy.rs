@@ -119,7 +119,7 @@ fn rows_source(kernel: &str, dtype: DType, target_dtype: DType, classes: usize) 
     let _ = writeln!(s, "    for (long long j = threadIdx.x; j < {classes}ll; j += {THREADS}) {{");
     let _ = writeln!(s, "      const float v = {};", x("j"));
     let _ = writeln!(s, "      if (v != v) {{ m = v; z = v; }}");
-    let _ = writeln!(s, "      else if (m != m) {{}}");
+    let _ = writeln!(s, "      else if (m != m || v == __int_as_float(0xff800000)) {{}}");
     let _ = writeln!(s, "      else if (v > m) {{ z = z * expf(m - v) + 1.0f; m = v; }}");
     let _ = writeln!(s, "      else {{ z += expf(v - m); }}");
     let _ = writeln!(s, "    }}");

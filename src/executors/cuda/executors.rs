@@ -138,8 +138,9 @@ impl Executor for CudaOps {
     }
 
     /// Every dtype: every float op runs in bf16 and f16 too (products of one dtype); integer
-    /// tensors are moved (reshape, transpose, slice, ...) and made by `argmax` on the device,
-    /// and the other ops that read them (embedding, gathers) run on the CPU executors.
+    /// tensors are moved (reshape, transpose, slice, ...), made (`argmax`, comparisons) and
+    /// read as ids (`embedding`, `gather_last`, `cross_entropy`, checked on the device) there;
+    /// other ops on integers (casts, `where` of mixed dtypes) run on the CPU executors.
     fn dtypes(&self) -> &[crate::DType] {
         &crate::DType::ALL
     }

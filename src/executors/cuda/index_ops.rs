@@ -100,7 +100,10 @@ pub fn index_op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, St
                 broadcast_read(2, out_shape, shapes[2])
             } else {
                 let fill = op.scalar(2).map_err(|e| e.to_string())?;
-                if out_dtype.is_integer() {
+                if out_dtype == crate::DType::I32 {
+                    // Saturated, as the CPU's conversion (`Element::from_f32`) does.
+                    format!("({out_element}){}", fill as i32)
+                } else if out_dtype.is_integer() {
                     format!("({out_element}){}ll", fill as i64)
                 } else {
                     format!("({out_element}){}", narrow(out_dtype, &literal(fill)))

@@ -390,3 +390,52 @@ fn exp_of_each<'a>(arena: &'a Arena, registry: &'a Registry, shapes: &[(boundsco
     }
     b.finish().unwrap()
 }
+
+/// A bf16 region of 6 inputs and 3 outputs on CpuFusion (computed in f32 scratch), and the new
+/// ops on the CPU reference (a batched product, a slice, a gather, comparisons and `where`, a
+/// reduction over a middle axis): no allocation after the first run.
+#[test]
+fn wide_bf16_regions_and_transformer_ops_allocate_nothing() {
+    use boundscope::{DType, TensorMeta};
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let xs: Vec<_> = (0..6).map(|_| b.input_with(&TensorMeta::new(DType::BF16, &[4, 8])).unwrap()).collect();
+    let s = b.add(xs[0], xs[1]).unwrap();
+    let s = b.mul(s, xs[2]).unwrap();
+    let t = b.sub(s, xs[3]).unwrap();
+    let u = b.div(t, xs[4]).unwrap();
+    let v = b.maximum(u, xs[5]).unwrap();
+    for y in [s, t, v] {
+        b.output(y).unwrap();
+    }
+    let trace = b.finish().unwrap();
+    let fusion: Arc<dyn Executor> = Arc::new(CpuFusion::new());
+    let fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap();
+    let inputs: Vec<Tensor> =
+        (0..6).map(|k| Tensor::from_fn(&[4, 8], |i| (i + k) as f32 * 0.25 + 1.0).to_dtype(DType::BF16)).collect();
+    let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()]).unwrap();
+    assert!(plan.to_string().contains("cpu_fusion"), "{plan}");
+    assert_eq!(steady_state_allocations(&plan, &inputs), 0, "{plan}");
+
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input_with(&TensorMeta::new(DType::BF16, &[2, 3, 4])).unwrap();
+    let w = b.input_with(&TensorMeta::new(DType::BF16, &[4, 5])).unwrap();
+    let ids = b.input_with(&TensorMeta::new(DType::I64, &[2, 3])).unwrap();
+    let y = b.matmul(x, w).unwrap();
+    let sl = b.slice(y, 2, 1, 4).unwrap();
+    let picked = b.gather_last(sl, ids).unwrap();
+    let m = b.compare_scalar(boundscope::prims::GT, picked, 0.0).unwrap();
+    let z = b.where_scalar(m, picked, -1.0).unwrap();
+    let r = b.sum_dim(y, 1, false).unwrap();
+    b.output(z).unwrap();
+    b.output(r).unwrap();
+    let trace = b.finish().unwrap();
+    let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+    let inputs = [
+        Tensor::from_fn(&[2, 3, 4], |i| i as f32 * 0.1 - 1.0).to_dtype(DType::BF16),
+        Tensor::from_fn(&[4, 5], |i| i as f32 * 0.05).to_dtype(DType::BF16),
+        Tensor::from_vec(&[2, 3], vec![0i64, 1, 2, 2, 1, 0]).unwrap(),
+    ];
+    assert_eq!(steady_state_allocations(&plan, &inputs), 0, "{plan}");
+}

@@ -9,12 +9,13 @@
 
 use std::ffi::c_void;
 use std::fmt::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaFunction, CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{sys, CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use super::codegen::{element_type, narrow, widen, RegionSource, HALF_CONVERSIONS};
 use super::device::{cuda_error, slice, slice_mut, CudaDevice};
+use super::device_checks::{launch, record_fault, PerStream};
 use crate::core::ir::{prims, DType};
 use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView};
 use crate::error::{Error, Result};
@@ -33,9 +34,6 @@ pub(crate) fn runs_whole(op: &OpView<'_>) -> bool {
         && matches!((op.input_shape(0), op.input_shape(1)), (Ok([r, _]), Ok([n])) if r == n)
 }
 
-/// Per stream: the fault buffer (`[flag, position, id low, id high]`) and the rows' losses.
-type Scratch = (usize, CudaSlice<u32>, CudaSlice<f32>);
-
 pub(crate) struct CrossEntropy {
     device: Arc<CudaDevice>,
     rows_kernel: CudaFunction,
@@ -43,7 +41,8 @@ pub(crate) struct CrossEntropy {
     rows: usize,
     classes: usize,
     lengths: [usize; 3],
-    scratch: Mutex<Vec<Scratch>>,
+    /// Per stream: the fault buffer, and the rows' losses.
+    scratch: PerStream<CudaSlice<f32>>,
 }
 
 impl CrossEntropy {
@@ -87,7 +86,7 @@ impl CrossEntropy {
                 packing::words(target_dtype, rows),
                 packing::words(out_dtype, 1),
             ],
-            scratch: Mutex::new(Vec::new()),
+            scratch: PerStream::new(),
         })
     }
 }
@@ -140,7 +139,7 @@ fn rows_source(kernel: &str, dtype: DType, target_dtype: DType, classes: usize) 
     let _ = writeln!(s, "    if (threadIdx.x == 0) {{");
     let _ = writeln!(s, "      const long long id = (long long)targets[r];");
     let _ = writeln!(s, "      if (id < 0 || id >= {classes}ll) {{");
-    let _ = writeln!(s, "        if (atomicCAS(fault, 0u, 1u) == 0u) {{ fault[1] = (unsigned int)r; fault[2] = (unsigned int)id; fault[3] = (unsigned int)(id >> 32); }}");
+    let _ = writeln!(s, "        {}", record_fault("r", "id"));
     let _ = writeln!(s, "        losses[r] = __int_as_float(0x7fc00000);");
     let _ = writeln!(s, "      }} else {{");
     let _ = writeln!(s, "        losses[r] = shared_m[0] + logf(shared_z[0]) - {};", x("id"));
@@ -176,30 +175,6 @@ fn mean_source(kernel: &str, out_dtype: DType) -> String {
     s
 }
 
-/// Launches `function` on `stream` with `grid` blocks of [`THREADS`] and these parameters.
-///
-/// # Safety
-/// `params` must point at exactly the kernel's parameters, alive for the call.
-unsafe fn launch(
-    function: &CudaFunction,
-    stream: &cudarc::driver::CudaStream,
-    grid: u32,
-    params: &mut [*mut c_void],
-) -> Result<()> {
-    // SAFETY: the caller's contract.
-    unsafe {
-        cudarc::driver::result::launch_kernel(
-            function.cu_function(),
-            (grid, 1, 1),
-            (THREADS, 1, 1),
-            0,
-            stream.cu_stream(),
-            params,
-        )
-    }
-    .map_err(|e| cuda_error("launch", e))
-}
-
 impl DeviceKernel for CrossEntropy {
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
         let fail = |message: String| {
@@ -216,42 +191,43 @@ impl DeviceKernel for CrossEntropy {
             ));
         }
         let stream = self.device.stream();
-        let key = stream.cu_stream() as usize;
-        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        if !scratch.iter().any(|(s, _, _)| *s == key) {
-            scratch.retain(|(_, f, _)| Arc::strong_count(f.stream()) > 1);
-            let fault = stream.alloc_zeros::<u32>(4).map_err(|e| cuda_error("fault buffer", e))?;
-            let losses = stream.alloc_zeros::<f32>(self.rows.max(1)).map_err(|e| cuda_error("row losses", e))?;
-            scratch.push((key, fault, losses));
-        }
-        let (_, fault, losses) =
-            scratch.iter_mut().find(|(s, _, _)| *s == key).ok_or_else(|| cuda_error("cross_entropy", "no scratch"))?;
-        let mut rows = self.rows as i64;
-        let mut logits = slice(inputs[0])?.device_ptr(&stream).0;
-        let mut targets = slice(inputs[1])?.device_ptr(&stream).0;
-        let mut losses_ptr: sys::CUdeviceptr = losses.device_ptr_mut(&stream).0;
-        let mut fault_ptr: sys::CUdeviceptr = fault.device_ptr_mut(&stream).0;
-        let mut out = slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream).0;
-        let grid = (self.rows.min(1 << 20) as u32).max(1);
-        // SAFETY: each parameter list is exactly its kernel's (pointers, then `long long rows`),
-        // pointing at values that outlive the calls; the buffers hold what the kernels read and
-        // write (checked above; the targets are checked on the device before any read at them).
-        unsafe {
-            let mut params: [*mut c_void; 5] = [
-                (&mut logits as *mut sys::CUdeviceptr).cast(),
-                (&mut targets as *mut sys::CUdeviceptr).cast(),
-                (&mut losses_ptr as *mut sys::CUdeviceptr).cast(),
-                (&mut fault_ptr as *mut sys::CUdeviceptr).cast(),
-                (&mut rows as *mut i64).cast(),
-            ];
-            launch(&self.rows_kernel, &stream, grid, &mut params)?;
-            let mut params: [*mut c_void; 3] = [
-                (&mut losses_ptr as *mut sys::CUdeviceptr).cast(),
-                (&mut out as *mut sys::CUdeviceptr).cast(),
-                (&mut rows as *mut i64).cast(),
-            ];
-            launch(&self.mean_kernel, &stream, 1, &mut params)
-        }
+        let rows_count = self.rows.max(1);
+        let make = |stream: &Arc<cudarc::driver::CudaStream>| {
+            stream.alloc_zeros::<f32>(rows_count).map_err(|e| cuda_error("row losses", e))
+        };
+        self.scratch.with(&stream, make, |fault, losses| {
+            let mut rows = self.rows as i64;
+            let mut logits = slice(inputs[0])?.device_ptr(&stream).0;
+            let mut targets = slice(inputs[1])?.device_ptr(&stream).0;
+            let mut losses_ptr: sys::CUdeviceptr = losses.device_ptr_mut(&stream).0;
+            let mut fault_ptr: sys::CUdeviceptr = fault.device_ptr_mut(&stream).0;
+            let mut out = slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream).0;
+            let config = |blocks: u32| LaunchConfig {
+                grid_dim: (blocks, 1, 1),
+                block_dim: (THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: each parameter list is exactly its kernel's (pointers, then `long long
+            // rows`), pointing at values that outlive the calls; the buffers hold what the
+            // kernels read and write (checked above; the targets are checked on the device
+            // before any read at them).
+            unsafe {
+                let mut params: [*mut c_void; 5] = [
+                    (&mut logits as *mut sys::CUdeviceptr).cast(),
+                    (&mut targets as *mut sys::CUdeviceptr).cast(),
+                    (&mut losses_ptr as *mut sys::CUdeviceptr).cast(),
+                    (&mut fault_ptr as *mut sys::CUdeviceptr).cast(),
+                    (&mut rows as *mut i64).cast(),
+                ];
+                launch(&self.rows_kernel, &stream, config((self.rows.min(1 << 20) as u32).max(1)), &mut params)?;
+                let mut params: [*mut c_void; 3] = [
+                    (&mut losses_ptr as *mut sys::CUdeviceptr).cast(),
+                    (&mut out as *mut sys::CUdeviceptr).cast(),
+                    (&mut rows as *mut i64).cast(),
+                ];
+                launch(&self.mean_kernel, &stream, config(1), &mut params)
+            }
+        })
     }
 
     fn checks_after_run(&self) -> bool {
@@ -259,23 +235,6 @@ impl DeviceKernel for CrossEntropy {
     }
 
     fn check_after_run(&self) -> Result<()> {
-        let stream = self.device.stream();
-        let key = stream.cu_stream() as usize;
-        let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
-        let Some((_, fault, _)) = scratch.iter_mut().find(|(s, _, _)| *s == key) else { return Ok(()) };
-        let mut found = [0u32; 4];
-        stream.memcpy_dtoh(&*fault, &mut found[..]).map_err(|e| cuda_error("read the fault buffer", e))?;
-        stream.synchronize().map_err(|e| cuda_error("synchronize", e))?;
-        if found[0] == 0 {
-            return Ok(());
-        }
-        stream.memset_zeros(fault).map_err(|e| cuda_error("clear the fault buffer", e))?;
-        let index = (u64::from(found[2]) | (u64::from(found[3]) << 32)) as i64;
-        Err(Error::IndexOutOfRange {
-            symbol: "cross_entropy".into(),
-            index,
-            position: found[1] as usize,
-            bound: self.classes,
-        })
+        self.scratch.check(&self.device.stream(), "cross_entropy", self.classes)
     }
 }

@@ -9,7 +9,7 @@ use std::ffi::c_void;
 use cudarc::driver::{sys, CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
 use smallvec::SmallVec;
 
-use super::device::{cuda_error, slice, slice_mut, CudaDevice};
+use super::device::{slice, slice_mut, CudaDevice};
 use super::gemm::{GemmShape, LtContext, LtGemm};
 use super::row_kernels::row_source;
 use super::{cross_entropy, gather, index_ops};
@@ -297,7 +297,6 @@ impl GeneratedKernel {
         let mut params: SmallVec<[*mut c_void; 17]> =
             pointers.iter_mut().map(|p| (p as *mut sys::CUdeviceptr).cast::<c_void>()).collect();
         params.push((&mut numel as *mut i64).cast::<c_void>());
-        let LaunchConfig { grid_dim, block_dim, shared_mem_bytes } = self.config;
         // SAFETY: the generated kernel takes exactly one pointer per region input and output
         // (in this order), then `long long n`, and `params` points at exactly those values,
         // which outlive the call; `lengths.check` made sure above that there are that many
@@ -305,17 +304,7 @@ impl GeneratedKernel {
         // (`fused_shape`) that the kernel accesses no more than those. The buffers' own
         // synchronization is off on this device (`CudaDevice::new`): every plan queues its
         // work in order on one stream.
-        unsafe {
-            cudarc::driver::result::launch_kernel(
-                self.function.cu_function(),
-                grid_dim,
-                block_dim,
-                shared_mem_bytes,
-                stream.cu_stream(),
-                &mut params,
-            )
-        }
-        .map_err(|e| cuda_error("launch", e))
+        unsafe { super::device_checks::launch(&self.function, &stream, self.config, &mut params) }
     }
 }
 

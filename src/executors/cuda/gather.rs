@@ -9,12 +9,13 @@
 
 use std::ffi::c_void;
 use std::fmt::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{sys, CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use super::codegen::{element_type, RegionSource};
-use super::device::{cuda_error, slice, slice_mut, CudaDevice};
+use super::device::{slice, slice_mut, CudaDevice};
+use super::device_checks::{launch, record_fault, PerStream};
 use crate::core::ir::{prims, DType};
 use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView};
 use crate::error::{Error, Result};
@@ -40,8 +41,7 @@ pub(crate) struct CheckedGather {
     bound: usize,
     lengths: [usize; 3],
     config: LaunchConfig,
-    /// `(stream, [flag, position, id low, id high])`, one per stream it ran on.
-    faults: Mutex<Vec<(usize, CudaSlice<u32>)>>,
+    faults: PerStream<()>,
 }
 
 impl CheckedGather {
@@ -85,7 +85,7 @@ impl CheckedGather {
             bound,
             lengths: [generated.input_lengths[0], generated.input_lengths[1], generated.output_lengths[0]],
             config: LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 },
-            faults: Mutex::new(Vec::new()),
+            faults: PerStream::new(),
         })
     }
 }
@@ -131,12 +131,7 @@ fn source(
     let _ = writeln!(s, "    const long long r = {row};");
     let _ = writeln!(s, "    const long long id = (long long)ids[r];");
     let _ = writeln!(s, "    if (id < 0 || id >= {bound}ll) {{");
-    let _ = writeln!(s, "      if (atomicCAS(fault, 0u, 1u) == 0u) {{");
-    let _ = writeln!(
-        s,
-        "        fault[1] = (unsigned int)r; fault[2] = (unsigned int)id; fault[3] = (unsigned int)(id >> 32);"
-    );
-    let _ = writeln!(s, "      }}");
+    let _ = writeln!(s, "      {}", record_fault("r", "id"));
     let _ = writeln!(s, "      out[i] = {nan};");
     let _ = writeln!(s, "    }} else {{");
     let _ = writeln!(s, "      out[i] = table[{at}];");
@@ -159,46 +154,31 @@ impl DeviceKernel for CheckedGather {
             ));
         }
         let stream = self.device.stream();
-        let key = stream.cu_stream() as usize;
-        let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
-        if !faults.iter().any(|(s, _)| *s == key) {
-            // Buffers of streams nobody else holds any more are freed first: one per live stream.
-            faults.retain(|(_, f)| Arc::strong_count(f.stream()) > 1);
-            let buffer = stream.alloc_zeros::<u32>(4).map_err(|e| cuda_error("fault buffer", e))?;
-            faults.push((key, buffer));
-        }
-        let fault = faults.iter_mut().find(|(s, _)| *s == key).map(|(_, f)| f);
-        let fault = fault.ok_or_else(|| cuda_error(self.name, "no fault buffer"))?;
-        let mut pointers: [sys::CUdeviceptr; 4] = [
-            slice(inputs[0])?.device_ptr(&stream).0,
-            slice(inputs[1])?.device_ptr(&stream).0,
-            slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream).0,
-            fault.device_ptr_mut(&stream).0,
-        ];
-        let mut n = self.numel as i64;
-        let mut params: [*mut c_void; 5] = [
-            (&mut pointers[0] as *mut sys::CUdeviceptr).cast(),
-            (&mut pointers[1] as *mut sys::CUdeviceptr).cast(),
-            (&mut pointers[2] as *mut sys::CUdeviceptr).cast(),
-            (&mut pointers[3] as *mut sys::CUdeviceptr).cast(),
-            (&mut n as *mut i64).cast(),
-        ];
-        let LaunchConfig { grid_dim, block_dim, shared_mem_bytes } = self.config;
-        // SAFETY: the kernel takes the table, the ids, the output, the fault buffer (4 words)
-        // and `long long n`, and `params` points at exactly those values, which outlive the
-        // call; the buffers hold at least what the kernel reads and writes (checked above: the
-        // ids are checked against the table on the device before any table read).
-        unsafe {
-            cudarc::driver::result::launch_kernel(
-                self.function.cu_function(),
-                grid_dim,
-                block_dim,
-                shared_mem_bytes,
-                stream.cu_stream(),
-                &mut params,
-            )
-        }
-        .map_err(|e| cuda_error("launch", e))
+        self.faults.with(
+            &stream,
+            |_| Ok(()),
+            |fault, ()| {
+                let mut pointers: [sys::CUdeviceptr; 4] = [
+                    slice(inputs[0])?.device_ptr(&stream).0,
+                    slice(inputs[1])?.device_ptr(&stream).0,
+                    slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream).0,
+                    fault.device_ptr_mut(&stream).0,
+                ];
+                let mut n = self.numel as i64;
+                let mut params: [*mut c_void; 5] = [
+                    (&mut pointers[0] as *mut sys::CUdeviceptr).cast(),
+                    (&mut pointers[1] as *mut sys::CUdeviceptr).cast(),
+                    (&mut pointers[2] as *mut sys::CUdeviceptr).cast(),
+                    (&mut pointers[3] as *mut sys::CUdeviceptr).cast(),
+                    (&mut n as *mut i64).cast(),
+                ];
+                // SAFETY: the kernel takes the table, the ids, the output, the fault buffer (4 words)
+                // and `long long n`, and `params` points at exactly those values, which outlive the
+                // call; the buffers hold at least what the kernel reads and writes (checked above:
+                // the ids are checked against the table on the device before any table read).
+                unsafe { launch(&self.function, &stream, self.config, &mut params) }
+            },
+        )
     }
 
     fn checks_after_run(&self) -> bool {
@@ -206,18 +186,6 @@ impl DeviceKernel for CheckedGather {
     }
 
     fn check_after_run(&self) -> Result<()> {
-        let stream = self.device.stream();
-        let key = stream.cu_stream() as usize;
-        let mut faults = self.faults.lock().unwrap_or_else(|p| p.into_inner());
-        let Some((_, fault)) = faults.iter_mut().find(|(s, _)| *s == key) else { return Ok(()) };
-        let mut found = [0u32; 4];
-        stream.memcpy_dtoh(&*fault, &mut found[..]).map_err(|e| cuda_error("read the fault buffer", e))?;
-        stream.synchronize().map_err(|e| cuda_error("synchronize", e))?;
-        if found[0] == 0 {
-            return Ok(());
-        }
-        stream.memset_zeros(fault).map_err(|e| cuda_error("clear the fault buffer", e))?;
-        let index = (u64::from(found[2]) | (u64::from(found[3]) << 32)) as i64;
-        Err(Error::IndexOutOfRange { symbol: self.name.into(), index, position: found[1] as usize, bound: self.bound })
+        self.faults.check(&self.device.stream(), self.name, self.bound)
     }
 }

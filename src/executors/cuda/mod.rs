@@ -94,6 +94,7 @@ mod codegen;
 mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod device;
+mod device_checks;
 #[cfg(feature = "cuda")]
 mod event_timer;
 #[cfg(feature = "cuda")]

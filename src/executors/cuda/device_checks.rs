@@ -1,0 +1,96 @@
+//! What the kernels that check their ids on the device share (`embedding`, `gather_last`,
+//! `cross_entropy`): a fault buffer per stream (`[flag, position, id low, id high]`), with any
+//! scratch the kernel needs beside it, the CUDA C that records a fault, reading and clearing it
+//! after the run, and the launch of a kernel from raw parameters.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex};
+
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig};
+
+use super::device::cuda_error;
+use crate::error::{Error, Result};
+
+/// CUDA C that records a fault at `position` for `id` (both `long long` expressions in scope
+/// of a kernel with an `unsigned int* fault` parameter): the first to arrive wins.
+pub(super) fn record_fault(position: &str, id: &str) -> String {
+    format!(
+        "if (atomicCAS(fault, 0u, 1u) == 0u) {{ fault[1] = (unsigned int)({position}); fault[2] = (unsigned int)({id}); \
+         fault[3] = (unsigned int)(({id}) >> 32); }}"
+    )
+}
+
+/// One fault buffer (and scratch `S`) per stream a kernel ran on.
+pub(super) struct PerStream<S> {
+    entries: Mutex<Vec<(usize, CudaSlice<u32>, S)>>,
+}
+
+impl<S> PerStream<S> {
+    pub(super) fn new() -> Self {
+        Self { entries: Mutex::new(Vec::new()) }
+    }
+
+    /// Calls `f` with the fault buffer and scratch of `stream`, made the first time (`make`
+    /// makes the scratch); entries of streams nobody else holds any more are freed first, so
+    /// there is one per live stream.
+    pub(super) fn with<R>(
+        &self,
+        stream: &Arc<CudaStream>,
+        make: impl FnOnce(&Arc<CudaStream>) -> Result<S>,
+        f: impl FnOnce(&mut CudaSlice<u32>, &mut S) -> Result<R>,
+    ) -> Result<R> {
+        let key = stream.cu_stream() as usize;
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        if !entries.iter().any(|(s, _, _)| *s == key) {
+            entries.retain(|(_, fault, _)| Arc::strong_count(fault.stream()) > 1);
+            let fault = stream.alloc_zeros::<u32>(4).map_err(|e| cuda_error("fault buffer", e))?;
+            entries.push((key, fault, make(stream)?));
+        }
+        let (_, fault, scratch) =
+            entries.iter_mut().find(|(s, _, _)| *s == key).ok_or_else(|| cuda_error("fault buffer", "missing"))?;
+        f(fault, scratch)
+    }
+
+    /// What `stream`'s kernels recorded, read after its work is done and cleared:
+    /// [`Error::IndexOutOfRange`] naming `symbol` and `bound`, or nothing.
+    pub(super) fn check(&self, stream: &Arc<CudaStream>, symbol: &str, bound: usize) -> Result<()> {
+        let key = stream.cu_stream() as usize;
+        let mut entries = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let Some((_, fault, _)) = entries.iter_mut().find(|(s, _, _)| *s == key) else { return Ok(()) };
+        let mut found = [0u32; 4];
+        stream.memcpy_dtoh(&*fault, &mut found[..]).map_err(|e| cuda_error("read the fault buffer", e))?;
+        stream.synchronize().map_err(|e| cuda_error("synchronize", e))?;
+        if found[0] == 0 {
+            return Ok(());
+        }
+        stream.memset_zeros(fault).map_err(|e| cuda_error("clear the fault buffer", e))?;
+        let index = (u64::from(found[2]) | (u64::from(found[3]) << 32)) as i64;
+        Err(Error::IndexOutOfRange { symbol: symbol.into(), index, position: found[1] as usize, bound })
+    }
+}
+
+/// Launches `function` on `stream` with `config` and these parameters.
+///
+/// # Safety
+/// `params` must point at exactly the kernel's parameters, in order, alive for the call, and
+/// every buffer they name must hold what the kernel reads and writes.
+pub(super) unsafe fn launch(
+    function: &CudaFunction,
+    stream: &CudaStream,
+    config: LaunchConfig,
+    params: &mut [*mut c_void],
+) -> Result<()> {
+    let LaunchConfig { grid_dim, block_dim, shared_mem_bytes } = config;
+    // SAFETY: the caller's contract.
+    unsafe {
+        cudarc::driver::result::launch_kernel(
+            function.cu_function(),
+            grid_dim,
+            block_dim,
+            shared_mem_bytes,
+            stream.cu_stream(),
+            params,
+        )
+    }
+    .map_err(|e| cuda_error("launch", e))
+}

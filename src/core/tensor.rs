@@ -378,6 +378,14 @@ impl Storage {
     }
 }
 
+/// Whether `len` values fill `shape`: [`Error::InvalidTensor`] if not.
+pub(crate) fn holds(shape: &[usize], len: usize) -> Result<()> {
+    if crate::core::ir::checked_numel(shape) != Some(len) {
+        return Err(Error::InvalidTensor { shape: shape.to_vec(), len });
+    }
+    Ok(())
+}
+
 /// An owned, contiguous, row-major tensor on the host, holding the values of its dtype (4 bytes
 /// per `f32` or `i32`, 2 per bf16 or f16, 8 per `i64`).
 ///
@@ -419,9 +427,7 @@ impl Tensor {
     /// # Errors
     /// [`Error::InvalidTensor`] if `values.len()` is not the product of `shape`.
     pub fn from_vec<T: Element>(shape: &[usize], values: Vec<T>) -> Result<Self> {
-        if crate::core::ir::checked_numel(shape) != Some(values.len()) {
-            return Err(Error::InvalidTensor { shape: shape.to_vec(), len: values.len() });
-        }
+        holds(shape, values.len())?;
         Ok(Self { shape: Shape::from_slice(shape), storage: T::into_storage(values) })
     }
 
@@ -670,9 +676,7 @@ impl<'r> TensorRef<'r> {
     /// [`Error::InvalidTensor`] if the number of values is not the product of `shape`.
     pub fn new(shape: &'r [usize], values: impl Into<Data<'r>>) -> Result<Self> {
         let data = values.into();
-        if crate::core::ir::checked_numel(shape) != Some(data.len()) {
-            return Err(Error::InvalidTensor { shape: shape.to_vec(), len: data.len() });
-        }
+        holds(shape, data.len())?;
         Ok(Self { shape, data })
     }
 
@@ -751,9 +755,7 @@ impl<'r> TensorMut<'r> {
     /// [`Error::InvalidTensor`] if the number of values is not the product of `shape`.
     pub fn new(shape: &'r [usize], values: impl Into<DataMut<'r>>) -> Result<Self> {
         let data = values.into();
-        if crate::core::ir::checked_numel(shape) != Some(data.len()) {
-            return Err(Error::InvalidTensor { shape: shape.to_vec(), len: data.len() });
-        }
+        holds(shape, data.len())?;
         Ok(Self { shape, data })
     }
 

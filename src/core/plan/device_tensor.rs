@@ -111,10 +111,7 @@ impl std::fmt::Debug for DeviceTensor {
 
 /// A tensor whose data fills its shape.
 fn check_holds(tensor: TensorRef<'_>) -> Result<()> {
-    match crate::core::ir::checked_numel(tensor.shape) {
-        Some(n) if n == tensor.data.len() => Ok(()),
-        _ => Err(Error::InvalidTensor { shape: tensor.shape.to_vec(), len: tensor.data.len() }),
-    }
+    crate::core::tensor::holds(tensor.shape, tensor.data.len())
 }
 
 /// Uploads `tensor`'s values into `buffer`, in their own bits.

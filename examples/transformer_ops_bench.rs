@@ -12,6 +12,8 @@
 //! cargo build --release --example transformer_ops_bench   # here; then on the GPU machine:
 //! (./transformer_ops_bench; python3 scripts/torch_transformer_ops.py) | python3 scripts/transformer_ops_report.py
 //! ```
+//!
+//! Both take an optional list of workloads (`attention,cross_entropy`) as their first argument.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -181,8 +183,11 @@ fn run() -> Result<(), String> {
     let device: Arc<dyn Device> = gpu.clone();
     println!("device: {}", device.name());
     let registry = Registry::with_builtins();
+    // An optional first argument names the workloads to run (comma-separated).
+    let only = std::env::args().nth(1);
+    let wanted = |name: &str| only.as_deref().is_none_or(|list| list.split(',').any(|n| n == name));
     for dtype in [DType::F32, DType::BF16] {
-        for w in workloads() {
+        for w in workloads().into_iter().filter(|w| wanted(w.name)) {
             // Correctness first, at batch 1, against the CPU reference.
             let arena = Arena::new();
             let small = trace(&arena, &registry, &w, 1, dtype).map_err(e)?;
@@ -209,7 +214,7 @@ fn run() -> Result<(), String> {
                 plan.run_on_device(&mut ws, &run_inputs).map_err(e)?;
             }
             device.synchronize().map_err(e)?;
-            let reps = 20;
+            let reps = 100;
             let start = Instant::now();
             for _ in 0..reps {
                 plan.run_on_device(&mut ws, &run_inputs).map_err(e)?;

@@ -6,6 +6,7 @@ torch.nn.functional.scaled_dot_product_attention(is_causal=True), whatever backe
 Prints `RESULT {json}` lines for transformer_ops_report.py.
 """
 import json
+import sys
 import torch
 
 torch.backends.cuda.matmul.allow_tf32 = False
@@ -27,7 +28,7 @@ WORKLOADS = {
 }
 
 
-def timed(fn, args, reps=20):
+def timed(fn, args, reps=100):
     for _ in range(3):
         fn(*args)
     torch.cuda.synchronize()
@@ -40,8 +41,13 @@ def timed(fn, args, reps=20):
     return start.elapsed_time(end) / reps
 
 
+# An optional first argument names the workloads to run (comma-separated), as for the example.
+ONLY = set(sys.argv[1].split(",")) if len(sys.argv) > 1 else None
+
 for dtype_name, dtype in [("f32", torch.float32), ("bf16", torch.bfloat16)]:
     for name, (shapes, fn, flops) in WORKLOADS.items():
+        if ONLY is not None and name not in ONLY:
+            continue
         args = [torch.randint(0, V, s[1], device="cuda") if s[0] == "ids" else
                 torch.rand(*s, device="cuda", dtype=dtype) * 2 - 1 for s in shapes]
         out = fn(*args)

@@ -9,6 +9,7 @@ use std::ffi::c_void;
 use cudarc::driver::{sys, CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
 use smallvec::SmallVec;
 
+use super::attention::{self, Attention};
 use super::device::{slice, slice_mut, CudaDevice};
 use super::gemm::{GemmShape, LtContext, LtGemm};
 use super::row_kernels::row_source;
@@ -95,6 +96,7 @@ impl Executor for CudaFusion {
 pub struct CudaOps {
     device: Arc<CudaDevice>,
     lt: Arc<Mutex<Option<LtContext>>>,
+    attention: Attention,
 }
 
 impl CudaOps {
@@ -103,7 +105,7 @@ impl CudaOps {
 
     /// On `device`.
     pub fn new(device: Arc<CudaDevice>) -> Self {
-        Self { device, lt: Arc::new(Mutex::new(None)) }
+        Self { device, lt: Arc::new(Mutex::new(None)), attention: Attention::default() }
     }
 }
 
@@ -151,6 +153,9 @@ impl Executor for CudaOps {
             Some(prims::MATMUL_TRANSPOSED) => single_dtype(op).is_ok() && nonempty_product(op),
             Some(prims::CROSS_ENTROPY) => cross_entropy::runs_whole(op),
             Some(prims::SOFTMAX | prims::LAYER_NORM) => true,
+            Some(prims::SCALED_DOT_PRODUCT_ATTENTION) => {
+                matches!(attention::plan_for(&self.attention, &self.device, op), Some(Ok(_)))
+            }
             _ => false,
         }
     }
@@ -160,6 +165,14 @@ impl Executor for CudaOps {
     }
 
     fn compile_device(&self, op: &OpView<'_>) -> Result<Box<dyn DeviceKernel>> {
+        if let Some(plan) = attention::plan_for(&self.attention, &self.device, op) {
+            let plan = plan.map_err(|detail| Error::KernelPrecondition {
+                executor: Self::NAME.into(),
+                symbol: op.name().into(),
+                detail,
+            })?;
+            return Ok(Box::new(self.attention.kernel(self.device.clone(), plan)));
+        }
         let transposed = op.symbol().builtin_composite() == Some(prims::MATMUL_TRANSPOSED);
         if builtin_prim(op) == Some(prims::MATMUL) || transposed {
             if !transposed {

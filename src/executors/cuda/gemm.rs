@@ -12,9 +12,10 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublaslt::{result, sys};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use cudarc::driver::{DevicePtr, DevicePtrMut};
 
 use super::device::{cuda_error, slice, slice_mut, CudaDevice};
+use super::stream_workspaces::StreamWorkspaces;
 use crate::core::plan::{DeviceBuffer, DeviceKernel};
 use crate::error::Result;
 
@@ -65,8 +66,8 @@ impl GemmShape {
 /// One cuBLASLt handle per executor, and the workspace buffers of the streams it ran on.
 pub(crate) struct LtContext {
     handle: sys::cublasLtHandle_t,
-    /// `(stream, workspace)`: one buffer per live stream, made on its first product.
-    workspaces: Vec<(usize, CudaSlice<u8>)>,
+    /// One workspace per live stream, made on its first product.
+    workspaces: StreamWorkspaces,
 }
 
 // SAFETY: the handle and buffers are only used under the executor's mutex.
@@ -79,7 +80,7 @@ impl LtContext {
     pub fn new(device: &CudaDevice) -> Result<Self> {
         device.stream().context().bind_to_thread().map_err(|e| cuda_error("bind the CUDA context", e))?;
         let handle = result::create_handle().map_err(|e| cuda_error("cublasLtCreate", e))?;
-        Ok(Self { handle, workspaces: Vec::new() })
+        Ok(Self { handle, workspaces: StreamWorkspaces::default() })
     }
 }
 
@@ -296,18 +297,8 @@ impl DeviceKernel for LtGemm {
         let (c, _) = slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream);
         let mut context = self.context.lock().unwrap_or_else(|p| p.into_inner());
         let context = context.as_mut().ok_or_else(|| cuda_error(self.name, "cuBLASLt was not created"))?;
-        let key = stream.cu_stream() as usize;
-        if !context.workspaces.iter().any(|(s, _)| *s == key) {
-            // Workspaces of streams nobody else holds any more (their plan workspaces were
-            // dropped) are freed first, ordered after their stream's work: one per live stream.
-            context.workspaces.retain(|(_, w)| Arc::strong_count(w.stream()) > 1);
-            // SAFETY: cuBLASLt only writes the workspace; its contents need no initial value.
-            let buffer = unsafe { stream.alloc::<u8>(WORKSPACE_BYTES) }.map_err(|e| cuda_error("workspace", e))?;
-            context.workspaces.push((key, buffer));
-        }
         let handle = context.handle;
-        let workspace = context.workspaces.iter().find(|(s, _)| *s == key).map(|(_, w)| w);
-        let workspace = workspace.ok_or_else(|| cuda_error(self.name, "no workspace"))?;
+        let workspace = context.workspaces.get(&stream, WORKSPACE_BYTES)?;
         let (workspace_ptr, _) = workspace.device_ptr(&stream);
         let descriptors = self.descriptors.lock().unwrap_or_else(|p| p.into_inner());
         let (alpha, beta) = (1.0f32, 0.0f32);

@@ -36,7 +36,9 @@
 //! does this by itself): `linear`, `softmax`, `layer_norm`, and `linear_gelu`, which
 //! `passes::FoldEpilogues` makes of a `linear` whose only reader is the `gelu` right after it (one
 //! cuBLASLt product with GELU in its epilogue; other executors get the two ops back, unchanged;
-//! a trace with per-op guards is not folded). A
+//! a trace with per-op guards is not folded). In bf16 and f16, `scaled_dot_product_attention`
+//! runs whole too, as one cuDNN fused-attention kernel, where [`fused_attention`] finds cuDNN 9
+//! (and its heuristic an engine for the shape); otherwise, and in f32, it is decomposed. A
 //! plan of the quickstart's MLP block with device inputs makes no transfer per run
 //! (`proptests/cuda_matches_reference.rs` checks the listing and `CudaDevice::transfers`). Host
 //! inputs still work: the plan uploads them, as steps its listing shows. An input given on another
@@ -90,6 +92,8 @@
 //! place; two for products), the row kernels against the `f32` result rounded once, casts, shape
 //! ops and transfers exactly.
 
+#[cfg(feature = "cuda")]
+mod attention;
 mod codegen;
 mod cross_entropy;
 #[cfg(feature = "cuda")]
@@ -104,7 +108,11 @@ mod gather;
 mod gemm;
 mod index_ops;
 mod row_kernels;
+#[cfg(feature = "cuda")]
+mod stream_workspaces;
 
+#[cfg(feature = "cuda")]
+pub use attention::fused_attention;
 pub use codegen::{op_source, region_source, shape_op_source, RegionSource};
 #[cfg(feature = "cuda")]
 pub use device::{CudaBuffer, CudaDevice};

@@ -1,0 +1,705 @@
+//! `scaled_dot_product_attention` whole on the GPU, through cuDNN's fused attention (the kernel
+//! PyTorch's `scaled_dot_product_attention` picks for bf16 and f16 on Hopper).
+//!
+//! cuDNN 9 takes attention as a graph of its backend API: the product `q k^T`, the scale, the
+//! causal mask (row and column indices compared, the masked scores set to `-inf`), the softmax
+//! (maximum, subtraction, exponential, sum, the rows' log-sum-exp, division; scores and
+//! statistics in `f32`, the probabilities rounded to the operands' dtype for the second
+//! product) and the product with `v`, which its fusion engine runs as one flash-attention
+//! kernel. This module builds that
+//! graph (as NVIDIA's cudnn-frontend does for cuDNN before 9.21), asks cuDNN's heuristic for an
+//! engine when the plan is compiled, and runs it on the run's stream, with a workspace per
+//! stream. A shape, dtype or library cuDNN cannot run is not preferred whole (the decomposition
+//! runs instead); [`fused_attention`] says why.
+//!
+//! cudarc loads `libcudnn.so.9` at run time; nothing here calls it before
+//! [`library`] has found it.
+
+use std::ffi::{c_void, CStr};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use cudarc::cudnn::sys;
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+
+use super::device::{slice, slice_mut, CudaDevice};
+use super::stream_workspaces::StreamWorkspaces;
+use crate::core::ir::{prims, DType};
+use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView};
+use crate::error::{Error, Result};
+
+use sys::cudnnBackendAttributeName_t as Attr;
+use sys::cudnnBackendAttributeType_t as Type;
+use sys::cudnnBackendDescriptorType_t as Kind;
+use sys::cudnnDataType_t as Data;
+
+/// The cuDNN version found (for example 91900 for 9.19.0), or why fused attention cannot run.
+///
+/// ```
+/// # #[cfg(feature = "cuda")] {
+/// match boundscope::executors::cuda::fused_attention() {
+///     Ok(version) => println!("attention runs through cuDNN {version}"),
+///     Err(why) => println!("attention runs decomposed: {why}"),
+/// }
+/// # }
+/// ```
+///
+/// # Errors
+/// Why not: no `libcudnn.so.9` on the library path, or a cuDNN older than 9.0.
+pub fn fused_attention() -> std::result::Result<usize, String> {
+    library().clone()
+}
+
+/// Whether cuDNN can be loaded, and its version: checked once per process.
+pub(crate) fn library() -> &'static std::result::Result<usize, String> {
+    static FOUND: OnceLock<std::result::Result<usize, String>> = OnceLock::new();
+    FOUND.get_or_init(|| {
+        // SAFETY: only tries to load the library; cudarc's loader panics on a call without it.
+        if !unsafe { sys::is_culib_present() } {
+            return Err("no cuDNN library (libcudnn.so.9) was found on the library path".into());
+        }
+        // SAFETY: the library is present; `cudnnGetVersion` takes no argument.
+        let version = unsafe { sys::cudnnGetVersion() };
+        if version < 90000 {
+            return Err(format!("cuDNN {version} is older than 9.0, whose graph API this uses"));
+        }
+        Ok(version)
+    })
+}
+
+/// What one attention computes: `[batch, heads, tokens, head]` operands (the leading dimensions
+/// of the op's tensors folded into `batch` and `heads`), one 16-bit dtype.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct AttentionShape {
+    batch: usize,
+    heads: usize,
+    q_tokens: usize,
+    kv_tokens: usize,
+    head: usize,
+    v_head: usize,
+    dtype: DType,
+    causal: bool,
+    /// The scale's bits, so that shapes compare exactly.
+    scale: u32,
+}
+
+impl AttentionShape {
+    /// The shape of a built-in `scaled_dot_product_attention` on bf16 or f16 operands of one
+    /// dtype; `None` for anything else.
+    pub fn of(op: &OpView<'_>) -> Option<Self> {
+        if op.symbol().builtin_composite() != Some(prims::SCALED_DOT_PRODUCT_ATTENTION) {
+            return None;
+        }
+        let dtypes = op.dtypes();
+        let dtype = *dtypes.first()?;
+        if !matches!(dtype, DType::BF16 | DType::F16) || dtypes.iter().any(|d| *d != dtype) {
+            return None;
+        }
+        let (q, k, v) = (op.input_shape(0).ok()?, op.input_shape(1).ok()?, op.input_shape(2).ok()?);
+        let rank = q.len();
+        if rank < 2 || k.len() != rank || v.len() != rank {
+            return None;
+        }
+        let lead = &q[..rank - 2];
+        let (batch, heads) = match lead.split_last() {
+            Some((&heads, rest)) => (rest.iter().product(), heads),
+            None => (1, 1),
+        };
+        let shape = Self {
+            batch,
+            heads,
+            q_tokens: q[rank - 2],
+            kv_tokens: k[rank - 2],
+            head: q[rank - 1],
+            v_head: v[rank - 1],
+            dtype,
+            causal: op.scalar(4).ok()? != 0.0,
+            scale: op.scalar(3).ok()?.to_bits(),
+        };
+        (shape.batch * shape.heads * shape.q_tokens * shape.kv_tokens * shape.head * shape.v_head > 0).then_some(shape)
+    }
+
+    fn elements(&self, tokens: usize, head: usize) -> usize {
+        self.batch * self.heads * tokens * head
+    }
+}
+
+/// cuDNN's error for `what`, with its last error message.
+fn cudnn_error(what: &str, status: sys::cudnnStatus_t) -> String {
+    let mut message = [0 as std::ffi::c_char; 512];
+    // SAFETY: both calls write at most the given size into buffers they do not keep;
+    // `cudnnGetErrorString` returns a static string.
+    let (name, last) = unsafe {
+        sys::cudnnGetLastErrorString(message.as_mut_ptr(), message.len());
+        let name = CStr::from_ptr(sys::cudnnGetErrorString(status)).to_string_lossy().into_owned();
+        (name, CStr::from_ptr(message.as_ptr()).to_string_lossy().into_owned())
+    };
+    if last.is_empty() {
+        format!("{what}: {name}")
+    } else {
+        format!("{what}: {name} ({last})")
+    }
+}
+
+fn check(what: &str, status: sys::cudnnStatus_t) -> std::result::Result<(), String> {
+    if status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(cudnn_error(what, status))
+    }
+}
+
+/// A backend descriptor, destroyed when dropped.
+struct Descriptor(sys::cudnnBackendDescriptor_t);
+
+impl Descriptor {
+    fn new(kind: Kind) -> std::result::Result<Self, String> {
+        let mut raw = std::ptr::null_mut();
+        // SAFETY: writes one descriptor handle into `raw`.
+        check("cudnnBackendCreateDescriptor", unsafe { sys::cudnnBackendCreateDescriptor(kind, &mut raw) })?;
+        Ok(Self(raw))
+    }
+
+    /// Sets attribute `name` to `values`, each of the C type cuDNN documents for `ty`.
+    fn set<T>(&self, name: Attr, ty: Type, values: &[T]) -> std::result::Result<(), String> {
+        // SAFETY: `values` holds `values.len()` elements of the type `ty` names (each caller
+        // passes the matching Rust type), read during the call only.
+        let status = unsafe {
+            sys::cudnnBackendSetAttribute(self.0, name, ty, values.len() as i64, values.as_ptr().cast::<c_void>())
+        };
+        check("cudnnBackendSetAttribute", status).map_err(|e| format!("{e} [{name:?}]"))
+    }
+
+    fn set_descriptors(&self, name: Attr, descriptors: &[&Descriptor]) -> std::result::Result<(), String> {
+        let raw: Vec<_> = descriptors.iter().map(|d| d.0).collect();
+        self.set(name, Type::CUDNN_TYPE_BACKEND_DESCRIPTOR, &raw)
+    }
+
+    fn finalize(self) -> std::result::Result<Self, String> {
+        // SAFETY: a descriptor this module created, with its attributes set.
+        check("cudnnBackendFinalize", unsafe { sys::cudnnBackendFinalize(self.0) })?;
+        Ok(self)
+    }
+}
+
+impl Drop for Descriptor {
+    fn drop(&mut self) {
+        // SAFETY: created once by `new` and destroyed once, here.
+        unsafe {
+            let _ = sys::cudnnBackendDestroyDescriptor(self.0);
+        }
+    }
+}
+
+/// How a tensor of the graph is given.
+#[derive(Clone, Copy, PartialEq)]
+enum Given {
+    /// A device buffer of the variant pack.
+    Buffer,
+    /// An intermediate that cuDNN keeps on chip.
+    Virtual,
+    /// A host scalar passed by value.
+    Value,
+}
+
+/// The unique ids of the variant pack's tensors.
+const Q: i64 = 1;
+const K: i64 = 2;
+const V: i64 = 3;
+const O: i64 = 4;
+const SCALE: i64 = 5;
+const NEG_INF: i64 = 6;
+
+/// The descriptors of the graph being built; all are kept as long as its plan.
+struct Builder {
+    kept: Vec<Descriptor>,
+    next_virtual: i64,
+}
+
+impl Builder {
+    fn keep(&mut self, d: Descriptor) -> usize {
+        self.kept.push(d);
+        self.kept.len() - 1
+    }
+
+    fn tensor(&mut self, uid: Option<i64>, data: Data, dims: &[i64], strides: &[i64], given: Given) -> Res<usize> {
+        let uid = uid.unwrap_or_else(|| {
+            self.next_virtual += 1;
+            self.next_virtual
+        });
+        let d = Descriptor::new(Kind::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
+        d.set(Attr::CUDNN_ATTR_TENSOR_DATA_TYPE, Type::CUDNN_TYPE_DATA_TYPE, &[data])?;
+        d.set(Attr::CUDNN_ATTR_TENSOR_DIMENSIONS, Type::CUDNN_TYPE_INT64, dims)?;
+        d.set(Attr::CUDNN_ATTR_TENSOR_STRIDES, Type::CUDNN_TYPE_INT64, strides)?;
+        d.set(Attr::CUDNN_ATTR_TENSOR_UNIQUE_ID, Type::CUDNN_TYPE_INT64, &[uid])?;
+        d.set(Attr::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, Type::CUDNN_TYPE_INT64, &[16i64])?;
+        d.set(Attr::CUDNN_ATTR_TENSOR_IS_VIRTUAL, Type::CUDNN_TYPE_BOOLEAN, &[given == Given::Virtual])?;
+        if given == Given::Value {
+            d.set(Attr::CUDNN_ATTR_TENSOR_IS_BY_VALUE, Type::CUDNN_TYPE_BOOLEAN, &[true])?;
+        }
+        Ok(self.keep(d.finalize()?))
+    }
+
+    /// A pointwise operation `y = mode(x[, b][, t])`, computing in `precision`.
+    fn pointwise(&mut self, mode: sys::cudnnPointwiseMode_t, precision: Data, axis: Option<i64>, io: Io) -> Res<usize> {
+        let pw = Descriptor::new(Kind::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?;
+        pw.set(Attr::CUDNN_ATTR_POINTWISE_MODE, Type::CUDNN_TYPE_POINTWISE_MODE, &[mode])?;
+        pw.set(Attr::CUDNN_ATTR_POINTWISE_MATH_PREC, Type::CUDNN_TYPE_DATA_TYPE, &[precision])?;
+        if let Some(axis) = axis {
+            pw.set(Attr::CUDNN_ATTR_POINTWISE_AXIS, Type::CUDNN_TYPE_INT64, &[axis])?;
+        }
+        let pw = pw.finalize()?;
+        let op = Descriptor::new(Kind::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)?;
+        op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, &[&pw])?;
+        op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_POINTWISE_XDESC, &[&self.kept[io.x]])?;
+        if let Some(b) = io.b {
+            op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_POINTWISE_BDESC, &[&self.kept[b]])?;
+        }
+        if let Some(t) = io.t {
+            op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_POINTWISE_TDESC, &[&self.kept[t]])?;
+        }
+        op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_POINTWISE_YDESC, &[&self.kept[io.y]])?;
+        self.keep(pw);
+        Ok(self.keep(op.finalize()?))
+    }
+
+    /// A reduction of `x` over its last axis into `y`.
+    fn reduction(&mut self, operator: sys::cudnnReduceTensorOp_t, x: usize, y: usize) -> Res<usize> {
+        let desc = Descriptor::new(Kind::CUDNN_BACKEND_REDUCTION_DESCRIPTOR)?;
+        desc.set(Attr::CUDNN_ATTR_REDUCTION_OPERATOR, Type::CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, &[operator])?;
+        desc.set(Attr::CUDNN_ATTR_REDUCTION_COMP_TYPE, Type::CUDNN_TYPE_DATA_TYPE, &[Data::CUDNN_DATA_FLOAT])?;
+        let desc = desc.finalize()?;
+        let op = Descriptor::new(Kind::CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR)?;
+        op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_REDUCTION_XDESC, &[&self.kept[x]])?;
+        op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_REDUCTION_YDESC, &[&self.kept[y]])?;
+        op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_REDUCTION_DESC, &[&desc])?;
+        self.keep(desc);
+        Ok(self.keep(op.finalize()?))
+    }
+
+    /// A batched product `c = a b`, accumulating in `f32`.
+    fn matmul(&mut self, a: usize, b: usize, c: usize) -> Res<usize> {
+        let desc = Descriptor::new(Kind::CUDNN_BACKEND_MATMUL_DESCRIPTOR)?;
+        desc.set(Attr::CUDNN_ATTR_MATMUL_COMP_TYPE, Type::CUDNN_TYPE_DATA_TYPE, &[Data::CUDNN_DATA_FLOAT])?;
+        let desc = desc.finalize()?;
+        let op = Descriptor::new(Kind::CUDNN_BACKEND_OPERATION_MATMUL_DESCRIPTOR)?;
+        op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_MATMUL_ADESC, &[&self.kept[a]])?;
+        op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_MATMUL_BDESC, &[&self.kept[b]])?;
+        op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_MATMUL_CDESC, &[&self.kept[c]])?;
+        op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_MATMUL_DESC, &[&desc])?;
+        self.keep(desc);
+        Ok(self.keep(op.finalize()?))
+    }
+}
+
+type Res<T> = std::result::Result<T, String>;
+
+/// A plan, or why cuDNN cannot run its shape.
+type Planned = Res<Arc<AttentionPlan>>;
+
+/// The tensors of a pointwise operation (indices into [`Builder::kept`]).
+struct Io {
+    x: usize,
+    b: Option<usize>,
+    t: Option<usize>,
+    y: usize,
+}
+
+impl Io {
+    fn unary(x: usize, y: usize) -> Self {
+        Self { x, b: None, t: None, y }
+    }
+    fn binary(x: usize, b: usize, y: usize) -> Self {
+        Self { x, b: Some(b), t: None, y }
+    }
+}
+
+/// Row-major strides of `dims`.
+fn contiguous(dims: &[i64]) -> Vec<i64> {
+    let mut strides = vec![1i64; dims.len()];
+    for i in (0..dims.len().saturating_sub(1)).rev() {
+        strides[i] = strides[i + 1] * dims[i + 1];
+    }
+    strides
+}
+
+/// cuDNN's handle for one executor, and the workspaces of the streams it ran on.
+pub(crate) struct CudnnContext {
+    handle: sys::cudnnHandle_t,
+    workspaces: StreamWorkspaces,
+}
+
+// SAFETY: the handle and buffers are only used under the executor's mutex.
+unsafe impl Send for CudnnContext {}
+
+impl CudnnContext {
+    fn new(device: &CudaDevice) -> Res<Self> {
+        library().clone()?;
+        device.stream().context().bind_to_thread().map_err(|e| format!("bind the CUDA context: {e:?}"))?;
+        let mut handle = std::ptr::null_mut();
+        // SAFETY: the library is loaded and a context is bound; writes one handle.
+        check("cudnnCreate", unsafe { sys::cudnnCreate(&mut handle) })?;
+        Ok(Self { handle, workspaces: StreamWorkspaces::default() })
+    }
+}
+
+impl Drop for CudnnContext {
+    fn drop(&mut self) {
+        // SAFETY: created once by `new`, destroyed once.
+        unsafe {
+            let _ = sys::cudnnDestroy(self.handle);
+        }
+    }
+}
+
+/// The executors' shared cuDNN state: the handle (made on first use) and the plans made so far,
+/// one per attention shape, or why cuDNN cannot run that shape.
+#[derive(Default)]
+pub(crate) struct Attention {
+    context: Arc<Mutex<Option<CudnnContext>>>,
+    plans: Mutex<Vec<(AttentionShape, Planned)>>,
+}
+
+impl Attention {
+    /// The plan of `shape` on `device`, made (and remembered) the first time it is asked for.
+    pub fn plan(&self, device: &CudaDevice, shape: AttentionShape) -> Planned {
+        let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, found)) = plans.iter().find(|(s, _)| *s == shape) {
+            return found.clone();
+        }
+        let made = self.make(device, shape).map(Arc::new);
+        plans.push((shape, made.clone()));
+        made
+    }
+
+    fn make(&self, device: &CudaDevice, shape: AttentionShape) -> Res<AttentionPlan> {
+        let mut context = self.context.lock().unwrap_or_else(|p| p.into_inner());
+        if context.is_none() {
+            *context = Some(CudnnContext::new(device)?);
+        }
+        let handle = context.as_ref().map(|c| c.handle).ok_or("no cuDNN handle")?;
+        device.stream().context().bind_to_thread().map_err(|e| format!("bind the CUDA context: {e:?}"))?;
+        build(handle, &device.stream(), shape)
+    }
+
+    /// The kernel that runs `plan`.
+    pub fn kernel(&self, device: Arc<CudaDevice>, plan: Arc<AttentionPlan>) -> AttentionKernel {
+        AttentionKernel { device, context: self.context.clone(), plan }
+    }
+}
+
+/// A finalized execution plan and every descriptor it was made from.
+pub(crate) struct AttentionPlan {
+    shape: AttentionShape,
+    plan: Descriptor,
+    workspace_bytes: usize,
+    _graph: Vec<Descriptor>,
+}
+
+// SAFETY: host descriptors, read-only once finalized; executed under the context's mutex.
+unsafe impl Send for AttentionPlan {}
+unsafe impl Sync for AttentionPlan {}
+
+impl std::fmt::Debug for AttentionPlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AttentionPlan").field("shape", &self.shape).finish_non_exhaustive()
+    }
+}
+
+/// Builds the attention graph of `shape` and its execution plan: of the first engine configs
+/// cuDNN's heuristic gives that finalize, the fastest on this GPU.
+fn build(handle: sys::cudnnHandle_t, stream: &Arc<CudaStream>, shape: AttentionShape) -> Res<AttentionPlan> {
+    let s = shape;
+    let (b, h, sq, skv, d, dv) =
+        (s.batch as i64, s.heads as i64, s.q_tokens as i64, s.kv_tokens as i64, s.head as i64, s.v_head as i64);
+    let io = if s.dtype == DType::BF16 { Data::CUDNN_DATA_BFLOAT16 } else { Data::CUDNN_DATA_HALF };
+    let float = Data::CUDNN_DATA_FLOAT;
+    let mut g = Builder { kept: Vec::new(), next_virtual: 100 };
+    let scores = [b, h, sq, skv];
+    let row = [b, h, sq, 1];
+    let one = [1i64, 1, 1, 1];
+    let q = g.tensor(Some(Q), io, &[b, h, sq, d], &contiguous(&[b, h, sq, d]), Given::Buffer)?;
+    // k `[b, h, skv, d]` read as k^T `[b, h, d, skv]`: the product reads it transposed.
+    let k = g.tensor(Some(K), io, &[b, h, d, skv], &[h * skv * d, skv * d, 1, d], Given::Buffer)?;
+    let v = g.tensor(Some(V), io, &[b, h, skv, dv], &contiguous(&[b, h, skv, dv]), Given::Buffer)?;
+    let o = g.tensor(Some(O), io, &[b, h, sq, dv], &contiguous(&[b, h, sq, dv]), Given::Buffer)?;
+    let scale = g.tensor(Some(SCALE), float, &one, &one, Given::Value)?;
+    let virtual_scores = |g: &mut Builder, data| g.tensor(None, data, &scores, &contiguous(&scores), Given::Virtual);
+    let virtual_row = |g: &mut Builder| g.tensor(None, float, &row, &contiguous(&row), Given::Virtual);
+
+    let mut ops = Vec::new();
+    let product = virtual_scores(&mut g, float)?;
+    ops.push(g.matmul(q, k, product)?);
+    let mut scaled = virtual_scores(&mut g, float)?;
+    ops.push(g.pointwise(
+        sys::cudnnPointwiseMode_t::CUDNN_POINTWISE_MUL,
+        float,
+        None,
+        Io::binary(product, scale, scaled),
+    )?);
+    if s.causal {
+        // Keep column <= row (PyTorch's `is_causal`: the mask aligned to the top left).
+        let rows = virtual_scores(&mut g, Data::CUDNN_DATA_INT32)?;
+        let cols = virtual_scores(&mut g, Data::CUDNN_DATA_INT32)?;
+        let keep = virtual_scores(&mut g, Data::CUDNN_DATA_BOOLEAN)?;
+        let masked = virtual_scores(&mut g, float)?;
+        let neg_inf = g.tensor(Some(NEG_INF), float, &one, &one, Given::Value)?;
+        use sys::cudnnPointwiseMode_t::*;
+        ops.push(g.pointwise(CUDNN_POINTWISE_GEN_INDEX, float, Some(2), Io::unary(scaled, rows))?);
+        ops.push(g.pointwise(CUDNN_POINTWISE_GEN_INDEX, float, Some(3), Io::unary(scaled, cols))?);
+        ops.push(g.pointwise(CUDNN_POINTWISE_CMP_GE, Data::CUDNN_DATA_BOOLEAN, None, Io::binary(rows, cols, keep))?);
+        let select = Io { x: scaled, b: Some(neg_inf), t: Some(keep), y: masked };
+        ops.push(g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, float, None, select)?);
+        scaled = masked;
+    }
+    let max = virtual_row(&mut g)?;
+    ops.push(g.reduction(sys::cudnnReduceTensorOp_t::CUDNN_REDUCE_TENSOR_MAX, scaled, max)?);
+    let shifted = virtual_scores(&mut g, float)?;
+    ops.push(g.pointwise(
+        sys::cudnnPointwiseMode_t::CUDNN_POINTWISE_SUB,
+        float,
+        None,
+        Io::binary(scaled, max, shifted),
+    )?);
+    let exp = virtual_scores(&mut g, float)?;
+    ops.push(g.pointwise(sys::cudnnPointwiseMode_t::CUDNN_POINTWISE_EXP, float, None, Io::unary(shifted, exp))?);
+    let sum = virtual_row(&mut g)?;
+    ops.push(g.reduction(sys::cudnnReduceTensorOp_t::CUDNN_REDUCE_TENSOR_ADD, exp, sum)?);
+    // The rows' log-sum-exp (`max + log(sum)`), which the fusion engine's pattern includes (a
+    // backward pass reads it; here it stays on chip).
+    let log_sum = virtual_row(&mut g)?;
+    ops.push(g.pointwise(sys::cudnnPointwiseMode_t::CUDNN_POINTWISE_LOG, float, None, Io::unary(sum, log_sum))?);
+    let stats = virtual_row(&mut g)?;
+    ops.push(g.pointwise(
+        sys::cudnnPointwiseMode_t::CUDNN_POINTWISE_ADD,
+        float,
+        None,
+        Io::binary(max, log_sum, stats),
+    )?);
+    // The probabilities in the operands' dtype: what the second product reads.
+    let p = virtual_scores(&mut g, io)?;
+    ops.push(g.pointwise(sys::cudnnPointwiseMode_t::CUDNN_POINTWISE_DIV, float, None, Io::binary(exp, sum, p))?);
+    ops.push(g.matmul(p, v, o)?);
+
+    let graph = Descriptor::new(Kind::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
+    let op_descriptors: Vec<&Descriptor> = ops.iter().map(|&i| &g.kept[i]).collect();
+    graph.set_descriptors(Attr::CUDNN_ATTR_OPERATIONGRAPH_OPS, &op_descriptors)?;
+    graph.set(Attr::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, Type::CUDNN_TYPE_HANDLE, &[handle])?;
+    let graph = graph.finalize().map_err(|e| format!("cuDNN does not take this attention graph: {e}"))?;
+
+    let heuristic = Descriptor::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
+    heuristic.set_descriptors(Attr::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[&graph])?;
+    let mode = sys::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_A;
+    heuristic.set(Attr::CUDNN_ATTR_ENGINEHEUR_MODE, Type::CUDNN_TYPE_HEUR_MODE, &[mode])?;
+    let heuristic = heuristic.finalize()?;
+    let mut count = 0i64;
+    // SAFETY: asks for the number of results only (no array).
+    check("cudnnBackendGetAttribute", unsafe {
+        sys::cudnnBackendGetAttribute(
+            heuristic.0,
+            Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+            Type::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            0,
+            &mut count,
+            std::ptr::null_mut(),
+        )
+    })?;
+    let configs = (0..count.max(0))
+        .map(|_| Descriptor::new(Kind::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR))
+        .collect::<Res<Vec<_>>>()?;
+    let mut raw: Vec<_> = configs.iter().map(|c| c.0).collect();
+    let mut got = 0i64;
+    // SAFETY: `raw` holds `count` engine-config descriptors for cuDNN to fill.
+    check("cudnnBackendGetAttribute", unsafe {
+        sys::cudnnBackendGetAttribute(
+            heuristic.0,
+            Attr::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+            Type::CUDNN_TYPE_BACKEND_DESCRIPTOR,
+            count,
+            &mut got,
+            raw.as_mut_ptr().cast(),
+        )
+    })?;
+    // The plans of the heuristic's first configs that finalize; the fastest of them on this GPU.
+    let mut why = format!("cuDNN's heuristic offers no engine for attention of {shape:?}");
+    let mut candidates = Vec::new();
+    for config in configs.iter().take(got.max(0) as usize) {
+        let made = Descriptor::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR).and_then(|plan| {
+            plan.set(Attr::CUDNN_ATTR_EXECUTION_PLAN_HANDLE, Type::CUDNN_TYPE_HANDLE, &[handle])?;
+            plan.set_descriptors(Attr::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, &[config])?;
+            let plan = plan.finalize()?;
+            let mut bytes = 0i64;
+            let mut n = 0i64;
+            // SAFETY: reads one `int64_t`.
+            check("cudnnBackendGetAttribute", unsafe {
+                sys::cudnnBackendGetAttribute(
+                    plan.0,
+                    Attr::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                    Type::CUDNN_TYPE_INT64,
+                    1,
+                    &mut n,
+                    (&mut bytes as *mut i64).cast(),
+                )
+            })?;
+            Ok((plan, bytes.max(0) as usize))
+        });
+        match made {
+            Ok(candidate) => candidates.push(candidate),
+            Err(e) => why = format!("no engine of cuDNN's heuristic runs attention of {shape:?}: {e}"),
+        }
+        if candidates.len() == TUNED_CANDIDATES {
+            break;
+        }
+    }
+    let best = match candidates.len() {
+        0 => return Err(why),
+        1 => 0,
+        _ => fastest(handle, stream, shape, &candidates)?,
+    };
+    let (plan, workspace_bytes) = candidates.swap_remove(best);
+    let mut kept = g.kept;
+    kept.extend([graph, heuristic]);
+    kept.extend(configs);
+    Ok(AttentionPlan { shape, plan, workspace_bytes, _graph: kept })
+}
+
+/// How many of the heuristic's engine configs are timed when a plan is compiled.
+const TUNED_CANDIDATES: usize = 4;
+
+/// The index of the fastest of `candidates` on `stream`'s GPU: each runs twice, then five times
+/// between two events, on scratch operands of `shape` (the heuristic's first choice is not
+/// always the fastest: at GPT-2's shape it picked a kernel 7% slower than PyTorch's).
+fn fastest(
+    handle: sys::cudnnHandle_t,
+    stream: &Arc<CudaStream>,
+    shape: AttentionShape,
+    candidates: &[(Descriptor, usize)],
+) -> Res<usize> {
+    let s = shape;
+    let bytes = |tokens, head| s.elements(tokens, head) * s.dtype.size_bytes();
+    let alloc = |n: usize| stream.alloc_zeros::<u8>(n.max(1)).map_err(|e| format!("attention tuning buffers: {e:?}"));
+    let (q, k, v) =
+        (alloc(bytes(s.q_tokens, s.head))?, alloc(bytes(s.kv_tokens, s.head))?, alloc(bytes(s.kv_tokens, s.v_head))?);
+    let mut o = alloc(bytes(s.q_tokens, s.v_head))?;
+    let workspace = alloc(candidates.iter().map(|c| c.1).max().unwrap_or(0))?;
+    let pointers = [q.device_ptr(stream).0, k.device_ptr(stream).0, v.device_ptr(stream).0, o.device_ptr_mut(stream).0];
+    let workspace_ptr = workspace.device_ptr(stream).0;
+    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let event_error = |e| format!("attention tuning events: {e:?}");
+    let mut best = (f32::INFINITY, 0);
+    for (i, (plan, _)) in candidates.iter().enumerate() {
+        for _ in 0..2 {
+            execute(handle, plan, stream, shape, pointers, workspace_ptr)?;
+        }
+        let start = stream.record_event(timing).map_err(event_error)?;
+        for _ in 0..5 {
+            execute(handle, plan, stream, shape, pointers, workspace_ptr)?;
+        }
+        let end = stream.record_event(timing).map_err(event_error)?;
+        end.synchronize().map_err(event_error)?;
+        let ms = start.elapsed_ms(&end).map_err(event_error)?;
+        if ms < best.0 {
+            best = (ms, i);
+        }
+    }
+    Ok(best.1)
+}
+
+/// Queues `plan` on `stream`: `pointers` are q, k, v and the output.
+fn execute(
+    handle: sys::cudnnHandle_t,
+    plan: &Descriptor,
+    stream: &CudaStream,
+    shape: AttentionShape,
+    pointers: [u64; 4],
+    workspace: u64,
+) -> Res<()> {
+    let scale = f32::from_bits(shape.scale);
+    let neg_inf = f32::NEG_INFINITY;
+    let uids = [Q, K, V, O, SCALE, NEG_INF];
+    let data: [*mut c_void; 6] = [
+        pointers[0] as *mut c_void,
+        pointers[1] as *mut c_void,
+        pointers[2] as *mut c_void,
+        pointers[3] as *mut c_void,
+        (&scale as *const f32).cast_mut().cast(),
+        (&neg_inf as *const f32).cast_mut().cast(),
+    ];
+    let n = if shape.causal { 6 } else { 5 };
+    let pack = Descriptor::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
+    pack.set(Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, Type::CUDNN_TYPE_INT64, &uids[..n])?;
+    pack.set(Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, Type::CUDNN_TYPE_VOID_PTR, &data[..n])?;
+    pack.set(Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE, Type::CUDNN_TYPE_VOID_PTR, &[workspace as *mut c_void])?;
+    let pack = pack.finalize()?;
+    // SAFETY: the caller's buffers hold what the plan's tensors describe, the scalars live
+    // until the call returns (cuDNN reads by-value tensors when it queues the kernel), and the
+    // kernel and everything it touches are ordered on `stream`.
+    let status = unsafe {
+        let set = sys::cudnnSetStream(handle, stream.cu_stream() as sys::cudaStream_t);
+        if set != sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+            set
+        } else {
+            sys::cudnnBackendExecute(handle, plan.0, pack.0)
+        }
+    };
+    check("cudnnBackendExecute", status)
+}
+
+/// Runs one attention plan: `inputs` q, k, v; `outputs` the result.
+pub(crate) struct AttentionKernel {
+    device: Arc<CudaDevice>,
+    context: Arc<Mutex<Option<CudnnContext>>>,
+    plan: Arc<AttentionPlan>,
+}
+
+impl DeviceKernel for AttentionKernel {
+    fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
+        let s = self.plan.shape;
+        let fail = |message: String| Error::Execution {
+            executor: super::CudaOps::NAME.into(),
+            symbol: "scaled_dot_product_attention".into(),
+            message,
+        };
+        if inputs.len() != 3 || outputs.len() != 1 {
+            return Err(fail(format!(
+                "it takes 3 input and 1 output buffers, not {} and {}",
+                inputs.len(),
+                outputs.len()
+            )));
+        }
+        let words = |elements: usize| packing::words(s.dtype, elements);
+        let needs = [words(s.elements(s.q_tokens, s.head)), words(s.elements(s.kv_tokens, s.head))];
+        let needs = [needs[0], needs[1], words(s.elements(s.kv_tokens, s.v_head))];
+        for (i, (buffer, need)) in inputs.iter().zip(needs).enumerate() {
+            if buffer.len() < need {
+                return Err(fail(format!("input {i} holds {} device words, but attention reads {need}", buffer.len())));
+            }
+        }
+        let writes = words(s.elements(s.q_tokens, s.v_head));
+        if outputs[0].len() < writes {
+            return Err(fail(format!(
+                "output 0 holds {} device words, but attention writes {writes}",
+                outputs[0].len()
+            )));
+        }
+        let stream = self.device.stream();
+        let (q, _) = slice(inputs[0])?.device_ptr(&stream);
+        let (k, _) = slice(inputs[1])?.device_ptr(&stream);
+        let (v, _) = slice(inputs[2])?.device_ptr(&stream);
+        let (o, _) = slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream);
+        let mut context = self.context.lock().unwrap_or_else(|p| p.into_inner());
+        let context = context.as_mut().ok_or_else(|| fail("cuDNN was not created".into()))?;
+        let handle = context.handle;
+        let workspace = context.workspaces.get(&stream, self.plan.workspace_bytes)?;
+        let (workspace, _) = workspace.device_ptr(&stream);
+        execute(handle, &self.plan.plan, &stream, s, [q, k, v, o], workspace).map_err(fail)
+    }
+}
+
+/// Whether `op` is an attention cuDNN runs on `device`, and its plan if so.
+pub(crate) fn plan_for(attention: &Attention, device: &CudaDevice, op: &OpView<'_>) -> Option<Planned> {
+    let shape = AttentionShape::of(op)?;
+    if library().is_err() {
+        return None;
+    }
+    Some(attention.plan(device, shape))
+}

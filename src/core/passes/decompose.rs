@@ -52,11 +52,11 @@ impl Pass for Decompose {
 
 /// [`Decompose`], except for the composites that one of its executors prefers to run whole
 /// ([`Executor::prefers_whole`]), such as `linear` on `executors::cuda::CudaOps`,
-/// which runs it as one cuBLASLt product with its bias, instead of a transpose, a product
-/// and an add. What it keeps, a plan compiled with those executors runs whole.
+/// which runs it as one cuBLASLt product with its bias (and on the CPU reference, one product
+/// reading the weight transposed), instead of a transpose, a product and an add. What it keeps, a plan compiled with those executors runs whole.
 ///
 /// ```
-/// use boundscope::executors::CpuReference;
+/// use boundscope::executors::{CpuFusion, CpuReference};
 /// use boundscope::passes::{DecomposeFor, Pass};
 /// use boundscope::{Arena, Registry, TraceBuilder};
 /// let registry = Registry::with_builtins();
@@ -66,8 +66,12 @@ impl Pass for Decompose {
 /// let w = b.input(&[3, 4]).unwrap();
 /// let y = b.linear(x, w, None).unwrap();
 /// b.output(y).unwrap();
-/// // The CPU reference prefers no composite whole: `linear` becomes transpose and matmul.
-/// let prims = DecomposeFor::new(&[CpuReference::shared()]).run(&b.finish().unwrap(), &arena).unwrap();
+/// let trace = b.finish().unwrap();
+/// // The CPU reference runs `linear` whole (one product reading `w` transposed): it is kept.
+/// let kept = DecomposeFor::new(&[CpuReference::shared()]).run(&trace, &arena).unwrap();
+/// assert_eq!(kept.symbol_name(&kept.bound_symbols()[0]), "linear");
+/// // CpuFusion prefers nothing whole: `linear` becomes transpose and matmul.
+/// let prims = DecomposeFor::new(&[CpuFusion::shared()]).run(&trace, &arena).unwrap();
 /// assert_eq!(prims.len(), 2);
 /// ```
 #[derive(Clone)]

@@ -120,8 +120,8 @@ impl crate::core::plan::Executor for WholeSoftmax {
 }
 
 /// `DecomposeFor` keeps exactly the composites one of its executors prefers whole (a user's,
-/// here), decomposes the rest, and the plan runs what it kept on that executor; with executors
-/// that prefer nothing it is `Decompose`.
+/// here, and the CPU reference's `linear`), decomposes the rest, and the plan runs what it kept
+/// on that executor; with executors that prefer nothing it is `Decompose`.
 #[test]
 fn decompose_for_keeps_what_a_users_executor_prefers_whole() {
     use super::DecomposeFor;
@@ -136,7 +136,8 @@ fn decompose_for_keeps_what_a_users_executor_prefers_whole() {
     let mine: Arc<dyn crate::core::plan::Executor> = Arc::new(WholeSoftmax);
     let kept = DecomposeFor::new(&[mine.clone(), CpuReference::shared()]).run(&trace, &arena).unwrap();
     let names: Vec<&str> = kept.bound_symbols().iter().map(|b| kept.symbol_name(b)).collect();
-    assert_eq!(names, ["softmax", "transpose", "matmul"], "{kept}");
+    // The CPU reference prefers `linear` whole (one product reading the weight transposed).
+    assert_eq!(names, ["softmax", "linear"], "{kept}");
     let plan = Plan::compile(&kept, &[mine, CpuReference::shared()]).unwrap();
     assert!(plan.steps_per_executor().contains(&("whole_softmax", 1)), "{plan}");
     let input = Tensor::from_fn(&[2, 4], |i| i as f32 / 4.0);
@@ -144,7 +145,7 @@ fn decompose_for_keeps_what_a_users_executor_prefers_whole() {
     let got = plan.run(&[&input, &weight]).unwrap();
     let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&input, &weight]).unwrap();
     assert!(got[0].max_abs_diff(&expected[0]) < 1e-6);
-    let plain = DecomposeFor::new(&[CpuReference::shared()]).run(&trace, &arena).unwrap();
+    let plain = DecomposeFor::new(&[crate::executors::CpuFusion::shared()]).run(&trace, &arena).unwrap();
     assert_eq!(plain.to_string(), super::Decompose.run(&trace, &arena).unwrap().to_string());
 }
 

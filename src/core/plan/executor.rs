@@ -448,6 +448,18 @@ impl<'t> OpView<'t> {
         Ok(Self { trace, bound_symbol, symbol, region_range: None })
     }
 
+    /// Whether guards are attached to this bound symbol's subsymbols (which run only if it is
+    /// decomposed): an executor that would run it whole leaves it to its decomposition then, so
+    /// that no guard is dropped.
+    pub fn has_subsymbol_guards(&self) -> bool {
+        let Some(position) = self.trace.bound_symbols().iter().position(|b| std::ptr::eq(b, self.bound_symbol)) else {
+            return false;
+        };
+        (0..=position).any(|owner| {
+            self.trace.guards.at(owner).iter().any(|a| a.depth > 0 && owner + (a.span.max(1) as usize) > position)
+        })
+    }
+
     /// The view of the top-level bound symbol at `position`, for tools that compile or inspect
     /// bound symbols outside a plan (code generators, benchmarks).
     ///

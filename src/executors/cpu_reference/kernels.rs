@@ -7,8 +7,9 @@ use smallvec::smallvec;
 
 use super::in_f32::InF32;
 use super::math::{with_binary, with_unary};
+use super::products::{matmul_rows, BLayout, PackPool};
 use super::vector_loops::{
-    map_binary, map_binary_scalar_left, map_binary_scalar_right, map_unary, matmul_rows, row_maxima, row_sums,
+    map_binary, map_binary_scalar_left, map_binary_scalar_right, map_unary, row_maxima, row_sums,
 };
 use super::{axis_kernels, index_kernels, select_kernels};
 use crate::core::ir::{prims, Arg, Shape, SymbolId};
@@ -48,7 +49,7 @@ fn compile_kernel(id: SymbolId, op: &OpView<'_>, threads: usize) -> Result<Box<d
             let parts = parts_for(threads, numel * n, MIN_ELEMENTS_PER_PART);
             Box::new(ReduceLastAxis { op: id, n, parts })
         }
-        prims::MATMUL => Box::new(Matmul::new(op, out_shape, threads)?),
+        prims::MATMUL => Box::new(Matmul::new(op, out_shape, BLayout::Rows, threads)?),
         prims::RESHAPE => Box::new(Copy { parts: streaming }),
         prims::CAST => Box::new(Cast { parts: streaming }),
         prims::TRANSPOSE => {
@@ -292,24 +293,37 @@ impl Kernel for ReduceLastAxis {
 }
 
 /// `matmul`, batched: `[..., m, k] x [..., k, n]`, each batch index's operands found through
-/// the broadcast strides of the batch dimensions (a batch of one for 2-D operands).
+/// the broadcast strides of the batch dimensions (a batch of one for 2-D operands); or, with `b`
+/// stored `[..., n, k]` and read transposed, `matmul_transposed` and `linear` (whose bias, the
+/// third input, is added to each row of the product as it is written).
 struct Matmul {
     m: usize,
     k: usize,
     n: usize,
+    layout: BLayout,
+    bias: bool,
     /// The output's batch dimensions, and the strides (in matrices) that read each operand's
     /// matrix for a batch index (0 along broadcast dimensions).
     batch: Shape,
     a_strides: Shape,
     b_strides: Shape,
     parts: usize,
+    packs: PackPool,
 }
 
 impl Matmul {
-    fn new(op: &OpView<'_>, out_shape: &[usize], threads: usize) -> Result<Self> {
+    fn new(op: &OpView<'_>, out_shape: &[usize], layout: BLayout, threads: usize) -> Result<Self> {
         let (a, b) = (op.input_shape(0)?, op.input_shape(1)?);
         let (ra, rb, ro) = (a.len(), b.len(), out_shape.len());
-        let (m, k, n) = (a[ra - 2], a[ra - 1], b[rb - 1]);
+        if ra < 2 || rb < 2 || ro < 2 {
+            return Err(Error::KernelPrecondition {
+                executor: super::CpuReference::NAME.into(),
+                symbol: op.name().into(),
+                detail: format!("a product takes operands of rank 2 or more, not {a:?} and {b:?}"),
+            });
+        }
+        let (m, k) = (a[ra - 2], a[ra - 1]);
+        let n = if layout == BLayout::Rows { b[rb - 1] } else { b[rb - 2] };
         let batch = Shape::from_slice(&out_shape[..ro - 2]);
         let batches: usize = batch.iter().product();
         // Parts of rows worth at least as many multiply-adds as a streaming part's elements.
@@ -318,10 +332,13 @@ impl Matmul {
             m,
             k,
             n,
+            layout,
+            bias: op.bound_symbol().inputs().count() > 2,
             a_strides: broadcast_strides(&a[..ra - 2], &batch),
             b_strides: broadcast_strides(&b[..rb - 2], &batch),
             batch,
             parts: parts_for(threads, work, MIN_ELEMENTS_PER_PART),
+            packs: PackPool::new(m, k, n),
         })
     }
 }
@@ -329,13 +346,15 @@ impl Matmul {
 impl Kernel for Matmul {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
         let (a, b) = (inputs[0].values::<f32>()?, inputs[1].values::<f32>()?);
-        let Matmul { m, k, n, parts, .. } = *self;
+        let bias = if self.bias { Some(inputs[2].values::<f32>()?) } else { None };
+        let (m, k, n, parts, layout) = (self.m, self.k, self.n, self.parts, self.layout);
         if n == 0 || m == 0 {
             return Ok(());
         }
         let (a_matrix, b_matrix) = (m * k, k * n);
         // Parts of whole rows of the output (all batches' rows in order); each run of rows
-        // within one batch index is one call of the row loop.
+        // within one batch index is one product.
+        self.packs.reserve(parts);
         run_parts_writing(outputs[0].values_mut::<f32>()?, parts, n, |rows: Range<usize>, out: &mut [f32]| {
             let mut row = rows.start;
             let mut out = out;
@@ -346,11 +365,43 @@ impl Kernel for Matmul {
                 let b_at = row_offset_in(index, &self.batch, &self.b_strides) * b_matrix;
                 let (here, rest) = out.split_at_mut((end - row) * n);
                 let within = row - index * m..end - index * m;
-                matmul_rows(&a[a_at..a_at + a_matrix], &b[b_at..b_at + b_matrix], here, within, k, n);
+                matmul_rows(
+                    &self.packs,
+                    &a[a_at..a_at + a_matrix],
+                    &b[b_at..b_at + b_matrix],
+                    layout,
+                    here,
+                    within,
+                    k,
+                    n,
+                );
+                if let Some(bias) = bias {
+                    for out_row in here.chunks_exact_mut(n) {
+                        for (o, &x) in out_row.iter_mut().zip(bias) {
+                            *o += x;
+                        }
+                    }
+                }
                 (row, out) = (end, rest);
             }
         });
         Ok(())
+    }
+}
+
+/// Compiles built-in composite `id` whole ([`super::CpuReference`] prefers `linear` and
+/// `matmul_transposed` so: one product reading the weight transposed, no transpose copy).
+pub(super) fn compile_composite(id: SymbolId, op: &OpView<'_>, threads: usize) -> Result<Box<dyn Kernel>> {
+    let out_shape = op.output_shape(0)?;
+    match id {
+        prims::LINEAR | prims::MATMUL_TRANSPOSED => {
+            Ok(InF32::wrap(Box::new(Matmul::new(op, out_shape, BLayout::Transposed, threads)?), op))
+        }
+        _ => Err(Error::KernelPrecondition {
+            executor: super::CpuReference::NAME.into(),
+            symbol: op.name().into(),
+            detail: "the CPU reference runs this composite through its decomposition".into(),
+        }),
     }
 }
 

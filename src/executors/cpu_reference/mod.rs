@@ -12,6 +12,7 @@ pub(crate) mod in_f32;
 mod index_kernels;
 pub(crate) mod kernels;
 pub mod math;
+mod products;
 mod select_kernels;
 pub(crate) mod vector_loops;
 
@@ -209,7 +210,17 @@ impl Executor for CpuReference {
     }
 
     fn claims(&self, op: &OpView<'_>) -> bool {
-        op.symbol().has_cpu_kernel() || builtin_prim(op).is_some()
+        op.symbol().has_cpu_kernel() || builtin_prim(op).is_some() || self.prefers_whole(op)
+    }
+
+    /// `linear` and `matmul_transposed` (of float operands): one product that reads its second
+    /// operand transposed (and adds `linear`'s bias as it writes each row), where their
+    /// decompositions copy the transpose first. Not where guards sit on their subsymbols, which
+    /// only the decomposition runs.
+    fn prefers_whole(&self, op: &OpView<'_>) -> bool {
+        matches!(op.symbol().builtin_composite(), Some(prims::LINEAR | prims::MATMUL_TRANSPOSED))
+            && op.dtypes().iter().all(|d| d.is_float())
+            && !op.has_subsymbol_guards()
     }
 
     /// Every dtype: built-in prims compute in `f32` and round their results to the op's dtype;
@@ -221,6 +232,9 @@ impl Executor for CpuReference {
     fn compile(&self, op: &OpView<'_>) -> Result<Box<dyn Kernel>> {
         if let Some(factory) = &op.symbol().cpu_kernel {
             return factory(op);
+        }
+        if let Some(id) = op.symbol().builtin_composite().filter(|_| self.prefers_whole(op)) {
+            return kernels::compile_composite(id, op, self.threads);
         }
         let id = builtin_prim(op)
             .ok_or_else(|| Error::NoExecutor { symbol: op.name().to_string(), tried: vec![Self::NAME.to_string()] })?;

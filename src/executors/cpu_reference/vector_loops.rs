@@ -103,29 +103,6 @@ pub(crate) fn row_maxima(rows: &[f32], n: usize, out: &mut [f32]) {
     }
 }
 
-/// Rows `rows` of `out = a @ b` for `a` of `[m, k]` and `b` of `[k, n]`, with `out` holding
-/// exactly those rows: the rows of `b` are taken in blocks so that they stay in cache.
-#[multiversion(targets = "simd")]
-pub(crate) fn matmul_rows(a: &[f32], b: &[f32], out: &mut [f32], rows: std::ops::Range<usize>, k: usize, n: usize) {
-    /// Rows of `b` processed together.
-    const K_BLOCK: usize = 128;
-    out.fill(0.0);
-    if n == 0 {
-        return;
-    }
-    for k0 in (0..k).step_by(K_BLOCK) {
-        let k1 = (k0 + K_BLOCK).min(k);
-        for (i, out_row) in rows.clone().zip(out.chunks_exact_mut(n)) {
-            for p in k0..k1 {
-                let scale = a[i * k + p];
-                for (o, &y) in out_row.iter_mut().zip(&b[p * n..(p + 1) * n]) {
-                    *o += scale * y;
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -184,21 +161,6 @@ mod tests {
             assert_eq!(maxima[r], math::row_max(std::hint::black_box(row)));
             let exact: f64 = row.iter().map(|&x| x as f64).sum();
             assert!((sums[r] as f64 - exact).abs() < 1e-5);
-        }
-    }
-
-    #[test]
-    fn matmul_rows_of_a_part_are_those_rows_of_the_product() {
-        let (m, k, n) = (7, 300, 5);
-        let a: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 - 6.0).collect();
-        let b: Vec<f32> = (0..k * n).map(|i| (i % 7) as f32 - 3.0).collect();
-        let mut part = vec![f32::NAN; 3 * n];
-        matmul_rows(&a, &b, &mut part, 2..5, k, n);
-        for i in 2..5 {
-            for j in 0..n {
-                let want: f32 = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
-                assert_eq!(part[(i - 2) * n + j], want);
-            }
         }
     }
 }

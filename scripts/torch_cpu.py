@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""PyTorch eager on the CPU, every core, for examples/cpu_bench.rs: the same workloads and
+shapes, timed the same way (wall clock over many runs after three warm-ups). Prints `RESULT
+{json}` lines for transformer_ops_report.py.
+"""
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+torch.set_num_threads(os.cpu_count())
+
+
+def product(m, k, n):
+    return 2.0 * m * k * n
+
+
+def mlp(x, w1, b1, w2, b2):
+    return F.linear(F.gelu(F.linear(x, w1, b1), approximate="tanh"), w2, b2)
+
+
+def block(x, w1, b1, w2, b2, g, b):
+    y = mlp(x, w1, b1, w2, b2) + x
+    return torch.softmax(F.layer_norm(y, (y.shape[-1],), g, b, 1e-5), -1)
+
+
+WORKLOADS = [
+    ("matmul_1024", [(1024, 1024), (1024, 1024)], torch.matmul, product(1024, 1024, 1024)),
+    ("matmul_64x256x256", [(64, 256), (256, 256)], torch.matmul, product(64, 256, 256)),
+    ("matmul_512x768x3072", [(512, 768), (768, 3072)], torch.matmul, product(512, 768, 3072)),
+    ("quickstart_block", [(64, 256), (256, 256), (256,), (256, 256), (256,), (256,), (256,)], block,
+     2 * product(64, 256, 256)),
+    ("gpt2_mlp_512", [(512, 768), (3072, 768), (3072,), (768, 3072), (768,)], mlp, 2 * product(512, 768, 3072)),
+]
+
+with torch.inference_mode():
+    for name, shapes, fn, flops in WORKLOADS:
+        args = [torch.rand(*s) * 0.2 - 0.1 for s in shapes]
+        reps = max(5, min(2000, int(2e9 / flops)))
+        for _ in range(3):
+            fn(*args)
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn(*args)
+        ms = (time.perf_counter() - start) * 1e3 / reps
+        print("RESULT " + json.dumps({"impl": "torch_eager", "op": name, "dtype": "f32", "ms": ms, "gbps": 0,
+                                      "tflops": flops / (ms * 1e-3) / 1e12}), flush=True)

@@ -9,8 +9,9 @@
 //! kernel. This module builds that
 //! graph (as NVIDIA's cudnn-frontend does for cuDNN before 9.21), asks cuDNN's heuristic for an
 //! engine when the plan is compiled, and runs it on the run's stream, with a workspace per
-//! stream. A shape, dtype or library cuDNN cannot run is not preferred whole (the decomposition
-//! runs instead); [`fused_attention`] says why.
+//! stream. A shape, dtype or library cuDNN cannot run goes to the generated flash-attention
+//! kernel (`flash_attention.rs`) where that one takes it, else to the decomposition;
+//! [`fused_attention`] says whether cuDNN was found.
 //!
 //! cudarc loads `libcudnn.so.9` at run time; nothing here calls it before
 //! [`library`] has found it.

@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 
 use super::attention::{self, Attention};
 use super::device::{slice, slice_mut, CudaDevice};
+use super::flash_attention::{FlashAttention, FlashShape};
 use super::gemm::{GemmShape, LtContext, LtGemm};
 use super::row_kernels::row_source;
 use super::{cross_entropy, gather, index_ops};
@@ -155,6 +156,7 @@ impl Executor for CudaOps {
             Some(prims::SOFTMAX | prims::LAYER_NORM) => true,
             Some(prims::SCALED_DOT_PRODUCT_ATTENTION) => {
                 matches!(attention::plan_for(&self.attention, &self.device, op), Some(Ok(_)))
+                    || FlashShape::of(op).is_some()
             }
             _ => false,
         }
@@ -165,13 +167,16 @@ impl Executor for CudaOps {
     }
 
     fn compile_device(&self, op: &OpView<'_>) -> Result<Box<dyn DeviceKernel>> {
-        if let Some(plan) = attention::plan_for(&self.attention, &self.device, op) {
-            let plan = plan.map_err(|detail| Error::KernelPrecondition {
-                executor: Self::NAME.into(),
-                symbol: op.name().into(),
-                detail,
-            })?;
-            return Ok(Box::new(self.attention.kernel(self.device.clone(), plan)));
+        // Attention: cuDNN's fused kernel where it runs the shape, else the generated one.
+        match attention::plan_for(&self.attention, &self.device, op) {
+            Some(Ok(plan)) => return Ok(Box::new(self.attention.kernel(self.device.clone(), plan))),
+            _ if FlashShape::of(op).is_some() => {
+                return Ok(Box::new(FlashAttention::new(&self.device, op, &kernel_name(op.name()))?));
+            }
+            Some(Err(detail)) => {
+                return Err(Error::KernelPrecondition { executor: Self::NAME.into(), symbol: op.name().into(), detail })
+            }
+            None => {}
         }
         let transposed = op.symbol().builtin_composite() == Some(prims::MATMUL_TRANSPOSED);
         if builtin_prim(op) == Some(prims::MATMUL) || transposed {

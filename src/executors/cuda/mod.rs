@@ -36,9 +36,10 @@
 //! does this by itself): `linear`, `softmax`, `layer_norm`, and `linear_gelu`, which
 //! `passes::FoldEpilogues` makes of a `linear` whose only reader is the `gelu` right after it (one
 //! cuBLASLt product with GELU in its epilogue; other executors get the two ops back, unchanged;
-//! a trace with per-op guards is not folded). In bf16 and f16, `scaled_dot_product_attention`
-//! runs whole too, as one cuDNN fused-attention kernel, where [`fused_attention`] finds cuDNN 9
-//! (and its heuristic an engine for the shape); otherwise, and in f32, it is decomposed. A
+//! a trace with per-op guards is not folded). `scaled_dot_product_attention` runs whole too: in
+//! bf16 and f16 as one cuDNN fused-attention kernel, where [`fused_attention`] finds cuDNN 9
+//! (and its heuristic an engine for the shape); otherwise (f32 included) as a generated
+//! flash-attention kernel for heads up to 64; beyond that it is decomposed. A
 //! plan of the quickstart's MLP block with device inputs makes no transfer per run
 //! (`proptests/cuda_matches_reference.rs` checks the listing and `CudaDevice::transfers`). Host
 //! inputs still work: the plan uploads them, as steps its listing shows. An input given on another
@@ -103,6 +104,8 @@ mod device_checks;
 mod event_timer;
 #[cfg(feature = "cuda")]
 mod executors;
+#[cfg(feature = "cuda")]
+mod flash_attention;
 #[cfg(feature = "cuda")]
 mod gather;
 mod gemm;

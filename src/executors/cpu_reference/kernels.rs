@@ -365,23 +365,8 @@ impl Kernel for Matmul {
                 let b_at = row_offset_in(index, &self.batch, &self.b_strides) * b_matrix;
                 let (here, rest) = out.split_at_mut((end - row) * n);
                 let within = row - index * m..end - index * m;
-                matmul_rows(
-                    &self.packs,
-                    &a[a_at..a_at + a_matrix],
-                    &b[b_at..b_at + b_matrix],
-                    layout,
-                    here,
-                    within,
-                    k,
-                    n,
-                );
-                if let Some(bias) = bias {
-                    for out_row in here.chunks_exact_mut(n) {
-                        for (o, &x) in out_row.iter_mut().zip(bias) {
-                            *o += x;
-                        }
-                    }
-                }
+                let (a, b) = (&a[a_at..a_at + a_matrix], &b[b_at..b_at + b_matrix]);
+                matmul_rows(&self.packs, a, b, layout, bias, here, within, k, n);
                 (row, out) = (end, rest);
             }
         });

@@ -86,8 +86,9 @@ pub(crate) enum BLayout {
     Transposed,
 }
 
-/// Rows `rows` of `a @ b` into `out`, which holds exactly those rows: `a` is `[m, k]` row-major,
-/// `b` is `[k, n]` or `[n, k]` as `layout` says; `pool` holds the packing buffers (made for a
+/// Rows `rows` of `a @ b (+ bias)` into `out`, which holds exactly those rows: `a` is `[m, k]`
+/// row-major, `b` is `[k, n]` or `[n, k]` as `layout` says, `bias` (`[n]`) is added to each
+/// element after its chain, as it is written; `pool` holds the packing buffers (made for a
 /// product of at least this shape).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_rows(
@@ -95,6 +96,7 @@ pub(crate) fn matmul_rows(
     a: &[f32],
     b: &[f32],
     layout: BLayout,
+    bias: Option<&[f32]>,
     out: &mut [f32],
     rows: Range<usize>,
     k: usize,
@@ -104,12 +106,17 @@ pub(crate) fn matmul_rows(
         return;
     }
     if k == 0 {
-        out.fill(0.0);
+        for row in out.chunks_exact_mut(n) {
+            match bias {
+                Some(bias) => row.copy_from_slice(&bias[..n]),
+                None => row.fill(0.0),
+            }
+        }
         return;
     }
     let mut packs = pool.take();
     let a = &a[rows.start * k..rows.end * k];
-    product(a, b, layout, out, rows.len(), k, n, &mut packs.a, &mut packs.b);
+    product(a, b, layout, bias, out, rows.len(), k, n, &mut packs.a, &mut packs.b);
     pool.put(packs);
 }
 
@@ -120,6 +127,7 @@ fn product(
     a: &[f32],
     b: &[f32],
     layout: BLayout,
+    bias: Option<&[f32]>,
     out: &mut [f32],
     m: usize,
     k: usize,
@@ -152,8 +160,18 @@ fn product(
                             }
                         }
                         block(kc, ap, bp, &mut acc);
+                        let last = p0 + kc == k;
                         for (i, row) in acc.iter().enumerate().take(block_rows) {
-                            out[at + i * n..][..cols].copy_from_slice(&row[..cols]);
+                            let dst = &mut out[at + i * n..][..cols];
+                            match bias.filter(|_| last) {
+                                Some(bias) => {
+                                    let bias = &bias[j0 + jp * NR..][..cols];
+                                    for ((o, &c), &x) in dst.iter_mut().zip(&row[..cols]).zip(bias) {
+                                        *o = c + x;
+                                    }
+                                }
+                                None => dst.copy_from_slice(&row[..cols]),
+                            }
                         }
                     }
                 }
@@ -270,12 +288,18 @@ mod tests {
                     let mut row = 0;
                     for part in 0..parts {
                         let end = (m * (part + 1)) / parts;
-                        matmul_rows(&pool, &a, &b, layout, &mut out[row * n..end * n], row..end, k, n);
+                        matmul_rows(&pool, &a, &b, layout, None, &mut out[row * n..end * n], row..end, k, n);
                         row = end;
                     }
                     let same = out.iter().zip(&expected).all(|(x, y)| x.to_bits() == y.to_bits());
                     assert!(same, "{m}x{k}x{n} {layout:?} in {parts} parts differs from the definition");
                 }
+                // A bias is added once, after each element's chain.
+                let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.25 - 1.0).collect();
+                let mut out = vec![f32::NAN; m * n];
+                matmul_rows(&pool, &a, &b, layout, Some(&bias), &mut out, 0..m, k, n);
+                let with_bias = expected.iter().enumerate().map(|(i, &e)| e + bias[i % n]);
+                assert!(out.iter().zip(with_bias).all(|(x, y)| x.to_bits() == y.to_bits()), "{m}x{k}x{n} bias");
             }
         }
     }
@@ -283,12 +307,12 @@ mod tests {
     #[test]
     fn empty_depth_gives_zeros_and_specials_propagate() {
         let mut out = vec![f32::NAN; 6];
-        matmul_rows(&PackPool::new(2, 0, 3), &[], &[], BLayout::Rows, &mut out, 0..2, 0, 3);
+        matmul_rows(&PackPool::new(2, 0, 3), &[], &[], BLayout::Rows, None, &mut out, 0..2, 0, 3);
         assert_eq!(out, vec![0.0; 6]);
         let a = [f32::INFINITY, 1.0, 2.0, 0.0];
         let b = [0.0, 1.0, 1.0, 1.0];
         let mut out = vec![0.0; 4];
-        matmul_rows(&PackPool::new(2, 2, 2), &a, &b, BLayout::Rows, &mut out, 0..2, 2, 2);
+        matmul_rows(&PackPool::new(2, 2, 2), &a, &b, BLayout::Rows, None, &mut out, 0..2, 2, 2);
         assert!(out[0].is_nan(), "inf * 0 is NaN, as in PyTorch");
         assert_eq!(out[1], f32::INFINITY);
         assert_eq!(&out[2..], &[0.0, 2.0]);

@@ -453,7 +453,9 @@ impl<'t> OpView<'t> {
     /// that no guard is dropped.
     pub fn has_subsymbol_guards(&self) -> bool {
         let Some(position) = self.trace.bound_symbols().iter().position(|b| std::ptr::eq(b, self.bound_symbol)) else {
-            return false;
+            // A subsymbol itself (inside a composite being decomposed): guards that reach
+            // below the top level could be meant for its subsymbols.
+            return self.trace.guards.per_op.iter().flatten().any(|a| a.depth > 1);
         };
         (0..=position).any(|owner| {
             self.trace.guards.at(owner).iter().any(|a| a.depth > 0 && owner + (a.span.max(1) as usize) > position)

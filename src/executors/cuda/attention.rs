@@ -116,7 +116,10 @@ impl AttentionShape {
             causal: op.scalar(4).ok()? != 0.0,
             scale: op.scalar(3).ok()?.to_bits(),
         };
-        (shape.batch * shape.heads * shape.q_tokens * shape.kv_tokens * shape.head * shape.v_head > 0).then_some(shape)
+        [shape.batch, shape.heads, shape.q_tokens, shape.kv_tokens, shape.head, shape.v_head]
+            .iter()
+            .all(|&x| x > 0)
+            .then_some(shape)
     }
 
     fn elements(&self, tokens: usize, head: usize) -> usize {
@@ -327,6 +330,8 @@ fn contiguous(dims: &[i64]) -> Vec<i64> {
 pub(crate) struct CudnnContext {
     handle: sys::cudnnHandle_t,
     workspaces: StreamWorkspaces,
+    /// The CUDA context the handle was made in, kept until the handle is destroyed.
+    cuda: Arc<cudarc::driver::CudaContext>,
 }
 
 // SAFETY: the handle and buffers are only used under the executor's mutex.
@@ -339,13 +344,14 @@ impl CudnnContext {
         let mut handle = std::ptr::null_mut();
         // SAFETY: the library is loaded and a context is bound; writes one handle.
         check("cudnnCreate", unsafe { sys::cudnnCreate(&mut handle) })?;
-        Ok(Self { handle, workspaces: StreamWorkspaces::default() })
+        Ok(Self { handle, workspaces: StreamWorkspaces::default(), cuda: device.stream().context().clone() })
     }
 }
 
 impl Drop for CudnnContext {
     fn drop(&mut self) {
-        // SAFETY: created once by `new`, destroyed once.
+        // SAFETY: created once by `new`, destroyed once, in the context it was made in.
+        let _ = self.cuda.bind_to_thread();
         unsafe {
             let _ = sys::cudnnDestroy(self.handle);
         }
@@ -356,8 +362,9 @@ impl Drop for CudnnContext {
 /// one per attention shape, or why cuDNN cannot run that shape.
 #[derive(Default)]
 pub(crate) struct Attention {
-    context: Arc<Mutex<Option<CudnnContext>>>,
+    // Plans first: fields drop in order, and the plans' descriptors go before the handle.
     plans: Mutex<Vec<(AttentionShape, Planned)>>,
+    context: Arc<Mutex<Option<CudnnContext>>>,
 }
 
 impl Attention {
@@ -384,7 +391,7 @@ impl Attention {
 
     /// The kernel that runs `plan`.
     pub fn kernel(&self, device: Arc<CudaDevice>, plan: Arc<AttentionPlan>) -> AttentionKernel {
-        AttentionKernel { device, context: self.context.clone(), plan }
+        AttentionKernel { plan, context: self.context.clone(), device }
     }
 }
 
@@ -588,18 +595,23 @@ fn fastest(
     let event_error = |e| format!("attention tuning events: {e:?}");
     let mut best = (f32::INFINITY, 0);
     for (i, (plan, _)) in candidates.iter().enumerate() {
-        for _ in 0..2 {
-            execute(handle, plan, stream, shape, pointers, workspace_ptr)?;
-        }
-        let start = stream.record_event(timing).map_err(event_error)?;
-        for _ in 0..5 {
-            execute(handle, plan, stream, shape, pointers, workspace_ptr)?;
-        }
-        let end = stream.record_event(timing).map_err(event_error)?;
-        end.synchronize().map_err(event_error)?;
-        let ms = start.elapsed_ms(&end).map_err(event_error)?;
-        if ms < best.0 {
-            best = (ms, i);
+        // A candidate that fails to run is skipped (the first one stays the default).
+        let timed = (|| -> Res<f32> {
+            for _ in 0..2 {
+                execute(handle, plan, stream, shape, pointers, workspace_ptr)?;
+            }
+            let start = stream.record_event(timing).map_err(event_error)?;
+            for _ in 0..5 {
+                execute(handle, plan, stream, shape, pointers, workspace_ptr)?;
+            }
+            let end = stream.record_event(timing).map_err(event_error)?;
+            end.synchronize().map_err(event_error)?;
+            start.elapsed_ms(&end).map_err(event_error)
+        })();
+        if let Ok(ms) = timed {
+            if ms < best.0 {
+                best = (ms, i);
+            }
         }
     }
     Ok(best.1)
@@ -647,9 +659,10 @@ fn execute(
 
 /// Runs one attention plan: `inputs` q, k, v; `outputs` the result.
 pub(crate) struct AttentionKernel {
-    device: Arc<CudaDevice>,
-    context: Arc<Mutex<Option<CudnnContext>>>,
+    // In drop order: the plan, then the handle, then the device.
     plan: Arc<AttentionPlan>,
+    context: Arc<Mutex<Option<CudnnContext>>>,
+    device: Arc<CudaDevice>,
 }
 
 impl DeviceKernel for AttentionKernel {
@@ -683,6 +696,8 @@ impl DeviceKernel for AttentionKernel {
             )));
         }
         let stream = self.device.stream();
+        // cuDNN runs in the thread's current context: this device's.
+        stream.context().bind_to_thread().map_err(|e| fail(format!("bind the CUDA context: {e:?}")))?;
         let (q, _) = slice(inputs[0])?.device_ptr(&stream);
         let (k, _) = slice(inputs[1])?.device_ptr(&stream);
         let (v, _) = slice(inputs[2])?.device_ptr(&stream);

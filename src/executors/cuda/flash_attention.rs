@@ -72,7 +72,8 @@ impl FlashShape {
             && (16..=64).contains(&shape.v_head)
             && shape.kv_tokens > 0
             && shape.q_tokens > 0
-            && (1..=65535).contains(&shape.heads);
+            && (1..=65535).contains(&shape.heads)
+            && (shape.scale * std::f32::consts::LOG2_E).is_finite();
         fits.then_some(shape)
     }
 
@@ -127,6 +128,8 @@ fn source(kernel: &str, s: &FlashShape) -> String {
     );
     let _ = writeln!(c, "  }}");
     let _ = writeln!(c, "  float m[4], l[4], acc[4][{cols}];");
+    // A NaN score makes its row NaN, as in the decomposition (`fmaxf` would skip it).
+    let _ = writeln!(c, "  bool nan[4] = {{false, false, false, false}};");
     let _ = writeln!(c, "  #pragma unroll");
     let _ = writeln!(c, "  for (int i = 0; i < 4; ++i) {{ m[i] = __int_as_float(0xff800000); l[i] = 0.0f;");
     let _ = writeln!(c, "    #pragma unroll");
@@ -171,7 +174,7 @@ fn source(kernel: &str, s: &FlashShape) -> String {
     let _ = writeln!(c, "      #pragma unroll");
     let _ = writeln!(c, "      for (int j = 0; j < 4; ++j) {{ const int col = k0 + tx + 16 * j;");
     let _ = writeln!(c, "        if (!({keep})) s[i][j] = __int_as_float(0xff800000);");
-    let _ = writeln!(c, "        top = fmaxf(top, s[i][j]); }}");
+    let _ = writeln!(c, "        nan[i] |= s[i][j] != s[i][j]; top = fmaxf(top, s[i][j]); }}");
     let _ = writeln!(c, "      #pragma unroll");
     let _ = writeln!(
         c,
@@ -219,8 +222,13 @@ fn source(kernel: &str, s: &FlashShape) -> String {
     let _ = writeln!(c, "  #pragma unroll");
     let _ = writeln!(c, "  for (int i = 0; i < 4; ++i) {{");
     let _ = writeln!(c, "    const int row = q0 + ty * 4 + i;");
+    let _ = writeln!(c, "    int any_nan = nan[i];");
+    let _ = writeln!(c, "    #pragma unroll");
+    let _ =
+        writeln!(c, "    for (int off = 8; off > 0; off >>= 1) any_nan |= __shfl_xor_sync(0xffffffffu, any_nan, off);");
+    let _ = writeln!(c, "    nan[i] = any_nan != 0;");
     let _ = writeln!(c, "    if (row < {tq}) {{");
-    let _ = writeln!(c, "      const float inv = 1.0f / l[i];");
+    let _ = writeln!(c, "      const float inv = nan[i] ? __int_as_float(0x7fc00000) : 1.0f / l[i];");
     let _ = writeln!(c, "      #pragma unroll");
     let _ = writeln!(
         c,
@@ -320,5 +328,33 @@ impl DeviceKernel for FlashAttention {
         // pointers, which outlive the call, and the buffers hold what it reads and writes
         // (checked above); its dynamic shared memory was allowed when it was compiled.
         unsafe { launch(&self.function, &stream, self.config, &mut params) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The generated source names what it reads: each operand's length, the causal bound, and
+    /// no index past the shared memory the launch allows.
+    #[test]
+    fn the_generated_kernel_stays_in_its_shared_memory() {
+        for (head, v_head, causal) in [(64, 64, true), (16, 32, false), (50, 16, true)] {
+            let shape = FlashShape {
+                heads: 3,
+                q_tokens: 100,
+                kv_tokens: 70,
+                head,
+                v_head,
+                dtype: DType::F32,
+                causal,
+                scale: 0.125,
+            };
+            let source = source("k", &shape);
+            let ps = head * TILE + (TILE * (head + 1)).max(TILE * v_head);
+            assert!(source.contains(&format!("float* ps = kv + {}", ps - head * TILE)), "{source}");
+            assert_eq!(shape.shared_floats(), ps + TILE * (TILE + 1));
+            assert_eq!(source.contains("min(70, q0 + 64)"), causal);
+        }
     }
 }

@@ -24,6 +24,50 @@
 //! # Ok::<(), boundscope::Error>(())
 //! ```
 //!
+//! Device-resident plans: inputs uploaded once, runs that transfer nothing, and a graph
+//! captured once and replayed as one launch (it needs a GPU, so the doctest compiles it only):
+//!
+//! ```no_run
+//! # #[cfg(feature = "cuda")] {
+//! use std::sync::Arc;
+//! use boundscope::executors::cuda::{CudaDevice, CudaFusion, CudaOps};
+//! use boundscope::passes::{FuseRegions, Pass};
+//! use boundscope::{Arena, Device, DeviceTensor, Executor, Plan, Registry, RunInput, Tensor, TraceBuilder};
+//!
+//! let gpu = CudaDevice::new()?; // the process's one handle of GPU 0, the front end's too
+//! let registry = Registry::with_builtins();
+//! let arena = Arena::new();
+//! let mut b = TraceBuilder::new(&arena, &registry);
+//! let x = b.input(&[64, 256])?;
+//! let w = b.input(&[256, 256])?;
+//! let h = b.linear(x, w, None)?;
+//! let y = b.gelu(h)?;
+//! b.output(y)?;
+//! let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
+//! let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(gpu.clone()));
+//! // Decomposed except what CudaOps runs better whole (`linear`: one cuBLASLt product).
+//! let prims = boundscope::passes::Pipeline::for_executors(&[ops.clone()]).run(&b.finish()?, &arena)?;
+//! let fused = FuseRegions::new(fusion.clone()).run(&prims, &arena)?;
+//! let plan = Plan::compile(&fused, &[fusion, ops])?;
+//! let device: Arc<dyn Device> = gpu.clone();
+//! let weight = DeviceTensor::upload(&device, Tensor::zeros(&[256, 256]).view())?; // bound once
+//! let batch = DeviceTensor::upload(&device, Tensor::zeros(&[64, 256]).view())?;
+//! let mut workspace = plan.workspace()?;
+//! let outputs = plan.run_on_device(&mut workspace, &[RunInput::from(&batch), RunInput::from(&weight)])?;
+//! let y = outputs.to_host(0)?; // the one transfer: it waits for the device
+//! assert_eq!(gpu.transfers(), 3); // in this program: two uploads, one download, none by the run
+//! // Captured once, replayed as one launch: the graph borrows its input tensors; new data goes
+//! // into them in place.
+//! let (mut batch, mut weight) = (batch, weight);
+//! let mut graph_workspace = plan.workspace()?;
+//! let mut graph = plan.capture(&mut graph_workspace, vec![&mut batch, &mut weight])?;
+//! assert_eq!(graph.replay()?.to_host(0)?, y);
+//! graph.input_mut(0).unwrap().copy_from_host(Tensor::zeros(&[64, 256]).view())?;
+//! graph.replay()?;
+//! # }
+//! # Ok::<(), boundscope::Error>(())
+//! ```
+//!
 //! [`CudaEventTimer`] is a guard that measures device time per op or region with pooled CUDA
 //! events.
 //!
@@ -31,7 +75,7 @@
 //!
 //! Every built-in prim runs on the device (`CudaOps`: elementwise prims, last-axis `sum`/`max`,
 //! `reshape`, `transpose` and `broadcast_to` as generated kernels, `matmul` through cuBLASLt),
-//! and `CudaOps` runs four composites whole where the pipeline keeps them
+//! and `CudaOps` runs these composites whole where the pipeline keeps them
 //! (`Pipeline::for_executors`, `passes::DecomposeFor`, `Executor::prefers_whole`; the front end
 //! does this by itself): `linear`, `softmax`, `layer_norm`, and `linear_gelu`, which
 //! `passes::FoldEpilogues` makes of a `linear` whose only reader is the `gelu` right after it (one

@@ -67,6 +67,57 @@ pub(crate) fn library() -> &'static std::result::Result<usize, String> {
     })
 }
 
+/// The operands of a built-in `scaled_dot_product_attention` of one float dtype: q `[...,
+/// q_tokens, head]`, k `[..., kv_tokens, head]`, v `[..., kv_tokens, v_head]`, the leading
+/// dimensions folded into `batch` (all but the last) and `heads` (the last); shared by the
+/// cuDNN plan and the generated kernel (`flash_attention.rs`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct AttentionOperands {
+    pub batch: usize,
+    pub heads: usize,
+    pub q_tokens: usize,
+    pub kv_tokens: usize,
+    pub head: usize,
+    pub v_head: usize,
+    pub dtype: DType,
+    pub causal: bool,
+    pub scale: f32,
+}
+
+impl AttentionOperands {
+    /// `None` for any other op, mixed or integer dtypes, or ranks below 2.
+    pub fn of(op: &OpView<'_>) -> Option<Self> {
+        if op.symbol().builtin_composite() != Some(prims::SCALED_DOT_PRODUCT_ATTENTION) {
+            return None;
+        }
+        let dtypes = op.dtypes();
+        let dtype = *dtypes.first()?;
+        if !dtype.is_float() || dtypes.iter().any(|d| *d != dtype) {
+            return None;
+        }
+        let (q, k, v) = (op.input_shape(0).ok()?, op.input_shape(1).ok()?, op.input_shape(2).ok()?);
+        let rank = q.len();
+        if rank < 2 || k.len() != rank || v.len() != rank {
+            return None;
+        }
+        let (batch, heads) = match q[..rank - 2].split_last() {
+            Some((&heads, rest)) => (rest.iter().product(), heads),
+            None => (1, 1),
+        };
+        Some(Self {
+            batch,
+            heads,
+            q_tokens: q[rank - 2],
+            kv_tokens: k[rank - 2],
+            head: q[rank - 1],
+            v_head: v[rank - 1],
+            dtype,
+            causal: op.scalar(4).ok()? != 0.0,
+            scale: op.scalar(3).ok()?,
+        })
+    }
+}
+
 /// What one attention computes: `[batch, heads, tokens, head]` operands (the leading dimensions
 /// of the op's tensors folded into `batch` and `heads`), one 16-bit dtype.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,39 +138,20 @@ impl AttentionShape {
     /// The shape of a built-in `scaled_dot_product_attention` on bf16 or f16 operands of one
     /// dtype; `None` for anything else.
     pub fn of(op: &OpView<'_>) -> Option<Self> {
-        if op.symbol().builtin_composite() != Some(prims::SCALED_DOT_PRODUCT_ATTENTION) {
-            return None;
-        }
-        let dtypes = op.dtypes();
-        let dtype = *dtypes.first()?;
-        if !matches!(dtype, DType::BF16 | DType::F16) || dtypes.iter().any(|d| *d != dtype) {
-            return None;
-        }
-        let (q, k, v) = (op.input_shape(0).ok()?, op.input_shape(1).ok()?, op.input_shape(2).ok()?);
-        let rank = q.len();
-        if rank < 2 || k.len() != rank || v.len() != rank {
-            return None;
-        }
-        let lead = &q[..rank - 2];
-        let (batch, heads) = match lead.split_last() {
-            Some((&heads, rest)) => (rest.iter().product(), heads),
-            None => (1, 1),
-        };
+        let a = AttentionOperands::of(op)?;
         let shape = Self {
-            batch,
-            heads,
-            q_tokens: q[rank - 2],
-            kv_tokens: k[rank - 2],
-            head: q[rank - 1],
-            v_head: v[rank - 1],
-            dtype,
-            causal: op.scalar(4).ok()? != 0.0,
-            scale: op.scalar(3).ok()?.to_bits(),
+            batch: a.batch,
+            heads: a.heads,
+            q_tokens: a.q_tokens,
+            kv_tokens: a.kv_tokens,
+            head: a.head,
+            v_head: a.v_head,
+            dtype: a.dtype,
+            causal: a.causal,
+            scale: a.scale.to_bits(),
         };
-        [shape.batch, shape.heads, shape.q_tokens, shape.kv_tokens, shape.head, shape.v_head]
-            .iter()
-            .all(|&x| x > 0)
-            .then_some(shape)
+        let sizes = [shape.batch, shape.heads, shape.q_tokens, shape.kv_tokens, shape.head, shape.v_head];
+        (matches!(a.dtype, DType::BF16 | DType::F16) && sizes.iter().all(|&x| x > 0)).then_some(shape)
     }
 
     fn elements(&self, tokens: usize, head: usize) -> usize {

@@ -15,10 +15,11 @@ use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
 
+use super::attention::AttentionOperands;
 use super::codegen::{element_type, narrow, widen, RegionSource, HALF_CONVERSIONS};
 use super::device::{cuda_error, slice, slice_mut, CudaDevice};
 use super::device_checks::launch;
-use crate::core::ir::{prims, DType};
+use crate::core::ir::DType;
 use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView};
 use crate::error::{Error, Result};
 
@@ -44,28 +45,16 @@ impl FlashShape {
     /// The shape of a built-in `scaled_dot_product_attention` this kernel runs: float operands
     /// of one dtype, head sizes up to 64 (the value's a multiple of 16), at least one key.
     pub fn of(op: &OpView<'_>) -> Option<Self> {
-        if op.symbol().builtin_composite() != Some(prims::SCALED_DOT_PRODUCT_ATTENTION) {
-            return None;
-        }
-        let dtypes = op.dtypes();
-        let dtype = *dtypes.first()?;
-        if !dtype.is_float() || dtypes.iter().any(|d| *d != dtype) {
-            return None;
-        }
-        let (q, k, v) = (op.input_shape(0).ok()?, op.input_shape(1).ok()?, op.input_shape(2).ok()?);
-        let rank = q.len();
-        if rank < 2 || k.len() != rank || v.len() != rank {
-            return None;
-        }
+        let a = AttentionOperands::of(op)?;
         let shape = Self {
-            heads: q[..rank - 2].iter().product(),
-            q_tokens: q[rank - 2],
-            kv_tokens: k[rank - 2],
-            head: q[rank - 1],
-            v_head: v[rank - 1],
-            dtype,
-            causal: op.scalar(4).ok()? != 0.0,
-            scale: op.scalar(3).ok()?,
+            heads: a.batch * a.heads,
+            q_tokens: a.q_tokens,
+            kv_tokens: a.kv_tokens,
+            head: a.head,
+            v_head: a.v_head,
+            dtype: a.dtype,
+            causal: a.causal,
+            scale: a.scale,
         };
         let fits = (1..=64).contains(&shape.head)
             && shape.v_head.is_multiple_of(16)

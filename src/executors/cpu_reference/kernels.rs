@@ -7,7 +7,7 @@ use smallvec::smallvec;
 
 use super::in_f32::InF32;
 use super::math::{with_binary, with_unary};
-use super::products::{matmul_rows, BLayout, PackPool};
+use super::products::{matmul_rows, BLayout};
 use super::vector_loops::{
     map_binary, map_binary_scalar_left, map_binary_scalar_right, map_unary, row_maxima, row_sums,
 };
@@ -308,7 +308,6 @@ struct Matmul {
     a_strides: Shape,
     b_strides: Shape,
     parts: usize,
-    packs: PackPool,
 }
 
 impl Matmul {
@@ -338,7 +337,6 @@ impl Matmul {
             b_strides: broadcast_strides(&b[..rb - 2], &batch),
             batch,
             parts: parts_for(threads, work, MIN_ELEMENTS_PER_PART),
-            packs: PackPool::new(m, k, n),
         })
     }
 }
@@ -354,7 +352,6 @@ impl Kernel for Matmul {
         let (a_matrix, b_matrix) = (m * k, k * n);
         // Parts of whole rows of the output (all batches' rows in order); each run of rows
         // within one batch index is one product.
-        self.packs.reserve(parts);
         run_parts_writing(outputs[0].values_mut::<f32>()?, parts, n, |rows: Range<usize>, out: &mut [f32]| {
             let mut row = rows.start;
             let mut out = out;
@@ -366,7 +363,7 @@ impl Kernel for Matmul {
                 let (here, rest) = out.split_at_mut((end - row) * n);
                 let within = row - index * m..end - index * m;
                 let (a, b) = (&a[a_at..a_at + a_matrix], &b[b_at..b_at + b_matrix]);
-                matmul_rows(&self.packs, a, b, layout, bias, here, within, k, n);
+                matmul_rows(a, b, layout, bias, here, within, k, n);
                 (row, out) = (end, rest);
             }
         });

@@ -1,8 +1,8 @@
 //! Matrix products on the CPU: a packed, register-blocked product in the manner of BLIS and the
 //! `gemm` crate. `b` is packed in panels of [`NR`] columns (`KC` rows deep, `NC` columns wide),
-//! `a` in panels of [`MR`] rows, into packing buffers that each compiled product keeps (one per
-//! part it is split into, made on its first run: a steady-state run allocates nothing), and an
-//! `MR x NR` block of the result is kept in
+//! `a` in panels of [`MR`] rows, into packing buffers each thread makes once (about 1.1 MB, on
+//! its first product) and keeps, so that steady-state runs allocate nothing, and an `MR x NR`
+//! block of the result is kept in
 //! registers while the panels stream through, compiled for each instruction set the processor
 //! may have (AVX-512, AVX2 with FMA, ...).
 //!
@@ -17,8 +17,8 @@
 //! kernel ran at 0.7-1.07x `gemm`'s single-threaded speed side by side (1.0-1.07x at [1024]^3,
 //! 0.8x at [64, 256] x [256, 256], 0.7-0.9x at [512, 768] x [768, 3072]).
 
+use std::cell::RefCell;
 use std::ops::Range;
-use std::sync::Mutex;
 
 use multiversion::multiversion;
 
@@ -33,48 +33,16 @@ const MC: usize = 96;
 /// Columns of `b` packed at once: `KC x NC` stays in L3.
 const NC: usize = 1024;
 
-/// One part's packing buffers: up to `MC x KC` of `a` and `KC x NC` of `b`.
+/// A thread's packing buffers: `MC x KC` of `a` and `KC x NC` of `b`, the most any product
+/// packs at once.
 struct Packs {
     a: Vec<f32>,
     b: Vec<f32>,
 }
 
-/// The packing buffers of one compiled product, sized for its shape: one per part that runs at
-/// once, kept between runs.
-pub(crate) struct PackPool {
-    free: Mutex<Vec<Packs>>,
-    a_len: usize,
-    b_len: usize,
-}
-
-impl PackPool {
-    /// Buffers for products of `[m, k] x [k, n]` (none made yet).
-    pub fn new(m: usize, k: usize, n: usize) -> Self {
-        let kc = KC.min(k);
-        Self {
-            free: Mutex::new(Vec::new()),
-            a_len: MC.min(m).div_ceil(MR) * MR * kc,
-            b_len: NC.min(n).div_ceil(NR) * NR * kc,
-        }
-    }
-
-    /// Makes sure `parts` parts can run at once without making buffers: called before a
-    /// product is split over `parts` threads.
-    pub fn reserve(&self, parts: usize) {
-        let mut free = self.free.lock().unwrap_or_else(|p| p.into_inner());
-        while free.len() < parts {
-            free.push(Packs { a: vec![0.0; self.a_len], b: vec![0.0; self.b_len] });
-        }
-    }
-
-    fn take(&self) -> Packs {
-        let taken = self.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        taken.unwrap_or_else(|| Packs { a: vec![0.0; self.a_len], b: vec![0.0; self.b_len] })
-    }
-
-    fn put(&self, packs: Packs) {
-        self.free.lock().unwrap_or_else(|p| p.into_inner()).push(packs);
-    }
+thread_local! {
+    /// This thread's packing buffers, made on its first product.
+    static PACKS: RefCell<Option<Packs>> = const { RefCell::new(None) };
 }
 
 /// How `b` is stored.
@@ -88,11 +56,9 @@ pub(crate) enum BLayout {
 
 /// Rows `rows` of `a @ b (+ bias)` into `out`, which holds exactly those rows: `a` is `[m, k]`
 /// row-major, `b` is `[k, n]` or `[n, k]` as `layout` says, `bias` (`[n]`) is added to each
-/// element after its chain, as it is written; `pool` holds the packing buffers (made for a
-/// product of at least this shape).
+/// element after its chain, as it is written.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_rows(
-    pool: &PackPool,
     a: &[f32],
     b: &[f32],
     layout: BLayout,
@@ -114,10 +80,13 @@ pub(crate) fn matmul_rows(
         }
         return;
     }
-    let mut packs = pool.take();
     let a = &a[rows.start * k..rows.end * k];
-    product(a, b, layout, bias, out, rows.len(), k, n, &mut packs.a, &mut packs.b);
-    pool.put(packs);
+    PACKS.with(|packs| {
+        let mut packs = packs.borrow_mut();
+        let packs =
+            packs.get_or_insert_with(|| Packs { a: vec![0.0; MC.div_ceil(MR) * MR * KC], b: vec![0.0; NC * KC] });
+        product(a, b, layout, bias, out, rows.len(), k, n, &mut packs.a, &mut packs.b);
+    });
 }
 
 /// `out[m, n] = a[m, k] @ b`, with `a_pack` and `b_pack` as scratch.
@@ -282,13 +251,12 @@ mod tests {
             let b: Vec<f32> = (0..k * n).map(|i| ((i * 13 % 29) as f32 - 14.0) / 3.0).collect();
             for layout in [BLayout::Rows, BLayout::Transposed] {
                 let expected = by_definition(&a, &b, layout, m, k, n);
-                let pool = PackPool::new(m, k, n);
                 for parts in [1, 2, 3, 7] {
                     let mut out = vec![f32::NAN; m * n];
                     let mut row = 0;
                     for part in 0..parts {
                         let end = (m * (part + 1)) / parts;
-                        matmul_rows(&pool, &a, &b, layout, None, &mut out[row * n..end * n], row..end, k, n);
+                        matmul_rows(&a, &b, layout, None, &mut out[row * n..end * n], row..end, k, n);
                         row = end;
                     }
                     let same = out.iter().zip(&expected).all(|(x, y)| x.to_bits() == y.to_bits());
@@ -297,7 +265,7 @@ mod tests {
                 // A bias is added once, after each element's chain.
                 let bias: Vec<f32> = (0..n).map(|j| j as f32 * 0.25 - 1.0).collect();
                 let mut out = vec![f32::NAN; m * n];
-                matmul_rows(&pool, &a, &b, layout, Some(&bias), &mut out, 0..m, k, n);
+                matmul_rows(&a, &b, layout, Some(&bias), &mut out, 0..m, k, n);
                 let with_bias = expected.iter().enumerate().map(|(i, &e)| e + bias[i % n]);
                 assert!(out.iter().zip(with_bias).all(|(x, y)| x.to_bits() == y.to_bits()), "{m}x{k}x{n} bias");
             }
@@ -307,12 +275,12 @@ mod tests {
     #[test]
     fn empty_depth_gives_zeros_and_specials_propagate() {
         let mut out = vec![f32::NAN; 6];
-        matmul_rows(&PackPool::new(2, 0, 3), &[], &[], BLayout::Rows, None, &mut out, 0..2, 0, 3);
+        matmul_rows(&[], &[], BLayout::Rows, None, &mut out, 0..2, 0, 3);
         assert_eq!(out, vec![0.0; 6]);
         let a = [f32::INFINITY, 1.0, 2.0, 0.0];
         let b = [0.0, 1.0, 1.0, 1.0];
         let mut out = vec![0.0; 4];
-        matmul_rows(&PackPool::new(2, 2, 2), &a, &b, BLayout::Rows, None, &mut out, 0..2, 2, 2);
+        matmul_rows(&a, &b, BLayout::Rows, None, &mut out, 0..2, 2, 2);
         assert!(out[0].is_nan(), "inf * 0 is NaN, as in PyTorch");
         assert_eq!(out[1], f32::INFINITY);
         assert_eq!(&out[2..], &[0.0, 2.0]);

@@ -23,6 +23,7 @@ use cudarc::cudnn::sys;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
 use super::device::{slice, slice_mut, CudaDevice};
+use super::device_checks::BufferLengths;
 use super::stream_workspaces::StreamWorkspaces;
 use crate::core::ir::{prims, DType};
 use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView};
@@ -423,7 +424,13 @@ impl Attention {
 
     /// The kernel that runs `plan`.
     pub fn kernel(&self, device: Arc<CudaDevice>, plan: Arc<AttentionPlan>) -> AttentionKernel {
-        AttentionKernel { plan, context: self.context.clone(), device }
+        let s = plan.shape;
+        let words = |tokens: usize, head: usize| packing::words(s.dtype, s.elements(tokens, head));
+        let lengths = BufferLengths {
+            inputs: vec![words(s.q_tokens, s.head), words(s.kv_tokens, s.head), words(s.kv_tokens, s.v_head)],
+            outputs: vec![words(s.q_tokens, s.v_head)],
+        };
+        AttentionKernel { plan, lengths, context: self.context.clone(), device }
     }
 }
 
@@ -693,6 +700,7 @@ fn execute(
 pub(crate) struct AttentionKernel {
     // In drop order: the plan, then the handle, then the device.
     plan: Arc<AttentionPlan>,
+    lengths: BufferLengths,
     context: Arc<Mutex<Option<CudnnContext>>>,
     device: Arc<CudaDevice>,
 }
@@ -705,28 +713,7 @@ impl DeviceKernel for AttentionKernel {
             symbol: "scaled_dot_product_attention".into(),
             message,
         };
-        if inputs.len() != 3 || outputs.len() != 1 {
-            return Err(fail(format!(
-                "it takes 3 input and 1 output buffers, not {} and {}",
-                inputs.len(),
-                outputs.len()
-            )));
-        }
-        let words = |elements: usize| packing::words(s.dtype, elements);
-        let needs = [words(s.elements(s.q_tokens, s.head)), words(s.elements(s.kv_tokens, s.head))];
-        let needs = [needs[0], needs[1], words(s.elements(s.kv_tokens, s.v_head))];
-        for (i, (buffer, need)) in inputs.iter().zip(needs).enumerate() {
-            if buffer.len() < need {
-                return Err(fail(format!("input {i} holds {} device words, but attention reads {need}", buffer.len())));
-            }
-        }
-        let writes = words(s.elements(s.q_tokens, s.v_head));
-        if outputs[0].len() < writes {
-            return Err(fail(format!(
-                "output 0 holds {} device words, but attention writes {writes}",
-                outputs[0].len()
-            )));
-        }
+        self.lengths.check("scaled_dot_product_attention", inputs, outputs)?;
         let stream = self.device.stream();
         // cuDNN runs in the thread's current context: this device's.
         stream.context().bind_to_thread().map_err(|e| fail(format!("bind the CUDA context: {e:?}")))?;

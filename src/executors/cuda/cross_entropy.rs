@@ -15,7 +15,7 @@ use cudarc::driver::{sys, CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, Laun
 
 use super::codegen::{element_type, narrow, widen, RegionSource, HALF_CONVERSIONS};
 use super::device::{cuda_error, slice, slice_mut, CudaDevice};
-use super::device_checks::{launch, record_fault, PerStream};
+use super::device_checks::{launch, record_fault, BufferLengths, PerStream};
 use crate::core::ir::{prims, DType};
 use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView};
 use crate::error::{Error, Result};
@@ -40,7 +40,7 @@ pub(crate) struct CrossEntropy {
     mean_kernel: CudaFunction,
     rows: usize,
     classes: usize,
-    lengths: [usize; 3],
+    lengths: BufferLengths,
     /// Per stream: the fault buffer, and the rows' losses.
     scratch: PerStream<CudaSlice<f32>>,
 }
@@ -81,11 +81,10 @@ impl CrossEntropy {
             mean_kernel: function(mean_name.clone(), mean_source(&mean_name, out_dtype))?,
             rows,
             classes,
-            lengths: [
-                packing::words(dtype, rows * classes),
-                packing::words(target_dtype, rows),
-                packing::words(out_dtype, 1),
-            ],
+            lengths: BufferLengths {
+                inputs: vec![packing::words(dtype, rows * classes), packing::words(target_dtype, rows)],
+                outputs: vec![packing::words(out_dtype, 1)],
+            },
             scratch: PerStream::new(),
         })
     }
@@ -221,19 +220,7 @@ fn mean_source(kernel: &str, out_dtype: DType) -> String {
 
 impl DeviceKernel for CrossEntropy {
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
-        let fail = |message: String| {
-            Err(Error::Execution { executor: "cuda".into(), symbol: "cross_entropy".into(), message })
-        };
-        if inputs.len() != 2 || outputs.len() != 1 {
-            return fail(format!("it takes 2 inputs and 1 output, not {} and {}", inputs.len(), outputs.len()));
-        }
-        let given = [inputs[0].len(), inputs[1].len(), outputs[0].len()];
-        if given.iter().zip(&self.lengths).any(|(g, need)| g < need) {
-            return fail(format!(
-                "its buffers hold {given:?} words, fewer than the {:?} it reads and writes",
-                self.lengths
-            ));
-        }
+        self.lengths.check("cross_entropy", inputs, outputs)?;
         let stream = self.device.stream();
         let rows_count = self.rows.max(1);
         let make = |stream: &Arc<cudarc::driver::CudaStream>| {

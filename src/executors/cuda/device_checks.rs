@@ -1,7 +1,8 @@
 //! What the kernels that check their ids on the device share (`embedding`, `gather_last`,
 //! `cross_entropy`): a fault buffer per stream (`[flag, position, id low, id high]`), with any
 //! scratch the kernel needs beside it, the CUDA C that records a fault, reading and clearing it
-//! after the run, and the launch of a kernel from raw parameters.
+//! after the run, the launch of a kernel from raw parameters, and the check of a kernel's buffers
+//! against the lengths it was compiled for.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
@@ -9,6 +10,7 @@ use std::sync::{Arc, Mutex};
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig};
 
 use super::device::cuda_error;
+use crate::core::plan::DeviceBuffer;
 use crate::error::{Error, Result};
 
 /// CUDA C that records a fault at `position` for `id` (both `long long` expressions in scope
@@ -93,4 +95,40 @@ pub(super) unsafe fn launch(
         )
     }
     .map_err(|e| cuda_error("launch", e))
+}
+
+/// The elements of each buffer a kernel reads and writes, from the shapes it was compiled
+/// for: checked before each launch, since nothing on the device checks bounds.
+pub(super) struct BufferLengths {
+    pub inputs: Vec<usize>,
+    pub outputs: Vec<usize>,
+}
+
+impl BufferLengths {
+    /// `Ok` if there are as many buffers as the kernel takes, each holding at least the
+    /// elements it reads or writes.
+    pub fn check(&self, kernel: &str, inputs: &[&dyn DeviceBuffer], outputs: &[&mut dyn DeviceBuffer]) -> Result<()> {
+        let fail = |message: String| Err(Error::Execution { executor: "cuda".into(), symbol: kernel.into(), message });
+        if inputs.len() != self.inputs.len() || outputs.len() != self.outputs.len() {
+            return fail(format!(
+                "it takes {} input and {} output buffer(s), not {} and {}; pass one per tensor argument and output",
+                self.inputs.len(),
+                self.outputs.len(),
+                inputs.len(),
+                outputs.len()
+            ));
+        }
+        let lengths = inputs.iter().map(|b| b.len()).chain(outputs.iter().map(|b| b.len()));
+        for (i, (have, need)) in lengths.zip(self.inputs.iter().chain(&self.outputs)).enumerate() {
+            if have < *need {
+                let which =
+                    if i < inputs.len() { format!("input {i}") } else { format!("output {}", i - inputs.len()) };
+                return fail(format!(
+                    "{which} holds {have} device words, but the kernel accesses {need}; pass buffers sized for the \
+                     shapes it was compiled for"
+                ));
+            }
+        }
+        Ok(())
+    }
 }

@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 
 use super::attention::{self, Attention};
 use super::device::{slice, slice_mut, CudaDevice};
+use super::device_checks::BufferLengths;
 use super::flash_attention::{FlashAttention, FlashShape};
 use super::gemm::{GemmShape, LtContext, LtGemm};
 use super::row_kernels::row_source;
@@ -230,42 +231,6 @@ impl Executor for CudaOps {
             detail,
         })?;
         Ok(Box::new(GeneratedKernel::new(&self.device, &generated, None)?))
-    }
-}
-
-/// The elements of each buffer a kernel reads and writes, from the shapes it was compiled
-/// for: checked before each launch, since nothing on the device checks bounds.
-struct BufferLengths {
-    inputs: Vec<usize>,
-    outputs: Vec<usize>,
-}
-
-impl BufferLengths {
-    /// `Ok` if there are as many buffers as the kernel takes, each holding at least the
-    /// elements it reads or writes.
-    fn check(&self, kernel: &str, inputs: &[&dyn DeviceBuffer], outputs: &[&mut dyn DeviceBuffer]) -> Result<()> {
-        let fail = |message: String| Err(Error::Execution { executor: "cuda".into(), symbol: kernel.into(), message });
-        if inputs.len() != self.inputs.len() || outputs.len() != self.outputs.len() {
-            return fail(format!(
-                "it takes {} input and {} output buffer(s), not {} and {}; pass one per tensor argument and output",
-                self.inputs.len(),
-                self.outputs.len(),
-                inputs.len(),
-                outputs.len()
-            ));
-        }
-        let lengths = inputs.iter().map(|b| b.len()).chain(outputs.iter().map(|b| b.len()));
-        for (i, (have, need)) in lengths.zip(self.inputs.iter().chain(&self.outputs)).enumerate() {
-            if have < *need {
-                let which =
-                    if i < inputs.len() { format!("input {i}") } else { format!("output {}", i - inputs.len()) };
-                return fail(format!(
-                    "{which} holds {have} device words, but the kernel accesses {need}; pass buffers sized for the \
-                     shapes it was compiled for"
-                ));
-            }
-        }
-        Ok(())
     }
 }
 

@@ -18,7 +18,7 @@ use cudarc::driver::{sys, CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
 use super::attention::AttentionOperands;
 use super::codegen::{element_type, narrow, widen, RegionSource, HALF_CONVERSIONS};
 use super::device::{cuda_error, slice, slice_mut, CudaDevice};
-use super::device_checks::launch;
+use super::device_checks::{launch, BufferLengths};
 use crate::core::ir::DType;
 use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView};
 use crate::error::{Error, Result};
@@ -234,7 +234,7 @@ fn source(kernel: &str, s: &FlashShape) -> String {
 pub(crate) struct FlashAttention {
     device: Arc<CudaDevice>,
     function: CudaFunction,
-    shape: FlashShape,
+    lengths: BufferLengths,
     config: LaunchConfig,
 }
 
@@ -271,35 +271,22 @@ impl FlashAttention {
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: bytes as u32,
         };
-        Ok(Self { device: device.clone(), function, shape, config })
+        let words = |tokens: usize, head: usize| packing::words(shape.dtype, shape.heads * tokens * head);
+        let lengths = BufferLengths {
+            inputs: vec![
+                words(shape.q_tokens, shape.head),
+                words(shape.kv_tokens, shape.head),
+                words(shape.kv_tokens, shape.v_head),
+            ],
+            outputs: vec![words(shape.q_tokens, shape.v_head)],
+        };
+        Ok(Self { device: device.clone(), function, lengths, config })
     }
 }
 
 impl DeviceKernel for FlashAttention {
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
-        let s = self.shape;
-        let fail = |message: String| Error::Execution {
-            executor: super::CudaOps::NAME.into(),
-            symbol: "scaled_dot_product_attention".into(),
-            message,
-        };
-        if inputs.len() != 3 || outputs.len() != 1 {
-            return Err(fail(format!("it takes 3 inputs and 1 output, not {} and {}", inputs.len(), outputs.len())));
-        }
-        let words = |tokens: usize, head: usize| packing::words(s.dtype, s.heads * tokens * head);
-        let needs = [words(s.q_tokens, s.head), words(s.kv_tokens, s.head), words(s.kv_tokens, s.v_head)];
-        for (i, (buffer, need)) in inputs.iter().zip(needs).enumerate() {
-            if buffer.len() < need {
-                return Err(fail(format!("input {i} holds {} device words, but attention reads {need}", buffer.len())));
-            }
-        }
-        let writes = words(s.q_tokens, s.v_head);
-        if outputs[0].len() < writes {
-            return Err(fail(format!(
-                "output 0 holds {} device words, but attention writes {writes}",
-                outputs[0].len()
-            )));
-        }
+        self.lengths.check("scaled_dot_product_attention", inputs, outputs)?;
         let stream = self.device.stream();
         let mut pointers: [sys::CUdeviceptr; 4] = [
             slice(inputs[0])?.device_ptr(&stream).0,

@@ -15,7 +15,7 @@ use cudarc::driver::{sys, CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use super::codegen::{element_type, RegionSource};
 use super::device::{slice, slice_mut, CudaDevice};
-use super::device_checks::{launch, record_fault, PerStream};
+use super::device_checks::{launch, record_fault, BufferLengths, PerStream};
 use crate::core::ir::{prims, DType};
 use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView};
 use crate::error::{Error, Result};
@@ -39,7 +39,7 @@ pub(crate) struct CheckedGather {
     numel: usize,
     /// Size of the axis the ids index.
     bound: usize,
-    lengths: [usize; 3],
+    lengths: BufferLengths,
     config: LaunchConfig,
     faults: PerStream<()>,
 }
@@ -83,7 +83,10 @@ impl CheckedGather {
             name,
             numel,
             bound,
-            lengths: [generated.input_lengths[0], generated.input_lengths[1], generated.output_lengths[0]],
+            lengths: BufferLengths {
+                inputs: generated.input_lengths.clone(),
+                outputs: generated.output_lengths.clone(),
+            },
             config: LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 },
             faults: PerStream::new(),
         })
@@ -141,18 +144,7 @@ fn source(
 
 impl DeviceKernel for CheckedGather {
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
-        let fail =
-            |message: String| Err(Error::Execution { executor: "cuda".into(), symbol: self.name.into(), message });
-        if inputs.len() != 2 || outputs.len() != 1 {
-            return fail(format!("it takes 2 inputs and 1 output, not {} and {}", inputs.len(), outputs.len()));
-        }
-        let given = [inputs[0].len(), inputs[1].len(), outputs[0].len()];
-        if given.iter().zip(&self.lengths).any(|(g, need)| g < need) {
-            return fail(format!(
-                "its buffers hold {given:?} words, fewer than the {:?} it reads and writes",
-                self.lengths
-            ));
-        }
+        self.lengths.check(self.name, inputs, outputs)?;
         let stream = self.device.stream();
         self.faults.with(
             &stream,

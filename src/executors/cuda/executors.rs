@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 use super::attention::{self, Attention};
 use super::device::{slice, slice_mut, CudaDevice};
 use super::device_checks::BufferLengths;
-use super::flash_attention::{FlashAttention, FlashShape};
+use super::flash_attention::{flash_operands, FlashAttention};
 use super::gemm::{GemmShape, LtContext, LtGemm};
 use super::row_kernels::row_source;
 use super::{cross_entropy, gather, index_ops};
@@ -157,7 +157,7 @@ impl Executor for CudaOps {
             Some(prims::SOFTMAX | prims::LAYER_NORM) => true,
             Some(prims::SCALED_DOT_PRODUCT_ATTENTION) => {
                 matches!(attention::plan_for(&self.attention, &self.device, op), Some(Ok(_)))
-                    || FlashShape::of(op).is_some()
+                    || flash_operands(op).is_some()
             }
             _ => false,
         }
@@ -171,7 +171,7 @@ impl Executor for CudaOps {
         // Attention: cuDNN's fused kernel where it runs the shape, else the generated one.
         match attention::plan_for(&self.attention, &self.device, op) {
             Some(Ok(plan)) => return Ok(Box::new(self.attention.kernel(self.device.clone(), plan))),
-            _ if FlashShape::of(op).is_some() => {
+            _ if flash_operands(op).is_some() => {
                 return Ok(Box::new(FlashAttention::new(&self.device, op, &kernel_name(op.name()))?));
             }
             Some(Err(detail)) => {

@@ -19,7 +19,6 @@ use super::attention::AttentionOperands;
 use super::codegen::{element_type, narrow, widen, RegionSource, HALF_CONVERSIONS};
 use super::device::{cuda_error, slice, slice_mut, CudaDevice};
 use super::device_checks::{launch, BufferLengths};
-use crate::core::ir::DType;
 use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView};
 use crate::error::{Error, Result};
 
@@ -28,52 +27,28 @@ const TILE: usize = 64;
 /// Threads per block: 16 x 16, each a 4 x 4 patch of a 64 x 64 tile.
 const THREADS: u32 = 256;
 
-/// What one attention computes: `[batch x heads, tokens, head]` operands of one float dtype.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(crate) struct FlashShape {
-    heads: usize,
-    q_tokens: usize,
-    kv_tokens: usize,
-    head: usize,
-    v_head: usize,
-    dtype: DType,
-    causal: bool,
-    scale: f32,
+/// The operands of a built-in `scaled_dot_product_attention` this kernel runs: float operands
+/// of one dtype, head sizes up to 64 (the value's a multiple of 16), at least one query and key,
+/// at most 65,535 `(batch, head)` planes, a scale whose base-2 form is finite.
+pub(crate) fn flash_operands(op: &OpView<'_>) -> Option<AttentionOperands> {
+    let a = AttentionOperands::of(op)?;
+    let fits = (1..=64).contains(&a.head)
+        && a.v_head.is_multiple_of(16)
+        && (16..=64).contains(&a.v_head)
+        && a.kv_tokens > 0
+        && a.q_tokens > 0
+        && (1..=65535).contains(&(a.batch * a.heads))
+        && (a.scale * std::f32::consts::LOG2_E).is_finite();
+    fits.then_some(a)
 }
 
-impl FlashShape {
-    /// The shape of a built-in `scaled_dot_product_attention` this kernel runs: float operands
-    /// of one dtype, head sizes up to 64 (the value's a multiple of 16), at least one key.
-    pub fn of(op: &OpView<'_>) -> Option<Self> {
-        let a = AttentionOperands::of(op)?;
-        let shape = Self {
-            heads: a.batch * a.heads,
-            q_tokens: a.q_tokens,
-            kv_tokens: a.kv_tokens,
-            head: a.head,
-            v_head: a.v_head,
-            dtype: a.dtype,
-            causal: a.causal,
-            scale: a.scale,
-        };
-        let fits = (1..=64).contains(&shape.head)
-            && shape.v_head.is_multiple_of(16)
-            && (16..=64).contains(&shape.v_head)
-            && shape.kv_tokens > 0
-            && shape.q_tokens > 0
-            && (1..=65535).contains(&shape.heads)
-            && (shape.scale * std::f32::consts::LOG2_E).is_finite();
-        fits.then_some(shape)
-    }
-
-    /// Floats of dynamic shared memory: `q^T` `[head][64]`, keys `[64][head + 1]` (then values
-    /// `[64][v_head]` in the same place), probabilities `[64][65]`.
-    fn shared_floats(&self) -> usize {
-        self.head * TILE + (TILE * (self.head + 1)).max(TILE * self.v_head) + TILE * (TILE + 1)
-    }
+/// Floats of dynamic shared memory: `q^T` `[head][64]`, keys `[64][head + 1]` (then values
+/// `[64][v_head]` in the same place), probabilities `[64][65]`.
+fn shared_floats(a: &AttentionOperands) -> usize {
+    a.head * TILE + (TILE * (a.head + 1)).max(TILE * a.v_head) + TILE * (TILE + 1)
 }
 
-fn source(kernel: &str, s: &FlashShape) -> String {
+fn source(kernel: &str, s: &AttentionOperands) -> String {
     let element = element_type(s.dtype);
     let load = |e: &str| widen(s.dtype, e);
     let (d, dv, tq, tkv) = (s.head, s.v_head, s.q_tokens, s.kv_tokens);
@@ -240,7 +215,7 @@ pub(crate) struct FlashAttention {
 
 impl FlashAttention {
     pub(crate) fn new(device: &Arc<CudaDevice>, op: &OpView<'_>, kernel: &str) -> Result<Self> {
-        let shape = FlashShape::of(op).ok_or_else(|| Error::KernelPrecondition {
+        let shape = flash_operands(op).ok_or_else(|| Error::KernelPrecondition {
             executor: super::CudaOps::NAME.into(),
             symbol: op.name().into(),
             detail: "flash attention takes float operands of one dtype, head sizes up to 64 (the value's a \
@@ -259,7 +234,7 @@ impl FlashAttention {
             output_lengths: Vec::new(),
         };
         let function = device.function(&generated)?;
-        let bytes = shape.shared_floats() * std::mem::size_of::<f32>();
+        let bytes = shared_floats(&shape) * std::mem::size_of::<f32>();
         function
             .set_attribute(
                 sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -267,11 +242,11 @@ impl FlashAttention {
             )
             .map_err(|e| cuda_error("flash attention's shared memory", e))?;
         let config = LaunchConfig {
-            grid_dim: (shape.q_tokens.div_ceil(TILE) as u32, shape.heads as u32, 1),
+            grid_dim: (shape.q_tokens.div_ceil(TILE) as u32, (shape.batch * shape.heads) as u32, 1),
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: bytes as u32,
         };
-        let words = |tokens: usize, head: usize| packing::words(shape.dtype, shape.heads * tokens * head);
+        let words = |tokens: usize, head: usize| packing::words(shape.dtype, shape.batch * shape.heads * tokens * head);
         let lengths = BufferLengths {
             inputs: vec![
                 words(shape.q_tokens, shape.head),
@@ -310,13 +285,15 @@ impl DeviceKernel for FlashAttention {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::core::ir::DType;
 
     /// The generated source names what it reads: each operand's length, the causal bound, and
     /// no index past the shared memory the launch allows.
     #[test]
     fn the_generated_kernel_stays_in_its_shared_memory() {
         for (head, v_head, causal) in [(64, 64, true), (16, 32, false), (50, 16, true)] {
-            let shape = FlashShape {
+            let shape = AttentionOperands {
+                batch: 1,
                 heads: 3,
                 q_tokens: 100,
                 kv_tokens: 70,
@@ -329,7 +306,7 @@ mod tests {
             let source = source("k", &shape);
             let ps = head * TILE + (TILE * (head + 1)).max(TILE * v_head);
             assert!(source.contains(&format!("float* ps = kv + {}", ps - head * TILE)), "{source}");
-            assert_eq!(shape.shared_floats(), ps + TILE * (TILE + 1));
+            assert_eq!(shared_floats(&shape), ps + TILE * (TILE + 1));
             assert_eq!(source.contains("min(70, q0 + 64)"), causal);
         }
     }

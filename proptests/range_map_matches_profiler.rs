@@ -114,6 +114,43 @@ impl Executor for TestFuser {
     }
 }
 
+/// A user's executor of single ops (the unary ones) that pushes a range of its own around each
+/// op it runs, in the domain it declares (as a library that wraps each call in its own range).
+struct TestOpRanges {
+    emits: [EmittedRange; 1],
+}
+
+impl Executor for TestOpRanges {
+    fn name(&self) -> &str {
+        "test_op_ranges"
+    }
+
+    fn claims(&self, op: &OpView<'_>) -> bool {
+        unary(op.name()).is_some() && op.bound_symbol().inputs().count() == 1
+    }
+
+    fn compile(&self, op: &OpView<'_>) -> boundscope::Result<Box<dyn Kernel>> {
+        let f = unary(op.name()).expect("claimed");
+        let range = op.region_range().map(|r| r.prepare()).transpose()?;
+        Ok(boundscope::kernel_fn(move |inputs, outs| {
+            let mut run = || {
+                for i in 0..outs[0].data.len() {
+                    outs[0].data.set_f32(i, f(inputs[0].data.f32_at(i)));
+                }
+            };
+            match &range {
+                Some(range) => range.in_scope(run),
+                None => run(),
+            }
+            Ok(())
+        }))
+    }
+
+    fn emits(&self) -> &[EmittedRange] {
+        &self.emits
+    }
+}
+
 /// Balanced per domain, and no push whose direct parent in its domain has the same label.
 fn check_nesting(events: &[NvtxEvent]) -> Result<(), String> {
     let mut stacks: std::collections::HashMap<Option<String>, Vec<String>> = Default::default();
@@ -200,8 +237,17 @@ fn guard_specs() -> impl Strategy<Value = Vec<GuardSpec>> {
 #[derive(Clone, Debug)]
 enum Fuser {
     None,
-    CpuFusion { emit: bool },
-    Test { domain: usize, single_input_only: bool },
+    CpuFusion {
+        emit: bool,
+    },
+    Test {
+        domain: usize,
+        single_input_only: bool,
+    },
+    /// No fusion; `TestOpRanges` runs the unary ops, pushing its own op ranges.
+    OpRanges {
+        domain: usize,
+    },
 }
 
 fn fusers() -> impl Strategy<Value = Fuser> {
@@ -209,13 +255,14 @@ fn fusers() -> impl Strategy<Value = Fuser> {
         Just(Fuser::None),
         any::<bool>().prop_map(|emit| Fuser::CpuFusion { emit }),
         (0usize..3, any::<bool>()).prop_map(|(domain, single_input_only)| Fuser::Test { domain, single_input_only }),
+        (0usize..3).prop_map(|domain| Fuser::OpRanges { domain }),
     ]
 }
 
 /// The filters a case compiles with: often none, else a random choice of levels, and maybe of
 /// executors (one that no plan has among them) and categories.
 fn range_filters() -> impl Strategy<Value = (Vec<Level>, RangeFilter)> {
-    let executors = ["cpu_fusion", "cpu_reference", "test_fuser", "runtime", "nobody"];
+    let executors = ["cpu_fusion", "cpu_reference", "test_fuser", "test_op_ranges", "runtime", "nobody"];
     let categories =
         [Category::Elementwise, Category::Reduction, Category::Matmul, Category::Composite, Category::Fusion];
     let chosen = (
@@ -345,8 +392,12 @@ proptest! {
         attach(&mut trace, &specs, 0);
         let mut trace = profile(Pipeline::standard().run(&trace, &arena).unwrap(), &arena, times(1));
         attach(&mut trace, &specs, 1);
+        let op_ranges: Option<Arc<dyn Executor>> = match fuser {
+            Fuser::OpRanges { domain } => Some(Arc::new(TestOpRanges { emits: [EmittedRange::nvtx_ops_in(DOMAINS[domain])] })),
+            _ => None,
+        };
         let fuser: Option<Arc<dyn Executor>> = match fuser {
-            Fuser::None => None,
+            Fuser::None | Fuser::OpRanges { .. } => None,
             Fuser::CpuFusion { emit } => Some(Arc::new(CpuFusion::new().emit_region_ranges(emit))),
             Fuser::Test { domain, single_input_only } => Some(Arc::new(TestFuser::new(DOMAINS[domain], single_input_only))),
         };
@@ -365,7 +416,7 @@ proptest! {
             trace.attach_guard(Selection::All, recorder.clone()).unwrap();
         }
 
-        let mut executors: Vec<Arc<dyn Executor>> = fuser.into_iter().collect();
+        let mut executors: Vec<Arc<dyn Executor>> = fuser.into_iter().chain(op_ranges).collect();
         executors.push(CpuReference::shared());
         let plan = Plan::compile_filtered(&trace, &executors, &filter).unwrap();
         plan.set_profiling(!profiling_off);
@@ -441,6 +492,44 @@ fn a_user_executor_in_its_own_domain_gets_no_second_range_there() {
     assert_eq!(pushers.len(), 2);
     assert!(pushers.contains(&PushedBy::Runtime) && pushers.contains(&PushedBy::Executor("test_fuser".into())));
     check_nesting(&events).unwrap();
+}
+
+#[test]
+fn a_user_executor_that_pushes_op_ranges_gets_no_second_one_in_its_domain() {
+    if !capture_installed() {
+        return;
+    }
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let trace = swish_chain(&arena, &registry);
+    let ops: Arc<dyn Executor> = Arc::new(TestOpRanges { emits: [EmittedRange::nvtx_ops("test_fuser")] });
+    let mut profiled = ProfileOps::new().run(&trace, &arena).unwrap();
+    profiled.attach_guard(Selection::All, NvtxRange::new().domain("test_fuser").unwrap()).unwrap();
+    let plan = Plan::compile(&profiled, &[ops, CpuReference::shared()]).unwrap();
+    let (_, events) = captured_run(&plan, &inputs());
+    // One range per op in the executor's domain: its own for the ops it runs, the runtime's
+    // for `matmul`; one per op in `boundscope`, from the runtime.
+    assert_eq!(labels_in(&events, "test_fuser"), ["exp", "tanh", "neg", "matmul"]);
+    assert_eq!(labels_in(&events, "boundscope"), ["exp", "tanh", "neg", "matmul"]);
+    let pushed_by = |label: &str, domain: &str| {
+        let ranges = plan.range_map().ranges().iter();
+        ranges.filter(|r| r.label == label && r.domain == domain).map(|r| r.pushed_by.clone()).collect::<Vec<_>>()
+    };
+    assert_eq!(pushed_by("tanh", "test_fuser"), [PushedBy::Executor("test_op_ranges".into())]);
+    assert_eq!(pushed_by("tanh", "boundscope"), [PushedBy::Runtime]);
+    assert_eq!(pushed_by("matmul", "test_fuser"), [PushedBy::Runtime]);
+    assert!(plan.range_map().ranges().iter().filter(|r| r.label == "tanh").all(|r| r.level == Level::Op));
+    check_nesting(&events).unwrap();
+    // Without NVTX guards on an op, it gets no range from its executor either.
+    let plan = Plan::compile(
+        &trace,
+        &[
+            Arc::new(TestOpRanges { emits: [EmittedRange::nvtx_ops("test_fuser")] }) as Arc<dyn Executor>,
+            CpuReference::shared(),
+        ],
+    )
+    .unwrap();
+    let (_, events) = captured_run(&plan, &inputs());
+    assert!(labels_in(&events, "test_fuser").is_empty(), "{events:?}");
 }
 
 #[test]

@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 use super::device::{Device, DeviceKernel};
 use super::executor::{kernel_fn, Executor, Kernel, OpView, RegionRange, RegionRangeParts};
 use super::guard_schedule::{prepare_scopes, range_map, schedules, CompiledNode, EmittedRegionRange, Schedule, Scope};
-use super::one_per_scope::{emitted_region_domain, ScopeGuards};
+use super::one_per_scope::{emitted_domain, ScopeGuards};
 use super::range_filter::RangeFilter;
 use super::range_map::RangeMap;
 use super::scope_details::DetailsOf;
@@ -656,8 +656,9 @@ impl<'c, 't> Compiler<'c, 't> {
         // Asked once: the executor that claims it is the one its range is made for.
         let claimed = self.claimant(&op);
         let range = match claimed.map(|i| &self.executors[i]) {
-            Some(executor) if bsym.symbol() == prims::REGION => {
-                let emitted = emitted_region_domain(executor.emits());
+            Some(executor) => {
+                let level = if bsym.symbol() == prims::REGION { Level::Region } else { Level::Op };
+                let emitted = emitted_domain(executor.emits(), level);
                 if let Some(domain) = emitted.filter(|d| d.is_empty() || d.contains('\0')) {
                     return Err(Error::InvalidLabel {
                         label: domain.escape_default().to_string(),
@@ -670,10 +671,11 @@ impl<'c, 't> Compiler<'c, 't> {
                 }
                 emitted.and_then(|domain| {
                     let details = self.details_of.of_span(position, 1, 0, 0);
-                    region_range(self.trace, position, executor.name(), domain, profiling, self.filter, details)
+                    let site = EmittingSite { position, level, executor: executor.name(), domain };
+                    emitted_range(self.trace, &site, profiling, self.filter, details)
                 })
             }
-            _ => None,
+            None => None,
         };
         self.compile_claimed(bsym, claimed, range.as_ref())
     }
@@ -859,39 +861,59 @@ pub(crate) fn region_label(trace: &Trace<'_>, position: usize) -> String {
     format!("{}: ({})", trace.symbol_name(bsym), ops.join(", "))
 }
 
-/// The range an executor that pushes its own region ranges into `domain` must push around the
-/// region at `position`: `None` when the region carries no NVTX guard in any domain. Labelled,
-/// coloured and categorised by that domain's guards where they say so.
-fn region_range(
-    trace: &Trace<'_>,
+/// A top-level bound symbol whose executor pushes its own range around it, at `level`
+/// (a region's or an op's), into `domain`.
+struct EmittingSite<'a> {
     position: usize,
-    executor: &str,
-    domain: &str,
+    level: Level,
+    executor: &'a str,
+    domain: &'a str,
+}
+
+/// The range an executor that pushes its own region (or op) ranges into `domain` must push
+/// around the region (or op) at `position`: `None` when it carries no NVTX guard in any
+/// domain. Labelled, coloured and categorised by that domain's guards where they say so.
+fn emitted_range(
+    trace: &Trace<'_>,
+    site: &EmittingSite<'_>,
     profiling: &Arc<AtomicBool>,
     filter: &RangeFilter,
     details: ScopeDetails,
 ) -> Option<RegionRange> {
+    let EmittingSite { position, level, executor, domain } = *site;
     let bsym = &trace.bound_symbols()[position];
-    // The same categories as the region's scope (`prepare_scopes`): `Fusion` and its ops'.
+    // The same categories as its scope (`prepare_scopes`): a region's are `Fusion` and its
+    // ops', an op's its own.
+    let table = &trace.guards;
+    let own = || table.at(position).iter().filter(|a| a.depth == 0 && a.span == 1);
     let category_of = |id| trace.registry().get(id).map(|s| s.symbol.category()).ok();
-    let categories: Vec<crate::Category> = std::iter::once(crate::Category::Fusion)
-        .chain(bsym.subsymbols().iter().filter_map(|s| category_of(s.symbol())))
-        .collect();
-    if !filter.admits(Level::Region, executor, &categories) {
+    let categories: Vec<crate::Category> = if level == Level::Region {
+        std::iter::once(crate::Category::Fusion)
+            .chain(bsym.subsymbols().iter().filter_map(|s| category_of(s.symbol())))
+            .collect()
+    } else {
+        own().filter_map(|a| category_of(a.origin)).collect()
+    };
+    if !filter.admits(level, executor, &categories) {
         return None;
     }
-    let table = &trace.guards;
     let mut merged = ScopeGuards::default();
-    for a in table.at(position).iter().filter(|a| a.depth == 0 && a.span == 1) {
+    for a in own() {
         merged.add(table, *a, |_| {});
     }
     if !merged.has_nvtx() {
         return None;
     }
     let settings = merged.nvtx_settings(table, domain).unwrap_or_default();
-    let label = region_label(trace, position);
-    let ops = bsym.subsymbols().len() as u32;
-    let site = GuardSite::new(&label, Level::Region, executor, ops).with_details(&details);
+    // The label the runtime's scope would have: an op's is named by the symbol its first guard
+    // was attached to (a composite that became this one op, say).
+    let (label, ops) = if level == Level::Region {
+        (region_label(trace, position), bsym.subsymbols().len() as u32)
+    } else {
+        let origin = own().next().map_or(bsym.symbol(), |a| a.origin);
+        (trace.registry().get(origin).map(|s| s.symbol.name().to_string()).unwrap_or_default(), 1)
+    };
+    let site = GuardSite::new(&label, level, executor, ops).with_details(&details);
     let resolved = settings.resolve(&site);
     if enclosing_label(trace, position, domain, filter).as_deref() == Some(resolved.label) {
         // Its range would sit directly inside one of its domain with its label: that one is it.
@@ -900,6 +922,7 @@ fn region_range(
     let parts = RegionRangeParts {
         label: resolved.label.to_string(),
         domain: domain.to_string(),
+        level,
         ops,
         category: resolved.category,
         color: resolved.color,

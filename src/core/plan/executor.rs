@@ -156,8 +156,9 @@ pub trait Executor: Any + Send + Sync {
     /// that domain around each region that [`OpView::region_range`] gives a range for (the
     /// regions that carry NVTX guards in any domain), and none otherwise: the runtime then pushes
     /// no range in that domain for the region, and one per other domain with NVTX guards on it.
-    /// [`Plan::range_map`](crate::Plan::range_map) lists those ranges as pushed by the executor.
-    /// Default: none.
+    /// [`EmittedRange::nvtx_ops`] states the same rule for the top-level ops (not regions) it
+    /// claims. [`Plan::range_map`](crate::Plan::range_map) lists those ranges as pushed by the
+    /// executor. Default: none.
     fn emits(&self) -> &[EmittedRange] {
         &[]
     }
@@ -200,7 +201,8 @@ pub trait Executor: Any + Send + Sync {
 /// pushes them into.
 ///
 /// The rule for NVTX region ranges, per region that is profiled (that has NVTX guards in any
-/// domain):
+/// domain), and the same for op ranges ([`nvtx_ops`](Self::nvtx_ops)), per top-level op that
+/// the executor claims and that is profiled:
 /// - the executor pushes exactly one range, in its declared `domain`, around the region: the
 ///   one [`OpView::region_range`] describes, labelled by the NVTX guards of that domain if they
 ///   give a label, else `<Executor>Fusion<N>: (op, ...)`;
@@ -242,6 +244,27 @@ impl EmittedRange {
     pub fn nvtx_regions_in(domain: impl Into<String>) -> Self {
         Self { kind: GuardKind::NvtxRange, level: Level::Region, domain: Cow::Owned(domain.into()) }
     }
+
+    /// An NVTX range around each top-level op it claims (regions excepted: declare
+    /// [`nvtx_regions`](Self::nvtx_regions) for those), pushed into `domain`: for an executor
+    /// whose kernels emit a range per op (a library that wraps each call in a range of its
+    /// own). The range to push is [`OpView::region_range`]'s, as for regions.
+    ///
+    /// ```
+    /// use boundscope::guards::Level;
+    /// use boundscope::EmittedRange;
+    /// const EMITS: [EmittedRange; 1] = [EmittedRange::nvtx_ops("my_kernels")];
+    /// assert_eq!(EMITS[0].level, Level::Op);
+    /// assert_eq!(EmittedRange::nvtx_ops_in("lib2").domain, "lib2");
+    /// ```
+    pub const fn nvtx_ops(domain: &'static str) -> Self {
+        Self { kind: GuardKind::NvtxRange, level: Level::Op, domain: Cow::Borrowed(domain) }
+    }
+
+    /// Like [`nvtx_ops`](Self::nvtx_ops), for a domain name made at run time.
+    pub fn nvtx_ops_in(domain: impl Into<String>) -> Self {
+        Self { kind: GuardKind::NvtxRange, level: Level::Op, domain: Cow::Owned(domain.into()) }
+    }
 }
 
 /// Whether an executor can run here.
@@ -264,8 +287,8 @@ pub enum Fusible {
     EndsRegion,
 }
 
-/// The NVTX range an executor that emits its own region ranges must push around a region, in
-/// the domain it declared ([`EmittedRange::domain`]): the label, category, colour and payload
+/// The NVTX range an executor that emits its own region (or op) ranges must push around a
+/// region (or op), in the domain it declared ([`EmittedRange::domain`]): the label, category, colour and payload
 /// resolved from the NVTX guards of that domain on the region (the first explicit value of
 /// each wins), else the runtime's defaults, so that the range is the same whoever emits it.
 ///
@@ -277,6 +300,7 @@ pub enum Fusible {
 pub struct RegionRange {
     label: String,
     domain: String,
+    level: Level,
     ops: u32,
     category: u32,
     color: u32,
@@ -289,6 +313,8 @@ pub struct RegionRange {
 pub(crate) struct RegionRangeParts {
     pub label: String,
     pub domain: String,
+    /// [`Level::Region`], or [`Level::Op`] for an executor that pushes op ranges.
+    pub level: Level,
     pub ops: u32,
     pub category: u32,
     pub color: u32,
@@ -299,10 +325,16 @@ pub(crate) struct RegionRangeParts {
 
 impl RegionRange {
     pub(crate) fn new(parts: RegionRangeParts, profiling: Arc<AtomicBool>) -> Self {
-        let RegionRangeParts { label, domain, ops, category, color, payload, details } = parts;
+        let RegionRangeParts { label, domain, level, ops, category, color, payload, details } = parts;
         let details = details.filter(|_| crate::core::guards::takes_details(&domain));
         let payload = if details.is_some() { None } else { payload };
-        Self { label, domain, ops, category, color, payload, details, profiling }
+        Self { label, domain, level, ops, category, color, payload, details, profiling }
+    }
+
+    /// Around what: [`Level::Region`] for a region, [`Level::Op`] for an op of an executor that
+    /// declared [`EmittedRange::nvtx_ops`].
+    pub fn level(&self) -> Level {
+        self.level
     }
 
     /// The label: the one the domain's NVTX guards give, else `<Executor>Fusion<N>: (mul, add, ...)`.
@@ -505,7 +537,8 @@ impl<'t> OpView<'t> {
 
     /// For a fusion region whose executor declared that it emits NVTX region ranges
     /// ([`Executor::emits`]), and that carries NVTX guards in any domain: the one range to push
-    /// around the region, in the declared domain.
+    /// around the region, in the declared domain. Likewise for a top-level op (not a region)
+    /// whose executor declared [`EmittedRange::nvtx_ops`]: the range to push around the op.
     pub fn region_range(&self) -> Option<&'t RegionRange> {
         self.region_range
     }

@@ -22,12 +22,12 @@ pub(crate) struct CompiledNode {
     pub len: usize,
     /// Its subsymbols, if it was decomposed into them when compiled (empty if claimed whole).
     pub children: Vec<CompiledNode>,
-    /// The region range its executor pushes itself (it declared NVTX region ranges and the
-    /// region carries NVTX guards): the runtime pushes none in that domain.
+    /// The region (or op) range its executor pushes itself (it declared NVTX region or op
+    /// ranges and the bound symbol carries NVTX guards): the runtime pushes none in that domain.
     pub emitted: Option<EmittedRegionRange>,
 }
 
-/// A region range an executor pushes from inside its kernel.
+/// A region (or op) range an executor pushes from inside its kernel.
 pub(crate) struct EmittedRegionRange {
     /// The step whose kernel pushes it.
     pub step: usize,
@@ -371,9 +371,12 @@ pub(crate) fn prepare_scopes(
         }
     }
     check_scopes_nest(&pending)?;
-    // The domain each region's executor pushes its own range into, by first step.
-    let emitted: Vec<(usize, &str)> =
-        nodes.iter().filter_map(|n| n.emitted.as_ref().map(|e| (n.first, e.range.domain()))).collect();
+    // The domain each region's (or op's) executor pushes its own range into, by its steps and
+    // level.
+    let emitted: Vec<(usize, usize, Level, &str)> = nodes
+        .iter()
+        .filter_map(|n| n.emitted.as_ref().map(|e| (n.first, n.first + n.len, e.range.level(), e.range.domain())))
+        .collect();
     let mut scopes = Vec::new();
     // The scopes with NVTX guards, before filtering: what each part of the filter could match.
     let mut ranged = Vec::new();
@@ -383,7 +386,10 @@ pub(crate) fn prepare_scopes(
             ranged.push((p.level, p.executor.to_string(), p.categories.clone()));
         }
         let skip_domain = match p.level {
-            Level::Region => emitted.iter().find(|(first, _)| *first == p.first).map(|(_, d)| *d),
+            Level::Region | Level::Op if p.depth == 0 => emitted
+                .iter()
+                .find(|&&(first, end, level, _)| (first, end, level) == (p.first, p.end, p.level))
+                .map(|&(.., d)| d),
             _ => None,
         };
         let site = GuardSite::new(&p.label, p.level, p.executor, (p.end - p.first) as u32).with_details(&p.details);
@@ -395,9 +401,10 @@ pub(crate) fn prepare_scopes(
                     // The executor pushes this domain's range itself; a guard of another kind
                     // than `NvtxRange` in it does not run, and the plan says so.
                     if merged.is_none() {
+                        let level = p.level.name();
                         notes.push(format!(
-                            "region `{}` (steps {}..{}): a `{}` guard in NVTX domain `{domain}` does not run: the \
-                             region's executor pushes that domain's range itself (with the guard's label, if it \
+                            "{level} `{}` (steps {}..{}): a `{}` guard in NVTX domain `{domain}` does not run: the \
+                             {level}'s executor pushes that domain's range itself (with the guard's label, if it \
                              gives one)",
                             p.label,
                             p.first,
@@ -589,7 +596,7 @@ pub(crate) fn range_map(scopes: &[Scope], schedule: &Schedule, nodes: &[Compiled
                 let r = &e.range;
                 ranges.push(PlannedRange {
                     steps: step..step + 1,
-                    level: Level::Region,
+                    level: r.level(),
                     domain: r.domain().to_string(),
                     label: r.label().to_string(),
                     category: Some(r.category()),

@@ -96,11 +96,12 @@ impl ScopeGuards {
     }
 }
 
-/// Whether an executor's declared emissions include NVTX region ranges: their domain (the
-/// first such declaration; the runtime emits ranges at every other level itself).
-pub(crate) fn emitted_region_domain(emits: &[crate::core::plan::EmittedRange]) -> Option<&str> {
-    emits
-        .iter()
-        .find(|e| e.kind == GuardKind::NvtxRange && e.level == crate::core::guards::Level::Region)
-        .map(|e| e.domain.as_ref())
+/// Whether an executor's declared emissions include NVTX ranges at `level` (regions, or
+/// ops): their domain (the first such declaration; the runtime emits ranges at every other
+/// level itself).
+pub(crate) fn emitted_domain(
+    emits: &[crate::core::plan::EmittedRange],
+    level: crate::core::guards::Level,
+) -> Option<&str> {
+    emits.iter().find(|e| e.kind == GuardKind::NvtxRange && e.level == level).map(|e| e.domain.as_ref())
 }

@@ -4,6 +4,9 @@
 //! to be split over the worker threads (whose allocations count too: the counter is global).
 
 mod common;
+#[cfg(feature = "cuda")]
+#[path = "../examples/shared/my_gpu_executor.rs"]
+mod my_gpu_executor;
 
 use std::sync::Arc;
 
@@ -333,6 +336,89 @@ fn cuda_runs_allocate_nothing() {
     });
     assert_eq!(count, 0, "device-resident runs\n{plan}");
     assert_eq!(steady_state_allocations(&plan, &inputs), 0, "host inputs in, outputs out\n{plan}");
+}
+
+/// A user's GPU executor (`MyGpu`: an NVRTC kernel of its own, and a cuBLAS call with a handle
+/// per workspace) beside `CudaOps`: device-resident runs allocate nothing after the first (in
+/// which its per-workspace state is made), except what cuBLAS's own `sgemm` allocates, which is
+/// measured by calling it by hand on the same shapes. On a GPU machine only.
+#[cfg(feature = "cuda")]
+#[test]
+fn a_users_gpu_executor_allocates_nothing() {
+    use boundscope::executors::cuda::cudarc::cublas::{sys, CudaBlas, Gemm, GemmConfig};
+    use boundscope::executors::cuda::{self, CudaDevice, CudaOps};
+    use boundscope::{Availability, DeviceTensor, RunInput};
+    if let Availability::Unavailable(reason) = cuda::availability() {
+        println!("SKIPPED: a_users_gpu_executor_allocates_nothing: {reason}; run this test binary on a GPU machine");
+        return;
+    }
+    let device = CudaDevice::new().unwrap();
+    let registry = my_gpu_executor::registry().unwrap();
+    let arena = Arena::new();
+    let shared: Arc<dyn boundscope::Device> = device.clone();
+    let (m, k, n) = (64, 256, 256);
+    let upload = |t: &Tensor| DeviceTensor::upload(&shared, t.view()).unwrap();
+    let (x, w, bias) = (
+        upload(&Tensor::from_fn(&[m, k], |i| (i % 7) as f32 / 7.0)),
+        upload(&Tensor::from_fn(&[k, n], |i| (i % 5) as f32 / 50.0)),
+        upload(&Tensor::from_fn(&[n], |i| (i % 3) as f32 / 3.0)),
+    );
+    let runs_allocate = |trace: &Trace<'_>, inputs: &[&DeviceTensor]| {
+        let profiled = ProfileOps::new().run(trace, &arena).unwrap();
+        let mine: Arc<dyn Executor> = Arc::new(my_gpu_executor::MyGpu::new(device.clone()).unwrap());
+        let plan = Plan::compile(&profiled, &[mine, Arc::new(CudaOps::new(device.clone()))]).unwrap();
+        plan.set_profiling(true);
+        let run_inputs: Vec<RunInput<'_>> = inputs.iter().map(|t| RunInput::from(*t)).collect();
+        let mut workspace = plan.workspace().unwrap();
+        plan.run_on_device(&mut workspace, &run_inputs).unwrap();
+        let count = allocations_during(|| {
+            for _ in 0..3 {
+                plan.run_on_device(&mut workspace, &run_inputs).unwrap();
+            }
+        });
+        (count, plan.to_string())
+    };
+    // The NVRTC kernel, with CudaOps' tanh after it: nothing.
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let (h, bias_in) = (b.input(&[m, n]).unwrap(), b.input(&[n]).unwrap());
+    let g = b.call("bias_gelu", &[h.into(), bias_in.into()]).unwrap();
+    let y = b.tanh(g).unwrap();
+    b.output(y).unwrap();
+    let h_on_device = upload(&Tensor::from_fn(&[m, n], |i| (i % 11) as f32 / 11.0));
+    let (count, plan) = runs_allocate(&b.finish().unwrap(), &[&h_on_device, &bias]);
+    assert_eq!(count, 0, "device-resident runs with a user's NVRTC kernel\n{plan}");
+
+    // The whole program, cuBLAS included: what three sgemm calls by hand allocate, no more.
+    let trace = my_gpu_executor::program(&arena, &registry, m, k, n).unwrap();
+    let (count, plan) = runs_allocate(&trace, &[&x, &w, &bias]);
+    let stream = device.context().new_stream().unwrap();
+    let blas = CudaBlas::new(stream.clone()).unwrap();
+    let (a, bm) = (stream.alloc_zeros::<f32>(m * k).unwrap(), stream.alloc_zeros::<f32>(k * n).unwrap());
+    let mut c = stream.alloc_zeros::<f32>(m * n).unwrap();
+    let (mi, ki, ni) = (m as i32, k as i32, n as i32);
+    let config = GemmConfig {
+        transa: sys::cublasOperation_t::CUBLAS_OP_N,
+        transb: sys::cublasOperation_t::CUBLAS_OP_N,
+        m: ni,
+        n: mi,
+        k: ki,
+        alpha: 1.0f32,
+        lda: ni,
+        ldb: ki,
+        beta: 0.0,
+        ldc: ni,
+    };
+    // SAFETY: the buffers hold k x n, m x k and m x n values.
+    unsafe { blas.gemm(config, &bm, &a, &mut c) }.unwrap();
+    let by_hand = allocations_during(|| {
+        for _ in 0..3 {
+            // SAFETY: as above.
+            unsafe { blas.gemm(config, &bm, &a, &mut c) }.unwrap();
+        }
+    });
+    stream.synchronize().unwrap();
+    println!("three runs with cuBLAS: {count} allocations; three sgemm calls by hand: {by_hand}");
+    assert_eq!(count, by_hand, "the plan adds no allocation to cuBLAS's own\n{plan}");
 }
 
 /// Staged transfers (1 MiB and more) allocate nothing per run and pin nothing after the first,

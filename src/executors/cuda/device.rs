@@ -29,6 +29,8 @@ pub struct CudaDevice {
     staging: Mutex<Staging>,
     /// Page-locked allocations made so far.
     pins: AtomicU64,
+    /// Users' kernels' state for work outside any workspace's queue.
+    states: KernelStates,
 }
 
 /// Two page-locked chunks of [`STAGING_CHUNK`] words, used in turn: a transfer of any size goes
@@ -57,11 +59,26 @@ impl Drop for Chunk {
 
 thread_local! {
     /// The queues entered on this thread (innermost last), with the address of their device.
-    static CURRENT_QUEUE: std::cell::RefCell<Vec<(usize, Arc<CudaStream>)>> = const { std::cell::RefCell::new(Vec::new()) };
+    static CURRENT_QUEUE: std::cell::RefCell<Vec<(usize, Arc<Queue>)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// A workspace's own CUDA stream.
-pub(crate) struct CudaQueue(Arc<CudaStream>);
+/// The state users' kernels keep per workspace ([`CudaKernel::State`](super::CudaKernel::State)),
+/// by kernel id.
+pub(crate) type KernelStates = Mutex<Vec<(u64, Box<dyn Any + Send>)>>;
+
+/// A workspace's own CUDA stream, and what users' kernels keep for it.
+pub(crate) struct CudaQueue(Arc<Queue>);
+
+pub(crate) struct Queue {
+    /// Dropped first: a user's handle made for the stream goes before it.
+    states: KernelStates,
+    /// Recorded on the device's stream as a run enters the queue, and waited for by it; made
+    /// once, so that a run creates no event.
+    entered: cudarc::driver::CudaEvent,
+    /// Recorded on the queue as a run leaves it, and waited for by the device's stream.
+    left: cudarc::driver::CudaEvent,
+    stream: Arc<CudaStream>,
+}
 
 impl DeviceQueue for CudaQueue {
     fn as_any(&self) -> &dyn Any {
@@ -165,6 +182,7 @@ impl CudaDevice {
             transfers: AtomicU64::new(0),
             staging: Mutex::new(Staging::default()),
             pins: AtomicU64::new(0),
+            states: Mutex::new(Vec::new()),
         })
     }
 
@@ -176,10 +194,27 @@ impl CudaDevice {
     /// The stream this thread's work on this device goes to: the workspace queue of the run
     /// in progress on this thread, else the device's own stream.
     pub(crate) fn stream(&self) -> Arc<CudaStream> {
+        self.current_queue().map_or_else(|| self.stream.clone(), |q| q.stream.clone())
+    }
+
+    /// The workspace queue of the run in progress on this thread, if any.
+    fn current_queue(&self) -> Option<Arc<Queue>> {
         let me = self as *const Self as usize;
-        CURRENT_QUEUE
-            .with(|q| q.borrow().iter().rev().find(|(d, _)| *d == me).map(|(_, s)| s.clone()))
-            .unwrap_or_else(|| self.stream.clone())
+        CURRENT_QUEUE.with(|q| q.borrow().iter().rev().find(|(d, _)| *d == me).map(|(_, q)| q.clone()))
+    }
+
+    /// Runs `f` on the users' kernels' states of the workspace whose run is in progress on this
+    /// thread (the device's own, outside runs), locked for the call.
+    pub(crate) fn with_kernel_states<R>(&self, f: impl FnOnce(&mut Vec<(u64, Box<dyn Any + Send>)>) -> R) -> R {
+        let queue = self.current_queue();
+        let states = queue.as_ref().map_or(&self.states, |q| &q.states);
+        let mut states = states.lock().unwrap_or_else(|p| p.into_inner());
+        f(&mut states)
+    }
+
+    /// The CUDA context (for loading a module of your own, say).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.context
     }
 
     /// The compiled kernel of a generated source, compiling it with NVRTC the first time.
@@ -409,15 +444,21 @@ impl Device for CudaDevice {
         let stream = self.context.new_stream().map_err(|e| cuda_error("new stream", e))?;
         let queue = QUEUES.fetch_add(1, Ordering::Relaxed) + 1;
         name_stream(&stream, &format!("boundscope workspace {queue}"));
-        Ok(Some(Box::new(CudaQueue(stream))))
+        // Events for ordering only: no timestamps, which cost to record.
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let event = || self.context.new_event(flags).map_err(|e| cuda_error("new event", e));
+        let (entered, left) = (event()?, event()?);
+        Ok(Some(Box::new(CudaQueue(Arc::new(Queue { states: Mutex::new(Vec::new()), entered, left, stream })))))
     }
 
     fn enter_queue(&self, queue: &dyn DeviceQueue) -> Result<()> {
         let queue =
             queue.as_any().downcast_ref::<CudaQueue>().ok_or_else(|| cuda_error("queue", "not a CUDA queue"))?;
         // The run comes after what the device's stream holds (uploads of its inputs, say).
-        let before = self.stream.record_event(None).map_err(|e| cuda_error("record event", e))?;
-        queue.0.wait(&before).map_err(|e| cuda_error("wait event", e))?;
+        // One run at a time uses a workspace, so its events are free: the wait below takes the
+        // event's state when it is queued, so recording it again later changes nothing here.
+        queue.0.entered.record(&self.stream).map_err(|e| cuda_error("record event", e))?;
+        queue.0.stream.wait(&queue.0.entered).map_err(|e| cuda_error("wait event", e))?;
         let me = self as *const Self as usize;
         CURRENT_QUEUE.with(|q| q.borrow_mut().push((me, queue.0.clone())));
         Ok(())
@@ -435,8 +476,8 @@ impl Device for CudaDevice {
             queue.as_any().downcast_ref::<CudaQueue>().ok_or_else(|| cuda_error("queue", "not a CUDA queue"))?;
         // What comes later on the device's stream (downloads, frees, graphs' inputs) waits for
         // the run.
-        let after = queue.0.record_event(None).map_err(|e| cuda_error("record event", e))?;
-        self.stream.wait(&after).map_err(|e| cuda_error("wait event", e))
+        queue.0.left.record(&queue.0.stream).map_err(|e| cuda_error("record event", e))?;
+        self.stream.wait(&queue.0.left).map_err(|e| cuda_error("wait event", e))
     }
 
     fn begin_capture(&self) -> Result<()> {

@@ -157,16 +157,24 @@ mod index_ops;
 mod row_kernels;
 #[cfg(feature = "cuda")]
 mod stream_workspaces;
+#[cfg(feature = "cuda")]
+mod user_kernel;
 
 #[cfg(feature = "cuda")]
 pub use attention::fused_attention;
 pub use codegen::{op_source, region_source, shape_op_source, RegionSource};
+/// The `cudarc` this crate is built with (its `CudaStream`, `CudaView` and the rest, for users'
+/// kernels): use it rather than a `cudarc` of your own, whose types would be other types.
+#[cfg(feature = "cuda")]
+pub use cudarc;
 #[cfg(feature = "cuda")]
 pub use device::{CudaBuffer, CudaDevice};
 #[cfg(feature = "cuda")]
 pub use event_timer::CudaEventTimer;
 #[cfg(feature = "cuda")]
 pub use executors::{CudaFusion, CudaOps};
+#[cfg(feature = "cuda")]
+pub use user_kernel::{device_kernel, CudaKernel, CudaRun, DeviceElement, DeviceMemory};
 
 use crate::core::plan::Availability;
 

@@ -122,6 +122,13 @@ pub trait DeviceGraph: Send + Sync {
 }
 
 /// A compiled bound symbol that runs on a device, reading and writing device buffers.
+///
+/// The plan calls [`run`](Self::run) on the thread that runs the plan, with the run's queue
+/// entered ([`Device::enter_queue`]): the kernel queues its work there, reads only its inputs
+/// and writes its outputs whole, and keeps no buffer past the call (the workspace hands the
+/// same memory to other steps, in queue order). An error it returns is the run's error. For
+/// CUDA, `executors::cuda::CudaKernel` wraps all of this (typed memory, the stream, state per
+/// workspace) and spells out the contract.
 pub trait DeviceKernel: Send + Sync {
     /// Queues the computation; outputs are sized to the shapes the trace declares.
     ///

@@ -139,6 +139,12 @@ pub trait Executor: Any + Send + Sync {
 
     /// Compiles a device kernel for a bound symbol that [`claims`](Self::claims) accepted.
     ///
+    /// On a CUDA device, write the kernel as an `executors::cuda::CudaKernel` and return
+    /// `executors::cuda::device_kernel(..)` of it: it gets typed device memory, the run's
+    /// stream and state per workspace, and its rustdoc states the contract (what a kernel may
+    /// touch, on which stream, when buffers are reused, errors, what is `unsafe` and why).
+    /// `examples/cuda_user_executor.rs` is a complete one.
+    ///
     /// # Errors
     /// Whatever stops the executor from running it; the plan fails to compile with it.
     fn compile_device(&self, op: &OpView<'_>) -> Result<Box<dyn DeviceKernel>> {

@@ -1,8 +1,9 @@
 //! CUDA executors: [`CudaFusion`] (one generated kernel per fused region, with its own NVTX
 //! range per region) and [`CudaOps`] (a generated kernel per elementwise prim, last-axis
 //! reduction, cast or shape op, cuBLASLt for `matmul` and `linear`, a row kernel each for
-//! `softmax` and `layer_norm`) on a [`CudaDevice`], in `f32`, bf16 and f16; run-time
-//! availability; the CUDA C generator.
+//! `softmax` and `layer_norm`) on a [`CudaDevice`], in `f32`, bf16 and f16; users' own kernels
+//! ([`CudaKernel`], made a plan's kernel by [`device_kernel`]); run-time availability; the CUDA
+//! C generator.
 //!
 //! The crate builds everywhere: `cudarc` loads the driver dynamically, and everything here
 //! checks for the driver library and a device before touching the API (cudarc's loader panics

@@ -13,7 +13,9 @@
 //! (./transformer_ops_bench; python3 scripts/torch_transformer_ops.py) | python3 scripts/transformer_ops_report.py
 //! ```
 //!
-//! Both take an optional list of workloads (`attention,cross_entropy`) as their first argument.
+//! Both take an optional list of workloads (`attention,cross_entropy`) as their first argument;
+//! `softmax_<cols>` and `layer_norm_<cols>` sweep row lengths from 32 to 2^20 (`rows` runs them
+//! all).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -49,7 +51,7 @@ const D: usize = 64;
 const C: usize = 768;
 
 fn workloads() -> Vec<Workload> {
-    vec![
+    let mut all = vec![
         Workload {
             name: "qk_t",
             inputs: |b| vec![vec![b, H, T, D], vec![b, H, T, D]],
@@ -114,7 +116,38 @@ fn workloads() -> Vec<Workload> {
             flops: |_| 0.0,
             ids: &[(1, VOCAB)],
         },
-    ]
+    ];
+    all.extend(row_workloads());
+    all
+}
+
+/// Elements of a row-op workload at batch 8 (a sixteenth at batch 1, for the check).
+const ROW_ELEMENTS: usize = 1 << 24;
+
+/// `softmax` and `layer_norm` (with weight and bias) over rows of 32 to 2^20 values: named
+/// `softmax_<cols>`, `layer_norm_<cols>`, `2^24` values in all.
+fn row_workloads() -> Vec<Workload> {
+    macro_rules! rows {
+        ($($cols:literal),*) => {
+            vec![$(
+                Workload {
+                    name: concat!("softmax_", stringify!($cols)),
+                    inputs: |b| vec![vec![(ROW_ELEMENTS / $cols * b / 8).max(1), $cols]],
+                    build: |g, v| g.softmax(v[0]),
+                    flops: |_| 0.0,
+                    ids: &[],
+                },
+                Workload {
+                    name: concat!("layer_norm_", stringify!($cols)),
+                    inputs: |b| vec![vec![(ROW_ELEMENTS / $cols * b / 8).max(1), $cols], vec![$cols], vec![$cols]],
+                    build: |g, v| g.layer_norm(v[0], 1e-5, Some(v[1]), Some(v[2])),
+                    flops: |_| 0.0,
+                    ids: &[],
+                },
+            )*]
+        };
+    }
+    rows!(32, 128, 768, 1024, 1000, 4096, 16384, 65536, 1048576)
 }
 
 fn main() -> ExitCode {
@@ -185,7 +218,10 @@ fn run() -> Result<(), String> {
     let registry = Registry::with_builtins();
     // An optional first argument names the workloads to run (comma-separated).
     let only = std::env::args().nth(1);
-    let wanted = |name: &str| only.as_deref().is_none_or(|list| list.split(',').any(|n| n == name));
+    let wanted = |name: &str| {
+        let row_op = name.starts_with("softmax_") || name.starts_with("layer_norm_");
+        only.as_deref().is_none_or(|list| list.split(',').any(|n| n == name || (n == "rows" && row_op)))
+    };
     for dtype in [DType::F32, DType::BF16] {
         for w in workloads().into_iter().filter(|w| wanted(w.name)) {
             // Correctness first, at batch 1, against the CPU reference.

@@ -1287,3 +1287,105 @@ fn attention_runs_whole_and_matches_the_reference() {
     let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&refs).unwrap();
     assert!(plan.run(&refs).unwrap()[0].max_abs_diff(&expected[0]) < 1e-4);
 }
+
+/// `softmax` and `layer_norm` on CudaOps over rows of every layout (a few threads, a warp, a
+/// block holding the row in registers, a block streaming it; 16-byte, narrower and scalar
+/// accesses) equal the CPU's `f32` math rounded once to their dtype: within the order of the
+/// sums in `f32`, one unit in the last place in 16 bits. Rows with an infinity or a NaN give
+/// what the CPU gives.
+#[test]
+fn row_ops_match_the_reference_at_every_row_length() {
+    use boundscope::{DType, Tensor, TensorMeta, TraceBuilder};
+    let Some((device, _sharing)) = device() else { return };
+    let registry = Registry::with_builtins();
+    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let lengths = [1, 2, 3, 8, 31, 32, 33, 100, 768, 1000, 1001, 1002, 1024, 4096, 4097, 32768, 40000, 65536, 1 << 20];
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        for (i, &cols) in lengths.iter().enumerate() {
+            let rows = [1, 3, 257][i % 3].min((1 << 21) / cols).max(1);
+            for layer_norm in [false, true] {
+                fn build<'a>(
+                    arena: &'a Arena,
+                    registry: &'a Registry,
+                    dtype: DType,
+                    [rows, cols]: [usize; 2],
+                    layer_norm: bool,
+                ) -> boundscope::Trace<'a> {
+                    let mut b = TraceBuilder::new(arena, registry);
+                    let x = b.input_with(&TensorMeta::new(dtype, &[rows, cols])).unwrap();
+                    let y = if layer_norm {
+                        let w = b.input_with(&TensorMeta::new(dtype, &[cols])).unwrap();
+                        let bias = b.input_with(&TensorMeta::new(dtype, &[cols])).unwrap();
+                        b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap()
+                    } else {
+                        b.softmax(x).unwrap()
+                    };
+                    b.output(y).unwrap();
+                    b.finish().unwrap()
+                }
+                let arena = Arena::new();
+                let trace = build(&arena, &registry, dtype, [rows, cols], layer_norm);
+                let kept = Pipeline::for_executors(std::slice::from_ref(&ops)).run(&trace, &arena).unwrap();
+                let plan = Plan::compile(&kept, std::slice::from_ref(&ops)).unwrap();
+                assert!(plan.steps_per_executor().contains(&("cuda_ops", 1)), "one kernel\n{plan}");
+                let mut inputs: Vec<Tensor> = trace
+                    .inputs()
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &v)| {
+                        let shape = trace.value_meta(v).unwrap().shape.to_vec();
+                        Tensor::from_fn(&shape, |e| ((e * 37 + k * 11) % 101) as f32 / 25.0 - 2.0).to_dtype(dtype)
+                    })
+                    .collect();
+                if cols > 2 && rows > 1 {
+                    // Row 1 holds an infinity (and, for layer_norm, a NaN): what the CPU gives.
+                    let mut x = inputs[0].to_dtype(DType::F32).to_f32_vec();
+                    x[cols] = f32::INFINITY;
+                    x[cols + 2] = if layer_norm { f32::NAN } else { f32::NEG_INFINITY };
+                    inputs[0] = Tensor::new(&[rows, cols], x).unwrap().to_dtype(dtype);
+                }
+                let refs: Vec<&Tensor> = inputs.iter().collect();
+                let got = plan.run(&refs).unwrap();
+                let expected = exact_row_op(&inputs, layer_norm, cols);
+                let what =
+                    format!("{} over [{rows}, {cols}] in {dtype}", if layer_norm { "layer_norm" } else { "softmax" });
+                for (k, (&g, &e)) in got[0].to_f32_vec().iter().zip(&expected).enumerate() {
+                    if e.is_nan() || g.is_nan() {
+                        assert!(e.is_nan() && g.is_nan(), "{what}: element {k}: {g} against {e}");
+                        continue;
+                    }
+                    // f32: the sums' rounding; 16 bits: the exact value rounded once, give or
+                    // take the one f32 rounding at a tie.
+                    let tolerance = match dtype {
+                        DType::F32 => 2e-5 * e.abs().max(1.0) as f32,
+                        DType::BF16 => 2f32.powi(-8) * (e.abs() as f32).max(2f32.powi(-126)) * 2.0,
+                        _ => 2f32.powi(-11) * (e.abs() as f32).max(2f32.powi(-14)) * 2.0,
+                    };
+                    assert!((f64::from(g) - e).abs() <= f64::from(tolerance), "{what}: element {k}: {g} against {e}");
+                }
+            }
+        }
+    }
+}
+
+/// `softmax`, or `layer_norm` with its weight and bias, of each row of `inputs[0]`, in `f64`
+/// from the inputs' values: the exact result, give or take `f64` rounding.
+fn exact_row_op(inputs: &[boundscope::Tensor], layer_norm: bool, cols: usize) -> Vec<f64> {
+    let values = |t: &boundscope::Tensor| t.to_f32_vec().into_iter().map(f64::from).collect::<Vec<f64>>();
+    let x = values(&inputs[0]);
+    let mut out = Vec::with_capacity(x.len());
+    for row in x.chunks(cols) {
+        if layer_norm {
+            let (w, b) = (values(&inputs[1]), values(&inputs[2]));
+            let mean = row.iter().sum::<f64>() / cols as f64;
+            let variance = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / cols as f64;
+            let inv_std = 1.0 / (variance + 1e-5f32 as f64).sqrt();
+            out.extend(row.iter().enumerate().map(|(c, v)| (v - mean) * inv_std * w[c] + b[c]));
+        } else {
+            let m = row.iter().fold(f64::NEG_INFINITY, |m, &v| if m.is_nan() || m > v { m } else { v });
+            let z: f64 = row.iter().map(|v| (v - m).exp()).sum();
+            out.extend(row.iter().map(|v| (v - m).exp() / z));
+        }
+    }
+    out
+}

@@ -195,12 +195,16 @@ impl Executor for CudaOps {
             return Ok(Box::new(LtGemm::new(self.device.clone(), self.lt.clone(), shape, "matmul")?));
         }
         if matches!(op.symbol().builtin_composite(), Some(prims::SOFTMAX | prims::LAYER_NORM)) {
-            let generated = row_source(op, &kernel_name(op.name())).map_err(|detail| Error::KernelPrecondition {
+            let rows = row_source(op, &kernel_name(op.name())).map_err(|detail| Error::KernelPrecondition {
                 executor: Self::NAME.into(),
                 symbol: op.name().into(),
                 detail,
             })?;
-            return Ok(Box::new(GeneratedKernel::new(&self.device, &generated, None)?));
+            let mut kernel = GeneratedKernel::new(&self.device, &rows.source, None)?;
+            let block = rows.layout.block as u32;
+            kernel.config =
+                LaunchConfig { grid_dim: (rows.blocks, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+            return Ok(Box::new(kernel));
         }
         if cross_entropy::runs_whole(op) {
             return Ok(Box::new(cross_entropy::CrossEntropy::new(&self.device, op, &kernel_name(op.name()))?));

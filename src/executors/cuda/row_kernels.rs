@@ -1,43 +1,152 @@
 //! CUDA C for the built-in composites that reduce the last axis and use the result on the same
-//! row, `softmax` and `layer_norm`, as one kernel each: a warp per row reads the row from
-//! global memory once per pass (the later passes hit the cache) and combines its lanes with
-//! shuffles, where the decomposition makes four or five kernels (a reduction, a broadcast use,
-//! another reduction...). The arithmetic is the decomposition's, op for op (`layer_norm`'s
-//! `1/sqrt(v)` is `exp(-0.5 * log(v))`), so results differ from the CPU reference by the order of
-//! the sums and by CUDA's `expf` and `logf`, a few units in the last place. bf16 and f16 rows are read and written two values per word and computed
-//! in `float` throughout, rounding only the result (as PyTorch's fused `layer_norm` and `softmax`
-//! kernels do; the CPU reference, which rounds each prim of the decomposition, is further from
-//! exact).
+//! row, `softmax` and `layer_norm`, as one kernel each, laid out by the row's length
+//! ([`RowLayout`]): a few threads per row for short rows, a warp for rows of hundreds, a block
+//! of up to 1,024 threads for long ones. Each thread reads its part of the row with 16-byte
+//! accesses (in every dtype, where the row's length allows) into registers, so a row that fits
+//! there (up to 32 values per thread: 32,768 per row) is read once and written once; longer
+//! rows are streamed: two passes for `softmax` (its maximum and sum in one, online), three for
+//! `layer_norm`. Lanes combine with shuffles, warps through
+//! shared memory. The arithmetic is the decomposition's, op for op (`layer_norm`'s `1/sqrt(v)`
+//! is `exp(-0.5 * log(v))`), so results differ from the CPU reference by the order of the sums
+//! and by CUDA's `expf` and `logf`, a few units in the last place. bf16 and f16 rows are
+//! computed in `float` throughout, rounding only the result (as PyTorch's fused `layer_norm` and
+//! `softmax` kernels do; the CPU reference, which rounds each prim of the decomposition, is
+//! further from exact).
 
 use std::fmt::Write as _;
 
-use super::codegen::{element_type, literal, maximum, narrow, widen, RegionSource, HALF_CONVERSIONS};
+use super::codegen::{literal, maximum, widen, RegionSource, HALF_CONVERSIONS};
 use crate::core::ir::{prims, DType};
 use crate::core::plan::{packing, OpView};
+
+/// Values a thread keeps in registers per row: rows up to `1024 * REGISTER_VALUES` are read once.
+const REGISTER_VALUES: usize = 32;
+
+/// Threads per row at most (a block).
+const MAX_ROW_THREADS: usize = 1024;
+
+/// How a row kernel lays a row over threads, from its length and the widest dtype it touches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct RowLayout {
+    /// Threads per row: a power of two, up to 32 (lanes of one warp, several rows per warp) or
+    /// up to 1,024 (a block per row).
+    pub threads_per_row: usize,
+    /// Values per access: 16 bytes of the widest dtype, halved until it divides the row.
+    pub vector: usize,
+    /// Accesses per thread, kept in registers; `None` for rows too long for them (streamed).
+    pub per_thread: Option<usize>,
+    /// Threads per block: 256, or the threads of a row when a block holds one row.
+    pub block: usize,
+}
+
+impl RowLayout {
+    /// The layout for rows of `cols` values whose widest dtype takes `widest` bytes.
+    pub fn new(cols: usize, widest: usize) -> Self {
+        let mut vector = 16 / widest.clamp(1, 16);
+        while vector > 1 && !cols.is_multiple_of(vector) {
+            vector /= 2;
+        }
+        let vectors = cols.div_ceil(vector).max(1);
+        // At least 8 threads on a row that has the accesses for them, so that one access of a
+        // group reads 128 contiguous bytes (a thread per row would scatter a warp's access over
+        // 32 rows).
+        let mut threads_per_row = vectors.min(8).next_power_of_two();
+        while threads_per_row < MAX_ROW_THREADS && vectors.div_ceil(threads_per_row) * vector > REGISTER_VALUES {
+            threads_per_row *= 2;
+        }
+        let fits = vectors.div_ceil(threads_per_row) * vector <= REGISTER_VALUES;
+        let per_thread = fits.then(|| vectors.div_ceil(threads_per_row));
+        let block = if threads_per_row <= 32 { 256 } else { threads_per_row };
+        Self { threads_per_row, vector, per_thread, block }
+    }
+
+    /// Rows one block handles.
+    fn rows_per_block(&self) -> usize {
+        self.block / self.threads_per_row
+    }
+}
+
+/// A row kernel's source and its launch.
+#[derive(Debug)]
+pub(super) struct RowSource {
+    pub source: RegionSource,
+    pub layout: RowLayout,
+    /// Blocks to launch (each loops over further rows past CUDA's grid limit).
+    pub blocks: u32,
+}
+
+/// The C that loads `vector` values of `dtype` at element pointer `ptr` (aligned to the
+/// access) into `float dst[0..vector]`, with one access of up to 16 bytes.
+fn load(dtype: DType, vector: usize, ptr: &str, dst: &str) -> String {
+    let bytes = vector * dtype.size_bytes();
+    if bytes < 4 {
+        return format!("{dst}[0] = {};", widen(dtype, &format!("(unsigned int)*({ptr})")));
+    }
+    let (ty, fields) = word_vector(bytes / 4);
+    let mut c = format!("{{ const {ty} t = *reinterpret_cast<const {ty}*>({ptr});");
+    for (w, f) in fields.iter().enumerate() {
+        let word = if fields.len() == 1 { "t".to_string() } else { format!("t.{f}") };
+        if dtype.size_bytes() == 4 {
+            let _ = write!(c, " {dst}[{w}] = __uint_as_float({word});");
+        } else {
+            let _ = write!(c, " {dst}[{}] = {};", 2 * w, widen(dtype, &word));
+            let _ = write!(c, " {dst}[{}] = {};", 2 * w + 1, widen(dtype, &format!("({word} >> 16)")));
+        }
+    }
+    c.push_str(" }");
+    c
+}
+
+/// The C that stores `float src[0..vector]` as `vector` values of `dtype` at `ptr`, rounding
+/// each once, with one access.
+fn store(dtype: DType, vector: usize, ptr: &str, src: &str) -> String {
+    let bits = |e: String| match dtype {
+        DType::BF16 => format!("bs_to_bf16({e})"),
+        DType::F16 => format!("bs_to_f16({e})"),
+        _ => format!("__float_as_uint({e})"),
+    };
+    let bytes = vector * dtype.size_bytes();
+    if bytes < 4 {
+        return format!("*({ptr}) = (unsigned short){};", bits(format!("{src}[0]")));
+    }
+    let (ty, fields) = word_vector(bytes / 4);
+    let words: Vec<String> = (0..fields.len())
+        .map(|w| match dtype.size_bytes() {
+            4 => bits(format!("{src}[{w}]")),
+            _ => format!("({} | ({} << 16))", bits(format!("{src}[{}]", 2 * w)), bits(format!("{src}[{}]", 2 * w + 1))),
+        })
+        .collect();
+    if fields.len() == 1 {
+        return format!("*reinterpret_cast<{ty}*>({ptr}) = {};", words[0]);
+    }
+    format!("*reinterpret_cast<{ty}*>({ptr}) = make_{ty}({});", words.join(", "))
+}
+
+/// The CUDA type of `words` 32-bit words and its fields.
+fn word_vector(words: usize) -> (&'static str, &'static [&'static str]) {
+    match words {
+        4 => ("uint4", &["x", "y", "z", "w"]),
+        2 => ("uint2", &["x", "y"]),
+        _ => ("unsigned int", &["x"]),
+    }
+}
 
 /// The kernel for a built-in `softmax` or `layer_norm` bound symbol, or why there is none.
 ///
 /// # Errors
 /// Not one of those composites, or shapes that break their rules (checked again here, since
 /// the kernel relies on them).
-pub fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, String> {
+pub(super) fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RowSource, String> {
     let id = op.symbol().builtin_composite().ok_or_else(|| format!("`{}` is not a built-in composite", op.name()))?;
     let shape = op.input_shape(0).map_err(|e| e.to_string())?;
     let cols = *shape.last().ok_or_else(|| format!("`{}` of a rank-0 tensor", op.name()))?;
     let rows: usize = shape[..shape.len() - 1].iter().product();
     let numel = rows * cols;
     let tensors = op.bound_symbol().inputs().count();
-    // bf16 and f16 values are read and written packed two per word, and computed in `float`.
     let dtypes: Vec<DType> = op.bound_symbol().inputs().map(|v| op.dtype_of(v)).collect();
     let out_dtype = op.dtype_of(op.bound_symbol().outputs()[0]);
-    let x = |k: usize, at: &str| widen(dtypes[k], &format!("in{k}[{at}]"));
     let mut input_lengths = vec![packing::words(dtypes[0], numel)];
-    let mut source = String::new();
-    let _ = writeln!(source, "// Generated by boundscope for `{}` over rows of {cols}.", op.name());
-    if dtypes.iter().chain([&out_dtype]).any(|&d| packing::is_packed(d)) {
-        source.push_str(HALF_CONVERSIONS);
-    }
-    let mut params = vec![format!("const {}* __restrict__ in0", element_type(dtypes[0]))];
+    let mut params = vec![format!("const {}* __restrict__ in0", super::codegen::element_type(dtypes[0]))];
     match id {
         prims::SOFTMAX if tensors == 1 => {}
         prims::LAYER_NORM if tensors <= 3 => {
@@ -46,77 +155,189 @@ pub fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, String>
                 if s != [cols] {
                     return Err(format!("layer_norm's weight and bias must be [{cols}], not {s:?}"));
                 }
-                params.push(format!("const {}* __restrict__ in{k}", element_type(dtype)));
+                params.push(format!("const {}* __restrict__ in{k}", super::codegen::element_type(dtype)));
                 input_lengths.push(packing::words(dtype, cols));
             }
         }
         _ => return Err(format!("no row kernel for `{}` with {tensors} tensor argument(s)", op.name())),
     }
-    params.push(format!("{}* __restrict__ out0", element_type(out_dtype)));
+    params.push(format!("{}* __restrict__ out0", super::codegen::element_type(out_dtype)));
     params.push("long long n".into());
-    let _ = writeln!(source, "extern \"C\" __global__ void {kernel}({}) {{", params.join(", "));
-    let _ = writeln!(source, "  const long long warps = (long long)blockDim.x * gridDim.x / 32;");
-    let _ = writeln!(source, "  const int lane = threadIdx.x % 32;");
-    let _ = writeln!(
-        source,
-        "  for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < {rows}ll; r += warps) {{"
-    );
-    let _ = writeln!(source, "    const long long row = r * {cols}ll;");
-    // Every lane ends with the row's total: an all-reduce with xor shuffles.
-    let all_reduce = |source: &mut String, combine: &dyn Fn(&str, &str) -> String| {
-        let _ = writeln!(source, "    for (int offset = 16; offset > 0; offset /= 2) {{");
-        let _ = writeln!(source, "      const float other = __shfl_xor_sync(0xffffffffu, acc, offset);");
-        let _ = writeln!(source, "      acc = {};", combine("acc", "other"));
-        let _ = writeln!(source, "    }}");
+    let widest = dtypes.iter().chain([&out_dtype]).map(|d| d.size_bytes()).max().unwrap_or(4);
+    let layout = RowLayout::new(cols, widest);
+    let RowLayout { threads_per_row: t, vector: v, block, .. } = layout;
+
+    let mut c = String::new();
+    let _ = writeln!(c, "// Generated by boundscope for `{}` over rows of {cols}: {layout:?}.", op.name());
+    if dtypes.iter().chain([&out_dtype]).any(|&d| packing::is_packed(d)) {
+        c.push_str(HALF_CONVERSIONS);
+    }
+    if id == prims::SOFTMAX && layout.per_thread.is_none() {
+        // A sum of exponentials taken against maximum `from`, against `to` instead (equal ones,
+        // infinities included, need no factor; a NaN stays NaN).
+        c.push_str("__device__ __forceinline__ float bs_rescale(float s, float from, float to) {\n");
+        c.push_str("  return from == to ? s : s * expf(from - to);\n}\n");
+    }
+    let _ = writeln!(c, "extern \"C\" __global__ void __launch_bounds__({block}) {kernel}({}) {{", params.join(", "));
+    if t > 32 {
+        let _ = writeln!(c, "  __shared__ float partial[{}];", t / 32);
+    }
+    if t > 32 && id == prims::SOFTMAX && layout.per_thread.is_none() {
+        let _ = writeln!(c, "  __shared__ float partial_sum[{}];", t / 32);
+    }
+    // Groups of `t` threads, one row each; the loop runs alike in a whole warp (block, for
+    // `t > 32`), so that every lane takes part in each shuffle (and barrier).
+    let _ = writeln!(c, "  const int lane = threadIdx.x % {t};");
+    let _ = writeln!(c, "  const long long first = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / {t};");
+    let _ = writeln!(c, "  const long long stride = (long long)gridDim.x * blockDim.x / {t};");
+    let lead = if t >= 32 { "first".to_string() } else { format!("first - (threadIdx.x % 32) / {t}") };
+    let _ = writeln!(c, "  const long long lead = {lead};");
+    let _ = writeln!(c, "  for (long long r0 = lead; r0 < {rows}ll; r0 += stride) {{");
+    let _ = writeln!(c, "    const long long r = r0 + (first - lead);");
+    let _ = writeln!(c, "    const bool valid = r < {rows}ll;");
+    let _ = writeln!(c, "    const long long row = r * {cols}ll;");
+    // Every thread of the row ends with the row's total.
+    let reduce = |c: &mut String, combine: &dyn Fn(&str, &str) -> String| {
+        let top = t.min(32);
+        let _ = writeln!(c, "    for (int offset = {}; offset > 0; offset /= 2) {{", top / 2);
+        // Every lane shuffles, then combines (a shuffle inside a conditional would not run in
+        // every lane).
+        let _ = writeln!(c, "      const float other = __shfl_xor_sync(0xffffffffu, acc, offset);");
+        let _ = writeln!(c, "      acc = {};", combine("acc", "other"));
+        let _ = writeln!(c, "    }}");
+        if t > 32 {
+            let _ = writeln!(c, "    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc;");
+            let _ = writeln!(c, "    __syncthreads();");
+            let _ = writeln!(c, "    acc = partial[0];");
+            let _ = writeln!(c, "    for (int w = 1; w < {}; ++w) acc = {};", t / 32, combine("acc", "partial[w]"));
+            let _ = writeln!(c, "    __syncthreads();");
+        }
     };
     let sum = |a: &str, b: &str| format!("{a} + {b}");
-    let each = format!("for (long long c = lane; c < {cols}ll; c += 32)");
-    if id == prims::SOFTMAX {
-        let _ = writeln!(source, "    float acc = __int_as_float(0xff800000);");
+    let max = |a: &str, b: &str| maximum(a, b);
+    let x = |k: usize, at: &str| format!("in{k} + {at}");
+    // The passes: over registers (`j`: the thread's accesses), or, streamed, over the row.
+    let cached = layout.per_thread.is_some();
+    let (open, close) = match layout.per_thread {
+        Some(n) => {
+            let _ = writeln!(c, "    float v[{}];", n * v);
+            let _ = writeln!(c, "    #pragma unroll");
+            let _ = writeln!(c, "    for (int j = 0; j < {n}; ++j) {{");
+            let _ = writeln!(c, "      const long long col = ((long long)j * {t} + lane) * {v};");
+            let neutral = if id == prims::SOFTMAX { "__int_as_float(0xff800000)" } else { "0.0f" };
+            let _ = writeln!(c, "      if (valid && col < {cols}ll) {}", load(dtypes[0], v, &x(0, "row + col"), &format!("(v + j * {v})")));
+            let _ = writeln!(c, "      else {{ for (int e = 0; e < {v}; ++e) v[j * {v} + e] = {neutral}; }}");
+            let _ = writeln!(c, "    }}");
+            (
+                format!("    #pragma unroll\n    for (int j = 0; j < {n}; ++j) {{ const long long col = ((long long)j * {t} + lane) * {v}; const bool in_row = valid && col < {cols}ll; float* const x = v + j * {v};"),
+                "    }".to_string(),
+            )
+        }
+        None => (
+            format!("    for (long long col = (long long)lane * {v}; col < {cols}ll; col += {}ll) {{ const bool in_row = valid; float x[{v}]; if (in_row) {}", t * v, load(dtypes[0], v, &x(0, "row + col"), "x")),
+            "    }".to_string(),
+        ),
+    };
+    if id == prims::SOFTMAX && !cached {
+        // Streamed: the maximum and the sum in one pass (the sum rescaled as the maximum
+        // grows), then the pass that writes: two reads of the row, not three.
+        let _ = writeln!(c, "    float m = __int_as_float(0xff800000), acc = 0.0f;");
+        let _ = writeln!(c, "{open}");
+        let _ = writeln!(c, "      float mv = m; for (int e = 0; e < {v}; ++e) mv = {};", maximum("mv", "x[e]"));
+        // Rescaled only when the maximum grows (rarely, after the row's first values).
+        let _ = writeln!(c, "      if (mv != m) {{ acc = bs_rescale(acc, m, mv); m = mv; }}");
+        let _ = writeln!(
+            c,
+            "      if (mv != __int_as_float(0xff800000)) for (int e = 0; e < {v}; ++e) acc = acc + expf(x[e] - mv);"
+        );
+        let _ = writeln!(c, "{close}");
+        let top = t.min(32);
+        let _ = writeln!(c, "    for (int offset = {}; offset > 0; offset /= 2) {{", top / 2);
+        let _ = writeln!(c, "      const float om = __shfl_xor_sync(0xffffffffu, m, offset);");
+        let _ = writeln!(c, "      const float os = __shfl_xor_sync(0xffffffffu, acc, offset);");
+        let _ = writeln!(c, "      const float mm = {};", maximum("m", "om"));
+        let _ = writeln!(c, "      acc = bs_rescale(acc, m, mm) + bs_rescale(os, om, mm); m = mm;");
+        let _ = writeln!(c, "    }}");
+        if t > 32 {
+            let _ = writeln!(c, "    if (threadIdx.x % 32 == 0) {{ partial[threadIdx.x / 32] = m; partial_sum[threadIdx.x / 32] = acc; }}");
+            let _ = writeln!(c, "    __syncthreads();");
+            let _ = writeln!(c, "    m = partial[0]; acc = partial_sum[0];");
+            let _ = writeln!(c, "    for (int w = 1; w < {}; ++w) {{", t / 32);
+            let _ = writeln!(c, "      const float mm = {};", maximum("m", "partial[w]"));
+            let _ =
+                writeln!(c, "      acc = bs_rescale(acc, m, mm) + bs_rescale(partial_sum[w], partial[w], mm); m = mm;");
+            let _ = writeln!(c, "    }}");
+            let _ = writeln!(c, "    __syncthreads();");
+        }
+        let _ = writeln!(c, "    const float z = acc;");
+        let _ = writeln!(c, "{open}");
         let _ =
-            writeln!(source, "    {each} {{ const float v = {}; acc = {}; }}", x(0, "row + c"), maximum("acc", "v"));
-        all_reduce(&mut source, &maximum);
-        let _ = writeln!(source, "    const float m = acc;");
-        let _ = writeln!(source, "    acc = 0.0f;");
-        let _ = writeln!(source, "    {each} acc = acc + expf({} - m);", x(0, "row + c"));
-        all_reduce(&mut source, &sum);
-        let _ = writeln!(source, "    const float z = acc;");
-        let y = narrow(out_dtype, &format!("expf({} - m) / z", x(0, "row + c")));
-        let _ = writeln!(source, "    {each} out0[row + c] = {y};");
+            writeln!(c, "      if (in_row) {{ float y[{v}]; for (int e = 0; e < {v}; ++e) y[e] = expf(x[e] - m) / z;");
+        let _ = writeln!(c, "        {} }}", store(out_dtype, v, "out0 + row + col", "y"));
+        let _ = writeln!(c, "{close}");
+    } else if id == prims::SOFTMAX {
+        let _ = writeln!(c, "    float acc = __int_as_float(0xff800000);");
+        let _ = writeln!(c, "{open}");
+        let _ = writeln!(c, "      if (in_row) for (int e = 0; e < {v}; ++e) acc = {};", maximum("acc", "x[e]"));
+        let _ = writeln!(c, "{close}");
+        reduce(&mut c, &max);
+        let _ = writeln!(c, "    const float m = acc;");
+        let _ = writeln!(c, "    acc = 0.0f;");
+        let _ = writeln!(c, "{open}");
+        // Kept in registers, each exponential is taken once.
+        let (keep, exp) = if cached { ("x[e] = expf(x[e] - m); ", "x[e]") } else { ("", "expf(x[e] - m)") };
+        let _ = writeln!(c, "      if (in_row) for (int e = 0; e < {v}; ++e) {{ {keep}acc = acc + {exp}; }}");
+        let _ = writeln!(c, "{close}");
+        reduce(&mut c, &sum);
+        let _ = writeln!(c, "    const float z = acc;");
+        let _ = writeln!(c, "{open}");
+        let _ = writeln!(c, "      if (in_row) {{ float y[{v}]; for (int e = 0; e < {v}; ++e) y[e] = {exp} / z;");
+        let _ = writeln!(c, "        {} }}", store(out_dtype, v, "out0 + row + col", "y"));
+        let _ = writeln!(c, "{close}");
     } else {
         let eps = op.scalar(1).map_err(|e| e.to_string())?;
         let inverse = literal(1.0 / cols as f32);
-        let _ = writeln!(source, "    float acc = 0.0f;");
-        let _ = writeln!(source, "    {each} acc = acc + {};", x(0, "row + c"));
-        all_reduce(&mut source, &sum);
-        let _ = writeln!(source, "    const float mean = acc * {inverse};");
-        let _ = writeln!(source, "    acc = 0.0f;");
-        let _ = writeln!(source, "    {each} {{ const float d = {} - mean; acc = acc + d * d; }}", x(0, "row + c"));
-        all_reduce(&mut source, &sum);
-        let _ = writeln!(source, "    const float variance = acc * {inverse};");
-        let _ = writeln!(source, "    const float inv_std = expf(logf(variance + {}) * -0.5f);", literal(eps));
-        let mut value = format!("({} - mean) * inv_std", x(0, "row + c"));
-        if tensors > 1 {
-            value = format!("({value}) * {}", x(1, "c"));
+        let _ = writeln!(c, "    float acc = 0.0f;");
+        let _ = writeln!(c, "{open}");
+        let _ = writeln!(c, "      if (in_row) for (int e = 0; e < {v}; ++e) acc = acc + x[e];");
+        let _ = writeln!(c, "{close}");
+        reduce(&mut c, &sum);
+        let _ = writeln!(c, "    const float mean = acc * {inverse};");
+        let _ = writeln!(c, "    acc = 0.0f;");
+        let _ = writeln!(c, "{open}");
+        let _ = writeln!(
+            c,
+            "      if (in_row) for (int e = 0; e < {v}; ++e) {{ const float d = x[e] - mean; acc = acc + d * d; }}"
+        );
+        let _ = writeln!(c, "{close}");
+        reduce(&mut c, &sum);
+        let _ = writeln!(c, "    const float variance = acc * {inverse};");
+        let _ = writeln!(c, "    const float inv_std = expf(logf(variance + {}) * -0.5f);", literal(eps));
+        let _ = writeln!(c, "{open}");
+        let _ = writeln!(c, "      if (in_row) {{ float y[{v}];");
+        let _ = writeln!(c, "        for (int e = 0; e < {v}; ++e) y[e] = (x[e] - mean) * inv_std;");
+        for (k, &dtype) in dtypes.iter().enumerate().skip(1) {
+            let _ = writeln!(c, "        {{ float p[{v}]; {}", load(dtype, v, &x(k, "col"), "p"));
+            let combine = if k == 1 { "y[e] = y[e] * p[e]" } else { "y[e] = y[e] + p[e]" };
+            let _ = writeln!(c, "          for (int e = 0; e < {v}; ++e) {combine}; }}");
         }
-        if tensors > 2 {
-            value = format!("{value} + {}", x(2, "c"));
-        }
-        let _ = writeln!(source, "    {each} out0[row + c] = {};", narrow(out_dtype, &value));
+        let _ = writeln!(c, "        {} }}", store(out_dtype, v, "out0 + row + col", "y"));
+        let _ = writeln!(c, "{close}");
     }
-    let _ = writeln!(source, "  }}\n}}");
-    Ok(RegionSource {
+    let _ = writeln!(c, "  }}\n}}");
+    let blocks = rows.div_ceil(layout.rows_per_block()).clamp(1, i32::MAX as usize) as u32;
+    let source = RegionSource {
         kernel: kernel.to_string(),
-        source,
+        source: c,
         inputs: tensors,
         outputs: 1,
         numel,
-        vectorized: false,
-        // A warp per row; the launch rounds up to whole blocks.
-        threads: rows * 32,
+        vectorized: v > 1,
+        threads: blocks as usize * block,
         input_lengths,
         output_lengths: vec![packing::words(out_dtype, numel)],
-    })
+    };
+    Ok(RowSource { source, layout, blocks })
 }
 
 #[cfg(test)]
@@ -124,7 +345,7 @@ mod tests {
     use super::*;
     use crate::core::ir::{Arena, Registry, TraceBuilder};
 
-    fn source_of(build: impl Fn(&mut TraceBuilder<'_>) -> crate::ValueId) -> Result<RegionSource, String> {
+    fn source_of(build: impl Fn(&mut TraceBuilder<'_>) -> crate::ValueId) -> Result<RowSource, String> {
         let registry = Registry::with_builtins();
         let arena = Arena::new();
         let mut b = TraceBuilder::new(&arena, &registry);
@@ -136,31 +357,76 @@ mod tests {
     }
 
     #[test]
-    fn softmax_is_one_kernel_of_three_passes() {
+    fn rows_are_laid_out_by_length_and_dtype() {
+        let layout = |cols, widest| {
+            let l = RowLayout::new(cols, widest);
+            (l.threads_per_row, l.vector, l.per_thread, l.block)
+        };
+        // f32: four per access, up to 32 values per thread, so a warp holds rows of 1,024.
+        assert_eq!(layout(1024, 4), (32, 4, Some(8), 256));
+        assert_eq!(layout(768, 4), (32, 4, Some(6), 256));
+        // Short rows: 8 threads a row where it has 8 accesses, for 128 contiguous bytes.
+        assert_eq!(layout(64, 4), (8, 4, Some(2), 256));
+        assert_eq!(layout(32, 4), (8, 4, Some(1), 256));
+        assert_eq!(layout(8, 4), (2, 4, Some(1), 256));
+        assert_eq!(layout(1, 4), (1, 1, Some(1), 256));
+        assert_eq!(layout(4096, 4), (128, 4, Some(8), 128));
+        assert_eq!(layout(32768, 4), (1024, 4, Some(8), 1024));
+        // Longer rows are streamed by a block; odd lengths take narrower accesses.
+        assert_eq!(layout(1 << 20, 4), (1024, 4, None, 1024));
+        assert_eq!(layout(1001, 4), (32, 1, Some(32), 256));
+        assert_eq!(layout(1002, 4), (32, 2, Some(16), 256));
+        // 16-bit: eight per access.
+        assert_eq!(layout(1024, 2), (32, 8, Some(4), 256));
+        assert_eq!(layout(50257, 2), (1024, 1, None, 1024));
+    }
+
+    #[test]
+    fn softmax_reads_its_row_once_into_registers() {
         let generated = source_of(|b| {
             let x = b.input(&[64, 256]).unwrap();
             b.softmax(x).unwrap()
         })
         .unwrap();
-        assert_eq!((generated.threads, generated.numel, generated.inputs), (64 * 32, 64 * 256, 1));
-        let src = &generated.source;
+        let (layout, src) = (generated.layout, &generated.source.source);
+        assert_eq!((layout.threads_per_row, layout.vector, layout.per_thread), (8, 4, Some(8)));
+        assert_eq!(generated.blocks, 2, "32 rows per block of 256");
+        assert_eq!(src.matches("reinterpret_cast<const uint4*>(in0").count(), 1, "one read of the row\n{src}");
+        assert_eq!(src.matches("reinterpret_cast<uint4*>(out0").count(), 1, "{src}");
         assert_eq!(src.matches("__shfl_xor_sync").count(), 2, "{src}");
-        assert!(src.contains("out0[row + c] = expf(in0[row + c] - m) / z;"), "{src}");
+        assert_eq!(src.matches("expf(").count(), 1, "each exponential once\n{src}");
+    }
+
+    #[test]
+    fn long_rows_are_streamed_by_a_block() {
+        let generated = source_of(|b| {
+            let x = b.input(&[2, 1 << 16]).unwrap();
+            b.softmax(x).unwrap()
+        })
+        .unwrap();
+        let src = &generated.source.source;
+        assert_eq!(generated.layout.per_thread, None);
+        assert_eq!(src.matches("reinterpret_cast<const uint4*>(in0").count(), 2, "two passes\n{src}");
+        assert!(src.contains("__shared__ float partial[32]") && src.contains("__syncthreads()"), "{src}");
     }
 
     #[test]
     fn layer_norm_reads_its_weight_and_bias_per_column() {
+        let bf16 = |b: &mut TraceBuilder<'_>, shape: &[usize]| {
+            b.input_with(&crate::TensorMeta::new(DType::BF16, shape)).unwrap()
+        };
         let generated = source_of(|b| {
-            let x = b.input(&[8, 4, 32]).unwrap();
-            let w = b.input(&[32]).unwrap();
-            let bias = b.input(&[32]).unwrap();
+            let x = bf16(b, &[8, 4, 32]);
+            let w = bf16(b, &[32]);
+            let bias = bf16(b, &[32]);
             b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap()
         })
         .unwrap();
-        assert_eq!(generated.input_lengths, vec![8 * 4 * 32, 32, 32]);
-        assert_eq!(generated.threads, 32 * 32);
-        let src = &generated.source;
-        assert!(src.contains("out0[row + c] = ((in0[row + c] - mean) * inv_std) * in1[c] + in2[c];"), "{src}");
+        assert_eq!(generated.source.input_lengths, vec![8 * 4 * 32 / 2, 16, 16]);
+        let src = &generated.source.source;
+        assert_eq!(generated.layout.vector, 8, "16 bytes of bf16");
+        assert!(src.contains("reinterpret_cast<const uint4*>(in1 + col)"), "{src}");
+        assert!(src.contains("reinterpret_cast<const uint4*>(in2 + col)"), "{src}");
         assert!(src.contains("expf(logf(variance + "), "{src}");
     }
 

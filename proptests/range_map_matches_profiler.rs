@@ -237,17 +237,8 @@ fn guard_specs() -> impl Strategy<Value = Vec<GuardSpec>> {
 #[derive(Clone, Debug)]
 enum Fuser {
     None,
-    CpuFusion {
-        emit: bool,
-    },
-    Test {
-        domain: usize,
-        single_input_only: bool,
-    },
-    /// No fusion; `TestOpRanges` runs the unary ops, pushing its own op ranges.
-    OpRanges {
-        domain: usize,
-    },
+    CpuFusion { emit: bool },
+    Test { domain: usize, single_input_only: bool },
 }
 
 fn fusers() -> impl Strategy<Value = Fuser> {
@@ -255,7 +246,6 @@ fn fusers() -> impl Strategy<Value = Fuser> {
         Just(Fuser::None),
         any::<bool>().prop_map(|emit| Fuser::CpuFusion { emit }),
         (0usize..3, any::<bool>()).prop_map(|(domain, single_input_only)| Fuser::Test { domain, single_input_only }),
-        (0usize..3).prop_map(|domain| Fuser::OpRanges { domain }),
     ]
 }
 
@@ -371,6 +361,7 @@ proptest! {
     fn one_run_pushes_exactly_the_range_map(
         program in programs(true),
         fuser in fusers(),
+        op_ranges in prop::option::weighted(0.3, 0usize..3),
         strategy in prop_oneof![Just(FusionStrategy::Consecutive), Just(FusionStrategy::Dataflow)],
         specs in guard_specs(),
         profile_at in prop::collection::vec((0u8..3, 1u8..3), 0..3),
@@ -392,12 +383,11 @@ proptest! {
         attach(&mut trace, &specs, 0);
         let mut trace = profile(Pipeline::standard().run(&trace, &arena).unwrap(), &arena, times(1));
         attach(&mut trace, &specs, 1);
-        let op_ranges: Option<Arc<dyn Executor>> = match fuser {
-            Fuser::OpRanges { domain } => Some(Arc::new(TestOpRanges { emits: [EmittedRange::nvtx_ops_in(DOMAINS[domain])] })),
-            _ => None,
-        };
+        // The unary ops the fuser leaves, on an executor that pushes its own op ranges.
+        let op_ranges: Option<Arc<dyn Executor>> = op_ranges
+            .map(|domain| Arc::new(TestOpRanges { emits: [EmittedRange::nvtx_ops_in(DOMAINS[domain])] }) as Arc<dyn Executor>);
         let fuser: Option<Arc<dyn Executor>> = match fuser {
-            Fuser::None | Fuser::OpRanges { .. } => None,
+            Fuser::None => None,
             Fuser::CpuFusion { emit } => Some(Arc::new(CpuFusion::new().emit_region_ranges(emit))),
             Fuser::Test { domain, single_input_only } => Some(Arc::new(TestFuser::new(DOMAINS[domain], single_input_only))),
         };
@@ -530,6 +520,35 @@ fn a_user_executor_that_pushes_op_ranges_gets_no_second_one_in_its_domain() {
     .unwrap();
     let (_, events) = captured_run(&plan, &inputs());
     assert!(labels_in(&events, "test_fuser").is_empty(), "{events:?}");
+}
+
+/// A subsymbol guard of a composite that becomes one op of an executor pushing op ranges is a
+/// scope of its own over that op: with a range in the executor's domain there, the runtime
+/// pushes the op's ranges (keeping one of twins) and the executor none, so no range sits
+/// directly inside its twin.
+#[test]
+fn an_op_range_beside_a_subsymbol_range_in_its_domain_is_not_doubled() {
+    if !capture_installed() {
+        return;
+    }
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[8, 8]).unwrap();
+    let y = b.softmax(x).unwrap();
+    b.output(y).unwrap();
+    let mut trace = b.finish().unwrap();
+    trace
+        .attach_subsymbol_guard(BoundSymbolId::from_index(0), 1, NvtxRange::new().domain("test_fuser").unwrap())
+        .unwrap();
+    let decomposed = Pipeline::standard().run(&trace, &arena).unwrap();
+    let mut profiled = ProfileOps::new().run(&decomposed, &arena).unwrap();
+    profiled.attach_guard(Selection::All, NvtxRange::new().domain("test_fuser").unwrap()).unwrap();
+    let ops: Arc<dyn Executor> = Arc::new(TestOpRanges { emits: [EmittedRange::nvtx_ops("test_fuser")] });
+    let plan = Plan::compile(&profiled, &[ops, CpuReference::shared()]).unwrap();
+    let (_, events) = captured_run(&plan, &inputs());
+    assert_eq!(pushes_of(&events), pushes_in(plan.range_map()), "{plan:#}");
+    check_nesting(&events).unwrap();
+    assert!(labels_in(&events, "test_fuser").contains(&"exp".to_string()), "{events:?}");
 }
 
 #[test]

@@ -206,6 +206,8 @@ impl CudaKernel for Probe {
             Err(Error::DTypeMismatch { expected: DType::F32, got: DType::BF16, .. })
         ));
         assert!(matches!(run.input::<half::bf16>(1), Err(Error::Execution { .. })));
+        assert_eq!(run.outputs::<half::bf16>()?.len(), 1);
+        assert!(matches!(run.outputs::<f32>(), Err(Error::DTypeMismatch { .. })));
         let memory = run.input_memory(0)?;
         assert_eq!((memory.len, memory.dtype), (12, DType::BF16));
         // Typed memory of 12 bf16 values (six device words): a copy on the run's stream.
@@ -276,4 +278,18 @@ fn each_workspace_has_its_own_state_dropped_with_it() {
     assert_eq!(probe.dropped.load(Ordering::SeqCst), 1, "dropped with its workspace");
     drop(second);
     assert_eq!(probe.dropped.load(Ordering::SeqCst), 2);
+
+    // A kernel called by hand, outside any run, keeps one state of its own, dropped with it.
+    let executor = ProbeExecutor { gpu: gpu.clone(), probe: probe.clone() };
+    let op = OpView::of(&trace, 0).unwrap();
+    let kernel = executor.compile_device(&op).unwrap();
+    let shared: Arc<dyn Device> = gpu.clone();
+    let input = DeviceTensor::upload(&shared, x.view()).unwrap();
+    let mut output = shared.alloc(6).unwrap();
+    for _ in 0..2 {
+        kernel.run(&[input.buffer()], &mut [&mut *output]).unwrap();
+    }
+    assert_eq!(probe.made.load(Ordering::SeqCst), 3, "one state for the calls by hand");
+    drop(kernel);
+    assert_eq!(probe.dropped.load(Ordering::SeqCst), 3, "dropped with the kernel");
 }

@@ -2,7 +2,7 @@
 //! NVRTC-compiled CUDA kernel in `f32` and bf16, and `my_matmul` (another) as a cuBLAS call
 //! with a handle and a workspace per plan workspace. It pushes an NVTX range of its own around
 //! each op it runs, in its own domain. Shared by `examples/cuda_user_executor.rs` and the GPU
-//! tests (`proptests/cuda_matches_reference.rs`, `proptests/steady_state_runs_allocate_nothing.rs`).
+//! tests (`proptests/users_gpu_executors.rs`, `proptests/steady_state_runs_allocate_nothing.rs`).
 
 use std::ffi::c_void;
 use std::sync::Arc;
@@ -176,8 +176,8 @@ impl Executor for MyGpu {
             let gemm = CublasMatmul { m: x[0], k: x[1], n: b[1] };
             return device_kernel(&self.device, self.name(), op, gemm);
         }
-        let function = match op.dtype_of(op.bound_symbol().inputs().next().expect("two inputs")) {
-            DType::BF16 => self.bias_gelu_bf16.clone(),
+        let function = match op.dtypes().first() {
+            Some(DType::BF16) => self.bias_gelu_bf16.clone(),
             _ => self.bias_gelu_f32.clone(),
         };
         let (len, n) = (x.iter().product::<usize>(), *x.last().unwrap_or(&1));
@@ -220,7 +220,8 @@ impl CudaKernel for BiasGelu {
             _ => Self::pointers::<f32>(run)?,
         };
         let (mut len, mut n) = (self.len as i64, self.n as i64);
-        let blocks = self.len.div_ceil(256).max(1) as u32;
+        let blocks = u32::try_from(self.len.div_ceil(256).max(1))
+            .map_err(|_| run.error(format!("{} elements: more than one launch of this kernel covers", self.len)))?;
         let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
         let mut params = [
             (&mut x as *mut u64).cast::<c_void>(),
@@ -270,7 +271,9 @@ impl CudaKernel for CublasMatmul {
     }
 
     fn run(&self, run: &mut CudaRun<'_>, blas: &mut Blas) -> Result<()> {
-        let (m, k, n) = (self.m as i32, self.k as i32, self.n as i32);
+        let int =
+            |d: usize| i32::try_from(d).map_err(|_| run.error(format!("cuBLAS takes dimensions below 2^31, not {d}")));
+        let (m, k, n) = (int(self.m)?, int(self.k)?, int(self.n)?);
         let (a, b) = (run.input::<f32>(0)?, run.input::<f32>(1)?);
         let mut c = run.output::<f32>(0)?;
         // Row-major C = A B is column-major C^T = B^T A^T: B first.

@@ -885,7 +885,18 @@ fn emitted_range(
     // The same categories as its scope (`prepare_scopes`): a region's are `Fusion` and its
     // ops', an op's its own.
     let table = &trace.guards;
-    let own = || table.at(position).iter().filter(|a| a.depth == 0 && a.span == 1);
+    // A region's attachments, or an op's at the op level (a subsymbol guard of a composite
+    // that became this one op is a scope of its own, which the runtime pushes).
+    let own = || {
+        let at = table.at(position).iter();
+        at.filter(move |a| a.depth == 0 && a.span == 1 && (level == Level::Region || a.level == Level::Op))
+    };
+    let beside = |a: &&Attachment| a.depth == 0 && a.span == 1 && level == Level::Op && a.level != Level::Op;
+    if table.at(position).iter().filter(beside).any(|a| table.guard(a.guard).nvtx_domain() == Some(domain)) {
+        // Another scope over exactly this op has a range in the executor's domain: the runtime
+        // pushes both (and keeps one where they are twins), the executor none.
+        return None;
+    }
     let category_of = |id| trace.registry().get(id).map(|s| s.symbol.category()).ok();
     let categories: Vec<crate::Category> = if level == Level::Region {
         std::iter::once(crate::Category::Fusion)

@@ -211,7 +211,7 @@ pub trait Executor: Any + Send + Sync {
 /// the executor claims and that is profiled:
 /// - the executor pushes exactly one range, in its declared `domain`, around the region: the
 ///   one [`OpView::region_range`] describes, labelled by the NVTX guards of that domain if they
-///   give a label, else `<Executor>Fusion<N>: (op, ...)`;
+///   give a label, else `<Executor>Fusion<N>: (op, ...)` (for an op, its name);
 /// - the runtime pushes no range in that domain for the region;
 /// - for every other domain with NVTX guards on the region, the runtime pushes exactly one
 ///   range, labelled from that domain's guards only.

@@ -29,8 +29,6 @@ pub struct CudaDevice {
     staging: Mutex<Staging>,
     /// Page-locked allocations made so far.
     pins: AtomicU64,
-    /// Users' kernels' state for work outside any workspace's queue.
-    states: KernelStates,
 }
 
 /// Two page-locked chunks of [`STAGING_CHUNK`] words, used in turn: a transfer of any size goes
@@ -64,7 +62,7 @@ thread_local! {
 
 /// The state users' kernels keep per workspace ([`CudaKernel::State`](super::CudaKernel::State)),
 /// by kernel id.
-pub(crate) type KernelStates = Mutex<Vec<(u64, Box<dyn Any + Send>)>>;
+type KernelStates = Mutex<Vec<(u64, Box<dyn Any + Send>)>>;
 
 /// A workspace's own CUDA stream, and what users' kernels keep for it.
 pub(crate) struct CudaQueue(Arc<Queue>);
@@ -182,7 +180,6 @@ impl CudaDevice {
             transfers: AtomicU64::new(0),
             staging: Mutex::new(Staging::default()),
             pins: AtomicU64::new(0),
-            states: Mutex::new(Vec::new()),
         })
     }
 
@@ -203,13 +200,32 @@ impl CudaDevice {
         CURRENT_QUEUE.with(|q| q.borrow().iter().rev().find(|(d, _)| *d == me).map(|(_, q)| q.clone()))
     }
 
-    /// Runs `f` on the users' kernels' states of the workspace whose run is in progress on this
-    /// thread (the device's own, outside runs), locked for the call.
-    pub(crate) fn with_kernel_states<R>(&self, f: impl FnOnce(&mut Vec<(u64, Box<dyn Any + Send>)>) -> R) -> R {
-        let queue = self.current_queue();
-        let states = queue.as_ref().map_or(&self.states, |q| &q.states);
-        let mut states = states.lock().unwrap_or_else(|p| p.into_inner());
-        f(&mut states)
+    /// The state user kernel `id` keeps in the workspace whose run is in progress on this
+    /// thread, taken out for the kernel's call (`Some(None)`: it has none there yet); `None`
+    /// outside any run on this device. [`put_kernel_state`](Self::put_kernel_state) puts it
+    /// back. Taken out, not borrowed, so that no lock is held while the user's code runs.
+    pub(crate) fn take_kernel_state(&self, id: u64) -> Option<Option<Box<dyn Any + Send>>> {
+        let queue = self.current_queue()?;
+        let mut states = queue.states.lock().unwrap_or_else(|p| p.into_inner());
+        Some(states.iter().position(|(k, _)| *k == id).map(|i| states.swap_remove(i).1))
+    }
+
+    /// Puts back a state taken by [`take_kernel_state`](Self::take_kernel_state) (no
+    /// allocation once the workspace has held it).
+    pub(crate) fn put_kernel_state(&self, id: u64, state: Box<dyn Any + Send>) {
+        if let Some(queue) = self.current_queue() {
+            queue.states.lock().unwrap_or_else(|p| p.into_inner()).push((id, state));
+        }
+    }
+
+    /// Whether this thread is in a run on another device (a kernel given this device while its
+    /// executor runs on another).
+    pub(crate) fn in_another_devices_run(&self) -> bool {
+        let me = self as *const Self as usize;
+        CURRENT_QUEUE.with(|q| {
+            let q = q.borrow();
+            !q.is_empty() && !q.iter().any(|(d, _)| *d == me)
+        })
     }
 
     /// The CUDA context (for loading a module of your own, say).
@@ -374,16 +390,16 @@ impl DeviceGraph for CudaPlanGraph {
     }
 }
 
+/// A kernel was handed a buffer of another device.
+const NOT_CUDA: &str = "not a CUDA buffer: a kernel gets buffers of the device its executor's `Executor::device` \
+                        returns; make that the CudaDevice the kernel runs on";
+
 pub(crate) fn slice(buffer: &dyn DeviceBuffer) -> Result<&CudaSlice<f32>> {
-    buffer.as_any().downcast_ref::<CudaBuffer>().map(|b| &b.0).ok_or_else(|| cuda_error("buffer", "not a CUDA buffer"))
+    buffer.as_any().downcast_ref::<CudaBuffer>().map(|b| &b.0).ok_or_else(|| cuda_error("buffer", NOT_CUDA))
 }
 
 pub(crate) fn slice_mut(buffer: &mut dyn DeviceBuffer) -> Result<&mut CudaSlice<f32>> {
-    buffer
-        .as_any_mut()
-        .downcast_mut::<CudaBuffer>()
-        .map(|b| &mut b.0)
-        .ok_or_else(|| cuda_error("buffer", "not a CUDA buffer"))
+    buffer.as_any_mut().downcast_mut::<CudaBuffer>().map(|b| &mut b.0).ok_or_else(|| cuda_error("buffer", NOT_CUDA))
 }
 
 impl Device for CudaDevice {

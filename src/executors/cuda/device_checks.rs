@@ -108,7 +108,19 @@ impl BufferLengths {
     /// `Ok` if there are as many buffers as the kernel takes, each holding at least the
     /// elements it reads or writes.
     pub fn check(&self, kernel: &str, inputs: &[&dyn DeviceBuffer], outputs: &[&mut dyn DeviceBuffer]) -> Result<()> {
-        let fail = |message: String| Err(Error::Execution { executor: "cuda".into(), symbol: kernel.into(), message });
+        self.check_for("cuda", kernel, inputs, outputs)
+    }
+
+    /// [`check`](Self::check), for a kernel of the executor named `executor`.
+    pub fn check_for(
+        &self,
+        executor: &str,
+        kernel: &str,
+        inputs: &[&dyn DeviceBuffer],
+        outputs: &[&mut dyn DeviceBuffer],
+    ) -> Result<()> {
+        let fail =
+            |message: String| Err(Error::Execution { executor: executor.into(), symbol: kernel.into(), message });
         if inputs.len() != self.inputs.len() || outputs.len() != self.outputs.len() {
             return fail(format!(
                 "it takes {} input and {} output buffer(s), not {} and {}; pass one per tensor argument and output",

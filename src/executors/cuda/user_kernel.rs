@@ -6,7 +6,7 @@
 use std::any::Any;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{
     sys, CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, CudaViewMut, DevicePtr, DeviceRepr, LaunchConfig,
@@ -16,7 +16,7 @@ use smallvec::SmallVec;
 use super::device::{cuda_error, slice, slice_mut, CudaDevice};
 use super::device_checks::BufferLengths;
 use crate::core::ir::DType;
-use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView, PreparedRegionRange};
+use crate::core::plan::{packing, Device, DeviceBuffer, DeviceKernel, OpView, PreparedRegionRange};
 use crate::error::{Error, Result};
 
 /// An element type of device memory: the Rust type of a [`DType`]'s values (`f32`,
@@ -57,7 +57,10 @@ device_elements!(f32 => F32, half::bf16 => BF16, half::f16 => F16, i64 => I64, i
 ///   into the plan's graph (the graph replays it with the rest), and is timed by
 ///   [`CudaEventTimer`](super::CudaEventTimer) guards on the op. Work queued on another stream
 ///   races with the plan, and is not captured: if you must use one, make it wait for an event
-///   recorded on the run's stream, and the run's stream wait for it before you return.
+///   recorded on the run's stream, and the run's stream wait for it before you return. The
+///   views' own `stream()` is the device's stream, not the run's (cudarc's per-buffer events
+///   are off on this device: the plan orders its work itself), so pass `run.stream()` to every
+///   call that takes one.
 /// - **When buffers may be reused.** A buffer is the op's only for the work queued during the
 ///   call: keep no pointer or view past it (a graph replays the pointers it captured, which
 ///   stay valid as long as the graph's workspace).
@@ -65,7 +68,11 @@ device_elements!(f32 => F32, half::bf16 => BF16, half::f16 => F16, i64 => I64, i
 ///   kernel in each workspace (so, for a graph, in the uncaptured run that
 ///   [`Plan::capture`](crate::Plan::capture) makes first): allocate handles and buffers there,
 ///   not in [`run`](Self::run), which should allocate nothing (so that steady-state runs
-///   allocate nothing on the host). The state is dropped with its workspace.
+///   allocate nothing on the host; so does the call itself, for ops of up to 16 inputs and 8
+///   outputs). The state is dropped with its workspace (a workspace kept after its plan keeps
+///   its kernels' states until it is dropped); a kernel called outside any plan run keeps one
+///   state of its own. It is out of the workspace while `run` runs, so `run` may call other
+///   kernels; a `run` that panics loses it, and the next run makes a new one.
 /// - **Errors.** An error returned by `run` (or `new_state`) is the error of the plan's run
 ///   that queued it, unchanged; return typed errors ([`Error::Execution`] names the executor
 ///   and the op). A fault on the device while the kernel runs is CUDA's sticky error: the
@@ -79,8 +86,10 @@ device_elements!(f32 => F32, half::bf16 => BF16, half::f16 => F16, i64 => I64, i
 ///   rest is yours.
 /// - **Ranges.** If the executor declares [`EmittedRange::nvtx_ops`](crate::EmittedRange::nvtx_ops)
 ///   (or `nvtx_regions`, for regions it claims), the kernel `device_kernel` makes pushes the
-///   range [`OpView::region_range`] gives around each call to `run`, so the one-range-per-scope
-///   rule holds with no code of yours; push ranges in other domains yourself, if you like.
+///   range [`OpView::region_range`] gives around each call to `run` (and, at a workspace's first
+///   run, `new_state`), so the one-range-per-scope rule holds with no code of yours; it spans
+///   the kernel's step, while the op's ranges in other domains also span the uploads the plan
+///   makes for it. Push ranges in other domains yourself, if you like.
 ///
 /// ```no_run
 /// # // Needs a GPU: `examples/cuda_user_executor.rs` runs a complete one on the H200.
@@ -141,8 +150,8 @@ struct Tensors {
 pub struct CudaRun<'r> {
     device: &'r Arc<CudaDevice>,
     stream: &'r Arc<CudaStream>,
-    inputs: SmallVec<[&'r CudaSlice<f32>; 8]>,
-    outputs: SmallVec<[&'r mut CudaSlice<f32>; 4]>,
+    inputs: SmallVec<[&'r CudaSlice<f32>; 16]>,
+    outputs: SmallVec<[&'r mut CudaSlice<f32>; 8]>,
     tensors: &'r Tensors,
     executor: &'r str,
     symbol: &'r str,
@@ -256,6 +265,25 @@ impl<'r> CudaRun<'r> {
         view.ok_or_else(|| cuda_error("output", "shorter than its shape"))
     }
 
+    /// Every output as device memory of its dtype's values, at once (for a call that writes
+    /// several), when they are all of `T`'s dtype.
+    ///
+    /// # Errors
+    /// [`Error::DTypeMismatch`] naming the first output of another dtype.
+    pub fn outputs<T: DeviceElement>(&mut self) -> Result<SmallVec<[CudaViewMut<'_, T>; 8]>> {
+        let mut lengths: SmallVec<[usize; 8]> = SmallVec::new();
+        for (i, tensor) in self.tensors.outputs.iter().enumerate() {
+            let (dtype, len) = self.typed(tensor, T::DTYPE, "output", i)?;
+            if len.saturating_mul(size_of::<T>()) > self.outputs[i].len() * size_of::<f32>() {
+                return Err(self.short(dtype, len, "output", i));
+            }
+            lengths.push(len);
+        }
+        // SAFETY: as for `input`; the outputs are distinct buffers, so the views do not overlap.
+        let views = self.outputs.iter_mut().zip(lengths).map(|(o, len)| unsafe { o.transmute_mut::<T>(len) });
+        views.map(|v| v.ok_or_else(|| cuda_error("output", "shorter than its shape"))).collect()
+    }
+
     /// Input `i` as a raw device pointer, its length in elements and its dtype.
     ///
     /// # Errors
@@ -290,8 +318,20 @@ impl<'r> CudaRun<'r> {
         config: LaunchConfig,
         params: &mut [*mut c_void],
     ) -> Result<()> {
+        let LaunchConfig { grid_dim, block_dim, shared_mem_bytes } = config;
+        let stream = self.stream.cu_stream();
         // SAFETY: the caller's contract.
-        unsafe { super::device_checks::launch(function, self.stream, config, params) }.map_err(|e| self.error(e))
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                function.cu_function(),
+                grid_dim,
+                block_dim,
+                shared_mem_bytes,
+                stream,
+                params,
+            )
+        }
+        .map_err(|e| self.error(e))
     }
 
     /// An [`Error::Execution`] naming the executor and the op, with `what` as its message:
@@ -340,9 +380,12 @@ impl<'r> CudaRun<'r> {
 static KERNELS: AtomicU64 = AtomicU64::new(0);
 
 /// A user's kernel made a [`DeviceKernel`].
-struct UserKernel<K> {
+struct UserKernel<K: CudaKernel> {
     device: Arc<CudaDevice>,
     kernel: K,
+    /// The state of calls outside any run (a kernel run by hand, not by a plan): it lives as
+    /// long as the kernel.
+    outside: Mutex<Option<K::State>>,
     id: u64,
     tensors: Tensors,
     lengths: BufferLengths,
@@ -376,6 +419,7 @@ pub fn device_kernel<K: CudaKernel>(
     Ok(Box::new(UserKernel {
         device: device.clone(),
         kernel,
+        outside: Mutex::new(None),
         id: KERNELS.fetch_add(1, Ordering::Relaxed),
         tensors: Tensors { inputs, outputs },
         lengths,
@@ -387,7 +431,18 @@ pub fn device_kernel<K: CudaKernel>(
 
 impl<K: CudaKernel> UserKernel<K> {
     fn call(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
-        self.lengths.check(&self.symbol, inputs, outputs)?;
+        self.lengths.check_for(&self.executor, &self.symbol, inputs, outputs)?;
+        if self.device.in_another_devices_run() {
+            return Err(Error::Execution {
+                executor: self.executor.clone(),
+                symbol: self.symbol.clone(),
+                message: format!(
+                    "its kernel was made for {} but runs in a plan on another device; give `device_kernel` the \
+                     CudaDevice that the executor's `Executor::device` returns",
+                    Device::name(&*self.device)
+                ),
+            });
+        }
         let stream = self.device.stream();
         let mut run = CudaRun {
             device: &self.device,
@@ -398,18 +453,27 @@ impl<K: CudaKernel> UserKernel<K> {
             executor: &self.executor,
             symbol: &self.symbol,
         };
-        self.device.with_kernel_states(|states| {
-            let index = match states.iter().position(|(id, _)| *id == self.id) {
-                Some(i) => i,
-                None => {
-                    let state: Box<dyn Any + Send> = Box::new(self.kernel.new_state(&run)?);
-                    states.push((self.id, state));
-                    states.len() - 1
-                }
-            };
-            let state = states[index].1.downcast_mut::<K::State>().ok_or_else(|| run.error("state of another type"))?;
-            self.kernel.run(&mut run, state)
-        })
+        let Some(taken) = self.device.take_kernel_state(self.id) else {
+            // Outside any run: the kernel's own state.
+            let mut outside = self.outside.lock().unwrap_or_else(|p| p.into_inner());
+            if outside.is_none() {
+                *outside = Some(self.kernel.new_state(&run)?);
+            }
+            let state = outside.as_mut().ok_or_else(|| run.error("no state"))?;
+            return self.kernel.run(&mut run, state);
+        };
+        let mut state: Box<dyn Any + Send> = match taken {
+            Some(state) => state,
+            None => Box::new(self.kernel.new_state(&run)?),
+        };
+        // Out of the workspace while the user's code runs (which may run other kernels of its
+        // own), then put back; a kernel that panics loses it, and makes a new one next time.
+        let result = match state.downcast_mut::<K::State>() {
+            Some(typed) => self.kernel.run(&mut run, typed),
+            None => Err(run.error("the workspace holds a state of another type for this kernel")),
+        };
+        self.device.put_kernel_state(self.id, state);
+        result
     }
 }
 

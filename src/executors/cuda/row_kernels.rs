@@ -269,10 +269,13 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RowSource, Str
             let _ = writeln!(c, "    }}");
             let _ = writeln!(c, "    __syncthreads();");
         }
-        let _ = writeln!(c, "    const float z = acc;");
+        // One division per row, a product per value (within an ulp of dividing each).
+        let _ = writeln!(c, "    const float inv_z = 1.0f / acc;");
         let _ = writeln!(c, "{open}");
-        let _ =
-            writeln!(c, "      if (in_row) {{ float y[{v}]; for (int e = 0; e < {v}; ++e) y[e] = expf(x[e] - m) / z;");
+        let _ = writeln!(
+            c,
+            "      if (in_row) {{ float y[{v}]; for (int e = 0; e < {v}; ++e) y[e] = expf(x[e] - m) * inv_z;"
+        );
         let _ = writeln!(c, "        {} }}", store(out_dtype, v, "out0 + row + col", "y"));
         let _ = writeln!(c, "{close}");
     } else if id == prims::SOFTMAX {
@@ -289,9 +292,10 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RowSource, Str
         let _ = writeln!(c, "      if (in_row) for (int e = 0; e < {v}; ++e) {{ {keep}acc = acc + {exp}; }}");
         let _ = writeln!(c, "{close}");
         reduce(&mut c, &sum);
-        let _ = writeln!(c, "    const float z = acc;");
+        // One division per row, a product per value (within an ulp of dividing each).
+        let _ = writeln!(c, "    const float inv_z = 1.0f / acc;");
         let _ = writeln!(c, "{open}");
-        let _ = writeln!(c, "      if (in_row) {{ float y[{v}]; for (int e = 0; e < {v}; ++e) y[e] = {exp} / z;");
+        let _ = writeln!(c, "      if (in_row) {{ float y[{v}]; for (int e = 0; e < {v}; ++e) y[e] = {exp} * inv_z;");
         let _ = writeln!(c, "        {} }}", store(out_dtype, v, "out0 + row + col", "y"));
         let _ = writeln!(c, "{close}");
     } else {

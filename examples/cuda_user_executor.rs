@@ -20,7 +20,6 @@
 //! ./cuda_user_executor --ncu      # checks only, with every op profiled: for ncu --nvtx
 //! ```
 
-use std::ffi::c_void;
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
@@ -38,7 +37,7 @@ use boundscope::{
 mod my_gpu_executor;
 #[path = "shared/nsys_check.rs"]
 mod nsys_check;
-use my_gpu_executor::{MyGpu, MY_GPU_DOMAIN};
+use my_gpu_executor::{BiasGeluArgs, MyGpu, MY_GPU_DOMAIN};
 
 fn main() -> ExitCode {
     if let Availability::Unavailable(reason) = cuda::availability() {
@@ -275,26 +274,18 @@ fn launch_by_hand(
     len: usize,
     n: usize,
 ) -> Result<(), cuda::cudarc::driver::DriverError> {
-    let [mut x, mut bias, mut y] = pointers;
-    let (mut len, mut n) = (len as i64, n as i64);
-    let mut params = [
-        (&mut x as *mut u64).cast::<c_void>(),
-        (&mut bias as *mut u64).cast(),
-        (&mut y as *mut u64).cast(),
-        (&mut len as *mut i64).cast(),
-        (&mut n as *mut i64).cast(),
-    ];
-    let blocks = (len as u32).div_ceil(256);
+    let mut args = BiasGeluArgs { pointers, len: len as i64, n: n as i64 };
+    let config = args.config().expect("a grid of fewer than 2^32 blocks");
     // SAFETY: the kernel's parameters, as `MyGpu` passes them; the buffers hold `len` and `n`
     // values.
     unsafe {
         cuda::cudarc::driver::result::launch_kernel(
             function.cu_function(),
-            (blocks, 1, 1),
-            (256, 1, 1),
+            config.grid_dim,
+            config.block_dim,
             0,
             stream.cu_stream(),
-            &mut params,
+            &mut args.params(),
         )
     }
 }

@@ -215,25 +215,45 @@ impl CudaKernel for BiasGelu {
     }
 
     fn run(&self, run: &mut CudaRun<'_>, _state: &mut ()) -> Result<()> {
-        let [mut x, mut bias, mut y] = match run.input_dtype(0)? {
+        let [x, bias, y] = match run.input_dtype(0)? {
             DType::BF16 => Self::pointers::<half::bf16>(run)?,
             _ => Self::pointers::<f32>(run)?,
         };
-        let (mut len, mut n) = (self.len as i64, self.n as i64);
-        let blocks = u32::try_from(self.len.div_ceil(256).max(1))
-            .map_err(|_| run.error(format!("{} elements: more than one launch of this kernel covers", self.len)))?;
-        let config = LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 };
-        let mut params = [
-            (&mut x as *mut u64).cast::<c_void>(),
-            (&mut bias as *mut u64).cast(),
-            (&mut y as *mut u64).cast(),
-            (&mut len as *mut i64).cast(),
-            (&mut n as *mut i64).cast(),
-        ];
+        let mut args = BiasGeluArgs { pointers: [x, bias, y], len: self.len as i64, n: self.n as i64 };
+        let config =
+            args.config().ok_or_else(|| run.error(format!("{} elements: more than one launch covers", self.len)))?;
         // SAFETY: `bias_gelu_*` takes three pointers and two `long long`s, which `params`
         // points at; it reads `len` elements of `x`, `n` of `bias` and writes `len` of `y`,
         // which the buffers hold (the plan checked their lengths against the op's shapes).
-        unsafe { run.launch(&self.function, config, &mut params) }
+        unsafe { run.launch(&self.function, config, &mut args.params()) }
+    }
+}
+
+/// The parameters of `bias_gelu_*`: `x`, `bias` and `y`'s device pointers, the element count
+/// and the row length.
+pub struct BiasGeluArgs {
+    pub pointers: [u64; 3],
+    pub len: i64,
+    pub n: i64,
+}
+
+impl BiasGeluArgs {
+    /// Pointers to each parameter, for a launch (they point into `self`).
+    pub fn params(&mut self) -> [*mut c_void; 5] {
+        let [x, bias, y] = &mut self.pointers;
+        [
+            (x as *mut u64).cast::<c_void>(),
+            (bias as *mut u64).cast(),
+            (y as *mut u64).cast(),
+            (&mut self.len as *mut i64).cast(),
+            (&mut self.n as *mut i64).cast(),
+        ]
+    }
+
+    /// A thread per element, in blocks of 256; `None` past one launch's grid.
+    pub fn config(&self) -> Option<LaunchConfig> {
+        let blocks = u32::try_from((self.len.max(1) as u64).div_ceil(256)).ok()?;
+        Some(LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (256, 1, 1), shared_mem_bytes: 0 })
     }
 }
 

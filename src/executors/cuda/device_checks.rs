@@ -82,19 +82,24 @@ pub(super) unsafe fn launch(
     config: LaunchConfig,
     params: &mut [*mut c_void],
 ) -> Result<()> {
-    let LaunchConfig { grid_dim, block_dim, shared_mem_bytes } = config;
     // SAFETY: the caller's contract.
-    unsafe {
-        cudarc::driver::result::launch_kernel(
-            function.cu_function(),
-            grid_dim,
-            block_dim,
-            shared_mem_bytes,
-            stream.cu_stream(),
-            params,
-        )
-    }
-    .map_err(|e| cuda_error("launch", e))
+    unsafe { launch_raw(function, stream, config, params) }.map_err(|e| cuda_error("launch", e))
+}
+
+/// [`launch`], with the driver's own error.
+///
+/// # Safety
+/// As for [`launch`].
+pub(super) unsafe fn launch_raw(
+    function: &CudaFunction,
+    stream: &CudaStream,
+    config: LaunchConfig,
+    params: &mut [*mut c_void],
+) -> std::result::Result<(), cudarc::driver::DriverError> {
+    let LaunchConfig { grid_dim, block_dim, shared_mem_bytes } = config;
+    let (function, stream) = (function.cu_function(), stream.cu_stream());
+    // SAFETY: the caller's contract.
+    unsafe { cudarc::driver::result::launch_kernel(function, grid_dim, block_dim, shared_mem_bytes, stream, params) }
 }
 
 /// The elements of each buffer a kernel reads and writes, from the shapes it was compiled

@@ -14,8 +14,8 @@
 //! ```
 //!
 //! Both take an optional list of workloads (`attention,cross_entropy`) as their first argument;
-//! `softmax_<cols>` and `layer_norm_<cols>` sweep row lengths from 32 to 2^20 (`rows` runs them
-//! all).
+//! `softmax_<cols>`, `layer_norm_<cols>` and `sum_sq_<cols>` sweep row lengths from 32 to 2^20
+//! (`rows` runs them all).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -124,8 +124,9 @@ fn workloads() -> Vec<Workload> {
 /// Elements of a row-op workload at batch 8 (a sixteenth at batch 1, for the check).
 const ROW_ELEMENTS: usize = 1 << 24;
 
-/// `softmax` and `layer_norm` (with weight and bias) over rows of 32 to 2^20 values: named
-/// `softmax_<cols>`, `layer_norm_<cols>`, `2^24` values in all.
+/// `softmax`, `layer_norm` (with weight and bias) and `sum(x * x)` over the last axis (a fused
+/// region ending in a reduction) over rows of 32 to 2^20 values: named `softmax_<cols>`,
+/// `layer_norm_<cols>`, `sum_sq_<cols>`, `2^24` values in all.
 fn row_workloads() -> Vec<Workload> {
     macro_rules! rows {
         ($($cols:literal),*) => {
@@ -134,6 +135,16 @@ fn row_workloads() -> Vec<Workload> {
                     name: concat!("softmax_", stringify!($cols)),
                     inputs: |b| vec![vec![(ROW_ELEMENTS / $cols * b / 8).max(1), $cols]],
                     build: |g, v| g.softmax(v[0]),
+                    flops: |_| 0.0,
+                    ids: &[],
+                },
+                Workload {
+                    name: concat!("sum_sq_", stringify!($cols)),
+                    inputs: |b| vec![vec![(ROW_ELEMENTS / $cols * b / 8).max(1), $cols]],
+                    build: |g, v| {
+                        let sq = g.mul(v[0], v[0])?;
+                        g.sum(sq)
+                    },
                     flops: |_| 0.0,
                     ids: &[],
                 },
@@ -219,7 +230,7 @@ fn run() -> Result<(), String> {
     // An optional first argument names the workloads to run (comma-separated).
     let only = std::env::args().nth(1);
     let wanted = |name: &str| {
-        let row_op = name.starts_with("softmax_") || name.starts_with("layer_norm_");
+        let row_op = ["softmax_", "layer_norm_", "sum_sq_"].iter().any(|p| name.starts_with(p));
         only.as_deref().is_none_or(|list| list.split(',').any(|n| n == name || (n == "rows" && row_op)))
     };
     for dtype in [DType::F32, DType::BF16] {

@@ -26,14 +26,15 @@ WORKLOADS = {
     "embedding": ([(V, C), ("ids", (B, T))], lambda w, i: torch.nn.functional.embedding(i, w), 0),
     "cross_entropy": ([(B * T, V), ("ids", (B * T,))], lambda x, t: torch.nn.functional.cross_entropy(x, t), 0),
 }
-# softmax and layer_norm over rows of 32 to 2^20 values, 2^24 in all, as the example names them.
+# softmax, layer_norm and sum(x * x) over rows of 32 to 2^20 values, 2^24 in all, as the example names them.
 for cols in [32, 128, 768, 1024, 1000, 4096, 16384, 65536, 1048576]:
     rows = max((1 << 24) // cols, 1)
     WORKLOADS[f"softmax_{cols}"] = ([(rows, cols)], lambda x: torch.softmax(x, -1), 0)
+    WORKLOADS[f"sum_sq_{cols}"] = ([(rows, cols)], lambda x: (x * x).sum(-1), 0)
     WORKLOADS[f"layer_norm_{cols}"] = (
         [(rows, cols), (cols,), (cols,)],
         lambda x, w, b: torch.nn.functional.layer_norm(x, x.shape[-1:], w, b, 1e-5), 0)
-ROW_OPS = {name for name in WORKLOADS if name.startswith(("softmax_", "layer_norm_"))}
+ROW_OPS = {name for name in WORKLOADS if name.startswith(("softmax_", "layer_norm_", "sum_sq_"))}
 
 
 def timed(fn, args, reps=100):

@@ -166,6 +166,18 @@ pub fn op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, String> 
     generate(op, std::slice::from_ref(op), &inputs, op.bound_symbol().outputs(), kernel)
 }
 
+/// Threads per row of a region's trailing reduction over rows of `row` values: a power of two,
+/// about a quarter of the row up to a warp (each thread takes four or more values, and a warp's
+/// reads cover whole 32-byte sectors of consecutive rows), and enough that none runs more than
+/// 32 values, up to the block.
+fn reduction_threads(row: usize) -> usize {
+    let mut t = row.div_ceil(4).max(1).next_power_of_two().min(32);
+    while t < BLOCK_THREADS as usize && row.div_ceil(t) > 32 {
+        t *= 2;
+    }
+    t
+}
+
 /// Threads per block of every generated kernel (the executors launch with it; the tiled
 /// transpose below is written for it).
 pub(crate) const BLOCK_THREADS: u32 = 256;
@@ -398,23 +410,30 @@ fn generate(
         None => format!("t{}", v.index()),
     };
     if let Some((op, reduced, result)) = reduction {
-        // One warp per row: each lane runs the elementwise ops over every 32nd element of the
-        // row and accumulates, then the warp combines its 32 partial results with shuffles.
-        // (The summation order differs from the CPU's sequential one, by rounding.)
+        // `t` threads per row (a few for short rows, a warp, up to the block for long ones):
+        // each runs the elementwise ops over every `t`-th element of the row and accumulates,
+        // then the row's threads combine with shuffles (and, past a warp, through shared
+        // memory). (The summation order differs from the CPU's sequential one, by rounding.)
         let row = *shape.last().ok_or("a reduction over a rank-0 shape")?;
         // From the shape, not `n / row`: rows of length zero still have one result each.
         let rows: usize = shape[..shape.len() - 1].iter().product();
+        let t = reduction_threads(row);
+        // The loop runs alike in the whole warp (the whole block, past a warp), so that every
+        // lane takes part in each shuffle and barrier.
+        let uniform = if t <= 32 { 32 } else { BLOCK_THREADS as usize };
+        if t > 32 {
+            let _ = writeln!(source, "  __shared__ float partial[{}];", BLOCK_THREADS / 32);
+        }
         let _ = writeln!(source, "  const long long rows = {rows}ll;");
-        let _ = writeln!(source, "  const long long warps = stride / 32;");
-        let _ = writeln!(source, "  const int lane = threadIdx.x % 32;");
-        let _ = writeln!(
-            source,
-            "  for (long long r = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {{"
-        );
+        let _ = writeln!(source, "  const int lane = threadIdx.x % {t};");
+        let _ = writeln!(source, "  const long long first = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / {t};");
+        let _ = writeln!(source, "  const long long lead = first - (threadIdx.x % {uniform}) / {t};");
+        let _ = writeln!(source, "  for (long long r0 = lead; r0 < rows; r0 += stride / {t}) {{");
+        let _ = writeln!(source, "    const long long r = r0 + (first - lead);");
         let init = if op == prims::SUM { "0.0f" } else { "__int_as_float(0xff800000)" };
         let combine = |a: &str, b: &str| if op == prims::SUM { format!("{a} + {b}") } else { maximum(a, b) };
         let _ = writeln!(source, "    float acc = {init};");
-        let _ = writeln!(source, "    for (long long c = lane; c < {row}ll; c += 32) {{");
+        let _ = writeln!(source, "    if (r < rows) for (long long c = lane; c < {row}ll; c += {t}) {{");
         let _ = writeln!(source, "    const long long i = r * {row}ll + c;");
         for (k, s) in input_shapes.iter().enumerate() {
             let _ = writeln!(source, "    const float x{k} = {};", read_as_float(k, index_expression(k, &shape, s)));
@@ -425,14 +444,28 @@ fn generate(
         }
         let _ = writeln!(source, "    acc = {};", combine("acc", &value_name(reduced)));
         let _ = writeln!(source, "    }}");
-        let _ = writeln!(source, "    for (int offset = 16; offset > 0; offset /= 2) {{");
+        let _ = writeln!(source, "    for (int offset = {}; offset > 0; offset /= 2) {{", t.min(32) / 2);
         // The shuffle once per step and in every lane, before the combination (which may read
         // its operand twice).
-        let _ = writeln!(source, "      const float other = __shfl_down_sync(0xffffffffu, acc, offset);");
+        let _ = writeln!(source, "      const float other = __shfl_xor_sync(0xffffffffu, acc, offset);");
         let _ = writeln!(source, "      acc = {};", combine("acc", "other"));
         let _ = writeln!(source, "    }}");
+        if t > 32 {
+            // The row's warps: `t / 32` of them from `base`.
+            let _ = writeln!(source, "    const int base = (threadIdx.x / {t}) * {};", t / 32);
+            let _ = writeln!(source, "    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc;");
+            let _ = writeln!(source, "    __syncthreads();");
+            let _ = writeln!(source, "    acc = partial[base];");
+            let _ = writeln!(
+                source,
+                "    for (int w = 1; w < {}; ++w) acc = {};",
+                t / 32,
+                combine("acc", "partial[base + w]")
+            );
+            let _ = writeln!(source, "    __syncthreads();");
+        }
         if let Some(o) = outputs.iter().position(|&v| v == result) {
-            let _ = writeln!(source, "    if (lane == 0) out{o}[r] = {};", narrow(output_dtypes[o], "acc"));
+            let _ = writeln!(source, "    if (r < rows && lane == 0) out{o}[r] = {};", narrow(output_dtypes[o], "acc"));
         }
         let _ = writeln!(source, "  }}\n}}");
         return Ok(RegionSource {
@@ -442,8 +475,8 @@ fn generate(
             outputs: outputs.len(),
             numel,
             vectorized: false,
-            // Whole warps: the launch rounds up to blocks of 256 threads.
-            threads: rows * 32,
+            // `t` threads per row; the launch rounds up to blocks of 256 threads.
+            threads: rows * t,
             input_lengths,
             output_lengths,
         });
@@ -863,14 +896,15 @@ mod reduction_tests {
         let trace = b.finish().unwrap();
         let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
         let generated = region_source(&OpView::of(&fused, 0).unwrap(), "softmax_part").unwrap();
-        assert_eq!((generated.threads, generated.vectorized, generated.outputs), (16 * 32, false, 2));
+        // Rows of 8: 2 threads each, 16 rows per warp.
+        assert_eq!((generated.threads, generated.vectorized, generated.outputs), (16 * 2, false, 2));
         let src = &generated.source;
         assert!(src.contains("const long long rows = 16ll;") && src.contains("float acc = 0.0f;"), "{src}");
-        assert!(src.contains("for (long long c = lane; c < 8ll; c += 32)"), "{src}");
+        assert!(src.contains("if (r < rows) for (long long c = lane; c < 8ll; c += 2)"), "{src}");
         assert!(src.contains("out0[i] = t1;") && src.contains("acc = acc + t1;"), "{src}");
-        assert!(src.contains("const float other = __shfl_down_sync(0xffffffffu, acc, offset);"), "{src}");
+        assert!(src.contains("const float other = __shfl_xor_sync(0xffffffffu, acc, offset);"), "{src}");
         assert!(src.contains("acc = acc + other;"), "{src}");
-        assert!(src.contains("if (lane == 0) out1[r] = acc;"), "{src}");
+        assert!(src.contains("if (r < rows && lane == 0) out1[r] = acc;"), "{src}");
         assert_eq!((generated.input_lengths, generated.output_lengths), (vec![128], vec![128, 16]));
 
         let mut b = TraceBuilder::new(&arena, &registry);
@@ -883,7 +917,7 @@ mod reduction_tests {
         // NaN propagates, as in PyTorch (`fmaxf` drops it); the shuffle runs once per step, in
         // every lane, outside the select.
         assert!(src.contains("acc = ((acc != acc || acc > x0) ? acc : x0);") && src.contains("0xff800000"), "{src}");
-        assert!(src.contains("const float other = __shfl_down_sync(0xffffffffu, acc, offset);"), "{src}");
+        assert!(src.contains("const float other = __shfl_xor_sync(0xffffffffu, acc, offset);"), "{src}");
         assert!(src.contains("acc = ((acc != acc || acc > other) ? acc : other);"), "{src}");
         assert!(!src.contains("fmaxf"), "{src}");
     }

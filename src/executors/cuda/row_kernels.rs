@@ -172,11 +172,17 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RowSource, Str
     if dtypes.iter().chain([&out_dtype]).any(|&d| packing::is_packed(d)) {
         c.push_str(HALF_CONVERSIONS);
     }
+    if id == prims::SOFTMAX {
+        // `expf` for f32 results; for 16-bit ones the hardware's `exp2` (2 units in the last
+        // place of f32, far inside a 16-bit rounding, as `torch.compile`'s kernels take it).
+        let exp = if packing::is_packed(out_dtype) { "exp2f(x * 1.44269504088896341f)" } else { "expf(x)" };
+        let _ = writeln!(c, "__device__ __forceinline__ float bs_exp(float x) {{ return {exp}; }}");
+    }
     if id == prims::SOFTMAX && layout.per_thread.is_none() {
         // A sum of exponentials taken against maximum `from`, against `to` instead (equal ones,
         // infinities included, need no factor; a NaN stays NaN).
         c.push_str("__device__ __forceinline__ float bs_rescale(float s, float from, float to) {\n");
-        c.push_str("  return from == to ? s : s * expf(from - to);\n}\n");
+        c.push_str("  return from == to ? s : s * bs_exp(from - to);\n}\n");
     }
     let _ = writeln!(c, "extern \"C\" __global__ void __launch_bounds__({block}) {kernel}({}) {{", params.join(", "));
     if t > 32 {
@@ -248,7 +254,7 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RowSource, Str
         let _ = writeln!(c, "      if (mv != m) {{ acc = bs_rescale(acc, m, mv); m = mv; }}");
         let _ = writeln!(
             c,
-            "      if (mv != __int_as_float(0xff800000)) for (int e = 0; e < {v}; ++e) acc = acc + expf(x[e] - mv);"
+            "      if (mv != __int_as_float(0xff800000)) for (int e = 0; e < {v}; ++e) acc = acc + bs_exp(x[e] - mv);"
         );
         let _ = writeln!(c, "{close}");
         let top = t.min(32);
@@ -274,7 +280,7 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RowSource, Str
         let _ = writeln!(c, "{open}");
         let _ = writeln!(
             c,
-            "      if (in_row) {{ float y[{v}]; for (int e = 0; e < {v}; ++e) y[e] = expf(x[e] - m) * inv_z;"
+            "      if (in_row) {{ float y[{v}]; for (int e = 0; e < {v}; ++e) y[e] = bs_exp(x[e] - m) * inv_z;"
         );
         let _ = writeln!(c, "        {} }}", store(out_dtype, v, "out0 + row + col", "y"));
         let _ = writeln!(c, "{close}");
@@ -288,7 +294,7 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RowSource, Str
         let _ = writeln!(c, "    acc = 0.0f;");
         let _ = writeln!(c, "{open}");
         // Kept in registers, each exponential is taken once.
-        let (keep, exp) = if cached { ("x[e] = expf(x[e] - m); ", "x[e]") } else { ("", "expf(x[e] - m)") };
+        let (keep, exp) = if cached { ("x[e] = bs_exp(x[e] - m); ", "x[e]") } else { ("", "bs_exp(x[e] - m)") };
         let _ = writeln!(c, "      if (in_row) for (int e = 0; e < {v}; ++e) {{ {keep}acc = acc + {exp}; }}");
         let _ = writeln!(c, "{close}");
         reduce(&mut c, &sum);
@@ -398,7 +404,7 @@ mod tests {
         assert_eq!(src.matches("reinterpret_cast<const uint4*>(in0").count(), 1, "one read of the row\n{src}");
         assert_eq!(src.matches("reinterpret_cast<uint4*>(out0").count(), 1, "{src}");
         assert_eq!(src.matches("__shfl_xor_sync").count(), 2, "{src}");
-        assert_eq!(src.matches("expf(").count(), 1, "each exponential once\n{src}");
+        assert_eq!(src.matches("bs_exp(").count(), 2, "each exponential once (and its definition)\n{src}");
     }
 
     #[test]

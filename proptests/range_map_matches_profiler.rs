@@ -101,10 +101,7 @@ impl Executor for TestFuser {
                     }
                 }
             };
-            match &range {
-                Some(range) => range.in_scope(run),
-                None => run(),
-            }
+            in_range(range.as_ref(), run);
             Ok(())
         }))
     }
@@ -138,16 +135,21 @@ impl Executor for TestOpRanges {
                     outs[0].data.set_f32(i, f(inputs[0].data.f32_at(i)));
                 }
             };
-            match &range {
-                Some(range) => range.in_scope(run),
-                None => run(),
-            }
+            in_range(range.as_ref(), run);
             Ok(())
         }))
     }
 
     fn emits(&self) -> &[EmittedRange] {
         &self.emits
+    }
+}
+
+/// Runs `run` inside the range its executor pushes, if the plan gave it one.
+fn in_range(range: Option<&boundscope::PreparedRegionRange>, run: impl FnOnce()) {
+    match range {
+        Some(range) => range.in_scope(run),
+        None => run(),
     }
 }
 

@@ -87,7 +87,7 @@ impl Executor for TestFuser {
         let slot_count = slots.len();
         let range = op.region_range().map(|r| r.prepare()).transpose()?;
         Ok(boundscope::kernel_fn(move |inputs, outs| {
-            let mut run = || {
+            let run = || {
                 let mut values = vec![0.0f32; slot_count];
                 for i in 0..outs[0].data.len() {
                     for (k, input) in inputs.iter().enumerate() {
@@ -130,7 +130,7 @@ impl Executor for TestOpRanges {
         let f = unary(op.name()).expect("claimed");
         let range = op.region_range().map(|r| r.prepare()).transpose()?;
         Ok(boundscope::kernel_fn(move |inputs, outs| {
-            let mut run = || {
+            let run = || {
                 for i in 0..outs[0].data.len() {
                     outs[0].data.set_f32(i, f(inputs[0].data.f32_at(i)));
                 }

@@ -94,7 +94,7 @@ impl Executor for CudaFusion {
 /// `matmul` (cuBLASLt); and three composites whole (it
 /// [prefers them whole](Executor::prefers_whole)): `linear` as one cuBLASLt product that reads
 /// the weight transposed and adds the bias in its epilogue, `softmax` and `layer_norm` as one
-/// generated kernel each, a warp per row.
+/// generated kernel each, laid out by row length.
 pub struct CudaOps {
     device: Arc<CudaDevice>,
     lt: Arc<Mutex<Option<LtContext>>>,

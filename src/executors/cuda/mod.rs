@@ -131,7 +131,7 @@
 //! 16-byte vector loads (eight values per thread; an `f32` operand as two `float4`s), compute in
 //! `f32` registers and round only what they write; `matmul` and `linear` go through cuBLASLt with
 //! bf16 or f16 operands and `f32` accumulation (operands of one dtype; cast mixed ones first); and
-//! `softmax` and `layer_norm` run whole, a warp per row in `f32`, rounding only the result (as
+//! `softmax` and `layer_norm` run whole, laid out by row length, in `f32`, rounding only the result (as
 //! PyTorch's fused kernels do); shape ops move 16-bit values as they are. So every built-in runs on
 //! the GPU in every dtype. `proptests/cuda_matches_reference.rs` checks, on the H200, bf16 and f16
 //! plans against the CPU executors that round at the same points (within one unit in the last

@@ -444,26 +444,7 @@ fn generate(
         }
         let _ = writeln!(source, "    acc = {};", combine("acc", &value_name(reduced)));
         let _ = writeln!(source, "    }}");
-        let _ = writeln!(source, "    for (int offset = {}; offset > 0; offset /= 2) {{", t.min(32) / 2);
-        // The shuffle once per step and in every lane, before the combination (which may read
-        // its operand twice).
-        let _ = writeln!(source, "      const float other = __shfl_xor_sync(0xffffffffu, acc, offset);");
-        let _ = writeln!(source, "      acc = {};", combine("acc", "other"));
-        let _ = writeln!(source, "    }}");
-        if t > 32 {
-            // The row's warps: `t / 32` of them from `base`.
-            let _ = writeln!(source, "    const int base = (threadIdx.x / {t}) * {};", t / 32);
-            let _ = writeln!(source, "    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc;");
-            let _ = writeln!(source, "    __syncthreads();");
-            let _ = writeln!(source, "    acc = partial[base];");
-            let _ = writeln!(
-                source,
-                "    for (int w = 1; w < {}; ++w) acc = {};",
-                t / 32,
-                combine("acc", "partial[base + w]")
-            );
-            let _ = writeln!(source, "    __syncthreads();");
-        }
+        super::row_kernels::row_reduce(&mut source, t, &combine);
         if let Some(o) = outputs.iter().position(|&v| v == result) {
             let _ = writeln!(source, "    if (r < rows && lane == 0) out{o}[r] = {};", narrow(output_dtypes[o], "acc"));
         }

@@ -131,6 +131,30 @@ fn word_vector(words: usize) -> (&'static str, &'static [&'static str]) {
     }
 }
 
+/// The C that combines `float acc` over the `t` threads of each row (a power of two: lanes of
+/// one warp up to 32, else whole warps of one block, through `__shared__ float partial[]` of a
+/// slot per warp of the block, which the kernel declares), so that every thread of the row ends
+/// with the row's total. Every lane of the warp (every thread of the block, past a warp) must
+/// run it.
+pub(super) fn row_reduce(c: &mut String, t: usize, combine: &dyn Fn(&str, &str) -> String) {
+    let _ = writeln!(c, "    for (int offset = {}; offset > 0; offset /= 2) {{", t.min(32) / 2);
+    // Every lane shuffles, then combines (a shuffle inside a conditional would not run in
+    // every lane, and the combination may read its operand twice).
+    let _ = writeln!(c, "      const float other = __shfl_xor_sync(0xffffffffu, acc, offset);");
+    let _ = writeln!(c, "      acc = {};", combine("acc", "other"));
+    let _ = writeln!(c, "    }}");
+    if t > 32 {
+        // The row's warps: `t / 32` of them from `base` (in a scope of its own: a kernel may
+        // reduce several times).
+        let _ = writeln!(c, "    {{ const int base = (threadIdx.x / {t}) * {};", t / 32);
+        let _ = writeln!(c, "    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc;");
+        let _ = writeln!(c, "    __syncthreads();");
+        let _ = writeln!(c, "    acc = partial[base];");
+        let _ = writeln!(c, "    for (int w = 1; w < {}; ++w) acc = {};", t / 32, combine("acc", "partial[base + w]"));
+        let _ = writeln!(c, "    __syncthreads(); }}");
+    }
+}
+
 /// The kernel for a built-in `softmax` or `layer_norm` bound symbol, or why there is none.
 ///
 /// # Errors
@@ -202,23 +226,7 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RowSource, Str
     let _ = writeln!(c, "    const long long r = r0 + (first - lead);");
     let _ = writeln!(c, "    const bool valid = r < {rows}ll;");
     let _ = writeln!(c, "    const long long row = r * {cols}ll;");
-    // Every thread of the row ends with the row's total.
-    let reduce = |c: &mut String, combine: &dyn Fn(&str, &str) -> String| {
-        let top = t.min(32);
-        let _ = writeln!(c, "    for (int offset = {}; offset > 0; offset /= 2) {{", top / 2);
-        // Every lane shuffles, then combines (a shuffle inside a conditional would not run in
-        // every lane).
-        let _ = writeln!(c, "      const float other = __shfl_xor_sync(0xffffffffu, acc, offset);");
-        let _ = writeln!(c, "      acc = {};", combine("acc", "other"));
-        let _ = writeln!(c, "    }}");
-        if t > 32 {
-            let _ = writeln!(c, "    if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc;");
-            let _ = writeln!(c, "    __syncthreads();");
-            let _ = writeln!(c, "    acc = partial[0];");
-            let _ = writeln!(c, "    for (int w = 1; w < {}; ++w) acc = {};", t / 32, combine("acc", "partial[w]"));
-            let _ = writeln!(c, "    __syncthreads();");
-        }
-    };
+    let reduce = |c: &mut String, combine: &dyn Fn(&str, &str) -> String| row_reduce(c, t, combine);
     let sum = |a: &str, b: &str| format!("{a} + {b}");
     let max = |a: &str, b: &str| maximum(a, b);
     let x = |k: usize, at: &str| format!("in{k} + {at}");

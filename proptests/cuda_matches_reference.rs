@@ -1428,3 +1428,75 @@ fn fused_reductions_match_the_reference_at_every_row_length() {
         }
     }
 }
+
+/// Runs are ordered with the work on the device's own stream around them, with no synchronize
+/// in between, while the GPU runs behind the host (each run is 40 products): an upload into a
+/// run's input comes after the run before it read it (the device's stream waits for the runs
+/// that left their queues before its own work) and before the run after it (a run waits for the
+/// device's stream when work was queued there since its workspace last waited); an input
+/// dropped as soon as its run is queued keeps its values for that run (its memory is freed, and
+/// handed to the next upload, after the run). Every run's output is checked once everything is
+/// queued. Without either wait this fails (checked on the H200 by removing each).
+#[test]
+fn runs_are_ordered_with_uploads_and_frees_between_them() {
+    let Some((device, _sharing)) = device() else { return };
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    // Under 1 MiB, so that uploads are not staged (a staged upload waits on the host).
+    let (rows, cols, products, runs) = (255, 1024, 40, 8);
+    let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+    let (x, w) = (b.input(&[rows, cols]).unwrap(), b.input(&[cols, cols]).unwrap());
+    let mut h = x;
+    for _ in 0..products {
+        h = b.matmul(h, w).unwrap();
+    }
+    b.output(h).unwrap();
+    let trace = b.finish().unwrap();
+    let plan = Plan::compile(&trace, &[Arc::new(CudaOps::new(device.clone()))]).unwrap();
+    let on_device: Arc<dyn boundscope::Device> = device.clone();
+    // The identity, so that every run's output is its input: the value `k + 1` everywhere.
+    let identity = Tensor::from_fn(&[cols, cols], |i| if i / cols == i % cols { 1.0 } else { 0.0 });
+    let filled = |k: usize| Tensor::from_fn(&[rows, cols], |_| (k + 1) as f32);
+    let w_on_device = DeviceTensor::upload(&on_device, identity.view()).unwrap();
+    let mut workspaces: Vec<_> = (0..runs).map(|_| plan.workspace().unwrap()).collect();
+    let check = |outputs: Vec<boundscope::DeviceOutputs<'_>>, case: &str| {
+        for (k, output) in outputs.iter().enumerate() {
+            let got = output.to_host(0).unwrap();
+            let wrong = got.values::<f32>().unwrap().iter().filter(|&&v| v != (k + 1) as f32).count();
+            assert_eq!(wrong, 0, "{case}: run {k} read another run's input in {wrong} places");
+        }
+    };
+    // Each workspace runs once first, so that the runs below are steady-state runs.
+    let mut x_on_device = DeviceTensor::upload(&on_device, filled(0).view()).unwrap();
+    for workspace in &mut workspaces {
+        plan.run_on_device(workspace, &[RunInput::from(&x_on_device), RunInput::from(&w_on_device)]).unwrap();
+    }
+    boundscope::Device::synchronize(&*device).unwrap();
+    for _round in 0..3 {
+        // One input, refilled between the runs.
+        let mut outputs = Vec::new();
+        for (k, workspace) in workspaces.iter_mut().enumerate() {
+            x_on_device.copy_from_host(filled(k).view()).unwrap();
+            let inputs = [RunInput::from(&x_on_device), RunInput::from(&w_on_device)];
+            outputs.push(plan.run_on_device(workspace, &inputs).unwrap());
+        }
+        check(outputs, "one input refilled between runs");
+        // A new input per run, dropped as soon as the run is queued.
+        let mut outputs = Vec::new();
+        for (k, workspace) in workspaces.iter_mut().enumerate() {
+            let x_k = DeviceTensor::upload(&on_device, filled(k).view()).unwrap();
+            outputs.push(plan.run_on_device(workspace, &[RunInput::from(&x_k), RunInput::from(&w_on_device)]).unwrap());
+        }
+        check(outputs, "inputs dropped after queuing their runs");
+        // One workspace, one run after another, each into its own input.
+        let inputs: Vec<_> = (0..runs).map(|k| DeviceTensor::upload(&on_device, filled(k).view()).unwrap()).collect();
+        let mut alone = plan.workspace().unwrap();
+        for (k, input) in inputs.iter().enumerate() {
+            let got = plan.run_on_device(&mut alone, &[RunInput::from(input), RunInput::from(&w_on_device)]).unwrap();
+            if k + 1 == runs {
+                let got = got.to_host(0).unwrap();
+                assert!(got.values::<f32>().unwrap().iter().all(|&v| v == runs as f32), "the last run");
+            }
+        }
+    }
+}

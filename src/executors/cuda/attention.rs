@@ -373,11 +373,11 @@ unsafe impl Send for CudnnContext {}
 impl CudnnContext {
     fn new(device: &CudaDevice) -> Res<Self> {
         library().clone()?;
-        device.stream().context().bind_to_thread().map_err(|e| format!("bind the CUDA context: {e:?}"))?;
+        device.context().bind_to_thread().map_err(|e| format!("bind the CUDA context: {e:?}"))?;
         let mut handle = std::ptr::null_mut();
         // SAFETY: the library is loaded and a context is bound; writes one handle.
         check("cudnnCreate", unsafe { sys::cudnnCreate(&mut handle) })?;
-        Ok(Self { handle, workspaces: StreamWorkspaces::default(), cuda: device.stream().context().clone() })
+        Ok(Self { handle, workspaces: StreamWorkspaces::default(), cuda: device.context().clone() })
     }
 }
 
@@ -418,7 +418,7 @@ impl Attention {
             *context = Some(CudnnContext::new(device)?);
         }
         let handle = context.as_ref().map(|c| c.handle).ok_or("no cuDNN handle")?;
-        device.stream().context().bind_to_thread().map_err(|e| format!("bind the CUDA context: {e:?}"))?;
+        device.context().bind_to_thread().map_err(|e| format!("bind the CUDA context: {e:?}"))?;
         build(handle, &device.stream(), shape)
     }
 

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, PinnedHostSlice};
 
+use super::stream_order::{OwnStream, QueueOrder, StreamOrder};
 use super::{availability, RegionSource};
 use crate::core::plan::{Availability, Device, DeviceBuffer, DeviceGraph, DeviceQueue};
 use crate::error::{Error, Result};
@@ -21,7 +22,8 @@ pub struct CudaDevice {
     name: String,
     ordinal: usize,
     context: Arc<CudaContext>,
-    stream: Arc<CudaStream>,
+    /// The device's own stream, and its order with the workspaces' streams.
+    order: Arc<StreamOrder>,
     kernels: Mutex<HashMap<String, CudaFunction>>,
     /// Host-to-device and device-to-host copies made so far.
     transfers: AtomicU64,
@@ -70,12 +72,27 @@ pub(crate) struct CudaQueue(Arc<Queue>);
 pub(crate) struct Queue {
     /// Dropped first: a user's handle made for the stream goes before it.
     states: KernelStates,
-    /// Recorded on the device's stream as a run enters the queue, and waited for by it; made
-    /// once, so that a run creates no event.
-    entered: cudarc::driver::CudaEvent,
-    /// Recorded on the queue as a run leaves it, and waited for by the device's stream.
-    left: cudarc::driver::CudaEvent,
-    stream: Arc<CudaStream>,
+    /// Its events and epoch in the order with the device's stream (see `stream_order`).
+    pub(crate) order: QueueOrder,
+    pub(crate) stream: Arc<CudaStream>,
+}
+
+/// The stream work goes to ([`CudaDevice::stream`]).
+pub(crate) enum WorkStream<'d> {
+    /// The queue of the run in progress.
+    Queue(Arc<Queue>),
+    /// The device's own stream, outside runs.
+    Own(OwnStream<'d>),
+}
+
+impl std::ops::Deref for WorkStream<'_> {
+    type Target = Arc<CudaStream>;
+    fn deref(&self) -> &Arc<CudaStream> {
+        match self {
+            Self::Queue(queue) => &queue.stream,
+            Self::Own(own) => own,
+        }
+    }
 }
 
 impl DeviceQueue for CudaQueue {
@@ -91,7 +108,14 @@ const STAGED_UPLOAD: usize = 1 << 18;
 const STAGING_CHUNK: usize = 1 << 22;
 
 /// A device buffer of `f32`.
-pub struct CudaBuffer(pub(crate) CudaSlice<f32>);
+pub struct CudaBuffer(pub(crate) CudaSlice<f32>, Arc<StreamOrder>);
+
+impl Drop for CudaBuffer {
+    /// Freed on the device's stream after the runs that may still use it.
+    fn drop(&mut self) {
+        let _ = self.1.wait_for_runs(None);
+    }
+}
 
 impl DeviceBuffer for CudaBuffer {
     fn len(&self) -> usize {
@@ -175,7 +199,7 @@ impl CudaDevice {
             name,
             ordinal,
             context,
-            stream,
+            order: Arc::new(StreamOrder::new(stream)),
             kernels,
             transfers: AtomicU64::new(0),
             staging: Mutex::new(Staging::default()),
@@ -189,9 +213,14 @@ impl CudaDevice {
     }
 
     /// The stream this thread's work on this device goes to: the workspace queue of the run
-    /// in progress on this thread, else the device's own stream.
-    pub(crate) fn stream(&self) -> Arc<CudaStream> {
-        self.current_queue().map_or_else(|| self.stream.clone(), |q| q.stream.clone())
+    /// in progress on this thread, else the device's own stream (after the runs that left
+    /// their queues; counted as work on it when the handle is dropped, so queue the work
+    /// before dropping it).
+    pub(crate) fn stream(&self) -> WorkStream<'_> {
+        match self.current_queue() {
+            Some(queue) => WorkStream::Queue(queue),
+            None => WorkStream::Own(self.order.own()),
+        }
     }
 
     /// The workspace queue of the run in progress on this thread, if any.
@@ -409,7 +438,8 @@ impl Device for CudaDevice {
 
     fn alloc(&self, len: usize) -> Result<Box<dyn DeviceBuffer>> {
         let bytes = len.max(1).saturating_mul(std::mem::size_of::<f32>());
-        let slice = self.stream.alloc_zeros::<f32>(len.max(1)).map_err(|e| {
+        // On the device's own stream, outside the run that asks: the buffer outlives it.
+        let slice = self.order.own().alloc_zeros::<f32>(len.max(1)).map_err(|e| {
             if e.0 != sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
                 return cuda_error("alloc", e);
             }
@@ -420,7 +450,7 @@ impl Device for CudaDevice {
                 bytes,
             }
         })?;
-        Ok(Box::new(CudaBuffer(slice)))
+        Ok(Box::new(CudaBuffer(slice, self.order.clone())))
     }
 
     fn upload(&self, source: &[f32], target: &mut dyn DeviceBuffer) -> Result<()> {
@@ -446,14 +476,21 @@ impl Device for CudaDevice {
             return self.staged_download(source, target);
         }
         let view = source.slice(0..target.len());
-        let stream = self.stream();
-        stream.memcpy_dtoh(&view, target).map_err(|e| cuda_error("download", e))?;
-        stream.synchronize().map_err(|e| cuda_error("synchronize", e))
+        let Some(queue) = self.current_queue() else {
+            self.order.own().memcpy_dtoh(&view, target).map_err(|e| cuda_error("download", e))?;
+            return self.order.synchronize();
+        };
+        queue.stream.memcpy_dtoh(&view, target).map_err(|e| cuda_error("download", e))?;
+        queue.stream.synchronize().map_err(|e| cuda_error("synchronize", e))
     }
 
     fn synchronize(&self) -> Result<()> {
-        // The device's own stream waits for every run that left its queue (see `leave_queue`).
-        self.stream().synchronize().map_err(|e| cuda_error("synchronize", e))
+        if let Some(queue) = self.current_queue() {
+            return queue.stream.synchronize().map_err(|e| cuda_error("synchronize", e));
+        }
+        // The device's own stream waits for every run that left its queue, and the host for
+        // the stream.
+        self.order.synchronize()
     }
 
     fn new_queue(&self) -> Result<Option<Box<dyn DeviceQueue>>> {
@@ -463,18 +500,16 @@ impl Device for CudaDevice {
         // Events for ordering only: no timestamps, which cost to record.
         let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
         let event = || self.context.new_event(flags).map_err(|e| cuda_error("new event", e));
-        let (entered, left) = (event()?, event()?);
-        Ok(Some(Box::new(CudaQueue(Arc::new(Queue { states: Mutex::new(Vec::new()), entered, left, stream })))))
+        let order = QueueOrder::new(event()?, event()?);
+        Ok(Some(Box::new(CudaQueue(Arc::new(Queue { states: Mutex::new(Vec::new()), order, stream })))))
     }
 
     fn enter_queue(&self, queue: &dyn DeviceQueue) -> Result<()> {
         let queue =
             queue.as_any().downcast_ref::<CudaQueue>().ok_or_else(|| cuda_error("queue", "not a CUDA queue"))?;
-        // The run comes after what the device's stream holds (uploads of its inputs, say).
-        // One run at a time uses a workspace, so its events are free: the wait below takes the
-        // event's state when it is queued, so recording it again later changes nothing here.
-        queue.0.entered.record(&self.stream).map_err(|e| cuda_error("record event", e))?;
-        queue.0.stream.wait(&queue.0.entered).map_err(|e| cuda_error("wait event", e))?;
+        // The run comes after what the device's stream holds (uploads of its inputs, other
+        // workspaces' runs), waiting only if something was queued there since the last run.
+        self.order.enter(&queue.0)?;
         let me = self as *const Self as usize;
         CURRENT_QUEUE.with(|q| q.borrow_mut().push((me, queue.0.clone())));
         Ok(())
@@ -490,10 +525,9 @@ impl Device for CudaDevice {
         });
         let queue =
             queue.as_any().downcast_ref::<CudaQueue>().ok_or_else(|| cuda_error("queue", "not a CUDA queue"))?;
-        // What comes later on the device's stream (downloads, frees, graphs' inputs) waits for
-        // the run.
-        queue.0.left.record(&queue.0.stream).map_err(|e| cuda_error("record event", e))?;
-        self.stream.wait(&queue.0.left).map_err(|e| cuda_error("wait event", e))
+        // What comes later on the device's stream (downloads, frees, graphs' inputs, other
+        // workspaces' runs) waits for the run.
+        self.order.leave(&queue.0)
     }
 
     fn begin_capture(&self) -> Result<()> {

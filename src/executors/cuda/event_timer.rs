@@ -133,7 +133,7 @@ impl Guard for CudaEventTimer {
         let shared = match labels.iter().find(|(l, _)| l == site.label) {
             Some((_, s)) => s.clone(),
             None => {
-                let context = self.device.stream().context().clone();
+                let context = self.device.context().clone();
                 let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
                 let mut events = Vec::with_capacity(RING);
                 for _ in 0..RING {

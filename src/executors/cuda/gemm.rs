@@ -78,7 +78,7 @@ impl LtContext {
     /// the current context's limits (compute-sanitizer reports the call as an error when the
     /// plan is compiled on a thread with none bound).
     pub fn new(device: &CudaDevice) -> Result<Self> {
-        device.stream().context().bind_to_thread().map_err(|e| cuda_error("bind the CUDA context", e))?;
+        device.context().bind_to_thread().map_err(|e| cuda_error("bind the CUDA context", e))?;
         let handle = result::create_handle().map_err(|e| cuda_error("cublasLtCreate", e))?;
         Ok(Self { handle, workspaces: StreamWorkspaces::default() })
     }

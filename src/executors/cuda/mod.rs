@@ -102,9 +102,10 @@
 //! or region from pooled CUDA events. A graph replay runs the captured device work only: the
 //! plan's run-level guards surround each replay, per-op and per-region guards do not run in it
 //! (`PlanGraph::range_map` lists what a replay pushes); profile in stream mode to see each op.
-//! Each workspace queues its runs on a CUDA stream of its own, ordered after the device's own
-//! stream by events when a run starts (for the uploads of its inputs) and before it when it ends
-//! (for downloads, frees and later inputs), so runs of one plan from several threads, each in its
+//! Each workspace queues its runs on a CUDA stream of its own, ordered by events after the device's
+//! own stream when a run starts (for the uploads of its inputs; only when work was queued there
+//! since the workspace's last run) and before it after the run (for downloads, frees, later
+//! inputs and other workspaces' runs; the device's stream waits before its next work), so runs of one plan from several threads, each in its
 //! own workspace, may overlap on the GPU (`proptests/cuda_matches_reference.rs` checks that four
 //! threads each get their own result). For the quickstart block, stream runs from four threads at once gave 88 to 94 us per run
 //! against 66 to 83 us from one: the host's launches bound them, no gain there. Graph replays,
@@ -156,6 +157,8 @@ mod gather;
 mod gemm;
 mod index_ops;
 mod row_kernels;
+#[cfg(feature = "cuda")]
+mod stream_order;
 #[cfg(feature = "cuda")]
 mod stream_workspaces;
 #[cfg(feature = "cuda")]

@@ -58,7 +58,8 @@ impl Drop for Chunk {
 }
 
 thread_local! {
-    /// The queues entered on this thread (innermost last), with the address of their device.
+    /// The queues entered on this thread (innermost last), with the address of their device's
+    /// [`StreamOrder`] (one per device).
     static CURRENT_QUEUE: std::cell::RefCell<Vec<(usize, Arc<Queue>)>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
@@ -111,10 +112,29 @@ const STAGING_CHUNK: usize = 1 << 22;
 pub struct CudaBuffer(pub(crate) CudaSlice<f32>, Arc<StreamOrder>);
 
 impl Drop for CudaBuffer {
-    /// Freed on the device's stream after the runs that may still use it.
+    /// Freed on the device's stream after the runs that may still use it: those that left
+    /// their queues, and the one in progress on this thread, if any.
     fn drop(&mut self) {
-        let _ = self.1.wait_for_runs(None);
+        // (Not while the run is being captured into a graph: nothing it captures is freed.)
+        if let Some(queue) = current_queue_of(&self.1).filter(|q| !capturing(&q.stream)) {
+            let _ = self.1.leave(&queue);
+        }
+        if self.1.wait_for_runs(None).is_err() {
+            // The device is in error: wait for all of it rather than free memory in use.
+            let _ = self.0.stream().synchronize();
+        }
     }
+}
+
+/// Whether `stream` is recording into a graph.
+fn capturing(stream: &CudaStream) -> bool {
+    stream.capture_status().is_ok_and(|s| s != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}
+
+/// The queue of the run in progress on this thread on the device of `order`, if any.
+fn current_queue_of(order: &Arc<StreamOrder>) -> Option<Arc<Queue>> {
+    let me = Arc::as_ptr(order) as usize;
+    CURRENT_QUEUE.with(|q| q.borrow().iter().rev().find(|(d, _)| *d == me).map(|(_, q)| q.clone()))
 }
 
 impl DeviceBuffer for CudaBuffer {
@@ -185,9 +205,9 @@ impl CudaDevice {
             });
         }
         let context = CudaContext::new(ordinal).map_err(|e| cuda_error("CudaContext::new", e))?;
-        // SAFETY: every plan queues its work, in order, on the one stream below; cudarc's
-        // per-buffer events (which order work across streams, at a cost per launch) are not
-        // needed.
+        // SAFETY: the runtime orders the streams it queues work on itself (`stream_order`:
+        // the device's own stream and one per workspace); cudarc's per-buffer events (which
+        // order work across streams, at a cost per launch) are not needed.
         unsafe { context.disable_event_tracking() };
         // A stream of its own, not the legacy default stream: work on it can be captured into
         // a CUDA graph.
@@ -223,10 +243,15 @@ impl CudaDevice {
         }
     }
 
+    /// The stream a capture records on: the run's queue, else the device's own, with no wait
+    /// (which would cross the capture's boundary).
+    fn capture_stream(&self) -> Arc<CudaStream> {
+        self.current_queue().map_or_else(|| self.order.stream().clone(), |q| q.stream.clone())
+    }
+
     /// The workspace queue of the run in progress on this thread, if any.
     fn current_queue(&self) -> Option<Arc<Queue>> {
-        let me = self as *const Self as usize;
-        CURRENT_QUEUE.with(|q| q.borrow().iter().rev().find(|(d, _)| *d == me).map(|(_, q)| q.clone()))
+        current_queue_of(&self.order)
     }
 
     /// The state user kernel `id` keeps in the workspace whose run is in progress on this
@@ -250,7 +275,7 @@ impl CudaDevice {
     /// Whether this thread is in a run on another device (a kernel given this device while its
     /// executor runs on another).
     pub(crate) fn in_another_devices_run(&self) -> bool {
-        let me = self as *const Self as usize;
+        let me = Arc::as_ptr(&self.order) as usize;
         CURRENT_QUEUE.with(|q| {
             let q = q.borrow();
             !q.is_empty() && !q.iter().any(|(d, _)| *d == me)
@@ -438,7 +463,8 @@ impl Device for CudaDevice {
 
     fn alloc(&self, len: usize) -> Result<Box<dyn DeviceBuffer>> {
         let bytes = len.max(1).saturating_mul(std::mem::size_of::<f32>());
-        // On the device's own stream, outside the run that asks: the buffer outlives it.
+        // On the device's own stream: the buffer may outlive the run that asks for it (whose
+        // queue then waits for the allocation, below).
         let slice = self.order.own().alloc_zeros::<f32>(len.max(1)).map_err(|e| {
             if e.0 != sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY {
                 return cuda_error("alloc", e);
@@ -450,6 +476,9 @@ impl Device for CudaDevice {
                 bytes,
             }
         })?;
+        if let Some(queue) = self.current_queue().filter(|q| !capturing(&q.stream)) {
+            self.order.enter(&queue)?;
+        }
         Ok(Box::new(CudaBuffer(slice, self.order.clone())))
     }
 
@@ -510,13 +539,13 @@ impl Device for CudaDevice {
         // The run comes after what the device's stream holds (uploads of its inputs, other
         // workspaces' runs), waiting only if something was queued there since the last run.
         self.order.enter(&queue.0)?;
-        let me = self as *const Self as usize;
+        let me = Arc::as_ptr(&self.order) as usize;
         CURRENT_QUEUE.with(|q| q.borrow_mut().push((me, queue.0.clone())));
         Ok(())
     }
 
     fn leave_queue(&self, queue: &dyn DeviceQueue) -> Result<()> {
-        let me = self as *const Self as usize;
+        let me = Arc::as_ptr(&self.order) as usize;
         CURRENT_QUEUE.with(|q| {
             let mut q = q.borrow_mut();
             if let Some(i) = q.iter().rposition(|(d, _)| *d == me) {
@@ -534,14 +563,14 @@ impl Device for CudaDevice {
         // Thread-local mode: CUDA calls of other threads are not refused, and their runs go to
         // their own workspaces' streams, not to the one being recorded (`Plan::capture` records
         // on the workspace's queue).
-        self.stream()
+        self.capture_stream()
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| cuda_error("begin capture", e))
     }
 
     fn end_capture(&self) -> Result<Box<dyn DeviceGraph>> {
         let graph = self
-            .stream()
+            .capture_stream()
             .end_capture(sys::CUgraphInstantiate_flags(0))
             .map_err(|e| cuda_error("end capture", e))?
             .ok_or_else(|| Error::GraphUnsupported { reason: "nothing was captured".into() })?;

@@ -289,8 +289,8 @@ impl GeneratedKernel {
         // which outlive the call; `lengths.check` made sure above that there are that many
         // buffers, each holding at least the elements of its value, and the generator
         // (`fused_shape`) that the kernel accesses no more than those. The buffers' own
-        // synchronization is off on this device (`CudaDevice::new`): every plan queues its
-        // work in order on one stream.
+        // synchronization is off on this device (`CudaDevice::new`): the runtime orders its
+        // streams itself (`stream_order`), and a run's work goes to its workspace's stream.
         unsafe { super::device_checks::launch(&self.function, &stream, self.config, &mut params) }
     }
 }

@@ -105,8 +105,8 @@
 //! Each workspace queues its runs on a CUDA stream of its own, ordered by events after the device's
 //! own stream when a run starts (for the uploads of its inputs; only when work was queued there
 //! since the workspace's last run) and before it after the run (for downloads, frees, later
-//! inputs and other workspaces' runs; the device's stream waits before its next work), so runs of one plan from several threads, each in its
-//! own workspace, may overlap on the GPU (`proptests/cuda_matches_reference.rs` checks that four
+//! inputs and other workspaces' runs; the device's stream waits before its next work), so
+//! runs of one plan from several threads, each in its own workspace, may overlap on the GPU (`proptests/cuda_matches_reference.rs` checks that four
 //! threads each get their own result). For the quickstart block, stream runs from four threads at once gave 88 to 94 us per run
 //! against 66 to 83 us from one: the host's launches bound them, no gain there. Graph replays,
 //! which cost the host little, do overlap: four threads, each replaying its own graph in its own

@@ -16,7 +16,9 @@
 //!   ([`StreamOrder::wait_for_runs`], which `CudaBuffer`'s drop calls).
 //!
 //! A run in steady state, its inputs and outputs on the device, so makes one driver call of
-//! its own (the `left` record) instead of four.
+//! its own (the `left` record) instead of four, where one workspace runs with nothing queued on
+//! the device's stream in between (or only work the host saw finish: a synchronize, a
+//! download). Two workspaces taking turns still pay about four: each run waits for the other's.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -83,6 +85,12 @@ impl StreamOrder {
         Self { stream, epoch: AtomicU64::new(0), done: AtomicU64::new(0), unwaited: Mutex::new(Vec::new()) }
     }
 
+    /// The device's own stream, bare: for a capture's begin and end, which must not wait (see
+    /// [`own`](Self::own) to queue work).
+    pub(crate) fn stream(&self) -> &Arc<CudaStream> {
+        &self.stream
+    }
+
     /// Waits until the work queued on the device's own stream, and the runs that left their
     /// queues, are done; queues then need not wait for any of it.
     pub(crate) fn synchronize(&self) -> Result<()> {
@@ -125,7 +133,13 @@ impl StreamOrder {
                 }
                 let before = self.epoch.fetch_add(1, Ordering::AcqRel);
                 let _ = queue.order.seen.compare_exchange(before, before + 1, Ordering::AcqRel, Ordering::Relaxed);
-                done.push(unwaited.swap_remove(i));
+                let queue = unwaited.swap_remove(i);
+                if Arc::strong_count(&queue) > 1 {
+                    drop(queue);
+                } else {
+                    // Its workspace is gone: dropped below, without the lock.
+                    done.push(queue);
+                }
             }
             result
         };

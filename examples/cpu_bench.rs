@@ -2,7 +2,8 @@
 //! shapes, every core): products (`matmul` at [1024]^3, [64, 256] x [256, 256] and GPT-2's MLP
 //! shape [512, 768] x [768, 3072]) and MLP blocks (the quickstart's `linear, gelu, linear,
 //! residual, layer_norm, softmax` at [64, 256], hidden 256, and GPT-2's `linear, gelu, linear`
-//! at [512, 768], hidden 3072), each through `Plan` as a user compiles it: the standard passes
+//! at [512, 768], hidden 3072), and `softmax` and `layer_norm` over 512 rows of 768 to 4,096
+//! (`softmax_<n>`, `layer_norm_<n>`), each through `Plan` as a user compiles it: the standard passes
 //! keeping the composites the CPU executors run whole, elementwise chains fused for CpuFusion,
 //! the rest on the CPU reference. Each result is checked against the CPU reference alone first.
 //! Lines starting `RESULT ` are JSON; `scripts/transformer_ops_report.py` puts both side by side.
@@ -35,9 +36,34 @@ fn mlp(g: &mut TraceBuilder<'_>, v: &[ValueId]) -> boundscope::Result<ValueId> {
     g.linear(h, v[3], Some(v[4]))
 }
 
+/// Rows of each row op's input.
+const ROWS: usize = 512;
+
 fn workloads() -> Vec<Workload> {
     let product = |m: usize, k: usize, n: usize| 2.0 * (m * k * n) as f64;
-    vec![
+    let mut rows = Vec::new();
+    for (cols, softmax, layer_norm) in [
+        (768, "softmax_768", "layer_norm_768"),
+        (1024, "softmax_1024", "layer_norm_1024"),
+        (2048, "softmax_2048", "layer_norm_2048"),
+        (4096, "softmax_4096", "layer_norm_4096"),
+    ] {
+        // FLOPs stand for elements here: the report shows milliseconds.
+        let elements = (ROWS * cols) as f64;
+        rows.push(Workload {
+            name: softmax,
+            inputs: vec![vec![ROWS, cols]],
+            build: |g, v| g.softmax(v[0]),
+            flops: elements,
+        });
+        rows.push(Workload {
+            name: layer_norm,
+            inputs: vec![vec![ROWS, cols], vec![cols], vec![cols]],
+            build: |g, v| g.layer_norm(v[0], 1e-5, Some(v[1]), Some(v[2])),
+            flops: elements,
+        });
+    }
+    let mut all = vec![
         Workload {
             name: "matmul_1024",
             inputs: vec![vec![1024, 1024], vec![1024, 1024]],
@@ -73,7 +99,9 @@ fn workloads() -> Vec<Workload> {
             build: mlp,
             flops: 2.0 * product(512, 768, 3072),
         },
-    ]
+    ];
+    all.extend(rows);
+    all
 }
 
 fn trace<'a>(arena: &'a Arena, registry: &'a Registry, w: &Workload) -> boundscope::Result<Trace<'a>> {

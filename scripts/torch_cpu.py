@@ -35,6 +35,12 @@ WORKLOADS = [
     ("gpt2_mlp_512", [(512, 768), (3072, 768), (3072,), (768, 3072), (768,)], mlp, 2 * product(512, 768, 3072)),
 ]
 
+ROWS = 512
+for cols in (768, 1024, 2048, 4096):
+    WORKLOADS.append((f"softmax_{cols}", [(ROWS, cols)], lambda x: torch.softmax(x, -1), ROWS * cols))
+    WORKLOADS.append((f"layer_norm_{cols}", [(ROWS, cols), (cols,), (cols,)],
+                      lambda x, g, b: F.layer_norm(x, (x.shape[-1],), g, b, 1e-5), ROWS * cols))
+
 with torch.inference_mode():
     for name, shapes, fn, flops in WORKLOADS:
         args = [torch.rand(*s) * 0.2 - 0.1 for s in shapes]

@@ -379,6 +379,8 @@ pub(super) fn compile_composite(id: SymbolId, op: &OpView<'_>, threads: usize) -
         prims::LINEAR | prims::MATMUL_TRANSPOSED => {
             Ok(InF32::wrap(Box::new(Matmul::new(op, out_shape, BLayout::Transposed, threads)?), op))
         }
+        prims::SOFTMAX => Ok(InF32::wrap(Box::new(super::row_kernels::Softmax::new(op, threads)?), op)),
+        prims::LAYER_NORM => Ok(InF32::wrap(Box::new(super::row_kernels::LayerNorm::new(op, threads)?), op)),
         _ => Err(Error::KernelPrecondition {
             executor: super::CpuReference::NAME.into(),
             symbol: op.name().into(),

@@ -215,6 +215,11 @@ impl LaneSum {
         Self { lanes: [0.0; Self::LANES] }
     }
 
+    /// Partial sums already added elsewhere (lane `i` holding the row's elements `i % LANES`).
+    pub(crate) const fn from_lanes(lanes: [f32; Self::LANES]) -> Self {
+        Self { lanes }
+    }
+
     /// Adds the next `x.len()` elements of the row, a multiple of [`LANES`](Self::LANES).
     #[inline(always)]
     pub(crate) fn add(&mut self, x: &[f32]) {

@@ -13,6 +13,7 @@ mod index_kernels;
 pub(crate) mod kernels;
 pub mod math;
 mod products;
+mod row_kernels;
 mod select_kernels;
 pub(crate) mod vector_loops;
 
@@ -215,11 +216,15 @@ impl Executor for CpuReference {
 
     /// `linear` and `matmul_transposed` (of float operands): one product that reads its second
     /// operand transposed (and adds `linear`'s bias as it writes each row), where their
-    /// decompositions copy the transpose first. Not where guards sit on their subsymbols, which
-    /// only the decomposition runs.
+    /// decompositions copy the transpose first. `softmax` and `layer_norm`: each row read once
+    /// and kept in the cache for its passes, where the decompositions write and read a tensor
+    /// per prim (the same bits: see `row_kernels`). Not where guards sit on their subsymbols,
+    /// which only the decomposition runs.
     fn prefers_whole(&self, op: &OpView<'_>) -> bool {
-        matches!(op.symbol().builtin_composite(), Some(prims::LINEAR | prims::MATMUL_TRANSPOSED))
-            && op.dtypes().iter().all(|d| d.is_float())
+        matches!(
+            op.symbol().builtin_composite(),
+            Some(prims::LINEAR | prims::MATMUL_TRANSPOSED | prims::SOFTMAX | prims::LAYER_NORM)
+        ) && op.dtypes().iter().all(|d| d.is_float())
             && !op.has_subsymbol_guards()
     }
 

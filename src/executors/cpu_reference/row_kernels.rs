@@ -1,0 +1,276 @@
+//! `softmax` and `layer_norm` whole on the CPU: each row read from memory once and kept in the
+//! cache while its passes run, where their decompositions write and read a tensor per prim.
+//!
+//! Each kernel computes exactly what its decomposition computes on the CPU reference, prim by
+//! prim, in the same order (the same lane sums, the same scalar functions, the same roundings),
+//! so the results are the same bits; only the traffic through memory differs. Rows are never
+//! cut between threads, so the split does not change them either.
+
+use std::ops::Range;
+
+use multiversion::multiversion;
+
+use super::math::{self, LaneSum};
+use crate::core::plan::{Kernel, OpView};
+use crate::core::tensor::{TensorMut, TensorRef};
+use crate::error::Result;
+use crate::executors::worker_pool::{parts_for, run_parts_writing, MIN_ELEMENTS_PER_PART};
+
+/// `softmax` over the last axis: `exp(x - max) / sum(exp(x - max))` per row.
+pub(super) struct Softmax {
+    cols: usize,
+    parts: usize,
+}
+
+/// `layer_norm` over the last axis, with an optional weight and bias of the row's length.
+pub(super) struct LayerNorm {
+    cols: usize,
+    eps: f32,
+    parts: usize,
+}
+
+/// The row length of `op`'s first input and the parts its rows are split into.
+fn rows_of(op: &OpView<'_>, threads: usize) -> Result<(usize, usize)> {
+    let shape = op.input_shape(0)?;
+    let cols = shape.last().copied().unwrap_or(1);
+    let numel: usize = shape.iter().product();
+    Ok((cols, parts_for(threads, numel, MIN_ELEMENTS_PER_PART)))
+}
+
+impl Softmax {
+    pub(super) fn new(op: &OpView<'_>, threads: usize) -> Result<Self> {
+        let (cols, parts) = rows_of(op, threads)?;
+        Ok(Self { cols, parts })
+    }
+}
+
+impl LayerNorm {
+    pub(super) fn new(op: &OpView<'_>, threads: usize) -> Result<Self> {
+        let (cols, parts) = rows_of(op, threads)?;
+        Ok(Self { cols, eps: op.scalar(1)?, parts })
+    }
+}
+
+impl Kernel for Softmax {
+    fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
+        let (x, cols) = (inputs[0].values::<f32>()?, self.cols);
+        if cols == 0 {
+            return Ok(());
+        }
+        run_parts_writing(outputs[0].values_mut::<f32>()?, self.parts, cols, |rows: Range<usize>, out: &mut [f32]| {
+            softmax_rows(&x[rows.start * cols..rows.end * cols], cols, out);
+        });
+        Ok(())
+    }
+}
+
+impl Kernel for LayerNorm {
+    fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
+        let (x, cols) = (inputs[0].values::<f32>()?, self.cols);
+        let weight = inputs.get(1).map(|w| w.values::<f32>()).transpose()?;
+        let bias = inputs.get(2).map(|b| b.values::<f32>()).transpose()?;
+        if cols == 0 {
+            return Ok(());
+        }
+        let affine = Affine { weight, bias };
+        run_parts_writing(outputs[0].values_mut::<f32>()?, self.parts, cols, |rows: Range<usize>, out: &mut [f32]| {
+            layer_norm_rows(&x[rows.start * cols..rows.end * cols], cols, self.eps, affine, out);
+        });
+        Ok(())
+    }
+}
+
+/// `layer_norm`'s weight and bias, each of the row's length.
+#[derive(Clone, Copy)]
+struct Affine<'a> {
+    weight: Option<&'a [f32]>,
+    bias: Option<&'a [f32]>,
+}
+
+/// Softmax of each row of `x` (rows of `cols > 0`) into `out`: the maximum, each
+/// exponential of the difference to it (written; the row stays in the cache), their sum (as the
+/// decomposition's `sum` adds them), then each times the reciprocal of the sum, as PyTorch's CPU kernel does (the
+/// decomposition divides: results differ from it by at most an ulp or so).
+#[multiversion(targets = "simd")]
+fn softmax_rows(x: &[f32], cols: usize, out: &mut [f32]) {
+    for (row, out) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
+        let max = wide_max(row);
+        for (o, &v) in out.iter_mut().zip(row) {
+            *o = math::exp(math::sub(v, max));
+        }
+        let inv_sum = 1.0 / math::row_sum(out);
+        for o in out.iter_mut() {
+            *o = math::mul(*o, inv_sum);
+        }
+    }
+}
+
+/// The largest element of `row` as [`math::row_max`] finds it (NaN if any is NaN), with more
+/// independent lanes, so that the loop is not bound by the latency of one compare and select
+/// per lane. Only the sign of a zero maximum can differ from `row_max` (which `x - max` and so
+/// softmax never sees).
+#[inline(always)]
+fn wide_max(row: &[f32]) -> f32 {
+    const LANES: usize = 64;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let rest = math::row_max(chunks.remainder());
+    for chunk in chunks {
+        for (lane, &x) in lanes.iter_mut().zip(chunk) {
+            *lane = math::maximum(*lane, x);
+        }
+    }
+    math::maximum(math::row_max(&lanes), rest)
+}
+
+/// Layer norm of each row of `x` (rows of `cols > 0`) into `out`, exactly as the decomposition
+/// computes it: the mean (sum times `1 / n`), the centred values `x - mean`, the variance (the
+/// sum of their squares times `1 / n`), `exp(log(variance + eps) * -0.5)`, then the product
+/// with it, the weight and the bias. Three passes over the row, which stays in the cache (the
+/// sum; the squares, added; the centred values again, written once with the rest).
+#[multiversion(targets = "simd")]
+fn layer_norm_rows(x: &[f32], cols: usize, eps: f32, affine: Affine<'_>, out: &mut [f32]) {
+    let inv_n = 1.0 / cols as f32;
+    for (row, out) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
+        let mean = math::mul(math::row_sum(row), inv_n);
+        let square_sum = lane_sum(row, |v| {
+            let c = math::sub(v, mean);
+            math::mul(c, c)
+        });
+        let variance = math::mul(square_sum, inv_n);
+        let inv_std = math::exp(math::mul(math::log(math::add(variance, eps)), -0.5));
+        let normed = |v: f32| math::mul(math::sub(v, mean), inv_std);
+        match (affine.weight, affine.bias) {
+            (Some(w), Some(b)) => {
+                for (((o, &v), &w), &b) in out.iter_mut().zip(row).zip(w).zip(b) {
+                    *o = math::add(math::mul(normed(v), w), b);
+                }
+            }
+            (Some(w), None) => {
+                for ((o, &v), &w) in out.iter_mut().zip(row).zip(w) {
+                    *o = math::mul(normed(v), w);
+                }
+            }
+            _ => {
+                for (o, &v) in out.iter_mut().zip(row) {
+                    *o = normed(v);
+                }
+            }
+        }
+    }
+}
+
+/// The sum of `f(v)` over `row`, added as [`math::row_sum`] adds a row of those values.
+#[inline(always)]
+fn lane_sum(row: &[f32], f: impl Fn(f32) -> f32) -> f32 {
+    let chunks = row.chunks_exact(LaneSum::LANES);
+    let rest = chunks.remainder();
+    let mut lanes = [0.0f32; LaneSum::LANES];
+    for chunk in chunks {
+        for (lane, &v) in lanes.iter_mut().zip(chunk) {
+            *lane += f(v);
+        }
+    }
+    let mut tail = [0.0f32; LaneSum::LANES];
+    for (t, &v) in tail.iter_mut().zip(rest) {
+        *t = f(v);
+    }
+    LaneSum::from_lanes(lanes).finish(&tail[..rest.len()])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The whole kernels give the bits of the decompositions' prims, computed one at a time
+    /// (softmax's last step a product with the reciprocal of the sum, where the decomposition
+    /// divides).
+    #[test]
+    fn rows_equal_their_decompositions_bit_for_bit() {
+        for cols in [1, 7, 16, 33, 768, 1000] {
+            let rows = 3;
+            let x: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.173).collect();
+            let weight: Vec<f32> = (0..cols).map(|i| 0.5 + (i % 5) as f32 * 0.25).collect();
+            let bias: Vec<f32> = (0..cols).map(|i| (i % 3) as f32 - 1.0).collect();
+            let mut softmax = vec![0.0; x.len()];
+            softmax_rows(&x, cols, &mut softmax);
+            let mut norm = vec![0.0; x.len()];
+            layer_norm_rows(&x, cols, 1e-5, Affine { weight: Some(&weight), bias: Some(&bias) }, &mut norm);
+            for r in 0..rows {
+                let row = &x[r * cols..(r + 1) * cols];
+                let max = math::row_max(row);
+                let e: Vec<f32> = row.iter().map(|&v| math::exp(v - max)).collect();
+                let inv_sum = 1.0 / math::row_sum(&e);
+                for (c, &e) in e.iter().enumerate() {
+                    assert_eq!(softmax[r * cols + c].to_bits(), (e * inv_sum).to_bits(), "softmax, cols {cols}");
+                }
+                let inv_n = 1.0 / cols as f32;
+                let mean = math::row_sum(row) * inv_n;
+                let centered: Vec<f32> = row.iter().map(|&v| v - mean).collect();
+                let squares: Vec<f32> = centered.iter().map(|&c| c * c).collect();
+                let variance = math::row_sum(&squares) * inv_n;
+                let inv_std = math::exp(math::log(variance + 1e-5) * -0.5);
+                for (c, &v) in centered.iter().enumerate() {
+                    let want = v * inv_std * weight[c] + bias[c];
+                    assert_eq!(norm[r * cols + c].to_bits(), want.to_bits(), "layer_norm, cols {cols}");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod plans {
+    use crate::executors::CpuReference;
+    use crate::guards::Recorder;
+    use crate::passes::{Pass, Pipeline};
+    use crate::{Arena, BoundSymbolId, Plan, Registry, Tensor, TraceBuilder};
+
+    /// A plan of `softmax` and `layer_norm` (with its weight and bias) over rows of `cols`.
+    fn rows_plan_inputs(cols: usize) -> [Tensor; 3] {
+        [
+            Tensor::from_fn(&[5, cols], |i| ((i * 13 % 31) as f32 - 15.0) * 0.21),
+            Tensor::from_fn(&[cols], |i| 1.0 + (i % 3) as f32 * 0.5),
+            Tensor::from_fn(&[cols], |i| (i % 4) as f32 * 0.1),
+        ]
+    }
+
+    /// The CPU reference runs `softmax` and `layer_norm` whole (one step each, as the standard
+    /// passes leave them for it), equal to their decompositions; with a guard on their
+    /// subsymbols it runs the decompositions, and the guard runs.
+    #[test]
+    fn the_cpu_reference_runs_row_ops_whole_unless_guards_sit_inside_them() {
+        let registry = Registry::with_builtins();
+        for cols in [1, 17, 768] {
+            let arena = Arena::new();
+            let mut b = TraceBuilder::new(&arena, &registry);
+            let (x, w, bias) = (b.input(&[5, cols]).unwrap(), b.input(&[cols]).unwrap(), b.input(&[cols]).unwrap());
+            let n = b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap();
+            let y = b.softmax(n).unwrap();
+            b.output(y).unwrap();
+            let trace = b.finish().unwrap();
+            let cpu = [CpuReference::shared()];
+            let kept = Pipeline::for_executors(&cpu).run(&trace, &arena).unwrap();
+            let whole = Plan::compile(&kept, &cpu).unwrap();
+            assert_eq!(whole.steps_per_executor(), [("cpu_reference", 2)], "{whole}");
+            let inputs = rows_plan_inputs(cols);
+            let refs: Vec<&Tensor> = inputs.iter().collect();
+            let got = whole.run(&refs).unwrap();
+            let decomposed = Plan::compile(&crate::passes::Decompose.run(&trace, &arena).unwrap(), &cpu).unwrap();
+            assert!(decomposed.steps_per_executor()[0].1 > 10, "{decomposed}");
+            let expected = decomposed.run(&refs).unwrap();
+            let diff = got[0].max_abs_diff(&expected[0]);
+            assert!(diff <= 1e-6, "cols {cols}: whole and decomposed differ by {diff}");
+
+            let mut guarded = trace.clone();
+            let recorder = Recorder::new();
+            guarded.attach_subsymbol_guard(BoundSymbolId::from_index(0), 1, recorder.clone()).unwrap();
+            let kept = Pipeline::for_executors(&cpu).run(&guarded, &arena).unwrap();
+            let plan = Plan::compile(&kept, &cpu).unwrap();
+            assert!(plan.steps_per_executor()[0].1 > 2, "layer_norm decomposed: {plan}");
+            let got = plan.run(&refs).unwrap();
+            assert!(got[0].max_abs_diff(&expected[0]) <= 1e-6);
+            assert!(!recorder.is_empty(), "the subsymbols' guard ran");
+        }
+    }
+}

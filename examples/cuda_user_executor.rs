@@ -12,7 +12,9 @@
 //!
 //! Then it measures what a plan adds to a kernel launched by hand: the host time to queue a
 //! plan of `bias_gelu` steps, per step, against the host time of the same launches queued by
-//! hand on a stream, side by side in one run (lines `RESULT {json}`).
+//! hand on a stream, side by side in one run (lines `RESULT {json}`); and the same for a plan of
+//! `CudaOps` `tanh` steps against its own generated kernel (`executors::cuda::op_source`)
+//! launched by hand: the driver's launch floor for that kernel.
 //!
 //! ```text
 //! cargo build --release --example cuda_user_executor   # here; then on the GPU machine:
@@ -30,7 +32,8 @@ use boundscope::executors::CpuReference;
 use boundscope::guards::{NvtxRange, Selection};
 use boundscope::passes::{Pass, ProfileOps};
 use boundscope::{
-    Arena, Availability, DType, Device, DeviceTensor, Error, Executor, Plan, PushedBy, RunInput, Tensor, TraceBuilder,
+    Arena, Availability, DType, Device, DeviceTensor, Error, Executor, Plan, PushedBy, Registry, RunInput, Tensor,
+    TraceBuilder,
 };
 
 #[path = "shared/my_gpu_executor.rs"]
@@ -175,6 +178,8 @@ fn measure() -> boundscope::Result<()> {
     let bias_mine = stream.clone_htod(bias_host.values::<f32>()?).map_err(|e| failed("upload", &e))?;
     let mut y_mine = stream.alloc_zeros::<f32>(rows * cols).map_err(|e| failed("alloc", &e))?;
     let function = mine.bias_gelu_f32();
+    let tanh = generated_tanh(&gpu, &registry, &[rows, cols])?;
+    let mut tanh_out = stream.alloc_zeros::<f32>(rows * cols).map_err(|e| failed("alloc", &e))?;
     let nothing: Arc<dyn Executor> = Arc::new(LaunchesNothing(gpu.clone()));
     let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(gpu.clone()));
     for steps in [1usize, 12, 100] {
@@ -194,16 +199,21 @@ fn measure() -> boundscope::Result<()> {
             Plan::compile(&chain("tanh")?, std::slice::from_ref(&ops))?,
         ];
         let mut workspaces = plans.iter().map(Plan::workspace).collect::<boundscope::Result<Vec<_>>>()?;
-        // 0..3: the plans; 3: by hand.
-        let mut times: [Vec<u128>; 4] = Default::default();
+        // 0..3: the plans; 3: by hand; 4: the generated `tanh` by hand.
+        let mut times: [Vec<u128>; 5] = Default::default();
         for rep in 0..reps + 100 {
             // Each waits for the device outside its timed part, so that none queues behind a full
             // launch queue; which goes first rotates.
-            for turn in 0..4 {
-                let which = (rep + turn) % 4;
+            for turn in 0..5 {
+                let which = (rep + turn) % 5;
                 let start = Instant::now();
                 if which < 3 {
                     plans[which].run_on_device(&mut workspaces[which], &run_inputs)?;
+                } else if which == 4 {
+                    let (x, y) = (x_mine.device_ptr(&stream).0, tanh_out.device_ptr_mut(&stream).0);
+                    for _ in 0..steps {
+                        tanh.launch(&stream, x, y).map_err(|e| failed("launch", &e))?;
+                    }
                 } else {
                     let (x, bias) = (x_mine.device_ptr(&stream).0, bias_mine.device_ptr(&stream).0);
                     let y = y_mine.device_ptr_mut(&stream).0;
@@ -221,15 +231,17 @@ fn measure() -> boundscope::Result<()> {
                 }
             }
         }
-        let [plan_us, nothing_us, tanh_us, hand_us] = times.map(|mut v| {
+        let [plan_us, nothing_us, tanh_us, hand_us, tanh_hand_us] = times.map(|mut v| {
             v.sort_unstable();
             v[v.len() / 2] as f64 / 1e3
         });
         println!(
             "RESULT {{\"workload\": \"user kernel, host time to queue\", \"steps\": {steps}, \"plan_us\": {plan_us:.2}, \
              \"by_hand_us\": {hand_us:.2}, \"added_us_per_step\": {:.3}, \"plan_of_kernels_that_launch_nothing_us\": \
-             {nothing_us:.2}, \"plan_of_cuda_ops_tanh_us\": {tanh_us:.2}}}",
-            (plan_us - hand_us) / steps as f64
+             {nothing_us:.2}, \"plan_of_cuda_ops_tanh_us\": {tanh_us:.2}, \"generated_tanh_by_hand_us\": \
+             {tanh_hand_us:.2}, \"tanh_plan_over_launch_floor\": {:.3}}}",
+            (plan_us - hand_us) / steps as f64,
+            tanh_us / tanh_hand_us
         );
     }
     Ok(())
@@ -263,6 +275,53 @@ impl Executor for LaunchesNothing {
     }
     fn compile_device(&self, op: &boundscope::OpView<'_>) -> boundscope::Result<Box<dyn boundscope::DeviceKernel>> {
         cuda::device_kernel(&self.0, self.name(), op, Nothing)
+    }
+}
+
+/// The kernel `CudaOps` generates for `tanh` over `shape` (`executors::cuda::op_source`),
+/// compiled and loaded by hand, to launch without a plan.
+struct GeneratedTanh {
+    function: CudaFunction,
+    blocks: u32,
+    numel: i64,
+}
+
+fn generated_tanh(gpu: &Arc<CudaDevice>, registry: &Registry, shape: &[usize]) -> boundscope::Result<GeneratedTanh> {
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, registry);
+    let x = b.input(shape)?;
+    let y = b.tanh(x)?;
+    b.output(y)?;
+    let trace = b.finish()?;
+    let op = boundscope::OpView::of(&trace, 0)?;
+    let failed =
+        |what: &str, e: String| Error::Execution { executor: "by hand".into(), symbol: what.into(), message: e };
+    let generated = cuda::op_source(&op, "tanh_by_hand").map_err(|e| failed("op_source", e))?;
+    let ptx = cuda::cudarc::nvrtc::compile_ptx(&generated.source).map_err(|e| failed("nvrtc", format!("{e:?}")))?;
+    let module = gpu.context().load_module(ptx).map_err(|e| failed("load", format!("{e:?}")))?;
+    let function = module.load_function(&generated.kernel).map_err(|e| failed("load", format!("{e:?}")))?;
+    // As `CudaOps` launches its generated kernels: a thread per vector, blocks of 256.
+    let blocks = generated.threads.div_ceil(256).max(1) as u32;
+    Ok(GeneratedTanh { function, blocks, numel: generated.numel as i64 })
+}
+
+impl GeneratedTanh {
+    fn launch(&self, stream: &CudaStream, x: u64, y: u64) -> Result<(), cuda::cudarc::driver::DriverError> {
+        let (mut x, mut y, mut n) = (x, y, self.numel);
+        let mut params =
+            [(&mut x as *mut u64).cast::<std::ffi::c_void>(), (&mut y as *mut u64).cast(), (&mut n as *mut i64).cast()];
+        // SAFETY: the generated kernel takes one input pointer, one output pointer and `long
+        // long n`; both buffers hold `n` values.
+        unsafe {
+            cuda::cudarc::driver::result::launch_kernel(
+                self.function.cu_function(),
+                (self.blocks, 1, 1),
+                (256, 1, 1),
+                0,
+                stream.cu_stream(),
+                &mut params,
+            )
+        }
     }
 }
 

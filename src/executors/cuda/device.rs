@@ -131,9 +131,14 @@ fn capturing(stream: &CudaStream) -> bool {
     stream.capture_status().is_ok_and(|s| s != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
 }
 
+/// The key of a device's entries in [`CURRENT_QUEUE`]: its stream order's address.
+fn queue_key(order: &Arc<StreamOrder>) -> usize {
+    Arc::as_ptr(order) as usize
+}
+
 /// The queue of the run in progress on this thread on the device of `order`, if any.
 fn current_queue_of(order: &Arc<StreamOrder>) -> Option<Arc<Queue>> {
-    let me = Arc::as_ptr(order) as usize;
+    let me = queue_key(order);
     CURRENT_QUEUE.with(|q| q.borrow().iter().rev().find(|(d, _)| *d == me).map(|(_, q)| q.clone()))
 }
 
@@ -275,7 +280,7 @@ impl CudaDevice {
     /// Whether this thread is in a run on another device (a kernel given this device while its
     /// executor runs on another).
     pub(crate) fn in_another_devices_run(&self) -> bool {
-        let me = Arc::as_ptr(&self.order) as usize;
+        let me = queue_key(&self.order);
         CURRENT_QUEUE.with(|q| {
             let q = q.borrow();
             !q.is_empty() && !q.iter().any(|(d, _)| *d == me)
@@ -539,13 +544,13 @@ impl Device for CudaDevice {
         // The run comes after what the device's stream holds (uploads of its inputs, other
         // workspaces' runs), waiting only if something was queued there since the last run.
         self.order.enter(&queue.0)?;
-        let me = Arc::as_ptr(&self.order) as usize;
+        let me = queue_key(&self.order);
         CURRENT_QUEUE.with(|q| q.borrow_mut().push((me, queue.0.clone())));
         Ok(())
     }
 
     fn leave_queue(&self, queue: &dyn DeviceQueue) -> Result<()> {
-        let me = Arc::as_ptr(&self.order) as usize;
+        let me = queue_key(&self.order);
         CURRENT_QUEUE.with(|q| {
             let mut q = q.borrow_mut();
             if let Some(i) = q.iter().rposition(|(d, _)| *d == me) {

@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 use super::device::{Device, DeviceKernel};
 use super::executor::{kernel_fn, Executor, Kernel, OpView, RegionRange, RegionRangeParts};
 use super::guard_schedule::{prepare_scopes, range_map, schedules, CompiledNode, EmittedRegionRange, Schedule, Scope};
-use super::one_per_scope::{emitted_domain, ScopeGuards};
+use super::one_per_scope::{emitted_domain, ignored_emissions, ScopeGuards};
 use super::range_filter::RangeFilter;
 use super::range_map::RangeMap;
 use super::scope_details::DetailsOf;
@@ -297,6 +297,10 @@ impl Plan {
             prepare_scopes(trace, &nodes, &executor_names, filter, &compiler.details_of)?;
         // What passes did to the trace's scopes (cut around regions, split, gone).
         notes.extend(trace.scope_notes().iter().cloned());
+        // What the runtime does not use of the executors' declared emissions.
+        for executor in executors {
+            notes.extend(ignored_emissions(executor.name(), executor.emits()));
+        }
         dropped_guards.extend(trace.dropped_guards().iter().cloned());
         let schedules = schedules(&scopes, compiler.steps.len());
         let range_maps =
@@ -532,9 +536,11 @@ impl Plan {
 
     /// What the plan reports about its guards: NVTX ranges of one domain merged on one scope
     /// whose settings conflicted (the first explicit one is kept), guards of other kinds in a
-    /// domain merged away, and what passes did to the trace's named scopes
-    /// ([`Trace::scope_notes`]: scope ranges cut around a region that straddles them). Also
-    /// listed in the plan's header.
+    /// domain merged away, what passes did to the trace's named scopes
+    /// ([`Trace::scope_notes`]: scope ranges cut around a region that straddles them), and
+    /// declarations in an executor's [`Executor::emits`] that the runtime does not use (a
+    /// second NVTX domain at one level, other levels, other kinds). Also listed in the plan's
+    /// header.
     pub fn notes(&self) -> &[String] {
         &self.notes
     }

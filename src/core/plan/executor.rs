@@ -164,7 +164,8 @@ pub trait Executor: Any + Send + Sync {
     /// no range in that domain for the region, and one per other domain with NVTX guards on it.
     /// [`EmittedRange::nvtx_ops`] states the same rule for the top-level ops (not regions) it
     /// claims. [`Plan::range_map`](crate::Plan::range_map) lists those ranges as pushed by the
-    /// executor. Default: none.
+    /// executor. Only the first NVTX declaration per level counts, at the region and op levels
+    /// only; the rest are listed in [`Plan::notes`](crate::Plan::notes). Default: none.
     fn emits(&self) -> &[EmittedRange] {
         &[]
     }

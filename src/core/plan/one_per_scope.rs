@@ -105,3 +105,41 @@ pub(crate) fn emitted_domain(
 ) -> Option<&str> {
     emits.iter().find(|e| e.kind == GuardKind::NvtxRange && e.level == level).map(|e| e.domain.as_ref())
 }
+
+/// What the runtime does not use of an executor's declared emissions, as plan notes: a second
+/// NVTX declaration at the region or op level (only the first counts: an executor pushes one
+/// range per region or op), NVTX ranges at other levels (the runtime emits those itself), and
+/// kinds other than NVTX ranges (which the runtime does not coordinate).
+pub(crate) fn ignored_emissions(executor: &str, emits: &[crate::core::plan::EmittedRange]) -> Vec<String> {
+    use crate::core::guards::Level;
+    let mut notes = Vec::new();
+    for (i, e) in emits.iter().enumerate() {
+        let first = emits[..i].iter().find(|f| f.kind == e.kind && f.level == e.level);
+        let nvtx = e.kind == GuardKind::NvtxRange;
+        let note = match (nvtx, e.level, first) {
+            (true, Level::Region | Level::Op, None) => continue,
+            (true, level @ (Level::Region | Level::Op), Some(first)) => format!(
+                "executor `{executor}` declares NVTX ranges per {} in domain `{}` and again in `{}`; only the first \
+                 is used (an executor pushes one range per {}): remove the others from `Executor::emits`",
+                level.name(),
+                first.domain,
+                e.domain,
+                level.name()
+            ),
+            (true, level, _) => format!(
+                "executor `{executor}` declares NVTX ranges at the `{}` level (domain `{}`), which the runtime \
+                 emits itself; only region and op declarations are used: remove it from `Executor::emits`",
+                level.name(),
+                e.domain
+            ),
+            (false, level, _) => format!(
+                "executor `{executor}` declares {:?} at the `{}` level; only NVTX ranges are coordinated with the \
+                 runtime's, so the declaration changes nothing",
+                e.kind,
+                level.name()
+            ),
+        };
+        notes.push(note);
+    }
+    notes
+}

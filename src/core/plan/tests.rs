@@ -668,3 +668,52 @@ fn integer_tensors_move_exactly_and_float_ops_refuse_them() {
     let f = crate::Tensor::zeros(&[2, 3]);
     assert!(matches!(plan.run(&[&f]), Err(Error::InputDType { expected: DType::I64, .. })));
 }
+
+/// An executor that claims nothing and declares `emits`.
+struct Declares(Vec<crate::core::plan::EmittedRange>);
+
+impl Executor for Declares {
+    fn name(&self) -> &str {
+        "declares"
+    }
+    fn claims(&self, _op: &crate::core::plan::OpView<'_>) -> bool {
+        false
+    }
+    fn compile(&self, op: &crate::core::plan::OpView<'_>) -> crate::Result<Box<dyn crate::core::plan::Kernel>> {
+        Err(Error::NoExecutor { symbol: op.name().into(), tried: vec!["declares".into()] })
+    }
+    fn emits(&self) -> &[crate::core::plan::EmittedRange] {
+        &self.0
+    }
+}
+
+/// Declarations in `Executor::emits` that the runtime does not use are plan notes naming the
+/// executor, the declaration and the fix; the ones it uses are not.
+#[test]
+fn unused_emission_declarations_are_plan_notes() {
+    use crate::core::guards::{GuardKind, Level};
+    use crate::core::plan::EmittedRange;
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2]).unwrap();
+    let y = b.exp(x).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let notes = |emits: Vec<EmittedRange>| {
+        let executors: [Arc<dyn Executor>; 2] = [Arc::new(Declares(emits)), CpuReference::shared()];
+        Plan::compile(&trace, &executors).unwrap().notes().to_vec()
+    };
+    let used = vec![EmittedRange::nvtx_regions("fuser"), EmittedRange::nvtx_ops("kernels")];
+    assert_eq!(notes(used), Vec::<String>::new());
+    let unused = vec![
+        EmittedRange::nvtx_ops("kernels"),
+        EmittedRange::nvtx_ops("again"),
+        EmittedRange { kind: GuardKind::NvtxRange, level: Level::Trace, domain: "runs".into() },
+        EmittedRange { kind: GuardKind::Custom("@timer"), level: Level::Op, domain: "".into() },
+    ];
+    let found = notes(unused);
+    assert_eq!(found.len(), 3, "{found:#?}");
+    assert!(found[0].contains("`declares`") && found[0].contains("`kernels`") && found[0].contains("`again`"));
+    assert!(found[1].contains("`trace` level") && found[1].contains("remove it"), "{}", found[1]);
+    assert!(found[2].contains("@timer") && found[2].contains("changes nothing"), "{}", found[2]);
+}

@@ -1,10 +1,12 @@
 //! `softmax` and `layer_norm` whole on the CPU: each row read from memory once and kept in the
 //! cache while its passes run, where their decompositions write and read a tensor per prim.
 //!
-//! Each kernel computes exactly what its decomposition computes on the CPU reference, prim by
+//! `layer_norm` computes exactly what its decomposition computes on the CPU reference, prim by
 //! prim, in the same order (the same lane sums, the same scalar functions, the same roundings),
-//! so the results are the same bits; only the traffic through memory differs. Rows are never
-//! cut between threads, so the split does not change them either.
+//! so the results are the same bits; only the traffic through memory differs. `softmax` does
+//! too but for its last step, a product with the reciprocal of the sum where the decomposition
+//! divides (as PyTorch's CPU kernel does; about an ulp apart). Rows are never cut between
+//! threads, so the split does not change the results either.
 
 use std::ops::Range;
 
@@ -87,10 +89,10 @@ struct Affine<'a> {
     bias: Option<&'a [f32]>,
 }
 
-/// Softmax of each row of `x` (rows of `cols > 0`) into `out`: the maximum, each
-/// exponential of the difference to it (written; the row stays in the cache), their sum (as the
-/// decomposition's `sum` adds them), then each times the reciprocal of the sum, as PyTorch's CPU kernel does (the
-/// decomposition divides: results differ from it by at most an ulp or so).
+/// Softmax of each row of `x` (rows of `cols > 0`) into `out`: the maximum, each exponential
+/// of the difference to it (written; the row stays in the cache), their sum (as the
+/// decomposition's `sum` adds them), then each times the reciprocal of the sum, as PyTorch's
+/// CPU kernel does (the decomposition divides: results differ from it by about an ulp).
 #[multiversion(targets = "simd")]
 fn softmax_rows(x: &[f32], cols: usize, out: &mut [f32]) {
     for (row, out) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {

@@ -72,7 +72,12 @@ device_elements!(f32 => F32, half::bf16 => BF16, half::f16 => F16, i64 => I64, i
 ///   outputs). The state is dropped with its workspace (a workspace kept after its plan keeps
 ///   its kernels' states until it is dropped); a kernel called outside any plan run keeps one
 ///   state of its own. It is out of the workspace while `run` runs, so `run` may call other
-///   kernels; a `run` that panics loses it, and the next run makes a new one.
+///   kernels; a `run` that panics loses it, and the next run makes a new one. A state may be
+///   dropped on another thread than its workspace's (the one that next orders the device's
+///   stream after the workspace's last run): its drop must not take locks your runs hold.
+/// - **No plan runs inside a kernel called outside any run.** Called directly (not by a plan),
+///   a kernel holds the device's own stream for the call; a plan run from inside it is not
+///   ordered with what the kernel queues after it. Run plans before or after the call.
 /// - **Errors.** An error returned by `run` (or `new_state`) is the error of the plan's run
 ///   that queued it, unchanged; return typed errors ([`Error::Execution`] names the executor
 ///   and the op). A fault on the device while the kernel runs is CUDA's sticky error: the

@@ -110,6 +110,21 @@ pub enum Error {
         /// What is wrong with it.
         detail: String,
     },
+    /// `passes::Grad` met a symbol on the path from a parameter to the loss that has no
+    /// gradient rule ([`Symbol::vjp`](crate::Symbol::vjp)) and no decomposition to
+    /// differentiate through, or whose rule returned gradients that do not fit its arguments.
+    NoGradient {
+        /// The symbol's name.
+        symbol: String,
+        /// What is missing or wrong.
+        detail: String,
+    },
+    /// A gradient was asked for something that has none: a loss that is not one float
+    /// element, a parameter that is not a float input of the trace, a trace already fused.
+    InvalidGradient {
+        /// What is wrong and what to do instead.
+        detail: String,
+    },
     /// No executor in the plan's list can run this prim, and it has no decomposition.
     NoExecutor {
         /// The symbol that nobody claimed.
@@ -449,6 +464,12 @@ impl fmt::Display for Error {
             Error::InvalidSymbol { symbol, detail } => {
                 write!(f, "invalid definition of symbol `{symbol}`: {detail}")
             }
+            Error::NoGradient { symbol, detail } => write!(
+                f,
+                "no gradient for `{symbol}`: {detail}; give the symbol a gradient rule (`Symbol::vjp`) or a \
+                 decomposition into symbols that have one"
+            ),
+            Error::InvalidGradient { detail } => write!(f, "cannot take this gradient: {detail}"),
             Error::NoExecutor { symbol, tried } => write!(
                 f,
                 "no executor can run `{symbol}` (tried: {}); add an executor that claims it, \

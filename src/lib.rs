@@ -84,7 +84,8 @@ pub mod options {
 pub use crate::core::ir::{
     checked_numel, path_matches, prims, Arena, Arg, ArgInfo, BoundSymbol, BoundSymbolId, Category, CpuKernelFactory,
     DType, Decomposition, GuardId, Listing, ListingOptions, NamedScope, ParamKind, PassRecord, Registry, Shape,
-    ShapeRule, Symbol, SymbolId, SymbolRef, TensorMeta, Trace, TraceBuilder, ValueId, SCOPE_SEPARATOR,
+    ShapeRule, Symbol, SymbolId, SymbolRef, TensorMeta, Trace, TraceBuilder, ValueId, VjpInput, VjpRule,
+    SCOPE_SEPARATOR,
 };
 pub use crate::core::passes;
 pub use crate::core::plan::{

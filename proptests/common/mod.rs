@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod allocations;
+pub mod f64_interpreter;
 pub mod nvtx_capture;
 pub mod nvtx_extension_abi;
 pub mod nvtx_payloads;

@@ -3,6 +3,7 @@
 mod arena;
 mod bound_symbol;
 mod builder;
+mod gradient_ops;
 mod ids;
 mod listing;
 mod meta;
@@ -23,5 +24,7 @@ pub use meta::{checked_numel, DType, Shape, TensorMeta};
 pub(crate) use meta::{unusable_shape_detail, DimsDisplay};
 pub use registry::Registry;
 pub use scopes::{path_matches, NamedScope, SCOPE_SEPARATOR};
-pub use symbol::{ArgInfo, Category, CpuKernelFactory, Decomposition, ParamKind, ShapeRule, Symbol, SymbolRef};
+pub use symbol::{
+    ArgInfo, Category, CpuKernelFactory, Decomposition, ParamKind, ShapeRule, Symbol, SymbolRef, VjpInput, VjpRule,
+};
 pub use trace::{PassRecord, Trace};

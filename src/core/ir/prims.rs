@@ -94,35 +94,44 @@ builtin_ids! {
     /// `where(cond, a, b)`: `a` where the integer `cond` is non-zero, else `b` (a tensor or a
     /// scalar), all three broadcast.
     WHERE = 33, "where";
+    /// `pad(x, [axis, before, after], fill)`: `x` with `before` elements of `fill` before it and
+    /// `after` after it along `axis` (the gradient of `slice`).
+    PAD = 34, "pad";
+    /// `scatter_last(values, ids, [n])`: `[..., n]` of zeros with `values[...]` at column
+    /// `ids[...]` of each last-axis row (the gradient of `gather_last`).
+    SCATTER_LAST = 35, "scatter_last";
+    /// `embedding_backward(grad, ids, [rows])`: `[rows, width]`, each row the sum of the rows of
+    /// `grad` (`[*ids, width]`) whose id is that row (the gradient of `embedding`).
+    EMBEDDING_BACKWARD = 36, "embedding_backward";
     /// `softmax(x)` over the last axis (composite).
-    SOFTMAX = 34, "softmax";
+    SOFTMAX = 37, "softmax";
     /// `layer_norm(x, eps, weight?, bias?)` over the last axis (composite).
-    LAYER_NORM = 35, "layer_norm";
+    LAYER_NORM = 38, "layer_norm";
     /// `linear(x, w, bias?)`: `x @ w^T + bias`, `w` is `[out, in]` (composite).
-    LINEAR = 36, "linear";
+    LINEAR = 39, "linear";
     /// `linear_gelu(x, w, bias?)`: `gelu(linear(x, w, bias))` (composite): what
     /// `passes::FoldEpilogues` makes of a `linear` whose only use is a `gelu`, for executors that
     /// run the activation in the product's epilogue.
-    LINEAR_GELU = 37, "linear_gelu";
+    LINEAR_GELU = 40, "linear_gelu";
     /// `log_softmax(x)` over the last axis (composite).
-    LOG_SOFTMAX = 38, "log_softmax";
+    LOG_SOFTMAX = 41, "log_softmax";
     /// `cross_entropy(logits, targets)`: the mean over rows of `-log_softmax(logits)[target]`,
     /// logits `[rows, classes]`, integer targets `[rows]`, a zero-dimensional result
     /// (composite), as `torch.nn.functional.cross_entropy`.
-    CROSS_ENTROPY = 39, "cross_entropy";
+    CROSS_ENTROPY = 42, "cross_entropy";
     /// `scaled_dot_product_attention(q, k, v, scale, causal)`: `softmax(q k^T scale (+ causal
     /// mask)) v` over `[..., tokens, head]` operands (composite).
-    SCALED_DOT_PRODUCT_ATTENTION = 40, "scaled_dot_product_attention";
+    SCALED_DOT_PRODUCT_ATTENTION = 43, "scaled_dot_product_attention";
     /// `matmul_transposed(a, b)`: `a @ b^T` over the last two axes, `[..., m, k] x [..., n, k]
     /// -> [..., m, n]` (composite: a transpose and a product, which executors that read an
     /// operand transposed run as one product).
-    MATMUL_TRANSPOSED = 41, "matmul_transposed";
+    MATMUL_TRANSPOSED = 44, "matmul_transposed";
     /// A fusion region, made only by `passes::FuseRegions`; listed as `<Executor>Fusion<N>`.
-    REGION = 42, "fusion_region";
+    REGION = 45, "fusion_region";
 }
 
 /// The last prim: ids up to it are prims, the composites follow.
-pub(crate) const LAST_PRIM: SymbolId = WHERE;
+pub(crate) const LAST_PRIM: SymbolId = EMBEDDING_BACKWARD;
 
 /// The unary elementwise prims, in id order.
 pub const UNARY: [SymbolId; 7] = [NEG, EXP, LOG, TANH, SIGMOID, RELU, GELU];
@@ -140,7 +149,8 @@ pub(crate) fn builtin_symbols() -> Vec<Symbol> {
         let category = match id {
             SUM | MAX | SUM_AXIS | MAX_AXIS | ARGMAX => Reduction,
             MATMUL => Matmul,
-            RESHAPE | TRANSPOSE | BROADCAST_TO | SLICE | CONCAT | EMBEDDING | GATHER_LAST => Shape,
+            RESHAPE | TRANSPOSE | BROADCAST_TO | SLICE | CONCAT | EMBEDDING | GATHER_LAST | PAD | SCATTER_LAST
+            | EMBEDDING_BACKWARD => Shape,
             _ => Elementwise,
         };
         let (params, rule) = prim_rule(id).expect("ids up to LAST_PRIM are prims");

@@ -130,6 +130,35 @@ pub type ShapeRule = Arc<dyn Fn(&[ArgInfo<'_>]) -> std::result::Result<TensorMet
 /// Emits a composite's decomposition into the builder and returns the value that is its result.
 pub type Decomposition = Arc<dyn for<'a> Fn(&mut TraceBuilder<'a>, &[Arg<'a>]) -> Result<ValueId> + Send + Sync>;
 
+/// What a gradient rule ([`Symbol::vjp`]) sees of one bound symbol being differentiated.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct VjpInput<'s, 'a> {
+    /// The symbol's name (for errors).
+    pub name: &'s str,
+    /// The bound symbol's arguments, as it was bound.
+    pub args: &'s [Arg<'a>],
+    /// The value it defines.
+    pub output: ValueId,
+    /// The gradient of the loss with respect to `output`: a value of `output`'s shape and
+    /// dtype.
+    pub cotangent: ValueId,
+}
+
+impl VjpInput<'_, '_> {
+    /// Tensor argument `i`, if argument `i` is one.
+    pub fn value(&self, i: usize) -> Option<ValueId> {
+        self.args.get(i).and_then(Arg::value)
+    }
+}
+
+/// A symbol's vector-Jacobian product: binds, in the builder, the ops that compute the gradient
+/// of the loss with respect to each argument from the [`VjpInput`], and returns one entry per
+/// argument (`None` for arguments that are not tensors or that no gradient flows to). Each
+/// gradient has its argument's shape; `passes::Grad` casts it to the argument's dtype.
+pub type VjpRule =
+    Arc<dyn for<'a> Fn(&mut TraceBuilder<'a>, &VjpInput<'_, 'a>) -> Result<Vec<Option<ValueId>>> + Send + Sync>;
+
 /// Makes a CPU kernel for one bound symbol of a user-defined symbol (see
 /// [`Symbol::cpu_kernel`]).
 pub type CpuKernelFactory = Arc<dyn Fn(&OpView<'_>) -> Result<Box<dyn Kernel>> + Send + Sync>;
@@ -182,6 +211,7 @@ pub struct Symbol {
     pub(crate) shape_rule: Option<ShapeRule>,
     pub(crate) decomposition: Option<Decomposition>,
     pub(crate) cpu_kernel: Option<CpuKernelFactory>,
+    pub(crate) vjp: Option<VjpRule>,
     /// The built-in prim this symbol is, set only by the registration of the built-ins (see
     /// [`Registry::with_builtins`](crate::Registry::with_builtins)) and cleared by every setter:
     /// executors recognise built-ins by it, never by id or name, which a user's registry may
@@ -200,6 +230,7 @@ impl Symbol {
             shape_rule: None,
             decomposition: None,
             cpu_kernel: None,
+            vjp: None,
             builtin: None,
         }
     }
@@ -259,6 +290,60 @@ impl Symbol {
         self.builtin = None;
         self.cpu_kernel = Some(Arc::new(factory));
         self
+    }
+
+    /// Its gradient rule, for [`passes::Grad`](crate::passes::Grad): the ops that compute
+    /// the gradient of each argument from the gradient of the output. A symbol without one is
+    /// differentiated through its decomposition; a prim without one (and without a
+    /// decomposition) on the path from a parameter to the loss is
+    /// [`Error::NoGradient`](crate::Error::NoGradient). On a copy of a built-in, the rule
+    /// replaces the built-in's rule and the symbol stays a built-in for executors.
+    ///
+    /// ```
+    /// use boundscope::passes::{Grad, Pass};
+    /// use boundscope::executors::CpuReference;
+    /// use boundscope::{Arena, Category, ParamKind, Plan, Registry, Symbol, Tensor, TraceBuilder};
+    /// // `square(x) = x * x`, with a decomposition and its gradient `2 x g`.
+    /// let square = Symbol::new("square", Category::Composite)
+    ///     .params(&[ParamKind::Tensor])
+    ///     .same_shape_as_first()
+    ///     .decomposition(|b, args| {
+    ///         let x = args[0].value().unwrap();
+    ///         b.mul(x, x)
+    ///     })
+    ///     .vjp(|b, op| {
+    ///         let x = op.value(0).unwrap();
+    ///         let twice = b.mul_scalar(x, 2.0)?;
+    ///         Ok(vec![Some(b.mul(twice, op.cotangent)?)])
+    ///     });
+    /// let mut registry = Registry::with_builtins();
+    /// let square = registry.register(square).unwrap();
+    /// let arena = Arena::new();
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[3]).unwrap();
+    /// let y = b.bind(square, &[x.into()]).unwrap();
+    /// let loss = b.sum(y).unwrap();
+    /// b.output(loss).unwrap();
+    /// let grads = Grad::new(&[x]).run(&b.finish().unwrap(), &arena).unwrap();
+    /// let plan = Plan::compile(&grads, &[CpuReference::shared()]).unwrap();
+    /// let out = plan.run(&[&Tensor::new(&[3], vec![1.0, 2.0, 3.0]).unwrap()]).unwrap();
+    /// assert_eq!(out[0].to_f32_vec(), &[14.0]);
+    /// assert_eq!(out[1].to_f32_vec(), &[2.0, 4.0, 6.0]);
+    /// ```
+    pub fn vjp(
+        mut self,
+        rule: impl for<'a> Fn(&mut TraceBuilder<'a>, &VjpInput<'_, 'a>) -> Result<Vec<Option<ValueId>>>
+            + Send
+            + Sync
+            + 'static,
+    ) -> Self {
+        self.vjp = Some(Arc::new(rule));
+        self
+    }
+
+    /// Whether the symbol has a gradient rule of its own ([`vjp`](Self::vjp)).
+    pub fn has_vjp(&self) -> bool {
+        self.vjp.is_some()
     }
 
     /// The symbol's name.
@@ -337,6 +422,7 @@ impl fmt::Debug for Symbol {
             .field("required", &self.required)
             .field("decomposition", &self.decomposition.is_some())
             .field("cpu_kernel", &self.cpu_kernel.is_some())
+            .field("vjp", &self.vjp.is_some())
             .field("builtin", &self.builtin)
             .finish()
     }

@@ -28,7 +28,7 @@ pub(super) fn prim_rule(id: SymbolId) -> Option<(&'static [ParamKind], PrimRule)
         GATHER_LAST => (&[Tensor, Tensor], gather_last_rule),
         _ if COMPARISONS.contains(&id) => (&[Tensor, TensorOrScalar], comparison_rule),
         WHERE => (&[Tensor, Tensor, TensorOrScalar], where_rule),
-        _ => return None,
+        _ => return super::gradient_ops::prim_rule(id),
     })
 }
 

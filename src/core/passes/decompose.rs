@@ -102,7 +102,7 @@ impl Pass for DecomposeFor {
 
 /// Replaces each composite that `keep` does not keep by its prims (and what it keeps of its
 /// subsymbols), carrying guards.
-fn decompose<'a>(
+pub(super) fn decompose<'a>(
     trace: &Trace<'a>,
     arena: &'a Arena,
     pass: &str,

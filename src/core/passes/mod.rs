@@ -8,6 +8,7 @@ mod dead_code;
 mod decompose;
 mod fold_epilogues;
 mod fuse;
+mod grad;
 pub mod inserted_ranges;
 mod profile_ops;
 
@@ -17,6 +18,7 @@ pub use dead_code::DeadCodeElimination;
 pub use decompose::{Decompose, DecomposeFor};
 pub use fold_epilogues::FoldEpilogues;
 pub use fuse::{FuseRegions, FusionStrategy};
+pub use grad::{Grad, BACKWARD_SCOPE};
 pub use inserted_ranges::InsertRangeNodes;
 pub use profile_ops::ProfileOps;
 

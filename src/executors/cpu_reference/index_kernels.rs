@@ -1,4 +1,5 @@
-//! CPU reference kernels that move values by position: `concat`, `embedding`, `gather_last`
+//! CPU reference kernels that move values by position: `concat`, `embedding`, `gather_last`,
+//! `pad`, `scatter_last` and `embedding_backward` (which sums in `f32`)
 //! (in every dtype, exactly; ids of `i64` or `i32`), and the `causal_mask`. (`slice` is a
 //! strided copy: see `kernels`.)
 
@@ -155,6 +156,130 @@ impl Kernel for CausalMask {
             o[..keep].copy_from_slice(&x[..keep]);
             o[keep..].fill(f32::NEG_INFINITY);
         }
+        Ok(())
+    }
+}
+
+/// `pad(x, [axis, before, after], fill)`: for each index of the axes before `axis`, `before`
+/// blocks of `fill`, the block of `x`, `after` blocks of `fill` (in every dtype).
+pub(super) struct Pad {
+    /// Elements of one index of `axis` and every axis after it, in `x`.
+    block: usize,
+    /// Elements of fill before and after each block.
+    before: usize,
+    after: usize,
+    fill: f32,
+}
+
+impl Pad {
+    pub(super) fn new(op: &OpView<'_>) -> Result<Self> {
+        let shape = op.input_shape(0)?;
+        let (axis, before, after) = match op.dims(1)? {
+            &[axis, before, after] => (axis, before, after),
+            _ => (0, 0, 0),
+        };
+        let inner: usize = shape[axis + 1..].iter().product();
+        let fill = match op.args().get(2) {
+            Some(crate::Arg::Scalar(s)) => *s,
+            _ => 0.0,
+        };
+        Ok(Self { block: shape[axis] * inner, before: before * inner, after: after * inner, fill })
+    }
+}
+
+impl Kernel for Pad {
+    fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
+        fn pad<T: Element>(x: &[T], out: &mut [T], p: &Pad) {
+            let row = p.before + p.block + p.after;
+            if row == 0 {
+                return;
+            }
+            let fill = T::from_f32(p.fill);
+            for (i, out) in out.chunks_exact_mut(row).enumerate() {
+                out[..p.before].fill(fill);
+                out[p.before..p.before + p.block].copy_from_slice(&x[i * p.block..][..p.block]);
+                out[p.before + p.block..].fill(fill);
+            }
+        }
+        with_values!(DataMut, outputs[0].data.reborrow(), out => pad(inputs[0].values()?, out, self));
+        Ok(())
+    }
+}
+
+/// `scatter_last(values, ids, [n])`: rows of `n` zeros with `values[r]` at column `ids[r]`.
+pub(super) struct ScatterLast {
+    n: usize,
+}
+
+impl ScatterLast {
+    pub(super) fn new(op: &OpView<'_>) -> Result<Self> {
+        Ok(Self { n: op.dims(2)?.first().copied().unwrap_or(0) })
+    }
+}
+
+impl Kernel for ScatterLast {
+    fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
+        fn scatter<T: Element>(values: &[T], ids: Data<'_>, out: &mut [T], n: usize) {
+            out.fill(T::default());
+            for (r, &v) in values.iter().enumerate() {
+                out[r * n + id_at(ids, r)] = v;
+            }
+        }
+        let ids = inputs[1].data;
+        check_ids("scatter_last", ids, self.n)?;
+        with_values!(DataMut, outputs[0].data.reborrow(), out => scatter(inputs[0].values()?, ids, out, self.n));
+        Ok(())
+    }
+}
+
+thread_local! {
+    /// The `f32` sums of a 16-bit `embedding_backward`, kept per thread so that steady-state
+    /// runs allocate nothing.
+    static SUMS: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// `embedding_backward(grad, ids, [rows])`: row `ids[i]` of the table accumulates row `i` of
+/// `grad`, in `f32` (in place for `f32` tables, in per-thread scratch for 16-bit ones, rounded
+/// once at the end), rows in the order of the ids.
+pub(super) struct EmbeddingBackward {
+    rows: usize,
+    width: usize,
+}
+
+impl EmbeddingBackward {
+    pub(super) fn new(op: &OpView<'_>) -> Result<Self> {
+        let width = op.input_shape(0)?.last().copied().unwrap_or(0);
+        Ok(Self { rows: op.dims(2)?.first().copied().unwrap_or(0), width })
+    }
+}
+
+impl Kernel for EmbeddingBackward {
+    fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
+        fn accumulate<T: Element>(grad: &[T], ids: Data<'_>, sums: &mut [f32], width: usize) {
+            sums.fill(0.0);
+            for (i, row) in grad.chunks_exact(width).enumerate() {
+                let at = id_at(ids, i) * width;
+                for (s, g) in sums[at..at + width].iter_mut().zip(row) {
+                    *s += g.to_f32();
+                }
+            }
+        }
+        let ids = inputs[1].data;
+        check_ids("embedding_backward", ids, self.rows)?;
+        let width = self.width;
+        if width == 0 {
+            return Ok(());
+        }
+        if let DataMut::F32(out) = outputs[0].data.reborrow() {
+            with_values!(Data, inputs[0].data, grad => accumulate(grad, ids, out, width));
+            return Ok(());
+        }
+        SUMS.with(|sums| {
+            let mut sums = sums.borrow_mut();
+            sums.resize(self.rows * width, 0.0);
+            with_values!(Data, inputs[0].data, grad => accumulate(grad, ids, &mut sums, width));
+            super::in_f32::narrow(&sums, outputs[0].data.reborrow());
+        });
         Ok(())
     }
 }

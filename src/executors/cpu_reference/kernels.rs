@@ -32,6 +32,9 @@ pub(super) fn compile(id: SymbolId, op: &OpView<'_>, threads: usize) -> Result<B
         | prims::CONCAT
         | prims::EMBEDDING
         | prims::GATHER_LAST
+        | prims::PAD
+        | prims::SCATTER_LAST
+        | prims::EMBEDDING_BACKWARD
         | prims::ARGMAX
         | prims::WHERE => kernel,
         _ if prims::COMPARISONS.contains(&id) => kernel,
@@ -82,6 +85,9 @@ fn compile_kernel(id: SymbolId, op: &OpView<'_>, threads: usize) -> Result<Box<d
         prims::EMBEDDING => Box::new(index_kernels::Embedding::new(op)?),
         prims::GATHER_LAST => Box::new(index_kernels::GatherLast::new(op)?),
         prims::CAUSAL_MASK => Box::new(index_kernels::CausalMask::new(op)?),
+        prims::PAD => Box::new(index_kernels::Pad::new(op)?),
+        prims::SCATTER_LAST => Box::new(index_kernels::ScatterLast::new(op)?),
+        prims::EMBEDDING_BACKWARD => Box::new(index_kernels::EmbeddingBackward::new(op)?),
         prims::SUM_AXIS | prims::MAX_AXIS => Box::new(axis_kernels::ReduceAxis::new(id, op, threads)?),
         prims::ARGMAX => Box::new(axis_kernels::Argmax::new(op)?),
         prims::WHERE => Box::new(select_kernels::Where::new(op)?),

@@ -1,0 +1,310 @@
+//! Gradients: [`Grad`] turns a trace with a scalar loss into one that also computes the
+//! gradient of the loss with respect to chosen inputs (the parameters), by reverse-mode
+//! differentiation with a vector-Jacobian rule per symbol.
+
+mod rules;
+
+use std::collections::HashMap;
+
+use crate::core::ir::{prims, Arena, BoundSymbol, DType, Trace, TraceBuilder, ValueId, VjpInput, SCOPE_SEPARATOR};
+use crate::error::{Error, Result};
+
+use super::decompose::decompose;
+use super::Pass;
+
+/// The name of the top-level scope that holds the backward ops (each op's backward sits in a
+/// scope of the forward op's path under it: `backward.h.3.attn`).
+pub const BACKWARD_SCOPE: &str = "backward";
+
+/// Reverse-mode differentiation: the trace's first output is the loss (one float element), and
+/// the result computes the same outputs followed by the gradient of the loss with respect to
+/// each of `wrt` (inputs of the trace, in that order; each gradient has its input's shape and
+/// dtype; an input the loss does not depend on gets zeros).
+///
+/// Each op on the path from a parameter to the loss is differentiated by its symbol's rule:
+/// every built-in prim has one, and so do the composites that executors run whole (`softmax`,
+/// `log_softmax`, `layer_norm`, `linear`, `matmul_transposed`, `cross_entropy`,
+/// `scaled_dot_product_attention`), which stay whole in the forward trace; other composites
+/// (`linear_gelu`, users' own without a [`Symbol::vjp`](crate::Symbol::vjp)) are decomposed
+/// first and differentiated through their prims. A prim of your own without a rule on that
+/// path is [`Error::NoGradient`]. Values the backward uses are the forward's own (nothing is
+/// recomputed except inside the whole composites' rules: their normalised rows, their
+/// probabilities).
+///
+/// The backward ops follow the forward in reverse, in a top-level scope
+/// [`BACKWARD_SCOPE`] with the forward op's scope path under it, so that a profile of a
+/// step reads forward, then backward, grouped by module. Guards stay on the forward ops.
+///
+/// Take gradients before fusing (`passes::FuseRegions`): a fused trace is
+/// [`Error::InvalidGradient`], as are a loss that is not one float element and parameters
+/// that are not float inputs (or are listed twice).
+///
+/// ```
+/// use boundscope::executors::CpuReference;
+/// use boundscope::passes::{Grad, Pass};
+/// use boundscope::{Arena, Plan, Registry, Tensor, TraceBuilder};
+/// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let x = b.input(&[2, 3]).unwrap();
+/// let w = b.input(&[4, 3]).unwrap();
+/// let h = b.linear(x, w, None).unwrap();
+/// let y = b.tanh(h).unwrap();
+/// let rows = b.sum(y).unwrap(); // [2, 1]
+/// let rows = b.reshape(rows, &[1, 2]).unwrap();
+/// let loss = b.sum(rows).unwrap(); // [1, 1]
+/// b.output(loss).unwrap();
+/// let trace = b.finish().unwrap();
+/// let grads = Grad::new(&[w]).run(&trace, &arena).unwrap();
+/// assert_eq!(grads.outputs().len(), 2); // the loss, then d loss / d w
+/// assert!(grads.scopes().iter().any(|s| s.path() == "backward"));
+/// let plan = Plan::compile(&grads, &[CpuReference::shared()]).unwrap();
+/// let x = Tensor::from_fn(&[2, 3], |i| i as f32 * 0.1);
+/// let w = Tensor::from_fn(&[4, 3], |i| 0.05 * i as f32 - 0.2);
+/// let out = plan.run(&[&x, &w]).unwrap();
+/// assert_eq!(out[1].shape(), &[4, 3]);
+/// // d loss / d w[o][i] = sum over rows r of (1 - tanh(h[r][o])^2) x[r][i]
+/// let (xv, wv) = (x.to_f32_vec(), w.to_f32_vec());
+/// let h = |r: usize, o: usize| (0..3).map(|i| xv[r * 3 + i] * wv[o * 3 + i]).sum::<f32>();
+/// let expected: f32 = (0..2).map(|r| (1.0 - h(r, 1).tanh().powi(2)) * xv[r * 3 + 2]).sum();
+/// assert!((out[1].to_f32_vec()[1 * 3 + 2] - expected).abs() < 1e-6);
+/// ```
+#[derive(Clone, Debug)]
+pub struct Grad {
+    wrt: Vec<ValueId>,
+}
+
+impl Grad {
+    /// Differentiates the loss (the trace's first output) with respect to `wrt`.
+    pub fn new(wrt: &[ValueId]) -> Self {
+        Self { wrt: wrt.to_vec() }
+    }
+
+    /// The inputs it differentiates with respect to, in order.
+    pub fn wrt(&self) -> &[ValueId] {
+        &self.wrt
+    }
+}
+
+impl Pass for Grad {
+    fn name(&self) -> &str {
+        "grad"
+    }
+
+    fn run<'a>(&self, trace: &Trace<'a>, arena: &'a Arena) -> Result<Trace<'a>> {
+        let loss = self.check(trace)?;
+        // Composites without a rule of their own become the prims they are made of.
+        let forward = decompose(trace, arena, self.name(), &|bsym| has_rule(trace, bsym))?;
+        let path = GradientPath::new(&forward, &self.wrt, loss);
+        let mut builder = TraceBuilder::rewrite(&forward, arena);
+        for bsym in forward.bound_symbols() {
+            builder.push_copy(bsym);
+        }
+        let same: Vec<Option<usize>> = (0..forward.len()).map(Some).collect();
+        builder.carry_guards(&forward, &same, self.name(), |_| String::new())?;
+
+        let mut backward = Backward { builder, cotangents: HashMap::new(), open: Vec::new() };
+        backward.builder.enter_scope(BACKWARD_SCOPE)?;
+        let seed = rules::full_like(&mut backward.builder, loss, 1.0)?;
+        backward.cotangents.insert(loss, seed);
+        for (position, bsym) in forward.bound_symbols().iter().enumerate().rev() {
+            let Some(&output) = bsym.outputs().first() else { continue };
+            if !path.on_path(output) {
+                continue;
+            }
+            let Some(&cotangent) = backward.cotangents.get(&output) else { continue };
+            backward.enter(forward.scope_path(position))?;
+            backward.differentiate(&forward, bsym, output, cotangent, &path)?;
+        }
+        backward.enter(None)?;
+        let mut builder = backward.builder;
+        let mut gradients = Vec::with_capacity(self.wrt.len());
+        for &w in &self.wrt {
+            gradients.push(match backward.cotangents.get(&w) {
+                Some(&g) => g,
+                None => rules::full_like(&mut builder, w, 0.0)?,
+            });
+        }
+        builder.exit_scope()?;
+        let outputs: Vec<ValueId> = forward.outputs().iter().copied().chain(gradients).collect();
+        builder.set_outputs(&outputs);
+        builder.finish()
+    }
+}
+
+impl Grad {
+    /// Checks the request; returns the loss.
+    fn check(&self, trace: &Trace<'_>) -> Result<ValueId> {
+        let invalid = |detail: String| Error::InvalidGradient { detail };
+        let loss = *trace.outputs().first().ok_or_else(|| invalid("the trace has no outputs".into()))?;
+        let meta = trace.value_meta(loss)?;
+        if meta.dtype.is_integer() || meta.numel() != 1 {
+            return Err(invalid(format!(
+                "the loss (the trace's first output, {loss}) is {meta}; it must be one float element \
+                 (reduce it with `sum` or `mean_dim`, and put it first)"
+            )));
+        }
+        if trace.bound_symbols().iter().any(|b| b.symbol() == prims::REGION) {
+            return Err(invalid(
+                "the trace holds fusion regions; take gradients before `passes::FuseRegions` (plans fuse afterwards)"
+                    .into(),
+            ));
+        }
+        for (i, &w) in self.wrt.iter().enumerate() {
+            if !trace.inputs().contains(&w) {
+                return Err(invalid(format!("{w} is not an input of the trace; differentiate with respect to inputs")));
+            }
+            if self.wrt[..i].contains(&w) {
+                return Err(invalid(format!("{w} is listed twice; list each parameter once")));
+            }
+            let dtype = trace.value_meta(w)?.dtype;
+            if dtype.is_integer() {
+                return Err(invalid(format!("{w} is {dtype}; only float inputs have gradients")));
+            }
+        }
+        Ok(loss)
+    }
+}
+
+/// Whether `bsym` is differentiated whole: its symbol has a rule (its own or a built-in's).
+fn has_rule(trace: &Trace<'_>, bsym: &BoundSymbol<'_>) -> bool {
+    trace.registry().get(bsym.symbol()).is_ok_and(|s| {
+        s.symbol.has_vjp()
+            || s.symbol.builtin_prim().or(s.symbol.builtin_composite()).and_then(rules::builtin_rule).is_some()
+    })
+}
+
+/// The values on the path from a parameter to the loss: float values that depend on a
+/// parameter and that the loss depends on.
+struct GradientPath {
+    on_path: Vec<bool>,
+}
+
+impl GradientPath {
+    fn new(trace: &Trace<'_>, wrt: &[ValueId], loss: ValueId) -> Self {
+        let float = |v: ValueId| trace.value_meta(v).is_ok_and(|m| m.dtype.is_float());
+        let mut depends = vec![false; trace.value_count()];
+        for &w in wrt {
+            depends[w.index()] = true;
+        }
+        for bsym in trace.bound_symbols() {
+            if bsym.inputs().any(|v| depends[v.index()]) {
+                for &o in bsym.outputs() {
+                    depends[o.index()] = float(o);
+                }
+            }
+        }
+        let mut needed = vec![false; trace.value_count()];
+        needed[loss.index()] = depends[loss.index()];
+        for bsym in trace.bound_symbols().iter().rev() {
+            if bsym.outputs().iter().any(|o| needed[o.index()]) {
+                for v in bsym.inputs() {
+                    needed[v.index()] = depends[v.index()];
+                }
+            }
+        }
+        Self { on_path: needed }
+    }
+
+    fn on_path(&self, v: ValueId) -> bool {
+        self.on_path.get(v.index()).copied().unwrap_or(false)
+    }
+}
+
+/// The backward being built: the builder, the gradient of each value so far, and the scope
+/// path open under [`BACKWARD_SCOPE`].
+struct Backward<'a> {
+    builder: TraceBuilder<'a>,
+    cotangents: HashMap<ValueId, ValueId>,
+    open: Vec<String>,
+}
+
+impl<'a> Backward<'a> {
+    /// Opens the scopes of `path` (a forward op's scope path) under [`BACKWARD_SCOPE`], closing
+    /// those it does not share with the scopes open now.
+    fn enter(&mut self, path: Option<&str>) -> Result<()> {
+        let wanted: Vec<&str> = path.map(|p| p.split(SCOPE_SEPARATOR).collect()).unwrap_or_default();
+        let common = self.open.iter().zip(&wanted).take_while(|(a, b)| a == b).count();
+        while self.open.len() > common {
+            self.builder.exit_scope()?;
+            self.open.pop();
+        }
+        for name in &wanted[common..] {
+            self.builder.enter_scope(name)?;
+            self.open.push(name.to_string());
+        }
+        Ok(())
+    }
+
+    /// Binds the gradient of `bsym`'s arguments and adds each to what its value has so far.
+    fn differentiate(
+        &mut self,
+        forward: &Trace<'a>,
+        bsym: &BoundSymbol<'a>,
+        output: ValueId,
+        cotangent: ValueId,
+        path: &GradientPath,
+    ) -> Result<()> {
+        let symbol = forward.registry().get(bsym.symbol())?.symbol;
+        let name = forward.symbol_name(bsym);
+        let input = VjpInput { name, args: bsym.args(), output, cotangent };
+        let grads =
+            match (&symbol.vjp, symbol.builtin_prim().or(symbol.builtin_composite()).and_then(rules::builtin_rule)) {
+                (Some(rule), _) => rule(&mut self.builder, &input)?,
+                (None, Some(rule)) => rule(&mut self.builder, &input)?,
+                (None, None) => {
+                    return Err(Error::NoGradient {
+                        symbol: name.to_string(),
+                        detail: format!(
+                        "it lies between a parameter and the loss (it defines {output}) and has neither a gradient \
+                         rule nor a decomposition"
+                    ),
+                    })
+                }
+            };
+        if grads.len() > bsym.args().len() {
+            return Err(Error::NoGradient {
+                symbol: name.to_string(),
+                detail: format!(
+                    "its gradient rule returned {} gradients for {} arguments; return one entry per argument",
+                    grads.len(),
+                    bsym.args().len()
+                ),
+            });
+        }
+        for (i, grad) in grads.into_iter().enumerate() {
+            let (Some(grad), Some(v)) = (grad, bsym.args()[i].value()) else { continue };
+            if !path.on_path(v) {
+                continue;
+            }
+            let meta = forward.value_meta(v)?;
+            let got = self.builder.shape(grad)?;
+            if got != meta.shape.as_slice() {
+                return Err(Error::NoGradient {
+                    symbol: name.to_string(),
+                    detail: format!(
+                        "its gradient rule returned a gradient of shape {got:?} for argument {i}, which is {meta}; \
+                         return one of the argument's shape"
+                    ),
+                });
+            }
+            let grad = self.cast(grad, meta.dtype)?;
+            let total = match self.cotangents.get(&v) {
+                Some(&previous) => self.builder.add(previous, grad)?,
+                None => grad,
+            };
+            self.cotangents.insert(v, total);
+        }
+        Ok(())
+    }
+
+    fn cast(&mut self, grad: ValueId, dtype: DType) -> Result<ValueId> {
+        if self.builder.dtype(grad)? == dtype {
+            Ok(grad)
+        } else {
+            self.builder.cast(grad, dtype)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,120 @@
+use super::*;
+use crate::core::guards::{Recorder, Selection};
+use crate::core::ir::{Category, ParamKind, Registry, Symbol, TensorMeta};
+
+fn two_layer<'a>(b: &mut TraceBuilder<'a>) -> (ValueId, ValueId, ValueId) {
+    let x = b.input(&[2, 3]).unwrap();
+    let w = b.input(&[4, 3]).unwrap();
+    let h = b.scope("mlp", |b| b.linear(x, w, None)).unwrap();
+    let y = b.scope("act", |b| b.tanh(h)).unwrap();
+    let rows = b.sum(y).unwrap();
+    let rows = b.reshape(rows, &[1, 2]).unwrap();
+    let loss = b.sum(rows).unwrap();
+    b.output(loss).unwrap();
+    (x, w, loss)
+}
+
+#[test]
+fn bad_requests_are_typed_errors() {
+    let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let (x, w, loss) = two_layer(&mut b);
+    let trace = b.finish().unwrap();
+    let invalid = |wrt: &[ValueId]| matches!(Grad::new(wrt).run(&trace, &arena), Err(Error::InvalidGradient { .. }));
+    assert!(invalid(&[loss]), "not an input");
+    assert!(invalid(&[w, w]), "listed twice");
+    assert!(!invalid(&[x, w]));
+
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 3]).unwrap();
+    let y = b.exp(x).unwrap();
+    b.output(y).unwrap();
+    let err = Grad::new(&[x]).run(&b.finish().unwrap(), &arena).unwrap_err();
+    assert!(err.to_string().contains("one float element"), "{err}");
+
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let ids = b.input_with(&TensorMeta::new(DType::I64, &[1])).unwrap();
+    let x = b.input(&[1]).unwrap();
+    let y = b.add(x, x).unwrap();
+    b.output(y).unwrap();
+    let err = Grad::new(&[ids]).run(&b.finish().unwrap(), &arena).unwrap_err();
+    assert!(err.to_string().contains("only float inputs"), "{err}");
+}
+
+#[test]
+fn a_prim_of_your_own_needs_a_rule_and_one_that_does_not_fit_is_named() {
+    let mut registry = Registry::with_builtins();
+    let mine = Symbol::new("mystery", Category::Elementwise).params(&[ParamKind::Tensor]).same_shape_as_first();
+    let wrong = Symbol::new("wrong", Category::Elementwise)
+        .params(&[ParamKind::Tensor])
+        .same_shape_as_first()
+        .vjp(|b, op| Ok(vec![Some(b.sum(op.cotangent)?)]));
+    let mine = registry.register(mine).unwrap();
+    let wrong = registry.register(wrong).unwrap();
+    let arena = Arena::new();
+    for (symbol, needle) in [(mine, "mystery"), (wrong, "shape [2, 1]")] {
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[2, 3]).unwrap();
+        let y = b.bind(symbol, &[x.into()]).unwrap();
+        let s = b.sum(y).unwrap();
+        let s = b.reshape(s, &[2]).unwrap();
+        let loss = b.max_dim(s, 0, false).unwrap();
+        b.output(loss).unwrap();
+        let trace = b.finish().unwrap();
+        let err = Grad::new(&[x]).run(&trace, &arena).unwrap_err();
+        assert!(matches!(err, Error::NoGradient { .. }) && err.to_string().contains(needle), "{err}");
+    }
+    // Off the path from the parameter to the loss, it needs no rule.
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[1]).unwrap();
+    let other = b.input(&[1]).unwrap();
+    let y = b.bind(mine, &[other.into()]).unwrap();
+    let loss = b.mul(x, y).unwrap();
+    b.output(loss).unwrap();
+    assert!(Grad::new(&[x]).run(&b.finish().unwrap(), &arena).is_ok());
+}
+
+#[test]
+fn backward_ops_sit_in_backward_scopes_in_reverse_and_forward_guards_stay() {
+    let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let (_, w, _) = two_layer(&mut b);
+    let mut trace = b.finish().unwrap();
+    trace.attach_guard(Selection::All, Recorder::new()).unwrap();
+    let before = trace.guard_attachment_count();
+    let grads = Grad::new(&[w]).run(&trace, &arena).unwrap();
+    grads.verify().unwrap();
+    assert_eq!(grads.guard_attachment_count(), before);
+    let paths: Vec<&str> = grads.scopes().iter().map(|s| s.path()).collect();
+    assert_eq!(paths, ["mlp", "act", "backward", "backward.act", "backward.mlp"]);
+    let act = grads.scopes().iter().find(|s| s.path() == "backward.act").unwrap();
+    let mlp = grads.scopes().iter().find(|s| s.path() == "backward.mlp").unwrap();
+    assert!(act.positions().end <= mlp.positions().start);
+    // The forward is the trace's own, first; the gradient is the last output.
+    assert_eq!(grads.bound_symbols()[..trace.len()].len(), trace.len());
+    assert_eq!(grads.value_meta(grads.outputs()[1]).unwrap().shape.as_slice(), &[4, 3]);
+}
+
+#[test]
+fn a_parameter_the_loss_ignores_gets_zeros_and_16_bit_parameters_get_16_bit_gradients() {
+    let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input_with(&TensorMeta::new(DType::BF16, &[3])).unwrap();
+    let unused = b.input(&[2]).unwrap();
+    let y = b.gelu(x).unwrap();
+    let y = b.reshape(y, &[1, 3]).unwrap();
+    let loss = b.sum(y).unwrap();
+    b.output(loss).unwrap();
+    let grads = Grad::new(&[x, unused]).run(&b.finish().unwrap(), &arena).unwrap();
+    assert_eq!(grads.value_meta(grads.outputs()[1]).unwrap(), TensorMeta::new(DType::BF16, &[3]));
+    let plan = crate::Plan::compile(&grads, &[crate::executors::CpuReference::shared()]).unwrap();
+    let xs =
+        crate::Tensor::from_vec(&[3], vec![half::bf16::from_f32(-1.0), half::bf16::ZERO, half::bf16::ONE]).unwrap();
+    let out = plan.run(&[&xs, &crate::Tensor::new(&[2], vec![5.0, 6.0]).unwrap()]).unwrap();
+    let slope = out[1].to_f32_vec();
+    assert!(
+        (slope[1] - 0.5).abs() < 1e-6 && (slope[2] - 1.0833).abs() < 4e-3 && (slope[0] + 0.0833).abs() < 4e-3,
+        "{slope:?}"
+    );
+    assert_eq!(out[2].to_f32_vec(), &[0.0, 0.0]);
+}

@@ -14,7 +14,7 @@ use boundscope::executors::{math, CpuFusion, CpuReference};
 use boundscope::guards::{
     ClosureGuard, Guard, GuardKind, GuardSite, Level, NvtxRange, Recorder, ScopedGuard, Selection,
 };
-use boundscope::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOps};
+use boundscope::passes::{FuseRegions, FusionStrategy, Grad, Pass, Pipeline, ProfileOps};
 use boundscope::{
     prims, Arena, BoundSymbolId, Category, EmittedRange, Error, Executor, Fusible, Kernel, OpView, Plan, PushedBy,
     RangeFilter, Registry, Tensor, Trace, TraceBuilder, ValueId,
@@ -432,6 +432,96 @@ proptest! {
         // And again: a second run pushes the same.
         let (_, again) = captured_run(&plan, &inputs);
         prop_assert_eq!(pushes_of(&again), pushes_in(plan.range_map()));
+    }
+}
+
+/// A training trace: `depth` layers (`layer.<i>.attn`: softmax of a product, added back;
+/// `layer.<i>.mlp`: gelu of a linear with a bias, added back), a scalar loss, and its backward
+/// (`passes::Grad`) with respect to every weight.
+fn joint_trace<'a>(arena: &'a Arena, registry: &'a Registry, depth: usize, width: usize) -> (Trace<'a>, Vec<ValueId>) {
+    let mut b = TraceBuilder::new(arena, registry);
+    let mut x = b.input(&[2, width]).unwrap();
+    let mut weights = Vec::new();
+    for i in 0..depth {
+        let (wa, wm, bm) =
+            (b.input(&[width, width]).unwrap(), b.input(&[width, width]).unwrap(), b.input(&[width]).unwrap());
+        weights.extend([wa, wm, bm]);
+        x = b
+            .scope("layer", |b| {
+                b.scope(&i.to_string(), |b| {
+                    let a = b.scope("attn", |b| {
+                        let s = b.linear(x, wa, None)?;
+                        b.softmax(s)
+                    })?;
+                    let x = b.add(x, a)?;
+                    let m = b.scope("mlp", |b| {
+                        let h = b.linear(x, wm, Some(bm))?;
+                        b.gelu(h)
+                    })?;
+                    b.add(x, m)
+                })
+            })
+            .unwrap();
+    }
+    let t = b.tanh(x).unwrap();
+    let flat = b.reshape(t, &[1, 2 * width]).unwrap();
+    let loss = b.sum(flat).unwrap();
+    b.output(loss).unwrap();
+    (b.finish().unwrap(), weights)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Forward and backward in one trace, guards attached before and after `passes::Grad` and
+    /// fusion: what one run pushes equals the plan's range map, ranges nest, the backward of an
+    /// op with a range has one (`<label> (backward)`), and the gradients are the unguarded ones.
+    #[test]
+    fn joint_forward_backward_traces_push_exactly_their_range_map(
+        depth in 1usize..3,
+        width in 1usize..5,
+        fuse in any::<bool>(),
+        specs in guard_specs(),
+        profile_at in prop::collection::vec((0u8..3, 1u8..3), 0..2),
+        (levels, filter) in range_filters(),
+    ) {
+        prop_assume!(nvtx_capture::is_installed());
+        let (registry, arena) = (Registry::with_builtins(), Arena::new());
+        let (built, weights) = joint_trace(&arena, &registry, depth, width);
+        let times = |stage: u8| profile_at.iter().filter(|(s, _)| *s == stage).map(|(_, n)| *n).sum::<u8>();
+        let mut trace = profile(built.clone(), &arena, times(0));
+        attach(&mut trace, &specs, 0);
+        let forward_ranges = trace.guard_attachment_count() > 0;
+        let mut trace = profile(Grad::new(&weights).run(&trace, &arena).unwrap(), &arena, times(1));
+        attach(&mut trace, &specs, 1);
+        let mut executors: Vec<Arc<dyn Executor>> = vec![CpuReference::shared()];
+        if fuse {
+            let fusion = CpuFusion::shared();
+            trace = FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap();
+            executors.insert(0, fusion);
+        }
+        let mut trace = profile(trace, &arena, times(2));
+        attach(&mut trace, &specs, 2);
+        let plan = Plan::compile_filtered(&trace, &executors, &filter).unwrap();
+        for range in plan.range_map().ranges() {
+            prop_assert!(levels.contains(&range.level), "{:?} range `{}`\n{:#}", range.level, range.label, plan);
+        }
+        let reference = Plan::compile(&Grad::new(&weights).run(&built, &arena).unwrap(), &[CpuReference::shared()]).unwrap();
+        let inputs: Vec<Tensor> = built
+            .inputs()
+            .iter()
+            .enumerate()
+            .map(|(k, &v)| {
+                let shape = built.value_meta(v).unwrap().shape;
+                Tensor::from_fn(&shape, |i| ((i * 7 + k * 13) % 11) as f32 / 11.0 - 0.5)
+            })
+            .collect();
+        check_case(&plan, &reference, &inputs, &trace.to_string())?;
+        let all_levels = levels.len() == Level::ALL.len();
+        if forward_ranges && all_levels && times(0) > 0 {
+            let (_, events) = captured_run(&plan, &inputs);
+            prop_assert!(pushes_of(&events).iter().any(|p| p.label.ends_with(" (backward)")), "{:#}", plan);
+        }
     }
 }
 

@@ -16,6 +16,7 @@ mod nvtx_layer;
 mod nvtx_payload;
 mod nvtx_range;
 mod recorder;
+mod relabeled;
 mod scope_details;
 mod table;
 mod timeline;
@@ -34,6 +35,7 @@ pub use nvtx_layer::NvtxLayer;
 pub(crate) use nvtx_range::takes_details;
 pub use nvtx_range::{NvtxRange, DEFAULT_DOMAIN};
 pub use recorder::{RecordedRange, Recorder};
+pub(crate) use relabeled::Relabeled;
 pub use scope_details::ScopeDetails;
 pub use table::DroppedGuard;
 pub(crate) use table::{carried_span, Attachment, GuardTable};
@@ -101,6 +103,37 @@ pub enum GuardPolicy {
     MoveToEnclosing,
     /// Be dropped, with this reason recorded, when the bound symbol is rewritten.
     DropWithReason(&'static str),
+}
+
+/// What [`passes::Grad`](crate::passes::Grad) puts around the backward ops of an op (or a
+/// scope) that a guard surrounds in the forward trace ([`Guard::on_backward`]).
+#[derive(Clone)]
+#[non_exhaustive]
+pub enum OnBackward {
+    /// Nothing: the guard stays on the forward op only (the default: guards that change
+    /// behaviour around one op are not repeated where it is not).
+    Nothing,
+    /// The same guard object, with this label instead of the site's (clones of one
+    /// [`Recorder`] or [`HostTimer`] record the backward too).
+    Relabeled(String),
+    /// This guard.
+    Guard(std::sync::Arc<dyn Guard>),
+}
+
+impl fmt::Debug for OnBackward {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            OnBackward::Nothing => f.write_str("Nothing"),
+            OnBackward::Relabeled(label) => f.debug_tuple("Relabeled").field(label).finish(),
+            OnBackward::Guard(g) => f.debug_tuple("Guard").field(&g.kind()).finish(),
+        }
+    }
+}
+
+/// The label the built-in profiling guards give the backward of what they surround:
+/// `<label> (backward)`.
+pub fn backward_label(forward_label: &str) -> String {
+    format!("{forward_label} (backward)")
 }
 
 /// The level of a range in the nesting `trace ⊃ scope ⊃ region or op ⊃ subsymbol`.
@@ -256,6 +289,19 @@ pub trait Guard: Send + Sync + 'static {
     /// one scope merge into one. Default: `None`.
     fn as_nvtx_range(&self) -> Option<&NvtxRange> {
         None
+    }
+
+    /// What goes around the backward ops of what it surrounds when
+    /// [`passes::Grad`](crate::passes::Grad) differentiates the trace: `forward_label` is its
+    /// label there (its own, or the forward op's or scope's name) and `forward_position` the
+    /// forward op's position in the trace (`None` for a scope). Default: [`OnBackward::Nothing`];
+    /// the built-in profiling guards (NVTX ranges, recorders, timers, timelines, tracing spans)
+    /// repeat themselves, labelled [`backward_label`], and an NVTX range's payload is the
+    /// forward op's position, pairing the two as PyTorch's `emit_nvtx` does with sequence
+    /// numbers.
+    fn on_backward(&self, forward_label: &str, forward_position: Option<usize>) -> OnBackward {
+        let _ = (forward_label, forward_position);
+        OnBackward::Nothing
     }
 
     /// Prepares the guard for one site of a plan: called once, when the plan is compiled.

@@ -389,6 +389,17 @@ impl ScopedGuard for PreparedNvtxRange {
 }
 
 impl Guard for NvtxRange {
+    /// The same range around the backward, labelled `<label> (backward)`, its payload the forward
+    /// op's position (unless it has a payload of its own).
+    fn on_backward(&self, forward_label: &str, forward_position: Option<usize>) -> super::OnBackward {
+        let range = NvtxRange {
+            label: Some(super::backward_label(forward_label)),
+            payload: self.payload.or(forward_position.map(|p| p as u64)),
+            ..self.clone()
+        };
+        super::OnBackward::Guard(std::sync::Arc::new(range))
+    }
+
     fn kind(&self) -> GuardKind {
         GuardKind::NvtxRange
     }

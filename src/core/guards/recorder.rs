@@ -231,6 +231,11 @@ impl ScopedGuard for PreparedRecord {
 }
 
 impl Guard for Recorder {
+    /// The backward of what it surrounds is recorded too, labelled `<label> (backward)`.
+    fn on_backward(&self, forward_label: &str, _forward_position: Option<usize>) -> super::OnBackward {
+        super::OnBackward::Relabeled(super::backward_label(forward_label))
+    }
+
     fn kind(&self) -> GuardKind {
         GuardKind::Recorder
     }

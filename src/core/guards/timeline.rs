@@ -642,6 +642,11 @@ impl ScopedGuard for PreparedTimeline {
 }
 
 impl Guard for Timeline {
+    /// The backward of what it surrounds is recorded too, labelled `<label> (backward)`.
+    fn on_backward(&self, forward_label: &str, _forward_position: Option<usize>) -> super::OnBackward {
+        super::OnBackward::Relabeled(super::backward_label(forward_label))
+    }
+
     fn kind(&self) -> GuardKind {
         GuardKind::Timeline
     }

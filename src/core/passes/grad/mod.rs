@@ -5,7 +5,9 @@
 mod rules;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
+use crate::core::guards::{Attachment, Guard, OnBackward, Relabeled};
 use crate::core::ir::{prims, Arena, BoundSymbol, DType, Trace, TraceBuilder, ValueId, VjpInput, SCOPE_SEPARATOR};
 use crate::error::{Error, Result};
 
@@ -33,7 +35,13 @@ pub const BACKWARD_SCOPE: &str = "backward";
 ///
 /// The backward ops follow the forward in reverse, in a top-level scope
 /// [`BACKWARD_SCOPE`] with the forward op's scope path under it, so that a profile of a
-/// step reads forward, then backward, grouped by module. Guards stay on the forward ops.
+/// step reads forward, then backward, grouped by module. Guards stay on the forward ops, and
+/// each puts around the backward of what it surrounds what its
+/// [`Guard::on_backward`](crate::guards::Guard::on_backward) says: the built-in profiling
+/// guards repeat themselves there, labelled `<label> (backward)` (an NVTX range's payload is
+/// the forward op's position), so that one forward op's backward ops get one range per domain;
+/// guards on a scope go to its backward scope. Guards on a composite's subsymbols stay on the
+/// forward only.
 ///
 /// Take gradients before fusing (`passes::FuseRegions`): a fused trace is
 /// [`Error::InvalidGradient`], as are a loss that is not one float element and parameters
@@ -106,6 +114,8 @@ impl Pass for Grad {
         backward.builder.enter_scope(BACKWARD_SCOPE)?;
         let seed = rules::full_like(&mut backward.builder, loss, 1.0)?;
         backward.cotangents.insert(loss, seed);
+        // Where the backward of each forward op lies: `start..end` in the new trace.
+        let mut spans = vec![0..0; forward.len()];
         for (position, bsym) in forward.bound_symbols().iter().enumerate().rev() {
             let Some(&output) = bsym.outputs().first() else { continue };
             if !path.on_path(output) {
@@ -113,7 +123,9 @@ impl Pass for Grad {
             }
             let Some(&cotangent) = backward.cotangents.get(&output) else { continue };
             backward.enter(forward.scope_path(position))?;
+            let start = backward.builder.len();
             backward.differentiate(&forward, bsym, output, cotangent, &path)?;
+            spans[position] = start..backward.builder.len();
         }
         backward.enter(None)?;
         let mut builder = backward.builder;
@@ -127,7 +139,67 @@ impl Pass for Grad {
         builder.exit_scope()?;
         let outputs: Vec<ValueId> = forward.outputs().iter().copied().chain(gradients).collect();
         builder.set_outputs(&outputs);
-        builder.finish()
+        carry_op_guards(&mut builder, &forward, &spans);
+        let mut grads = builder.finish()?;
+        carry_scope_guards(&mut grads);
+        Ok(grads)
+    }
+}
+
+/// What `guard` (attached to a forward op or scope labelled `label`) puts around its backward.
+fn backward_guard(guard: &Arc<dyn Guard>, label: &str, position: Option<usize>) -> Option<Arc<dyn Guard>> {
+    match guard.on_backward(label, position) {
+        OnBackward::Nothing => None,
+        OnBackward::Relabeled(label) => Some(Arc::new(Relabeled { inner: guard.clone(), label })),
+        OnBackward::Guard(g) => Some(g),
+    }
+}
+
+/// Each guard on forward ops, as its [`Guard::on_backward`] says, around the backward of the ops
+/// it surrounds (`spans[p]`: the backward of forward op `p`). Backward spans come in reverse
+/// order, so guards that nest in the forward nest in the backward.
+fn carry_op_guards(builder: &mut TraceBuilder<'_>, forward: &Trace<'_>, spans: &[std::ops::Range<usize>]) {
+    let table = &forward.guards;
+    for (position, attachments) in table.per_op.iter().enumerate() {
+        for a in attachments.iter().filter(|a| a.depth == 0) {
+            let covered =
+                spans[position..(position + a.span as usize).min(spans.len())].iter().filter(|r| !r.is_empty());
+            let Some((start, end)) = covered.fold(None, |acc: Option<(usize, usize)>, r| match acc {
+                Some((s, e)) => Some((s.min(r.start), e.max(r.end))),
+                None => Some((r.start, r.end)),
+            }) else {
+                continue;
+            };
+            let label = table.label_of(a, forward.registry());
+            let Some(guard) = backward_guard(&table.guards[a.guard.index()], &label, Some(position)) else { continue };
+            let guards = builder.guards_mut();
+            let id = guards.add_guard(guard);
+            guards.attach(start, Attachment { guard: id, span: (end - start) as u32, ..*a });
+        }
+    }
+}
+
+/// Each guard on a forward scope, as its [`Guard::on_backward`] says, on the backward scopes
+/// of the same path (`backward.<path>`).
+fn carry_scope_guards(trace: &mut Trace<'_>) {
+    let forward: Vec<(String, Vec<crate::core::ir::GuardId>)> = trace
+        .scopes
+        .scopes
+        .iter()
+        .filter(|s| s.guard_count() > 0 && !crate::core::ir::path_matches(&format!("{BACKWARD_SCOPE}.*"), s.path()))
+        .map(|s| (s.path().to_string(), s.guard_ids().to_vec()))
+        .collect();
+    for (path, ids) in forward {
+        let target = format!("{BACKWARD_SCOPE}{SCOPE_SEPARATOR}{path}");
+        for id in ids {
+            let guard = trace.guards.guards[id.index()].clone();
+            let label = guard.label().unwrap_or(&path).to_string();
+            let Some(guard) = backward_guard(&guard, &label, None) else { continue };
+            let new = trace.guards.add_guard(guard);
+            for scope in trace.scopes.scopes.iter_mut().filter(|s| s.path() == target) {
+                scope.guards.push(new);
+            }
+        }
     }
 }
 

@@ -75,7 +75,7 @@ fn a_prim_of_your_own_needs_a_rule_and_one_that_does_not_fit_is_named() {
 }
 
 #[test]
-fn backward_ops_sit_in_backward_scopes_in_reverse_and_forward_guards_stay() {
+fn backward_ops_sit_in_backward_scopes_in_reverse_and_forward_guards_stay_there() {
     let (registry, arena) = (Registry::with_builtins(), Arena::new());
     let mut b = TraceBuilder::new(&arena, &registry);
     let (_, w, _) = two_layer(&mut b);
@@ -84,7 +84,11 @@ fn backward_ops_sit_in_backward_scopes_in_reverse_and_forward_guards_stay() {
     let before = trace.guard_attachment_count();
     let grads = Grad::new(&[w]).run(&trace, &arena).unwrap();
     grads.verify().unwrap();
-    assert_eq!(grads.guard_attachment_count(), before);
+    // On the forward ops as before, and one more per forward op around its backward.
+    assert_eq!(grads.guard_attachment_count(), 2 * before);
+    for (position, attachments) in trace.guards.per_op.iter().enumerate() {
+        assert_eq!(&grads.guards.per_op[position], attachments);
+    }
     let paths: Vec<&str> = grads.scopes().iter().map(|s| s.path()).collect();
     assert_eq!(paths, ["mlp", "act", "backward", "backward.act", "backward.mlp"]);
     let act = grads.scopes().iter().find(|s| s.path() == "backward.act").unwrap();
@@ -117,4 +121,36 @@ fn a_parameter_the_loss_ignores_gets_zeros_and_16_bit_parameters_get_16_bit_grad
         "{slope:?}"
     );
     assert_eq!(out[2].to_f32_vec(), &[0.0, 0.0]);
+}
+
+#[test]
+fn profiling_guards_repeat_on_the_backward_labelled_as_such_and_scope_guards_follow_their_scope() {
+    use crate::core::guards::NvtxRange;
+    let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let (_, w, _) = two_layer(&mut b);
+    let mut trace = b.finish().unwrap();
+    let recorder = Recorder::new();
+    trace.attach_guard(Selection::All, recorder.clone()).unwrap();
+    trace.attach_guard(Selection::Scope("mlp"), recorder.clone()).unwrap();
+    trace.attach_guard(Selection::All, NvtxRange::new()).unwrap();
+    // A guard that changes behaviour (the default answer) stays on the forward.
+    trace.attach_guard(Selection::All, crate::core::guards::ClosureGuard::new(|| {}, || {})).unwrap();
+    let forward_attachments = trace.guard_attachment_count();
+    let grads = Grad::new(&[w]).run(&trace, &arena).unwrap();
+    grads.verify().unwrap();
+    // Five forward ops, each with a backward: a recorder and an NVTX range more on each.
+    assert_eq!(grads.guard_attachment_count(), forward_attachments + 2 * 5);
+    let listing = grads.to_string();
+    assert!(listing.contains("tanh (backward)") && listing.contains("linear (backward)"), "{listing}");
+    let plan = crate::Plan::compile(&grads, &[crate::executors::CpuReference::shared()]).unwrap();
+    let x = crate::Tensor::from_fn(&[2, 3], |i| i as f32 * 0.1);
+    let w = crate::Tensor::from_fn(&[4, 3], |i| 0.05 * i as f32 - 0.2);
+    plan.run(&[&x, &w]).unwrap();
+    let labels: Vec<String> = recorder.ranges().iter().map(|r| r.label.to_string()).collect();
+    let at = |l: &str| labels.iter().position(|x| x == l).unwrap_or_else(|| panic!("no `{l}` in {labels:?}"));
+    // Forward, then backward in reverse: tanh's backward before linear's.
+    assert!(at("linear") < at("tanh") && at("tanh") < at("tanh (backward)"));
+    assert!(at("tanh (backward)") < at("linear (backward)"));
+    assert!(labels.iter().any(|l| l == "mlp") && labels.iter().any(|l| l == "mlp (backward)"), "{labels:?}");
 }

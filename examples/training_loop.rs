@@ -9,14 +9,16 @@
 //! trace holds the forward and, from `passes::Grad`, the backward: every op has an NVTX range
 //! (`ProfileOps`), every module a range of its path, and each op's backward a range
 //! `<op> (backward)` inside the scope `backward.<module>`, so Nsight Systems shows a step as
-//! forward, then backward, grouped by module. The plan is fused for `CpuFusion`. The weights are
-//! updated on the host by plain SGD (learning rate 0.5) from the gradients the plan returns;
-//! prints the loss per step and exits non-zero unless it falls to a tenth of where it starts.
+//! forward, then backward, grouped by module, then the optimizer. AdamW (learning rate 0.05)
+//! updates the weights and its moments in place inside the same plan (`optim::AdamW`,
+//! `Plan::run_updating`): the gradients never leave it, and the plan is fused for `CpuFusion`.
+//! Prints the loss per step and exits non-zero unless it falls to a tenth of where it starts.
 
 use std::process::ExitCode;
 
 use boundscope::executors::{CpuFusion, CpuReference};
-use boundscope::guards::NvtxRange;
+use boundscope::guards::{NvtxRange, Selection};
+use boundscope::optim::AdamW;
 use boundscope::passes::{FuseRegions, Grad, Pass, ProfileOps};
 use boundscope::{Arena, DType, Plan, Registry, Tensor, TensorMeta, TraceBuilder};
 
@@ -27,7 +29,7 @@ const POINTS: usize = 96;
 const HIDDEN: usize = 32;
 const CLASSES: usize = 3;
 const STEPS: usize = 60;
-const LEARNING_RATE: f32 = 0.5;
+const LEARNING_RATE: f32 = 0.05;
 
 fn main() -> ExitCode {
     match run() {
@@ -75,36 +77,51 @@ fn run() -> boundscope::Result<bool> {
     b.output(loss)?;
     let forward = b.finish()?;
 
-    // A range on every op and module (and one around each step), then the backward, fused.
+    // A range on every op and module (and one around each step), then the backward.
     let profiled = ProfileOps::new().with_trace_range(NvtxRange::new().label("step")?).run(&forward, &arena)?;
-    let step = Grad::new(&[w1, b1, w2, b2]).run(&profiled, &arena)?;
+    let parameters = [w1, b1, w2, b2];
+    let backward = Grad::new(&parameters).run(&profiled, &arena)?;
+    // Then AdamW, in place, in its own scope: the step's outputs are the loss and the updates
+    // (the gradients need not leave the plan).
+    let mut b = TraceBuilder::continuing(&backward, &arena);
+    b.set_outputs(&backward.outputs()[..1]);
+    let adamw = AdamW::new();
+    let hyper = adamw.step_inputs(&mut b)?;
+    b.scope("optimizer", |b| {
+        for (k, &p) in parameters.iter().enumerate() {
+            adamw.update(b, &hyper, p, backward.outputs()[1 + k])?;
+        }
+        Ok(())
+    })?;
+    let mut step = b.finish()?;
+    step.attach_guard(Selection::Scope("optimizer"), NvtxRange::new())?;
     let fusion = CpuFusion::shared();
     let fused = FuseRegions::new(fusion.clone()).run(&step, &arena)?;
     let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()])?;
     eprintln!("{plan}");
 
+    // Every input of the step, in the trace's order: data, parameters, AdamW's per-step
+    // values, each parameter's moments (zeros).
     let (points, labels) = blobs();
-    let (points, labels) = (Tensor::new(&[POINTS, 2], points)?, Tensor::from_vec(&[POINTS], labels)?);
-    let mut parameters = [
-        Tensor::from_fn(&[HIDDEN, 2], |i| 0.5 * noise(1000 + i)),
-        Tensor::new(&[HIDDEN], vec![0.0; HIDDEN])?,
-        Tensor::from_fn(&[CLASSES, HIDDEN], |i| 0.2 * noise(2000 + i)),
-        Tensor::new(&[CLASSES], vec![0.0; CLASSES])?,
-    ];
+    let mut tensors = vec![Tensor::new(&[POINTS, 2], points)?, Tensor::from_vec(&[POINTS], labels)?];
+    tensors.push(Tensor::from_fn(&[HIDDEN, 2], |i| 0.5 * noise(1000 + i)));
+    tensors.push(Tensor::new(&[HIDDEN], vec![0.0; HIDDEN])?);
+    tensors.push(Tensor::from_fn(&[CLASSES, HIDDEN], |i| 0.2 * noise(2000 + i)));
+    tensors.push(Tensor::new(&[CLASSES], vec![0.0; CLASSES])?);
+    for &v in &step.inputs()[tensors.len()..] {
+        tensors.push(Tensor::from_fn(&step.value_meta(v)?.shape, |_| 0.0));
+    }
+    let mut inputs: Vec<&mut Tensor> = tensors.iter_mut().collect();
+    let mut workspace = plan.workspace()?;
     let mut losses = Vec::with_capacity(STEPS);
-    for step in 0..STEPS {
-        let mut inputs = vec![&points, &labels];
-        inputs.extend(parameters.iter());
-        let out = plan.run(&inputs)?;
-        let loss = out[0].to_f32_vec()[0];
-        println!("step {step:>3}  loss {loss:.4}");
-        losses.push(loss);
-        for (parameter, grad) in parameters.iter_mut().zip(&out[1..]) {
-            let grad = grad.to_f32_vec();
-            for (w, g) in parameter.values_mut::<f32>()?.iter_mut().zip(grad) {
-                *w -= LEARNING_RATE * g;
-            }
+    for t in 1..=STEPS as u64 {
+        for (slot, value) in inputs[6..9].iter_mut().zip(adamw.step_scalars(t, LEARNING_RATE)) {
+            slot.values_mut::<f32>()?[0] = value;
         }
+        let out = plan.run_updating(&mut workspace, &mut inputs)?;
+        let loss = out.get(0).map_or(f32::NAN, |l| l.values::<f32>().map_or(f32::NAN, |v| v[0]));
+        println!("step {t:>3}  loss {loss:.4}");
+        losses.push(loss);
     }
     nsys_check::write_expected_ranges(&plan.range_map().counts_tsv(STEPS));
     let (first, last) = (losses[0], losses[STEPS - 1]);

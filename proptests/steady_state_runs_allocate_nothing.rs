@@ -525,3 +525,79 @@ fn wide_bf16_regions_and_transformer_ops_allocate_nothing() {
     ];
     assert_eq!(steady_state_allocations(&plan, &inputs), 0, "{plan}");
 }
+
+/// A training step: an embedding, an MLP and `cross_entropy`, profiled, differentiated
+/// (`passes::Grad`), every parameter updated in place by AdamW, fused: after a warm-up, steps
+/// through `run_updating` (the learning rate and bias corrections changed each step, in place)
+/// allocate nothing.
+#[test]
+fn a_training_step_allocates_nothing() {
+    use boundscope::optim::AdamW;
+    use boundscope::passes::Grad;
+    use boundscope::{DType, TensorMeta};
+    let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let ids = b.input_with(&TensorMeta::new(DType::I64, &[8])).unwrap();
+    let targets = b.input_with(&TensorMeta::new(DType::I64, &[8])).unwrap();
+    let (wte, w1, b1, w2) = (
+        b.input(&[10, 16]).unwrap(),
+        b.input(&[32, 16]).unwrap(),
+        b.input(&[32]).unwrap(),
+        b.input(&[10, 32]).unwrap(),
+    );
+    let x = b.embedding(wte, ids).unwrap();
+    let h = b
+        .scope("mlp", |b| {
+            let h = b.linear(x, w1, Some(b1))?;
+            b.gelu(h)
+        })
+        .unwrap();
+    let logits = b.linear(h, w2, None).unwrap();
+    let loss = b.cross_entropy(logits, targets).unwrap();
+    b.output(loss).unwrap();
+    let forward = ProfileOps::new().run(&b.finish().unwrap(), &arena).unwrap();
+    let params = [wte, w1, b1, w2];
+    let step = Grad::new(&params).run(&forward, &arena).unwrap();
+    // The optimizer after the backward.
+    let mut b = TraceBuilder::continuing(&step, &arena);
+    let adamw = AdamW::new();
+    let hyper = adamw.step_inputs(&mut b).unwrap();
+    for (k, &p) in params.iter().enumerate() {
+        adamw.update(&mut b, &hyper, p, step.outputs()[1 + k]).unwrap();
+    }
+    let train = b.finish().unwrap();
+    let fusion = CpuFusion::shared();
+    let train = FuseRegions::new(fusion.clone()).run(&train, &arena).unwrap();
+    let plan = Plan::compile(&train, &[fusion, CpuReference::shared()]).unwrap();
+    let mut tensors: Vec<Tensor> = train
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| {
+            let meta = train.value_meta(v).unwrap();
+            match meta.dtype {
+                DType::I64 => Tensor::from_vec(&meta.shape, (0..8).map(|i| (i * 3 + k as i64) % 10).collect()).unwrap(),
+                _ if k < 6 => Tensor::from_fn(&meta.shape, |i| ((i * 7 + k * 13) % 17) as f32 / 17.0 - 0.5),
+                _ => Tensor::from_fn(&meta.shape, |_| 0.0),
+            }
+        })
+        .collect();
+    let mut refs: Vec<&mut Tensor> = tensors.iter_mut().collect();
+    let mut workspace = plan.workspace().unwrap();
+    let set_step = |refs: &mut [&mut Tensor], t: u64| {
+        for (slot, value) in refs[6..9].iter_mut().zip(adamw.step_scalars(t, 1e-2)) {
+            slot.values_mut::<f32>().unwrap()[0] = value;
+        }
+    };
+    set_step(&mut refs, 1);
+    let first = plan.run_updating(&mut workspace, &mut refs).unwrap().get(0).unwrap().values::<f32>().unwrap()[0];
+    let mut last = first;
+    let allocations = allocations_during(|| {
+        for t in 2..5 {
+            set_step(&mut refs, t);
+            last = plan.run_updating(&mut workspace, &mut refs).unwrap().get(0).unwrap().values::<f32>().unwrap()[0];
+        }
+    });
+    assert_eq!(allocations, 0, "{plan}");
+    assert!(last < first, "the loss went from {first} to {last}");
+}

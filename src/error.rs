@@ -125,6 +125,13 @@ pub enum Error {
         /// What is wrong and what to do instead.
         detail: String,
     },
+    /// An in-place update ([`TraceBuilder::update`](crate::TraceBuilder::update)) that cannot
+    /// be: not of an input, of an input twice, or of another dtype or shape; or a run that
+    /// cannot write one back.
+    InvalidUpdate {
+        /// What is wrong and what to do instead.
+        detail: String,
+    },
     /// No executor in the plan's list can run this prim, and it has no decomposition.
     NoExecutor {
         /// The symbol that nobody claimed.
@@ -470,6 +477,7 @@ impl fmt::Display for Error {
                  decomposition into symbols that have one"
             ),
             Error::InvalidGradient { detail } => write!(f, "cannot take this gradient: {detail}"),
+            Error::InvalidUpdate { detail } => write!(f, "invalid in-place update: {detail}"),
             Error::NoExecutor { symbol, tried } => write!(
                 f,
                 "no executor can run `{symbol}` (tried: {}); add an executor that claims it, \

@@ -81,6 +81,8 @@ pub mod options {
     pub use crate::core::options::*;
     pub use crate::frontend::list;
 }
+/// Optimizer steps as ops of a trace ([`optim::Sgd`], [`optim::AdamW`]).
+pub use crate::core::ir::optimizers as optim;
 pub use crate::core::ir::{
     checked_numel, path_matches, prims, Arena, Arg, ArgInfo, BoundSymbol, BoundSymbolId, Category, CpuKernelFactory,
     DType, Decomposition, GuardId, Listing, ListingOptions, NamedScope, ParamKind, PassRecord, Registry, Shape,

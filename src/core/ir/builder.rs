@@ -66,6 +66,38 @@ pub struct TraceBuilder<'a> {
     /// For a rewrite: the bound symbols of the trace whose scopes `scopes` holds, until a pass
     /// carries them to the new positions.
     scopes_of: Option<&'a [BoundSymbol<'a>]>,
+    /// In-place updates declared so far: `(input, value)`.
+    updates: Vec<(ValueId, ValueId)>,
+}
+
+/// Why `value` cannot replace `input` after each run, if it cannot: `input` must be an input,
+/// `value` an output of the same dtype and shape, and not an input itself.
+pub(super) fn check_update(
+    inputs: &[ValueId],
+    outputs: &[ValueId],
+    values: &[ValueMeta<'_>],
+    input: ValueId,
+    value: ValueId,
+) -> std::result::Result<(), String> {
+    if !inputs.contains(&input) {
+        return Err(format!("{input} is not an input of the trace; only inputs are updated in place"));
+    }
+    if inputs.contains(&value) {
+        return Err(format!("{value} is an input; an update is a value the trace computes"));
+    }
+    if !outputs.contains(&value) {
+        return Err(format!("the update of {input}, {value}, is not an output of the trace"));
+    }
+    let (Some(a), Some(b)) = (values.get(input.index()), values.get(value.index())) else {
+        return Err(format!("{input} or {value} has no metadata"));
+    };
+    if a.dtype != b.dtype || a.shape != b.shape {
+        return Err(format!(
+            "{input} is {}{:?} but its update {value} is {}{:?}; an update has its input's dtype and shape",
+            a.dtype, a.shape, b.dtype, b.shape
+        ));
+    }
+    Ok(())
 }
 
 impl<'a> TraceBuilder<'a> {
@@ -118,6 +150,7 @@ impl<'a> TraceBuilder<'a> {
             scopes: ScopeTable::default(),
             open_scopes: Vec::new(),
             scopes_of: None,
+            updates: Vec::new(),
         }
     }
 
@@ -140,6 +173,37 @@ impl<'a> TraceBuilder<'a> {
         b.guards = trace.guards.without_attachments();
         b.scopes = trace.scopes.clone();
         b.scopes_of = Some(trace.bound_symbols);
+        b.updates = trace.updates.clone();
+        b
+    }
+
+    /// A builder that continues `trace`: its bound symbols, guards, scopes and in-place
+    /// updates as they are, ready for more (an optimizer's step after `passes::Grad`'s
+    /// backward, say). New inputs go after the trace's; its outputs stay outputs.
+    ///
+    /// ```
+    /// use boundscope::{Arena, Registry, TraceBuilder};
+    /// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[2]).unwrap();
+    /// let y = b.scope("first", |b| b.exp(x)).unwrap();
+    /// b.output(y).unwrap();
+    /// let trace = b.finish().unwrap();
+    /// let mut more = TraceBuilder::continuing(&trace, &arena);
+    /// let z = more.neg(y).unwrap();
+    /// more.output(z).unwrap();
+    /// let longer = more.finish().unwrap();
+    /// assert_eq!((longer.len(), longer.outputs().len()), (2, 2));
+    /// assert_eq!(longer.scope_path(0), Some("first"));
+    /// ```
+    pub fn continuing(trace: &Trace<'a>, arena: &'a Arena) -> Self {
+        let mut b = Self::rewrite(trace, arena);
+        for bsym in trace.bound_symbols {
+            b.push_copy(bsym);
+        }
+        // Every bound symbol kept in place: its guards and scopes stay as they are.
+        b.guards = trace.guards.clone();
+        b.scopes_of = None;
         b
     }
 
@@ -588,6 +652,62 @@ impl<'a> TraceBuilder<'a> {
         self.guards.check_spans_nest_with(&scopes, pass)
     }
 
+    /// Declares that after each run the computed `value` replaces the input `input` (a
+    /// parameter, an optimizer's state): the trace's in-place update. `value` becomes an output
+    /// if it is not one. [`Plan::run_updating`](crate::Plan::run_updating) writes it back into
+    /// the input's tensor (on a device, by exchanging buffers: no copy).
+    ///
+    /// ```
+    /// use boundscope::executors::CpuReference;
+    /// use boundscope::{Arena, Plan, Registry, Tensor, TraceBuilder};
+    /// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let counter = b.input(&[1]).unwrap();
+    /// let next = b.add_scalar(counter, 1.0).unwrap();
+    /// b.update(counter, next).unwrap();
+    /// assert!(b.update(counter, next).is_err()); // once per input
+    /// let plan = Plan::compile(&b.finish().unwrap(), &[CpuReference::shared()]).unwrap();
+    /// let mut workspace = plan.workspace().unwrap();
+    /// let mut state = Tensor::new(&[1], vec![0.0]).unwrap();
+    /// for _ in 0..3 {
+    ///     plan.run_updating(&mut workspace, &mut [&mut state]).unwrap();
+    /// }
+    /// assert_eq!(state.to_f32_vec(), &[3.0]);
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidUpdate`] if `input` is not an input, is updated already, or `value` is
+    /// an input or of another dtype or shape; [`Error::UndefinedValue`] for an undefined value.
+    pub fn update(&mut self, input: ValueId, value: ValueId) -> Result<()> {
+        self.check_top_level("update")?;
+        self.check_defined(value, "update")?;
+        if self.updates.iter().any(|&(i, _)| i == input) {
+            return Err(Error::InvalidUpdate { detail: format!("{input} is updated already; update each input once") });
+        }
+        let added = !self.outputs.contains(&value);
+        if added {
+            self.outputs.push(value);
+        }
+        if let Err(detail) = check_update(&self.inputs, &self.outputs, &self.values, input, value) {
+            if added {
+                self.outputs.pop();
+            }
+            return Err(Error::InvalidUpdate { detail });
+        }
+        self.updates.push((input, value));
+        Ok(())
+    }
+
+    /// Whether `value` is an input of the trace.
+    pub(crate) fn is_input(&self, value: ValueId) -> bool {
+        self.inputs.contains(&value)
+    }
+
+    /// Whether `input` has an in-place update already.
+    pub(crate) fn is_updated(&self, input: ValueId) -> bool {
+        self.updates.iter().any(|&(i, _)| i == input)
+    }
+
     /// Records that a pass built this trace (shown in the listing header).
     pub fn record_pass(&mut self, name: &str, elapsed: std::time::Duration) {
         self.history.push(PassRecord { name: name.to_string(), elapsed });
@@ -644,6 +764,7 @@ impl<'a> TraceBuilder<'a> {
             history: self.history,
             guards: self.guards,
             scopes: self.scopes,
+            updates: self.updates,
         })
     }
 

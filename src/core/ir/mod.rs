@@ -7,6 +7,7 @@ mod gradient_ops;
 mod ids;
 mod listing;
 mod meta;
+pub mod optimizers;
 pub mod prims;
 mod registry;
 mod scopes;

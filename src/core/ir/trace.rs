@@ -57,6 +57,9 @@ pub struct Trace<'a> {
     pub(crate) guards: GuardTable,
     /// Its named scopes: a side table too.
     pub(crate) scopes: ScopeTable,
+    /// In-place updates: `(input, value)` pairs, `value` (an output) replacing `input` after
+    /// each run ([`TraceBuilder::update`](crate::TraceBuilder::update)).
+    pub(crate) updates: Vec<(ValueId, ValueId)>,
 }
 
 impl<'a> Trace<'a> {
@@ -131,6 +134,14 @@ impl<'a> Trace<'a> {
         self.meta(value).map_or(super::DType::F32, |m| m.dtype)
     }
 
+    /// Its in-place updates, in the order they were declared: `(input, value)`, the output
+    /// `value` replacing the input after each run (parameters and optimizer state; see
+    /// [`TraceBuilder::update`](crate::TraceBuilder::update) and
+    /// [`Plan::run_updating`](crate::Plan::run_updating)).
+    pub fn updates(&self) -> &[(ValueId, ValueId)] {
+        &self.updates
+    }
+
     /// The passes that built it, in order.
     pub fn history(&self) -> &[PassRecord] {
         &self.history
@@ -169,6 +180,13 @@ impl<'a> Trace<'a> {
         for &output in self.outputs {
             if !defined.get(output.index()).copied().unwrap_or(false) {
                 return Err(malformed(None, format!("output {output} is never defined")));
+            }
+        }
+        for (i, &(input, value)) in self.updates.iter().enumerate() {
+            super::builder::check_update(self.inputs, self.outputs, self.values, input, value)
+                .map_err(|detail| malformed(None, detail))?;
+            if self.updates[..i].iter().any(|&(other, _)| other == input) {
+                return Err(malformed(None, format!("input {input} is updated twice")));
             }
         }
         Ok(())

@@ -107,6 +107,8 @@ pub struct Plan {
     /// Which inputs and outputs may stay on the device.
     pub(crate) device_io: DeviceIo,
     pub(crate) outputs: Vec<u32>,
+    /// In-place updates: (input index, output index).
+    pub(crate) updates: Vec<(u32, u32)>,
     pub(crate) pool: Mutex<Vec<Workspace>>,
     pub(crate) scopes: Vec<Scope>,
     /// `[profiling on, profiling off]`.
@@ -337,6 +339,15 @@ impl Plan {
             device_lengths: compiler.device_lengths,
             device_io,
             outputs,
+            updates: trace
+                .updates()
+                .iter()
+                .filter_map(|&(input, value)| {
+                    let i = trace.inputs().iter().position(|&v| v == input)?;
+                    let o = trace.outputs().iter().position(|&v| v == value)?;
+                    Some((i as u32, o as u32))
+                })
+                .collect(),
             pool: Mutex::new(Vec::new()),
         })
     }

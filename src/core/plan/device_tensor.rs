@@ -181,6 +181,13 @@ impl PlanInput for &Tensor {
     }
 }
 
+impl PlanInput for &mut Tensor {
+    #[inline(always)]
+    fn as_run_input(&self) -> RunInput<'_> {
+        RunInput::Host(self.view())
+    }
+}
+
 impl PlanInput for RunInput<'_> {
     #[inline(always)]
     fn as_run_input(&self) -> RunInput<'_> {

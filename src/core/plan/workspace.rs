@@ -200,6 +200,31 @@ impl Plan {
         Ok(DeviceOutputs { plan: self, workspace })
     }
 
+    /// Runs the plan like [`run_with`](Self::run_with), then writes each in-place update
+    /// ([`TraceBuilder::update`](crate::TraceBuilder::update)) back into its input's tensor: a
+    /// training step updating its parameters and optimizer state. Allocates nothing in steady
+    /// state; the outputs (updates included) stay readable until the next run.
+    ///
+    /// # Errors
+    /// As for [`run_with`](Self::run_with); when it fails, no input is written.
+    pub fn run_updating<'w>(&'w self, workspace: &'w mut Workspace, inputs: &mut [&mut Tensor]) -> Result<Outputs<'w>> {
+        self.run_placed(workspace, inputs, false, Self::run_checked)?;
+        for &(input, output) in &self.updates {
+            let buffer = &workspace.buffers[self.outputs[output as usize] as usize];
+            let target = &mut inputs[input as usize];
+            crate::core::tensor::with_same_values!(buffer.data(), target.data_mut(), (x, out) => out.copy_from_slice(x), _ => {
+                return Err(Error::InvalidUpdate { detail: format!("input {input} changed dtype") })
+            });
+        }
+        Ok(Outputs { plan: self, workspace })
+    }
+
+    /// The plan's in-place updates: `(input index, output index)` pairs, the output replacing
+    /// the input after each [`run_updating`](Self::run_updating).
+    pub fn updates(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
+        self.updates.iter().map(|&(i, o)| (i as usize, o as usize))
+    }
+
     /// The device of this plan's device executors, if it has any: where its device inputs live.
     pub fn device(&self) -> Option<&Arc<dyn Device>> {
         self.device.as_ref()

@@ -103,13 +103,7 @@ impl Pass for Grad {
         // Composites without a rule of their own become the prims they are made of.
         let forward = decompose(trace, arena, self.name(), &|bsym| has_rule(trace, bsym))?;
         let path = GradientPath::new(&forward, &self.wrt, loss);
-        let mut builder = TraceBuilder::rewrite(&forward, arena);
-        for bsym in forward.bound_symbols() {
-            builder.push_copy(bsym);
-        }
-        let same: Vec<Option<usize>> = (0..forward.len()).map(Some).collect();
-        builder.carry_guards(&forward, &same, self.name(), |_| String::new())?;
-
+        let builder = TraceBuilder::continuing(&forward, arena);
         let mut backward = Backward { builder, cotangents: HashMap::new(), open: Vec::new() };
         backward.builder.enter_scope(BACKWARD_SCOPE)?;
         let seed = rules::full_like(&mut backward.builder, loss, 1.0)?;

@@ -1500,3 +1500,144 @@ fn runs_are_ordered_with_uploads_and_frees_between_them() {
         }
     }
 }
+
+/// A composite with a guard on its subsymbols runs decomposed on the GPU, as on the CPU
+/// reference: its subsymbols' guards run, none is dropped, and the results match.
+#[test]
+fn cuda_ops_decomposes_composites_with_guards_on_their_subsymbols() {
+    use boundscope::guards::Recorder;
+    use boundscope::BoundSymbolId;
+    let Some((device, _sharing)) = device() else { return };
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+    let (x, w) = (b.input(&[16, 32]).unwrap(), b.input(&[24, 32]).unwrap());
+    let h = b.linear(x, w, None).unwrap();
+    let y = b.softmax(h).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let inputs = inputs_for(&trace);
+    let refs: Vec<&Tensor> = inputs.iter().collect();
+    let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&refs).unwrap();
+    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let executors = [ops, CpuReference::shared()];
+    let steps_on_gpu = |plan: &Plan| plan.to_string().lines().filter(|l| l.contains("cuda_ops")).count();
+    let whole = Plan::compile(&Pipeline::for_executors(&executors).run(&trace, &arena).unwrap(), &executors).unwrap();
+    assert_eq!(steps_on_gpu(&whole), 2, "{whole}");
+    for op in 0..2 {
+        let mut guarded = trace.clone();
+        let recorder = Recorder::new();
+        guarded.attach_subsymbol_guard(BoundSymbolId::from_index(op), 1, recorder.clone()).unwrap();
+        let prims = Pipeline::for_executors(&executors).run(&guarded, &arena).unwrap();
+        let plan = Plan::compile(&prims, &executors).unwrap();
+        assert!(steps_on_gpu(&plan) > 2, "op {op} stayed whole:\n{plan}");
+        assert!(plan.dropped_guards().is_empty() && prims.dropped_guards().is_empty(), "{plan}");
+        let got = plan.run(&refs).unwrap();
+        assert!(!recorder.ranges().is_empty(), "op {op}: the subsymbol guards ran");
+        common::close_all(&got, &expected, TOLERANCE).unwrap();
+    }
+}
+
+/// Training traces (`passes::Grad`, then AdamW in place) on the CUDA executors equal the CPU
+/// reference: an MLP classifier and a small attention block (embedding, `layer_norm`, the q, k,
+/// v split, causal attention, `cross_entropy`), in f32 and with bf16 compute, fused for
+/// `CudaFusion`; gradients after one step and losses over five steps of `run_updating`.
+#[test]
+fn training_steps_on_cuda_match_the_reference() {
+    use boundscope::optim::AdamW;
+    use boundscope::passes::Grad;
+    let Some((device, _sharing)) = device() else { return };
+    for attention in [false, true] {
+        for bf16 in [false, true] {
+            let registry = Registry::with_builtins();
+            let arena = Arena::new();
+            let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+            let (rows, width, classes) = (32, 64, 16);
+            let ids = b.input_with(&TensorMeta::new(DType::I64, &[rows])).unwrap();
+            let targets = b.input_with(&TensorMeta::new(DType::I64, &[rows])).unwrap();
+            let wte = b.input(&[classes, width]).unwrap();
+            let w1 = b.input(&[3 * width, width]).unwrap();
+            let w2 = b.input(&[classes, width]).unwrap();
+            let params = [wte, w1, w2];
+            let low = |b: &mut boundscope::TraceBuilder<'_>, v| if bf16 { b.cast(v, DType::BF16).unwrap() } else { v };
+            let x = b.embedding(wte, ids).unwrap();
+            let x = low(&mut b, x);
+            let h = if attention {
+                let n = b.layer_norm(x, 1e-5, None, None).unwrap();
+                let w = low(&mut b, w1);
+                let qkv = b.linear(n, w, None).unwrap();
+                let parts = b.split(qkv, 1, &[width, width, width]).unwrap();
+                let [q, k, v] = [0, 1, 2].map(|i| b.reshape(parts[i], &[2, rows / 2, width]).unwrap());
+                let y = b.scaled_dot_product_attention(q, k, v, true, None).unwrap();
+                let y = b.reshape(y, &[rows, width]).unwrap();
+                b.add(x, y).unwrap()
+            } else {
+                let w = low(&mut b, w1);
+                let h = b.linear(x, w, None).unwrap();
+                let h = b.gelu(h).unwrap();
+                b.slice(h, 1, 0, width).unwrap()
+            };
+            let w = low(&mut b, w2);
+            let logits = b.linear(h, w, None).unwrap();
+            let logits = b.cast(logits, DType::F32).unwrap();
+            let loss = b.cross_entropy(logits, targets).unwrap();
+            b.output(loss).unwrap();
+            let backward = Grad::new(&params).run(&b.finish().unwrap(), &arena).unwrap();
+            let mut b = boundscope::TraceBuilder::continuing(&backward, &arena);
+            let adamw = AdamW::new();
+            let hyper = adamw.step_inputs(&mut b).unwrap();
+            for (k, &p) in params.iter().enumerate() {
+                adamw.update(&mut b, &hyper, p, backward.outputs()[1 + k]).unwrap();
+            }
+            let step = b.finish().unwrap();
+            let (fused, fusion) = fused_for_cuda(&device, &step, &arena);
+            let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+            let gpu = Plan::compile(&fused, &[fusion, ops, CpuReference::shared()]).unwrap();
+            let cpu = Plan::compile(&step, &[CpuReference::shared()]).unwrap();
+            let mut tensors: Vec<Vec<Tensor>> = (0..2)
+                .map(|_| {
+                    step.inputs()
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &v)| {
+                            let meta = step.value_meta(v).unwrap();
+                            match meta.dtype {
+                                DType::I64 => Tensor::from_vec(
+                                    &meta.shape,
+                                    (0..rows).map(|i| ((i * 5 + k) % classes) as i64).collect(),
+                                )
+                                .unwrap(),
+                                _ if k < 5 => {
+                                    Tensor::from_fn(&meta.shape, |i| ((i * 7 + k * 13) % 23) as f32 / 23.0 - 0.5)
+                                }
+                                _ => Tensor::from_fn(&meta.shape, |_| 0.0),
+                            }
+                        })
+                        .collect()
+                })
+                .collect();
+            let tolerance = if bf16 { 3e-2 } else { 2e-3 };
+            let case = format!("attention {attention}, bf16 {bf16}");
+            let (mut gpu_ws, mut cpu_ws) = (gpu.workspace().unwrap(), cpu.workspace().unwrap());
+            for t in 1..=5u64 {
+                let [gpu_inputs, cpu_inputs] = &mut tensors[..] else { unreachable!() };
+                for inputs in [&mut *gpu_inputs, &mut *cpu_inputs] {
+                    for (slot, value) in inputs[5..8].iter_mut().zip(adamw.step_scalars(t, 1e-2)) {
+                        slot.values_mut::<f32>().unwrap()[0] = value;
+                    }
+                }
+                let mut gpu_refs: Vec<&mut Tensor> = gpu_inputs.iter_mut().collect();
+                let mut cpu_refs: Vec<&mut Tensor> = cpu_inputs.iter_mut().collect();
+                let got = gpu.run_updating(&mut gpu_ws, &mut gpu_refs).unwrap().to_tensors();
+                let want = cpu.run_updating(&mut cpu_ws, &mut cpu_refs).unwrap().to_tensors();
+                common::close_all(&got[..1], &want[..1], tolerance)
+                    .unwrap_or_else(|e| panic!("{case}, step {t}: loss: {e}"));
+                if t == 1 {
+                    // The gradients (after the loss), before any update has moved the two apart.
+                    common::close_all(&got[1..4], &want[1..4], tolerance)
+                        .unwrap_or_else(|e| panic!("{case}: gradients: {e}\n{gpu}"));
+                }
+            }
+        }
+    }
+}

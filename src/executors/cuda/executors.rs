@@ -149,7 +149,11 @@ impl Executor for CudaOps {
         &crate::DType::ALL
     }
 
+    /// Not where guards sit on a composite's subsymbols: only its decomposition runs those.
     fn prefers_whole(&self, op: &OpView<'_>) -> bool {
+        if op.has_subsymbol_guards() {
+            return false;
+        }
         match op.symbol().builtin_composite() {
             Some(prims::LINEAR | prims::LINEAR_GELU) => single_dtype(op).is_ok() && nonempty_product(op),
             Some(prims::MATMUL_TRANSPOSED) => single_dtype(op).is_ok() && nonempty_product(op),

@@ -3,6 +3,7 @@
 //! ```text
 //! cargo run --release --example training_loop
 //! scripts/nsys-check target/release/examples/training_loop   # under Nsight Systems
+//! training_loop --cuda    # on a GPU: CudaFusion and CudaOps (the CPU reference for the rest)
 //! ```
 //! A two-layer MLP (`fc1`: `linear` 2 -> 32, `act`: `gelu`, `fc2`: `linear` 32 -> 3, then
 //! `cross_entropy`) learns which of three blobs each of 96 generated points comes from. One
@@ -11,7 +12,8 @@
 //! `<op> (backward)` inside the scope `backward.<module>`, so Nsight Systems shows a step as
 //! forward, then backward, grouped by module, then the optimizer. AdamW (learning rate 0.05)
 //! updates the weights and its moments in place inside the same plan (`optim::AdamW`,
-//! `Plan::run_updating`): the gradients never leave it, and the plan is fused for `CpuFusion`.
+//! `Plan::run_updating`): the gradients never leave it, and the plan is fused for `CpuFusion`
+//! (or `CudaFusion`).
 //! Prints the loss per step and exits non-zero unless it falls to a tenth of where it starts.
 
 use std::process::ExitCode;
@@ -19,8 +21,9 @@ use std::process::ExitCode;
 use boundscope::executors::{CpuFusion, CpuReference};
 use boundscope::guards::{NvtxRange, Selection};
 use boundscope::optim::AdamW;
-use boundscope::passes::{FuseRegions, Grad, Pass, ProfileOps};
-use boundscope::{Arena, DType, Plan, Registry, Tensor, TensorMeta, TraceBuilder};
+use boundscope::passes::{FuseRegions, Grad, Pass, Pipeline, ProfileOps};
+use boundscope::{Arena, DType, Executor, Plan, Registry, Tensor, TensorMeta, TraceBuilder};
+use std::sync::Arc;
 
 #[path = "shared/nsys_check.rs"]
 mod nsys_check;
@@ -63,6 +66,29 @@ fn blobs() -> (Vec<f32>, Vec<i64>) {
     (points, labels)
 }
 
+/// A fusion executor, and a plan's executors (that one first).
+type Executors = (Arc<dyn Executor>, Vec<Arc<dyn Executor>>);
+
+/// The fusion executor and the plan's executors: the CPU's, or with `cuda` the GPU's.
+fn executors(cuda: bool) -> boundscope::Result<Executors> {
+    if !cuda {
+        let fusion = CpuFusion::shared();
+        return Ok((fusion.clone(), vec![fusion, CpuReference::shared()]));
+    }
+    #[cfg(feature = "cuda")]
+    {
+        use boundscope::executors::cuda::{CudaDevice, CudaFusion, CudaOps};
+        let gpu = CudaDevice::new()?;
+        let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
+        Ok((fusion.clone(), vec![fusion, Arc::new(CudaOps::new(gpu)), CpuReference::shared()]))
+    }
+    #[cfg(not(feature = "cuda"))]
+    Err(boundscope::Error::ExecutorUnavailable {
+        executor: "cuda".into(),
+        reason: "built without the `cuda` feature".into(),
+    })
+}
+
 fn run() -> boundscope::Result<bool> {
     let (registry, arena) = (Registry::with_builtins(), Arena::new());
     let mut b = TraceBuilder::new(&arena, &registry);
@@ -95,9 +121,9 @@ fn run() -> boundscope::Result<bool> {
     })?;
     let mut step = b.finish()?;
     step.attach_guard(Selection::Scope("optimizer"), NvtxRange::new())?;
-    let fusion = CpuFusion::shared();
-    let fused = FuseRegions::new(fusion.clone()).run(&step, &arena)?;
-    let plan = Plan::compile(&fused, &[fusion, CpuReference::shared()])?;
+    let (fusion, executors) = executors(std::env::args().any(|a| a == "--cuda"))?;
+    let fused = FuseRegions::new(fusion).run(&Pipeline::for_executors(&executors).run(&step, &arena)?, &arena)?;
+    let plan = Plan::compile(&fused, &executors)?;
     eprintln!("{plan}");
 
     // Every input of the step, in the trace's order: data, parameters, AdamW's per-step

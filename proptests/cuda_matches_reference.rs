@@ -1641,3 +1641,42 @@ fn training_steps_on_cuda_match_the_reference() {
         }
     }
 }
+
+/// The gradients' prims (`pad`, `scatter_last`, `embedding_backward`) run on `CudaOps` and equal
+/// the CPU reference (exactly: moves, and sums of the few rows here); a bad id is
+/// `Error::IndexOutOfRange` from the run.
+#[test]
+fn gradient_prims_run_on_cuda_and_match_the_reference() {
+    let Some((device, _sharing)) = device() else { return };
+    let registry = Registry::with_builtins();
+    for dtype in [DType::F32, DType::BF16] {
+        for (width, fill) in [(16, 0.0), (6, 0.0), (16, 0.5)] {
+            let arena = Arena::new();
+            let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+            let x = b.input_with(&TensorMeta::new(dtype, &[5, width])).unwrap();
+            let ids = b.input_with(&TensorMeta::new(DType::I64, &[5])).unwrap();
+            let padded = b.pad(x, 1, 8, 8, fill).unwrap();
+            let row = b.sum(x).unwrap();
+            let row = b.reshape(row, &[5]).unwrap();
+            let scattered = b.scatter_last(row, ids, 7).unwrap();
+            b.output(padded).unwrap();
+            b.output(scattered).unwrap();
+            if dtype == DType::F32 {
+                let table = b.embedding_backward(x, ids, 7).unwrap();
+                b.output(table).unwrap();
+            }
+            let trace = b.finish().unwrap();
+            let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+            let plan = Plan::compile(&trace, &[ops]).unwrap();
+            let x_values = Tensor::from_fn(&[5, width], |i| (i as f32 * 0.37).sin()).to_dtype(dtype);
+            let ids_values = Tensor::from_vec(&[5], vec![3i64, 0, 3, 6, 3]).unwrap();
+            let got = plan.run(&[&x_values, &ids_values]).unwrap();
+            let want =
+                Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&x_values, &ids_values]).unwrap();
+            common::close_all(&got, &want, 1e-6).unwrap_or_else(|e| panic!("{dtype} width {width}: {e}\n{plan}"));
+            let bad = Tensor::from_vec(&[5], vec![3i64, 0, 7, 6, 3]).unwrap();
+            let err = plan.run(&[&x_values, &bad]).unwrap_err();
+            assert!(matches!(err, boundscope::Error::IndexOutOfRange { index: 7, .. }), "{err}");
+        }
+    }
+}

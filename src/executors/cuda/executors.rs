@@ -123,7 +123,7 @@ impl Executor for CudaOps {
         // on the device. Products take operands of one dtype (cast mixed ones first).
         let moves = matches!(
             builtin_prim(op),
-            Some(prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO | prims::SLICE | prims::CONCAT)
+            Some(prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO | prims::SLICE | prims::CONCAT | prims::PAD)
         );
         let makes_integers =
             matches!(builtin_prim(op), Some(id) if id == prims::ARGMAX || prims::COMPARISONS.contains(&id));

@@ -1,4 +1,5 @@
-//! `embedding` and `gather_last` on the GPU, with their ids checked there: one thread per
+//! `embedding` and `gather_last` on the GPU (and their gradients, `scatter_last` and, for f32
+//! tables, `embedding_backward` by atomic adds into a zeroed table), with their ids checked there: one thread per
 //! output element reads its id, and an id outside its table records one such `(position, id)`
 //! (the first to arrive) in a small fault buffer of the run's stream (its element gets NaN, or
 //! zeros). Rows whose width is a whole number of 16-byte vectors move a vector per thread. The
@@ -21,18 +22,38 @@ use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView};
 use crate::error::{Error, Result};
 use crate::executors::cpu_reference::{builtin_prim, check_builtin};
 
-/// Whether `op` is a gather this module runs.
+/// Whether `op` is a gather (or a gradient's scatter) this module runs.
 pub(crate) fn generates(op: &OpView<'_>) -> bool {
+    // Rows of width 0 leave no thread to check the ids: the CPU reference checks those.
+    let wide = |i: usize| op.input_shape(i).is_ok_and(|s| s.last().is_some_and(|&width| width > 0));
     match builtin_prim(op) {
-        // Rows of width 0 leave no thread to check the ids: the CPU reference checks those.
         Some(prims::EMBEDDING) => op.input_shape(0).is_ok_and(|w| w.get(1).is_some_and(|&width| width > 0)),
         Some(prims::GATHER_LAST) => true,
+        Some(prims::SCATTER_LAST) => op.dims(2).is_ok_and(|n| n.first().is_some_and(|&n| n > 0)),
+        // Sums by f32 atomics: f32 tables only (16-bit ones on the CPU reference, which sums in
+        // f32 and rounds once).
+        Some(prims::EMBEDDING_BACKWARD) => wide(0) && op.output_dtypes().all(|d| d == DType::F32),
         _ => false,
     }
 }
 
+/// What a [`CheckedGather`] computes.
+#[derive(Clone, Copy, PartialEq)]
+enum Kind {
+    /// `embedding`: `out[i]` is element `i % width` of row `ids[i / width]`.
+    Embedding,
+    /// `gather_last`: `out[r]` is element `ids[r]` of row `r`.
+    GatherLast,
+    /// `scatter_last`: `out[i]` of row `r = i / n` is `values[r]` at column `ids[r]`, else 0.
+    ScatterLast,
+    /// `embedding_backward`: row `i / width` of the gradient added (atomically) into row
+    /// `ids[i / width]` of the zeroed table.
+    EmbeddingBackward,
+}
+
 /// A compiled gather and the fault buffers of the streams it ran on.
 pub(crate) struct CheckedGather {
+    kind: Kind,
     device: Arc<CudaDevice>,
     function: CudaFunction,
     name: &'static str,
@@ -52,16 +73,27 @@ impl CheckedGather {
         let tensors: Vec<_> = op.bound_symbol().inputs().collect();
         let (dtype, id_dtype) = (op.dtype_of(tensors[0]), op.dtype_of(tensors[1]));
         let ids_numel: usize = ids.iter().product();
-        let (name, bound, width, numel) = if id == prims::EMBEDDING {
-            ("embedding", table[0], table[1], ids_numel * table[1])
-        } else {
-            let n = table.last().copied().unwrap_or(1);
-            ("gather_last", n, n, ids_numel)
+        let out_numel: usize = op.output_shape(0)?.iter().product();
+        let (kind, name, bound, width, numel) = match id {
+            prims::EMBEDDING => (Kind::Embedding, "embedding", table[0], table[1], ids_numel * table[1]),
+            prims::SCATTER_LAST => {
+                let n = op.dims(2)?.first().copied().unwrap_or(1);
+                (Kind::ScatterLast, "scatter_last", n, n, ids_numel * n)
+            }
+            prims::EMBEDDING_BACKWARD => {
+                let rows = op.dims(2)?.first().copied().unwrap_or(1);
+                let width = table.last().copied().unwrap_or(1);
+                (Kind::EmbeddingBackward, "embedding_backward", rows, width, ids_numel * width)
+            }
+            _ => {
+                let n = table.last().copied().unwrap_or(1);
+                (Kind::GatherLast, "gather_last", n, n, ids_numel)
+            }
         };
         // Rows of 16-byte vectors where the width allows: a vector per thread.
         let per_vector = 16 / dtype.size_bytes();
-        let vector = if id == prims::EMBEDDING && width % per_vector == 0 && width > 0 { per_vector } else { 1 };
-        let source = source(kernel, id == prims::EMBEDDING, dtype, id_dtype, bound, width / vector, vector > 1);
+        let vector = if kind == Kind::Embedding && width % per_vector == 0 && width > 0 { per_vector } else { 1 };
+        let source = source(kernel, kind, dtype, id_dtype, bound, width / vector, vector > 1);
         let numel = numel / vector;
         let generated = RegionSource {
             kernel: kernel.to_string(),
@@ -72,12 +104,13 @@ impl CheckedGather {
             vectorized: false,
             threads: numel,
             input_lengths: vec![packing::words(dtype, table.iter().product()), packing::words(id_dtype, ids_numel)],
-            output_lengths: vec![packing::words(dtype, numel * vector)],
+            output_lengths: vec![packing::words(dtype, out_numel)],
         };
         let function = device.function(&generated)?;
         let threads = super::codegen::BLOCK_THREADS;
         let blocks = (numel.div_ceil(threads as usize).min(i32::MAX as usize) as u32).max(1);
         Ok(Self {
+            kind,
             device: device.clone(),
             function,
             name,
@@ -97,11 +130,12 @@ fn precondition(op: &OpView<'_>, detail: String) -> Error {
     Error::KernelPrecondition { executor: super::CudaOps::NAME.into(), symbol: op.name().into(), detail }
 }
 
-/// The kernel: `out[i]` from the table, or the fault recorded.
-/// With `vectors`, `width` counts 16-byte vectors (`uint4`), and a bad id's row is zeros.
+/// The kernel: `out[i]` from the table (or, for the gradients, `out` from the values), or the
+/// fault recorded. With `vectors`, `width` counts 16-byte vectors (`uint4`), and a bad id's row
+/// is zeros.
 fn source(
     kernel: &str,
-    embedding: bool,
+    kind: Kind,
     dtype: DType,
     id_dtype: DType,
     bound: usize,
@@ -116,11 +150,25 @@ fn source(
         DType::F16 => "(unsigned short)0x7e00",
         _ => "0",
     };
-    let (row, at) = if embedding {
-        (format!("i / {width}ll"), format!("id * {width}ll + i % {width}ll"))
-    } else {
-        ("i".to_string(), format!("i * {width}ll + id"))
+    let zero = if dtype == DType::F32 { "0.0f" } else { "0" };
+    let (row, good, bad) = match kind {
+        Kind::Embedding => {
+            ("i / {width}ll", "out[i] = table[id * {width}ll + i % {width}ll];", format!("out[i] = {nan};"))
+        }
+        Kind::GatherLast => ("i", "out[i] = table[i * {width}ll + id];", format!("out[i] = {nan};")),
+        // Every element of the row is written: the value at the id's column, zeros elsewhere.
+        Kind::ScatterLast => (
+            "i / {width}ll",
+            "out[i] = (i % {width}ll == id) ? table[i / {width}ll] : ({element})0;",
+            format!("out[i] = ({element}){zero};"),
+        ),
+        // The zeroed table (cleared before the launch) accumulates; a bad id adds nothing.
+        Kind::EmbeddingBackward => {
+            ("i / {width}ll", "atomicAdd(&out[id * {width}ll + i % {width}ll], table[i]);", String::new())
+        }
     };
+    let (row, good) = (row.replace("{width}", &width.to_string()), good.replace("{width}", &width.to_string()));
+    let good = good.replace("{element}", element);
     let mut s = String::new();
     let _ = writeln!(s, "// Generated by boundscope: a gather with its ids checked on the device.");
     let _ = writeln!(
@@ -135,9 +183,9 @@ fn source(
     let _ = writeln!(s, "    const long long id = (long long)ids[r];");
     let _ = writeln!(s, "    if (id < 0 || id >= {bound}ll) {{");
     let _ = writeln!(s, "      {}", record_fault("r", "id"));
-    let _ = writeln!(s, "      out[i] = {nan};");
+    let _ = writeln!(s, "      {bad}");
     let _ = writeln!(s, "    }} else {{");
-    let _ = writeln!(s, "      out[i] = table[{at}];");
+    let _ = writeln!(s, "      {good}");
     let _ = writeln!(s, "    }}\n  }}\n}}");
     s
 }
@@ -150,6 +198,11 @@ impl DeviceKernel for CheckedGather {
             &stream,
             |_| Ok(()),
             |fault, ()| {
+                if self.kind == Kind::EmbeddingBackward {
+                    stream
+                        .memset_zeros(slice_mut(&mut *outputs[0])?)
+                        .map_err(|e| super::device::cuda_error("clear the table", e))?;
+                }
                 let mut pointers: [sys::CUdeviceptr; 4] = [
                     slice(inputs[0])?.device_ptr(&stream).0,
                     slice(inputs[1])?.device_ptr(&stream).0,

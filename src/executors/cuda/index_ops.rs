@@ -1,5 +1,5 @@
 //! CUDA C for the transformer ops that pick values by position or reduce over any axis:
-//! `slice` and `concat` (moves, in every dtype, as bits), the `causal_mask`, `sum_axis` and
+//! `slice`, `concat` and `pad` (moves, in every dtype, as bits), the `causal_mask`, `sum_axis` and
 //! `max_axis` over any axis (`sum_dim` and `max_dim` bind the last axis to the `sum` and `max`
 //! prims, which fuse), and `argmax` (`i64` results). One thread per output element, in a grid-stride loop;
 //! a reduction's thread walks its axis, so neighbouring threads read neighbouring elements. A
@@ -16,9 +16,15 @@ use crate::executors::cpu_reference::{builtin_prim, check_builtin};
 /// Whether [`index_op_source`] generates `op`.
 pub(crate) fn generates(op: &OpView<'_>) -> bool {
     match builtin_prim(op) {
-        Some(prims::SLICE | prims::CONCAT | prims::CAUSAL_MASK | prims::SUM_AXIS | prims::MAX_AXIS | prims::ARGMAX) => {
-            true
-        }
+        Some(
+            prims::SLICE
+            | prims::CONCAT
+            | prims::PAD
+            | prims::CAUSAL_MASK
+            | prims::SUM_AXIS
+            | prims::MAX_AXIS
+            | prims::ARGMAX,
+        ) => true,
         Some(id) if prims::COMPARISONS.contains(&id) => true,
         // `where` with tensors of the result's dtype (their bits are copied).
         Some(prims::WHERE) => {
@@ -132,6 +138,41 @@ pub fn index_op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, St
             (
                 format!(
                     "const long long o = i / {len}ll;\n    out0[i] = in0[o * {row}ll + {from}ll + (i - o * {len}ll)];"
+                ),
+                vec![input.iter().product()],
+            )
+        }
+        prims::PAD => {
+            // Rows of `before + block + after` elements, one per index of the axes before
+            // `axis`: the fill, a block of the input, the fill.
+            let input = shape(0)?;
+            let dims = op.dims(1).map_err(|e| e.to_string())?;
+            let (axis, before, after) = (dims[0], dims[1], dims[2]);
+            let inner: usize = input[axis + 1..].iter().product();
+            let (block, before, after) = (input[axis] * inner, before * inner, after * inner);
+            let fill = op.scalar(2).map_err(|e| e.to_string())?;
+            // Vectors only where the fill is zero bits (a vector of zeros).
+            let v = if fill == 0.0 && fill.is_sign_positive() {
+                vector_width(in_dtype, &[block, before, after])
+            } else {
+                1
+            };
+            vector = v;
+            let (block, before, after) = (block / v, before / v, after / v);
+            let row = (before + block + after).max(1);
+            let fill = if v > 1 {
+                "make_uint4(0u, 0u, 0u, 0u)".to_string()
+            } else if out_dtype == crate::DType::I32 {
+                format!("({out_element}){}", fill as i32)
+            } else if out_dtype.is_integer() {
+                format!("({out_element}){}ll", fill as i64)
+            } else {
+                format!("({out_element})({})", narrow(out_dtype, &literal(fill)))
+            };
+            (
+                format!(
+                    "const long long o = i / {row}ll, r = i - o * {row}ll - {before}ll;\n    \
+                     out0[i] = (r >= 0 && r < {block}ll) ? in0[o * {block}ll + r] : {fill};"
                 ),
                 vec![input.iter().product()],
             )

@@ -1680,3 +1680,78 @@ fn gradient_prims_run_on_cuda_and_match_the_reference() {
         }
     }
 }
+
+/// A training step whose parameters and AdamW moments live on the device
+/// (`Plan::run_updating_on_device`: updates by exchanging buffers) gives, step after step, the
+/// same bits as the same plan updating host tensors; an exchanged output says to read its input.
+#[test]
+fn training_on_the_device_updates_parameters_in_place() {
+    use boundscope::optim::AdamW;
+    use boundscope::passes::Grad;
+    use boundscope::RunInputMut;
+    let Some((device, _sharing)) = device() else { return };
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+    let (rows, width, classes) = (64, 128, 10);
+    let x = b.input(&[rows, width]).unwrap();
+    let targets = b.input_with(&TensorMeta::new(DType::I64, &[rows])).unwrap();
+    let (w1, b1, w2) =
+        (b.input(&[width, width]).unwrap(), b.input(&[width]).unwrap(), b.input(&[classes, width]).unwrap());
+    let params = [w1, b1, w2];
+    let h = b.linear(x, w1, Some(b1)).unwrap();
+    let h = b.gelu(h).unwrap();
+    let logits = b.linear(h, w2, None).unwrap();
+    let loss = b.cross_entropy(logits, targets).unwrap();
+    b.output(loss).unwrap();
+    let backward = Grad::new(&params).run(&b.finish().unwrap(), &arena).unwrap();
+    let mut b = boundscope::TraceBuilder::continuing(&backward, &arena);
+    b.set_outputs(&backward.outputs()[..1]);
+    let adamw = AdamW::new();
+    let hyper = adamw.step_inputs(&mut b).unwrap();
+    for (k, &p) in params.iter().enumerate() {
+        adamw.update(&mut b, &hyper, p, backward.outputs()[1 + k]).unwrap();
+    }
+    let step = b.finish().unwrap();
+    let (fused, fusion) = fused_for_cuda(&device, &step, &arena);
+    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let plan = Plan::compile(&fused, &[fusion, ops]).unwrap();
+    let mut host: Vec<Tensor> = step
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| {
+            let meta = step.value_meta(v).unwrap();
+            match meta.dtype {
+                DType::I64 => {
+                    Tensor::from_vec(&meta.shape, (0..rows).map(|i| ((i * 3) % classes) as i64).collect()).unwrap()
+                }
+                _ if k < 5 => Tensor::from_fn(&meta.shape, |i| ((i * 7 + k * 13) % 23) as f32 / 23.0 - 0.5),
+                _ => Tensor::from_fn(&meta.shape, |_| 0.0),
+            }
+        })
+        .collect();
+    let mut on_device = upload(&device, &host);
+    let (mut host_ws, mut device_ws) = (plan.workspace().unwrap(), plan.workspace().unwrap());
+    for t in 1..=4u64 {
+        for (k, value) in (5..8).zip(adamw.step_scalars(t, 1e-2)) {
+            host[k].values_mut::<f32>().unwrap()[0] = value;
+            on_device[k].copy_from_host(host[k].view()).unwrap();
+        }
+        let mut refs: Vec<&mut Tensor> = host.iter_mut().collect();
+        let want = plan.run_updating(&mut host_ws, &mut refs).unwrap().to_tensors();
+        let mut inputs: Vec<RunInputMut<'_>> = on_device.iter_mut().map(RunInputMut::from).collect();
+        let got = plan.run_updating_on_device(&mut device_ws, &mut inputs).unwrap();
+        assert_eq!(got.to_host(0).unwrap().to_f32_vec(), want[0].to_f32_vec(), "step {t}: the loss");
+        let updates: Vec<(usize, usize)> = plan.updates().collect();
+        let exchanged: Vec<bool> = (0..got.len()).map(|i| got.to_host(i).is_err()).collect();
+        assert!(
+            matches!(got.to_host(1), Err(boundscope::Error::InvalidUpdate { .. })),
+            "an exchanged output: updates {updates:?}, exchanged {exchanged:?}, on device {:?}\n{plan}",
+            (0..got.len()).map(|i| got.device_buffer(i).is_some()).collect::<Vec<_>>()
+        );
+        for k in 2..5 {
+            assert_eq!(on_device[k].to_host().unwrap().to_f32_vec(), host[k].to_f32_vec(), "step {t}: parameter {k}");
+        }
+    }
+}

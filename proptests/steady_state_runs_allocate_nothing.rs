@@ -601,3 +601,93 @@ fn a_training_step_allocates_nothing() {
     assert_eq!(allocations, 0, "{plan}");
     assert!(last < first, "the loss went from {first} to {last}");
 }
+
+/// A training step on the GPU with its parameters and AdamW moments on the device
+/// (`Plan::run_updating_on_device`, updates by exchanging buffers): after a warm-up step, steps
+/// allocate nothing on the host. On a GPU machine only.
+#[cfg(feature = "cuda")]
+#[test]
+fn a_training_step_on_the_gpu_allocates_nothing() {
+    use boundscope::executors::cuda::{self, CudaDevice, CudaFusion, CudaOps};
+    use boundscope::optim::AdamW;
+    use boundscope::passes::Grad;
+    use boundscope::{Availability, DType, DeviceTensor, RunInputMut, TensorMeta};
+    if let Availability::Unavailable(reason) = cuda::availability() {
+        println!(
+            "SKIPPED: a_training_step_on_the_gpu_allocates_nothing: {reason}; run this test binary on a GPU machine"
+        );
+        return;
+    }
+    let device = CudaDevice::new().unwrap();
+    let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let ids = b.input_with(&TensorMeta::new(DType::I64, &[64])).unwrap();
+    let targets = b.input_with(&TensorMeta::new(DType::I64, &[64])).unwrap();
+    let (wte, w1, w2) = (b.input(&[100, 128]).unwrap(), b.input(&[256, 128]).unwrap(), b.input(&[100, 256]).unwrap());
+    let x = b.embedding(wte, ids).unwrap();
+    let h = b.linear(x, w1, None).unwrap();
+    let h = b.gelu(h).unwrap();
+    let logits = b.linear(h, w2, None).unwrap();
+    let loss = b.cross_entropy(logits, targets).unwrap();
+    b.output(loss).unwrap();
+    let params = [wte, w1, w2];
+    let backward =
+        Grad::new(&params).run(&ProfileOps::new().run(&b.finish().unwrap(), &arena).unwrap(), &arena).unwrap();
+    let mut b = TraceBuilder::continuing(&backward, &arena);
+    b.set_outputs(&backward.outputs()[..1]);
+    let adamw = AdamW::new();
+    let hyper = adamw.step_inputs(&mut b).unwrap();
+    for (k, &p) in params.iter().enumerate() {
+        adamw.update(&mut b, &hyper, p, backward.outputs()[1 + k]).unwrap();
+    }
+    let step = b.finish().unwrap();
+    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let prims = Pipeline::for_executors(std::slice::from_ref(&ops)).run(&step, &arena).unwrap();
+    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
+    let fused = FuseRegions::new(fusion.clone()).run(&prims, &arena).unwrap();
+    let plan = Plan::compile(&fused, &[fusion, ops]).unwrap();
+    let shared: Arc<dyn boundscope::Device> = device.clone();
+    let mut on_device: Vec<DeviceTensor> = step
+        .inputs()
+        .iter()
+        .enumerate()
+        .map(|(k, &v)| {
+            let meta = step.value_meta(v).unwrap();
+            let host = match meta.dtype {
+                DType::I64 => {
+                    Tensor::from_vec(&meta.shape, (0..64).map(|i| (i * 7 + k as i64) % 100).collect()).unwrap()
+                }
+                _ if k < 5 => Tensor::from_fn(&meta.shape, |i| ((i * 7 + k * 13) % 23) as f32 / 230.0 - 0.05),
+                _ => Tensor::from_fn(&meta.shape, |_| 0.0),
+            };
+            DeviceTensor::upload(&shared, host.view()).unwrap()
+        })
+        .collect();
+    let mut hyper_values: Vec<Tensor> = (0..3).map(|_| Tensor::from_fn(&[], |_| 0.0)).collect();
+    let mut workspace = plan.workspace().unwrap();
+    let mut set_step = |on_device: &mut [DeviceTensor], t: u64| {
+        for (k, value) in adamw.step_scalars(t, 1e-2).into_iter().enumerate() {
+            hyper_values[k].values_mut::<f32>().unwrap()[0] = value;
+            on_device[5 + k].copy_from_host(hyper_values[k].view()).unwrap();
+        }
+    };
+    set_step(&mut on_device, 1);
+    let first = {
+        let mut inputs: Vec<RunInputMut<'_>> = on_device.iter_mut().map(RunInputMut::from).collect();
+        plan.run_updating_on_device(&mut workspace, &mut inputs).unwrap().to_host(0).unwrap().to_f32_vec()[0]
+    };
+    let allocations = allocations_during(|| {
+        for t in 2..5 {
+            set_step(&mut on_device, t);
+            let [ids, targets, wte, w1, w2, lr, size, root, m0, v0, m1, v1, m2, v2] = &mut on_device[..] else {
+                panic!("14 inputs")
+            };
+            let mut inputs = [ids, targets, wte, w1, w2, lr, size, root, m0, v0, m1, v1, m2, v2].map(RunInputMut::from);
+            plan.run_updating_on_device(&mut workspace, &mut inputs).unwrap();
+        }
+    });
+    let mut inputs: Vec<RunInputMut<'_>> = on_device.iter_mut().map(RunInputMut::from).collect();
+    let last = plan.run_updating_on_device(&mut workspace, &mut inputs).unwrap().to_host(0).unwrap().to_f32_vec()[0];
+    assert_eq!(allocations, 0, "{plan}");
+    assert!(last < first, "the loss went from {first} to {last}");
+}

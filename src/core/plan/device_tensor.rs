@@ -159,6 +159,45 @@ impl<'a> From<&'a DeviceTensor> for RunInput<'a> {
     }
 }
 
+/// One input of [`Plan::run_updating_on_device`](crate::Plan::run_updating_on_device), which
+/// may be written back (the in-place updates): on the host, or on the plan's device (updated by
+/// exchanging buffers with the run's output, without a copy).
+pub enum RunInputMut<'a> {
+    /// On the host.
+    Host(&'a mut Tensor),
+    /// On the plan's device.
+    Device(&'a mut DeviceTensor),
+}
+
+impl<'a> From<&'a mut Tensor> for RunInputMut<'a> {
+    fn from(tensor: &'a mut Tensor) -> Self {
+        RunInputMut::Host(tensor)
+    }
+}
+
+impl<'a> From<&'a mut DeviceTensor> for RunInputMut<'a> {
+    fn from(tensor: &'a mut DeviceTensor) -> Self {
+        RunInputMut::Device(tensor)
+    }
+}
+
+impl PlanInput for RunInputMut<'_> {
+    #[inline(always)]
+    fn as_run_input(&self) -> RunInput<'_> {
+        match self {
+            RunInputMut::Host(t) => RunInput::Host(t.view()),
+            RunInputMut::Device(t) => RunInput::Device(t),
+        }
+    }
+}
+
+impl DeviceTensor {
+    /// Exchanges its memory with `buffer` (of its length: the caller checks).
+    pub(crate) fn swap_buffer(&mut self, buffer: &mut Box<dyn DeviceBuffer>) {
+        std::mem::swap(&mut self.buffer, buffer);
+    }
+}
+
 /// What [`Plan::run_with`](crate::Plan::run_with) and
 /// [`Plan::run_on_device`](crate::Plan::run_on_device) take as inputs: host views
 /// ([`TensorRef`]) or [`RunInput`]s, which may be on the device.

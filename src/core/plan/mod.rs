@@ -16,7 +16,7 @@ mod workspace;
 
 pub use compile::Plan;
 pub use device::{Device, DeviceBuffer, DeviceGraph, DeviceKernel, DeviceQueue};
-pub use device_tensor::{DeviceTensor, PlanInput, RunInput};
+pub use device_tensor::{DeviceTensor, PlanInput, RunInput, RunInputMut};
 pub use executor::{
     kernel_fn, Availability, EmittedRange, Executor, Fusible, Kernel, OpView, PreparedRegionRange, RegionRange,
 };

@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use super::compile::{Plan, Slot, Step, Work};
 use super::device::DeviceBuffer;
 use super::device::{Device, DeviceQueue};
-use super::device_tensor::{download, DeviceTensor, PlanInput, RunInput};
+use super::device_tensor::{download, DeviceTensor, PlanInput, RunInput, RunInputMut};
 use super::executor::RunDecision;
 use super::guard_schedule::{GuardStack, Schedule};
 use super::packing;
@@ -34,6 +34,9 @@ pub struct Workspace {
     /// The run loop's per-step lists, sized when the workspace is made for the plan's widest
     /// step and deepest guard nesting, so that no run allocates.
     pub(super) scratch: RunScratch,
+    /// Per output: whether the last run exchanged its device buffer with the input it updates
+    /// ([`Plan::run_updating_on_device`]): its value is in that input now.
+    pub(super) exchanged: Vec<bool>,
 }
 
 /// Reusable lists of the run loop. Lists of borrowed views are kept empty between steps, with
@@ -133,6 +136,7 @@ impl Plan {
             device_buffers: Vec::new(),
             queue: None,
             in_flight: false,
+            exchanged: vec![false; self.outputs.len()],
             scratch: RunScratch {
                 guard_stack: Vec::with_capacity(self.widths.guard_depth),
                 input_views: Vec::with_capacity(self.widths.inputs),
@@ -219,6 +223,53 @@ impl Plan {
         Ok(Outputs { plan: self, workspace })
     }
 
+    /// [`run_updating`](Self::run_updating) with inputs on the host or on the plan's device, the
+    /// outputs left where a device step computed them (as [`run_on_device`](Self::run_on_device)):
+    /// a training step whose parameters and optimizer state live on the device. An update of an
+    /// input given on the device exchanges the input's buffer with the output's (no copy, no
+    /// allocation: the workspace keeps the old buffer for the next run's output); one of an
+    /// input on the host is copied there (downloaded, waiting for the device, if a device step
+    /// computed it: give such inputs on the device).
+    ///
+    /// # Errors
+    /// As for [`run_on_device`](Self::run_on_device), and the device's copy errors.
+    pub fn run_updating_on_device<'w>(
+        &'w self,
+        workspace: &'w mut Workspace,
+        inputs: &mut [RunInputMut<'_>],
+    ) -> Result<DeviceOutputs<'w>> {
+        self.run_placed(workspace, inputs, true, Self::run_checked)?;
+        for &(input, output) in &self.updates {
+            let on_device = self.device_io.output_on_device[output as usize].map(|d| d as usize);
+            let buffer = self.outputs[output as usize] as usize;
+            let (shape, dtype) = (&self.buffers[buffer].shape, self.buffers[buffer].dtype);
+            match (&mut inputs[input as usize], on_device, &self.device) {
+                (RunInputMut::Device(target), Some(d), _) => match workspace.device_buffers.get_mut(d) {
+                    Some(Some(computed)) => {
+                        target.swap_buffer(computed);
+                        workspace.exchanged[output as usize] = true;
+                    }
+                    _ => return Err(Error::InvalidUpdate { detail: format!("output {output} has no device buffer") }),
+                },
+                (RunInputMut::Device(target), None, _) => {
+                    target.copy_from_host(TensorRef { shape, data: workspace.buffers[buffer].data() })?
+                }
+                (RunInputMut::Host(target), Some(d), Some(device)) => {
+                    let computed = workspace.device_buffers.get(d).and_then(|b| b.as_deref()).ok_or_else(|| {
+                        Error::InvalidUpdate { detail: format!("output {output} has no device buffer") }
+                    })?;
+                    **target = download(&**device, computed, shape, dtype)?;
+                }
+                (RunInputMut::Host(target), _, _) => {
+                    crate::core::tensor::with_same_values!(workspace.buffers[buffer].data(), target.data_mut(), (x, out) => out.copy_from_slice(x), _ => {
+                        return Err(Error::InvalidUpdate { detail: format!("input {input} changed dtype") })
+                    });
+                }
+            }
+        }
+        Ok(DeviceOutputs { plan: self, workspace })
+    }
+
     /// The plan's in-place updates: `(input index, output index)` pairs, the output replacing
     /// the input after each [`run_updating`](Self::run_updating).
     pub fn updates(&self) -> impl Iterator<Item = (usize, usize)> + '_ {
@@ -242,6 +293,7 @@ impl Plan {
         if workspace.plan_id != self.id {
             return Err(Error::WorkspaceMismatch);
         }
+        workspace.exchanged.fill(false);
         if inputs.len() != self.input_shapes.len() {
             return Err(Error::InputCount { expected: self.input_shapes.len(), got: inputs.len() });
         }
@@ -679,8 +731,12 @@ impl<'w> DeviceOutputs<'w> {
     }
 
     /// The device memory of the `i`-th output, if a device step computed it (else it is on the
-    /// host: see [`to_host`](Self::to_host)).
+    /// host: see [`to_host`](Self::to_host)), and it was not written back into the input it
+    /// updates ([`Plan::run_updating_on_device`]: read that input).
     pub fn device_buffer(&self, i: usize) -> Option<&'w dyn DeviceBuffer> {
+        if self.workspace.exchanged.get(i).copied().unwrap_or(false) {
+            return None;
+        }
         let d = (*self.plan.device_io.output_on_device.get(i)?)? as usize;
         self.workspace.device_buffers.get(d)?.as_deref()
     }
@@ -689,9 +745,16 @@ impl<'w> DeviceOutputs<'w> {
     /// computed it, else copied from the workspace.
     ///
     /// # Errors
-    /// [`Error::NoSuchOutput`] past the end; the device's copy error.
+    /// [`Error::NoSuchOutput`] past the end; [`Error::InvalidUpdate`] for an output that
+    /// [`Plan::run_updating_on_device`] wrote back into its input (read that input); the
+    /// device's copy error.
     pub fn to_host(&self, i: usize) -> Result<Tensor> {
         let shape = self.shape(i).ok_or(Error::NoSuchOutput { index: i, outputs: self.len() })?;
+        if self.workspace.exchanged.get(i).copied().unwrap_or(false) {
+            return Err(Error::InvalidUpdate {
+                detail: format!("output {i} was written back into the input it updates; read that input"),
+            });
+        }
         match (self.device_buffer(i), &self.plan.device) {
             (Some(buffer), Some(device)) => {
                 download(&**device, buffer, shape, self.plan.buffers[self.plan.outputs[i] as usize].dtype)

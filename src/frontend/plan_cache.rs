@@ -175,6 +175,8 @@ fn hash_trace(trace: &Trace<'_>, h: &mut impl Hasher) {
     }
     trace.inputs.hash(h);
     trace.outputs.hash(h);
+    // In-place updates: a plan runs them, so traces that differ only in them differ.
+    trace.updates.hash(h);
     trace.bound_symbols.len().hash(h);
     for bsym in trace.bound_symbols {
         hash_bound_symbol(trace, bsym, h);

@@ -675,14 +675,26 @@ impl<'a> TraceBuilder<'a> {
     /// assert_eq!(state.to_f32_vec(), &[3.0]);
     /// ```
     ///
+    /// Only [`Plan::run_updating`](crate::Plan::run_updating) and
+    /// [`Plan::run_updating_on_device`](crate::Plan::run_updating_on_device) write updates back;
+    /// other runs (and graph replays, which refuse such plans) leave the inputs as they are.
+    ///
     /// # Errors
     /// [`Error::InvalidUpdate`] if `input` is not an input, is updated already, or `value` is
-    /// an input or of another dtype or shape; [`Error::UndefinedValue`] for an undefined value.
+    /// an input, updates another input already, or is of another dtype or shape;
+    /// [`Error::UndefinedValue`] for an undefined value.
     pub fn update(&mut self, input: ValueId, value: ValueId) -> Result<()> {
         self.check_top_level("update")?;
         self.check_defined(value, "update")?;
         if self.updates.iter().any(|&(i, _)| i == input) {
             return Err(Error::InvalidUpdate { detail: format!("{input} is updated already; update each input once") });
+        }
+        if let Some(&(other, _)) = self.updates.iter().find(|&&(_, v)| v == value) {
+            return Err(Error::InvalidUpdate {
+                detail: format!(
+                    "{value} updates {other} already; give each update a value of its own (a copy: `mul_scalar(v, 1.0)`)"
+                ),
+            });
         }
         let added = !self.outputs.contains(&value);
         if added {

@@ -158,6 +158,11 @@ impl Sgd {
         grad: ValueId,
     ) -> Result<Option<ValueId>> {
         check_pair(b, param, grad)?;
+        if self.nesterov && (self.momentum <= 0.0 || self.dampening != 0.0) {
+            return Err(Error::InvalidUpdate {
+                detail: "Nesterov momentum needs a momentum above 0 and no dampening (as torch.optim.SGD)".into(),
+            });
+        }
         let mut g = in_dtype_of(b, grad, param)?;
         if self.weight_decay != 0.0 {
             let decay = b.mul_scalar(param, self.weight_decay)?;
@@ -374,10 +379,19 @@ mod tests {
 
     #[test]
     fn sgd_with_weight_decay_and_nesterov_follows_pytorch() {
+        // PyTorch refuses Nesterov with dampening; so does this.
+        {
+            let (registry, arena) = (Registry::with_builtins(), Arena::new());
+            let mut b = TraceBuilder::new(&arena, &registry);
+            let (w, g) = (b.input(&[2]).unwrap(), b.input(&[2]).unwrap());
+            let sgd = Sgd::new().momentum(0.5).dampening(0.25).nesterov(true);
+            let inputs = sgd.step_inputs(&mut b).unwrap();
+            assert!(matches!(sgd.update(&mut b, &inputs, w, g), Err(Error::InvalidUpdate { .. })));
+        }
         let (registry, arena) = (Registry::with_builtins(), Arena::new());
         let mut b = TraceBuilder::new(&arena, &registry);
         let (w, g) = (b.input(&[2]).unwrap(), b.input(&[2]).unwrap());
-        let sgd = Sgd::new().momentum(0.5).dampening(0.25).weight_decay(0.1).nesterov(true);
+        let sgd = Sgd::new().momentum(0.5).weight_decay(0.1).nesterov(true);
         let inputs = sgd.step_inputs(&mut b).unwrap();
         sgd.update(&mut b, &inputs, w, g).unwrap();
         let plan = Plan::compile(&b.finish().unwrap(), &[CpuReference::shared()]).unwrap();
@@ -392,7 +406,7 @@ mod tests {
             plan.run_updating(&mut ws, &mut [&mut w_t, &mut g_t, &mut lr, &mut factor, &mut buf_t]).unwrap();
             for i in 0..2 {
                 let g = grads[i] + 0.1 * p[i];
-                buf[i] = if t == 1 { g } else { 0.5 * buf[i] + 0.75 * g };
+                buf[i] = if t == 1 { g } else { 0.5 * buf[i] + g };
                 p[i] -= 0.1 * (g + 0.5 * buf[i]);
             }
         }

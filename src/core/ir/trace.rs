@@ -188,6 +188,9 @@ impl<'a> Trace<'a> {
             if self.updates[..i].iter().any(|&(other, _)| other == input) {
                 return Err(malformed(None, format!("input {input} is updated twice")));
             }
+            if self.updates[..i].iter().any(|&(_, other)| other == value) {
+                return Err(malformed(None, format!("{value} updates two inputs")));
+            }
         }
         Ok(())
     }

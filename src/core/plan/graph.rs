@@ -77,6 +77,13 @@ impl Plan {
         let Some(device) = self.device.clone() else {
             return unsupported("this plan has no device steps; compile it with device executors".into());
         };
+        if !self.updates.is_empty() {
+            return unsupported(
+                "the plan updates inputs in place (`TraceBuilder::update`), which a replay would not write back; \
+                 run it with `Plan::run_updating_on_device`"
+                    .into(),
+            );
+        }
         if let Some(&i) = self.checked_steps.first() {
             return unsupported(format!(
                 "step {i} (`{}`) checks its inputs on the device after each run (ids against their table), \

@@ -245,11 +245,21 @@ impl Plan {
             let (shape, dtype) = (&self.buffers[buffer].shape, self.buffers[buffer].dtype);
             match (&mut inputs[input as usize], on_device, &self.device) {
                 (RunInputMut::Device(target), Some(d), _) => match workspace.device_buffers.get_mut(d) {
-                    Some(Some(computed)) => {
+                    Some(Some(computed)) if computed.len() == target.buffer().len() => {
                         target.swap_buffer(computed);
-                        workspace.exchanged[output as usize] = true;
+                        // Every output held by that buffer (a value returned twice) is the
+                        // input's now.
+                        for (o, held) in self.device_io.output_on_device.iter().enumerate() {
+                            if *held == Some(d as u32) {
+                                workspace.exchanged[o] = true;
+                            }
+                        }
                     }
-                    _ => return Err(Error::InvalidUpdate { detail: format!("output {output} has no device buffer") }),
+                    _ => {
+                        return Err(Error::InvalidUpdate {
+                            detail: format!("output {output} has no device buffer of its input's length"),
+                        })
+                    }
                 },
                 (RunInputMut::Device(target), None, _) => {
                     target.copy_from_host(TensorRef { shape, data: workspace.buffers[buffer].data() })?

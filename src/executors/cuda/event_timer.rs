@@ -116,6 +116,11 @@ impl ScopedGuard for PreparedEvents {
 }
 
 impl Guard for CudaEventTimer {
+    /// The backward of what it surrounds is timed too, labelled `<label> (backward)`.
+    fn on_backward(&self, forward_label: &str, _forward_position: Option<usize>) -> crate::core::guards::OnBackward {
+        crate::core::guards::OnBackward::Relabeled(crate::core::guards::backward_label(forward_label))
+    }
+
     fn kind(&self) -> GuardKind {
         GuardKind::Custom("@cuda_events")
     }

@@ -134,10 +134,42 @@ impl Pass for Grad {
         let outputs: Vec<ValueId> = forward.outputs().iter().copied().chain(gradients).collect();
         builder.set_outputs(&outputs);
         carry_op_guards(&mut builder, &forward, &spans);
-        let mut grads = builder.finish()?;
+        let grads = builder.finish()?;
+        let mut grads = prune_backward(&grads, forward.len(), arena)?;
         carry_scope_guards(&mut grads);
         Ok(grads)
     }
+}
+
+/// `trace` without the backward ops (those from position `forward` on) whose results nothing
+/// uses: the gradients rules give for arguments off the path to a parameter (the data's).
+fn prune_backward<'a>(trace: &Trace<'a>, forward: usize, arena: &'a Arena) -> Result<Trace<'a>> {
+    let mut live = vec![false; trace.value_count()];
+    for &o in trace.outputs() {
+        live[o.index()] = true;
+    }
+    let mut keep = vec![true; trace.len()];
+    for (i, bsym) in trace.bound_symbols().iter().enumerate().rev() {
+        keep[i] = i < forward || bsym.outputs().iter().any(|o| live[o.index()]);
+        if keep[i] {
+            for input in bsym.inputs() {
+                live[input.index()] = true;
+            }
+        }
+    }
+    if keep.iter().all(|&k| k) {
+        return Ok(trace.clone());
+    }
+    let mut builder = TraceBuilder::rewrite(trace, arena);
+    let mut new_position = Vec::with_capacity(trace.len());
+    for (bsym, &kept) in trace.bound_symbols().iter().zip(&keep) {
+        new_position.push(kept.then(|| builder.len()));
+        if kept {
+            builder.push_copy(bsym);
+        }
+    }
+    builder.carry_guards(trace, &new_position, "grad", |_| "a gradient nothing uses".to_string())?;
+    builder.finish()
 }
 
 /// What `guard` (attached to a forward op or scope labelled `label`) puts around its backward.

@@ -171,8 +171,8 @@ pub(super) fn builtin_rule(id: SymbolId) -> Option<BuiltinRule> {
             let gt = b.transpose(g, &[1, 0])?;
             let dw = b.matmul(gt, x)?;
             let mut grads = vec![Some(dx), Some(dw)];
-            if op.value(2).is_some() {
-                grads.push(Some(b.sum_dim(g, 0, false)?));
+            if let Some(bias) = op.value(2) {
+                grads.push(Some(unbroadcast(b, g, bias)?));
             }
             Ok(grads)
         },
@@ -259,25 +259,49 @@ pub(super) fn unbroadcast(b: &mut TraceBuilder<'_>, grad: ValueId, like: ValueId
         return Ok(grad);
     }
     let offset = from.len() - to.len().min(from.len());
+    let reduced: Vec<bool> =
+        (0..from.len()).map(|axis| (axis < offset || to[axis - offset] == 1) && from[axis] != 1).collect();
+    // Only leading axes (a bias's gradient): one product with a row of ones, which reads the
+    // gradient once at memory speed on every executor (a reduction over a leading axis walks
+    // each column on its own).
+    let prefix = reduced.iter().take_while(|&&r| r).count();
+    if prefix > 0 && reduced[prefix..].iter().all(|&r| !r) {
+        let rows: usize = from[..prefix].iter().product();
+        let cols: usize = from[prefix..].iter().product();
+        let ones = full_of_shape(b, grad, &[1, rows], 1.0)?;
+        let g = if from.len() == 2 && prefix == 1 { grad } else { b.reshape(grad, &[rows, cols])? };
+        let summed = b.matmul(ones, g)?;
+        return b.reshape(summed, &to);
+    }
     let mut g = grad;
-    for (axis, &size) in from.iter().enumerate() {
-        let target = if axis < offset { 1 } else { to[axis - offset] };
-        if target == 1 && size != 1 {
+    for (axis, &reduce) in reduced.iter().enumerate() {
+        if reduce {
             g = b.sum_dim(g, axis, true)?;
         }
     }
     b.reshape(g, &to)
 }
 
+/// A tensor of `shape` in `like`'s dtype holding `value`, made from `like` without reading it
+/// (see [`full_like`]).
+fn full_of_shape(b: &mut TraceBuilder<'_>, like: ValueId, shape: &[usize], value: f32) -> Result<ValueId> {
+    // An empty slice first (a zero-dimensional `like` is one element: reshaped to `[1]`), so
+    // that no op copies `like` itself.
+    let like = if b.shape(like)?.is_empty() { b.reshape(like, &[1])? } else { like };
+    let empty = b.slice(like, 0, 0, 0)?;
+    let empty = b.reshape(empty, &[0])?;
+    let full = b.pad(empty, 0, 0, shape.iter().product(), value)?;
+    if shape.len() == 1 {
+        return Ok(full);
+    }
+    b.reshape(full, shape)
+}
+
 /// A tensor of `like`'s shape and dtype holding `value` everywhere: `pad` of an empty slice, so
 /// that no value of `like` (an infinity, a NaN) can leak into it.
 pub(super) fn full_like(b: &mut TraceBuilder<'_>, like: ValueId, value: f32) -> Result<ValueId> {
     let shape = b.shape(like)?.to_vec();
-    let numel: usize = shape.iter().product();
-    let flat = b.reshape(like, &[numel])?;
-    let empty = b.slice(flat, 0, 0, 0)?;
-    let full = b.pad(empty, 0, 0, numel, value)?;
-    b.reshape(full, &shape)
+    full_of_shape(b, like, &shape, value)
 }
 
 /// A binary elementwise op's gradients: `grads(g, x, y)` gives them at the output's shape,
@@ -302,31 +326,33 @@ fn binary<'a>(
     }
 }
 
-/// `maximum(x, y)`: the gradient goes to the larger operand, half to each where they are equal
-/// (as PyTorch's).
+/// `maximum(x, y)`: the gradient goes to the larger operand, half to each where they are equal,
+/// all of it to both where one is NaN (as PyTorch's: `1 - [x < y] - [x == y] / 2` for `x`).
 fn maximum<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Grads> {
     let x = tensor(op, 0)?;
     let g = op.cotangent;
     let dtype = b.dtype(g)?;
-    let share = |b: &mut TraceBuilder<'a>, larger: ValueId, equal: ValueId| -> Result<ValueId> {
-        let larger = b.cast(larger, dtype)?;
+    let share = |b: &mut TraceBuilder<'a>, smaller: ValueId, equal: ValueId| -> Result<ValueId> {
+        let smaller = b.cast(smaller, dtype)?;
         let equal = b.cast(equal, dtype)?;
         let half = b.mul_scalar(equal, 0.5)?;
-        let weight = b.add(larger, half)?;
+        let lost = b.add(smaller, half)?;
+        let lost = b.neg(lost)?;
+        let weight = b.add_scalar(lost, 1.0)?;
         b.mul(g, weight)
     };
     match op.args[1] {
         Arg::Scalar(s) => {
-            let larger = b.compare_scalar(prims::GT, x, s)?;
+            let smaller = b.compare_scalar(prims::LT, x, s)?;
             let equal = b.compare_scalar(prims::EQ, x, s)?;
-            Ok(vec![Some(share(b, larger, equal)?), None])
+            Ok(vec![Some(share(b, smaller, equal)?), None])
         }
         _ => {
             let y = tensor(op, 1)?;
             let equal = b.eq(x, y)?;
-            let (x_larger, y_larger) = (b.gt(x, y)?, b.lt(x, y)?);
-            let dx = share(b, x_larger, equal)?;
-            let dy = share(b, y_larger, equal)?;
+            let (x_smaller, y_smaller) = (b.lt(x, y)?, b.gt(x, y)?);
+            let dx = share(b, x_smaller, equal)?;
+            let dy = share(b, y_smaller, equal)?;
             Ok(vec![Some(unbroadcast(b, dx, x)?), Some(unbroadcast(b, dy, y)?)])
         }
     }

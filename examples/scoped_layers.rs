@@ -27,16 +27,18 @@
 //! scopes, fused across and within scopes, with guards in three domains on scopes and ops.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Instant;
 
-use boundscope::executors::{CpuFusion, CpuReference};
+use boundscope::executors::CpuReference;
 use boundscope::guards::{Level, NvtxRange};
 use boundscope::passes::{FuseRegions, Pass, Pipeline, ProfileOps};
-use boundscope::{Arena, Executor, Plan, Registry, Tensor, Trace, TraceBuilder, ValueId};
+use boundscope::{Arena, Plan, Registry, Tensor, Trace, TraceBuilder, ValueId};
 
+#[path = "shared/executors.rs"]
+mod executors;
 #[path = "shared/nsys_check.rs"]
 mod nsys_check;
+use executors::executors;
 
 const LAYERS: usize = 4;
 const BATCH: usize = 64;
@@ -113,29 +115,6 @@ fn time_per_run(plans: &[&Plan], inputs: &[Tensor]) -> boundscope::Result<Vec<f6
         }
     }
     Ok(best)
-}
-
-/// A fusion executor, and a plan's executors (that one first).
-type Executors = (Arc<dyn Executor>, Vec<Arc<dyn Executor>>);
-
-/// The fusion executor and the plan's executors: the CPU's, or with `cuda` the GPU's.
-fn executors(cuda: bool) -> boundscope::Result<Executors> {
-    if !cuda {
-        let fusion = CpuFusion::shared();
-        return Ok((fusion.clone(), vec![fusion, CpuReference::shared()]));
-    }
-    #[cfg(feature = "cuda")]
-    {
-        use boundscope::executors::cuda::{CudaDevice, CudaFusion, CudaOps};
-        let gpu = CudaDevice::new()?;
-        let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
-        Ok((fusion.clone(), vec![fusion, Arc::new(CudaOps::new(gpu)), CpuReference::shared()]))
-    }
-    #[cfg(not(feature = "cuda"))]
-    Err(boundscope::Error::ExecutorUnavailable {
-        executor: "cuda".into(),
-        reason: "built without the `cuda` feature".into(),
-    })
 }
 
 fn run() -> boundscope::Result<bool> {

@@ -18,15 +18,16 @@
 
 use std::process::ExitCode;
 
-use boundscope::executors::{CpuFusion, CpuReference};
 use boundscope::guards::{NvtxRange, Selection};
 use boundscope::optim::AdamW;
 use boundscope::passes::{FuseRegions, Grad, Pass, Pipeline, ProfileOps};
-use boundscope::{Arena, DType, Executor, Plan, Registry, Tensor, TensorMeta, TraceBuilder};
-use std::sync::Arc;
+use boundscope::{Arena, DType, Plan, Registry, Tensor, TensorMeta, TraceBuilder};
 
+#[path = "shared/executors.rs"]
+mod executors;
 #[path = "shared/nsys_check.rs"]
 mod nsys_check;
+use executors::executors;
 
 const POINTS: usize = 96;
 const HIDDEN: usize = 32;
@@ -64,29 +65,6 @@ fn blobs() -> (Vec<f32>, Vec<i64>) {
         labels.push(class as i64);
     }
     (points, labels)
-}
-
-/// A fusion executor, and a plan's executors (that one first).
-type Executors = (Arc<dyn Executor>, Vec<Arc<dyn Executor>>);
-
-/// The fusion executor and the plan's executors: the CPU's, or with `cuda` the GPU's.
-fn executors(cuda: bool) -> boundscope::Result<Executors> {
-    if !cuda {
-        let fusion = CpuFusion::shared();
-        return Ok((fusion.clone(), vec![fusion, CpuReference::shared()]));
-    }
-    #[cfg(feature = "cuda")]
-    {
-        use boundscope::executors::cuda::{CudaDevice, CudaFusion, CudaOps};
-        let gpu = CudaDevice::new()?;
-        let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
-        Ok((fusion.clone(), vec![fusion, Arc::new(CudaOps::new(gpu)), CpuReference::shared()]))
-    }
-    #[cfg(not(feature = "cuda"))]
-    Err(boundscope::Error::ExecutorUnavailable {
-        executor: "cuda".into(),
-        reason: "built without the `cuda` feature".into(),
-    })
 }
 
 fn run() -> boundscope::Result<bool> {

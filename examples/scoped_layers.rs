@@ -17,10 +17,10 @@
 //! `scripts/nsys-check`. Exits non-zero if a result differs from the reference.
 //!
 //! Measured on the 2-core development machine ([64, 256], CpuFusion, side by side, profiling
-//! off): fused across scopes 41 steps, 3.26-3.33 ms per run; within scopes 44 steps, 3.27-3.33
-//! ms (1.00x: on the CPU the three extra passes over [64, 256] cost nothing measurable; on a GPU
-//! each is one more kernel launch). Under Nsight Systems (`scripts/nsys-check`, in CI) 2,373
-//! ranges arrive, every one in the range maps; on the H200, `ncu --nvtx --nvtx-include
+//! off, 2026-12-01): fused across scopes and within scopes 20 steps each, 1.255 ms per run
+//! (1.00x; since the CPU reference runs `linear` and `layer_norm` whole, the regions left are
+//! the same either way; before that, 41 and 44 steps, 3.26-3.33 ms). Under Nsight Systems
+//! (`scripts/nsys-check`, in CI) 1,428 ranges arrive, every one in the range maps; on the H200, `ncu --nvtx --nvtx-include
 //! "boundscope@layer.1.mlp/"` on `scoped_layers --cuda` shows each of that module's kernels
 //! under `forward > layer > layer.1 > layer.1.mlp > linear_gelu` (or `linear`, `add`).
 //! `proptests/range_map_matches_profiler.rs` runs 1,024 random programs in random nested

@@ -667,6 +667,7 @@ impl<'a> TraceBuilder<'a> {
     /// b.update(counter, next).unwrap();
     /// assert!(b.update(counter, next).is_err()); // once per input
     /// let plan = Plan::compile(&b.finish().unwrap(), &[CpuReference::shared()]).unwrap();
+    /// assert!(plan.notes().iter().any(|n| n.contains("in place"))); // other runs do not write back
     /// let mut workspace = plan.workspace().unwrap();
     /// let mut state = Tensor::new(&[1], vec![0.0]).unwrap();
     /// for _ in 0..3 {

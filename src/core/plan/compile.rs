@@ -299,6 +299,13 @@ impl Plan {
             prepare_scopes(trace, &nodes, &executor_names, filter, &compiler.details_of)?;
         // What passes did to the trace's scopes (cut around regions, split, gone).
         notes.extend(trace.scope_notes().iter().cloned());
+        if !trace.updates().is_empty() {
+            notes.push(format!(
+                "the plan updates {} input(s) in place; only `Plan::run_updating` and `Plan::run_updating_on_device` \
+                 write them back (other runs leave the inputs as they are)",
+                trace.updates().len()
+            ));
+        }
         // What the runtime does not use of the executors' declared emissions.
         for executor in executors {
             notes.extend(ignored_emissions(executor.name(), executor.emits()));

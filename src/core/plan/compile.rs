@@ -452,6 +452,24 @@ impl Plan {
         self.id
     }
 
+    /// Bytes of device memory one workspace of this plan holds for its values (allocated by its
+    /// first run; a device library's own workspaces, such as cuBLASLt's, come on top): 0 for a
+    /// plan without device steps.
+    ///
+    /// ```
+    /// use boundscope::{executors::CpuReference, Arena, Plan, Registry, TraceBuilder};
+    /// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[1024]).unwrap();
+    /// let y = b.exp(x).unwrap();
+    /// b.output(y).unwrap();
+    /// let plan = Plan::compile(&b.finish().unwrap(), &[CpuReference::shared()]).unwrap();
+    /// assert_eq!(plan.device_bytes(), 0);
+    /// ```
+    pub fn device_bytes(&self) -> usize {
+        self.device_lengths.iter().sum::<usize>() * std::mem::size_of::<f32>()
+    }
+
     /// Number of compiled steps (bound symbols after decomposing unclaimed composites).
     pub fn len(&self) -> usize {
         self.steps.len()

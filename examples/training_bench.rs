@@ -47,15 +47,8 @@ fn main() -> boundscope::Result<()> {
         let loss = b.cross_entropy(logits, targets)?;
         b.output(loss)?;
         let parameters = [w1, b1, w2, b2];
-        let backward = Grad::new(&parameters).run(&b.finish()?, &arena)?;
-        let mut b = TraceBuilder::continuing(&backward, &arena);
-        b.set_outputs(&backward.outputs()[..1]);
         let adamw = AdamW::new();
-        let hyper = adamw.step_inputs(&mut b)?;
-        for (k, &p) in parameters.iter().enumerate() {
-            adamw.update(&mut b, &hyper, p, backward.outputs()[1 + k])?;
-        }
-        let step = b.finish()?;
+        let step = Grad::new(&parameters).training_step(&b.finish()?, &arena, &adamw)?.trace;
         let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
         let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
         let executors = [fusion.clone(), ops];

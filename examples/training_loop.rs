@@ -84,20 +84,10 @@ fn run() -> boundscope::Result<bool> {
     // A range on every op and module (and one around each step), then the backward.
     let profiled = ProfileOps::new().with_trace_range(NvtxRange::new().label("step")?).run(&forward, &arena)?;
     let parameters = [w1, b1, w2, b2];
-    let backward = Grad::new(&parameters).run(&profiled, &arena)?;
-    // Then AdamW, in place, in its own scope: the step's outputs are the loss and the updates
-    // (the gradients need not leave the plan).
-    let mut b = TraceBuilder::continuing(&backward, &arena);
-    b.set_outputs(&backward.outputs()[..1]);
+    // Then AdamW, in place, in the scope `optimizer`: the step's outputs are the loss and the
+    // updates (the gradients need not leave the plan).
     let adamw = AdamW::new();
-    let hyper = adamw.step_inputs(&mut b)?;
-    b.scope("optimizer", |b| {
-        for (k, &p) in parameters.iter().enumerate() {
-            adamw.update(b, &hyper, p, backward.outputs()[1 + k])?;
-        }
-        Ok(())
-    })?;
-    let mut step = b.finish()?;
+    let mut step = Grad::new(&parameters).training_step(&profiled, &arena, &adamw)?.trace;
     step.attach_guard(Selection::Scope("optimizer"), NvtxRange::new())?;
     let (fusion, executors) = executors(std::env::args().any(|a| a == "--cuda"))?;
     let fused = FuseRegions::new(fusion).run(&Pipeline::for_executors(&executors).run(&step, &arena)?, &arena)?;

@@ -1,6 +1,6 @@
 //! 100 training steps of a small classifier (`linear`, `gelu`, `linear`, `cross_entropy`;
-//! gradients from `passes::Grad`, SGD with momentum in place through `optim::Sgd` and
-//! `Plan::run_updating`), fused or not, give the losses of the same training written out by
+//! gradients and SGD with momentum in place from `passes::Grad::training_step` and `optim::Sgd`,
+//! run by `Plan::run_updating`), fused or not, give the losses of the same training written out by
 //! hand here in `f64`: forward, backward and update.
 
 use boundscope::executors::{CpuFusion, CpuReference};
@@ -122,15 +122,8 @@ fn by_plan(d: &Data, fused: bool) -> Vec<f32> {
     let logits = b.linear(a, params[2], Some(params[3])).unwrap();
     let loss = b.cross_entropy(logits, targets).unwrap();
     b.output(loss).unwrap();
-    let backward = Grad::new(&params).run(&b.finish().unwrap(), &arena).unwrap();
-    let mut b = TraceBuilder::continuing(&backward, &arena);
-    b.set_outputs(&backward.outputs()[..1]);
     let sgd = Sgd::new().momentum(MOMENTUM);
-    let hyper = sgd.step_inputs(&mut b).unwrap();
-    for (k, &p) in params.iter().enumerate() {
-        sgd.update(&mut b, &hyper, p, backward.outputs()[1 + k]).unwrap();
-    }
-    let mut step = b.finish().unwrap();
+    let mut step = Grad::new(&params).training_step(&b.finish().unwrap(), &arena, &sgd).unwrap().trace;
     let mut executors: Vec<Arc<dyn Executor>> = vec![CpuReference::shared()];
     if fused {
         let fusion = CpuFusion::shared();

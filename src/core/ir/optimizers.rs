@@ -10,6 +10,69 @@ use super::meta::{DType, TensorMeta};
 use crate::core::tensor::Tensor;
 use crate::error::{Error, Result};
 
+/// An optimizer whose step is ops of a trace: what
+/// [`Grad::training_step`](crate::passes::Grad::training_step) appends after the backward.
+pub trait Optimizer {
+    /// Its per-run inputs (the learning rate, ...).
+    type Inputs: Copy;
+
+    /// Adds its per-run inputs to the trace.
+    ///
+    /// # Errors
+    /// What [`TraceBuilder::input_with`] returns.
+    fn step_inputs(&self, b: &mut TraceBuilder<'_>) -> Result<Self::Inputs>;
+
+    /// Binds the update of `param` from `grad` (and of its state), declared in place; returns
+    /// the state's inputs (zeros at the start), in the order they were added.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUpdate`] for a gradient that does not fit the parameter.
+    fn update(
+        &self,
+        b: &mut TraceBuilder<'_>,
+        inputs: &Self::Inputs,
+        param: ValueId,
+        grad: ValueId,
+    ) -> Result<Vec<ValueId>>;
+}
+
+impl Optimizer for Sgd {
+    type Inputs = SgdInputs;
+
+    fn step_inputs(&self, b: &mut TraceBuilder<'_>) -> Result<SgdInputs> {
+        Sgd::step_inputs(self, b)
+    }
+
+    fn update(
+        &self,
+        b: &mut TraceBuilder<'_>,
+        inputs: &SgdInputs,
+        param: ValueId,
+        grad: ValueId,
+    ) -> Result<Vec<ValueId>> {
+        Ok(Sgd::update(self, b, inputs, param, grad)?.into_iter().collect())
+    }
+}
+
+impl Optimizer for AdamW {
+    type Inputs = AdamWInputs;
+
+    fn step_inputs(&self, b: &mut TraceBuilder<'_>) -> Result<AdamWInputs> {
+        AdamW::step_inputs(self, b)
+    }
+
+    fn update(
+        &self,
+        b: &mut TraceBuilder<'_>,
+        inputs: &AdamWInputs,
+        param: ValueId,
+        grad: ValueId,
+    ) -> Result<Vec<ValueId>> {
+        let (m, v) = AdamW::update(self, b, inputs, param, grad)?;
+        Ok(vec![m, v])
+    }
+}
+
 /// A zero-dimensional `f32` run input.
 fn scalar_input(b: &mut TraceBuilder<'_>) -> Result<ValueId> {
     b.input_with(&TensorMeta::new(DType::F32, &[]))

@@ -18,7 +18,7 @@ pub use dead_code::DeadCodeElimination;
 pub use decompose::{Decompose, DecomposeFor};
 pub use fold_epilogues::FoldEpilogues;
 pub use fuse::{FuseRegions, FusionStrategy};
-pub use grad::{Grad, BACKWARD_SCOPE};
+pub use grad::{Grad, TrainingStep, BACKWARD_SCOPE};
 pub use inserted_ranges::InsertRangeNodes;
 pub use profile_ops::ProfileOps;
 

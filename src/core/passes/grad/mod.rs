@@ -8,6 +8,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::core::guards::{Attachment, Guard, OnBackward, Relabeled};
+use crate::core::ir::optimizers::Optimizer;
 use crate::core::ir::{prims, Arena, BoundSymbol, DType, Trace, TraceBuilder, ValueId, VjpInput, SCOPE_SEPARATOR};
 use crate::error::{Error, Result};
 
@@ -90,6 +91,74 @@ impl Grad {
     /// The inputs it differentiates with respect to, in order.
     pub fn wrt(&self) -> &[ValueId] {
         &self.wrt
+    }
+}
+
+/// A training step ([`Grad::training_step`]): the trace, its optimizer's per-run inputs and
+/// each parameter's state.
+#[derive(Debug)]
+pub struct TrainingStep<'a, I> {
+    /// Inputs: the forward trace's, then the optimizer's per-run inputs, then each parameter's
+    /// state in parameter order; outputs: the forward trace's (the loss first), then the in-place
+    /// updates (the new state and parameters).
+    pub trace: Trace<'a>,
+    /// The optimizer's per-run inputs.
+    pub step_inputs: I,
+    /// Each parameter's state inputs (zeros at the start), in parameter order.
+    pub state: Vec<Vec<ValueId>>,
+}
+
+impl<I> TrainingStep<'_, I> {
+    /// The position of input `value` among the trace's inputs (where a run takes it).
+    pub fn input_index(&self, value: ValueId) -> Option<usize> {
+        self.trace.inputs().iter().position(|&v| v == value)
+    }
+}
+
+impl Grad {
+    /// The whole training step: the loss, its gradients ([`Pass::run`]) and `optimizer`'s
+    /// update of every parameter in place, in the scope `optimizer` (the gradients stay inside
+    /// the plan: the outputs are the forward's, the loss first, then the updates). Run it with
+    /// [`Plan::run_updating`](crate::Plan::run_updating) or
+    /// [`Plan::run_updating_on_device`](crate::Plan::run_updating_on_device).
+    ///
+    /// ```
+    /// use boundscope::executors::CpuReference;
+    /// use boundscope::optim::Sgd;
+    /// use boundscope::passes::Grad;
+    /// use boundscope::{Arena, Plan, Registry, Tensor, TraceBuilder};
+    /// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let w = b.input(&[1, 2]).unwrap();
+    /// let sq = b.mul(w, w).unwrap();
+    /// let loss = b.sum(sq).unwrap(); // |w|^2
+    /// b.output(loss).unwrap();
+    /// let step = Grad::new(&[w]).training_step(&b.finish().unwrap(), &arena, &Sgd::new()).unwrap();
+    /// let plan = Plan::compile(&step.trace, &[CpuReference::shared()]).unwrap();
+    /// let mut ws = plan.workspace().unwrap();
+    /// let mut w = Tensor::new(&[1, 2], vec![1.0, -2.0]).unwrap();
+    /// let [mut lr, mut factor] = Sgd::new().step_values(1, 0.25);
+    /// plan.run_updating(&mut ws, &mut [&mut w, &mut lr, &mut factor]).unwrap();
+    /// assert_eq!(w.to_f32_vec(), &[0.5, -1.0]); // w - 0.25 * 2w
+    /// ```
+    ///
+    /// # Errors
+    /// What [`Pass::run`] and the optimizer's updates return.
+    pub fn training_step<'a, O: Optimizer>(
+        &self,
+        forward: &Trace<'a>,
+        arena: &'a Arena,
+        optimizer: &O,
+    ) -> Result<TrainingStep<'a, O::Inputs>> {
+        let backward = self.run(forward, arena)?;
+        let mut b = TraceBuilder::continuing(&backward, arena);
+        b.set_outputs(&backward.outputs()[..forward.outputs().len()]);
+        let step_inputs = optimizer.step_inputs(&mut b)?;
+        let grads = &backward.outputs()[forward.outputs().len()..];
+        let state = b.scope("optimizer", |b| {
+            self.wrt.iter().zip(grads).map(|(&p, &g)| optimizer.update(b, &step_inputs, p, g)).collect()
+        })?;
+        Ok(TrainingStep { trace: b.finish()?, step_inputs, state })
     }
 }
 

@@ -1704,15 +1704,8 @@ fn training_on_the_device_updates_parameters_in_place() {
     let logits = b.linear(h, w2, None).unwrap();
     let loss = b.cross_entropy(logits, targets).unwrap();
     b.output(loss).unwrap();
-    let backward = Grad::new(&params).run(&b.finish().unwrap(), &arena).unwrap();
-    let mut b = boundscope::TraceBuilder::continuing(&backward, &arena);
-    b.set_outputs(&backward.outputs()[..1]);
     let adamw = AdamW::new();
-    let hyper = adamw.step_inputs(&mut b).unwrap();
-    for (k, &p) in params.iter().enumerate() {
-        adamw.update(&mut b, &hyper, p, backward.outputs()[1 + k]).unwrap();
-    }
-    let step = b.finish().unwrap();
+    let step = Grad::new(&params).training_step(&b.finish().unwrap(), &arena, &adamw).unwrap().trace;
     let (fused, fusion) = fused_for_cuda(&device, &step, &arena);
     let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
     let plan = Plan::compile(&fused, &[fusion, ops]).unwrap();

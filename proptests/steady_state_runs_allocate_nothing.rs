@@ -557,15 +557,8 @@ fn a_training_step_allocates_nothing() {
     b.output(loss).unwrap();
     let forward = ProfileOps::new().run(&b.finish().unwrap(), &arena).unwrap();
     let params = [wte, w1, b1, w2];
-    let step = Grad::new(&params).run(&forward, &arena).unwrap();
-    // The optimizer after the backward.
-    let mut b = TraceBuilder::continuing(&step, &arena);
     let adamw = AdamW::new();
-    let hyper = adamw.step_inputs(&mut b).unwrap();
-    for (k, &p) in params.iter().enumerate() {
-        adamw.update(&mut b, &hyper, p, step.outputs()[1 + k]).unwrap();
-    }
-    let train = b.finish().unwrap();
+    let train = Grad::new(&params).training_step(&forward, &arena, &adamw).unwrap().trace;
     let fusion = CpuFusion::shared();
     let train = FuseRegions::new(fusion.clone()).run(&train, &arena).unwrap();
     let plan = Plan::compile(&train, &[fusion, CpuReference::shared()]).unwrap();
@@ -631,16 +624,9 @@ fn a_training_step_on_the_gpu_allocates_nothing() {
     let loss = b.cross_entropy(logits, targets).unwrap();
     b.output(loss).unwrap();
     let params = [wte, w1, w2];
-    let backward =
-        Grad::new(&params).run(&ProfileOps::new().run(&b.finish().unwrap(), &arena).unwrap(), &arena).unwrap();
-    let mut b = TraceBuilder::continuing(&backward, &arena);
-    b.set_outputs(&backward.outputs()[..1]);
+    let forward = ProfileOps::new().run(&b.finish().unwrap(), &arena).unwrap();
     let adamw = AdamW::new();
-    let hyper = adamw.step_inputs(&mut b).unwrap();
-    for (k, &p) in params.iter().enumerate() {
-        adamw.update(&mut b, &hyper, p, backward.outputs()[1 + k]).unwrap();
-    }
-    let step = b.finish().unwrap();
+    let step = Grad::new(&params).training_step(&forward, &arena, &adamw).unwrap().trace;
     let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
     let prims = Pipeline::for_executors(std::slice::from_ref(&ops)).run(&step, &arena).unwrap();
     let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));

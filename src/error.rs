@@ -410,6 +410,16 @@ pub enum Error {
         /// What went wrong.
         message: String,
     },
+    /// A checkpoint file ([`crate::checkpoint`]) could not be read or written, or one of its
+    /// tensors is missing or not what the caller expects.
+    Checkpoint {
+        /// The file.
+        path: String,
+        /// The tensor concerned, when the problem is one tensor's.
+        tensor: Option<String>,
+        /// What is wrong and what to do instead.
+        detail: String,
+    },
 }
 
 impl fmt::Display for Error {
@@ -633,6 +643,10 @@ impl fmt::Display for Error {
             Error::Execution { executor, symbol, message } => {
                 write!(f, "executor `{executor}` failed running `{symbol}`: {message}")
             }
+            Error::Checkpoint { path, tensor: Some(tensor), detail } => {
+                write!(f, "checkpoint `{path}`, tensor `{tensor}`: {detail}")
+            }
+            Error::Checkpoint { path, tensor: None, detail } => write!(f, "checkpoint `{path}`: {detail}"),
         }
     }
 }

@@ -70,6 +70,7 @@
 //! ```
 #![warn(missing_docs)]
 
+pub mod checkpoint;
 mod core;
 mod error;
 pub mod executors;

@@ -19,7 +19,8 @@
 //! cpu|cuda|auto`, `--dtype f32|bf16`, `--write-logits FILE` (`logits`, `loss`),
 //! `--write-grads FILE` (each parameter's gradient under its name), `--check-grads K`
 //! (K parameters against central differences), `--train-steps N` (`--lr`, `--weight-decay`),
-//! `--bench` (forward and training steps timed, tokens per second).
+//! `--bench` (forward and training steps timed, tokens per second), `--print-plans` (each plan
+//! on stderr: its steps, executors and notes).
 //! Prints its results on stdout; exits non-zero if a check fails (a gradient off its finite
 //! difference, a training loss that does not fall).
 
@@ -70,6 +71,7 @@ struct Args {
     lr: f32,
     weight_decay: f32,
     bench: bool,
+    print_plans: bool,
 }
 
 /// An error of the command line or of boundscope.
@@ -96,6 +98,7 @@ fn parse_args() -> std::result::Result<Args, Failure> {
         lr: 1e-3,
         weight_decay: 0.0,
         bench: false,
+        print_plans: false,
     };
     let mut heads = None;
     let mut it = std::env::args().skip(1);
@@ -133,6 +136,7 @@ fn parse_args() -> std::result::Result<Args, Failure> {
             "--lr" => args.lr = number(&flag, value()?)?,
             "--weight-decay" => args.weight_decay = number(&flag, value()?)?,
             "--bench" => args.bench = true,
+            "--print-plans" => args.print_plans = true,
             other => return Err(usage(format!("unknown flag `{other}`"))),
         }
     }
@@ -263,6 +267,13 @@ fn run() -> std::result::Result<bool, Failure> {
     let names: Vec<String> = config.parameters().into_iter().map(|(n, _)| n).collect();
     let mut ok = true;
     let mut expected_ranges = String::new();
+    let compile = |trace: &Trace<'_>| -> Result<Plan> {
+        let plan = session.compile(trace, &arena)?;
+        if args.print_plans {
+            eprintln!("{plan}");
+        }
+        Ok(plan)
+    };
 
     // The forward: loss and (if written) logits.
     let model = gpt2::build(&arena, &registry, &config, batch, tokens, args.dtype, args.write_logits.is_some())?;
@@ -270,7 +281,7 @@ fn run() -> std::result::Result<bool, Failure> {
     for w in &weights {
         inputs.push(Stored::new(&device, *w)?);
     }
-    let forward = session.compile(&model.trace, &arena)?;
+    let forward = compile(&model.trace)?;
     let mut workspace = forward.workspace()?;
     let out = run_plan(&forward, &mut workspace, &mut inputs)?;
     println!("loss {:.6}", scalar(&out[0]));
@@ -288,7 +299,7 @@ fn run() -> std::result::Result<bool, Failure> {
     if args.write_grads.is_some() || args.check_grads > 0 {
         let plain = gpt2::build(&arena, &registry, &config, batch, tokens, args.dtype, false)?;
         let grads_trace = Grad::new(&plain.parameters).run(&plain.trace, &arena)?;
-        let plan = session.compile(&grads_trace, &arena)?;
+        let plan = compile(&grads_trace)?;
         let mut ws = plan.workspace()?;
         let out = run_plan(&plan, &mut ws, &mut inputs)?;
         expected_ranges.push_str(&plan.range_map().counts_tsv(1));
@@ -301,7 +312,7 @@ fn run() -> std::result::Result<bool, Failure> {
             println!("wrote {} gradients to {path}", grads.len());
         }
         if args.check_grads > 0 {
-            let loss_plan = session.compile(&plain.trace, &arena)?;
+            let loss_plan = compile(&plain.trace)?;
             let mut ws = loss_plan.workspace()?;
             ok &= check_gradients(&loss_plan, &mut ws, &mut inputs, grads, &names, args.check_grads)?;
             expected_ranges.push_str(&loss_plan.range_map().counts_tsv(4 * args.check_grads));
@@ -313,7 +324,7 @@ fn run() -> std::result::Result<bool, Failure> {
         let plain = gpt2::build(&arena, &registry, &config, batch, tokens, args.dtype, false)?;
         let adamw = AdamW::new().weight_decay(args.weight_decay);
         let step = Grad::new(&plain.parameters).training_step(&plain.trace, &arena, &adamw)?;
-        let plan = session.compile(&step.trace, &arena)?;
+        let plan = compile(&step.trace)?;
         let mut ws = plan.workspace()?;
         let mut inputs: Vec<Stored> = vec![Stored::new(&device, ids.view())?];
         for w in &weights {

@@ -19,8 +19,9 @@
 //! cpu|cuda|auto`, `--dtype f32|bf16`, `--write-logits FILE` (`logits`, `loss`),
 //! `--write-grads FILE` (each parameter's gradient under its name), `--check-grads K`
 //! (K parameters against central differences), `--train-steps N` (`--lr`, `--weight-decay`),
-//! `--bench` (forward and training steps timed, tokens per second), `--print-plans` (each plan
-//! on stderr: its steps, executors and notes).
+//! `--bench` (forward and training steps timed, tokens per second), `--profile` (on the GPU:
+//! the device time of a training step by op), `--print-plans` (each plan on stderr: its steps,
+//! executors and notes).
 //! Prints its results on stdout; exits non-zero if a check fails (a gradient off its finite
 //! difference, a training loss that does not fall).
 
@@ -71,6 +72,7 @@ struct Args {
     lr: f32,
     weight_decay: f32,
     bench: bool,
+    profile: bool,
     print_plans: bool,
 }
 
@@ -98,6 +100,7 @@ fn parse_args() -> std::result::Result<Args, Failure> {
         lr: 1e-3,
         weight_decay: 0.0,
         bench: false,
+        profile: false,
         print_plans: false,
     };
     let mut heads = None;
@@ -136,6 +139,7 @@ fn parse_args() -> std::result::Result<Args, Failure> {
             "--lr" => args.lr = number(&flag, value()?)?,
             "--weight-decay" => args.weight_decay = number(&flag, value()?)?,
             "--bench" => args.bench = true,
+            "--profile" => args.profile = true,
             "--print-plans" => args.print_plans = true,
             other => return Err(usage(format!("unknown flag `{other}`"))),
         }
@@ -187,11 +191,13 @@ impl Stored {
     }
 }
 
-/// Runs `plan` on `inputs` (updating those it updates) and returns its outputs on the host.
+/// Runs `plan` on `inputs` (updating those it updates) and returns on the host its outputs
+/// other than the updates (which now are the inputs they update).
 fn run_plan(plan: &Plan, workspace: &mut boundscope::Workspace, inputs: &mut [Stored]) -> Result<Vec<Tensor>> {
     let mut refs: Vec<RunInputMut<'_>> = inputs.iter_mut().map(Stored::as_input).collect();
     let out = plan.run_updating_on_device(workspace, &mut refs)?;
-    (0..out.len()).map(|i| out.to_host(i)).collect()
+    let updated: Vec<usize> = plan.updates().map(|(_, output)| output).collect();
+    (0..out.len()).filter(|i| !updated.contains(i)).map(|i| out.to_host(i)).collect()
 }
 
 fn scalar(t: &Tensor) -> f32 {
@@ -320,7 +326,7 @@ fn run() -> std::result::Result<bool, Failure> {
     }
 
     // Training: AdamW in place, parameters and moments where the plan runs.
-    if args.train_steps > 0 || args.bench {
+    if args.train_steps > 0 || args.bench || args.profile {
         let plain = gpt2::build(&arena, &registry, &config, batch, tokens, args.dtype, false)?;
         let adamw = AdamW::new().weight_decay(args.weight_decay);
         let step = Grad::new(&plain.parameters).training_step(&plain.trace, &arena, &adamw)?;
@@ -369,6 +375,9 @@ fn run() -> std::result::Result<bool, Failure> {
                 &adamw,
                 args.lr,
             )?;
+        }
+        if args.profile {
+            profile(&session, &step.trace, &arena, &mut inputs, first_scalar, &adamw, args.lr)?;
         }
     }
     nsys_check::write_expected_ranges(&expected_ranges);
@@ -476,5 +485,61 @@ fn bench(
         forward_plan.device_bytes() as f64 / (1 << 20) as f64,
         step.device_bytes() as f64 / (1 << 20) as f64,
     );
+    Ok(())
+}
+
+/// The device time of a training step by op (fused regions together), from CUDA events around
+/// every step of the session's prepared trace.
+#[cfg(feature = "cuda")]
+fn profile(
+    session: &ProfiledSession,
+    step: &Trace<'_>,
+    arena: &Arena,
+    inputs: &mut [Stored],
+    first_scalar: usize,
+    adamw: &AdamW,
+    lr: f32,
+) -> Result<()> {
+    use boundscope::executors::cuda::{CudaDevice, CudaEventTimer};
+    if session.device().is_none() {
+        println!("profile: on the GPU only");
+        return Ok(());
+    }
+    let timer = CudaEventTimer::new(CudaDevice::new()?);
+    let mut prepared = session.prepare(step, arena)?;
+    prepared.attach_guard(boundscope::guards::Selection::All, timer.clone())?;
+    let plan = Plan::compile(&prepared, session.executors())?;
+    let mut ws = plan.workspace()?;
+    let runs = 3;
+    for t in 0..runs {
+        for (k, s) in adamw.step_values(2000 + t, lr).iter().enumerate() {
+            inputs[first_scalar + k].set(s.view())?;
+        }
+        run_plan(&plan, &mut ws, inputs)?;
+    }
+    let mut by_op: Vec<(String, f64, u64)> = Vec::new();
+    for s in timer.stats() {
+        let key = if s.label.starts_with("CudaFusion") { "fused regions".to_string() } else { s.label.clone() };
+        let ms = s.total.as_secs_f64() * 1e3 / runs as f64;
+        match by_op.iter_mut().find(|(k, _, _)| *k == key) {
+            Some(entry) => {
+                entry.1 += ms;
+                entry.2 += s.count / runs;
+            }
+            None => by_op.push((key, ms, s.count / runs)),
+        }
+    }
+    by_op.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let total: f64 = by_op.iter().map(|e| e.1).sum();
+    println!("profile: {total:.3} ms of device time per training step, by op:");
+    for (op, ms, count) in by_op.iter().take(25) {
+        println!("  {ms:>9.3} ms  {count:>5} x  {op}");
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn profile(_: &ProfiledSession, _: &Trace<'_>, _: &Arena, _: &mut [Stored], _: usize, _: &AdamW, _: f32) -> Result<()> {
+    println!("profile: on the GPU only (built without the `cuda` feature)");
     Ok(())
 }

@@ -51,8 +51,8 @@ fn session(device: &str) -> Option<ProfiledSession> {
     }
 }
 
-/// Runs `plan` with `inputs` (uploaded first on a GPU session), updating them in place, and
-/// returns the outputs on the host.
+/// Runs `plan` with `inputs`, updating them in place, and returns on the host the outputs that
+/// are not updates (those now are the inputs they update).
 fn run(plan: &Plan, ws: &mut boundscope::Workspace, inputs: &mut [Input]) -> Vec<Tensor> {
     let mut refs: Vec<RunInputMut<'_>> = inputs
         .iter_mut()
@@ -62,7 +62,8 @@ fn run(plan: &Plan, ws: &mut boundscope::Workspace, inputs: &mut [Input]) -> Vec
         })
         .collect();
     let out = plan.run_updating_on_device(ws, &mut refs).unwrap();
-    (0..out.len()).map(|i| out.to_host(i).unwrap()).collect()
+    let updated: Vec<usize> = plan.updates().map(|(_, output)| output).collect();
+    (0..out.len()).filter(|i| !updated.contains(i)).map(|i| out.to_host(i).unwrap()).collect()
 }
 
 enum Input {

@@ -215,7 +215,9 @@ pub fn build<'a>(
     let mut b = TraceBuilder::new(arena, registry);
     let ids = b.input_with(&TensorMeta::new(DType::I64, &[batch, tokens]))?;
     let parameters = config.parameters().iter().map(|(_, shape)| b.input(shape)).collect::<Result<Vec<ValueId>>>()?;
-    let mut next = parameters.iter().copied();
+    // The embeddings' tables come first; the other parameters, in order, through `param`.
+    let (f32_wte, wpe) = (parameters[0], parameters[1]);
+    let mut next = parameters[2..].iter().copied();
     // The next parameter, in the compute dtype.
     let mut param = |b: &mut TraceBuilder<'a>| -> Result<ValueId> {
         let p = next.next().expect("as many parameters as Config::parameters lists");
@@ -230,15 +232,18 @@ pub fn build<'a>(
         let y = b.matmul(x, w)?;
         b.add(y, bias)
     }
-    let (wte, x) = b.scope("wte", |b| {
-        let wte = param(b)?;
-        Ok((wte, b.embedding(wte, ids)?))
-    })?;
+    // The embeddings gather rows of the f32 tables (as autocast leaves `embedding` in f32), and
+    // their sum is cast once; the LM head uses `wte` cast to the compute dtype.
+    let x = b.scope("wte", |b| b.embedding(f32_wte, ids))?;
     let x = b.scope("wpe", |b| {
-        let wpe = param(b)?;
         let positions = b.slice(wpe, 0, 0, tokens)?;
         let x = b.add(x, positions)?;
-        b.reshape(x, &[bt, c])
+        let x = b.reshape(x, &[bt, c])?;
+        if compute == DType::F32 {
+            Ok(x)
+        } else {
+            b.cast(x, compute)
+        }
     })?;
     let mut x = x;
     for i in 0..layers {
@@ -294,7 +299,10 @@ pub fn build<'a>(
         b.layer_norm(x, LN_EPS, Some(w), Some(bias))
     })?;
     // The LM head is tied to the token embedding: logits = x @ wte^T.
-    let all_logits = b.scope("lm_head", |b| b.linear(x, wte, None))?;
+    let all_logits = b.scope("lm_head", |b| {
+        let wte = if compute == DType::F32 { f32_wte } else { b.cast(f32_wte, compute)? };
+        b.linear(x, wte, None)
+    })?;
     let loss = b.scope("loss", |b| {
         // Token t predicts token t+1: the logits of positions 0..T-1 against the ids 1..T.
         let l = b.reshape(all_logits, &[batch, tokens, vocab])?;

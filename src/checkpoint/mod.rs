@@ -6,7 +6,7 @@
 //! ([`crate::DeviceTensor::upload`]) copies it straight from the page cache to the device, with
 //! no host copy in between. [`Checkpoint::expect`] checks a tensor's dtype and shape against
 //! what the model needs, so a checkpoint of another model fails with an error naming the tensor
-//! rather than later in a kernel. [`write`] writes tensors to a file that PyTorch's
+//! rather than later in a kernel. [`write()`] writes tensors to a file that PyTorch's
 //! `safetensors.torch.load_file` reads.
 //!
 //! ```

@@ -365,7 +365,9 @@ fn run() -> std::result::Result<bool, Failure> {
         if args.bench {
             bench(
                 &session,
+                &args.device,
                 &model.trace,
+                &step.trace,
                 &arena,
                 &plan,
                 &mut ws,
@@ -438,7 +440,9 @@ fn check_gradients(
 #[allow(clippy::too_many_arguments)]
 fn bench(
     session: &ProfiledSession,
+    device_option: &str,
     forward: &Trace<'_>,
+    step_trace: &Trace<'_>,
     arena: &Arena,
     step: &Plan,
     ws: &mut boundscope::Workspace,
@@ -470,20 +474,38 @@ fn bench(
         let mut refs: Vec<RunInputMut<'_>> = inputs[..n].iter_mut().map(Stored::as_input).collect();
         forward_plan.run_updating_on_device(&mut fws, &mut refs).map(drop)
     })?;
-    let step_ms = time(&mut |t| {
-        for (k, s) in adamw.step_values(1000 + t, lr).iter().enumerate() {
-            inputs[first_scalar + k].set(s.view())?;
-        }
-        let mut refs: Vec<RunInputMut<'_>> = inputs.iter_mut().map(Stored::as_input).collect();
-        step.run_updating_on_device(ws, &mut refs).map(drop)
-    })?;
+    drop(fws);
+    let mut step_ms = |plan: &Plan, ws: &mut boundscope::Workspace| {
+        time(&mut |t| {
+            for (k, s) in adamw.step_values(1000 + t, lr).iter().enumerate() {
+                inputs[first_scalar + k].set(s.view())?;
+            }
+            let mut refs: Vec<RunInputMut<'_>> = inputs.iter_mut().map(Stored::as_input).collect();
+            plan.run_updating_on_device(ws, &mut refs).map(drop)
+        })
+    };
+    let off = step_ms(step, ws)?;
+    // The same step with a range on every op and module (`runtime.profiling=ops`), no tool
+    // attached unless the process runs under one; then profiling off again.
+    let mut options = Options::new();
+    options.set_str("runtime.device", device_option)?;
+    options.set_str("runtime.profiling", "ops")?;
+    let profiled = ProfiledSession::new(options, &Environment::process())?.compile(step_trace, arena)?;
+    let on = step_ms(&profiled, &mut profiled.workspace()?)?;
+    let off = off.min(step_ms(step, ws)?);
     println!(
-        "bench: forward {forward_ms:.3} ms ({:.0} tokens/s), training step {step_ms:.3} ms ({:.0} tokens/s); \
+        "bench: forward {forward_ms:.3} ms ({:.0} tokens/s), training step {off:.3} ms ({:.0} tokens/s); \
          device memory: forward {:.0} MiB, training step {:.0} MiB (workspaces)",
         tokens as f64 / forward_ms * 1e3,
-        tokens as f64 / step_ms * 1e3,
+        tokens as f64 / off * 1e3,
         forward_plan.device_bytes() as f64 / (1 << 20) as f64,
         step.device_bytes() as f64 / (1 << 20) as f64,
+    );
+    println!(
+        "bench: training step with a range on every op and module: {on:.3} ms ({:+.2}% over profiling off; {} ranges \
+         per step)",
+        (on / off - 1.0) * 100.0,
+        profiled.range_map().ranges().len()
     );
     Ok(())
 }

@@ -281,6 +281,19 @@ impl Plan {
             let downloaded = compiler.output_downloads.iter().any(|&(_, d)| Some(d) == device);
             output_on_device.push(device.filter(|_| downloaded));
         }
+        // Values whose lifetimes do not overlap share device buffers; what callers see or
+        // swap (outputs, uploads) keeps its own.
+        let mut exclusive: Vec<u32> = trace.outputs().iter().filter_map(|v| compiler.device_slots[v.index()]).collect();
+        exclusive.extend(compiler.output_downloads.iter().map(|&(_, d)| d));
+        let (lengths, renamed) =
+            super::buffer_reuse::share_device_buffers(&mut compiler.steps, &compiler.device_lengths, &exclusive);
+        compiler.device_lengths = lengths;
+        for (_, d) in compiler.output_downloads.iter_mut() {
+            *d = renamed[*d as usize];
+        }
+        for d in output_on_device.iter_mut().flatten() {
+            *d = renamed[*d as usize];
+        }
         let device_io = DeviceIo::of(
             &compiler.steps,
             trace.inputs().len(),
@@ -454,7 +467,9 @@ impl Plan {
 
     /// Bytes of device memory one workspace of this plan holds for its values (allocated by its
     /// first run; a device library's own workspaces, such as cuBLASLt's, come on top): 0 for a
-    /// plan without device steps.
+    /// plan without device steps. Values whose lifetimes do not overlap share a buffer of their
+    /// length (the outputs and the uploads of inputs keep their own), so a training step holds
+    /// what its backward keeps alive, not every value it computes.
     ///
     /// ```
     /// use boundscope::{executors::CpuReference, Arena, Plan, Registry, TraceBuilder};

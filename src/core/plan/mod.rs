@@ -1,6 +1,7 @@
 //! Plans: a trace compiled against an ordered executor list, and the runtime that runs it many
 //! times with reusable workspaces.
 
+mod buffer_reuse;
 mod compile;
 mod device;
 mod device_tensor;

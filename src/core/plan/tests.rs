@@ -717,3 +717,39 @@ fn unused_emission_declarations_are_plan_notes() {
     assert!(found[1].contains("`trace` level") && found[1].contains("remove it"), "{}", found[1]);
     assert!(found[2].contains("@timer") && found[2].contains("changes nothing"), "{}", found[2]);
 }
+
+#[test]
+fn device_values_share_buffers_when_their_lifetimes_do_not_overlap() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 3]).unwrap();
+    let mut chain = vec![x];
+    for _ in 0..6 {
+        let last = *chain.last().unwrap();
+        chain.push(b.exp(last).unwrap());
+    }
+    // The third and the sixth are outputs: each keeps a buffer of its own.
+    b.output(chain[3]).unwrap();
+    b.output(chain[6]).unwrap();
+    let mut trace = b.finish().unwrap();
+    // (The test kernel checks that it runs inside a guard.)
+    let guard = crate::guards::ClosureGuard::new(
+        || GUARDED.with(|g| g.set(g.get() + 1)),
+        || GUARDED.with(|g| g.set(g.get() - 1)),
+    );
+    trace.attach_guard(crate::guards::Selection::All, guard).unwrap();
+    let plan = Plan::compile(&trace, &[Arc::new(DeviceExp), CpuReference::shared()]).unwrap();
+    // The upload of x and the two outputs keep their own; exp 1, 2, 4 and 5 share two buffers
+    // (a step's outputs never take the buffer of one of its inputs): 5 buffers, not 7.
+    assert_eq!(plan.device_bytes(), 5 * 6 * std::mem::size_of::<f32>());
+    let reference = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+    let input = Tensor::from_fn(&[2, 3], |i| 0.05 * i as f32 - 0.1);
+    let mut ws = plan.workspace().unwrap();
+    for _ in 0..2 {
+        let out = plan.run_with(&mut ws, &[&input]).unwrap();
+        let expected = reference.run(&[&input]).unwrap();
+        assert_eq!(out.get(0).unwrap().to_tensor(), expected[0]);
+        assert_eq!(out.get(1).unwrap().to_tensor(), expected[1]);
+    }
+}

@@ -930,6 +930,9 @@ fn transformer_ops_on_cuda_match_the_reference() {
                 b.matmul(a1, wb).unwrap(),
                 b.matmul_transposed(x, x).unwrap(),
                 b.matmul_transposed(a1, x).unwrap(),
+                // x^T x ([..., n, n], batched) and x^T w ([n, k], w read by every product).
+                b.transposed_matmul(x, x).unwrap(),
+                b.transposed_matmul(a1, a1).unwrap(),
                 masked,
                 b.sum_dim(x, axis, false).unwrap(),
                 b.max_dim(x, axis, true).unwrap(),
@@ -959,9 +962,19 @@ fn transformer_ops_on_cuda_match_the_reference() {
             let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&refs).unwrap();
             let plan = Plan::compile(&trace, &cuda).unwrap();
             let listing = plan.to_string();
-            for op in
-                ["matmul", "matmul_transposed", "slice", "concat", "causal_mask", "argmax", "lt", "gt", "eq", "where"]
-            {
+            for op in [
+                "matmul",
+                "matmul_transposed",
+                "transposed_matmul",
+                "slice",
+                "concat",
+                "causal_mask",
+                "argmax",
+                "lt",
+                "gt",
+                "eq",
+                "where",
+            ] {
                 let on_cpu = listing.lines().any(|l| l.contains(&format!("= {op}(")) && l.contains("cpu_reference"));
                 prop_assert!(!on_cpu, "{} ran on the CPU:\n{}", op, listing);
             }

@@ -147,6 +147,23 @@ proptest! {
             prop_assert_eq!(out.shape(), shape.as_slice());
             close(&out.to_f32_vec(), &expected, "matmul_transposed")?;
         }
+        // And with `a` given transposed ([..., k, m]).
+        let mut at_shape = ash.clone();
+        let ra = at_shape.len();
+        at_shape.swap(ra - 2, ra - 1);
+        let (m, ka) = (ash[ra - 2], ash[ra - 1]);
+        let av = data[0].to_f32_vec();
+        let at: Vec<f32> = (0..av.len()).map(|i| {
+            let (batch, rest) = (i / (m * ka), i % (m * ka));
+            let (row, col) = (rest / m, rest % m); // at[batch, row (k), col (m)] = a[batch, col, row]
+            av[batch * m * ka + col * ka + row]
+        }).collect();
+        let data_a = [Tensor::new(&at_shape, at).unwrap(), data[1].clone()];
+        let inputs_a = [(DType::F32, at_shape.clone()), (DType::F32, bsh.clone())];
+        for out in run_all(&inputs_a, &data_a, |b, v| b.transposed_matmul(v[0], v[1]))? {
+            prop_assert_eq!(out.shape(), shape.as_slice());
+            close(&out.to_f32_vec(), &expected, "transposed_matmul")?;
+        }
     }
 
     #[test]

@@ -126,8 +126,12 @@ builtin_ids! {
     /// -> [..., m, n]` (composite: a transpose and a product, which executors that read an
     /// operand transposed run as one product).
     MATMUL_TRANSPOSED = 44, "matmul_transposed";
+    /// `transposed_matmul(a, b)`: `a^T @ b` over the last two axes, `[..., k, m] x [..., k, n]
+    /// -> [..., m, n]` (composite: a transpose and a product, run as one product by executors
+    /// that read an operand transposed): the weight gradients of products.
+    TRANSPOSED_MATMUL = 45, "transposed_matmul";
     /// A fusion region, made only by `passes::FuseRegions`; listed as `<Executor>Fusion<N>`.
-    REGION = 45, "fusion_region";
+    REGION = 46, "fusion_region";
 }
 
 /// The last prim: ids up to it are prims, the composites follow.

@@ -10,7 +10,8 @@ use super::meta::{DType, Shape, TensorMeta};
 use super::prims::{
     dims_arg, float_tensor, floats_only, in_f32, last_axis, missing, promoted, scalar, tensor, value, PrimRule,
     RuleResult, ARGMAX, CAUSAL_MASK, COMPARISONS, CONCAT, CROSS_ENTROPY, EMBEDDING, EQ, GATHER_LAST, GE, GT, LE,
-    LOG_SOFTMAX, LT, MATMUL_TRANSPOSED, MAX_AXIS, NE, SCALED_DOT_PRODUCT_ATTENTION, SLICE, SUM_AXIS, WHERE,
+    LOG_SOFTMAX, LT, MATMUL_TRANSPOSED, MAX_AXIS, NE, SCALED_DOT_PRODUCT_ATTENTION, SLICE, SUM_AXIS, TRANSPOSED_MATMUL,
+    WHERE,
 };
 use super::symbol::{ArgInfo, Category, ParamKind, Symbol};
 use crate::error::{Error, Result};
@@ -64,6 +65,12 @@ pub(super) fn push_composites(symbols: &mut Vec<Symbol>) {
             .shape_rule(matmul_transposed_rule)
             .decomposition(decompose_matmul_transposed),
     );
+    symbols.push(
+        Symbol::new("transposed_matmul", Composite)
+            .params(&[Tensor, Tensor])
+            .shape_rule(transposed_matmul_rule)
+            .decomposition(decompose_transposed_matmul),
+    );
 }
 
 /// The permutation that swaps the last two of `rank` axes.
@@ -91,6 +98,24 @@ fn decompose_matmul_transposed(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Re
     let rank = b.shape(y)?.len();
     let yt = b.transpose(y, &swap_last_two(rank))?;
     b.matmul(x, yt)
+}
+
+fn transposed_matmul_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (dtype_a, a) = float_tensor(args, 0)?;
+    float_tensor(args, 1)?;
+    if a.len() < 2 {
+        return Err("transposed_matmul takes tensors of rank 2 or more, [..., k, m] x [..., k, n]".into());
+    }
+    let at: Shape = swap_last_two(a.len()).iter().map(|&p| a[p]).collect();
+    super::prims::matmul_rule(&[ArgInfo::Tensor { dtype: dtype_a, shape: &at }, args[1]])
+}
+
+fn decompose_transposed_matmul(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
+    let (x, y) = (value(args, 0), value(args, 1));
+    let (x, y) = (x.ok_or_else(|| missing("transposed_matmul"))?, y.ok_or_else(|| missing("transposed_matmul"))?);
+    let rank = b.shape(x)?.len();
+    let xt = b.transpose(x, &swap_last_two(rank))?;
+    b.matmul(xt, y)
 }
 
 /// `axis` of a tensor of rank `rank`, or why not.
@@ -387,6 +412,27 @@ impl<'a> TraceBuilder<'a> {
     /// that reads `b` transposed; elsewhere it is a `transpose` and a `matmul`.
     pub fn matmul_transposed(&mut self, a: ValueId, b: ValueId) -> Result<ValueId> {
         self.bind(MATMUL_TRANSPOSED, &[Arg::Value(a), Arg::Value(b)])
+    }
+
+    /// `a^T @ b` over the last two axes: `[..., k, m] x [..., k, n] -> [..., m, n]`, batch
+    /// dimensions broadcast as in `matmul` (the weight gradient of a product, `x^T g`). CudaOps
+    /// runs it as one product that reads `a` transposed; elsewhere it is a `transpose` and a
+    /// `matmul`.
+    ///
+    /// ```
+    /// use boundscope::{executors::CpuReference, Arena, Plan, Registry, Tensor, TraceBuilder};
+    /// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let (x, y) = (b.input(&[2, 3]).unwrap(), b.input(&[2, 1]).unwrap());
+    /// let z = b.transposed_matmul(x, y).unwrap(); // [3, 1]
+    /// b.output(z).unwrap();
+    /// let plan = Plan::compile(&b.finish().unwrap(), &[CpuReference::shared()]).unwrap();
+    /// let x = Tensor::new(&[2, 3], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).unwrap();
+    /// let out = plan.run(&[&x, &Tensor::new(&[2, 1], vec![1.0, 10.0]).unwrap()]).unwrap();
+    /// assert_eq!(out[0].to_f32_vec(), &[41.0, 52.0, 63.0]);
+    /// ```
+    pub fn transposed_matmul(&mut self, a: ValueId, b: ValueId) -> Result<ValueId> {
+        self.bind(TRANSPOSED_MATMUL, &[Arg::Value(a), Arg::Value(b)])
     }
 
     /// `x` with its axes permuted, as `torch.permute`: output axis `i` is input axis `perm[i]`

@@ -156,7 +156,9 @@ impl Executor for CudaOps {
         }
         match op.symbol().builtin_composite() {
             Some(prims::LINEAR | prims::LINEAR_GELU) => single_dtype(op).is_ok() && nonempty_product(op),
-            Some(prims::MATMUL_TRANSPOSED) => single_dtype(op).is_ok() && nonempty_product(op),
+            Some(prims::MATMUL_TRANSPOSED | prims::TRANSPOSED_MATMUL) => {
+                single_dtype(op).is_ok() && nonempty_product(op)
+            }
             Some(prims::CROSS_ENTROPY) => cross_entropy::runs_whole(op),
             Some(prims::SOFTMAX | prims::LAYER_NORM) => true,
             Some(prims::SCALED_DOT_PRODUCT_ATTENTION) => {
@@ -183,7 +185,8 @@ impl Executor for CudaOps {
             }
             None => {}
         }
-        let transposed = op.symbol().builtin_composite() == Some(prims::MATMUL_TRANSPOSED);
+        let transposed =
+            matches!(op.symbol().builtin_composite(), Some(prims::MATMUL_TRANSPOSED | prims::TRANSPOSED_MATMUL));
         if builtin_prim(op) == Some(prims::MATMUL) || transposed {
             if !transposed {
                 require_builtin(Self::NAME, prims::MATMUL, op)?;
@@ -334,6 +337,7 @@ fn linear_shape(op: &OpView<'_>) -> std::result::Result<GemmShape, String> {
 /// product, at a stride of 0). Other broadcasts are not claimed (the CPU reference runs them).
 fn product_shape(op: &OpView<'_>) -> Option<GemmShape> {
     let transposed = op.symbol().builtin_composite() == Some(prims::MATMUL_TRANSPOSED);
+    let a_transposed = op.symbol().builtin_composite() == Some(prims::TRANSPOSED_MATMUL);
     let (a, b, out) = (op.input_shape(0).ok()?, op.input_shape(1).ok()?, op.output_shape(0).ok()?);
     let (ra, rb, ro) = (a.len(), b.len(), out.len());
     if ra < 2 || rb < 2 || ro < 2 {
@@ -352,12 +356,21 @@ fn product_shape(op: &OpView<'_>) -> Option<GemmShape> {
     let (a_batched, b_batched) = (batched(&a[..ra - 2])?, batched(&b[..rb - 2])?);
     // `matmul_transposed` reads `b` as [..., n, k]: cuBLASLt's transpose flag, as for `linear`.
     let (n, k) = if transposed { (b[rb - 2], b[rb - 1]) } else { (b[rb - 1], b[rb - 2]) };
+    // `transposed_matmul` reads `a` as [..., k, m]: the flag on cuBLASLt's other operand.
+    let (m, a_k) = if a_transposed { (a[ra - 1], a[ra - 2]) } else { (a[ra - 2], a[ra - 1]) };
     // The relations the buffers' sizes rest on, checked again: nothing on the device checks.
-    if k != a[ra - 1] || out[ro - 2..] != [a[ra - 2], n] {
+    if k != a_k || out[ro - 2..] != [m, n] {
         return None;
     }
-    let shape = GemmShape::single(a[ra - 2], n, k, crate::DType::F32);
-    Some(GemmShape { batch: batch_dims.iter().product(), a_batched, b_batched, b_transposed: transposed, ..shape })
+    let shape = GemmShape::single(m, n, k, crate::DType::F32);
+    Some(GemmShape {
+        batch: batch_dims.iter().product(),
+        a_batched,
+        b_batched,
+        b_transposed: transposed,
+        a_transposed,
+        ..shape
+    })
 }
 
 /// Whether a product's `m`, `n` and `k` are all non-zero: cuBLASLt takes no empty product,
@@ -366,8 +379,8 @@ fn nonempty_product(op: &OpView<'_>) -> bool {
     let dims = |i: usize| op.input_shape(i).map(<[usize]>::to_vec).unwrap_or_default();
     let (x, y) = (dims(0), dims(1));
     let two_d = x.len() == 2 && y.len() == 2;
-    let product =
-        builtin_prim(op) == Some(prims::MATMUL) || op.symbol().builtin_composite() == Some(prims::MATMUL_TRANSPOSED);
+    let product = builtin_prim(op) == Some(prims::MATMUL)
+        || matches!(op.symbol().builtin_composite(), Some(prims::MATMUL_TRANSPOSED | prims::TRANSPOSED_MATMUL));
     let batched = product && product_shape(op).is_some();
     x.iter().chain(&y).all(|&d| d > 0) && (two_d || batched)
 }

@@ -31,6 +31,8 @@ pub(crate) struct GemmShape {
     pub k: usize,
     /// `b` is stored `[n, k]` and read transposed.
     pub b_transposed: bool,
+    /// `a` is stored `[k, m]` and read transposed (`transposed_matmul`).
+    pub a_transposed: bool,
     /// A bias of `n` elements is the third input.
     pub bias: bool,
     /// GELU (tanh form) applied to the result in the epilogue, after the bias.
@@ -53,6 +55,7 @@ impl GemmShape {
             n,
             k,
             b_transposed: false,
+            a_transposed: false,
             bias: false,
             gelu: false,
             dtype,
@@ -175,7 +178,13 @@ impl LtGemm {
             result::create_matrix_layout(f32, n, k, n as i64)
         }
         .map_err(err("cublasLtMatrixLayoutCreate"))?;
-        descriptors.b = result::create_matrix_layout(f32, k, m, k as i64).map_err(err("cublasLtMatrixLayoutCreate"))?;
+        // cuBLASLt's B is our `a` (column-major `[k, m]`, or `[m, k]` read transposed).
+        descriptors.b = if shape.a_transposed {
+            result::create_matrix_layout(f32, m, k, m as i64)
+        } else {
+            result::create_matrix_layout(f32, k, m, k as i64)
+        }
+        .map_err(err("cublasLtMatrixLayoutCreate"))?;
         descriptors.c = result::create_matrix_layout(f32, n, m, n as i64).map_err(err("cublasLtMatrixLayoutCreate"))?;
         if shape.batch > 1 {
             // cuBLAS's A is our `b`, its B our `a`. A broadcast operand has a stride of 0.
@@ -209,6 +218,7 @@ impl LtGemm {
         }
         // `cublasOperation_t` (an `int32_t` attribute): CUBLAS_OP_N = 0, CUBLAS_OP_T = 1.
         let transa: i32 = if shape.b_transposed { 1 } else { 0 };
+        let transb: i32 = if shape.a_transposed { 1 } else { 0 };
         let epilogue = match (shape.bias, shape.gelu) {
             (true, true) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU_BIAS,
             (false, true) => sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_GELU,
@@ -225,6 +235,13 @@ impl LtGemm {
                 desc,
                 sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
                 (&transa as *const i32).cast(),
+                std::mem::size_of::<i32>(),
+            )
+            .map_err(err("cublasLtMatmulDescSetAttribute"))?;
+            result::set_matmul_desc_attribute(
+                desc,
+                sys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
+                (&transb as *const i32).cast(),
                 std::mem::size_of::<i32>(),
             )
             .map_err(err("cublasLtMatmulDescSetAttribute"))?;

@@ -69,9 +69,7 @@ pub(super) fn builtin_rule(id: SymbolId) -> Option<BuiltinRule> {
         MATMUL => |b, op| {
             let (x, y, g) = (tensor(op, 0)?, tensor(op, 1)?, op.cotangent);
             let dx = b.matmul_transposed(g, y)?;
-            let rank = b.shape(x)?.len();
-            let xt = b.transpose(x, &swap_last_two(rank))?;
-            let dy = b.matmul(xt, g)?;
+            let dy = b.transposed_matmul(x, g)?;
             Ok(vec![Some(unbroadcast(b, dx, x)?), Some(unbroadcast(b, dy, y)?)])
         },
         RESHAPE => |b, op| {
@@ -168,8 +166,7 @@ pub(super) fn builtin_rule(id: SymbolId) -> Option<BuiltinRule> {
         LINEAR => |b, op| {
             let (x, w, g) = (tensor(op, 0)?, tensor(op, 1)?, op.cotangent);
             let dx = b.matmul(g, w)?;
-            let gt = b.transpose(g, &[1, 0])?;
-            let dw = b.matmul(gt, x)?;
+            let dw = b.transposed_matmul(g, x)?;
             let mut grads = vec![Some(dx), Some(dw)];
             if let Some(bias) = op.value(2) {
                 grads.push(Some(unbroadcast(b, g, bias)?));
@@ -179,9 +176,7 @@ pub(super) fn builtin_rule(id: SymbolId) -> Option<BuiltinRule> {
         MATMUL_TRANSPOSED => |b, op| {
             let (x, y, g) = (tensor(op, 0)?, tensor(op, 1)?, op.cotangent);
             let dx = b.matmul(g, y)?;
-            let rank = b.shape(g)?.len();
-            let gt = b.transpose(g, &swap_last_two(rank))?;
-            let dy = b.matmul(gt, x)?;
+            let dy = b.transposed_matmul(g, x)?;
             Ok(vec![Some(unbroadcast(b, dx, x)?), Some(unbroadcast(b, dy, y)?)])
         },
         CROSS_ENTROPY => |b, op| {
@@ -230,14 +225,6 @@ fn axis_at(op: &VjpInput<'_, '_>, i: usize) -> Result<usize> {
 
 fn axis(op: &VjpInput<'_, '_>) -> Result<usize> {
     axis_at(op, 1)
-}
-
-fn swap_last_two(rank: usize) -> Vec<usize> {
-    let mut perm: Vec<usize> = (0..rank).collect();
-    if rank >= 2 {
-        perm.swap(rank - 2, rank - 1);
-    }
-    perm
 }
 
 /// The values, cast to `f32` where they are 16-bit.
@@ -453,16 +440,13 @@ fn attention<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Grad
     };
     let (scale, causal) = (scalar(3)?, scalar(4)? != 0.0);
     let [q, k, v, g] = widened(b, [tensor(op, 0)?, tensor(op, 1)?, tensor(op, 2)?, op.cotangent])?;
-    let rank = b.shape(q)?.len();
-    let swap = swap_last_two(rank);
     let scores = b.matmul_transposed(q, k)?;
     let mut scores = b.mul_scalar(scores, scale)?;
     if causal {
         scores = b.causal_mask(scores)?;
     }
     let p = b.softmax(scores)?;
-    let pt = b.transpose(p, &swap)?;
-    let dv = b.matmul(pt, g)?;
+    let dv = b.transposed_matmul(p, g)?;
     let dp = b.matmul_transposed(g, v)?;
     let weighted = b.mul(dp, p)?;
     let dot = b.sum(weighted)?;
@@ -470,7 +454,6 @@ fn attention<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Grad
     let ds = b.mul(p, centered)?;
     let ds = b.mul_scalar(ds, scale)?;
     let dq = b.matmul(ds, k)?;
-    let dst = b.transpose(ds, &swap)?;
-    let dk = b.matmul(dst, q)?;
+    let dk = b.transposed_matmul(ds, q)?;
     Ok(vec![Some(dq), Some(dk), Some(dv), None, None])
 }

@@ -142,7 +142,7 @@
 //! # Measured on an NVIDIA H200
 //!
 //! Everything through `Plan`, as a user's program runs it, inputs uploaded once as `DeviceTensor`s,
-//! side by side with PyTorch 2.11 in one run (2026-11-30 and 2026-12-01; the README says how to
+//! side by side with PyTorch 2.11 in one run (2026-11-30 to 2026-12-02; the README says how to
 //! reproduce each):
 //!
 //! | workload | boundscope | PyTorch | goal |
@@ -164,7 +164,12 @@
 //! | `softmax` over [16384, 1024], f32 / bf16 (one kernel laid out by row length; was 2439 / 1579 GB/s) | 3623 / 2893 GB/s, 93% / 80% of a copy | best of eager and `torch.compile` 3531 / 2016 | met, 1.03x / 1.44x |
 //! | `softmax` and `layer_norm` over rows of 32 to 2^20, 2^24 values, f32 and bf16 | 317-3660 GB/s | best of eager and `torch.compile` | met (0.95-10.8x) but for `softmax` rows of 128 in f32 (0.96-0.97x) and of 65,536 in bf16 (0.95x) |
 //! | a fused region ending in a last-axis sum, `sum(x * x)`, rows of 32 to 65,536, f32 / bf16 | 2774-3349 / 2278-3719 GB/s | best of eager and `torch.compile` | met, 1.7-3.4x / 2.6-8.8x; rows of 2^20 not (0.25-0.33x) |
-//! | a training step (2026-12-01): MLP classifier, 8192 tokens of 768 -> 3072 (gelu) -> 1024 classes, `cross_entropy`, `passes::Grad`, AdamW in place on the device, f32 (`examples/training_bench.rs`) | 5.36-5.38 ms (products 5.09 ms of it) | `torch.compile` 4.86-4.87 ms, eager 4.93 (fused AdamW) | not met: 0.90-0.91x |
+//! | a training step (2026-12-01): MLP classifier, 8192 tokens of 768 -> 3072 (gelu) -> 1024 classes, `cross_entropy`, `passes::Grad`, AdamW in place on the device, f32 (`examples/training_bench.rs`) | 5.36-5.38 ms (products 5.09 ms of it); 5.07 ms on 2026-12-02 with `transposed_matmul` in the gradients | `torch.compile` 4.86-4.87 ms, eager 4.93 (fused AdamW) | not met: 0.90-0.91x, then 0.96x |
+//! | its device memory (workspace and inputs; PyTorch's peak in a step) | 930 MiB; 642 MiB with shared buffers (2026-12-02) | eager 548 MiB, `torch.compile` 388 MiB | not met: 1.2-1.7x |
+//! | GPT-2 124M, batch 8 x 1,024 (2026-12-02, `examples/gpt2.rs --bench`, against Hugging Face's `GPT2LMHeadModel` with SDPA, `scripts/torch_gpt2.py`): bf16 autocast forward / training step (fused AdamW) | 18.8-18.9 / 92.2 ms (108 before `transposed_matmul`) | eager 22.4 / 56.4, `torch.compile` 6.87 / 23.5 | not met: 0.37x / 0.25x compile |
+//! | the same in f32 (TF32 off): forward / training step | 60.0 / 201.7 ms (223.6 before `transposed_matmul`) | eager 57.7 / 170.8, compile 55.9 / 170.2 | not met: 0.93x / 0.84x |
+//! | device memory of GPT-2's bf16 training step (workspace) | 15.8 GB with shared buffers (77.8 GB before) | peak: eager 12.8 GB, compile 7.4 GB | not met |
+//! | GPT-2's bf16 step's device time by op (`--profile`, 83 ms of events): fused regions 12.3, `matmul_transposed` 12.0, `matmul` 11.6, `reshape` copies 9.4, `cast` 7.1, the LM head 6.7, the decomposed attention backward's `causal_mask` 4.3 and `softmax` 4.3, `pad` 2.8, `slice` 2.5 ms | | | |
 //! | a user's own kernel in a plan, stream runs (`examples/cuda_user_executor.rs`) | +0.27-0.43 us of host time per step over launching it by hand (12 and 100 steps); one-step plans +0.63-1.00 us (the build before: 1.15-2.34) | | met (<= 1 us), eight runs |
 //! | a plan of `CudaOps` `tanh` steps against its own generated kernel launched by hand (the driver's floor, 2.9-3.5 us per launch here), same example | 1.05x the floor at 100 steps, 1.07-1.08x at 12 | | within 10% from 12 steps; one step 1.20-1.23x |
 

@@ -642,6 +642,19 @@ impl fmt::Debug for Plan {
     }
 }
 
+/// The step of a `reshape` on the device: nothing to do, its output shares its input's buffer.
+struct DeviceView;
+
+impl DeviceKernel for DeviceView {
+    fn run(
+        &self,
+        _inputs: &[&dyn super::device::DeviceBuffer],
+        _outputs: &mut [&mut dyn super::device::DeviceBuffer],
+    ) -> Result<()> {
+        Ok(())
+    }
+}
+
 struct Compiler<'c, 't> {
     trace: &'c Trace<'t>,
     executors: &'c [Arc<dyn Executor>],
@@ -773,6 +786,23 @@ impl<'c, 't> Compiler<'c, 't> {
         let mut inputs = SmallVec::new();
         for v in bsym.inputs() {
             inputs.push(if on_device { self.on_device(v, op.name())? } else { self.on_host(v, op.name())? });
+        }
+        // A `reshape` on the device is a view: its value is its input's buffer, read in the
+        // same order (device buffers are dense), and its step does nothing. Not for an output,
+        // which keeps a buffer of its own.
+        if let (true, Some(&Slot::Device(buffer)), &[out]) = (on_device, inputs.first(), bsym.outputs()) {
+            if bsym.symbol() == prims::RESHAPE && !self.trace.outputs().contains(&out) {
+                self.device_slots[out.index()] = Some(buffer);
+                let line = format!("{}  (a view: no copy)", format_line(self.trace, bsym));
+                self.steps.push(Step {
+                    work: Work::Device(Box::new(DeviceView)),
+                    inputs,
+                    outputs: SmallVec::new(),
+                    line,
+                    executor,
+                });
+                return Ok(CompiledNode { first, len: self.steps.len() - first, children: Vec::new(), emitted: None });
+            }
         }
         let region_range = region_range.map(|r| r.at_step(self.steps.len()));
         op.region_range = region_range.as_ref();

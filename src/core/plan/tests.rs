@@ -753,3 +753,67 @@ fn device_values_share_buffers_when_their_lifetimes_do_not_overlap() {
         assert_eq!(out.get(1).unwrap().to_tensor(), expected[1]);
     }
 }
+
+/// Runs `exp` and `reshape` "on the device", counting the reshape kernels it is asked for.
+struct DeviceExpAndReshape(std::sync::atomic::AtomicUsize);
+
+struct CopyOnDevice;
+
+impl DeviceKernel for CopyOnDevice {
+    fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> crate::Result<()> {
+        let x = memory(inputs[0]).to_vec();
+        outputs[0].as_any_mut().downcast_mut::<HostMemory>().expect("our buffer").0.copy_from_slice(&x);
+        Ok(())
+    }
+}
+
+impl Executor for DeviceExpAndReshape {
+    fn name(&self) -> &str {
+        "device_exp_reshape"
+    }
+    fn claims(&self, op: &OpView<'_>) -> bool {
+        op.symbol_id() == prims::EXP || op.symbol_id() == prims::RESHAPE
+    }
+    fn device(&self) -> Option<Arc<dyn Device>> {
+        Some(Arc::new(HostMemoryDevice))
+    }
+    fn compile_device(&self, op: &OpView<'_>) -> crate::Result<Box<dyn DeviceKernel>> {
+        if op.symbol_id() == prims::RESHAPE {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return Ok(Box::new(CopyOnDevice));
+        }
+        Ok(Box::new(ExpOnDevice))
+    }
+}
+
+#[test]
+fn reshapes_on_the_device_are_views_of_their_input() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 3]).unwrap();
+    let e = b.exp(x).unwrap();
+    let r = b.reshape(e, &[3, 2]).unwrap(); // a view of e
+    let f = b.exp(r).unwrap();
+    let out = b.reshape(f, &[6]).unwrap(); // an output: a copy of its own
+    b.output(out).unwrap();
+    let mut trace = b.finish().unwrap();
+    let guard = crate::guards::ClosureGuard::new(
+        || GUARDED.with(|g| g.set(g.get() + 1)),
+        || GUARDED.with(|g| g.set(g.get() - 1)),
+    );
+    trace.attach_guard(crate::guards::Selection::All, guard).unwrap();
+    let recorder = crate::guards::Recorder::new();
+    trace.attach_guard(crate::guards::Selection::All, recorder.clone()).unwrap();
+    let executor = Arc::new(DeviceExpAndReshape(Default::default()));
+    let plan = Plan::compile(&trace, &[executor.clone(), CpuReference::shared()]).unwrap();
+    assert_eq!(executor.0.load(std::sync::atomic::Ordering::Relaxed), 1, "only the output's reshape copies");
+    assert_eq!(plan.to_string().matches("(a view: no copy)").count(), 1, "{plan}");
+    let input = Tensor::from_fn(&[2, 3], |i| 0.1 * i as f32);
+    let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&input]).unwrap();
+    recorder.clear();
+    assert_eq!(plan.run(&[&input]).unwrap(), expected);
+    // The view's guards still run around its (empty) step: a range for each reshape.
+    let reshapes = recorder.ranges().iter().filter(|r| &*r.label == "reshape").count();
+    assert_eq!(reshapes, 2, "{:?}", recorder.ranges());
+}

@@ -103,7 +103,7 @@ fn parse_args() -> std::result::Result<Args, Failure> {
         profile: false,
         print_plans: false,
     };
-    let mut heads = None;
+    let (mut heads, mut batch) = (None, None);
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
         let mut value = || it.next().ok_or_else(|| usage(format!("{flag} needs a value")));
@@ -121,7 +121,7 @@ fn parse_args() -> std::result::Result<Args, Failure> {
             "--weights" => args.weights = Some(value()?),
             "--heads" => heads = Some(number(&flag, value()?)?),
             "--ids" => args.ids = Some(value()?),
-            "--batch" => args.batch = number(&flag, value()?)?,
+            "--batch" => batch = Some(number(&flag, value()?)?),
             "--tokens" => args.tokens = Some(number(&flag, value()?)?),
             "--seed" => args.seed = number(&flag, value()?)?,
             "--device" => args.device = value()?,
@@ -144,6 +144,10 @@ fn parse_args() -> std::result::Result<Args, Failure> {
             other => return Err(usage(format!("unknown flag `{other}`"))),
         }
     }
+    if args.ids.is_some() && (batch.is_some() || args.tokens.is_some()) {
+        return Err(usage("--ids gives the batch and its length; drop --batch and --tokens".into()));
+    }
+    args.batch = batch.unwrap_or(4);
     if let Some(h) = heads {
         args.config.heads = h;
     } else if args.weights.is_some() {
@@ -397,7 +401,8 @@ fn check_gradients(
     count: usize,
 ) -> Result<bool> {
     // Parameters spread over the model (the tied `wte` first), each at its largest gradient.
-    let picked: Vec<(usize, usize, f32)> = (0..count.min(grads.len()))
+    let count = count.min(grads.len());
+    let picked: Vec<(usize, usize, f32)> = (0..count)
         .map(|k| if count > 1 { k * (grads.len() - 1) / (count - 1) } else { 0 })
         .map(|p| {
             let v = grads[p].to_f32_vec();

@@ -207,6 +207,15 @@ fn wrong_checkpoints_are_errors_naming_the_tensor() {
     let (tensor, _) = detail(gpt2::load(&Checkpoint::open(&path).unwrap(), &config).unwrap_err());
     assert_eq!(tensor.as_deref(), Some(missing));
 
+    // An LM head that is not the token embedding (GPT-2 ties them; this model reads only wte).
+    let head = Tensor::zeros(file.meta("transformer.wte.weight").unwrap().shape.as_slice());
+    let mut list: Vec<(&str, TensorRef<'_>)> =
+        names.iter().map(String::as_str).zip(tensors.iter().map(Tensor::view)).collect();
+    list.push(("lm_head.weight", head.view()));
+    checkpoint::write(&path, &list).unwrap();
+    let (tensor, _) = detail(gpt2::load(&Checkpoint::open(&path).unwrap(), &config).unwrap_err());
+    assert_eq!(tensor.as_deref(), Some("lm_head.weight"));
+
     // A truncated file.
     let bytes = std::fs::read(FIXTURE).unwrap();
     std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap();

@@ -118,6 +118,23 @@ fn naive_matmul(a: &[f32], ash: &[usize], b: &[f32], bsh: &[usize]) -> (Vec<usiz
     (out_shape, out)
 }
 
+/// `values` of `shape` with the last two axes swapped: the new shape and values.
+fn transposed_last_two(shape: &[usize], values: &[f32]) -> (Vec<usize>, Vec<f32>) {
+    let r = shape.len();
+    let (rows, cols) = (shape[r - 2], shape[r - 1]);
+    let mut swapped = shape.to_vec();
+    swapped.swap(r - 2, r - 1);
+    // out[batch, i (cols), j (rows)] = x[batch, j, i]
+    let out = (0..values.len())
+        .map(|n| {
+            let (batch, rest) = (n / (rows * cols), n % (rows * cols));
+            let (i, j) = (rest / rows, rest % rows);
+            values[batch * rows * cols + j * cols + i]
+        })
+        .collect();
+    (swapped, out)
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
@@ -130,34 +147,15 @@ proptest! {
             prop_assert_eq!(out.shape(), shape.as_slice());
             close(&out.to_f32_vec(), &expected, "matmul")?;
         }
-        // The same product with `b` given transposed ([..., n, k]).
-        let mut bt_shape = bsh.clone();
-        let r = bt_shape.len();
-        bt_shape.swap(r - 2, r - 1);
-        let (k, n) = (bsh[r - 2], bsh[r - 1]);
-        let bv = data[1].to_f32_vec();
-        let bt: Vec<f32> = (0..bv.len()).map(|i| {
-            let (batch, rest) = (i / (k * n), i % (k * n));
-            let (row, col) = (rest / k, rest % k); // bt[batch, row (n), col (k)] = b[batch, col, row]
-            bv[batch * k * n + col * n + row]
-        }).collect();
+        // The same product with `b` given transposed ([..., n, k]), then with `a` ([..., k, m]).
+        let (bt_shape, bt) = transposed_last_two(&bsh, &data[1].to_f32_vec());
         let data_t = [data[0].clone(), Tensor::new(&bt_shape, bt).unwrap()];
         let inputs_t = [(DType::F32, ash.clone()), (DType::F32, bt_shape.clone())];
         for out in run_all(&inputs_t, &data_t, |b, v| b.matmul_transposed(v[0], v[1]))? {
             prop_assert_eq!(out.shape(), shape.as_slice());
             close(&out.to_f32_vec(), &expected, "matmul_transposed")?;
         }
-        // And with `a` given transposed ([..., k, m]).
-        let mut at_shape = ash.clone();
-        let ra = at_shape.len();
-        at_shape.swap(ra - 2, ra - 1);
-        let (m, ka) = (ash[ra - 2], ash[ra - 1]);
-        let av = data[0].to_f32_vec();
-        let at: Vec<f32> = (0..av.len()).map(|i| {
-            let (batch, rest) = (i / (m * ka), i % (m * ka));
-            let (row, col) = (rest / m, rest % m); // at[batch, row (k), col (m)] = a[batch, col, row]
-            av[batch * m * ka + col * ka + row]
-        }).collect();
+        let (at_shape, at) = transposed_last_two(&ash, &data[0].to_f32_vec());
         let data_a = [Tensor::new(&at_shape, at).unwrap(), data[1].clone()];
         let inputs_a = [(DType::F32, at_shape.clone()), (DType::F32, bsh.clone())];
         for out in run_all(&inputs_a, &data_a, |b, v| b.transposed_matmul(v[0], v[1]))? {

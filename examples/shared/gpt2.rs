@@ -35,11 +35,14 @@ impl Config {
     /// positions from its shapes; `heads` is not in a checkpoint).
     pub fn of_checkpoint(file: &Checkpoint, heads: usize) -> Result<Config> {
         let prefix = prefix_of(file);
-        let wte = file.meta(&format!("{prefix}wte.weight"))?;
-        let wpe = file.meta(&format!("{prefix}wpe.weight"))?;
-        let (&[vocab, width], &[positions, _]) = (&wte.shape[..], &wpe.shape[..]) else {
-            return Err(checkpoint_error(file, "wte.weight", format!("expected [vocab, width], got {:?}", wte.shape)));
+        let table = |name: &str| -> Result<[usize; 2]> {
+            let name = format!("{prefix}{name}");
+            match file.meta(&name)?.shape[..] {
+                [rows, width] => Ok([rows, width]),
+                ref other => Err(checkpoint_error(file, &name, format!("expected [rows, width], got {other:?}"))),
+            }
         };
+        let ([vocab, width], [positions, _]) = (table("wte.weight")?, table("wpe.weight")?);
         let layers = (0..).take_while(|i| file.contains(&format!("{prefix}h.{i}.ln_1.weight"))).count();
         let config = Config { layers, width, heads, vocab, positions };
         config.check()?;
@@ -131,14 +134,20 @@ fn checkpoint_error(file: &Checkpoint, tensor: &str, detail: String) -> Error {
 }
 
 /// Every parameter of `config` from `file` (f32, under either naming), borrowed from its map;
-/// `lm_head.weight`, if present, must equal the tied `wte.weight` and is not read otherwise.
+/// `lm_head.weight`, if present, must equal the tied `wte.weight` (GPT-2 ties them).
 pub fn load<'f>(file: &'f Checkpoint, config: &Config) -> Result<Vec<TensorRef<'f>>> {
     let prefix = prefix_of(file);
-    config
+    let weights = config
         .parameters()
         .iter()
         .map(|(name, shape)| file.expect(&format!("{prefix}{name}"), &TensorMeta::new(DType::F32, shape)))
-        .collect()
+        .collect::<Result<Vec<_>>>()?;
+    if file.contains("lm_head.weight") && file.tensor("lm_head.weight")?.view() != weights[0] {
+        let detail = "the LM head differs from the token embedding; GPT-2 ties them (`lm_head.weight` = \
+                      `wte.weight`), and this model reads only the embedding";
+        return Err(checkpoint_error(file, "lm_head.weight", detail.into()));
+    }
+    Ok(weights)
 }
 
 /// Normal samples from a seeded SplitMix64 stream (Box-Muller), so that the example needs no
@@ -189,8 +198,10 @@ pub struct Model<'a> {
 }
 
 /// Builds GPT-2's forward: `compute` is the dtype of its activations and products (`BF16`:
-/// the f32 parameters are cast to bf16 where each module uses them, as `torch.autocast` does;
-/// the loss is computed in f32 from the bf16 logits, as autocast does). With `logits`, they are the second output.
+/// the f32 parameters are cast to bf16 where each module uses them, as `torch.autocast` does
+/// for products; the embeddings are gathered in f32 and the loss computed in f32, as autocast
+/// does, but unlike autocast the residual stream and the layer norms' inputs and weights are
+/// bf16 too). With `logits`, they are the second output.
 pub fn build<'a>(
     arena: &'a Arena,
     registry: &'a Registry,

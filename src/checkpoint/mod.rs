@@ -88,9 +88,18 @@ fn file_dtype(dtype: DType) -> Dtype {
 
 fn header_problem(e: &SafeTensorError) -> String {
     match e {
-        SafeTensorError::MetadataIncompleteBuffer | SafeTensorError::InvalidOffset(_) => {
+        SafeTensorError::MetadataIncompleteBuffer => {
             "its body is shorter or longer than its header says (a truncated or partly written file?); \
              write it again"
+                .to_string()
+        }
+        SafeTensorError::InvalidOffset(tensor) => format!(
+            "the header's offsets of tensor `{tensor}` do not follow the previous tensor's (a corrupt header?); \
+             write the file again"
+        ),
+        SafeTensorError::TensorInvalidInfo => {
+            "a tensor's byte range in the header does not match its dtype and shape (a corrupt header?); write the \
+             file again"
                 .to_string()
         }
         SafeTensorError::HeaderTooSmall | SafeTensorError::InvalidHeaderLength => {

@@ -107,7 +107,16 @@ fn transposed_matmul_rule(args: &[ArgInfo<'_>]) -> RuleResult {
         return Err("transposed_matmul takes tensors of rank 2 or more, [..., k, m] x [..., k, n]".into());
     }
     let at: Shape = swap_last_two(a.len()).iter().map(|&p| a[p]).collect();
-    super::prims::matmul_rule(&[ArgInfo::Tensor { dtype: dtype_a, shape: &at }, args[1]])
+    super::prims::matmul_rule(&[ArgInfo::Tensor { dtype: dtype_a, shape: &at }, args[1]]).map_err(|_| {
+        let b = match args.get(1) {
+            Some(ArgInfo::Tensor { shape, .. }) => format!("{shape:?}"),
+            _ => "?".into(),
+        };
+        format!(
+            "transposed_matmul takes [..., k, m] x [..., k, n] (the first read transposed), batch dimensions \
+             broadcast; got {a:?} and {b}"
+        )
+    })
 }
 
 fn decompose_transposed_matmul(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {

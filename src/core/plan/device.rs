@@ -13,6 +13,13 @@ use crate::error::{Error, Result};
 
 /// Memory on a device, owned by a workspace or a [`DeviceTensor`](crate::DeviceTensor).
 ///
+/// A buffer holds its value dense, row-major, in the words [`Device::upload`] writes (the
+/// layout the runtime packs and unpacks): so a `reshape` on the device is a view of its
+/// input's buffer, and the runtime asks no executor for a `reshape` kernel (a reshape that is a
+/// plan output gets one, to own its buffer). Values whose lifetimes do not overlap share
+/// buffers of their length: a kernel finds in its outputs what an earlier step left, never
+/// zeros.
+///
 /// Dropping one must be ordered after the work already queued on its device (as CUDA's
 /// stream-ordered frees are): a run queued by `Plan::run_on_device` may still read a tensor the
 /// caller drops right after.

@@ -498,13 +498,22 @@ fn bench(
     let profiled = ProfiledSession::new(options, &Environment::process())?.compile(step_trace, arena)?;
     let on = step_ms(&profiled, &mut profiled.workspace()?)?;
     let off = off.min(step_ms(step, ws)?);
+    // What a step holds: its workspace and its inputs (ids, parameters, AdamW's moments).
+    let held: usize = step_trace
+        .inputs()
+        .iter()
+        .map(|&v| step_trace.value_meta(v).map_or(0, |m| m.numel() * m.dtype.size_bytes()))
+        .sum();
+    let mib = |bytes: usize| bytes as f64 / (1 << 20) as f64;
     println!(
         "bench: forward {forward_ms:.3} ms ({:.0} tokens/s), training step {off:.3} ms ({:.0} tokens/s); \
-         device memory: forward {:.0} MiB, training step {:.0} MiB (workspaces)",
+         device memory: forward {:.0} MiB (workspace), training step {:.0} MiB (workspace {:.0}, inputs {:.0})",
         tokens as f64 / forward_ms * 1e3,
         tokens as f64 / off * 1e3,
-        forward_plan.device_bytes() as f64 / (1 << 20) as f64,
-        step.device_bytes() as f64 / (1 << 20) as f64,
+        mib(forward_plan.device_bytes()),
+        mib(step.device_bytes() + held),
+        mib(step.device_bytes()),
+        mib(held),
     );
     println!(
         "bench: training step with a range on every op and module: {on:.3} ms ({:+.2}% over profiling off; {} ranges \

@@ -240,6 +240,15 @@ thread_local! {
     static GUARDED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
 
+/// Attaches to every op the guard that `ExpOnDevice` checks it runs inside.
+fn attach_guarded(trace: &mut crate::Trace<'_>) {
+    let guard = crate::guards::ClosureGuard::new(
+        || GUARDED.with(|g| g.set(g.get() + 1)),
+        || GUARDED.with(|g| g.set(g.get() - 1)),
+    );
+    trace.attach_guard(crate::guards::Selection::All, guard).unwrap();
+}
+
 impl DeviceKernel for ExpOnDevice {
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> crate::Result<()> {
         if GUARDED.with(|g| g.get()) == 0 {
@@ -286,11 +295,7 @@ fn device_steps_get_explicit_transfers() {
     b.output(h).unwrap();
     let mut trace = b.finish().unwrap();
     // Every op runs inside its own guard (the device kernel checks), transfers included.
-    let guard = crate::guards::ClosureGuard::new(
-        || GUARDED.with(|g| g.set(g.get() + 1)),
-        || GUARDED.with(|g| g.set(g.get() - 1)),
-    );
-    trace.attach_guard(crate::guards::Selection::All, guard).unwrap();
+    attach_guarded(&mut trace);
     let recorder = crate::guards::Recorder::new();
     trace.attach_guard(crate::guards::Selection::All, recorder.clone()).unwrap();
     let plan = Plan::compile(&trace, &[Arc::new(DeviceExp), CpuReference::shared()]).unwrap();
@@ -733,12 +738,7 @@ fn device_values_share_buffers_when_their_lifetimes_do_not_overlap() {
     b.output(chain[3]).unwrap();
     b.output(chain[6]).unwrap();
     let mut trace = b.finish().unwrap();
-    // (The test kernel checks that it runs inside a guard.)
-    let guard = crate::guards::ClosureGuard::new(
-        || GUARDED.with(|g| g.set(g.get() + 1)),
-        || GUARDED.with(|g| g.set(g.get() - 1)),
-    );
-    trace.attach_guard(crate::guards::Selection::All, guard).unwrap();
+    attach_guarded(&mut trace); // the test kernel checks that it runs inside a guard
     let plan = Plan::compile(&trace, &[Arc::new(DeviceExp), CpuReference::shared()]).unwrap();
     // The upload of x and the two outputs keep their own; exp 1, 2, 4 and 5 share two buffers
     // (a step's outputs never take the buffer of one of its inputs): 5 buffers, not 7.
@@ -798,11 +798,7 @@ fn reshapes_on_the_device_are_views_of_their_input() {
     let out = b.reshape(f, &[6]).unwrap(); // an output: a copy of its own
     b.output(out).unwrap();
     let mut trace = b.finish().unwrap();
-    let guard = crate::guards::ClosureGuard::new(
-        || GUARDED.with(|g| g.set(g.get() + 1)),
-        || GUARDED.with(|g| g.set(g.get() - 1)),
-    );
-    trace.attach_guard(crate::guards::Selection::All, guard).unwrap();
+    attach_guarded(&mut trace);
     let recorder = crate::guards::Recorder::new();
     trace.attach_guard(crate::guards::Selection::All, recorder.clone()).unwrap();
     let executor = Arc::new(DeviceExpAndReshape(Default::default()));

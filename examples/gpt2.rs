@@ -541,9 +541,30 @@ fn profile(
         println!("profile: on the GPU only");
         return Ok(());
     }
-    let timer = CudaEventTimer::new(CudaDevice::new()?);
+    use boundscope::guards::Selection;
+    let device = CudaDevice::new()?;
+    let timer = CudaEventTimer::new(device.clone());
     let mut prepared = session.prepare(step, arena)?;
-    prepared.attach_guard(boundscope::guards::Selection::All, timer.clone())?;
+    prepared.attach_guard(Selection::All, timer.clone())?;
+    // One more timer per kind of innermost module (`h.*.attn.sdpa`, `backward.h.*.mlp.c_fc`):
+    // the layers' numbers become `*`, so each kind sums over the layers.
+    let mut kinds: Vec<String> = Vec::new();
+    for scope in prepared.scopes() {
+        let path = scope.path();
+        let innermost = !prepared.scopes().iter().any(|s| s.path().len() > path.len() && s.path().starts_with(path));
+        let kind: Vec<&str> =
+            path.split('.').map(|c| if c.bytes().all(|b| b.is_ascii_digit()) { "*" } else { c }).collect();
+        let kind = kind.join(".");
+        if innermost && !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
+    let mut module_timers = Vec::new();
+    for kind in &kinds {
+        let t = CudaEventTimer::new(device.clone());
+        prepared.attach_guard(Selection::InScope(kind), t.clone())?;
+        module_timers.push((kind.clone(), t));
+    }
     let plan = Plan::compile(&prepared, session.executors())?;
     let mut ws = plan.workspace()?;
     let runs = 3;
@@ -571,6 +592,25 @@ fn profile(
     for (op, ms, count) in by_op.iter().take(25) {
         println!("  {ms:>9.3} ms  {count:>5} x  {op}");
     }
+    println!("profile: by module (innermost scopes, summed over layers), and its three costliest ops:");
+    let mut by_module: Vec<(String, f64, String)> = module_timers
+        .iter()
+        .map(|(kind, t)| {
+            let mut stats = t.stats();
+            stats.sort_by_key(|s| std::cmp::Reverse(s.total));
+            let ms = |s: &boundscope::guards::TimerStats| s.total.as_secs_f64() * 1e3 / runs as f64;
+            let total: f64 = stats.iter().map(ms).sum();
+            let top: Vec<String> =
+                stats.iter().take(3).map(|s| format!("{} {:.3} ({}x)", s.label, ms(s), s.count / runs)).collect();
+            (kind.clone(), total, top.join(", "))
+        })
+        .collect();
+    by_module.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let in_modules: f64 = by_module.iter().map(|m| m.1).sum();
+    for (kind, ms, top) in &by_module {
+        println!("  {ms:>9.3} ms  {kind:<32} {top}");
+    }
+    println!("  {:>9.3} ms  (outside innermost modules: residual adds and the like)", total - in_modules);
     Ok(())
 }
 

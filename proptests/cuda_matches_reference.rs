@@ -1694,6 +1694,111 @@ fn gradient_prims_run_on_cuda_and_match_the_reference() {
     }
 }
 
+/// 16-bit products with a dimension that is not a multiple of 8 (GPT-2's vocabulary of 50,257)
+/// run padded with zeros on CudaOps (`matmul`, `linear` with its bias, `transposed_matmul`,
+/// `matmul_transposed`, batched and broadcast), and equal the CPU reference.
+#[test]
+fn padded_16_bit_products_match_the_reference() {
+    let Some((device, _sharing)) = device() else { return };
+    let registry = Registry::with_builtins();
+    let cuda: Vec<Arc<dyn Executor>> = vec![Arc::new(CudaOps::new(device.clone()))];
+    type Build = fn(
+        &mut boundscope::TraceBuilder<'_>,
+        boundscope::ValueId,
+        boundscope::ValueId,
+        boundscope::ValueId,
+    ) -> boundscope::ValueId;
+    let cases: [(&str, &[usize], &[usize], Build); 6] = [
+        ("matmul", &[300, 257], &[257, 263], |b, x, y, _| b.matmul(x, y).unwrap()),
+        ("linear", &[259, 300], &[261, 300], |b, x, w, bias| b.linear(x, w, Some(bias)).unwrap()),
+        ("transposed_matmul", &[257, 270], &[257, 300], |b, x, y, _| b.transposed_matmul(x, y).unwrap()),
+        ("matmul_transposed", &[260, 257], &[300, 257], |b, x, y, _| b.matmul_transposed(x, y).unwrap()),
+        ("batched", &[3, 260, 257], &[3, 257, 258], |b, x, y, _| b.matmul(x, y).unwrap()),
+        ("broadcast", &[3, 260, 257], &[257, 300], |b, x, y, _| b.matmul(x, y).unwrap()),
+    ];
+    for dtype in [DType::BF16, DType::F16] {
+        for (name, xs, ys, build) in cases {
+            let arena = Arena::new();
+            let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+            let x = b.input_with(&TensorMeta::new(dtype, xs)).unwrap();
+            let y = b.input_with(&TensorMeta::new(dtype, ys)).unwrap();
+            let bias = b.input_with(&TensorMeta::new(dtype, &ys[..1])).unwrap();
+            let z = build(&mut b, x, y, bias);
+            b.output(z).unwrap();
+            let trace = b.finish().unwrap();
+            let plan = Plan::compile(&trace, &cuda).unwrap();
+            let steps = plan.steps_per_executor();
+            assert!(steps.contains(&("cuda_ops", 1)), "{name}: one product\n{plan}");
+            let fill = |shape: &[usize], seed: usize| {
+                Tensor::from_fn(shape, |i| (((i * 7919 + seed) % 2001) as f32 / 1000.0) - 1.0).to_dtype(dtype)
+            };
+            let inputs = [fill(xs, 1), fill(ys, 2), fill(&ys[..1], 3)];
+            let want =
+                Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&inputs.iter().collect::<Vec<_>>());
+            let got = plan.run(&inputs.iter().collect::<Vec<_>>()).unwrap();
+            // One rounding to 16 bits (2^-8 relative) apart, and the order of f32 sums.
+            common::close_all(&got, &want.unwrap(), 2e-2).unwrap_or_else(|e| panic!("{dtype} {name}: {e}"));
+            let (g, w) = (got[0].to_f32_vec(), plan.run(&inputs.iter().collect::<Vec<_>>()).unwrap()[0].to_f32_vec());
+            assert_eq!(g, w, "{dtype} {name}: a second run gives the same bits");
+        }
+    }
+}
+
+/// `cross_entropy_backward` runs whole on CudaOps (one kernel) and equals the CPU reference's
+/// decomposition: rows of 1 to 50,257 classes (GPT-2's vocabulary: rows not whole 16-byte
+/// vectors), f32/bf16/f16 logits, an f32 or bf16 gradient of the loss, rows holding a NaN or
+/// masked (-inf) classes; a target out of range is `IndexOutOfRange` after the run.
+#[test]
+fn cross_entropy_backward_runs_whole_and_matches_the_reference() {
+    let Some((device, _sharing)) = device() else { return };
+    let registry = Registry::with_builtins();
+    let cuda: Vec<Arc<dyn Executor>> = vec![Arc::new(CudaOps::new(device.clone()))];
+    for (rows, classes) in [(1, 1), (7, 5), (33, 300), (5, 4099), (3, 50257), (0, 8)] {
+        for (dtype, grad_dtype) in [(DType::F32, DType::F32), (DType::BF16, DType::F32), (DType::F16, DType::BF16)] {
+            let arena = Arena::new();
+            let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+            let logits = b.input_with(&TensorMeta::new(dtype, &[rows, classes])).unwrap();
+            let targets = b.input_with(&TensorMeta::new(DType::I64, &[rows])).unwrap();
+            let grad = b.input_with(&TensorMeta::new(grad_dtype, &[])).unwrap();
+            let d = b.cross_entropy_backward(logits, targets, grad).unwrap();
+            b.output(d).unwrap();
+            let trace = b.finish().unwrap();
+            let plan = Plan::compile(&trace, &cuda).unwrap();
+            assert!(plan.steps_per_executor().contains(&("cuda_ops", 1)), "one kernel:\n{plan}");
+            let x = Tensor::from_fn(&[rows, classes], |i| match i {
+                _ if rows > 2 && i == classes + 1 => f32::NAN,
+                _ if rows > 2 && i / classes == 2 && i % 3 == 0 => f32::NEG_INFINITY,
+                _ => ((i * 7919 % 1000) as f32 / 100.0) - 5.0,
+            })
+            .to_dtype(dtype);
+            let mut ids: Vec<i64> = (0..rows as i64).map(|r| (r * 31 + 1) % classes as i64).collect();
+            let t = Tensor::from_vec(&[rows], ids.clone()).unwrap();
+            let g = Tensor::from_vec(&[], vec![1.7f32]).unwrap().to_dtype(grad_dtype);
+            let want = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&x, &t, &g]).unwrap();
+            let got = plan.run(&[&x, &t, &g]).unwrap();
+            let (got_v, want_v) = (got[0].to_f32_vec(), want[0].to_f32_vec());
+            // Relative to the largest magnitude a value can have, grad / rows.
+            let bound = 1.7 / rows.max(1) as f32;
+            let tolerance = if dtype == DType::F32 { 1e-5 } else { 1e-2 };
+            for (i, (a, e)) in got_v.iter().zip(&want_v).enumerate() {
+                let close = (a.is_nan() && e.is_nan()) || (a - e).abs() <= tolerance * bound;
+                assert!(close, "{rows}x{classes} {dtype}/{grad_dtype}: element {i}: {a} against {e}");
+            }
+            if rows > 0 {
+                ids[rows - 1] = classes as i64;
+                let bad = Tensor::from_vec(&[rows], ids).unwrap();
+                match plan.run(&[&x, &bad, &g]) {
+                    Err(boundscope::Error::IndexOutOfRange { position, .. }) => assert_eq!(position, rows - 1),
+                    other => panic!("{rows}x{classes} {dtype}: {other:?}"),
+                }
+                let again = plan.run(&[&x, &t, &g]).unwrap()[0].to_f32_vec();
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+                assert_eq!(bits(&again), bits(&got_v), "the fault was cleared");
+            }
+        }
+    }
+}
+
 /// A training step whose parameters and AdamW moments live on the device
 /// (`Plan::run_updating_on_device`: updates by exchanging buffers) gives, step after step, the
 /// same bits as the same plan updating host tensors; an exchanged output says to read its input.

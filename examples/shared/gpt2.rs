@@ -310,24 +310,29 @@ pub fn build<'a>(
         b.layer_norm(x, LN_EPS, Some(w), Some(bias))
     })?;
     // The LM head is tied to the token embedding: logits = x @ wte^T.
-    let all_logits = b.scope("lm_head", |b| {
+    let (wte, loss) = b.scope("lm_head", |b| {
         let wte = if compute == DType::F32 { f32_wte } else { b.cast(f32_wte, compute)? };
-        b.linear(x, wte, None)
+        // Token t predicts token t+1: the rows of positions 0..T-1 against the ids 1..T. The
+        // hidden rows are sliced before the head (a slice of [B, T, width], not of the
+        // logits' [B, T, vocab]); the loss is the same.
+        let x = b.reshape(x, &[batch, tokens, c])?;
+        let x = b.slice(x, 1, 0, tokens - 1)?;
+        let x = b.reshape(x, &[batch * (tokens - 1), c])?;
+        Ok((wte, b.linear(x, wte, None)?))
     })?;
     let loss = b.scope("loss", |b| {
-        // Token t predicts token t+1: the logits of positions 0..T-1 against the ids 1..T.
-        let l = b.reshape(all_logits, &[batch, tokens, vocab])?;
-        let l = b.slice(l, 1, 0, tokens - 1)?;
-        let l = b.reshape(l, &[batch * (tokens - 1), vocab])?;
         // In f32 whatever the compute dtype, as autocast runs `cross_entropy`.
-        let l = if compute == DType::F32 { l } else { b.cast(l, DType::F32)? };
+        let l = if compute == DType::F32 { loss } else { b.cast(loss, DType::F32)? };
         let targets = b.slice(ids, 1, 1, tokens)?;
         let targets = b.reshape(targets, &[batch * (tokens - 1)])?;
         b.cross_entropy(l, targets)
     })?;
     b.output(loss)?;
     if logits {
-        let l = b.reshape(all_logits, &[batch, tokens, vocab])?;
+        // Every position's logits, for the caller (a second product: the loss's head stops
+        // one position short).
+        let l = b.scope("lm_head", |b| b.linear(x, wte, None))?;
+        let l = b.reshape(l, &[batch, tokens, vocab])?;
         let l = if compute == DType::F32 { l } else { b.cast(l, DType::F32)? };
         b.output(l)?;
     }

@@ -130,8 +130,12 @@ builtin_ids! {
     /// -> [..., m, n]` (composite: a transpose and a product, run as one product by executors
     /// that read an operand transposed): the weight gradients of products.
     TRANSPOSED_MATMUL = 45, "transposed_matmul";
+    /// `cross_entropy_backward(logits, targets, grad)`: the gradient of `cross_entropy` with
+    /// respect to its logits, `(softmax(logits) - one_hot(targets)) grad / rows`, in the
+    /// logits' dtype (composite: what `passes::Grad` writes for `cross_entropy`).
+    CROSS_ENTROPY_BACKWARD = 46, "cross_entropy_backward";
     /// A fusion region, made only by `passes::FuseRegions`; listed as `<Executor>Fusion<N>`.
-    REGION = 46, "fusion_region";
+    REGION = 47, "fusion_region";
 }
 
 /// The last prim: ids up to it are prims, the composites follow.

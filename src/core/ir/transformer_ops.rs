@@ -9,9 +9,9 @@ use super::ids::{SymbolId, ValueId};
 use super::meta::{DType, Shape, TensorMeta};
 use super::prims::{
     dims_arg, float_tensor, floats_only, in_f32, last_axis, missing, promoted, scalar, tensor, value, PrimRule,
-    RuleResult, ARGMAX, CAUSAL_MASK, COMPARISONS, CONCAT, CROSS_ENTROPY, EMBEDDING, EQ, GATHER_LAST, GE, GT, LE,
-    LOG_SOFTMAX, LT, MATMUL_TRANSPOSED, MAX_AXIS, NE, SCALED_DOT_PRODUCT_ATTENTION, SLICE, SUM_AXIS, TRANSPOSED_MATMUL,
-    WHERE,
+    RuleResult, ARGMAX, CAUSAL_MASK, COMPARISONS, CONCAT, CROSS_ENTROPY, CROSS_ENTROPY_BACKWARD, EMBEDDING, EQ,
+    GATHER_LAST, GE, GT, LE, LOG_SOFTMAX, LT, MATMUL_TRANSPOSED, MAX_AXIS, NE, SCALED_DOT_PRODUCT_ATTENTION, SLICE,
+    SUM_AXIS, TRANSPOSED_MATMUL, WHERE,
 };
 use super::symbol::{ArgInfo, Category, ParamKind, Symbol};
 use crate::error::{Error, Result};
@@ -70,6 +70,12 @@ pub(super) fn push_composites(symbols: &mut Vec<Symbol>) {
             .params(&[Tensor, Tensor])
             .shape_rule(transposed_matmul_rule)
             .decomposition(decompose_transposed_matmul),
+    );
+    symbols.push(
+        Symbol::new("cross_entropy_backward", Composite)
+            .params(&[Tensor, Tensor, Tensor])
+            .shape_rule(cross_entropy_backward_rule)
+            .decomposition(decompose_cross_entropy_backward),
     );
 }
 
@@ -262,6 +268,16 @@ fn cross_entropy_rule(args: &[ArgInfo<'_>]) -> RuleResult {
     }
 }
 
+fn cross_entropy_backward_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let (dtype, logits) = float_tensor(args, 0)?;
+    cross_entropy_rule(&args[..2])?;
+    let (_, grad) = float_tensor(args, 2)?;
+    if grad.iter().product::<usize>() != 1 {
+        return Err(format!("the gradient of the loss must be one element (the loss is []), not {grad:?}"));
+    }
+    Ok(TensorMeta::new(dtype, logits))
+}
+
 fn attention_rule(args: &[ArgInfo<'_>]) -> RuleResult {
     let (_, q) = tensor(args, 0)?;
     let (_, k) = tensor(args, 1)?;
@@ -317,6 +333,38 @@ fn decompose_cross_entropy(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result
         // The mean of an empty batch is NaN, as in PyTorch.
         b.mul_scalar(total, -1.0 / rows as f32)
     })
+}
+
+/// `(softmax(logits) - one_hot(targets)) grad / rows`, in `f32`, rounded once to the logits'
+/// dtype.
+fn decompose_cross_entropy_backward(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
+    let what = "cross_entropy_backward";
+    let (logits, targets, grad) = (value(args, 0), value(args, 1), value(args, 2));
+    let (logits, targets, grad) = (
+        logits.ok_or_else(|| missing(what))?,
+        targets.ok_or_else(|| missing(what))?,
+        grad.ok_or_else(|| missing(what))?,
+    );
+    let dtype = b.dtype(logits)?;
+    let (rows, classes) = match *b.shape(logits)? {
+        [rows, classes] => (rows, classes),
+        _ => return Err(missing(what)),
+    };
+    let wide =
+        |b: &mut TraceBuilder<'_>, v: ValueId| if b.dtype(v)? == DType::F32 { Ok(v) } else { b.cast(v, DType::F32) };
+    let (logits, grad) = (wide(b, logits)?, wide(b, grad)?);
+    let grad = b.reshape(grad, &[])?;
+    let p = b.softmax(logits)?;
+    let per_row = b.mul_scalar(grad, 1.0 / rows as f32)?;
+    let spread = b.mul(p, per_row)?;
+    let column = b.broadcast_to(per_row, &[rows])?;
+    let picked = b.scatter_last(column, targets, classes)?;
+    let d = b.sub(spread, picked)?;
+    if dtype == DType::F32 {
+        Ok(d)
+    } else {
+        b.cast(d, dtype)
+    }
 }
 
 fn decompose_attention(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
@@ -579,6 +627,31 @@ impl<'a> TraceBuilder<'a> {
     /// `torch.nn.functional.cross_entropy`.
     pub fn cross_entropy(&mut self, logits: ValueId, targets: ValueId) -> Result<ValueId> {
         self.bind(CROSS_ENTROPY, &[Arg::Value(logits), Arg::Value(targets)])
+    }
+
+    /// The gradient of [`cross_entropy`](Self::cross_entropy) with respect to its logits, for
+    /// the loss's gradient `grad` (one element): `(softmax(logits) - one_hot(targets)) grad /
+    /// rows`, computed in `f32` and rounded once to the logits' dtype. `passes::Grad` writes
+    /// it for `cross_entropy`; CudaOps runs it as one kernel that reads each row twice and
+    /// writes it once, other executors as its decomposition.
+    ///
+    /// ```
+    /// use boundscope::{executors::CpuReference, Arena, DType, Plan, Registry, Tensor, TensorMeta, TraceBuilder};
+    /// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let logits = b.input(&[2, 2]).unwrap();
+    /// let targets = b.input_with(&TensorMeta::new(DType::I64, &[2])).unwrap();
+    /// let grad = b.input(&[]).unwrap();
+    /// let d = b.cross_entropy_backward(logits, targets, grad).unwrap();
+    /// b.output(d).unwrap();
+    /// let plan = Plan::compile(&b.finish().unwrap(), &[CpuReference::shared()]).unwrap();
+    /// let logits = Tensor::new(&[2, 2], vec![0.0, 0.0, 0.0, 0.0]).unwrap();
+    /// let targets = Tensor::from_vec(&[2], vec![1i64, 0]).unwrap();
+    /// let out = plan.run(&[&logits, &targets, &Tensor::new(&[], vec![1.0]).unwrap()]).unwrap();
+    /// assert_eq!(out[0].to_f32_vec(), &[0.25, -0.25, -0.25, 0.25]);
+    /// ```
+    pub fn cross_entropy_backward(&mut self, logits: ValueId, targets: ValueId, grad: ValueId) -> Result<ValueId> {
+        self.bind(CROSS_ENTROPY_BACKWARD, &[Arg::Value(logits), Arg::Value(targets), Arg::Value(grad)])
     }
 
     /// `softmax(q k^T scale (+ causal mask)) v` for `q` `[..., tokens, head]` and `k`, `v`

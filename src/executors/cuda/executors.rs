@@ -80,7 +80,12 @@ impl Executor for CudaFusion {
         &crate::DType::FLOATS
     }
 
+    /// The CPU executors' fusible ops, and casts between float dtypes (a cast to 16 bits
+    /// inside a region rounds there, as it does alone).
     fn fusible(&self, op: &OpView<'_>) -> Fusible {
+        if builtin_prim(op) == Some(prims::CAST) && op.dtypes().iter().all(|d| d.is_float()) {
+            return Fusible::Elementwise;
+        }
         builtin_fusible(op)
     }
 
@@ -127,7 +132,7 @@ impl Executor for CudaOps {
         );
         let makes_integers =
             matches!(builtin_prim(op), Some(id) if id == prims::ARGMAX || prims::COMPARISONS.contains(&id));
-        let gathers = gather::generates(op) || cross_entropy::runs_whole(op);
+        let gathers = gather::generates(op) || cross_entropy::runs_whole(op) || cross_entropy::runs_backward_whole(op);
         if moves || makes_integers || gathers || (builtin_prim(op) == Some(prims::WHERE) && index_ops::generates(op)) {
             return true;
         }
@@ -160,6 +165,7 @@ impl Executor for CudaOps {
                 single_dtype(op).is_ok() && nonempty_product(op)
             }
             Some(prims::CROSS_ENTROPY) => cross_entropy::runs_whole(op),
+            Some(prims::CROSS_ENTROPY_BACKWARD) => cross_entropy::runs_backward_whole(op),
             Some(prims::SOFTMAX | prims::LAYER_NORM) => true,
             Some(prims::SCALED_DOT_PRODUCT_ATTENTION) => {
                 matches!(attention::plan_for(&self.attention, &self.device, op), Some(Ok(_)))
@@ -215,6 +221,10 @@ impl Executor for CudaOps {
         }
         if cross_entropy::runs_whole(op) {
             return Ok(Box::new(cross_entropy::CrossEntropy::new(&self.device, op, &kernel_name(op.name()))?));
+        }
+        if cross_entropy::runs_backward_whole(op) {
+            let kernel = cross_entropy::CrossEntropyBackward::new(&self.device, op, &kernel_name(op.name()))?;
+            return Ok(Box::new(kernel));
         }
         if self.prefers_whole(op) {
             let shape = linear_shape(op).map_err(|detail| Error::KernelPrecondition {

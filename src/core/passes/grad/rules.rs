@@ -181,18 +181,7 @@ pub(super) fn builtin_rule(id: SymbolId) -> Option<BuiltinRule> {
         },
         CROSS_ENTROPY => |b, op| {
             let (logits, targets) = (tensor(op, 0)?, tensor(op, 1)?);
-            let [logits, g] = widened(b, [logits, op.cotangent])?;
-            let (rows, classes) = match *b.shape(logits)? {
-                [rows, classes] => (rows, classes),
-                _ => return Err(malformed(op)),
-            };
-            // (softmax(logits) - one_hot(targets)) * g / rows.
-            let p = b.softmax(logits)?;
-            let per_row = b.mul_scalar(g, 1.0 / rows as f32)?;
-            let spread = b.mul(p, per_row)?;
-            let column = b.broadcast_to(per_row, &[rows])?;
-            let picked = b.scatter_last(column, targets, classes)?;
-            Ok(vec![Some(b.sub(spread, picked)?), None])
+            Ok(vec![Some(b.cross_entropy_backward(logits, targets, op.cotangent)?), None])
         },
         SCALED_DOT_PRODUCT_ATTENTION => attention,
         _ => return None,
@@ -431,28 +420,57 @@ fn layer_norm<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Gra
     Ok(grads)
 }
 
-/// `scaled_dot_product_attention(q, k, v, scale, causal)`, recomputing the probabilities (in
-/// `f32`): `dv = p^T g`, `ds = p (g v^T - rowsum(p g v^T)) scale`, `dq = ds k`, `dk = ds^T q`.
+/// `scaled_dot_product_attention(q, k, v, scale, causal)`, recomputing the probabilities:
+/// `dv = p^T g`, `ds = p (g v^T - rowsum(p g v^T)) scale`, `dq = ds k`, `dk = ds^T q`.
+///
+/// In `f32` every step is `f32`. With 16-bit operands it is PyTorch's math attention under
+/// autocast: the products take and give 16-bit values (accumulating in `f32`), `q` is scaled
+/// before its product (exact for a power-of-two scale such as `1/sqrt(64)`), the probabilities
+/// are computed in `f32` and kept in 16 bits, and `ds` is computed in `f32` from them and
+/// rounded once. The score-sized tensors, the largest of a transformer's backward, then take
+/// two bytes an element, and the products run at the 16-bit rate.
 fn attention<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Grads> {
     let scalar = |i: usize| match op.args.get(i) {
         Some(Arg::Scalar(s)) => Ok(*s),
         _ => Err(malformed(op)),
     };
     let (scale, causal) = (scalar(3)?, scalar(4)? != 0.0);
-    let [q, k, v, g] = widened(b, [tensor(op, 0)?, tensor(op, 1)?, tensor(op, 2)?, op.cotangent])?;
-    let scores = b.matmul_transposed(q, k)?;
-    let mut scores = b.mul_scalar(scores, scale)?;
+    let (q, k, v, g) = (tensor(op, 0)?, tensor(op, 1)?, tensor(op, 2)?, op.cotangent);
+    if b.dtype(q)? == DType::F32 && b.dtype(g)? == DType::F32 {
+        let scores = b.matmul_transposed(q, k)?;
+        let mut scores = b.mul_scalar(scores, scale)?;
+        if causal {
+            scores = b.causal_mask(scores)?;
+        }
+        let p = b.softmax(scores)?;
+        let dv = b.transposed_matmul(p, g)?;
+        let dp = b.matmul_transposed(g, v)?;
+        let weighted = b.mul(dp, p)?;
+        let dot = b.sum(weighted)?;
+        let centered = b.sub(dp, dot)?;
+        let ds = b.mul(p, centered)?;
+        let ds = b.mul_scalar(ds, scale)?;
+        let dq = b.matmul(ds, k)?;
+        let dk = b.transposed_matmul(ds, q)?;
+        return Ok(vec![Some(dq), Some(dk), Some(dv), None, None]);
+    }
+    let dtype = b.dtype(q)?;
+    let g = if b.dtype(g)? == dtype { g } else { b.cast(g, dtype)? };
+    let scaled_q = b.mul_scalar(q, scale)?;
+    let mut scores = b.matmul_transposed(scaled_q, k)?;
     if causal {
         scores = b.causal_mask(scores)?;
     }
     let p = b.softmax(scores)?;
     let dv = b.transposed_matmul(p, g)?;
     let dp = b.matmul_transposed(g, v)?;
-    let weighted = b.mul(dp, p)?;
+    let [dp_wide, p_wide] = widened(b, [dp, p])?;
+    let weighted = b.mul(dp_wide, p_wide)?;
     let dot = b.sum(weighted)?;
-    let centered = b.sub(dp, dot)?;
-    let ds = b.mul(p, centered)?;
+    let centered = b.sub(dp_wide, dot)?;
+    let ds = b.mul(p_wide, centered)?;
     let ds = b.mul_scalar(ds, scale)?;
+    let ds = b.cast(ds, dtype)?;
     let dq = b.matmul(ds, k)?;
     let dk = b.transposed_matmul(ds, q)?;
     Ok(vec![Some(dq), Some(dk), Some(dv), None, None])

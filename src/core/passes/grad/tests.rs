@@ -154,3 +154,44 @@ fn profiling_guards_repeat_on_the_backward_labelled_as_such_and_scope_guards_fol
     assert!(at("tanh (backward)") < at("linear (backward)"));
     assert!(labels.iter().any(|l| l == "mlp") && labels.iter().any(|l| l == "mlp (backward)"), "{labels:?}");
 }
+
+#[test]
+fn attention_gradients_in_16_bits_follow_the_f32_ones() {
+    // The 16-bit rule is its own code path (16-bit products, `f32` probabilities kept in 16
+    // bits): with a wrong scale, mask or product it lands far from the `f32` gradients.
+    let grads_in = |dtype: DType, scale: Option<f32>, causal: bool| -> Vec<Vec<f32>> {
+        let (registry, arena) = (Registry::with_builtins(), Arena::new());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let shape = [2, 3, 7, 8];
+        let (q, k, v) = (b.input(&shape).unwrap(), b.input(&shape).unwrap(), b.input(&shape).unwrap());
+        let w = b.input(&shape).unwrap();
+        let [qc, kc, vc] = [q, k, v].map(|x| if dtype == DType::F32 { x } else { b.cast(x, dtype).unwrap() });
+        let y = b.scaled_dot_product_attention(qc, kc, vc, causal, scale).unwrap();
+        let y = if dtype == DType::F32 { y } else { b.cast(y, DType::F32).unwrap() };
+        let weighted = b.mul(y, w).unwrap();
+        let flat = b.reshape(weighted, &[1, 2 * 3 * 7 * 8]).unwrap();
+        let loss = b.sum(flat).unwrap();
+        b.output(loss).unwrap();
+        let grads = Grad::new(&[q, k, v]).run(&b.finish().unwrap(), &arena).unwrap();
+        let plan = crate::Plan::compile(&grads, &[crate::executors::CpuReference::shared()]).unwrap();
+        let fill = |seed: usize| {
+            crate::Tensor::from_fn(&shape, move |i| (((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0 - 1.0) * 1.5)
+        };
+        let inputs = [fill(1), fill(2), fill(3), fill(4)];
+        let out = plan.run(&inputs.iter().collect::<Vec<_>>()).unwrap();
+        out[1..].iter().map(|t| t.to_f32_vec()).collect()
+    };
+    for (scale, causal) in [(None, true), (Some(0.3), false)] {
+        let exact = grads_in(DType::F32, scale, causal);
+        for dtype in [DType::BF16, DType::F16] {
+            let approx = grads_in(dtype, scale, causal);
+            for (which, (e, a)) in exact.iter().zip(&approx).enumerate() {
+                let largest = e.iter().fold(0f32, |m, x| m.max(x.abs()));
+                let error = e.iter().zip(a).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / largest;
+                let tolerance = if dtype == DType::BF16 { 3e-2 } else { 4e-3 };
+                assert!(error < tolerance, "{dtype:?} gradient {which} (scale {scale:?}, causal {causal}): {error}");
+                assert!(largest > 0.1, "gradient {which} is too small to compare: {largest}");
+            }
+        }
+    }
+}

@@ -1694,6 +1694,31 @@ fn gradient_prims_run_on_cuda_and_match_the_reference() {
     }
 }
 
+/// `causal_mask` on CudaOps equals the CPU reference bit for bit, with rows that are whole
+/// 16-byte vectors (masked lane by lane across the diagonal) and rows that are not; queries
+/// fewer or more than keys.
+#[test]
+fn causal_masks_on_cuda_are_exact() {
+    let Some((device, _sharing)) = device() else { return };
+    let registry = Registry::with_builtins();
+    let cuda: Vec<Arc<dyn Executor>> = vec![Arc::new(CudaOps::new(device.clone()))];
+    let shapes: [&[usize]; 5] = [&[2, 3, 37, 40], &[5, 64, 64], &[3, 17, 24], &[9, 7], &[4, 1, 1024]];
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        for shape in shapes {
+            let arena = Arena::new();
+            let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+            let x = b.input_with(&TensorMeta::new(dtype, shape)).unwrap();
+            let y = b.causal_mask(x).unwrap();
+            b.output(y).unwrap();
+            let trace = b.finish().unwrap();
+            let plan = Plan::compile(&trace, &cuda).unwrap();
+            let x = Tensor::from_fn(shape, |i| (i as f32 * 0.37).sin()).to_dtype(dtype);
+            let want = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&x]).unwrap();
+            assert_eq!(plan.run(&[&x]).unwrap(), want, "{dtype} {shape:?}");
+        }
+    }
+}
+
 /// 16-bit products with a dimension that is not a multiple of 8 (GPT-2's vocabulary of 50,257)
 /// run padded with zeros on CudaOps (`matmul`, `linear` with its bias, `transposed_matmul`,
 /// `matmul_transposed`, batched and broadcast), and equal the CPU reference.

@@ -6,6 +6,11 @@
 //! reads them back several times, this reads the logits once. Targets are checked on the device
 //! as the gathers check their ids ([`gather`](super::gather)): a target out of range is
 //! [`Error::IndexOutOfRange`] from the run that queued it.
+//!
+//! `cross_entropy_backward` is one kernel too: a block per row finds the row's maximum and sum
+//! of exponentials as the forward does, then writes `(exp(x - m) / z - [j == target]) grad /
+//! rows` in the logits' dtype, in 16-byte vectors (the row read twice and written once, where
+//! the decomposition writes and reads `[rows, classes]` tensors in `f32` several times).
 
 use std::ffi::c_void;
 use std::fmt::Write;

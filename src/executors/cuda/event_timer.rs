@@ -1,9 +1,10 @@
 //! `CudaEventTimer`: device time per op or region, from CUDA events recorded on the device's
 //! stream around it, summarised per label like the host timer.
 //!
-//! Each site owns a ring of event pairs made when the plan is compiled, so a run allocates
-//! nothing. Elapsed times are read lazily: when a pair comes round again, and in `stats()`,
-//! which waits for what was recorded.
+//! Each site (an op or scope it is attached to) owns a ring of event pairs made when the plan
+//! is compiled, so a run allocates nothing; sites of one label share their statistics. Elapsed
+//! times are read lazily: when a site's pair comes round again (that site's entry from
+//! `RING` entries before, long done), and in `stats()`, which waits for what was recorded.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,14 +16,15 @@ use super::device::{cuda_error, CudaDevice};
 use crate::core::guards::{Guard, GuardKind, GuardPolicy, GuardSite, ScopedGuard, TimerStats};
 use crate::error::Result;
 
-/// Event pairs per site: the number of entries in flight before the oldest is read back.
-const RING: usize = 16;
+/// Event pairs per site: the entries of one site in flight before its oldest is read back (a
+/// wait only if the device is that many runs of the plan behind the host).
+const RING: usize = 4;
 
 /// Device time of what it is attached to, per label (count, total, min, max), measured with
 /// CUDA events on the device's stream. Clones share statistics.
 ///
-/// One timer reads its events back in entry order, so use it from one thread at a time (one
-/// plan run after another); from several threads at once its statistics may mix entries.
+/// One timer reads each site's events back in entry order, so use it from one thread at a time
+/// (one plan run after another); from several threads at once its statistics may mix entries.
 ///
 /// Attach it to ops or regions that run on the device. Around an op that runs on the host it
 /// measures the time the stream saw between the two events, which, the device being idle, is
@@ -30,11 +32,11 @@ const RING: usize = 16;
 #[derive(Clone)]
 pub struct CudaEventTimer {
     device: Arc<CudaDevice>,
-    labels: Arc<Mutex<Sites>>,
+    labels: Arc<Mutex<Labels>>,
 }
 
-/// The sites of a timer, by label.
-type Sites = Vec<(String, Arc<Site>)>;
+/// Per label: its statistics, and the sites that add to them.
+type Labels = Vec<(String, Arc<Mutex<TimerStats>>, Vec<Arc<Site>>)>;
 
 struct Site {
     events: Vec<(CudaEvent, CudaEvent)>,
@@ -42,7 +44,7 @@ struct Site {
     entries: AtomicU64,
     /// Entries whose time has been read back.
     read: Mutex<u64>,
-    stats: Mutex<Option<TimerStats>>,
+    stats: Arc<Mutex<TimerStats>>,
 }
 
 impl CudaEventTimer {
@@ -57,9 +59,11 @@ impl CudaEventTimer {
         let labels = self.labels.lock().unwrap_or_else(|p| p.into_inner());
         labels
             .iter()
-            .filter_map(|(_, site)| {
-                site.read_back(site.entries.load(Ordering::Acquire));
-                site.stats.lock().unwrap_or_else(|p| p.into_inner()).clone().filter(|s| s.count > 0)
+            .filter_map(|(_, stats, sites)| {
+                for site in sites {
+                    site.read_back(site.entries.load(Ordering::Acquire));
+                }
+                Some(stats.lock().unwrap_or_else(|p| p.into_inner()).clone()).filter(|s| s.count > 0)
             })
             .collect()
     }
@@ -83,13 +87,11 @@ impl Site {
     }
 
     fn add(&self, elapsed: Duration) {
-        let mut stats = self.stats.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(s) = stats.as_mut() {
-            s.count += 1;
-            s.total += elapsed;
-            s.min = s.min.min(elapsed);
-            s.max = s.max.max(elapsed);
-        }
+        let mut s = self.stats.lock().unwrap_or_else(|p| p.into_inner());
+        s.count += 1;
+        s.total += elapsed;
+        s.min = s.min.min(elapsed);
+        s.max = s.max.max(elapsed);
     }
 }
 
@@ -134,18 +136,18 @@ impl Guard for CudaEventTimer {
     }
 
     fn prepare(&self, site: &GuardSite<'_>) -> Result<Box<dyn ScopedGuard>> {
+        let context = self.device.context().clone();
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let mut events = Vec::with_capacity(RING);
+        for _ in 0..RING {
+            let start = context.new_event(flags).map_err(|e| cuda_error("event", e))?;
+            let end = context.new_event(flags).map_err(|e| cuda_error("event", e))?;
+            events.push((start, end));
+        }
         let mut labels = self.labels.lock().unwrap_or_else(|p| p.into_inner());
-        let shared = match labels.iter().find(|(l, _)| l == site.label) {
-            Some((_, s)) => s.clone(),
+        let index = match labels.iter().position(|(l, _, _)| l == site.label) {
+            Some(i) => i,
             None => {
-                let context = self.device.context().clone();
-                let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-                let mut events = Vec::with_capacity(RING);
-                for _ in 0..RING {
-                    let start = context.new_event(flags).map_err(|e| cuda_error("event", e))?;
-                    let end = context.new_event(flags).map_err(|e| cuda_error("event", e))?;
-                    events.push((start, end));
-                }
                 let stats = TimerStats {
                     label: site.label.to_string(),
                     count: 0,
@@ -153,16 +155,21 @@ impl Guard for CudaEventTimer {
                     min: Duration::MAX,
                     max: Duration::ZERO,
                 };
-                let s = Arc::new(Site {
-                    events,
-                    entries: AtomicU64::new(0),
-                    read: Mutex::new(0),
-                    stats: Mutex::new(Some(stats)),
-                });
-                labels.push((site.label.to_string(), s.clone()));
-                s
+                labels.push((site.label.to_string(), Arc::new(Mutex::new(stats)), Vec::new()));
+                labels.len() - 1
             }
         };
-        Ok(Box::new(PreparedEvents { site: shared, device: self.device.clone() }))
+        let (_, stats, sites) = &mut labels[index];
+        // Sites whose plans were dropped: their times are added, their events freed.
+        sites.retain(|site| {
+            let alive = Arc::strong_count(site) > 1;
+            if !alive {
+                site.read_back(site.entries.load(Ordering::Acquire));
+            }
+            alive
+        });
+        let ring = Arc::new(Site { events, entries: AtomicU64::new(0), read: Mutex::new(0), stats: stats.clone() });
+        sites.push(ring.clone());
+        Ok(Box::new(PreparedEvents { site: ring, device: self.device.clone() }))
     }
 }

@@ -197,13 +197,41 @@ pub fn index_op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, St
             let input = shape(0)?;
             let (rows, cols) = (input[input.len() - 2].max(1), input[input.len() - 1].max(1));
             let masked = narrow(out_dtype, &literal(f32::NEG_INFINITY));
-            (
+            // 16-byte vectors where rows are whole vectors (of a float dtype): the lanes past
+            // the diagonal get -inf's bits.
+            let size = out_dtype.size_bytes();
+            let v = if out_dtype.is_float() { vector_width(out_dtype, &[cols]) } else { 1 };
+            vector = v;
+            let body = if v > 1 {
+                let bits = match out_dtype {
+                    crate::DType::BF16 => 0xff80u32,
+                    crate::DType::F16 => 0xfc00,
+                    _ => 0xff80_0000,
+                };
+                let set_lane = if size == 2 {
+                    format!("w[k / 2] = (w[k / 2] & ~(0xffffu << (16 * (k & 1)))) | ({bits:#x}u << (16 * (k & 1)));")
+                } else {
+                    format!("w[k] = {bits:#x}u;")
+                };
+                format!(
+                    "const long long e = i * {v}ll, c = e % {cols}ll, r = (e / {cols}ll) % {rows}ll;\n    \
+                     uint4 x = in0[i];\n    \
+                     if (c + {last}ll > r) {{\n      \
+                     unsigned int w[4] = {{x.x, x.y, x.z, x.w}};\n      \
+                     #pragma unroll\n      \
+                     for (int k = 0; k < {v}; ++k) if (c + k > r) {{ {set_lane} }}\n      \
+                     x = make_uint4(w[0], w[1], w[2], w[3]);\n    \
+                     }}\n    \
+                     out0[i] = x;",
+                    last = v - 1,
+                )
+            } else {
                 format!(
                     "const long long c = i % {cols}ll, r = (i / {cols}ll) % {rows}ll;\n    \
                      out0[i] = c <= r ? in0[i] : ({out_element})({masked});"
-                ),
-                vec![input.iter().product()],
-            )
+                )
+            };
+            (body, vec![input.iter().product()])
         }
         prims::SUM_AXIS | prims::MAX_AXIS | prims::ARGMAX => {
             let input = shape(0)?;

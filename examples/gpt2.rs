@@ -551,7 +551,8 @@ fn profile(
     let mut kinds: Vec<String> = Vec::new();
     for scope in prepared.scopes() {
         let path = scope.path();
-        let innermost = !prepared.scopes().iter().any(|s| s.path().len() > path.len() && s.path().starts_with(path));
+        let inner = format!("{path}.");
+        let innermost = !prepared.scopes().iter().any(|s| s.path().starts_with(&inner));
         let kind: Vec<&str> =
             path.split('.').map(|c| if c.bytes().all(|b| b.is_ascii_digit()) { "*" } else { c }).collect();
         let kind = kind.join(".");

@@ -310,7 +310,7 @@ pub fn build<'a>(
         b.layer_norm(x, LN_EPS, Some(w), Some(bias))
     })?;
     // The LM head is tied to the token embedding: logits = x @ wte^T.
-    let (wte, loss) = b.scope("lm_head", |b| {
+    let (wte, shifted_logits) = b.scope("lm_head", |b| {
         let wte = if compute == DType::F32 { f32_wte } else { b.cast(f32_wte, compute)? };
         // Token t predicts token t+1: the rows of positions 0..T-1 against the ids 1..T. The
         // hidden rows are sliced before the head (a slice of [B, T, width], not of the
@@ -322,7 +322,7 @@ pub fn build<'a>(
     })?;
     let loss = b.scope("loss", |b| {
         // In f32 whatever the compute dtype, as autocast runs `cross_entropy`.
-        let l = if compute == DType::F32 { loss } else { b.cast(loss, DType::F32)? };
+        let l = if compute == DType::F32 { shifted_logits } else { b.cast(shifted_logits, DType::F32)? };
         let targets = b.slice(ids, 1, 1, tokens)?;
         let targets = b.reshape(targets, &[batch * (tokens - 1)])?;
         b.cross_entropy(l, targets)

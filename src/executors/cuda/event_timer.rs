@@ -56,7 +56,8 @@ impl CudaEventTimer {
     /// Statistics per label (waits for the device work recorded so far), in the order labels
     /// were first prepared; labels that never ran are left out.
     pub fn stats(&self) -> Vec<TimerStats> {
-        let labels = self.labels.lock().unwrap_or_else(|p| p.into_inner());
+        let mut labels = self.labels.lock().unwrap_or_else(|p| p.into_inner());
+        prune(&mut labels);
         labels
             .iter()
             .filter_map(|(_, stats, sites)| {
@@ -66,6 +67,20 @@ impl CudaEventTimer {
                 Some(stats.lock().unwrap_or_else(|p| p.into_inner()).clone()).filter(|s| s.count > 0)
             })
             .collect()
+    }
+}
+
+/// Frees the sites whose plans were dropped (the timer holds their last reference), their
+/// times added to their labels first.
+fn prune(labels: &mut Labels) {
+    for (_, _, sites) in labels.iter_mut() {
+        sites.retain(|site| {
+            let alive = Arc::strong_count(site) > 1;
+            if !alive {
+                site.read_back(site.entries.load(Ordering::Acquire));
+            }
+            alive
+        });
     }
 }
 
@@ -159,15 +174,8 @@ impl Guard for CudaEventTimer {
                 labels.len() - 1
             }
         };
+        prune(&mut labels);
         let (_, stats, sites) = &mut labels[index];
-        // Sites whose plans were dropped: their times are added, their events freed.
-        sites.retain(|site| {
-            let alive = Arc::strong_count(site) > 1;
-            if !alive {
-                site.read_back(site.entries.load(Ordering::Acquire));
-            }
-            alive
-        });
         let ring = Arc::new(Site { events, entries: AtomicU64::new(0), read: Mutex::new(0), stats: stats.clone() });
         sites.push(ring.clone());
         Ok(Box::new(PreparedEvents { site: ring, device: self.device.clone() }))

@@ -227,8 +227,9 @@ impl LtGemm {
         let (mp, np, kp) = (pad(shape.m), pad(shape.n), pad(shape.k));
         let (m, n, k) = (mp as u64, np as u64, kp as u64);
         // Column-major, cuBLAS's order: C^T[n, m] = op(B)[n, k] · A^T[k, m], where the
-        // row-major buffers read as column-major are A^T (k x m, leading k), B^T (n x k, leading
-        // n) for `matmul`, and W^T (k x n, leading k) for `linear`, which op = T turns to n x k.
+        // row-major buffers read as column-major are A^T (k x m), B^T (n x k) for `matmul`, and
+        // W^T (k x n) for `linear`, which op = T turns to n x k; each one's leading dimension is
+        // its row-major row length (padded where the product is, below).
         let f32 = match shape.dtype {
             crate::DType::BF16 => sys::cudaDataType_t::CUDA_R_16BF,
             crate::DType::F16 => sys::cudaDataType_t::CUDA_R_16F,

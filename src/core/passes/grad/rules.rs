@@ -423,12 +423,14 @@ fn layer_norm<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Gra
 /// `scaled_dot_product_attention(q, k, v, scale, causal)`, recomputing the probabilities:
 /// `dv = p^T g`, `ds = p (g v^T - rowsum(p g v^T)) scale`, `dq = ds k`, `dk = ds^T q`.
 ///
-/// In `f32` every step is `f32`. With 16-bit operands it is PyTorch's math attention under
-/// autocast: the products take and give 16-bit values (accumulating in `f32`), `q` is scaled
-/// before its product (exact for a power-of-two scale such as `1/sqrt(64)`), the probabilities
-/// are computed in `f32` and kept in 16 bits, and `ds` is computed in `f32` from them and
-/// rounded once. The score-sized tensors, the largest of a transformer's backward, then take
-/// two bytes an element, and the products run at the 16-bit rate.
+/// With an `f32` result every step is `f32` (16-bit operands widened). With a 16-bit result it
+/// is like PyTorch's math attention under autocast: the products take and give 16-bit values
+/// (accumulating in `f32`; operands of another dtype are cast to the result's), `q` is scaled
+/// before its product (exact for a power-of-two scale such as `1/sqrt(64)`; PyTorch scales `q`
+/// and `k` by its square root), the probabilities are computed in `f32` and kept in 16 bits, and
+/// `ds` is computed in `f32` from them and rounded once. The score-sized tensors, the largest of
+/// a transformer's backward, then take two bytes an element, and the products run at the 16-bit
+/// rate.
 fn attention<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Grads> {
     let scalar = |i: usize| match op.args.get(i) {
         Some(Arg::Scalar(s)) => Ok(*s),
@@ -436,7 +438,9 @@ fn attention<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Grad
     };
     let (scale, causal) = (scalar(3)?, scalar(4)? != 0.0);
     let (q, k, v, g) = (tensor(op, 0)?, tensor(op, 1)?, tensor(op, 2)?, op.cotangent);
-    if b.dtype(q)? == DType::F32 && b.dtype(g)? == DType::F32 {
+    let dtype = b.dtype(op.output)?;
+    if dtype == DType::F32 {
+        let [q, k, v, g] = widened(b, [q, k, v, g])?;
         let scores = b.matmul_transposed(q, k)?;
         let mut scores = b.mul_scalar(scores, scale)?;
         if causal {
@@ -454,8 +458,8 @@ fn attention<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Grad
         let dk = b.transposed_matmul(ds, q)?;
         return Ok(vec![Some(dq), Some(dk), Some(dv), None, None]);
     }
-    let dtype = b.dtype(q)?;
-    let g = if b.dtype(g)? == dtype { g } else { b.cast(g, dtype)? };
+    let mut in_dtype = |x: ValueId| if b.dtype(x)? == dtype { Ok(x) } else { b.cast(x, dtype) };
+    let (q, k, v, g) = (in_dtype(q)?, in_dtype(k)?, in_dtype(v)?, in_dtype(g)?);
     let scaled_q = b.mul_scalar(q, scale)?;
     let mut scores = b.matmul_transposed(scaled_q, k)?;
     if causal {

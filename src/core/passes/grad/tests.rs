@@ -159,13 +159,20 @@ fn profiling_guards_repeat_on_the_backward_labelled_as_such_and_scope_guards_fol
 fn attention_gradients_in_16_bits_follow_the_f32_ones() {
     // The 16-bit rule is its own code path (16-bit products, `f32` probabilities kept in 16
     // bits): with a wrong scale, mask or product it lands far from the `f32` gradients.
-    let grads_in = |dtype: DType, scale: Option<f32>, causal: bool| -> Vec<Vec<f32>> {
+    let grads_in = |dtypes: [DType; 3], scale: Option<f32>, causal: bool| -> Vec<Vec<f32>> {
+        let dtype = dtypes.into_iter().reduce(DType::promote).unwrap();
         let (registry, arena) = (Registry::with_builtins(), Arena::new());
         let mut b = TraceBuilder::new(&arena, &registry);
         let shape = [2, 3, 7, 8];
         let (q, k, v) = (b.input(&shape).unwrap(), b.input(&shape).unwrap(), b.input(&shape).unwrap());
         let w = b.input(&shape).unwrap();
-        let [qc, kc, vc] = [q, k, v].map(|x| if dtype == DType::F32 { x } else { b.cast(x, dtype).unwrap() });
+        let [qc, kc, vc] = [(q, dtypes[0]), (k, dtypes[1]), (v, dtypes[2])].map(|(x, d)| {
+            if d == DType::F32 {
+                x
+            } else {
+                b.cast(x, d).unwrap()
+            }
+        });
         let y = b.scaled_dot_product_attention(qc, kc, vc, causal, scale).unwrap();
         let y = if dtype == DType::F32 { y } else { b.cast(y, DType::F32).unwrap() };
         let weighted = b.mul(y, w).unwrap();
@@ -173,6 +180,14 @@ fn attention_gradients_in_16_bits_follow_the_f32_ones() {
         let loss = b.sum(flat).unwrap();
         b.output(loss).unwrap();
         let grads = Grad::new(&[q, k, v]).run(&b.finish().unwrap(), &arena).unwrap();
+        // The backward's products give the forward's dtype (16-bit products in 16 bits).
+        let products: Vec<DType> = grads
+            .bound_symbols()
+            .iter()
+            .filter(|s| grads.symbol_name(s) == "matmul_transposed")
+            .map(|s| grads.value_meta(s.outputs()[0]).unwrap().dtype)
+            .collect();
+        assert!(products.len() >= 2 && products.iter().all(|&d| d == dtype), "{products:?}");
         let plan = crate::Plan::compile(&grads, &[crate::executors::CpuReference::shared()]).unwrap();
         let fill = |seed: usize| {
             crate::Tensor::from_fn(&shape, move |i| (((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0 - 1.0) * 1.5)
@@ -181,10 +196,13 @@ fn attention_gradients_in_16_bits_follow_the_f32_ones() {
         let out = plan.run(&inputs.iter().collect::<Vec<_>>()).unwrap();
         out[1..].iter().map(|t| t.to_f32_vec()).collect()
     };
+    // Mixed operands: the result's dtype decides (f32 here: every step in f32).
+    let mixed = [[DType::BF16, DType::F32, DType::F32], [DType::F32, DType::BF16, DType::BF16]];
     for (scale, causal) in [(None, true), (Some(0.3), false)] {
-        let exact = grads_in(DType::F32, scale, causal);
-        for dtype in [DType::BF16, DType::F16] {
-            let approx = grads_in(dtype, scale, causal);
+        let exact = grads_in([DType::F32; 3], scale, causal);
+        for dtypes in [[DType::BF16; 3], [DType::F16; 3], mixed[0], mixed[1]] {
+            let dtype = if dtypes.contains(&DType::F16) { DType::F16 } else { DType::BF16 };
+            let approx = grads_in(dtypes, scale, causal);
             for (which, (e, a)) in exact.iter().zip(&approx).enumerate() {
                 let largest = e.iter().fold(0f32, |m, x| m.max(x.abs()));
                 let error = e.iter().zip(a).fold(0f32, |m, (x, y)| m.max((x - y).abs())) / largest;

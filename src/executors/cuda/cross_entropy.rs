@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use cudarc::driver::{sys, CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
 
-use super::codegen::{element_type, narrow, widen, RegionSource, HALF_CONVERSIONS};
+use super::codegen::{element_type, narrow, widen, HALF_CONVERSIONS};
 use super::device::{cuda_error, slice, slice_mut, CudaDevice};
 use super::device_checks::{launch, record_fault, BufferLengths, PerStream};
 use crate::core::ir::{prims, DType};
@@ -50,22 +50,6 @@ pub(crate) fn runs_backward_whole(op: &OpView<'_>) -> bool {
         && op.dtype_of(tensors[2]).is_float()
         && matches!((op.input_shape(0), op.input_shape(1)), (Ok([r, _]), Ok([n])) if r == n)
         && op.input_shape(2).is_ok_and(|g| g.iter().product::<usize>() == 1)
-}
-
-/// A kernel of generated source (the launch parameters are passed by hand).
-fn function(device: &Arc<CudaDevice>, name: String, source: String) -> Result<CudaFunction> {
-    let generated = RegionSource {
-        kernel: name,
-        source,
-        inputs: 0,
-        outputs: 0,
-        numel: 0,
-        vectorized: false,
-        threads: 0,
-        input_lengths: Vec::new(),
-        output_lengths: Vec::new(),
-    };
-    device.function(&generated)
 }
 
 /// The launch of a kernel that takes a block per row (at most 2^20 blocks; each loops).
@@ -107,7 +91,7 @@ impl CrossEntropyBackward {
         let source = backward_source(kernel, dtype, target_dtype, grad_dtype, classes);
         Ok(Self {
             device: device.clone(),
-            kernel: function(device, kernel.to_string(), source)?,
+            kernel: device.hand_launched(kernel, source)?,
             rows,
             classes,
             lengths: BufferLengths {
@@ -193,7 +177,7 @@ impl CrossEntropy {
         let out_dtype = op.dtype_of(op.bound_symbol().outputs()[0]);
         let logits = op.input_shape(0)?;
         let (rows, classes) = (logits[0], logits[1]);
-        let function = |name: String, source: String| function(device, name, source);
+        let function = |name: String, source: String| device.hand_launched(&name, source);
         let rows_name = format!("{kernel}_rows");
         let mean_name = format!("{kernel}_mean");
         Ok(Self {

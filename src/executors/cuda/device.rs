@@ -305,6 +305,22 @@ impl CudaDevice {
         Ok(function)
     }
 
+    /// The kernel `kernel` of CUDA C `source` whose launches pass their parameters by hand
+    /// (no region metadata), compiled once per source as [`function`](Self::function) does.
+    pub(crate) fn hand_launched(&self, kernel: &str, source: String) -> Result<CudaFunction> {
+        self.function(&RegionSource {
+            kernel: kernel.to_string(),
+            source,
+            inputs: 0,
+            outputs: 0,
+            numel: 0,
+            vectorized: false,
+            threads: 0,
+            input_lengths: Vec::new(),
+            output_lengths: Vec::new(),
+        })
+    }
+
     /// The two staging chunks, made the first time.
     fn staging_chunks<'s>(&self, staging: &'s mut Staging) -> Result<&'s mut Staging> {
         while staging.chunks.len() < 2 {

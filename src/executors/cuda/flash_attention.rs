@@ -16,7 +16,7 @@ use std::sync::Arc;
 use cudarc::driver::{sys, CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
 
 use super::attention::AttentionOperands;
-use super::codegen::{element_type, narrow, widen, RegionSource, HALF_CONVERSIONS};
+use super::codegen::{element_type, narrow, widen, HALF_CONVERSIONS};
 use super::device::{cuda_error, slice, slice_mut, CudaDevice};
 use super::device_checks::{launch, BufferLengths};
 use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView};
@@ -222,18 +222,7 @@ impl FlashAttention {
                      multiple of 16) and at least one key"
                 .into(),
         })?;
-        let generated = RegionSource {
-            kernel: kernel.to_string(),
-            source: source(kernel, &shape),
-            inputs: 0,
-            outputs: 0,
-            numel: 0,
-            vectorized: false,
-            threads: 0,
-            input_lengths: Vec::new(),
-            output_lengths: Vec::new(),
-        };
-        let function = device.function(&generated)?;
+        let function = device.hand_launched(kernel, source(kernel, &shape))?;
         let bytes = shared_floats(&shape) * std::mem::size_of::<f32>();
         function
             .set_attribute(

@@ -360,18 +360,7 @@ impl LtGemm {
         drop(lt);
         descriptors.algo = heuristic.algo;
         let repitch = if staged.iter().any(Option::is_some) {
-            let source = super::codegen::RegionSource {
-                kernel: "bs_repitch_u16".into(),
-                source: REPITCH.into(),
-                inputs: 0,
-                outputs: 0,
-                numel: 0,
-                vectorized: false,
-                threads: 0,
-                input_lengths: Vec::new(),
-                output_lengths: Vec::new(),
-            };
-            Some(device.function(&source)?)
+            Some(device.hand_launched("bs_repitch_u16", REPITCH.into())?)
         } else {
             None
         };

@@ -439,29 +439,15 @@ fn attention<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Grad
     let (scale, causal) = (scalar(3)?, scalar(4)? != 0.0);
     let (q, k, v, g) = (tensor(op, 0)?, tensor(op, 1)?, tensor(op, 2)?, op.cotangent);
     let dtype = b.dtype(op.output)?;
-    if dtype == DType::F32 {
-        let [q, k, v, g] = widened(b, [q, k, v, g])?;
-        let scores = b.matmul_transposed(q, k)?;
-        let mut scores = b.mul_scalar(scores, scale)?;
-        if causal {
-            scores = b.causal_mask(scores)?;
-        }
-        let p = b.softmax(scores)?;
-        let dv = b.transposed_matmul(p, g)?;
-        let dp = b.matmul_transposed(g, v)?;
-        let weighted = b.mul(dp, p)?;
-        let dot = b.sum(weighted)?;
-        let centered = b.sub(dp, dot)?;
-        let ds = b.mul(p, centered)?;
-        let ds = b.mul_scalar(ds, scale)?;
-        let dq = b.matmul(ds, k)?;
-        let dk = b.transposed_matmul(ds, q)?;
-        return Ok(vec![Some(dq), Some(dk), Some(dv), None, None]);
-    }
     let mut in_dtype = |x: ValueId| if b.dtype(x)? == dtype { Ok(x) } else { b.cast(x, dtype) };
     let (q, k, v, g) = (in_dtype(q)?, in_dtype(k)?, in_dtype(v)?, in_dtype(g)?);
-    let scaled_q = b.mul_scalar(q, scale)?;
-    let mut scores = b.matmul_transposed(scaled_q, k)?;
+    let mut scores = if dtype == DType::F32 {
+        let scores = b.matmul_transposed(q, k)?;
+        b.mul_scalar(scores, scale)?
+    } else {
+        let scaled_q = b.mul_scalar(q, scale)?;
+        b.matmul_transposed(scaled_q, k)?
+    };
     if causal {
         scores = b.causal_mask(scores)?;
     }
@@ -474,7 +460,7 @@ fn attention<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Grad
     let centered = b.sub(dp_wide, dot)?;
     let ds = b.mul(p_wide, centered)?;
     let ds = b.mul_scalar(ds, scale)?;
-    let ds = b.cast(ds, dtype)?;
+    let ds = if dtype == DType::F32 { ds } else { b.cast(ds, dtype)? };
     let dq = b.matmul(ds, k)?;
     let dk = b.transposed_matmul(ds, q)?;
     Ok(vec![Some(dq), Some(dk), Some(dv), None, None])

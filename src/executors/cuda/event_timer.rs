@@ -32,11 +32,20 @@ const RING: usize = 4;
 #[derive(Clone)]
 pub struct CudaEventTimer {
     device: Arc<CudaDevice>,
-    labels: Arc<Mutex<Labels>>,
+    labels: Arc<Mutex<Table>>,
 }
 
 /// Per label: its statistics, and the sites that add to them.
 type Labels = Vec<(String, Arc<Mutex<TimerStats>>, Vec<Arc<Site>>)>;
+
+/// The labels, and how many sites they held after the last [`prune`] (dropped plans' sites are
+/// freed once the count has doubled since, so that preparing stays linear in the sites).
+#[derive(Default)]
+struct Table {
+    labels: Labels,
+    sites: usize,
+    pruned_at: usize,
+}
 
 struct Site {
     events: Vec<(CudaEvent, CudaEvent)>,
@@ -56,9 +65,10 @@ impl CudaEventTimer {
     /// Statistics per label (waits for the device work recorded so far), in the order labels
     /// were first prepared; labels that never ran are left out.
     pub fn stats(&self) -> Vec<TimerStats> {
-        let mut labels = self.labels.lock().unwrap_or_else(|p| p.into_inner());
-        prune(&mut labels);
-        labels
+        let mut table = self.labels.lock().unwrap_or_else(|p| p.into_inner());
+        prune(&mut table);
+        table
+            .labels
             .iter()
             .filter_map(|(_, stats, sites)| {
                 for site in sites {
@@ -72,8 +82,9 @@ impl CudaEventTimer {
 
 /// Frees the sites whose plans were dropped (the timer holds their last reference), their
 /// times added to their labels first.
-fn prune(labels: &mut Labels) {
-    for (_, _, sites) in labels.iter_mut() {
+fn prune(table: &mut Table) {
+    table.sites = 0;
+    for (_, _, sites) in table.labels.iter_mut() {
         sites.retain(|site| {
             let alive = Arc::strong_count(site) > 1;
             if !alive {
@@ -81,6 +92,7 @@ fn prune(labels: &mut Labels) {
             }
             alive
         });
+        table.sites += sites.len();
     }
 }
 
@@ -159,7 +171,13 @@ impl Guard for CudaEventTimer {
             let end = context.new_event(flags).map_err(|e| cuda_error("event", e))?;
             events.push((start, end));
         }
-        let mut labels = self.labels.lock().unwrap_or_else(|p| p.into_inner());
+        let mut table = self.labels.lock().unwrap_or_else(|p| p.into_inner());
+        if table.sites >= 2 * table.pruned_at.max(64) {
+            prune(&mut table);
+            table.pruned_at = table.sites;
+        }
+        table.sites += 1;
+        let labels = &mut table.labels;
         let index = match labels.iter().position(|(l, _, _)| l == site.label) {
             Some(i) => i,
             None => {
@@ -174,7 +192,6 @@ impl Guard for CudaEventTimer {
                 labels.len() - 1
             }
         };
-        prune(&mut labels);
         let (_, stats, sites) = &mut labels[index];
         let ring = Arc::new(Site { events, entries: AtomicU64::new(0), read: Mutex::new(0), stats: stats.clone() });
         sites.push(ring.clone());

@@ -8,6 +8,9 @@
 //! the rest on the CPU reference. Each result is checked against the CPU reference alone first.
 //! Lines starting `RESULT ` are JSON; `scripts/transformer_ops_report.py` puts both side by side.
 //!
+//! Arguments name the workloads to run (all by default); `--profile` times every op with a
+//! `HostTimer` and prints each op's mean on stderr.
+//!
 //! ```text
 //! cargo build --release --example cpu_bench
 //! (target/release/examples/cpu_bench; python3 scripts/torch_cpu.py) | python3 scripts/transformer_ops_report.py
@@ -17,6 +20,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use boundscope::executors::{CpuFusion, CpuReference};
+use boundscope::guards::{HostTimer, Selection};
 use boundscope::passes::{FuseRegions, Pass, Pipeline};
 use boundscope::{Arena, Executor, Plan, Registry, Tensor, Trace, TraceBuilder, ValueId};
 
@@ -118,7 +122,11 @@ fn main() -> boundscope::Result<()> {
     let executors: Vec<Arc<dyn Executor>> = vec![fusion.clone(), CpuReference::shared()];
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("machine: {threads} threads");
-    for w in workloads() {
+    // `--profile`: each op's mean host time, on stderr, after the timed runs.
+    let profile = std::env::args().any(|a| a == "--profile");
+    // Other arguments name the workloads to run (all when none is named).
+    let only: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    for w in workloads().into_iter().filter(|w| only.is_empty() || only.iter().any(|o| o == w.name)) {
         let arena = Arena::new();
         let trace = trace(&arena, &registry, &w)?;
         let inputs: Vec<Tensor> = w
@@ -129,7 +137,11 @@ fn main() -> boundscope::Result<()> {
             .collect();
         let refs: Vec<&Tensor> = inputs.iter().collect();
         let prims = Pipeline::for_executors(&executors).run(&trace, &arena)?;
-        let fused = FuseRegions::new(fusion.clone()).run(&prims, &arena)?;
+        let mut fused = FuseRegions::new(fusion.clone()).run(&prims, &arena)?;
+        let timer = HostTimer::new();
+        if profile {
+            fused.attach_guard(Selection::All, timer.clone())?;
+        }
         let plan = Plan::compile(&fused, &executors)?;
         let expected = Plan::compile(&trace, &[CpuReference::shared()])?.run(&refs)?;
         let got = plan.run(&refs)?;
@@ -153,6 +165,9 @@ fn main() -> boundscope::Result<()> {
             w.name,
             w.flops / (ms * 1e-3) / 1e12
         );
+        for stats in timer.stats() {
+            eprintln!("{}: {:>12} {:.4} ms x {}", w.name, stats.label, stats.mean().as_secs_f64() * 1e3, stats.count);
+        }
     }
     Ok(())
 }

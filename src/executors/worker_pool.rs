@@ -16,11 +16,29 @@
 use std::any::Any;
 use std::cell::Cell;
 use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 /// The fewest elements of a streaming op worth a part of its own: below this, waking a worker
 /// costs more than it saves, and small ops stay on the calling thread.
 pub(crate) const MIN_ELEMENTS_PER_PART: usize = 1 << 16;
+
+/// The fewest elements worth a part of their own for ops that spend nanoseconds on each
+/// element (exponentials, logarithms, `tanh`, `gelu`, softmax and layer_norm rows), where
+/// [`MIN_ELEMENTS_PER_PART`] is for streaming ops of a few instructions per element: a part
+/// of this many costs tens of microseconds, well above what starting a section costs.
+pub(crate) const MIN_COSTLY_ELEMENTS_PER_PART: usize = 1 << 13;
+
+/// The fewest elements worth a part for elementwise op `op` (a prim's id).
+pub(crate) fn min_elements_per_part(op: crate::core::ir::SymbolId) -> usize {
+    use crate::core::ir::prims;
+    if [prims::EXP, prims::LOG, prims::TANH, prims::SIGMOID, prims::GELU].contains(&op) {
+        MIN_COSTLY_ELEMENTS_PER_PART
+    } else {
+        MIN_ELEMENTS_PER_PART
+    }
+}
 
 /// How many threads the machine offers (at least 1), asked once per process:
 /// `available_parallelism` reads the cgroup files on Linux and allocates each time.
@@ -121,6 +139,14 @@ thread_local! {
     static IN_SECTION: Cell<bool> = const { Cell::new(false) };
 }
 
+/// How long a worker that finished a section, or a caller waiting for its workers, polls
+/// before it sleeps on a condition variable. Plans run sections back to back (an op, then the
+/// next): waking a sleeping thread costs a system call on each side and tens of microseconds on
+/// a busy virtual machine, more than a small op takes, while a polling thread starts within a
+/// fraction of a microsecond. OpenMP runtimes poll the same way (GNU's for about 300,000 spins,
+/// Intel's for 200 ms); this is shorter, so that an idle process goes quiet quickly.
+const POLL_BEFORE_SLEEPING: Duration = Duration::from_micros(100);
+
 /// A job pointer workers may call while the section that published it is open.
 #[derive(Clone, Copy)]
 struct JobRef(*const (dyn Fn(usize) + Sync));
@@ -139,6 +165,10 @@ struct Section {
     /// Workers of this section that have not finished yet.
     pending: usize,
     panic: Option<Box<dyn Any + Send>>,
+    /// Workers asleep on `start`, and whether the caller sleeps on `done`: a condition
+    /// variable is notified only when somebody sleeps on it.
+    sleeping_workers: usize,
+    caller_sleeps: bool,
 }
 
 struct WorkerPool {
@@ -148,6 +178,10 @@ struct WorkerPool {
     section: Mutex<Section>,
     start: Condvar,
     done: Condvar,
+    /// `Section::generation` and `Section::pending` as the polling threads read them (written
+    /// under the section's lock, read without it).
+    published: AtomicU64,
+    unfinished: AtomicUsize,
 }
 
 fn pool() -> &'static WorkerPool {
@@ -172,9 +206,20 @@ fn pool() -> &'static WorkerPool {
         WorkerPool {
             workers,
             caller: Mutex::new(()),
-            section: Mutex::new(Section { generation: 0, job: None, threads: 0, parts: 0, pending: 0, panic: None }),
+            section: Mutex::new(Section {
+                generation: 0,
+                job: None,
+                threads: 0,
+                parts: 0,
+                pending: 0,
+                panic: None,
+                sleeping_workers: 0,
+                caller_sleeps: false,
+            }),
             start: Condvar::new(),
             done: Condvar::new(),
+            published: AtomicU64::new(0),
+            unfinished: AtomicUsize::new(0),
         }
     })
 }
@@ -190,7 +235,7 @@ impl WorkerPool {
         // SAFETY: only the lifetime is erased. The pointer is cleared below before this
         // function returns, and not before every worker of this section has reported done.
         let erased: *const (dyn Fn(usize) + Sync) = unsafe { std::mem::transmute(job) };
-        {
+        let wake = {
             let mut section = lock(&self.section);
             section.generation = section.generation.wrapping_add(1);
             section.job = Some(JobRef(erased));
@@ -198,8 +243,13 @@ impl WorkerPool {
             section.parts = parts;
             section.pending = threads - 1;
             section.panic = None;
+            self.unfinished.store(threads - 1, Ordering::Release);
+            self.published.store(section.generation, Ordering::Release);
+            section.sleeping_workers > 0
+        };
+        if wake {
+            self.start.notify_all();
         }
-        self.start.notify_all();
         IN_SECTION.set(true);
         let mine = catch_unwind(AssertUnwindSafe(|| {
             let mut part = 0;
@@ -209,9 +259,12 @@ impl WorkerPool {
             }
         }));
         IN_SECTION.set(false);
+        poll_until(|| self.unfinished.load(Ordering::Acquire) == 0);
         let mut section = lock(&self.section);
         while section.pending > 0 {
+            section.caller_sleeps = true;
             section = self.done.wait(section).unwrap_or_else(PoisonError::into_inner);
+            section.caller_sleeps = false;
         }
         section.job = None;
         let theirs = section.panic.take();
@@ -229,10 +282,13 @@ impl WorkerPool {
         IN_SECTION.set(true);
         let mut seen = 0;
         loop {
+            poll_until(|| self.published.load(Ordering::Acquire) != seen);
             let (job, threads, parts) = {
                 let mut section = lock(&self.section);
                 while section.generation == seen || section.job.is_none() {
+                    section.sleeping_workers += 1;
                     section = self.start.wait(section).unwrap_or_else(PoisonError::into_inner);
+                    section.sleeping_workers -= 1;
                 }
                 seen = section.generation;
                 match section.job {
@@ -255,8 +311,27 @@ impl WorkerPool {
                 section.panic.get_or_insert(panic);
             }
             section.pending -= 1;
-            if section.pending == 0 {
+            self.unfinished.store(section.pending, Ordering::Release);
+            if section.pending == 0 && section.caller_sleeps {
                 self.done.notify_one();
+            }
+        }
+    }
+}
+
+/// Polls `ready` for up to [`POLL_BEFORE_SLEEPING`]; the caller then checks again under the
+/// lock and sleeps if it is still not ready.
+fn poll_until(ready: impl Fn() -> bool) {
+    // The clock is read every 64 polls: a poll is a load and a pause (tens of nanoseconds).
+    let mut started: Option<Instant> = None;
+    let mut polls = 0u32;
+    while !ready() {
+        std::hint::spin_loop();
+        polls = polls.wrapping_add(1);
+        if polls.is_multiple_of(64) {
+            let now = Instant::now();
+            if now.duration_since(*started.get_or_insert(now)) >= POLL_BEFORE_SLEEPING {
+                return;
             }
         }
     }

@@ -11,7 +11,9 @@ use crate::executors::cpu_reference::vector_loops::{
     add_to_lanes, map_binary, map_binary_scalar_left, map_binary_scalar_right, map_unary, row_maxima, row_sums,
 };
 use crate::executors::cpu_reference::{builtin_prim, fused_shape};
-use crate::executors::worker_pool::{part_range, parts_for, run_parts, SharedMut, MIN_ELEMENTS_PER_PART};
+use crate::executors::worker_pool::{
+    min_elements_per_part, part_range, parts_for, run_parts, SharedMut, MIN_ELEMENTS_PER_PART,
+};
 use smallvec::SmallVec;
 
 /// A region's output buffers, or one part's pieces of them.
@@ -202,7 +204,16 @@ impl FusedRegion {
         };
         // Parts of whole blocks, or of whole rows when blocks hold rows.
         let units = if by_rows { numel / row_len } else { numel.div_ceil(block) };
-        let parts = parts_for(threads, numel, MIN_ELEMENTS_PER_PART).min(units).max(1);
+        // Costly functions (exponentials, tanh, ...) are worth splitting at fewer elements.
+        let min_per_part = instructions
+            .iter()
+            .map(|i| match i {
+                Instruction::Unary { op, .. } => min_elements_per_part(*op),
+                _ => MIN_ELEMENTS_PER_PART,
+            })
+            .min()
+            .unwrap_or(MIN_ELEMENTS_PER_PART);
+        let parts = parts_for(threads, numel, min_per_part).min(units).max(1);
         Ok(Self {
             lengths,
             shape,

@@ -7,7 +7,7 @@ use smallvec::smallvec;
 
 use super::in_f32::InF32;
 use super::math::{with_binary, with_unary};
-use super::products::{matmul_rows, BLayout};
+use super::products::{matmul_block, matmul_rows, BLayout};
 use super::vector_loops::{
     map_binary, map_binary_scalar_left, map_binary_scalar_right, map_unary, row_maxima, row_sums,
 };
@@ -16,7 +16,9 @@ use crate::core::ir::{prims, Arg, Shape, SymbolId};
 use crate::core::plan::{Kernel, OpView};
 use crate::core::tensor::{with_same_values, with_values, Data, DataMut, Element, TensorMut, TensorRef};
 use crate::error::{Error, Result};
-use crate::executors::worker_pool::{parts_for, run_parts_writing, MIN_ELEMENTS_PER_PART};
+use crate::executors::worker_pool::{
+    min_elements_per_part, part_range, parts_for, run_parts, run_parts_writing, SharedMut, MIN_ELEMENTS_PER_PART,
+};
 
 /// Compiles the kernel of built-in prim `id`, splitting large ops over up to `threads` threads
 /// (0: every core). Kernels that move values (reshape, transpose, broadcast, cast) take every
@@ -92,7 +94,9 @@ fn compile_kernel(id: SymbolId, op: &OpView<'_>, threads: usize) -> Result<Box<d
         prims::ARGMAX => Box::new(axis_kernels::Argmax::new(op)?),
         prims::WHERE => Box::new(select_kernels::Where::new(op)?),
         _ if prims::COMPARISONS.contains(&id) => Box::new(select_kernels::Compare::new(id, op)?),
-        _ if with_unary!(id, _f => true, _ => false) => Box::new(Unary { op: id, parts: streaming }),
+        _ if with_unary!(id, _f => true, _ => false) => {
+            Box::new(Unary { op: id, parts: parts_for(threads, numel, min_elements_per_part(id)) })
+        }
         _ if with_binary!(id, _f => true, _ => false) => Box::new(Binary::new(id, op, out_shape, streaming)?),
         _ => {
             return Err(Error::NoExecutor {
@@ -314,7 +318,14 @@ struct Matmul {
     a_strides: Shape,
     b_strides: Shape,
     parts: usize,
+    /// Whether the parts split the columns (each part every row of its columns) rather than
+    /// the rows: for few rows a part, so that each part packs only its own columns of `b`.
+    split_columns: bool,
 }
+
+/// Columns of a part when a product is split by columns: a multiple of every register block's
+/// width, so parts add no partial blocks.
+const COLUMNS_PER_UNIT: usize = 32;
 
 impl Matmul {
     fn new(op: &OpView<'_>, out_shape: &[usize], layout: BLayout, threads: usize) -> Result<Self> {
@@ -341,8 +352,10 @@ impl Matmul {
             bias: op.bound_symbol().inputs().count() > 2,
             a_strides: broadcast_strides(&a[..ra - 2], &batch),
             b_strides: broadcast_strides(&b[..rb - 2], &batch),
-            batch,
             parts: parts_for(threads, work, MIN_ELEMENTS_PER_PART),
+            split_columns: batch.iter().product::<usize>() * m < 4 * 96
+                && n >= 2 * COLUMNS_PER_UNIT * parts_for(threads, work, MIN_ELEMENTS_PER_PART),
+            batch,
         })
     }
 }
@@ -356,6 +369,28 @@ impl Kernel for Matmul {
             return Ok(());
         }
         let (a_matrix, b_matrix) = (m * k, k * n);
+        if self.split_columns {
+            // Each part writes every row of its own columns, batch index by batch index.
+            let out = outputs[0].values_mut::<f32>()?;
+            let shared = SharedMut::new(out);
+            let batches = out.len() / (m * n);
+            run_parts(parts, &|part| {
+                let units = part_range(part, parts, n.div_ceil(COLUMNS_PER_UNIT));
+                let columns = units.start * COLUMNS_PER_UNIT..(units.end * COLUMNS_PER_UNIT).min(n);
+                for index in 0..batches {
+                    let a_at = row_offset_in(index, &self.batch, &self.a_strides) * a_matrix;
+                    let b_at = row_offset_in(index, &self.batch, &self.b_strides) * b_matrix;
+                    let (a, b) = (&a[a_at..a_at + a_matrix], &b[b_at..b_at + b_matrix]);
+                    // SAFETY: batch index `index`'s rows lie inside `out` (its length is the
+                    // batches' rows), and each part writes only its own columns of them while
+                    // the section holds `out`'s borrow.
+                    unsafe {
+                        matmul_block(a, b, layout, bias, shared.get().add(index * m * n), 0..m, columns.clone(), k, n)
+                    };
+                }
+            });
+            return Ok(());
+        }
         // Parts of whole rows of the output (all batches' rows in order); each run of rows
         // within one batch index is one product.
         run_parts_writing(outputs[0].values_mut::<f32>()?, parts, n, |rows: Range<usize>, out: &mut [f32]| {

@@ -16,7 +16,7 @@ use super::math::{self, LaneSum};
 use crate::core::plan::{Kernel, OpView};
 use crate::core::tensor::{TensorMut, TensorRef};
 use crate::error::Result;
-use crate::executors::worker_pool::{parts_for, run_parts_writing, MIN_ELEMENTS_PER_PART};
+use crate::executors::worker_pool::{parts_for, run_parts_writing, MIN_COSTLY_ELEMENTS_PER_PART};
 
 /// `softmax` over the last axis: `exp(x - max) / sum(exp(x - max))` per row.
 pub(super) struct Softmax {
@@ -36,7 +36,7 @@ fn rows_of(op: &OpView<'_>, threads: usize) -> Result<(usize, usize)> {
     let shape = op.input_shape(0)?;
     let cols = shape.last().copied().unwrap_or(1);
     let numel: usize = shape.iter().product();
-    Ok((cols, parts_for(threads, numel, MIN_ELEMENTS_PER_PART)))
+    Ok((cols, parts_for(threads, numel, MIN_COSTLY_ELEMENTS_PER_PART)))
 }
 
 impl Softmax {

@@ -605,8 +605,9 @@ unsafe fn product_avx512(
 }
 
 /// `out[m, n] = a[m, k] @ b (+ bias)`, with `a_pack` and `b_pack` as scratch, in the loops of
-/// BLIS: panels of `b` (`KC x NC`) outside, blocks of rows of `a` (`MC x KC`) inside them, and
-/// `B`'s register-wide panels reused across every row panel of `a`.
+/// BLIS: panels of `b` (`KC x NC`, kept in L2) outside, blocks of rows of `a` (`MC x KC`) inside
+/// them, and each register-high panel of `a` (`KC x MR`, kept in L1) run against every
+/// register-wide panel of `b` in turn.
 ///
 /// # Safety
 /// `out` is valid for writes of `m` rows of `out.ldc` values and lent exclusively in its
@@ -648,14 +649,14 @@ unsafe fn product<B: RegisterBlock>(
                 let mc = MC.min(m - i0);
                 let row_panels = mc.div_ceil(mr);
                 pack_a::<B>(a, a_pack, mr, i0, mc, p0, kc, k);
-                for jp in 0..column_panels {
-                    let cols = nr.min(nc - jp * nr);
-                    let bp = &b_pack[jp * kc * nr..(jp + 1) * kc * nr];
-                    let first_column = j0 + jp * nr;
-                    let bias = bias.filter(|_| last).map(|bias| &bias[first_column..]);
-                    for ip in 0..row_panels {
-                        let rows = mr.min(mc - ip * mr);
-                        let ap = &a_pack[ip * kc * mr..(ip + 1) * kc * mr];
+                for ip in 0..row_panels {
+                    let rows = mr.min(mc - ip * mr);
+                    let ap = &a_pack[ip * kc * mr..(ip + 1) * kc * mr];
+                    for jp in 0..column_panels {
+                        let cols = nr.min(nc - jp * nr);
+                        let bp = &b_pack[jp * kc * nr..(jp + 1) * kc * nr];
+                        let first_column = j0 + jp * nr;
+                        let bias = bias.filter(|_| last).map(|bias| &bias[first_column..]);
                         let first_row = i0 + ip * mr;
                         if rows == mr && cols == nr {
                             // SAFETY: the block's MR rows of NR values lie inside the lent
@@ -716,6 +717,12 @@ fn pack_b<B: RegisterBlock>(
         let first = j0 + jp * nr;
         let panel = &mut pack[jp * kc * nr..(jp + 1) * kc * nr];
         match layout {
+            // Whole panels copy a constant width (vector moves, not a `memcpy` call per row).
+            BLayout::Rows if cols == B::NR => {
+                for (p, dst) in panel.chunks_exact_mut(B::NR).enumerate() {
+                    dst.copy_from_slice(&b[(p0 + p) * n + first..][..B::NR]);
+                }
+            }
             BLayout::Rows => {
                 for (p, dst) in panel.chunks_exact_mut(nr).enumerate() {
                     dst[..cols].copy_from_slice(&b[(p0 + p) * n + first..][..cols]);

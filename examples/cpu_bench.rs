@@ -3,7 +3,8 @@
 //! shape [512, 768] x [768, 3072]) and MLP blocks (the quickstart's `linear, gelu, linear,
 //! residual, layer_norm, softmax` at [64, 256], hidden 256, and GPT-2's `linear, gelu, linear`
 //! at [512, 768], hidden 3072), and `softmax` and `layer_norm` over 512 rows of 768 to 4,096
-//! (`softmax_<n>`, `layer_norm_<n>`), each through `Plan` as a user compiles it: the standard passes
+//! (`softmax_<n>`, `layer_norm_<n>`), and the swish chain `x = a * b + 1; x * sigmoid(x)` over
+//! 2^24 values (against `torch.compile` too), each through `Plan` as a user compiles it: the standard passes
 //! keeping the composites the CPU executors run whole, elementwise chains fused for CpuFusion,
 //! the rest on the CPU reference. Each result is checked against the CPU reference alone first.
 //! Lines starting `RESULT ` are JSON; `scripts/transformer_ops_report.py` puts both side by side.
@@ -30,8 +31,11 @@ struct Workload {
     name: &'static str,
     inputs: Vec<Vec<usize>>,
     build: Build,
-    /// Multiply-add FLOPs per run.
+    /// Multiply-add FLOPs per run (for products), or elements (row ops).
     flops: f64,
+    /// Useful bytes per run (every input read once, the output written once) for elementwise
+    /// chains, which are judged by GB/s; 0 for the others.
+    bytes: f64,
 }
 
 fn mlp(g: &mut TraceBuilder<'_>, v: &[ValueId]) -> boundscope::Result<ValueId> {
@@ -59,12 +63,14 @@ fn workloads() -> Vec<Workload> {
             inputs: vec![vec![ROWS, cols]],
             build: |g, v| g.softmax(v[0]),
             flops: elements,
+            bytes: 0.0,
         });
         rows.push(Workload {
             name: layer_norm,
             inputs: vec![vec![ROWS, cols], vec![cols], vec![cols]],
             build: |g, v| g.layer_norm(v[0], 1e-5, Some(v[1]), Some(v[2])),
             flops: elements,
+            bytes: 0.0,
         });
     }
     let mut all = vec![
@@ -73,18 +79,21 @@ fn workloads() -> Vec<Workload> {
             inputs: vec![vec![1024, 1024], vec![1024, 1024]],
             build: |g, v| g.matmul(v[0], v[1]),
             flops: product(1024, 1024, 1024),
+            bytes: 0.0,
         },
         Workload {
             name: "matmul_64x256x256",
             inputs: vec![vec![64, 256], vec![256, 256]],
             build: |g, v| g.matmul(v[0], v[1]),
             flops: product(64, 256, 256),
+            bytes: 0.0,
         },
         Workload {
             name: "matmul_512x768x3072",
             inputs: vec![vec![512, 768], vec![768, 3072]],
             build: |g, v| g.matmul(v[0], v[1]),
             flops: product(512, 768, 3072),
+            bytes: 0.0,
         },
         Workload {
             name: "quickstart_block",
@@ -96,15 +105,32 @@ fn workloads() -> Vec<Workload> {
                 g.softmax(n)
             },
             flops: 2.0 * product(64, 256, 256),
+            bytes: 0.0,
         },
         Workload {
             name: "gpt2_mlp_512",
             inputs: vec![vec![512, 768], vec![3072, 768], vec![3072], vec![768, 3072], vec![768]],
             build: mlp,
             flops: 2.0 * product(512, 768, 3072),
+            bytes: 0.0,
         },
     ];
     all.extend(rows);
+    // The swish chain of the fusion benchmarks, fused by CpuFusion into one region: judged by
+    // GB/s against `torch.compile` on the CPU (`scripts/torch_cpu.py` compiles it).
+    const CHAIN: usize = 1 << 24;
+    all.push(Workload {
+        name: "swish_chain_2^24",
+        inputs: vec![vec![CHAIN], vec![CHAIN]],
+        build: |g, v| {
+            let x = g.mul(v[0], v[1])?;
+            let x = g.add_scalar(x, 1.0)?;
+            let s = g.sigmoid(x)?;
+            g.mul(x, s)
+        },
+        flops: 8.0 * CHAIN as f64,
+        bytes: 3.0 * 4.0 * CHAIN as f64,
+    });
     all
 }
 
@@ -161,9 +187,10 @@ fn main() -> boundscope::Result<()> {
         }
         let ms = start.elapsed().as_secs_f64() * 1e3 / reps as f64;
         println!(
-            "RESULT {{\"impl\":\"boundscope\",\"op\":\"{}\",\"dtype\":\"f32\",\"ms\":{ms},\"gbps\":0,\"tflops\":{}}}",
+            "RESULT {{\"impl\":\"boundscope\",\"op\":\"{}\",\"dtype\":\"f32\",\"ms\":{ms},\"gbps\":{},\"tflops\":{}}}",
             w.name,
-            w.flops / (ms * 1e-3) / 1e12
+            w.bytes / (ms * 1e-3) / 1e9,
+            if w.bytes > 0.0 { 0.0 } else { w.flops / (ms * 1e-3) / 1e12 }
         );
         for stats in timer.stats() {
             eprintln!("{}: {:>12} {:.4} ms x {}", w.name, stats.label, stats.mean().as_secs_f64() * 1e3, stats.count);

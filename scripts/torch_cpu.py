@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """PyTorch eager on the CPU, every core, for examples/cpu_bench.rs: the same workloads and
-shapes, timed the same way (wall clock over many runs after three warm-ups). Prints `RESULT
-{json}` lines for transformer_ops_report.py.
+shapes, timed the same way (wall clock over many runs after three warm-ups), and the elementwise
+chain under torch.compile too (Inductor's C++ backend; it compiles once, before the timing).
+Prints `RESULT {json}` lines for transformer_ops_report.py.
 """
 import json
 import os
@@ -35,21 +36,42 @@ WORKLOADS = [
     ("gpt2_mlp_512", [(512, 768), (3072, 768), (3072,), (768, 3072), (768,)], mlp, 2 * product(512, 768, 3072)),
 ]
 
+def swish(a, b):
+    x = a * b + 1.0
+    return x * torch.sigmoid(x)
+
+
+CHAIN = 1 << 24
+# (name, shapes, function, useful bytes): judged by GB/s, eager and compiled.
+CHAINS = [("swish_chain_2^24", [(CHAIN,), (CHAIN,)], swish, 3 * 4 * CHAIN)]
+
 ROWS = 512
 for cols in (768, 1024, 2048, 4096):
     WORKLOADS.append((f"softmax_{cols}", [(ROWS, cols)], lambda x: torch.softmax(x, -1), ROWS * cols))
     WORKLOADS.append((f"layer_norm_{cols}", [(ROWS, cols), (cols,), (cols,)],
                       lambda x, g, b: F.layer_norm(x, (x.shape[-1],), g, b, 1e-5), ROWS * cols))
 
+def timed(fn, args, reps):
+    for _ in range(3):
+        fn(*args)
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn(*args)
+    return (time.perf_counter() - start) * 1e3 / reps
+
+
+def result(impl, name, ms, gbps=0.0, tflops=0.0):
+    print("RESULT " + json.dumps({"impl": impl, "op": name, "dtype": "f32", "ms": ms, "gbps": gbps, "tflops": tflops}),
+          flush=True)
+
+
 with torch.inference_mode():
     for name, shapes, fn, flops in WORKLOADS:
         args = [torch.rand(*s) * 0.2 - 0.1 for s in shapes]
-        reps = max(5, min(2000, int(2e9 / flops)))
-        for _ in range(3):
-            fn(*args)
-        start = time.perf_counter()
-        for _ in range(reps):
-            fn(*args)
-        ms = (time.perf_counter() - start) * 1e3 / reps
-        print("RESULT " + json.dumps({"impl": "torch_eager", "op": name, "dtype": "f32", "ms": ms, "gbps": 0,
-                                      "tflops": flops / (ms * 1e-3) / 1e12}), flush=True)
+        ms = timed(fn, args, max(5, min(2000, int(2e9 / flops))))
+        result("torch_eager", name, ms, tflops=flops / (ms * 1e-3) / 1e12)
+    for name, shapes, fn, nbytes in CHAINS:
+        args = [torch.rand(*s) * 2 - 1 for s in shapes]
+        for impl, f in (("torch_eager", fn), ("torch_compile", torch.compile(fn))):
+            ms = timed(f, args, 20)
+            result(impl, name, ms, gbps=nbytes / (ms * 1e-3) / 1e9)

@@ -90,17 +90,28 @@ struct Affine<'a> {
 }
 
 /// Softmax of each row of `x` (rows of `cols > 0`) into `out`: the maximum, each exponential
-/// of the difference to it (written; the row stays in the cache), their sum (as the
-/// decomposition's `sum` adds them), then each times the reciprocal of the sum, as PyTorch's
+/// of the difference to it (written; the row stays in the cache) and their sum (as the
+/// decomposition's `sum` adds them) in one pass, then each times the reciprocal of the sum, as PyTorch's
 /// CPU kernel does (the decomposition divides: results differ from it by about an ulp).
 #[multiversion(targets = "simd")]
 fn softmax_rows(x: &[f32], cols: usize, out: &mut [f32]) {
     for (row, out) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
         let max = wide_max(row);
-        for (o, &v) in out.iter_mut().zip(row) {
+        // The exponentials, summed as they are written, lane by lane as `math::row_sum` adds
+        // them (one pass over the row instead of two; the same bits).
+        let full = cols - cols % LaneSum::LANES;
+        let mut lanes = [0f32; LaneSum::LANES];
+        for (out, row) in out[..full].chunks_exact_mut(LaneSum::LANES).zip(row.chunks_exact(LaneSum::LANES)) {
+            for ((o, &v), lane) in out.iter_mut().zip(row).zip(&mut lanes) {
+                let e = math::exp(math::sub(v, max));
+                *o = e;
+                *lane += e;
+            }
+        }
+        for (o, &v) in out[full..].iter_mut().zip(&row[full..]) {
             *o = math::exp(math::sub(v, max));
         }
-        let inv_sum = 1.0 / math::row_sum(out);
+        let inv_sum = 1.0 / LaneSum::from_lanes(lanes).finish(&out[full..]);
         for o in out.iter_mut() {
             *o = math::mul(*o, inv_sum);
         }

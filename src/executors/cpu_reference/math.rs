@@ -215,18 +215,31 @@ impl LaneSum {
         Self { lanes: [0.0; Self::LANES] }
     }
 
-    /// Partial sums already added elsewhere (lane `i` holding the row's elements `i % LANES`).
-    pub(crate) const fn from_lanes(lanes: [f32; Self::LANES]) -> Self {
-        Self { lanes }
-    }
-
     /// Adds the next `x.len()` elements of the row, a multiple of [`LANES`](Self::LANES).
     #[inline(always)]
     pub(crate) fn add(&mut self, x: &[f32]) {
+        self.add_mapped(x, LaneMap::Identity);
+    }
+
+    /// Adds `map(x)` for the next `x.len()` elements `x` of the row (a multiple of
+    /// [`LANES`](Self::LANES)).
+    ///
+    /// The lanes are 16 floats, one AVX-512 register: on processors with AVX-512 the loop is
+    /// written with its instructions, since the compiler vectorises this loop over 16 lanes with
+    /// four 128-bit registers (2.7 times slower, measured). The same operations in the same
+    /// order either way: the same bits.
+    #[inline(always)]
+    pub(crate) fn add_mapped(&mut self, x: &[f32], map: LaneMap) {
         debug_assert!(x.len().is_multiple_of(Self::LANES));
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the processor has AVX-512F, checked just above.
+            unsafe { add_lanes_avx512(&mut self.lanes, x, map) };
+            return;
+        }
         for chunk in x.chunks_exact(Self::LANES) {
             for (lane, &x) in self.lanes.iter_mut().zip(chunk) {
-                *lane += x;
+                *lane += map.apply(x);
             }
         }
     }
@@ -253,6 +266,57 @@ impl LaneSum {
             width /= 2;
         }
         self.lanes[0] + rest
+    }
+}
+
+/// What [`LaneSum::add_mapped`] adds for each element `x`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum LaneMap {
+    /// `x`.
+    Identity,
+    /// `(x - mean)^2`, the terms of a variance.
+    CentredSquare(f32),
+}
+
+impl LaneMap {
+    #[inline(always)]
+    pub(crate) fn apply(self, x: f32) -> f32 {
+        match self {
+            Self::Identity => x,
+            Self::CentredSquare(mean) => {
+                let c = sub(x, mean);
+                mul(c, c)
+            }
+        }
+    }
+}
+
+/// `lanes += map(x)`, 16 values at a time, for [`LaneSum::add_mapped`].
+///
+/// # Safety
+/// The processor has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn add_lanes_avx512(lanes: &mut [f32; LaneSum::LANES], x: &[f32], map: LaneMap) {
+    use std::arch::x86_64::*;
+    // SAFETY: loads and stores of 16 floats inside `lanes` and inside each whole chunk of `x`.
+    unsafe {
+        let mut acc = _mm512_loadu_ps(lanes.as_ptr());
+        match map {
+            LaneMap::Identity => {
+                for chunk in x.chunks_exact(16) {
+                    acc = _mm512_add_ps(acc, _mm512_loadu_ps(chunk.as_ptr()));
+                }
+            }
+            LaneMap::CentredSquare(mean) => {
+                let mean = _mm512_set1_ps(mean);
+                for chunk in x.chunks_exact(16) {
+                    let c = _mm512_sub_ps(_mm512_loadu_ps(chunk.as_ptr()), mean);
+                    acc = _mm512_add_ps(acc, _mm512_mul_ps(c, c));
+                }
+            }
+        }
+        _mm512_storeu_ps(lanes.as_mut_ptr(), acc);
     }
 }
 

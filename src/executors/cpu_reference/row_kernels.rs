@@ -12,7 +12,7 @@ use std::ops::Range;
 
 use multiversion::multiversion;
 
-use super::math::{self, LaneSum};
+use super::math::{self, LaneMap, LaneSum};
 use crate::core::plan::{Kernel, OpView};
 use crate::core::tensor::{TensorMut, TensorRef};
 use crate::error::Result;
@@ -90,28 +90,19 @@ struct Affine<'a> {
 }
 
 /// Softmax of each row of `x` (rows of `cols > 0`) into `out`: the maximum, each exponential
-/// of the difference to it (written; the row stays in the cache) and their sum (as the
-/// decomposition's `sum` adds them) in one pass, then each times the reciprocal of the sum, as PyTorch's
+/// of the difference to it (written; the row stays in the cache), their sum (as the
+/// decomposition's `sum` adds them), then each times the reciprocal of the sum, as PyTorch's
 /// CPU kernel does (the decomposition divides: results differ from it by about an ulp).
 #[multiversion(targets = "simd")]
 fn softmax_rows(x: &[f32], cols: usize, out: &mut [f32]) {
     for (row, out) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
         let max = wide_max(row);
-        // The exponentials, summed as they are written, lane by lane as `math::row_sum` adds
-        // them (one pass over the row instead of two; the same bits).
-        let full = cols - cols % LaneSum::LANES;
-        let mut lanes = [0f32; LaneSum::LANES];
-        for (out, row) in out[..full].chunks_exact_mut(LaneSum::LANES).zip(row.chunks_exact(LaneSum::LANES)) {
-            for ((o, &v), lane) in out.iter_mut().zip(row).zip(&mut lanes) {
-                let e = math::exp(math::sub(v, max));
-                *o = e;
-                *lane += e;
-            }
-        }
-        for (o, &v) in out[full..].iter_mut().zip(&row[full..]) {
+        for (o, &v) in out.iter_mut().zip(row) {
             *o = math::exp(math::sub(v, max));
         }
-        let inv_sum = 1.0 / LaneSum::from_lanes(lanes).finish(&out[full..]);
+        // Summed in a pass of its own (the row is in the cache): a sum inside the loop above
+        // keeps it from vectorising as well.
+        let inv_sum = 1.0 / math::row_sum(out);
         for o in out.iter_mut() {
             *o = math::mul(*o, inv_sum);
         }
@@ -146,10 +137,7 @@ fn layer_norm_rows(x: &[f32], cols: usize, eps: f32, affine: Affine<'_>, out: &m
     let inv_n = 1.0 / cols as f32;
     for (row, out) in x.chunks_exact(cols).zip(out.chunks_exact_mut(cols)) {
         let mean = math::mul(math::row_sum(row), inv_n);
-        let square_sum = lane_sum(row, |v| {
-            let c = math::sub(v, mean);
-            math::mul(c, c)
-        });
+        let square_sum = lane_sum(row, LaneMap::CentredSquare(mean));
         let variance = math::mul(square_sum, inv_n);
         let inv_std = math::exp(math::mul(math::log(math::add(variance, eps)), -0.5));
         let normed = |v: f32| math::mul(math::sub(v, mean), inv_std);
@@ -173,22 +161,17 @@ fn layer_norm_rows(x: &[f32], cols: usize, eps: f32, affine: Affine<'_>, out: &m
     }
 }
 
-/// The sum of `f(v)` over `row`, added as [`math::row_sum`] adds a row of those values.
+/// The sum of `map(v)` over `row`, added as [`math::row_sum`] adds a row of those values.
 #[inline(always)]
-fn lane_sum(row: &[f32], f: impl Fn(f32) -> f32) -> f32 {
-    let chunks = row.chunks_exact(LaneSum::LANES);
-    let rest = chunks.remainder();
-    let mut lanes = [0.0f32; LaneSum::LANES];
-    for chunk in chunks {
-        for (lane, &v) in lanes.iter_mut().zip(chunk) {
-            *lane += f(v);
-        }
-    }
+fn lane_sum(row: &[f32], map: LaneMap) -> f32 {
+    let full = row.len() - row.len() % LaneSum::LANES;
+    let mut sum = LaneSum::new();
+    sum.add_mapped(&row[..full], map);
     let mut tail = [0.0f32; LaneSum::LANES];
-    for (t, &v) in tail.iter_mut().zip(rest) {
-        *t = f(v);
+    for (t, &v) in tail.iter_mut().zip(&row[full..]) {
+        *t = map.apply(v);
     }
-    LaneSum::from_lanes(lanes).finish(&tail[..rest.len()])
+    sum.finish(&tail[..row.len() - full])
 }
 
 #[cfg(test)]

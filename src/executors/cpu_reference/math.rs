@@ -61,6 +61,45 @@ pub fn exp(x: f32) -> f32 {
         y
     }
 }
+/// [`exp`] with its range reduction and polynomial evaluated by fused multiply-adds (about 20
+/// operations where `exp` takes 30), within 1 ulp of the exact value (tested), with the same
+/// special values. The same bits on every processor, since `f32::mul_add` is one rounding
+/// everywhere (in software where the hardware has no FMA, slowly); not the same bits as `exp`,
+/// so it serves kernels documented as within an ulp of their decomposition (`softmax` whole).
+#[inline(always)]
+pub(crate) fn exp_fused(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    const ROUND: f32 = 12_582_912.0;
+    const MAX: f32 = 88.722_83;
+    const MIN: f32 = -103.972_08;
+    let clamped = if x < MIN { MIN } else { x };
+    let clamped = if clamped > MAX { MAX } else { clamped };
+    let shifted = clamped.mul_add(LOG2E, ROUND);
+    let k = shifted - ROUND;
+    let r = k.mul_add(-LN2_HI, clamped);
+    let r = k.mul_add(-LN2_LO, r);
+    let p = 1.987_569_1e-4f32;
+    let p = p.mul_add(r, 1.398_199_9e-3);
+    let p = p.mul_add(r, 8.333_452e-3);
+    let p = p.mul_add(r, 4.166_579_6e-2);
+    let p = p.mul_add(r, 1.666_666_5e-1);
+    let p = p.mul_add(r, 0.5);
+    let e_r = (p * r).mul_add(r, r) + 1.0;
+    let k = (shifted.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
+    let half = k >> 1;
+    let scale_a = f32::from_bits((half.wrapping_add(127) << 23) as u32);
+    let scale_b = f32::from_bits((k.wrapping_sub(half).wrapping_add(127) << 23) as u32);
+    let y = e_r * scale_a * scale_b;
+    let y = if x > MAX { f32::INFINITY } else { y };
+    if x < MIN {
+        0.0
+    } else {
+        y
+    }
+}
+
 /// Natural logarithm, within 1 ulp of the exact value (tested) (Cephes' polynomial), branch-free so that loops over it
 /// vectorize: NaN below zero and for NaN, negative infinity at `±0`, infinity at infinity;
 /// subnormal inputs are scaled into the normal range first.
@@ -451,6 +490,13 @@ mod tests {
         assert_eq!(super::exp(-200.0), 0.0);
         assert_eq!(super::exp(f32::NEG_INFINITY), 0.0);
         assert!(super::sigmoid(-100.0) >= 0.0 && super::sigmoid(100.0) == 1.0);
+        for x in [0.0, f32::NAN, 100.0, f32::INFINITY, -200.0, f32::NEG_INFINITY, 88.72, -103.9, -90.0] {
+            let (fused, plain) = (super::exp_fused(x), super::exp(x));
+            assert!(
+                fused == plain || (fused.is_nan() && plain.is_nan()) || ((fused - plain) / plain).abs() < 2.5e-7,
+                "{x}"
+            );
+        }
     }
 }
 
@@ -499,6 +545,7 @@ mod accuracy {
     fn exp_log_and_tanh_are_within_their_stated_ulps_of_the_exact_value() {
         for (name, f, exact, lo, hi, bound) in [
             ("exp", super::exp as fn(f32) -> f32, f64::exp as fn(f64) -> f64, -87.0f32, 88.7f32, 1),
+            ("exp_fused", super::exp_fused, f64::exp, -87.0, 88.7, 1),
             ("log", super::log, f64::ln, 1e-44, 3e38, 1),
             ("tanh", super::tanh, f64::tanh, -20.0, 20.0, 2),
         ] {

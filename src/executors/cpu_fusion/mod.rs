@@ -173,7 +173,8 @@ impl CpuFusion {
     /// Splits large regions over at most `threads` threads, the calling one included: 0 (the
     /// default) means every core, 1 keeps every region on the calling thread. A region is split
     /// at block boundaries (at row boundaries when it reduces rows or reads per row) into one
-    /// part per thread, once it has at least 2^16 elements per part; the parts run on worker
+    /// part per thread, once it has at least 2^16 elements per part (2^13 when it computes
+    /// `exp`, `log`, `tanh`, `sigmoid` or `gelu`); the parts run on worker
     /// threads named `boundscope-cpu-<k>` (in Nsight too), each on its own scratch. The region's
     /// NVTX range and guards stay on the calling thread, around the whole region, and results do
     /// not depend on the split.

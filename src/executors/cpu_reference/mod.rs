@@ -43,11 +43,15 @@ use crate::error::{Error, Result};
 /// assert!((out[0].to_f32_vec()[0] - 1.0 / 3.0).abs() < 1e-6);
 /// ```
 ///
-/// Ops of at least 2^17 elements (and matmuls of as many multiply-adds) are split over the
-/// machine's cores, a part per core, on worker threads named `boundscope-cpu-<k>` (in Nsight
-/// too); smaller ones run on the calling thread. Guards and NVTX ranges stay on the calling
-/// thread, around the whole op. Results do not depend on the split: rows are never cut, so
-/// each element and each row's sum is computed in the same order.
+/// Ops with at least 2^16 elements a part (and matmuls with as many multiply-adds) are split
+/// over the machine's cores, a part per core, on worker threads named `boundscope-cpu-<k>` (in
+/// Nsight too); costly ones (`exp`, `log`, `tanh`, `sigmoid`, `gelu`, `softmax`, `layer_norm`)
+/// from 2^13 elements a part; smaller ones run on the calling thread. Products with few rows a
+/// part are split by columns. A worker that finished a part polls for the next one for 100 us
+/// before it sleeps, so that plans of small ops, run back to back, do not pay for waking it.
+/// Guards and NVTX ranges stay on the calling thread, around the whole op. Results do not
+/// depend on the split: rows are never cut, so each element and each row's sum is computed in
+/// the same order.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CpuReference {
     threads: usize,

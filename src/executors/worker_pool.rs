@@ -281,8 +281,14 @@ impl WorkerPool {
     fn work(&self, k: usize) {
         IN_SECTION.set(true);
         let mut seen = 0;
+        // Whether this worker had a part in the last section: only then does it poll for the
+        // next one (a section of fewer threads than the machine's leaves the others asleep).
+        let mut busy = false;
         loop {
-            poll_until(|| self.published.load(Ordering::Acquire) != seen);
+            if busy {
+                poll_until(|| self.published.load(Ordering::Acquire) != seen);
+            }
+            busy = false;
             let (job, threads, parts) = {
                 let mut section = lock(&self.section);
                 while section.generation == seen || section.job.is_none() {
@@ -296,6 +302,7 @@ impl WorkerPool {
                     _ => continue,
                 }
             };
+            busy = true;
             let result = catch_unwind(AssertUnwindSafe(|| {
                 // SAFETY: the caller keeps the job alive until `pending` reaches 0, which
                 // needs this worker's report below.

@@ -319,8 +319,17 @@ struct Matmul {
     b_strides: Shape,
     parts: usize,
     /// Whether the parts split the columns (each part every row of its columns) rather than
-    /// the rows: for few rows a part, so that each part packs only its own columns of `b`.
+    /// the rows: see [`split_by_columns`].
     split_columns: bool,
+}
+
+/// Whether a product of `rows` rows (all batches') and `n` columns split into `parts` splits
+/// its columns rather than its rows. Split by rows, every part packs all of `b` (`k x n`); split
+/// by columns, all of `a` (`rows x k`) and its own columns of `b`. Columns when the parts would
+/// have few rows each (packing all of `b` would cost as much as their products), as long as
+/// every part gets whole register blocks' columns.
+fn split_by_columns(rows: usize, n: usize, parts: usize) -> bool {
+    parts > 1 && rows < 4 * 96 && n >= 2 * COLUMNS_PER_UNIT * parts
 }
 
 /// Columns of a part when a product is split by columns: a multiple of every register block's
@@ -353,8 +362,7 @@ impl Matmul {
             a_strides: broadcast_strides(&a[..ra - 2], &batch),
             b_strides: broadcast_strides(&b[..rb - 2], &batch),
             parts: parts_for(threads, work, MIN_ELEMENTS_PER_PART),
-            split_columns: batch.iter().product::<usize>() * m < 4 * 96
-                && n >= 2 * COLUMNS_PER_UNIT * parts_for(threads, work, MIN_ELEMENTS_PER_PART),
+            split_columns: split_by_columns(batches * m, n, parts_for(threads, work, MIN_ELEMENTS_PER_PART)),
             batch,
         })
     }

@@ -826,14 +826,18 @@ mod tests {
                             assert!(same, "{m}x{k}x{n} {layout:?} {blocks:?}: {parts} parts by {split} differ from the definition");
                         }
                     }
-                    // A bias is added once, after each element's chain.
-                    let mut out = vec![f32::NAN; m * n];
-                    part_with(blocks, (&a, &b, layout, Some(&bias)), &mut out, 0..m, 0..n, k, n);
-                    let with_bias = expected.iter().enumerate().map(|(i, &e)| e + bias[i % n]);
-                    assert!(
-                        out.iter().zip(with_bias).all(|(x, y)| x.to_bits() == y.to_bits()),
-                        "{m}x{k}x{n} {blocks:?} bias"
-                    );
+                    // A bias is added once, after each element's chain, also when the columns
+                    // are split (the bias is read by absolute column).
+                    let with_bias: Vec<f32> = expected.iter().enumerate().map(|(i, &e)| e + bias[i % n]).collect();
+                    // All columns at once, then a third and two thirds.
+                    for cut in [n, n / 3] {
+                        let mut out = vec![f32::NAN; m * n];
+                        for part in [0..cut, cut..n] {
+                            part_with(blocks, (&a, &b, layout, Some(&bias)), &mut out, 0..m, part, k, n);
+                        }
+                        let same = out.iter().zip(&with_bias).all(|(x, y)| x.to_bits() == y.to_bits());
+                        assert!(same, "{m}x{k}x{n} {blocks:?} bias, columns cut at {cut}");
+                    }
                 }
                 // The public entry uses the fastest.
                 let mut out = vec![f32::NAN; m * n];

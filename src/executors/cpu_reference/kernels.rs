@@ -7,7 +7,7 @@ use smallvec::smallvec;
 
 use super::in_f32::InF32;
 use super::math::{with_binary, with_unary};
-use super::products::{matmul_block, matmul_rows, BLayout};
+use super::products::{matmul_block, BLayout};
 use super::vector_loops::{
     map_binary, map_binary_scalar_left, map_binary_scalar_right, map_unary, row_maxima, row_sums,
 };
@@ -317,19 +317,8 @@ struct Matmul {
     batch: Shape,
     a_strides: Shape,
     b_strides: Shape,
-    parts: usize,
-    /// Whether the parts split the columns (each part every row of its columns) rather than
-    /// the rows: see [`split_by_columns`].
-    split_columns: bool,
-}
-
-/// Whether a product of `rows` rows (all batches') and `n` columns split into `parts` splits
-/// its columns rather than its rows. Split by rows, every part packs all of `b` (`k x n`); split
-/// by columns, all of `a` (`rows x k`) and its own columns of `b`. Columns when the parts would
-/// have few rows each (packing all of `b` would cost as much as their products), as long as
-/// every part gets whole register blocks' columns.
-fn split_by_columns(rows: usize, n: usize, parts: usize) -> bool {
-    parts > 1 && rows < 4 * 96 && n >= 2 * COLUMNS_PER_UNIT * parts
+    /// The parts a run splits into: `(row parts, column parts)` ([`product_grid`]).
+    grid: (usize, usize),
 }
 
 /// Columns of a part when a product is split by columns: a multiple of every register block's
@@ -361,8 +350,7 @@ impl Matmul {
             bias: op.bound_symbol().inputs().count() > 2,
             a_strides: broadcast_strides(&a[..ra - 2], &batch),
             b_strides: broadcast_strides(&b[..rb - 2], &batch),
-            parts: parts_for(threads, work, MIN_ELEMENTS_PER_PART),
-            split_columns: split_by_columns(batches * m, n, parts_for(threads, work, MIN_ELEMENTS_PER_PART)),
+            grid: product_grid(batches * m, n, parts_for(threads, work, MIN_ELEMENTS_PER_PART)),
             batch,
         })
     }
@@ -372,52 +360,69 @@ impl Kernel for Matmul {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
         let (a, b) = (inputs[0].values::<f32>()?, inputs[1].values::<f32>()?);
         let bias = if self.bias { Some(inputs[2].values::<f32>()?) } else { None };
-        let (m, k, n, parts, layout) = (self.m, self.k, self.n, self.parts, self.layout);
+        let (m, k, n, layout) = (self.m, self.k, self.n, self.layout);
         if n == 0 || m == 0 {
             return Ok(());
         }
         let (a_matrix, b_matrix) = (m * k, k * n);
-        if self.split_columns {
-            // Each part writes every row of its own columns, batch index by batch index.
-            let out = outputs[0].values_mut::<f32>()?;
-            let shared = SharedMut::new(out);
-            let batches = out.len() / (m * n);
-            run_parts(parts, &|part| {
-                let units = part_range(part, parts, n.div_ceil(COLUMNS_PER_UNIT));
-                let columns = units.start * COLUMNS_PER_UNIT..(units.end * COLUMNS_PER_UNIT).min(n);
-                for index in 0..batches {
-                    let a_at = row_offset_in(index, &self.batch, &self.a_strides) * a_matrix;
-                    let b_at = row_offset_in(index, &self.batch, &self.b_strides) * b_matrix;
-                    let (a, b) = (&a[a_at..a_at + a_matrix], &b[b_at..b_at + b_matrix]);
-                    // SAFETY: batch index `index`'s rows lie inside `out` (its length is the
-                    // batches' rows), and each part writes only its own columns of them while
-                    // the section holds `out`'s borrow.
-                    unsafe {
-                        matmul_block(a, b, layout, bias, shared.get().add(index * m * n), 0..m, columns.clone(), k, n)
-                    };
-                }
-            });
-            return Ok(());
-        }
-        // Parts of whole rows of the output (all batches' rows in order); each run of rows
-        // within one batch index is one product.
-        run_parts_writing(outputs[0].values_mut::<f32>()?, parts, n, |rows: Range<usize>, out: &mut [f32]| {
+        let out = outputs[0].values_mut::<f32>()?;
+        let rows_total = out.len() / n;
+        let shared = SharedMut::new(out);
+        // Part `part` of the grid: a range of the output's rows (all batches' rows in order)
+        // by a range of its columns; each run of rows within one batch index is one product.
+        let (row_parts, column_parts) = self.grid;
+        run_parts(row_parts * column_parts, &|part| {
+            let rows = part_range(part / column_parts, row_parts, rows_total);
+            let units = part_range(part % column_parts, column_parts, n.div_ceil(COLUMNS_PER_UNIT));
+            let columns = units.start * COLUMNS_PER_UNIT..(units.end * COLUMNS_PER_UNIT).min(n);
             let mut row = rows.start;
-            let mut out = out;
             while row < rows.end {
                 let index = row / m;
                 let end = ((index + 1) * m).min(rows.end);
                 let a_at = row_offset_in(index, &self.batch, &self.a_strides) * a_matrix;
                 let b_at = row_offset_in(index, &self.batch, &self.b_strides) * b_matrix;
-                let (here, rest) = out.split_at_mut((end - row) * n);
-                let within = row - index * m..end - index * m;
                 let (a, b) = (&a[a_at..a_at + a_matrix], &b[b_at..b_at + b_matrix]);
-                matmul_rows(a, b, layout, bias, here, within, k, n);
-                (row, out) = (end, rest);
+                // SAFETY: rows `row..end` lie inside the output (`rows_total` rows of `n`), and
+                // the grid's parts write disjoint blocks of rows and columns of it while the
+                // section holds its borrow.
+                unsafe {
+                    matmul_block(
+                        a,
+                        b,
+                        layout,
+                        bias,
+                        shared.get().add(row * n),
+                        row - index * m..end - index * m,
+                        columns.clone(),
+                        k,
+                        n,
+                    )
+                };
+                row = end;
             }
         });
         Ok(())
     }
+}
+
+/// How a product of `rows` rows (all batches'), depth `k` and `n` columns splits into `parts`
+/// parts: a grid of `(row parts, column parts)`. Each part packs the panels of `a` for its rows
+/// (again for every 1,024 columns of `b` it covers) and the panels of `b` for its columns, so
+/// the grid that packs least per part is chosen (rows first where two tie): on 2 cores a
+/// square product splits its rows and one of few rows its columns; on 16 cores a square one
+/// splits 4 x 4, where splitting rows alone would have every part pack all of `b`. Column parts
+/// are whole register blocks' columns.
+fn product_grid(rows: usize, n: usize, parts: usize) -> (usize, usize) {
+    let column_units = n.div_ceil(COLUMNS_PER_UNIT);
+    let packed = |(r, c): (usize, usize)| {
+        let (part_rows, part_columns) = (rows.div_ceil(r), n.div_ceil(c));
+        part_rows * part_columns.div_ceil(1024) + part_columns
+    };
+    (1..=parts)
+        .filter(|&c| parts.is_multiple_of(c) && c <= column_units && parts / c <= rows.max(1))
+        .map(|c| (parts / c, c))
+        .min_by_key(|&grid| packed(grid))
+        .unwrap_or((1, 1))
 }
 
 /// Compiles built-in composite `id` whole ([`super::CpuReference`] prefers `linear` and
@@ -553,6 +558,28 @@ impl StridedCopy {
                 source -= self.source_strides[axis] * self.out_shape[axis];
                 index[axis] = 0;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod product_grid_tests {
+    use super::product_grid;
+
+    /// The grid packs least per part: rows for square products on 2 cores, columns for few
+    /// rows, 4 x 4 on 16 cores, and never more parts along an axis than it has rows or blocks.
+    #[test]
+    fn the_grid_packs_least_per_part() {
+        assert_eq!(product_grid(1024, 1024, 2), (2, 1));
+        assert_eq!(product_grid(64, 256, 2), (1, 2));
+        assert_eq!(product_grid(1024, 1024, 16), (4, 4));
+        assert_eq!(product_grid(1, 50, 2), (1, 2));
+        assert_eq!(product_grid(1, 10, 2), (1, 1));
+        assert_eq!(product_grid(4096, 16, 4), (4, 1));
+        for (rows, n, parts) in [(7, 3000, 16), (3000, 7, 16), (12, 64, 8), (0, 0, 4)] {
+            let (r, c) = product_grid(rows, n, parts);
+            assert!(r * c == parts || (r, c) == (1, 1), "{rows}x{n} in {parts}: {r}x{c}");
+            assert!(r <= rows.max(1) && c <= n.div_ceil(32).max(1), "{rows}x{n} in {parts}: {r}x{c}");
         }
     }
 }

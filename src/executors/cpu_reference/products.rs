@@ -381,7 +381,9 @@ pub(crate) enum BLayout {
 
 /// Rows `rows` of `a @ b (+ bias)` into `out`, which holds exactly those rows: `a` is `[m, k]`
 /// row-major, `b` is `[k, n]` or `[n, k]` as `layout` says, `bias` (`[n]`) is added to each
-/// element after its chain, as it is written.
+/// element after its chain, as it is written. (The executor's kernels use [`matmul_block`],
+/// which splits columns too.)
+#[cfg(test)]
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn matmul_rows(
     a: &[f32],

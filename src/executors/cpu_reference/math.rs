@@ -27,26 +27,46 @@ pub fn neg(x: f32) -> f32 {
 /// (subnormal results in between, as libm gives).
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
+    exp_evaluated::<false>(x)
+}
+
+/// [`exp`] with its range reduction and polynomial evaluated by fused multiply-adds (about 20
+/// operations where `exp` takes 30), within 1 ulp of the exact value (tested), with the same
+/// special values. The same bits on every processor, since `f32::mul_add` is one rounding
+/// everywhere (in software where the hardware has no FMA, slowly); not the same bits as `exp`,
+/// so it serves kernels documented as within an ulp of their decomposition (`softmax` whole).
+#[inline(always)]
+pub(crate) fn exp_fused(x: f32) -> f32 {
+    exp_evaluated::<true>(x)
+}
+
+/// [`exp`] (`FUSED` false: each product and sum rounded) or [`exp_fused`] (`FUSED` true: each
+/// `a * b + c` one fused multiply-add).
+#[inline(always)]
+fn exp_evaluated<const FUSED: bool>(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
     const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adding and subtracting it rounds to an integer
     const MAX: f32 = 88.722_83;
     const MIN: f32 = -103.972_08;
+    // `a * b + c`. (`k * -h + c` is `c - k * h` exactly: negation is exact.)
+    let fma = |a: f32, b: f32, c: f32| if FUSED { a.mul_add(b, c) } else { a * b + c };
     // Comparisons rather than `clamp`, and integer work on the bits of the rounded float
     // rather than an `as` cast: both keep the loop vectorizable. NaN passes through.
     let clamped = if x < MIN { MIN } else { x };
     let clamped = if clamped > MAX { MAX } else { clamped };
-    let shifted = clamped * LOG2E + ROUND;
+    let shifted = fma(clamped, LOG2E, ROUND);
     let k = shifted - ROUND;
-    let r = clamped - k * LN2_HI - k * LN2_LO;
+    let r = fma(k, -LN2_HI, clamped);
+    let r = fma(k, -LN2_LO, r);
     let p = 1.987_569_1e-4f32;
-    let p = p * r + 1.398_199_9e-3;
-    let p = p * r + 8.333_452e-3;
-    let p = p * r + 4.166_579_6e-2;
-    let p = p * r + 1.666_666_5e-1;
-    let p = p * r + 0.5;
-    let e_r = p * r * r + r + 1.0;
+    let p = fma(p, r, 1.398_199_9e-3);
+    let p = fma(p, r, 8.333_452e-3);
+    let p = fma(p, r, 4.166_579_6e-2);
+    let p = fma(p, r, 1.666_666_5e-1);
+    let p = fma(p, r, 0.5);
+    let e_r = fma(p * r, r, r) + 1.0;
     // 2^k in two normal halves, so that k from -150 to 128 needs no special case. The integer
     // k sits in the low bits of `shifted` (|k| < 2^22).
     let k = (shifted.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
@@ -61,45 +81,6 @@ pub fn exp(x: f32) -> f32 {
         y
     }
 }
-/// [`exp`] with its range reduction and polynomial evaluated by fused multiply-adds (about 20
-/// operations where `exp` takes 30), within 1 ulp of the exact value (tested), with the same
-/// special values. The same bits on every processor, since `f32::mul_add` is one rounding
-/// everywhere (in software where the hardware has no FMA, slowly); not the same bits as `exp`,
-/// so it serves kernels documented as within an ulp of their decomposition (`softmax` whole).
-#[inline(always)]
-pub(crate) fn exp_fused(x: f32) -> f32 {
-    const LOG2E: f32 = std::f32::consts::LOG2_E;
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    const ROUND: f32 = 12_582_912.0;
-    const MAX: f32 = 88.722_83;
-    const MIN: f32 = -103.972_08;
-    let clamped = if x < MIN { MIN } else { x };
-    let clamped = if clamped > MAX { MAX } else { clamped };
-    let shifted = clamped.mul_add(LOG2E, ROUND);
-    let k = shifted - ROUND;
-    let r = k.mul_add(-LN2_HI, clamped);
-    let r = k.mul_add(-LN2_LO, r);
-    let p = 1.987_569_1e-4f32;
-    let p = p.mul_add(r, 1.398_199_9e-3);
-    let p = p.mul_add(r, 8.333_452e-3);
-    let p = p.mul_add(r, 4.166_579_6e-2);
-    let p = p.mul_add(r, 1.666_666_5e-1);
-    let p = p.mul_add(r, 0.5);
-    let e_r = (p * r).mul_add(r, r) + 1.0;
-    let k = (shifted.to_bits() as i32).wrapping_sub(ROUND.to_bits() as i32);
-    let half = k >> 1;
-    let scale_a = f32::from_bits((half.wrapping_add(127) << 23) as u32);
-    let scale_b = f32::from_bits((k.wrapping_sub(half).wrapping_add(127) << 23) as u32);
-    let y = e_r * scale_a * scale_b;
-    let y = if x > MAX { f32::INFINITY } else { y };
-    if x < MIN {
-        0.0
-    } else {
-        y
-    }
-}
-
 /// Natural logarithm, within 1 ulp of the exact value (tested) (Cephes' polynomial), branch-free so that loops over it
 /// vectorize: NaN below zero and for NaN, negative infinity at `±0`, infinity at infinity;
 /// subnormal inputs are scaled into the normal range first.

@@ -462,9 +462,9 @@ unsafe fn matmul_block_with(
         let mut packs = packs.borrow_mut();
         // The largest block's panels, rounded up: MC and NC are multiples of every block's size.
         let (a_pack, b_pack) = packs.get_or_insert_with(Packs::new).split();
-        let output = Output { at: out, columns, ldc: n };
+        let job = ProductJob { a, b, layout, bias, out, columns, m, k, n, a_pack, b_pack };
         // SAFETY: the caller vouches for `blocks` and lends the output.
-        unsafe { blocks.product(a, b, layout, bias, output, m, k, n, a_pack, b_pack) };
+        unsafe { blocks.product(job) };
     });
 }
 
@@ -505,59 +505,43 @@ impl Blocks {
     ///
     /// # Safety
     /// `self` is one of [`Blocks::available`]; [`product`]'s contract.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn product(
-        self,
-        a: &[f32],
-        b: &[f32],
-        layout: BLayout,
-        bias: Option<&[f32]>,
-        out: Output,
-        m: usize,
-        k: usize,
-        n: usize,
-        a_pack: &mut [f32],
-        b_pack: &mut [f32],
-    ) {
+    unsafe fn product(self, job: ProductJob<'_>) {
         // SAFETY: passed on from the caller: the processor has each block's instructions.
         unsafe {
             match self {
                 #[cfg(target_arch = "x86_64")]
-                Self::Avx512 => product_avx512(a, b, layout, bias, out, m, k, n, a_pack, b_pack),
+                Self::Avx512 => product_avx512(job),
                 #[cfg(target_arch = "x86_64")]
-                Self::Avx2 => product_avx2(a, b, layout, bias, out, m, k, n, a_pack, b_pack),
-                Self::Portable => product_portable(a, b, layout, bias, out, m, k, n, a_pack, b_pack),
+                Self::Avx2 => product_avx2(job),
+                Self::Portable => product_portable(job),
             }
         }
     }
 }
 
-/// Where a product writes: columns `columns` of rows `ldc` values apart, from `at`.
-#[derive(Clone)]
-struct Output {
-    at: *mut f32,
+/// One product's operands, result and scratch, for [`product`]: `a` is `[m, k]`, `b` as
+/// `layout` says, and the result's columns `columns` of `m` rows of `n` values start at `out`;
+/// `a_pack` and `b_pack` are the thread's packing buffers.
+struct ProductJob<'a> {
+    a: &'a [f32],
+    b: &'a [f32],
+    layout: BLayout,
+    bias: Option<&'a [f32]>,
+    out: *mut f32,
     columns: Range<usize>,
-    ldc: usize,
+    m: usize,
+    k: usize,
+    n: usize,
+    a_pack: &'a mut [f32],
+    b_pack: &'a mut [f32],
 }
 
 /// [`product`] with the portable block, compiled for each instruction set the processor may
 /// have.
-#[allow(clippy::too_many_arguments)]
 #[multiversion(targets = "simd")]
-unsafe fn product_portable(
-    a: &[f32],
-    b: &[f32],
-    layout: BLayout,
-    bias: Option<&[f32]>,
-    out: Output,
-    m: usize,
-    k: usize,
-    n: usize,
-    a_pack: &mut [f32],
-    b_pack: &mut [f32],
-) {
+unsafe fn product_portable(job: ProductJob<'_>) {
     // SAFETY: passed on from the caller.
-    unsafe { product::<Portable>(a, b, layout, bias, out, m, k, n, a_pack, b_pack) };
+    unsafe { product::<Portable>(job) };
 }
 
 /// [`product`] with the AVX2 block.
@@ -565,22 +549,10 @@ unsafe fn product_portable(
 /// # Safety
 /// The processor has AVX2 and FMA; [`product`]'s contract.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn product_avx2(
-    a: &[f32],
-    b: &[f32],
-    layout: BLayout,
-    bias: Option<&[f32]>,
-    out: Output,
-    m: usize,
-    k: usize,
-    n: usize,
-    a_pack: &mut [f32],
-    b_pack: &mut [f32],
-) {
+unsafe fn product_avx2(job: ProductJob<'_>) {
     // SAFETY: passed on from the caller.
-    unsafe { product::<Avx2>(a, b, layout, bias, out, m, k, n, a_pack, b_pack) };
+    unsafe { product::<Avx2>(job) };
 }
 
 /// [`product`] with the AVX-512 block.
@@ -588,22 +560,10 @@ unsafe fn product_avx2(
 /// # Safety
 /// The processor has AVX-512F and FMA; [`product`]'s contract.
 #[cfg(target_arch = "x86_64")]
-#[allow(clippy::too_many_arguments)]
 #[target_feature(enable = "avx512f,fma")]
-unsafe fn product_avx512(
-    a: &[f32],
-    b: &[f32],
-    layout: BLayout,
-    bias: Option<&[f32]>,
-    out: Output,
-    m: usize,
-    k: usize,
-    n: usize,
-    a_pack: &mut [f32],
-    b_pack: &mut [f32],
-) {
+unsafe fn product_avx512(job: ProductJob<'_>) {
     // SAFETY: passed on from the caller.
-    unsafe { product::<Avx512>(a, b, layout, bias, out, m, k, n, a_pack, b_pack) };
+    unsafe { product::<Avx512>(job) };
 }
 
 /// `out[m, n] = a[m, k] @ b (+ bias)`, with `a_pack` and `b_pack` as scratch, in the loops of
@@ -612,29 +572,16 @@ unsafe fn product_avx512(
 /// register-wide panel of `b` in turn.
 ///
 /// # Safety
-/// `out` is valid for writes of `m` rows of `out.ldc` values and lent exclusively in its
+/// `job.out` is valid for writes of `m` rows of `n` values and lent exclusively in its
 /// columns; the processor runs `B`'s instructions.
-#[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn product<B: RegisterBlock>(
-    a: &[f32],
-    b: &[f32],
-    layout: BLayout,
-    bias: Option<&[f32]>,
-    out: Output,
-    m: usize,
-    k: usize,
-    n: usize,
-    a_pack: &mut [f32],
-    b_pack: &mut [f32],
-) {
+unsafe fn product<B: RegisterBlock>(job: ProductJob<'_>) {
+    let ProductJob { a, b, layout, bias, out, columns, m, k, n, a_pack, b_pack } = job;
     let (mr, nr) = (B::MR, B::NR);
     // A partial block (at the right or bottom edge) runs on a copy, so that the block always
     // reads and writes whole MR x NR blocks.
     let mut edge = [0f32; 12 * 32];
     debug_assert!(mr * nr <= edge.len() && MC.is_multiple_of(mr) && NC.is_multiple_of(nr));
-    let Output { at: out, columns, ldc } = out;
-    debug_assert_eq!(ldc, n);
     // The element (row, column) of the result.
     let element = |row: usize, column: usize| {
         // SAFETY: row < m and column < n, inside what the caller lends.

@@ -45,6 +45,15 @@
 //!
 //! All goals met in each run (single large ops on both cores run 1.75-1.92x faster than on one;
 //! how the CPU executors work, and those figures: the rustdoc of `executors`).
+//!
+//! ## Against PyTorch on 16 cores (`examples/cpu_bench.rs`)
+//! Single-threaded, the AVX-512 product runs at MKL's speed (about 100-110 GFLOP/s at `[1024]^3` on
+//! both sides). On the GPU machine's 16 cores (Intel Xeon, AVX-512, quieter than the 2-core
+//! development machine; three rounds, 2026-12-03, products split as a grid of row and column
+//! parts), PyTorch 2.15 eager's time over ours: `matmul` `[1024]^3` 1.83 ms against 1.80 (0.92x),
+//! `[64, 256] x [256, 256]` 0.92x, `[512, 768] x [768, 3072]` 0.90x, the quickstart block 1.05x,
+//! GPT-2's MLP 0.92x, `layer_norm` 1.02-1.24x, `softmax` 0.73-1.05x, the swish chain 2.43x
+//! `torch.compile` (two rounds, before the grid).
 
 mod cpu_fusion;
 pub(crate) mod cpu_reference;

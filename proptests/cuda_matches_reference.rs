@@ -1442,6 +1442,115 @@ fn fused_reductions_match_the_reference_at_every_row_length() {
     }
 }
 
+/// `scaled_dot_product_attention_backward` (what `passes::Grad` writes for attention) runs
+/// whole on CudaOps in bf16 and f16, through cuDNN's fused backward (the forward again with its
+/// softmax statistics, then the backward): dq, dk and dv equal the CPU reference's `f32`
+/// decomposition on the same (rounded) operands, each within its dtype's tolerance relative to
+/// its largest value, over random batches, heads, query and key lengths, head sizes, scales
+/// and causal or not. GPT-2's shape must run whole; others run whole where cuDNN takes them
+/// (the test prints those it did not) and equal the reference either way. A 5% error in the
+/// scale fails it.
+#[test]
+fn attention_backward_runs_whole_through_cudnn_and_matches_the_reference() {
+    let Some((device, _sharing)) = device() else { return };
+    if let Err(why) = cuda::fused_attention() {
+        println!("SKIPPED: attention_backward_runs_whole_through_cudnn_and_matches_the_reference: {why}");
+        return;
+    }
+    let registry = Registry::with_builtins();
+    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let executors = [ops.clone(), CpuReference::shared()];
+    fn build<'a>(
+        arena: &'a Arena,
+        registry: &'a Registry,
+        shapes: [&[usize]; 2],
+        dtype: DType,
+        causal: bool,
+        scale: f32,
+    ) -> boundscope::Trace<'a> {
+        let mut b = boundscope::TraceBuilder::new(arena, registry);
+        let [q, k, v, g] = [0, 1, 1, 0].map(|i| b.input_with(&TensorMeta::new(dtype, shapes[i])).unwrap());
+        let grads = b.scaled_dot_product_attention_backward(q, k, v, g, causal, scale).unwrap();
+        b.output(grads).unwrap();
+        b.finish().unwrap()
+    }
+    let whole = |plan: &Plan| {
+        plan.to_string()
+            .lines()
+            .any(|l| l.contains("= scaled_dot_product_attention_backward(") && l.contains(CudaOps::NAME))
+    };
+    let not_whole = std::cell::RefCell::new(Vec::new());
+    let check = |batch: usize, heads: usize, tq: usize, tkv: usize, head: usize, dtype: DType, causal: bool| {
+        let (qs, kvs) = ([batch, heads, tq, head], [batch, heads, tkv, head]);
+        let scale = 1.0 / (head as f32).sqrt();
+        let mut seed = 0usize;
+        let inputs: Vec<Tensor> = [&qs, &kvs, &kvs, &qs]
+            .iter()
+            .map(|s| {
+                seed += 1;
+                Tensor::from_fn(*s, |i| (((i * 37 + seed * 11) % 101) as f32 / 50.0) - 1.0).to_dtype(dtype)
+            })
+            .collect();
+        let wide: Vec<Tensor> = inputs.iter().map(|t| t.to_dtype(DType::F32)).collect();
+        let arena = Arena::new();
+        let reference = |scale| {
+            let trace = build(&arena, &registry, [&qs, &kvs], DType::F32, causal, scale);
+            let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+            plan.run(&wide.iter().collect::<Vec<_>>()).unwrap()[0].to_f32_vec()
+        };
+        let expected = reference(scale);
+        let trace = build(&arena, &registry, [&qs, &kvs], dtype, causal, scale);
+        let plan = Plan::compile(&trace, &executors).unwrap();
+        let case = format!("{dtype} q {qs:?} kv {kvs:?} causal {causal}");
+        if !whole(&plan) {
+            not_whole.borrow_mut().push(case.clone());
+        }
+        let got = plan.run(&inputs.iter().collect::<Vec<_>>()).unwrap()[0].to_f32_vec();
+        let tolerance = if dtype == DType::BF16 { 3e-2 } else { 1e-2 };
+        let (nq, nk) = (qs.iter().product::<usize>(), kvs.iter().product::<usize>());
+        let off = |got: &[f32], expected: &[f32]| {
+            let mut worst = 0f32;
+            for (name, range) in [("dq", 0..nq), ("dk", nq..nq + nk), ("dv", nq + nk..nq + 2 * nk)] {
+                let e = &expected[range.clone()];
+                let largest = e.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+                let w = got[range].iter().zip(e).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / largest;
+                if w > tolerance {
+                    return Err(format!("{case}: {name} off by {w} of its largest value"));
+                }
+                worst = worst.max(w);
+            }
+            Ok(worst)
+        };
+        off(&got, &expected).unwrap();
+        (plan, off(&got, &reference(scale * 1.05)).is_err())
+    };
+    // GPT-2's attention (batch 2 here), both 16-bit dtypes: whole, and a wrong scale is caught.
+    for dtype in [DType::BF16, DType::F16] {
+        let (plan, scale_matters) = check(2, 12, 1024, 1024, 64, dtype, true);
+        assert!(whole(&plan), "GPT-2's attention backward runs whole in {dtype}:\n{plan}");
+        assert!(scale_matters, "{dtype}: a 5% error in the scale must fail the comparison");
+    }
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 24, ..ProptestConfig::default() });
+    let strategy = (
+        1usize..3,
+        1usize..5,
+        proptest::sample::select(vec![1usize, 7, 64, 129, 300]),
+        proptest::sample::select(vec![9usize, 64, 128, 256, 384]),
+        proptest::sample::select(vec![16usize, 32, 64, 128]),
+        proptest::sample::select(vec![DType::BF16, DType::F16]),
+        any::<bool>(),
+    );
+    runner
+        .run(&strategy, |(batch, heads, tq, tkv, head, dtype, causal)| {
+            check(batch, heads, tq, tkv, head, dtype, causal);
+            Ok(())
+        })
+        .unwrap();
+    for case in not_whole.borrow().iter() {
+        println!("attention_backward: ran decomposed (cuDNN did not take it): {case}");
+    }
+}
+
 /// Runs are ordered with the work on the device's own stream around them, with no synchronize
 /// in between, while the GPU runs behind the host (each run is 40 products): an upload into a
 /// run's input comes after the run before it read it (the device's stream waits for the runs

@@ -134,8 +134,13 @@ builtin_ids! {
     /// respect to its logits, `(softmax(logits) - one_hot(targets)) grad / rows`, in the
     /// logits' dtype (composite: what `passes::Grad` writes for `cross_entropy`).
     CROSS_ENTROPY_BACKWARD = 46, "cross_entropy_backward";
+    /// `scaled_dot_product_attention_backward(q, k, v, grad, scale, causal)`: the gradients of
+    /// `scaled_dot_product_attention` with respect to q, k and v, packed one after the other
+    /// into one `[q.numel() + k.numel() + v.numel()]` tensor of their dtype (composite: what
+    /// `passes::Grad` writes for attention; CudaOps runs it as cuDNN's fused backward).
+    SCALED_DOT_PRODUCT_ATTENTION_BACKWARD = 47, "scaled_dot_product_attention_backward";
     /// A fusion region, made only by `passes::FuseRegions`; listed as `<Executor>Fusion<N>`.
-    REGION = 47, "fusion_region";
+    REGION = 48, "fusion_region";
 }
 
 /// The last prim: ids up to it are prims, the composites follow.

@@ -10,8 +10,8 @@ use super::meta::{DType, Shape, TensorMeta};
 use super::prims::{
     dims_arg, float_tensor, floats_only, in_f32, last_axis, missing, promoted, scalar, tensor, value, PrimRule,
     RuleResult, ARGMAX, CAUSAL_MASK, COMPARISONS, CONCAT, CROSS_ENTROPY, CROSS_ENTROPY_BACKWARD, EMBEDDING, EQ,
-    GATHER_LAST, GE, GT, LE, LOG_SOFTMAX, LT, MATMUL_TRANSPOSED, MAX_AXIS, NE, SCALED_DOT_PRODUCT_ATTENTION, SLICE,
-    SUM_AXIS, TRANSPOSED_MATMUL, WHERE,
+    GATHER_LAST, GE, GT, LE, LOG_SOFTMAX, LT, MATMUL_TRANSPOSED, MAX_AXIS, NE, SCALED_DOT_PRODUCT_ATTENTION,
+    SCALED_DOT_PRODUCT_ATTENTION_BACKWARD, SLICE, SUM_AXIS, TRANSPOSED_MATMUL, WHERE,
 };
 use super::symbol::{ArgInfo, Category, ParamKind, Symbol};
 use crate::error::{Error, Result};
@@ -76,6 +76,12 @@ pub(super) fn push_composites(symbols: &mut Vec<Symbol>) {
             .params(&[Tensor, Tensor, Tensor])
             .shape_rule(cross_entropy_backward_rule)
             .decomposition(decompose_cross_entropy_backward),
+    );
+    symbols.push(
+        Symbol::new("scaled_dot_product_attention_backward", Composite)
+            .params(&[Tensor, Tensor, Tensor, Tensor, Scalar, Scalar])
+            .shape_rule(attention_backward_rule)
+            .decomposition(decompose_attention_backward),
     );
 }
 
@@ -305,6 +311,24 @@ fn attention_rule(args: &[ArgInfo<'_>]) -> RuleResult {
     Ok(TensorMeta { dtype, shape: out })
 }
 
+/// `[q.numel() + k.numel() + v.numel()]` in the operands' one dtype; `grad` is the attention's
+/// result's shape.
+fn attention_backward_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    let forward = attention_rule(&[args[0], args[1], args[2]])?;
+    let (dtype, grad) = float_tensor(args, 3)?;
+    let dtypes: Vec<DType> = (0..4).map(|i| tensor(args, i).map(|(d, _)| d)).collect::<Result<_, _>>()?;
+    if dtypes.iter().any(|&d| d != dtype) {
+        return Err(format!(
+            "q, k, v and grad must share one float dtype (got {dtypes:?}); cast them to the attention's result's"
+        ));
+    }
+    if grad != forward.shape.as_slice() {
+        return Err(format!("grad must have the attention's result's shape {:?}, not {grad:?}", forward.shape));
+    }
+    let numel = |i: usize| tensor(args, i).map(|(_, s)| s.iter().product::<usize>());
+    Ok(TensorMeta::new(dtype, &[numel(0)? + numel(1)? + numel(2)?]))
+}
+
 fn decompose_log_softmax(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
     let x = value(args, 0).ok_or_else(|| missing("log_softmax"))?;
     in_f32(b, [Some(x)], |b, [x]| {
@@ -382,6 +406,54 @@ fn decompose_attention(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<Val
         let p = b.softmax(scores)?;
         b.matmul(p, v)
     })
+}
+
+/// The gradients of attention with respect to q, k and v, recomputing the probabilities:
+/// `dv = p^T g`, `ds = p (g v^T - rowsum(p g v^T)) scale`, `dq = ds k`, `dk = ds^T q`, each
+/// flattened, then joined.
+///
+/// In `f32` every step is `f32`. In 16 bits it is like PyTorch's math attention under
+/// autocast: the products take and give 16-bit values (accumulating in `f32`), `q` is scaled
+/// before its product (exact for a power-of-two scale such as `1/sqrt(64)`; PyTorch scales `q`
+/// and `k` by its square root), the probabilities are computed in `f32` and kept in 16 bits, and
+/// `ds` is computed in `f32` from them and rounded once. The score-sized tensors, the largest of
+/// a transformer's backward, then take two bytes an element.
+fn decompose_attention_backward(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
+    let what = "scaled_dot_product_attention_backward";
+    let get = |i: usize| value(args, i).ok_or_else(|| missing(what));
+    let (q, k, v, g) = (get(0)?, get(1)?, get(2)?, get(3)?);
+    let (scale, causal) = (scalar(args, 4), scalar(args, 5) != 0.0);
+    let dtype = b.dtype(q)?;
+    let mut scores = if dtype == DType::F32 {
+        let scores = b.matmul_transposed(q, k)?;
+        b.mul_scalar(scores, scale)?
+    } else {
+        let scaled_q = b.mul_scalar(q, scale)?;
+        b.matmul_transposed(scaled_q, k)?
+    };
+    if causal {
+        scores = b.causal_mask(scores)?;
+    }
+    let p = b.softmax(scores)?;
+    let dv = b.transposed_matmul(p, g)?;
+    let dp = b.matmul_transposed(g, v)?;
+    let wide =
+        |b: &mut TraceBuilder<'_>, x: ValueId| if b.dtype(x)? == DType::F32 { Ok(x) } else { b.cast(x, DType::F32) };
+    let (dp_wide, p_wide) = (wide(b, dp)?, wide(b, p)?);
+    let weighted = b.mul(dp_wide, p_wide)?;
+    let dot = b.sum(weighted)?;
+    let centered = b.sub(dp_wide, dot)?;
+    let ds = b.mul(p_wide, centered)?;
+    let ds = b.mul_scalar(ds, scale)?;
+    let ds = if dtype == DType::F32 { ds } else { b.cast(ds, dtype)? };
+    let dq = b.matmul(ds, k)?;
+    let dk = b.transposed_matmul(ds, q)?;
+    let mut flat = [dq; 3];
+    for (f, grad) in flat.iter_mut().zip([dq, dk, dv]) {
+        let n = b.shape(grad)?.iter().product::<usize>();
+        *f = b.reshape(grad, &[n])?;
+    }
+    b.concat(&flat, 0)
 }
 
 /// Typed methods for the transformer ops. Each one is `bind` with the symbol's fixed id.
@@ -671,6 +743,45 @@ impl<'a> TraceBuilder<'a> {
         self.bind(
             SCALED_DOT_PRODUCT_ATTENTION,
             &[Arg::Value(q), Arg::Value(k), Arg::Value(v), Arg::Scalar(scale), Arg::Scalar(causal)],
+        )
+    }
+
+    /// The gradients of [`scaled_dot_product_attention`](Self::scaled_dot_product_attention)
+    /// with respect to `q`, `k` and `v` for the result's gradient `grad`, packed one after the
+    /// other into one `[q.numel() + k.numel() + v.numel()]` tensor (slice and reshape to get
+    /// each); `q`, `k`, `v` and `grad` share one float dtype and `scale` is the forward's (no
+    /// default here). `passes::Grad` writes it for attention; CudaOps runs it in 16 bits as
+    /// cuDNN's fused attention backward (which recomputes the forward's softmax statistics),
+    /// other executors as its decomposition (the probabilities recomputed, then four products).
+    ///
+    /// ```
+    /// use boundscope::{executors::CpuReference, Arena, Plan, Registry, Tensor, TraceBuilder};
+    /// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let q = b.input(&[2, 4]).unwrap();
+    /// let g = b.input(&[2, 4]).unwrap();
+    /// let grads = b.scaled_dot_product_attention_backward(q, q, q, g, true, 0.5).unwrap();
+    /// assert_eq!(b.shape(grads).unwrap(), &[24]); // dq, dk, dv: 8 elements each
+    /// b.output(grads).unwrap();
+    /// let plan = Plan::compile(&b.finish().unwrap(), &[CpuReference::shared()]).unwrap();
+    /// let x = Tensor::new(&[2, 4], vec![0.5; 8]).unwrap();
+    /// let out = plan.run(&[&x, &x]).unwrap();
+    /// // With equal keys the probabilities are uniform and do not depend on q: dq is zero.
+    /// assert!(out[0].to_f32_vec()[..8].iter().all(|d| d.abs() < 1e-6));
+    /// ```
+    pub fn scaled_dot_product_attention_backward(
+        &mut self,
+        q: ValueId,
+        k: ValueId,
+        v: ValueId,
+        grad: ValueId,
+        causal: bool,
+        scale: f32,
+    ) -> Result<ValueId> {
+        let causal = if causal { 1.0 } else { 0.0 };
+        self.bind(
+            SCALED_DOT_PRODUCT_ATTENTION_BACKWARD,
+            &[Arg::Value(q), Arg::Value(k), Arg::Value(v), Arg::Value(grad), Arg::Scalar(scale), Arg::Scalar(causal)],
         )
     }
 }

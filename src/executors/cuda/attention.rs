@@ -19,6 +19,8 @@
 use std::ffi::{c_void, CStr};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use smallvec::SmallVec;
+
 use cudarc::cudnn::sys;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
@@ -86,11 +88,24 @@ pub(crate) struct AttentionOperands {
 }
 
 impl AttentionOperands {
-    /// `None` for any other op, mixed or integer dtypes, or ranks below 2.
+    /// `None` for any op but `scaled_dot_product_attention`, mixed or integer dtypes, or ranks
+    /// below 2.
     pub fn of(op: &OpView<'_>) -> Option<Self> {
-        if op.symbol().builtin_composite() != Some(prims::SCALED_DOT_PRODUCT_ATTENTION) {
+        Self::read(op, prims::SCALED_DOT_PRODUCT_ATTENTION)
+    }
+
+    /// The forward's operands of a `scaled_dot_product_attention_backward(q, k, v, grad,
+    /// scale, causal)`; `None` as [`of`](Self::of).
+    pub fn of_backward(op: &OpView<'_>) -> Option<Self> {
+        Self::read(op, prims::SCALED_DOT_PRODUCT_ATTENTION_BACKWARD)
+    }
+
+    fn read(op: &OpView<'_>, symbol: crate::core::ir::SymbolId) -> Option<Self> {
+        if op.symbol().builtin_composite() != Some(symbol) {
             return None;
         }
+        // The scalars follow the tensors: q, k, v (and the backward's grad).
+        let scalars = if symbol == prims::SCALED_DOT_PRODUCT_ATTENTION { 3 } else { 4 };
         let dtypes = op.dtypes();
         let dtype = *dtypes.first()?;
         if !dtype.is_float() || dtypes.iter().any(|d| *d != dtype) {
@@ -113,8 +128,8 @@ impl AttentionOperands {
             head: q[rank - 1],
             v_head: v[rank - 1],
             dtype,
-            causal: op.scalar(4).ok()? != 0.0,
-            scale: op.scalar(3).ok()?,
+            causal: op.scalar(scalars + 1).ok()? != 0.0,
+            scale: op.scalar(scalars).ok()?,
         })
     }
 }
@@ -139,7 +154,15 @@ impl AttentionShape {
     /// The shape of a built-in `scaled_dot_product_attention` on bf16 or f16 operands of one
     /// dtype; `None` for anything else.
     pub fn of(op: &OpView<'_>) -> Option<Self> {
-        let a = AttentionOperands::of(op)?;
+        Self::from_operands(AttentionOperands::of(op)?)
+    }
+
+    /// The forward's shape of a built-in `scaled_dot_product_attention_backward`, as [`of`](Self::of).
+    pub fn of_backward(op: &OpView<'_>) -> Option<Self> {
+        Self::from_operands(AttentionOperands::of_backward(op)?)
+    }
+
+    fn from_operands(a: AttentionOperands) -> Option<Self> {
         let shape = Self {
             batch: a.batch,
             heads: a.heads,
@@ -158,6 +181,48 @@ impl AttentionShape {
     fn elements(&self, tokens: usize, head: usize) -> usize {
         self.batch * self.heads * tokens * head
     }
+
+    /// Bytes of a `[batch, heads, tokens, head]` tensor in the operands' dtype.
+    fn bytes(&self, tokens: usize, head: usize) -> usize {
+        self.elements(tokens, head) * self.dtype.size_bytes()
+    }
+
+    /// Bytes of an `f32` tensor of one value per query row (the softmax statistics).
+    fn row_bytes(&self) -> usize {
+        self.elements(self.q_tokens, 1) * 4
+    }
+
+    /// The device buffers `pass` reads and writes, by unique id, and their bytes.
+    fn buffers(&self, pass: Pass) -> Vec<(i64, usize)> {
+        let (sq, skv, d, dv) = (self.q_tokens, self.kv_tokens, self.head, self.v_head);
+        let mut buffers = vec![(Q, self.bytes(sq, d)), (K, self.bytes(skv, d)), (V, self.bytes(skv, dv))];
+        buffers.push((O, self.bytes(sq, dv)));
+        match pass {
+            Pass::Forward => {}
+            Pass::Training => buffers.push((STATS, self.row_bytes())),
+            Pass::Backward => buffers.extend([
+                (DO, self.bytes(sq, dv)),
+                (STATS, self.row_bytes()),
+                (DQ, self.bytes(sq, d)),
+                (DK, self.bytes(skv, d)),
+                (DV, self.bytes(skv, dv)),
+                (SOFTMAX_SUM, self.row_bytes()),
+                (DQ_ACCUM, self.elements(sq, d) * 4),
+            ]),
+        }
+        buffers
+    }
+}
+
+/// What an attention plan computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pass {
+    /// The result `o` of `q`, `k` and `v`.
+    Forward,
+    /// The result and the rows' softmax statistics (log-sum-exp), which the backward reads.
+    Training,
+    /// `dq`, `dk` and `dv` from `q`, `k`, `v`, `o`, `do` and the statistics.
+    Backward,
 }
 
 /// cuDNN's error for `what`, with its last error message.
@@ -245,6 +310,17 @@ const V: i64 = 3;
 const O: i64 = 4;
 const SCALE: i64 = 5;
 const NEG_INF: i64 = 6;
+const STATS: i64 = 7;
+const DO: i64 = 8;
+const DQ: i64 = 9;
+const DK: i64 = 10;
+const DV: i64 = 11;
+/// The backward's `rowsum(do * o)`, written to scratch.
+const SOFTMAX_SUM: i64 = 12;
+/// The backward's `dq` accumulated in `f32`, in scratch.
+const DQ_ACCUM: i64 = 13;
+/// By value: 1.0 (the dropout scale the backward's pattern multiplies by).
+const ONE: i64 = 14;
 
 /// The descriptors of the graph being built; all are kept as long as its plan.
 struct Builder {
@@ -326,6 +402,15 @@ impl Builder {
         self.keep(desc);
         Ok(self.keep(op.finalize()?))
     }
+
+    /// `y`, the elements of `x` described by `y`'s dimensions and strides (a transposed view,
+    /// or a cast to `y`'s dtype).
+    fn reshape(&mut self, x: usize, y: usize) -> Res<usize> {
+        let op = Descriptor::new(Kind::CUDNN_BACKEND_OPERATION_RESHAPE_DESCRIPTOR)?;
+        op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_RESHAPE_XDESC, &[&self.kept[x]])?;
+        op.set_descriptors(Attr::CUDNN_ATTR_OPERATION_RESHAPE_YDESC, &[&self.kept[y]])?;
+        Ok(self.keep(op.finalize()?))
+    }
 }
 
 type Res<T> = std::result::Result<T, String>;
@@ -392,34 +477,35 @@ impl Drop for CudnnContext {
 }
 
 /// The executors' shared cuDNN state: the handle (made on first use) and the plans made so far,
-/// one per attention shape, or why cuDNN cannot run that shape.
+/// one per attention shape and pass, or why cuDNN cannot run that shape.
 #[derive(Default)]
 pub(crate) struct Attention {
     // Plans first: fields drop in order, and the plans' descriptors go before the handle.
-    plans: Mutex<Vec<(AttentionShape, Planned)>>,
+    plans: Mutex<Vec<((AttentionShape, Pass), Planned)>>,
     context: Arc<Mutex<Option<CudnnContext>>>,
 }
 
 impl Attention {
-    /// The plan of `shape` on `device`, made (and remembered) the first time it is asked for.
-    pub fn plan(&self, device: &CudaDevice, shape: AttentionShape) -> Planned {
+    /// The plan of `shape`'s `pass` on `device`, made (and remembered) the first time it is
+    /// asked for.
+    fn plan(&self, device: &CudaDevice, shape: AttentionShape, pass: Pass) -> Planned {
         let mut plans = self.plans.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, found)) = plans.iter().find(|(s, _)| *s == shape) {
+        if let Some((_, found)) = plans.iter().find(|(key, _)| *key == (shape, pass)) {
             return found.clone();
         }
-        let made = self.make(device, shape).map(Arc::new);
-        plans.push((shape, made.clone()));
+        let made = self.make(device, shape, pass).map(Arc::new);
+        plans.push(((shape, pass), made.clone()));
         made
     }
 
-    fn make(&self, device: &CudaDevice, shape: AttentionShape) -> Res<AttentionPlan> {
+    fn make(&self, device: &CudaDevice, shape: AttentionShape, pass: Pass) -> Res<AttentionPlan> {
         let mut context = self.context.lock().unwrap_or_else(|p| p.into_inner());
         if context.is_none() {
             *context = Some(CudnnContext::new(device)?);
         }
         let handle = context.as_ref().map(|c| c.handle).ok_or("no cuDNN handle")?;
         device.context().bind_to_thread().map_err(|e| format!("bind the CUDA context: {e:?}"))?;
-        build(handle, &device.stream(), shape)
+        build(handle, &device.stream(), shape, pass)
     }
 
     /// The kernel that runs `plan`.
@@ -432,11 +518,25 @@ impl Attention {
         };
         AttentionKernel { plan, lengths, context: self.context.clone(), device }
     }
+
+    /// The kernel that runs `plans` (the forward with statistics, then the backward).
+    pub fn backward_kernel(&self, device: Arc<CudaDevice>, plans: BackwardPlans) -> AttentionBackwardKernel {
+        let s = plans.backward.shape;
+        let words = |tokens: usize, head: usize| packing::words(s.dtype, s.elements(tokens, head));
+        let (q, k, v) = (words(s.q_tokens, s.head), words(s.kv_tokens, s.head), words(s.kv_tokens, s.v_head));
+        let packed = s.elements(s.q_tokens, s.head) + s.elements(s.kv_tokens, s.head + s.v_head);
+        let lengths = BufferLengths {
+            inputs: vec![q, k, v, words(s.q_tokens, s.v_head)],
+            outputs: vec![packing::words(s.dtype, packed)],
+        };
+        AttentionBackwardKernel { plans, lengths, context: self.context.clone(), device }
+    }
 }
 
 /// A finalized execution plan and every descriptor it was made from.
 pub(crate) struct AttentionPlan {
     shape: AttentionShape,
+    pass: Pass,
     plan: Descriptor,
     workspace_bytes: usize,
     _graph: Vec<Descriptor>,
@@ -448,90 +548,198 @@ unsafe impl Sync for AttentionPlan {}
 
 impl std::fmt::Debug for AttentionPlan {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AttentionPlan").field("shape", &self.shape).finish_non_exhaustive()
+        f.debug_struct("AttentionPlan").field("shape", &self.shape).field("pass", &self.pass).finish_non_exhaustive()
     }
 }
 
-/// Builds the attention graph of `shape` and its execution plan: of the first engine configs
-/// cuDNN's heuristic gives that finalize, the fastest on this GPU.
-fn build(handle: sys::cudnnHandle_t, stream: &Arc<CudaStream>, shape: AttentionShape) -> Res<AttentionPlan> {
-    let s = shape;
+/// The two plans of an attention's backward: the forward again, keeping the softmax statistics
+/// (the plan's forward ran without them), and the backward that reads them.
+#[derive(Clone, Debug)]
+pub(crate) struct BackwardPlans {
+    training: Arc<AttentionPlan>,
+    backward: Arc<AttentionPlan>,
+}
+
+/// The tensors of the attention graph, as indices into [`Builder::kept`].
+struct Operands {
+    q: usize,
+    k_transposed: usize,
+    o: usize,
+    scale: usize,
+}
+
+/// `q`, `k` (as `k^T`, which the first product reads), the result `o` and the scale: what
+/// both passes read.
+fn operands(g: &mut Builder, s: AttentionShape, io: Data) -> Res<Operands> {
     let (b, h, sq, skv, d, dv) =
         (s.batch as i64, s.heads as i64, s.q_tokens as i64, s.kv_tokens as i64, s.head as i64, s.v_head as i64);
-    let io = if s.dtype == DType::BF16 { Data::CUDNN_DATA_BFLOAT16 } else { Data::CUDNN_DATA_HALF };
+    let one = [1i64, 1, 1, 1];
+    Ok(Operands {
+        q: g.tensor(Some(Q), io, &[b, h, sq, d], &contiguous(&[b, h, sq, d]), Given::Buffer)?,
+        // k `[b, h, skv, d]` read as k^T `[b, h, d, skv]`: the product reads it transposed.
+        k_transposed: g.tensor(Some(K), io, &[b, h, d, skv], &[h * skv * d, skv * d, 1, d], Given::Buffer)?,
+        o: g.tensor(Some(O), io, &[b, h, sq, dv], &contiguous(&[b, h, sq, dv]), Given::Buffer)?,
+        scale: g.tensor(Some(SCALE), Data::CUDNN_DATA_FLOAT, &one, &one, Given::Value)?,
+    })
+}
+
+/// Sets the scores above the diagonal to `-inf` (column > row: PyTorch's `is_causal`, the
+/// mask aligned to the top left); the masked scores.
+fn causal_mask(g: &mut Builder, ops: &mut Vec<usize>, scores: usize, dims: &[i64]) -> Res<usize> {
+    use sys::cudnnPointwiseMode_t::*;
     let float = Data::CUDNN_DATA_FLOAT;
-    let mut g = Builder { kept: Vec::new(), next_virtual: 100 };
+    let one = [1i64, 1, 1, 1];
+    let virtual_scores = |g: &mut Builder, data| g.tensor(None, data, dims, &contiguous(dims), Given::Virtual);
+    let rows = virtual_scores(g, Data::CUDNN_DATA_INT32)?;
+    let cols = virtual_scores(g, Data::CUDNN_DATA_INT32)?;
+    let keep = virtual_scores(g, Data::CUDNN_DATA_BOOLEAN)?;
+    let masked = virtual_scores(g, float)?;
+    let neg_inf = g.tensor(Some(NEG_INF), float, &one, &one, Given::Value)?;
+    ops.push(g.pointwise(CUDNN_POINTWISE_GEN_INDEX, float, Some(2), Io::unary(scores, rows))?);
+    ops.push(g.pointwise(CUDNN_POINTWISE_GEN_INDEX, float, Some(3), Io::unary(scores, cols))?);
+    ops.push(g.pointwise(CUDNN_POINTWISE_CMP_GE, Data::CUDNN_DATA_BOOLEAN, None, Io::binary(rows, cols, keep))?);
+    let select = Io { x: scores, b: Some(neg_inf), t: Some(keep), y: masked };
+    ops.push(g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, float, None, select)?);
+    Ok(masked)
+}
+
+/// The forward graph's operations: the product `q k^T`, the scale, the causal mask, the softmax
+/// (with the rows' log-sum-exp, written to the `STATS` buffer when `stats`) and the product
+/// with `v`.
+fn forward_ops(g: &mut Builder, s: AttentionShape, io: Data, stats: bool) -> Res<Vec<usize>> {
+    use sys::cudnnPointwiseMode_t::*;
+    let (b, h, sq, skv) = (s.batch as i64, s.heads as i64, s.q_tokens as i64, s.kv_tokens as i64);
+    let float = Data::CUDNN_DATA_FLOAT;
     let scores = [b, h, sq, skv];
     let row = [b, h, sq, 1];
-    let one = [1i64, 1, 1, 1];
-    let q = g.tensor(Some(Q), io, &[b, h, sq, d], &contiguous(&[b, h, sq, d]), Given::Buffer)?;
-    // k `[b, h, skv, d]` read as k^T `[b, h, d, skv]`: the product reads it transposed.
-    let k = g.tensor(Some(K), io, &[b, h, d, skv], &[h * skv * d, skv * d, 1, d], Given::Buffer)?;
-    let v = g.tensor(Some(V), io, &[b, h, skv, dv], &contiguous(&[b, h, skv, dv]), Given::Buffer)?;
-    let o = g.tensor(Some(O), io, &[b, h, sq, dv], &contiguous(&[b, h, sq, dv]), Given::Buffer)?;
-    let scale = g.tensor(Some(SCALE), float, &one, &one, Given::Value)?;
+    let t = operands(g, s, io)?;
+    let v_dims = [b, h, skv, s.v_head as i64];
+    let v = g.tensor(Some(V), io, &v_dims, &contiguous(&v_dims), Given::Buffer)?;
     let virtual_scores = |g: &mut Builder, data| g.tensor(None, data, &scores, &contiguous(&scores), Given::Virtual);
     let virtual_row = |g: &mut Builder| g.tensor(None, float, &row, &contiguous(&row), Given::Virtual);
 
     let mut ops = Vec::new();
-    let product = virtual_scores(&mut g, float)?;
-    ops.push(g.matmul(q, k, product)?);
-    let mut scaled = virtual_scores(&mut g, float)?;
-    ops.push(g.pointwise(
-        sys::cudnnPointwiseMode_t::CUDNN_POINTWISE_MUL,
-        float,
-        None,
-        Io::binary(product, scale, scaled),
-    )?);
+    let product = virtual_scores(g, float)?;
+    ops.push(g.matmul(t.q, t.k_transposed, product)?);
+    let mut scaled = virtual_scores(g, float)?;
+    ops.push(g.pointwise(CUDNN_POINTWISE_MUL, float, None, Io::binary(product, t.scale, scaled))?);
     if s.causal {
-        // Keep column <= row (PyTorch's `is_causal`: the mask aligned to the top left).
-        let rows = virtual_scores(&mut g, Data::CUDNN_DATA_INT32)?;
-        let cols = virtual_scores(&mut g, Data::CUDNN_DATA_INT32)?;
-        let keep = virtual_scores(&mut g, Data::CUDNN_DATA_BOOLEAN)?;
-        let masked = virtual_scores(&mut g, float)?;
-        let neg_inf = g.tensor(Some(NEG_INF), float, &one, &one, Given::Value)?;
-        use sys::cudnnPointwiseMode_t::*;
-        ops.push(g.pointwise(CUDNN_POINTWISE_GEN_INDEX, float, Some(2), Io::unary(scaled, rows))?);
-        ops.push(g.pointwise(CUDNN_POINTWISE_GEN_INDEX, float, Some(3), Io::unary(scaled, cols))?);
-        ops.push(g.pointwise(CUDNN_POINTWISE_CMP_GE, Data::CUDNN_DATA_BOOLEAN, None, Io::binary(rows, cols, keep))?);
-        let select = Io { x: scaled, b: Some(neg_inf), t: Some(keep), y: masked };
-        ops.push(g.pointwise(CUDNN_POINTWISE_BINARY_SELECT, float, None, select)?);
-        scaled = masked;
+        scaled = causal_mask(g, &mut ops, scaled, &scores)?;
     }
-    let max = virtual_row(&mut g)?;
+    let max = virtual_row(g)?;
     ops.push(g.reduction(sys::cudnnReduceTensorOp_t::CUDNN_REDUCE_TENSOR_MAX, scaled, max)?);
-    let shifted = virtual_scores(&mut g, float)?;
-    ops.push(g.pointwise(
-        sys::cudnnPointwiseMode_t::CUDNN_POINTWISE_SUB,
-        float,
-        None,
-        Io::binary(scaled, max, shifted),
-    )?);
-    let exp = virtual_scores(&mut g, float)?;
-    ops.push(g.pointwise(sys::cudnnPointwiseMode_t::CUDNN_POINTWISE_EXP, float, None, Io::unary(shifted, exp))?);
-    let sum = virtual_row(&mut g)?;
+    let shifted = virtual_scores(g, float)?;
+    ops.push(g.pointwise(CUDNN_POINTWISE_SUB, float, None, Io::binary(scaled, max, shifted))?);
+    let exp = virtual_scores(g, float)?;
+    ops.push(g.pointwise(CUDNN_POINTWISE_EXP, float, None, Io::unary(shifted, exp))?);
+    let sum = virtual_row(g)?;
     ops.push(g.reduction(sys::cudnnReduceTensorOp_t::CUDNN_REDUCE_TENSOR_ADD, exp, sum)?);
-    // The rows' log-sum-exp (`max + log(sum)`), which the fusion engine's pattern includes (a
-    // backward pass reads it; here it stays on chip).
-    let log_sum = virtual_row(&mut g)?;
-    ops.push(g.pointwise(sys::cudnnPointwiseMode_t::CUDNN_POINTWISE_LOG, float, None, Io::unary(sum, log_sum))?);
-    let stats = virtual_row(&mut g)?;
-    ops.push(g.pointwise(
-        sys::cudnnPointwiseMode_t::CUDNN_POINTWISE_ADD,
-        float,
-        None,
-        Io::binary(max, log_sum, stats),
-    )?);
+    // The rows' log-sum-exp (`max + log(sum)`), which the fusion engine's pattern includes: kept
+    // on chip, or written out for a backward pass.
+    let log_sum = virtual_row(g)?;
+    ops.push(g.pointwise(CUDNN_POINTWISE_LOG, float, None, Io::unary(sum, log_sum))?);
+    let stats =
+        if stats { g.tensor(Some(STATS), float, &row, &contiguous(&row), Given::Buffer)? } else { virtual_row(g)? };
+    ops.push(g.pointwise(CUDNN_POINTWISE_ADD, float, None, Io::binary(max, log_sum, stats))?);
     // The probabilities in the operands' dtype: what the second product reads.
-    let p = virtual_scores(&mut g, io)?;
-    ops.push(g.pointwise(sys::cudnnPointwiseMode_t::CUDNN_POINTWISE_DIV, float, None, Io::binary(exp, sum, p))?);
-    ops.push(g.matmul(p, v, o)?);
+    let p = virtual_scores(g, io)?;
+    ops.push(g.pointwise(CUDNN_POINTWISE_DIV, float, None, Io::binary(exp, sum, p))?);
+    ops.push(g.matmul(p, v, t.o)?);
+    Ok(ops)
+}
+
+/// The backward graph's operations, as cudnn-frontend composes them for cuDNN before 9.21
+/// (`CompositeSDPABackwardNode`, without dropout, bias or grouped heads): `rowsum(do * o)`; the
+/// probabilities again from `q k^T`, the scale and the forward's statistics; `dv = p^T do`;
+/// `ds = p (do v^T - rowsum) scale`; `dk = ds^T q`; `dq = ds k`, accumulated in `f32`.
+fn backward_ops(g: &mut Builder, s: AttentionShape, io: Data) -> Res<Vec<usize>> {
+    use sys::cudnnPointwiseMode_t::*;
+    let (b, h, sq, skv, d, dv) =
+        (s.batch as i64, s.heads as i64, s.q_tokens as i64, s.kv_tokens as i64, s.head as i64, s.v_head as i64);
+    let float = Data::CUDNN_DATA_FLOAT;
+    let scores = [b, h, sq, skv];
+    let transposed_scores = [b, h, skv, sq];
+    let transposed_strides = [h * sq * skv, sq * skv, 1, skv];
+    let row = [b, h, sq, 1];
+    let one = [1i64, 1, 1, 1];
+    let t = operands(g, s, io)?;
+    // v read as v^T `[b, h, dv, skv]` by `do v^T`.
+    let v_transposed = g.tensor(Some(V), io, &[b, h, dv, skv], &[h * skv * dv, skv * dv, 1, dv], Given::Buffer)?;
+    let d_o = g.tensor(Some(DO), io, &[b, h, sq, dv], &contiguous(&[b, h, sq, dv]), Given::Buffer)?;
+    let stats = g.tensor(Some(STATS), float, &row, &contiguous(&row), Given::Buffer)?;
+    let dq = g.tensor(Some(DQ), io, &[b, h, sq, d], &contiguous(&[b, h, sq, d]), Given::Buffer)?;
+    let dk = g.tensor(Some(DK), io, &[b, h, skv, d], &contiguous(&[b, h, skv, d]), Given::Buffer)?;
+    let d_v = g.tensor(Some(DV), io, &[b, h, skv, dv], &contiguous(&[b, h, skv, dv]), Given::Buffer)?;
+    let softmax_sum = g.tensor(Some(SOFTMAX_SUM), float, &row, &contiguous(&row), Given::Buffer)?;
+    let dq_accum = g.tensor(Some(DQ_ACCUM), float, &[b, h, sq, d], &contiguous(&[b, h, sq, d]), Given::Buffer)?;
+    let unit = g.tensor(Some(ONE), float, &one, &one, Given::Value)?;
+    let virtual_scores = |g: &mut Builder, data| g.tensor(None, data, &scores, &contiguous(&scores), Given::Virtual);
+
+    let mut ops = Vec::new();
+    // rowsum(do * o), times the dropout scale's inverse (1 here), into scratch.
+    let do_o = g.tensor(None, float, &[b, h, sq, dv], &contiguous(&[b, h, sq, dv]), Given::Virtual)?;
+    ops.push(g.pointwise(CUDNN_POINTWISE_MUL, float, None, Io::binary(d_o, t.o, do_o))?);
+    let summed = g.tensor(None, float, &row, &contiguous(&row), Given::Virtual)?;
+    ops.push(g.reduction(sys::cudnnReduceTensorOp_t::CUDNN_REDUCE_TENSOR_ADD, do_o, summed)?);
+    ops.push(g.pointwise(CUDNN_POINTWISE_MUL, float, None, Io::binary(summed, unit, softmax_sum))?);
+    // p = exp(q k^T scale - stats), masked.
+    let product = virtual_scores(g, float)?;
+    ops.push(g.matmul(t.q, t.k_transposed, product)?);
+    let scaled = virtual_scores(g, float)?;
+    ops.push(g.pointwise(CUDNN_POINTWISE_MUL, float, None, Io::binary(product, t.scale, scaled))?);
+    let mut shifted = virtual_scores(g, float)?;
+    ops.push(g.pointwise(CUDNN_POINTWISE_SUB, float, None, Io::binary(scaled, stats, shifted))?);
+    if s.causal {
+        shifted = causal_mask(g, &mut ops, shifted, &scores)?;
+    }
+    let p = virtual_scores(g, float)?;
+    ops.push(g.pointwise(CUDNN_POINTWISE_EXP, float, None, Io::unary(shifted, p))?);
+    // dv = p^T do.
+    let p_transposed = g.tensor(None, io, &transposed_scores, &transposed_strides, Given::Virtual)?;
+    ops.push(g.reshape(p, p_transposed)?);
+    ops.push(g.matmul(p_transposed, d_o, d_v)?);
+    // ds = (do v^T - rowsum) p scale.
+    let dp = virtual_scores(g, float)?;
+    ops.push(g.matmul(d_o, v_transposed, dp)?);
+    let centered = virtual_scores(g, float)?;
+    ops.push(g.pointwise(CUDNN_POINTWISE_SUB, float, None, Io::binary(dp, softmax_sum, centered))?);
+    let weighted = virtual_scores(g, float)?;
+    ops.push(g.pointwise(CUDNN_POINTWISE_MUL, float, None, Io::binary(centered, p, weighted))?);
+    let ds = virtual_scores(g, float)?;
+    ops.push(g.pointwise(CUDNN_POINTWISE_MUL, float, None, Io::binary(weighted, t.scale, ds))?);
+    // dk = ds^T q.
+    let ds_transposed = g.tensor(None, io, &transposed_scores, &transposed_strides, Given::Virtual)?;
+    ops.push(g.reshape(ds, ds_transposed)?);
+    ops.push(g.matmul(ds_transposed, t.q, dk)?);
+    // dq = ds k, accumulated in f32, then converted.
+    let k = g.tensor(None, io, &[b, h, skv, d], &[h * skv * d, skv * d, d, 1], Given::Virtual)?;
+    ops.push(g.reshape(t.k_transposed, k)?);
+    ops.push(g.matmul(ds, k, dq_accum)?);
+    ops.push(g.pointwise(CUDNN_POINTWISE_IDENTITY, float, None, Io::unary(dq_accum, dq))?);
+    Ok(ops)
+}
+
+/// Builds the attention graph of `shape`'s `pass` and its execution plan: of the first engine
+/// configs cuDNN's heuristic gives that finalize, the fastest on this GPU.
+fn build(
+    handle: sys::cudnnHandle_t,
+    stream: &Arc<CudaStream>,
+    shape: AttentionShape,
+    pass: Pass,
+) -> Res<AttentionPlan> {
+    let io = if shape.dtype == DType::BF16 { Data::CUDNN_DATA_BFLOAT16 } else { Data::CUDNN_DATA_HALF };
+    let mut g = Builder { kept: Vec::new(), next_virtual: 100 };
+    let ops = match pass {
+        Pass::Forward => forward_ops(&mut g, shape, io, false)?,
+        Pass::Training => forward_ops(&mut g, shape, io, true)?,
+        Pass::Backward => backward_ops(&mut g, shape, io)?,
+    };
 
     let graph = Descriptor::new(Kind::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
     let op_descriptors: Vec<&Descriptor> = ops.iter().map(|&i| &g.kept[i]).collect();
     graph.set_descriptors(Attr::CUDNN_ATTR_OPERATIONGRAPH_OPS, &op_descriptors)?;
     graph.set(Attr::CUDNN_ATTR_OPERATIONGRAPH_HANDLE, Type::CUDNN_TYPE_HANDLE, &[handle])?;
-    let graph = graph.finalize().map_err(|e| format!("cuDNN does not take this attention graph: {e}"))?;
+    let graph = graph.finalize().map_err(|e| format!("cuDNN does not take this attention graph ({pass:?}): {e}"))?;
 
     let heuristic = Descriptor::new(Kind::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
     heuristic.set_descriptors(Attr::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, &[&graph])?;
@@ -567,7 +775,7 @@ fn build(handle: sys::cudnnHandle_t, stream: &Arc<CudaStream>, shape: AttentionS
         )
     })?;
     // The plans of the heuristic's first configs that finalize; the fastest of them on this GPU.
-    let mut why = format!("cuDNN's heuristic offers no engine for attention of {shape:?}");
+    let mut why = format!("cuDNN's heuristic offers no engine for attention ({pass:?}) of {shape:?}");
     let mut candidates = Vec::new();
     for config in configs.iter().take(got.max(0) as usize) {
         let made = Descriptor::new(Kind::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR).and_then(|plan| {
@@ -591,7 +799,7 @@ fn build(handle: sys::cudnnHandle_t, stream: &Arc<CudaStream>, shape: AttentionS
         });
         match made {
             Ok(candidate) => candidates.push(candidate),
-            Err(e) => why = format!("no engine of cuDNN's heuristic runs attention of {shape:?}: {e}"),
+            Err(e) => why = format!("no engine of cuDNN's heuristic runs attention ({pass:?}) of {shape:?}: {e}"),
         }
         if candidates.len() == TUNED_CANDIDATES {
             break;
@@ -600,35 +808,38 @@ fn build(handle: sys::cudnnHandle_t, stream: &Arc<CudaStream>, shape: AttentionS
     let best = match candidates.len() {
         0 => return Err(why),
         1 => 0,
-        _ => fastest(handle, stream, shape, &candidates)?,
+        _ => fastest(handle, stream, shape, pass, &candidates)?,
     };
     let (plan, workspace_bytes) = candidates.swap_remove(best);
     let mut kept = g.kept;
     kept.extend([graph, heuristic]);
     kept.extend(configs);
-    Ok(AttentionPlan { shape, plan, workspace_bytes, _graph: kept })
+    Ok(AttentionPlan { shape, pass, plan, workspace_bytes, _graph: kept })
 }
 
 /// How many of the heuristic's engine configs are timed when a plan is compiled.
 const TUNED_CANDIDATES: usize = 4;
 
 /// The index of the fastest of `candidates` on `stream`'s GPU: each runs twice, then five times
-/// between two events, on scratch operands of `shape` (the heuristic's first choice is not
+/// between two events, on zeroed scratch buffers of `shape` (the heuristic's first choice is not
 /// always the fastest: at GPT-2's shape it picked a kernel 7% slower than PyTorch's).
 fn fastest(
     handle: sys::cudnnHandle_t,
     stream: &Arc<CudaStream>,
     shape: AttentionShape,
+    pass: Pass,
     candidates: &[(Descriptor, usize)],
 ) -> Res<usize> {
-    let s = shape;
-    let bytes = |tokens, head| s.elements(tokens, head) * s.dtype.size_bytes();
     let alloc = |n: usize| stream.alloc_zeros::<u8>(n.max(1)).map_err(|e| format!("attention tuning buffers: {e:?}"));
-    let (q, k, v) =
-        (alloc(bytes(s.q_tokens, s.head))?, alloc(bytes(s.kv_tokens, s.head))?, alloc(bytes(s.kv_tokens, s.v_head))?);
-    let mut o = alloc(bytes(s.q_tokens, s.v_head))?;
+    let mut buffers = Vec::new();
+    for (uid, bytes) in shape.buffers(pass) {
+        buffers.push((uid, alloc(bytes)?));
+    }
+    let mut pointers: Vec<(i64, u64)> = Vec::with_capacity(buffers.len());
+    for (uid, buffer) in &mut buffers {
+        pointers.push((*uid, buffer.device_ptr_mut(stream).0));
+    }
     let workspace = alloc(candidates.iter().map(|c| c.1).max().unwrap_or(0))?;
-    let pointers = [q.device_ptr(stream).0, k.device_ptr(stream).0, v.device_ptr(stream).0, o.device_ptr_mut(stream).0];
     let workspace_ptr = workspace.device_ptr(stream).0;
     let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
     let event_error = |e| format!("attention tuning events: {e:?}");
@@ -637,11 +848,11 @@ fn fastest(
         // A candidate that fails to run is skipped (the first one stays the default).
         let timed = (|| -> Res<f32> {
             for _ in 0..2 {
-                execute(handle, plan, stream, shape, pointers, workspace_ptr)?;
+                execute(handle, plan, stream, shape, pass, &pointers, workspace_ptr)?;
             }
             let start = stream.record_event(timing).map_err(event_error)?;
             for _ in 0..5 {
-                execute(handle, plan, stream, shape, pointers, workspace_ptr)?;
+                execute(handle, plan, stream, shape, pass, &pointers, workspace_ptr)?;
             }
             let end = stream.record_event(timing).map_err(event_error)?;
             end.synchronize().map_err(event_error)?;
@@ -656,30 +867,37 @@ fn fastest(
     Ok(best.1)
 }
 
-/// Queues `plan` on `stream`: `pointers` are q, k, v and the output.
+/// The most tensors a variant pack holds: the backward's ten buffers and three scalars.
+const MOST_TENSORS: usize = 16;
+
+/// Queues `plan` on `stream`: `buffers` are its device tensors by unique id (as
+/// [`AttentionShape::buffers`] lists them); the scalars the pass reads are added here.
 fn execute(
     handle: sys::cudnnHandle_t,
     plan: &Descriptor,
     stream: &CudaStream,
     shape: AttentionShape,
-    pointers: [u64; 4],
+    pass: Pass,
+    buffers: &[(i64, u64)],
     workspace: u64,
 ) -> Res<()> {
-    let scale = f32::from_bits(shape.scale);
-    let neg_inf = f32::NEG_INFINITY;
-    let uids = [Q, K, V, O, SCALE, NEG_INF];
-    let data: [*mut c_void; 6] = [
-        pointers[0] as *mut c_void,
-        pointers[1] as *mut c_void,
-        pointers[2] as *mut c_void,
-        pointers[3] as *mut c_void,
-        (&scale as *const f32).cast_mut().cast(),
-        (&neg_inf as *const f32).cast_mut().cast(),
-    ];
-    let n = if shape.causal { 6 } else { 5 };
+    let (scale, neg_inf, one) = (f32::from_bits(shape.scale), f32::NEG_INFINITY, 1.0f32);
+    let mut uids: SmallVec<[i64; MOST_TENSORS]> = buffers.iter().map(|b| b.0).collect();
+    let mut data: SmallVec<[*mut c_void; MOST_TENSORS]> = buffers.iter().map(|b| b.1 as *mut c_void).collect();
+    let by_value = |x: &f32| (x as *const f32).cast_mut().cast::<c_void>();
+    uids.push(SCALE);
+    data.push(by_value(&scale));
+    if shape.causal {
+        uids.push(NEG_INF);
+        data.push(by_value(&neg_inf));
+    }
+    if pass == Pass::Backward {
+        uids.push(ONE);
+        data.push(by_value(&one));
+    }
     let pack = Descriptor::new(Kind::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR)?;
-    pack.set(Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, Type::CUDNN_TYPE_INT64, &uids[..n])?;
-    pack.set(Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, Type::CUDNN_TYPE_VOID_PTR, &data[..n])?;
+    pack.set(Attr::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS, Type::CUDNN_TYPE_INT64, &uids)?;
+    pack.set(Attr::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS, Type::CUDNN_TYPE_VOID_PTR, &data)?;
     pack.set(Attr::CUDNN_ATTR_VARIANT_PACK_WORKSPACE, Type::CUDNN_TYPE_VOID_PTR, &[workspace as *mut c_void])?;
     let pack = pack.finalize()?;
     // SAFETY: the caller's buffers hold what the plan's tensors describe, the scalars live
@@ -696,6 +914,10 @@ fn execute(
     check("cudnnBackendExecute", status)
 }
 
+fn execution_error(symbol: &str, message: String) -> Error {
+    Error::Execution { executor: super::CudaOps::NAME.into(), symbol: symbol.into(), message }
+}
+
 /// Runs one attention plan: `inputs` q, k, v; `outputs` the result.
 pub(crate) struct AttentionKernel {
     // In drop order: the plan, then the handle, then the device.
@@ -708,11 +930,7 @@ pub(crate) struct AttentionKernel {
 impl DeviceKernel for AttentionKernel {
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
         let s = self.plan.shape;
-        let fail = |message: String| Error::Execution {
-            executor: super::CudaOps::NAME.into(),
-            symbol: "scaled_dot_product_attention".into(),
-            message,
-        };
+        let fail = |message: String| execution_error("scaled_dot_product_attention", message);
         self.lengths.check("scaled_dot_product_attention", inputs, outputs)?;
         let stream = self.device.stream();
         // cuDNN runs in the thread's current context: this device's.
@@ -726,7 +944,85 @@ impl DeviceKernel for AttentionKernel {
         let handle = context.handle;
         let workspace = context.workspaces.get(&stream, self.plan.workspace_bytes)?;
         let (workspace, _) = workspace.device_ptr(&stream);
-        execute(handle, &self.plan.plan, &stream, s, [q, k, v, o], workspace).map_err(fail)
+        let buffers = [(Q, q), (K, k), (V, v), (O, o)];
+        execute(handle, &self.plan.plan, &stream, s, Pass::Forward, &buffers, workspace).map_err(fail)
+    }
+}
+
+/// Scratch offsets are multiples of this (cuDNN asks 16-byte aligned tensors).
+const SCRATCH_ALIGNMENT: usize = 256;
+
+/// Runs an attention's backward: `inputs` q, k, v and the result's gradient; `outputs` dq, dk
+/// and dv packed into one buffer. The forward runs again with its softmax statistics into the
+/// executor's per-stream scratch (with the recomputed result, `rowsum(do * o)` and `dq` in
+/// `f32`), then the backward.
+pub(crate) struct AttentionBackwardKernel {
+    // In drop order: the plans, then the handle, then the device.
+    plans: BackwardPlans,
+    lengths: BufferLengths,
+    context: Arc<Mutex<Option<CudnnContext>>>,
+    device: Arc<CudaDevice>,
+}
+
+impl AttentionBackwardKernel {
+    /// The scratch's regions: the recomputed result, the statistics, `rowsum(do * o)` and `dq`
+    /// in `f32`, by offset, then cuDNN's workspace; and the total bytes.
+    fn scratch(&self) -> ([usize; 5], usize) {
+        let s = self.plans.backward.shape;
+        let sizes = [
+            s.bytes(s.q_tokens, s.v_head),
+            s.row_bytes(),
+            s.row_bytes(),
+            s.elements(s.q_tokens, s.head) * 4,
+            self.plans.training.workspace_bytes.max(self.plans.backward.workspace_bytes),
+        ];
+        let mut offsets = [0; 5];
+        let mut end = 0;
+        for (offset, size) in offsets.iter_mut().zip(sizes) {
+            *offset = end;
+            end += size.next_multiple_of(SCRATCH_ALIGNMENT);
+        }
+        (offsets, end)
+    }
+}
+
+impl DeviceKernel for AttentionBackwardKernel {
+    fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
+        let what = "scaled_dot_product_attention_backward";
+        let s = self.plans.backward.shape;
+        let fail = |message: String| execution_error(what, message);
+        self.lengths.check(what, inputs, outputs)?;
+        let stream = self.device.stream();
+        stream.context().bind_to_thread().map_err(|e| fail(format!("bind the CUDA context: {e:?}")))?;
+        let (q, _) = slice(inputs[0])?.device_ptr(&stream);
+        let (k, _) = slice(inputs[1])?.device_ptr(&stream);
+        let (v, _) = slice(inputs[2])?.device_ptr(&stream);
+        let (d_o, _) = slice(inputs[3])?.device_ptr(&stream);
+        let (dq, _) = slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream);
+        let dk = dq + s.bytes(s.q_tokens, s.head) as u64;
+        let dv = dk + s.bytes(s.kv_tokens, s.head) as u64;
+        let (offsets, total) = self.scratch();
+        let mut context = self.context.lock().unwrap_or_else(|p| p.into_inner());
+        let context = context.as_mut().ok_or_else(|| fail("cuDNN was not created".into()))?;
+        let handle = context.handle;
+        let (scratch, _) = context.workspaces.get(&stream, total)?.device_ptr(&stream);
+        let [o, stats, softmax_sum, dq_accum, workspace] = offsets.map(|offset| scratch + offset as u64);
+        let forward = [(Q, q), (K, k), (V, v), (O, o), (STATS, stats)];
+        execute(handle, &self.plans.training.plan, &stream, s, Pass::Training, &forward, workspace).map_err(fail)?;
+        let backward = [
+            (Q, q),
+            (K, k),
+            (V, v),
+            (O, o),
+            (DO, d_o),
+            (STATS, stats),
+            (DQ, dq),
+            (DK, dk),
+            (DV, dv),
+            (SOFTMAX_SUM, softmax_sum),
+            (DQ_ACCUM, dq_accum),
+        ];
+        execute(handle, &self.plans.backward.plan, &stream, s, Pass::Backward, &backward, workspace).map_err(fail)
     }
 }
 
@@ -736,5 +1032,34 @@ pub(crate) fn plan_for(attention: &Attention, device: &CudaDevice, op: &OpView<'
     if library().is_err() {
         return None;
     }
-    Some(attention.plan(device, shape))
+    Some(attention.plan(device, shape, Pass::Forward))
+}
+
+/// Whether `op` is an attention's backward cuDNN runs on `device`, and its plans if so: cuDNN
+/// 9.10.2 or later (cudnn-frontend refuses 9.10.0 and 9.10.1 for known bugs, and before 9.6
+/// `dq`'s accumulator would need zeroing), and before 9.16 key lengths a multiple of 128 (for
+/// others cudnn-frontend adds a padding mask).
+pub(crate) fn backward_plans_for(
+    attention: &Attention,
+    device: &CudaDevice,
+    op: &OpView<'_>,
+) -> Option<std::result::Result<BackwardPlans, String>> {
+    let shape = AttentionShape::of_backward(op)?;
+    let version = *library().as_ref().ok()?;
+    // Heads a multiple of 8 (cuDNN's rule) also keep dk and dv, packed after dq, 16-byte aligned.
+    let supported = version >= 91002
+        && (version >= 91600 || shape.kv_tokens.is_multiple_of(128))
+        && shape.q_tokens.max(shape.kv_tokens) > 1
+        && shape.head.is_multiple_of(8)
+        && shape.v_head.is_multiple_of(8);
+    if !supported {
+        return None;
+    }
+    let made = (|| {
+        Ok(BackwardPlans {
+            training: attention.plan(device, shape, Pass::Training)?,
+            backward: attention.plan(device, shape, Pass::Backward)?,
+        })
+    })();
+    Some(made)
 }

@@ -171,6 +171,9 @@ impl Executor for CudaOps {
                 matches!(attention::plan_for(&self.attention, &self.device, op), Some(Ok(_)))
                     || flash_operands(op).is_some()
             }
+            Some(prims::SCALED_DOT_PRODUCT_ATTENTION_BACKWARD) => {
+                matches!(attention::backward_plans_for(&self.attention, &self.device, op), Some(Ok(_)))
+            }
             _ => false,
         }
     }
@@ -190,6 +193,14 @@ impl Executor for CudaOps {
                 return Err(Error::KernelPrecondition { executor: Self::NAME.into(), symbol: op.name().into(), detail })
             }
             None => {}
+        }
+        if let Some(plans) = attention::backward_plans_for(&self.attention, &self.device, op) {
+            let plans = plans.map_err(|detail| Error::KernelPrecondition {
+                executor: Self::NAME.into(),
+                symbol: op.name().into(),
+                detail,
+            })?;
+            return Ok(Box::new(self.attention.backward_kernel(self.device.clone(), plans)));
         }
         let transposed =
             matches!(op.symbol().builtin_composite(), Some(prims::MATMUL_TRANSPOSED | prims::TRANSPOSED_MATMUL));

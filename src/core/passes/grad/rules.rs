@@ -420,17 +420,11 @@ fn layer_norm<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Gra
     Ok(grads)
 }
 
-/// `scaled_dot_product_attention(q, k, v, scale, causal)`, recomputing the probabilities:
-/// `dv = p^T g`, `ds = p (g v^T - rowsum(p g v^T)) scale`, `dq = ds k`, `dk = ds^T q`.
-///
-/// With an `f32` result every step is `f32` (16-bit operands widened). With a 16-bit result it
-/// is like PyTorch's math attention under autocast: the products take and give 16-bit values
-/// (accumulating in `f32`; operands of another dtype are cast to the result's), `q` is scaled
-/// before its product (exact for a power-of-two scale such as `1/sqrt(64)`; PyTorch scales `q`
-/// and `k` by its square root), the probabilities are computed in `f32` and kept in 16 bits, and
-/// `ds` is computed in `f32` from them and rounded once. The score-sized tensors, the largest of
-/// a transformer's backward, then take two bytes an element, and the products run at the 16-bit
-/// rate.
+/// `scaled_dot_product_attention(q, k, v, scale, causal)`: one
+/// `scaled_dot_product_attention_backward` (operands of another dtype cast to the result's
+/// first), its packed result sliced into dq, dk and dv. Its decomposition is the math
+/// (probabilities recomputed; in 16 bits as PyTorch's math attention under autocast); CudaOps
+/// runs it as cuDNN's fused backward.
 fn attention<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Grads> {
     let scalar = |i: usize| match op.args.get(i) {
         Some(Arg::Scalar(s)) => Ok(*s),
@@ -441,27 +435,15 @@ fn attention<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Grad
     let dtype = b.dtype(op.output)?;
     let mut in_dtype = |x: ValueId| if b.dtype(x)? == dtype { Ok(x) } else { b.cast(x, dtype) };
     let (q, k, v, g) = (in_dtype(q)?, in_dtype(k)?, in_dtype(v)?, in_dtype(g)?);
-    let mut scores = if dtype == DType::F32 {
-        let scores = b.matmul_transposed(q, k)?;
-        b.mul_scalar(scores, scale)?
-    } else {
-        let scaled_q = b.mul_scalar(q, scale)?;
-        b.matmul_transposed(scaled_q, k)?
-    };
-    if causal {
-        scores = b.causal_mask(scores)?;
+    let packed = b.scaled_dot_product_attention_backward(q, k, v, g, causal, scale)?;
+    let mut grads = vec![None; 5];
+    let mut start = 0;
+    for (i, x) in [q, k, v].into_iter().enumerate() {
+        let shape = b.shape(x)?.to_vec();
+        let n = shape.iter().product::<usize>();
+        let flat = b.slice(packed, 0, start, start + n)?;
+        grads[i] = Some(b.reshape(flat, &shape)?);
+        start += n;
     }
-    let p = b.softmax(scores)?;
-    let dv = b.transposed_matmul(p, g)?;
-    let dp = b.matmul_transposed(g, v)?;
-    let [dp_wide, p_wide] = widened(b, [dp, p])?;
-    let weighted = b.mul(dp_wide, p_wide)?;
-    let dot = b.sum(weighted)?;
-    let centered = b.sub(dp_wide, dot)?;
-    let ds = b.mul(p_wide, centered)?;
-    let ds = b.mul_scalar(ds, scale)?;
-    let ds = if dtype == DType::F32 { ds } else { b.cast(ds, dtype)? };
-    let dq = b.matmul(ds, k)?;
-    let dk = b.transposed_matmul(ds, q)?;
-    Ok(vec![Some(dq), Some(dk), Some(dv), None, None])
+    Ok(grads)
 }

@@ -180,14 +180,25 @@ fn attention_gradients_in_16_bits_follow_the_f32_ones() {
         let loss = b.sum(flat).unwrap();
         b.output(loss).unwrap();
         let grads = Grad::new(&[q, k, v]).run(&b.finish().unwrap(), &arena).unwrap();
-        // The backward's products give the forward's dtype (16-bit products in 16 bits).
-        let products: Vec<DType> = grads
+        // One `scaled_dot_product_attention_backward`, whose decomposition's products give the
+        // forward's dtype (16-bit products in 16 bits).
+        let backward: Vec<_> = grads
             .bound_symbols()
             .iter()
-            .filter(|s| grads.symbol_name(s) == "matmul_transposed")
-            .map(|s| grads.value_meta(s.outputs()[0]).unwrap().dtype)
+            .filter(|s| grads.symbol_name(s) == "scaled_dot_product_attention_backward")
             .collect();
-        assert!(products.len() >= 2 && products.iter().all(|&d| d == dtype), "{products:?}");
+        assert_eq!(backward.len(), 1);
+        fn products(trace: &crate::core::ir::Trace<'_>, bsym: &crate::BoundSymbol<'_>, dtypes: &mut Vec<DType>) {
+            for sub in bsym.subsymbols() {
+                if trace.symbol_name(sub) == "matmul" {
+                    dtypes.push(trace.value_meta(sub.outputs()[0]).unwrap().dtype);
+                }
+                products(trace, sub, dtypes);
+            }
+        }
+        let mut dtypes = Vec::new();
+        products(&grads, backward[0], &mut dtypes);
+        assert!(dtypes.len() >= 4 && dtypes.iter().all(|&d| d == dtype), "{dtypes:?}");
         let plan = crate::Plan::compile(&grads, &[crate::executors::CpuReference::shared()]).unwrap();
         let fill = |seed: usize| {
             crate::Tensor::from_fn(&shape, move |i| (((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0 - 1.0) * 1.5)

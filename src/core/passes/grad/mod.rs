@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::core::guards::{Attachment, Guard, OnBackward, Relabeled};
 use crate::core::ir::optimizers::Optimizer;
-use crate::core::ir::{prims, Arena, BoundSymbol, DType, Trace, TraceBuilder, ValueId, VjpInput, SCOPE_SEPARATOR};
+use crate::core::ir::{prims, Arena, Arg, BoundSymbol, DType, Trace, TraceBuilder, ValueId, VjpInput, SCOPE_SEPARATOR};
 use crate::error::{Error, Result};
 
 use super::decompose::decompose;
@@ -173,7 +173,7 @@ impl Pass for Grad {
         let forward = decompose(trace, arena, self.name(), &|bsym| has_rule(trace, bsym))?;
         let path = GradientPath::new(&forward, &self.wrt, loss);
         let builder = TraceBuilder::continuing(&forward, arena);
-        let mut backward = Backward { builder, cotangents: HashMap::new(), open: Vec::new() };
+        let mut backward = Backward { builder, cotangents: HashMap::new(), pieces: HashMap::new(), open: Vec::new() };
         backward.builder.enter_scope(BACKWARD_SCOPE)?;
         let seed = rules::full_like(&mut backward.builder, loss, 1.0)?;
         backward.cotangents.insert(loss, seed);
@@ -184,21 +184,24 @@ impl Pass for Grad {
             if !path.on_path(output) {
                 continue;
             }
-            let Some(&cotangent) = backward.cotangents.get(&output) else { continue };
+            if !backward.has_cotangent(output) {
+                continue;
+            }
             backward.enter(forward.scope_path(position))?;
             let start = backward.builder.len();
-            backward.differentiate(&forward, bsym, output, cotangent, &path)?;
+            let Some(cotangent) = backward.cotangent(&forward, output)? else { continue };
+            backward.differentiate(&forward, position, output, cotangent, &path)?;
             spans[position] = start..backward.builder.len();
         }
         backward.enter(None)?;
-        let mut builder = backward.builder;
         let mut gradients = Vec::with_capacity(self.wrt.len());
         for &w in &self.wrt {
-            gradients.push(match backward.cotangents.get(&w) {
-                Some(&g) => g,
-                None => rules::full_like(&mut builder, w, 0.0)?,
+            gradients.push(match backward.cotangent(&forward, w)? {
+                Some(g) => g,
+                None => rules::full_like(&mut backward.builder, w, 0.0)?,
             });
         }
+        let mut builder = backward.builder;
         builder.exit_scope()?;
         let outputs: Vec<ValueId> = forward.outputs().iter().copied().chain(gradients).collect();
         builder.set_outputs(&outputs);
@@ -332,6 +335,17 @@ impl Grad {
     }
 }
 
+/// Whether an op guard of `forward` surrounds the op at `position`.
+fn covered_by_guard(forward: &Trace<'_>, position: usize) -> bool {
+    forward
+        .guards
+        .per_op
+        .iter()
+        .take(position + 1)
+        .enumerate()
+        .any(|(p, attachments)| attachments.iter().any(|a| p + (a.span as usize).max(1) > position))
+}
+
 /// Whether `bsym` is differentiated whole: its symbol has a rule (its own or a built-in's).
 fn has_rule(trace: &Trace<'_>, bsym: &BoundSymbol<'_>) -> bool {
     trace.registry().get(bsym.symbol()).is_ok_and(|s| {
@@ -377,15 +391,67 @@ impl GradientPath {
     }
 }
 
-/// The backward being built: the builder, the gradient of each value so far, and the scope
-/// path open under [`BACKWARD_SCOPE`].
+/// The backward being built: the builder, the gradient of each value so far, the gradients of
+/// its slices not yet added to it, and the scope path open under [`BACKWARD_SCOPE`].
 struct Backward<'a> {
     builder: TraceBuilder<'a>,
     cotangents: HashMap<ValueId, ValueId>,
+    pieces: HashMap<ValueId, Vec<Piece>>,
     open: Vec<String>,
 }
 
+/// The gradient of `x[start..end]` along `axis`, for a value `x`.
+struct Piece {
+    axis: usize,
+    start: usize,
+    end: usize,
+    grad: ValueId,
+}
+
 impl<'a> Backward<'a> {
+    fn has_cotangent(&self, v: ValueId) -> bool {
+        self.cotangents.contains_key(&v) || self.pieces.contains_key(&v)
+    }
+
+    /// The gradient of `v`, with the gradients of its slices added: slices that tile an axis
+    /// (a `split`, as attention's q, k and v) join with one `concat`; others are each padded
+    /// with zeros to `v`'s shape (`slice`'s own rule), then added.
+    fn cotangent(&mut self, forward: &Trace<'a>, v: ValueId) -> Result<Option<ValueId>> {
+        if let Some(mut pieces) = self.pieces.remove(&v) {
+            let shape = forward.value_meta(v)?.shape.to_vec();
+            pieces.sort_by_key(|p| (p.axis, p.start, p.end));
+            let axis = pieces.first().map_or(0, |p| p.axis);
+            let tiles = pieces.iter().all(|p| p.axis == axis)
+                && pieces.first().is_some_and(|p| p.start == 0)
+                && pieces.windows(2).all(|w| w[0].end == w[1].start)
+                && pieces.last().map(|p| p.end) == shape.get(axis).copied();
+            let b = &mut self.builder;
+            let joined = if tiles {
+                let grads: Vec<ValueId> = pieces.iter().map(|p| p.grad).collect();
+                b.concat(&grads, axis)?
+            } else {
+                let mut total: Option<ValueId> = None;
+                for p in pieces {
+                    let padded = b.pad(p.grad, p.axis, p.start, shape[p.axis] - p.end, 0.0)?;
+                    total = Some(match total {
+                        Some(t) => b.add(t, padded)?,
+                        None => padded,
+                    });
+                }
+                match total {
+                    Some(total) => total,
+                    None => return Ok(self.cotangents.get(&v).copied()),
+                }
+            };
+            let total = match self.cotangents.get(&v) {
+                Some(&previous) => self.builder.add(previous, joined)?,
+                None => joined,
+            };
+            self.cotangents.insert(v, total);
+        }
+        Ok(self.cotangents.get(&v).copied())
+    }
+
     /// Opens the scopes of `path` (a forward op's scope path) under [`BACKWARD_SCOPE`], closing
     /// those it does not share with the scopes open now.
     fn enter(&mut self, path: Option<&str>) -> Result<()> {
@@ -406,13 +472,26 @@ impl<'a> Backward<'a> {
     fn differentiate(
         &mut self,
         forward: &Trace<'a>,
-        bsym: &BoundSymbol<'a>,
+        position: usize,
         output: ValueId,
         cotangent: ValueId,
         path: &GradientPath,
     ) -> Result<()> {
+        let bsym = &forward.bound_symbols()[position];
         let symbol = forward.registry().get(bsym.symbol())?.symbol;
         let name = forward.symbol_name(bsym);
+        // A built-in slice's gradient waits to be joined with its value's other slices' (see
+        // `cotangent`), unless a guard covers the slice: then its backward is its own `pad`.
+        if symbol.vjp.is_none() && symbol.builtin_prim() == Some(prims::SLICE) && !covered_by_guard(forward, position) {
+            if let (Some(v), Some(Arg::Dims([axis, start, end]))) = (bsym.args()[0].value(), bsym.args().get(1)) {
+                if path.on_path(v) {
+                    let grad = self.cast(cotangent, forward.value_meta(v)?.dtype)?;
+                    let piece = Piece { axis: *axis, start: *start, end: *end, grad };
+                    self.pieces.entry(v).or_default().push(piece);
+                }
+                return Ok(());
+            }
+        }
         let input = VjpInput { name, args: bsym.args(), output, cotangent };
         let grads =
             match (&symbol.vjp, symbol.builtin_prim().or(symbol.builtin_composite()).and_then(rules::builtin_rule)) {

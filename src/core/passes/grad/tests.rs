@@ -224,3 +224,62 @@ fn attention_gradients_in_16_bits_follow_the_f32_ones() {
         }
     }
 }
+
+#[test]
+fn the_gradients_of_slices_that_tile_an_axis_join_with_one_concat() {
+    // `x` split in three along its last axis (attention's q, k and v), each piece used: its
+    // gradient is one `concat` of the pieces' gradients, not three pads and two adds. A fourth,
+    // overlapping slice makes the pieces not tile: pads and adds, with the same values.
+    let run = |overlap: bool| {
+        let (registry, arena) = (Registry::with_builtins(), Arena::new());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[2, 9]).unwrap();
+        let parts = b.split(x, 1, &[2, 3, 4]).unwrap();
+        let mut total = None;
+        for (i, &p) in parts.iter().enumerate() {
+            let scaled = b.mul_scalar(p, (i + 1) as f32).unwrap();
+            let squares = b.mul(scaled, p).unwrap();
+            let s = b.sum(squares).unwrap();
+            let s = b.reshape(s, &[1, 2]).unwrap();
+            let s = b.sum(s).unwrap();
+            total = Some(match total {
+                Some(t) => b.add(t, s).unwrap(),
+                None => s,
+            });
+        }
+        let mut loss = total.unwrap();
+        if overlap {
+            let extra = b.slice(x, 1, 1, 3).unwrap();
+            let extra = b.reshape(extra, &[1, 4]).unwrap();
+            let extra = b.sum(extra).unwrap();
+            loss = b.add(loss, extra).unwrap();
+        }
+        b.output(loss).unwrap();
+        let grads = Grad::new(&[x]).run(&b.finish().unwrap(), &arena).unwrap();
+        let count = |name: &str| grads.bound_symbols().iter().filter(|s| grads.symbol_name(s) == name).count();
+        let counts = (count("concat"), count("pad"));
+        let plan = crate::Plan::compile(&grads, &[crate::executors::CpuReference::shared()]).unwrap();
+        let input = crate::Tensor::from_fn(&[2, 9], |i| i as f32 - 4.0);
+        (counts, plan.run(&[&input]).unwrap()[1].to_f32_vec())
+    };
+    let ((concats, pads), tiled) = run(false);
+    // (The one pad makes the loss's seed, a 1 from an empty slice.)
+    assert_eq!((concats, pads), (2, 1), "one concat of three pieces (two binary concats), no pad of a piece");
+    // d/dx of sum((i+1) x_i^2) is 2 (i+1) x_i, piece by piece.
+    let factor = |column: usize| {
+        if column < 2 {
+            1.0
+        } else if column < 5 {
+            2.0
+        } else {
+            3.0
+        }
+    };
+    let expected: Vec<f32> = (0..18).map(|i| 2.0 * factor(i % 9) * (i as f32 - 4.0)).collect();
+    assert_eq!(tiled, expected);
+    let ((_, pads), overlapping) = run(true);
+    assert_eq!(pads, 5, "overlapping slices are each padded");
+    let expected: Vec<f32> =
+        expected.iter().enumerate().map(|(i, e)| e + f32::from(u8::from((1..3).contains(&(i % 9))))).collect();
+    assert_eq!(overlapping, expected);
+}

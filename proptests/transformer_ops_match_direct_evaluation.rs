@@ -411,6 +411,30 @@ fn out_of_range_ids_and_bad_shapes_are_typed_errors() {
     }
 }
 
+/// `cross_entropy` of 16-bit logits is `f32` (as under `torch.autocast`) and equals, bit for
+/// bit, `cross_entropy` of the logits cast to `f32` first, on every executor list, plain and
+/// through the standard passes: no cast of the logits is needed.
+#[test]
+fn cross_entropy_of_16_bit_logits_is_the_f32_loss_without_a_cast() {
+    for dtype in [DType::BF16, DType::F16] {
+        let (rows, classes) = (37, 50);
+        let logits = Tensor::from_fn(&[rows, classes], |i| ((i * 7919 % 1000) as f32 / 100.0) - 5.0).to_dtype(dtype);
+        let targets = Tensor::from_vec(&[rows], (0..rows as i64).map(|i| (i * 11) % 50).collect()).unwrap();
+        let inputs = [(dtype, vec![rows, classes]), (DType::I64, vec![rows])];
+        let data = [logits, targets];
+        let direct = run_all(&inputs, &data, |b, v| b.cross_entropy(v[0], v[1])).unwrap();
+        let cast_first = run_all(&inputs, &data, |b, v| {
+            let wide = b.cast(v[0], DType::F32)?;
+            b.cross_entropy(wide, v[1])
+        })
+        .unwrap();
+        for (d, c) in direct.iter().zip(&cast_first) {
+            assert_eq!(d.dtype(), DType::F32, "{dtype}");
+            assert_eq!(d, c, "{dtype}: the loss of the logits as they are and cast to f32 first");
+        }
+    }
+}
+
 #[test]
 fn reductions_next_to_empty_axes_give_empty_or_neutral_results() {
     for (shape, axis, want_shape, want) in [

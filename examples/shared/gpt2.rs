@@ -321,8 +321,9 @@ pub fn build<'a>(
         Ok((wte, b.linear(x, wte, None)?))
     })?;
     let loss = b.scope("loss", |b| {
-        // In f32 whatever the compute dtype, as autocast runs `cross_entropy`.
-        let l = if compute == DType::F32 { shifted_logits } else { b.cast(shifted_logits, DType::F32)? };
+        // The loss is f32 whatever the compute dtype (as autocast runs `cross_entropy`), computed
+        // from the 16-bit logits without a copy of them in f32.
+        let l = shifted_logits;
         let targets = b.slice(ids, 1, 1, tokens)?;
         let targets = b.reshape(targets, &[batch * (tokens - 1)])?;
         b.cross_entropy(l, targets)

@@ -116,8 +116,9 @@ builtin_ids! {
     /// `log_softmax(x)` over the last axis (composite).
     LOG_SOFTMAX = 41, "log_softmax";
     /// `cross_entropy(logits, targets)`: the mean over rows of `-log_softmax(logits)[target]`,
-    /// logits `[rows, classes]`, integer targets `[rows]`, a zero-dimensional result
-    /// (composite), as `torch.nn.functional.cross_entropy`.
+    /// logits `[rows, classes]`, integer targets `[rows]`, a zero-dimensional `f32` result for
+    /// every float dtype of logits (composite), as `torch.nn.functional.cross_entropy` under
+    /// `torch.autocast`.
     CROSS_ENTROPY = 42, "cross_entropy";
     /// `scaled_dot_product_attention(q, k, v, scale, causal)`: `softmax(q k^T scale (+ causal
     /// mask)) v` over `[..., tokens, head]` operands (composite).

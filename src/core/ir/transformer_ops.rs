@@ -263,10 +263,11 @@ fn where_rule(args: &[ArgInfo<'_>]) -> RuleResult {
 }
 
 fn cross_entropy_rule(args: &[ArgInfo<'_>]) -> RuleResult {
-    let (dtype, logits) = float_tensor(args, 0)?;
+    let (_, logits) = float_tensor(args, 0)?;
     let targets = ids_tensor(args, 1, "the targets")?;
     match (logits, targets) {
-        ([rows, _], [n]) if rows == n => Ok(TensorMeta::new(dtype, &[])),
+        // The loss is `f32` for logits of every float dtype, as under `torch.autocast`.
+        ([rows, _], [n]) if rows == n => Ok(TensorMeta::new(DType::F32, &[])),
         ([rows, _], _) => {
             Err(format!("the targets must be [{rows}] (one class per row of the logits), not {targets:?}"))
         }
@@ -346,17 +347,16 @@ fn decompose_cross_entropy(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result
     let logits = value(args, 0).ok_or_else(|| missing("cross_entropy"))?;
     let targets = value(args, 1).ok_or_else(|| missing("cross_entropy"))?;
     let rows = b.shape(targets)?.first().copied().ok_or_else(|| missing("cross_entropy"))?;
-    // Only the logits are floats: `in_f32` widens them, the targets stay integers.
-    in_f32(b, [Some(logits)], |b, [logits]| {
-        let logits = logits.ok_or_else(|| missing("cross_entropy"))?;
-        let log_p = b.log_softmax(logits)?;
-        let picked = b.gather_last(log_p, targets)?;
-        let row = b.reshape(picked, &[1, rows])?;
-        let total = b.sum(row)?;
-        let total = b.reshape(total, &[])?;
-        // The mean of an empty batch is NaN, as in PyTorch.
-        b.mul_scalar(total, -1.0 / rows as f32)
-    })
+    // Only the logits are floats, widened to `f32`; the targets stay integers, and the loss
+    // stays `f32` (not rounded back to the logits' dtype).
+    let logits = if b.dtype(logits)? == DType::F32 { logits } else { b.cast(logits, DType::F32)? };
+    let log_p = b.log_softmax(logits)?;
+    let picked = b.gather_last(log_p, targets)?;
+    let row = b.reshape(picked, &[1, rows])?;
+    let total = b.sum(row)?;
+    let total = b.reshape(total, &[])?;
+    // The mean of an empty batch is NaN, as in PyTorch.
+    b.mul_scalar(total, -1.0 / rows as f32)
 }
 
 /// `(softmax(logits) - one_hot(targets)) grad / rows`, in `f32`, rounded once to the logits'
@@ -696,7 +696,9 @@ impl<'a> TraceBuilder<'a> {
 
     /// The mean over rows of `-log_softmax(logits)[row, targets[row]]`: logits `[rows,
     /// classes]`, integer targets `[rows]`, a zero-dimensional result, as
-    /// `torch.nn.functional.cross_entropy`.
+    /// `torch.nn.functional.cross_entropy`. The result is `f32` whatever the logits' float
+    /// dtype, as under `torch.autocast` (16-bit logits are read as they are and computed on in
+    /// `f32`: no cast of the logits first).
     pub fn cross_entropy(&mut self, logits: ValueId, targets: ValueId) -> Result<ValueId> {
         self.bind(CROSS_ENTROPY, &[Arg::Value(logits), Arg::Value(targets)])
     }

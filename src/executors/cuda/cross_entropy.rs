@@ -1,8 +1,8 @@
 //! `cross_entropy(logits, targets)` whole on the GPU: one block per row reads the row once,
 //! keeping a running maximum and sum of exponentials (each thread its own, then combined across
 //! the block), and writes the row's loss `log(sum(exp(x))) - x[target]`; a second, one-block
-//! kernel adds the rows' losses in a fixed order and writes their mean, rounded once to the
-//! result's dtype. Where the decomposition writes the `[rows, classes]` log-probabilities and
+//! kernel adds the rows' losses in a fixed order and writes their mean in the result's dtype
+//! (`f32`). Where the decomposition writes the `[rows, classes]` log-probabilities and
 //! reads them back several times, this reads the logits once. Targets are checked on the device
 //! as the gathers check their ids ([`gather`](super::gather)): a target out of range is
 //! [`Error::IndexOutOfRange`] from the run that queued it.

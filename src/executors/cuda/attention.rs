@@ -9,7 +9,14 @@
 //! kernel. This module builds that
 //! graph (as NVIDIA's cudnn-frontend does for cuDNN before 9.21), asks cuDNN's heuristic for an
 //! engine when the plan is compiled, and runs it on the run's stream, with a workspace per
-//! stream. A shape, dtype or library cuDNN cannot run goes to the generated flash-attention
+//! stream.
+//!
+//! `scaled_dot_product_attention_backward` runs as two graphs: the forward again, now writing
+//! the rows' log-sum-exp (the plan's forward does not keep it), then cudnn-frontend's SDPA
+//! backward graph (`rowsum(do * o)`, the probabilities from `q k^T` and the statistics, `dv = p^T
+//! do`, `ds = p (do v^T - rowsum) scale`, `dk = ds^T q`, `dq = ds k` accumulated in `f32`), which
+//! the fusion engine runs as a flash-attention backward kernel. The recomputed result, the
+//! statistics and the `f32` accumulator live in the per-stream workspace. A shape, dtype or library cuDNN cannot run goes to the generated flash-attention
 //! kernel (`flash_attention.rs`) where that one takes it, else to the decomposition;
 //! [`fused_attention`] says whether cuDNN was found.
 //!

@@ -173,7 +173,9 @@ impl Pass for Grad {
         let forward = decompose(trace, arena, self.name(), &|bsym| has_rule(trace, bsym))?;
         let path = GradientPath::new(&forward, &self.wrt, loss);
         let builder = TraceBuilder::continuing(&forward, arena);
-        let mut backward = Backward { builder, cotangents: HashMap::new(), pieces: HashMap::new(), open: Vec::new() };
+        let guarded = guarded_ops(&forward);
+        let mut backward =
+            Backward { builder, cotangents: HashMap::new(), pieces: HashMap::new(), guarded, open: Vec::new() };
         backward.builder.enter_scope(BACKWARD_SCOPE)?;
         let seed = rules::full_like(&mut backward.builder, loss, 1.0)?;
         backward.cotangents.insert(loss, seed);
@@ -335,15 +337,25 @@ impl Grad {
     }
 }
 
-/// Whether an op guard of `forward` surrounds the op at `position`.
-fn covered_by_guard(forward: &Trace<'_>, position: usize) -> bool {
-    forward
-        .guards
-        .per_op
+/// For each op of `forward`, whether an op guard surrounds it (a difference array over the
+/// guards' spans: linear in the ops and attachments).
+fn guarded_ops(forward: &Trace<'_>) -> Vec<bool> {
+    let n = forward.len();
+    let mut delta = vec![0i64; n + 1];
+    for (p, attachments) in forward.guards.per_op.iter().enumerate().take(n) {
+        for a in attachments {
+            delta[p] += 1;
+            delta[(p + (a.span as usize).max(1)).min(n)] -= 1;
+        }
+    }
+    let mut open = 0;
+    delta[..n]
         .iter()
-        .take(position + 1)
-        .enumerate()
-        .any(|(p, attachments)| attachments.iter().any(|a| p + (a.span as usize).max(1) > position))
+        .map(|d| {
+            open += d;
+            open > 0
+        })
+        .collect()
 }
 
 /// Whether `bsym` is differentiated whole: its symbol has a rule (its own or a built-in's).
@@ -392,11 +404,14 @@ impl GradientPath {
 }
 
 /// The backward being built: the builder, the gradient of each value so far, the gradients of
-/// its slices not yet added to it, and the scope path open under [`BACKWARD_SCOPE`].
+/// its slices not yet added to it, which forward ops guards surround, and the scope path open
+/// under [`BACKWARD_SCOPE`].
 struct Backward<'a> {
     builder: TraceBuilder<'a>,
     cotangents: HashMap<ValueId, ValueId>,
     pieces: HashMap<ValueId, Vec<Piece>>,
+    /// For each forward op, whether an op guard surrounds it.
+    guarded: Vec<bool>,
     open: Vec<String>,
 }
 
@@ -482,7 +497,10 @@ impl<'a> Backward<'a> {
         let name = forward.symbol_name(bsym);
         // A built-in slice's gradient waits to be joined with its value's other slices' (see
         // `cotangent`), unless a guard covers the slice: then its backward is its own `pad`.
-        if symbol.vjp.is_none() && symbol.builtin_prim() == Some(prims::SLICE) && !covered_by_guard(forward, position) {
+        if symbol.vjp.is_none()
+            && symbol.builtin_prim() == Some(prims::SLICE)
+            && !self.guarded.get(position).copied().unwrap_or(true)
+        {
             if let (Some(v), Some(Arg::Dims([axis, start, end]))) = (bsym.args()[0].value(), bsym.args().get(1)) {
                 if path.on_path(v) {
                     let grad = self.cast(cotangent, forward.value_meta(v)?.dtype)?;

@@ -230,7 +230,7 @@ fn the_gradients_of_slices_that_tile_an_axis_join_with_one_concat() {
     // `x` split in three along its last axis (attention's q, k and v), each piece used: its
     // gradient is one `concat` of the pieces' gradients, not three pads and two adds. A fourth,
     // overlapping slice makes the pieces not tile: pads and adds, with the same values.
-    let run = |overlap: bool| {
+    let run = |overlap: bool, guard_on_a_slice: bool| {
         let (registry, arena) = (Registry::with_builtins(), Arena::new());
         let mut b = TraceBuilder::new(&arena, &registry);
         let x = b.input(&[2, 9]).unwrap();
@@ -255,14 +255,22 @@ fn the_gradients_of_slices_that_tile_an_axis_join_with_one_concat() {
             loss = b.add(loss, extra).unwrap();
         }
         b.output(loss).unwrap();
-        let grads = Grad::new(&[x]).run(&b.finish().unwrap(), &arena).unwrap();
+        let mut trace = b.finish().unwrap();
+        let recorder = Recorder::new();
+        if guard_on_a_slice {
+            let first_slice = trace.bound_symbols().iter().position(|s| trace.symbol_name(s) == "slice").unwrap();
+            trace.attach_guard(Selection::Positions(first_slice..first_slice + 1), recorder.clone()).unwrap();
+        }
+        let grads = Grad::new(&[x]).run(&trace, &arena).unwrap();
         let count = |name: &str| grads.bound_symbols().iter().filter(|s| grads.symbol_name(s) == name).count();
         let counts = (count("concat"), count("pad"));
         let plan = crate::Plan::compile(&grads, &[crate::executors::CpuReference::shared()]).unwrap();
         let input = crate::Tensor::from_fn(&[2, 9], |i| i as f32 - 4.0);
-        (counts, plan.run(&[&input]).unwrap()[1].to_f32_vec())
+        let grad = plan.run(&[&input]).unwrap()[1].to_f32_vec();
+        let labels: Vec<String> = recorder.ranges().iter().map(|r| r.label.to_string()).collect();
+        (counts, grad, labels)
     };
-    let ((concats, pads), tiled) = run(false);
+    let ((concats, pads), tiled, _) = run(false, false);
     // (The one pad makes the loss's seed, a 1 from an empty slice.)
     assert_eq!((concats, pads), (2, 1), "one concat of three pieces (two binary concats), no pad of a piece");
     // d/dx of sum((i+1) x_i^2) is 2 (i+1) x_i, piece by piece.
@@ -277,7 +285,12 @@ fn the_gradients_of_slices_that_tile_an_axis_join_with_one_concat() {
     };
     let expected: Vec<f32> = (0..18).map(|i| 2.0 * factor(i % 9) * (i as f32 - 4.0)).collect();
     assert_eq!(tiled, expected);
-    let ((_, pads), overlapping) = run(true);
+    // A slice under a guard keeps its own pad, so that its backward has a range.
+    let ((_, pads), guarded, labels) = run(false, true);
+    assert_eq!(pads, 4, "the guarded slice's gradient is padded, the others' too (they no longer tile)");
+    assert_eq!(guarded, expected);
+    assert_eq!(labels, ["slice", "slice (backward)"]);
+    let ((_, pads), overlapping, _) = run(true, false);
     assert_eq!(pads, 5, "overlapping slices are each padded");
     let expected: Vec<f32> =
         expected.iter().enumerate().map(|(i, e)| e + f32::from(u8::from((1..3).contains(&(i % 9))))).collect();

@@ -4,6 +4,9 @@
 //! to be split over the worker threads (whose allocations count too: the counter is global).
 
 mod common;
+#[path = "../examples/shared/gpt2.rs"]
+#[allow(dead_code)]
+mod gpt2;
 #[cfg(feature = "cuda")]
 #[path = "../examples/shared/my_gpu_executor.rs"]
 mod my_gpu_executor;
@@ -676,4 +679,83 @@ fn a_training_step_on_the_gpu_allocates_nothing() {
     let last = plan.run_updating_on_device(&mut workspace, &mut inputs).unwrap().to_host(0).unwrap().to_f32_vec()[0];
     assert_eq!(allocations, 0, "{plan}");
     assert!(last < first, "the loss went from {first} to {last}");
+}
+
+/// GPT-2's training step (the tiny config: 2 layers, width 64, 4 heads, batch 2 x 128 tokens;
+/// attention, `layer_norm`, `cross_entropy`, `passes::Grad`, AdamW in place), compiled by the
+/// front end as `examples/gpt2.rs` compiles it, in f32 and with bf16 compute: after a warm-up
+/// step, a step's run allocates nothing on the host, on the CPU and (on a GPU machine, with
+/// cuDNN's attention and its backward) on the GPU. Only the run is counted: the caller's own
+/// list of inputs is built outside it.
+#[test]
+fn a_gpt2_training_step_allocates_nothing() {
+    use boundscope::frontend::{Environment, ProfiledSession};
+    use boundscope::optim::AdamW;
+    use boundscope::options::Options;
+    use boundscope::passes::Grad;
+    use boundscope::{DType, DeviceTensor, RunInputMut};
+    for device in ["cpu", "cuda"] {
+        let mut options = Options::new();
+        options.set_str("runtime.device", device).unwrap();
+        let session = match ProfiledSession::new(options, &Environment::from_pairs(&[])) {
+            Ok(s) => s,
+            Err(e) => {
+                println!("SKIPPED ({device} case): a_gpt2_training_step_allocates_nothing: {e}; run this test binary on a GPU machine");
+                continue;
+            }
+        };
+        for compute in [DType::F32, DType::BF16] {
+            let config = gpt2::Config::TINY;
+            let (batch, tokens) = (2, 128);
+            let (registry, arena) = (Registry::with_builtins(), Arena::new());
+            let model = gpt2::build(&arena, &registry, &config, batch, tokens, compute, false).unwrap();
+            let adamw = AdamW::new().weight_decay(0.01);
+            let step = Grad::new(&model.parameters).training_step(&model.trace, &arena, &adamw).unwrap();
+            let plan = session.compile(&step.trace, &arena).unwrap();
+            let ids =
+                Tensor::from_vec(&[batch, tokens], (0..(batch * tokens) as i64).map(|i| (i * 37) % 512).collect())
+                    .unwrap();
+            let mut host: Vec<Tensor> = std::iter::once(ids).chain(config.initial_parameters(7)).collect();
+            let first_scalar = host.len();
+            host.extend(adamw.step_values(1, 1e-3));
+            for &v in &step.trace.inputs()[host.len()..] {
+                let meta = step.trace.value_meta(v).unwrap();
+                host.push(Tensor::try_zeros_of(meta.dtype, &meta.shape).unwrap());
+            }
+            let mut stored: Vec<Result<DeviceTensor, Tensor>> = host
+                .into_iter()
+                .map(|t| match session.device() {
+                    Some(d) => Ok(DeviceTensor::upload(&d, t.view()).unwrap()),
+                    None => Err(t),
+                })
+                .collect();
+            let mut ws = plan.workspace().unwrap();
+            let mut losses = Vec::new();
+            let mut allocations = Vec::new();
+            for t in 1..=4u64 {
+                for (k, s) in adamw.step_values(t, 1e-3).iter().enumerate() {
+                    match &mut stored[first_scalar + k] {
+                        Ok(d) => d.copy_from_host(s.view()).unwrap(),
+                        Err(h) => *h = s.clone(),
+                    }
+                }
+                let mut inputs: Vec<RunInputMut<'_>> = stored
+                    .iter_mut()
+                    .map(|s| match s {
+                        Ok(d) => RunInputMut::Device(d),
+                        Err(h) => RunInputMut::Host(h),
+                    })
+                    .collect();
+                let mut outputs = None;
+                allocations.push(allocations_during(|| {
+                    outputs = Some(plan.run_updating_on_device(&mut ws, &mut inputs).unwrap());
+                }));
+                losses.push(outputs.unwrap().to_host(0).unwrap().to_f32_vec()[0]);
+            }
+            let case = format!("{device}, {compute}");
+            // The first step warms the workspace up.
+            assert_eq!(&allocations[1..], [0, 0, 0], "{case}: host allocations per step");
+            assert!(losses[3] < losses[0], "{case}: the loss went from {} to {}", losses[0], losses[3]);
+        }
+    }
 }

@@ -304,7 +304,9 @@ fn run() -> std::result::Result<bool, Failure> {
 
     // Gradients: written, and checked against central differences.
     if args.check_grads > 0 && args.dtype != DType::F32 {
-        return Err(usage("--check-grads needs --dtype f32 (finite differences of a bf16 loss are noise)".into()));
+        return Err(usage(
+            "--check-grads needs --dtype f32 (finite differences of a loss computed in bf16 are noise)".into(),
+        ));
     }
     if args.write_grads.is_some() || args.check_grads > 0 {
         let plain = gpt2::build(&arena, &registry, &config, batch, tokens, args.dtype, false)?;

@@ -322,7 +322,7 @@ pub fn build<'a>(
     })?;
     let loss = b.scope("loss", |b| {
         // The loss is f32 whatever the compute dtype (as autocast runs `cross_entropy`), computed
-        // from the 16-bit logits without a copy of them in f32.
+        // from the 16-bit logits (CudaOps reads them as they are; a decomposition widens them).
         let l = shifted_logits;
         let targets = b.slice(ids, 1, 1, tokens)?;
         let targets = b.reshape(targets, &[batch * (tokens - 1)])?;

@@ -29,3 +29,4 @@ pub use symbol::{
     ArgInfo, Category, CpuKernelFactory, Decomposition, ParamKind, ShapeRule, Symbol, SymbolRef, VjpInput, VjpRule,
 };
 pub use trace::{PassRecord, Trace};
+pub(crate) use transformer_ops::attention_backward_math;

@@ -138,7 +138,7 @@ builtin_ids! {
     /// `scaled_dot_product_attention_backward(q, k, v, grad, scale, causal)`: the gradients of
     /// `scaled_dot_product_attention` with respect to q, k and v, packed one after the other
     /// into one `[q.numel() + k.numel() + v.numel()]` tensor of their dtype (composite: what
-    /// `passes::Grad` writes for attention; CudaOps runs it as cuDNN's fused backward).
+    /// `passes::Grad` writes for 16-bit attention; CudaOps runs it as cuDNN's fused backward).
     SCALED_DOT_PRODUCT_ATTENTION_BACKWARD = 47, "scaled_dot_product_attention_backward";
     /// A fusion region, made only by `passes::FuseRegions`; listed as `<Executor>Fusion<N>`.
     REGION = 48, "fusion_region";

@@ -327,7 +327,9 @@ fn attention_backward_rule(args: &[ArgInfo<'_>]) -> RuleResult {
         return Err(format!("grad must have the attention's result's shape {:?}, not {grad:?}", forward.shape));
     }
     let numel = |i: usize| tensor(args, i).map(|(_, s)| s.iter().product::<usize>());
-    Ok(TensorMeta::new(dtype, &[numel(0)? + numel(1)? + numel(2)?]))
+    let total = numel(0)?.checked_add(numel(1)?).and_then(|n| n.checked_add(numel(2).ok()?));
+    let total = total.ok_or("q, k and v hold more elements together than an index can count")?;
+    Ok(TensorMeta::new(dtype, &[total]))
 }
 
 fn decompose_log_softmax(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
@@ -422,7 +424,24 @@ fn decompose_attention_backward(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> R
     let what = "scaled_dot_product_attention_backward";
     let get = |i: usize| value(args, i).ok_or_else(|| missing(what));
     let (q, k, v, g) = (get(0)?, get(1)?, get(2)?, get(3)?);
-    let (scale, causal) = (scalar(args, 4), scalar(args, 5) != 0.0);
+    let grads = attention_backward_math(b, [q, k, v, g], scalar(args, 4), scalar(args, 5) != 0.0)?;
+    let mut flat = grads;
+    for (f, grad) in flat.iter_mut().zip(grads) {
+        let n = b.shape(grad)?.iter().product::<usize>();
+        *f = b.reshape(grad, &[n])?;
+    }
+    b.concat(&flat, 0)
+}
+
+/// `[dq, dk, dv]` of attention for `[q, k, v, grad]` of one float dtype (see
+/// [`decompose_attention_backward`]); `passes::Grad` writes it directly where the packed
+/// composite would only cost copies (`f32`, which no built-in executor runs whole).
+pub(crate) fn attention_backward_math(
+    b: &mut TraceBuilder<'_>,
+    [q, k, v, g]: [ValueId; 4],
+    scale: f32,
+    causal: bool,
+) -> Result<[ValueId; 3]> {
     let dtype = b.dtype(q)?;
     let mut scores = if dtype == DType::F32 {
         let scores = b.matmul_transposed(q, k)?;
@@ -448,12 +467,7 @@ fn decompose_attention_backward(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> R
     let ds = if dtype == DType::F32 { ds } else { b.cast(ds, dtype)? };
     let dq = b.matmul(ds, k)?;
     let dk = b.transposed_matmul(ds, q)?;
-    let mut flat = [dq; 3];
-    for (f, grad) in flat.iter_mut().zip([dq, dk, dv]) {
-        let n = b.shape(grad)?.iter().product::<usize>();
-        *f = b.reshape(grad, &[n])?;
-    }
-    b.concat(&flat, 0)
+    Ok([dq, dk, dv])
 }
 
 /// Typed methods for the transformer ops. Each one is `bind` with the symbol's fixed id.
@@ -752,7 +766,7 @@ impl<'a> TraceBuilder<'a> {
     /// with respect to `q`, `k` and `v` for the result's gradient `grad`, packed one after the
     /// other into one `[q.numel() + k.numel() + v.numel()]` tensor (slice and reshape to get
     /// each); `q`, `k`, `v` and `grad` share one float dtype and `scale` is the forward's (no
-    /// default here). `passes::Grad` writes it for attention; CudaOps runs it in 16 bits as
+    /// default here). `passes::Grad` writes it for 16-bit attention; CudaOps runs it in 16 bits as
     /// cuDNN's fused attention backward (which recomputes the forward's softmax statistics),
     /// other executors as its decomposition (the probabilities recomputed, then four products).
     ///

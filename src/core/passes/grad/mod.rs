@@ -42,7 +42,9 @@ pub const BACKWARD_SCOPE: &str = "backward";
 /// guards repeat themselves there, labelled `<label> (backward)` (an NVTX range's payload is
 /// the forward op's position), so that one forward op's backward ops get one range per domain;
 /// guards on a scope go to its backward scope. Guards on a composite's subsymbols stay on the
-/// forward only.
+/// forward only. The gradients of unguarded slices that tile an axis (a `split`) are joined
+/// with `concat` in the backward of the sliced value's producer, rather than each padded in its
+/// own; a slice under a guard keeps its own `pad`, and so its backward range.
 ///
 /// Take gradients before fusing (`passes::FuseRegions`): a fused trace is
 /// [`Error::InvalidGradient`], as are a loss that is not one float element and parameters
@@ -429,8 +431,10 @@ impl<'a> Backward<'a> {
     }
 
     /// The gradient of `v`, with the gradients of its slices added: slices that tile an axis
-    /// (a `split`, as attention's q, k and v) join with one `concat`; others are each padded
-    /// with zeros to `v`'s shape (`slice`'s own rule), then added.
+    /// (a `split`, as attention's q, k and v) join with `concat`s (one per piece after the
+    /// first); others are each padded with zeros to `v`'s shape (`slice`'s own rule), then
+    /// added. This runs when `v`'s producer is differentiated, so the join sits in that op's
+    /// backward (its scope and its guards' ranges), not in the slices'.
     fn cotangent(&mut self, forward: &Trace<'a>, v: ValueId) -> Result<Option<ValueId>> {
         if let Some(mut pieces) = self.pieces.remove(&v) {
             let shape = forward.value_meta(v)?.shape.to_vec();

@@ -420,11 +420,12 @@ fn layer_norm<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Gra
     Ok(grads)
 }
 
-/// `scaled_dot_product_attention(q, k, v, scale, causal)`: one
-/// `scaled_dot_product_attention_backward` (operands of another dtype cast to the result's
-/// first), its packed result sliced into dq, dk and dv. Its decomposition is the math
-/// (probabilities recomputed; in 16 bits as PyTorch's math attention under autocast); CudaOps
-/// runs it as cuDNN's fused backward.
+/// `scaled_dot_product_attention(q, k, v, scale, causal)` (operands of another dtype cast to
+/// the result's first). In 16 bits: one `scaled_dot_product_attention_backward`, its packed
+/// result sliced into dq, dk and dv (CudaOps runs it as cuDNN's fused backward; elsewhere it is
+/// its decomposition, the math below, in 16 bits as PyTorch's math attention under autocast).
+/// In `f32` the math directly: no built-in executor runs it whole there, and packing would only
+/// cost copies.
 fn attention<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Grads> {
     let scalar = |i: usize| match op.args.get(i) {
         Some(Arg::Scalar(s)) => Ok(*s),
@@ -435,6 +436,10 @@ fn attention<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Grad
     let dtype = b.dtype(op.output)?;
     let mut in_dtype = |x: ValueId| if b.dtype(x)? == dtype { Ok(x) } else { b.cast(x, dtype) };
     let (q, k, v, g) = (in_dtype(q)?, in_dtype(k)?, in_dtype(v)?, in_dtype(g)?);
+    if dtype == DType::F32 {
+        let [dq, dk, dv] = crate::core::ir::attention_backward_math(b, [q, k, v, g], scale, causal)?;
+        return Ok(vec![Some(dq), Some(dk), Some(dv), None, None]);
+    }
     let packed = b.scaled_dot_product_attention_backward(q, k, v, g, causal, scale)?;
     let mut grads = vec![None; 5];
     let mut start = 0;

@@ -187,7 +187,21 @@ fn attention_gradients_in_16_bits_follow_the_f32_ones() {
             .iter()
             .filter(|s| grads.symbol_name(s) == "scaled_dot_product_attention_backward")
             .collect();
-        assert_eq!(backward.len(), 1);
+        // In f32 the math is written directly (nothing runs it whole there).
+        assert_eq!(backward.len(), usize::from(dtype != DType::F32));
+        if dtype == DType::F32 {
+            let wide = |s: &&crate::BoundSymbol<'_>| grads.value_meta(s.outputs()[0]).unwrap().dtype == DType::F32;
+            assert!(grads.bound_symbols().iter().filter(|s| grads.symbol_name(s).contains("matmul")).all(|s| wide(&s)));
+            let plan = crate::Plan::compile(&grads, &[crate::executors::CpuReference::shared()]).unwrap();
+            let fill = |seed: usize| {
+                crate::Tensor::from_fn(&shape, move |i| {
+                    (((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0 - 1.0) * 1.5
+                })
+            };
+            let inputs = [fill(1), fill(2), fill(3), fill(4)];
+            let out = plan.run(&inputs.iter().collect::<Vec<_>>()).unwrap();
+            return out[1..].iter().map(|t| t.to_f32_vec()).collect();
+        }
         fn products(trace: &crate::core::ir::Trace<'_>, bsym: &crate::BoundSymbol<'_>, dtypes: &mut Vec<DType>) {
             for sub in bsym.subsymbols() {
                 if trace.symbol_name(sub) == "matmul" {
@@ -295,4 +309,47 @@ fn the_gradients_of_slices_that_tile_an_axis_join_with_one_concat() {
     let expected: Vec<f32> =
         expected.iter().enumerate().map(|(i, e)| e + f32::from(u8::from((1..3).contains(&(i % 9))))).collect();
     assert_eq!(overlapping, expected);
+}
+
+#[test]
+fn a_split_of_an_intermediate_value_also_used_whole_gets_both_gradients() {
+    // `h = x * w` is split in two along its last axis (its pieces' gradients join when `h`'s
+    // producer is differentiated) and also used whole; a slice of a slice adds a third path.
+    let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 6]).unwrap();
+    let w = b.input(&[2, 6]).unwrap();
+    let h = b.mul(x, w).unwrap();
+    let parts = b.split(h, 1, &[2, 4]).unwrap();
+    let inner = b.slice(parts[1], 1, 1, 3).unwrap();
+    let mut terms = Vec::new();
+    for (i, v) in [parts[0], parts[1], h, inner].into_iter().enumerate() {
+        let scaled = b.mul_scalar(v, (i + 1) as f32).unwrap();
+        let squares = b.mul(scaled, v).unwrap();
+        let n = b.shape(squares).unwrap().iter().product::<usize>();
+        let flat = b.reshape(squares, &[1, n]).unwrap();
+        terms.push(b.sum(flat).unwrap());
+    }
+    let mut loss = terms[0];
+    for &t in &terms[1..] {
+        loss = b.add(loss, t).unwrap();
+    }
+    b.output(loss).unwrap();
+    let grads = Grad::new(&[w]).run(&b.finish().unwrap(), &arena).unwrap();
+    let concats = grads.bound_symbols().iter().filter(|s| grads.symbol_name(s) == "concat").count();
+    assert_eq!(concats, 1, "the split's two pieces join with one concat");
+    let plan = crate::Plan::compile(&grads, &[crate::executors::CpuReference::shared()]).unwrap();
+    let xs = crate::Tensor::from_fn(&[2, 6], |i| 0.5 + i as f32 * 0.25);
+    let ws = crate::Tensor::from_fn(&[2, 6], |i| 1.0 - i as f32 * 0.125);
+    let got = plan.run(&[&xs, &ws]).unwrap()[1].to_f32_vec();
+    // d loss / d h_j = 2 h_j (1 [piece 0] or 2 [piece 1]) + 2 * 3 h_j + (2 * 4 h_j inside
+    // columns 3..5); d loss / d w = x * d loss / d h.
+    let (x, w) = (xs.to_f32_vec(), ws.to_f32_vec());
+    for (i, &g) in got.iter().enumerate() {
+        let (column, h) = (i % 6, x[i] * w[i]);
+        let piece = if column < 2 { 1.0 } else { 2.0 };
+        let inner = if (3..5).contains(&column) { 4.0 } else { 0.0 };
+        let expected = x[i] * 2.0 * h * (piece + 3.0 + inner);
+        assert!((g - expected).abs() <= 1e-5 * expected.abs().max(1.0), "w[{i}]: {g} against {expected}");
+    }
 }

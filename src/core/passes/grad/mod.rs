@@ -340,14 +340,15 @@ impl Grad {
 }
 
 /// For each op of `forward`, whether an op guard surrounds it (a difference array over the
-/// guards' spans: linear in the ops and attachments).
+/// guards' spans, `position..position + span` as `carry_op_guards` reads them: linear in the
+/// ops and attachments).
 fn guarded_ops(forward: &Trace<'_>) -> Vec<bool> {
     let n = forward.len();
     let mut delta = vec![0i64; n + 1];
     for (p, attachments) in forward.guards.per_op.iter().enumerate().take(n) {
         for a in attachments {
             delta[p] += 1;
-            delta[(p + (a.span as usize).max(1)).min(n)] -= 1;
+            delta[(p + a.span as usize).min(n)] -= 1;
         }
     }
     let mut open = 0;

@@ -1553,6 +1553,97 @@ fn attention_backward_runs_whole_through_cudnn_and_matches_the_reference() {
     }
 }
 
+/// `layer_norm_backward` and `layer_norm_weight_backward` (what `passes::Grad` writes for
+/// `layer_norm`) run whole on CudaOps (one row kernel; partial sums per block and their sum)
+/// and equal the CPU reference's `f32` decompositions on the same (rounded) operands: the
+/// input's gradient within its dtype's tolerance relative to its largest value, the weight's
+/// and bias's sums within 1e-4 of theirs, over rows of 1 to 5,000 values (short rows several to
+/// a warp, odd lengths, rows over a block's warps), f32, bf16 and f16, with an f32 or a same-dtype
+/// weight or none. Rows too long for the kernels run decomposed and match too. Leaving the
+/// weight out of the reference fails the comparison.
+#[test]
+fn layer_norm_backward_runs_whole_and_matches_the_reference() {
+    let Some((device, _sharing)) = device() else { return };
+    let registry = Registry::with_builtins();
+    let executors: [Arc<dyn Executor>; 2] = [Arc::new(CudaOps::new(device.clone())), CpuReference::shared()];
+    fn build<'a>(
+        arena: &'a Arena,
+        registry: &'a Registry,
+        shape: &[usize],
+        dtype: DType,
+        weight: Option<DType>,
+    ) -> boundscope::Trace<'a> {
+        let mut b = boundscope::TraceBuilder::new(arena, registry);
+        let x = b.input_with(&TensorMeta::new(dtype, shape)).unwrap();
+        let g = b.input_with(&TensorMeta::new(dtype, shape)).unwrap();
+        let w = weight.map(|d| b.input_with(&TensorMeta::new(d, &shape[shape.len() - 1..])).unwrap());
+        let dx = b.layer_norm_backward(x, g, 1e-5, w).unwrap();
+        let sums = b.layer_norm_weight_backward(x, g, 1e-5).unwrap();
+        b.output(dx).unwrap();
+        b.output(sums).unwrap();
+        b.finish().unwrap()
+    }
+    let whole = |plan: &Plan, name: &str| {
+        plan.to_string().lines().any(|l| l.contains(&format!("= {name}(")) && l.contains(CudaOps::NAME))
+    };
+    let off = |got: &[f32], expected: &[f32]| {
+        let largest = expected.iter().fold(1e-3f32, |m, v| m.max(v.abs()));
+        got.iter().zip(expected).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max) / largest
+    };
+    let check = |rows: usize, cols: usize, dtype: DType, weight: Option<DType>| {
+        let shape = [rows, cols];
+        let arena = Arena::new();
+        let mut inputs = vec![
+            // Rows of other means and spreads, so that every statistic matters.
+            Tensor::from_fn(&shape, |i| {
+                let (r, c) = (i / cols, i % cols);
+                (r % 7) as f32 - 3.0 + (1.0 + (r % 3) as f32) * (((c * 37 + r * 11) % 101) as f32 / 50.0 - 1.0)
+            })
+            .to_dtype(dtype),
+            Tensor::from_fn(&shape, |i| ((i * 53 + 17) % 97) as f32 / 48.0 - 1.0).to_dtype(dtype),
+        ];
+        if let Some(w) = weight {
+            inputs.push(Tensor::from_fn(&[cols], |c| 0.5 + ((c * 29) % 31) as f32 / 31.0).to_dtype(w));
+        }
+        let wide: Vec<Tensor> = inputs.iter().map(|t| t.to_dtype(DType::F32)).collect();
+        let reference = |weight: Option<DType>, wide: &[Tensor]| {
+            let trace = build(&arena, &registry, &shape, DType::F32, weight.map(|_| DType::F32));
+            let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+            let out = plan.run(&wide.iter().collect::<Vec<_>>()).unwrap();
+            (out[0].to_f32_vec(), out[1].to_f32_vec())
+        };
+        let (dx, sums) = reference(weight, &wide);
+        let trace = build(&arena, &registry, &shape, dtype, weight);
+        let plan = Plan::compile(&trace, &executors).unwrap();
+        let out = plan.run(&inputs.iter().collect::<Vec<_>>()).unwrap();
+        let case = format!("{dtype} [{rows}, {cols}] weight {weight:?}");
+        let tolerance = match dtype {
+            DType::BF16 => 2e-2,
+            DType::F16 => 4e-3,
+            _ => 1e-4,
+        };
+        let (dx_off, sums_off) = (off(&out[0].to_f32_vec(), &dx), off(&out[1].to_f32_vec(), &sums));
+        assert!(dx_off <= tolerance, "{case}: the input's gradient is off by {dx_off} of its largest value");
+        assert!(sums_off <= 1e-4, "{case}: the weight's and bias's sums are off by {sums_off}");
+        // (A row of one value has no gradient, whatever the weight.)
+        if weight.is_some() && cols > 1 {
+            let (unweighted, _) = reference(None, &wide[..2]);
+            let miss = off(&out[0].to_f32_vec(), &unweighted);
+            assert!(miss > tolerance, "{case}: the weight must matter ({miss})");
+        }
+        (whole(&plan, "layer_norm_backward"), whole(&plan, "layer_norm_weight_backward"))
+    };
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        for &weight in &[None, Some(DType::F32), Some(dtype)] {
+            for (rows, cols) in [(300, 768), (5, 1), (33, 3), (64, 32), (7, 1001), (3, 4096), (2, 5000), (1, 40000)] {
+                let (input_whole, weight_whole) = check(rows, cols, dtype, weight);
+                assert_eq!(input_whole, cols <= 24 * 1024, "{dtype} [{rows}, {cols}]: the input's gradient whole");
+                assert_eq!(weight_whole, cols <= 4096, "{dtype} [{rows}, {cols}]: the weight's whole");
+            }
+        }
+    }
+}
+
 /// Runs are ordered with the work on the device's own stream around them, with no synchronize
 /// in between, while the GPU runs behind the host (each run is 40 products): an upload into a
 /// run's input comes after the run before it read it (the device's stream waits for the runs

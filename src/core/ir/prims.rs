@@ -140,8 +140,18 @@ builtin_ids! {
     /// into one `[q.numel() + k.numel() + v.numel()]` tensor of their dtype (composite: what
     /// `passes::Grad` writes for 16-bit attention; CudaOps runs it as cuDNN's fused backward).
     SCALED_DOT_PRODUCT_ATTENTION_BACKWARD = 47, "scaled_dot_product_attention_backward";
+    /// `layer_norm_backward(x, grad, eps, weight?)`: the gradient of `layer_norm(x, eps,
+    /// weight?, bias?)` with respect to `x`, computed in `f32` from `x` (the rows' mean and
+    /// variance taken again) and rounded once to `x`'s dtype (composite: what `passes::Grad`
+    /// writes for `layer_norm`; CudaOps runs it as one row kernel).
+    LAYER_NORM_BACKWARD = 48, "layer_norm_backward";
+    /// `layer_norm_weight_backward(x, grad, eps)`: the gradients of `layer_norm`'s weight and
+    /// bias, `f32` `[2, n]`: row 0 sums `grad * normalised x` over every row, row 1 sums `grad`
+    /// (composite: what `passes::Grad` writes for `layer_norm`'s weight and bias; CudaOps runs
+    /// it as two kernels, partial sums per block and their sum).
+    LAYER_NORM_WEIGHT_BACKWARD = 49, "layer_norm_weight_backward";
     /// A fusion region, made only by `passes::FuseRegions`; listed as `<Executor>Fusion<N>`.
-    REGION = 48, "fusion_region";
+    REGION = 50, "fusion_region";
 }
 
 /// The last prim: ids up to it are prims, the composites follow.
@@ -199,6 +209,7 @@ pub(crate) fn builtin_symbols() -> Vec<Symbol> {
             .decomposition(decompose_linear_gelu),
     );
     super::transformer_ops::push_composites(&mut symbols);
+    super::gradient_ops::push_composites(&mut symbols);
     symbols.push(
         Symbol::new("fusion_region", Category::Fusion)
             .shape_rule(|_| Err("fusion regions are made by the fusion pass, not bound directly".to_string())),

@@ -14,6 +14,7 @@ use super::device::{slice, slice_mut, CudaDevice};
 use super::device_checks::BufferLengths;
 use super::flash_attention::{flash_operands, FlashAttention};
 use super::gemm::{GemmShape, LtContext, LtGemm};
+use super::layer_norm_backward;
 use super::row_kernels::row_source;
 use super::{cross_entropy, gather, index_ops};
 use super::{op_source, region_source, shape_op_source, RegionSource};
@@ -96,10 +97,11 @@ impl Executor for CudaFusion {
 
 /// Runs every built-in prim on the device: elementwise prims, last-axis `sum` and `max`, and
 /// the shape ops `reshape`, `transpose` and `broadcast_to` (one generated kernel each), and
-/// `matmul` (cuBLASLt); and three composites whole (it
-/// [prefers them whole](Executor::prefers_whole)): `linear` as one cuBLASLt product that reads
-/// the weight transposed and adds the bias in its epilogue, `softmax` and `layer_norm` as one
-/// generated kernel each, laid out by row length.
+/// `matmul` (cuBLASLt); and composites whole (it [prefers them whole](Executor::prefers_whole)):
+/// `linear` as one cuBLASLt product that reads the weight transposed and adds the bias in its
+/// epilogue, `softmax`, `layer_norm` and `layer_norm_backward` as one generated kernel each,
+/// laid out by row length, `layer_norm_weight_backward` as two, attention and its backward
+/// (cuDNN), `cross_entropy` and its backward.
 pub struct CudaOps {
     device: Arc<CudaDevice>,
     lt: Arc<Mutex<Option<LtContext>>>,
@@ -167,6 +169,7 @@ impl Executor for CudaOps {
             Some(prims::CROSS_ENTROPY) => cross_entropy::runs_whole(op),
             Some(prims::CROSS_ENTROPY_BACKWARD) => cross_entropy::runs_backward_whole(op),
             Some(prims::SOFTMAX | prims::LAYER_NORM) => true,
+            Some(prims::LAYER_NORM_BACKWARD | prims::LAYER_NORM_WEIGHT_BACKWARD) => layer_norm_backward::runs_whole(op),
             Some(prims::SCALED_DOT_PRODUCT_ATTENTION) => {
                 matches!(attention::plan_for(&self.attention, &self.device, op), Some(Ok(_)))
                     || flash_operands(op).is_some()
@@ -218,8 +221,18 @@ impl Executor for CudaOps {
             let shape = GemmShape { dtype: single_dtype(op)?, ..shape };
             return Ok(Box::new(LtGemm::new(self.device.clone(), self.lt.clone(), shape, "matmul")?));
         }
-        if matches!(op.symbol().builtin_composite(), Some(prims::SOFTMAX | prims::LAYER_NORM)) {
-            let rows = row_source(op, &kernel_name(op.name())).map_err(|detail| Error::KernelPrecondition {
+        let composite = op.symbol().builtin_composite();
+        if composite == Some(prims::LAYER_NORM_WEIGHT_BACKWARD) {
+            let kernel = layer_norm_backward::WeightBackward::new(&self.device, op, &kernel_name(op.name()))?;
+            return Ok(Box::new(kernel));
+        }
+        if matches!(composite, Some(prims::SOFTMAX | prims::LAYER_NORM | prims::LAYER_NORM_BACKWARD)) {
+            let source = if composite == Some(prims::LAYER_NORM_BACKWARD) {
+                layer_norm_backward::input_source
+            } else {
+                row_source
+            };
+            let rows = source(op, &kernel_name(op.name())).map_err(|detail| Error::KernelPrecondition {
                 executor: Self::NAME.into(),
                 symbol: op.name().into(),
                 detail,

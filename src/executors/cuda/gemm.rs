@@ -189,19 +189,58 @@ fn staged(matrices: usize, (rows, width): (usize, usize), padded: (usize, usize)
     Some(staged)
 }
 
-/// Copies `matrices` matrices of `rows` x `width` 16-bit elements from `src` to `dst` (each with
-/// its row pitch and matrix stride), writing `fill_rows` x `fill_width` elements of each
-/// destination matrix: zeros past the source's extent.
-const REPITCH: &str = r#"extern "C" __global__ void bs_repitch_u16(const unsigned short* __restrict__ src,
-    unsigned short* __restrict__ dst, long long matrices, long long rows, long long width, long long src_pitch,
-    long long src_matrix, long long dst_pitch, long long dst_matrix, long long fill_rows, long long fill_width) {
-  for (long long g = blockIdx.y; g < matrices * fill_rows; g += gridDim.y) {
-    const long long mat = g / fill_rows, r = g - mat * fill_rows;
-    const unsigned short* from = src + mat * src_matrix + r * src_pitch;
-    unsigned short* to = dst + mat * dst_matrix + r * dst_pitch;
-    for (long long c = blockIdx.x * (long long)blockDim.x + threadIdx.x; c < fill_width;
-         c += (long long)gridDim.x * blockDim.x)
-      to[c] = (r < rows && c < width) ? from[c] : (unsigned short)0;
+/// Copies `matrices` matrices of `rows` x `width` 16-bit elements from `src` (each with its row
+/// pitch and matrix stride) to the dense `dst` of `matrices` x `fill_rows` x `fill_width`
+/// elements: zeros past the source's extent. Each thread writes 8 destination elements with one
+/// 16-byte store (the destination starts on 16 bytes; rows of an odd length do not, so the
+/// elements are placed by their flat index). Where its 8 sources are one run of a source row, it
+/// reads them as two aligned 16-byte loads and shifts them into place; elsewhere (a row's end,
+/// padding, the buffer's last elements) one by one.
+const REPITCH: &str = r#"extern "C" __global__ void __launch_bounds__(256) bs_repitch_u16(
+    const unsigned short* __restrict__ src, unsigned short* __restrict__ dst, long long matrices, long long rows,
+    long long width, long long src_pitch, long long src_matrix, long long fill_rows, long long fill_width) {
+  const long long total = matrices * fill_rows * fill_width;
+  // Elements of the source up to its last one: 16-byte loads that stay below it are inside it.
+  const long long src_end = (matrices - 1) * src_matrix + (rows - 1) * src_pitch + width;
+  for (long long chunk = blockIdx.x * (long long)blockDim.x + threadIdx.x; chunk * 8 < total;
+       chunk += (long long)gridDim.x * blockDim.x) {
+    const long long k = chunk * 8;
+    long long r = k / fill_width, c = k - r * fill_width;
+    long long mat = r / fill_rows;
+    r -= mat * fill_rows;
+    const long long s0 = mat * src_matrix + r * src_pitch + c;
+    const long long aligned = s0 & ~7ll;
+    uint4 out;
+    if (k + 8 <= total && r < rows && c + 8 <= width && aligned + 16 <= src_end) {
+      const uint4 lo = *reinterpret_cast<const uint4*>(src + aligned);
+      const uint4 hi = *reinterpret_cast<const uint4*>(src + aligned + 8);
+      const unsigned int w[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      const unsigned int shift = (unsigned int)(s0 & 1) * 16;
+      #define BS_WORDS(q) out = make_uint4(__funnelshift_r(w[q], w[q + 1], shift), \
+          __funnelshift_r(w[q + 1], w[q + 2], shift), __funnelshift_r(w[q + 2], w[q + 3], shift), \
+          __funnelshift_r(w[q + 3], w[q + 4], shift))
+      switch ((int)((s0 - aligned) >> 1)) {
+        case 0: BS_WORDS(0); break;
+        case 1: BS_WORDS(1); break;
+        case 2: BS_WORDS(2); break;
+        default: BS_WORDS(3); break;
+      }
+      #undef BS_WORDS
+      *reinterpret_cast<uint4*>(dst + k) = out;
+      continue;
+    }
+    unsigned short v[8];
+    #pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      v[i] = (k + i < total && r < rows && c < width) ? src[mat * src_matrix + r * src_pitch + c] : (unsigned short)0;
+      if (++c == fill_width) { c = 0; if (++r == fill_rows) { r = 0; ++mat; } }
+    }
+    if (k + 8 <= total) {
+      *reinterpret_cast<uint4*>(dst + k) = make_uint4(v[0] | ((unsigned int)v[1] << 16), v[2] | ((unsigned int)v[3] << 16),
+                                                      v[4] | ((unsigned int)v[5] << 16), v[6] | ((unsigned int)v[7] << 16));
+    } else {
+      for (int i = 0; k + i < total; ++i) dst[k + i] = v[i];
+    }
   }
 }
 "#;
@@ -473,8 +512,8 @@ impl DeviceKernel for LtGemm {
         }
         .map_err(|e| cuda_error("cublasLtMatmul", e))?;
         if let Some(s) = &self.staged[2] {
-            let (padded, compact) = ((s.padded_width, s.padded_rows * s.padded_width), (s.width, s.rows * s.width));
-            self.repitch(&stream, (at(s), padded), (compact_c, compact), s, (s.rows, s.width))?;
+            let padded = (s.padded_width, s.padded_rows * s.padded_width);
+            self.repitch(&stream, (at(s), padded), compact_c, s, (s.rows, s.width))?;
         }
         Ok(())
     }
@@ -484,40 +523,39 @@ impl LtGemm {
     /// Queues the copy of `staged`'s compact operand at `src` into the scratch at `dst`, zeros
     /// around it.
     fn copy_in(&self, stream: &Arc<cudarc::driver::CudaStream>, src: u64, dst: u64, s: &Staged) -> Result<()> {
-        let (compact, padded) = ((s.width, s.rows * s.width), (s.padded_width, s.padded_rows * s.padded_width));
-        self.repitch(stream, (src, compact), (dst, padded), s, (s.padded_rows, s.padded_width))
+        self.repitch(stream, (src, (s.width, s.rows * s.width)), dst, s, (s.padded_rows, s.padded_width))
     }
 
-    /// Queues the copy of `staged`'s matrices from `src` to `dst`, each given with its row pitch
-    /// and matrix stride, writing `fill` (rows, row length) of each destination matrix.
+    /// Queues the copy of `staged`'s matrices from `src` (given with its row pitch and matrix
+    /// stride) to the dense `dst` of `fill` (rows, row length) per matrix.
     fn repitch(
         &self,
         stream: &Arc<cudarc::driver::CudaStream>,
         src: (u64, (usize, usize)),
-        dst: (u64, (usize, usize)),
+        mut dst: u64,
         staged: &Staged,
         fill: (usize, usize),
     ) -> Result<()> {
         let function = self.repitch.as_ref().ok_or_else(|| cuda_error(self.name, "no padding kernel"))?;
-        let ((mut src, (src_pitch, src_matrix)), (mut dst, (dst_pitch, dst_matrix))) = (src, dst);
+        if !dst.is_multiple_of(16) {
+            return Err(cuda_error(self.name, "a padding copy's destination must start on 16 bytes"));
+        }
+        let (mut src, (src_pitch, src_matrix)) = src;
         let mut longs =
-            [staged.matrices, staged.rows, staged.width, src_pitch, src_matrix, dst_pitch, dst_matrix, fill.0, fill.1]
-                .map(|x| x as i64);
+            [staged.matrices, staged.rows, staged.width, src_pitch, src_matrix, fill.0, fill.1].map(|x| x as i64);
+        let chunks = (staged.matrices * fill.0 * fill.1).div_ceil(8);
         let config = cudarc::driver::LaunchConfig {
-            grid_dim: (
-                (fill.1.div_ceil(1024) as u32).max(1),
-                ((staged.matrices * fill.0).min(65_535) as u32).max(1),
-                1,
-            ),
+            grid_dim: (chunks.div_ceil(256).clamp(1, 1 << 20) as u32, 1, 1),
             block_dim: (256, 1, 1),
             shared_mem_bytes: 0,
         };
-        let [l0, l1, l2, l3, l4, l5, l6, l7, l8] = &mut longs;
-        // SAFETY: the parameters are exactly the kernel's (two pointers, nine `long long`s),
-        // alive for the call; both buffers hold their matrices at their pitches and strides
-        // (the compact operand by the length checks of `run`, the scratch by its size).
+        let [l0, l1, l2, l3, l4, l5, l6] = &mut longs;
+        // SAFETY: the parameters are exactly the kernel's (two pointers, seven `long long`s),
+        // alive for the call; the source holds its matrices at its pitch and stride (the compact
+        // operand by the length checks of `run`, the scratch by its size) and the destination
+        // its dense `fill` matrices, from a 16-byte boundary (checked above).
         unsafe {
-            let mut params: [*mut c_void; 11] = [
+            let mut params: [*mut c_void; 9] = [
                 (&mut src as *mut u64).cast(),
                 (&mut dst as *mut u64).cast(),
                 (l0 as *mut i64).cast(),
@@ -527,10 +565,16 @@ impl LtGemm {
                 (l4 as *mut i64).cast(),
                 (l5 as *mut i64).cast(),
                 (l6 as *mut i64).cast(),
-                (l7 as *mut i64).cast(),
-                (l8 as *mut i64).cast(),
             ];
             super::device_checks::launch(function, stream, config, &mut params)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_padding_copy_compiles() {
+        super::super::compiles_with_nvrtc(super::REPITCH);
     }
 }

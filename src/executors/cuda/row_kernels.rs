@@ -42,6 +42,12 @@ pub(super) struct RowLayout {
 impl RowLayout {
     /// The layout for rows of `cols` values whose widest dtype takes `widest` bytes.
     pub fn new(cols: usize, widest: usize) -> Self {
+        Self::within(cols, widest, REGISTER_VALUES)
+    }
+
+    /// [`new`](Self::new), keeping at most `values` values of a row per thread in registers (for
+    /// kernels that keep several arrays of a row: rows past `1024 * values` are streamed).
+    pub fn within(cols: usize, widest: usize, values: usize) -> Self {
         let mut vector = 16 / widest.clamp(1, 16);
         while vector > 1 && !cols.is_multiple_of(vector) {
             vector /= 2;
@@ -51,17 +57,17 @@ impl RowLayout {
         // group reads 128 contiguous bytes (a thread per row would scatter a warp's access over
         // 32 rows).
         let mut threads_per_row = vectors.min(8).next_power_of_two();
-        while threads_per_row < MAX_ROW_THREADS && vectors.div_ceil(threads_per_row) * vector > REGISTER_VALUES {
+        while threads_per_row < MAX_ROW_THREADS && vectors.div_ceil(threads_per_row) * vector > values {
             threads_per_row *= 2;
         }
-        let fits = vectors.div_ceil(threads_per_row) * vector <= REGISTER_VALUES;
+        let fits = vectors.div_ceil(threads_per_row) * vector <= values;
         let per_thread = fits.then(|| vectors.div_ceil(threads_per_row));
         let block = if threads_per_row <= 32 { 256 } else { threads_per_row };
         Self { threads_per_row, vector, per_thread, block }
     }
 
     /// Rows one block handles.
-    fn rows_per_block(&self) -> usize {
+    pub fn rows_per_block(&self) -> usize {
         self.block / self.threads_per_row
     }
 }
@@ -77,7 +83,7 @@ pub(super) struct RowSource {
 
 /// The C that loads `vector` values of `dtype` at element pointer `ptr` (aligned to the
 /// access) into `float dst[0..vector]`, with one access of up to 16 bytes.
-fn load(dtype: DType, vector: usize, ptr: &str, dst: &str) -> String {
+pub(super) fn load(dtype: DType, vector: usize, ptr: &str, dst: &str) -> String {
     let bytes = vector * dtype.size_bytes();
     if bytes < 4 {
         return format!("{dst}[0] = {};", widen(dtype, &format!("(unsigned int)*({ptr})")));
@@ -99,7 +105,7 @@ fn load(dtype: DType, vector: usize, ptr: &str, dst: &str) -> String {
 
 /// The C that stores `float src[0..vector]` as `vector` values of `dtype` at `ptr`, rounding
 /// each once, with one access.
-fn store(dtype: DType, vector: usize, ptr: &str, src: &str) -> String {
+pub(super) fn store(dtype: DType, vector: usize, ptr: &str, src: &str) -> String {
     let bits = |e: String| match dtype {
         DType::BF16 => format!("bs_to_bf16({e})"),
         DType::F16 => format!("bs_to_f16({e})"),
@@ -153,6 +159,22 @@ pub(super) fn row_reduce(c: &mut String, t: usize, combine: &dyn Fn(&str, &str) 
         let _ = writeln!(c, "    for (int w = 1; w < {}; ++w) acc = {};", t / 32, combine("acc", "partial[base + w]"));
         let _ = writeln!(c, "    __syncthreads(); }}");
     }
+}
+
+/// Opens the loop over rows of a row kernel: groups of `t` threads (`lane` of the row), one
+/// row `r` each (`valid` where the row exists, starting at element `row`); the loop runs alike
+/// in a whole warp (block, for `t > 32`), so that every lane takes part in each shuffle (and
+/// barrier). The caller closes it.
+pub(super) fn open_rows(c: &mut String, t: usize, rows: usize, cols: usize) {
+    let _ = writeln!(c, "  const int lane = threadIdx.x % {t};");
+    let _ = writeln!(c, "  const long long first = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / {t};");
+    let _ = writeln!(c, "  const long long stride = (long long)gridDim.x * blockDim.x / {t};");
+    let lead = if t >= 32 { "first".to_string() } else { format!("first - (threadIdx.x % 32) / {t}") };
+    let _ = writeln!(c, "  const long long lead = {lead};");
+    let _ = writeln!(c, "  for (long long r0 = lead; r0 < {rows}ll; r0 += stride) {{");
+    let _ = writeln!(c, "    const long long r = r0 + (first - lead);");
+    let _ = writeln!(c, "    const bool valid = r < {rows}ll;");
+    let _ = writeln!(c, "    const long long row = r * {cols}ll;");
 }
 
 /// The kernel for a built-in `softmax` or `layer_norm` bound symbol, or why there is none.
@@ -215,17 +237,7 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RowSource, Str
     if t > 32 && id == prims::SOFTMAX && layout.per_thread.is_none() {
         let _ = writeln!(c, "  __shared__ float partial_sum[{}];", t / 32);
     }
-    // Groups of `t` threads, one row each; the loop runs alike in a whole warp (block, for
-    // `t > 32`), so that every lane takes part in each shuffle (and barrier).
-    let _ = writeln!(c, "  const int lane = threadIdx.x % {t};");
-    let _ = writeln!(c, "  const long long first = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / {t};");
-    let _ = writeln!(c, "  const long long stride = (long long)gridDim.x * blockDim.x / {t};");
-    let lead = if t >= 32 { "first".to_string() } else { format!("first - (threadIdx.x % 32) / {t}") };
-    let _ = writeln!(c, "  const long long lead = {lead};");
-    let _ = writeln!(c, "  for (long long r0 = lead; r0 < {rows}ll; r0 += stride) {{");
-    let _ = writeln!(c, "    const long long r = r0 + (first - lead);");
-    let _ = writeln!(c, "    const bool valid = r < {rows}ll;");
-    let _ = writeln!(c, "    const long long row = r * {cols}ll;");
+    open_rows(&mut c, t, rows, cols);
     let reduce = |c: &mut String, combine: &dyn Fn(&str, &str) -> String| row_reduce(c, t, combine);
     let sum = |a: &str, b: &str| format!("{a} + {b}");
     let max = |a: &str, b: &str| maximum(a, b);

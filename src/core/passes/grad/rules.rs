@@ -244,7 +244,7 @@ pub(super) fn unbroadcast(b: &mut TraceBuilder<'_>, grad: ValueId, like: ValueId
     if prefix > 0 && reduced[prefix..].iter().all(|&r| !r) {
         let rows: usize = from[..prefix].iter().product();
         let cols: usize = from[prefix..].iter().product();
-        let ones = full_of_shape(b, grad, &[1, rows], 1.0)?;
+        let ones = crate::core::ir::full_of_shape(b, grad, &[1, rows], 1.0)?;
         let g = if from.len() == 2 && prefix == 1 { grad } else { b.reshape(grad, &[rows, cols])? };
         let summed = b.matmul(ones, g)?;
         return b.reshape(summed, &to);
@@ -258,26 +258,11 @@ pub(super) fn unbroadcast(b: &mut TraceBuilder<'_>, grad: ValueId, like: ValueId
     b.reshape(g, &to)
 }
 
-/// A tensor of `shape` in `like`'s dtype holding `value`, made from `like` without reading it
-/// (see [`full_like`]).
-fn full_of_shape(b: &mut TraceBuilder<'_>, like: ValueId, shape: &[usize], value: f32) -> Result<ValueId> {
-    // An empty slice first (a zero-dimensional `like` is one element: reshaped to `[1]`), so
-    // that no op copies `like` itself.
-    let like = if b.shape(like)?.is_empty() { b.reshape(like, &[1])? } else { like };
-    let empty = b.slice(like, 0, 0, 0)?;
-    let empty = b.reshape(empty, &[0])?;
-    let full = b.pad(empty, 0, 0, shape.iter().product(), value)?;
-    if shape.len() == 1 {
-        return Ok(full);
-    }
-    b.reshape(full, shape)
-}
-
 /// A tensor of `like`'s shape and dtype holding `value` everywhere: `pad` of an empty slice, so
 /// that no value of `like` (an infinity, a NaN) can leak into it.
 pub(super) fn full_like(b: &mut TraceBuilder<'_>, like: ValueId, value: f32) -> Result<ValueId> {
     let shape = b.shape(like)?.to_vec();
-    full_of_shape(b, like, &shape, value)
+    crate::core::ir::full_of_shape(b, like, &shape, value)
 }
 
 /// A binary elementwise op's gradients: `grads(g, x, y)` gives them at the output's shape,
@@ -376,46 +361,26 @@ fn gelu_slope(b: &mut TraceBuilder<'_>, x: ValueId) -> Result<ValueId> {
     b.add(left, right)
 }
 
-/// `layer_norm(x, eps, weight?, bias?)`, recomputing the normalised rows (in `f32`) from `x`.
+/// `layer_norm(x, eps, weight?, bias?)`: one `layer_norm_backward` for `x` and, for the
+/// weight and bias, one `layer_norm_weight_backward` sliced into its two rows (both recompute
+/// the normalised rows in `f32` from `x`; CudaOps runs each as its own kernels).
 fn layer_norm<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Grads> {
     let eps = match op.args.get(1) {
         Some(Arg::Scalar(e)) => *e,
         _ => return Err(malformed(op)),
     };
-    let [x, g] = widened(b, [tensor(op, 0)?, op.cotangent])?;
-    let n = *b.shape(x)?.last().ok_or_else(|| malformed(op))?;
-    let inv_n = 1.0 / n as f32;
-    let total = b.sum(x)?;
-    let mean = b.mul_scalar(total, inv_n)?;
-    let centered = b.sub(x, mean)?;
-    let squares = b.mul(centered, centered)?;
-    let square_sum = b.sum(squares)?;
-    let variance = b.mul_scalar(square_sum, inv_n)?;
-    let shifted = b.add_scalar(variance, eps)?;
-    let log_var = b.log(shifted)?;
-    let half = b.mul_scalar(log_var, -0.5)?;
-    let inv_std = b.exp(half)?;
-    let normed = b.mul(centered, inv_std)?;
-    let dnormed = match op.value(2) {
-        Some(w) => b.mul(g, w)?,
-        None => g,
-    };
-    let dsum = b.sum(dnormed)?;
-    let dmean = b.mul_scalar(dsum, inv_n)?;
-    let dot = b.mul(dnormed, normed)?;
-    let dot = b.sum(dot)?;
-    let dot_mean = b.mul_scalar(dot, inv_n)?;
-    let projected = b.mul(normed, dot_mean)?;
-    let dx = b.sub(dnormed, dmean)?;
-    let dx = b.sub(dx, projected)?;
-    let dx = b.mul(dx, inv_std)?;
+    let (x, g, weight) = (tensor(op, 0)?, op.cotangent, op.value(2));
+    let dx = b.layer_norm_backward(x, g, eps, weight)?;
     let mut grads = vec![Some(dx), None];
-    if let Some(w) = op.value(2) {
-        let gw = b.mul(g, normed)?;
-        grads.push(Some(unbroadcast(b, gw, w)?));
-    }
-    if let Some(bias) = op.value(3) {
-        grads.push(Some(unbroadcast(b, g, bias)?));
+    if weight.is_some() {
+        let n = *b.shape(x)?.last().ok_or_else(|| malformed(op))?;
+        let sums = b.layer_norm_weight_backward(x, g, eps)?;
+        for (row, param) in [(0, weight), (1, op.value(3))] {
+            if param.is_some() {
+                let sum = b.slice(sums, 0, row, row + 1)?;
+                grads.push(Some(b.reshape(sum, &[n])?));
+            }
+        }
     }
     Ok(grads)
 }

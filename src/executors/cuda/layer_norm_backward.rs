@@ -73,6 +73,9 @@ fn operands(op: &OpView<'_>) -> Option<(usize, usize, Vec<DType>)> {
 /// its rows fit in registers (and, for the weight's, in a block's shared memory).
 pub(super) fn runs_whole(op: &OpView<'_>) -> bool {
     let Some((_, cols, dtypes)) = operands(op) else { return false };
+    if cols == 0 {
+        return false;
+    }
     let widest = dtypes.iter().map(|d| d.size_bytes()).max().unwrap_or(4);
     match op.symbol().builtin_composite() {
         Some(prims::LAYER_NORM_BACKWARD) => RowLayout::within(cols, widest, INPUT_VALUES).per_thread.is_some(),
@@ -278,8 +281,9 @@ pub(super) fn weight_source(op: &OpView<'_>, kernel: &str) -> std::result::Resul
     load_row(&mut c, "xv", dtypes[0], shape, cols, 0);
     load_row(&mut c, "gv", dtypes[1], shape, cols, 1);
     row_statistics(&mut c, shape, cols, eps);
-    // Past the row, `gv` is 0: the sums take nothing from there.
-    let _ = writeln!(c, "    for (int i = 0; i < {}; ++i) {{", per_thread * v);
+    // Past the row's end `gv` is 0, and past the last row nothing is added (there `inv_std`
+    // may be infinite: `eps` 0 over a row of zeros).
+    let _ = writeln!(c, "    if (valid) for (int i = 0; i < {}; ++i) {{", per_thread * v);
     let _ = writeln!(c, "      sw[i] = sw[i] + gv[i] * ((xv[i] - mean) * inv_std); sb[i] = sb[i] + gv[i]; }}");
     let _ = writeln!(c, "  }}");
     // The block's rows, added in a fixed order: the threads of row slot 0 first, then 1, ...
@@ -476,7 +480,14 @@ mod tests {
     }
 
     #[test]
-    fn rows_too_long_for_registers_or_shared_memory_decompose() {
+    fn rows_too_long_for_registers_or_shared_memory_or_empty_decompose() {
+        with_op(
+            |b| {
+                let x = input(b, DType::F32, &[2, 0]);
+                b.layer_norm_weight_backward(x, x, 1e-5).unwrap()
+            },
+            |op| assert!(!runs_whole(op), "rows of no values"),
+        );
         with_op(
             |b| {
                 let x = input(b, DType::F32, &[2, MAX_WEIGHT_COLUMNS + 4]);

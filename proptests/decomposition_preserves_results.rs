@@ -5,7 +5,7 @@ mod common;
 use boundscope::executors::CpuReference;
 use boundscope::passes::{Decompose, Pass};
 use boundscope::{Arena, Category, Plan, Registry};
-use common::program::programs;
+use common::program::{programs, transformer_programs};
 use proptest::prelude::*;
 
 const TOLERANCE: f32 = 1e-4;
@@ -16,7 +16,7 @@ proptest! {
     /// After `Decompose`, a program with composites has no composites left, and its outputs
     /// equal the textbook formulas of the composites, evaluated directly.
     #[test]
-    fn decomposition_preserves_results(program in programs(true), seed in any::<u64>()) {
+    fn decomposition_preserves_results(program in prop_oneof![programs(true), transformer_programs()], seed in any::<u64>()) {
         let registry = Registry::with_builtins();
         let arena = Arena::new();
         let trace = program.build(&arena, &registry).map_err(|e| TestCaseError::fail(e.to_string()))?;

@@ -13,7 +13,7 @@ use boundscope::guards::{NvtxRange, Recorder, Selection, DEFAULT_DOMAIN};
 use boundscope::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOps};
 use boundscope::{prims, Arena, BoundSymbolId, Executor, Plan, Registry};
 use common::nvtx_capture::{self, NvtxEventKind};
-use common::program::programs;
+use common::program::{programs, transformer_programs};
 use proptest::prelude::*;
 
 const TOLERANCE: f32 = 1e-5;
@@ -29,7 +29,7 @@ proptest! {
     /// same whoever emits them; results equal the reference.
     #[test]
     fn one_range_per_region_whoever_emits_it(
-        program in programs(true),
+        program in prop_oneof![programs(true), transformer_programs()],
         strategy in strategies(),
         emit in any::<bool>(),
         block in 1usize..40,

@@ -20,7 +20,7 @@ use boundscope::{
     RangeFilter, Registry, Tensor, Trace, TraceBuilder, ValueId,
 };
 use common::nvtx_capture::{self, NvtxEvent, NvtxEventKind};
-use common::program::programs;
+use common::program::{programs, transformer_programs};
 use common::ranges::{pushes_in, pushes_of};
 use proptest::prelude::*;
 
@@ -364,7 +364,7 @@ proptest! {
     /// ranges are balanced and no range sits directly inside one with its label and domain.
     #[test]
     fn one_run_pushes_exactly_the_range_map(
-        program in programs(true),
+        program in prop_oneof![programs(true), transformer_programs()],
         fuser in fusers(),
         op_ranges in prop::option::weighted(0.3, 0usize..3),
         strategy in prop_oneof![Just(FusionStrategy::Consecutive), Just(FusionStrategy::Dataflow)],

@@ -198,6 +198,84 @@ fn evaluate_nudged(program: &Program, inputs: &[boundscope::Tensor], pattern: Op
                         .collect()
                 })
             }
+            Op::Slice(x, axis, start, _) => {
+                let x = &values[*x];
+                let shape = op_shape(op, &values);
+                let numel = shape.iter().product();
+                let data = (0..numel)
+                    .map(|i| {
+                        let mut idx = unravel(i, &shape);
+                        idx[*axis] += start;
+                        x.data[ravel(&idx, &x.shape)]
+                    })
+                    .collect();
+                Value { shape, data }
+            }
+            Op::Concat(x, y, axis) => {
+                let (x, y) = (&values[*x], &values[*y]);
+                let shape = op_shape(op, &values);
+                let numel = shape.iter().product();
+                let data = (0..numel)
+                    .map(|i| {
+                        let mut idx = unravel(i, &shape);
+                        if idx[*axis] < x.shape[*axis] {
+                            x.data[ravel(&idx, &x.shape)]
+                        } else {
+                            idx[*axis] -= x.shape[*axis];
+                            y.data[ravel(&idx, &y.shape)]
+                        }
+                    })
+                    .collect();
+                Value { shape, data }
+            }
+            Op::ReduceAxis(name, x, axis, _) => {
+                let x = &values[*x];
+                let mut kept = x.shape.clone();
+                kept[*axis] = 1;
+                let numel = kept.iter().product();
+                let data = (0..numel)
+                    .map(|i| {
+                        let mut idx = unravel(i, &kept);
+                        let along = (0..x.shape[*axis]).map(|j| {
+                            idx[*axis] = j;
+                            x.data[ravel(&idx, &x.shape)]
+                        });
+                        let along: Vec<f32> = along.collect();
+                        if *name == "sum_dim" {
+                            along.iter().fold(0.0, |a, &b| a + b)
+                        } else {
+                            along.iter().fold(f32::NEG_INFINITY, |a, &b| maximum(a, b))
+                        }
+                    })
+                    .collect();
+                Value { shape: op_shape(op, &values), data }
+            }
+            Op::CausalMask(x) => {
+                let x = &values[*x];
+                let rank = x.shape.len();
+                let data = (0..x.data.len())
+                    .map(|i| {
+                        let idx = unravel(i, &x.shape);
+                        if idx[rank - 1] > idx[rank - 2] {
+                            f32::NEG_INFINITY
+                        } else {
+                            x.data[i]
+                        }
+                    })
+                    .collect();
+                Value { shape: x.shape.clone(), data }
+            }
+            Op::LogSoftmax(x) => {
+                // `x - max - log(sum(exp(x - max)))`; its log-sum is nudged too (the result can
+                // cancel to near 0 at the row's maximum, magnifying that rounding).
+                let salt = values.len() as u64;
+                map_rows(&values[*x], |row| {
+                    let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| maximum(a, b));
+                    let z: f32 = row.iter().map(|v| (v - max).exp()).sum();
+                    let log_z = jiggle(z.ln(), pattern, salt, 1);
+                    row.iter().map(|v| (v - max) - log_z).collect()
+                })
+            }
             Op::Linear(x, w, b) => {
                 let mut y = matmul(&values[*x], &values[*w], true);
                 if let Some(b) = b {
@@ -216,6 +294,12 @@ fn evaluate_nudged(program: &Program, inputs: &[boundscope::Tensor], pattern: Op
         values.push(v);
     }
     values
+}
+
+/// The shape of `op`'s result, from its operands' values.
+fn op_shape(op: &Op, values: &[Value]) -> Vec<usize> {
+    let shapes: Vec<Vec<usize>> = values.iter().map(|v| v.shape.clone()).collect();
+    op.output_shape(&shapes)
 }
 
 /// `x @ y`, or `x @ y^T` when `transpose_y`.

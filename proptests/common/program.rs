@@ -18,6 +18,14 @@ pub enum Op {
     Softmax(usize),
     LayerNorm(usize, f32, Option<usize>, Option<usize>),
     Linear(usize, usize, Option<usize>),
+    /// `slice(x, axis, start, end)`.
+    Slice(usize, usize, usize, usize),
+    /// `concat([x, y], axis)`.
+    Concat(usize, usize, usize),
+    /// `sum_dim` or `max_dim` over `axis`, keepdim or not.
+    ReduceAxis(&'static str, usize, usize, bool),
+    CausalMask(usize),
+    LogSoftmax(usize),
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -50,6 +58,23 @@ pub fn programs(composites: bool) -> impl Strategy<Value = Program> {
     programs_of((1usize..5, 1usize..5, 1usize..5), composites)
 }
 
+/// [`programs`] with composites and the ops of a transformer beyond them: `slice` and `concat`
+/// along any axis, `sum_dim` and `max_dim` over any axis (keepdim or not), `causal_mask` and
+/// `log_softmax`.
+pub fn transformer_programs() -> impl Strategy<Value = Program> {
+    let choices = prop::collection::vec((any::<u8>(), any::<u32>(), any::<u32>(), -2.0f32..2.0), 1..14);
+    let outputs = prop::collection::vec(any::<u32>(), 0..3);
+    ((1usize..5, 1usize..5, 1usize..5), choices, outputs).prop_map(|((m, n, k), choices, outputs)| {
+        Program::from_choices_of(m, n, k, &choices, &outputs, KINDS_WITH_TRANSFORMER_OPS)
+    })
+}
+
+/// Kinds of op [`Program::from_choices_of`] picks among: prims, then composites, then the
+/// transformer ops.
+const PRIM_KINDS: u8 = 10;
+const KINDS_WITH_COMPOSITES: u8 = 13;
+const KINDS_WITH_TRANSFORMER_OPS: u8 = 18;
+
 /// [`programs`] whose inputs have dimensions `m`, `n`, `k` drawn from `dims`: large ones make
 /// the CPU executors split ops over threads.
 pub fn programs_of(
@@ -69,10 +94,14 @@ fn produced_by_layer_norm(ops: &[Op], inputs: usize, x: usize) -> bool {
 
 impl Program {
     fn from_choices(m: usize, n: usize, k: usize, choices: &[Choice], outs: &[u32], composites: bool) -> Program {
+        let kinds = if composites { KINDS_WITH_COMPOSITES } else { PRIM_KINDS };
+        Self::from_choices_of(m, n, k, choices, outs, kinds)
+    }
+
+    fn from_choices_of(m: usize, n: usize, k: usize, choices: &[Choice], outs: &[u32], kinds: u8) -> Program {
         let inputs = vec![vec![m, n], vec![n, k], vec![n], vec![m, 1], vec![k, n]];
         let mut shapes = inputs.clone();
         let mut ops = Vec::new();
-        let kinds = if composites { 13 } else { 10 };
         for &(kind, a, b, s) in choices {
             let pick = |x: u32, len: usize| x as usize % len;
             let x = pick(a, shapes.len());
@@ -130,6 +159,38 @@ impl Program {
                     let bias = weight.and_then(|_| (b % 2 == 0).then(|| params[pick(b / 2, params.len())]));
                     Op::LayerNorm(x, 1e-5, weight, bias)
                 }
+                13 => {
+                    let axis = pick(b, sx.len());
+                    let d = sx[axis];
+                    let start = pick(b / 7, d);
+                    let end = start + 1 + pick(b / 61, d - start);
+                    Op::Slice(x, axis, start, end)
+                }
+                14 => {
+                    let axis = pick(b, sx.len());
+                    let candidates: Vec<usize> = (0..shapes.len())
+                        .filter(|&i| {
+                            let si = &shapes[i];
+                            si.len() == sx.len() && (0..sx.len()).all(|j| j == axis || si[j] == sx[j])
+                        })
+                        .collect();
+                    Op::Concat(x, candidates[pick(b / 7, candidates.len())], axis)
+                }
+                15 => {
+                    let axis = pick(b, sx.len());
+                    // Sums over a layer-normed row are rounding noise (see kind 3).
+                    let last = axis + 1 == sx.len();
+                    let name = if b % 2 == 0 && !(last && produced_by_layer_norm(&ops, inputs.len(), x)) {
+                        "sum_dim"
+                    } else {
+                        "max_dim"
+                    };
+                    // Every value keeps rank >= 1.
+                    Op::ReduceAxis(name, x, axis, sx.len() == 1 || b % 3 != 0)
+                }
+                16 if sx.len() >= 2 => Op::CausalMask(x),
+                16 => Op::Unary("neg", x),
+                17 => Op::LogSoftmax(x),
                 _ => {
                     let candidates: Vec<usize> = (0..shapes.len())
                         .filter(|&i| sx.len() == 2 && shapes[i].len() == 2 && shapes[i][1] == sx[1])
@@ -196,6 +257,12 @@ impl Program {
                     b.layer_norm(values[*x], *eps, w.map(|i| values[i]), bias.map(|i| values[i]))?
                 }
                 Op::Linear(x, w, bias) => b.linear(values[*x], values[*w], bias.map(|i| values[i]))?,
+                Op::Slice(x, axis, start, end) => b.slice(values[*x], *axis, *start, *end)?,
+                Op::Concat(x, y, axis) => b.concat(&[values[*x], values[*y]], *axis)?,
+                Op::ReduceAxis("sum_dim", x, axis, keep) => b.sum_dim(values[*x], *axis, *keep)?,
+                Op::ReduceAxis(_, x, axis, keep) => b.max_dim(values[*x], *axis, *keep)?,
+                Op::CausalMask(x) => b.causal_mask(values[*x])?,
+                Op::LogSoftmax(x) => b.log_softmax(values[*x])?,
             };
             values.push(v);
             for _ in 0..(closes % 3).min(open) {
@@ -230,9 +297,31 @@ impl Program {
 }
 
 impl Op {
-    fn output_shape(&self, shapes: &[Vec<usize>]) -> Vec<usize> {
+    /// The shape of the op's result, from the shapes of the values before it.
+    pub fn output_shape(&self, shapes: &[Vec<usize>]) -> Vec<usize> {
         match self {
-            Op::Unary(_, x) | Op::Softmax(x) | Op::LayerNorm(x, ..) => shapes[*x].clone(),
+            Op::Unary(_, x) | Op::Softmax(x) | Op::LayerNorm(x, ..) | Op::CausalMask(x) | Op::LogSoftmax(x) => {
+                shapes[*x].clone()
+            }
+            Op::Slice(x, axis, start, end) => {
+                let mut s = shapes[*x].clone();
+                s[*axis] = end - start;
+                s
+            }
+            Op::Concat(x, y, axis) => {
+                let mut s = shapes[*x].clone();
+                s[*axis] += shapes[*y][*axis];
+                s
+            }
+            Op::ReduceAxis(_, x, axis, keep) => {
+                let mut s = shapes[*x].clone();
+                if *keep {
+                    s[*axis] = 1;
+                } else {
+                    s.remove(*axis);
+                }
+                s
+            }
             Op::Binary(_, x, Operand::Scalar(_)) => shapes[*x].clone(),
             Op::Binary(_, x, Operand::Value(y)) => broadcast(&shapes[*x], &shapes[*y]).expect("picked compatible"),
             Op::Reduce(_, x) => {

@@ -313,3 +313,35 @@ impl TraceBuilder<'_> {
         self.bind(LAYER_NORM_WEIGHT_BACKWARD, &[Arg::Value(x), Arg::Value(grad), Arg::Scalar(eps)])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use crate::{Arena, DType, Error, Registry, TensorMeta, TraceBuilder};
+
+    #[test]
+    fn layer_norm_backward_ops_name_bad_operands() {
+        let (registry, arena) = (Registry::with_builtins(), Arena::new());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[4, 8]).unwrap();
+        let other = b.input(&[4, 7]).unwrap();
+        let w = b.input(&[7]).unwrap();
+        let ids = b.input_with(&TensorMeta::new(DType::I64, &[4, 8])).unwrap();
+        let message = |e: Error| match e {
+            Error::ShapeMismatch { .. } | Error::UnsupportedDType { .. } => e.to_string(),
+            other => panic!("not a shape or dtype error: {other:?}"),
+        };
+        let e = message(b.layer_norm_backward(x, other, 1e-5, None).unwrap_err());
+        assert!(e.contains("the gradient must have x's shape"), "{e}");
+        let e = message(b.layer_norm_backward(x, x, 1e-5, Some(w)).unwrap_err());
+        assert!(e.contains("the weight must have shape [8]"), "{e}");
+        let e = message(b.layer_norm_weight_backward(ids, ids, 1e-5).unwrap_err());
+        assert!(e.contains("cast it first"), "{e}");
+        // Well-formed: x's dtype and shape; the sums `f32` [2, n].
+        let h = b.input_with(&TensorMeta::new(DType::BF16, &[2, 3, 8])).unwrap();
+        let w = b.input(&[8]).unwrap();
+        let dx = b.layer_norm_backward(h, h, 1e-5, Some(w)).unwrap();
+        assert_eq!((b.dtype(dx).unwrap(), b.shape(dx).unwrap().to_vec()), (DType::BF16, vec![2, 3, 8]));
+        let sums = b.layer_norm_weight_backward(h, h, 1e-5).unwrap();
+        assert_eq!((b.dtype(sums).unwrap(), b.shape(sums).unwrap().to_vec()), (DType::F32, vec![2, 8]));
+    }
+}

@@ -341,6 +341,58 @@ fn cuda_runs_allocate_nothing() {
     assert_eq!(steady_state_allocations(&plan, &inputs), 0, "host inputs in, outputs out\n{plan}");
 }
 
+/// A CudaFusion region of more buffers than a launch lists on the stack (12 inputs, 6 outputs)
+/// launches without allocating once warm (its lists are kept per thread). On a GPU machine
+/// only.
+#[test]
+fn a_cuda_region_of_many_buffers_allocates_nothing() {
+    use boundscope::executors::cuda::{self, CudaDevice, CudaFusion, CudaOps};
+    use boundscope::{Availability, DeviceTensor, RunInput};
+    if let Availability::Unavailable(reason) = cuda::availability() {
+        println!(
+            "SKIPPED: a_cuda_region_of_many_buffers_allocates_nothing: {reason}; run this test binary on a GPU machine"
+        );
+        return;
+    }
+    let device = CudaDevice::new().unwrap();
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let xs: Vec<_> = (0..12).map(|_| b.input(&[64]).unwrap()).collect();
+    let mut sum = xs[0];
+    for (k, &x) in xs.iter().enumerate().skip(1) {
+        sum = b.add(sum, x).unwrap();
+        if k % 2 == 1 {
+            b.output(sum).unwrap();
+        }
+    }
+    let trace = b.finish().unwrap();
+    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
+    let fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap();
+    let plan =
+        Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device.clone())), CpuReference::shared()]).unwrap();
+    let regions = plan.steps_per_executor().into_iter().find(|(name, _)| *name == "cuda_fusion");
+    assert_eq!(regions, Some(("cuda_fusion", 1)), "one region of 18 buffers\n{plan}");
+    let inputs: Vec<Tensor> = (0..12).map(|k| Tensor::from_fn(&[64], |i| (i + k) as f32 * 0.01)).collect();
+    let shared: Arc<dyn boundscope::Device> = device.clone();
+    let on_device: Vec<DeviceTensor> =
+        inputs.iter().map(|t| DeviceTensor::upload(&shared, t.view()).unwrap()).collect();
+    let run_inputs: Vec<RunInput<'_>> = on_device.iter().map(RunInput::from).collect();
+    let mut workspace = plan.workspace().unwrap();
+    plan.run_on_device(&mut workspace, &run_inputs).unwrap();
+    let count = allocations_during(|| {
+        for _ in 0..3 {
+            plan.run_on_device(&mut workspace, &run_inputs).unwrap();
+        }
+    });
+    assert_eq!(count, 0, "device-resident runs\n{plan}");
+    // And the region computes what it should: the last sum is every input's.
+    let out = plan.run(&inputs.iter().collect::<Vec<_>>()).unwrap();
+    let expected: Vec<f32> = (0..64).map(|i| (0..12).map(|k| (i + k) as f32 * 0.01).sum()).collect();
+    let last = out.last().unwrap().to_f32_vec();
+    assert!(last.iter().zip(&expected).all(|(a, b)| (a - b).abs() < 1e-4), "{last:?}");
+}
+
 /// A user's GPU executor (`MyGpu`: an NVRTC kernel of its own, and a cuBLAS call with a handle
 /// per workspace) beside `CudaOps`: device-resident runs allocate nothing after the first (in
 /// which its per-workspace state is made), except what cuBLAS's own `sgemm` allocates, which is

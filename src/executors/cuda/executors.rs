@@ -284,6 +284,15 @@ fn kernel_name(name: &str) -> String {
     format!("boundscope_{clean}")
 }
 
+/// Buffers a generated kernel's launch lists on the stack.
+const INLINE_BUFFERS: usize = 16;
+
+thread_local! {
+    /// The pointer and parameter lists of launches of more than [`INLINE_BUFFERS`] buffers.
+    static LAUNCH_LISTS: std::cell::RefCell<(Vec<sys::CUdeviceptr>, Vec<*mut c_void>)> =
+        const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
 /// A generated kernel: one pointer per input and output, then the element count.
 struct GeneratedKernel {
     device: Arc<CudaDevice>,
@@ -311,28 +320,53 @@ impl GeneratedKernel {
 
     fn launch(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
         self.lengths.check(&self.kernel, inputs, outputs)?;
-        let stream = self.device.stream();
         // The arguments, on the stack: cudarc's launch builder collects them in a `Vec`, an
-        // allocation per launch that a steady-state run must not make.
-        let mut pointers: SmallVec<[sys::CUdeviceptr; 16]> = SmallVec::new();
+        // allocation per launch that a steady-state run must not make. Regions of more buffers
+        // than the stack holds use a list kept per thread, grown by the first such launch.
+        if inputs.len() + outputs.len() <= INLINE_BUFFERS {
+            let mut pointers: SmallVec<[sys::CUdeviceptr; INLINE_BUFFERS]> = SmallVec::new();
+            let mut params: SmallVec<[*mut c_void; INLINE_BUFFERS + 1]> = SmallVec::new();
+            return self.launch_with(inputs, outputs, &mut pointers, &mut params);
+        }
+        LAUNCH_LISTS.with(|lists| {
+            let (pointers, params) = &mut *lists.borrow_mut();
+            pointers.clear();
+            params.clear();
+            self.launch_with(inputs, outputs, pointers, params)
+        })
+    }
+
+    /// [`launch`](Self::launch) with `pointers` and `params` (empty) to fill.
+    fn launch_with<P, Q>(
+        &self,
+        inputs: &[&dyn DeviceBuffer],
+        outputs: &mut [&mut dyn DeviceBuffer],
+        pointers: &mut P,
+        params: &mut Q,
+    ) -> Result<()>
+    where
+        P: Extend<sys::CUdeviceptr> + std::ops::DerefMut<Target = [sys::CUdeviceptr]>,
+        Q: Extend<*mut c_void> + std::ops::DerefMut<Target = [*mut c_void]>,
+    {
+        let stream = self.device.stream();
         for input in inputs {
-            pointers.push(slice(*input)?.device_ptr(&stream).0);
+            pointers.extend([slice(*input)?.device_ptr(&stream).0]);
         }
         for output in outputs.iter_mut() {
-            pointers.push(slice_mut(&mut **output)?.device_ptr_mut(&stream).0);
+            pointers.extend([slice_mut(&mut **output)?.device_ptr_mut(&stream).0]);
         }
         let mut numel = self.numel;
-        let mut params: SmallVec<[*mut c_void; 17]> =
-            pointers.iter_mut().map(|p| (p as *mut sys::CUdeviceptr).cast::<c_void>()).collect();
-        params.push((&mut numel as *mut i64).cast::<c_void>());
+        params.extend(pointers.iter_mut().map(|p| (p as *mut sys::CUdeviceptr).cast::<c_void>()));
+        params.extend([(&mut numel as *mut i64).cast::<c_void>()]);
         // SAFETY: the generated kernel takes exactly one pointer per region input and output
         // (in this order), then `long long n`, and `params` points at exactly those values,
-        // which outlive the call; `lengths.check` made sure above that there are that many
-        // buffers, each holding at least the elements of its value, and the generator
-        // (`fused_shape`) that the kernel accesses no more than those. The buffers' own
-        // synchronization is off on this device (`CudaDevice::new`): the runtime orders its
-        // streams itself (`stream_order`), and a run's work goes to its workspace's stream.
-        unsafe { super::device_checks::launch(&self.function, &stream, self.config, &mut params) }
+        // which outlive the call (`pointers` is not touched after `params` is made); `lengths.check`
+        // made sure that there are that many buffers, each holding at least the elements of its
+        // value, and the generator (`fused_shape`) that the kernel accesses no more than those.
+        // The buffers' own synchronization is off on this device (`CudaDevice::new`): the
+        // runtime orders its streams itself (`stream_order`), and a run's work goes to its
+        // workspace's stream.
+        unsafe { super::device_checks::launch(&self.function, &stream, self.config, params) }
     }
 }
 

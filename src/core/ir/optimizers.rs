@@ -368,10 +368,15 @@ impl AdamW {
         let g = in_dtype_of(b, grad, param)?;
         let meta = TensorMeta::new(b.dtype(param)?, b.shape(param)?);
         let (m, v) = (b.input_with(&meta)?, b.input_with(&meta)?);
-        // p (1 - lr wd)
-        let lr_wd = b.mul_scalar(inputs.lr, self.weight_decay)?;
-        let decay = b.mul(param, lr_wd)?;
-        let decayed = b.sub(param, decay)?;
+        // p (1 - lr wd); without weight decay p itself, as PyTorch's product by exactly 1 (no
+        // op per parameter, and an infinite parameter stays one).
+        let decayed = if self.weight_decay == 0.0 {
+            param
+        } else {
+            let lr_wd = b.mul_scalar(inputs.lr, self.weight_decay)?;
+            let decay = b.mul(param, lr_wd)?;
+            b.sub(param, decay)?
+        };
         // m = b1 m + (1 - b1) g; v = b2 v + (1 - b2) g^2
         let m_kept = b.mul_scalar(m, self.beta1)?;
         let m_new = b.mul_scalar(g, 1.0 - self.beta1)?;
@@ -438,6 +443,37 @@ mod tests {
         for (got, want) in v_t.to_f32_vec().iter().zip(v) {
             assert!((*got as f64 - want).abs() < 1e-6 * (1.0 + want), "{got} vs {want}");
         }
+    }
+
+    /// Without weight decay the update has no decay ops and leaves an infinite parameter
+    /// infinite, as PyTorch's product by exactly 1 does (`p - p * 0` would make it NaN).
+    #[test]
+    fn adamw_without_weight_decay_leaves_the_decay_out() {
+        let (registry, arena) = (Registry::with_builtins(), Arena::new());
+        let count_muls = |weight_decay: f32| {
+            let mut b = TraceBuilder::new(&arena, &registry);
+            let (w, g) = (b.input(&[2]).unwrap(), b.input(&[2]).unwrap());
+            let adamw = AdamW::new().weight_decay(weight_decay);
+            let step = adamw.step_inputs(&mut b).unwrap();
+            adamw.update(&mut b, &step, w, g).unwrap();
+            let trace = b.finish().unwrap();
+            let muls = trace.bound_symbols().iter().filter(|s| s.symbol() == super::super::prims::MUL).count();
+            (muls, trace)
+        };
+        let ((with, _), (without, trace)) = (count_muls(0.01), count_muls(0.0));
+        assert_eq!(with, without + 2, "lr * wd and p * (lr * wd) are gone");
+        let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+        let mut ws = plan.workspace().unwrap();
+        let mut w = Tensor::new(&[2], vec![f32::INFINITY, 1.0]).unwrap();
+        let mut g = Tensor::new(&[2], vec![1.0, 1.0]).unwrap();
+        let zeros = || Tensor::new(&[2], vec![0.0; 2]).unwrap();
+        let (mut m, mut v) = (zeros(), zeros());
+        let [mut a, mut c, mut d] = AdamW::new().weight_decay(0.0).step_values(1, 0.1);
+        plan.run_updating(&mut ws, &mut [&mut w, &mut g, &mut a, &mut c, &mut d, &mut m, &mut v]).unwrap();
+        let w = w.to_f32_vec();
+        assert_eq!(w[0], f32::INFINITY);
+        // One step of AdamW moves a parameter by about the learning rate.
+        assert!((w[1] - 0.9).abs() < 1e-4, "{}", w[1]);
     }
 
     #[test]

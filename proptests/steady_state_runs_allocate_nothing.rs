@@ -292,6 +292,28 @@ fn a_session_run_allocates_only_what_a_plan_run_does() {
     assert_eq!(steady_state_allocations(&plan, &inputs), 0);
 }
 
+/// Host allocations of three runs of `plan` with `inputs` uploaded to `device` (after a first
+/// run, which warms the workspace up).
+#[cfg(feature = "cuda")]
+fn device_run_allocations(
+    plan: &Plan,
+    device: &Arc<boundscope::executors::cuda::CudaDevice>,
+    inputs: &[Tensor],
+) -> usize {
+    use boundscope::{DeviceTensor, RunInput};
+    let shared: Arc<dyn boundscope::Device> = device.clone();
+    let on_device: Vec<DeviceTensor> =
+        inputs.iter().map(|t| DeviceTensor::upload(&shared, t.view()).unwrap()).collect();
+    let run_inputs: Vec<RunInput<'_>> = on_device.iter().map(RunInput::from).collect();
+    let mut workspace = plan.workspace().unwrap();
+    plan.run_on_device(&mut workspace, &run_inputs).unwrap();
+    allocations_during(|| {
+        for _ in 0..3 {
+            plan.run_on_device(&mut workspace, &run_inputs).unwrap();
+        }
+    })
+}
+
 /// On a GPU: a fused, profiled plan on the CUDA executors (generated kernels, cuBLAS matmul,
 /// the softmax's reduction) run with device-resident inputs, and with host inputs uploaded and
 /// outputs downloaded, allocates nothing after its first run. Elsewhere it says why it is
@@ -300,7 +322,7 @@ fn a_session_run_allocates_only_what_a_plan_run_does() {
 #[test]
 fn cuda_runs_allocate_nothing() {
     use boundscope::executors::cuda::{self, CudaDevice, CudaFusion, CudaOps};
-    use boundscope::{Availability, DeviceTensor, RunInput};
+    use boundscope::Availability;
     if let Availability::Unavailable(reason) = cuda::availability() {
         println!("SKIPPED: cuda_runs_allocate_nothing: {reason}; run this test binary on a GPU machine");
         return;
@@ -326,28 +348,18 @@ fn cuda_runs_allocate_nothing() {
         Tensor::from_fn(&[64, 256], |i| (i % 7) as f32 / 7.0),
         Tensor::from_fn(&[256, 256], |i| (i % 5) as f32 / 50.0),
     ];
-    let shared: Arc<dyn boundscope::Device> = device.clone();
-    let on_device: Vec<DeviceTensor> =
-        inputs.iter().map(|t| DeviceTensor::upload(&shared, t.view()).unwrap()).collect();
-    let run_inputs: Vec<RunInput<'_>> = on_device.iter().map(RunInput::from).collect();
-    let mut workspace = plan.workspace().unwrap();
-    plan.run_on_device(&mut workspace, &run_inputs).unwrap();
-    let count = allocations_during(|| {
-        for _ in 0..3 {
-            plan.run_on_device(&mut workspace, &run_inputs).unwrap();
-        }
-    });
-    assert_eq!(count, 0, "device-resident runs\n{plan}");
+    assert_eq!(device_run_allocations(&plan, &device, &inputs), 0, "device-resident runs\n{plan}");
     assert_eq!(steady_state_allocations(&plan, &inputs), 0, "host inputs in, outputs out\n{plan}");
 }
 
 /// A CudaFusion region of more buffers than a launch lists on the stack (12 inputs, 6 outputs)
 /// launches without allocating once warm (its lists are kept per thread). On a GPU machine
 /// only.
+#[cfg(feature = "cuda")]
 #[test]
 fn a_cuda_region_of_many_buffers_allocates_nothing() {
     use boundscope::executors::cuda::{self, CudaDevice, CudaFusion, CudaOps};
-    use boundscope::{Availability, DeviceTensor, RunInput};
+    use boundscope::Availability;
     if let Availability::Unavailable(reason) = cuda::availability() {
         println!(
             "SKIPPED: a_cuda_region_of_many_buffers_allocates_nothing: {reason}; run this test binary on a GPU machine"
@@ -374,18 +386,7 @@ fn a_cuda_region_of_many_buffers_allocates_nothing() {
     let regions = plan.steps_per_executor().into_iter().find(|(name, _)| *name == "cuda_fusion");
     assert_eq!(regions, Some(("cuda_fusion", 1)), "one region of 18 buffers\n{plan}");
     let inputs: Vec<Tensor> = (0..12).map(|k| Tensor::from_fn(&[64], |i| (i + k) as f32 * 0.01)).collect();
-    let shared: Arc<dyn boundscope::Device> = device.clone();
-    let on_device: Vec<DeviceTensor> =
-        inputs.iter().map(|t| DeviceTensor::upload(&shared, t.view()).unwrap()).collect();
-    let run_inputs: Vec<RunInput<'_>> = on_device.iter().map(RunInput::from).collect();
-    let mut workspace = plan.workspace().unwrap();
-    plan.run_on_device(&mut workspace, &run_inputs).unwrap();
-    let count = allocations_during(|| {
-        for _ in 0..3 {
-            plan.run_on_device(&mut workspace, &run_inputs).unwrap();
-        }
-    });
-    assert_eq!(count, 0, "device-resident runs\n{plan}");
+    assert_eq!(device_run_allocations(&plan, &device, &inputs), 0, "device-resident runs\n{plan}");
     // And the region computes what it should: the last sum is every input's.
     let out = plan.run(&inputs.iter().collect::<Vec<_>>()).unwrap();
     let expected: Vec<f32> = (0..64).map(|i| (0..12).map(|k| (i + k) as f32 * 0.01).sum()).collect();

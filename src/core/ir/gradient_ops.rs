@@ -9,8 +9,8 @@ use super::builder::TraceBuilder;
 use super::ids::{SymbolId, ValueId};
 use super::meta::{DType, Shape, TensorMeta};
 use super::prims::{
-    dims_arg, float_tensor, last_axis, missing, scalar, tensor, value, PrimRule, RuleResult, EMBEDDING_BACKWARD,
-    LAYER_NORM_BACKWARD, LAYER_NORM_WEIGHT_BACKWARD, PAD, SCATTER_LAST,
+    dims_arg, float_tensor, last_axis, missing, normalised_rows, scalar, tensor, value, PrimRule, RuleResult,
+    EMBEDDING_BACKWARD, LAYER_NORM_BACKWARD, LAYER_NORM_WEIGHT_BACKWARD, PAD, SCATTER_LAST,
 };
 use super::symbol::{ArgInfo, Category, ParamKind, Symbol};
 use crate::error::Result;
@@ -76,30 +76,12 @@ fn layer_norm_weight_backward_rule(args: &[ArgInfo<'_>]) -> RuleResult {
 }
 
 /// `value` in `f32` (cast if it is another dtype).
-fn wide(b: &mut TraceBuilder<'_>, value: ValueId) -> Result<ValueId> {
+pub(crate) fn wide(b: &mut TraceBuilder<'_>, value: ValueId) -> Result<ValueId> {
     if b.dtype(value)? == DType::F32 {
         Ok(value)
     } else {
         b.cast(value, DType::F32)
     }
-}
-
-/// The rows of `f32` `x` normalised over the last axis as `layer_norm` normalises them, and
-/// `1 / sqrt(variance + eps)` per row.
-fn normalised_rows(b: &mut TraceBuilder<'_>, x: ValueId, eps: f32) -> Result<(ValueId, ValueId)> {
-    let n = *b.shape(x)?.last().ok_or_else(|| missing("layer_norm_backward"))?;
-    let inv_n = 1.0 / n as f32;
-    let total = b.sum(x)?;
-    let mean = b.mul_scalar(total, inv_n)?;
-    let centered = b.sub(x, mean)?;
-    let squares = b.mul(centered, centered)?;
-    let square_sum = b.sum(squares)?;
-    let variance = b.mul_scalar(square_sum, inv_n)?;
-    let shifted = b.add_scalar(variance, eps)?;
-    let log_var = b.log(shifted)?;
-    let half = b.mul_scalar(log_var, -0.5)?;
-    let inv_std = b.exp(half)?;
-    Ok((b.mul(centered, inv_std)?, inv_std))
 }
 
 fn decompose_layer_norm_backward(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {

@@ -19,7 +19,7 @@ pub use arena::Arena;
 pub(crate) use bound_symbol::FusedBy;
 pub use bound_symbol::{Arg, BoundSymbol};
 pub use builder::TraceBuilder;
-pub(crate) use gradient_ops::full_of_shape;
+pub(crate) use gradient_ops::{full_of_shape, wide};
 pub use ids::{BoundSymbolId, GuardId, SymbolId, ValueId};
 pub use listing::{Listing, ListingOptions};
 pub use meta::{checked_numel, DType, Shape, TensorMeta};

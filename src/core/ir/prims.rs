@@ -512,19 +512,7 @@ fn decompose_layer_norm(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<Va
     let eps = scalar(args, 1);
     in_f32(b, [Some(x), value(args, 2), value(args, 3)], |b, [x, weight, bias]| {
         let x = x.ok_or_else(|| missing("layer_norm"))?;
-        let n = *b.shape(x)?.last().ok_or_else(|| missing("layer_norm"))? as f32;
-        let total = b.sum(x)?;
-        let mean = b.mul_scalar(total, 1.0 / n)?;
-        let centered = b.sub(x, mean)?;
-        let squares = b.mul(centered, centered)?;
-        let square_sum = b.sum(squares)?;
-        let variance = b.mul_scalar(square_sum, 1.0 / n)?;
-        let shifted = b.add_scalar(variance, eps)?;
-        // 1/sqrt(v) = exp(-0.5 * log(v)): the prims have no sqrt.
-        let log_var = b.log(shifted)?;
-        let half = b.mul_scalar(log_var, -0.5)?;
-        let inv_std = b.exp(half)?;
-        let mut y = b.mul(centered, inv_std)?;
+        let (mut y, _) = normalised_rows(b, x, eps)?;
         if let Some(w) = weight {
             y = b.mul(y, w)?;
         }
@@ -533,6 +521,25 @@ fn decompose_layer_norm(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<Va
         }
         Ok(y)
     })
+}
+
+/// The rows of `f32` `x` normalised over the last axis, `(x - mean) / sqrt(variance + eps)`, and
+/// `1 / sqrt(variance + eps)` per row: `layer_norm`'s decomposition, which its backward ops
+/// repeat.
+pub(super) fn normalised_rows(b: &mut TraceBuilder<'_>, x: ValueId, eps: f32) -> Result<(ValueId, ValueId)> {
+    let n = *b.shape(x)?.last().ok_or_else(|| missing("layer_norm"))? as f32;
+    let total = b.sum(x)?;
+    let mean = b.mul_scalar(total, 1.0 / n)?;
+    let centered = b.sub(x, mean)?;
+    let squares = b.mul(centered, centered)?;
+    let square_sum = b.sum(squares)?;
+    let variance = b.mul_scalar(square_sum, 1.0 / n)?;
+    let shifted = b.add_scalar(variance, eps)?;
+    // 1/sqrt(v) = exp(-0.5 * log(v)): the prims have no sqrt.
+    let log_var = b.log(shifted)?;
+    let half = b.mul_scalar(log_var, -0.5)?;
+    let inv_std = b.exp(half)?;
+    Ok((b.mul(centered, inv_std)?, inv_std))
 }
 
 fn decompose_linear_gelu(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {

@@ -220,9 +220,7 @@ fn axis(op: &VjpInput<'_, '_>) -> Result<usize> {
 fn widened<const N: usize>(b: &mut TraceBuilder<'_>, values: [ValueId; N]) -> Result<[ValueId; N]> {
     let mut out = values;
     for v in &mut out {
-        if b.dtype(*v)? != DType::F32 {
-            *v = b.cast(*v, DType::F32)?;
-        }
+        *v = crate::core::ir::wide(b, *v)?;
     }
     Ok(out)
 }

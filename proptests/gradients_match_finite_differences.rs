@@ -1,9 +1,10 @@
 //! `passes::Grad` on random programs of the built-in ops (elementwise math with broadcast
 //! parameters, products batched and transposed, `linear`, `layer_norm`, `softmax`,
 //! `log_softmax`, reductions over either axis, slices, concatenation, padding, transposes,
-//! reshapes, `where`, the causal mask, attention, embeddings, `cross_entropy`): the gradient
-//! of every parameter, run by a plan on the CPU executors, equals central finite differences
-//! of the forward trace evaluated in `f64` by an interpreter written here.
+//! reshapes, `where`, the causal mask, attention (q, k and v apart or packed), embeddings,
+//! `cross_entropy`): the gradient of every parameter, run by a plan on the CPU executors, equals
+//! central finite differences of the forward trace evaluated in `f64` by an interpreter written
+//! here.
 
 mod common;
 
@@ -206,6 +207,22 @@ impl<'a> Program<'a> {
                 let y = b.scaled_dot_product_attention(q, k, v, choice.is_multiple_of(2), None).unwrap();
                 b.reshape(y, &[rows, cols]).unwrap()
             }
+            12 => {
+                // q, k and v side by side, as a fused projection writes them; one or two heads,
+                // with and without a batch axis.
+                let pk = self.parameter(&[cols]);
+                let pv = self.parameter(&[cols]);
+                let b = &mut self.b;
+                let k = b.mul(x, pk).unwrap();
+                let v = b.add(x, pv).unwrap();
+                let mut qkv = b.concat(&[x, k, v], 1).unwrap();
+                if choice % 4 == 3 {
+                    qkv = b.reshape(qkv, &[1, rows, 3 * cols]).unwrap();
+                }
+                let heads = if cols.is_multiple_of(2) && !choice.is_multiple_of(3) { 2 } else { 1 };
+                let y = b.qkv_attention(qkv, heads, choice.is_multiple_of(2), None).unwrap();
+                b.reshape(y, &[rows, cols]).unwrap()
+            }
             _ => b.tanh(x).unwrap(),
         }
     }
@@ -237,7 +254,7 @@ fn cases() -> impl Strategy<Value = Case> {
     (
         1usize..5,
         1usize..6,
-        prop::collection::vec((0u8..13, 0usize..100), 1..5),
+        prop::collection::vec((0u8..14, 0usize..100), 1..5),
         any::<bool>(),
         any::<bool>(),
         any::<bool>(),
@@ -361,7 +378,7 @@ proptest! {
 /// is still checked.
 #[test]
 fn every_block_alone() {
-    for kind in 0u8..13 {
+    for kind in 0u8..14 {
         for choice in 0..25 {
             for (embed, cross_entropy) in [(false, false), (true, true)] {
                 let case = Case {

@@ -222,7 +222,7 @@ pub fn build<'a>(
         });
     }
     let Config { layers, width: c, heads, vocab, .. } = *config;
-    let (bt, d) = (batch * tokens, c / heads);
+    let bt = batch * tokens;
     let mut b = TraceBuilder::new(arena, registry);
     let ids = b.input_with(&TensorMeta::new(DType::I64, &[batch, tokens]))?;
     let parameters = config.parameters().iter().map(|(_, shape)| b.input(shape)).collect::<Result<Vec<ValueId>>>()?;
@@ -269,15 +269,12 @@ pub fn build<'a>(
                         let (w, bias) = (param(b)?, param(b)?);
                         conv1d(b, h, w, bias)
                     })?;
+                    // Hugging Face splits c_attn's result into q, k and v and views each as
+                    // [batch, heads, tokens, head]; qkv_attention is that and the attention,
+                    // reading the three in place (its decomposition is the split and views).
                     let y = b.scope("sdpa", |b| {
-                        let parts = b.split(qkv, 1, &[c, c, c])?;
-                        let mut heads_of = |v: ValueId| -> Result<ValueId> {
-                            let v = b.reshape(v, &[batch, tokens, heads, d])?;
-                            b.permute(v, &[0, 2, 1, 3])
-                        };
-                        let (q, k, v) = (heads_of(parts[0])?, heads_of(parts[1])?, heads_of(parts[2])?);
-                        let y = b.scaled_dot_product_attention(q, k, v, true, None)?;
-                        let y = b.permute(y, &[0, 2, 1, 3])?;
+                        let qkv = b.reshape(qkv, &[batch, tokens, 3 * c])?;
+                        let y = b.qkv_attention(qkv, heads, true, None)?;
                         b.reshape(y, &[bt, c])
                     })?;
                     b.scope("c_proj", |b| {

@@ -150,8 +150,17 @@ builtin_ids! {
     /// (composite: what `passes::Grad` writes for `layer_norm`'s weight and bias; CudaOps runs
     /// it as two kernels, partial sums per block and their sum).
     LAYER_NORM_WEIGHT_BACKWARD = 49, "layer_norm_weight_backward";
+    /// `qkv_attention(qkv, [heads], scale, causal)`: attention over a packed projection, `qkv`
+    /// `[..., tokens, 3 * heads * head]` (q, k and v side by side), the result `[..., tokens,
+    /// heads * head]` (composite: split, heads apart, `scaled_dot_product_attention`, heads
+    /// joined; CudaOps runs it as cuDNN's fused attention reading q, k and v in place).
+    QKV_ATTENTION = 50, "qkv_attention";
+    /// `qkv_attention_backward(qkv, grad, [heads], scale, causal)`: the gradient of
+    /// `qkv_attention` with respect to `qkv`, in `qkv`'s layout (composite: what `passes::Grad`
+    /// writes for `qkv_attention`; CudaOps runs it as cuDNN's fused attention backward).
+    QKV_ATTENTION_BACKWARD = 51, "qkv_attention_backward";
     /// A fusion region, made only by `passes::FuseRegions`; listed as `<Executor>Fusion<N>`.
-    REGION = 50, "fusion_region";
+    REGION = 52, "fusion_region";
 }
 
 /// The last prim: ids up to it are prims, the composites follow.
@@ -210,6 +219,7 @@ pub(crate) fn builtin_symbols() -> Vec<Symbol> {
     );
     super::transformer_ops::push_composites(&mut symbols);
     super::gradient_ops::push_composites(&mut symbols);
+    super::packed_attention::push_composites(&mut symbols);
     symbols.push(
         Symbol::new("fusion_region", Category::Fusion)
             .shape_rule(|_| Err("fusion regions are made by the fusion pass, not bound directly".to_string())),

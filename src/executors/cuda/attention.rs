@@ -37,7 +37,7 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use super::device::{slice, slice_mut, CudaDevice};
 use super::device_checks::BufferLengths;
 use super::stream_workspaces::StreamWorkspaces;
-use crate::core::ir::{prims, DType};
+use crate::core::ir::{prims, DType, PackedHeads};
 use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView};
 use crate::error::{Error, Result};
 
@@ -82,8 +82,10 @@ pub(crate) fn library() -> &'static std::result::Result<usize, String> {
 
 /// The operands of a built-in `scaled_dot_product_attention` of one float dtype: q `[...,
 /// q_tokens, head]`, k `[..., kv_tokens, head]`, v `[..., kv_tokens, v_head]`, the leading
-/// dimensions folded into `batch` (all but the last) and `heads` (the last); shared by the
-/// cuDNN plan and the generated kernel (`flash_attention.rs`).
+/// dimensions folded into `batch` (all but the last) and `heads` (the last); or of a
+/// `qkv_attention`, whose q, k and v are `packed` side by side in one `[..., tokens, 3 * heads *
+/// head]` tensor and whose result is `[..., tokens, heads * head]`. Shared by the cuDNN plan and
+/// the generated kernel (`flash_attention.rs`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(crate) struct AttentionOperands {
     pub batch: usize,
@@ -95,32 +97,61 @@ pub(crate) struct AttentionOperands {
     pub dtype: DType,
     pub causal: bool,
     pub scale: f32,
+    /// q, k and v side by side in one tensor, the result's heads side by side (`qkv_attention`).
+    pub packed: bool,
 }
 
 impl AttentionOperands {
-    /// `None` for any op but `scaled_dot_product_attention`, mixed or integer dtypes, or ranks
-    /// below 2.
+    /// `None` for any op but `scaled_dot_product_attention` and `qkv_attention`, mixed or
+    /// integer dtypes, or ranks below 2.
     pub fn of(op: &OpView<'_>) -> Option<Self> {
-        Self::read(op, prims::SCALED_DOT_PRODUCT_ATTENTION)
+        match op.symbol().builtin_composite()? {
+            prims::SCALED_DOT_PRODUCT_ATTENTION => Self::read(op, 3),
+            prims::QKV_ATTENTION => Self::read_packed(op, 1),
+            _ => None,
+        }
     }
 
     /// The forward's operands of a `scaled_dot_product_attention_backward(q, k, v, grad,
-    /// scale, causal)`; `None` as [`of`](Self::of).
+    /// scale, causal)` or a `qkv_attention_backward(qkv, grad, [heads], scale, causal)`; `None`
+    /// as [`of`](Self::of).
     pub fn of_backward(op: &OpView<'_>) -> Option<Self> {
-        Self::read(op, prims::SCALED_DOT_PRODUCT_ATTENTION_BACKWARD)
+        match op.symbol().builtin_composite()? {
+            prims::SCALED_DOT_PRODUCT_ATTENTION_BACKWARD => Self::read(op, 4),
+            prims::QKV_ATTENTION_BACKWARD => Self::read_packed(op, 2),
+            _ => None,
+        }
     }
 
-    fn read(op: &OpView<'_>, symbol: crate::core::ir::SymbolId) -> Option<Self> {
-        if op.symbol().builtin_composite() != Some(symbol) {
-            return None;
-        }
-        // The scalars follow the tensors: q, k, v (and the backward's grad).
-        let scalars = if symbol == prims::SCALED_DOT_PRODUCT_ATTENTION { 3 } else { 4 };
+    /// The one float dtype of `op`'s tensors.
+    fn dtype(op: &OpView<'_>) -> Option<DType> {
         let dtypes = op.dtypes();
         let dtype = *dtypes.first()?;
-        if !dtype.is_float() || dtypes.iter().any(|d| *d != dtype) {
-            return None;
-        }
+        (dtype.is_float() && dtypes.iter().all(|d| *d == dtype)).then_some(dtype)
+    }
+
+    /// A `qkv_attention` (or its backward) whose heads count is argument `heads`, followed by
+    /// the scale and the causal flag.
+    fn read_packed(op: &OpView<'_>, heads: usize) -> Option<Self> {
+        let dtype = Self::dtype(op)?;
+        let split = PackedHeads::of(op.input_shape(0).ok()?, op.dims(heads).ok()?).ok()?;
+        Some(Self {
+            batch: split.batch.iter().product(),
+            heads: split.heads,
+            q_tokens: split.tokens,
+            kv_tokens: split.tokens,
+            head: split.head,
+            v_head: split.head,
+            dtype,
+            causal: op.scalar(heads + 2).ok()? != 0.0,
+            scale: op.scalar(heads + 1).ok()?,
+            packed: true,
+        })
+    }
+
+    /// A `scaled_dot_product_attention` (or its backward) whose scale is argument `scalars`.
+    fn read(op: &OpView<'_>, scalars: usize) -> Option<Self> {
+        let dtype = Self::dtype(op)?;
         let (q, k, v) = (op.input_shape(0).ok()?, op.input_shape(1).ok()?, op.input_shape(2).ok()?);
         let rank = q.len();
         if rank < 2 || k.len() != rank || v.len() != rank {
@@ -140,7 +171,39 @@ impl AttentionOperands {
             dtype,
             causal: op.scalar(scalars + 1).ok()? != 0.0,
             scale: op.scalar(scalars).ok()?,
+            packed: false,
         })
+    }
+
+    /// Elements between the starts of q, k and v (0 when they are separate tensors).
+    pub fn part_offset(&self) -> usize {
+        if self.packed {
+            self.heads * self.head
+        } else {
+            0
+        }
+    }
+
+    /// The strides, in elements, of q, k and v (`[batch * heads, tokens, head]`, `tokens`
+    /// rows of `head` values: each `(batch, head)` plane starts at `plane(i)`): `(batch stride,
+    /// heads stride, row stride)`.
+    pub fn qkv_strides(&self, tokens: usize, head: usize) -> [usize; 3] {
+        if self.packed {
+            let width = 3 * self.heads * self.head;
+            [self.q_tokens * width, self.head, width]
+        } else {
+            [self.heads * tokens * head, tokens * head, head]
+        }
+    }
+
+    /// The strides of the result (and its gradient), as [`qkv_strides`](Self::qkv_strides).
+    pub fn o_strides(&self) -> [usize; 3] {
+        if self.packed {
+            let width = self.heads * self.v_head;
+            [self.q_tokens * width, self.v_head, width]
+        } else {
+            [self.heads * self.q_tokens * self.v_head, self.q_tokens * self.v_head, self.v_head]
+        }
     }
 }
 
@@ -158,6 +221,8 @@ pub(crate) struct AttentionShape {
     causal: bool,
     /// The scale's bits, so that shapes compare exactly.
     scale: u32,
+    /// q, k and v in one tensor, the result's heads side by side (`qkv_attention`).
+    packed: bool,
 }
 
 impl AttentionShape {
@@ -183,6 +248,7 @@ impl AttentionShape {
             dtype: a.dtype,
             causal: a.causal,
             scale: a.scale.to_bits(),
+            packed: a.packed,
         };
         let sizes = [shape.batch, shape.heads, shape.q_tokens, shape.kv_tokens, shape.head, shape.v_head];
         (matches!(a.dtype, DType::BF16 | DType::F16) && sizes.iter().all(|&x| x > 0)).then_some(shape)
@@ -190,6 +256,53 @@ impl AttentionShape {
 
     fn elements(&self, tokens: usize, head: usize) -> usize {
         self.batch * self.heads * tokens * head
+    }
+
+    fn operands(&self) -> AttentionOperands {
+        AttentionOperands {
+            batch: self.batch,
+            heads: self.heads,
+            q_tokens: self.q_tokens,
+            kv_tokens: self.kv_tokens,
+            head: self.head,
+            v_head: self.v_head,
+            dtype: self.dtype,
+            causal: self.causal,
+            scale: f32::from_bits(self.scale),
+            packed: self.packed,
+        }
+    }
+
+    /// cuDNN's strides of q, k or v (`tokens` rows of `head`), or of their gradients.
+    fn part_strides(&self, tokens: usize, head: usize) -> [i64; 4] {
+        let [b, h, row] = self.operands().qkv_strides(tokens, head);
+        [b as i64, h as i64, row as i64, 1]
+    }
+
+    /// cuDNN's strides of the result and its gradient.
+    fn o_strides(&self) -> [i64; 4] {
+        let [b, h, row] = self.operands().o_strides();
+        [b as i64, h as i64, row as i64, 1]
+    }
+
+    /// Bytes between the starts of q, k and v in one buffer (and of dq, dk and dv): each
+    /// part's elements when they are packed one after the other (`scaled_dot_product_attention
+    /// _backward`'s result), a row's width of a part when side by side (`qkv_attention`).
+    fn part_bytes(&self, tokens: usize, head: usize) -> u64 {
+        let elements = if self.packed { self.heads * self.head } else { self.elements(tokens, head) };
+        (elements * self.dtype.size_bytes()) as u64
+    }
+
+    /// Whether k and v (and dk and dv) start 16 bytes apart from q (and dq), as the graph's
+    /// tensors declare: always when they are separate buffers.
+    fn parts_aligned(&self) -> bool {
+        self.part_bytes(self.q_tokens, self.head).is_multiple_of(16)
+            && self.part_bytes(self.kv_tokens, self.head).is_multiple_of(16)
+    }
+
+    /// Bytes of the one buffer that holds q, k and v side by side.
+    fn qkv_bytes(&self) -> usize {
+        3 * self.bytes(self.q_tokens, self.head)
     }
 
     /// Bytes of a `[batch, heads, tokens, head]` tensor in the operands' dtype.
@@ -205,7 +318,9 @@ impl AttentionShape {
     /// The device buffers `pass` reads and writes, by unique id, and their bytes.
     fn buffers(&self, pass: Pass) -> Vec<(i64, usize)> {
         let (sq, skv, d, dv) = (self.q_tokens, self.kv_tokens, self.head, self.v_head);
-        let mut buffers = vec![(Q, self.bytes(sq, d)), (K, self.bytes(skv, d)), (V, self.bytes(skv, dv))];
+        // Packed parts are strided views of one buffer: each tuning buffer holds all of it.
+        let part = |tokens: usize, head: usize| if self.packed { self.qkv_bytes() } else { self.bytes(tokens, head) };
+        let mut buffers = vec![(Q, part(sq, d)), (K, part(skv, d)), (V, part(skv, dv))];
         buffers.push((O, self.bytes(sq, dv)));
         match pass {
             Pass::Forward => {}
@@ -213,9 +328,9 @@ impl AttentionShape {
             Pass::Backward => buffers.extend([
                 (DO, self.bytes(sq, dv)),
                 (STATS, self.row_bytes()),
-                (DQ, self.bytes(sq, d)),
-                (DK, self.bytes(skv, d)),
-                (DV, self.bytes(skv, dv)),
+                (DQ, part(sq, d)),
+                (DK, part(skv, d)),
+                (DV, part(skv, dv)),
                 (SOFTMAX_SUM, self.row_bytes()),
                 (DQ_ACCUM, self.elements(sq, d) * 4),
             ]),
@@ -445,6 +560,11 @@ impl Io {
     }
 }
 
+/// The strides of the last two axes swapped: a transposed view.
+fn transposed([b, h, row, column]: [i64; 4]) -> [i64; 4] {
+    [b, h, column, row]
+}
+
 /// Row-major strides of `dims`.
 fn contiguous(dims: &[i64]) -> Vec<i64> {
     let mut strides = vec![1i64; dims.len()];
@@ -522,10 +642,12 @@ impl Attention {
     pub fn kernel(&self, device: Arc<CudaDevice>, plan: Arc<AttentionPlan>) -> AttentionKernel {
         let s = plan.shape;
         let words = |tokens: usize, head: usize| packing::words(s.dtype, s.elements(tokens, head));
-        let lengths = BufferLengths {
-            inputs: vec![words(s.q_tokens, s.head), words(s.kv_tokens, s.head), words(s.kv_tokens, s.v_head)],
-            outputs: vec![words(s.q_tokens, s.v_head)],
+        let inputs = if s.packed {
+            vec![3 * words(s.q_tokens, s.head)]
+        } else {
+            vec![words(s.q_tokens, s.head), words(s.kv_tokens, s.head), words(s.kv_tokens, s.v_head)]
         };
+        let lengths = BufferLengths { inputs, outputs: vec![words(s.q_tokens, s.v_head)] };
         AttentionKernel { plan, lengths, context: self.context.clone(), device }
     }
 
@@ -534,10 +656,13 @@ impl Attention {
         let s = plans.backward.shape;
         let words = |tokens: usize, head: usize| packing::words(s.dtype, s.elements(tokens, head));
         let (q, k, v) = (words(s.q_tokens, s.head), words(s.kv_tokens, s.head), words(s.kv_tokens, s.v_head));
-        let packed = s.elements(s.q_tokens, s.head) + s.elements(s.kv_tokens, s.head + s.v_head);
-        let lengths = BufferLengths {
-            inputs: vec![q, k, v, words(s.q_tokens, s.v_head)],
-            outputs: vec![packing::words(s.dtype, packed)],
+        let grads =
+            packing::words(s.dtype, s.elements(s.q_tokens, s.head) + s.elements(s.kv_tokens, s.head + s.v_head));
+        let d_o = words(s.q_tokens, s.v_head);
+        let lengths = if s.packed {
+            BufferLengths { inputs: vec![grads, d_o], outputs: vec![grads] }
+        } else {
+            BufferLengths { inputs: vec![q, k, v, d_o], outputs: vec![grads] }
         };
         AttentionBackwardKernel { plans, lengths, context: self.context.clone(), device }
     }
@@ -585,10 +710,16 @@ fn operands(g: &mut Builder, s: AttentionShape, io: Data) -> Res<Operands> {
         (s.batch as i64, s.heads as i64, s.q_tokens as i64, s.kv_tokens as i64, s.head as i64, s.v_head as i64);
     let one = [1i64, 1, 1, 1];
     Ok(Operands {
-        q: g.tensor(Some(Q), io, &[b, h, sq, d], &contiguous(&[b, h, sq, d]), Given::Buffer)?,
+        q: g.tensor(Some(Q), io, &[b, h, sq, d], &s.part_strides(s.q_tokens, s.head), Given::Buffer)?,
         // k `[b, h, skv, d]` read as k^T `[b, h, d, skv]`: the product reads it transposed.
-        k_transposed: g.tensor(Some(K), io, &[b, h, d, skv], &[h * skv * d, skv * d, 1, d], Given::Buffer)?,
-        o: g.tensor(Some(O), io, &[b, h, sq, dv], &contiguous(&[b, h, sq, dv]), Given::Buffer)?,
+        k_transposed: g.tensor(
+            Some(K),
+            io,
+            &[b, h, d, skv],
+            &transposed(s.part_strides(s.kv_tokens, s.head)),
+            Given::Buffer,
+        )?,
+        o: g.tensor(Some(O), io, &[b, h, sq, dv], &s.o_strides(), Given::Buffer)?,
         scale: g.tensor(Some(SCALE), Data::CUDNN_DATA_FLOAT, &one, &one, Given::Value)?,
     })
 }
@@ -624,7 +755,7 @@ fn forward_ops(g: &mut Builder, s: AttentionShape, io: Data, stats: bool) -> Res
     let row = [b, h, sq, 1];
     let t = operands(g, s, io)?;
     let v_dims = [b, h, skv, s.v_head as i64];
-    let v = g.tensor(Some(V), io, &v_dims, &contiguous(&v_dims), Given::Buffer)?;
+    let v = g.tensor(Some(V), io, &v_dims, &s.part_strides(s.kv_tokens, s.v_head), Given::Buffer)?;
     let virtual_scores = |g: &mut Builder, data| g.tensor(None, data, &scores, &contiguous(&scores), Given::Virtual);
     let virtual_row = |g: &mut Builder| g.tensor(None, float, &row, &contiguous(&row), Given::Virtual);
 
@@ -674,12 +805,13 @@ fn backward_ops(g: &mut Builder, s: AttentionShape, io: Data) -> Res<Vec<usize>>
     let one = [1i64, 1, 1, 1];
     let t = operands(g, s, io)?;
     // v read as v^T `[b, h, dv, skv]` by `do v^T`.
-    let v_transposed = g.tensor(Some(V), io, &[b, h, dv, skv], &[h * skv * dv, skv * dv, 1, dv], Given::Buffer)?;
-    let d_o = g.tensor(Some(DO), io, &[b, h, sq, dv], &contiguous(&[b, h, sq, dv]), Given::Buffer)?;
+    let v_strides = transposed(s.part_strides(s.kv_tokens, s.v_head));
+    let v_transposed = g.tensor(Some(V), io, &[b, h, dv, skv], &v_strides, Given::Buffer)?;
+    let d_o = g.tensor(Some(DO), io, &[b, h, sq, dv], &s.o_strides(), Given::Buffer)?;
     let stats = g.tensor(Some(STATS), float, &row, &contiguous(&row), Given::Buffer)?;
-    let dq = g.tensor(Some(DQ), io, &[b, h, sq, d], &contiguous(&[b, h, sq, d]), Given::Buffer)?;
-    let dk = g.tensor(Some(DK), io, &[b, h, skv, d], &contiguous(&[b, h, skv, d]), Given::Buffer)?;
-    let d_v = g.tensor(Some(DV), io, &[b, h, skv, dv], &contiguous(&[b, h, skv, dv]), Given::Buffer)?;
+    let dq = g.tensor(Some(DQ), io, &[b, h, sq, d], &s.part_strides(s.q_tokens, s.head), Given::Buffer)?;
+    let dk = g.tensor(Some(DK), io, &[b, h, skv, d], &s.part_strides(s.kv_tokens, s.head), Given::Buffer)?;
+    let d_v = g.tensor(Some(DV), io, &[b, h, skv, dv], &s.part_strides(s.kv_tokens, s.v_head), Given::Buffer)?;
     let softmax_sum = g.tensor(Some(SOFTMAX_SUM), float, &row, &contiguous(&row), Given::Buffer)?;
     let dq_accum = g.tensor(Some(DQ_ACCUM), float, &[b, h, sq, d], &contiguous(&[b, h, sq, d]), Given::Buffer)?;
     let unit = g.tensor(Some(ONE), float, &one, &one, Given::Value)?;
@@ -722,7 +854,7 @@ fn backward_ops(g: &mut Builder, s: AttentionShape, io: Data) -> Res<Vec<usize>>
     ops.push(g.reshape(ds, ds_transposed)?);
     ops.push(g.matmul(ds_transposed, t.q, dk)?);
     // dq = ds k, accumulated in f32, then converted.
-    let k = g.tensor(None, io, &[b, h, skv, d], &[h * skv * d, skv * d, d, 1], Given::Virtual)?;
+    let k = g.tensor(None, io, &[b, h, skv, d], &s.part_strides(s.kv_tokens, s.head), Given::Virtual)?;
     ops.push(g.reshape(t.k_transposed, k)?);
     ops.push(g.matmul(ds, k, dq_accum)?);
     ops.push(g.pointwise(CUDNN_POINTWISE_IDENTITY, float, None, Io::unary(dq_accum, dq))?);
@@ -940,14 +1072,22 @@ pub(crate) struct AttentionKernel {
 impl DeviceKernel for AttentionKernel {
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
         let s = self.plan.shape;
-        let fail = |message: String| execution_error("scaled_dot_product_attention", message);
-        self.lengths.check("scaled_dot_product_attention", inputs, outputs)?;
+        let what = if s.packed { "qkv_attention" } else { "scaled_dot_product_attention" };
+        let fail = |message: String| execution_error(what, message);
+        self.lengths.check(what, inputs, outputs)?;
         let stream = self.device.stream();
         // cuDNN runs in the thread's current context: this device's.
         stream.context().bind_to_thread().map_err(|e| fail(format!("bind the CUDA context: {e:?}")))?;
-        let (q, _) = slice(inputs[0])?.device_ptr(&stream);
-        let (k, _) = slice(inputs[1])?.device_ptr(&stream);
-        let (v, _) = slice(inputs[2])?.device_ptr(&stream);
+        let (q, k, v) = if s.packed {
+            let (q, _) = slice(inputs[0])?.device_ptr(&stream);
+            let part = s.part_bytes(s.q_tokens, s.head);
+            (q, q + part, q + 2 * part)
+        } else {
+            let (q, _) = slice(inputs[0])?.device_ptr(&stream);
+            let (k, _) = slice(inputs[1])?.device_ptr(&stream);
+            let (v, _) = slice(inputs[2])?.device_ptr(&stream);
+            (q, k, v)
+        };
         let (o, _) = slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream);
         let mut context = self.context.lock().unwrap_or_else(|p| p.into_inner());
         let context = context.as_mut().ok_or_else(|| fail("cuDNN was not created".into()))?;
@@ -998,19 +1138,25 @@ impl AttentionBackwardKernel {
 
 impl DeviceKernel for AttentionBackwardKernel {
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
-        let what = "scaled_dot_product_attention_backward";
         let s = self.plans.backward.shape;
+        let what = if s.packed { "qkv_attention_backward" } else { "scaled_dot_product_attention_backward" };
         let fail = |message: String| execution_error(what, message);
         self.lengths.check(what, inputs, outputs)?;
         let stream = self.device.stream();
         stream.context().bind_to_thread().map_err(|e| fail(format!("bind the CUDA context: {e:?}")))?;
-        let (q, _) = slice(inputs[0])?.device_ptr(&stream);
-        let (k, _) = slice(inputs[1])?.device_ptr(&stream);
-        let (v, _) = slice(inputs[2])?.device_ptr(&stream);
-        let (d_o, _) = slice(inputs[3])?.device_ptr(&stream);
+        let ((q, k, v), d_o) = if s.packed {
+            let (q, _) = slice(inputs[0])?.device_ptr(&stream);
+            let part = s.part_bytes(s.q_tokens, s.head);
+            ((q, q + part, q + 2 * part), slice(inputs[1])?.device_ptr(&stream).0)
+        } else {
+            let (q, _) = slice(inputs[0])?.device_ptr(&stream);
+            let (k, _) = slice(inputs[1])?.device_ptr(&stream);
+            let (v, _) = slice(inputs[2])?.device_ptr(&stream);
+            ((q, k, v), slice(inputs[3])?.device_ptr(&stream).0)
+        };
         let (dq, _) = slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream);
-        let dk = dq + s.bytes(s.q_tokens, s.head) as u64;
-        let dv = dk + s.bytes(s.kv_tokens, s.head) as u64;
+        let dk = dq + s.part_bytes(s.q_tokens, s.head);
+        let dv = dk + s.part_bytes(s.kv_tokens, s.head);
         let (offsets, total) = self.scratch();
         let mut context = self.context.lock().unwrap_or_else(|p| p.into_inner());
         let context = context.as_mut().ok_or_else(|| fail("cuDNN was not created".into()))?;
@@ -1039,7 +1185,7 @@ impl DeviceKernel for AttentionBackwardKernel {
 /// Whether `op` is an attention cuDNN runs on `device`, and its plan if so.
 pub(crate) fn plan_for(attention: &Attention, device: &CudaDevice, op: &OpView<'_>) -> Option<Planned> {
     let shape = AttentionShape::of(op)?;
-    if library().is_err() {
+    if library().is_err() || !shape.parts_aligned() {
         return None;
     }
     Some(attention.plan(device, shape, Pass::Forward))

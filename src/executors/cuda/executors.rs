@@ -170,11 +170,11 @@ impl Executor for CudaOps {
             Some(prims::CROSS_ENTROPY_BACKWARD) => cross_entropy::runs_backward_whole(op),
             Some(prims::SOFTMAX | prims::LAYER_NORM) => true,
             Some(prims::LAYER_NORM_BACKWARD | prims::LAYER_NORM_WEIGHT_BACKWARD) => layer_norm_backward::runs_whole(op),
-            Some(prims::SCALED_DOT_PRODUCT_ATTENTION) => {
+            Some(prims::SCALED_DOT_PRODUCT_ATTENTION | prims::QKV_ATTENTION) => {
                 matches!(attention::plan_for(&self.attention, &self.device, op), Some(Ok(_)))
                     || flash_operands(op).is_some()
             }
-            Some(prims::SCALED_DOT_PRODUCT_ATTENTION_BACKWARD) => {
+            Some(prims::SCALED_DOT_PRODUCT_ATTENTION_BACKWARD | prims::QKV_ATTENTION_BACKWARD) => {
                 matches!(attention::backward_plans_for(&self.attention, &self.device, op), Some(Ok(_)))
             }
             _ => false,

@@ -79,16 +79,22 @@ fn source(kernel: &str, s: &AttentionOperands) -> String {
     // Causal blocks of later queries have more keys to walk: they start first.
     let tile = if s.causal { "(gridDim.x - 1 - blockIdx.x)" } else { "blockIdx.x" };
     let _ = writeln!(c, "  const int q0 = {tile} * 64;");
-    let _ = writeln!(c, "  const {element}* qb = q + bh * {}ll;", tq * d);
-    let _ = writeln!(c, "  const {element}* kb = k + bh * {}ll;", tkv * d);
-    let _ = writeln!(c, "  const {element}* vb = v + bh * {}ll;", tkv * dv);
-    let _ = writeln!(c, "  {element}* ob = o + bh * {}ll;", tq * dv);
+    // Each `(batch, head)` plane's start, and its rows' stride: apart when q, k and v are packed.
+    let plane = |[batch, heads, _]: [usize; 3]| format!("(bh / {h}) * {batch}ll + (bh % {h}) * {heads}ll", h = s.heads);
+    let [.., rq] = s.qkv_strides(tq, d);
+    let [.., rk] = s.qkv_strides(tkv, d);
+    let [.., rv] = s.qkv_strides(tkv, dv);
+    let [.., ro] = s.o_strides();
+    let _ = writeln!(c, "  const {element}* qb = q + {};", plane(s.qkv_strides(tq, d)));
+    let _ = writeln!(c, "  const {element}* kb = k + {};", plane(s.qkv_strides(tkv, d)));
+    let _ = writeln!(c, "  const {element}* vb = v + {};", plane(s.qkv_strides(tkv, dv)));
+    let _ = writeln!(c, "  {element}* ob = o + {};", plane(s.o_strides()));
     let _ = writeln!(c, "  for (int i = tid; i < {}; i += {THREADS}) {{", TILE * d);
     let _ = writeln!(c, "    const int r = i / {d}, e = i % {d};");
     let _ = writeln!(
         c,
         "    qt[e * 64 + r] = q0 + r < {tq} ? {} * {scale:e}f : 0.0f;",
-        load(&format!("qb[(long long)(q0 + r) * {d} + e]"))
+        load(&format!("qb[(long long)(q0 + r) * {rq} + e]"))
     );
     let _ = writeln!(c, "  }}");
     let _ = writeln!(c, "  float m[4], l[4], acc[4][{cols}];");
@@ -108,7 +114,7 @@ fn source(kernel: &str, s: &AttentionOperands) -> String {
         c,
         "      kv[r * {} + e] = k0 + r < {tkv} ? {} : 0.0f;",
         d + 1,
-        load(&format!("kb[(long long)(k0 + r) * {d} + e]"))
+        load(&format!("kb[(long long)(k0 + r) * {rk} + e]"))
     );
     let _ = writeln!(c, "    }}");
     let _ = writeln!(c, "    __syncthreads();");
@@ -162,7 +168,7 @@ fn source(kernel: &str, s: &AttentionOperands) -> String {
     let _ = writeln!(c, "    for (int i = tid; i < {}; i += {THREADS}) {{", TILE * dv);
     let _ = writeln!(c, "      const int r = i / {dv}, e = i % {dv};");
     let _ =
-        writeln!(c, "      kv[i] = k0 + r < {tkv} ? {} : 0.0f;", load(&format!("vb[(long long)(k0 + r) * {dv} + e]")));
+        writeln!(c, "      kv[i] = k0 + r < {tkv} ? {} : 0.0f;", load(&format!("vb[(long long)(k0 + r) * {rv} + e]")));
     let _ = writeln!(c, "    }}");
     let _ = writeln!(c, "    __syncthreads();");
     let _ = writeln!(c, "    #pragma unroll 4");
@@ -196,7 +202,7 @@ fn source(kernel: &str, s: &AttentionOperands) -> String {
     let _ = writeln!(c, "      #pragma unroll");
     let _ = writeln!(
         c,
-        "      for (int j = 0; j < {cols}; ++j) ob[(long long)row * {dv} + tx * {cols} + j] = {};",
+        "      for (int j = 0; j < {cols}; ++j) ob[(long long)row * {ro} + tx * {cols} + j] = {};",
         narrow(s.dtype, "acc[i][j] * inv")
     );
     let _ = writeln!(c, "    }}");
@@ -211,6 +217,8 @@ pub(crate) struct FlashAttention {
     function: CudaFunction,
     lengths: BufferLengths,
     config: LaunchConfig,
+    /// Bytes from q to k and from k to v when they are packed in one input (else 0).
+    part_bytes: u64,
 }
 
 impl FlashAttention {
@@ -236,28 +244,33 @@ impl FlashAttention {
             shared_mem_bytes: bytes as u32,
         };
         let words = |tokens: usize, head: usize| packing::words(shape.dtype, shape.batch * shape.heads * tokens * head);
-        let lengths = BufferLengths {
-            inputs: vec![
+        let inputs = if shape.packed {
+            vec![3 * words(shape.q_tokens, shape.head)]
+        } else {
+            vec![
                 words(shape.q_tokens, shape.head),
                 words(shape.kv_tokens, shape.head),
                 words(shape.kv_tokens, shape.v_head),
-            ],
-            outputs: vec![words(shape.q_tokens, shape.v_head)],
+            ]
         };
-        Ok(Self { device: device.clone(), function, lengths, config })
+        let lengths = BufferLengths { inputs, outputs: vec![words(shape.q_tokens, shape.v_head)] };
+        let part_bytes = (shape.part_offset() * shape.dtype.size_bytes()) as u64;
+        Ok(Self { device: device.clone(), function, lengths, config, part_bytes })
     }
 }
 
 impl DeviceKernel for FlashAttention {
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
-        self.lengths.check("scaled_dot_product_attention", inputs, outputs)?;
+        let what = if self.part_bytes > 0 { "qkv_attention" } else { "scaled_dot_product_attention" };
+        self.lengths.check(what, inputs, outputs)?;
         let stream = self.device.stream();
-        let mut pointers: [sys::CUdeviceptr; 4] = [
-            slice(inputs[0])?.device_ptr(&stream).0,
-            slice(inputs[1])?.device_ptr(&stream).0,
-            slice(inputs[2])?.device_ptr(&stream).0,
-            slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream).0,
-        ];
+        let q = slice(inputs[0])?.device_ptr(&stream).0;
+        let (k, v) = if self.part_bytes > 0 {
+            (q + self.part_bytes, q + 2 * self.part_bytes)
+        } else {
+            (slice(inputs[1])?.device_ptr(&stream).0, slice(inputs[2])?.device_ptr(&stream).0)
+        };
+        let mut pointers: [sys::CUdeviceptr; 4] = [q, k, v, slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream).0];
         let mut params: [*mut c_void; 4] = [
             (&mut pointers[0] as *mut sys::CUdeviceptr).cast(),
             (&mut pointers[1] as *mut sys::CUdeviceptr).cast(),
@@ -291,6 +304,7 @@ mod tests {
                 dtype: DType::F32,
                 causal,
                 scale: 0.125,
+                packed: false,
             };
             let source = source("k", &shape);
             let ps = head * TILE + (TILE * (head + 1)).max(TILE * v_head);

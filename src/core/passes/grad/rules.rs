@@ -184,6 +184,18 @@ pub(super) fn builtin_rule(id: SymbolId) -> Option<BuiltinRule> {
             Ok(vec![Some(b.cross_entropy_backward(logits, targets, op.cotangent)?), None])
         },
         SCALED_DOT_PRODUCT_ATTENTION => attention,
+        QKV_ATTENTION => |b, op| {
+            let (qkv, g) = (tensor(op, 0)?, op.cotangent);
+            let heads = axis_at(op, 1)?;
+            let scalar = |i: usize| match op.args.get(i) {
+                Some(Arg::Scalar(s)) => Ok(*s),
+                _ => Err(malformed(op)),
+            };
+            let (scale, causal) = (scalar(2)?, scalar(3)? != 0.0);
+            let dtype = b.dtype(qkv)?;
+            let g = if b.dtype(g)? == dtype { g } else { b.cast(g, dtype)? };
+            Ok(vec![Some(b.qkv_attention_backward(qkv, g, heads, causal, scale)?), None, None, None])
+        },
         _ => return None,
     })
 }

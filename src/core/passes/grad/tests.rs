@@ -353,3 +353,51 @@ fn a_split_of_an_intermediate_value_also_used_whole_gets_both_gradients() {
         assert!((g - expected).abs() <= 1e-5 * expected.abs().max(1.0), "w[{i}]: {g} against {expected}");
     }
 }
+
+#[test]
+fn packed_attention_has_the_gradients_of_its_split_and_views() {
+    // `qkv_attention` against what a model writes without it (split, reshape, permute,
+    // `scaled_dot_product_attention`, permute and reshape back), in f32 and bf16: the same
+    // gradient of `qkv`, from one `qkv_attention_backward` in `qkv`'s layout.
+    let (batch, tokens, heads, head) = (2, 5, 2, 8);
+    let c = heads * head;
+    for dtype in [DType::F32, DType::BF16] {
+        let grads = |packed: bool| -> (Vec<f32>, Vec<String>) {
+            let (registry, arena) = (Registry::with_builtins(), Arena::new());
+            let mut b = TraceBuilder::new(&arena, &registry);
+            let x = b.input(&[batch, tokens, 3 * c]).unwrap();
+            let w = b.input(&[batch, tokens, c]).unwrap();
+            let qkv = if dtype == DType::F32 { x } else { b.cast(x, dtype).unwrap() };
+            let y = if packed {
+                b.qkv_attention(qkv, heads, true, None).unwrap()
+            } else {
+                let parts = b.split(qkv, 2, &[c, c, c]).unwrap();
+                let [q, k, v] = [0, 1, 2].map(|i| {
+                    let apart = b.reshape(parts[i], &[batch, tokens, heads, head]).unwrap();
+                    b.permute(apart, &[0, 2, 1, 3]).unwrap()
+                });
+                let y = b.scaled_dot_product_attention(q, k, v, true, None).unwrap();
+                let y = b.permute(y, &[0, 2, 1, 3]).unwrap();
+                b.reshape(y, &[batch, tokens, c]).unwrap()
+            };
+            let y = if dtype == DType::F32 { y } else { b.cast(y, DType::F32).unwrap() };
+            let weighted = b.mul(y, w).unwrap();
+            let flat = b.reshape(weighted, &[1, batch * tokens * c]).unwrap();
+            let loss = b.sum(flat).unwrap();
+            b.output(loss).unwrap();
+            let grads = Grad::new(&[x]).run(&b.finish().unwrap(), &arena).unwrap();
+            let names = grads.bound_symbols().iter().map(|s| grads.symbol_name(s).to_string()).collect();
+            let plan = crate::Plan::compile(&grads, &[crate::executors::CpuReference::shared()]).unwrap();
+            let x = crate::Tensor::from_fn(&[batch, tokens, 3 * c], |i| ((i * 37 % 101) as f32 / 50.0 - 1.0) * 0.8);
+            let w = crate::Tensor::from_fn(&[batch, tokens, c], |i| (i * 53 % 89) as f32 / 44.0 - 1.0);
+            let out = plan.run(&[&x, &w]).unwrap();
+            (out[1].to_f32_vec(), names)
+        };
+        let ((packed, names), (apart, _)) = (grads(true), grads(false));
+        assert_eq!(names.iter().filter(|n| *n == "qkv_attention_backward").count(), 1, "{names:?}");
+        assert!(!names.iter().any(|n| n == "concat" || n == "transpose"), "nothing joins the gradients: {names:?}");
+        assert_eq!(packed.len(), batch * tokens * 3 * c);
+        assert!(packed.iter().any(|g| g.abs() > 1e-3), "{dtype}: the gradient is not all zeros");
+        assert_eq!(packed, apart, "{dtype}");
+    }
+}

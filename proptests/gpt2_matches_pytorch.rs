@@ -94,6 +94,9 @@ fn check(device: &str) {
 
     // Logits and loss.
     let model = gpt2::build(&arena, &registry, &config, batch, tokens, DType::F32, true).unwrap();
+    // Attention as Hugging Face writes it, packed by `passes::PackAttention`: one op a layer.
+    let packed = model.trace.bound_symbols().iter().filter(|b| b.symbol() == boundscope::prims::QKV_ATTENTION);
+    assert_eq!(packed.count(), config.layers, "every layer's attention is one qkv_attention");
     let plan = session.compile(&model.trace, &arena).unwrap();
     let out = run(&plan, &mut plan.workspace().unwrap(), &mut inputs(&session, &all));
     let (loss, logits) = (file.tensor("loss").unwrap(), file.tensor("logits").unwrap());

@@ -5,6 +5,7 @@
 //! against PyTorch.
 
 use boundscope::checkpoint::Checkpoint;
+use boundscope::passes::{PackAttention, Pass};
 use boundscope::{Arena, DType, Error, Registry, Result, Tensor, TensorMeta, TensorRef, Trace, TraceBuilder, ValueId};
 
 /// The widths of a GPT-2.
@@ -269,12 +270,20 @@ pub fn build<'a>(
                         let (w, bias) = (param(b)?, param(b)?);
                         conv1d(b, h, w, bias)
                     })?;
-                    // Hugging Face splits c_attn's result into q, k and v and views each as
-                    // [batch, heads, tokens, head]; qkv_attention is that and the attention,
-                    // reading the three in place (its decomposition is the split and views).
+                    // As Hugging Face writes it: c_attn's result split into q, k and v, each
+                    // viewed as [batch, heads, tokens, head]. `PackAttention` (below) makes the
+                    // split, views and attention one `qkv_attention`, which reads them in place.
                     let y = b.scope("sdpa", |b| {
                         let qkv = b.reshape(qkv, &[batch, tokens, 3 * c])?;
-                        let y = b.qkv_attention(qkv, heads, true, None)?;
+                        let parts = b.split(qkv, 2, &[c, c, c])?;
+                        let mut heads_of = |v: ValueId| -> Result<ValueId> {
+                            let v = b.reshape(v, &[batch, tokens, heads, c / heads])?;
+                            b.permute(v, &[0, 2, 1, 3])
+                        };
+                        let (q, k, v) = (heads_of(parts[0])?, heads_of(parts[1])?, heads_of(parts[2])?);
+                        let y = b.scaled_dot_product_attention(q, k, v, true, None)?;
+                        let y = b.permute(y, &[0, 2, 1, 3])?;
+                        let y = b.reshape(y, &[batch, tokens, c])?;
                         b.reshape(y, &[bt, c])
                     })?;
                     b.scope("c_proj", |b| {
@@ -334,5 +343,6 @@ pub fn build<'a>(
         let l = if compute == DType::F32 { l } else { b.cast(l, DType::F32)? };
         b.output(l)?;
     }
-    Ok(Model { trace: b.finish()?, parameters })
+    // Before `passes::Grad`, so that attention's backward is packed too.
+    Ok(Model { trace: PackAttention.run(&b.finish()?, arena)?, parameters })
 }

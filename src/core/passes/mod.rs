@@ -10,6 +10,7 @@ mod fold_epilogues;
 mod fuse;
 mod grad;
 pub mod inserted_ranges;
+mod pack_attention;
 mod profile_ops;
 
 use std::time::Instant;
@@ -20,6 +21,7 @@ pub use fold_epilogues::FoldEpilogues;
 pub use fuse::{FuseRegions, FusionStrategy};
 pub use grad::{Grad, TrainingStep, BACKWARD_SCOPE};
 pub use inserted_ranges::InsertRangeNodes;
+pub use pack_attention::PackAttention;
 pub use profile_ops::ProfileOps;
 
 use crate::core::ir::{Arena, Trace};
@@ -88,12 +90,14 @@ impl Pipeline {
     }
 
     /// [`standard`](Self::standard), keeping the composites one of `executors` prefers to run
-    /// whole ([`DecomposeFor`]), after folding activations into the products before them
-    /// ([`FoldEpilogues`], undone by the decomposition where no executor prefers the folded
-    /// form): what the front end runs, and what a plan for the CUDA executors wants (`linear`
-    /// stays one cuBLASLt product, `gelu(linear(...))` one product with a GELU epilogue).
+    /// whole ([`DecomposeFor`]), after packing attention over a split projection
+    /// ([`PackAttention`]) and folding activations into the products before them
+    /// ([`FoldEpilogues`]), both undone by the decomposition where no executor prefers the
+    /// packed or folded form: what the front end runs, and what a plan for the CUDA executors
+    /// wants (`linear` stays one cuBLASLt product, `gelu(linear(...))` one product with a GELU
+    /// epilogue, attention reads q, k and v in place).
     pub fn for_executors(executors: &[std::sync::Arc<dyn crate::core::plan::Executor>]) -> Self {
-        Self::new().then(FoldEpilogues).then(DecomposeFor::new(executors)).then(DeadCodeElimination)
+        Self::new().then(PackAttention).then(FoldEpilogues).then(DecomposeFor::new(executors)).then(DeadCodeElimination)
     }
 
     /// Appends a pass.

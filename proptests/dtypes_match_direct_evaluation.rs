@@ -1,6 +1,6 @@
 //! bf16 and f16 end to end on the CPU: random chains over inputs of random dtypes, with casts,
-//! mixed-dtype ops (PyTorch's promotion), row sums and matrix products, run by the CPU
-//! reference and by CpuFusion, against a direct evaluation in `f64` that rounds each op's
+//! mixed-dtype ops (PyTorch's promotion), row sums and maxima, slices and concatenations of
+//! columns, `log_softmax` and matrix products, run by the CPU reference and by CpuFusion, against a direct evaluation in `f64` that rounds each op's
 //! result to the op's dtype with a rounding of its own (not the `half` crate's). Plus the typed
 //! errors of the dtype paths, each named by the issue: a dtype no executor takes (found when
 //! the plan is compiled), host data of the wrong dtype (found when it runs), casts that
@@ -62,6 +62,13 @@ enum Step {
     Scalar(usize, f32),
     Cast(usize, DType),
     Sum(usize),
+    /// `max_dim` over the columns, keepdim.
+    Max(usize),
+    /// The last half of the columns (all of one column).
+    Slice(usize),
+    /// The columns of one then the other (the second cast to the first's dtype).
+    Concat(usize, usize),
+    LogSoftmax(usize),
 }
 
 #[derive(Clone, Debug)]
@@ -69,7 +76,8 @@ struct Program {
     cols: usize,
     input_dtypes: Vec<DType>,
     steps: Vec<Step>,
-    /// A matrix product of the last value with a `[cols, 3]` input of this dtype, at the end.
+    /// A matrix product of the last value with a `[product_width, 3]` input of this dtype, at
+    /// the end.
     matmul: Option<DType>,
 }
 
@@ -82,7 +90,7 @@ fn program() -> impl Strategy<Value = Program> {
         |(cols, input_dtypes, matmul)| {
             let inputs = input_dtypes.len();
             let step =
-                (0u8..5, any::<prop::sample::Index>(), any::<prop::sample::Index>(), 0usize..5, dtype(), -2.0f32..2.0);
+                (0u8..9, any::<prop::sample::Index>(), any::<prop::sample::Index>(), 0usize..5, dtype(), -2.0f32..2.0);
             prop::collection::vec(step, 1..8).prop_map(move |raw| {
                 let mut steps = Vec::new();
                 // Value `values` is the one this step defines: it may use those before it.
@@ -93,7 +101,11 @@ fn program() -> impl Strategy<Value = Program> {
                         1 => Step::Binary(["add", "sub", "mul", "maximum"][which % 4], a, b),
                         2 => Step::Scalar(a, s),
                         3 => Step::Cast(a, to),
-                        _ => Step::Sum(a),
+                        4 => Step::Sum(a),
+                        5 => Step::Max(a),
+                        6 => Step::Slice(a),
+                        7 => Step::Concat(a, b),
+                        _ => Step::LogSoftmax(a),
                     });
                 }
                 Program { cols, input_dtypes: input_dtypes.clone(), steps, matmul }
@@ -102,18 +114,43 @@ fn program() -> impl Strategy<Value = Program> {
     )
 }
 
-/// Each value's `[rows, width]` shape: inputs are `[2, cols]`, a sum makes a `[2, 1]`.
+/// The first column of [`Step::Slice`] of a value `width` wide.
+fn slice_start(width: usize) -> usize {
+    width / 2
+}
+
+/// Each value's `[rows, width]` shape: inputs are `[2, cols]`, a sum or maximum makes a `[2, 1]`.
+/// (Widths other than 1 and `cols` come from slices and concatenations; a binary op of two
+/// such widths broadcasts only when one is 1, so `build` skips it then: see [`binary_fits`].)
 fn widths(p: &Program) -> Vec<usize> {
     let mut w: Vec<usize> = vec![p.cols; p.input_dtypes.len()];
     for s in &p.steps {
         let width = match *s {
-            Step::Unary(_, a) | Step::Scalar(a, _) | Step::Cast(a, _) => w[a],
-            Step::Binary(_, a, b) => w[a].max(w[b]),
-            Step::Sum(_) => 1,
+            Step::Unary(_, a) | Step::Scalar(a, _) | Step::Cast(a, _) | Step::LogSoftmax(a) => w[a],
+            Step::Binary(_, a, b) if binary_fits(w[a], w[b]) => w[a].max(w[b]),
+            Step::Binary(_, a, _) => w[a],
+            Step::Sum(_) | Step::Max(_) => 1,
+            Step::Slice(a) => w[a] - slice_start(w[a]),
+            Step::Concat(a, b) => w[a] + w[b],
         };
         w.push(width);
     }
     w
+}
+
+/// The rows of the product's `[k, 3]` input: the last value's width (a width of 1 is broadcast
+/// to `cols` first).
+fn product_width(p: &Program) -> usize {
+    match *widths(p).last().expect("a width") {
+        1 => p.cols,
+        w => w,
+    }
+}
+
+/// Whether values of widths `a` and `b` broadcast together (else the binary op applies to `a`
+/// and itself).
+fn binary_fits(a: usize, b: usize) -> bool {
+    a == b || a == 1 || b == 1
 }
 
 fn input_data(p: &Program, seed: u64) -> Vec<Tensor> {
@@ -127,7 +164,7 @@ fn input_data(p: &Program, seed: u64) -> Vec<Tensor> {
     let mut tensors: Vec<Tensor> =
         p.input_dtypes.iter().map(|&d| Tensor::from_fn(&[2, p.cols], |_| next()).to_dtype(d)).collect();
     if let Some(d) = p.matmul {
-        tensors.push(Tensor::from_fn(&[p.cols, 3], |_| next()).to_dtype(d));
+        tensors.push(Tensor::from_fn(&[product_width(p), 3], |_| next()).to_dtype(d));
     }
     tensors
 }
@@ -179,6 +216,7 @@ fn evaluate(p: &Program, inputs: &[Tensor]) -> Evaluated {
                 }
             }
             Step::Binary(name, a, b) => {
+                let b = if binary_fits(w[a], w[b]) { b } else { a };
                 let (va, vb) = (&values[a], &values[b]);
                 out.dtype = DType::promote(va.dtype, vb.dtype);
                 for r in 0..rows {
@@ -217,6 +255,55 @@ fn evaluate(p: &Program, inputs: &[Tensor]) -> Evaluated {
                     out.error.push(v.error[row].iter().sum::<f64>() + width as f64 * magnitude * 2f64.powi(-23));
                 }
             }
+            Step::Max(a) => {
+                let (v, width) = (&values[a], w[a]);
+                out.dtype = v.dtype;
+                for r in 0..rows {
+                    let row = r * width..(r + 1) * width;
+                    out.data.push(v.data[row.clone()].iter().copied().fold(f64::NEG_INFINITY, f64::max));
+                    out.error.push(v.error[row].iter().copied().fold(0.0, f64::max));
+                }
+            }
+            Step::Slice(a) => {
+                let (v, width) = (&values[a], w[a]);
+                out.dtype = v.dtype;
+                for r in 0..rows {
+                    let row = r * width + slice_start(width)..(r + 1) * width;
+                    out.data.extend_from_slice(&v.data[row.clone()]);
+                    out.error.extend_from_slice(&v.error[row]);
+                }
+            }
+            Step::Concat(a, b) => {
+                let (va, vb) = (&values[a], &values[b]);
+                out.dtype = va.dtype;
+                for r in 0..rows {
+                    out.data.extend_from_slice(&va.data[r * w[a]..(r + 1) * w[a]]);
+                    out.error.extend_from_slice(&va.error[r * w[a]..(r + 1) * w[a]]);
+                    // The second part cast to the first's dtype: its own rounding.
+                    for i in r * w[b]..(r + 1) * w[b] {
+                        out.data.push(round_to(va.dtype, vb.data[i]));
+                        out.error.push(vb.error[i] + ulp(va.dtype, vb.data[i]));
+                    }
+                }
+            }
+            Step::LogSoftmax(a) => {
+                let (v, width) = (&values[a], w[a]);
+                out.dtype = v.dtype;
+                for r in 0..rows {
+                    let row = &v.data[r * width..(r + 1) * width];
+                    let top = row.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+                    let log_sum = row.iter().map(|x| (x - top).exp()).sum::<f64>().ln();
+                    // Each result moves by at most its input's error and the largest in the row
+                    // (the log-sum-exp's slope sums to 1); computed in f32 (a few roundings of
+                    // values up to the row's spread and the log of its width).
+                    let worst = v.error[r * width..(r + 1) * width].iter().copied().fold(0.0, f64::max);
+                    let spread = row.iter().map(|x| (x - top).abs()).fold(0.0, f64::max) + log_sum.abs();
+                    for (&x, &e) in row.iter().zip(&v.error[r * width..(r + 1) * width]) {
+                        out.data.push(x - top - log_sum);
+                        out.error.push(e + worst + (spread + x.abs() + 1.0) * 2f64.powi(-20));
+                    }
+                }
+            }
         }
         // This op's own rounding, to its dtype.
         let dtype = out.dtype;
@@ -236,7 +323,7 @@ fn evaluate(p: &Program, inputs: &[Tensor]) -> Evaluated {
     for r in 0..rows {
         for j in 0..3 {
             let (mut dot, mut error, mut magnitude) = (0.0, 0.0, 0.0);
-            for k in 0..p.cols {
+            for k in 0..product_width(p) {
                 let (x, e, y) =
                     (last.data[idx(width, r, k)], last.error[idx(width, r, k)], b.data().f32_at(k * 3 + j) as f64);
                 dot += x * y;
@@ -244,7 +331,7 @@ fn evaluate(p: &Program, inputs: &[Tensor]) -> Evaluated {
                 magnitude += (x * y).abs();
             }
             out.data.push(round_to(dtype, dot));
-            out.error.push(error + p.cols as f64 * magnitude * 2f64.powi(-23) + ulp(dtype, dot));
+            out.error.push(error + product_width(p) as f64 * magnitude * 2f64.powi(-23) + ulp(dtype, dot));
         }
     }
     out
@@ -255,20 +342,36 @@ fn build<'a>(p: &Program, arena: &'a Arena, registry: &'a Registry) -> boundscop
     let mut b = TraceBuilder::new(arena, registry);
     let mut values: Vec<_> =
         p.input_dtypes.iter().map(|&d| b.input_with(&TensorMeta::new(d, &[2, p.cols])).unwrap()).collect();
+    let widths_so_far = widths(p);
     for s in &p.steps {
         let v = match *s {
             Step::Unary(name, a) => b.call(name, &[values[a].into()]).unwrap(),
-            Step::Binary(name, a, c) => b.call(name, &[values[a].into(), values[c].into()]).unwrap(),
+            Step::Binary(name, a, c) => {
+                let c = if binary_fits(widths_so_far[a], widths_so_far[c]) { c } else { a };
+                b.call(name, &[values[a].into(), values[c].into()]).unwrap()
+            }
             Step::Scalar(a, s) => b.mul_scalar(values[a], s).unwrap(),
             Step::Cast(a, to) => b.cast(values[a], to).unwrap(),
             Step::Sum(a) => b.sum(values[a]).unwrap(),
+            Step::Max(a) => b.max_dim(values[a], 1, true).unwrap(),
+            Step::Slice(a) => {
+                let width = widths_so_far[a];
+                b.slice(values[a], 1, slice_start(width), width).unwrap()
+            }
+            Step::Concat(a, c) => {
+                let dtype = b.dtype(values[a]).unwrap();
+                let second =
+                    if b.dtype(values[c]).unwrap() == dtype { values[c] } else { b.cast(values[c], dtype).unwrap() };
+                b.concat(&[values[a], second], 1).unwrap()
+            }
+            Step::LogSoftmax(a) => b.log_softmax(values[a]).unwrap(),
         };
         values.push(v);
     }
     let mut last = *values.last().expect("a value");
     if let Some(d) = p.matmul {
-        let w = b.input_with(&TensorMeta::new(d, &[p.cols, 3])).unwrap();
-        if b.shape(last).unwrap()[1] != p.cols {
+        let w = b.input_with(&TensorMeta::new(d, &[product_width(p), 3])).unwrap();
+        if b.shape(last).unwrap()[1] == 1 {
             last = b.broadcast_to(last, &[2, p.cols]).unwrap();
         }
         last = b.matmul(last, w).unwrap();

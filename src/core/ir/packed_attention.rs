@@ -57,8 +57,8 @@ pub(crate) struct PackedHeads {
 impl PackedHeads {
     /// The split of a `qkv` of `shape` into `heads` heads, or why it does not split.
     pub fn of(shape: &[usize], heads: &[usize]) -> std::result::Result<Self, String> {
-        let heads = match heads {
-            [h] if *h > 0 => *h,
+        let (heads, parts) = match heads {
+            [h] if *h > 0 => (*h, h.checked_mul(3).ok_or(format!("{h} heads are more than an index can count"))?),
             _ => return Err(format!("heads must be one count of at least 1, as [12], not {heads:?}")),
         };
         let (&width, rest) = shape
@@ -66,12 +66,12 @@ impl PackedHeads {
             .filter(|(_, rest)| !rest.is_empty())
             .ok_or_else(|| format!("qkv must be [..., tokens, 3 * heads * head] (rank 2 or more), not {shape:?}"))?;
         let (&tokens, batch) = rest.split_last().ok_or("unreachable: rank checked above")?;
-        if width == 0 || !width.is_multiple_of(3 * heads) {
+        if width == 0 || !width.is_multiple_of(parts) {
             return Err(format!(
                 "qkv's last axis ({width}) must be 3 * heads * head with head >= 1: a positive multiple of 3 * {heads}"
             ));
         }
-        Ok(Self { batch: Shape::from_slice(batch), tokens, heads, head: width / (3 * heads) })
+        Ok(Self { batch: Shape::from_slice(batch), tokens, heads, head: width / parts })
     }
 
     /// `heads * head`: the width of each of q, k and v, and of the result's last axis.
@@ -196,8 +196,9 @@ impl<'a> TraceBuilder<'a> {
     /// `[..., tokens, heads * head]`, the heads side by side. The same as splitting `qkv` in
     /// three, viewing each part as `[..., heads, tokens, head]`,
     /// [`scaled_dot_product_attention`](Self::scaled_dot_product_attention) and joining the
-    /// heads back (its decomposition), without the copies: CudaOps runs it as one cuDNN fused
-    /// attention reading q, k and v in place, and its gradient
+    /// heads back (its decomposition), without the copies: CudaOps runs it whole (cuDNN's fused
+    /// attention in 16 bits, the generated flash kernel in f32) reading q, k and v in place, and
+    /// its gradient
     /// ([`qkv_attention_backward`](Self::qkv_attention_backward)) lands in `qkv`'s layout.
     /// `scale` defaults to `1 / sqrt(head)`.
     ///
@@ -278,6 +279,8 @@ mod tests {
             (&[5, 0], &[3], "multiple of 3 * 3"),
             (&[5, 36], &[0], "at least 1"),
             (&[5, 36], &[3, 1], "one count"),
+            (&[5, 6], &[usize::MAX / 2], "more than an index can count"),
+            (&[5, 6], &[usize::MAX / 3 + 1], "more than an index can count"),
         ] {
             let e = PackedHeads::of(shape, heads).unwrap_err();
             assert!(e.contains(says), "{shape:?} / {heads:?}: {e}");

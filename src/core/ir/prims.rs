@@ -153,11 +153,12 @@ builtin_ids! {
     /// `qkv_attention(qkv, [heads], scale, causal)`: attention over a packed projection, `qkv`
     /// `[..., tokens, 3 * heads * head]` (q, k and v side by side), the result `[..., tokens,
     /// heads * head]` (composite: split, heads apart, `scaled_dot_product_attention`, heads
-    /// joined; CudaOps runs it as cuDNN's fused attention reading q, k and v in place).
+    /// joined; CudaOps runs it whole as attention is run, reading q, k and v in place).
     QKV_ATTENTION = 50, "qkv_attention";
     /// `qkv_attention_backward(qkv, grad, [heads], scale, causal)`: the gradient of
     /// `qkv_attention` with respect to `qkv`, in `qkv`'s layout (composite: what `passes::Grad`
-    /// writes for `qkv_attention`; CudaOps runs it as cuDNN's fused attention backward).
+    /// writes for `qkv_attention`; CudaOps runs it in 16 bits as cuDNN's fused attention
+    /// backward, writing the gradient in place).
     QKV_ATTENTION_BACKWARD = 51, "qkv_attention_backward";
     /// A fusion region, made only by `passes::FuseRegions`; listed as `<Executor>Fusion<N>`.
     REGION = 52, "fusion_region";

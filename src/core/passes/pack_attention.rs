@@ -250,7 +250,7 @@ mod tests {
     use crate::{Plan, Registry, Tensor};
 
     /// How a model might write attention over `qkv`, and what to change in it.
-    #[derive(Clone, Copy, Default)]
+    #[derive(Clone, Copy, Debug, Default)]
     struct Variant {
         /// No batch axis: `qkv` is `[tokens, 3 * width]`.
         unbatched: bool,
@@ -260,9 +260,20 @@ mod tests {
         q_returned: bool,
         /// The heads joined back in another order.
         wrong_join: bool,
+        /// The parts' batch and token axes regrouped (`[2, 6]` viewed as `[3, 4]`).
+        regrouped: bool,
+        /// k sliced from a second input of `qkv`'s shape.
+        k_elsewhere: bool,
+        /// The attention's result (heads apart) also returned.
+        result_returned: bool,
+        /// The heads joined straight into `[batch * tokens, width]`.
+        joined_flat: bool,
+        /// No heads: q, k and v are the slices themselves.
+        headless: bool,
     }
 
-    /// `[result, loss]` of attention over `qkv` written as `variant` says, and the trace.
+    /// Attention over `qkv` written as `variant` says, in scope `attn` (the attention itself
+    /// in `attn.sdpa`).
     fn attention<'a>(arena: &'a Arena, registry: &'a Registry, variant: Variant) -> Trace<'a> {
         let (tokens, heads, head) = (6, 2, 4);
         let width = heads * head;
@@ -271,23 +282,33 @@ mod tests {
         let shape = |last: &[usize]| lead.iter().chain(last).copied().collect::<Vec<_>>();
         let mut b = TraceBuilder::new(arena, registry);
         let qkv = b.input(&shape(&[tokens, 3 * width])).unwrap();
-        // Everything in one scope, the attention in one of its own (the packed op sits in the
-        // innermost scope holding all it replaced).
-        let (y, q) = b
+        let other = if variant.k_elsewhere { Some(b.input(&shape(&[tokens, 3 * width])).unwrap()) } else { None };
+        let (y, q, heads_apart) = b
             .scope("attn", |b| {
                 let mut parts = b.split(qkv, rank - 2, &[width, width, width])?;
+                if let Some(other) = other {
+                    parts[1] = b.slice(other, rank - 2, width, 2 * width)?;
+                }
                 if variant.swapped {
                     parts.swap(0, 1);
                 }
                 let mut swap: Vec<usize> = (0..rank).collect();
                 swap.swap(rank - 3, rank - 2);
+                let apart = if variant.regrouped { vec![3, 4, heads, head] } else { shape(&[tokens, heads, head]) };
                 let mut views = Vec::new();
                 for part in parts {
-                    let apart = b.reshape(part, &shape(&[tokens, heads, head]))?;
-                    views.push(b.permute(apart, &swap)?);
+                    views.push(if variant.headless {
+                        part
+                    } else {
+                        let apart = b.reshape(part, &apart)?;
+                        b.permute(apart, &swap)?
+                    });
                 }
                 let y =
                     b.scope("sdpa", |b| b.scaled_dot_product_attention(views[0], views[1], views[2], true, None))?;
+                if variant.headless {
+                    return Ok((y, views[0], y));
+                }
                 let join = if variant.wrong_join {
                     let mut other: Vec<usize> = (0..rank).collect();
                     other.swap(rank - 2, rank - 1);
@@ -295,22 +316,37 @@ mod tests {
                 } else {
                     swap
                 };
-                let y = b.permute(y, &join)?;
-                Ok((b.reshape(y, &shape(&[tokens, width]))?, views[0]))
+                let joined = b.permute(y, &join)?;
+                let out = if variant.joined_flat {
+                    vec![lead.iter().product::<usize>() * tokens, width]
+                } else {
+                    shape(&[tokens, width])
+                };
+                Ok((b.reshape(joined, &out)?, views[0], y))
             })
             .unwrap();
         b.output(y).unwrap();
         if variant.q_returned {
             b.output(q).unwrap();
         }
+        if variant.result_returned {
+            b.output(heads_apart).unwrap();
+        }
         b.finish().unwrap()
     }
 
     fn run(trace: &Trace<'_>) -> Vec<Vec<f32>> {
         let plan = Plan::compile(trace, &[CpuReference::shared()]).unwrap();
-        let shape = trace.value_meta(trace.inputs()[0]).unwrap().shape;
-        let qkv = Tensor::from_fn(&shape, |i| ((i * 37 % 101) as f32 / 50.0 - 1.0) * 0.9);
-        plan.run(&[&qkv]).unwrap().iter().map(|t| t.to_f32_vec()).collect()
+        let inputs: Vec<Tensor> = trace
+            .inputs()
+            .iter()
+            .enumerate()
+            .map(|(k, &v)| {
+                let shape = trace.value_meta(v).unwrap().shape;
+                Tensor::from_fn(&shape, |i| (((i + 7 * k) * 37 % 101) as f32 / 50.0 - 1.0) * 0.9)
+            })
+            .collect();
+        plan.run(&inputs.iter().collect::<Vec<_>>()).unwrap().iter().map(|t| t.to_f32_vec()).collect()
     }
 
     #[test]
@@ -340,18 +376,26 @@ mod tests {
     #[test]
     fn attention_written_otherwise_is_left_as_it_is() {
         let (registry, arena) = (Registry::with_builtins(), Arena::new());
+        let base = Variant::default();
         for variant in [
-            Variant { swapped: true, ..Variant::default() },
-            Variant { q_returned: true, ..Variant::default() },
-            Variant { wrong_join: true, ..Variant::default() },
+            Variant { swapped: true, ..base },
+            Variant { q_returned: true, ..base },
+            Variant { wrong_join: true, ..base },
+            Variant { regrouped: true, ..base },
+            Variant { k_elsewhere: true, ..base },
+            Variant { result_returned: true, ..base },
+            Variant { joined_flat: true, ..base },
+            Variant { headless: true, ..base },
+            Variant { headless: true, unbatched: true, ..base },
         ] {
             let trace = attention(&arena, &registry, variant);
             let after = PackAttention.run(&trace, &arena).unwrap();
-            assert_eq!(after.len(), trace.len(), "{after}");
-            assert!(after.bound_symbols().iter().all(|b| b.symbol() != prims::QKV_ATTENTION));
+            assert_eq!(after.len(), trace.len(), "{variant:?}:\n{after}");
+            assert!(after.bound_symbols().iter().all(|b| b.symbol() != prims::QKV_ATTENTION), "{variant:?}");
+            assert_eq!(run(&after), run(&trace), "{variant:?}");
         }
         // A guard on any op leaves the trace as it is (profile after packing).
-        let mut trace = attention(&arena, &registry, Variant::default());
+        let mut trace = attention(&arena, &registry, base);
         trace.attach_guard(Selection::Positions(0..1), Recorder::new()).unwrap();
         assert_eq!(PackAttention.run(&trace, &arena).unwrap().len(), trace.len());
     }

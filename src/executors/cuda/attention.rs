@@ -293,8 +293,8 @@ impl AttentionShape {
         (elements * self.dtype.size_bytes()) as u64
     }
 
-    /// Whether k and v (and dk and dv) start 16 bytes apart from q (and dq), as the graph's
-    /// tensors declare: always when they are separate buffers.
+    /// Whether k and v (and dk and dv) start a multiple of 16 bytes after q (and dq), as the
+    /// graph's tensors declare (for packed parts: a part's width, `heads * head` values).
     fn parts_aligned(&self) -> bool {
         self.part_bytes(self.q_tokens, self.head).is_multiple_of(16)
             && self.part_bytes(self.kv_tokens, self.head).is_multiple_of(16)
@@ -643,7 +643,7 @@ impl Attention {
         let s = plan.shape;
         let words = |tokens: usize, head: usize| packing::words(s.dtype, s.elements(tokens, head));
         let inputs = if s.packed {
-            vec![3 * words(s.q_tokens, s.head)]
+            vec![packing::words(s.dtype, 3 * s.elements(s.q_tokens, s.head))]
         } else {
             vec![words(s.q_tokens, s.head), words(s.kv_tokens, s.head), words(s.kv_tokens, s.v_head)]
         };

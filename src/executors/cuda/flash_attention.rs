@@ -245,7 +245,7 @@ impl FlashAttention {
         };
         let words = |tokens: usize, head: usize| packing::words(shape.dtype, shape.batch * shape.heads * tokens * head);
         let inputs = if shape.packed {
-            vec![3 * words(shape.q_tokens, shape.head)]
+            vec![packing::words(shape.dtype, 3 * shape.batch * shape.heads * shape.q_tokens * shape.head)]
         } else {
             vec![
                 words(shape.q_tokens, shape.head),

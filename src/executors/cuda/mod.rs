@@ -84,7 +84,11 @@
 //! a trace with per-op guards is not folded). `scaled_dot_product_attention` runs whole too: in
 //! bf16 and f16 as one cuDNN fused-attention kernel, where [`fused_attention`] finds cuDNN 9
 //! (and its heuristic an engine for the shape); otherwise (f32 included) as a generated
-//! flash-attention kernel for heads up to 64; beyond that it is decomposed. A
+//! flash-attention kernel for heads up to 64; beyond that it is decomposed. `qkv_attention`
+//! (which `passes::PackAttention` makes of the split, views and attention a model writes over a
+//! fused q/k/v projection) runs the same ways, reading q, k and v in place in the projection and
+//! writing the heads side by side; its backward runs in 16 bits as cuDNN's, writing dq, dk and
+//! dv in the projection's layout. A
 //! plan of the quickstart's MLP block with device inputs makes no transfer per run
 //! (`proptests/cuda_matches_reference.rs` checks the listing and `CudaDevice::transfers`). Host
 //! inputs still work: the plan uploads them, as steps its listing shows. An input given on another

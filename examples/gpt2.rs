@@ -10,8 +10,10 @@
 //! ```
 //! The model ([`shared/gpt2.rs`]) names every module as Hugging Face does (`h.3.attn.c_attn`),
 //! so a profile (Nsight Systems, or `BOUNDSCOPE_NVTX=1`) shows a step as forward, then
-//! `backward`, grouped by those names, then `optimizer`. Runs through the front end
-//! (`ProfiledSession`): profiling switches on by itself under a profiler.
+//! `backward`, grouped by those names, then `optimizer`. Attention is written as Hugging Face
+//! writes it (split, views, `scaled_dot_product_attention`) and packed by
+//! `passes::PackAttention` into one `qkv_attention` before `passes::Grad`. Runs through the front
+//! end (`ProfiledSession`): profiling switches on by itself under a profiler.
 //!
 //! Flags: `--config tiny|124m`, `--weights FILE` (safetensors, `GPT2Model`'s or
 //! `GPT2LMHeadModel`'s names), `--heads N`, `--ids FILE` (an integer tensor `ids`

@@ -184,9 +184,10 @@ impl AttentionOperands {
         }
     }
 
-    /// The strides, in elements, of q, k and v (`[batch * heads, tokens, head]`, `tokens`
-    /// rows of `head` values: each `(batch, head)` plane starts at `plane(i)`): `(batch stride,
-    /// heads stride, row stride)`.
+    /// The strides, in elements, of q, k or v (`tokens` rows of `head` values) seen as `[batch,
+    /// heads, tokens, head]`: the batch stride, the heads stride and the row stride (the last
+    /// axis is contiguous). Packed parts all have the query's tokens and head size, and rows
+    /// `3 * heads * head` apart.
     pub fn qkv_strides(&self, tokens: usize, head: usize) -> [usize; 3] {
         if self.packed {
             let width = 3 * self.heads * self.head;

@@ -32,4 +32,4 @@ pub use symbol::{
     ArgInfo, Category, CpuKernelFactory, Decomposition, ParamKind, ShapeRule, Symbol, SymbolRef, VjpInput, VjpRule,
 };
 pub use trace::{PassRecord, Trace};
-pub(crate) use transformer_ops::attention_backward_math;
+pub(crate) use transformer_ops::attention_gradients;

@@ -16,7 +16,7 @@
 use super::bound_symbol::Arg;
 use super::builder::TraceBuilder;
 use super::ids::ValueId;
-use super::meta::{DType, Shape, TensorMeta};
+use super::meta::{Shape, TensorMeta};
 use super::prims::{
     dims_arg, float_tensor, missing, scalar, value, RuleResult, LAYER_NORM_WEIGHT_BACKWARD, QKV_ATTENTION,
     QKV_ATTENTION_BACKWARD,
@@ -168,20 +168,7 @@ fn decompose_qkv_attention_backward(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) 
     let ([q, k, v], split) = heads_of(b, qkv, heads_arg(args, 2, what)?)?;
     let g = b.reshape(g, &split.split_heads())?;
     let g = b.permute(g, &split.swap())?;
-    let (scale, causal) = (scalar(args, 3), scalar(args, 4) != 0.0);
-    let grads = if b.dtype(qkv)? == DType::F32 {
-        super::transformer_ops::attention_backward_math(b, [q, k, v, g], scale, causal)?
-    } else {
-        let packed = b.scaled_dot_product_attention_backward(q, k, v, g, causal, scale)?;
-        let part = b.shape(q)?.to_vec();
-        let n: usize = part.iter().product();
-        let mut grads = [packed; 3];
-        for (i, grad) in grads.iter_mut().enumerate() {
-            let flat = b.slice(packed, 0, i * n, (i + 1) * n)?;
-            *grad = b.reshape(flat, &part)?;
-        }
-        grads
-    };
+    let grads = super::transformer_ops::attention_gradients(b, [q, k, v, g], scalar(args, 3), scalar(args, 4) != 0.0)?;
     let mut joined = grads;
     for (j, grad) in joined.iter_mut().zip(grads) {
         *j = heads_joined(b, grad, &split)?;

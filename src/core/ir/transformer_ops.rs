@@ -433,10 +433,36 @@ fn decompose_attention_backward(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> R
     b.concat(&flat, 0)
 }
 
+/// `[dq, dk, dv]` of attention for `[q, k, v, grad]` of one float dtype, as `passes::Grad`
+/// writes them (and `qkv_attention_backward`'s decomposition): in 16 bits one
+/// `scaled_dot_product_attention_backward` (CudaOps runs it as cuDNN's fused backward), its
+/// packed result sliced into the three; in `f32` the math directly ([`attention_backward_math`]:
+/// no built-in executor runs it whole there, and packing would only cost copies).
+pub(crate) fn attention_gradients(
+    b: &mut TraceBuilder<'_>,
+    [q, k, v, g]: [ValueId; 4],
+    scale: f32,
+    causal: bool,
+) -> Result<[ValueId; 3]> {
+    if b.dtype(q)? == DType::F32 {
+        return attention_backward_math(b, [q, k, v, g], scale, causal);
+    }
+    let packed = b.scaled_dot_product_attention_backward(q, k, v, g, causal, scale)?;
+    let mut grads = [packed; 3];
+    let mut start = 0;
+    for (grad, x) in grads.iter_mut().zip([q, k, v]) {
+        let shape = b.shape(x)?.to_vec();
+        let n = shape.iter().product::<usize>();
+        let flat = b.slice(packed, 0, start, start + n)?;
+        *grad = b.reshape(flat, &shape)?;
+        start += n;
+    }
+    Ok(grads)
+}
+
 /// `[dq, dk, dv]` of attention for `[q, k, v, grad]` of one float dtype (see
-/// [`decompose_attention_backward`]); `passes::Grad` writes it directly where the packed
-/// composite would only cost copies (`f32`, which no built-in executor runs whole).
-pub(crate) fn attention_backward_math(
+/// [`decompose_attention_backward`]), computed by the products and the softmax's gradient.
+fn attention_backward_math(
     b: &mut TraceBuilder<'_>,
     [q, k, v, g]: [ValueId; 4],
     scale: f32,

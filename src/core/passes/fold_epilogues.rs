@@ -44,13 +44,7 @@ impl Pass for FoldEpilogues {
             return Ok(trace.clone());
         }
         let bsyms = trace.bound_symbols();
-        // How many times each value is read at the top level, trace outputs counted.
-        let mut reads = vec![0usize; trace.value_count()];
-        for v in bsyms.iter().flat_map(|b| b.inputs()).chain(trace.outputs().iter().copied()) {
-            if let Some(r) = reads.get_mut(v.index()) {
-                *r += 1;
-            }
-        }
+        let reads = super::top_level_reads(trace);
         let registry = trace.registry();
         let builtin = |b: &BoundSymbol<'_>| registry.get(b.symbol()).ok().and_then(|s| s.symbol.builtin_composite());
         let prim = |b: &BoundSymbol<'_>| registry.get(b.symbol()).ok().and_then(|s| s.symbol.builtin_prim());

@@ -53,6 +53,18 @@ pub trait Pass {
     fn run<'a>(&self, trace: &Trace<'a>, arena: &'a Arena) -> Result<Trace<'a>>;
 }
 
+/// How many times each value of `trace` is read by its top-level bound symbols, a trace output
+/// counting as a read: what the rewriting passes check before they fold a value away.
+pub(crate) fn top_level_reads(trace: &Trace<'_>) -> Vec<usize> {
+    let mut reads = vec![0usize; trace.value_count()];
+    for v in trace.bound_symbols().iter().flat_map(|b| b.inputs()).chain(trace.outputs().iter().copied()) {
+        if let Some(r) = reads.get_mut(v.index()) {
+            *r += 1;
+        }
+    }
+    reads
+}
+
 /// Passes run in order; each result is verified, and each pass is recorded with its time in
 /// the trace's header. If a pass carried none of the guards its input had, the pipeline lists
 /// them in [`Trace::dropped_guards`] rather than losing them silently.

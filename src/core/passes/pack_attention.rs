@@ -62,7 +62,18 @@ impl Pass for PackAttention {
             return Ok(trace.clone());
         }
         let bsyms = trace.bound_symbols();
-        let matches: Vec<Packed> = (0..bsyms.len()).filter_map(|p| Packed::find(trace, p)).collect();
+        let reads = super::top_level_reads(trace);
+        // The position of each value's producer.
+        let mut defined_at = vec![None; trace.value_count()];
+        for (p, b) in bsyms.iter().enumerate() {
+            for o in b.outputs() {
+                if let Some(d) = defined_at.get_mut(o.index()) {
+                    *d = Some(p);
+                }
+            }
+        }
+        let matches: Vec<Packed> =
+            (0..bsyms.len()).filter_map(|p| Packed::find(trace, p, &reads, &defined_at)).collect();
         if matches.is_empty() {
             return Ok(trace.clone());
         }
@@ -116,7 +127,8 @@ struct Packed<'a> {
 
 impl<'a> Packed<'a> {
     /// The pattern around the `scaled_dot_product_attention` at `position`, if it is one.
-    fn find(trace: &Trace<'a>, position: usize) -> Option<Self> {
+    /// `reads` and `defined_at` give each value's top-level reads and producer's position.
+    fn find(trace: &Trace<'a>, position: usize, reads: &[usize], defined_at: &[Option<usize>]) -> Option<Self> {
         let bsyms = trace.bound_symbols();
         let attention = &bsyms[position];
         let registry = trace.registry();
@@ -125,12 +137,7 @@ impl<'a> Packed<'a> {
         if composite(attention) != Some(prims::SCALED_DOT_PRODUCT_ATTENTION) {
             return None;
         }
-        // Where each value is defined, and how often it is read (trace outputs counted).
-        let defined_at = |v: ValueId| bsyms.iter().position(|b| b.outputs().contains(&v));
-        let reads = |v: ValueId| {
-            bsyms.iter().flat_map(|b| b.inputs()).filter(|&x| x == v).count()
-                + trace.outputs().iter().filter(|&&x| x == v).count()
-        };
+        let reads = |v: ValueId| reads.get(v.index()).copied().unwrap_or(0);
         let shape = |v: ValueId| trace.value_meta(v).ok().map(|m| m.shape);
         let dims = |b: &BoundSymbol<'a>, i: usize| match b.args().get(i) {
             Some(Arg::Dims(d)) => Some(*d),
@@ -138,7 +145,7 @@ impl<'a> Packed<'a> {
         };
         // The single producer of `v`, if it is `id` and `v` is read once.
         let producer = |v: ValueId, id| {
-            let p = defined_at(v)?;
+            let p = defined_at.get(v.index()).copied().flatten()?;
             (prim(&bsyms[p]) == Some(id) && reads(v) == 1 && bsyms[p].outputs() == [v]).then_some(p)
         };
         let scalar = |i: usize| match attention.args().get(i) {

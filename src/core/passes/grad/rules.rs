@@ -187,11 +187,7 @@ pub(super) fn builtin_rule(id: SymbolId) -> Option<BuiltinRule> {
         QKV_ATTENTION => |b, op| {
             let (qkv, g) = (tensor(op, 0)?, op.cotangent);
             let heads = axis_at(op, 1)?;
-            let scalar = |i: usize| match op.args.get(i) {
-                Some(Arg::Scalar(s)) => Ok(*s),
-                _ => Err(malformed(op)),
-            };
-            let (scale, causal) = (scalar(2)?, scalar(3)? != 0.0);
+            let (scale, causal) = (scalar_at(op, 2)?, scalar_at(op, 3)? != 0.0);
             let dtype = b.dtype(qkv)?;
             let g = if b.dtype(g)? == dtype { g } else { b.cast(g, dtype)? };
             Ok(vec![Some(b.qkv_attention_backward(qkv, g, heads, causal, scale)?), None, None, None])
@@ -216,6 +212,13 @@ fn tensor(op: &VjpInput<'_, '_>, i: usize) -> Result<ValueId> {
 fn dims<'a>(op: &VjpInput<'_, 'a>, i: usize) -> Result<&'a [usize]> {
     match op.args.get(i) {
         Some(Arg::Dims(d)) => Ok(d),
+        _ => Err(malformed(op)),
+    }
+}
+
+fn scalar_at(op: &VjpInput<'_, '_>, i: usize) -> Result<f32> {
+    match op.args.get(i) {
+        Some(Arg::Scalar(s)) => Ok(*s),
         _ => Err(malformed(op)),
     }
 }
@@ -375,10 +378,7 @@ fn gelu_slope(b: &mut TraceBuilder<'_>, x: ValueId) -> Result<ValueId> {
 /// weight and bias, one `layer_norm_weight_backward` sliced into its two rows (both recompute
 /// the normalised rows in `f32` from `x`; CudaOps runs each as its own kernels).
 fn layer_norm<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Grads> {
-    let eps = match op.args.get(1) {
-        Some(Arg::Scalar(e)) => *e,
-        _ => return Err(malformed(op)),
-    };
+    let eps = scalar_at(op, 1)?;
     let (x, g, weight) = (tensor(op, 0)?, op.cotangent, op.value(2));
     let dx = b.layer_norm_backward(x, g, eps, weight)?;
     let mut grads = vec![Some(dx), None];
@@ -396,34 +396,15 @@ fn layer_norm<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Gra
 }
 
 /// `scaled_dot_product_attention(q, k, v, scale, causal)` (operands of another dtype cast to
-/// the result's first). In 16 bits: one `scaled_dot_product_attention_backward`, its packed
-/// result sliced into dq, dk and dv (CudaOps runs it as cuDNN's fused backward; elsewhere it is
-/// its decomposition, the math below, in 16 bits as PyTorch's math attention under autocast).
-/// In `f32` the math directly: no built-in executor runs it whole there, and packing would only
-/// cost copies.
+/// the result's first): `ir::attention_gradients` (in 16 bits one
+/// `scaled_dot_product_attention_backward`, whose decomposition is the math in 16 bits as
+/// PyTorch's math attention under autocast, sliced; in `f32` the math directly).
 fn attention<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Grads> {
-    let scalar = |i: usize| match op.args.get(i) {
-        Some(Arg::Scalar(s)) => Ok(*s),
-        _ => Err(malformed(op)),
-    };
-    let (scale, causal) = (scalar(3)?, scalar(4)? != 0.0);
+    let (scale, causal) = (scalar_at(op, 3)?, scalar_at(op, 4)? != 0.0);
     let (q, k, v, g) = (tensor(op, 0)?, tensor(op, 1)?, tensor(op, 2)?, op.cotangent);
     let dtype = b.dtype(op.output)?;
     let mut in_dtype = |x: ValueId| if b.dtype(x)? == dtype { Ok(x) } else { b.cast(x, dtype) };
     let (q, k, v, g) = (in_dtype(q)?, in_dtype(k)?, in_dtype(v)?, in_dtype(g)?);
-    if dtype == DType::F32 {
-        let [dq, dk, dv] = crate::core::ir::attention_backward_math(b, [q, k, v, g], scale, causal)?;
-        return Ok(vec![Some(dq), Some(dk), Some(dv), None, None]);
-    }
-    let packed = b.scaled_dot_product_attention_backward(q, k, v, g, causal, scale)?;
-    let mut grads = vec![None; 5];
-    let mut start = 0;
-    for (i, x) in [q, k, v].into_iter().enumerate() {
-        let shape = b.shape(x)?.to_vec();
-        let n = shape.iter().product::<usize>();
-        let flat = b.slice(packed, 0, start, start + n)?;
-        grads[i] = Some(b.reshape(flat, &shape)?);
-        start += n;
-    }
-    Ok(grads)
+    let [dq, dk, dv] = crate::core::ir::attention_gradients(b, [q, k, v, g], scale, causal)?;
+    Ok(vec![Some(dq), Some(dk), Some(dv), None, None])
 }

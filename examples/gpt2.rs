@@ -483,6 +483,7 @@ fn bench(
         let mut refs: Vec<RunInputMut<'_>> = inputs[..n].iter_mut().map(Stored::as_input).collect();
         forward_plan.run_updating_on_device(&mut fws, &mut refs).map(drop)
     })?;
+    let forward_bytes = fws.device_bytes();
     drop(fws);
     let mut step_ms = |plan: &Plan, ws: &mut boundscope::Workspace| {
         time(&mut |t| {
@@ -502,7 +503,8 @@ fn bench(
     let profiled = ProfiledSession::new(options, &Environment::process())?.compile(step_trace, arena)?;
     let on = step_ms(&profiled, &mut profiled.workspace()?)?;
     let off = off.min(step_ms(step, ws)?);
-    // What a step holds: its workspace and its inputs (ids, parameters, AdamW's moments).
+    // What a step holds: its workspace's device buffers and its inputs (ids, parameters,
+    // AdamW's moments), which it reads where they are.
     let held: usize = step_trace
         .inputs()
         .iter()
@@ -514,9 +516,9 @@ fn bench(
          device memory: forward {:.0} MiB (workspace), training step {:.0} MiB (workspace {:.0}, inputs {:.0})",
         tokens as f64 / forward_ms * 1e3,
         tokens as f64 / off * 1e3,
-        mib(forward_plan.device_bytes()),
-        mib(step.device_bytes() + held),
-        mib(step.device_bytes()),
+        mib(forward_bytes),
+        mib(ws.device_bytes() + held),
+        mib(ws.device_bytes()),
         mib(held),
     );
     println!(

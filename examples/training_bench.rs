@@ -99,12 +99,13 @@ fn main() -> boundscope::Result<()> {
         let mut refs: Vec<RunInputMut<'_>> = inputs.iter_mut().map(RunInputMut::from).collect();
         let loss = plan.run_updating_on_device(&mut workspace, &mut refs)?.to_host(0)?.to_f32_vec()[0];
         println!("boundscope training step (f32, {TOKENS}x{WIDTH} -> {HIDDEN} -> {CLASSES}, AdamW): {ms:.3} ms per step, loss {loss:.4}");
-        // Device memory: the workspace's values, plus the inputs (data, parameters, moments).
+        // Device memory: the workspace's device buffers, plus the inputs (data, parameters,
+        // moments), read where they are.
         let held: usize =
             step.inputs().iter().map(|&v| step.value_meta(v).map_or(0, |m| m.numel() * m.dtype.size_bytes())).sum();
         println!(
             "boundscope device memory: workspace {:.1} MiB, inputs {:.1} MiB",
-            plan.device_bytes() as f64 / (1 << 20) as f64,
+            workspace.device_bytes() as f64 / (1 << 20) as f64,
             held as f64 / (1 << 20) as f64
         );
         if profile {

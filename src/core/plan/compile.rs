@@ -469,7 +469,9 @@ impl Plan {
     /// first run; a device library's own workspaces, such as cuBLASLt's, come on top): 0 for a
     /// plan without device steps. Values whose lifetimes do not overlap share a buffer of their
     /// length (the outputs and the uploads of inputs keep their own), so a training step holds
-    /// what its backward keeps alive, not every value it computes.
+    /// what its backward keeps alive, not every value it computes. This counts the uploads of
+    /// every input; a workspace whose runs give inputs on the device holds less
+    /// ([`Workspace::device_bytes`](super::Workspace::device_bytes)).
     ///
     /// ```
     /// use boundscope::{executors::CpuReference, Arena, Plan, Registry, TraceBuilder};

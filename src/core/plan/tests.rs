@@ -724,6 +724,39 @@ fn unused_emission_declarations_are_plan_notes() {
 }
 
 #[test]
+fn uploads_of_inputs_given_on_the_device_hold_no_memory() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 3]).unwrap();
+    let e = b.exp(x).unwrap();
+    let f = b.exp(e).unwrap();
+    b.output(f).unwrap();
+    let trace = b.finish().unwrap();
+    let plan = Plan::compile(&trace, &[Arc::new(DeviceExp), CpuReference::shared()]).unwrap();
+    GUARDED.with(|g| g.set(1));
+    let host = Tensor::from_fn(&[2, 3], |i| i as f32 * 0.1);
+    let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&host]).unwrap();
+    // Three buffers of six words: x's upload, e, f.
+    let word = std::mem::size_of::<f32>();
+    assert_eq!(plan.device_bytes(), 3 * 6 * word);
+    let mut ws = plan.workspace().unwrap();
+    assert_eq!(ws.device_bytes(), 0, "nothing before the first run");
+    let on_device = DeviceTensor::upload(plan.device().unwrap(), host.view()).unwrap();
+    let got = plan.run_on_device(&mut ws, &[RunInput::from(&on_device)]).unwrap().to_host(0).unwrap();
+    assert_eq!(got, expected[0]);
+    assert_eq!(ws.device_bytes(), 2 * 6 * word, "x is read where it is: no upload buffer");
+    // A run that gives x on the host makes its upload buffer, and later runs keep it.
+    let got = plan.run_on_device(&mut ws, &[host.view()]).unwrap().to_host(0).unwrap();
+    assert_eq!(got, expected[0]);
+    assert_eq!(ws.device_bytes(), plan.device_bytes());
+    let got = plan.run_on_device(&mut ws, &[RunInput::from(&on_device)]).unwrap().to_host(0).unwrap();
+    assert_eq!(got, expected[0]);
+    assert_eq!(ws.device_bytes(), plan.device_bytes());
+    GUARDED.with(|g| g.set(0));
+}
+
+#[test]
 fn device_values_share_buffers_when_their_lifetimes_do_not_overlap() {
     let registry = Registry::with_builtins();
     let arena = Arena::new();

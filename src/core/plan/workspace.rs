@@ -70,9 +70,27 @@ fn recycle<T, U>(mut list: Vec<T>) -> Vec<U> {
 }
 
 impl Workspace {
-    /// Bytes held by its buffers.
+    /// Bytes held by its host buffers.
     pub fn bytes(&self) -> usize {
         self.buffers.iter().map(Storage::bytes).sum()
+    }
+
+    /// Bytes of device memory held by its device buffers: none before its first run, then
+    /// every buffer of the plan's device steps ([`Plan::device_bytes`]) except the uploads of
+    /// inputs that its runs so far gave on the device (those read the caller's tensor).
+    ///
+    /// ```
+    /// use boundscope::{executors::CpuReference, Arena, Plan, Registry, TraceBuilder};
+    /// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[1024]).unwrap();
+    /// let y = b.exp(x).unwrap();
+    /// b.output(y).unwrap();
+    /// let plan = Plan::compile(&b.finish().unwrap(), &[CpuReference::shared()]).unwrap();
+    /// assert_eq!(plan.workspace().unwrap().device_bytes(), 0); // no device steps
+    /// ```
+    pub fn device_bytes(&self) -> usize {
+        self.device_buffers.iter().flatten().map(|b| b.len()).sum::<usize>() * std::mem::size_of::<f32>()
     }
 }
 
@@ -340,8 +358,11 @@ impl Plan {
             *workspace = self.workspace()?;
         }
         if let (Some(device), true) = (&self.device, workspace.device_buffers.len() != self.device_lengths.len()) {
-            workspace.device_buffers =
-                self.device_lengths.iter().map(|&len| device.alloc(len).map(Some)).collect::<Result<_>>()?;
+            // The uploads of inputs wait for a run that gives their input on the host: a run
+            // that lends its own device tensor there needs none.
+            workspace.device_buffers = (self.device_lengths.iter().zip(&self.device_io.uploaded_input))
+                .map(|(&len, upload)| if upload.is_some() { Ok(None) } else { device.alloc(len).map(Some) })
+                .collect::<Result<_>>()?;
             workspace.queue = device.new_queue()?;
         }
         let queue = workspace.queue.take();
@@ -617,8 +638,12 @@ impl Plan {
                     Slot::Device(_) => return Err(missing()),
                 };
                 let out = step.outputs[0] as usize;
-                let target = workspace.device_buffers[out].as_deref_mut().ok_or_else(missing)?;
-                packing::upload(&**device, source, target, &mut workspace.scratch.packed)
+                let target = match &mut workspace.device_buffers[out] {
+                    Some(buffer) => buffer,
+                    // The first run that gives this input on the host.
+                    empty => empty.insert(device.alloc(self.device_lengths[out])?),
+                };
+                packing::upload(&**device, source, &mut **target, &mut workspace.scratch.packed)
             }
             Work::Download if run.outputs_on_device && self.device_io.output_download[index] => Ok(()),
             Work::Download => {

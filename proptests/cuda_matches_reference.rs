@@ -2152,8 +2152,10 @@ fn cross_entropy_backward_runs_whole_and_matches_the_reference() {
 }
 
 /// A training step whose parameters and AdamW moments live on the device
-/// (`Plan::run_updating_on_device`: updates by exchanging buffers) gives, step after step, the
-/// same bits as the same plan updating host tensors; an exchanged output says to read its input.
+/// (`Plan::run_updating_on_device`: each fused AdamW kernel writes its updates over the
+/// caller's tensors) gives, step after step, the same bits as the same plan updating host
+/// tensors; the tensors keep their memory, and an output written into its input says to read
+/// the input.
 #[test]
 fn training_on_the_device_updates_parameters_in_place() {
     use boundscope::optim::AdamW;
@@ -2196,6 +2198,10 @@ fn training_on_the_device_updates_parameters_in_place() {
         .collect();
     let mut on_device = upload(&device, &host);
     let (mut host_ws, mut device_ws) = (plan.workspace().unwrap(), plan.workspace().unwrap());
+    // Parameters (2..5) and moments (8..): updated where they are, in their own memory.
+    let state: Vec<usize> = (2..5).chain(8..host.len()).collect();
+    let memory = |t: &boundscope::DeviceTensor| t.buffer() as *const dyn boundscope::DeviceBuffer as *const u8;
+    let held: Vec<*const u8> = state.iter().map(|&k| memory(&on_device[k])).collect();
     for t in 1..=4u64 {
         for (k, value) in (5..8).zip(adamw.step_scalars(t, 1e-2)) {
             host[k].values_mut::<f32>().unwrap()[0] = value;
@@ -2216,5 +2222,12 @@ fn training_on_the_device_updates_parameters_in_place() {
         for k in 2..5 {
             assert_eq!(on_device[k].to_host().unwrap().to_f32_vec(), host[k].to_f32_vec(), "step {t}: parameter {k}");
         }
+        for (&k, &before) in state.iter().zip(&held) {
+            assert_eq!(memory(&on_device[k]), before, "step {t}: input {k} was updated in its own memory\n{plan}");
+        }
     }
+    // The workspace holds neither an upload of the inputs given on the device nor a second copy
+    // of what the step updates.
+    let state_bytes: usize = state.iter().map(|&k| host[k].numel() * 4).sum();
+    assert!(device_ws.device_bytes() + state_bytes <= plan.device_bytes(), "{plan}");
 }

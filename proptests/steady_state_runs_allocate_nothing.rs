@@ -652,7 +652,7 @@ fn a_training_step_allocates_nothing() {
 }
 
 /// A training step on the GPU with its parameters and AdamW moments on the device
-/// (`Plan::run_updating_on_device`, updates by exchanging buffers): after a warm-up step, steps
+/// (`Plan::run_updating_on_device`, updates written over the inputs): after a warm-up step, steps
 /// allocate nothing on the host. On a GPU machine only.
 #[cfg(feature = "cuda")]
 #[test]

@@ -275,9 +275,10 @@ pub enum Error {
     },
     /// A copy between host and device memory ([`Device::upload`](crate::Device::upload),
     /// [`Device::download`](crate::Device::download)) whose device buffer is shorter than the
-    /// host data.
+    /// host data, or a copy on the device ([`Device::copy`](crate::Device::copy)) from a buffer
+    /// shorter than its target (then `host` is the target's length).
     TransferLength {
-        /// `upload` or `download`.
+        /// `upload`, `download` or `copy`.
         direction: &'static str,
         /// The host data's length, in device words (`f32` elements).
         host: usize,
@@ -512,6 +513,11 @@ impl fmt::Display for Error {
                 f,
                 "cannot copy {got} host data into a device tensor of {expected}: give data of its dtype and shape \
                  (`Tensor::to_dtype` converts), or upload a new tensor (`DeviceTensor::upload`)"
+            ),
+            Error::TransferLength { direction: "copy", host, device } => write!(
+                f,
+                "a copy of {host} words on the device from a buffer of {device}: the source must hold at least as \
+                 many words as the target"
             ),
             Error::TransferLength { direction, host, device } => write!(
                 f,

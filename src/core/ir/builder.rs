@@ -655,7 +655,9 @@ impl<'a> TraceBuilder<'a> {
     /// Declares that after each run the computed `value` replaces the input `input` (a
     /// parameter, an optimizer's state): the trace's in-place update. `value` becomes an output
     /// if it is not one. [`Plan::run_updating`](crate::Plan::run_updating) writes it back into
-    /// the input's tensor (on a device, by exchanging buffers: no copy).
+    /// the input's tensor; [`Plan::run_updating_on_device`](crate::Plan::run_updating_on_device)
+    /// writes it over the input's device memory where the kernel computing it can, else
+    /// exchanges buffers (no copy either way).
     ///
     /// ```
     /// use boundscope::executors::CpuReference;

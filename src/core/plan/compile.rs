@@ -56,6 +56,9 @@ pub(crate) struct Step {
     /// `t3 = add(t1, t2)`, for listings and errors.
     pub line: String,
     pub executor: usize,
+    /// `(input, output)` positions where the kernel writes the output over the input
+    /// ([`DeviceKernel::in_place`]): the run hands it an empty buffer at `input`.
+    pub in_place: Vec<(u32, u32)>,
 }
 
 /// A trace compiled against an ordered list of executors, ready to run many times.
@@ -104,6 +107,10 @@ pub struct Plan {
     /// The device of the plan's device executors, and the lengths of its buffers.
     pub(crate) device: Option<Arc<dyn Device>>,
     pub(crate) device_lengths: Vec<usize>,
+    /// Per device buffer: its offset in the workspace's shared block, if it lives there (see
+    /// `buffer_reuse`); and the block's length in words.
+    pub(crate) device_offsets: Vec<Option<usize>>,
+    pub(crate) device_block_words: usize,
     /// Which inputs and outputs may stay on the device.
     pub(crate) device_io: DeviceIo,
     pub(crate) outputs: Vec<u32>,
@@ -140,6 +147,10 @@ pub(crate) struct DeviceIo {
     pub output_on_device: Vec<Option<u32>>,
     /// Per step: whether it is a download that only brings an output to the host.
     pub output_download: Vec<bool>,
+    /// Per device buffer: whether a step writes an update over it, the upload of the input it
+    /// updates (see `in_place`). Steps read it from the workspace, also when the run gives
+    /// the input on the device: the run lends the input's memory to the workspace, or copies it.
+    pub written_over: Vec<bool>,
 }
 
 impl DeviceIo {
@@ -155,8 +166,12 @@ impl DeviceIo {
             read_on_host: vec![false; inputs],
             output_on_device,
             output_download: vec![false; steps.len()],
+            written_over: vec![false; device_lengths.len()],
         };
         for step in steps {
+            for &(_, j) in &step.in_place {
+                io.written_over[step.outputs[j as usize] as usize] = true;
+            }
             match (&step.work, step.inputs.first()) {
                 (Work::Upload, Some(&Slot::Input(i))) => io.uploaded_input[step.outputs[0] as usize] = Some(i),
                 (Work::Host(_), _) => {
@@ -271,6 +286,21 @@ impl Plan {
         for (position, bsym) in trace.bound_symbols().iter().enumerate() {
             nodes.push(compiler.compile_top_level(position, bsym, &profiling)?);
         }
+        // Updates that a device kernel can write over their input's upload take its buffer.
+        let pairs: Vec<(u32, u32)> = trace
+            .updates()
+            .iter()
+            .filter_map(|&(input, value)| {
+                Some((compiler.device_slots[input.index()]?, compiler.device_slots[value.index()]?))
+            })
+            .collect();
+        for (update, upload) in
+            super::in_place::write_updates_over_inputs(&mut compiler.steps, &pairs, &compiler.device_lengths)
+        {
+            for slot in compiler.device_slots.iter_mut().filter(|d| **d == Some(update)) {
+                *slot = Some(upload);
+            }
+        }
         let mut outputs = Vec::with_capacity(trace.outputs().len());
         let mut output_on_device = Vec::with_capacity(trace.outputs().len());
         for &value in trace.outputs() {
@@ -285,9 +315,15 @@ impl Plan {
         // swap (outputs, uploads) keeps its own.
         let mut exclusive: Vec<u32> = trace.outputs().iter().filter_map(|v| compiler.device_slots[v.index()]).collect();
         exclusive.extend(compiler.output_downloads.iter().map(|&(_, d)| d));
-        let (lengths, renamed) =
-            super::buffer_reuse::share_device_buffers(&mut compiler.steps, &compiler.device_lengths, &exclusive);
-        compiler.device_lengths = lengths;
+        let within_one_block = compiler.device.as_ref().is_some_and(|d| d.allocates_within());
+        let layout = super::buffer_reuse::share_device_buffers(
+            &mut compiler.steps,
+            &compiler.device_lengths,
+            &exclusive,
+            within_one_block,
+        );
+        let renamed = layout.renamed;
+        compiler.device_lengths = layout.lengths;
         for (_, d) in compiler.output_downloads.iter_mut() {
             *d = renamed[*d as usize];
         }
@@ -357,6 +393,8 @@ impl Plan {
             buffers: compiler.buffers,
             device: compiler.device,
             device_lengths: compiler.device_lengths,
+            device_offsets: layout.offsets,
+            device_block_words: layout.block_words,
             device_io,
             outputs,
             updates: trace
@@ -467,9 +505,12 @@ impl Plan {
 
     /// Bytes of device memory one workspace of this plan holds for its values (allocated by its
     /// first run; a device library's own workspaces, such as cuBLASLt's, come on top): 0 for a
-    /// plan without device steps. Values whose lifetimes do not overlap share a buffer of their
-    /// length (the outputs and the uploads of inputs keep their own), so a training step holds
-    /// what its backward keeps alive, not every value it computes. This counts the uploads of
+    /// plan without device steps. Values whose lifetimes do not overlap share memory (the
+    /// outputs and the uploads of inputs keep their own): on a device that makes buffers within
+    /// one allocation ([`Device::alloc_within`], as CUDA's does) they live in one block, about
+    /// the most memory live at any step; on others they share whole buffers of their length. So
+    /// a training step holds what its backward keeps alive, not every value it computes. This
+    /// counts the uploads of
     /// every input; a workspace whose runs give inputs on the device holds less
     /// ([`Workspace::device_bytes`](super::Workspace::device_bytes)).
     ///
@@ -484,7 +525,11 @@ impl Plan {
     /// assert_eq!(plan.device_bytes(), 0);
     /// ```
     pub fn device_bytes(&self) -> usize {
-        self.device_lengths.iter().sum::<usize>() * std::mem::size_of::<f32>()
+        let own: usize = (self.device_lengths.iter().zip(&self.device_offsets))
+            .filter(|(_, offset)| offset.is_none())
+            .map(|(&len, _)| len)
+            .sum();
+        (own + self.device_block_words) * std::mem::size_of::<f32>()
     }
 
     /// Number of compiled steps (bound symbols after decomposing unclaimed composites).
@@ -802,6 +847,7 @@ impl<'c, 't> Compiler<'c, 't> {
                     outputs: SmallVec::new(),
                     line,
                     executor,
+                    in_place: Vec::new(),
                 });
                 return Ok(CompiledNode { first, len: self.steps.len() - first, children: Vec::new(), emitted: None });
             }
@@ -832,7 +878,7 @@ impl<'c, 't> Compiler<'c, 't> {
             executor: self.executors[executor].name().to_string(),
             range: range.clone(),
         });
-        self.steps.push(Step { work, inputs, outputs, line, executor });
+        self.steps.push(Step { work, inputs, outputs, line, executor, in_place: Vec::new() });
         // The op's scope covers the transfers it needed (inserted just before it) and the op.
         Ok(CompiledNode { first, len: self.steps.len() - first, children: Vec::new(), emitted })
     }
@@ -851,6 +897,7 @@ impl<'c, 't> Compiler<'c, 't> {
             outputs: SmallVec::from_slice(&[buffer]),
             line: format!("download {value} from the device"),
             executor: self.executors.len(),
+            in_place: Vec::new(),
         });
         self.value_slots[value.index()] = Some(Slot::Buffer(buffer));
         Ok(Slot::Buffer(buffer))
@@ -869,6 +916,7 @@ impl<'c, 't> Compiler<'c, 't> {
             outputs: SmallVec::from_slice(&[buffer]),
             line: format!("upload {value} to the device"),
             executor: self.executors.len(),
+            in_place: Vec::new(),
         });
         self.device_slots[value.index()] = Some(buffer);
         Ok(Slot::Device(buffer))
@@ -913,6 +961,7 @@ impl<'c, 't> Compiler<'c, 't> {
                     outputs: SmallVec::from_slice(&[buffer]),
                     line: format!("copy of input {value} to the outputs"),
                     executor: self.executors.len(),
+                    in_place: Vec::new(),
                 });
                 self.value_slots[value.index()] = Some(Slot::Buffer(buffer));
                 Ok(buffer)

@@ -59,6 +59,38 @@ pub trait Device: Send + Sync {
     /// [`Error::TransferLength`] when `source` holds fewer words than `target` (never a panic);
     /// the device's copy error.
     fn download(&self, source: &dyn DeviceBuffer, target: &mut [f32]) -> Result<()>;
+    /// Whether it makes buffers within one allocation ([`alloc_within`](Self::alloc_within)):
+    /// then a plan places the values it computes in one block of a workspace, values that are
+    /// never live at the same time at overlapping ranges, instead of sharing whole buffers of
+    /// one length among them. Default: no.
+    fn allocates_within(&self) -> bool {
+        false
+    }
+    /// Buffers at the `(offset, len)` word ranges `parts` of one new allocation of `words`
+    /// words, in the order of `parts`, when [`allocates_within`](Self::allocates_within) says
+    /// so. Ranges may overlap: a plan gives overlapping ones to values never live at the same
+    /// time, and orders their uses on the device's queue. The allocation lives as long as any
+    /// of its buffers. Default: each part allocated on its own (correct, without the sharing).
+    ///
+    /// # Errors
+    /// [`Error::OutOfMemory`] (or the device's allocation error); an error naming a part past
+    /// the end of the allocation.
+    fn alloc_within(&self, words: usize, parts: &[(usize, usize)]) -> Result<Vec<Box<dyn DeviceBuffer>>> {
+        let _ = words;
+        parts.iter().map(|&(_, len)| self.alloc(len)).collect()
+    }
+    /// Copies the first `target.len()` words of `source` into `target`, both on this device,
+    /// after the work already queued. Default: through the host (a download and an upload, and
+    /// a host buffer of `target.len()` words); devices override it with a copy on the device.
+    ///
+    /// # Errors
+    /// [`Error::TransferLength`] when `source` holds fewer words than `target`; the device's
+    /// copy error.
+    fn copy(&self, source: &dyn DeviceBuffer, target: &mut dyn DeviceBuffer) -> Result<()> {
+        let mut host = vec![0.0; target.len()];
+        self.download(source, &mut host)?;
+        self.upload(&host, target)
+    }
     /// Waits until the work queued on the device so far is done (for timing, or before reading
     /// device memory by other means). Default: nothing to wait for.
     ///
@@ -160,5 +192,38 @@ pub trait DeviceKernel: Send + Sync {
     /// What the kernel found, or the device's copy error.
     fn check_after_run(&self) -> Result<()> {
         Ok(())
+    }
+
+    /// Whether this kernel may write its output `output` over its input `input`: it reads and
+    /// writes each element of the two at the same position only, reading it before writing it
+    /// (an elementwise update, as an optimizer's step is). Default: no.
+    ///
+    /// The plan asks for the pairs [`OpView::in_place_updates`](crate::OpView::in_place_updates)
+    /// lists: an output that updates a trace input in place ([`TraceBuilder::update`](crate::TraceBuilder::update))
+    /// computed from that input, which no later step reads. Where the kernel agrees, the run
+    /// hands it, at position `input`, an empty buffer (`len() == 0`), and at `output` the
+    /// buffer that holds the input's value: with
+    /// [`Plan::run_updating_on_device`](crate::Plan::run_updating_on_device), the caller's
+    /// own, so that a training step keeps one copy of its parameters and optimizer state.
+    fn in_place(&self, input: usize, output: usize) -> bool {
+        let _ = (input, output);
+        false
+    }
+}
+
+/// The buffer a kernel run in place finds at the position of the input its output overwrites
+/// ([`DeviceKernel::in_place`]), and what an input updated in place holds while a run lends
+/// its memory to the workspace: no memory (a zero-sized box allocates nothing).
+pub(crate) struct Vacant;
+
+impl DeviceBuffer for Vacant {
+    fn len(&self) -> usize {
+        0
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
     }
 }

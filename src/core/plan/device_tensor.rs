@@ -160,8 +160,8 @@ impl<'a> From<&'a DeviceTensor> for RunInput<'a> {
 }
 
 /// One input of [`Plan::run_updating_on_device`](crate::Plan::run_updating_on_device), which
-/// may be written back (the in-place updates): on the host, or on the plan's device (updated by
-/// exchanging buffers with the run's output, without a copy).
+/// may be written back (the in-place updates): on the host, or on the plan's device (updated in
+/// its own memory, or by exchanging buffers with the run's output; never by a copy).
 pub enum RunInputMut<'a> {
     /// On the host.
     Host(&'a mut Tensor),

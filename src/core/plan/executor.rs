@@ -555,6 +555,42 @@ impl<'t> OpView<'t> {
         self.bound_symbol.subsymbols().iter().map(|s| OpView::new(self.trace, s)).collect()
     }
 
+    /// The `(input, output)` positions (tensor inputs, outputs) where this bound symbol's
+    /// output `output` updates in place ([`TraceBuilder::update`](crate::TraceBuilder::update))
+    /// the trace input it reads at position `input` (and nowhere else), of the same shape and
+    /// dtype: the pairs a device kernel may offer to write over ([`DeviceKernel::in_place`](crate::DeviceKernel::in_place)).
+    /// Empty for most ops; an optimizer's fused update lists its parameter and its state.
+    ///
+    /// ```
+    /// use boundscope::{Arena, OpView, Registry, TraceBuilder};
+    /// let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let (w, g) = (b.input(&[4]).unwrap(), b.input(&[4]).unwrap());
+    /// let step = b.mul_scalar(g, 0.1).unwrap();
+    /// let updated = b.sub(w, step).unwrap(); // w - 0.1 g
+    /// b.update(w, updated).unwrap();
+    /// let trace = b.finish().unwrap();
+    /// assert_eq!(OpView::of(&trace, 1).unwrap().in_place_updates().as_slice(), &[(0, 0)]);
+    /// assert!(OpView::of(&trace, 0).unwrap().in_place_updates().is_empty());
+    /// ```
+    pub fn in_place_updates(&self) -> smallvec::SmallVec<[(usize, usize); 4]> {
+        let mut pairs = smallvec::SmallVec::new();
+        for &(input, value) in self.trace.updates() {
+            let Some(output) = self.bound_symbol.outputs().iter().position(|&o| o == value) else {
+                continue;
+            };
+            let mut reads = self.bound_symbol.inputs().enumerate().filter(|&(_, v)| v == input).map(|(k, _)| k);
+            let (Some(k), None) = (reads.next(), reads.next()) else {
+                continue;
+            };
+            let (a, b) = (self.trace.meta(input), self.trace.meta(value));
+            if a.is_some_and(|a| b.is_some_and(|b| a.shape == b.shape && a.dtype == b.dtype)) {
+                pairs.push((k, output));
+            }
+        }
+        pairs
+    }
+
     /// The number of values a region (or any bound symbol) defines.
     pub fn output_count(&self) -> usize {
         self.bound_symbol.outputs().len()

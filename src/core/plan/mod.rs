@@ -8,6 +8,7 @@ mod device_tensor;
 mod executor;
 mod graph;
 mod guard_schedule;
+mod in_place;
 mod one_per_scope;
 pub(crate) mod packing;
 pub(crate) mod range_filter;

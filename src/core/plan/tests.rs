@@ -756,6 +756,132 @@ fn uploads_of_inputs_given_on_the_device_hold_no_memory() {
     GUARDED.with(|g| g.set(0));
 }
 
+/// Runs `add` "on the device"; its kernel writes an in-place update over the input it updates
+/// when the op asks for it (`OpView::in_place_updates`) and the executor agrees.
+struct DeviceAdd {
+    in_place: bool,
+}
+
+struct AddOnDevice(smallvec::SmallVec<[(usize, usize); 4]>);
+
+impl DeviceKernel for AddOnDevice {
+    fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> crate::Result<()> {
+        let out = &mut outputs[0].as_any_mut().downcast_mut::<HostMemory>().expect("our buffer").0;
+        // An empty input is the one the output is written over: its value is in the output.
+        let read = |k: usize, out: &[f32]| if inputs[k].is_empty() { out.to_vec() } else { memory(inputs[k]).to_vec() };
+        let (a, b) = (read(0, out), read(1, out));
+        for (o, (a, b)) in out.iter_mut().zip(a.iter().zip(&b)) {
+            *o = a + b;
+        }
+        Ok(())
+    }
+    fn in_place(&self, input: usize, output: usize) -> bool {
+        self.0.contains(&(input, output))
+    }
+}
+
+impl Executor for DeviceAdd {
+    fn name(&self) -> &str {
+        "device_add"
+    }
+    fn claims(&self, op: &OpView<'_>) -> bool {
+        op.symbol_id() == prims::ADD
+    }
+    fn device(&self) -> Option<Arc<dyn Device>> {
+        Some(Arc::new(HostMemoryDevice))
+    }
+    fn compile_device(&self, op: &OpView<'_>) -> crate::Result<Box<dyn DeviceKernel>> {
+        Ok(Box::new(AddOnDevice(if self.in_place { op.in_place_updates() } else { Default::default() })))
+    }
+}
+
+/// `w += g` declared as an update of `w`, and `y = w + g` returned as well.
+fn update_trace<'a>(arena: &'a Arena, registry: &'a Registry, read_after: bool) -> crate::Trace<'a> {
+    let mut b = TraceBuilder::new(arena, registry);
+    let (w, g) = (b.input(&[2, 3]).unwrap(), b.input(&[2, 3]).unwrap());
+    let updated = b.add(w, g).unwrap();
+    b.update(w, updated).unwrap();
+    if read_after {
+        // w read after its update is computed: the update cannot be written over it.
+        let again = b.add(w, w).unwrap();
+        b.output(again).unwrap();
+    }
+    b.finish().unwrap()
+}
+
+#[test]
+fn updates_are_written_over_the_inputs_they_update() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let trace = update_trace(&arena, &registry, false);
+    let plan = Plan::compile(&trace, &[Arc::new(DeviceAdd { in_place: true }), CpuReference::shared()]).unwrap();
+    let word = std::mem::size_of::<f32>();
+    // The uploads of w and g; the update shares w's.
+    assert_eq!(plan.device_bytes(), 2 * 6 * word, "{plan}");
+    let (w0, g) = (Tensor::from_fn(&[2, 3], |i| i as f32), Tensor::from_fn(&[2, 3], |i| 0.5 * i as f32 + 1.0));
+    let sum = |w: &Tensor| Tensor::from_fn(&[2, 3], |i| w.to_f32_vec()[i] + g.to_f32_vec()[i]);
+    let device = plan.device().unwrap().clone();
+    let mut ws = plan.workspace().unwrap();
+    // Updating on the device: the caller's memory is lent for the run and holds the update.
+    let mut w = DeviceTensor::upload(&device, w0.view()).unwrap();
+    let mut g_on = DeviceTensor::upload(&device, g.view()).unwrap();
+    let mut expected = w0.clone();
+    for _ in 0..3 {
+        let mut refs = [RunInputMut::from(&mut w), RunInputMut::from(&mut g_on)];
+        let outputs = plan.run_updating_on_device(&mut ws, &mut refs).unwrap();
+        assert!(outputs.device_buffer(0).is_none(), "the update is the input's now");
+        assert!(outputs.to_host(0).is_err());
+        expected = sum(&expected);
+        assert_eq!(w.to_host().unwrap(), expected);
+        assert_eq!(w.buffer().len(), 6);
+        assert_eq!(ws.device_bytes(), 0, "every input is read and written where it is");
+    }
+    // A run that does not update leaves the caller's tensor as it was: it writes over a copy.
+    let outputs = plan.run_on_device(&mut ws, &[RunInput::from(&w), RunInput::from(&g_on)]).unwrap();
+    assert_eq!(outputs.to_host(0).unwrap(), sum(&expected));
+    assert_eq!(w.to_host().unwrap(), expected);
+    assert_eq!(ws.device_bytes(), 6 * word, "the copy of w");
+    // Given on the host, as before: uploaded, updated over the upload, written back.
+    let mut w_host = w0.clone();
+    let mut refs = [RunInputMut::Host(&mut w_host), RunInputMut::from(&mut g_on)];
+    plan.run_updating_on_device(&mut ws, &mut refs).unwrap();
+    assert_eq!(w_host, sum(&w0));
+    let mut w_host = w0.clone();
+    let mut g_host = g.clone();
+    plan.run_updating(&mut ws, &mut [&mut w_host, &mut g_host]).unwrap();
+    assert_eq!(w_host, sum(&w0));
+    // And updating on the device again, after the workspace's buffer was made.
+    let mut refs = [RunInputMut::from(&mut w), RunInputMut::from(&mut g_on)];
+    plan.run_updating_on_device(&mut ws, &mut refs).unwrap();
+    assert_eq!(w.to_host().unwrap(), sum(&expected));
+}
+
+#[test]
+fn updates_that_cannot_be_written_over_their_input_keep_a_buffer() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let word = std::mem::size_of::<f32>();
+    let (w0, g) = (Tensor::from_fn(&[2, 3], |i| i as f32), Tensor::from_fn(&[2, 3], |i| 0.5 * i as f32 + 1.0));
+    let sum = Tensor::from_fn(&[2, 3], |i| w0.to_f32_vec()[i] + g.to_f32_vec()[i]);
+    for (read_after, kernel_agrees) in [(true, true), (false, false)] {
+        let trace = update_trace(&arena, &registry, read_after);
+        let add = Arc::new(DeviceAdd { in_place: kernel_agrees });
+        let plan = Plan::compile(&trace, &[add, CpuReference::shared()]).unwrap();
+        // The uploads, the update, and (read after) w + w.
+        let buffers = if read_after { 4 } else { 3 };
+        assert_eq!(plan.device_bytes(), buffers * 6 * word, "{plan}");
+        let device = plan.device().unwrap().clone();
+        let mut w = DeviceTensor::upload(&device, w0.view()).unwrap();
+        let mut g_on = DeviceTensor::upload(&device, g.view()).unwrap();
+        let mut ws = plan.workspace().unwrap();
+        let mut refs = [RunInputMut::from(&mut w), RunInputMut::from(&mut g_on)];
+        let outputs = plan.run_updating_on_device(&mut ws, &mut refs).unwrap();
+        if read_after {
+            let doubled = Tensor::from_fn(&[2, 3], |i| 2.0 * w0.to_f32_vec()[i]);
+            assert_eq!(outputs.to_host(1).unwrap(), doubled, "w + w reads w as it was");
+        }
+        assert_eq!(w.to_host().unwrap(), sum);
+    }
+}
+
 #[test]
 fn device_values_share_buffers_when_their_lifetimes_do_not_overlap() {
     let registry = Registry::with_builtins();

@@ -8,8 +8,8 @@ use smallvec::SmallVec;
 use std::sync::atomic::Ordering;
 
 use super::compile::{Plan, Slot, Step, Work};
-use super::device::DeviceBuffer;
 use super::device::{Device, DeviceQueue};
+use super::device::{DeviceBuffer, Vacant};
 use super::device_tensor::{download, DeviceTensor, PlanInput, RunInput, RunInputMut};
 use super::executor::RunDecision;
 use super::guard_schedule::{GuardStack, Schedule};
@@ -55,7 +55,15 @@ pub(super) struct RunScratch {
     /// Values other than `f32` as device words, for their transfers (grown once to the largest
     /// such transfer, then reused).
     packed: Vec<f32>,
+    /// Per input: whether the run in progress lent its memory to the workspace (an update
+    /// written over it: see [`Plan::run_updating_on_device`]).
+    lent: Vec<bool>,
+    /// Per input: what its workspace buffer held while the input's memory was lent there.
+    parked: Vec<Option<Box<dyn DeviceBuffer>>>,
 }
+
+/// What a kernel run in place finds at the position of the input its output overwrites.
+static VACANT: Vacant = Vacant;
 
 /// Steps with at most this many inputs (and one output) build their views on the stack.
 const INLINE_INPUTS: usize = 4;
@@ -166,6 +174,8 @@ impl Plan {
                 host_inputs: Vec::with_capacity(self.input_shapes.len()),
                 device_run_inputs: Vec::with_capacity(self.input_shapes.len()),
                 packed: Vec::new(),
+                lent: vec![false; self.input_shapes.len()],
+                parked: (0..self.input_shapes.len()).map(|_| None).collect(),
             },
         })
     }
@@ -244,10 +254,14 @@ impl Plan {
     /// [`run_updating`](Self::run_updating) with inputs on the host or on the plan's device, the
     /// outputs left where a device step computed them (as [`run_on_device`](Self::run_on_device)):
     /// a training step whose parameters and optimizer state live on the device. An update of an
-    /// input given on the device exchanges the input's buffer with the output's (no copy, no
-    /// allocation: the workspace keeps the old buffer for the next run's output); one of an
-    /// input on the host is copied there (downloaded, waiting for the device, if a device step
-    /// computed it: give such inputs on the device).
+    /// input given on the device is written over the input's own memory where the kernel that
+    /// computes it can ([`DeviceKernel::in_place`](crate::DeviceKernel::in_place): the built-in
+    /// CUDA executors' fused optimizer steps can), so that the step holds one copy of what it
+    /// updates; else it exchanges the input's buffer with the output's (no copy, no allocation:
+    /// the workspace keeps the old buffer for the next run's output). An update of an input on
+    /// the host is copied there (downloaded, waiting for the device, if a device step computed
+    /// it: give such inputs on the device). If a kernel panics during the run, an input whose
+    /// memory was lent to it is left empty (the next run reports its length).
     ///
     /// # Errors
     /// As for [`run_on_device`](Self::run_on_device), and the device's copy errors.
@@ -256,9 +270,24 @@ impl Plan {
         workspace: &'w mut Workspace,
         inputs: &mut [RunInputMut<'_>],
     ) -> Result<DeviceOutputs<'w>> {
-        self.run_placed(workspace, inputs, true, Self::run_checked)?;
+        let lent = self.lend_updated_inputs(workspace, inputs)?;
+        let result = self.run_placed_lending(workspace, inputs, true, &lent, Self::run_checked);
+        // Given back whatever happened: each holds its update now (or, after an error, what
+        // the run left there).
+        self.give_back_lent(workspace, inputs, &lent);
+        workspace.scratch.lent = lent;
+        result?;
         for &(input, output) in &self.updates {
             let on_device = self.device_io.output_on_device[output as usize].map(|d| d as usize);
+            if let (true, Some(d)) = (workspace.scratch.lent[input as usize], on_device) {
+                // Written over the input's own memory: every output held there is the input's.
+                for (o, held) in self.device_io.output_on_device.iter().enumerate() {
+                    if *held == Some(d as u32) {
+                        workspace.exchanged[o] = true;
+                    }
+                }
+                continue;
+            }
             let buffer = self.outputs[output as usize] as usize;
             let (shape, dtype) = (&self.buffers[buffer].shape, self.buffers[buffer].dtype);
             match (&mut inputs[input as usize], on_device, &self.device) {
@@ -309,6 +338,69 @@ impl Plan {
         self.device.as_ref()
     }
 
+    /// Moves the memory of each input given on the device whose update a step writes over it
+    /// (see `in_place`) into the workspace, for the run: the tensor holds none meanwhile. Returns
+    /// which inputs it lent (the workspace's list, to put back). Checks every such input first,
+    /// and makes the workspace whole, so that nothing lent is lost to a rebuild.
+    fn lend_updated_inputs(&self, workspace: &mut Workspace, inputs: &mut [RunInputMut<'_>]) -> Result<Vec<bool>> {
+        if workspace.plan_id != self.id {
+            return Err(Error::WorkspaceMismatch);
+        }
+        if inputs.len() != self.input_shapes.len() {
+            return Err(Error::InputCount { expected: self.input_shapes.len(), got: inputs.len() });
+        }
+        let mut lent = std::mem::take(&mut workspace.scratch.lent);
+        lent.clear();
+        lent.resize(inputs.len(), false);
+        let written_over = || {
+            let io = &self.device_io;
+            (0..io.written_over.len()).filter(|&d| io.written_over[d]).filter_map(|d| Some((d, io.uploaded_input[d]?)))
+        };
+        let mut any = false;
+        for (_, i) in written_over() {
+            if let RunInputMut::Device(target) = &inputs[i as usize] {
+                if let Err(e) = self.check_device_input(i as usize, target) {
+                    workspace.scratch.lent = lent;
+                    return Err(e);
+                }
+                any = true;
+            }
+        }
+        if !any {
+            return Ok(lent);
+        }
+        if let Err(e) = self.prepare_device_buffers(workspace) {
+            workspace.scratch.lent = lent;
+            return Err(e);
+        }
+        for (d, i) in written_over() {
+            if let RunInputMut::Device(target) = &mut inputs[i as usize] {
+                let mut memory: Box<dyn DeviceBuffer> = Box::new(Vacant);
+                target.swap_buffer(&mut memory);
+                workspace.scratch.parked[i as usize] = workspace.device_buffers[d].replace(memory);
+                lent[i as usize] = true;
+            }
+        }
+        Ok(lent)
+    }
+
+    /// Ends [`lend_updated_inputs`](Self::lend_updated_inputs): each lent input gets its memory
+    /// back, and the workspace what it held.
+    fn give_back_lent(&self, workspace: &mut Workspace, inputs: &mut [RunInputMut<'_>], lent: &[bool]) {
+        let io = &self.device_io;
+        for d in (0..io.written_over.len()).filter(|&d| io.written_over[d]) {
+            let Some(i) = io.uploaded_input[d].map(|i| i as usize).filter(|&i| lent[i]) else {
+                continue;
+            };
+            if let (RunInputMut::Device(target), Some(mut memory)) =
+                (&mut inputs[i], workspace.device_buffers[d].take())
+            {
+                target.swap_buffer(&mut memory);
+            }
+            workspace.device_buffers[d] = workspace.scratch.parked[i].take();
+        }
+    }
+
     /// Sorts `inputs` into host views and device buffers, checks the device ones, and runs
     /// `body` on them.
     pub(super) fn run_placed<I: PlanInput>(
@@ -316,6 +408,19 @@ impl Plan {
         workspace: &mut Workspace,
         inputs: &[I],
         outputs_on_device: bool,
+        body: impl FnOnce(&Self, &mut Workspace, &Run<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.run_placed_lending(workspace, inputs, outputs_on_device, &[], body)
+    }
+
+    /// [`run_placed`](Self::run_placed) where the inputs marked in `lent` lent their memory to
+    /// the workspace ([`lend_updated_inputs`](Self::lend_updated_inputs)).
+    fn run_placed_lending<I: PlanInput>(
+        &self,
+        workspace: &mut Workspace,
+        inputs: &[I],
+        outputs_on_device: bool,
+        lent: &[bool],
         body: impl FnOnce(&Self, &mut Workspace, &Run<'_>) -> Result<()>,
     ) -> Result<()> {
         if workspace.plan_id != self.id {
@@ -335,7 +440,8 @@ impl Plan {
                     device.push(None);
                 }
                 RunInput::Device(tensor) => {
-                    if placed.is_ok() {
+                    // (A lent input was checked before it lent its memory.)
+                    if placed.is_ok() && !lent.get(index).copied().unwrap_or(false) {
                         placed = self.check_device_input(index, tensor);
                     }
                     host.push(TensorRef { shape: tensor.shape(), data: Data::empty(tensor.dtype()) });
@@ -344,7 +450,7 @@ impl Plan {
             }
         }
         let result = placed.and_then(|()| {
-            let run = Run { host: &host, device: &device, outputs_on_device };
+            let run = Run { host: &host, device: &device, outputs_on_device, lent };
             body(self, workspace, &run)
         });
         workspace.scratch.host_inputs = recycle(host);
@@ -354,17 +460,7 @@ impl Plan {
 
     fn run_checked(&self, workspace: &mut Workspace, run: &Run<'_>) -> Result<()> {
         self.check_inputs(run)?;
-        if workspace.in_flight {
-            *workspace = self.workspace()?;
-        }
-        if let (Some(device), true) = (&self.device, workspace.device_buffers.len() != self.device_lengths.len()) {
-            // The uploads of inputs wait for a run that gives their input on the host: a run
-            // that lends its own device tensor there needs none.
-            workspace.device_buffers = (self.device_lengths.iter().zip(&self.device_io.uploaded_input))
-                .map(|(&len, upload)| if upload.is_some() { Ok(None) } else { device.alloc(len).map(Some) })
-                .collect::<Result<_>>()?;
-            workspace.queue = device.new_queue()?;
-        }
+        self.prepare_device_buffers(workspace)?;
         let queue = workspace.queue.take();
         let on_queue = OnQueue::enter(self.device.as_deref(), queue.as_deref())?;
         let mut result = self.run_in_flight(workspace, run);
@@ -379,6 +475,36 @@ impl Plan {
         drop(on_queue);
         workspace.queue = queue;
         result
+    }
+
+    /// Makes the workspace whole (rebuilt, if a kernel panicked in its last run) and allocates
+    /// its device buffers and queue on its first run. The uploads of inputs wait for a run that
+    /// gives their input on the host: a run that gives its own device tensor there needs none.
+    fn prepare_device_buffers(&self, workspace: &mut Workspace) -> Result<()> {
+        if workspace.in_flight {
+            *workspace = self.workspace()?;
+        }
+        if let (Some(device), true) = (&self.device, workspace.device_buffers.len() != self.device_lengths.len()) {
+            let mut buffers: Vec<Option<Box<dyn DeviceBuffer>>> = (self.device_lengths.iter().enumerate())
+                .map(|(d, &len)| match (self.device_offsets[d], self.device_io.uploaded_input[d]) {
+                    (None, None) => device.alloc(len).map(Some),
+                    // In the block (below), or an upload.
+                    _ => Ok(None),
+                })
+                .collect::<Result<_>>()?;
+            let parts: Vec<(usize, usize)> = (self.device_offsets.iter().zip(&self.device_lengths))
+                .filter_map(|(offset, &len)| Some(((*offset)?, len)))
+                .collect();
+            if !parts.is_empty() {
+                let mut within = device.alloc_within(self.device_block_words, &parts)?.into_iter();
+                for (d, _) in self.device_offsets.iter().enumerate().filter(|(_, o)| o.is_some()) {
+                    buffers[d] = within.next();
+                }
+            }
+            workspace.device_buffers = buffers;
+            workspace.queue = device.new_queue()?;
+        }
+        Ok(())
     }
 
     fn run_in_flight(&self, workspace: &mut Workspace, run: &Run<'_>) -> Result<()> {
@@ -630,14 +756,25 @@ impl Plan {
         };
         match work {
             Work::Upload => {
+                let out = step.outputs[0] as usize;
                 let source: Data<'_> = match step.inputs[0] {
-                    // Given on the device: read there, nothing to upload.
-                    Slot::Input(i) if run.device[i as usize].is_some() => return Ok(()),
+                    // Given on the device: read there, nothing to upload; unless a step writes
+                    // an update over it, which gets the input's memory (lent) or a copy.
+                    Slot::Input(i) if run.device[i as usize].is_some() => {
+                        if !self.device_io.written_over[out] || run.lent(i as usize) {
+                            return Ok(());
+                        }
+                        let given = run.device[i as usize].ok_or_else(missing)?;
+                        let target = match &mut workspace.device_buffers[out] {
+                            Some(buffer) => buffer,
+                            empty => empty.insert(device.alloc(self.device_lengths[out])?),
+                        };
+                        return device.copy(given, &mut **target);
+                    }
                     Slot::Input(i) => run.host[i as usize].data,
                     Slot::Buffer(b) => workspace.buffers[b as usize].data(),
                     Slot::Device(_) => return Err(missing()),
                 };
-                let out = step.outputs[0] as usize;
                 let target = match &mut workspace.device_buffers[out] {
                     Some(buffer) => buffer,
                     // The first run that gives this input on the host.
@@ -660,7 +797,12 @@ impl Plan {
                 let mut views: Vec<&dyn DeviceBuffer> = recycle(std::mem::take(&mut scratch.device_inputs));
                 let mut outs: Vec<&mut dyn DeviceBuffer> = recycle(std::mem::take(&mut scratch.device_outputs));
                 let result = 'run: {
-                    for slot in &step.inputs {
+                    for (k, slot) in step.inputs.iter().enumerate() {
+                        if step.in_place.iter().any(|&(input, _)| input as usize == k) {
+                            // Its value is in the output the kernel writes over it.
+                            views.push(&VACANT);
+                            continue;
+                        }
                         match device_slot(slot).and_then(|d| self.device_buffer(d, device_buffers, run)) {
                             Some(buffer) => views.push(buffer),
                             None => break 'run Err(missing()),
@@ -695,6 +837,10 @@ impl Plan {
         buffers: &'b [Option<Box<dyn DeviceBuffer>>],
         run: &Run<'b>,
     ) -> Option<&'b dyn DeviceBuffer> {
+        if self.device_io.written_over[d] {
+            // The input's memory lent for the run, or a copy of it.
+            return buffers[d].as_deref();
+        }
         match self.device_io.uploaded_input[d].and_then(|i| run.device[i as usize]) {
             Some(given) => Some(given),
             None => buffers[d].as_deref(),
@@ -739,6 +885,15 @@ pub(super) struct Run<'i> {
     pub(super) device: &'i [Option<&'i dyn DeviceBuffer>],
     /// Whether outputs computed on the device stay there.
     outputs_on_device: bool,
+    /// By input index (empty: none): whether the input lent its memory to the workspace.
+    lent: &'i [bool],
+}
+
+impl Run<'_> {
+    /// Whether input `i` lent its memory to the workspace for this run.
+    fn lent(&self, i: usize) -> bool {
+        self.lent.get(i).copied().unwrap_or(false)
+    }
 }
 
 /// The outputs of one run made with [`Plan::run_on_device`]: those computed on the device are

@@ -36,6 +36,11 @@ pub struct RegionSource {
     pub input_lengths: Vec<usize>,
     /// The elements each output buffer must hold (its value's), in parameter order.
     pub output_lengths: Vec<usize>,
+    /// `(input, output)` parameters the kernel may be run with the output written over the
+    /// input (an in-place update: [`OpView::in_place_updates`]): each thread reads an element of
+    /// the input before it writes the same element of the output, and the two pointers are not
+    /// `__restrict__`.
+    pub in_place: Vec<(usize, usize)>,
 }
 
 /// A float literal in C.
@@ -224,6 +229,7 @@ fn matrix_transpose_source(name: &str, kernel: &str, rows: usize, cols: usize, d
         threads: tiles * TRANSPOSE_THREADS,
         input_lengths: vec![packing::words(dtype, rows * cols)],
         output_lengths: vec![packing::words(dtype, rows * cols)],
+        in_place: Vec::new(),
     }
 }
 
@@ -308,6 +314,7 @@ pub fn shape_op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, St
         threads: numel,
         input_lengths: vec![packing::words(dtype, input_shape.iter().product())],
         output_lengths: vec![packing::words(dtype, numel * vector)],
+        in_place: Vec::new(),
     })
 }
 
@@ -402,12 +409,30 @@ fn generate(
     if wide || body.contains("bs_to_") {
         source.push_str(HALF_CONVERSIONS);
     }
+    // An update may be written over the input it updates, where the input is read whole (not
+    // broadcast) in its own dtype, element by element before the output's element is written
+    // (not past a trailing reduction, whose rows are read by several threads).
+    let in_place: Vec<(usize, usize)> = if reduction.is_some() {
+        Vec::new()
+    } else {
+        region
+            .in_place_updates()
+            .into_iter()
+            .filter(|&(k, o)| input_shapes[k] == shape && input_dtypes[k] == output_dtypes[o])
+            .collect()
+    };
+    let restrict = |written_over: bool| if written_over { "" } else { " __restrict__" };
     let mut params: Vec<String> = input_dtypes
         .iter()
         .enumerate()
-        .map(|(k, &d)| format!("const {}* __restrict__ in{k}", element_type(d)))
+        .map(|(k, &d)| format!("const {}*{} in{k}", element_type(d), restrict(in_place.iter().any(|&(i, _)| i == k))))
         .collect();
-    params.extend(output_dtypes.iter().enumerate().map(|(o, &d)| format!("{}* __restrict__ out{o}", element_type(d))));
+    params.extend(
+        output_dtypes
+            .iter()
+            .enumerate()
+            .map(|(o, &d)| format!("{}*{} out{o}", element_type(d), restrict(in_place.iter().any(|&(_, j)| j == o)))),
+    );
     params.push("long long n".into());
     let _ = writeln!(source, "extern \"C\" __global__ void {kernel}({}) {{", params.join(", "));
     let _ = writeln!(source, "  const long long stride = (long long)blockDim.x * gridDim.x;");
@@ -466,6 +491,7 @@ fn generate(
             threads: rows * t,
             input_lengths,
             output_lengths,
+            in_place: Vec::new(),
         });
     }
     if wide_vectorized {
@@ -546,6 +572,7 @@ fn generate(
         threads,
         input_lengths,
         output_lengths,
+        in_place,
     })
 }
 
@@ -702,6 +729,42 @@ mod tests {
         let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
         let region = OpView::new(&fused, &fused.bound_symbols()[0]).unwrap();
         region_source(&region, "region0").unwrap()
+    }
+
+    #[test]
+    fn updates_may_be_written_over_the_inputs_they_update() {
+        // An optimizer's step: w and the moment m updated in place, from g; a broadcast scale s.
+        let generated = generate(|b| {
+            let (w, m, g) = (b.input(&[64, 16]).unwrap(), b.input(&[64, 16]).unwrap(), b.input(&[64, 16]).unwrap());
+            let s = b.input(&[16]).unwrap();
+            let m2 = b.mul(m, s).unwrap();
+            let m2 = b.add(m2, g).unwrap();
+            let step = b.mul_scalar(m2, 0.1).unwrap();
+            let w2 = b.sub(w, step).unwrap();
+            b.update(w, w2).unwrap();
+            b.update(m, m2).unwrap();
+        });
+        let src = &generated.source;
+        // Region inputs in order of first use: m, s, g, w; outputs m2, w2 in the trace's order.
+        let mut pairs = generated.in_place.clone();
+        pairs.sort_unstable();
+        assert_eq!(pairs, vec![(0, 0), (3, 1)], "{src}");
+        for param in ["const float* in0", "const float* in3", "float* out0", "float* out1"] {
+            assert!(src.contains(param), "{param} may alias: {src}");
+        }
+        assert!(
+            src.contains("const float* __restrict__ in1") && src.contains("const float* __restrict__ in2"),
+            "{src}"
+        );
+        // Nothing to write over without updates.
+        let (arena, registry) = (Arena::new(), Registry::with_builtins());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[64, 16]).unwrap();
+        let y = b.exp(x).unwrap();
+        b.output(y).unwrap();
+        let trace = b.finish().unwrap();
+        let generated = op_source(&OpView::of(&trace, 0).unwrap(), "exp").unwrap();
+        assert!(generated.in_place.is_empty() && generated.source.contains("__restrict__ out0"));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 
 use std::any::Any;
 use std::collections::HashMap;
+use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -108,21 +109,31 @@ const STAGED_UPLOAD: usize = 1 << 18;
 /// Words per staging chunk (16 MiB).
 const STAGING_CHUNK: usize = 1 << 22;
 
-/// A device buffer of `f32`.
-pub struct CudaBuffer(pub(crate) CudaSlice<f32>, Arc<StreamOrder>);
+/// A device buffer of `f32`: an allocation of its own, or a range of a block that several
+/// buffers share ([`Device::alloc_within`]).
+pub struct CudaBuffer(pub(crate) ManuallyDrop<CudaSlice<f32>>, Arc<StreamOrder>, Option<Arc<CudaBuffer>>);
 
 impl Drop for CudaBuffer {
     /// Freed on the device's stream after the runs that may still use it: those that left
-    /// their queues, and the one in progress on this thread, if any.
+    /// their queues, and the one in progress on this thread, if any. A range of a block frees
+    /// nothing: the block goes when its last range does.
     fn drop(&mut self) {
+        // SAFETY: the slice is not used after this (the buffer is being dropped).
+        let slice = unsafe { ManuallyDrop::take(&mut self.0) };
+        if self.2.is_some() {
+            // Its memory is the block's.
+            let _ = slice.leak();
+            return;
+        }
         // (Not while the run is being captured into a graph: nothing it captures is freed.)
         if let Some(queue) = current_queue_of(&self.1).filter(|q| !capturing(&q.stream)) {
             let _ = self.1.leave(&queue);
         }
         if self.1.wait_for_runs(None).is_err() {
             // The device is in error: wait for all of it rather than free memory in use.
-            let _ = self.0.stream().synchronize();
+            let _ = slice.stream().synchronize();
         }
+        drop(slice);
     }
 }
 
@@ -318,6 +329,7 @@ impl CudaDevice {
             threads: 0,
             input_lengths: Vec::new(),
             output_lengths: Vec::new(),
+            in_place: Vec::new(),
         })
     }
 
@@ -470,19 +482,16 @@ const NOT_CUDA: &str = "not a CUDA buffer: a kernel gets buffers of the device i
                         returns; make that the CudaDevice the kernel runs on";
 
 pub(crate) fn slice(buffer: &dyn DeviceBuffer) -> Result<&CudaSlice<f32>> {
-    buffer.as_any().downcast_ref::<CudaBuffer>().map(|b| &b.0).ok_or_else(|| cuda_error("buffer", NOT_CUDA))
+    buffer.as_any().downcast_ref::<CudaBuffer>().map(|b| &*b.0).ok_or_else(|| cuda_error("buffer", NOT_CUDA))
 }
 
 pub(crate) fn slice_mut(buffer: &mut dyn DeviceBuffer) -> Result<&mut CudaSlice<f32>> {
-    buffer.as_any_mut().downcast_mut::<CudaBuffer>().map(|b| &mut b.0).ok_or_else(|| cuda_error("buffer", NOT_CUDA))
+    buffer.as_any_mut().downcast_mut::<CudaBuffer>().map(|b| &mut *b.0).ok_or_else(|| cuda_error("buffer", NOT_CUDA))
 }
 
-impl Device for CudaDevice {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    fn alloc(&self, len: usize) -> Result<Box<dyn DeviceBuffer>> {
+impl CudaDevice {
+    /// A zeroed allocation of `len` words (at least one).
+    fn alloc_buffer(&self, len: usize) -> Result<CudaBuffer> {
         let bytes = len.max(1).saturating_mul(std::mem::size_of::<f32>());
         // On the device's own stream: the buffer may outlive the run that asks for it (whose
         // queue then waits for the allocation, below).
@@ -500,7 +509,46 @@ impl Device for CudaDevice {
         if let Some(queue) = self.current_queue().filter(|q| !capturing(&q.stream)) {
             self.order.enter(&queue)?;
         }
-        Ok(Box::new(CudaBuffer(slice, self.order.clone())))
+        Ok(CudaBuffer(ManuallyDrop::new(slice), self.order.clone(), None))
+    }
+}
+
+impl Device for CudaDevice {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn alloc(&self, len: usize) -> Result<Box<dyn DeviceBuffer>> {
+        Ok(Box::new(self.alloc_buffer(len)?))
+    }
+
+    fn allocates_within(&self) -> bool {
+        true
+    }
+
+    fn alloc_within(&self, words: usize, parts: &[(usize, usize)]) -> Result<Vec<Box<dyn DeviceBuffer>>> {
+        if let Some(&(offset, len)) =
+            parts.iter().find(|&&(offset, len)| offset.checked_add(len).is_none_or(|end| end > words))
+        {
+            return Err(cuda_error(
+                "alloc_within",
+                format!("a part of {len} words at offset {offset} is past the end of a block of {words}"),
+            ));
+        }
+        let block = Arc::new(self.alloc_buffer(words)?);
+        let stream = self.order.own();
+        let base = cudarc::driver::DevicePtr::device_ptr(&*block.0, &stream).0;
+        let word = std::mem::size_of::<f32>() as u64;
+        Ok(parts
+            .iter()
+            .map(|&(offset, len)| {
+                // SAFETY: the range lies within the block (checked above), which the buffer
+                // keeps alive; the slice is never freed (`CudaBuffer`'s drop leaks a range).
+                let slice = unsafe { stream.upgrade_device_ptr::<f32>(base + offset as u64 * word, len) };
+                Box::new(CudaBuffer(ManuallyDrop::new(slice), self.order.clone(), Some(block.clone())))
+                    as Box<dyn DeviceBuffer>
+            })
+            .collect())
     }
 
     fn upload(&self, source: &[f32], target: &mut dyn DeviceBuffer) -> Result<()> {
@@ -532,6 +580,16 @@ impl Device for CudaDevice {
         };
         queue.stream.memcpy_dtoh(&view, target).map_err(|e| cuda_error("download", e))?;
         queue.stream.synchronize().map_err(|e| cuda_error("synchronize", e))
+    }
+
+    fn copy(&self, source: &dyn DeviceBuffer, target: &mut dyn DeviceBuffer) -> Result<()> {
+        let (source, target) = (slice(source)?, slice_mut(target)?);
+        let n = target.len();
+        if source.len() < n {
+            return Err(Error::TransferLength { direction: "copy", host: n, device: source.len() });
+        }
+        let mut view = target.slice_mut(0..n);
+        self.stream().memcpy_dtod(&source.slice(0..n), &mut view).map_err(|e| cuda_error("copy", e))
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -124,6 +124,30 @@ impl BufferLengths {
         inputs: &[&dyn DeviceBuffer],
         outputs: &[&mut dyn DeviceBuffer],
     ) -> Result<()> {
+        self.check_with(executor, kernel, inputs, outputs, &[])
+    }
+
+    /// [`check`](Self::check) for a kernel that may write outputs over inputs (the `(input,
+    /// output)` pairs of `in_place`): such an input may be empty, its value then being in that
+    /// output (`DeviceKernel::in_place`), whose length counts for it.
+    pub fn check_in_place(
+        &self,
+        kernel: &str,
+        inputs: &[&dyn DeviceBuffer],
+        outputs: &[&mut dyn DeviceBuffer],
+        in_place: &[(usize, usize)],
+    ) -> Result<()> {
+        self.check_with("cuda", kernel, inputs, outputs, in_place)
+    }
+
+    fn check_with(
+        &self,
+        executor: &str,
+        kernel: &str,
+        inputs: &[&dyn DeviceBuffer],
+        outputs: &[&mut dyn DeviceBuffer],
+        in_place: &[(usize, usize)],
+    ) -> Result<()> {
         let fail =
             |message: String| Err(Error::Execution { executor: executor.into(), symbol: kernel.into(), message });
         if inputs.len() != self.inputs.len() || outputs.len() != self.outputs.len() {
@@ -135,7 +159,11 @@ impl BufferLengths {
                 outputs.len()
             ));
         }
-        let lengths = inputs.iter().map(|b| b.len()).chain(outputs.iter().map(|b| b.len()));
+        let input_length = |k: usize, b: &&dyn DeviceBuffer| match in_place.iter().find(|&&(i, _)| i == k) {
+            Some(&(_, o)) if b.is_empty() => outputs[o].len(),
+            _ => b.len(),
+        };
+        let lengths = inputs.iter().enumerate().map(|(k, b)| input_length(k, b)).chain(outputs.iter().map(|b| b.len()));
         for (i, (have, need)) in lengths.zip(self.inputs.iter().chain(&self.outputs)).enumerate() {
             if have < *need {
                 let which =

@@ -302,6 +302,8 @@ struct GeneratedKernel {
     numel: i64,
     lengths: BufferLengths,
     range: Option<PreparedRegionRange>,
+    /// The `(input, output)` pairs it may write over ([`RegionSource::in_place`]).
+    in_place: Vec<(usize, usize)>,
 }
 
 impl GeneratedKernel {
@@ -315,11 +317,12 @@ impl GeneratedKernel {
         let (kernel, numel) = (generated.kernel.clone(), generated.numel as i64);
         let lengths =
             BufferLengths { inputs: generated.input_lengths.clone(), outputs: generated.output_lengths.clone() };
-        Ok(Self { device: device.clone(), function, kernel, config, numel, lengths, range })
+        let in_place = generated.in_place.clone();
+        Ok(Self { device: device.clone(), function, kernel, config, numel, lengths, range, in_place })
     }
 
     fn launch(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
-        self.lengths.check(&self.kernel, inputs, outputs)?;
+        self.lengths.check_in_place(&self.kernel, inputs, outputs, &self.in_place)?;
         // The arguments, on the stack: cudarc's launch builder collects them in a `Vec`, an
         // allocation per launch that a steady-state run must not make. Regions of more buffers
         // than the stack holds use a list kept per thread, grown by the first such launch.
@@ -350,10 +353,16 @@ impl GeneratedKernel {
     {
         let stream = self.device.stream();
         for input in inputs {
-            pointers.extend([slice(*input)?.device_ptr(&stream).0]);
+            // (An input written over is empty: its pointer is its output's, set below.)
+            pointers.extend([if input.is_empty() { 0 } else { slice(*input)?.device_ptr(&stream).0 }]);
         }
         for output in outputs.iter_mut() {
             pointers.extend([slice_mut(&mut **output)?.device_ptr_mut(&stream).0]);
+        }
+        for &(k, o) in &self.in_place {
+            if inputs[k].is_empty() {
+                pointers[k] = pointers[inputs.len() + o];
+            }
         }
         let mut numel = self.numel;
         params.extend(pointers.iter_mut().map(|p| (p as *mut sys::CUdeviceptr).cast::<c_void>()));
@@ -376,6 +385,10 @@ impl DeviceKernel for GeneratedKernel {
             Some(range) => range.in_scope(|| self.launch(inputs, outputs)),
             None => self.launch(inputs, outputs),
         }
+    }
+
+    fn in_place(&self, input: usize, output: usize) -> bool {
+        self.in_place.contains(&(input, output))
     }
 }
 

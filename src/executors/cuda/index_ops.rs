@@ -306,6 +306,7 @@ pub fn index_op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, St
             .map(|(v, &n)| packing::words(if input_types.is_empty() { in_dtype } else { op.dtype_of(v) }, n))
             .collect(),
         output_lengths: vec![packing::words(out_dtype, numel)],
+        in_place: Vec::new(),
     })
 }
 

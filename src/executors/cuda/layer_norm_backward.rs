@@ -204,6 +204,7 @@ pub(super) fn input_source(op: &OpView<'_>, kernel: &str) -> std::result::Result
             .map(|(k, &d)| packing::words(d, if k == 2 { cols } else { numel }))
             .collect(),
         output_lengths: vec![packing::words(out_dtype, numel)],
+        in_place: Vec::new(),
     };
     Ok(RowSource { source, layout, blocks })
 }

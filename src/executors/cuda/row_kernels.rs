@@ -366,6 +366,7 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RowSource, Str
         threads: blocks as usize * block,
         input_lengths,
         output_lengths: vec![packing::words(out_dtype, numel)],
+        in_place: Vec::new(),
     };
     Ok(RowSource { source, layout, blocks })
 }

@@ -882,6 +882,146 @@ fn updates_that_cannot_be_written_over_their_input_keep_a_buffer() {
     }
 }
 
+/// A device whose buffers are ranges of host blocks, and that makes them within one block
+/// (`Device::alloc_within`): tests the block layout without a GPU. Its executor runs every op
+/// the CPU reference claims, on copies of the ranges.
+struct BlockDevice;
+
+struct Range {
+    block: Arc<std::sync::Mutex<Vec<f32>>>,
+    offset: usize,
+    len: usize,
+}
+
+impl DeviceBuffer for Range {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+fn range(buffer: &dyn DeviceBuffer) -> &Range {
+    buffer.as_any().downcast_ref::<Range>().expect("a block range")
+}
+
+impl Range {
+    fn read(&self) -> Vec<f32> {
+        self.block.lock().unwrap()[self.offset..self.offset + self.len].to_vec()
+    }
+    fn write(&self, values: &[f32]) {
+        self.block.lock().unwrap()[self.offset..self.offset + values.len()].copy_from_slice(values);
+    }
+}
+
+impl Device for BlockDevice {
+    fn name(&self) -> &str {
+        "blocks"
+    }
+    fn alloc(&self, len: usize) -> crate::Result<Box<dyn DeviceBuffer>> {
+        Ok(Box::new(Range { block: Arc::new(std::sync::Mutex::new(vec![0.0; len])), offset: 0, len }))
+    }
+    fn allocates_within(&self) -> bool {
+        true
+    }
+    fn alloc_within(&self, words: usize, parts: &[(usize, usize)]) -> crate::Result<Vec<Box<dyn DeviceBuffer>>> {
+        let block = Arc::new(std::sync::Mutex::new(vec![f32::NAN; words]));
+        let ranges = parts.iter().map(|&(offset, len)| {
+            assert!(offset + len <= words, "a part past the block's end");
+            Box::new(Range { block: block.clone(), offset, len }) as Box<dyn DeviceBuffer>
+        });
+        Ok(ranges.collect())
+    }
+    fn upload(&self, source: &[f32], target: &mut dyn DeviceBuffer) -> crate::Result<()> {
+        range(target).write(source);
+        Ok(())
+    }
+    fn download(&self, source: &dyn DeviceBuffer, target: &mut [f32]) -> crate::Result<()> {
+        target.copy_from_slice(&range(source).read()[..target.len()]);
+        Ok(())
+    }
+}
+
+/// Runs what the CPU reference claims on `BlockDevice` (f32 values).
+struct OnBlocks(Arc<dyn Device>);
+
+struct CopiedKernel {
+    kernel: Box<dyn crate::Kernel>,
+    inputs: Vec<Vec<usize>>,
+    outputs: Vec<Vec<usize>>,
+}
+
+impl DeviceKernel for CopiedKernel {
+    fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> crate::Result<()> {
+        let ins: Vec<Tensor> =
+            inputs.iter().zip(&self.inputs).map(|(b, shape)| Tensor::new(shape, range(*b).read()).unwrap()).collect();
+        let views: Vec<crate::TensorRef<'_>> = ins.iter().map(Tensor::view).collect();
+        let mut outs: Vec<Tensor> = self.outputs.iter().map(|shape| Tensor::zeros(shape)).collect();
+        let mut out_views: Vec<crate::TensorMut<'_>> = outs.iter_mut().map(Tensor::view_mut).collect();
+        self.kernel.run(&views, &mut out_views)?;
+        for (b, t) in outputs.iter().zip(&outs) {
+            range(&**b).write(&t.to_f32_vec());
+        }
+        Ok(())
+    }
+}
+
+impl Executor for OnBlocks {
+    fn name(&self) -> &str {
+        "on_blocks"
+    }
+    fn claims(&self, op: &OpView<'_>) -> bool {
+        CpuReference::shared().claims(op)
+    }
+    fn device(&self) -> Option<Arc<dyn Device>> {
+        Some(self.0.clone())
+    }
+    fn compile_device(&self, op: &OpView<'_>) -> crate::Result<Box<dyn DeviceKernel>> {
+        let inputs = (0..op.bound_symbol().inputs().count()).map(|i| op.input_shape(i).map(<[usize]>::to_vec));
+        let outputs = (0..op.output_count()).map(|i| op.output_shape(i).map(<[usize]>::to_vec));
+        Ok(Box::new(CopiedKernel {
+            kernel: CpuReference::shared().compile(op)?,
+            inputs: inputs.collect::<crate::Result<_>>()?,
+            outputs: outputs.collect::<crate::Result<_>>()?,
+        }))
+    }
+}
+
+#[test]
+fn values_of_any_length_share_one_block_on_a_device_that_allows_it() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[8, 64]).unwrap();
+    // Temporaries of several lengths, each dead soon after it is made.
+    let e = b.exp(x).unwrap(); // [8, 64]
+    let s = b.sum_dim(e, 1, true).unwrap(); // [8, 1]
+    let n = b.div(e, s).unwrap(); // [8, 64]
+    let m = b.max_dim(n, 1, false).unwrap(); // [8]
+    let t = b.tanh(m).unwrap();
+    let u = b.mul(t, t).unwrap();
+    b.output(u).unwrap();
+    let trace = b.finish().unwrap();
+    let input = Tensor::from_fn(&[8, 64], |i| (i % 17) as f32 * 0.1 - 0.8);
+    let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&input]).unwrap();
+    let device: Arc<dyn Device> = Arc::new(BlockDevice);
+    let executors: [Arc<dyn Executor>; 1] = [Arc::new(OnBlocks(device.clone()))];
+    let plan = Plan::compile(&trace, &executors).unwrap();
+    let mut ws = plan.workspace().unwrap();
+    for _ in 0..3 {
+        let got = plan.run_with(&mut ws, &[input.view()]).unwrap().get(0).unwrap().to_tensor();
+        assert_eq!(got, expected[0], "{plan}");
+    }
+    // The upload and the output keep their own; the temporaries live in one block, at most the
+    // two largest live at once ([8, 64] twice, 512 words each), the small ones in their gaps.
+    let word = std::mem::size_of::<f32>();
+    assert_eq!(ws.device_bytes(), plan.device_bytes());
+    assert_eq!(plan.device_bytes(), (512 + 8 + 2 * 512 + 64) * word, "{plan}");
+}
+
 #[test]
 fn device_values_share_buffers_when_their_lifetimes_do_not_overlap() {
     let registry = Registry::with_builtins();

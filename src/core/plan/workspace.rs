@@ -26,6 +26,9 @@ pub struct Workspace {
     buffers: Vec<Storage>,
     /// Device buffers, allocated by the first run.
     pub(super) device_buffers: Vec<Option<Box<dyn DeviceBuffer>>>,
+    /// Per device buffer: whether it is a range of the shared block; and the block's words.
+    in_block: Vec<bool>,
+    block_words: usize,
     /// Its own queue on the device, made by its first run (when the device has queues).
     pub(super) queue: Option<Box<dyn DeviceQueue>>,
     /// Set while a run is in flight; still set afterwards if a kernel panicked, in which case
@@ -98,7 +101,11 @@ impl Workspace {
     /// assert_eq!(plan.workspace().unwrap().device_bytes(), 0); // no device steps
     /// ```
     pub fn device_bytes(&self) -> usize {
-        self.device_buffers.iter().flatten().map(|b| b.len()).sum::<usize>() * std::mem::size_of::<f32>()
+        let own: usize = (self.device_buffers.iter().enumerate())
+            .filter(|&(d, _)| !self.in_block.get(d).copied().unwrap_or(false))
+            .filter_map(|(_, b)| b.as_ref().map(|b| b.len()))
+            .sum();
+        (own + self.block_words) * std::mem::size_of::<f32>()
     }
 }
 
@@ -160,6 +167,8 @@ impl Plan {
             plan_id: self.id,
             buffers,
             device_buffers: Vec::new(),
+            in_block: Vec::new(),
+            block_words: 0,
             queue: None,
             in_flight: false,
             exchanged: vec![false; self.outputs.len()],
@@ -500,7 +509,9 @@ impl Plan {
                 for (d, _) in self.device_offsets.iter().enumerate().filter(|(_, o)| o.is_some()) {
                     buffers[d] = within.next();
                 }
+                workspace.block_words = self.device_block_words;
             }
+            workspace.in_block = self.device_offsets.iter().map(Option::is_some).collect();
             workspace.device_buffers = buffers;
             workspace.queue = device.new_queue()?;
         }

@@ -151,6 +151,9 @@ pub(crate) struct DeviceIo {
     /// updates (see `in_place`). Steps read it from the workspace, also when the run gives
     /// the input on the device: the run lends the input's memory to the workspace, or copies it.
     pub written_over: Vec<bool>,
+    /// Per device buffer: whether no step reads or writes it (an update's, merged into its
+    /// input's upload): workspaces allocate none.
+    pub unused: Vec<bool>,
 }
 
 impl DeviceIo {
@@ -167,8 +170,19 @@ impl DeviceIo {
             output_on_device,
             output_download: vec![false; steps.len()],
             written_over: vec![false; device_lengths.len()],
+            unused: vec![true; device_lengths.len()],
         };
         for step in steps {
+            for slot in &step.inputs {
+                if let Slot::Device(d) = *slot {
+                    io.unused[d as usize] = false;
+                }
+            }
+            if !matches!(step.work, Work::Host(_) | Work::Download) {
+                for &o in &step.outputs {
+                    io.unused[o as usize] = false;
+                }
+            }
             for &(_, j) in &step.in_place {
                 io.written_over[step.outputs[j as usize] as usize] = true;
             }

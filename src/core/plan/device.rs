@@ -62,7 +62,8 @@ pub trait Device: Send + Sync {
     /// Whether it makes buffers within one allocation ([`alloc_within`](Self::alloc_within)):
     /// then a plan places the values it computes in one block of a workspace, values that are
     /// never live at the same time at overlapping ranges, instead of sharing whole buffers of
-    /// one length among them. Default: no.
+    /// one length among them. Default: no. A device that says yes overrides `alloc_within`
+    /// too (workspaces count the block once).
     fn allocates_within(&self) -> bool {
         false
     }
@@ -81,7 +82,10 @@ pub trait Device: Send + Sync {
     }
     /// Copies the first `target.len()` words of `source` into `target`, both on this device,
     /// after the work already queued. Default: through the host (a download and an upload, and
-    /// a host buffer of `target.len()` words); devices override it with a copy on the device.
+    /// a host buffer of `target.len()` words, allocated per call); devices override it with a
+    /// copy on the device. Plans copy only where a run other than
+    /// [`Plan::run_updating_on_device`](crate::Plan::run_updating_on_device) gives on the
+    /// device an input that an update is written over ([`DeviceKernel::in_place`]).
     ///
     /// # Errors
     /// [`Error::TransferLength`] when `source` holds fewer words than `target`; the device's

@@ -785,14 +785,92 @@ impl Executor for DeviceAdd {
         "device_add"
     }
     fn claims(&self, op: &OpView<'_>) -> bool {
-        op.symbol_id() == prims::ADD
+        // `exp` fails and `neg` panics, for the error paths; `reshape` is a view.
+        matches!(op.symbol_id(), prims::ADD | prims::EXP | prims::NEG | prims::RESHAPE)
     }
     fn device(&self) -> Option<Arc<dyn Device>> {
         Some(Arc::new(HostMemoryDevice))
     }
     fn compile_device(&self, op: &OpView<'_>) -> crate::Result<Box<dyn DeviceKernel>> {
-        Ok(Box::new(AddOnDevice(if self.in_place { op.in_place_updates() } else { Default::default() })))
+        match op.symbol_id() {
+            prims::EXP => Ok(Box::new(Failing { panics: false })),
+            prims::NEG => Ok(Box::new(Failing { panics: true })),
+            _ => Ok(Box::new(AddOnDevice(if self.in_place { op.in_place_updates() } else { Default::default() }))),
+        }
     }
+}
+
+/// A kernel that fails, or panics.
+struct Failing {
+    panics: bool,
+}
+
+impl DeviceKernel for Failing {
+    fn run(&self, _: &[&dyn DeviceBuffer], _: &mut [&mut dyn DeviceBuffer]) -> crate::Result<()> {
+        assert!(!self.panics, "a kernel that panics");
+        Err(Error::Execution { executor: "device_add".into(), symbol: "exp".into(), message: "it fails".into() })
+    }
+}
+
+#[test]
+fn lent_inputs_get_their_memory_back_when_a_later_step_fails_or_panics() {
+    let (w0, g) = (Tensor::from_fn(&[2, 3], |i| i as f32), Tensor::from_fn(&[2, 3], |i| 0.5 * i as f32 + 1.0));
+    let sum = Tensor::from_fn(&[2, 3], |i| w0.to_f32_vec()[i] + g.to_f32_vec()[i]);
+    for panics in [false, true] {
+        let (arena, registry) = (Arena::new(), Registry::with_builtins());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let (w, gv) = (b.input(&[2, 3]).unwrap(), b.input(&[2, 3]).unwrap());
+        let updated = b.add(w, gv).unwrap();
+        b.update(w, updated).unwrap();
+        let after = if panics { b.neg(gv).unwrap() } else { b.exp(gv).unwrap() };
+        b.output(after).unwrap();
+        let trace = b.finish().unwrap();
+        let plan = Plan::compile(&trace, &[Arc::new(DeviceAdd { in_place: true })]).unwrap();
+        let device = plan.device().unwrap().clone();
+        let mut w_on = DeviceTensor::upload(&device, w0.view()).unwrap();
+        let mut g_on = DeviceTensor::upload(&device, g.view()).unwrap();
+        let mut ws = plan.workspace().unwrap();
+        let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let mut refs = [RunInputMut::from(&mut w_on), RunInputMut::from(&mut g_on)];
+            plan.run_updating_on_device(&mut ws, &mut refs).map(drop)
+        }));
+        match run {
+            Ok(result) => assert!(!panics && matches!(result, Err(Error::Execution { .. }))),
+            Err(_) => assert!(panics),
+        }
+        // Its memory back, holding the update written before the failure (as documented).
+        assert_eq!(w_on.buffer().len(), 6);
+        assert_eq!(w_on.to_host().unwrap(), sum);
+        assert_eq!(g_on.to_host().unwrap(), g);
+    }
+}
+
+#[test]
+fn a_view_of_the_input_read_after_its_update_keeps_the_update_apart() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let (w, g) = (b.input(&[2, 3]).unwrap(), b.input(&[2, 3]).unwrap());
+    let view = b.reshape(w, &[3, 2]).unwrap();
+    let updated = b.add(w, g).unwrap();
+    b.update(w, updated).unwrap();
+    let back = b.reshape(view, &[2, 3]).unwrap();
+    let later = b.add(back, g).unwrap(); // reads w (through its views) after the update
+    b.output(later).unwrap();
+    let trace = b.finish().unwrap();
+    let plan = Plan::compile(&trace, &[Arc::new(DeviceAdd { in_place: true }), CpuReference::shared()]).unwrap();
+    // Uploads of w and g, the update, and the later sum: no merge.
+    assert_eq!(plan.device_bytes(), 4 * 6 * std::mem::size_of::<f32>(), "{plan}");
+    let (w0, g0) = (Tensor::from_fn(&[2, 3], |i| i as f32), Tensor::from_fn(&[2, 3], |i| 0.5 * i as f32 + 1.0));
+    let sum = Tensor::from_fn(&[2, 3], |i| w0.to_f32_vec()[i] + g0.to_f32_vec()[i]);
+    let device = plan.device().unwrap().clone();
+    let mut w_on = DeviceTensor::upload(&device, w0.view()).unwrap();
+    let mut g_on = DeviceTensor::upload(&device, g0.view()).unwrap();
+    let mut ws = plan.workspace().unwrap();
+    let mut refs = [RunInputMut::from(&mut w_on), RunInputMut::from(&mut g_on)];
+    let outputs = plan.run_updating_on_device(&mut ws, &mut refs).unwrap();
+    // (Output 0 is the update, written back into w.)
+    assert_eq!(outputs.to_host(1).unwrap(), sum, "the later sum read w as it was");
+    assert_eq!(w_on.to_host().unwrap(), sum);
 }
 
 /// `w += g` declared as an update of `w`, and `y = w + g` returned as well.
@@ -953,12 +1031,19 @@ struct CopiedKernel {
     kernel: Box<dyn crate::Kernel>,
     inputs: Vec<Vec<usize>>,
     outputs: Vec<Vec<usize>>,
+    /// The pairs it may write over (it reads all its inputs before it writes).
+    in_place: smallvec::SmallVec<[(usize, usize); 4]>,
 }
 
 impl DeviceKernel for CopiedKernel {
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> crate::Result<()> {
+        // An empty input is written over: its value is in the output named for it.
+        let read = |k: usize| match self.in_place.iter().find(|&&(i, _)| i == k) {
+            Some(&(_, o)) if inputs[k].is_empty() => range(&*outputs[o]).read(),
+            _ => range(inputs[k]).read(),
+        };
         let ins: Vec<Tensor> =
-            inputs.iter().zip(&self.inputs).map(|(b, shape)| Tensor::new(shape, range(*b).read()).unwrap()).collect();
+            self.inputs.iter().enumerate().map(|(k, shape)| Tensor::new(shape, read(k)).unwrap()).collect();
         let views: Vec<crate::TensorRef<'_>> = ins.iter().map(Tensor::view).collect();
         let mut outs: Vec<Tensor> = self.outputs.iter().map(|shape| Tensor::zeros(shape)).collect();
         let mut out_views: Vec<crate::TensorMut<'_>> = outs.iter_mut().map(Tensor::view_mut).collect();
@@ -967,6 +1052,9 @@ impl DeviceKernel for CopiedKernel {
             range(&**b).write(&t.to_f32_vec());
         }
         Ok(())
+    }
+    fn in_place(&self, input: usize, output: usize) -> bool {
+        self.in_place.contains(&(input, output))
     }
 }
 
@@ -987,8 +1075,40 @@ impl Executor for OnBlocks {
             kernel: CpuReference::shared().compile(op)?,
             inputs: inputs.collect::<crate::Result<_>>()?,
             outputs: outputs.collect::<crate::Result<_>>()?,
+            in_place: op.in_place_updates(),
         }))
     }
+}
+
+#[test]
+fn a_training_step_on_a_block_device_updates_in_place_and_keeps_temporaries_in_the_block() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let (w, g) = (b.input(&[4, 32]).unwrap(), b.input(&[4, 32]).unwrap());
+    let step = b.mul_scalar(g, 0.5).unwrap(); // a temporary, in the block
+    let updated = b.sub(w, step).unwrap(); // written over w
+    b.update(w, updated).unwrap();
+    let norm = b.sum_dim(updated, 1, false).unwrap();
+    b.output(norm).unwrap();
+    let trace = b.finish().unwrap();
+    let device: Arc<dyn Device> = Arc::new(BlockDevice);
+    let plan = Plan::compile(&trace, &[Arc::new(OnBlocks(device.clone()))]).unwrap();
+    let (w0, g0) = (Tensor::from_fn(&[4, 32], |i| i as f32), Tensor::from_fn(&[4, 32], |i| (i % 5) as f32));
+    let mut w_on = DeviceTensor::upload(&device, w0.view()).unwrap();
+    let mut g_on = DeviceTensor::upload(&device, g0.view()).unwrap();
+    let mut ws = plan.workspace().unwrap();
+    let mut expected = w0.clone();
+    for _ in 0..3 {
+        let mut refs = [RunInputMut::from(&mut w_on), RunInputMut::from(&mut g_on)];
+        let norms = plan.run_updating_on_device(&mut ws, &mut refs).unwrap().to_host(1).unwrap();
+        expected = Tensor::from_fn(&[4, 32], |i| expected.to_f32_vec()[i] - 0.5 * g0.to_f32_vec()[i]);
+        assert_eq!(w_on.to_host().unwrap(), expected);
+        let rows: Vec<f32> = (0..4).map(|r| expected.to_f32_vec()[r * 32..(r + 1) * 32].iter().sum()).collect();
+        assert_eq!(norms.to_f32_vec(), rows);
+    }
+    // The block holds the temporary (128 words); the output's 4 words are its own; w and g are
+    // read and written where they are.
+    assert_eq!(ws.device_bytes(), (128 + 4) * std::mem::size_of::<f32>(), "{plan}");
 }
 
 #[test]

@@ -88,7 +88,9 @@ impl Workspace {
 
     /// Bytes of device memory held by its device buffers: none before its first run, then
     /// every buffer of the plan's device steps ([`Plan::device_bytes`]) except the uploads of
-    /// inputs that its runs so far gave on the device (those read the caller's tensor).
+    /// inputs that its runs so far gave on the device (those read the caller's tensor; but a
+    /// run other than [`Plan::run_updating_on_device`] copies an input that an update is
+    /// written over, into a buffer of the workspace).
     ///
     /// ```
     /// use boundscope::{executors::CpuReference, Arena, Plan, Registry, TraceBuilder};
@@ -212,7 +214,10 @@ impl Plan {
     /// Runs the plan on `inputs` in a workspace the caller holds; the outputs borrow it, on the
     /// host. Allocates nothing in steady state. Inputs are host views ([`TensorRef`]) or
     /// [`RunInput`]s: an input given on the plan's device ([`RunInput::Device`]) is read there,
-    /// and its upload step is skipped.
+    /// and its upload step is skipped; except an input whose update a kernel writes over it
+    /// ([`DeviceKernel::in_place`](crate::DeviceKernel::in_place)), which this run must leave
+    /// as it is: it is copied on the device into a workspace buffer of its length first (only
+    /// [`run_updating_on_device`](Self::run_updating_on_device) reads it in place).
     ///
     /// # Errors
     /// [`Error::WorkspaceMismatch`], [`Error::InputCount`], [`Error::InputShape`],
@@ -269,8 +274,14 @@ impl Plan {
     /// updates; else it exchanges the input's buffer with the output's (no copy, no allocation:
     /// the workspace keeps the old buffer for the next run's output). An update of an input on
     /// the host is copied there (downloaded, waiting for the device, if a device step computed
-    /// it: give such inputs on the device). If a kernel panics during the run, an input whose
-    /// memory was lent to it is left empty (the next run reports its length).
+    /// it: give such inputs on the device).
+    ///
+    /// Updates written over their inputs are written as the run goes: when a step after the
+    /// optimizer's fails (or a kernel that checks its inputs after the run reports, as an id
+    /// out of range), the error comes back with those inputs already updated; the exchange,
+    /// and inputs on the host, write nothing on an error. Each input gets its memory back
+    /// also on an error and when a kernel panics, except when the kernel that writes over it
+    /// panics (the input is then left empty, and the next run reports its length).
     ///
     /// # Errors
     /// As for [`run_on_device`](Self::run_on_device), and the device's copy errors.
@@ -280,18 +291,20 @@ impl Plan {
         inputs: &mut [RunInputMut<'_>],
     ) -> Result<DeviceOutputs<'w>> {
         let lent = self.lend_updated_inputs(workspace, inputs)?;
-        let result = self.run_placed_lending(workspace, inputs, true, &lent, Self::run_checked);
-        // Given back whatever happened: each holds its update now (or, after an error, what
-        // the run left there).
+        // Given back whatever happened, a panic included: each holds its update now (or, after
+        // an error, what the run left there).
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.run_placed_lending(workspace, inputs, true, &lent, Self::run_checked)
+        }));
         self.give_back_lent(workspace, inputs, &lent);
         workspace.scratch.lent = lent;
-        result?;
+        result.unwrap_or_else(|panic| std::panic::resume_unwind(panic))?;
         for &(input, output) in &self.updates {
             let on_device = self.device_io.output_on_device[output as usize].map(|d| d as usize);
-            if let (true, Some(d)) = (workspace.scratch.lent[input as usize], on_device) {
+            if workspace.scratch.lent[input as usize] {
                 // Written over the input's own memory: every output held there is the input's.
                 for (o, held) in self.device_io.output_on_device.iter().enumerate() {
-                    if *held == Some(d as u32) {
+                    if on_device.is_some_and(|d| *held == Some(d as u32)) {
                         workspace.exchanged[o] = true;
                     }
                 }
@@ -496,8 +509,8 @@ impl Plan {
         if let (Some(device), true) = (&self.device, workspace.device_buffers.len() != self.device_lengths.len()) {
             let mut buffers: Vec<Option<Box<dyn DeviceBuffer>>> = (self.device_lengths.iter().enumerate())
                 .map(|(d, &len)| match (self.device_offsets[d], self.device_io.uploaded_input[d]) {
-                    (None, None) => device.alloc(len).map(Some),
-                    // In the block (below), or an upload.
+                    (None, None) if !self.device_io.unused[d] => device.alloc(len).map(Some),
+                    // In the block (below), an upload, or no step's.
                     _ => Ok(None),
                 })
                 .collect::<Result<_>>()?;

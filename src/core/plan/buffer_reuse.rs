@@ -284,29 +284,20 @@ mod tests {
     fn values_of_any_length_reuse_dead_values_memory_in_the_block() {
         // upload -> 100 words -> 50 -> 100 -> 30 (an output): the first 100 is dead when the
         // second is written, so they share; the 50 lives beside both.
-        let mut steps = vec![
-            step(Work::Upload, &[], &[0]),
-            kernel(&[0], &[1]),
-            kernel(&[1], &[2]),
-            kernel(&[2], &[3]),
-            kernel(&[3], &[4]),
-        ];
+        let chain = || {
+            let mut steps = vec![step(Work::Upload, &[], &[0])];
+            steps.extend((0..4).map(|b| kernel(&[b], &[b + 1])));
+            steps
+        };
         let lengths = [10, 100, 50, 100, 30];
-        let layout = placed(&mut steps, &lengths, &[4]);
+        let layout = placed(&mut chain(), &lengths, &[4]);
         assert_eq!(layout.offsets[1], layout.offsets[3]);
         assert_eq!(layout.offsets[0], None, "an upload keeps its own");
         assert_eq!(layout.offsets[4], None, "an output keeps its own");
         assert_eq!(layout.block_words, 128 + 64);
         assert_eq!(layout.renamed, vec![0, 1, 2, 3, 4]);
-        // Whole buffers cannot share across lengths: 100 + 50 + 100 words.
-        let mut steps = vec![
-            step(Work::Upload, &[], &[0]),
-            kernel(&[0], &[1]),
-            kernel(&[1], &[2]),
-            kernel(&[2], &[3]),
-            kernel(&[3], &[4]),
-        ];
-        let whole = share_device_buffers(&mut steps, &lengths, &[4], false);
+        // Whole buffers share only within one length: the two 100s.
+        let whole = share_device_buffers(&mut chain(), &lengths, &[4], false);
         assert_eq!(whole.lengths.iter().sum::<usize>(), 10 + 100 + 50 + 30, "the two 100s share");
         // A smaller temporary later fits in the space of a dead larger one.
         let mut steps = vec![kernel(&[], &[0]), kernel(&[0], &[1]), kernel(&[1], &[2]), kernel(&[2], &[3])];

@@ -323,16 +323,20 @@ fn device_steps_get_explicit_transfers() {
     }
 }
 
-#[test]
-fn inputs_given_on_the_device_and_outputs_left_there_make_no_transfer() {
-    let registry = Registry::with_builtins();
-    let arena = Arena::new();
-    let mut b = TraceBuilder::new(&arena, &registry);
+/// `exp(exp(x))` over `x: [2, 3]`.
+fn exp_twice<'a>(arena: &'a Arena, registry: &'a Registry) -> crate::Trace<'a> {
+    let mut b = TraceBuilder::new(arena, registry);
     let x = b.input(&[2, 3]).unwrap();
     let e = b.exp(x).unwrap();
     let f = b.exp(e).unwrap();
     b.output(f).unwrap();
-    let trace = b.finish().unwrap();
+    b.finish().unwrap()
+}
+
+#[test]
+fn inputs_given_on_the_device_and_outputs_left_there_make_no_transfer() {
+    let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    let trace = exp_twice(&arena, &registry);
     let plan = Plan::compile(&trace, &[Arc::new(DeviceExp), CpuReference::shared()]).unwrap();
     // Every op inside a guard, as the device kernel checks.
     GUARDED.with(|g| g.set(1));
@@ -725,14 +729,8 @@ fn unused_emission_declarations_are_plan_notes() {
 
 #[test]
 fn uploads_of_inputs_given_on_the_device_hold_no_memory() {
-    let registry = Registry::with_builtins();
-    let arena = Arena::new();
-    let mut b = TraceBuilder::new(&arena, &registry);
-    let x = b.input(&[2, 3]).unwrap();
-    let e = b.exp(x).unwrap();
-    let f = b.exp(e).unwrap();
-    b.output(f).unwrap();
-    let trace = b.finish().unwrap();
+    let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    let trace = exp_twice(&arena, &registry);
     let plan = Plan::compile(&trace, &[Arc::new(DeviceExp), CpuReference::shared()]).unwrap();
     GUARDED.with(|g| g.set(1));
     let host = Tensor::from_fn(&[2, 3], |i| i as f32 * 0.1);

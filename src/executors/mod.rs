@@ -46,6 +46,27 @@
 //! All goals met in each run (single large ops on both cores run 1.75-1.92x faster than on one;
 //! how the CPU executors work, and those figures: the rustdoc of `executors`).
 //!
+//! ## Against PyTorch on 2 cores (`examples/cpu_bench.rs`)
+//! Through `Plan` (CpuFusion and the CPU reference), side by side with PyTorch 2.15 on the same 2
+//! cores (eager; `torch.compile` for the chain), 2026-12-02 (commit `0884a88`, before the grid
+//! split below), on a development machine with an Intel Xeon with AVX-512. Products run register
+//! blocks written per instruction set (12 x 32 on AVX-512, 6 x 16 on AVX2;
+//! `cpu_reference/products.rs`), rows run whole with their sums and maxima in AVX-512 registers
+//! (`cpu_reference/row_kernels.rs`). The machine is shared and noisy: five interleaved rounds,
+//! the median time of each side and the median (range) of the rounds' ratios, PyTorch's time
+//! over ours (goal >= 1.0; the chain >= 2.0 against `torch.compile`):
+//!
+//! | workload | boundscope ms | PyTorch ms | ratio |
+//! | --- | --- | --- | --- |
+//! | `matmul` `[1024]^3` | 12.8 | 11.3 | 0.88x (0.77-1.16) |
+//! | `matmul` `[64, 256] x [256, 256]` | 0.067 | 0.057 | 0.94x (0.50-1.14) |
+//! | `matmul` `[512, 768] x [768, 3072]` | 15.6 | 12.8 | 0.79x (0.74-1.04) |
+//! | the quickstart block (`[64, 256]`, hidden 256) | 0.201 | 0.238 | 1.13x (0.95-1.35) |
+//! | GPT-2's MLP, `linear, gelu, linear` at `[512, 768]`, hidden 3072 | 34.2 | 29.6 | 0.89x (0.68-0.95) |
+//! | `softmax` over 512 rows of 768 / 1,024 / 2,048 / 4,096 | 0.242-1.126 | 0.206-1.137 | 0.87x / 0.91x / 0.96x / 0.99x |
+//! | `layer_norm` with weight and bias, the same rows | 0.120-0.677 | 0.127-0.730 | 1.02x / 0.90x / 1.00x / 1.07x |
+//! | swish chain `x = a * b + 1; x * sigmoid(x)`, 2^24 values (8.7 GB/s) | 23.1 | compile 36.7, eager 113 | 1.59x (1.45-1.82) |
+//!
 //! ## Against PyTorch on 16 cores (`examples/cpu_bench.rs`)
 //! Single-threaded, the AVX-512 product runs at MKL's speed (about 100-110 GFLOP/s at `[1024]^3` on
 //! both sides). On the GPU machine's 16 cores (Intel Xeon, AVX-512, quieter than the 2-core

@@ -686,9 +686,23 @@ impl fmt::Display for Plan {
         for note in &self.notes {
             writeln!(f, "# note: {note}")?;
         }
+        if let Some(device) = &self.device {
+            let block = self.device_block_words * std::mem::size_of::<f32>();
+            writeln!(
+                f,
+                "# device memory on `{}`: {} bytes per workspace, {block} of them in one block shared by values \
+                 that are never live together",
+                device.name(),
+                self.device_bytes()
+            )?;
+        }
         for (i, step) in self.steps.iter().enumerate() {
             let executor = self.executor_names.get(step.executor).map_or("runtime", String::as_str);
-            writeln!(f, "  {:<40}  # step {i}, {executor}", step.line)?;
+            write!(f, "  {:<40}  # step {i}, {executor}", step.line)?;
+            for &(input, output) in &step.in_place {
+                write!(f, ", writes output {output} over input {input} (in place)")?;
+            }
+            writeln!(f)?;
         }
         if f.alternate() {
             write!(f, "{}", self.range_map())?;

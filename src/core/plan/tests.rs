@@ -300,7 +300,7 @@ fn device_steps_get_explicit_transfers() {
     trace.attach_guard(crate::guards::Selection::All, recorder.clone()).unwrap();
     let plan = Plan::compile(&trace, &[Arc::new(DeviceExp), CpuReference::shared()]).unwrap();
     let listing = plan.to_string();
-    let order: Vec<&str> = listing.lines().skip(1).map(|l| l.trim()).collect();
+    let order: Vec<&str> = listing.lines().filter(|l| !l.starts_with('#')).map(|l| l.trim()).collect();
     assert!(
         order[0].starts_with("upload t0") && order[1].starts_with("t1 = exp") && order[2].starts_with("t2 = exp"),
         "{listing}"
@@ -893,6 +893,9 @@ fn updates_are_written_over_the_inputs_they_update() {
     let word = std::mem::size_of::<f32>();
     // The uploads of w and g; the update shares w's.
     assert_eq!(plan.device_bytes(), 2 * 6 * word, "{plan}");
+    let listing = plan.to_string();
+    assert!(listing.contains("# device memory on `host-memory`: 48 bytes per workspace"), "{listing}");
+    assert!(listing.contains("device_add, writes output 0 over input 0 (in place)"), "{listing}");
     let (w0, g) = (Tensor::from_fn(&[2, 3], |i| i as f32), Tensor::from_fn(&[2, 3], |i| 0.5 * i as f32 + 1.0));
     let sum = |w: &Tensor| Tensor::from_fn(&[2, 3], |i| w.to_f32_vec()[i] + g.to_f32_vec()[i]);
     let device = plan.device().unwrap().clone();

@@ -17,8 +17,9 @@ use crate::error::{Error, Result};
 /// layout the runtime packs and unpacks): so a `reshape` on the device is a view of its
 /// input's buffer, and the runtime asks no executor for a `reshape` kernel (a reshape that is a
 /// plan output gets one, to own its buffer). Values whose lifetimes do not overlap share
-/// buffers of their length: a kernel finds in its outputs what an earlier step left, never
-/// zeros.
+/// memory (whole buffers of their length, or overlapping ranges of one block on a device that
+/// [`allocates_within`](Device::allocates_within)): a kernel finds in its outputs what an
+/// earlier step left, never zeros, and must not keep a buffer past its call.
 ///
 /// Dropping one must be ordered after the work already queued on its device (as CUDA's
 /// stream-ordered frees are): a run queued by `Plan::run_on_device` may still read a tensor the

@@ -2,8 +2,8 @@
 //! kernels write updates over their inputs (`DeviceKernel::in_place`), built through the public
 //! API only, gives the CPU reference's results bit for bit: on random programs (the block layout
 //! never lets a value overwrite one still to be read) and on training steps (updates written
-//! over the caller's device tensors, step after step). Runs on any machine: the device's memory
-//! is host memory.
+//! over the caller's device tensors, step after step); and on small chains, the device memory the
+//! layout holds is the bytes stated. Runs on any machine: the device's memory is host memory.
 
 mod common;
 
@@ -247,4 +247,64 @@ fn training_steps_written_over_the_inputs_match_the_reference() {
             }
         }
     }
+}
+
+#[test]
+fn a_training_step_on_a_block_device_updates_in_place_and_keeps_temporaries_in_the_block() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+    let (w, g) = (b.input(&[4, 32]).unwrap(), b.input(&[4, 32]).unwrap());
+    let step = b.mul_scalar(g, 0.5).unwrap(); // a temporary, in the block
+    let updated = b.sub(w, step).unwrap(); // written over w
+    b.update(w, updated).unwrap();
+    let norm = b.sum_dim(updated, 1, false).unwrap();
+    b.output(norm).unwrap();
+    let trace = b.finish().unwrap();
+    let plan = Plan::compile(&trace, &[on_blocks()]).unwrap();
+    let device = plan.device().unwrap().clone();
+    let (w0, g0) = (Tensor::from_fn(&[4, 32], |i| i as f32), Tensor::from_fn(&[4, 32], |i| (i % 5) as f32));
+    let mut w_on = DeviceTensor::upload(&device, w0.view()).unwrap();
+    let mut g_on = DeviceTensor::upload(&device, g0.view()).unwrap();
+    let mut ws = plan.workspace().unwrap();
+    let mut expected = w0.clone();
+    for _ in 0..3 {
+        let mut refs = [RunInputMut::from(&mut w_on), RunInputMut::from(&mut g_on)];
+        let norms = plan.run_updating_on_device(&mut ws, &mut refs).unwrap().to_host(1).unwrap();
+        expected = Tensor::from_fn(&[4, 32], |i| expected.to_f32_vec()[i] - 0.5 * g0.to_f32_vec()[i]);
+        assert_eq!(w_on.to_host().unwrap(), expected);
+        let rows: Vec<f32> = (0..4).map(|r| expected.to_f32_vec()[r * 32..(r + 1) * 32].iter().sum()).collect();
+        assert_eq!(norms.to_f32_vec(), rows);
+    }
+    // The block holds the temporary (128 words); the output's 4 words are its own; w and g are
+    // read and written where they are.
+    assert_eq!(ws.device_bytes(), (128 + 4) * std::mem::size_of::<f32>(), "{plan}");
+}
+
+#[test]
+fn values_of_any_length_share_one_block_on_a_device_that_allows_it() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[8, 64]).unwrap();
+    // Temporaries of several lengths, each dead soon after it is made.
+    let e = b.exp(x).unwrap(); // [8, 64]
+    let s = b.sum_dim(e, 1, true).unwrap(); // [8, 1]
+    let n = b.div(e, s).unwrap(); // [8, 64]
+    let m = b.max_dim(n, 1, false).unwrap(); // [8]
+    let t = b.tanh(m).unwrap();
+    let u = b.mul(t, t).unwrap();
+    b.output(u).unwrap();
+    let trace = b.finish().unwrap();
+    let input = Tensor::from_fn(&[8, 64], |i| (i % 17) as f32 * 0.1 - 0.8);
+    let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&input]).unwrap();
+    let plan = Plan::compile(&trace, &[on_blocks()]).unwrap();
+    let mut ws = plan.workspace().unwrap();
+    for _ in 0..3 {
+        let got = plan.run_with(&mut ws, &[input.view()]).unwrap().get(0).unwrap().to_tensor();
+        assert_eq!(got, expected[0], "{plan}");
+    }
+    // The upload and the output keep their own; the temporaries live in one block, at most the
+    // two largest live at once ([8, 64] twice, 512 words each), the small ones in their gaps.
+    let word = std::mem::size_of::<f32>();
+    assert_eq!(ws.device_bytes(), plan.device_bytes());
+    assert_eq!(plan.device_bytes(), (512 + 8 + 2 * 512 + 64) * word, "{plan}");
 }

@@ -2,7 +2,8 @@
 //! 64, width 768), in f32 and bf16, through `Plan` with device inputs, as a user's program runs
 //! them (on a machine without a GPU it prints a SKIPPED line and exits 0): attention's two
 //! batched products (`q k^T` as `matmul_transposed`, `p v`), a product with a broadcast weight,
-//! the copies of `slice`, `concat` and `permute`, and causal attention as its decomposition.
+//! the copies of `slice`, `concat` and `permute`, causal attention, and its forward with its
+//! backward (`attention_training`).
 //! Each plan's result is checked against a `torch`-free reference: the same plan on
 //! `CpuReference` at a smaller batch. Lines starting `RESULT ` are JSON;
 //! `scripts/torch_transformer_ops.py` prints PyTorch's for the same workloads and
@@ -100,6 +101,21 @@ fn workloads() -> Vec<Workload> {
             build: |g, v| g.scaled_dot_product_attention(v[0], v[1], v[2], true, None),
             // Causal: half the score matrix, as PyTorch's kernels count it.
             flops: |b| 2.0 * (b * H * T * T * D) as f64,
+            ids: &[],
+        },
+        Workload {
+            name: "attention_training",
+            inputs: |b| vec![vec![b, H, T, D]; 4],
+            // What a training step runs: the forward, and the gradients of q, k and v from the
+            // result's gradient (the first output, the one checked).
+            build: |g, v| {
+                let grads =
+                    g.scaled_dot_product_attention_backward(v[0], v[1], v[2], v[3], true, 1.0 / (D as f32).sqrt())?;
+                g.output(grads)?;
+                g.scaled_dot_product_attention(v[0], v[1], v[2], true, None)
+            },
+            // The forward's two products and the backward's five (one the scores again), halved.
+            flops: |b| 7.0 * (b * H * T * T * D) as f64,
             ids: &[],
         },
         Workload {

@@ -13,6 +13,14 @@ torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 B, T, H, D, C, V = 8, 1024, 12, 64, 768, 50257
 
+
+def attention_training(q, k, v, g):
+    """The forward and the gradients of q, k and v, as a training step runs them."""
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return torch.autograd.grad(y, (q, k, v), g)
+
+
 WORKLOADS = {
     "qk_t": ([(B, H, T, D), (B, H, T, D)], lambda q, k: q @ k.transpose(-2, -1), 2 * B * H * T * T * D),
     "pv": ([(B, H, T, T), (B, H, T, D)], lambda p, v: p @ v, 2 * B * H * T * T * D),
@@ -23,6 +31,7 @@ WORKLOADS = {
     "attention": ([(B, H, T, D)] * 3,
                   lambda q, k, v: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True),
                   2 * B * H * T * T * D),
+    "attention_training": ([(B, H, T, D)] * 4, attention_training, 7 * B * H * T * T * D),
     "embedding": ([(V, C), ("ids", (B, T))], lambda w, i: torch.nn.functional.embedding(i, w), 0),
     "cross_entropy": ([(B * T, V), ("ids", (B * T,))], lambda x, t: torch.nn.functional.cross_entropy(x, t), 0),
 }
@@ -62,7 +71,8 @@ for dtype_name, dtype in [("f32", torch.float32), ("bf16", torch.bfloat16)]:
         args = [torch.randint(0, V, s[1], device="cuda") if s[0] == "ids" else
                 torch.rand(*s, device="cuda", dtype=dtype) * 2 - 1 for s in shapes]
         out = fn(*args)
-        nbytes = sum(a.numel() * a.element_size() for a in args) + out.numel() * out.element_size()
+        outs = out if isinstance(out, tuple) else (out,)
+        nbytes = sum(a.numel() * a.element_size() for a in list(args) + list(outs))
         for impl, f in [("torch_eager", fn), ("torch_compile", torch.compile(fn))]:
             ms = timed(f, args)
             print("RESULT " + json.dumps({"impl": impl, "op": name, "dtype": dtype_name, "ms": ms,

@@ -20,8 +20,9 @@
 //! the fusion engine runs as a flash-attention backward kernel. The recomputed result, the
 //! statistics and the `f32` accumulator live in the per-stream workspace (about 40 MB at GPT-2's
 //! shape, batch 8). What cuDNN does not run here (f32; cuDNN before 9.10.2; heads not a multiple
-//! of 8; before 9.16, key lengths not a multiple of 128; one query and one key) runs as its
-//! decomposition: there is no generated kernel for the backward.
+//! of 8; before 9.16, key lengths not a multiple of 128; one query and one key) runs through the
+//! generated flash-attention backward (`flash_attention_backward.rs`) where that one takes it
+//! (f32, heads a multiple of 16 up to 64), else as its decomposition.
 //!
 //! cudarc loads `libcudnn.so.9` at run time; nothing here calls it before
 //! [`library`] has found it.

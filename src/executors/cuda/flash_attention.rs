@@ -23,9 +23,9 @@ use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView};
 use crate::error::{Error, Result};
 
 /// Queries per block, keys per step.
-const TILE: usize = 64;
+pub(super) const TILE: usize = 64;
 /// Threads per block: 16 x 16, each a 4 x 4 patch of a 64 x 64 tile.
-const THREADS: u32 = 256;
+pub(super) const THREADS: u32 = 256;
 
 /// The operands of a built-in `scaled_dot_product_attention` this kernel runs: float operands
 /// of one dtype, head sizes up to 64 (the value's a multiple of 16), at least one query and key,
@@ -44,11 +44,23 @@ pub(crate) fn flash_operands(op: &OpView<'_>) -> Option<AttentionOperands> {
 
 /// Floats of dynamic shared memory: `q^T` `[head][64]`, keys `[64][head + 1]` (then values
 /// `[64][v_head]` in the same place), probabilities `[64][65]`.
-fn shared_floats(a: &AttentionOperands) -> usize {
+pub(super) fn shared_floats(a: &AttentionOperands) -> usize {
     a.head * TILE + (TILE * (a.head + 1)).max(TILE * a.v_head) + TILE * (TILE + 1)
 }
 
-fn source(kernel: &str, s: &AttentionOperands) -> String {
+/// What a generated forward kernel writes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Pass {
+    /// The result.
+    Forward,
+    /// For the backward (`flash_attention_backward.rs`): each row's log-sum-exp of its scaled
+    /// scores in base 2 and `rowsum(do * o)` (`f32`, one per query row, `(batch, head)` planes
+    /// one after the other) instead of the result, and zeros over the query's gradient, which
+    /// the backward accumulates into.
+    Statistics,
+}
+
+pub(super) fn source(kernel: &str, s: &AttentionOperands, pass: Pass) -> String {
     let element = element_type(s.dtype);
     let load = |e: &str| widen(s.dtype, e);
     let (d, dv, tq, tkv) = (s.head, s.v_head, s.q_tokens, s.kv_tokens);
@@ -60,10 +72,17 @@ fn source(kernel: &str, s: &AttentionOperands) -> String {
     if packing::is_packed(s.dtype) {
         c.push_str(HALF_CONVERSIONS);
     }
+    let outputs = match pass {
+        Pass::Forward => format!("{element}* __restrict__ o"),
+        Pass::Statistics => format!(
+            "const {element}* __restrict__ d_o, float* __restrict__ lse, float* __restrict__ dsum, \
+             {element}* __restrict__ dq"
+        ),
+    };
     let _ = writeln!(
         c,
         "extern \"C\" __global__ void __launch_bounds__({THREADS}) {kernel}(const {element}* __restrict__ q, \
-         const {element}* __restrict__ k, const {element}* __restrict__ v, {element}* __restrict__ o) {{"
+         const {element}* __restrict__ k, const {element}* __restrict__ v, {outputs}) {{"
     );
     let _ = writeln!(c, "  extern __shared__ __align__(16) float smem[];");
     let _ = writeln!(c, "  float* qt = smem;                       // [{d}][64]");
@@ -88,7 +107,15 @@ fn source(kernel: &str, s: &AttentionOperands) -> String {
     let _ = writeln!(c, "  const {element}* qb = q + {};", plane(s.qkv_strides(tq, d)));
     let _ = writeln!(c, "  const {element}* kb = k + {};", plane(s.qkv_strides(tkv, d)));
     let _ = writeln!(c, "  const {element}* vb = v + {};", plane(s.qkv_strides(tkv, dv)));
-    let _ = writeln!(c, "  {element}* ob = o + {};", plane(s.o_strides()));
+    match pass {
+        Pass::Forward => {
+            let _ = writeln!(c, "  {element}* ob = o + {};", plane(s.o_strides()));
+        }
+        Pass::Statistics => {
+            let _ = writeln!(c, "  const {element}* dob = d_o + {};", plane(s.o_strides()));
+            let _ = writeln!(c, "  {element}* dqb = dq + {};", plane(s.qkv_strides(tq, d)));
+        }
+    }
     let _ = writeln!(c, "  for (int i = tid; i < {}; i += {THREADS}) {{", TILE * d);
     let _ = writeln!(c, "    const int r = i / {d}, e = i % {d};");
     let _ = writeln!(
@@ -197,15 +224,46 @@ fn source(kernel: &str, s: &AttentionOperands) -> String {
     let _ =
         writeln!(c, "    for (int off = 8; off > 0; off >>= 1) any_nan |= __shfl_xor_sync(0xffffffffu, any_nan, off);");
     let _ = writeln!(c, "    nan[i] = any_nan != 0;");
-    let _ = writeln!(c, "    if (row < {tq}) {{");
-    let _ = writeln!(c, "      const float inv = nan[i] ? __int_as_float(0x7fc00000) : 1.0f / l[i];");
-    let _ = writeln!(c, "      #pragma unroll");
-    let _ = writeln!(
-        c,
-        "      for (int j = 0; j < {cols}; ++j) ob[(long long)row * {ro} + tx * {cols} + j] = {};",
-        narrow(s.dtype, "acc[i][j] * inv")
-    );
-    let _ = writeln!(c, "    }}");
+    let _ = writeln!(c, "    const float inv = nan[i] ? __int_as_float(0x7fc00000) : 1.0f / l[i];");
+    match pass {
+        Pass::Forward => {
+            let _ = writeln!(c, "    if (row < {tq}) {{");
+            let _ = writeln!(c, "      #pragma unroll");
+            let _ = writeln!(
+                c,
+                "      for (int j = 0; j < {cols}; ++j) ob[(long long)row * {ro} + tx * {cols} + j] = {};",
+                narrow(s.dtype, "acc[i][j] * inv")
+            );
+            let _ = writeln!(c, "    }}");
+        }
+        Pass::Statistics => {
+            // The result stays in registers: only its product with its gradient leaves.
+            let _ = writeln!(c, "    float dot = 0.0f;");
+            let _ = writeln!(c, "    if (row < {tq}) {{");
+            let _ = writeln!(c, "      #pragma unroll");
+            let _ = writeln!(
+                c,
+                "      for (int j = 0; j < {cols}; ++j) dot = fmaf(acc[i][j] * inv, {}, dot);",
+                load(&format!("dob[(long long)row * {ro} + tx * {cols} + j]"))
+            );
+            let _ = writeln!(c, "    }}");
+            let _ = writeln!(c, "    #pragma unroll");
+            let _ =
+                writeln!(c, "    for (int off = 8; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);");
+            let _ = writeln!(c, "    if (row < {tq}) {{");
+            let _ = writeln!(c, "      if (tx == 0) {{");
+            let _ =
+                writeln!(c, "        lse[bh * {tq} + row] = nan[i] ? __int_as_float(0x7fc00000) : m[i] + log2f(l[i]);");
+            let _ = writeln!(c, "        dsum[bh * {tq} + row] = dot;");
+            let _ = writeln!(c, "      }}");
+            let _ = writeln!(
+                c,
+                "      for (int e = tx; e < {d}; e += 16) dqb[(long long)row * {rq} + e] = {};",
+                narrow(s.dtype, "0.0f")
+            );
+            let _ = writeln!(c, "    }}");
+        }
+    }
     let _ = writeln!(c, "  }}");
     let _ = writeln!(c, "}}");
     c
@@ -230,7 +288,7 @@ impl FlashAttention {
                      multiple of 16) and at least one key"
                 .into(),
         })?;
-        let function = device.hand_launched(kernel, source(kernel, &shape))?;
+        let function = device.hand_launched(kernel, source(kernel, &shape, Pass::Forward))?;
         let bytes = shared_floats(&shape) * std::mem::size_of::<f32>();
         function
             .set_attribute(
@@ -306,7 +364,7 @@ mod tests {
                 scale: 0.125,
                 packed: false,
             };
-            let source = source("k", &shape);
+            let source = source("k", &shape, Pass::Forward);
             let ps = head * TILE + (TILE * (head + 1)).max(TILE * v_head);
             assert!(source.contains(&format!("float* ps = kv + {}", ps - head * TILE)), "{source}");
             assert_eq!(shared_floats(&shape), ps + TILE * (TILE + 1));

@@ -160,7 +160,7 @@ fn decompose_qkv_attention(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result
 }
 
 /// The gradients of q, k and v as `passes::Grad` writes them for `scaled_dot_product_attention`
-/// (the math in `f32`, the packed backward in 16 bits), each joined back to `[..., tokens,
+/// (but the math in `f32`: see `attention_gradients`), each joined back to `[..., tokens,
 /// heads * head]`, then concatenated along the last axis: `qkv`'s layout.
 fn decompose_qkv_attention_backward(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> Result<ValueId> {
     let what = "qkv_attention_backward";
@@ -168,7 +168,8 @@ fn decompose_qkv_attention_backward(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) 
     let ([q, k, v], split) = heads_of(b, qkv, heads_arg(args, 2, what)?)?;
     let g = b.reshape(g, &split.split_heads())?;
     let g = b.permute(g, &split.swap())?;
-    let grads = super::transformer_ops::attention_gradients(b, [q, k, v, g], scalar(args, 3), scalar(args, 4) != 0.0)?;
+    let grads =
+        super::transformer_ops::attention_gradients(b, [q, k, v, g], scalar(args, 3), scalar(args, 4) != 0.0, true)?;
     let mut joined = grads;
     for (j, grad) in joined.iter_mut().zip(grads) {
         *j = heads_joined(b, grad, &split)?;

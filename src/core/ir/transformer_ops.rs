@@ -433,18 +433,21 @@ fn decompose_attention_backward(b: &mut TraceBuilder<'_>, args: &[Arg<'_>]) -> R
     b.concat(&flat, 0)
 }
 
-/// `[dq, dk, dv]` of attention for `[q, k, v, grad]` of one float dtype, as `passes::Grad`
-/// writes them (and `qkv_attention_backward`'s decomposition): in 16 bits one
-/// `scaled_dot_product_attention_backward` (CudaOps runs it as cuDNN's fused backward), its
-/// packed result sliced into the three; in `f32` the math directly ([`attention_backward_math`]:
-/// no built-in executor runs it whole there, and packing would only cost copies).
+/// `[dq, dk, dv]` of attention for `[q, k, v, grad]` of one float dtype: one
+/// `scaled_dot_product_attention_backward` (CudaOps runs it whole: cuDNN's fused backward in 16
+/// bits, the generated flash-attention backward in f32), its packed result sliced into the
+/// three. What `passes::Grad` writes for attention. With `math_in_f32` (`qkv_attention_backward`'s
+/// decomposition, which runs where that op does not run whole, so the packed op would not
+/// either) `f32` gets the math directly ([`attention_backward_math`]): packing would only cost
+/// copies.
 pub(crate) fn attention_gradients(
     b: &mut TraceBuilder<'_>,
     [q, k, v, g]: [ValueId; 4],
     scale: f32,
     causal: bool,
+    math_in_f32: bool,
 ) -> Result<[ValueId; 3]> {
-    if b.dtype(q)? == DType::F32 {
+    if math_in_f32 && b.dtype(q)? == DType::F32 {
         return attention_backward_math(b, [q, k, v, g], scale, causal);
     }
     let packed = b.scaled_dot_product_attention_backward(q, k, v, g, causal, scale)?;

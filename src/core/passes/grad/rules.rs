@@ -396,15 +396,15 @@ fn layer_norm<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Gra
 }
 
 /// `scaled_dot_product_attention(q, k, v, scale, causal)` (operands of another dtype cast to
-/// the result's first): `ir::attention_gradients` (in 16 bits one
-/// `scaled_dot_product_attention_backward`, whose decomposition is the math in 16 bits as
-/// PyTorch's math attention under autocast, sliced; in `f32` the math directly).
+/// the result's first): `ir::attention_gradients` (one `scaled_dot_product_attention_backward`,
+/// sliced, whose decomposition is the math, in 16 bits as PyTorch's math attention under
+/// autocast).
 fn attention<'a>(b: &mut TraceBuilder<'a>, op: &VjpInput<'_, 'a>) -> Result<Grads> {
     let (scale, causal) = (scalar_at(op, 3)?, scalar_at(op, 4)? != 0.0);
     let (q, k, v, g) = (tensor(op, 0)?, tensor(op, 1)?, tensor(op, 2)?, op.cotangent);
     let dtype = b.dtype(op.output)?;
     let mut in_dtype = |x: ValueId| if b.dtype(x)? == dtype { Ok(x) } else { b.cast(x, dtype) };
     let (q, k, v, g) = (in_dtype(q)?, in_dtype(k)?, in_dtype(v)?, in_dtype(g)?);
-    let [dq, dk, dv] = crate::core::ir::attention_gradients(b, [q, k, v, g], scale, causal)?;
+    let [dq, dk, dv] = crate::core::ir::attention_gradients(b, [q, k, v, g], scale, causal, false)?;
     Ok(vec![Some(dq), Some(dk), Some(dv), None, None])
 }

@@ -180,28 +180,14 @@ fn attention_gradients_in_16_bits_follow_the_f32_ones() {
         let loss = b.sum(flat).unwrap();
         b.output(loss).unwrap();
         let grads = Grad::new(&[q, k, v]).run(&b.finish().unwrap(), &arena).unwrap();
-        // One `scaled_dot_product_attention_backward`, whose decomposition's products give the
-        // forward's dtype (16-bit products in 16 bits).
+        // One `scaled_dot_product_attention_backward` (in f32 too), whose decomposition's
+        // products give the forward's dtype (16-bit products in 16 bits).
         let backward: Vec<_> = grads
             .bound_symbols()
             .iter()
             .filter(|s| grads.symbol_name(s) == "scaled_dot_product_attention_backward")
             .collect();
-        // In f32 the math is written directly (nothing runs it whole there).
-        assert_eq!(backward.len(), usize::from(dtype != DType::F32));
-        if dtype == DType::F32 {
-            let wide = |s: &&crate::BoundSymbol<'_>| grads.value_meta(s.outputs()[0]).unwrap().dtype == DType::F32;
-            assert!(grads.bound_symbols().iter().filter(|s| grads.symbol_name(s).contains("matmul")).all(|s| wide(&s)));
-            let plan = crate::Plan::compile(&grads, &[crate::executors::CpuReference::shared()]).unwrap();
-            let fill = |seed: usize| {
-                crate::Tensor::from_fn(&shape, move |i| {
-                    (((i * 7919 + seed * 104_729) % 1000) as f32 / 500.0 - 1.0) * 1.5
-                })
-            };
-            let inputs = [fill(1), fill(2), fill(3), fill(4)];
-            let out = plan.run(&inputs.iter().collect::<Vec<_>>()).unwrap();
-            return out[1..].iter().map(|t| t.to_f32_vec()).collect();
-        }
+        assert_eq!(backward.len(), 1);
         fn products(trace: &crate::core::ir::Trace<'_>, bsym: &crate::BoundSymbol<'_>, dtypes: &mut Vec<DType>) {
             for sub in bsym.subsymbols() {
                 if trace.symbol_name(sub) == "matmul" {

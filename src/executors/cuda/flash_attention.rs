@@ -216,6 +216,10 @@ pub(super) fn source(kernel: &str, s: &AttentionOperands, pass: Pass) -> String 
     let _ = writeln!(c, "      }}");
     let _ = writeln!(c, "    }}");
     let _ = writeln!(c, "  }}");
+    if pass == Pass::Statistics {
+        // The probabilities' last readers are done before the result takes their place.
+        let _ = writeln!(c, "  __syncthreads();");
+    }
     let _ = writeln!(c, "  #pragma unroll");
     let _ = writeln!(c, "  for (int i = 0; i < 4; ++i) {{");
     let _ = writeln!(c, "    const int row = q0 + ty * 4 + i;");
@@ -237,25 +241,20 @@ pub(super) fn source(kernel: &str, s: &AttentionOperands, pass: Pass) -> String 
             let _ = writeln!(c, "    }}");
         }
         Pass::Statistics => {
-            // The result stays in registers: only its product with its gradient leaves.
-            let _ = writeln!(c, "    float dot = 0.0f;");
-            let _ = writeln!(c, "    if (row < {tq}) {{");
-            let _ = writeln!(c, "      #pragma unroll");
+            // The result goes to shared memory (free since the loop's last barrier below), so
+            // that one thread per row can take its product with the gradient in the order the
+            // backward sums `do v^T`: where a row's only key has probability 1, the two are then
+            // equal to the bit and the score's gradient is exactly 0, as in the decomposition.
+            let _ = writeln!(c, "    #pragma unroll");
             let _ = writeln!(
                 c,
-                "      for (int j = 0; j < {cols}; ++j) dot = fmaf(acc[i][j] * inv, {}, dot);",
-                load(&format!("dob[(long long)row * {ro} + tx * {cols} + j]"))
+                "    for (int j = 0; j < {cols}; ++j) ps[(ty * 4 + i) * 65 + tx * {cols} + j] = acc[i][j] * inv;"
             );
-            let _ = writeln!(c, "    }}");
-            let _ = writeln!(c, "    #pragma unroll");
-            let _ =
-                writeln!(c, "    for (int off = 8; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);");
             let _ = writeln!(c, "    if (row < {tq}) {{");
-            let _ = writeln!(c, "      if (tx == 0) {{");
-            let _ =
-                writeln!(c, "        lse[bh * {tq} + row] = nan[i] ? __int_as_float(0x7fc00000) : m[i] + log2f(l[i]);");
-            let _ = writeln!(c, "        dsum[bh * {tq} + row] = dot;");
-            let _ = writeln!(c, "      }}");
+            let _ = writeln!(
+                c,
+                "      if (tx == 0) lse[bh * {tq} + row] = nan[i] ? __int_as_float(0x7fc00000) : m[i] + log2f(l[i]);"
+            );
             let _ = writeln!(
                 c,
                 "      for (int e = tx; e < {d}; e += 16) dqb[(long long)row * {rq} + e] = {};",
@@ -265,6 +264,18 @@ pub(super) fn source(kernel: &str, s: &AttentionOperands, pass: Pass) -> String 
         }
     }
     let _ = writeln!(c, "  }}");
+    if pass == Pass::Statistics {
+        let _ = writeln!(c, "  __syncthreads();");
+        let _ = writeln!(c, "  if (tid < 64 && q0 + tid < {tq}) {{");
+        let _ = writeln!(c, "    float dot = 0.0f;");
+        let _ = writeln!(
+            c,
+            "    for (int e = 0; e < {dv}; ++e) dot = fmaf(ps[tid * 65 + e], {}, dot);",
+            load(&format!("dob[(long long)(q0 + tid) * {ro} + e]"))
+        );
+        let _ = writeln!(c, "    dsum[bh * {tq} + q0 + tid] = dot;");
+        let _ = writeln!(c, "  }}");
+    }
     let _ = writeln!(c, "}}");
     c
 }

@@ -14,7 +14,10 @@
 //!    probabilities never reach memory.
 //!
 //! `dq`'s sums are atomic, so its last bits may differ between runs; `dk` and `dv` are summed in
-//! a fixed order. Head sizes are multiples of 16 up to 64, q's and v's the same.
+//! a fixed order. `rowsum(do * o)` is summed in the order the backward sums `do v^T`, so a row
+//! whose only key has probability 1 (a causal first query) gets a score gradient of exactly 0,
+//! as in the decomposition, not rounding noise that an optimizer such as AdamW would turn into
+//! a whole step. Head sizes are multiples of 16 up to 64, q's and v's the same.
 
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};

@@ -13,7 +13,7 @@ use super::attention::{self, Attention};
 use super::device::{slice, slice_mut, CudaDevice};
 use super::device_checks::BufferLengths;
 use super::flash_attention::{flash_operands, FlashAttention};
-use super::flash_attention_backward::{flash_backward_operands, FlashAttentionBackward};
+use super::flash_attention_backward::{flash_backward_on, FlashAttentionBackward};
 use super::gemm::{GemmShape, LtContext, LtGemm};
 use super::layer_norm_backward;
 use super::row_kernels::row_source;
@@ -177,7 +177,7 @@ impl Executor for CudaOps {
             }
             Some(prims::SCALED_DOT_PRODUCT_ATTENTION_BACKWARD | prims::QKV_ATTENTION_BACKWARD) => {
                 matches!(attention::backward_plans_for(&self.attention, &self.device, op), Some(Ok(_)))
-                    || flash_backward_operands(op).is_some()
+                    || flash_backward_on(&self.device, op).is_some()
             }
             _ => false,
         }
@@ -201,7 +201,7 @@ impl Executor for CudaOps {
         }
         match attention::backward_plans_for(&self.attention, &self.device, op) {
             Some(Ok(plans)) => return Ok(Box::new(self.attention.backward_kernel(self.device.clone(), plans))),
-            _ if flash_backward_operands(op).is_some() => {
+            _ if flash_backward_on(&self.device, op).is_some() => {
                 return Ok(Box::new(FlashAttentionBackward::new(&self.device, op, &kernel_name(op.name()))?));
             }
             Some(Err(detail)) => {

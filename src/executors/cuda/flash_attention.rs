@@ -241,7 +241,7 @@ pub(super) fn source(kernel: &str, s: &AttentionOperands, pass: Pass) -> String 
             let _ = writeln!(c, "    }}");
         }
         Pass::Statistics => {
-            // The result goes to shared memory (free since the loop's last barrier below), so
+            // The result goes to shared memory (the probabilities', free after the barrier above), so
             // that one thread per row can take its product with the gradient in the order the
             // backward sums `do v^T`: where a row's only key has probability 1, the two are then
             // equal to the bit and the score's gradient is exactly 0, as in the decomposition.

@@ -2,9 +2,9 @@
 //! cuDNN's fused backward does not run it (f32, which cuDNN's kernels do not take): two
 //! generated kernels in `f32` arithmetic, flash attention's backward.
 //!
-//! 1. **Statistics**: the forward kernel of `flash_attention.rs` again, which keeps the result
-//!    in registers and writes instead, per query row, the log-sum-exp of its scaled scores (base
-//!    2) and `rowsum(do * o)` into a scratch buffer of the run's stream, and zeros over `dq`.
+//! 1. **Statistics**: the forward kernel of `flash_attention.rs` again, which writes instead of
+//!    the result, per query row, the log-sum-exp of its scaled scores (base 2) and `rowsum(do *
+//!    o)` into a scratch buffer of the run's stream, and zeros over `dq`.
 //! 2. **Backward**: each block holds 64 keys and values of one `(batch, head)` and walks the
 //!    queries 64 at a time (when causal, only those at or after its first key). For each step it
 //!    computes in registers the scores again, the probabilities from the statistics and their
@@ -36,7 +36,7 @@ use crate::error::{Error, Result};
 /// The operands of a built-in attention backward these kernels run: f32, q's and v's head
 /// sizes equal, a multiple of 16 up to 64, at least one query and key, at most 65,535 `(batch,
 /// head)` planes and tiles of keys, a scale whose base-2 form is finite.
-pub(crate) fn flash_backward_operands(op: &OpView<'_>) -> Option<AttentionOperands> {
+fn flash_backward_operands(op: &OpView<'_>) -> Option<AttentionOperands> {
     let a = AttentionOperands::of_backward(op)?;
     let fits = a.dtype == DType::F32
         && a.head == a.v_head
@@ -48,6 +48,17 @@ pub(crate) fn flash_backward_operands(op: &OpView<'_>) -> Option<AttentionOperan
         && a.kv_tokens.div_ceil(TILE) <= 65535
         && (a.scale * std::f32::consts::LOG2_E).is_finite();
     fits.then_some(a)
+}
+
+/// [`flash_backward_operands`] where `device` gives a block the backward's shared memory (about
+/// 100 KB at heads of 64: Hopper, A100 and the GPUs of compute capability 8.6 and 8.9 do; older
+/// ones run the decomposition).
+pub(crate) fn flash_backward_on(device: &CudaDevice, op: &OpView<'_>) -> Option<AttentionOperands> {
+    let a = flash_backward_operands(op)?;
+    let optin = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
+    let limit = usize::try_from(device.context().attribute(optin).ok()?).ok()?;
+    let needed = backward_shared_floats(a.head).max(flash_attention::shared_floats(&a)) * std::mem::size_of::<f32>();
+    (needed <= limit).then_some(a)
 }
 
 /// Row stride, in floats, of the keys by column and of the probabilities by query: 68 keeps
@@ -264,11 +275,12 @@ pub(crate) struct FlashAttentionBackward {
 
 impl FlashAttentionBackward {
     pub(crate) fn new(device: &Arc<CudaDevice>, op: &OpView<'_>, kernel: &str) -> Result<Self> {
-        let shape = flash_backward_operands(op).ok_or_else(|| Error::KernelPrecondition {
+        let shape = flash_backward_on(device, op).ok_or_else(|| Error::KernelPrecondition {
             executor: super::CudaOps::NAME.into(),
             symbol: op.name().into(),
             detail: "flash attention's backward takes f32 operands whose q, k and v head sizes are one multiple \
-                     of 16 up to 64, and at least one query and key"
+                     of 16 up to 64, at least one query and key, and a device that gives a block about 100 KB of \
+                     shared memory"
                 .into(),
         })?;
         let shared = |function: &CudaFunction, floats: usize| -> Result<u32> {

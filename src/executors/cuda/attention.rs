@@ -176,6 +176,19 @@ impl AttentionOperands {
         })
     }
 
+    /// Elements of `tokens` rows of `head` values in every `(batch, head)` plane.
+    pub fn elements(&self, tokens: usize, head: usize) -> usize {
+        self.batch * self.heads * tokens * head
+    }
+
+    /// Bytes between the starts of q, k and v in one buffer (and of dq, dk and dv): each
+    /// part's elements when they are packed one after the other (`scaled_dot_product_attention
+    /// _backward`'s result), a row's width of a part when side by side (`qkv_attention`).
+    pub fn part_bytes(&self, tokens: usize, head: usize) -> u64 {
+        let elements = if self.packed { self.heads * self.head } else { self.elements(tokens, head) };
+        (elements * self.dtype.size_bytes()) as u64
+    }
+
     /// Elements between the starts of q, k and v (0 when they are separate tensors).
     pub fn part_offset(&self) -> usize {
         if self.packed {
@@ -257,7 +270,7 @@ impl AttentionShape {
     }
 
     fn elements(&self, tokens: usize, head: usize) -> usize {
-        self.batch * self.heads * tokens * head
+        self.operands().elements(tokens, head)
     }
 
     fn operands(&self) -> AttentionOperands {
@@ -287,12 +300,9 @@ impl AttentionShape {
         [b as i64, h as i64, row as i64, 1]
     }
 
-    /// Bytes between the starts of q, k and v in one buffer (and of dq, dk and dv): each
-    /// part's elements when they are packed one after the other (`scaled_dot_product_attention
-    /// _backward`'s result), a row's width of a part when side by side (`qkv_attention`).
+    /// [`AttentionOperands::part_bytes`].
     fn part_bytes(&self, tokens: usize, head: usize) -> u64 {
-        let elements = if self.packed { self.heads * self.head } else { self.elements(tokens, head) };
-        (elements * self.dtype.size_bytes()) as u64
+        self.operands().part_bytes(tokens, head)
     }
 
     /// Whether k and v (and dk and dv) start a multiple of 16 bytes after q (and dq), as the

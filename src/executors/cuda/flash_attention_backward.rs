@@ -308,8 +308,7 @@ impl FlashAttentionBackward {
             block_dim: (THREADS, 1, 1),
             shared_mem_bytes: shared(&backward, backward_shared_floats(shape.head))?,
         };
-        let elements = |tokens: usize| shape.batch * shape.heads * tokens * shape.head;
-        let (q, kv) = (elements(shape.q_tokens), elements(shape.kv_tokens));
+        let (q, kv) = (shape.elements(shape.q_tokens, shape.head), shape.elements(shape.kv_tokens, shape.head));
         let lengths = if shape.packed {
             BufferLengths { inputs: vec![3 * q, q], outputs: vec![3 * q] }
         } else {
@@ -334,24 +333,20 @@ impl DeviceKernel for FlashAttentionBackward {
         let what = if s.packed { "qkv_attention_backward" } else { "scaled_dot_product_attention_backward" };
         self.lengths.check(what, inputs, outputs)?;
         let stream = self.device.stream();
-        let float = std::mem::size_of::<f32>() as u64;
         let q = slice(inputs[0])?.device_ptr(&stream).0;
         let ((k, v), d_o) = if s.packed {
-            let part = s.part_offset() as u64 * float;
+            let part = s.part_bytes(s.q_tokens, s.head);
             ((q + part, q + 2 * part), slice(inputs[1])?.device_ptr(&stream).0)
         } else {
             let k = slice(inputs[1])?.device_ptr(&stream).0;
             ((k, slice(inputs[2])?.device_ptr(&stream).0), slice(inputs[3])?.device_ptr(&stream).0)
         };
+        // dq, dk and dv one after the other, or side by side (as the cuDNN backward lays them).
         let dq = slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream).0;
-        let (dk, dv) = if s.packed {
-            let part = s.part_offset() as u64 * float;
-            (dq + part, dq + 2 * part)
-        } else {
-            let (q_part, kv_part) = (s.batch * s.heads * s.q_tokens * s.head, s.batch * s.heads * s.kv_tokens * s.head);
-            (dq + q_part as u64 * float, dq + (q_part + kv_part) as u64 * float)
-        };
-        let rows = (s.batch * s.heads * s.q_tokens) as u64;
+        let dk = dq + s.part_bytes(s.q_tokens, s.head);
+        let dv = dk + s.part_bytes(s.kv_tokens, s.head);
+        let float = std::mem::size_of::<f32>() as u64;
+        let rows = s.elements(s.q_tokens, 1) as u64;
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         let lse = scratch.get(&stream, 2 * rows as usize * std::mem::size_of::<f32>())?.device_ptr(&stream).0;
         let mut pointers: [sys::CUdeviceptr; 9] = [q, k, v, d_o, lse, lse + rows * float, dq, dk, dv];

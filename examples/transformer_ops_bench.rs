@@ -22,12 +22,16 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::Instant;
 
-use boundscope::executors::cuda::{self, CudaDevice, CudaOps};
+use boundscope::executors::cuda::{self, CudaDevice};
 use boundscope::executors::CpuReference;
-use boundscope::passes::{FuseRegions, Pass, Pipeline};
 use boundscope::{
-    Arena, DType, Device, DeviceTensor, Executor, Plan, Registry, RunInput, Tensor, TensorMeta, TraceBuilder, ValueId,
+    Arena, DType, Device, DeviceTensor, Plan, Registry, RunInput, Tensor, TensorMeta, TraceBuilder, ValueId,
 };
+
+#[path = "shared/gpu_bench.rs"]
+mod gpu_bench;
+
+use gpu_bench::gpu_plan;
 
 type Build = fn(&mut TraceBuilder<'_>, &[ValueId]) -> boundscope::Result<ValueId>;
 
@@ -225,16 +229,6 @@ fn inputs(w: &Workload, batch: usize, dtype: DType) -> Vec<Tensor> {
             .to_dtype(dtype),
         })
         .collect()
-}
-
-/// The plan a user compiles for the GPU: composites CudaOps runs whole kept, the rest
-/// decomposed and fused, on CudaFusion and CudaOps (the CPU reference for what neither runs).
-fn gpu_plan(gpu: &Arc<CudaDevice>, trace: &boundscope::Trace<'_>, arena: &Arena) -> boundscope::Result<Plan> {
-    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(gpu.clone()));
-    let fusion: Arc<dyn Executor> = Arc::new(cuda::CudaFusion::new(gpu.clone()));
-    let prims = Pipeline::for_executors(std::slice::from_ref(&ops)).run(trace, arena)?;
-    let fused = FuseRegions::new(fusion.clone()).run(&prims, arena)?;
-    Plan::compile(&fused, &[fusion, ops, CpuReference::shared()])
 }
 
 fn run() -> Result<(), String> {

@@ -1,9 +1,26 @@
-//! What the GPU benchmarks (`cuda_bench`, `cuda_bf16_bench`) share: the copy that sets the
-//! bandwidth ceiling, and deterministic random data.
+//! What the GPU benchmarks (`cuda_bench`, `cuda_bf16_bench`, `transformer_ops_bench`,
+//! `gpu_sweep`) share: the copy that sets the bandwidth ceiling, deterministic random data, and
+//! the plan a user compiles for the GPU. (Each uses part of it.)
+#![allow(dead_code)]
 
+use std::sync::Arc;
 use std::time::Instant;
 
+use boundscope::executors::cuda::{CudaDevice, CudaFusion, CudaOps};
+use boundscope::executors::CpuReference;
+use boundscope::passes::{FuseRegions, Pass, Pipeline};
+use boundscope::{Arena, Executor, Plan, Trace};
 use cudarc::driver::CudaContext;
+
+/// The plan a user compiles for the GPU: composites CudaOps runs whole kept, the rest
+/// decomposed and fused, on CudaFusion and CudaOps (the CPU reference for what neither runs).
+pub fn gpu_plan(gpu: &Arc<CudaDevice>, trace: &Trace<'_>, arena: &Arena) -> boundscope::Result<Plan> {
+    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(gpu.clone()));
+    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
+    let prims = Pipeline::for_executors(std::slice::from_ref(&ops)).run(trace, arena)?;
+    let fused = FuseRegions::new(fusion.clone()).run(&prims, arena)?;
+    Plan::compile(&fused, &[fusion, ops, CpuReference::shared()])
+}
 
 /// A device-to-device copy of `n` floats, per copy: the bandwidth ceiling, with the CUDA
 /// runtime's own copy (not boundscope's).

@@ -1,0 +1,203 @@
+//! A sweep of the GPU's memory-bound ops over the shapes users meet, not only the benchmarked
+//! ones: `softmax`, `layer_norm` (with weight and bias), `sum` and `max` over the last axis, at
+//! 10 row lengths from 32 to 65,536 (768, 3,072 and GPT-2's 50,257 among them) over 2^24 values,
+//! and at totals from 2^22 to 2^28 values; and the broadcast chain `gelu(x * scale + bias)` with
+//! `scale` and `bias` along the last axis (`[D]`) and along the first (`[N, 1]`). In f32, bf16
+//! and f16, each through `Plan` with device inputs, as a user's program runs them (on a machine
+//! without a GPU it prints a SKIPPED line and exits 0).
+//!
+//! Each case is first checked against the CPU reference at a smaller row count, then timed, with
+//! a device-to-device copy of the same bytes (half read, half written) beside it: the bandwidth
+//! ceiling. Bytes are the useful ones: every input read once, the output written once. Lines
+//! starting `RESULT ` are JSON; `scripts/torch_gpu_sweep.py` reads them, times PyTorch (eager
+//! and `torch.compile`) on the same cases and passes everything on to
+//! `scripts/gpu_sweep_report.py`, which prints one table with the ratios and their minimum and
+//! median:
+//!
+//! ```text
+//! cargo build --release --example gpu_sweep   # here; then on the GPU machine:
+//! target/release/examples/gpu_sweep | python3 scripts/torch_gpu_sweep.py | python3 scripts/gpu_sweep_report.py
+//! ```
+//!
+//! An optional first argument keeps the dtypes (`f32,bf16`) and a second the ops
+//! (`softmax,max`) it names.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use boundscope::executors::cuda::{self, CudaDevice};
+use boundscope::executors::CpuReference;
+use boundscope::{Arena, DType, Device, DeviceTensor, Plan, Registry, RunInput, Tensor, TensorMeta, TraceBuilder};
+
+#[path = "shared/gpu_bench.rs"]
+mod gpu_bench;
+
+use gpu_bench::gpu_plan;
+
+/// One case: an op over `[rows, cols]`.
+#[derive(Clone, Copy)]
+struct Case {
+    op: &'static str,
+    rows: usize,
+    cols: usize,
+}
+
+/// Row lengths swept at 2^24 values.
+const LENGTHS: [usize; 10] = [32, 128, 512, 768, 1024, 3072, 4096, 16384, 50257, 65536];
+/// Row ops.
+const ROW_OPS: [&str; 4] = ["softmax", "layer_norm", "sum", "max"];
+
+fn cases() -> Vec<Case> {
+    let mut all = Vec::new();
+    for op in ROW_OPS {
+        let at = |cols: usize, total: usize| Case { op, rows: (total / cols).max(1), cols };
+        all.extend(LENGTHS.iter().map(|&cols| at(cols, 1 << 24)));
+        // Totals from 2^22 (in L2) to 2^28 (1 GiB in f32), at short, middle and long rows.
+        all.extend([at(32, 1 << 22), at(1024, 1 << 22), at(1024, 1 << 28), at(65536, 1 << 28)]);
+    }
+    for op in ["bcast_last", "bcast_first"] {
+        all.extend([Case { op, rows: 8192, cols: 8192 }, Case { op, rows: 16384, cols: 768 }]);
+    }
+    all
+}
+
+/// The inputs' shapes of a case with `rows` rows.
+fn input_shapes(case: &Case, rows: usize) -> Vec<Vec<usize>> {
+    let x = vec![rows, case.cols];
+    match case.op {
+        "layer_norm" | "bcast_last" => vec![x, vec![case.cols], vec![case.cols]],
+        "bcast_first" => vec![x, vec![rows, 1], vec![rows, 1]],
+        _ => vec![x],
+    }
+}
+
+fn trace<'a>(
+    arena: &'a Arena,
+    registry: &'a Registry,
+    case: &Case,
+    rows: usize,
+    dtype: DType,
+) -> boundscope::Result<boundscope::Trace<'a>> {
+    let mut b = TraceBuilder::new(arena, registry);
+    let v = input_shapes(case, rows)
+        .iter()
+        .map(|shape| b.input_with(&TensorMeta::new(dtype, shape)))
+        .collect::<boundscope::Result<Vec<_>>>()?;
+    let y = match case.op {
+        "softmax" => b.softmax(v[0])?,
+        "layer_norm" => b.layer_norm(v[0], 1e-5, Some(v[1]), Some(v[2]))?,
+        "sum" => b.sum(v[0])?,
+        "max" => b.max(v[0])?,
+        _ => {
+            let scaled = b.mul(v[0], v[1])?;
+            let shifted = b.add(scaled, v[2])?;
+            b.gelu(shifted)?
+        }
+    };
+    b.output(y)?;
+    b.finish()
+}
+
+fn inputs(case: &Case, rows: usize, dtype: DType) -> Vec<Tensor> {
+    input_shapes(case, rows)
+        .iter()
+        .enumerate()
+        .map(|(k, shape)| {
+            let values = gpu_bench::random_chunk(shape.iter().product(), k as u64 + 1);
+            Tensor::new(shape, values).expect("the shape's count").to_dtype(dtype)
+        })
+        .collect()
+}
+
+fn main() -> ExitCode {
+    if let boundscope::Availability::Unavailable(reason) = cuda::availability() {
+        println!("SKIPPED: gpu_sweep: {reason}");
+        return ExitCode::SUCCESS;
+    }
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run() -> Result<(), String> {
+    let e = |e: boundscope::Error| e.to_string();
+    let gpu = CudaDevice::new().map_err(e)?;
+    let device: Arc<dyn Device> = gpu.clone();
+    println!("device: {}", device.name());
+    let registry = Registry::with_builtins();
+    let mut args = std::env::args().skip(1);
+    let (dtypes, ops) = (args.next(), args.next());
+    let keep = |list: &Option<String>, name: &str| list.as_deref().is_none_or(|l| l.split(',').any(|n| n == name));
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        if !keep(&dtypes, &dtype.to_string()) {
+            continue;
+        }
+        for case in cases().into_iter().filter(|c| keep(&ops, c.op)) {
+            let arena = Arena::new();
+            // Correctness first, on at most 2^18 values, against the CPU reference.
+            let rows = (case.rows * case.cols).min(1 << 18).div_ceil(case.cols);
+            let small = trace(&arena, &registry, &case, rows, dtype).map_err(e)?;
+            let small_inputs = inputs(&case, rows, dtype);
+            let refs: Vec<&Tensor> = small_inputs.iter().collect();
+            let expected = Plan::compile(&small, &[CpuReference::shared()]).map_err(e)?.run(&refs).map_err(e)?;
+            let got = gpu_plan(&gpu, &small, &arena).map_err(e)?.run(&refs).map_err(e)?;
+            let scale = expected[0].to_f32_vec().iter().fold(1f32, |m, v| m.max(v.abs()));
+            let diff = got[0].max_abs_diff(&expected[0]) / scale;
+            let tolerance = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
+            let name = format!("{} {}x{}", case.op, case.rows, case.cols);
+            if diff.is_nan() || diff > tolerance {
+                return Err(format!("{name} {dtype}: differs from the CPU reference by {diff} (relative)"));
+            }
+            // Then the full shape, inputs on the device, the output left there.
+            let full = trace(&arena, &registry, &case, case.rows, dtype).map_err(e)?;
+            let plan = gpu_plan(&gpu, &full, &arena).map_err(e)?;
+            let host = inputs(&case, case.rows, dtype);
+            let uploaded: Vec<DeviceTensor> =
+                host.iter().map(|t| DeviceTensor::upload(&device, t.view())).collect::<Result<_, _>>().map_err(e)?;
+            drop(host);
+            let run_inputs: Vec<RunInput<'_>> = uploaded.iter().map(RunInput::from).collect();
+            let mut ws = plan.workspace().map_err(e)?;
+            let bytes: usize = full
+                .inputs()
+                .iter()
+                .chain(full.outputs())
+                .map(|&v| full.value_meta(v).map(|m| m.numel() * m.dtype.size_bytes()).unwrap_or(0))
+                .sum();
+            // About 30 ms of runs at 3 TB/s, 20 to 1,000 of them.
+            let reps = (9e10 / bytes as f64).clamp(20.0, 1000.0) as usize;
+            for _ in 0..3 {
+                plan.run_on_device(&mut ws, &run_inputs).map_err(e)?;
+            }
+            device.synchronize().map_err(e)?;
+            let start = Instant::now();
+            for _ in 0..reps {
+                plan.run_on_device(&mut ws, &run_inputs).map_err(e)?;
+            }
+            device.synchronize().map_err(e)?;
+            let ms = start.elapsed().as_secs_f64() * 1e3 / reps as f64;
+            // The copy of the same bytes: half of them read, half written.
+            let copy_ms = gpu_bench::copy_ms(bytes / 8, reps)?;
+            let gbps = |ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
+            println!(
+                "RESULT {{\"impl\":\"boundscope\",\"op\":\"{}\",\"rows\":{},\"cols\":{},\"dtype\":\"{dtype}\",\"ms\":{ms},\"gbps\":{},\"copy_gbps\":{},\"check\":{diff}}}",
+                case.op,
+                case.rows,
+                case.cols,
+                gbps(ms),
+                gbps(copy_ms),
+            );
+            eprintln!(
+                "{name} {dtype}: {ms:.4} ms, {:.0} GB/s (copy {:.0}), steps {:?}",
+                gbps(ms),
+                gbps(copy_ms),
+                plan.steps_per_executor()
+            );
+        }
+    }
+    Ok(())
+}

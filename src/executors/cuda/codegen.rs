@@ -171,13 +171,12 @@ pub fn op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, String> 
     generate(op, std::slice::from_ref(op), &inputs, op.bound_symbol().outputs(), kernel)
 }
 
-/// Threads per row of a region's trailing reduction over rows of `row` values: a power of two,
-/// about a quarter of the row up to a warp (each thread takes four or more values, and a warp's
-/// reads cover whole 32-byte sectors of consecutive rows), and enough that none runs more than
-/// 32 values, up to the block.
-fn reduction_threads(row: usize) -> usize {
-    let mut t = row.div_ceil(4).max(1).next_power_of_two().min(32);
-    while t < BLOCK_THREADS as usize && row.div_ceil(t) > 32 {
+/// Threads per row of a region's trailing reduction over rows of `accesses` reads (of up to 16
+/// bytes each): a power of two, one access each up to a warp (a warp's reads cover whole
+/// sectors of consecutive rows), and enough that none makes more than 8, up to the block.
+fn reduction_threads(accesses: usize) -> usize {
+    let mut t = accesses.max(1).next_power_of_two().min(32);
+    while t < BLOCK_THREADS as usize && accesses.div_ceil(t) > 8 {
         t *= 2;
     }
     t
@@ -448,7 +447,22 @@ fn generate(
         let row = *shape.last().ok_or("a reduction over a rank-0 shape")?;
         // From the shape, not `n / row`: rows of length zero still have one result each.
         let rows: usize = shape[..shape.len() - 1].iter().product();
-        let t = reduction_threads(row);
+        // Inputs of the region's shape are read `v` values at a time, 16 bytes of the widest
+        // (halved until `v` divides the row), so that 16-bit rows move as many bytes per access
+        // as f32 ones; broadcast inputs are read per value.
+        let full: Vec<bool> = input_shapes.iter().map(|s| *s == shape).collect();
+        let widest = input_dtypes.iter().zip(&full).filter(|(_, &f)| f).map(|(d, _)| d.size_bytes()).max();
+        let mut v = widest.map_or(1, |w| 16 / w.clamp(1, 16));
+        // A row whose length the access does not divide (GPT-2's 50,257 words) is read through
+        // accesses aligned to the tensor, not to the row: the values of the rows beside it that
+        // an access reads count for nothing (the combination skips them). Only where every
+        // input is read whole and the reduction is the only output: nothing else is read or
+        // written per value.
+        let aligned = v > 1 && !row.is_multiple_of(v) && row < 1 << 30 && full.iter().all(|&f| f) && outputs.len() == 1;
+        while !aligned && v > 1 && !row.is_multiple_of(v) {
+            v /= 2;
+        }
+        let t = reduction_threads(if aligned { (row + v - 1).div_ceil(v) } else { row.div_ceil(v) });
         // The loop runs alike in the whole warp (the whole block, past a warp), so that every
         // lane takes part in each shuffle and barrier.
         let uniform = if t <= 32 { 32 } else { BLOCK_THREADS as usize };
@@ -464,16 +478,64 @@ fn generate(
         let init = if op == prims::SUM { "0.0f" } else { "__int_as_float(0xff800000)" };
         let combine = |a: &str, b: &str| if op == prims::SUM { format!("{a} + {b}") } else { maximum(a, b) };
         let _ = writeln!(source, "    float acc = {init};");
-        let _ = writeln!(source, "    if (r < rows) for (long long c = lane; c < {row}ll; c += {t}) {{");
-        let _ = writeln!(source, "    const long long i = r * {row}ll + c;");
+        let _ = writeln!(source, "    if (r < rows) {{");
+        if aligned {
+            // `at` walks the tensor from the access that holds the row's first value, up to the
+            // tensor's last whole access (the values past it, fewer than `v`, are the last
+            // row's, read one by one below): no access is cut short, so none is conditional,
+            // and each thread has several in flight.
+            // Offsets `o` from the row's first value are 32-bit (rows shorter than 2^30 take
+            // this path, so that `o` never overflows), which keeps the per-value test of the
+            // row's bounds cheap.
+            let whole = numel - numel % v;
+            let _ = writeln!(source, "    const long long start = r * {row}ll, end = start + {row}ll;");
+            let _ = writeln!(source, "    const int stop = (int)((end < {whole}ll ? end : {whole}ll) - start);");
+            let _ = writeln!(source, "    #pragma unroll 4");
+            let _ = writeln!(
+                source,
+                "    for (int o = lane * {v} - (int)(start % {v}); o < stop; o += {}) {{ const long long at = start + o;",
+                t * v
+            );
+            for (k, &dtype) in input_dtypes.iter().enumerate() {
+                let load = super::row_kernels::load(dtype, v, &format!("in{k} + at"), &format!("xs{k}"));
+                let _ = writeln!(source, "    float xs{k}[{v}]; {load}");
+            }
+        } else {
+            let _ = writeln!(source, "    #pragma unroll 4");
+            let _ = writeln!(source, "    for (long long c = lane * {v}; c < {row}ll; c += {}) {{", t * v);
+            let _ = writeln!(source, "    const long long at = r * {row}ll + c;");
+            for (k, _) in full.iter().enumerate().filter(|(_, &f)| f) {
+                let load = super::row_kernels::load(input_dtypes[k], v, &format!("in{k} + at"), &format!("xs{k}"));
+                let _ = writeln!(source, "    float xs{k}[{v}]; {load}");
+            }
+        }
+        let _ = writeln!(source, "    #pragma unroll");
+        let _ = writeln!(source, "    for (int e = 0; e < {v}; ++e) {{");
+        let _ = writeln!(source, "    const long long i = at + e;");
         for (k, s) in input_shapes.iter().enumerate() {
-            let _ = writeln!(source, "    const float x{k} = {};", read_as_float(k, index_expression(k, &shape, s)));
+            let read = if full[k] { format!("xs{k}[e]") } else { read_as_float(k, index_expression(k, &shape, s)) };
+            let _ = writeln!(source, "    const float x{k} = {read};");
         }
         source.push_str(&body);
         for (o, v) in outputs.iter().enumerate().filter(|(_, v)| **v != result) {
             let _ = writeln!(source, "    out{o}[i] = {};", narrow(output_dtypes[o], &format!("t{}", v.index())));
         }
-        let _ = writeln!(source, "    acc = {};", combine("acc", &value_name(reduced)));
+        let guard = if aligned { format!("if (o + e >= 0 && o + e < {row}) ") } else { String::new() };
+        let _ = writeln!(source, "    {guard}acc = {};", combine("acc", &value_name(reduced)));
+        let _ = writeln!(source, "    }}\n    }}");
+        if aligned && !numel.is_multiple_of(v) {
+            let whole = numel - numel % v;
+            let _ = writeln!(
+                source,
+                "    if (lane == 0) for (long long i = start > {whole}ll ? start : {whole}ll; i < end; ++i) {{"
+            );
+            for k in 0..inputs.len() {
+                let _ = writeln!(source, "    const float x{k} = {};", read_as_float(k, format!("in{k}[i]")));
+            }
+            source.push_str(&body);
+            let _ = writeln!(source, "    acc = {};", combine("acc", &value_name(reduced)));
+            let _ = writeln!(source, "    }}");
+        }
         let _ = writeln!(source, "    }}");
         super::row_kernels::row_reduce(&mut source, t, &combine);
         if let Some(o) = outputs.iter().position(|&v| v == result) {
@@ -577,14 +639,21 @@ fn generate(
 }
 
 /// Conversions between `float` and the 16-bit dtypes' bits, without NVRTC's headers: bf16 is
-/// `float`'s upper half (rounded to nearest even, NaN kept quiet, as the `half` crate does),
-/// f16 goes through PTX's `cvt` (round to nearest even; overflow to infinity).
-pub(super) const HALF_CONVERSIONS: &str = r#"__device__ __forceinline__ float bs_from_bf16(unsigned int h) { return __uint_as_float((h & 0xffffu) << 16); }
+/// `float`'s upper half, rounded to nearest even by PTX's `cvt` on GPUs that have it (compute
+/// capability 8.0 and newer: one instruction, where rounding by hand took six and made bf16
+/// kernels compute-bound) and by hand before (NaN kept quiet, as the `half` crate does; `cvt`
+/// gives the canonical NaN); f16 goes through PTX's `cvt` (round to nearest even; overflow to
+/// infinity).
+pub(super) const HALF_CONVERSIONS: &str = r#"__device__ __forceinline__ float bs_from_bf16(unsigned int h) { return __uint_as_float(h << 16); }
 __device__ __forceinline__ unsigned int bs_to_bf16(float f) {
+#if __CUDA_ARCH__ >= 800
+  unsigned short s; asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(s) : "f"(f)); return (unsigned int)s;
+#else
   unsigned int u = __float_as_uint(f);
   if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu;
   u += 0x7fffu + ((u >> 16) & 1u);
   return u >> 16;
+#endif
 }
 __device__ __forceinline__ float bs_from_f16(unsigned int h) { float f; unsigned short s = (unsigned short)h; asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(s)); return f; }
 __device__ __forceinline__ unsigned int bs_to_f16(float f) { unsigned short s; asm("cvt.rn.f16.f32 %0, %1;" : "=h"(s) : "f"(f)); return (unsigned int)s; }
@@ -928,6 +997,31 @@ mod op_tests {
 }
 
 #[cfg(test)]
+mod conversion_tests {
+    use super::HALF_CONVERSIONS;
+
+    /// Rounding to bf16 is one `cvt` instruction where the GPU has it (compute capability 8.0
+    /// on; kernels are compiled for the GPU's own architecture), by hand before.
+    #[test]
+    fn bf16_rounds_in_one_instruction_where_the_gpu_has_it() {
+        // SAFETY: only looks for the library (loading it if present).
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("SKIPPED: NVRTC cannot be loaded here (no CUDA); the GPU tests compile every kernel");
+            return;
+        }
+        let source = format!(
+            "{HALF_CONVERSIONS}extern \"C\" __global__ void k(const float* x, unsigned short* y) {{ y[0] = bs_to_bf16(x[0]); }}"
+        );
+        let ptx = |arch| {
+            let options = cudarc::nvrtc::CompileOptions { arch, ..Default::default() };
+            cudarc::nvrtc::compile_ptx_with_opts(&source, options).unwrap().to_src()
+        };
+        assert!(ptx(Some("compute_90")).contains("cvt.rn.bf16.f32"));
+        assert!(!ptx(Some("compute_75")).contains("cvt.rn.bf16.f32"));
+    }
+}
+
+#[cfg(test)]
 mod reduction_tests {
     use super::*;
     use crate::core::ir::{Arena, Registry, TraceBuilder};
@@ -935,7 +1029,7 @@ mod reduction_tests {
     use crate::executors::CpuFusion;
 
     #[test]
-    fn a_trailing_reduction_runs_one_warp_per_row() {
+    fn a_trailing_reduction_reads_rows_sixteen_bytes_at_a_time() {
         let (arena, registry) = (Arena::new(), Registry::with_builtins());
         let mut b = TraceBuilder::new(&arena, &registry);
         let x = b.input(&[16, 8]).unwrap();
@@ -946,11 +1040,12 @@ mod reduction_tests {
         let trace = b.finish().unwrap();
         let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
         let generated = region_source(&OpView::of(&fused, 0).unwrap(), "softmax_part").unwrap();
-        // Rows of 8: 2 threads each, 16 rows per warp.
+        // Rows of 8: 2 threads each, 16 rows per warp, each thread reading 4 values at once.
         assert_eq!((generated.threads, generated.vectorized, generated.outputs), (16 * 2, false, 2));
         let src = &generated.source;
         assert!(src.contains("const long long rows = 16ll;") && src.contains("float acc = 0.0f;"), "{src}");
-        assert!(src.contains("if (r < rows) for (long long c = lane; c < 8ll; c += 2)"), "{src}");
+        assert!(src.contains("for (long long c = lane * 4; c < 8ll; c += 8)"), "{src}");
+        assert!(src.contains("float xs0[4]; { const uint4 t = *reinterpret_cast<const uint4*>(in0 + at);"), "{src}");
         assert!(src.contains("out0[i] = t1;") && src.contains("acc = acc + t1;"), "{src}");
         assert!(src.contains("const float other = __shfl_xor_sync(0xffffffffu, acc, offset);"), "{src}");
         assert!(src.contains("acc = acc + other;"), "{src}");
@@ -970,6 +1065,48 @@ mod reduction_tests {
         assert!(src.contains("const float other = __shfl_xor_sync(0xffffffffu, acc, offset);"), "{src}");
         assert!(src.contains("acc = ((acc != acc || acc > other) ? acc : other);"), "{src}");
         assert!(!src.contains("fmaxf"), "{src}");
+
+        // 16-bit rows move 16 bytes per access too (eight values), and a broadcast operand
+        // is read per value; an odd row is read a value at a time.
+        let reduce = |cols: usize| {
+            let mut b = TraceBuilder::new(&arena, &registry);
+            let x = b.input_with(&crate::TensorMeta::new(DType::BF16, &[4, cols])).unwrap();
+            let w = b.input_with(&crate::TensorMeta::new(DType::BF16, &[cols])).unwrap();
+            let y = b.mul(x, w).unwrap();
+            let s = b.sum(y).unwrap();
+            b.output(s).unwrap();
+            let trace = b.finish().unwrap();
+            let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
+            region_source(&OpView::of(&fused, 0).unwrap(), "dot").unwrap()
+        };
+        let generated = reduce(64);
+        let src = &generated.source;
+        assert_eq!(generated.threads, 4 * 8, "eight accesses of eight values a row: {src}");
+        assert!(src.contains("float xs0[8]; { const uint4 t = *reinterpret_cast<const uint4*>(in0 + at);"), "{src}");
+        assert!(src.contains("const float x1 = bs_from_bf16(in1["), "{src}");
+        super::super::compiles_with_nvrtc(src);
+        // An odd row with a broadcast operand is read a value at a time; without one, through
+        // accesses aligned to the tensor, skipping the values of the rows beside it.
+        let src = reduce(63).source;
+        assert!(src.contains("float xs0[1]; xs0[0] = bs_from_bf16((unsigned int)*(in0 + at));"), "{src}");
+        super::super::compiles_with_nvrtc(&src);
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input_with(&crate::TensorMeta::new(DType::BF16, &[4, 63])).unwrap();
+        let s = b.max(x).unwrap();
+        b.output(s).unwrap();
+        let trace = b.finish().unwrap();
+        let generated = op_source(&OpView::of(&trace, 0).unwrap(), "odd_max").unwrap();
+        let src = &generated.source;
+        assert_eq!(generated.threads, 4 * 16, "a row spans up to nine accesses of eight values: {src}");
+        assert!(src.contains("for (int o = lane * 8 - (int)(start % 8); o < stop; o += 128)"), "{src}");
+        assert!(src.contains("const int stop = (int)((end < 248ll ? end : 248ll) - start);"), "{src}");
+        assert!(src.contains("float xs0[8]; { const uint4 t"), "an unconditional access: {src}");
+        assert!(
+            src.contains("if (lane == 0) for (long long i = start > 248ll ? start : 248ll; i < end; ++i)"),
+            "{src}"
+        );
+        assert!(src.contains("if (o + e >= 0 && o + e < 63) acc = ((acc != acc"), "{src}");
+        super::super::compiles_with_nvrtc(src);
     }
 }
 

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, PinnedHostSlice};
+use cudarc::nvrtc::Ptx;
 
 use super::stream_order::{OwnStream, QueueOrder, StreamOrder};
 use super::{availability, RegionSource};
@@ -26,6 +27,9 @@ pub struct CudaDevice {
     /// The device's own stream, and its order with the workspaces' streams.
     order: Arc<StreamOrder>,
     kernels: Mutex<HashMap<String, CudaFunction>>,
+    /// The virtual architecture kernels are compiled for: the GPU's own where NVRTC names it
+    /// (so that sources may use its instructions, behind `__CUDA_ARCH__`), else NVRTC's default.
+    arch: Option<&'static str>,
     /// Host-to-device and device-to-host copies made so far.
     transfers: AtomicU64,
     /// Page-locked staging for large uploads and downloads; one staged transfer at a time.
@@ -56,6 +60,34 @@ impl Drop for Chunk {
     fn drop(&mut self) {
         let _ = self.copied.synchronize();
     }
+}
+
+/// NVRTC's name of the virtual architecture of compute capability `major.minor`, for the GPUs
+/// it knows (from Turing on); `None` for others, which get NVRTC's default.
+fn virtual_arch(major: i32, minor: i32) -> Option<&'static str> {
+    Some(match (major, minor) {
+        (7, 5) => "compute_75",
+        (8, 0) => "compute_80",
+        (8, 6) => "compute_86",
+        (8, 7) => "compute_87",
+        (8, 9) => "compute_89",
+        (9, 0) => "compute_90",
+        (10, 0) => "compute_100",
+        (12, 0) => "compute_120",
+        _ => return None,
+    })
+}
+
+/// `source` compiled to PTX for `arch`, or for NVRTC's default architecture where none is given
+/// or NVRTC does not know it (an NVRTC older than the GPU).
+fn compile(source: &str, arch: Option<&'static str>) -> std::result::Result<Ptx, cudarc::nvrtc::CompileError> {
+    if arch.is_some() {
+        let options = cudarc::nvrtc::CompileOptions { arch, ..Default::default() };
+        if let Ok(ptx) = cudarc::nvrtc::compile_ptx_with_opts(source, options) {
+            return Ok(ptx);
+        }
+    }
+    cudarc::nvrtc::compile_ptx(source)
 }
 
 thread_local! {
@@ -231,16 +263,25 @@ impl CudaDevice {
         name_stream(&stream, &format!("boundscope cuda:{ordinal}"));
         let name = format!("cuda:{ordinal} ({})", context.name().unwrap_or_default());
         let kernels = Mutex::new(HashMap::new());
+        let arch = context.compute_capability().ok().and_then(|(major, minor)| virtual_arch(major, minor));
         Ok(Self {
             name,
             ordinal,
             context,
             order: Arc::new(StreamOrder::new(stream)),
             kernels,
+            arch,
             transfers: AtomicU64::new(0),
             staging: Mutex::new(Staging::default()),
             pins: AtomicU64::new(0),
         })
+    }
+
+    /// Bytes of shared memory a block may take on this GPU when it asks for them (227 KB on
+    /// Hopper); 0 where the driver does not say.
+    pub(crate) fn shared_memory_per_block(&self) -> usize {
+        let optin = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
+        self.context.attribute(optin).ok().and_then(|b| usize::try_from(b).ok()).unwrap_or(0)
     }
 
     /// The GPU's ordinal (0 for the first).
@@ -309,7 +350,7 @@ impl CudaDevice {
         if let Some(f) = kernels.get(&generated.source) {
             return Ok(f.clone());
         }
-        let ptx = cudarc::nvrtc::compile_ptx(&generated.source).map_err(|e| cuda_error(&generated.kernel, e))?;
+        let ptx = compile(&generated.source, self.arch).map_err(|e| cuda_error(&generated.kernel, e))?;
         let module = self.context.load_module(ptx).map_err(|e| cuda_error(&generated.kernel, e))?;
         let function = module.load_function(&generated.kernel).map_err(|e| cuda_error(&generated.kernel, e))?;
         kernels.insert(generated.source.clone(), function.clone());

@@ -10,7 +10,7 @@ use cudarc::driver::{sys, CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
 use smallvec::SmallVec;
 
 use super::attention::{self, Attention};
-use super::device::{slice, slice_mut, CudaDevice};
+use super::device::{cuda_error, slice, slice_mut, CudaDevice};
 use super::device_checks::BufferLengths;
 use super::flash_attention::{flash_operands, FlashAttention};
 use super::flash_attention_backward::{flash_backward_on, FlashAttentionBackward};
@@ -231,20 +231,34 @@ impl Executor for CudaOps {
             return Ok(Box::new(kernel));
         }
         if matches!(composite, Some(prims::SOFTMAX | prims::LAYER_NORM | prims::LAYER_NORM_BACKWARD)) {
-            let source = if composite == Some(prims::LAYER_NORM_BACKWARD) {
-                layer_norm_backward::input_source
+            let name = kernel_name(op.name());
+            let rows = if composite == Some(prims::LAYER_NORM_BACKWARD) {
+                layer_norm_backward::input_source(op, &name)
             } else {
-                row_source
+                // The kernel's own shared arrays (a few hundred bytes) take from the same limit.
+                row_source(op, &name, self.device.shared_memory_per_block().saturating_sub(1024))
             };
-            let rows = source(op, &kernel_name(op.name())).map_err(|detail| Error::KernelPrecondition {
+            let rows = rows.map_err(|detail| Error::KernelPrecondition {
                 executor: Self::NAME.into(),
                 symbol: op.name().into(),
                 detail,
             })?;
             let mut kernel = GeneratedKernel::new(&self.device, &rows.source, None)?;
-            let block = rows.layout.block as u32;
-            kernel.config =
-                LaunchConfig { grid_dim: (rows.blocks, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: 0 };
+            let (block, shared) = (rows.layout.block as u32, rows.layout.shared_bytes());
+            if shared > 0 {
+                kernel
+                    .function
+                    .set_attribute(
+                        sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        shared as i32,
+                    )
+                    .map_err(|e| cuda_error("a row kernel's shared memory", e))?;
+            }
+            kernel.config = LaunchConfig {
+                grid_dim: (rows.blocks, 1, 1),
+                block_dim: (block, 1, 1),
+                shared_mem_bytes: shared as u32,
+            };
             return Ok(Box::new(kernel));
         }
         if cross_entropy::runs_whole(op) {

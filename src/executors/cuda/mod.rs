@@ -135,7 +135,8 @@
 //! packs them; `to_host` unpacks; a plan's transfers of 16-bit values do the same, through a buffer
 //! the workspace keeps). `CudaFusion` regions and `CudaOps` kernels read bf16 and f16 operands with
 //! 16-byte vector loads (eight values per thread; an `f32` operand as two `float4`s), compute in
-//! `f32` registers and round only what they write; `matmul` and `linear` go through cuBLASLt with
+//! `f32` registers and round only what they write (to bf16 with PTX's `cvt` on GPUs of compute
+//! capability 8.0 and newer, for which the kernels are compiled; by hand before); `matmul` and `linear` go through cuBLASLt with
 //! bf16 or f16 operands and `f32` accumulation (operands of one dtype; cast mixed ones first); and
 //! `softmax` and `layer_norm` run whole, laid out by row length, in `f32`, rounding only the result (as
 //! PyTorch's fused kernels do); shape ops move 16-bit values as they are. So every built-in runs on
@@ -168,8 +169,10 @@
 //! | causal attention's forward and backward (`attention_training`: the forward, and `scaled_dot_product_attention_backward` from the result's gradient; 2026-12-03), bf16 (cuDNN: the backward runs the forward again for its statistics) / f32 (the generated kernels: the statistics pass, then the backward) | 0.249 ms / 2.353 ms (19.2 TFLOP/s counting the backward as 2.5 forwards) | `scaled_dot_product_attention` and `torch.autograd.grad`, best of eager and compile: 0.204 / 1.682 ms | not met: 0.82x / 0.71x (a variant reading both operands 16 bytes at a time took 2.465 ms: its registers left 2 blocks per multiprocessor) |
 //! | `cross_entropy` over [8192, 50257], one row kernel (16-byte loads) and a mean, f32 / bf16 | 0.425-0.433 / 0.288 ms | `torch.compile` 0.625-0.629 / eager 0.566-0.568 | met, 1.44-1.48x / 1.97x |
 //! | `softmax` over [16384, 1024], f32 / bf16 (one kernel laid out by row length; was 2439 / 1579 GB/s) | 3623 / 2893 GB/s, 93% / 80% of a copy | best of eager and `torch.compile` 3531 / 2016 | met, 1.03x / 1.44x |
-//! | `softmax` and `layer_norm` over rows of 32 to 2^20, 2^24 values, f32 and bf16 | 317-3660 GB/s | best of eager and `torch.compile` | met (0.95-10.8x) but for `softmax` rows of 128 in f32 (0.96-0.97x) and of 65,536 in bf16 (0.95x) |
-//! | a fused region ending in a last-axis sum, `sum(x * x)`, rows of 32 to 65,536, f32 / bf16 | 2774-3349 / 2278-3719 GB/s | best of eager and `torch.compile` | met, 1.7-3.4x / 2.6-8.8x; rows of 2^20 not (0.25-0.33x) |
+//! | the sweep of memory-bound ops (`examples/gpu_sweep.rs`, 2026-12-03): `softmax`, `layer_norm`, `sum`, `max` over rows of 32 to 65,536 (768, 3,072 and 50,257 among them) at 2^24 values, and at 2^22 and 2^28; `gelu(x * scale + bias)` broadcast along the last and the first axis; f32, bf16 and f16: 180 cases | median 1.54x the faster of eager and `torch.compile` (0.71x the least), median 98% of a copy of the same bytes; at the session's start 1.35x (0.68x), 89% | best of eager and `torch.compile`, per case | not met in 24 of 180 cases: rows of 50,257 and 65,536 in `layer_norm` f32 (0.75-0.84x: spilled registers, fixed after this run, see below), `sum`/`max` over rows of 50,257 (0.71-0.80x: conditional loads, fixed after this run), `softmax` of rows of 50,257 in 16 bits (0.84-0.85x), and 0.97-0.99x cases (rows of 1,024 at 2^28, `sum`/`max` of rows of 65,536 at 2^28, the first-axis broadcast in 16 bits) |
+//! | what moved the sweep, one run each (`gpu_sweep`, then `torch_gpu_sweep.py`) | bf16 rounded by PTX's `cvt` (kernels compiled for the GPU's own architecture), not six integer instructions: `layer_norm` [262144, 1024] bf16 3185 -> 4129 GB/s, broadcast chains in bf16 2482 -> 3026; fused reductions read 16 bytes an access in every dtype: `sum` [4096, 65536] bf16 3503 -> 4423; rows of 65,536 kept in shared memory: `softmax` f32 2545 -> 3855 (90% of a copy), bf16 1903 -> 2915 | | |
+//! | `softmax` and `layer_norm` over rows of 32 to 2^20, 2^24 values, f32 and bf16 (2026-12-01, `transformer_ops_bench rows`) | 317-3660 GB/s | best of eager and `torch.compile` | met (0.95-10.8x) but for `softmax` rows of 128 in f32 (0.96-0.97x) and of 65,536 in bf16 (0.95x) |
+//! | a fused region ending in a last-axis sum, `sum(x * x)`, rows of 32 to 65,536, f32 / bf16 (2026-12-01) | 2774-3349 / 2278-3719 GB/s | best of eager and `torch.compile` | met, 1.7-3.4x / 2.6-8.8x; rows of 2^20 not (0.25-0.33x) |
 //! | a training step (2026-12-01): MLP classifier, 8192 tokens of 768 -> 3072 (gelu) -> 1024 classes, `cross_entropy`, `passes::Grad`, AdamW in place on the device, f32 (`examples/training_bench.rs`) | 5.36-5.38 ms (products 5.09 ms of it); 5.07 ms on 2026-12-02 with `transposed_matmul` in the gradients | `torch.compile` 4.86-4.87 ms, eager 4.93 (fused AdamW) | not met: 0.90-0.91x, then 0.96x |
 //! | its device memory (workspace and inputs; PyTorch's peak in a step) | 419 MiB with the parameters and AdamW's moments updated in their own memory and the values in one block (2026-12-03); 642 MiB with shared buffers of one length (2026-12-02); 930 MiB before | eager 548 MiB, `torch.compile` 388 MiB | met against eager (0.76x its memory); 1.08x compile's |
 //! | GPT-2 124M, batch 8 x 1,024 (2026-12-03, `examples/gpt2.rs --bench`, against Hugging Face's `GPT2LMHeadModel` with SDPA, `scripts/torch_gpt2.py`, one run each; no weight decay on either side): bf16 autocast forward / training step (fused AdamW) | 6.2 / 21.3 ms and 6.3 / 21.6 (two runs) with attention reading q, k and v in place and writing its gradients in `qkv`'s layout (`qkv_attention`: no split, permute or concat kernels; 1,417 ranges a step); 7.1 / 23.6 ms with `layer_norm`'s backward as kernels, the padding copies' aligned loads, the weight sums' rows read together, and AdamW without decay ops when it has no weight decay (148 one-element kernels fewer); 7.4 / 25.4 with the `layer_norm` kernels alone. Before: 7.5 / 28.6 with the loss read from the bf16 logits (8.4 / 30.6 with them cast to f32 first; 31.5 with attention's backward through cuDNN, the split's gradient still pads and adds; 42.2 before, 2026-12-02; earlier: 45.2 before the vectorised causal mask; 84.3 before attention's backward in bf16, `cross_entropy_backward`, fused casts, padded products and the loss on the sliced rows; 92.2 before reshapes were views; 108 before `transposed_matmul`) | beside the 21.3: eager 22.4 / 56.7, `torch.compile` 7.1 / 24.4; beside the 21.6: 22.4 / 56.7, 6.9 / 23.1; beside the 23.6: eager 22.3 / 56.7, compile 6.9 / 23.3 (the 25.4's run: 22.7 / 56.8, 6.9 / 24.3; the 28.6's: 22.5 / 56.6, 7.1 / 23.1) | met: 1.14 / 1.14x and 1.10 / 1.07x compile (3.6 / 2.6x eager); the runs before 0.97 / 0.99x, 0.93 / 0.96x, 0.94 / 0.81x |
@@ -269,7 +272,8 @@ pub fn require() -> crate::Result<()> {
 }
 
 /// Compiles `source` with NVRTC where it can be loaded (it is loaded dynamically: on machines
-/// without CUDA the test says so and checks the rest; the GPU tests compile every kernel).
+/// without CUDA the test says so and checks the rest; the GPU tests compile every kernel), for
+/// NVRTC's default architecture and for Hopper's (sources may branch on `__CUDA_ARCH__`).
 #[cfg(test)]
 fn compiles_with_nvrtc(source: &str) {
     // SAFETY: only looks for the library (loading it if present).
@@ -277,7 +281,10 @@ fn compiles_with_nvrtc(source: &str) {
         eprintln!("SKIPPED compiling with NVRTC: it cannot be loaded here (no CUDA); the GPU tests compile it");
         return;
     }
-    if let Err(e) = cudarc::nvrtc::compile_ptx(source) {
-        panic!("NVRTC rejects the kernel: {e:?}\n{source}");
+    for arch in [None, Some("compute_90")] {
+        let options = cudarc::nvrtc::CompileOptions { arch, ..Default::default() };
+        if let Err(e) = cudarc::nvrtc::compile_ptx_with_opts(source, options) {
+            panic!("NVRTC rejects the kernel for {arch:?}: {e:?}\n{source}");
+        }
     }
 }

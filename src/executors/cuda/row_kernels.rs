@@ -2,12 +2,14 @@
 //! row, `softmax` and `layer_norm`, as one kernel each, laid out by the row's length
 //! ([`RowLayout`]): a few threads per row for short rows, a warp for rows of hundreds, a block
 //! of up to 1,024 threads for long ones. Each thread reads its part of the row with 16-byte
-//! accesses (in every dtype, where the row's length allows) into registers, so a row that fits
-//! there (up to 32 values per thread: 32,768 per row) is read once and written once; longer
-//! rows are streamed: two passes for `softmax` (its maximum and sum in one, online), three for
-//! `layer_norm`. Lanes combine with shuffles, warps through
-//! shared memory. The arithmetic is the decomposition's, op for op (`layer_norm`'s `1/sqrt(v)`
-//! is `exp(-0.5 * log(v))`), so results differ from the CPU reference by the order of the sums
+//! accesses (in every dtype, where the row's length allows) and keeps it on chip, so that the
+//! row is read once and written once: in registers up to 32 values a thread (32,768 a row), and
+//! past that in shared memory too, as far as the GPU gives a block (227 KB on Hopper: rows of
+//! 65,536 f32 values, GPT-2's 50,257 words). Longer rows are streamed by half a block, each
+//! thread with several reads in flight: two passes for `softmax` (its maximum and sum in one,
+//! online), three for `layer_norm`. Lanes combine with shuffles, warps through shared memory.
+//! The arithmetic is the decomposition's, op for op (`layer_norm`'s `1/sqrt(v)` is
+//! `exp(-0.5 * log(v))`), so results differ from the CPU reference by the order of the sums
 //! and by CUDA's `expf` and `logf`, a few units in the last place. bf16 and f16 rows are
 //! computed in `float` throughout, rounding only the result (as PyTorch's fused `layer_norm` and
 //! `softmax` kernels do; the CPU reference, which rounds each prim of the decomposition, is
@@ -25,6 +27,13 @@ const REGISTER_VALUES: usize = 32;
 /// Threads per row at most (a block).
 const MAX_ROW_THREADS: usize = 1024;
 
+/// Threads per streamed row (one too long for registers).
+const STREAMED_ROW_THREADS: usize = 512;
+
+/// Accesses a thread of a streamed row makes at once, at least (16 bytes each where the row's
+/// length allows; more, up to 16, of narrower ones).
+const STREAMED_LOADS: usize = 4;
+
 /// How a row kernel lays a row over threads, from its length and the widest dtype it touches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct RowLayout {
@@ -33,8 +42,11 @@ pub(super) struct RowLayout {
     pub threads_per_row: usize,
     /// Values per access: 16 bytes of the widest dtype, halved until it divides the row.
     pub vector: usize,
-    /// Accesses per thread, kept in registers; `None` for rows too long for them (streamed).
+    /// Accesses per thread, kept on chip; `None` for rows too long for that (streamed).
     pub per_thread: Option<usize>,
+    /// Of those, the accesses kept in registers (the first ones); the rest are kept in shared
+    /// memory (see [`shared_bytes`](Self::shared_bytes)).
+    pub in_registers: usize,
     /// Threads per block: 256, or the threads of a row when a block holds one row.
     pub block: usize,
 }
@@ -62,8 +74,41 @@ impl RowLayout {
         }
         let fits = vectors.div_ceil(threads_per_row) * vector <= values;
         let per_thread = fits.then(|| vectors.div_ceil(threads_per_row));
+        if !fits {
+            // Streamed rows take half a block's threads, so that four blocks share an SM: a
+            // few hundred rows (GPT-2's 50,257 words) fill the GPU in one wave, not two.
+            threads_per_row = STREAMED_ROW_THREADS;
+        }
         let block = if threads_per_row <= 32 { 256 } else { threads_per_row };
-        Self { threads_per_row, vector, per_thread, block }
+        Self { threads_per_row, vector, per_thread, in_registers: per_thread.unwrap_or(0), block }
+    }
+
+    /// [`new`](Self::new), keeping a row too long for registers in `values` values a thread of
+    /// registers and up to `shared_limit` bytes of shared memory (a block of 1,024 threads per
+    /// row): rows of 65,536 f32 values take 128 KB past 32 values a thread and are then read
+    /// once, where streaming them reads them twice. (A block of 1,024 threads has 64 registers
+    /// a thread: kernels that keep more than the row in them pass fewer `values`, or the row
+    /// would be spilled to local memory.)
+    pub fn on_chip(cols: usize, widest: usize, values: usize, shared_limit: usize) -> Self {
+        let layout = Self::new(cols, widest);
+        if layout.per_thread.is_some() {
+            return layout;
+        }
+        let (t, vector) = (MAX_ROW_THREADS, layout.vector);
+        let per_thread = cols.div_ceil(vector).div_ceil(t);
+        let in_registers = (values / vector).max(1);
+        let kept = Self { threads_per_row: t, vector, per_thread: Some(per_thread), in_registers, block: t };
+        if kept.shared_bytes() <= shared_limit {
+            kept
+        } else {
+            layout
+        }
+    }
+
+    /// Bytes of shared memory a block keeps its row's values in (past those in registers).
+    pub fn shared_bytes(&self) -> usize {
+        let spilled = self.per_thread.unwrap_or(0).saturating_sub(self.in_registers);
+        spilled * self.threads_per_row * self.vector * std::mem::size_of::<f32>()
     }
 
     /// Rows one block handles.
@@ -76,6 +121,7 @@ impl RowLayout {
 #[derive(Debug)]
 pub(super) struct RowSource {
     pub source: RegionSource,
+    /// Its layout (a launch gives each block [`RowLayout::shared_bytes`] of shared memory).
     pub layout: RowLayout,
     /// Blocks to launch (each loops over further rows past CUDA's grid limit).
     pub blocks: u32,
@@ -182,7 +228,9 @@ pub(super) fn open_rows(c: &mut String, t: usize, rows: usize, cols: usize) {
 /// # Errors
 /// Not one of those composites, or shapes that break their rules (checked again here, since
 /// the kernel relies on them).
-pub(super) fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RowSource, String> {
+/// Rows too long for registers are kept in up to `shared_limit` bytes of shared memory per
+/// block beside them ([`RowLayout::on_chip`]; 0 streams them).
+pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> Result<RowSource, String> {
     let id = op.symbol().builtin_composite().ok_or_else(|| format!("`{}` is not a built-in composite", op.name()))?;
     let shape = op.input_shape(0).map_err(|e| e.to_string())?;
     let cols = *shape.last().ok_or_else(|| format!("`{}` of a rank-0 tensor", op.name()))?;
@@ -210,8 +258,12 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RowSource, Str
     params.push(format!("{}* __restrict__ out0", super::codegen::element_type(out_dtype)));
     params.push("long long n".into());
     let widest = dtypes.iter().chain([&out_dtype]).map(|d| d.size_bytes()).max().unwrap_or(4);
-    let layout = RowLayout::new(cols, widest);
-    let RowLayout { threads_per_row: t, vector: v, block, .. } = layout;
+    // `layer_norm` keeps its weight and bias beside the row: a quarter of the registers for the
+    // row where it is kept in shared memory too (ptxas spilled 276 bytes a thread with 32
+    // values, 80 with 16, none with 8, at rows of 65,536 f32 values).
+    let values = if id == prims::LAYER_NORM { REGISTER_VALUES / 4 } else { REGISTER_VALUES };
+    let layout = RowLayout::on_chip(cols, widest, values, shared_limit);
+    let RowLayout { threads_per_row: t, vector: v, block, in_registers, .. } = layout;
 
     let mut c = String::new();
     let _ = writeln!(c, "// Generated by boundscope for `{}` over rows of {cols}: {layout:?}.", op.name());
@@ -231,6 +283,9 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RowSource, Str
         c.push_str("  return from == to ? s : s * bs_exp(from - to);\n}\n");
     }
     let _ = writeln!(c, "extern \"C\" __global__ void __launch_bounds__({block}) {kernel}({}) {{", params.join(", "));
+    if layout.shared_bytes() > 0 {
+        let _ = writeln!(c, "  extern __shared__ float cache[];");
+    }
     if t > 32 {
         let _ = writeln!(c, "  __shared__ float partial[{}];", t / 32);
     }
@@ -244,14 +299,19 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RowSource, Str
     let x = |k: usize, at: &str| format!("in{k} + {at}");
     // The passes: over registers (`j`: the thread's accesses), or, streamed, over the row.
     let cached = layout.per_thread.is_some();
+    // What a value outside the row reads as: nothing to the row's maximum or sum.
+    let neutral = if id == prims::SOFTMAX { "__int_as_float(0xff800000)" } else { "0.0f" };
     let (open, close) = match layout.per_thread {
-        Some(n) => {
+        Some(n) if in_registers == n => {
             let _ = writeln!(c, "    float v[{}];", n * v);
             let _ = writeln!(c, "    #pragma unroll");
             let _ = writeln!(c, "    for (int j = 0; j < {n}; ++j) {{");
             let _ = writeln!(c, "      const long long col = ((long long)j * {t} + lane) * {v};");
-            let neutral = if id == prims::SOFTMAX { "__int_as_float(0xff800000)" } else { "0.0f" };
-            let _ = writeln!(c, "      if (valid && col < {cols}ll) {}", load(dtypes[0], v, &x(0, "row + col"), &format!("(v + j * {v})")));
+            let _ = writeln!(
+                c,
+                "      if (valid && col < {cols}ll) {}",
+                load(dtypes[0], v, &x(0, "row + col"), &format!("(v + j * {v})"))
+            );
             let _ = writeln!(c, "      else {{ for (int e = 0; e < {v}; ++e) v[j * {v} + e] = {neutral}; }}");
             let _ = writeln!(c, "    }}");
             (
@@ -259,10 +319,51 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str) -> Result<RowSource, Str
                 "    }".to_string(),
             )
         }
-        None => (
-            format!("    for (long long col = (long long)lane * {v}; col < {cols}ll; col += {}ll) {{ const bool in_row = valid; float x[{v}]; if (in_row) {}", t * v, load(dtypes[0], v, &x(0, "row + col"), "x")),
-            "    }".to_string(),
-        ),
+        // The first `in_registers` accesses in registers, the rest in shared memory (a block
+        // per row: access `j` of thread `lane` at `cache[((j - r) * t + lane) * v]`). Each pass
+        // is a lambda over an access, run over both.
+        Some(n) => {
+            let r = in_registers;
+            // Registers are indexed only where the loop is unrolled (a constant index), or they
+            // would go to local memory.
+            let (in_registers, in_shared) = (format!("v + j * {v}"), format!("cache + ((j - {r}) * {t} + lane) * {v}"));
+            let _ = writeln!(c, "    float v[{}];", r * v);
+            for (from, to, dst) in [(0, r, &in_registers), (r, n, &in_shared)] {
+                let _ = writeln!(c, "    #pragma unroll");
+                let _ = writeln!(c, "    for (int j = {from}; j < {to}; ++j) {{");
+                let _ = writeln!(c, "      const long long col = ((long long)j * {t} + lane) * {v};");
+                let _ = writeln!(c, "      float* const dst = {dst};");
+                let _ =
+                    writeln!(c, "      if (valid && col < {cols}ll) {}", load(dtypes[0], v, &x(0, "row + col"), "dst"));
+                let _ = writeln!(c, "      else {{ for (int e = 0; e < {v}; ++e) dst[e] = {neutral}; }}");
+                let _ = writeln!(c, "    }}");
+            }
+            let run = |dst: &str| {
+                format!("const long long col = ((long long)j * {t} + lane) * {v}; pass({dst}, col, valid && col < {cols}ll);")
+            };
+            (
+                "    { auto pass = [&](float* const x, const long long col, const bool in_row) {".to_string(),
+                format!(
+                    "    }};\n    #pragma unroll\n    for (int j = 0; j < {r}; ++j) {{ {} }}\n    #pragma unroll 4\n    for (int j = {r}; j < {n}; ++j) {{ {} }} }}",
+                    run(&in_registers),
+                    run(&in_shared)
+                ),
+            )
+        }
+        // Streamed: `STREAMED_LOADS` accesses are made before any is used, so that each thread
+        // has that many in flight (one at a time, a pass waited on every load in turn).
+        None => {
+            let u = (16 / v).clamp(STREAMED_LOADS, 16);
+            let step = t * v;
+            (
+                format!(
+                    "    for (long long col0 = (long long)lane * {v}; col0 < {cols}ll; col0 += {}ll) {{ float xs[{u}][{v}];\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const long long col = col0 + (long long)u * {step}; if (valid && col < {cols}ll) {} else {{ for (int e = 0; e < {v}; ++e) xs[u][e] = {neutral}; }} }}\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const long long col = col0 + (long long)u * {step}; const bool in_row = valid && col < {cols}ll; float* const x = xs[u];",
+                    u * step,
+                    load(dtypes[0], v, &x(0, "row + col"), "xs[u]"),
+                ),
+                "    } }".to_string(),
+            )
+        }
     };
     if id == prims::SOFTMAX && !cached {
         // Streamed: the maximum and the sum in one pass (the sum rescaled as the maximum
@@ -377,6 +478,14 @@ mod tests {
     use crate::core::ir::{Arena, Registry, TraceBuilder};
 
     fn source_of(build: impl Fn(&mut TraceBuilder<'_>) -> crate::ValueId) -> Result<RowSource, String> {
+        source_within(build, 0)
+    }
+
+    /// The kernel with `shared_limit` bytes of shared memory per block to keep rows in.
+    fn source_within(
+        build: impl Fn(&mut TraceBuilder<'_>) -> crate::ValueId,
+        shared_limit: usize,
+    ) -> Result<RowSource, String> {
         let registry = Registry::with_builtins();
         let arena = Arena::new();
         let mut b = TraceBuilder::new(&arena, &registry);
@@ -384,7 +493,7 @@ mod tests {
         b.output(y).unwrap();
         let trace = b.finish().unwrap();
         let bsym = trace.bound_symbols().last().unwrap();
-        row_source(&OpView::new(&trace, bsym).unwrap(), "k")
+        row_source(&OpView::new(&trace, bsym).unwrap(), "k", shared_limit)
     }
 
     #[test]
@@ -404,12 +513,12 @@ mod tests {
         assert_eq!(layout(4096, 4), (128, 4, Some(8), 128));
         assert_eq!(layout(32768, 4), (1024, 4, Some(8), 1024));
         // Longer rows are streamed by a block; odd lengths take narrower accesses.
-        assert_eq!(layout(1 << 20, 4), (1024, 4, None, 1024));
+        assert_eq!(layout(1 << 20, 4), (512, 4, None, 512));
         assert_eq!(layout(1001, 4), (32, 1, Some(32), 256));
         assert_eq!(layout(1002, 4), (32, 2, Some(16), 256));
         // 16-bit: eight per access.
         assert_eq!(layout(1024, 2), (32, 8, Some(4), 256));
-        assert_eq!(layout(50257, 2), (1024, 1, None, 1024));
+        assert_eq!(layout(50257, 2), (512, 1, None, 512));
     }
 
     #[test]
@@ -438,7 +547,63 @@ mod tests {
         let src = &generated.source.source;
         assert_eq!(generated.layout.per_thread, None);
         assert_eq!(src.matches("reinterpret_cast<const uint4*>(in0").count(), 2, "two passes\n{src}");
-        assert!(src.contains("__shared__ float partial[32]") && src.contains("__syncthreads()"), "{src}");
+        assert!(src.contains("__shared__ float partial[16]") && src.contains("__syncthreads()"), "{src}");
+        assert!(src.contains("float xs[4][4];"), "four 16-byte reads in flight\n{src}");
+    }
+
+    #[test]
+    fn rows_too_long_for_registers_are_kept_in_shared_memory() {
+        const HOPPER: usize = 227 * 1024;
+        let kept = |cols, widest, limit| {
+            let l = RowLayout::on_chip(cols, widest, REGISTER_VALUES, limit);
+            (l.threads_per_row, l.vector, l.per_thread, l.in_registers, l.shared_bytes())
+        };
+        // 65,536 f32 values: 16 accesses of 4 per thread of 1,024, 8 in registers, 8 in 128 KB.
+        assert_eq!(kept(65536, 4, HOPPER), (1024, 4, Some(16), 8, 8 * 1024 * 4 * 4));
+        // GPT-2's vocabulary: an odd length, a value per access; 32 in registers.
+        assert_eq!(kept(50257, 2, HOPPER), (1024, 1, Some(50), 32, 18 * 1024 * 4));
+        // Without the room, or past it, rows are streamed; rows that fit registers stay there.
+        assert_eq!(kept(65536, 4, 100 * 1024).2, None);
+        assert_eq!(kept(1 << 20, 4, HOPPER).2, None);
+        assert_eq!(RowLayout::on_chip(1024, 4, REGISTER_VALUES, HOPPER), RowLayout::new(1024, 4));
+        // A quarter of the registers (`layer_norm`): more of the row in shared memory (224 KB).
+        assert_eq!(RowLayout::on_chip(65536, 4, 8, HOPPER).shared_bytes(), 14 * 1024 * 4 * 4);
+
+        for (cols, dtype) in [(65536, DType::F32), (50257, DType::BF16)] {
+            let input = |b: &mut TraceBuilder<'_>, shape: &[usize]| {
+                b.input_with(&crate::TensorMeta::new(dtype, shape)).unwrap()
+            };
+            let softmax = source_within(
+                |b| {
+                    let x = input(b, &[3, cols]);
+                    b.softmax(x).unwrap()
+                },
+                HOPPER,
+            )
+            .unwrap();
+            let layer_norm = source_within(
+                |b| {
+                    let x = input(b, &[3, cols]);
+                    let w = input(b, &[cols]);
+                    b.layer_norm(x, 1e-5, Some(w), Some(w)).unwrap()
+                },
+                HOPPER,
+            )
+            .unwrap();
+            for generated in [softmax, layer_norm] {
+                let src = &generated.source.source;
+                assert!(
+                    generated.layout.shared_bytes() > 0 && src.contains("extern __shared__ float cache[];"),
+                    "{src}"
+                );
+                // One read of the row: the loads fill registers, then shared memory.
+                let reads =
+                    src.matches("*(in0 + row + col)").count() + src.matches("const uint4*>(in0 + row + col)").count();
+                assert_eq!(reads, 2, "{src}");
+                assert!(!src.contains("bs_rescale"), "not streamed\n{src}");
+                super::super::compiles_with_nvrtc(src);
+            }
+        }
     }
 
     #[test]

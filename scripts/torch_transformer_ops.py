@@ -8,6 +8,13 @@ Prints `RESULT {json}` lines for transformer_ops_report.py.
 import json
 import sys
 import torch
+import torch._dynamo
+
+# The row workloads reuse one lambda per op for many shapes: without a high limit dynamo falls
+# back to eager after 8 of them, silently.
+for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
+    if hasattr(torch._dynamo.config, name):
+        setattr(torch._dynamo.config, name, 100000)
 
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
@@ -73,7 +80,7 @@ for dtype_name, dtype in [("f32", torch.float32), ("bf16", torch.bfloat16)]:
         out = fn(*args)
         outs = out if isinstance(out, tuple) else (out,)
         nbytes = sum(a.numel() * a.element_size() for a in list(args) + list(outs))
-        for impl, f in [("torch_eager", fn), ("torch_compile", torch.compile(fn))]:
+        for impl, f in [("torch_eager", fn), ("torch_compile", torch.compile(fn, dynamic=False))]:
             ms = timed(f, args)
             print("RESULT " + json.dumps({"impl": impl, "op": name, "dtype": dtype_name, "ms": ms,
                                           "gbps": nbytes / (ms * 1e-3) / 1e9,

@@ -441,7 +441,8 @@ fn generate(
     };
     if let Some((op, reduced, result)) = reduction {
         // `t` threads per row (a few for short rows, a warp, up to the block for long ones):
-        // each runs the elementwise ops over every `t`-th element of the row and accumulates,
+        // each runs the elementwise ops over every `t`-th access of `v` values of the row and
+        // accumulates,
         // then the row's threads combine with shuffles (and, past a warp, through shared
         // memory). (The summation order differs from the CPU's sequential one, by rounding.)
         let row = *shape.last().ok_or("a reduction over a rank-0 shape")?;
@@ -511,7 +512,11 @@ fn generate(
         }
         let _ = writeln!(source, "    #pragma unroll");
         let _ = writeln!(source, "    for (int e = 0; e < {v}; ++e) {{");
-        let _ = writeln!(source, "    const long long i = at + e;");
+        if !aligned {
+            // (The index of broadcast reads and of outputs written per value; the aligned path
+            // has neither.)
+            let _ = writeln!(source, "    const long long i = at + e;");
+        }
         for (k, s) in input_shapes.iter().enumerate() {
             let read = if full[k] { format!("xs{k}[e]") } else { read_as_float(k, index_expression(k, &shape, s)) };
             let _ = writeln!(source, "    const float x{k} = {read};");

@@ -27,8 +27,9 @@ pub struct CudaDevice {
     /// The device's own stream, and its order with the workspaces' streams.
     order: Arc<StreamOrder>,
     kernels: Mutex<HashMap<String, CudaFunction>>,
-    /// The virtual architecture kernels are compiled for: the GPU's own where NVRTC names it
-    /// (so that sources may use its instructions, behind `__CUDA_ARCH__`), else NVRTC's default.
+    /// The virtual architecture kernels are compiled for: the GPU's own where NVRTC compiles
+    /// for it (so that sources may use its instructions, behind `__CUDA_ARCH__`), else NVRTC's
+    /// default ([`kernel_arch`]).
     arch: Option<&'static str>,
     /// Host-to-device and device-to-host copies made so far.
     transfers: AtomicU64,
@@ -62,32 +63,22 @@ impl Drop for Chunk {
     }
 }
 
-/// NVRTC's name of the virtual architecture of compute capability `major.minor`, for the GPUs
-/// it knows (from Turing on); `None` for others, which get NVRTC's default.
-fn virtual_arch(major: i32, minor: i32) -> Option<&'static str> {
-    Some(match (major, minor) {
-        (7, 5) => "compute_75",
-        (8, 0) => "compute_80",
-        (8, 6) => "compute_86",
-        (8, 7) => "compute_87",
-        (8, 9) => "compute_89",
-        (9, 0) => "compute_90",
-        (10, 0) => "compute_100",
-        (12, 0) => "compute_120",
-        _ => return None,
-    })
+/// The virtual architecture kernels are compiled for on a GPU of compute capability
+/// `major.minor`: its own (`compute_90` on Hopper), where this NVRTC compiles for it (an NVRTC
+/// older than the GPU does not know it); else `None`, NVRTC's default. Asked once per device,
+/// so that every kernel compiles once, and a kernel that fails to compile for the GPU's own
+/// architecture says so instead of quietly taking the default's code.
+fn kernel_arch(major: i32, minor: i32) -> Option<&'static str> {
+    // One string per device opened (a handful per process: devices are shared and kept).
+    let arch: &'static str = Box::leak(format!("compute_{major}{minor}").into_boxed_str());
+    let options = cudarc::nvrtc::CompileOptions { arch: Some(arch), ..Default::default() };
+    let probe = "extern \"C\" __global__ void boundscope_probe() {}";
+    cudarc::nvrtc::compile_ptx_with_opts(probe, options).is_ok().then_some(arch)
 }
 
-/// `source` compiled to PTX for `arch`, or for NVRTC's default architecture where none is given
-/// or NVRTC does not know it (an NVRTC older than the GPU).
+/// `source` compiled to PTX for `arch` (NVRTC's default architecture for `None`).
 fn compile(source: &str, arch: Option<&'static str>) -> std::result::Result<Ptx, cudarc::nvrtc::CompileError> {
-    if arch.is_some() {
-        let options = cudarc::nvrtc::CompileOptions { arch, ..Default::default() };
-        if let Ok(ptx) = cudarc::nvrtc::compile_ptx_with_opts(source, options) {
-            return Ok(ptx);
-        }
-    }
-    cudarc::nvrtc::compile_ptx(source)
+    cudarc::nvrtc::compile_ptx_with_opts(source, cudarc::nvrtc::CompileOptions { arch, ..Default::default() })
 }
 
 thread_local! {
@@ -263,7 +254,7 @@ impl CudaDevice {
         name_stream(&stream, &format!("boundscope cuda:{ordinal}"));
         let name = format!("cuda:{ordinal} ({})", context.name().unwrap_or_default());
         let kernels = Mutex::new(HashMap::new());
-        let arch = context.compute_capability().ok().and_then(|(major, minor)| virtual_arch(major, minor));
+        let arch = context.compute_capability().ok().and_then(|(major, minor)| kernel_arch(major, minor));
         Ok(Self {
             name,
             ordinal,

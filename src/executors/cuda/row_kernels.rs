@@ -27,7 +27,7 @@ const REGISTER_VALUES: usize = 32;
 /// Threads per row at most (a block).
 const MAX_ROW_THREADS: usize = 1024;
 
-/// Threads per streamed row (one too long for registers).
+/// Threads per streamed row (one too long for registers and shared memory).
 const STREAMED_ROW_THREADS: usize = 512;
 
 /// Accesses a thread of a streamed row makes at once, at least (16 bytes each where the row's
@@ -75,8 +75,8 @@ impl RowLayout {
         let fits = vectors.div_ceil(threads_per_row) * vector <= values;
         let per_thread = fits.then(|| vectors.div_ceil(threads_per_row));
         if !fits {
-            // Streamed rows take half a block's threads, so that four blocks share an SM: a
-            // few hundred rows (GPT-2's 50,257 words) fill the GPU in one wave, not two.
+            // Streamed rows take half a block's threads, so that up to four blocks share an SM
+            // (as their registers allow): a few hundred rows fill the GPU in one wave, not two.
             threads_per_row = STREAMED_ROW_THREADS;
         }
         let block = if threads_per_row <= 32 { 256 } else { threads_per_row };
@@ -86,7 +86,7 @@ impl RowLayout {
     /// [`new`](Self::new), keeping a row too long for registers in `values` values a thread of
     /// registers and up to `shared_limit` bytes of shared memory (a block of 1,024 threads per
     /// row): rows of 65,536 f32 values take 128 KB past 32 values a thread and are then read
-    /// once, where streaming them reads them twice. (A block of 1,024 threads has 64 registers
+    /// once, where streaming them reads them twice (`softmax`) or three times (`layer_norm`). (A block of 1,024 threads has 64 registers
     /// a thread: kernels that keep more than the row in them pass fewer `values`, or the row
     /// would be spilled to local memory.)
     pub fn on_chip(cols: usize, widest: usize, values: usize, shared_limit: usize) -> Self {
@@ -96,7 +96,7 @@ impl RowLayout {
         }
         let (t, vector) = (MAX_ROW_THREADS, layout.vector);
         let per_thread = cols.div_ceil(vector).div_ceil(t);
-        let in_registers = (values / vector).max(1);
+        let in_registers = (values / vector).clamp(1, per_thread);
         let kept = Self { threads_per_row: t, vector, per_thread: Some(per_thread), in_registers, block: t };
         if kept.shared_bytes() <= shared_limit {
             kept
@@ -130,6 +130,7 @@ pub(super) struct RowSource {
 /// The C that loads `vector` values of `dtype` at element pointer `ptr` (aligned to the
 /// access) into `float dst[0..vector]`, with one access of up to 16 bytes.
 pub(super) fn load(dtype: DType, vector: usize, ptr: &str, dst: &str) -> String {
+    debug_assert!(!dtype.is_integer(), "row loads read floats, not {dtype}");
     let bytes = vector * dtype.size_bytes();
     if bytes < 4 {
         return format!("{dst}[0] = {};", widen(dtype, &format!("(unsigned int)*({ptr})")));
@@ -224,12 +225,12 @@ pub(super) fn open_rows(c: &mut String, t: usize, rows: usize, cols: usize) {
 }
 
 /// The kernel for a built-in `softmax` or `layer_norm` bound symbol, or why there is none.
+/// Rows too long for registers are kept in up to `shared_limit` bytes of shared memory per
+/// block beside them ([`RowLayout::on_chip`]; 0 streams them).
 ///
 /// # Errors
 /// Not one of those composites, or shapes that break their rules (checked again here, since
 /// the kernel relies on them).
-/// Rows too long for registers are kept in up to `shared_limit` bytes of shared memory per
-/// block beside them ([`RowLayout::on_chip`]; 0 streams them).
 pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> Result<RowSource, String> {
     let id = op.symbol().builtin_composite().ok_or_else(|| format!("`{}` is not a built-in composite", op.name()))?;
     let shape = op.input_shape(0).map_err(|e| e.to_string())?;
@@ -284,7 +285,7 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> 
     }
     let _ = writeln!(c, "extern \"C\" __global__ void __launch_bounds__({block}) {kernel}({}) {{", params.join(", "));
     if layout.shared_bytes() > 0 {
-        let _ = writeln!(c, "  extern __shared__ float cache[];");
+        let _ = writeln!(c, "  extern __shared__ __align__(16) float cache[];");
     }
     if t > 32 {
         let _ = writeln!(c, "  __shared__ float partial[{}];", t / 32);
@@ -593,7 +594,8 @@ mod tests {
             for generated in [softmax, layer_norm] {
                 let src = &generated.source.source;
                 assert!(
-                    generated.layout.shared_bytes() > 0 && src.contains("extern __shared__ float cache[];"),
+                    generated.layout.shared_bytes() > 0
+                        && src.contains("extern __shared__ __align__(16) float cache[];"),
                     "{src}"
                 );
                 // One read of the row: the loads fill registers, then shared memory.

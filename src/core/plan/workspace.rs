@@ -710,7 +710,10 @@ impl Plan {
                 let mut outs = [TensorMut { shape: &meta.shape, data: data.data_mut() }];
                 kernel.run(&views, &mut outs)
             };
-            buffers[buffer] = data;
+            // The slot still holds the empty storage `take` left (the kernel saw `buffers`
+            // only through shared views): put the buffer back without dropping that, which
+            // owns no memory, so that no drop code sits in the run loop.
+            std::mem::forget(std::mem::replace(&mut buffers[buffer], data));
             return result;
         }
         // Wider steps: lists lent by the workspace, sized for the plan's widest step.

@@ -86,9 +86,9 @@ impl RowLayout {
     /// [`new`](Self::new), keeping a row too long for registers in `values` values a thread of
     /// registers and up to `shared_limit` bytes of shared memory (a block of 1,024 threads per
     /// row): rows of 65,536 f32 values take 128 KB past 32 values a thread and are then read
-    /// once, where streaming them reads them twice (`softmax`) or three times (`layer_norm`). (A block of 1,024 threads has 64 registers
-    /// a thread: kernels that keep more than the row in them pass fewer `values`, or the row
-    /// would be spilled to local memory.)
+    /// once, where streaming them reads them twice (`softmax`) or three times (`layer_norm`).
+    /// (A block of 1,024 threads has 64 registers a thread: kernels that keep more than the row
+    /// in them pass fewer `values`, or the row would be spilled to local memory.)
     pub fn on_chip(cols: usize, widest: usize, values: usize, shared_limit: usize) -> Self {
         let layout = Self::new(cols, widest);
         if layout.per_thread.is_some() {

@@ -24,16 +24,14 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Instant;
 
 use boundscope::executors::cuda::{self, CudaDevice};
-use boundscope::executors::CpuReference;
-use boundscope::{Arena, DType, Device, DeviceTensor, Plan, Registry, RunInput, Tensor, TensorMeta, TraceBuilder};
+use boundscope::{Arena, DType, Device, Registry, Tensor, TensorMeta, TraceBuilder};
 
 #[path = "shared/gpu_bench.rs"]
 mod gpu_bench;
 
-use gpu_bench::gpu_plan;
+use gpu_bench::{check_against_reference, gpu_plan, ms_per_device_run, useful_bytes};
 
 /// One case: an op over `[rows, cols]`.
 #[derive(Clone, Copy)]
@@ -142,44 +140,15 @@ fn run() -> Result<(), String> {
             // Correctness first, on at most 2^18 values, against the CPU reference.
             let rows = (case.rows * case.cols).min(1 << 18).div_ceil(case.cols);
             let small = trace(&arena, &registry, &case, rows, dtype).map_err(e)?;
-            let small_inputs = inputs(&case, rows, dtype);
-            let refs: Vec<&Tensor> = small_inputs.iter().collect();
-            let expected = Plan::compile(&small, &[CpuReference::shared()]).map_err(e)?.run(&refs).map_err(e)?;
-            let got = gpu_plan(&gpu, &small, &arena).map_err(e)?.run(&refs).map_err(e)?;
-            let scale = expected[0].to_f32_vec().iter().fold(1f32, |m, v| m.max(v.abs()));
-            let diff = got[0].max_abs_diff(&expected[0]) / scale;
-            let tolerance = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
             let name = format!("{} {}x{}", case.op, case.rows, case.cols);
-            if diff.is_nan() || diff > tolerance {
-                return Err(format!("{name} {dtype}: differs from the CPU reference by {diff} (relative)"));
-            }
+            let diff = check_against_reference(&gpu, &small, &arena, &inputs(&case, rows, dtype), dtype, &name)?;
             // Then the full shape, inputs on the device, the output left there.
             let full = trace(&arena, &registry, &case, case.rows, dtype).map_err(e)?;
             let plan = gpu_plan(&gpu, &full, &arena).map_err(e)?;
-            let host = inputs(&case, case.rows, dtype);
-            let uploaded: Vec<DeviceTensor> =
-                host.iter().map(|t| DeviceTensor::upload(&device, t.view())).collect::<Result<_, _>>().map_err(e)?;
-            drop(host);
-            let run_inputs: Vec<RunInput<'_>> = uploaded.iter().map(RunInput::from).collect();
-            let mut ws = plan.workspace().map_err(e)?;
-            let bytes: usize = full
-                .inputs()
-                .iter()
-                .chain(full.outputs())
-                .map(|&v| full.value_meta(v).map(|m| m.numel() * m.dtype.size_bytes()).unwrap_or(0))
-                .sum();
+            let bytes = useful_bytes(&full);
             // About 30 ms of runs at 3 TB/s, 20 to 1,000 of them.
             let reps = (9e10 / bytes as f64).clamp(20.0, 1000.0) as usize;
-            for _ in 0..3 {
-                plan.run_on_device(&mut ws, &run_inputs).map_err(e)?;
-            }
-            device.synchronize().map_err(e)?;
-            let start = Instant::now();
-            for _ in 0..reps {
-                plan.run_on_device(&mut ws, &run_inputs).map_err(e)?;
-            }
-            device.synchronize().map_err(e)?;
-            let ms = start.elapsed().as_secs_f64() * 1e3 / reps as f64;
+            let ms = ms_per_device_run(&device, &plan, &inputs(&case, case.rows, dtype), reps)?;
             // The copy of the same bytes: half of them read, half written.
             let copy_ms = gpu_bench::copy_ms(bytes / 8, reps)?;
             let gbps = |ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;

@@ -20,18 +20,14 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::Instant;
 
 use boundscope::executors::cuda::{self, CudaDevice};
-use boundscope::executors::CpuReference;
-use boundscope::{
-    Arena, DType, Device, DeviceTensor, Plan, Registry, RunInput, Tensor, TensorMeta, TraceBuilder, ValueId,
-};
+use boundscope::{Arena, DType, Device, Registry, Tensor, TensorMeta, TraceBuilder, ValueId};
 
 #[path = "shared/gpu_bench.rs"]
 mod gpu_bench;
 
-use gpu_bench::gpu_plan;
+use gpu_bench::{check_against_reference, gpu_plan, ms_per_device_run, useful_bytes};
 
 type Build = fn(&mut TraceBuilder<'_>, &[ValueId]) -> boundscope::Result<ValueId>;
 
@@ -248,42 +244,13 @@ fn run() -> Result<(), String> {
             // Correctness first, at batch 1, against the CPU reference.
             let arena = Arena::new();
             let small = trace(&arena, &registry, &w, 1, dtype).map_err(e)?;
-            let small_inputs = inputs(&w, 1, dtype);
-            let refs: Vec<&Tensor> = small_inputs.iter().collect();
-            let expected = Plan::compile(&small, &[CpuReference::shared()]).map_err(e)?.run(&refs).map_err(e)?;
-            let got = gpu_plan(&gpu, &small, &arena).map_err(e)?.run(&refs).map_err(e)?;
-            let scale = expected[0].to_f32_vec().iter().fold(1f32, |m, v| m.max(v.abs()));
-            let diff = got[0].max_abs_diff(&expected[0]) / scale;
-            let tolerance = if dtype == DType::F32 { 1e-4 } else { 2e-2 };
-            if diff.is_nan() || diff > tolerance {
-                return Err(format!("{} {dtype}: differs from the CPU reference by {diff} (relative)", w.name));
-            }
+            let diff = check_against_reference(&gpu, &small, &arena, &inputs(&w, 1, dtype), dtype, w.name)?;
             // Then the full shape, inputs on the device, outputs left there.
             let batch = 8;
             let full = trace(&arena, &registry, &w, batch, dtype).map_err(e)?;
             let plan = gpu_plan(&gpu, &full, &arena).map_err(e)?;
-            let host = inputs(&w, batch, dtype);
-            let uploaded: Vec<DeviceTensor> =
-                host.iter().map(|t| DeviceTensor::upload(&device, t.view())).collect::<Result<_, _>>().map_err(e)?;
-            let run_inputs: Vec<RunInput<'_>> = uploaded.iter().map(RunInput::from).collect();
-            let mut ws = plan.workspace().map_err(e)?;
-            for _ in 0..3 {
-                plan.run_on_device(&mut ws, &run_inputs).map_err(e)?;
-            }
-            device.synchronize().map_err(e)?;
-            let reps = 100;
-            let start = Instant::now();
-            for _ in 0..reps {
-                plan.run_on_device(&mut ws, &run_inputs).map_err(e)?;
-            }
-            device.synchronize().map_err(e)?;
-            let ms = start.elapsed().as_secs_f64() * 1e3 / reps as f64;
-            let bytes: usize = full
-                .inputs()
-                .iter()
-                .chain(full.outputs())
-                .map(|&v| full.value_meta(v).map(|m| m.numel() * m.dtype.size_bytes()).unwrap_or(0))
-                .sum();
+            let ms = ms_per_device_run(&device, &plan, &inputs(&w, batch, dtype), 100)?;
+            let bytes = useful_bytes(&full);
             let flops = (w.flops)(batch);
             let steps = plan.steps_per_executor();
             println!(

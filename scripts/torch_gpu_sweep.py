@@ -13,13 +13,9 @@ import json
 import sys
 
 import torch
-import torch._dynamo
+from torch_bench import allow_recompiles, timed
 
-# One compiled function serves every case: without a high limit dynamo falls back to eager
-# after 8 shapes, silently.
-for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
-    if hasattr(torch._dynamo.config, name):
-        setattr(torch._dynamo.config, name, 100000)
+allow_recompiles()
 DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
 
 
@@ -36,19 +32,6 @@ OPS = {
     "bcast_last": (lambda x, s, b: gelu(x * s + b), lambda r, c: [(r, c), (c,), (c,)]),
     "bcast_first": (lambda x, s, b: gelu(x * s + b), lambda r, c: [(r, c), (r, 1), (r, 1)]),
 }
-
-
-def timed(fn, args, reps):
-    for _ in range(3):
-        fn(*args)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn(*args)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
 
 
 ours = []

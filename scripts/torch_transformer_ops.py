@@ -8,13 +8,9 @@ Prints `RESULT {json}` lines for transformer_ops_report.py.
 import json
 import sys
 import torch
-import torch._dynamo
+from torch_bench import allow_recompiles, timed
 
-# The row workloads reuse one lambda per op for many shapes: without a high limit dynamo falls
-# back to eager after 8 of them, silently.
-for name in ("cache_size_limit", "recompile_limit", "accumulated_cache_size_limit", "accumulated_recompile_limit"):
-    if hasattr(torch._dynamo.config, name):
-        setattr(torch._dynamo.config, name, 100000)
+allow_recompiles()
 
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
@@ -51,19 +47,6 @@ for cols in [32, 128, 768, 1024, 1000, 4096, 16384, 65536, 1048576]:
         [(rows, cols), (cols,), (cols,)],
         lambda x, w, b: torch.nn.functional.layer_norm(x, x.shape[-1:], w, b, 1e-5), 0)
 ROW_OPS = {name for name in WORKLOADS if name.startswith(("softmax_", "layer_norm_", "sum_sq_"))}
-
-
-def timed(fn, args, reps=100):
-    for _ in range(3):
-        fn(*args)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(reps):
-        fn(*args)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
 
 
 # An optional first argument names the workloads to run (comma-separated), as for the example.

@@ -442,9 +442,9 @@ fn generate(
     if let Some((op, reduced, result)) = reduction {
         // `t` threads per row (a few for short rows, a warp, up to the block for long ones):
         // each runs the elementwise ops over every `t`-th access of `v` values of the row and
-        // accumulates,
-        // then the row's threads combine with shuffles (and, past a warp, through shared
-        // memory). (The summation order differs from the CPU's sequential one, by rounding.)
+        // accumulates, then the row's threads combine with shuffles (and, past a warp, through
+        // shared memory). (The summation order differs from the CPU's sequential one, by
+        // rounding.)
         let row = *shape.last().ok_or("a reduction over a rank-0 shape")?;
         // From the shape, not `n / row`: rows of length zero still have one result each.
         let rows: usize = shape[..shape.len() - 1].iter().product();
@@ -464,6 +464,8 @@ fn generate(
             v /= 2;
         }
         let t = reduction_threads(if aligned { (row + v - 1).div_ceil(v) } else { row.div_ceil(v) });
+        // The tensor's values in whole accesses (the aligned path reads the rest one by one).
+        let whole = numel - numel % v;
         // The loop runs alike in the whole warp (the whole block, past a warp), so that every
         // lane takes part in each shuffle and barrier.
         let uniform = if t <= 32 { 32 } else { BLOCK_THREADS as usize };
@@ -488,7 +490,6 @@ fn generate(
             // Offsets `o` from the row's first value are 32-bit (rows shorter than 2^30 take
             // this path, so that `o` never overflows), which keeps the per-value test of the
             // row's bounds cheap.
-            let whole = numel - numel % v;
             let _ = writeln!(source, "    const long long start = r * {row}ll, end = start + {row}ll;");
             let _ = writeln!(source, "    const int stop = (int)((end < {whole}ll ? end : {whole}ll) - start);");
             let _ = writeln!(source, "    #pragma unroll 4");
@@ -497,18 +498,14 @@ fn generate(
                 "    for (int o = lane * {v} - (int)(start % {v}); o < stop; o += {}) {{ const long long at = start + o;",
                 t * v
             );
-            for (k, &dtype) in input_dtypes.iter().enumerate() {
-                let load = super::row_kernels::load(dtype, v, &format!("in{k} + at"), &format!("xs{k}"));
-                let _ = writeln!(source, "    float xs{k}[{v}]; {load}");
-            }
         } else {
             let _ = writeln!(source, "    #pragma unroll 4");
             let _ = writeln!(source, "    for (long long c = lane * {v}; c < {row}ll; c += {}) {{", t * v);
             let _ = writeln!(source, "    const long long at = r * {row}ll + c;");
-            for (k, _) in full.iter().enumerate().filter(|(_, &f)| f) {
-                let load = super::row_kernels::load(input_dtypes[k], v, &format!("in{k} + at"), &format!("xs{k}"));
-                let _ = writeln!(source, "    float xs{k}[{v}]; {load}");
-            }
+        }
+        for (k, _) in full.iter().enumerate().filter(|(_, &f)| f) {
+            let load = super::row_kernels::load(input_dtypes[k], v, &format!("in{k} + at"), &format!("xs{k}"));
+            let _ = writeln!(source, "    float xs{k}[{v}]; {load}");
         }
         let _ = writeln!(source, "    #pragma unroll");
         let _ = writeln!(source, "    for (int e = 0; e < {v}; ++e) {{");
@@ -528,8 +525,7 @@ fn generate(
         let guard = if aligned { format!("if (o + e >= 0 && o + e < {row}) ") } else { String::new() };
         let _ = writeln!(source, "    {guard}acc = {};", combine("acc", &value_name(reduced)));
         let _ = writeln!(source, "    }}\n    }}");
-        if aligned && !numel.is_multiple_of(v) {
-            let whole = numel - numel % v;
+        if aligned && whole < numel {
             let _ = writeln!(
                 source,
                 "    if (lane == 0) for (long long i = start > {whole}ll ? start : {whole}ll; i < end; ++i) {{"

@@ -19,8 +19,10 @@
 //! target/release/examples/gpu_sweep | python3 scripts/torch_gpu_sweep.py | python3 scripts/gpu_sweep_report.py
 //! ```
 //!
-//! An optional first argument keeps the dtypes (`f32,bf16`) and a second the ops
-//! (`softmax,max`) it names.
+//! An optional first argument keeps the dtypes (`f32,bf16`), a second the ops
+//! (`softmax,max`) and a third the shapes (`333x50257,4096x65536`) it names: with
+//! `ncu --kernel-name regex:boundscope --launch-skip 10 --launch-count 1`, one case's kernel under
+//! Nsight Compute.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -129,13 +131,14 @@ fn run() -> Result<(), String> {
     println!("device: {}", device.name());
     let registry = Registry::with_builtins();
     let mut args = std::env::args().skip(1);
-    let (dtypes, ops) = (args.next(), args.next());
+    let (dtypes, ops, shapes) = (args.next(), args.next(), args.next());
     let keep = |list: &Option<String>, name: &str| list.as_deref().is_none_or(|l| l.split(',').any(|n| n == name));
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         if !keep(&dtypes, &dtype.to_string()) {
             continue;
         }
-        for case in cases().into_iter().filter(|c| keep(&ops, c.op)) {
+        let cases = cases().into_iter().filter(|c| keep(&ops, c.op));
+        for case in cases.filter(|c| keep(&shapes, &format!("{}x{}", c.rows, c.cols))) {
             let arena = Arena::new();
             // Correctness first, on at most 2^18 values, against the CPU reference.
             let rows = (case.rows * case.cols).min(1 << 18).div_ceil(case.cols);

@@ -2,7 +2,9 @@
 //! row, `softmax` and `layer_norm`, as one kernel each, laid out by the row's length
 //! ([`RowLayout`]): a few threads per row for short rows, a warp for rows of hundreds, a block
 //! of up to 1,024 threads for long ones. Each thread reads its part of the row with 16-byte
-//! accesses (in every dtype, where the row's length allows) and keeps it on chip, so that the
+//! accesses in every dtype (aligned to the tensor where they do not divide the row, as in
+//! GPT-2's rows of 50,257 words: only the accesses a row shares with its neighbours are read
+//! and written a value at a time) and keeps it on chip, so that the
 //! row is read once and written once: in registers up to 32 values a thread (32,768 a row), and
 //! past that in shared memory too, as far as the GPU gives a block (227 KB on Hopper: rows of
 //! 65,536 f32 values, GPT-2's 50,257 words). Longer rows are streamed by half a block, each
@@ -49,22 +51,35 @@ pub(super) struct RowLayout {
     pub in_registers: usize,
     /// Threads per block: 256, or the threads of a row when a block holds one row.
     pub block: usize,
+    /// Whether accesses are aligned to the tensor rather than to the row (rows whose length
+    /// the 16-byte access does not divide, such as GPT-2's 50,257 words): a row's first access
+    /// starts up to `vector - 1` values before it, in the row above, and the values of the
+    /// rows beside it that an access reads count for nothing. An access the row holds whole is
+    /// one load; one it shares with a neighbour (two a row at most) is read and written a value
+    /// at a time, so that no value past the tensor is read and no row writes another's values.
+    pub aligned: bool,
 }
 
 impl RowLayout {
-    /// The layout for rows of `cols` values whose widest dtype takes `widest` bytes.
-    pub fn new(cols: usize, widest: usize) -> Self {
-        Self::within(cols, widest, REGISTER_VALUES)
+    /// The layout for rows of `cols` values whose widest dtype takes `widest` bytes, keeping at
+    /// most `values` values of a row per thread in registers ([`REGISTER_VALUES`] for a kernel
+    /// that keeps one array of a row, fewer for kernels that keep several: rows past
+    /// `1024 * values` are streamed).
+    pub fn within(cols: usize, widest: usize, values: usize) -> Self {
+        Self::laid_out(cols, widest, values, false)
     }
 
-    /// [`new`](Self::new), keeping at most `values` values of a row per thread in registers (for
-    /// kernels that keep several arrays of a row: rows past `1024 * values` are streamed).
-    pub fn within(cols: usize, widest: usize, values: usize) -> Self {
+    /// [`within`](Self::within), with accesses aligned to the tensor where `aligned` allows it
+    /// and the row's length is not a multiple of 16 bytes (see [`aligned`](Self::aligned)).
+    fn laid_out(cols: usize, widest: usize, values: usize, aligned: bool) -> Self {
         let mut vector = 16 / widest.clamp(1, 16);
-        while vector > 1 && !cols.is_multiple_of(vector) {
+        // Past 2^30 values a row, the aligned accesses' column would not fit the kernel's
+        // 32-bit arithmetic; a row shorter than one access gains nothing from it.
+        let aligned = aligned && vector > 1 && !cols.is_multiple_of(vector) && cols > vector && cols < 1 << 30;
+        while !aligned && vector > 1 && !cols.is_multiple_of(vector) {
             vector /= 2;
         }
-        let vectors = cols.div_ceil(vector).max(1);
+        let vectors = Self::accesses(cols, vector, aligned);
         // At least 8 threads on a row that has the accesses for them, so that one access of a
         // group reads 128 contiguous bytes (a thread per row would scatter a warp's access over
         // 32 rows).
@@ -80,24 +95,39 @@ impl RowLayout {
             threads_per_row = STREAMED_ROW_THREADS;
         }
         let block = if threads_per_row <= 32 { 256 } else { threads_per_row };
-        Self { threads_per_row, vector, per_thread, in_registers: per_thread.unwrap_or(0), block }
+        Self { threads_per_row, vector, per_thread, in_registers: per_thread.unwrap_or(0), block, aligned }
     }
 
-    /// [`new`](Self::new), keeping a row too long for registers in `values` values a thread of
-    /// registers and up to `shared_limit` bytes of shared memory (a block of 1,024 threads per
-    /// row): rows of 65,536 f32 values take 128 KB past 32 values a thread and are then read
-    /// once, where streaming them reads them twice (`softmax`) or three times (`layer_norm`).
+    /// Accesses of `vector` values that cover a row of `cols` values: one more where they are
+    /// aligned to the tensor and the row may start inside one.
+    fn accesses(cols: usize, vector: usize, aligned: bool) -> usize {
+        if aligned {
+            (cols + vector - 1).div_ceil(vector)
+        } else {
+            cols.div_ceil(vector).max(1)
+        }
+    }
+
+    /// The layout of [`within`](Self::within) with [`REGISTER_VALUES`], but keeping a row too
+    /// long for registers in `values` values a thread of registers and up to `shared_limit`
+    /// bytes of shared memory (a block of 1,024 threads per row): rows of 65,536 f32 values
+    /// take 128 KB past 32 values a thread and are then read once, where streaming them reads
+    /// them twice (`softmax`) or three times (`layer_norm`).
     /// (A block of 1,024 threads has 64 registers a thread: kernels that keep more than the row
     /// in them pass fewer `values`, or the row would be spilled to local memory.)
+    ///
+    /// Rows whose length 16 bytes do not divide are read with accesses aligned to the tensor
+    /// ([`aligned`](Self::aligned)), the kernels of `softmax` and `layer_norm` being written
+    /// for that.
     pub fn on_chip(cols: usize, widest: usize, values: usize, shared_limit: usize) -> Self {
-        let layout = Self::new(cols, widest);
+        let layout = Self::laid_out(cols, widest, REGISTER_VALUES, true);
         if layout.per_thread.is_some() {
             return layout;
         }
-        let (t, vector) = (MAX_ROW_THREADS, layout.vector);
-        let per_thread = cols.div_ceil(vector).div_ceil(t);
+        let (t, vector, aligned) = (MAX_ROW_THREADS, layout.vector, layout.aligned);
+        let per_thread = Self::accesses(cols, vector, aligned).div_ceil(t);
         let in_registers = (values / vector).clamp(1, per_thread);
-        let kept = Self { threads_per_row: t, vector, per_thread: Some(per_thread), in_registers, block: t };
+        let kept = Self { threads_per_row: t, vector, per_thread: Some(per_thread), in_registers, block: t, aligned };
         if kept.shared_bytes() <= shared_limit {
             kept
         } else {
@@ -131,14 +161,46 @@ pub(super) struct RowSource {
 /// access) into `float dst[0..vector]`, with one access of up to 16 bytes.
 pub(super) fn load(dtype: DType, vector: usize, ptr: &str, dst: &str) -> String {
     debug_assert!(!dtype.is_integer(), "row loads read floats, not {dtype}");
-    let bytes = vector * dtype.size_bytes();
-    if bytes < 4 {
+    if vector * dtype.size_bytes() < 4 {
         return format!("{dst}[0] = {};", widen(dtype, &format!("(unsigned int)*({ptr})")));
     }
-    let (ty, fields) = word_vector(bytes / 4);
-    let mut c = format!("{{ const {ty} t = *reinterpret_cast<const {ty}*>({ptr});");
+    let ty = raw_type(dtype, vector);
+    format!("{{ const {ty} t = *reinterpret_cast<const {ty}*>({ptr});{} }}", widen_raw(dtype, vector, "t", dst))
+}
+
+/// The CUDA type that holds `vector` values of `dtype` as one access reads them (the bits, not
+/// yet widened to `float`): for kernels that keep several accesses in flight in as few
+/// registers as they take.
+pub(super) fn raw_type(dtype: DType, vector: usize) -> &'static str {
+    let bytes = vector * dtype.size_bytes();
+    if bytes < 4 {
+        "unsigned short"
+    } else {
+        word_vector(bytes / 4).0
+    }
+}
+
+/// The C that loads `vector` values of `dtype` at `ptr` (aligned to the access) into `raw`, of
+/// [`raw_type`], with one access.
+pub(super) fn load_raw(dtype: DType, vector: usize, ptr: &str, raw: &str) -> String {
+    debug_assert!(!dtype.is_integer(), "row loads read floats, not {dtype}");
+    if vector * dtype.size_bytes() < 4 {
+        return format!("{raw} = *({ptr});");
+    }
+    let ty = raw_type(dtype, vector);
+    format!("{raw} = *reinterpret_cast<const {ty}*>({ptr});")
+}
+
+/// The C that widens `raw` (of [`raw_type`]) to `float dst[0..vector]`.
+pub(super) fn widen_raw(dtype: DType, vector: usize, raw: &str, dst: &str) -> String {
+    let bytes = vector * dtype.size_bytes();
+    if bytes < 4 {
+        return format!(" {dst}[0] = {};", widen(dtype, &format!("(unsigned int){raw}")));
+    }
+    let fields = word_vector(bytes / 4).1;
+    let mut c = String::new();
     for (w, f) in fields.iter().enumerate() {
-        let word = if fields.len() == 1 { "t".to_string() } else { format!("t.{f}") };
+        let word = if fields.len() == 1 { raw.to_string() } else { format!("{raw}.{f}") };
         if dtype.size_bytes() == 4 {
             let _ = write!(c, " {dst}[{w}] = __uint_as_float({word});");
         } else {
@@ -146,7 +208,6 @@ pub(super) fn load(dtype: DType, vector: usize, ptr: &str, dst: &str) -> String 
             let _ = write!(c, " {dst}[{}] = {};", 2 * w + 1, widen(dtype, &format!("({word} >> 16)")));
         }
     }
-    c.push_str(" }");
     c
 }
 
@@ -302,21 +363,70 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> 
     let cached = layout.per_thread.is_some();
     // What a value outside the row reads as: nothing to the row's maximum or sum.
     let neutral = if id == prims::SOFTMAX { "__int_as_float(0xff800000)" } else { "0.0f" };
+    let aligned = layout.aligned;
+    if aligned {
+        // How far before the row its first access starts.
+        let _ = writeln!(c, "    const long long shift = row % {v};");
+    }
+    // The column of the row's access `k` (an expression), of its first value.
+    let column = |k: &str| if aligned { format!("({k}) * {v} - shift") } else { format!("({k}) * {v}") };
+    // Whether the access at `col` lies in the row whole (one load or store), and whether it
+    // holds any of the row's values.
+    let whole = if aligned { format!("col >= 0 && col + {v} <= {cols}ll") } else { format!("col < {cols}ll") };
+    let touches = if aligned { format!("valid && col > -{v} && col < {cols}ll") } else { format!("valid && {whole}") };
+    // Per value, where an access is shared with the rows beside it.
+    let in_this_row = |e: &str| format!("col + {e} >= 0 && col + {e} < {cols}ll");
+    // The C that fills `float dst[v]` from the access at `col`: the row's values, and
+    // `neutral` for the rest.
+    let fill = |dst: &str| {
+        let load_whole = load(dtypes[0], v, &x(0, "row + col"), dst);
+        let rest = if aligned {
+            format!(
+                "for (int e = 0; e < {v}; ++e) {{ if (valid && {}) {} else {dst}[e] = {neutral}; }}",
+                in_this_row("e"),
+                load(dtypes[0], 1, &x(0, "row + col + e"), &format!("({dst} + e)"))
+            )
+        } else {
+            format!("for (int e = 0; e < {v}; ++e) {dst}[e] = {neutral};")
+        };
+        format!("if (valid && {whole}) {load_whole}\n      else {{ {rest} }}")
+    };
+    // The C that writes `float y[v]` to the row's values of the access at `col`.
+    let put = |dtype: DType| {
+        let store_whole = store(dtype, v, "out0 + row + col", "y");
+        if aligned {
+            format!(
+                "if ({whole}) {store_whole}\n        else for (int e = 0; e < {v}; ++e) if ({}) {}",
+                in_this_row("e"),
+                store(dtype, 1, "out0 + row + col + e", "(y + e)")
+            )
+        } else {
+            store_whole
+        }
+    };
+    // The C that reads `float p[v]` of a `[cols]` operand `k` at the access's columns.
+    let read_columns = |k: usize, dtype: DType| {
+        if aligned {
+            format!(
+                "for (int e = 0; e < {v}; ++e) {{ if ({}) {} else p[e] = 0.0f; }}",
+                in_this_row("e"),
+                load(dtype, 1, &x(k, "col + e"), "(p + e)")
+            )
+        } else {
+            load(dtype, v, &x(k, "col"), "p")
+        }
+    };
     let (open, close) = match layout.per_thread {
         Some(n) if in_registers == n => {
+            let col = column(&format!("(long long)j * {t} + lane"));
             let _ = writeln!(c, "    float v[{}];", n * v);
             let _ = writeln!(c, "    #pragma unroll");
             let _ = writeln!(c, "    for (int j = 0; j < {n}; ++j) {{");
-            let _ = writeln!(c, "      const long long col = ((long long)j * {t} + lane) * {v};");
-            let _ = writeln!(
-                c,
-                "      if (valid && col < {cols}ll) {}",
-                load(dtypes[0], v, &x(0, "row + col"), &format!("(v + j * {v})"))
-            );
-            let _ = writeln!(c, "      else {{ for (int e = 0; e < {v}; ++e) v[j * {v} + e] = {neutral}; }}");
+            let _ = writeln!(c, "      const long long col = {col};");
+            let _ = writeln!(c, "      {}", fill(&format!("(v + j * {v})")));
             let _ = writeln!(c, "    }}");
             (
-                format!("    #pragma unroll\n    for (int j = 0; j < {n}; ++j) {{ const long long col = ((long long)j * {t} + lane) * {v}; const bool in_row = valid && col < {cols}ll; float* const x = v + j * {v};"),
+                format!("    #pragma unroll\n    for (int j = 0; j < {n}; ++j) {{ const long long col = {col}; const bool in_row = {touches}; float* const x = v + j * {v};"),
                 "    }".to_string(),
             )
         }
@@ -325,6 +435,7 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> 
         // is a lambda over an access, run over both.
         Some(n) => {
             let r = in_registers;
+            let col = column(&format!("(long long)j * {t} + lane"));
             // Registers are indexed only where the loop is unrolled (a constant index), or they
             // would go to local memory.
             let (in_registers, in_shared) = (format!("v + j * {v}"), format!("cache + ((j - {r}) * {t} + lane) * {v}"));
@@ -332,16 +443,12 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> 
             for (from, to, dst) in [(0, r, &in_registers), (r, n, &in_shared)] {
                 let _ = writeln!(c, "    #pragma unroll");
                 let _ = writeln!(c, "    for (int j = {from}; j < {to}; ++j) {{");
-                let _ = writeln!(c, "      const long long col = ((long long)j * {t} + lane) * {v};");
+                let _ = writeln!(c, "      const long long col = {col};");
                 let _ = writeln!(c, "      float* const dst = {dst};");
-                let _ =
-                    writeln!(c, "      if (valid && col < {cols}ll) {}", load(dtypes[0], v, &x(0, "row + col"), "dst"));
-                let _ = writeln!(c, "      else {{ for (int e = 0; e < {v}; ++e) dst[e] = {neutral}; }}");
+                let _ = writeln!(c, "      {}", fill("dst"));
                 let _ = writeln!(c, "    }}");
             }
-            let run = |dst: &str| {
-                format!("const long long col = ((long long)j * {t} + lane) * {v}; pass({dst}, col, valid && col < {cols}ll);")
-            };
+            let run = |dst: &str| format!("const long long col = {col}; pass({dst}, col, {touches});");
             (
                 "    { auto pass = [&](float* const x, const long long col, const bool in_row) {".to_string(),
                 format!(
@@ -358,9 +465,10 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> 
             let step = t * v;
             (
                 format!(
-                    "    for (long long col0 = (long long)lane * {v}; col0 < {cols}ll; col0 += {}ll) {{ float xs[{u}][{v}];\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const long long col = col0 + (long long)u * {step}; if (valid && col < {cols}ll) {} else {{ for (int e = 0; e < {v}; ++e) xs[u][e] = {neutral}; }} }}\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const long long col = col0 + (long long)u * {step}; const bool in_row = valid && col < {cols}ll; float* const x = xs[u];",
+                    "    for (long long col0 = {}; col0 < {cols}ll; col0 += {}ll) {{ float xs[{u}][{v}];\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const long long col = col0 + (long long)u * {step}; {} }}\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const long long col = col0 + (long long)u * {step}; const bool in_row = {touches}; float* const x = xs[u];",
+                    column("(long long)lane"),
                     u * step,
-                    load(dtypes[0], v, &x(0, "row + col"), "xs[u]"),
+                    fill("xs[u]"),
                 ),
                 "    } }".to_string(),
             )
@@ -404,7 +512,7 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> 
             c,
             "      if (in_row) {{ float y[{v}]; for (int e = 0; e < {v}; ++e) y[e] = bs_exp(x[e] - m) * inv_z;"
         );
-        let _ = writeln!(c, "        {} }}", store(out_dtype, v, "out0 + row + col", "y"));
+        let _ = writeln!(c, "        {} }}", put(out_dtype));
         let _ = writeln!(c, "{close}");
     } else if id == prims::SOFTMAX {
         let _ = writeln!(c, "    float acc = __int_as_float(0xff800000);");
@@ -424,7 +532,7 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> 
         let _ = writeln!(c, "    const float inv_z = 1.0f / acc;");
         let _ = writeln!(c, "{open}");
         let _ = writeln!(c, "      if (in_row) {{ float y[{v}]; for (int e = 0; e < {v}; ++e) y[e] = {exp} * inv_z;");
-        let _ = writeln!(c, "        {} }}", store(out_dtype, v, "out0 + row + col", "y"));
+        let _ = writeln!(c, "        {} }}", put(out_dtype));
         let _ = writeln!(c, "{close}");
     } else {
         let eps = op.scalar(1).map_err(|e| e.to_string())?;
@@ -439,7 +547,8 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> 
         let _ = writeln!(c, "{open}");
         let _ = writeln!(
             c,
-            "      if (in_row) for (int e = 0; e < {v}; ++e) {{ const float d = x[e] - mean; acc = acc + d * d; }}"
+            "      if (in_row) for (int e = 0; e < {v}; ++e) if ({}) {{ const float d = x[e] - mean; acc = acc + d * d; }}",
+            if aligned { in_this_row("e") } else { "true".to_string() }
         );
         let _ = writeln!(c, "{close}");
         reduce(&mut c, &sum);
@@ -449,11 +558,11 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> 
         let _ = writeln!(c, "      if (in_row) {{ float y[{v}];");
         let _ = writeln!(c, "        for (int e = 0; e < {v}; ++e) y[e] = (x[e] - mean) * inv_std;");
         for (k, &dtype) in dtypes.iter().enumerate().skip(1) {
-            let _ = writeln!(c, "        {{ float p[{v}]; {}", load(dtype, v, &x(k, "col"), "p"));
+            let _ = writeln!(c, "        {{ float p[{v}]; {}", read_columns(k, dtype));
             let combine = if k == 1 { "y[e] = y[e] * p[e]" } else { "y[e] = y[e] + p[e]" };
             let _ = writeln!(c, "          for (int e = 0; e < {v}; ++e) {combine}; }}");
         }
-        let _ = writeln!(c, "        {} }}", store(out_dtype, v, "out0 + row + col", "y"));
+        let _ = writeln!(c, "        {} }}", put(out_dtype));
         let _ = writeln!(c, "{close}");
     }
     let _ = writeln!(c, "  }}\n}}");
@@ -500,7 +609,7 @@ mod tests {
     #[test]
     fn rows_are_laid_out_by_length_and_dtype() {
         let layout = |cols, widest| {
-            let l = RowLayout::new(cols, widest);
+            let l = RowLayout::within(cols, widest, REGISTER_VALUES);
             (l.threads_per_row, l.vector, l.per_thread, l.block)
         };
         // f32: four per access, up to 32 values per thread, so a warp holds rows of 1,024.
@@ -561,12 +670,14 @@ mod tests {
         };
         // 65,536 f32 values: 16 accesses of 4 per thread of 1,024, 8 in registers, 8 in 128 KB.
         assert_eq!(kept(65536, 4, HOPPER), (1024, 4, Some(16), 8, 8 * 1024 * 4 * 4));
-        // GPT-2's vocabulary: an odd length, a value per access; 32 in registers.
-        assert_eq!(kept(50257, 2, HOPPER), (1024, 1, Some(50), 32, 18 * 1024 * 4));
+        // GPT-2's vocabulary, an odd length: 16-byte accesses aligned to the tensor (6,283 of
+        // them cover any row), 7 per thread, 4 in registers and 3 in 96 KB.
+        assert_eq!(kept(50257, 2, HOPPER), (1024, 8, Some(7), 4, 3 * 1024 * 8 * 4));
+        assert!(RowLayout::on_chip(50257, 2, REGISTER_VALUES, HOPPER).aligned);
         // Without the room, or past it, rows are streamed; rows that fit registers stay there.
         assert_eq!(kept(65536, 4, 100 * 1024).2, None);
         assert_eq!(kept(1 << 20, 4, HOPPER).2, None);
-        assert_eq!(RowLayout::on_chip(1024, 4, REGISTER_VALUES, HOPPER), RowLayout::new(1024, 4));
+        assert_eq!(RowLayout::on_chip(1024, 4, REGISTER_VALUES, HOPPER), RowLayout::within(1024, 4, REGISTER_VALUES));
         // A quarter of the registers (`layer_norm`): more of the row in shared memory (224 KB).
         assert_eq!(RowLayout::on_chip(65536, 4, 8, HOPPER).shared_bytes(), 14 * 1024 * 4 * 4);
 
@@ -606,6 +717,48 @@ mod tests {
                 super::super::compiles_with_nvrtc(src);
             }
         }
+    }
+
+    #[test]
+    fn rows_of_odd_lengths_are_read_with_accesses_aligned_to_the_tensor() {
+        // Rows of 1,001 f32 values: 16-byte accesses (not one value each), the row's first one
+        // starting `row % 4` values before it; the accesses it shares with its neighbours are
+        // read and written a value at a time. Layouts of every kind: registers (a warp per
+        // row), shared memory beside them, streamed.
+        const HOPPER: usize = 227 * 1024;
+        for (cols, shared_limit, per_thread) in [(1001, 0, true), (40001, HOPPER, true), ((1 << 20) + 1, HOPPER, false)]
+        {
+            for layer_norm in [false, true] {
+                let generated = source_within(
+                    |b| {
+                        let x = b.input(&[3, cols]).unwrap();
+                        if layer_norm {
+                            let w = b.input(&[cols]).unwrap();
+                            b.layer_norm(x, 1e-5, Some(w), Some(w)).unwrap()
+                        } else {
+                            b.softmax(x).unwrap()
+                        }
+                    },
+                    shared_limit,
+                )
+                .unwrap();
+                let (layout, src) = (generated.layout, &generated.source.source);
+                assert!(layout.aligned && layout.vector == 4, "{layout:?}");
+                assert_eq!(layout.per_thread.is_some(), per_thread, "{layout:?}");
+                assert!(src.contains("const long long shift = row % 4;"), "{src}");
+                assert!(src.contains("reinterpret_cast<const uint4*>(in0 + row + col)"), "{src}");
+                assert!(src.contains("reinterpret_cast<uint4*>(out0 + row + col)"), "{src}");
+                // The shared accesses: a value at a time, each tested against the row's bounds.
+                assert!(src.contains("*reinterpret_cast<const unsigned int*>(in0 + row + col + e)"), "{src}");
+                assert!(src.contains("*reinterpret_cast<unsigned int*>(out0 + row + col + e)"), "{src}");
+                assert!(src.contains(&format!("col + e >= 0 && col + e < {cols}ll")), "{src}");
+                super::super::compiles_with_nvrtc(src);
+            }
+        }
+        // Where 16 bytes divide the row, or the row is shorter than one access, nothing changes.
+        assert!(!RowLayout::on_chip(1024, 4, REGISTER_VALUES, HOPPER).aligned);
+        assert!(!RowLayout::on_chip(3, 4, REGISTER_VALUES, HOPPER).aligned);
+        assert!(!RowLayout::within(1001, 4, REGISTER_VALUES).aligned, "other kernels keep rows' own alignment");
     }
 
     #[test]

@@ -492,9 +492,9 @@ fn generate(
         // Each thread makes `loads` accesses of each input before it uses any, so that they are
         // in flight together (a loop unrolled by the compiler reused their registers and kept
         // two: a maximum over 333 rows of 50,257 f32 values ran at 44% of the DRAM's bandwidth,
-        // stalled on its loads). At most 128 bytes a thread in flight, in 2 to 16 accesses,
-        // spread evenly over the batches the thread's accesses take (25 accesses: 4 batches of
-        // 7, not 3 of 8 and one of 1).
+        // stalled on its loads). Up to 128 bytes a thread in flight (2 to 16 accesses of each
+        // input read whole, so more with 5 inputs or more), spread evenly over the batches the
+        // thread's accesses take (25 accesses: batches of 7, 7, 7 and 4, not 8, 8, 8 and 1).
         let read_whole = full.iter().filter(|&&f| f).count().max(1);
         let access_bytes = v * widest.unwrap_or(4);
         let most = (128 / (access_bytes * read_whole)).clamp(2, 16);

@@ -42,7 +42,8 @@ pub(super) struct RowLayout {
     /// Threads per row: a power of two, up to 32 (lanes of one warp, several rows per warp) or
     /// up to 1,024 (a block per row).
     pub threads_per_row: usize,
-    /// Values per access: 16 bytes of the widest dtype, halved until it divides the row.
+    /// Values per access: 16 bytes of the widest dtype; halved until it divides the row, unless
+    /// the accesses are [`aligned`](Self::aligned) to the tensor.
     pub vector: usize,
     /// Accesses per thread, kept on chip; `None` for rows too long for that (streamed).
     pub per_thread: Option<usize>,
@@ -73,8 +74,9 @@ impl RowLayout {
     /// and the row's length is not a multiple of 16 bytes (see [`aligned`](Self::aligned)).
     fn laid_out(cols: usize, widest: usize, values: usize, aligned: bool) -> Self {
         let mut vector = 16 / widest.clamp(1, 16);
-        // Past 2^30 values a row, the aligned accesses' column would not fit the kernel's
-        // 32-bit arithmetic; a row shorter than one access gains nothing from it.
+        // A row no longer than one access gains nothing from it. (Rows of 2^30 values or more
+        // keep narrower accesses, as the fused reductions do, whose aligned path counts in
+        // 32 bits; the row kernels count in 64.)
         let aligned = aligned && vector > 1 && !cols.is_multiple_of(vector) && cols > vector && cols < 1 << 30;
         while !aligned && vector > 1 && !cols.is_multiple_of(vector) {
             vector /= 2;
@@ -116,9 +118,9 @@ impl RowLayout {
     /// (A block of 1,024 threads has 64 registers a thread: kernels that keep more than the row
     /// in them pass fewer `values`, or the row would be spilled to local memory.)
     ///
-    /// Rows whose length 16 bytes do not divide are read with accesses aligned to the tensor
-    /// ([`aligned`](Self::aligned)), the kernels of `softmax` and `layer_norm` being written
-    /// for that.
+    /// Rows longer than one access whose length 16 bytes do not divide (shorter than 2^30
+    /// values) are read with accesses aligned to the tensor ([`aligned`](Self::aligned)), the
+    /// kernels of `softmax` and `layer_norm` being written for that.
     pub fn on_chip(cols: usize, widest: usize, values: usize, shared_limit: usize) -> Self {
         let layout = Self::laid_out(cols, widest, REGISTER_VALUES, true);
         if layout.per_thread.is_some() {

@@ -812,3 +812,56 @@ fn a_gpt2_training_step_allocates_nothing() {
         }
     }
 }
+
+/// Collectives allocate nothing once warm: two ranks (threads of this process, so the global
+/// counter sees both) run a plan with an `all_reduce` and an `all_gather`, and the three runs
+/// after a warm-up one allocate nothing on either rank.
+#[test]
+fn collectives_on_two_ranks_allocate_nothing_once_warm() {
+    use boundscope::distributed::{CollectiveExecutor, Collectives, InProcessGroup, ReduceOp};
+    let mut registry = Registry::with_builtins();
+    let collectives = Collectives::register(&mut registry).unwrap();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[64, 32]).unwrap();
+    let y = b.tanh(x).unwrap();
+    let summed = collectives.all_reduce(&mut b, y, ReduceOp::Sum).unwrap();
+    let gathered = collectives.all_gather(&mut b, summed, 2).unwrap();
+    let out = b.mul_scalar(gathered, 0.5).unwrap();
+    b.output(out).unwrap();
+    let trace = b.finish().unwrap();
+    let warm = std::sync::Barrier::new(2);
+    let counted = std::thread::scope(|s| {
+        let handles: Vec<_> = InProcessGroup::new("steady", 2)
+            .unwrap()
+            .into_iter()
+            .enumerate()
+            .map(|(rank, comm)| {
+                let (trace, collectives, warm) = (&trace, &collectives, &warm);
+                s.spawn(move || {
+                    let executors = [CollectiveExecutor::new(comm, collectives).shared(), CpuReference::shared()];
+                    let plan = Plan::compile(trace, &executors).unwrap();
+                    let input = Tensor::new(&[64, 32], vec![rank as f32; 64 * 32]).unwrap();
+                    let views = [input.view()];
+                    let mut workspace = plan.workspace().unwrap();
+                    plan.run_with(&mut workspace, &views).unwrap();
+                    warm.wait();
+                    // Rank 0 counts (every thread's allocations) while both run.
+                    let mut runs = || {
+                        for _ in 0..3 {
+                            plan.run_with(&mut workspace, &views).unwrap();
+                        }
+                    };
+                    if rank == 0 {
+                        allocations_during(runs)
+                    } else {
+                        runs();
+                        0
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).sum::<usize>()
+    });
+    assert_eq!(counted, 0);
+}

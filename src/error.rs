@@ -411,6 +411,18 @@ pub enum Error {
         /// What went wrong.
         message: String,
     },
+    /// A collective ([`crate::distributed`]) failed on this rank: the ranks disagree on what
+    /// to run (the op, the number of values, the root), a rank did not arrive within the
+    /// communicator's timeout (it failed or hangs), or the communicator was aborted by an earlier
+    /// failure. Every rank of the group gets one; none hangs.
+    Collective {
+        /// The communicator's name.
+        communicator: String,
+        /// This process's (or thread's) rank in it.
+        rank: usize,
+        /// What went wrong and what to do instead.
+        detail: String,
+    },
     /// A checkpoint file ([`crate::checkpoint`]) could not be read or written, or one of its
     /// tensors is missing or not what the caller expects.
     Checkpoint {
@@ -648,6 +660,9 @@ impl fmt::Display for Error {
             ),
             Error::Execution { executor, symbol, message } => {
                 write!(f, "executor `{executor}` failed running `{symbol}`: {message}")
+            }
+            Error::Collective { communicator, rank, detail } => {
+                write!(f, "collective on communicator `{communicator}`, rank {rank}: {detail}")
             }
             Error::Checkpoint { path, tensor: Some(tensor), detail } => {
                 write!(f, "checkpoint `{path}`, tensor `{tensor}`: {detail}")

@@ -35,6 +35,7 @@
 //! | `src/core/tensor.rs` | host tensors of every dtype (`Element`), and the typed views kernels read and write (`Data`, `DataMut`) |
 //! | `src/executors/` | built-in executors: `cpu_reference` (the oracle, the shared scalar `math`, `vector_loops` compiled per instruction set, `in_f32.rs` for 16-bit floats, `products.rs`, `row_kernels.rs` for `softmax` and `layer_norm` whole, `axis_kernels.rs`, `index_kernels.rs` and `select_kernels.rs` for the transformer ops), `cpu_fusion` (blocked fused regions), `worker_pool.rs` (the CPU executors' threads), `cuda` (availability, the device and its graphs, the order of its streams (`stream_order.rs`), `CudaFusion`, `CudaOps`, CUDA C generation for regions, ops and shape ops, row kernels for `softmax` and `layer_norm` (`row_kernels.rs`), cuBLASLt products, batched too (`gemm.rs`), the transformer ops' kernels (`index_ops.rs`, `gather.rs`, `cross_entropy.rs`), cuDNN's fused attention (`attention.rs`), the generated flash attention (`flash_attention.rs`), the libraries' per-stream workspaces (`stream_workspaces.rs`), and the ids checked on the device (`device_checks.rs`), users' own kernels (`user_kernel.rs`)) |
 //! | `src/checkpoint/` | safetensors files: `Checkpoint` (mapped, tensors borrowed) and `write` |
+//! | `src/distributed/` | several ranks: what a collective does and the `Communicator` trait (`communicator.rs`), ranks as threads (`in_process.rs`), the collectives as bound symbols and their executor (`collectives.rs`) |
 //! | `src/core/options/` | typed option specs and values |
 //! | `src/frontend/` | the front end: environment, profiler detection, `ProfiledSession`, `options::list()` |
 //! | `src/error.rs` | the one `Error` enum and `Result` alias |
@@ -90,6 +91,7 @@
 
 pub mod checkpoint;
 mod core;
+pub mod distributed;
 mod error;
 pub mod executors;
 pub mod frontend;

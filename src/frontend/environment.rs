@@ -41,7 +41,7 @@ const PREFIX: &str = "BOUNDSCOPE_";
 /// | `BOUNDSCOPE_NVTX_LEVELS` | a list of `trace`, `region`, `op`, `subsymbol` | `runtime.nvtx_levels`: only these levels get ranges |
 /// | `BOUNDSCOPE_NVTX_EXECUTORS` | a list of `cpu_reference`, `cpu_fusion`, `cuda_ops`, `cuda_fusion`, `runtime` | `runtime.nvtx_executors`: only ranges around what these run (in code, `RangeFilter::executors` takes any executor's name) |
 /// | `BOUNDSCOPE_TRACE_DIR` | a directory path | where programs write trace files (`Environment::trace_dir`; the timeline example); unset, the working directory |
-/// | `BOUNDSCOPE_NVTX_CATEGORIES` | a list of `elementwise`, `reduction`, `matmul`, `shape`, `composite`, `fusion` | `runtime.nvtx_categories`: only ranges around ops of these categories |
+/// | `BOUNDSCOPE_NVTX_CATEGORIES` | a list of `elementwise`, `reduction`, `matmul`, `shape`, `composite`, `fusion`, `collective` | `runtime.nvtx_categories`: only ranges around ops of these categories |
 #[derive(Clone, Debug, Default)]
 pub struct Environment {
     fixed: Option<HashMap<String, String>>,

@@ -33,6 +33,9 @@ pub enum Category {
     Composite,
     /// A fusion region: ops grouped by a fusion pass, run as one unit by an executor.
     Fusion,
+    /// A collective across ranks ([`distributed`](crate::distributed)): `all_reduce`,
+    /// `all_gather`, `reduce_scatter`, `broadcast`.
+    Collective,
 }
 
 impl fmt::Display for Category {
@@ -44,6 +47,7 @@ impl fmt::Display for Category {
             Category::Shape => "shape",
             Category::Composite => "composite",
             Category::Fusion => "fusion",
+            Category::Collective => "collective",
         })
     }
 }

@@ -15,18 +15,20 @@ use crate::error::{Error, Result};
 /// Level names, outermost first (`runtime.nvtx_levels`).
 pub(crate) const LEVEL_NAMES: &[&str] = &["trace", "scope", "region", "op", "subsymbol"];
 /// Symbol category names (`runtime.nvtx_categories`).
-pub(crate) const CATEGORY_NAMES: &[&str] = &["elementwise", "reduction", "matmul", "shape", "composite", "fusion"];
+pub(crate) const CATEGORY_NAMES: &[&str] =
+    &["elementwise", "reduction", "matmul", "shape", "composite", "fusion", "collective"];
 /// Built-in executor names, and `runtime` for scopes that several executors share
 /// (`runtime.nvtx_executors`).
 pub(crate) const EXECUTOR_NAMES: &[&str] = &["cpu_reference", "cpu_fusion", "cuda_ops", "cuda_fusion", "runtime"];
 
-const CATEGORIES: [Category; 6] = [
+const CATEGORIES: [Category; 7] = [
     Category::Elementwise,
     Category::Reduction,
     Category::Matmul,
     Category::Shape,
     Category::Composite,
     Category::Fusion,
+    Category::Collective,
 ];
 
 /// Which NVTX ranges a plan prepares: every range of a chosen level, of a chosen executor and

@@ -1,0 +1,311 @@
+//! The collectives as bound symbols ([`Collectives`]) and the executor that runs them on a
+//! rank's communicator ([`CollectiveExecutor`]).
+
+use std::sync::Arc;
+
+use super::communicator::{Collective, Communicator, ReduceOp};
+use crate::core::ir::{ArgInfo, Category, ParamKind, Registry, Symbol, SymbolId, TensorMeta, TraceBuilder, ValueId};
+use crate::core::plan::{EmittedRange, Executor, Kernel, OpView, PreparedRegionRange};
+use crate::core::tensor::{TensorMut, TensorRef};
+use crate::error::{Error, Result};
+
+const REDUCE_OPS: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max];
+
+/// The collective symbols, registered in a [`Registry`] through the same API as a user's own
+/// symbols, and the methods that bind them in a trace:
+///
+/// | symbol | arguments | output shape |
+/// | --- | --- | --- |
+/// | `all_reduce_sum`, `_mean`, `_max` | `x` | `x`'s |
+/// | `all_gather` | `x`, the world size | `[world * d0, d1, ...]`: the ranks' `x` along the first axis |
+/// | `reduce_scatter_sum`, `_mean`, `_max` | `x`, the world size | `[d0 / world, d1, ...]`: this rank's part of the combination |
+/// | `broadcast` | `x`, the root | `x`'s |
+///
+/// `f32` tensors of rank 1 or more; the world size is part of the trace (shapes depend on it),
+/// and [`CollectiveExecutor`] refuses a trace whose world size is not its communicator's. No
+/// other executor claims them: a plan without a `CollectiveExecutor` is
+/// [`Error::NoExecutor`] naming the symbol. They have no gradient rule yet
+/// ([`Error::NoGradient`] names them).
+///
+/// ```
+/// use std::thread;
+/// use boundscope::distributed::{CollectiveExecutor, Collectives, Communicator, InProcessGroup, ReduceOp};
+/// use boundscope::executors::CpuReference;
+/// use boundscope::{Arena, Plan, Registry, Tensor, TraceBuilder};
+/// let mut registry = Registry::with_builtins();
+/// let collectives = Collectives::register(&mut registry).unwrap();
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let x = b.input(&[2]).unwrap();
+/// let doubled = b.mul_scalar(x, 2.0).unwrap();
+/// let summed = collectives.all_reduce(&mut b, doubled, ReduceOp::Sum).unwrap();
+/// b.output(summed).unwrap();
+/// let trace = b.finish().unwrap();
+/// let results: Vec<Vec<f32>> = thread::scope(|s| {
+///     let ranks = InProcessGroup::new("example", 2).unwrap();
+///     let (trace, collectives) = (&trace, &collectives);
+///     let handles: Vec<_> = ranks
+///         .into_iter()
+///         .map(|comm| {
+///             s.spawn(move || {
+///                 let rank = comm.rank() as f32;
+///                 let executor = CollectiveExecutor::new(comm, collectives);
+///                 let plan = Plan::compile(trace, &[executor.shared(), CpuReference::shared()]).unwrap();
+///                 let input = Tensor::new(&[2], vec![rank, 10.0 * rank]).unwrap();
+///                 plan.run(&[&input]).unwrap()[0].to_f32_vec()
+///             })
+///         })
+///         .collect();
+///     handles.into_iter().map(|h| h.join().unwrap()).collect()
+/// });
+/// // Rank 0 doubles [0, 0], rank 1 [1, 10]: both get the sum.
+/// assert_eq!(results, vec![vec![2.0, 20.0], vec![2.0, 20.0]]);
+/// ```
+#[derive(Clone, Debug)]
+pub struct Collectives {
+    all_reduce: [SymbolId; 3],
+    all_gather: SymbolId,
+    reduce_scatter: [SymbolId; 3],
+    broadcast: SymbolId,
+}
+
+impl Collectives {
+    /// Registers the collective symbols in `registry`.
+    ///
+    /// # Errors
+    /// [`Error::DuplicateSymbol`] if the registry already has them (register them once per
+    /// registry).
+    pub fn register(registry: &mut Registry) -> Result<Self> {
+        let tensor = ParamKind::Tensor;
+        let mut reduce = |name: &str| {
+            registry.register(Symbol::new(name, Category::Collective).params(&[tensor]).shape_rule(|args| {
+                let (dtype, shape) = f32_tensor(args)?;
+                Ok(TensorMeta::new(dtype, shape))
+            }))
+        };
+        let all_reduce = [reduce("all_reduce_sum")?, reduce("all_reduce_mean")?, reduce("all_reduce_max")?];
+        let with_world = |name: &str, gather: bool| {
+            Symbol::new(name, Category::Collective).params(&[tensor, ParamKind::Scalar]).shape_rule(move |args| {
+                let (dtype, shape) = f32_tensor(args)?;
+                let world = count(args.get(1), "the world size", 1)?;
+                let mut out = shape.to_vec();
+                if gather {
+                    out[0] *= world;
+                } else if !shape[0].is_multiple_of(world) {
+                    return Err(format!(
+                        "reduce_scatter gives each of {world} ranks an equal part of the first axis, but it has \
+                         {} rows: make it a multiple of the world size",
+                        shape[0]
+                    ));
+                } else {
+                    out[0] /= world;
+                }
+                Ok(TensorMeta::new(dtype, &out))
+            })
+        };
+        let all_gather = registry.register(with_world("all_gather", true))?;
+        let reduce_scatter = [
+            registry.register(with_world("reduce_scatter_sum", false))?,
+            registry.register(with_world("reduce_scatter_mean", false))?,
+            registry.register(with_world("reduce_scatter_max", false))?,
+        ];
+        let broadcast = registry.register(
+            Symbol::new("broadcast", Category::Collective).params(&[tensor, ParamKind::Scalar]).shape_rule(|args| {
+                let (dtype, shape) = f32_tensor(args)?;
+                count(args.get(1), "the root rank", 0)?;
+                Ok(TensorMeta::new(dtype, shape))
+            }),
+        )?;
+        Ok(Self { all_reduce, all_gather, reduce_scatter, broadcast })
+    }
+
+    /// `x` combined over the ranks by `op` (every rank gets the result).
+    ///
+    /// # Errors
+    /// `x` is not an `f32` tensor of rank 1 or more ([`Error::InvalidSymbol`] and friends, from
+    /// the shape rule), or this registry is not the builder's.
+    pub fn all_reduce<'a>(&self, b: &mut TraceBuilder<'a>, x: ValueId, op: ReduceOp) -> Result<ValueId> {
+        b.bind(self.all_reduce[reduce_index(op)], &[x.into()])
+    }
+
+    /// The ranks' `x` one after the other along the first axis, on a world of `world` ranks.
+    ///
+    /// # Errors
+    /// As [`all_reduce`](Self::all_reduce), and a world of 0.
+    pub fn all_gather<'a>(&self, b: &mut TraceBuilder<'a>, x: ValueId, world: usize) -> Result<ValueId> {
+        b.bind(self.all_gather, &[x.into(), (world as f32).into()])
+    }
+
+    /// This rank's part (a `world`-th of the first axis) of `x` combined over the ranks by `op`.
+    ///
+    /// # Errors
+    /// As [`all_gather`](Self::all_gather), and a first axis that `world` does not divide.
+    pub fn reduce_scatter<'a>(
+        &self,
+        b: &mut TraceBuilder<'a>,
+        x: ValueId,
+        op: ReduceOp,
+        world: usize,
+    ) -> Result<ValueId> {
+        b.bind(self.reduce_scatter[reduce_index(op)], &[x.into(), (world as f32).into()])
+    }
+
+    /// Rank `root`'s `x`, on every rank.
+    ///
+    /// # Errors
+    /// As [`all_reduce`](Self::all_reduce).
+    pub fn broadcast<'a>(&self, b: &mut TraceBuilder<'a>, x: ValueId, root: usize) -> Result<ValueId> {
+        b.bind(self.broadcast, &[x.into(), (root as f32).into()])
+    }
+
+    /// The collective a bound symbol of these runs, and the world size its trace assumes
+    /// (`None` where its shapes do not depend on it); `None` for other symbols.
+    fn collective_of(&self, op: &OpView<'_>) -> Result<Option<(Collective, Option<usize>)>> {
+        let id = op.symbol_id();
+        // The shape rule has checked the scalars.
+        let scalar = |i: usize| op.scalar(i).map(|s| s as usize);
+        if let Some(i) = self.all_reduce.iter().position(|&s| s == id) {
+            return Ok(Some((Collective::AllReduce(REDUCE_OPS[i]), None)));
+        }
+        if let Some(i) = self.reduce_scatter.iter().position(|&s| s == id) {
+            return Ok(Some((Collective::ReduceScatter(REDUCE_OPS[i]), Some(scalar(1)?))));
+        }
+        if id == self.all_gather {
+            return Ok(Some((Collective::AllGather, Some(scalar(1)?))));
+        }
+        if id == self.broadcast {
+            return Ok(Some((Collective::Broadcast { root: scalar(1)? }, None)));
+        }
+        Ok(None)
+    }
+}
+
+fn reduce_index(op: ReduceOp) -> usize {
+    REDUCE_OPS.iter().position(|&o| o == op).unwrap_or(0)
+}
+
+/// The first argument, an `f32` tensor of rank 1 or more.
+fn f32_tensor<'m>(args: &[ArgInfo<'m>]) -> std::result::Result<(crate::DType, &'m [usize]), String> {
+    match args.first() {
+        Some(ArgInfo::Tensor { dtype: crate::DType::F32, shape }) if !shape.is_empty() => {
+            Ok((crate::DType::F32, shape))
+        }
+        Some(ArgInfo::Tensor { dtype: crate::DType::F32, .. }) => {
+            Err("collectives take tensors of rank 1 or more, not a scalar: reshape it to [1]".into())
+        }
+        Some(ArgInfo::Tensor { dtype, .. }) => {
+            Err(format!("collectives run on f32 tensors for now, not {dtype}: cast it to f32 first"))
+        }
+        _ => Err("the first argument must be a tensor".into()),
+    }
+}
+
+/// A whole-number scalar argument of at least `least`.
+fn count(arg: Option<&ArgInfo<'_>>, what: &str, least: usize) -> std::result::Result<usize, String> {
+    match arg {
+        Some(&ArgInfo::Scalar(v)) if v.fract() == 0.0 && v >= least as f32 && v < 1e9 => Ok(v as usize),
+        Some(&ArgInfo::Scalar(v)) => Err(format!("{what} must be a whole number of at least {least}, not {v}")),
+        _ => Err(format!("{what} must be given as a scalar")),
+    }
+}
+
+/// The executor of one rank: runs the [`Collectives`] of its plans on its [`Communicator`]
+/// (list it beside the executors that run the rest, in any order: it claims nothing else).
+/// It pushes an op range around each collective in its own NVTX domain (`collectives` unless
+/// [`in_domain`](Self::in_domain) says otherwise), declared as executors declare the ranges
+/// they push ([`EmittedRange::nvtx_ops`]), so that the plan's range map lists them and the
+/// one-range-per-scope rule holds.
+///
+/// Each collective blocks its rank's run until the ranks it needs have taken part. Every rank
+/// must run plans with the same collectives in the same order.
+pub struct CollectiveExecutor {
+    communicator: Arc<dyn Communicator>,
+    collectives: Collectives,
+    name: String,
+    emits: [EmittedRange; 1],
+}
+
+impl CollectiveExecutor {
+    /// The executor of `communicator`'s rank, for the symbols `collectives` registered.
+    pub fn new(communicator: impl Communicator + 'static, collectives: &Collectives) -> Self {
+        Self::of(Arc::new(communicator), collectives)
+    }
+
+    /// [`new`](Self::new), for a communicator shared with other code.
+    pub fn of(communicator: Arc<dyn Communicator>, collectives: &Collectives) -> Self {
+        Self {
+            communicator,
+            collectives: collectives.clone(),
+            name: "collectives".into(),
+            emits: [EmittedRange::nvtx_ops("collectives")],
+        }
+    }
+
+    /// The same, pushing its ranges in NVTX domain `domain`.
+    pub fn in_domain(mut self, domain: impl Into<String>) -> Self {
+        self.emits = [EmittedRange::nvtx_ops_in(domain)];
+        self
+    }
+
+    /// As an `Arc<dyn Executor>`, for [`Plan::compile`](crate::Plan::compile)'s list.
+    pub fn shared(self) -> Arc<dyn Executor> {
+        Arc::new(self)
+    }
+
+    /// Its communicator.
+    pub fn communicator(&self) -> &Arc<dyn Communicator> {
+        &self.communicator
+    }
+}
+
+impl Executor for CollectiveExecutor {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn claims(&self, op: &OpView<'_>) -> bool {
+        matches!(self.collectives.collective_of(op), Ok(Some(_)))
+    }
+
+    fn compile(&self, op: &OpView<'_>) -> Result<Box<dyn Kernel>> {
+        let failed =
+            |message: String| Error::Execution { executor: self.name.clone(), symbol: op.name().to_string(), message };
+        let Some((collective, assumed)) = self.collectives.collective_of(op)? else {
+            return Err(failed("not a collective of the symbols this executor was made for".into()));
+        };
+        let world = self.communicator.world_size();
+        if let Some(assumed) = assumed.filter(|&a| a != world) {
+            return Err(failed(format!(
+                "the trace was built for a world of {assumed} ranks, but communicator `{}` has {world}: build it \
+                 with the communicator's world size",
+                self.communicator.name()
+            )));
+        }
+        let input: usize = op.input_shape(0)?.iter().product();
+        collective.output_len(input, world).map_err(failed)?;
+        let range = op.region_range().map(|r| r.prepare()).transpose()?;
+        Ok(Box::new(CollectiveKernel { communicator: self.communicator.clone(), collective, range }))
+    }
+
+    fn emits(&self) -> &[EmittedRange] {
+        &self.emits
+    }
+}
+
+struct CollectiveKernel {
+    communicator: Arc<dyn Communicator>,
+    collective: Collective,
+    range: Option<PreparedRegionRange>,
+}
+
+impl Kernel for CollectiveKernel {
+    fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
+        let input = inputs[0].values::<f32>()?;
+        let output = outputs[0].values_mut::<f32>()?;
+        let mut run = move || self.communicator.run(self.collective, input, output);
+        match &self.range {
+            Some(range) => range.in_scope(run),
+            None => run(),
+        }
+    }
+}

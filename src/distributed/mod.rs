@@ -1,0 +1,56 @@
+//! Several ranks (processes or threads, one per device) running one program together: the
+//! collectives `all_reduce`, `all_gather`, `reduce_scatter` and `broadcast` as bound symbols
+//! ([`Collectives`]), run by an executor ([`CollectiveExecutor`]) on a rank's
+//! [`Communicator`], with an op range around each in its own NVTX domain, listed in the plan's
+//! range map like any executor's.
+//!
+//! A communicator is the transport: [`InProcessGroup`] runs ranks that are threads of one
+//! process, with NCCL's semantics (results combined in rank order, the same bits on every
+//! rank; disagreeing ranks and ranks that fail or hang are typed errors on every rank, never a
+//! hang). Implement [`Communicator`] for another transport.
+//!
+//! Sharding a model is building each rank's trace with the collectives where the shards meet:
+//! a Megatron-style MLP block splits the first product's weight by columns and the second's by
+//! rows, and sums the partial results with one `all_reduce` (the crate's tests check that
+//! block against the unsharded one on 2 and 4 ranks).
+//!
+//! ```
+//! use std::thread;
+//! use boundscope::distributed::{CollectiveExecutor, Collectives, InProcessGroup, ReduceOp};
+//! use boundscope::executors::CpuReference;
+//! use boundscope::{Arena, Plan, Registry, Tensor, TraceBuilder};
+//! let mut registry = Registry::with_builtins();
+//! let collectives = Collectives::register(&mut registry).unwrap();
+//! let arena = Arena::new();
+//! let mut b = TraceBuilder::new(&arena, &registry);
+//! let grad = b.input(&[4]).unwrap();
+//! // Data parallelism's step: the gradients averaged over the ranks.
+//! let mean = collectives.all_reduce(&mut b, grad, ReduceOp::Mean).unwrap();
+//! b.output(mean).unwrap();
+//! let trace = b.finish().unwrap();
+//! thread::scope(|s| {
+//!     for (rank, comm) in InProcessGroup::new("dp", 2).unwrap().into_iter().enumerate() {
+//!         let (trace, collectives) = (&trace, &collectives);
+//!         s.spawn(move || {
+//!             let executors = [CollectiveExecutor::new(comm, collectives).shared(), CpuReference::shared()];
+//!             let plan = Plan::compile(trace, &executors).unwrap();
+//!             let mine = Tensor::new(&[4], vec![rank as f32 * 2.0; 4]).unwrap();
+//!             assert_eq!(plan.run(&[&mine]).unwrap()[0].to_f32_vec(), vec![1.0; 4]);
+//!         });
+//!     }
+//! });
+//! ```
+//!
+//! Not yet here (issue 27): an NCCL communicator and collectives on the GPU, a launcher of one
+//! process per GPU, gradients through the collectives, bucketed data parallelism, and 16-bit
+//! and integer values (collectives take `f32`).
+
+mod collectives;
+mod communicator;
+mod in_process;
+#[cfg(test)]
+mod tests;
+
+pub use collectives::{CollectiveExecutor, Collectives};
+pub use communicator::{Collective, Communicator, ReduceOp};
+pub use in_process::{InProcessGroup, DEFAULT_TIMEOUT};

@@ -1,0 +1,281 @@
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use super::*;
+use crate::core::ir::{Arena, Registry, Trace, TraceBuilder};
+use crate::executors::CpuReference;
+use crate::guards::{Level, NvtxRange, Selection};
+use crate::passes::{Grad, Pass, ProfileOps};
+use crate::{Error, Executor, Plan, PushedBy, Tensor};
+
+/// Runs `trace` on `world` in-process ranks, rank `r` with `inputs(r)`: each rank's outputs.
+fn on_ranks(
+    trace: &Trace<'_>,
+    collectives: &Collectives,
+    world: usize,
+    inputs: impl Fn(usize) -> Vec<Tensor> + Sync,
+) -> Vec<crate::Result<Vec<Tensor>>> {
+    let ranks = InProcessGroup::new("test", world).unwrap();
+    thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .map(|comm| {
+                let inputs = &inputs;
+                s.spawn(move || {
+                    let rank = comm.rank();
+                    let executors = [CollectiveExecutor::new(comm, collectives).shared(), CpuReference::shared()];
+                    let plan = Plan::compile(trace, &executors)?;
+                    let mine = inputs(rank);
+                    let refs: Vec<&Tensor> = mine.iter().collect();
+                    plan.run(&refs)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+fn registry_with_collectives() -> (Registry, Collectives) {
+    let mut registry = Registry::with_builtins();
+    let collectives = Collectives::register(&mut registry).unwrap();
+    (registry, collectives)
+}
+
+#[test]
+fn every_collective_gives_every_rank_what_nccl_would() {
+    let (registry, c) = registry_with_collectives();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[6, 2]).unwrap();
+    let outputs = [
+        c.all_reduce(&mut b, x, ReduceOp::Sum).unwrap(),
+        c.all_reduce(&mut b, x, ReduceOp::Mean).unwrap(),
+        c.all_reduce(&mut b, x, ReduceOp::Max).unwrap(),
+        c.all_gather(&mut b, x, 3).unwrap(),
+        c.reduce_scatter(&mut b, x, ReduceOp::Sum, 3).unwrap(),
+        c.broadcast(&mut b, x, 2).unwrap(),
+    ];
+    for o in outputs {
+        b.output(o).unwrap();
+    }
+    let trace = b.finish().unwrap();
+    // Rank r holds r * 100 + i at element i; rank 1 has a NaN at element 5.
+    let value = |r: usize, i: usize| if r == 1 && i == 5 { f32::NAN } else { (r * 100 + i) as f32 };
+    let results =
+        on_ranks(&trace, &c, 3, |r| vec![Tensor::new(&[6, 2], (0..12).map(|i| value(r, i)).collect()).unwrap()]);
+    let sum = |i: usize| (0..3).map(|r| value(r, i)).sum::<f32>();
+    for (rank, result) in results.into_iter().enumerate() {
+        let out: Vec<Vec<f32>> = result.unwrap().iter().map(Tensor::to_f32_vec).collect();
+        let same = |a: &[f32], b: &[f32]| {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y || x.is_nan() && y.is_nan())
+        };
+        let expected_sum: Vec<f32> = (0..12).map(sum).collect();
+        assert!(same(&out[0], &expected_sum), "rank {rank}: {:?}", out[0]);
+        assert!(same(&out[1], &expected_sum.iter().map(|s| s / 3.0).collect::<Vec<_>>()), "{:?}", out[1]);
+        let max: Vec<f32> = (0..12).map(|i| if i == 5 { f32::NAN } else { value(2, i) }).collect();
+        assert!(same(&out[2], &max), "a NaN on any rank is the maximum: {:?}", out[2]);
+        let gathered: Vec<f32> = (0..3).flat_map(|r| (0..12).map(move |i| value(r, i))).collect();
+        assert!(same(&out[3], &gathered), "{:?}", out[3]);
+        // Rank r gets rows 2r and 2r + 1 of the sum.
+        assert!(same(&out[4], &expected_sum[rank * 4..rank * 4 + 4]), "rank {rank}: {:?}", out[4]);
+        assert!(same(&out[5], &(0..12).map(|i| value(2, i)).collect::<Vec<_>>()), "{:?}", out[5]);
+    }
+    let shapes: Vec<Vec<usize>> = outputs.iter().map(|&o| trace.value_meta(o).unwrap().shape.to_vec()).collect();
+    assert_eq!(shapes, [vec![6, 2], vec![6, 2], vec![6, 2], vec![18, 2], vec![2, 2], vec![6, 2]]);
+}
+
+/// A Megatron-style MLP block on `world` ranks: the first weight split by columns, the second
+/// by rows, one `all_reduce` of the partial products, the bias added once after it.
+#[test]
+fn a_tensor_parallel_mlp_block_equals_the_whole_one() {
+    let (d, hidden, tokens) = (8, 16, 5);
+    let data = |n: usize, seed: usize| {
+        (0..n).map(|i| (((i * 37 + seed * 11) % 23) as f32 - 11.0) / 16.0).collect::<Vec<f32>>()
+    };
+    let (x, w1, w2, bias) = (data(tokens * d, 1), data(d * hidden, 2), data(hidden * d, 3), data(d, 4));
+    let (registry, c) = registry_with_collectives();
+    let arena = Arena::new();
+    let whole = {
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let (xi, w1i, w2i, bi) = (
+            b.input(&[tokens, d]).unwrap(),
+            b.input(&[d, hidden]).unwrap(),
+            b.input(&[hidden, d]).unwrap(),
+            b.input(&[d]).unwrap(),
+        );
+        let h = b.matmul(xi, w1i).unwrap();
+        let h = b.gelu(h).unwrap();
+        let y = b.matmul(h, w2i).unwrap();
+        let y = b.add(y, bi).unwrap();
+        b.output(y).unwrap();
+        b.finish().unwrap()
+    };
+    let t = |shape: &[usize], v: &[f32]| Tensor::new(shape, v.to_vec()).unwrap();
+    let expected = Plan::compile(&whole, &[CpuReference::shared()])
+        .unwrap()
+        .run(&[&t(&[tokens, d], &x), &t(&[d, hidden], &w1), &t(&[hidden, d], &w2), &t(&[d], &bias)])
+        .unwrap()[0]
+        .to_f32_vec();
+    for world in [2, 4] {
+        let part = hidden / world;
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let (xi, w1i, w2i, bi) = (
+            b.input(&[tokens, d]).unwrap(),
+            b.input(&[d, part]).unwrap(),
+            b.input(&[part, d]).unwrap(),
+            b.input(&[d]).unwrap(),
+        );
+        let h = b.matmul(xi, w1i).unwrap();
+        let h = b.gelu(h).unwrap();
+        let partial = b.matmul(h, w2i).unwrap();
+        let y = c.all_reduce(&mut b, partial, ReduceOp::Sum).unwrap();
+        let y = b.add(y, bi).unwrap();
+        b.output(y).unwrap();
+        let sharded = b.finish().unwrap();
+        let results = on_ranks(&sharded, &c, world, |r| {
+            // Columns r*part.. of w1 ([d, hidden], row-major), rows r*part.. of w2.
+            let w1_cols: Vec<f32> =
+                (0..d).flat_map(|i| w1[i * hidden + r * part..i * hidden + (r + 1) * part].to_vec()).collect();
+            let w2_rows = w2[r * part * d..(r + 1) * part * d].to_vec();
+            vec![t(&[tokens, d], &x), t(&[d, part], &w1_cols), t(&[part, d], &w2_rows), t(&[d], &bias)]
+        });
+        let first = results[0].as_ref().unwrap()[0].to_f32_vec();
+        for (rank, result) in results.iter().enumerate() {
+            let got = result.as_ref().unwrap()[0].to_f32_vec();
+            assert_eq!(got, first, "every rank gets the same bits (rank {rank} of {world})");
+            let diff = got.iter().zip(&expected).map(|(g, e)| (g - e).abs()).fold(0.0f32, f32::max);
+            assert!(diff < 1e-5, "{world} ranks: {diff}");
+        }
+    }
+}
+
+#[test]
+fn ranks_that_disagree_all_get_a_typed_error() {
+    let (registry, c) = registry_with_collectives();
+    let arena = Arena::new();
+    let trace_of = |n: usize| {
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[n]).unwrap();
+        let y = c.all_reduce(&mut b, x, ReduceOp::Sum).unwrap();
+        b.output(y).unwrap();
+        b.finish().unwrap()
+    };
+    let (four, three) = (trace_of(4), trace_of(3));
+    let ranks = InProcessGroup::new("mismatch", 2).unwrap();
+    let errors: Vec<Error> = thread::scope(|s| {
+        let handles: Vec<_> = ranks
+            .into_iter()
+            .map(|comm| {
+                let (trace, n) = if comm.rank() == 0 { (&four, 4) } else { (&three, 3) };
+                let c = &c;
+                s.spawn(move || {
+                    let plan = Plan::compile(trace, &[CollectiveExecutor::new(comm, c).shared()]).unwrap();
+                    plan.run(&[&Tensor::new(&[n], vec![1.0; n]).unwrap()]).unwrap_err()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (rank, e) in errors.iter().enumerate() {
+        let text = e.to_string();
+        assert!(matches!(e, Error::Collective { rank: r, .. } if *r == rank), "{e:?}");
+        assert!(text.contains("rank 0: all_reduce(sum) of 4 values, rank 1: all_reduce(sum) of 3 values"), "{text}");
+    }
+}
+
+#[test]
+fn a_rank_that_never_arrives_fails_the_others_in_time_and_aborts_the_group() {
+    let mut ranks = InProcessGroup::with_timeout("hang", 2, Duration::from_millis(200)).unwrap();
+    let late = ranks.pop().unwrap();
+    let early = ranks.pop().unwrap();
+    let start = Instant::now();
+    let err = early.run(Collective::AllReduce(ReduceOp::Sum), &[1.0], &mut [0.0]).unwrap_err();
+    assert!(start.elapsed() < Duration::from_secs(5));
+    let text = err.to_string();
+    assert!(text.contains("for ranks [1], which did not arrive") && text.contains("aborted"), "{text}");
+    // The group stays aborted: the late rank fails at once rather than waiting for rank 0.
+    let start = Instant::now();
+    let err = late.run(Collective::AllReduce(ReduceOp::Sum), &[1.0], &mut [0.0]).unwrap_err();
+    assert!(start.elapsed() < Duration::from_millis(150), "{:?}", start.elapsed());
+    assert!(matches!(err, Error::Collective { rank: 1, .. }), "{err:?}");
+}
+
+#[test]
+fn bad_collectives_are_typed_errors_before_anything_runs() {
+    let (registry, c) = registry_with_collectives();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[3, 2]).unwrap();
+    let err = c.reduce_scatter(&mut b, x, ReduceOp::Sum, 2).unwrap_err().to_string();
+    assert!(err.contains("multiple of the world size"), "{err}");
+    let half = b.input_with(&crate::TensorMeta::new(crate::DType::BF16, &[4])).unwrap();
+    let err = c.all_reduce(&mut b, half, ReduceOp::Sum).unwrap_err().to_string();
+    assert!(err.contains("f32 tensors") && err.contains("cast it to f32"), "{err}");
+    assert!(c.all_gather(&mut b, x, 0).unwrap_err().to_string().contains("world size must be a whole number"));
+    // Registered once per registry.
+    let mut again = Registry::with_builtins();
+    Collectives::register(&mut again).unwrap();
+    assert!(matches!(Collectives::register(&mut again), Err(Error::DuplicateSymbol { .. })));
+
+    // A trace built for another world size, a broadcast root outside the world, no executor.
+    let gathered = c.all_gather(&mut b, x, 4).unwrap();
+    b.output(gathered).unwrap();
+    let trace = b.finish().unwrap();
+    let comm = InProcessGroup::new("two", 2).unwrap().remove(0);
+    let err = Plan::compile(&trace, &[CollectiveExecutor::new(comm, &c).shared()]).unwrap_err().to_string();
+    assert!(err.contains("built for a world of 4 ranks, but communicator `two` has 2"), "{err}");
+    let err = Plan::compile(&trace, &[CpuReference::shared()]).unwrap_err();
+    assert!(matches!(&err, Error::NoExecutor { .. }) && err.to_string().contains("all_gather"), "{err}");
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[3]).unwrap();
+    let y = c.broadcast(&mut b, x, 5).unwrap();
+    b.output(y).unwrap();
+    let comm = InProcessGroup::new("two", 2).unwrap().remove(0);
+    let err =
+        Plan::compile(&b.finish().unwrap(), &[CollectiveExecutor::new(comm, &c).shared()]).unwrap_err().to_string();
+    assert!(err.contains("broadcast from rank 5, but the world has ranks 0 to 1"), "{err}");
+}
+
+#[test]
+fn collectives_have_no_gradient_yet_and_say_so() {
+    let (registry, c) = registry_with_collectives();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[3]).unwrap();
+    let y = c.all_reduce(&mut b, x, ReduceOp::Sum).unwrap();
+    let loss = b.sum(y).unwrap();
+    b.output(loss).unwrap();
+    let err = Grad::new(&[x]).run(&b.finish().unwrap(), &arena).unwrap_err();
+    assert!(matches!(&err, Error::NoGradient { .. }) && err.to_string().contains("all_reduce_sum"), "{err}");
+}
+
+#[test]
+fn the_executor_pushes_one_op_range_per_collective_in_its_domain() {
+    let (registry, c) = registry_with_collectives();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4]).unwrap();
+    let y = b.exp(x).unwrap();
+    let y = c.all_reduce(&mut b, y, ReduceOp::Mean).unwrap();
+    b.output(y).unwrap();
+    let mut profiled = ProfileOps::new().run(&b.finish().unwrap(), &arena).unwrap();
+    profiled.attach_guard(Selection::All, NvtxRange::new().domain("collectives").unwrap()).unwrap();
+    let comm = InProcessGroup::new("solo", 1).unwrap().remove(0);
+    let executor: Arc<dyn Executor> = CollectiveExecutor::new(comm, &c).shared();
+    let plan = Plan::compile(&profiled, &[executor, CpuReference::shared()]).unwrap();
+    let ranges = plan.range_map().ranges();
+    let in_domain = |label: &str, domain: &str| {
+        ranges
+            .iter()
+            .filter(|r| r.label == label && r.domain == domain)
+            .map(|r| (r.level, r.pushed_by.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(in_domain("all_reduce_mean", "collectives"), [(Level::Op, PushedBy::Executor("collectives".into()))]);
+    assert_eq!(in_domain("all_reduce_mean", "boundscope"), [(Level::Op, PushedBy::Runtime)]);
+    assert_eq!(in_domain("exp", "collectives"), [(Level::Op, PushedBy::Runtime)]);
+    // A world of one rank: the collective is the identity, and runs.
+    let out = plan.run(&[&Tensor::new(&[4], vec![0.0; 4]).unwrap()]).unwrap();
+    assert_eq!(out[0].to_f32_vec(), vec![1.0; 4]);
+}

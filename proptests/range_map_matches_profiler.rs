@@ -1144,3 +1144,40 @@ fn a_transformer_step_in_scopes_pushes_its_range_map() {
         common::close_all(&got, &expected, 1e-5).unwrap_or_else(|m| panic!("{what}: {m}"));
     }
 }
+
+/// The collective executor pushes its own op range around each collective, in its domain, as
+/// the range map says; the runtime pushes the rest, in every domain. (On one rank, so the run
+/// is this thread's alone.)
+#[test]
+fn collectives_get_their_executors_range_under_a_real_capture() {
+    use boundscope::distributed::{CollectiveExecutor, Collectives, InProcessGroup, ReduceOp};
+    if !capture_installed() {
+        return;
+    }
+    let mut registry = Registry::with_builtins();
+    let collectives = Collectives::register(&mut registry).unwrap();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4]).unwrap();
+    let y = b.exp(x).unwrap();
+    let y = collectives.all_reduce(&mut b, y, ReduceOp::Mean).unwrap();
+    b.output(y).unwrap();
+    let mut profiled = ProfileOps::new().run(&b.finish().unwrap(), &arena).unwrap();
+    profiled.attach_guard(Selection::All, NvtxRange::new().domain("collectives").unwrap()).unwrap();
+    let comm = InProcessGroup::new("solo", 1).unwrap().remove(0);
+    let executor = CollectiveExecutor::new(comm, &collectives).shared();
+    let plan = Plan::compile(&profiled, &[executor, CpuReference::shared()]).unwrap();
+    let (out, events) = captured_run(&plan, &[Tensor::new(&[4], vec![0.0; 4]).unwrap()]);
+    assert_eq!(out.unwrap()[0].to_f32_vec(), vec![1.0; 4]);
+    assert_eq!(labels_in(&events, "collectives"), ["exp", "all_reduce_mean"]);
+    assert_eq!(labels_in(&events, "boundscope"), ["exp", "all_reduce_mean"]);
+    let pushed: Vec<PushedBy> = plan
+        .range_map()
+        .ranges()
+        .iter()
+        .filter(|r| r.domain == "collectives" && r.label == "all_reduce_mean")
+        .map(|r| r.pushed_by.clone())
+        .collect();
+    assert_eq!(pushed, [PushedBy::Executor("collectives".into())]);
+    check_nesting(&events).unwrap();
+}

@@ -90,7 +90,9 @@ impl Collectives {
                 let world = count(args.get(1), "the world size", 1)?;
                 let mut out = shape.to_vec();
                 if gather {
-                    out[0] *= world;
+                    out[0] = shape[0].checked_mul(world).ok_or_else(|| {
+                        format!("all_gather of {} rows on {world} ranks: the row count overflows", shape[0])
+                    })?;
                 } else if !shape[0].is_multiple_of(world) {
                     return Err(format!(
                         "reduce_scatter gives each of {world} ranks an equal part of the first axis, but it has \

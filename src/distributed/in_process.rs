@@ -9,6 +9,9 @@ use crate::error::{Error, Result};
 /// How long a rank waits for the others by default before it reports them as failed or hung.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The longest a communicator waits (longer timeouts are taken as this).
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
+
 /// A communicator for ranks that are threads of one process: the same semantics as NCCL's
 /// collectives (every rank gets the same bits, combined in rank order), for tests of sharded
 /// programs on a machine without several GPUs and for CPU-only data parallelism.
@@ -68,6 +71,9 @@ struct State {
     /// What each rank asked for, in this collective.
     asked: Vec<Option<(Collective, usize)>>,
     result: Vec<f32>,
+    /// Why a rank could not run this collective (its output's length, a length the world
+    /// does not divide), per rank.
+    refused: Vec<Option<String>>,
     /// Set when the ranks disagreed in this collective (every rank returns it).
     mismatch: Option<String>,
     /// Set for good when a rank timed out: the group is aborted.
@@ -84,7 +90,8 @@ impl InProcessGroup {
         Self::with_timeout(name, world, DEFAULT_TIMEOUT)
     }
 
-    /// [`new`](Self::new), with a rank waiting at most `timeout` for the others in a collective.
+    /// [`new`](Self::new), with a rank waiting at most `timeout` for the others in a collective
+    /// (1 ms to [`MAX_TIMEOUT`]: `Duration::MAX` waits a year).
     ///
     /// # Errors
     /// [`Error::Collective`] for a world of 0 ranks.
@@ -104,10 +111,12 @@ impl InProcessGroup {
             departed: 0,
             inputs: vec![Vec::new(); world],
             asked: vec![None; world],
+            refused: vec![None; world],
             result: Vec::new(),
             mismatch: None,
             aborted: None,
         };
+        let timeout = timeout.clamp(Duration::from_millis(1), MAX_TIMEOUT);
         let shared = Arc::new(Shared { name, world, timeout, state: Mutex::new(state), changed: Condvar::new() });
         Ok((0..world).map(|rank| InProcessGroup { shared: shared.clone(), rank }).collect())
     }
@@ -138,10 +147,14 @@ impl InProcessGroup {
             let now = Instant::now();
             if now >= deadline {
                 let missing: Vec<usize> = (0..self.shared.world).filter(|&r| state.asked[r].is_none()).collect();
+                let whom = if state.collecting {
+                    format!("for ranks {missing:?}, which did not arrive")
+                } else {
+                    "for the ranks of the collective before to take their results, which they did not".to_string()
+                };
                 let reason = format!(
-                    "rank {} waited {:?} in {what} (collective #{}) for ranks {missing:?}, which did not arrive: \
-                     they failed or hang; the group is aborted, make a new one (every rank must run the same \
-                     collectives in the same order)",
+                    "rank {} waited {:?} in {what} (collective #{}) {whom}: they failed or hang; the group is \
+                     aborted, make a new one (every rank must run the same collectives in the same order)",
                     self.rank, self.shared.timeout, state.generation
                 );
                 state.aborted = Some(reason.clone());
@@ -169,14 +182,9 @@ impl Communicator for InProcessGroup {
 
     fn run(&self, collective: Collective, input: &[f32], output: &mut [f32]) -> Result<()> {
         let world = self.shared.world;
-        let expected = collective.output_len(input.len(), world).map_err(|e| self.error(e))?;
-        if output.len() != expected {
-            return Err(self.error(format!(
-                "{collective} of {} values writes {expected}, but the output holds {}",
-                input.len(),
-                output.len()
-            )));
-        }
+        // What this rank cannot run still takes part, so that the others learn it at once.
+        let refused = local_refusal(collective, input.len(), output.len(), world);
+        let expected = output.len();
         let deadline = Instant::now() + self.shared.timeout;
         // Wait for the previous collective to be drained, then deposit.
         let state = self.lock();
@@ -187,8 +195,11 @@ impl Communicator for InProcessGroup {
         let generation = state.generation;
         let slot = &mut state.inputs[self.rank];
         slot.clear();
-        slot.extend_from_slice(input);
+        if refused.is_none() {
+            slot.extend_from_slice(input);
+        }
         state.asked[self.rank] = Some((collective, input.len()));
+        state.refused[self.rank] = refused;
         state.arrived += 1;
         if state.arrived == world {
             combine(&mut state, world);
@@ -212,6 +223,7 @@ impl Communicator for InProcessGroup {
             state.arrived = 0;
             state.departed = 0;
             state.asked.iter_mut().for_each(|a| *a = None);
+            state.refused.iter_mut().for_each(|r| *r = None);
             state.mismatch = None;
             state.generation += 1;
             state.collecting = true;
@@ -224,31 +236,25 @@ impl Communicator for InProcessGroup {
 /// Combines the deposited inputs into `state.result`, in rank order, or records why the ranks
 /// disagree.
 fn combine(state: &mut State, world: usize) {
-    let first = state.asked[0];
-    if state.asked.iter().any(|a| *a != first) {
-        let each: Vec<String> = state
-            .asked
-            .iter()
-            .enumerate()
-            .map(|(r, a)| match a {
-                Some((c, n)) => format!("rank {r}: {c} of {n} values"),
-                None => format!("rank {r}: nothing"),
-            })
-            .collect();
-        state.mismatch = Some(format!(
-            "the ranks ran different collectives ({}): every rank must run the same collectives, of the same \
-             shapes, in the same order",
-            each.join(", ")
-        ));
+    state.mismatch = disagreement(&state.asked, &state.refused);
+    if state.mismatch.is_some() {
         return;
     }
+    let first = state.asked[0];
     let Some((collective, _)) = first else { return };
     let State { inputs, result, .. } = state;
+    combine_in_rank_order(collective, &inputs[..world], result);
+}
+
+/// `collective` of the ranks' `inputs` (rank 0 first) into `result` (cleared first; for
+/// `reduce_scatter`, every rank's part, rank 0's first): combined in rank order, so every
+/// transport gives the same bits.
+pub(super) fn combine_in_rank_order(collective: Collective, inputs: &[Vec<f32>], result: &mut Vec<f32>) {
     result.clear();
     match collective {
         Collective::AllReduce(op) | Collective::ReduceScatter(op) => {
             result.extend_from_slice(&inputs[0]);
-            for other in &inputs[1..world] {
+            for other in &inputs[1..] {
                 for (r, &v) in result.iter_mut().zip(other) {
                     *r = match op {
                         ReduceOp::Sum | ReduceOp::Mean => *r + v,
@@ -258,11 +264,50 @@ fn combine(state: &mut State, world: usize) {
                 }
             }
             if op == ReduceOp::Mean {
-                let ranks = world as f32;
+                let ranks = inputs.len() as f32;
                 result.iter_mut().for_each(|r| *r /= ranks);
             }
         }
         Collective::AllGather => inputs.iter().for_each(|i| result.extend_from_slice(i)),
         Collective::Broadcast { root } => result.extend_from_slice(&inputs[root]),
     }
+}
+
+/// Why this rank cannot run `collective` of `input` values into `output` values on `world`
+/// ranks, if it cannot.
+pub(super) fn local_refusal(collective: Collective, input: usize, output: usize, world: usize) -> Option<String> {
+    match collective.output_len(input, world) {
+        Err(e) => Some(e),
+        Ok(expected) if expected != output => {
+            Some(format!("{collective} of {input} values writes {expected}, but the output holds {output}"))
+        }
+        Ok(_) => None,
+    }
+}
+
+/// Why the ranks cannot combine what they asked for (`asked`, per rank, with what each could
+/// not run, `refused`), if they cannot: every transport reports it alike. Allocates only when
+/// they cannot.
+pub(super) fn disagreement(asked: &[Option<(Collective, usize)>], refused: &[Option<String>]) -> Option<String> {
+    if refused.iter().any(Option::is_some) {
+        let each: Vec<String> =
+            refused.iter().enumerate().filter_map(|(r, e)| e.as_ref().map(|e| format!("rank {r}: {e}"))).collect();
+        return Some(format!("a rank could not run this collective ({})", each.join("; ")));
+    }
+    if asked.iter().all(|a| *a == asked[0]) {
+        return None;
+    }
+    let each: Vec<String> = asked
+        .iter()
+        .enumerate()
+        .map(|(r, a)| match a {
+            Some((c, n)) => format!("rank {r}: {c} of {n} values"),
+            None => format!("rank {r}: nothing"),
+        })
+        .collect();
+    Some(format!(
+        "the ranks ran different collectives ({}): every rank must run the same collectives, of the same shapes, \
+         in the same order",
+        each.join(", ")
+    ))
 }

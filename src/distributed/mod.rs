@@ -5,9 +5,13 @@
 //! range map like any executor's.
 //!
 //! A communicator is the transport: [`InProcessGroup`] runs ranks that are threads of one
-//! process, with NCCL's semantics (results combined in rank order, the same bits on every
-//! rank; disagreeing ranks and ranks that fail or hang are typed errors on every rank, never a
-//! hang). Implement [`Communicator`] for another transport.
+//! process, [`TcpGroup`] ranks that are processes (each connected to rank 0, the rendezvous
+//! `torchrun`'s `MASTER_ADDR` and `MASTER_PORT` name; [`RankEnv`] reads them), both with NCCL's
+//! semantics: results combined in rank order, the same bits on every rank; ranks that disagree
+//! or cannot run a collective, and ranks that fail or hang, are typed errors on every rank
+//! within the timeout, never a hang. Implement [`Communicator`] for another transport.
+//! `examples/ranks.rs` starts N processes, as `torchrun` does, and runs a tensor-parallel block
+//! on them.
 //!
 //! Sharding a model is building each rank's trace with the collectives where the shards meet:
 //! a Megatron-style MLP block splits the first product's weight by columns and the second's by
@@ -41,16 +45,20 @@
 //! });
 //! ```
 //!
-//! Not yet here (issue 27): an NCCL communicator and collectives on the GPU, a launcher of one
-//! process per GPU, gradients through the collectives, bucketed data parallelism, and 16-bit
+//! Not yet here (issue 27): an NCCL communicator and collectives on the GPU (device buffers,
+//! the plan's stream), gradients through the collectives, bucketed data parallelism, and 16-bit
 //! and integer values (collectives take `f32`).
 
 mod collectives;
 mod communicator;
 mod in_process;
+mod rank_env;
+mod tcp;
 #[cfg(test)]
 mod tests;
 
 pub use collectives::{CollectiveExecutor, Collectives};
 pub use communicator::{Collective, Communicator, ReduceOp};
-pub use in_process::{InProcessGroup, DEFAULT_TIMEOUT};
+pub use in_process::{InProcessGroup, DEFAULT_TIMEOUT, MAX_TIMEOUT};
+pub use rank_env::RankEnv;
+pub use tcp::TcpGroup;

@@ -9,30 +9,63 @@ use crate::guards::{Level, NvtxRange, Selection};
 use crate::passes::{Grad, Pass, ProfileOps};
 use crate::{Error, Executor, Plan, PushedBy, Tensor};
 
-/// Runs `trace` on `world` in-process ranks, rank `r` with `inputs(r)`: each rank's outputs.
+/// How the ranks of a test talk: threads of one group, or TCP on the loopback.
+#[derive(Clone, Copy, Debug)]
+enum Transport {
+    InProcess,
+    Tcp,
+}
+
+/// `world` communicators, made by `use_rank(rank, communicator)` inside `world` threads (a TCP
+/// group's ranks must connect at the same time): each thread's result.
+fn with_ranks<R: Send>(
+    transport: Transport,
+    world: usize,
+    use_rank: impl Fn(usize, Arc<dyn Communicator>) -> R + Sync,
+) -> Vec<R> {
+    let timeout = Duration::from_secs(20);
+    let mut in_process: Vec<Option<InProcessGroup>> = match transport {
+        Transport::InProcess => InProcessGroup::new("test", world).unwrap().into_iter().map(Some).collect(),
+        Transport::Tcp => (0..world).map(|_| None).collect(),
+    };
+    let listener = std::sync::Mutex::new(Some(std::net::TcpListener::bind("127.0.0.1:0").unwrap()));
+    let address = listener.lock().unwrap().as_ref().unwrap().local_addr().unwrap().to_string();
+    thread::scope(|s| {
+        let handles: Vec<_> = (0..world)
+            .map(|rank| {
+                let (use_rank, listener, address) = (&use_rank, &listener, &address);
+                let own = in_process[rank].take();
+                s.spawn(move || {
+                    let comm: Arc<dyn Communicator> = match (own, rank) {
+                        (Some(group), _) => Arc::new(group),
+                        (None, 0) => {
+                            let l = listener.lock().unwrap().take().unwrap();
+                            Arc::new(TcpGroup::serve("test", l, world, timeout).unwrap())
+                        }
+                        (None, _) => Arc::new(TcpGroup::join("test", address, rank, world, timeout).unwrap()),
+                    };
+                    use_rank(rank, comm)
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
+/// Runs `trace` on `world` ranks, rank `r` with `inputs(r)`: each rank's outputs.
 fn on_ranks(
+    transport: Transport,
     trace: &Trace<'_>,
     collectives: &Collectives,
     world: usize,
     inputs: impl Fn(usize) -> Vec<Tensor> + Sync,
 ) -> Vec<crate::Result<Vec<Tensor>>> {
-    let ranks = InProcessGroup::new("test", world).unwrap();
-    thread::scope(|s| {
-        let handles: Vec<_> = ranks
-            .into_iter()
-            .map(|comm| {
-                let inputs = &inputs;
-                s.spawn(move || {
-                    let rank = comm.rank();
-                    let executors = [CollectiveExecutor::new(comm, collectives).shared(), CpuReference::shared()];
-                    let plan = Plan::compile(trace, &executors)?;
-                    let mine = inputs(rank);
-                    let refs: Vec<&Tensor> = mine.iter().collect();
-                    plan.run(&refs)
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    with_ranks(transport, world, |rank, comm| {
+        let executors = [CollectiveExecutor::of(comm, collectives).shared(), CpuReference::shared()];
+        let plan = Plan::compile(trace, &executors)?;
+        let mine = inputs(rank);
+        let refs: Vec<&Tensor> = mine.iter().collect();
+        plan.run(&refs)
     })
 }
 
@@ -62,10 +95,13 @@ fn every_collective_gives_every_rank_what_nccl_would() {
     let trace = b.finish().unwrap();
     // Rank r holds r * 100 + i at element i; rank 1 has a NaN at element 5.
     let value = |r: usize, i: usize| if r == 1 && i == 5 { f32::NAN } else { (r * 100 + i) as f32 };
-    let results =
-        on_ranks(&trace, &c, 3, |r| vec![Tensor::new(&[6, 2], (0..12).map(|i| value(r, i)).collect()).unwrap()]);
+    let input = |r: usize| vec![Tensor::new(&[6, 2], (0..12).map(|i| value(r, i)).collect()).unwrap()];
     let sum = |i: usize| (0..3).map(|r| value(r, i)).sum::<f32>();
-    for (rank, result) in results.into_iter().enumerate() {
+    let mut results = on_ranks(Transport::InProcess, &trace, &c, 3, input);
+    results.extend(on_ranks(Transport::Tcp, &trace, &c, 3, input));
+    assert_eq!(results.len(), 6);
+    for (i, result) in results.into_iter().enumerate() {
+        let rank = i % 3;
         let out: Vec<Vec<f32>> = result.unwrap().iter().map(Tensor::to_f32_vec).collect();
         let same = |a: &[f32], b: &[f32]| {
             a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y || x.is_nan() && y.is_nan())
@@ -133,7 +169,8 @@ fn a_tensor_parallel_mlp_block_equals_the_whole_one() {
         let y = b.add(y, bi).unwrap();
         b.output(y).unwrap();
         let sharded = b.finish().unwrap();
-        let results = on_ranks(&sharded, &c, world, |r| {
+        let transport = if world == 2 { Transport::Tcp } else { Transport::InProcess };
+        let results = on_ranks(transport, &sharded, &c, world, |r| {
             // Columns r*part.. of w1 ([d, hidden], row-major), rows r*part.. of w2.
             let w1_cols: Vec<f32> =
                 (0..d).flat_map(|i| w1[i * hidden + r * part..i * hidden + (r + 1) * part].to_vec()).collect();
@@ -145,7 +182,7 @@ fn a_tensor_parallel_mlp_block_equals_the_whole_one() {
             let got = result.as_ref().unwrap()[0].to_f32_vec();
             assert_eq!(got, first, "every rank gets the same bits (rank {rank} of {world})");
             let diff = got.iter().zip(&expected).map(|(g, e)| (g - e).abs()).fold(0.0f32, f32::max);
-            assert!(diff < 1e-5, "{world} ranks: {diff}");
+            assert!(diff < 1e-5, "{world} ranks, {transport:?}: {diff}");
         }
     }
 }
@@ -162,24 +199,16 @@ fn ranks_that_disagree_all_get_a_typed_error() {
         b.finish().unwrap()
     };
     let (four, three) = (trace_of(4), trace_of(3));
-    let ranks = InProcessGroup::new("mismatch", 2).unwrap();
-    let errors: Vec<Error> = thread::scope(|s| {
-        let handles: Vec<_> = ranks
-            .into_iter()
-            .map(|comm| {
-                let (trace, n) = if comm.rank() == 0 { (&four, 4) } else { (&three, 3) };
-                let c = &c;
-                s.spawn(move || {
-                    let plan = Plan::compile(trace, &[CollectiveExecutor::new(comm, c).shared()]).unwrap();
-                    plan.run(&[&Tensor::new(&[n], vec![1.0; n]).unwrap()]).unwrap_err()
-                })
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    });
-    for (rank, e) in errors.iter().enumerate() {
+    let run = |rank: usize, comm: Arc<dyn Communicator>| {
+        let (trace, n) = if rank == 0 { (&four, 4) } else { (&three, 3) };
+        let plan = Plan::compile(trace, &[CollectiveExecutor::of(comm, &c).shared()]).unwrap();
+        plan.run(&[&Tensor::new(&[n], vec![1.0; n]).unwrap()]).unwrap_err()
+    };
+    let mut errors = with_ranks(Transport::InProcess, 2, run);
+    errors.extend(with_ranks(Transport::Tcp, 2, run));
+    for (i, e) in errors.iter().enumerate() {
         let text = e.to_string();
-        assert!(matches!(e, Error::Collective { rank: r, .. } if *r == rank), "{e:?}");
+        assert!(matches!(e, Error::Collective { rank: r, .. } if *r == i % 2), "{e:?}");
         assert!(text.contains("rank 0: all_reduce(sum) of 4 values, rank 1: all_reduce(sum) of 3 values"), "{text}");
     }
 }
@@ -278,4 +307,86 @@ fn the_executor_pushes_one_op_range_per_collective_in_its_domain() {
     // A world of one rank: the collective is the identity, and runs.
     let out = plan.run(&[&Tensor::new(&[4], vec![0.0; 4]).unwrap()]).unwrap();
     assert_eq!(out[0].to_f32_vec(), vec![1.0; 4]);
+}
+
+#[test]
+fn a_tcp_rank_that_never_sends_fails_the_others_in_time() {
+    let timeout = Duration::from_millis(300);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let silent = thread::spawn(move || TcpGroup::join("hang", &address, 1, 2, timeout).unwrap());
+    let rank0 = TcpGroup::serve("hang", listener, 2, timeout).unwrap();
+    let rank1 = silent.join().unwrap();
+    let start = Instant::now();
+    let err = rank0.run(Collective::AllReduce(ReduceOp::Sum), &[1.0], &mut [0.0]).unwrap_err().to_string();
+    assert!(start.elapsed() < Duration::from_secs(5));
+    assert!(err.contains("rank 1 did not send its part of all_reduce(sum)") && err.contains("aborted"), "{err}");
+    // Rank 0 closed the connection: rank 1 learns at once, and both stay aborted.
+    let start = Instant::now();
+    let err = rank1.run(Collective::AllReduce(ReduceOp::Sum), &[1.0], &mut [0.0]).unwrap_err();
+    assert!(start.elapsed() < Duration::from_millis(250), "{:?}", start.elapsed());
+    assert!(matches!(err, Error::Collective { rank: 1, .. }), "{err:?}");
+    assert!(rank0.run(Collective::AllGather, &[1.0], &mut [0.0; 2]).unwrap_err().to_string().contains("aborted"));
+}
+
+#[test]
+fn tcp_ranks_of_another_world_or_missing_are_refused() {
+    let timeout = Duration::from_secs(5);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let stranger = thread::spawn(move || TcpGroup::join("w", &address, 1, 3, timeout).err().map(|e| e.to_string()));
+    let err = TcpGroup::serve("w", listener, 2, timeout).err().unwrap().to_string();
+    assert!(err.contains("rank 1 joined expecting 3 ranks, but this group has 2"), "{err}");
+    assert!(stranger.join().unwrap().unwrap().contains("refused"));
+    // Nobody joins: rank 0 says who is missing, in time.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let err = TcpGroup::serve("w", listener, 3, Duration::from_millis(100)).err().unwrap().to_string();
+    assert!(err.contains("ranks [1, 2] did not connect"), "{err}");
+    let err = RankEnv::from_vars(|n| match n {
+        "RANK" => Some("2".into()),
+        "WORLD_SIZE" => Some("2".into()),
+        _ => None,
+    })
+    .unwrap_err();
+    assert!(matches!(err, Error::InvalidEnvironment { .. }) && err.to_string().contains("from 0 to 1"), "{err}");
+}
+
+/// A rank that cannot run a collective (a length the world does not divide, a wrong output)
+/// still takes part: every rank fails at once with its reason, and the group goes on.
+#[test]
+fn a_rank_that_cannot_run_a_collective_fails_every_rank_at_once() {
+    for transport in [Transport::InProcess, Transport::Tcp] {
+        let outcomes = with_ranks(transport, 2, |rank, comm| {
+            let start = Instant::now();
+            let n = if rank == 0 { 4 } else { 3 };
+            let err = comm.run(Collective::ReduceScatter(ReduceOp::Sum), &vec![1.0; n], &mut [0.0; 2]).unwrap_err();
+            let elapsed = start.elapsed();
+            let mut out = [0.0; 2];
+            comm.run(Collective::AllReduce(ReduceOp::Sum), &[1.0, rank as f32], &mut out).unwrap();
+            (err.to_string(), elapsed, out)
+        });
+        for (rank, (err, elapsed, out)) in outcomes.into_iter().enumerate() {
+            assert!(
+                err.contains("rank 1: reduce_scatter splits its input in 2 equal parts"),
+                "{transport:?} {rank}: {err}"
+            );
+            assert!(elapsed < Duration::from_secs(5), "{transport:?}: {elapsed:?}");
+            assert_eq!(out, [2.0, 1.0], "{transport:?}: the group is still usable");
+        }
+    }
+}
+
+#[test]
+fn extreme_sizes_and_timeouts_are_errors_not_panics() {
+    let (registry, c) = registry_with_collectives();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[1 << 60, 0]).unwrap();
+    let err = c.all_gather(&mut b, x, 16).unwrap_err().to_string();
+    assert!(err.contains("overflows"), "{err}");
+    // "Wait for ever" is a year, not an overflow.
+    let solo = InProcessGroup::with_timeout("forever", 1, Duration::MAX).unwrap().remove(0);
+    let mut out = [0.0];
+    solo.run(Collective::Broadcast { root: 0 }, &[3.0], &mut out).unwrap();
+    assert_eq!(out, [3.0]);
 }

@@ -1,0 +1,82 @@
+//! [`RankEnv`]: a process's rank, read as `torchrun` passes it.
+
+use crate::error::{Error, Result};
+
+/// Where this process sits among the ranks: `RANK`, `WORLD_SIZE` and `LOCAL_RANK` (the rank on
+/// this machine, which picks its GPU), and the rendezvous `MASTER_ADDR`:`MASTER_PORT`, the
+/// variables `torchrun` sets. Read only when asked ([`from_env`](Self::from_env)): the library
+/// reads no environment by itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RankEnv {
+    /// This process's rank, `0..world_size`.
+    pub rank: usize,
+    /// The number of ranks.
+    pub world_size: usize,
+    /// The rank on this machine (`rank` where `LOCAL_RANK` is not set).
+    pub local_rank: usize,
+    /// Rank 0's address, `host:port` (`127.0.0.1:29500` where `MASTER_ADDR` and `MASTER_PORT`
+    /// are not set, as `torchrun`'s default).
+    pub master: String,
+}
+
+impl RankEnv {
+    /// From this process's environment.
+    ///
+    /// # Errors
+    /// [`Error::InvalidEnvironment`] for a missing `RANK` or `WORLD_SIZE`, a value that is not a
+    /// number, or a rank outside the world.
+    pub fn from_env() -> Result<Self> {
+        Self::from_vars(|name| std::env::var(name).ok())
+    }
+
+    /// From the variables `var` gives (for tests, and for launchers that pass them otherwise).
+    ///
+    /// ```
+    /// use boundscope::distributed::RankEnv;
+    /// let vars = |name: &str| match name {
+    ///     "RANK" => Some("1".to_string()),
+    ///     "WORLD_SIZE" => Some("2".to_string()),
+    ///     _ => None,
+    /// };
+    /// let env = RankEnv::from_vars(vars).unwrap();
+    /// assert_eq!((env.rank, env.world_size, env.local_rank), (1, 2, 1));
+    /// assert_eq!(env.master, "127.0.0.1:29500");
+    /// let err = RankEnv::from_vars(|name| (name == "RANK").then(|| "0".to_string())).unwrap_err();
+    /// assert!(err.to_string().contains("WORLD_SIZE"));
+    /// ```
+    ///
+    /// # Errors
+    /// As [`from_env`](Self::from_env).
+    pub fn from_vars(var: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let number = |name: &str, expected: &str, required: bool| -> Result<Option<usize>> {
+            match var(name) {
+                None if required => Err(Error::InvalidEnvironment {
+                    variable: name.into(),
+                    value: String::new(),
+                    expected: format!(
+                        "{expected} (it is not set: start the ranks with a launcher that sets it, as torchrun does)"
+                    ),
+                }),
+                None => Ok(None),
+                Some(value) => value.trim().parse::<usize>().map(Some).map_err(|_| Error::InvalidEnvironment {
+                    variable: name.into(),
+                    value,
+                    expected: expected.into(),
+                }),
+            }
+        };
+        let world_size = number("WORLD_SIZE", "the number of ranks, at least 1", true)?.unwrap_or(1);
+        let rank = number("RANK", "this process's rank, from 0 to WORLD_SIZE - 1", true)?.unwrap_or(0);
+        if world_size == 0 || rank >= world_size {
+            return Err(Error::InvalidEnvironment {
+                variable: "RANK".into(),
+                value: rank.to_string(),
+                expected: format!("a rank from 0 to {} (WORLD_SIZE is {world_size})", world_size.saturating_sub(1)),
+            });
+        }
+        let local_rank = number("LOCAL_RANK", "the rank on this machine", false)?.unwrap_or(rank);
+        let host = var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
+        let port = number("MASTER_PORT", "rank 0's port", false)?.unwrap_or(29500);
+        Ok(Self { rank, world_size, local_rank, master: format!("{host}:{port}") })
+    }
+}

@@ -54,7 +54,8 @@ fn launch() -> Result<(), String> {
     if !HIDDEN.is_multiple_of(world) {
         return Err(format!("the hidden width {HIDDEN} must divide by --world ({world})"));
     }
-    // A free port on the loopback for rank 0 (released just before rank 0 binds it).
+    // A free port on the loopback for rank 0 (released before rank 0 binds it: another process
+    // may take it in between, and then rank 0 says so; run again).
     let port =
         std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
     let program = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -70,12 +71,25 @@ fn launch() -> Result<(), String> {
                 .map_err(|e| format!("starting rank {rank}: {e}"))
         })
         .collect::<Result<_, _>>()?;
+    // Wait for all; when one fails, stop the others (they would wait for it until their
+    // timeout).
+    let mut children: Vec<Option<std::process::Child>> = children.into_iter().map(Some).collect();
     let mut failed = Vec::new();
-    for (rank, mut child) in children.into_iter().enumerate() {
-        let status = child.wait().map_err(|e| e.to_string())?;
-        if !status.success() {
-            failed.push(rank);
+    while children.iter().any(Option::is_some) && failed.is_empty() {
+        for (rank, slot) in children.iter_mut().enumerate() {
+            if let Some(status) = slot.as_mut().map(|c| c.try_wait()).transpose().map_err(|e| e.to_string())?.flatten()
+            {
+                if !status.success() {
+                    failed.push(rank);
+                }
+                *slot = None;
+            }
         }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    for child in children.iter_mut().flatten() {
+        let _ = child.kill();
+        let _ = child.wait();
     }
     if failed.is_empty() {
         println!("{world} ranks agree with the whole block");

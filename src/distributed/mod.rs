@@ -9,7 +9,8 @@
 //! `torchrun`'s `MASTER_ADDR` and `MASTER_PORT` name; [`RankEnv`] reads them), both with NCCL's
 //! semantics: results combined in rank order, the same bits on every rank; ranks that disagree
 //! or cannot run a collective, and ranks that fail or hang, are typed errors on every rank
-//! within the timeout, never a hang. Implement [`Communicator`] for another transport.
+//! (within the timeout, or for a `TcpGroup` rank that already had its result, at its next
+//! collective), never a hang. Implement [`Communicator`] for another transport.
 //! `examples/ranks.rs` starts N processes, as `torchrun` does, and runs a tensor-parallel block
 //! on them.
 //!

@@ -41,6 +41,14 @@ impl RankEnv {
     /// let env = RankEnv::from_vars(vars).unwrap();
     /// assert_eq!((env.rank, env.world_size, env.local_rank), (1, 2, 1));
     /// assert_eq!(env.master, "127.0.0.1:29500");
+    /// let six = |name: &str| match name {
+    ///     "RANK" => Some("0".to_string()),
+    ///     "WORLD_SIZE" => Some("1".to_string()),
+    ///     "MASTER_ADDR" => Some("::1".to_string()),
+    ///     "MASTER_PORT" => Some("7000".to_string()),
+    ///     _ => None,
+    /// };
+    /// assert_eq!(RankEnv::from_vars(six).unwrap().master, "[::1]:7000");
     /// let err = RankEnv::from_vars(|name| (name == "RANK").then(|| "0".to_string())).unwrap_err();
     /// assert!(err.to_string().contains("WORLD_SIZE"));
     /// ```
@@ -66,8 +74,15 @@ impl RankEnv {
             }
         };
         let world_size = number("WORLD_SIZE", "the number of ranks, at least 1", true)?.unwrap_or(1);
+        if world_size == 0 {
+            return Err(Error::InvalidEnvironment {
+                variable: "WORLD_SIZE".into(),
+                value: "0".into(),
+                expected: "the number of ranks, at least 1".into(),
+            });
+        }
         let rank = number("RANK", "this process's rank, from 0 to WORLD_SIZE - 1", true)?.unwrap_or(0);
-        if world_size == 0 || rank >= world_size {
+        if rank >= world_size {
             return Err(Error::InvalidEnvironment {
                 variable: "RANK".into(),
                 value: rank.to_string(),
@@ -75,8 +90,28 @@ impl RankEnv {
             });
         }
         let local_rank = number("LOCAL_RANK", "the rank on this machine", false)?.unwrap_or(rank);
-        let host = var("MASTER_ADDR").unwrap_or_else(|| "127.0.0.1".into());
-        let port = number("MASTER_PORT", "rank 0's port", false)?.unwrap_or(29500);
-        Ok(Self { rank, world_size, local_rank, master: format!("{host}:{port}") })
+        let host = var("MASTER_ADDR").map_or_else(|| "127.0.0.1".to_string(), |h| h.trim().to_string());
+        if host.is_empty() {
+            return Err(Error::InvalidEnvironment {
+                variable: "MASTER_ADDR".into(),
+                value: String::new(),
+                expected: "rank 0's host name or address".into(),
+            });
+        }
+        let port = match var("MASTER_PORT") {
+            None => 29500,
+            Some(value) => value.trim().parse::<u16>().map_err(|_| Error::InvalidEnvironment {
+                variable: "MASTER_PORT".into(),
+                value,
+                expected: "rank 0's port, 0 to 65535".into(),
+            })?,
+        };
+        // An IPv6 address takes brackets before its port.
+        let master = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]:{port}")
+        } else {
+            format!("{host}:{port}")
+        };
+        Ok(Self { rank, world_size, local_rank, master })
     }
 }

@@ -13,16 +13,21 @@ use crate::error::{Error, Result};
 /// The first bytes a joining rank sends ("bsc1").
 const MAGIC: u32 = 0x6273_6331;
 
+/// The longest message (an error's text) a rank sends or reads; longer ones are cut.
+const MAX_MESSAGE: usize = 1 << 16;
+
 /// A communicator for ranks that are processes (one per GPU, as `torchrun` starts them, or CPU
 /// processes): every rank connects to rank 0, which combines the ranks' values in rank order
 /// (the same bits as [`InProcessGroup`](super::InProcessGroup)) and sends each its result. It
 /// is the rendezvous and the CPU transport; an NCCL communicator would take its unique id
 /// through it.
 ///
-/// A rank that does not answer within the timeout fails the collective on every rank with
-/// [`Error::Collective`] (rank 0 closes the connections, so the others learn at once) and the
-/// group is aborted; ranks that disagree on a collective all get an error naming what each
-/// asked for. Buffers are kept: once warm, collectives allocate nothing.
+/// A rank that does not answer within the timeout aborts the group: rank 0 closes the
+/// connections, so every rank waiting in that collective gets [`Error::Collective`] at once,
+/// and a rank that had already received its result gets it at its next collective (rank 0
+/// sends results rank by rank). Ranks that disagree on a collective, or cannot run it, all get
+/// an error naming what each asked for, and the group goes on. Buffers are kept: once warm,
+/// collectives allocate nothing.
 ///
 /// ```
 /// use std::net::TcpListener;
@@ -77,6 +82,9 @@ impl TcpGroup {
         let name = name.into();
         let timeout = timeout.clamp(Duration::from_millis(1), MAX_TIMEOUT);
         let fail = |detail: String| Error::Collective { communicator: name.clone(), rank: 0, detail };
+        if world == 0 {
+            return Err(fail("a group of 0 ranks runs nothing: give it at least one".into()));
+        }
         let deadline = Instant::now() + timeout;
         listener.set_nonblocking(true).map_err(|e| fail(format!("the listener: {e}")))?;
         let mut joined: Vec<Option<TcpStream>> = (1..world).map(|_| None).collect();
@@ -85,8 +93,13 @@ impl TcpGroup {
                 Ok((mut stream, _)) => {
                     stream.set_nonblocking(false).map_err(|e| fail(format!("a connection: {e}")))?;
                     configure(&stream, timeout).map_err(|e| fail(format!("a connection: {e}")))?;
+                    // A connection that does not greet as a rank in time (a stray client, another
+                    // job on the same port) is dropped; the ranks may still come.
+                    let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
                     let mut hello = [0u8; 12];
-                    stream.read_exact(&mut hello).map_err(|e| fail(format!("a joining rank's greeting: {e}")))?;
+                    if stream.set_read_timeout(Some(left)).and_then(|()| stream.read_exact(&mut hello)).is_err() {
+                        continue;
+                    }
                     let word = |i: usize| u32::from_le_bytes(hello[4 * i..4 * i + 4].try_into().unwrap_or([0; 4]));
                     let (magic, rank, their_world) = (word(0), word(1) as usize, word(2) as usize);
                     let refuse = |stream: &mut TcpStream, why: String| {
@@ -94,8 +107,9 @@ impl TcpGroup {
                         fail(why)
                     };
                     if magic != MAGIC {
-                        return Err(refuse(&mut stream, "a connection that is not a boundscope rank".into()));
+                        continue;
                     }
+                    stream.set_read_timeout(Some(timeout)).map_err(|e| fail(format!("a connection: {e}")))?;
                     if their_world != world || rank == 0 || rank >= world || joined[rank - 1].is_some() {
                         return Err(refuse(
                             &mut stream,
@@ -142,7 +156,8 @@ impl TcpGroup {
         let mut stream = loop {
             let addresses =
                 address.to_socket_addrs().map_err(|e| fail(format!("rank 0's address `{address}`: {e}")))?;
-            let tried = addresses.into_iter().find_map(|a| TcpStream::connect_timeout(&a, timeout).ok());
+            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+            let tried = addresses.into_iter().find_map(|a| TcpStream::connect_timeout(&a, left).ok());
             match tried {
                 Some(stream) => break stream,
                 None if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
@@ -265,17 +280,19 @@ impl TcpGroup {
             let rank = r + 1;
             bytes.clear();
             if let Some(message) = &disagreement {
+                let message = capped(message);
                 bytes.push(1);
                 bytes.extend_from_slice(&(message.len() as u64).to_le_bytes());
-                bytes.extend_from_slice(message.as_bytes());
+                bytes.extend_from_slice(message);
             } else {
                 let from = if matches!(collective, Collective::ReduceScatter(_)) { rank * part } else { 0 };
                 bytes.push(0);
                 bytes.extend_from_slice(&(part as u64).to_le_bytes());
                 result[from..from + part].iter().for_each(|v| bytes.extend_from_slice(&v.to_le_bytes()));
             }
-            if let Err(e) = peer.write_all(bytes) {
-                return Err(format!("sending rank {rank} its result: {e}"));
+            let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
+            if let Err(e) = peer.set_write_timeout(Some(left)).and_then(|()| peer.write_all(bytes)) {
+                return Err(format!("sending rank {rank} its result within {:?}: {e}", self.timeout));
             }
         }
         if let Some(message) = disagreement {
@@ -299,48 +316,53 @@ impl TcpGroup {
         match &refused {
             // Refused: the reason's bytes instead of the values.
             Some(reason) => {
+                let reason = capped(reason);
                 let mut h = header(collective, reason.len());
                 h[2] = 1;
                 bytes.extend_from_slice(&h);
-                bytes.extend_from_slice(reason.as_bytes());
+                bytes.extend_from_slice(reason);
             }
             None => {
                 bytes.extend_from_slice(&header(collective, input.len()));
                 input.iter().for_each(|v| bytes.extend_from_slice(&v.to_le_bytes()));
             }
         }
-        let exchanged = root.write_all(bytes).and_then(|()| {
+        // The outcome, or (outside) why the group must be aborted: a failed connection, or a
+        // reply that would leave the stream out of step.
+        let io = |e: std::io::Error| {
+            format!("the connection to rank 0 failed in {collective} ({e}): a rank failed or hangs, or the group was aborted")
+        };
+        let exchanged = (|| -> std::result::Result<std::result::Result<(), String>, String> {
+            root.write_all(bytes).map_err(io)?;
             let mut status = [0u8; 9];
-            root.read_exact(&mut status)?;
+            root.read_exact(&mut status).map_err(io)?;
             let len = u64::from_le_bytes(status[1..9].try_into().unwrap_or([0; 8])) as usize;
             if status[0] != 0 {
-                bytes.resize(len.min(1 << 20), 0);
-                root.read_exact(bytes)?;
+                if len > MAX_MESSAGE {
+                    return Err(format!("rank 0 sent a message of {len} bytes, more than any it writes"));
+                }
+                bytes.resize(len, 0);
+                root.read_exact(bytes).map_err(io)?;
                 return Ok(Err(String::from_utf8_lossy(bytes).into_owned()));
             }
             if refused.is_some() || len != output.len() {
-                return Ok(Err(format!(
-                    "rank 0 sent {len} values of {collective}, but this rank's output holds {}",
+                return Err(format!(
+                    "rank 0 sent {len} values of {collective}, but this rank's output holds {} (the ranks' builds \
+                     differ)",
                     output.len()
-                )));
+                ));
             }
             bytes.resize(4 * len, 0);
-            root.read_exact(bytes)?;
+            root.read_exact(bytes).map_err(io)?;
             for (o, b) in output.iter_mut().zip(bytes.chunks_exact(4)) {
                 *o = f32::from_le_bytes(b.try_into().unwrap_or([0; 4]));
             }
             Ok(Ok(()))
-        });
+        })();
         match exchanged {
             Ok(Ok(())) => Ok(()),
             Ok(Err(message)) => Err(self.error(message)),
-            Err(e) => {
-                let detail = format!(
-                    "rank 0 did not complete {collective} within {:?} ({e}): a rank failed or hangs",
-                    self.timeout
-                );
-                Err(self.abort(links, detail))
-            }
+            Err(detail) => Err(self.abort(links, detail)),
         }
     }
 }
@@ -426,13 +448,24 @@ fn receive(
     };
     let len = u64::from_le_bytes(h[8..16].try_into().unwrap_or([0; 8])) as usize;
     values.clear();
+    let malformed = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidData, what);
     if h[2] == 1 {
-        bytes.resize(len.min(1 << 20), 0);
+        if len > MAX_MESSAGE {
+            return Err(malformed(format!("a reason of {len} bytes, more than any rank writes")));
+        }
+        bytes.resize(len, 0);
         peer.read_exact(bytes)?;
         return Ok(((collective, 0), Some(String::from_utf8_lossy(bytes).into_owned())));
     }
-    bytes.resize(4 * len, 0);
+    let size = len.checked_mul(4).filter(|&b| b <= isize::MAX as usize / 2);
+    let size = size.ok_or_else(|| malformed(format!("a collective of {len} values")))?;
+    bytes.resize(size, 0);
     peer.read_exact(bytes)?;
     values.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap_or([0; 4]))));
     Ok(((collective, len), None))
+}
+
+/// `message`'s bytes, cut to [`MAX_MESSAGE`].
+fn capped(message: &str) -> &[u8] {
+    &message.as_bytes()[..message.len().min(MAX_MESSAGE)]
 }

@@ -390,3 +390,83 @@ fn extreme_sizes_and_timeouts_are_errors_not_panics() {
     solo.run(Collective::Broadcast { root: 0 }, &[3.0], &mut out).unwrap();
     assert_eq!(out, [3.0]);
 }
+
+/// A stray connection (another program on the port) is dropped and the ranks still meet; a
+/// group of 0 ranks and bad variables are typed errors.
+#[test]
+fn tcp_rendezvous_drops_strangers_and_refuses_nonsense() {
+    use std::io::Write;
+    let timeout = Duration::from_secs(10);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let stranger_address = address.clone();
+    let stranger = thread::spawn(move || {
+        let mut s = std::net::TcpStream::connect(&stranger_address).unwrap();
+        let _ = s.write_all(b"GET / HTTP/1.1\r\n\r\n");
+        thread::sleep(Duration::from_millis(50));
+        TcpGroup::join("meet", &stranger_address, 1, 2, timeout).unwrap()
+    });
+    let rank0 = TcpGroup::serve("meet", listener, 2, timeout).unwrap();
+    let rank1 = stranger.join().unwrap();
+    let two = thread::spawn(move || {
+        let mut out = [0.0; 2];
+        rank1.run(Collective::AllGather, &[1.0], &mut out).unwrap();
+        out
+    });
+    let mut out = [0.0; 2];
+    rank0.run(Collective::AllGather, &[0.0], &mut out).unwrap();
+    assert_eq!((out, two.join().unwrap()), ([0.0, 1.0], [0.0, 1.0]));
+
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    assert!(TcpGroup::serve("none", listener, 0, timeout).err().unwrap().to_string().contains("0 ranks"));
+    let vars = |port: &'static str| {
+        move |name: &str| match name {
+            "RANK" => Some("0".to_string()),
+            "WORLD_SIZE" => Some("1".to_string()),
+            "MASTER_PORT" => Some(port.to_string()),
+            _ => None,
+        }
+    };
+    let err = RankEnv::from_vars(vars("70000")).unwrap_err().to_string();
+    assert!(err.contains("MASTER_PORT") && err.contains("0 to 65535"), "{err}");
+    let zero = |name: &str| (name == "WORLD_SIZE" || name == "RANK").then(|| "0".to_string());
+    assert!(RankEnv::from_vars(zero).unwrap_err().to_string().contains("WORLD_SIZE"));
+}
+
+/// The standard passes leave collectives whole (no decomposition, nothing fuses across them):
+/// a fused plan on two ranks gives the unfused plan's result.
+#[test]
+fn collectives_pass_through_fusion_and_the_pipeline() {
+    use crate::executors::CpuFusion;
+    use crate::passes::Pipeline;
+    let (registry, c) = registry_with_collectives();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[16, 8]).unwrap();
+    let y = b.exp(x).unwrap();
+    let y = b.mul_scalar(y, 0.5).unwrap();
+    let y = c.all_reduce(&mut b, y, ReduceOp::Sum).unwrap();
+    let y = b.tanh(y).unwrap();
+    let y = b.add_scalar(y, 1.0).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let results = with_ranks(Transport::InProcess, 2, |rank, comm| {
+        let executors = [CollectiveExecutor::of(comm, &c).shared(), CpuFusion::shared(), CpuReference::shared()];
+        let arena = Arena::new();
+        let fused = Pipeline::for_executors(&executors).run(&trace, &arena).unwrap();
+        let plan = Plan::compile(&fused, &executors).unwrap();
+        assert!(plan.steps_per_executor().contains(&("collectives", 1)), "{plan}");
+        let input = Tensor::new(&[16, 8], (0..128).map(|i| (i + rank) as f32 / 64.0).collect()).unwrap();
+        plan.run(&[&input]).unwrap()[0].to_f32_vec()
+    });
+    let expected: Vec<f32> = (0..128)
+        .map(|i| {
+            let part = |r: usize| ((i + r) as f32 / 64.0).exp() * 0.5;
+            (part(0) + part(1)).tanh() + 1.0
+        })
+        .collect();
+    for got in results {
+        let diff = got.iter().zip(&expected).map(|(g, e)| (g - e).abs()).fold(0.0f32, f32::max);
+        assert!(diff < 1e-5, "{diff}");
+    }
+}

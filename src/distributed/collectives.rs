@@ -1,7 +1,7 @@
 //! The collectives as bound symbols ([`Collectives`]) and the executor that runs them on a
 //! rank's communicator ([`CollectiveExecutor`]).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use super::communicator::{Collective, Communicator, ReduceOp};
 use crate::core::ir::{ArgInfo, Category, ParamKind, Registry, Symbol, SymbolId, TensorMeta, TraceBuilder, ValueId};
@@ -24,8 +24,13 @@ const REDUCE_OPS: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max]
 /// `f32` tensors of rank 1 or more; the world size is part of the trace (shapes depend on it),
 /// and [`CollectiveExecutor`] refuses a trace whose world size is not its communicator's. No
 /// other executor claims them: a plan without a `CollectiveExecutor` is
-/// [`Error::NoExecutor`] naming the symbol. They have no gradient rule yet
-/// ([`Error::NoGradient`] names them).
+/// [`Error::NoExecutor`] naming the symbol.
+///
+/// Gradients ([`passes::Grad`](crate::passes::Grad)) are those of the sum of the ranks'
+/// losses, as `torch.distributed.nn.functional`'s: `all_reduce`'s is the `all_reduce` of the
+/// ranks' gradients (sum or mean), `all_gather`'s this rank's part of their sum
+/// (`reduce_scatter`), `reduce_scatter`'s their `all_gather` (over the world for `mean`). The
+/// maxima and `broadcast` have none yet ([`Error::NoGradient`] names them).
 ///
 /// ```
 /// use std::thread;
@@ -76,14 +81,30 @@ impl Collectives {
     /// [`Error::DuplicateSymbol`] if the registry already has them (register them once per
     /// registry).
     pub fn register(registry: &mut Registry) -> Result<Self> {
+        // The gradient rules bind collectives themselves: they find the ids here once all are
+        // registered.
+        let ids: Arc<OnceLock<Collectives>> = Arc::new(OnceLock::new());
         let tensor = ParamKind::Tensor;
-        let mut reduce = |name: &str| {
-            registry.register(Symbol::new(name, Category::Collective).params(&[tensor]).shape_rule(|args| {
+        let mut reduce = |name: &str, op: Option<ReduceOp>| {
+            let symbol = Symbol::new(name, Category::Collective).params(&[tensor]).shape_rule(|args| {
                 let (dtype, shape) = f32_tensor(args)?;
                 Ok(TensorMeta::new(dtype, shape))
-            }))
+            });
+            // The gradient of the sum (mean) of the ranks' losses: the sum (mean) of the ranks'
+            // gradients, as `torch.distributed.nn.functional.all_reduce`.
+            let symbol = match (op, ids.clone()) {
+                (Some(op), ids) => {
+                    symbol.vjp(move |b, v| Ok(vec![Some(grad_ids(&ids)?.all_reduce(b, v.cotangent, op)?)]))
+                }
+                (None, _) => symbol,
+            };
+            registry.register(symbol)
         };
-        let all_reduce = [reduce("all_reduce_sum")?, reduce("all_reduce_mean")?, reduce("all_reduce_max")?];
+        let all_reduce = [
+            reduce("all_reduce_sum", Some(ReduceOp::Sum))?,
+            reduce("all_reduce_mean", Some(ReduceOp::Mean))?,
+            reduce("all_reduce_max", None)?,
+        ];
         let with_world = |name: &str, gather: bool| {
             Symbol::new(name, Category::Collective).params(&[tensor, ParamKind::Scalar]).shape_rule(move |args| {
                 let (dtype, shape) = f32_tensor(args)?;
@@ -105,11 +126,35 @@ impl Collectives {
                 Ok(TensorMeta::new(dtype, &out))
             })
         };
-        let all_gather = registry.register(with_world("all_gather", true))?;
+        let world_of = |v: &crate::VjpInput<'_, '_>| match v.args.get(1) {
+            Some(crate::Arg::Scalar(w)) => Ok(*w as usize),
+            _ => Err(Error::InvalidGradient {
+                detail: format!("`{}`'s second argument, the world size, is not a scalar", v.name),
+            }),
+        };
+        // all_gather's gradient: this rank's part of the sum of the ranks' gradients; and back.
+        let gather_ids = ids.clone();
+        let all_gather = registry.register(with_world("all_gather", true).vjp(move |b, v| {
+            let world = world_of(v)?;
+            Ok(vec![Some(grad_ids(&gather_ids)?.reduce_scatter(b, v.cotangent, ReduceOp::Sum, world)?), None])
+        }))?;
+        let scatter = |name: &str, op: ReduceOp| {
+            let ids = ids.clone();
+            let symbol = with_world(name, false);
+            if op == ReduceOp::Max {
+                return symbol;
+            }
+            symbol.vjp(move |b, v| {
+                let world = world_of(v)?;
+                let gathered = grad_ids(&ids)?.all_gather(b, v.cotangent, world)?;
+                let grad = if op == ReduceOp::Mean { b.mul_scalar(gathered, 1.0 / world as f32)? } else { gathered };
+                Ok(vec![Some(grad), None])
+            })
+        };
         let reduce_scatter = [
-            registry.register(with_world("reduce_scatter_sum", false))?,
-            registry.register(with_world("reduce_scatter_mean", false))?,
-            registry.register(with_world("reduce_scatter_max", false))?,
+            registry.register(scatter("reduce_scatter_sum", ReduceOp::Sum))?,
+            registry.register(scatter("reduce_scatter_mean", ReduceOp::Mean))?,
+            registry.register(scatter("reduce_scatter_max", ReduceOp::Max))?,
         ];
         let broadcast = registry.register(
             Symbol::new("broadcast", Category::Collective).params(&[tensor, ParamKind::Scalar]).shape_rule(|args| {
@@ -118,7 +163,9 @@ impl Collectives {
                 Ok(TensorMeta::new(dtype, shape))
             }),
         )?;
-        Ok(Self { all_reduce, all_gather, reduce_scatter, broadcast })
+        let collectives = Self { all_reduce, all_gather, reduce_scatter, broadcast };
+        let _ = ids.set(collectives.clone());
+        Ok(collectives)
     }
 
     /// `x` combined over the ranks by `op` (every rank gets the result).
@@ -180,6 +227,13 @@ impl Collectives {
         }
         Ok(None)
     }
+}
+
+/// The ids a gradient rule binds (set when registration ends).
+fn grad_ids(ids: &OnceLock<Collectives>) -> Result<&Collectives> {
+    ids.get().ok_or_else(|| Error::InvalidGradient {
+        detail: "a collective's gradient was asked for before `Collectives::register` finished".into(),
+    })
 }
 
 fn reduce_index(op: ReduceOp) -> usize {

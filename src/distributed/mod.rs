@@ -46,9 +46,10 @@
 //! });
 //! ```
 //!
-//! Not yet here (issue 27): an NCCL communicator and collectives on the GPU (device buffers,
-//! the plan's stream), gradients through the collectives, bucketed data parallelism, and 16-bit
-//! and integer values (collectives take `f32`).
+//! Gradients through the collectives are those of the sum of the ranks' losses (see
+//! [`Collectives`]). Not yet here (issue 27): an NCCL communicator and collectives on the GPU
+//! (device buffers, the plan's stream), bucketed data parallelism, gradients of the maxima and
+//! of `broadcast`, and 16-bit and integer values (collectives take `f32`).
 
 mod collectives;
 mod communicator;

@@ -266,17 +266,54 @@ fn bad_collectives_are_typed_errors_before_anything_runs() {
     assert!(err.contains("broadcast from rank 5, but the world has ranks 0 to 1"), "{err}");
 }
 
+/// The gradients of the sum of the ranks' losses, through `all_reduce`, `all_gather` and
+/// `reduce_scatter` (their rules bind collectives in the backward, which every rank runs in
+/// the same order), against the closed form; the maxima and `broadcast` have none yet.
 #[test]
-fn collectives_have_no_gradient_yet_and_say_so() {
+fn gradients_flow_through_collectives_as_those_of_the_ranks_summed_losses() {
     let (registry, c) = registry_with_collectives();
     let arena = Arena::new();
     let mut b = TraceBuilder::new(&arena, &registry);
-    let x = b.input(&[3]).unwrap();
-    let y = c.all_reduce(&mut b, x, ReduceOp::Sum).unwrap();
-    let loss = b.sum(y).unwrap();
+    let (x, w, k) = (b.input(&[4]).unwrap(), b.input(&[4]).unwrap(), b.input(&[4]).unwrap());
+    let h = b.mul(x, w).unwrap();
+    let y = c.all_reduce(&mut b, h, ReduceOp::Sum).unwrap();
+    let g = c.all_gather(&mut b, y, 2).unwrap();
+    let g2 = b.mul(g, g).unwrap();
+    let q = c.reduce_scatter(&mut b, g2, ReduceOp::Sum, 2).unwrap();
+    let weighted = b.mul(q, k).unwrap();
+    let loss = b.sum(weighted).unwrap();
     b.output(loss).unwrap();
-    let err = Grad::new(&[x]).run(&b.finish().unwrap(), &arena).unwrap_err();
-    assert!(matches!(&err, Error::NoGradient { .. }) && err.to_string().contains("all_reduce_sum"), "{err}");
+    let grads = Grad::new(&[w]).run(&b.finish().unwrap(), &arena).unwrap();
+    let values =
+        |r: usize, seed: usize| (0..4).map(|i| ((i * 7 + r * 3 + seed) % 5) as f32 / 4.0 - 0.4).collect::<Vec<f32>>();
+    let results = on_ranks(Transport::InProcess, &grads, &c, 2, |r| {
+        (0..3).map(|seed| Tensor::new(&[4], values(r, seed)).unwrap()).collect()
+    });
+    // y = x0 w0 + x1 w1; every rank's q is 2 y^2, so the total loss is 2 sum(y^2 (k0 + k1)) and
+    // its gradient by w_r is 4 y (k0 + k1) x_r.
+    let (x0, w0, k0, x1, w1, k1) = (values(0, 0), values(0, 1), values(0, 2), values(1, 0), values(1, 1), values(1, 2));
+    for (r, result) in results.into_iter().enumerate() {
+        let got = result.unwrap()[1].to_f32_vec();
+        let xr = if r == 0 { &x0 } else { &x1 };
+        for i in 0..4 {
+            let y = x0[i] * w0[i] + x1[i] * w1[i];
+            let expected = 4.0 * y * (k0[i] + k1[i]) * xr[i];
+            assert!((got[i] - expected).abs() < 1e-5, "rank {r}, element {i}: {} against {expected}", got[i]);
+        }
+    }
+    for without in ["all_reduce_max", "broadcast"] {
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[3]).unwrap();
+        let y = if without == "broadcast" {
+            c.broadcast(&mut b, x, 0).unwrap()
+        } else {
+            c.all_reduce(&mut b, x, ReduceOp::Max).unwrap()
+        };
+        let loss = b.sum(y).unwrap();
+        b.output(loss).unwrap();
+        let err = Grad::new(&[x]).run(&b.finish().unwrap(), &arena).unwrap_err();
+        assert!(matches!(&err, Error::NoGradient { .. }) && err.to_string().contains(without), "{err}");
+    }
 }
 
 #[test]

@@ -2,8 +2,8 @@
 //! with guards nested deeply or not, profiling on or off, regions with up to 8 inputs and 4
 //! outputs, ranks up to 6 (and a rank-9 transpose), zero-sized dimensions, and ops large enough
 //! to be split over the worker threads. The counter sees the calling thread only (so that tests
-//! running in parallel do not disturb each other): the worker threads' own allocations are not
-//! counted here, and no test yet shows that they make none.
+//! running in parallel do not disturb each other): `worker_threads_allocate_nothing`, a binary
+//! of one test, counts every thread, the worker threads included.
 
 mod common;
 #[path = "../examples/shared/gpt2.rs"]

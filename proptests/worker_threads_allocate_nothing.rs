@@ -3,45 +3,19 @@
 //! holds one test, so its counter can count every thread: the worker pool's threads, which run
 //! the parts of ops split over the cores, included.
 
-use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+#[path = "common/allocations.rs"]
+#[allow(dead_code)]
+mod allocations;
+
 use std::sync::Arc;
 
+use allocations::{allocations_on_every_thread_during, CountingAllocator};
 use boundscope::executors::{CpuFusion, CpuReference};
 use boundscope::passes::Pipeline;
 use boundscope::{Arena, Executor, Plan, Registry, Tensor, TraceBuilder};
 
-/// Counts every thread's allocations while counting is on.
-struct EveryThread;
-
-static COUNTING: AtomicBool = AtomicBool::new(false);
-static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
-
-// SAFETY: forwards every call to the system allocator unchanged; counts on the side with
-// atomics, which never allocate.
-unsafe impl GlobalAlloc for EveryThread {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as our caller's.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as our caller's.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        if COUNTING.load(Ordering::Relaxed) {
-            ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        }
-        // SAFETY: same contract as our caller's.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
-
 #[global_allocator]
-static ALLOCATOR: EveryThread = EveryThread;
+static ALLOCATOR: CountingAllocator = CountingAllocator;
 
 /// Ops large enough to be split over the worker threads (a fused chain, a product, row ops,
 /// a reduction), run unfused on the CPU reference and fused by CpuFusion: three runs after two
@@ -77,12 +51,11 @@ fn split_ops_allocate_nothing_on_any_thread_once_warm() {
         for _ in 0..2 {
             plan.run_with(&mut workspace, &views).unwrap();
         }
-        ALLOCATIONS.store(0, Ordering::Relaxed);
-        COUNTING.store(true, Ordering::Relaxed);
-        for _ in 0..3 {
-            plan.run_with(&mut workspace, &views).unwrap();
-        }
-        COUNTING.store(false, Ordering::Relaxed);
-        assert_eq!(ALLOCATIONS.load(Ordering::Relaxed), 0, "{plan}");
+        let allocations = allocations_on_every_thread_during(|| {
+            for _ in 0..3 {
+                plan.run_with(&mut workspace, &views).unwrap();
+            }
+        });
+        assert_eq!(allocations, 0, "{plan}");
     }
 }

@@ -463,7 +463,7 @@ fn generate(
         while !aligned && v > 1 && !row.is_multiple_of(v) {
             v /= 2;
         }
-        let accesses = if aligned { (row + v - 1).div_ceil(v) } else { row.div_ceil(v) };
+        let accesses = super::row_kernels::RowLayout::accesses(row, v, aligned);
         let t = reduction_threads(accesses);
         // The tensor's values in whole accesses (the aligned path reads the rest one by one).
         let whole = numel - numel % v;

@@ -102,7 +102,7 @@ impl RowLayout {
 
     /// Accesses of `vector` values that cover a row of `cols` values: one more where they are
     /// aligned to the tensor and the row may start inside one.
-    fn accesses(cols: usize, vector: usize, aligned: bool) -> usize {
+    pub(super) fn accesses(cols: usize, vector: usize, aligned: bool) -> usize {
         if aligned {
             (cols + vector - 1).div_ceil(vector)
         } else {

@@ -68,11 +68,16 @@ impl Kernel for ReduceAxis {
         run_parts_writing(out, self.parts, inner, |outers: Range<usize>, out: &mut [f32]| {
             for (o, row) in outers.zip(out.chunks_exact_mut(inner)) {
                 let block = &x[o * n * inner..][..n * inner];
-                row.copy_from_slice(&block[..inner]);
-                for slice in block.chunks_exact(inner).skip(1) {
-                    if sum {
+                if sum {
+                    // From +0, as the last-axis sums (`math::row_sum`) and the decomposition
+                    // start: a sum of -0 alone is +0 on every axis, not -0 on all but the last.
+                    row.fill(0.0);
+                    for slice in block.chunks_exact(inner) {
                         row.iter_mut().zip(slice).for_each(|(r, &v)| *r += v);
-                    } else {
+                    }
+                } else {
+                    row.copy_from_slice(&block[..inner]);
+                    for slice in block.chunks_exact(inner).skip(1) {
                         row.iter_mut().zip(slice).for_each(|(r, &v)| *r = maximum(*r, v));
                     }
                 }

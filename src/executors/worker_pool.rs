@@ -93,6 +93,18 @@ pub(crate) fn run_parts_writing<T: Send, F: Fn(std::ops::Range<usize>, &mut [T])
         job(0..units, out);
         return;
     }
+    split_writing(out, parts, unit, &job);
+}
+
+/// The parts of [`run_parts_writing`] past one, out of line: the job's one direct call above is
+/// then inlined into small ops' kernels.
+#[inline(never)]
+fn split_writing<T: Send, F: Fn(std::ops::Range<usize>, &mut [T]) + Sync>(
+    out: &mut [T],
+    parts: usize,
+    unit: usize,
+    job: &F,
+) {
     let unit = unit.max(1);
     let units = out.len().div_ceil(unit);
     let (base, len) = (SharedMut(out.as_mut_ptr()), out.len());

@@ -244,14 +244,13 @@ mod tests {
     }
 
     fn step(work: Work, inputs: &[u32], outputs: &[u32]) -> Step {
-        Step {
+        Step::new(
             work,
-            inputs: inputs.iter().map(|&d| Slot::Device(d)).collect(),
-            outputs: SmallVec::from_slice(outputs),
-            line: String::new(),
-            executor: 0,
-            in_place: Vec::new(),
-        }
+            inputs.iter().map(|&d| Slot::Device(d)).collect(),
+            SmallVec::from_slice(outputs),
+            String::new(),
+            0,
+        )
     }
 
     fn kernel(inputs: &[u32], outputs: &[u32]) -> Step {

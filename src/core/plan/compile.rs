@@ -48,9 +48,14 @@ pub(crate) enum Work {
     Download,
 }
 
-/// One compiled bound symbol, or a transfer.
+/// One compiled bound symbol, or a transfer. (In this order: what the run loop reads of a
+/// narrow step, `work` and `narrow`, is at the front, in the step's first cache line or two.)
+#[repr(C)]
 pub(crate) struct Step {
     pub work: Work,
+    /// The step's slots inline, where it is a [`Narrow`] one; set once compilation has placed
+    /// every buffer ([`Step::settle`]).
+    pub narrow: Option<Narrow>,
     pub inputs: SmallVec<[Slot; 4]>,
     pub outputs: SmallVec<[u32; 2]>,
     /// `t3 = add(t1, t2)`, for listings and errors.
@@ -59,6 +64,56 @@ pub(crate) struct Step {
     /// `(input, output)` positions where the kernel writes the output over the input
     /// ([`DeviceKernel::in_place`]): the run hands it an empty buffer at `input`.
     pub in_place: Vec<(u32, u32)>,
+}
+
+impl Step {
+    /// A step of `work` from `inputs` to `outputs`, run by `executor` (`line` for listings).
+    pub fn new(
+        work: Work,
+        inputs: SmallVec<[Slot; 4]>,
+        outputs: SmallVec<[u32; 2]>,
+        line: String,
+        executor: usize,
+    ) -> Self {
+        Self { work, inputs, outputs, line, executor, in_place: Vec::new(), narrow: None }
+    }
+
+    /// Records the step's final slots inline where it is [`Narrow`]: called once no pass of
+    /// the compiler renames its slots any more.
+    pub fn settle(&mut self) {
+        self.narrow = Narrow::of(self);
+    }
+}
+
+/// Inputs a [`Narrow`] step holds inline.
+pub(crate) const NARROW_INPUTS: usize = 4;
+
+/// A host step with one output and at most [`NARROW_INPUTS`] inputs (almost every op) that
+/// reads no buffer it writes, its slots held inline: the run loop reads them with no length or
+/// spill checks, builds the kernel's views on the stack and lends the output buffer in place
+/// (the dispatch benchmark's 1-element ops spent most of their time there).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Narrow {
+    /// The output's buffer.
+    pub output: u32,
+    /// Inputs (at most [`NARROW_INPUTS`]); the first `count` of `inputs` are the step's.
+    pub count: usize,
+    pub inputs: [Slot; NARROW_INPUTS],
+}
+
+impl Narrow {
+    fn of(step: &Step) -> Option<Self> {
+        let (Work::Host(_), &[output]) = (&step.work, &step.outputs[..]) else {
+            return None;
+        };
+        let count = step.inputs.len();
+        if step.inputs.contains(&Slot::Buffer(output)) {
+            return None;
+        }
+        let mut inputs = [Slot::Input(0); NARROW_INPUTS];
+        inputs.get_mut(..count)?.copy_from_slice(&step.inputs);
+        Some(Self { output, count, inputs })
+    }
 }
 
 /// A trace compiled against an ordered list of executors, ready to run many times.
@@ -377,6 +432,9 @@ impl Plan {
         let schedules = schedules(&scopes, compiler.steps.len());
         let range_maps =
             [range_map(&scopes, &schedules[0], &nodes, true), range_map(&scopes, &schedules[1], &nodes, false)];
+        for step in compiler.steps.iter_mut() {
+            step.settle();
+        }
         let widths = Widths {
             inputs: compiler.steps.iter().map(|s| s.inputs.len()).max().unwrap_or(0),
             outputs: compiler.steps.iter().map(|s| s.outputs.len()).max().unwrap_or(0),
@@ -869,14 +927,7 @@ impl<'c, 't> Compiler<'c, 't> {
             if bsym.symbol() == prims::RESHAPE && !self.trace.outputs().contains(&out) {
                 self.device_slots[out.index()] = Some(buffer);
                 let line = format!("{}  (a view: no copy)", format_line(self.trace, bsym));
-                self.steps.push(Step {
-                    work: Work::Device(Box::new(DeviceView)),
-                    inputs,
-                    outputs: SmallVec::new(),
-                    line,
-                    executor,
-                    in_place: Vec::new(),
-                });
+                self.steps.push(Step::new(Work::Device(Box::new(DeviceView)), inputs, SmallVec::new(), line, executor));
                 return Ok(CompiledNode { first, len: self.steps.len() - first, children: Vec::new(), emitted: None });
             }
         }
@@ -906,7 +957,7 @@ impl<'c, 't> Compiler<'c, 't> {
             executor: self.executors[executor].name().to_string(),
             range: range.clone(),
         });
-        self.steps.push(Step { work, inputs, outputs, line, executor, in_place: Vec::new() });
+        self.steps.push(Step::new(work, inputs, outputs, line, executor));
         // The op's scope covers the transfers it needed (inserted just before it) and the op.
         Ok(CompiledNode { first, len: self.steps.len() - first, children: Vec::new(), emitted })
     }
@@ -919,14 +970,13 @@ impl<'c, 't> Compiler<'c, 't> {
         let device =
             self.device_slots[value.index()].ok_or(Error::UndefinedValue { value, used_by: used_by.into() })?;
         let buffer = self.new_buffer(self.shape(value)?, self.dtype(value));
-        self.steps.push(Step {
-            work: Work::Download,
-            inputs: SmallVec::from_slice(&[Slot::Device(device)]),
-            outputs: SmallVec::from_slice(&[buffer]),
-            line: format!("download {value} from the device"),
-            executor: self.executors.len(),
-            in_place: Vec::new(),
-        });
+        self.steps.push(Step::new(
+            Work::Download,
+            SmallVec::from_slice(&[Slot::Device(device)]),
+            SmallVec::from_slice(&[buffer]),
+            format!("download {value} from the device"),
+            self.executors.len(),
+        ));
         self.value_slots[value.index()] = Some(Slot::Buffer(buffer));
         Ok(Slot::Buffer(buffer))
     }
@@ -938,14 +988,13 @@ impl<'c, 't> Compiler<'c, 't> {
         }
         let host = self.value_slots[value.index()].ok_or(Error::UndefinedValue { value, used_by: used_by.into() })?;
         let buffer = self.new_device_buffer(self.shape(value)?, self.dtype(value));
-        self.steps.push(Step {
-            work: Work::Upload,
-            inputs: SmallVec::from_slice(&[host]),
-            outputs: SmallVec::from_slice(&[buffer]),
-            line: format!("upload {value} to the device"),
-            executor: self.executors.len(),
-            in_place: Vec::new(),
-        });
+        self.steps.push(Step::new(
+            Work::Upload,
+            SmallVec::from_slice(&[host]),
+            SmallVec::from_slice(&[buffer]),
+            format!("upload {value} to the device"),
+            self.executors.len(),
+        ));
         self.device_slots[value.index()] = Some(buffer);
         Ok(Slot::Device(buffer))
     }
@@ -975,22 +1024,22 @@ impl<'c, 't> Compiler<'c, 't> {
             Some(Slot::Buffer(b)) => Ok(b),
             Some(input @ Slot::Input(_)) => {
                 let buffer = self.new_buffer(self.shape(value)?, self.dtype(value));
-                self.steps.push(Step {
-                    work: Work::Host(kernel_fn(|inputs, outputs| {
-                        crate::core::tensor::with_same_values!(inputs[0].data, outputs[0].data.reborrow(), (x, out) => {
-                            out.copy_from_slice(x);
-                            Ok(())
-                        }, _ => Err(Error::CopyMismatch {
-                            expected: crate::TensorMeta::new(outputs[0].dtype(), outputs[0].shape),
-                            got: crate::TensorMeta::new(inputs[0].dtype(), inputs[0].shape),
-                        }))
-                    })),
-                    inputs: SmallVec::from_slice(&[input]),
-                    outputs: SmallVec::from_slice(&[buffer]),
-                    line: format!("copy of input {value} to the outputs"),
-                    executor: self.executors.len(),
-                    in_place: Vec::new(),
+                let copy = kernel_fn(|inputs, outputs| {
+                    crate::core::tensor::with_same_values!(inputs[0].data, outputs[0].data.reborrow(), (x, out) => {
+                        out.copy_from_slice(x);
+                        Ok(())
+                    }, _ => Err(Error::CopyMismatch {
+                        expected: crate::TensorMeta::new(outputs[0].dtype(), outputs[0].shape),
+                        got: crate::TensorMeta::new(inputs[0].dtype(), inputs[0].shape),
+                    }))
                 });
+                self.steps.push(Step::new(
+                    Work::Host(copy),
+                    SmallVec::from_slice(&[input]),
+                    SmallVec::from_slice(&[buffer]),
+                    format!("copy of input {value} to the outputs"),
+                    self.executors.len(),
+                ));
                 self.value_slots[value.index()] = Some(Slot::Buffer(buffer));
                 Ok(buffer)
             }

@@ -4,10 +4,10 @@
 //! step, so that inputs can be borrowed from the same workspace at the same time without
 //! `unsafe`; putting them back is a move, not an allocation.
 
-use smallvec::SmallVec;
+use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering;
 
-use super::compile::{Plan, Slot, Step, Work};
+use super::compile::{Plan, Slot, Step, Work, NARROW_INPUTS};
 use super::device::{Device, DeviceQueue};
 use super::device::{DeviceBuffer, Vacant};
 use super::device_tensor::{download, DeviceTensor, PlanInput, RunInput, RunInputMut};
@@ -67,9 +67,6 @@ pub(super) struct RunScratch {
 
 /// What a kernel run in place finds at the position of the input its output overwrites.
 static VACANT: Vacant = Vacant;
-
-/// Steps with at most this many inputs (and one output) build their views on the stack.
-const INLINE_INPUTS: usize = 4;
 
 /// An empty list with the allocation of `list`, for elements of the same type with other
 /// lifetimes (the standard library collects a mapped `vec::IntoIter` in place, reusing the
@@ -697,24 +694,41 @@ impl Plan {
         };
         let inputs = run.host;
         let Workspace { buffers, scratch, .. } = workspace;
-        if let ([buffer], true) = (&step.outputs[..], step.inputs.len() <= INLINE_INPUTS) {
-            // The common case, one output and a few inputs: everything on the stack.
-            let buffer = *buffer as usize;
-            let mut data = std::mem::take(&mut buffers[buffer]);
-            let result = {
-                let mut views: SmallVec<[TensorRef<'_>; INLINE_INPUTS]> = SmallVec::new();
-                for slot in &step.inputs {
-                    views.push(self.input_view(*slot, buffers, inputs));
-                }
-                let meta = &self.buffers[buffer];
-                let mut outs = [TensorMut { shape: &meta.shape, data: data.data_mut() }];
-                kernel.run(&views, &mut outs)
-            };
-            // The slot still holds the empty storage `take` left (the kernel saw `buffers`
-            // only through shared views): put the buffer back without dropping that, which
-            // owns no memory, so that no drop code sits in the run loop.
-            std::mem::forget(std::mem::replace(&mut buffers[buffer], data));
-            return result;
+        if let Some(narrow) = &step.narrow {
+            // The common case, one output and a few inputs: everything on the stack, the
+            // output borrowed in place (no step reads the buffer it writes: `Narrow` says so).
+            let buffer = narrow.output as usize;
+            let meta = &self.buffers[buffer];
+            let count = narrow.count.min(NARROW_INPUTS);
+            let slots = &narrow.inputs[..count];
+            let storage: *mut Storage = buffers[..].as_mut_ptr();
+            let held = buffers.len();
+            let mut views = [MaybeUninit::<TensorRef<'_>>::uninit(); NARROW_INPUTS];
+            for (view, &slot) in views.iter_mut().zip(slots) {
+                view.write(match slot {
+                    Slot::Input(i) => inputs[i as usize],
+                    Slot::Buffer(b) if (b as usize) < held => {
+                        // SAFETY: `b` is in bounds and is not `buffer` (a narrow step never
+                        // reads its output), so this shared borrow of element `b` and the
+                        // exclusive one of element `buffer` below, both from `storage`, are
+                        // of different elements.
+                        let data = unsafe { &*storage.add(b as usize) }.data();
+                        TensorRef { shape: &self.buffers[b as usize].shape, data }
+                    }
+                    // Compilation gives host kernels host slots in bounds only.
+                    _ => TensorRef { shape: &[], data: Data::F32(&[]) },
+                });
+            }
+            // SAFETY: the first `count` views were written just above (and `TensorRef` is
+            // `Copy`: nothing to drop).
+            let views = unsafe { std::slice::from_raw_parts(views.as_ptr().cast::<TensorRef<'_>>(), count) };
+            if buffer >= held {
+                return Err(Error::WorkspaceMismatch);
+            }
+            // SAFETY: in bounds (checked just above), and no view borrows element `buffer`.
+            let out = unsafe { &mut *storage.add(buffer) };
+            let mut outs = [TensorMut { shape: &meta.shape, data: out.data_mut() }];
+            return kernel.run(views, &mut outs);
         }
         // Wider steps: lists lent by the workspace, sized for the plan's widest step.
         let mut taken = std::mem::take(&mut scratch.taken);

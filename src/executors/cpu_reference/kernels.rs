@@ -94,10 +94,15 @@ fn compile_kernel(id: SymbolId, op: &OpView<'_>, threads: usize) -> Result<Box<d
         prims::ARGMAX => Box::new(axis_kernels::Argmax::new(op)?),
         prims::WHERE => Box::new(select_kernels::Where::new(op)?),
         _ if prims::COMPARISONS.contains(&id) => Box::new(select_kernels::Compare::new(id, op)?),
+        // A kernel type per op (the scalar function a zero-sized type), so that a run makes no
+        // choice of op.
         _ if with_unary!(id, _f => true, _ => false) => {
-            Box::new(Unary { op: id, parts: parts_for(threads, numel, min_elements_per_part(id)) })
+            let parts = parts_for(threads, numel, min_elements_per_part(id));
+            with_unary!(id, f => Box::new(Unary { f, parts }), _ => unreachable!("checked just above"))
         }
-        _ if with_binary!(id, _f => true, _ => false) => Box::new(Binary::new(id, op, out_shape, streaming)?),
+        _ if with_binary!(id, _f => true, _ => false) => {
+            with_binary!(id, f => Box::new(Binary::new(f, op, out_shape, streaming)?), _ => unreachable!("checked just above"))
+        }
         _ => {
             return Err(Error::NoExecutor {
                 symbol: op.name().to_string(),
@@ -172,19 +177,18 @@ fn row_offset(mut row: usize, shape: &[usize], strides: &[usize]) -> usize {
     offset
 }
 
-struct Unary {
-    op: SymbolId,
+/// An elementwise op of one input, `f` its scalar function.
+struct Unary<F> {
+    f: F,
     parts: usize,
 }
 
-impl Kernel for Unary {
+impl<F: Fn(f32) -> f32 + std::marker::Copy + Send + Sync> Kernel for Unary<F> {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
         let x = inputs[0].values::<f32>()?;
         let out = outputs[0].values_mut::<f32>()?;
-        // The op is chosen outside the loop closure, so that each closure is one small loop.
-        with_unary!(self.op, f => run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [f32]| {
-            map_unary(f, &x[r], out)
-        }), _ => unreachable!("checked when compiled"));
+        let f = self.f;
+        run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [f32]| map_unary(f, &x[r], out));
         Ok(())
     }
 }
@@ -198,14 +202,15 @@ enum BinaryMode {
     Broadcast { out_shape: Shape, a_strides: Shape, b_strides: Shape },
 }
 
-struct Binary {
-    op: SymbolId,
+/// An elementwise op of two operands, `f` its scalar function.
+struct Binary<F> {
+    f: F,
     mode: BinaryMode,
     parts: usize,
 }
 
-impl Binary {
-    fn new(op: SymbolId, view: &OpView<'_>, out_shape: &[usize], parts: usize) -> Result<Self> {
+impl<F> Binary<F> {
+    fn new(f: F, view: &OpView<'_>, out_shape: &[usize], parts: usize) -> Result<Self> {
         let a = view.input_shape(0)?;
         let mode = match view.args().get(1) {
             Some(Arg::Scalar(s)) => BinaryMode::Scalar(*s),
@@ -222,26 +227,27 @@ impl Binary {
                 }
             }
         };
-        Ok(Self { op, mode, parts })
+        Ok(Self { f, mode, parts })
     }
 }
 
-impl Kernel for Binary {
+impl<F: Fn(f32, f32) -> f32 + std::marker::Copy + Send + Sync> Kernel for Binary<F> {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
         let a = inputs[0].values::<f32>()?;
+        let f = self.f;
         match &self.mode {
             BinaryMode::SameShape => {
                 let b = inputs[1].values::<f32>()?;
                 let out = outputs[0].values_mut::<f32>()?;
-                with_binary!(self.op, f => run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [f32]| {
+                run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [f32]| {
                     map_binary(f, &a[r.clone()], &b[r], out)
-                }), _ => unreachable!("checked when compiled"));
+                });
             }
             BinaryMode::Scalar(s) => {
                 let out = outputs[0].values_mut::<f32>()?;
-                with_binary!(self.op, f => run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [f32]| {
+                run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [f32]| {
                     map_binary_scalar_right(f, &a[r], *s, out)
-                }), _ => unreachable!("checked when compiled"));
+                });
             }
             BinaryMode::Broadcast { out_shape, a_strides, b_strides } => {
                 let b = inputs[1].values::<f32>()?;
@@ -256,7 +262,6 @@ impl Kernel for Binary {
                     self.parts,
                     inner,
                     |rows: Range<usize>, out: &mut [f32]| {
-                        with_binary!(self.op, f => {
                         for (row, o) in rows.zip(out.chunks_exact_mut(inner)) {
                             let ao = row_offset(row, out_shape, a_strides);
                             let bo = row_offset(row, out_shape, b_strides);
@@ -267,7 +272,6 @@ impl Kernel for Binary {
                                 _ => map_binary(f, &a[ao..ao + inner], &b[bo..bo + inner], o),
                             }
                         }
-                    }, _ => unreachable!("checked when compiled"))
                     },
                 );
             }

@@ -151,8 +151,9 @@ pub fn tanh(x: f32) -> f32 {
     // Odd: computed for |x|, given the sign of x (so that tanh(-0) is -0).
     if a < 0.625 { small } else { large }.copysign(x)
 }
-/// `1 / (1 + e^-x)`, with [`exp_fused`] (a fifth faster in the fused swish chain than with
-/// [`exp`]; within 2 ulps of the exact value either way, tested).
+/// `1 / (1 + e^-x)`, its exponential [`exp`]'s steps evaluated by fused multiply-adds (within
+/// an ulp of the exact value, as `softmax` whole takes it): the fused swish chain runs 10-30%
+/// faster than with `exp` itself; within 2 ulps of the exact value either way (tested).
 #[inline(always)]
 pub fn sigmoid(x: f32) -> f32 {
     1.0 / (1.0 + exp_fused(-x))

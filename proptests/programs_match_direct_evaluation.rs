@@ -101,3 +101,33 @@ fn the_tolerance_rejects_wrong_values_next_to_an_overflow() {
     check(3, 0.0).expect_err("0 is no rounding of an overflow");
     check(3, 1.0e38).expect_err("1e38 is no rounding of an overflow");
 }
+
+/// An element that divides by what cancels to zero is decided by rounding alone, and the
+/// tolerance says so without accepting everything: what CI found (a plan's exact zero divided
+/// where the oracle's residue was not zero, and the reverse) passes; a wrong value next to it,
+/// or a finite value far from a near-zero element that only changes sign, does not.
+#[test]
+fn the_tolerance_accepts_what_a_cancelled_divisor_can_give_and_no_more() {
+    use common::close;
+    use common::oracle::{Spread, Value};
+    let check = |got: f32, plain: f32, nudged: [f32; 2]| {
+        let expected = Value { shape: vec![1], data: vec![plain] };
+        let finite =
+            nudged.iter().filter(|n| n.is_finite() && plain.is_finite()).map(|n| (n - plain).abs()).fold(0.0, f32::max);
+        let got = boundscope::Tensor::new(&[1], vec![got]).unwrap();
+        close(got.view(), &expected, &[Spread { finite, nudged }], 1e-4)
+    };
+    // The oracle's divisor an exact zero, the nudged ones not (both positive): the plan's residue
+    // may be of either sign and smaller.
+    check(-5.9512e6, f32::INFINITY, [270509.56, 258747.53]).expect("a residue of the other sign");
+    check(f32::NEG_INFINITY, f32::INFINITY, [270509.56, 258747.53]).expect("an exact zero, the other sign");
+    check(1.0, f32::INFINITY, [270509.56, 258747.53]).expect_err("1 is no quotient by a residue here");
+    // The oracle's residue and the nudged ones of both signs: the plan's may be an exact zero.
+    check(f32::INFINITY, 38894.125, [-589.2991, -589.30426]).expect("an exact zero divided");
+    check(f32::NAN, 38894.125, [-589.2991, -589.30426]).expect("0 / 0");
+    // A near-zero element that only changes sign is held to its spread.
+    check(5.0, 1e-8, [-1e-8, 2e-8]).expect_err("5 is no rounding of a value near zero");
+    check(1.5e-8, 1e-8, [-1e-8, 2e-8]).expect("within the spread");
+    // An overflow next to the threshold keeps the rules of the test above.
+    check(0.0, f32::INFINITY, [3.4027e38, f32::INFINITY]).expect_err("0 is no rounding of an overflow");
+}

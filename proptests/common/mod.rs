@@ -29,6 +29,15 @@ use boundscope::TensorRef;
 ///   has. Which non-finite value follows an overflow (an infinity, or NaN after `inf - inf`)
 ///   depends on which intermediate overflowed first, which two nudges cannot pin down; the
 ///   sign of an overflow they can.
+/// - an element that divides by what cancels to zero (the sum of a `layer_norm`'s row, say) is
+///   decided by rounding alone: its sign, its size, and whether the divisor is an exact zero.
+///   Two signs show it: finite evaluations of both signs (then a non-finite element is right),
+///   and an infinite evaluation (an exact zero divided) beside a finite one far below the
+///   overflow threshold (that zero, nudged): then a non-finite element is right, and so is a
+///   finite one of either sign at least 1/64 of the smallest finite evaluation in magnitude
+///   (nudges move the divisor further from zero than plain rounding does, so they give the
+///   smaller quotients). A finite element where the evaluations only disagree on the sign is
+///   held to the spread as any other: a value that cancels without being divided is near zero.
 ///
 /// (Counting a disagreement on finiteness as an infinite spread, as this did before, accepts
 /// every finite value next to an overflow: a tolerance that cannot fail there.)
@@ -46,16 +55,25 @@ pub fn close(
         let evaluations: Vec<f32> =
             std::iter::once(e).chain(s.map_or(&[][..], |s| &s.nudged[..]).iter().copied()).collect();
         let finite_spread = s.map_or(0.0, |s| s.finite);
+        // Rounding alone decides the element (see above): the smallest finite evaluation's
+        // magnitude, where it does.
+        let finite_of_sign =
+            |negative: bool| evaluations.iter().any(|&r| r.is_finite() && r != 0.0 && (r < 0.0) == negative);
+        let smallest = evaluations.iter().filter(|r| r.is_finite()).map(|r| r.abs()).fold(f32::INFINITY, f32::min);
+        let zero_divided = evaluations.iter().any(|r| r.is_infinite()) && smallest < 1e30;
+        let undetermined = (finite_of_sign(true) && finite_of_sign(false)) || zero_divided;
         let same = if g.is_finite() {
             evaluations
                 .iter()
                 .any(|&r| r.is_finite() && (g - r).abs() <= tolerance * r.abs().max(1.0) + 4.0 * finite_spread)
+                || (zero_divided && g.abs() >= smallest / 64.0)
         } else {
             let flips = evaluations.iter().any(|r| r.is_finite()) && evaluations.iter().any(|r| !r.is_finite());
             let sign_seen =
                 |negative: bool| evaluations.iter().any(|r| !r.is_nan() && r.is_sign_negative() == negative);
             evaluations.iter().any(|&r| (g.is_nan() && r.is_nan()) || g == r)
                 || (flips && (g.is_nan() || sign_seen(g.is_sign_negative())))
+                || undetermined
         };
         if !same {
             return Err(format!("element {i}: got {g}, expected {e} (nudged: {:?})", s.map(|s| s.nudged)));

@@ -7,9 +7,11 @@
 //! and written a value at a time) and keeps it on chip, so that the
 //! row is read once and written once: in registers up to 32 values a thread (32,768 a row), and
 //! past that in shared memory too, as far as the GPU gives a block (227 KB on Hopper: rows of
-//! 65,536 f32 values, GPT-2's 50,257 words). Longer rows are streamed by half a block, each
-//! thread with several reads in flight: two passes for `softmax` (its maximum and sum in one,
-//! online), three for `layer_norm`. Lanes combine with shuffles, warps through shared memory.
+//! 65,536 f32 values, GPT-2's 50,257 words; `layer_norm`, whose passes only read the row, keeps
+//! a 16-bit row there as read, in half the bytes and half the shared-memory traffic). Longer
+//! rows are streamed by half a block, each thread with several reads in flight: two passes for
+//! `softmax` (its maximum and sum in one, online), three for `layer_norm`. Lanes combine with
+//! shuffles, warps through shared memory.
 //! The arithmetic is the decomposition's, op for op (`layer_norm`'s `1/sqrt(v)` is
 //! `exp(-0.5 * log(v))`), so results differ from the CPU reference by the order of the sums
 //! and by CUDA's `expf` and `logf`, a few units in the last place. bf16 and f16 rows are
@@ -59,6 +61,10 @@ pub(super) struct RowLayout {
     /// one load; one it shares with a neighbour (two a row at most) is read and written a value
     /// at a time, so that no value past the tensor is read and no row writes another's values.
     pub aligned: bool,
+    /// Bytes a value kept in shared memory takes: 4 (widened to `float`), or 2 where a kernel
+    /// keeps a 16-bit row there as it was read (`layer_norm`, whose passes only read the row:
+    /// half the shared memory and half its traffic).
+    pub shared_value_bytes: usize,
 }
 
 impl RowLayout {
@@ -97,7 +103,15 @@ impl RowLayout {
             threads_per_row = STREAMED_ROW_THREADS;
         }
         let block = if threads_per_row <= 32 { 256 } else { threads_per_row };
-        Self { threads_per_row, vector, per_thread, in_registers: per_thread.unwrap_or(0), block, aligned }
+        Self {
+            threads_per_row,
+            vector,
+            per_thread,
+            in_registers: per_thread.unwrap_or(0),
+            block,
+            aligned,
+            shared_value_bytes: std::mem::size_of::<f32>(),
+        }
     }
 
     /// Accesses of `vector` values that cover a row of `cols` values: one more where they are
@@ -121,7 +135,11 @@ impl RowLayout {
     /// Rows longer than one access whose length 16 bytes do not divide (shorter than 2^30
     /// values) are read with accesses aligned to the tensor ([`aligned`](Self::aligned)), the
     /// kernels of `softmax` and `layer_norm` being written for that.
-    pub fn on_chip(cols: usize, widest: usize, values: usize, shared_limit: usize) -> Self {
+    ///
+    /// Each value kept in shared memory takes `shared_value_bytes` (see
+    /// [`shared_value_bytes`](Self::shared_value_bytes)): 4, or a 16-bit dtype's 2 where the
+    /// kernel keeps its row as read.
+    pub fn on_chip(cols: usize, widest: usize, values: usize, shared_limit: usize, shared_value_bytes: usize) -> Self {
         let layout = Self::laid_out(cols, widest, REGISTER_VALUES, true);
         if layout.per_thread.is_some() {
             return layout;
@@ -129,7 +147,15 @@ impl RowLayout {
         let (t, vector, aligned) = (MAX_ROW_THREADS, layout.vector, layout.aligned);
         let per_thread = Self::accesses(cols, vector, aligned).div_ceil(t);
         let in_registers = (values / vector).clamp(1, per_thread);
-        let kept = Self { threads_per_row: t, vector, per_thread: Some(per_thread), in_registers, block: t, aligned };
+        let kept = Self {
+            threads_per_row: t,
+            vector,
+            per_thread: Some(per_thread),
+            in_registers,
+            block: t,
+            aligned,
+            shared_value_bytes,
+        };
         if kept.shared_bytes() <= shared_limit {
             kept
         } else {
@@ -140,7 +166,7 @@ impl RowLayout {
     /// Bytes of shared memory a block keeps its row's values in (past those in registers).
     pub fn shared_bytes(&self) -> usize {
         let spilled = self.per_thread.unwrap_or(0).saturating_sub(self.in_registers);
-        spilled * self.threads_per_row * self.vector * std::mem::size_of::<f32>()
+        spilled * self.threads_per_row * self.vector * self.shared_value_bytes
     }
 
     /// Rows one block handles.
@@ -326,7 +352,11 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> 
     // row where it is kept in shared memory too (ptxas spilled 276 bytes a thread with 32
     // values, 80 with 16, none with 8, at rows of 65,536 f32 values).
     let values = if id == prims::LAYER_NORM { REGISTER_VALUES / 4 } else { REGISTER_VALUES };
-    let layout = RowLayout::on_chip(cols, widest, values, shared_limit);
+    // `layer_norm`'s passes only read the row: a 16-bit row is kept in shared memory as read
+    // (`softmax` writes its exponentials over it, so keeps `float`s).
+    let raw_shared = id == prims::LAYER_NORM && packing::is_packed(dtypes[0]);
+    let shared_value_bytes = if raw_shared { dtypes[0].size_bytes() } else { std::mem::size_of::<f32>() };
+    let layout = RowLayout::on_chip(cols, widest, values, shared_limit, shared_value_bytes);
     let RowLayout { threads_per_row: t, vector: v, block, in_registers, .. } = layout;
 
     let mut c = String::new();
@@ -347,8 +377,10 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> 
         c.push_str("  return from == to ? s : s * bs_exp(from - to);\n}\n");
     }
     let _ = writeln!(c, "extern \"C\" __global__ void __launch_bounds__({block}) {kernel}({}) {{", params.join(", "));
+    // A 16-bit row kept as read: one element of `cache` per access.
+    let raw = raw_type(dtypes[0], v);
     if layout.shared_bytes() > 0 {
-        let _ = writeln!(c, "  extern __shared__ __align__(16) float cache[];");
+        let _ = writeln!(c, "  extern __shared__ __align__(16) {} cache[];", if raw_shared { raw } else { "float" });
     }
     if t > 32 {
         let _ = writeln!(c, "  __shared__ float partial[{}];", t / 32);
@@ -440,23 +472,51 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> 
             let col = column(&format!("(long long)j * {t} + lane"));
             // Registers are indexed only where the loop is unrolled (a constant index), or they
             // would go to local memory.
-            let (in_registers, in_shared) = (format!("v + j * {v}"), format!("cache + ((j - {r}) * {t} + lane) * {v}"));
+            let (in_registers, in_shared) = if raw_shared {
+                (format!("v + j * {v}"), format!("cache + ((j - {r}) * {t} + lane)"))
+            } else {
+                (format!("v + j * {v}"), format!("cache + ((j - {r}) * {t} + lane) * {v}"))
+            };
             let _ = writeln!(c, "    float v[{}];", r * v);
             for (from, to, dst) in [(0, r, &in_registers), (r, n, &in_shared)] {
                 let _ = writeln!(c, "    #pragma unroll");
                 let _ = writeln!(c, "    for (int j = {from}; j < {to}; ++j) {{");
                 let _ = writeln!(c, "      const long long col = {col};");
-                let _ = writeln!(c, "      float* const dst = {dst};");
-                let _ = writeln!(c, "      {}", fill("dst"));
+                if raw_shared && dst == &in_shared {
+                    // As read, the values outside the row zero (0.0 in 16 bits, as `neutral`).
+                    let whole_load = load_raw(dtypes[0], v, &x(0, "row + col"), "*dst");
+                    let rest = if aligned {
+                        format!("(valid && {}) ? *({}) : (unsigned short)0", in_this_row("e"), x(0, "row + col + e"))
+                    } else {
+                        "(unsigned short)0".to_string()
+                    };
+                    let _ = writeln!(c, "      {raw}* const dst = {dst};");
+                    let _ = writeln!(
+                        c,
+                        "      if (valid && {whole}) {whole_load}\n      else {{ unsigned short parts[{v}]; for (int e = 0; e < {v}; ++e) parts[e] = {rest}; memcpy(dst, parts, sizeof(parts)); }}"
+                    );
+                } else {
+                    let _ = writeln!(c, "      float* const dst = {dst};");
+                    let _ = writeln!(c, "      {}", fill("dst"));
+                }
                 let _ = writeln!(c, "    }}");
             }
             let run = |dst: &str| format!("const long long col = {col}; pass({dst}, col, {touches});");
+            // A raw access is widened into `float`s for each pass.
+            let run_shared = if raw_shared {
+                format!(
+                    "const long long col = {col}; const {raw} w = *({in_shared}); float xs[{v}];{} pass(xs, col, {touches});",
+                    widen_raw(dtypes[0], v, "w", "xs")
+                )
+            } else {
+                run(&in_shared)
+            };
             (
                 "    { auto pass = [&](float* const x, const long long col, const bool in_row) {".to_string(),
                 format!(
                     "    }};\n    #pragma unroll\n    for (int j = 0; j < {r}; ++j) {{ {} }}\n    #pragma unroll 4\n    for (int j = {r}; j < {n}; ++j) {{ {} }} }}",
                     run(&in_registers),
-                    run(&in_shared)
+                    run_shared
                 ),
             )
         }
@@ -667,7 +727,7 @@ mod tests {
     fn rows_too_long_for_registers_are_kept_in_shared_memory() {
         const HOPPER: usize = 227 * 1024;
         let kept = |cols, widest, limit| {
-            let l = RowLayout::on_chip(cols, widest, REGISTER_VALUES, limit);
+            let l = RowLayout::on_chip(cols, widest, REGISTER_VALUES, limit, 4);
             (l.threads_per_row, l.vector, l.per_thread, l.in_registers, l.shared_bytes())
         };
         // 65,536 f32 values: 16 accesses of 4 per thread of 1,024, 8 in registers, 8 in 128 KB.
@@ -675,15 +735,25 @@ mod tests {
         // GPT-2's vocabulary, an odd length: 16-byte accesses aligned to the tensor (6,283 of
         // them cover any row), 7 per thread, 4 in registers and 3 in 96 KB.
         assert_eq!(kept(50257, 2, HOPPER), (1024, 8, Some(7), 4, 3 * 1024 * 8 * 4));
-        assert!(RowLayout::on_chip(50257, 2, REGISTER_VALUES, HOPPER).aligned);
+        assert!(RowLayout::on_chip(50257, 2, REGISTER_VALUES, HOPPER, 4).aligned);
         // Without the room, or past it, rows are streamed; rows that fit registers stay there.
         assert_eq!(kept(65536, 4, 100 * 1024).2, None);
         assert_eq!(kept(1 << 20, 4, HOPPER).2, None);
-        assert_eq!(RowLayout::on_chip(1024, 4, REGISTER_VALUES, HOPPER), RowLayout::within(1024, 4, REGISTER_VALUES));
+        assert_eq!(
+            RowLayout::on_chip(1024, 4, REGISTER_VALUES, HOPPER, 4),
+            RowLayout::within(1024, 4, REGISTER_VALUES)
+        );
         // A quarter of the registers (`layer_norm`): more of the row in shared memory (224 KB).
-        assert_eq!(RowLayout::on_chip(65536, 4, 8, HOPPER).shared_bytes(), 14 * 1024 * 4 * 4);
+        assert_eq!(RowLayout::on_chip(65536, 4, 8, HOPPER, 4).shared_bytes(), 14 * 1024 * 4 * 4);
 
-        for (cols, dtype) in [(65536, DType::F32), (50257, DType::BF16)] {
+        // `layer_norm` keeps a 16-bit row in shared memory as read: half the bytes of `float`s.
+        assert_eq!(
+            RowLayout::on_chip(65536, 2, 8, HOPPER, 2).shared_bytes(),
+            (8 - 1) * 1024 * 8 * 2,
+            "eight accesses of 8 a thread, one in registers"
+        );
+
+        for (cols, dtype) in [(65536, DType::F32), (50257, DType::BF16), (65536, DType::F16)] {
             let input = |b: &mut TraceBuilder<'_>, shape: &[usize]| {
                 b.input_with(&crate::TensorMeta::new(dtype, shape)).unwrap()
             };
@@ -704,13 +774,22 @@ mod tests {
                 HOPPER,
             )
             .unwrap();
-            for generated in [softmax, layer_norm] {
+            let softmax_bytes = softmax.layout.shared_bytes();
+            for (generated, is_layer_norm) in [(softmax, false), (layer_norm, true)] {
                 let src = &generated.source.source;
+                let kept = if is_layer_norm && dtype != DType::F32 { "uint4" } else { "float" };
                 assert!(
                     generated.layout.shared_bytes() > 0
-                        && src.contains("extern __shared__ __align__(16) float cache[];"),
+                        && src.contains(&format!("extern __shared__ __align__(16) {kept} cache[];")),
                     "{src}"
                 );
+                if kept == "uint4" {
+                    // As read: per value, half of what `float`s take (`softmax` keeps more of
+                    // its row in registers, so compare per value kept).
+                    let l = generated.layout;
+                    let values = (l.per_thread.unwrap() - l.in_registers) * l.threads_per_row * l.vector;
+                    assert_eq!(l.shared_bytes(), values * 2, "{softmax_bytes}");
+                }
                 // One read of the row: the loads fill registers, then shared memory.
                 let reads =
                     src.matches("*(in0 + row + col)").count() + src.matches("const uint4*>(in0 + row + col)").count();
@@ -758,8 +837,8 @@ mod tests {
             }
         }
         // Where 16 bytes divide the row, or the row is shorter than one access, nothing changes.
-        assert!(!RowLayout::on_chip(1024, 4, REGISTER_VALUES, HOPPER).aligned);
-        assert!(!RowLayout::on_chip(3, 4, REGISTER_VALUES, HOPPER).aligned);
+        assert!(!RowLayout::on_chip(1024, 4, REGISTER_VALUES, HOPPER, 4).aligned);
+        assert!(!RowLayout::on_chip(3, 4, REGISTER_VALUES, HOPPER, 4).aligned);
         assert!(!RowLayout::within(1001, 4, REGISTER_VALUES).aligned, "other kernels keep rows' own alignment");
     }
 

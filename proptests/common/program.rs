@@ -279,6 +279,17 @@ impl Program {
         b.finish()
     }
 
+    /// The element count of the program's largest value (inputs and every op's result).
+    #[allow(dead_code)] // not every test binary that includes this file uses it
+    pub fn largest_value(&self) -> usize {
+        let mut shapes = self.inputs.clone();
+        for op in &self.ops {
+            let shape = op.output_shape(&shapes);
+            shapes.push(shape);
+        }
+        shapes.iter().map(|s| s.iter().product::<usize>()).max().unwrap_or(0)
+    }
+
     /// Deterministic inputs in `[-1, 1)`, different per seed.
     pub fn input_data(&self, seed: u64) -> Vec<boundscope::Tensor> {
         let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

@@ -1,8 +1,9 @@
 //! Running a plan: workspaces (the reusable buffers of one run at a time) and the run loop.
 //!
-//! The loop takes each step's output buffers out of the workspace for the duration of the
-//! step, so that inputs can be borrowed from the same workspace at the same time without
-//! `unsafe`; putting them back is a move, not an allocation.
+//! The loop takes a wide step's output buffers out of the workspace for the duration of the
+//! step, so that inputs can be borrowed from the same workspace at the same time; putting them
+//! back is a move, not an allocation. A narrow step (one output, at most four inputs, none of
+//! them its output) borrows its output in place.
 
 use std::mem::MaybeUninit;
 use std::sync::atomic::Ordering;
@@ -684,8 +685,9 @@ impl Plan {
         Ok(())
     }
 
-    /// Runs one step. Output buffers are moved out of the workspace for the duration of the
-    /// kernel call and moved back afterwards, also when the kernel fails.
+    /// Runs one step. A narrow step's output is borrowed in place; a wider step's output buffers
+    /// are moved out of the workspace for the kernel call and moved back afterwards, also when
+    /// the kernel fails.
     #[inline(always)]
     fn run_step(&self, index: usize, step: &Step, workspace: &mut Workspace, run: &Run<'_>) -> Result<()> {
         let kernel = match &step.work {

@@ -2031,6 +2031,60 @@ fn training_steps_on_cuda_match_the_reference() {
     }
 }
 
+/// An AdamW step (with weight decay) over 150 parameters of several shapes, lengths that four
+/// divides and that it does not, f32 and bf16: `CudaFusion` joins every update into one region
+/// (a few multi-tensor launches, not 150) whose results equal the CPU reference's, over three
+/// steps written back into the tensors.
+#[test]
+fn an_optimizer_step_over_many_parameters_runs_joined_and_matches_the_reference() {
+    use boundscope::optim::AdamW;
+    let Some((device, _sharing)) = device() else { return };
+    let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+    let adamw = AdamW::new().weight_decay(0.01);
+    let hyper = adamw.step_inputs(&mut b).unwrap();
+    let shapes: [&[usize]; 5] = [&[768], &[3, 7], &[64, 32], &[5], &[1]];
+    for i in 0..150 {
+        let dtype = if i % 3 == 2 { DType::BF16 } else { DType::F32 };
+        let p = b.input_with(&TensorMeta::new(dtype, shapes[i % 5])).unwrap();
+        let g = b.input(shapes[i % 5]).unwrap();
+        adamw.update(&mut b, &hyper, p, g).unwrap();
+    }
+    let step = b.finish().unwrap();
+    let (fused, fusion) = fused_for_cuda(&device, &step, &arena);
+    let regions = fused.bound_symbols().iter().filter(|b| b.symbol() == prims::REGION).count();
+    assert_eq!(regions, 1, "{fused}");
+    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let gpu = Plan::compile(&fused, &[fusion, ops, CpuReference::shared()]).unwrap();
+    let cpu = Plan::compile(&step, &[CpuReference::shared()]).unwrap();
+    let inputs = |_| -> Vec<Tensor> {
+        step.inputs()
+            .iter()
+            .enumerate()
+            .map(|(k, &v)| {
+                let meta = step.value_meta(v).unwrap();
+                Tensor::from_fn(&meta.shape, |i| ((i * 7 + k * 13) % 23) as f32 / 23.0 - 0.5).to_dtype(meta.dtype)
+            })
+            .collect()
+    };
+    let [mut on_gpu, mut on_cpu]: [Vec<Tensor>; 2] = [0, 1].map(inputs);
+    let (mut gpu_ws, mut cpu_ws) = (gpu.workspace().unwrap(), cpu.workspace().unwrap());
+    for t in 1..=3u64 {
+        for tensors in [&mut on_gpu, &mut on_cpu] {
+            for (slot, value) in tensors[..3].iter_mut().zip(adamw.step_scalars(t, 1e-2)) {
+                *slot = Tensor::from_fn(&[], |_| value);
+            }
+        }
+        gpu.run_updating(&mut gpu_ws, &mut on_gpu.iter_mut().collect::<Vec<_>>()).unwrap();
+        cpu.run_updating(&mut cpu_ws, &mut on_cpu.iter_mut().collect::<Vec<_>>()).unwrap();
+        for (k, (got, want)) in on_gpu.iter().zip(&on_cpu).enumerate() {
+            let tolerance = if got.dtype() == DType::BF16 { 1e-2 } else { 1e-5 };
+            common::close_all(std::slice::from_ref(got), std::slice::from_ref(want), tolerance)
+                .unwrap_or_else(|e| panic!("step {t}, input {k}: {e}"));
+        }
+    }
+}
+
 /// The gradients' prims (`pad`, `scatter_last`, `embedding_backward`) run on `CudaOps` and equal
 /// the CPU reference (exactly: moves, and sums of the few rows here); a bad id is
 /// `Error::IndexOutOfRange` from the run.

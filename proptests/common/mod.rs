@@ -84,6 +84,9 @@ pub fn close(
 
 /// Every output within `tolerance` of the expected tensor (see [`close`]).
 pub fn close_all(got: &[boundscope::Tensor], expected: &[boundscope::Tensor], tolerance: f32) -> Result<(), String> {
+    if got.len() != expected.len() {
+        return Err(format!("{} outputs, expected {}", got.len(), expected.len()));
+    }
     for (i, (g, e)) in got.iter().zip(expected).enumerate() {
         let e = oracle::Value { shape: e.shape().to_vec(), data: e.to_f32_vec() };
         close(g.view(), &e, &[], tolerance).map_err(|m| format!("output {i}: {m}"))?;

@@ -303,6 +303,9 @@ pub struct AdamWInputs {
     pub step_size: ValueId,
     /// `1 / sqrt(1 - beta2^t)`.
     pub inverse_root_correction: ValueId,
+    /// `lr * weight_decay`, computed once per step for every parameter's decay (`None`
+    /// without weight decay, or to have each update compute it).
+    pub decay: Option<ValueId>,
 }
 
 impl AdamW {
@@ -327,12 +330,17 @@ impl AdamW {
     }
 
     /// Adds the per-run inputs (learning rate, step size, inverse root correction: three
-    /// `f32[]`, in that order).
+    /// `f32[]`, in that order), and with weight decay the op computing `lr * weight_decay`
+    /// once for every parameter.
     ///
     /// # Errors
     /// What [`TraceBuilder::input_with`] returns.
     pub fn step_inputs(&self, b: &mut TraceBuilder<'_>) -> Result<AdamWInputs> {
-        Ok(AdamWInputs { lr: scalar_input(b)?, step_size: scalar_input(b)?, inverse_root_correction: scalar_input(b)? })
+        let (lr, step_size, inverse_root_correction) = (scalar_input(b)?, scalar_input(b)?, scalar_input(b)?);
+        // Once per step, not per parameter: the updates then read only their own tensors and
+        // these scalars, and an executor can run all of them in one launch (`Executor::joins`).
+        let decay = if self.weight_decay == 0.0 { None } else { Some(b.mul_scalar(lr, self.weight_decay)?) };
+        Ok(AdamWInputs { lr, step_size, inverse_root_correction, decay })
     }
 
     /// The values of the per-run inputs for step `step` (counted from 1) at learning rate `lr`,
@@ -373,7 +381,10 @@ impl AdamW {
         let decayed = if self.weight_decay == 0.0 {
             param
         } else {
-            let lr_wd = b.mul_scalar(inputs.lr, self.weight_decay)?;
+            let lr_wd = match inputs.decay {
+                Some(decay) => decay,
+                None => b.mul_scalar(inputs.lr, self.weight_decay)?,
+            };
             let decay = b.mul(param, lr_wd)?;
             b.sub(param, decay)?
         };

@@ -65,12 +65,20 @@ pub struct FuseRegions {
     min_ops: usize,
     max_ops: usize,
     within_scopes: bool,
+    join: bool,
 }
 
 impl FuseRegions {
     /// Consecutive fusion for `executor`, regions of at least 2 ops.
     pub fn new(executor: Arc<dyn Executor>) -> Self {
-        Self { executor, strategy: FusionStrategy::Consecutive, min_ops: 2, max_ops: usize::MAX, within_scopes: false }
+        Self {
+            executor,
+            strategy: FusionStrategy::Consecutive,
+            min_ops: 2,
+            max_ops: usize::MAX,
+            within_scopes: false,
+            join: true,
+        }
     }
 
     /// Uses this grouping strategy.
@@ -111,6 +119,14 @@ impl FuseRegions {
     /// ```
     pub fn within_scopes(mut self, within: bool) -> Self {
         self.within_scopes = within;
+        self
+    }
+
+    /// Whether to join consecutive independent regions that the executor runs in one launch
+    /// ([`Executor::joins`]; on by default, and no executor joins unless it says so). With
+    /// an executor that joins, regions then hold independent chains of several shapes.
+    pub fn join(mut self, join: bool) -> Self {
+        self.join = join;
         self
     }
 
@@ -303,7 +319,11 @@ impl Pass for FuseRegions {
         // A region sits in the innermost scope that holds all of its ops; the scopes it
         // straddles are cut around it (the trace's scope notes say which).
         builder.carry_scopes(trace, |j| Some(new_position[j]..new_position[j] + 1), self.name());
-        builder.finish()
+        let fused = builder.finish()?;
+        if !self.join {
+            return Ok(fused);
+        }
+        super::join_regions::join_independent(fused, &*self.executor, self.max_ops, self.name(), arena)
     }
 }
 

@@ -10,6 +10,7 @@ mod fold_epilogues;
 mod fuse;
 mod grad;
 pub mod inserted_ranges;
+mod join_regions;
 mod pack_attention;
 mod profile_ops;
 

@@ -183,3 +183,113 @@ fn fold_epilogues_folds_only_what_it_may() {
     let untouched = FoldEpilogues.run(&guarded, &arena).unwrap();
     assert_eq!(untouched.to_string(), guarded.to_string());
 }
+
+/// A user's executor that fuses what the CPU executors fuse and joins every region it makes
+/// ([`Executor::joins`](crate::core::plan::Executor::joins)); only its trace is looked at.
+struct Joining;
+
+impl crate::core::plan::Executor for Joining {
+    fn name(&self) -> &str {
+        "joining"
+    }
+    fn claims(&self, op: &crate::core::plan::OpView<'_>) -> bool {
+        op.is_region_of(self)
+    }
+    fn fusible(&self, op: &crate::core::plan::OpView<'_>) -> crate::core::plan::Fusible {
+        crate::executors::cpu_reference::builtin_fusible(op)
+    }
+    fn joins(&self, _region: &crate::core::plan::OpView<'_>) -> bool {
+        true
+    }
+}
+
+/// An update `p - lr * exp(p)` of each of `shapes`, the last `dependent` of them reading the
+/// first's result; returns the trace.
+fn updates<'a>(
+    arena: &'a Arena,
+    registry: &'a Registry,
+    shapes: &[&[usize]],
+    dependent: bool,
+    scoped: bool,
+) -> crate::core::ir::Trace<'a> {
+    let mut b = TraceBuilder::new(arena, registry);
+    let lr = b.input(&[]).unwrap();
+    // The sum of the first update, which the last one reads when `dependent`.
+    let mut total = None;
+    for (i, shape) in shapes.iter().enumerate() {
+        let p = b.input(shape).unwrap();
+        let step = |b: &mut TraceBuilder<'_>| {
+            let e = b.exp(p)?;
+            let s = b.mul(e, lr)?;
+            b.sub(p, s)
+        };
+        let mut next = if scoped { b.scope(&format!("p{i}"), step).unwrap() } else { step(&mut b).unwrap() };
+        if let (Some(total), true) = (total, i + 1 == shapes.len()) {
+            next = b.add(next, total).unwrap();
+        }
+        if dependent && i == 0 {
+            total = Some(b.sum(next).unwrap());
+        }
+        b.output(next).unwrap();
+    }
+    b.finish().unwrap()
+}
+
+fn region_count(trace: &crate::core::ir::Trace<'_>) -> usize {
+    trace.bound_symbols().iter().filter(|b| b.symbol() == prims::REGION).count()
+}
+
+/// Independent regions of several shapes become one region for an executor that joins them,
+/// keeping every op, input and output; not for one that does not, nor when asked not to.
+#[test]
+fn independent_regions_join_for_an_executor_that_joins_them() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let shapes: [&[usize]; 4] = [&[3], &[4, 5], &[7], &[4, 5]];
+    let trace = updates(&arena, &registry, &shapes, false, false);
+    let joined = FuseRegions::new(Arc::new(Joining)).run(&trace, &arena).unwrap();
+    assert_eq!((joined.len(), region_count(&joined)), (1, 1), "{joined}");
+    let region = &joined.bound_symbols()[0];
+    assert_eq!(region.subsymbols().len(), 12, "{joined}");
+    assert_eq!(region.inputs().count(), 5, "lr once, each parameter once: {joined}");
+    assert_eq!(region.outputs().len(), 4, "{joined}");
+    assert!(crate::core::plan::OpView::new(&joined, region).unwrap().is_region_of(&Joining));
+    for unjoined in [
+        FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap(),
+        FuseRegions::new(Arc::new(Joining)).join(false).run(&trace, &arena).unwrap(),
+    ] {
+        assert_eq!(region_count(&unjoined), 4, "{unjoined}");
+    }
+    // At most `max_ops` ops a region: joined two by two.
+    let capped = FuseRegions::new(Arc::new(Joining)).max_ops(6).run(&trace, &arena).unwrap();
+    assert_eq!(region_count(&capped), 2, "{capped}");
+}
+
+/// A region that reads what the one before computes, and regions in different scopes or under
+/// different guards, stay apart: one launch must not hold a dependence, nor a range or scope
+/// hold another's work.
+#[test]
+fn regions_join_only_when_independent_and_held_alike() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let shapes: [&[usize]; 3] = [&[3], &[4], &[5]];
+    // The first region ends in a reduction and joins the second; the last reads the sum.
+    let dependent = updates(&arena, &registry, &shapes, true, false);
+    let fused = FuseRegions::new(Arc::new(Joining)).run(&dependent, &arena).unwrap();
+    assert_eq!(region_count(&fused), 2, "{fused}");
+    let [first, last] = [0, 1].map(|i| &fused.bound_symbols()[i]);
+    assert!(last.inputs().any(|v| first.outputs().contains(&v)), "{fused}");
+
+    let scoped = updates(&arena, &registry, &shapes, false, true);
+    let fused = FuseRegions::new(Arc::new(Joining)).run(&scoped, &arena).unwrap();
+    assert_eq!(region_count(&fused), 3, "one scope each: {fused}");
+
+    let mut guarded = updates(&arena, &registry, &shapes, false, false);
+    let recorder = Recorder::new();
+    guarded.attach_guard(Selection::Positions(0..3), recorder.clone()).unwrap();
+    let fused = FuseRegions::new(Arc::new(Joining)).run(&guarded, &arena).unwrap();
+    assert_eq!(region_count(&fused), 2, "the recorder holds the first only: {fused}");
+    // The same guard kind on every op: joined, with one attachment.
+    let mut profiled = updates(&arena, &registry, &shapes, false, false);
+    profiled.attach_guard(Selection::All, recorder).unwrap();
+    let fused = FuseRegions::new(Arc::new(Joining)).run(&profiled, &arena).unwrap();
+    assert_eq!((region_count(&fused), fused.guard_attachment_count()), (1, 1), "{fused}");
+}

@@ -181,6 +181,17 @@ pub trait Executor: Any + Send + Sync {
         Fusible::No
     }
 
+    /// Whether `region`, one of this executor's own regions, may run in one launch together
+    /// with the independent regions beside it, as PyTorch's fused optimizers update every
+    /// parameter in one multi-tensor launch. [`FuseRegions`](crate::passes::FuseRegions) joins
+    /// consecutive regions for which this holds, where none reads what another computes and the
+    /// same guards and scopes hold each, into one region with all their ops: its ops then have
+    /// several shapes, one per independent chain, and the executor's kernel for it runs each
+    /// chain over its own shape. Default: `false` (regions of one shape only).
+    fn joins(&self, _region: &OpView<'_>) -> bool {
+        false
+    }
+
     /// The prefix of its regions' names, `<prefix>Fusion<N>`. Default: its name. A name is
     /// only a name: which executor a region was made for is recorded apart from it (see
     /// [`OpView::is_region_of`]).

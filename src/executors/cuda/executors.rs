@@ -17,7 +17,7 @@ use super::flash_attention_backward::{flash_backward_on, FlashAttentionBackward}
 use super::gemm::{GemmShape, LtContext, LtGemm};
 use super::layer_norm_backward;
 use super::row_kernels::row_source;
-use super::{cross_entropy, gather, index_ops};
+use super::{cross_entropy, gather, index_ops, multi_tensor};
 use super::{op_source, region_source, shape_op_source, RegionSource};
 use crate::core::guards::DEFAULT_DOMAIN;
 use crate::core::ir::prims;
@@ -63,13 +63,23 @@ impl Executor for CudaFusion {
     }
 
     fn compile_device(&self, op: &OpView<'_>) -> Result<Box<dyn DeviceKernel>> {
-        let generated = region_source(op, &kernel_name(op.name())).map_err(|detail| Error::KernelPrecondition {
-            executor: Self::NAME.into(),
-            symbol: op.name().into(),
-            detail,
-        })?;
+        let precondition =
+            |detail| Error::KernelPrecondition { executor: Self::NAME.into(), symbol: op.name().into(), detail };
         let range = op.region_range().map(|r| r.prepare()).transpose()?;
+        // A region joined from regions of several shapes (`joins`) runs chain by chain.
+        if multi_tensor::is_joined(&op.region_ops()?) {
+            let joined = multi_tensor::joined_source(op, &kernel_name(op.name())).map_err(precondition)?;
+            return Ok(Box::new(multi_tensor::JoinedKernel::new(&self.device, joined, range)?));
+        }
+        let generated = region_source(op, &kernel_name(op.name())).map_err(precondition)?;
         Ok(Box::new(GeneratedKernel::new(&self.device, &generated, range)?))
+    }
+
+    /// Regions of elementwise ops whose inputs are each of the region's shape or a single
+    /// value, in float dtypes: a joined region runs as one launch per table of up to 4 KB of
+    /// chains (an optimizer step over GPT-2's 148 parameters: a few launches, not 148).
+    fn joins(&self, region: &OpView<'_>) -> bool {
+        multi_tensor::joinable(region)
     }
 
     fn emits(&self) -> &[EmittedRange] {

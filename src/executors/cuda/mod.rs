@@ -203,6 +203,7 @@ mod gather;
 mod gemm;
 mod index_ops;
 mod layer_norm_backward;
+mod multi_tensor;
 mod row_kernels;
 #[cfg(feature = "cuda")]
 mod stream_order;

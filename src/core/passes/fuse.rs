@@ -39,6 +39,11 @@ pub enum FusionStrategy {
 /// with a [`GuardPolicy::Keep`] guard (a [`ClosureGuard`](crate::guards::ClosureGuard) by
 /// default) is not fused, so that the guard still surrounds that op alone.
 ///
+/// An executor that runs independent regions in one launch ([`Executor::joins`]; `CudaFusion`
+/// does, for an optimizer's updates of many parameters) gets consecutive regions that read
+/// nothing from one another, under the same guards and scopes, joined into one region of several
+/// shapes (see [`join`](Self::join)).
+///
 /// ```
 /// use boundscope::executors::CpuFusion;
 /// use boundscope::passes::{FuseRegions, Pass};

@@ -34,7 +34,9 @@ static EMITS: [EmittedRange; 1] = [EmittedRange::nvtx_regions(DEFAULT_DOMAIN)];
 /// Runs the regions named `CudaFusion<N>` that
 /// [`FuseRegions`](crate::passes::FuseRegions) made for it (elementwise chains, optionally
 /// ending in a last-axis `sum` or `max`) as one generated kernel each, and pushes its own NVTX
-/// range around each.
+/// range around each. It [joins](Executor::joins) independent elementwise regions (an
+/// optimizer's updates of every parameter): a joined region runs its chains, each over its own
+/// shape, in a few multi-tensor launches inside its one range.
 pub struct CudaFusion {
     device: Arc<CudaDevice>,
 }

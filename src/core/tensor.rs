@@ -28,7 +28,8 @@ mod sealed {
 pub(crate) use sealed::Storage;
 
 impl Default for Storage {
-    /// No values (what a buffer taken out of a workspace for a step leaves behind).
+    /// No values (what a buffer taken out of a workspace for a step leaves behind: steps with
+    /// one output and a few inputs borrow it in place instead).
     fn default() -> Self {
         Storage::F32(Vec::new())
     }

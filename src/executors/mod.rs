@@ -51,8 +51,8 @@
 //! `softmax`, `sigmoid` through `exp_fused` and the narrow steps of the run loop: five
 //! interleaved rounds, PyTorch 2.15's time over ours, the median (range) of the rounds' ratios
 //! (goal >= 1.0; the chain >= 2.0 against `torch.compile`). The machine was busy: single rounds
-//! range widely, and a run of five rounds before the `softmax` change gave medians of 1.01-1.25x
-//! for the products, 1.31x for the quickstart block, 1.09x for GPT-2's MLP, 0.98-1.18x for
+//! range widely, and a run of five rounds before the `softmax` and `sigmoid` changes gave
+//! medians of 1.01-1.25x for the products, 1.31x for the quickstart block, 1.09x for GPT-2's MLP, 0.98-1.18x for
 //! `softmax`, 1.08-1.36x for `layer_norm` and 2.20x (1.72-2.84) for the chain.
 //!
 //! | workload | boundscope ms | PyTorch ms | ratio |

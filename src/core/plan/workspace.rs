@@ -710,6 +710,7 @@ impl Plan {
                 view.write(match slot {
                     Slot::Input(i) => inputs[i as usize],
                     Slot::Buffer(b) if (b as usize) < held => {
+                        debug_assert_ne!(b as usize, buffer, "a narrow step reads its own output");
                         // SAFETY: `b` is in bounds and is not `buffer` (a narrow step never
                         // reads its output), so this shared borrow of element `b` and the
                         // exclusive one of element `buffer` below, both from `storage`, are
@@ -717,8 +718,9 @@ impl Plan {
                         let data = unsafe { &*storage.add(b as usize) }.data();
                         TensorRef { shape: &self.buffers[b as usize].shape, data }
                     }
-                    // Compilation gives host kernels host slots in bounds only.
-                    _ => TensorRef { shape: &[], data: Data::F32(&[]) },
+                    // Compilation gives host kernels host slots in bounds only: another
+                    // workspace's slots (views written so far are `Copy`: nothing to drop).
+                    _ => return Err(Error::WorkspaceMismatch),
                 });
             }
             // SAFETY: the first `count` views were written just above (and `TensorRef` is

@@ -268,6 +268,12 @@ impl CudaDevice {
         })
     }
 
+    /// The virtual architecture its kernels are compiled for (`compute_90` on Hopper), `None`
+    /// where NVRTC's default is taken.
+    pub(crate) fn arch(&self) -> Option<&'static str> {
+        self.arch
+    }
+
     /// Bytes of shared memory a block may take on this GPU when it asks for them (227 KB on
     /// Hopper); 0 where the driver does not say.
     pub(crate) fn shared_memory_per_block(&self) -> usize {

@@ -7,7 +7,9 @@
 //! each row's running maximum and sum of exponentials (the online softmax), and adds the
 //! probabilities times the values into the output it keeps in registers, so the `[tokens,
 //! tokens]` scores never reach memory. Operands are read once per block in their own dtype and
-//! the result is rounded once.
+//! the result is rounded once. In f32 on GPUs with TF32 tensor cores, and head sizes that 8
+//! divides, the forward takes `flash_attention_tf32`'s kernel instead (the same walk, its
+//! products on tensor cores); the backward's statistics pass stays here.
 
 use std::ffi::c_void;
 use std::fmt::Write;
@@ -299,8 +301,15 @@ impl FlashAttention {
                      multiple of 16) and at least one key"
                 .into(),
         })?;
-        let function = device.hand_launched(kernel, source(kernel, &shape, Pass::Forward))?;
-        let bytes = shared_floats(&shape) * std::mem::size_of::<f32>();
+        // f32 on tensor cores where the GPU has TF32 (`flash_attention_tf32`).
+        let tensor_cores = super::flash_attention_tf32::fits(&shape, device.arch());
+        let (code, bytes, threads) = if tensor_cores {
+            use super::flash_attention_tf32 as tf32;
+            (tf32::source(kernel, &shape), tf32::shared_bytes(&shape), tf32::THREADS)
+        } else {
+            (source(kernel, &shape, Pass::Forward), shared_floats(&shape) * std::mem::size_of::<f32>(), THREADS)
+        };
+        let function = device.hand_launched(kernel, code)?;
         function
             .set_attribute(
                 sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -309,7 +318,7 @@ impl FlashAttention {
             .map_err(|e| cuda_error("flash attention's shared memory", e))?;
         let config = LaunchConfig {
             grid_dim: (shape.q_tokens.div_ceil(TILE) as u32, (shape.batch * shape.heads) as u32, 1),
-            block_dim: (THREADS, 1, 1),
+            block_dim: (threads, 1, 1),
             shared_mem_bytes: bytes as u32,
         };
         let words = |tokens: usize, head: usize| packing::words(shape.dtype, shape.batch * shape.heads * tokens * head);

@@ -84,7 +84,9 @@
 //! a trace with per-op guards is not folded). `scaled_dot_product_attention` runs whole too: in
 //! bf16 and f16 as one cuDNN fused-attention kernel, where [`fused_attention`] finds cuDNN 9
 //! (and its heuristic an engine for the shape); otherwise (f32 included) as a generated
-//! flash-attention kernel for heads up to 64; beyond that it is decomposed. `qkv_attention`
+//! flash-attention kernel for heads up to 64, whose f32 products run on tensor cores as split
+//! TF32 ("3xTF32", f32's accuracy) on GPUs that have them and head sizes that 8 divides;
+//! beyond that it is decomposed. `qkv_attention`
 //! (which `passes::PackAttention` makes of the split, views and attention a model writes over a
 //! fused q/k/v projection) runs the same ways, reading q, k and v in place in the projection and
 //! writing the heads side by side; its backward runs in 16 bits as cuDNN's and in f32 as a
@@ -164,9 +166,9 @@
 //! | attention's products at GPT-2's shapes (`q k^T`, `p v`, `x w`; batch 8, 12 heads, 1,024 tokens), f32 / bf16 | 32-47 / 186-653 TFLOP/s | best of eager and `torch.compile` | met, 0.99-1.02x |
 //! | `slice`, `permute`, `concat` copies at those shapes, f32 / bf16 | 0.016, 0.016, 0.031 / 0.008, 0.009, 0.016 ms | eager 0.024, 0.023, 0.029 / 0.022, 0.020, 0.015 ms | 1.5-2.9x; concat 0.90-0.94x |
 //! | `embedding` of GPT-2's table, ids checked on the device, f32 / bf16 | 0.034 / 0.024-0.029 ms | `torch.compile` 0.035-0.050 / 0.036-0.070 (eager 0.015-0.023) | met against `torch.compile` (1.03x-2.4x); eager 0.4-0.8x |
-//! | causal attention, bf16, whole through cuDNN (one kernel; was 1.58 ms decomposed) | 0.049 ms, 262 TFLOP/s | `scaled_dot_product_attention` (cuDNN) 0.047-0.048 ms | not met: 0.96-0.97x |
-//! | causal attention, f32, the generated flash-attention kernel (was 1.53 ms decomposed) | 0.608-0.640 ms, 20-21 TFLOP/s | `scaled_dot_product_attention` (memory-efficient kernel) 0.485-0.488 ms | not met: 0.76-0.80x |
-//! | causal attention's forward and backward (`attention_training`: the forward, and `scaled_dot_product_attention_backward` from the result's gradient; 2026-12-03), bf16 (cuDNN: the backward runs the forward again for its statistics) / f32 (the generated kernels: the statistics pass, then the backward) | 0.249 ms / 2.353 ms (19.2 TFLOP/s counting the backward as 2.5 forwards) | `scaled_dot_product_attention` and `torch.autograd.grad`, best of eager and compile: 0.204 / 1.682 ms | not met: 0.82x / 0.71x (a variant reading both operands 16 bytes at a time took 2.465 ms: its registers left 2 blocks per multiprocessor) |
+//! | causal attention, bf16, whole through cuDNN (one kernel; was 1.58 ms decomposed) | 0.047 ms, 272 TFLOP/s (2026-12-04, two runs); 0.049 ms before | `scaled_dot_product_attention` (cuDNN) 0.047-0.048 ms | met: 1.00x (0.96-0.97x before) |
+//! | causal attention, f32, the generated flash-attention kernel (was 1.53 ms decomposed) | 0.465 ms, 27.7 TFLOP/s (2026-12-04: both products on tensor cores as 3xTF32, 3 blocks of 4 warps per multiprocessor at 168 registers); 0.687 ms with 2 blocks at 214 registers and 4-byte loads; 0.608-0.640 ms on CUDA cores before | `scaled_dot_product_attention` (memory-efficient kernel, itself 3xTF32) 0.485-0.488 ms | met: 1.04x (0.76-0.80x on CUDA cores) |
+//! | causal attention's forward and backward (`attention_training`: the forward, and `scaled_dot_product_attention_backward` from the result's gradient; 2026-12-03), bf16 (cuDNN: the backward runs the forward again for its statistics) / f32 (the generated kernels: the statistics pass, then the backward) | 0.249 ms / 2.353 ms (19.2 TFLOP/s counting the backward as 2.5 forwards) | `scaled_dot_product_attention` and `torch.autograd.grad`, best of eager and compile: 0.204 / 1.682 ms; on 2026-12-04, with the f32 forward on tensor cores: 0.250 / 2.214 ms against 0.254 / 1.683 | 1.01x / 0.76x on 2026-12-04 (f32 not met: its backward runs on CUDA cores); before 0.82x / 0.71x (a variant reading both operands 16 bytes at a time took 2.465 ms: its registers left 2 blocks per multiprocessor) |
 //! | `cross_entropy` over [8192, 50257], one row kernel (16-byte loads) and a mean, f32 / bf16 | 0.425-0.433 / 0.288 ms | `torch.compile` 0.625-0.629 / eager 0.566-0.568 | met, 1.44-1.48x / 1.97x |
 //! | `softmax` over [16384, 1024], f32 / bf16 (one kernel laid out by row length; was 2439 / 1579 GB/s) | 3623 / 2893 GB/s, 93% / 80% of a copy | best of eager and `torch.compile` 3531 / 2016 | met, 1.03x / 1.44x |
 //! | the sweep of memory-bound ops (`examples/gpu_sweep.rs`, 2026-12-04): `softmax`, `layer_norm`, `sum`, `max` over rows of 32 to 65,536 (768, 3,072 and 50,257 among them) at 2^24 values, and at 2^22 and 2^28; `gelu(x * scale + bias)` broadcast along the last and the first axis; f32, bf16 and f16: 180 cases | median 1.55x the faster of eager and `torch.compile` (0.98x the least), median 98% of a copy of the same bytes, after `layer_norm` kept 16-bit rows in shared memory as read (2026-12-04, later run); before it: 1.44x (0.91x), 98%; 2026-12-03: 1.54x (0.71x), 98%; before: 1.35x (0.68x), 89% | best of eager and `torch.compile`, per case | not met in 10 of 180 cases, all at 0.98-0.99x, where both sides run at a copy's speed (rows of 1,024 at 2^28 in `softmax` and `layer_norm`, `sum`/`max` of rows of 65,536 at 2^28, f32 `softmax` of rows of 128, f16 `softmax` of rows of 50,257); `layer_norm` of rows of 65,536 in 16 bits went 0.92-0.94x -> 1.46-1.47x (2260 -> 3535 GB/s in bf16: its row had taken 224 KB of shared memory as `float`, stalled on it, `ncu`) |
@@ -200,10 +202,13 @@ mod flash_attention;
 #[cfg(feature = "cuda")]
 mod flash_attention_backward;
 #[cfg(feature = "cuda")]
+mod flash_attention_tf32;
+#[cfg(feature = "cuda")]
 mod gather;
 mod gemm;
 mod index_ops;
 mod layer_norm_backward;
+#[cfg(feature = "cuda")]
 mod multi_tensor;
 mod row_kernels;
 #[cfg(feature = "cuda")]

@@ -99,6 +99,8 @@ pub(crate) struct Narrow {
     /// Inputs (at most [`NARROW_INPUTS`]); the first `count` of `inputs` are the step's.
     pub count: usize,
     pub inputs: [Slot; NARROW_INPUTS],
+    /// The largest buffer it reads or writes: a workspace holding it holds them all.
+    pub last: u32,
 }
 
 impl Narrow {
@@ -107,12 +109,14 @@ impl Narrow {
             return None;
         };
         let count = step.inputs.len();
-        if step.inputs.contains(&Slot::Buffer(output)) {
+        if step.inputs.iter().any(|&s| s == Slot::Buffer(output) || matches!(s, Slot::Device(_))) {
             return None;
         }
         let mut inputs = [Slot::Input(0); NARROW_INPUTS];
         inputs.get_mut(..count)?.copy_from_slice(&step.inputs);
-        Some(Self { output, count, inputs })
+        let read = step.inputs.iter().filter_map(|s| if let Slot::Buffer(b) = *s { Some(b) } else { None });
+        let last = read.fold(output, u32::max);
+        Some(Self { output, count, inputs, last })
     }
 }
 

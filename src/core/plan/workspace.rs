@@ -703,33 +703,34 @@ impl Plan {
             let meta = &self.buffers[buffer];
             let count = narrow.count.min(NARROW_INPUTS);
             let slots = &narrow.inputs[..count];
+            // Every buffer the step touches is at most `last`: one check for all of them (a
+            // workspace of another plan may hold fewer).
+            if narrow.last as usize >= buffers.len() {
+                return Err(Error::WorkspaceMismatch);
+            }
             let storage: *mut Storage = buffers[..].as_mut_ptr();
-            let held = buffers.len();
             let mut views = [MaybeUninit::<TensorRef<'_>>::uninit(); NARROW_INPUTS];
             for (view, &slot) in views.iter_mut().zip(slots) {
                 view.write(match slot {
                     Slot::Input(i) => inputs[i as usize],
-                    Slot::Buffer(b) if (b as usize) < held => {
+                    Slot::Buffer(b) => {
                         debug_assert_ne!(b as usize, buffer, "a narrow step reads its own output");
-                        // SAFETY: `b` is in bounds and is not `buffer` (a narrow step never
-                        // reads its output), so this shared borrow of element `b` and the
-                        // exclusive one of element `buffer` below, both from `storage`, are
-                        // of different elements.
+                        // SAFETY: `b` is at most `last`, in bounds (checked above), and is not
+                        // `buffer` (a narrow step never reads its output), so this shared
+                        // borrow of element `b` and the exclusive one of element `buffer`
+                        // below, both from `storage`, are of different elements.
                         let data = unsafe { &*storage.add(b as usize) }.data();
                         TensorRef { shape: &self.buffers[b as usize].shape, data }
                     }
-                    // Compilation gives host kernels host slots in bounds only: another
-                    // workspace's slots (views written so far are `Copy`: nothing to drop).
-                    _ => return Err(Error::WorkspaceMismatch),
+                    // `Narrow::of` takes host slots only (views written so far are `Copy`:
+                    // nothing to drop).
+                    Slot::Device(_) => return Err(Error::WorkspaceMismatch),
                 });
             }
             // SAFETY: the first `count` views were written just above (and `TensorRef` is
             // `Copy`: nothing to drop).
             let views = unsafe { std::slice::from_raw_parts(views.as_ptr().cast::<TensorRef<'_>>(), count) };
-            if buffer >= held {
-                return Err(Error::WorkspaceMismatch);
-            }
-            // SAFETY: in bounds (checked just above), and no view borrows element `buffer`.
+            // SAFETY: in bounds (`buffer` is at most `last`), and no view borrows element `buffer`.
             let out = unsafe { &mut *storage.add(buffer) };
             let mut outs = [TensorMut { shape: &meta.shape, data: out.data_mut() }];
             return kernel.run(views, &mut outs);

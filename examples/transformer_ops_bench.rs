@@ -16,7 +16,8 @@
 //!
 //! Both take an optional list of workloads (`attention,cross_entropy`) as their first argument;
 //! `softmax_<cols>`, `layer_norm_<cols>` and `sum_sq_<cols>` sweep row lengths from 32 to 2^20
-//! (`rows` runs them all).
+//! (`rows` runs them all); `attention_<tokens>_<head>_<causal|full>` sweep attention's lengths
+//! and head sizes (`attention_sweep` runs them all).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -134,7 +135,37 @@ fn workloads() -> Vec<Workload> {
         },
     ];
     all.extend(row_workloads());
+    all.extend(attention_workloads());
     all
+}
+
+/// Attention at other lengths and head sizes than GPT-2's, 12 heads, causal or not: named
+/// `attention_<tokens>_<head>_<causal|full>` (`attention_sweep` runs them all).
+fn attention_workloads() -> Vec<Workload> {
+    macro_rules! attention {
+        ($(($t:literal, $d:literal, $causal:literal, $kind:literal)),*) => {
+            vec![$(
+                Workload {
+                    name: concat!("attention_", stringify!($t), "_", stringify!($d), "_", $kind),
+                    inputs: |b| vec![vec![b, H, $t, $d]; 3],
+                    build: |g, v| g.scaled_dot_product_attention(v[0], v[1], v[2], $causal, None),
+                    flops: |b| if $causal { 2.0 } else { 4.0 } * (b * H * $t * $t * $d) as f64,
+                    ids: &[],
+                },
+            )*]
+        };
+    }
+    attention!(
+        (256, 64, true, "causal"),
+        (512, 64, true, "causal"),
+        (2048, 64, true, "causal"),
+        (4096, 64, true, "causal"),
+        (1024, 16, true, "causal"),
+        (1024, 32, true, "causal"),
+        (1024, 48, true, "causal"),
+        (1024, 64, false, "full"),
+        (4096, 64, false, "full")
+    )
 }
 
 /// Elements of a row-op workload at batch 8 (a sixteenth at batch 1, for the check).
@@ -237,7 +268,10 @@ fn run() -> Result<(), String> {
     let only = std::env::args().nth(1);
     let wanted = |name: &str| {
         let row_op = ["softmax_", "layer_norm_", "sum_sq_"].iter().any(|p| name.starts_with(p));
-        only.as_deref().is_none_or(|list| list.split(',').any(|n| n == name || (n == "rows" && row_op)))
+        let swept = name.starts_with("attention_") && name != "attention_training";
+        only.as_deref().is_none_or(|list| {
+            list.split(',').any(|n| n == name || (n == "rows" && row_op) || (n == "attention_sweep" && swept))
+        })
     };
     for dtype in [DType::F32, DType::BF16] {
         for w in workloads().into_iter().filter(|w| wanted(w.name)) {

@@ -47,12 +47,25 @@ for cols in [32, 128, 768, 1024, 1000, 4096, 16384, 65536, 1048576]:
         [(rows, cols), (cols,), (cols,)],
         lambda x, w, b: torch.nn.functional.layer_norm(x, x.shape[-1:], w, b, 1e-5), 0)
 ROW_OPS = {name for name in WORKLOADS if name.startswith(("softmax_", "layer_norm_", "sum_sq_"))}
+# Attention at other lengths and head sizes, 12 heads, as the example names them.
+for tokens, head, causal in [(256, 64, True), (512, 64, True), (2048, 64, True), (4096, 64, True), (1024, 16, True),
+                             (1024, 32, True), (1024, 48, True), (1024, 64, False), (4096, 64, False)]:
+    name = f"attention_{tokens}_{head}_{'causal' if causal else 'full'}"
+    WORKLOADS[name] = ([(B, H, tokens, head)] * 3,
+                       lambda q, k, v, causal=causal: torch.nn.functional.scaled_dot_product_attention(
+                           q, k, v, is_causal=causal),
+                       (2 if causal else 4) * B * H * tokens * tokens * head)
+SWEPT = {name for name in WORKLOADS if name.startswith("attention_") and name != "attention_training"}
 
 
-# An optional first argument names the workloads to run (comma-separated), as for the example.
+# An optional first argument names the workloads to run (comma-separated), as for the example;
+# a second, `eager`, leaves torch.compile out (it compiles once per shape: minutes for a sweep).
 ONLY = set(sys.argv[1].split(",")) if len(sys.argv) > 1 else None
+IMPLS = ["torch_eager"] if sys.argv[2:3] == ["eager"] else ["torch_eager", "torch_compile"]
 if ONLY is not None and "rows" in ONLY:
     ONLY |= ROW_OPS
+if ONLY is not None and "attention_sweep" in ONLY:
+    ONLY |= SWEPT
 
 for dtype_name, dtype in [("f32", torch.float32), ("bf16", torch.bfloat16)]:
     for name, (shapes, fn, flops) in WORKLOADS.items():
@@ -63,7 +76,8 @@ for dtype_name, dtype in [("f32", torch.float32), ("bf16", torch.bfloat16)]:
         out = fn(*args)
         outs = out if isinstance(out, tuple) else (out,)
         nbytes = sum(a.numel() * a.element_size() for a in list(args) + list(outs))
-        for impl, f in [("torch_eager", fn), ("torch_compile", torch.compile(fn, dynamic=False))]:
+        for impl in IMPLS:
+            f = fn if impl == "torch_eager" else torch.compile(fn, dynamic=False)
             ms = timed(f, args)
             print("RESULT " + json.dumps({"impl": impl, "op": name, "dtype": dtype_name, "ms": ms,
                                           "gbps": nbytes / (ms * 1e-3) / 1e9,

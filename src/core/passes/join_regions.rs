@@ -91,7 +91,7 @@ pub(super) fn join_independent<'a>(
     for (i, attachments) in old.per_op.iter().enumerate() {
         let joined_later = i > 0 && new_position[i] == new_position[i - 1];
         for a in attachments {
-            if joined_later && a.span == 1 && a.depth == 0 {
+            if joined_later && a.span == 1 {
                 continue;
             }
             if let Some((first, span)) = carried_span(i, a.span, n, |j| Some(new_position[j]..new_position[j] + 1)) {

@@ -185,10 +185,14 @@ pub fn index_op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, St
             vector = v;
             let (a_block, b_block) = (a_block / v, b_block / v);
             let block = (a_block + b_block).max(1);
+            // Vectors stream through (read and written once: evict first, as the fused
+            // regions' `float4` streams), each read from the one input it comes from.
+            let mv = if v > 1 { ("__stcs(out0 + i, __ldcs(", "));") } else { ("out0[i] = *(", ");") };
             (
                 format!(
                     "const long long o = i / {block}ll, r = i - o * {block}ll;\n    \
-                     out0[i] = r < {a_block}ll ? in0[o * {a_block}ll + r] : in1[o * {b_block}ll + (r - {a_block}ll)];"
+                     {}r < {a_block}ll ? in0 + (o * {a_block}ll + r) : in1 + (o * {b_block}ll + (r - {a_block}ll)){}",
+                    mv.0, mv.1
                 ),
                 vec![a.iter().product(), b.iter().product()],
             )
@@ -363,5 +367,8 @@ mod tests {
             b.output(z).unwrap();
         });
         assert!(s.vectorized && s.numel == 2 * 3, "{}", s.source);
+        // Streamed: read and written once.
+        assert!(s.source.contains("__stcs(out0 + i, __ldcs(r < 1ll ? in0 + (o * 1ll + r)"), "{}", s.source);
+        crate::executors::cuda::compiles_with_nvrtc(&s.source);
     }
 }

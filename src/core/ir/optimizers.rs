@@ -303,9 +303,10 @@ pub struct AdamWInputs {
     pub step_size: ValueId,
     /// `1 / sqrt(1 - beta2^t)`.
     pub inverse_root_correction: ValueId,
-    /// `lr * weight_decay`, computed once per step for every parameter's decay (`None`
-    /// without weight decay, or to have each update compute it).
-    pub decay: Option<ValueId>,
+    /// `lr * weight_decay` and the weight decay it was computed for, once per step for every
+    /// parameter's decay (`None` without weight decay, or to have each update compute it). An
+    /// update with another weight decay computes its own.
+    pub decay: Option<(ValueId, f32)>,
 }
 
 impl AdamW {
@@ -339,7 +340,11 @@ impl AdamW {
         let (lr, step_size, inverse_root_correction) = (scalar_input(b)?, scalar_input(b)?, scalar_input(b)?);
         // Once per step, not per parameter: the updates then read only their own tensors and
         // these scalars, and an executor can run all of them in one launch (`Executor::joins`).
-        let decay = if self.weight_decay == 0.0 { None } else { Some(b.mul_scalar(lr, self.weight_decay)?) };
+        let decay = if self.weight_decay == 0.0 {
+            None
+        } else {
+            Some((b.mul_scalar(lr, self.weight_decay)?, self.weight_decay))
+        };
         Ok(AdamWInputs { lr, step_size, inverse_root_correction, decay })
     }
 
@@ -382,8 +387,8 @@ impl AdamW {
             param
         } else {
             let lr_wd = match inputs.decay {
-                Some(decay) => decay,
-                None => b.mul_scalar(inputs.lr, self.weight_decay)?,
+                Some((decay, weight_decay)) if weight_decay == self.weight_decay => decay,
+                _ => b.mul_scalar(inputs.lr, self.weight_decay)?,
             };
             let decay = b.mul(param, lr_wd)?;
             b.sub(param, decay)?
@@ -458,6 +463,28 @@ mod tests {
 
     /// Without weight decay the update has no decay ops and leaves an infinite parameter
     /// infinite, as PyTorch's product by exactly 1 does (`p - p * 0` would make it NaN).
+    /// Parameter groups with their own weight decays may share one step's inputs: each update
+    /// decays by its own, the product computed once per step serving only its own decay.
+    #[test]
+    fn adamw_groups_sharing_step_inputs_keep_their_own_weight_decay() {
+        let (registry, arena) = (Registry::with_builtins(), Arena::new());
+        let run = |shared: bool| -> f32 {
+            let mut b = TraceBuilder::new(&arena, &registry);
+            let (w, g) = (b.input(&[1]).unwrap(), b.input(&[1]).unwrap());
+            let (strong, weak) = (AdamW::new().weight_decay(0.5), AdamW::new().weight_decay(0.01));
+            let step = if shared { strong.step_inputs(&mut b) } else { weak.step_inputs(&mut b) }.unwrap();
+            weak.update(&mut b, &step, w, g).unwrap();
+            let plan = Plan::compile(&b.finish().unwrap(), &[CpuReference::shared()]).unwrap();
+            let mut ws = plan.workspace().unwrap();
+            let (mut w, mut g) = (Tensor::new(&[1], vec![1.0]).unwrap(), Tensor::new(&[1], vec![0.5]).unwrap());
+            let (mut m, mut v) = (Tensor::new(&[1], vec![0.0]).unwrap(), Tensor::new(&[1], vec![0.0]).unwrap());
+            let [mut a, mut c, mut d] = weak.step_values(1, 0.1);
+            plan.run_updating(&mut ws, &mut [&mut w, &mut g, &mut a, &mut c, &mut d, &mut m, &mut v]).unwrap();
+            w.to_f32_vec()[0]
+        };
+        assert_eq!(run(true).to_bits(), run(false).to_bits());
+    }
+
     #[test]
     fn adamw_without_weight_decay_leaves_the_decay_out() {
         let (registry, arena) = (Registry::with_builtins(), Arena::new());

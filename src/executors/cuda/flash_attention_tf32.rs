@@ -4,7 +4,10 @@
 //! split operands, "3xTF32": each f32 operand is a TF32 value and a TF32 remainder, and a
 //! product sums remainder x value, value x remainder and value x value, which keeps it within
 //! about 2^-21 of the f32 product (PyTorch's f32 attention on these GPUs, the memory-efficient
-//! kernel, multiplies the same way: CUTLASS's `OpMultiplyAddFastF32`).
+//! kernel, multiplies the same way: CUTLASS's `OpMultiplyAddFastF32`). One difference from
+//! f32 products: an infinite element of q, k or v meets a remainder of 0 in the split terms
+//! (infinity times 0), so the rows it reaches are NaN, where f32 would give an infinite score
+//! (a key of score -inf then counts for nothing in the decomposition).
 //!
 //! Each of a block's four warps takes 16 of its queries. The scores of a warp's rows stay in the
 //! registers the product left them in, and serve as the next product's operand as they are: the
@@ -205,7 +208,8 @@ pub(super) fn source(kernel: &str, s: &AttentionOperands) -> String {
 }
 
 /// The split of an f32 value into a TF32 value and a TF32 remainder (0 for infinities and NaN,
-/// whose value is all of them), and the product of two split operands on tensor cores.
+/// whose value is all of them: a product with one is then NaN, see the module's doc), and the
+/// product of two split operands on tensor cores.
 const SPLIT_AND_MMA: &str = r#"__device__ __forceinline__ void bs_split(float x, unsigned& big, unsigned& rest) {
   asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(big) : "f"(x));
   const float r = fabsf(x) < __int_as_float(0x7f800000) ? x - __uint_as_float(big) : 0.0f;

@@ -155,10 +155,18 @@ impl Grad {
         let backward = self.run(forward, arena)?;
         let mut b = TraceBuilder::continuing(&backward, arena);
         b.set_outputs(&backward.outputs()[..forward.outputs().len()]);
-        let step_inputs = optimizer.step_inputs(&mut b)?;
         let grads = &backward.outputs()[forward.outputs().len()..];
-        let state = b.scope("optimizer", |b| {
-            self.wrt.iter().zip(grads).map(|(&p, &g)| optimizer.update(b, &step_inputs, p, g)).collect()
+        // The per-run inputs, and what the optimizer computes from them once per step (AdamW's
+        // `lr * weight_decay`), sit in the scope too.
+        let (step_inputs, state) = b.scope("optimizer", |b| {
+            let step_inputs = optimizer.step_inputs(b)?;
+            let state = self
+                .wrt
+                .iter()
+                .zip(grads)
+                .map(|(&p, &g)| optimizer.update(b, &step_inputs, p, g))
+                .collect::<Result<_>>()?;
+            Ok((step_inputs, state))
         })?;
         Ok(TrainingStep { trace: b.finish()?, step_inputs, state })
     }

@@ -293,3 +293,25 @@ fn regions_join_only_when_independent_and_held_alike() {
     let fused = FuseRegions::new(Arc::new(Joining)).run(&profiled, &arena).unwrap();
     assert_eq!((region_count(&fused), fused.guard_attachment_count()), (1, 1), "{fused}");
 }
+
+/// A region's range names its first 16 ops and counts the rest: a joined optimizer step holds
+/// thousands, which no profiler's timeline shows whole.
+#[test]
+fn a_long_region_label_counts_its_ops_past_sixteen() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let mut x = b.input(&[4]).unwrap();
+    for _ in 0..20 {
+        x = b.neg(x).unwrap();
+    }
+    b.output(x).unwrap();
+    let mut trace = b.finish().unwrap();
+    let recorder = Recorder::new();
+    trace.attach_guard(Selection::All, recorder.clone()).unwrap();
+    let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
+    let plan = Plan::compile(&fused, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();
+    plan.run(&[&Tensor::zeros(&[4])]).unwrap();
+    let labels: Vec<String> = recorder.ranges().iter().map(|r| r.label.to_string()).collect();
+    let sixteen = vec!["neg"; 16].join(", ");
+    assert_eq!(labels, [format!("CpuFusion0: ({sixteen}, and 4 more)")]);
+}

@@ -1073,11 +1073,20 @@ fn configured_developer_options(executors: &[Arc<dyn Executor>], steps: &[Step])
     listed
 }
 
-/// The default label of a region's ranges: `<Executor>Fusion<N>: (op, op, ...)`.
+/// Ops a region's label names; past them it counts the rest (a joined optimizer step holds
+/// thousands of ops).
+const LABELLED_OPS: usize = 16;
+
+/// The default label of a region's ranges: `<Executor>Fusion<N>: (op, op, ...)`, its first
+/// [`LABELLED_OPS`] ops, then `and <k> more` if it has more.
 pub(crate) fn region_label(trace: &Trace<'_>, position: usize) -> String {
     let bsym = &trace.bound_symbols()[position];
-    let ops: Vec<&str> = bsym.subsymbols().iter().map(|s| trace.symbol_name(s)).collect();
-    format!("{}: ({})", trace.symbol_name(bsym), ops.join(", "))
+    let subsymbols = bsym.subsymbols();
+    let ops: Vec<&str> = subsymbols.iter().take(LABELLED_OPS).map(|s| trace.symbol_name(s)).collect();
+    match subsymbols.len().saturating_sub(LABELLED_OPS) {
+        0 => format!("{}: ({})", trace.symbol_name(bsym), ops.join(", ")),
+        rest => format!("{}: ({}, and {rest} more)", trace.symbol_name(bsym), ops.join(", ")),
+    }
 }
 
 /// A top-level bound symbol whose executor pushes its own range around it, at `level`

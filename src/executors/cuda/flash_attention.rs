@@ -96,28 +96,24 @@ pub(super) fn source(kernel: &str, s: &AttentionOperands, pass: Pass) -> String 
     );
     let _ = writeln!(c, "  float* ps = kv + {};                    // [64][65]", (TILE * (d + 1)).max(TILE * dv));
     let _ = writeln!(c, "  const int tid = threadIdx.x, tx = tid & 15, ty = tid >> 4;");
-    let _ = writeln!(c, "  const long long bh = blockIdx.y;");
-    // Causal blocks of later queries have more keys to walk: they start first.
-    let tile = if s.causal { "(gridDim.x - 1 - blockIdx.x)" } else { "blockIdx.x" };
-    let _ = writeln!(c, "  const int q0 = {tile} * 64;");
-    // Each `(batch, head)` plane's start, and its rows' stride: apart when q, k and v are packed.
-    let plane = |[batch, heads, _]: [usize; 3]| format!("(bh / {h}) * {batch}ll + (bh % {h}) * {heads}ll", h = s.heads);
     let [.., rq] = s.qkv_strides(tq, d);
     let [.., rk] = s.qkv_strides(tkv, d);
     let [.., rv] = s.qkv_strides(tkv, dv);
     let [.., ro] = s.o_strides();
-    let _ = writeln!(c, "  const {element}* qb = q + {};", plane(s.qkv_strides(tq, d)));
-    let _ = writeln!(c, "  const {element}* kb = k + {};", plane(s.qkv_strides(tkv, d)));
-    let _ = writeln!(c, "  const {element}* vb = v + {};", plane(s.qkv_strides(tkv, dv)));
+    let (read, write) = (format!("const {element}*"), format!("{element}*"));
+    let mut pointers = vec![
+        (read.as_str(), "qb", "q", s.qkv_strides(tq, d)),
+        (read.as_str(), "kb", "k", s.qkv_strides(tkv, d)),
+        (read.as_str(), "vb", "v", s.qkv_strides(tkv, dv)),
+    ];
     match pass {
-        Pass::Forward => {
-            let _ = writeln!(c, "  {element}* ob = o + {};", plane(s.o_strides()));
-        }
+        Pass::Forward => pointers.push((write.as_str(), "ob", "o", s.o_strides())),
         Pass::Statistics => {
-            let _ = writeln!(c, "  const {element}* dob = d_o + {};", plane(s.o_strides()));
-            let _ = writeln!(c, "  {element}* dqb = dq + {};", plane(s.qkv_strides(tq, d)));
+            pointers.push((read.as_str(), "dob", "d_o", s.o_strides()));
+            pointers.push((write.as_str(), "dqb", "dq", s.qkv_strides(tq, d)));
         }
     }
+    block_plane(&mut c, s, &pointers);
     let _ = writeln!(c, "  for (int i = tid; i < {}; i += {THREADS}) {{", TILE * d);
     let _ = writeln!(c, "    const int r = i / {d}, e = i % {d};");
     let _ = writeln!(
@@ -280,6 +276,20 @@ pub(super) fn source(kernel: &str, s: &AttentionOperands, pass: Pass) -> String 
     }
     let _ = writeln!(c, "}}");
     c
+}
+
+/// The start of a forward kernel's body: the block's `(batch, head)` plane `bh` and its first
+/// query `q0` (the last queries first when causal: they have the most keys to walk), and for
+/// each `(type, name, parameter, strides)` the pointer `name` to the parameter's part in the
+/// block's plane (planes lie apart when q, k and v are packed).
+pub(super) fn block_plane(c: &mut String, s: &AttentionOperands, pointers: &[(&str, &str, &str, [usize; 3])]) {
+    let _ = writeln!(c, "  const long long bh = blockIdx.y;");
+    let tile = if s.causal { "(gridDim.x - 1 - blockIdx.x)" } else { "blockIdx.x" };
+    let _ = writeln!(c, "  const int q0 = {tile} * 64;");
+    for (ty, name, parameter, [batch, heads, _]) in pointers {
+        let _ =
+            writeln!(c, "  {ty} {name} = {parameter} + (bh / {h}) * {batch}ll + (bh % {h}) * {heads}ll;", h = s.heads);
+    }
 }
 
 /// A compiled flash-attention kernel for one shape.

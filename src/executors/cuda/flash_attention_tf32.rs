@@ -19,7 +19,7 @@
 use std::fmt::Write;
 
 use super::attention::AttentionOperands;
-use super::flash_attention::TILE;
+use super::flash_attention::{block_plane, TILE};
 use crate::core::ir::DType;
 
 /// Threads per block: four warps of 16 queries each.
@@ -64,19 +64,20 @@ pub(super) fn source(kernel: &str, s: &AttentionOperands) -> String {
     let _ = writeln!(c, "  unsigned* vb = kr + {};       // [64][{vs}] values", TILE * ks);
     let _ = writeln!(c, "  unsigned* vr = vb + {};", TILE * vs);
     let _ = writeln!(c, "  const int tid = threadIdx.x, warp = tid >> 5, g = (tid & 31) >> 2, t = tid & 3;");
-    let _ = writeln!(c, "  const long long bh = blockIdx.y;");
-    // Causal blocks of later queries have more keys to walk: they start first.
-    let tile = if s.causal { "(gridDim.x - 1 - blockIdx.x)" } else { "blockIdx.x" };
-    let _ = writeln!(c, "  const int q0 = {tile} * 64;");
-    let plane = |[batch, heads, _]: [usize; 3]| format!("(bh / {h}) * {batch}ll + (bh % {h}) * {heads}ll", h = s.heads);
     let [.., rq] = s.qkv_strides(tq, d);
     let [.., rk] = s.qkv_strides(tkv, d);
     let [.., rv] = s.qkv_strides(tkv, dv);
     let [.., ro] = s.o_strides();
-    let _ = writeln!(c, "  const float* qg = q + {};", plane(s.qkv_strides(tq, d)));
-    let _ = writeln!(c, "  const float* kg = k + {};", plane(s.qkv_strides(tkv, d)));
-    let _ = writeln!(c, "  const float* vg = v + {};", plane(s.qkv_strides(tkv, dv)));
-    let _ = writeln!(c, "  float* og = o + {};", plane(s.o_strides()));
+    block_plane(
+        &mut c,
+        s,
+        &[
+            ("const float*", "qg", "q", s.qkv_strides(tq, d)),
+            ("const float*", "kg", "k", s.qkv_strides(tkv, d)),
+            ("const float*", "vg", "v", s.qkv_strides(tkv, dv)),
+            ("float*", "og", "o", s.o_strides()),
+        ],
+    );
     // The warp's rows: `r0` (fragment rows g) and `r1` (g + 8).
     let _ = writeln!(c, "  const int first = q0 + warp * 16, r0 = first + g, r1 = r0 + 8;");
     // Its queries, scaled, as the product's first operand: register i of depth step e holds row

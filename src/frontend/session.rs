@@ -66,6 +66,27 @@ impl ProfiledSession {
 
     /// A session with `options` (set in code; they win), the rest from `env`.
     ///
+    /// ```
+    /// use boundscope::frontend::ProfiledSession;
+    /// use boundscope::options::Options;
+    /// use boundscope::{Arena, Registry, Tensor, TraceBuilder};
+    ///
+    /// let registry = Registry::with_builtins();
+    /// let arena = Arena::new();
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[8, 8])?;
+    /// let y = b.softmax(x)?;
+    /// b.output(y)?;
+    /// let trace = b.finish()?;
+    /// // Options from code win; the rest come from BOUNDSCOPE_* variables; profiling switches on by
+    /// // itself under Nsight Systems or Nsight Compute (or with BOUNDSCOPE_NVTX=1).
+    /// let mut options = Options::new();
+    /// options.set_str("runtime.fusion_strategy", "dataflow")?;
+    /// let session = ProfiledSession::new(options, &boundscope::frontend::Environment::process())?;
+    /// let out = session.run(&trace, &arena, &[&Tensor::zeros(&[8, 8])])?;
+    /// # Ok::<(), boundscope::Error>(())
+    /// ```
+    ///
     /// # Errors
     /// As for [`from_env`](Self::from_env), or an option error.
     pub fn new(mut options: Options, env: &Environment) -> Result<Self> {

@@ -61,6 +61,34 @@ use super::Level;
 ///     let _entered = span.enter(); // an NVTX range `load batch` in domain `my_app`, under Nsight
 /// });
 /// ```
+///
+/// With a plan whose scopes open spans ([`TracingSpan`](super::TracingSpan)), your spans and the
+/// plan's become ranges of one domain:
+///
+/// ```
+/// use boundscope::guards::{NvtxLayer, Selection, TracingSpan};
+/// use boundscope::{executors::CpuReference, Arena, Plan, Registry, Tensor, TraceBuilder};
+/// use tracing_subscriber::layer::SubscriberExt;
+///
+/// let registry = Registry::with_builtins();
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let x = b.input(&[64])?;
+/// let y = b.exp(x)?;
+/// b.output(y)?;
+/// let mut trace = b.finish()?;
+/// trace.attach_guard(Selection::All, TracingSpan::new())?;
+/// let plan = Plan::compile(&trace, &[CpuReference::shared()])?;
+/// // Your spans and the plan's, as NVTX ranges in the domain `my_app`.
+/// let subscriber = tracing_subscriber::registry().with(NvtxLayer::new().in_domain("my_app")?);
+/// tracing::subscriber::with_default(subscriber, || {
+///     let _step = tracing::info_span!("training step").entered();
+///     plan.run(&[&Tensor::zeros(&[64])])
+/// })?;
+/// # Ok::<(), boundscope::Error>(())
+/// ```
+///
+/// `proptests/every_span_gets_a_range.rs` checks that 10,000 labels each get a range.
 pub struct NvtxLayer {
     /// One domain for every span, else the span's target.
     domain: Option<String>,

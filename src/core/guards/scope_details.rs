@@ -36,6 +36,49 @@ use crate::core::ir::TensorMeta;
 /// assert_eq!(d.inputs_text(), "f32[64, 256], f32[256, 128]");
 /// assert_eq!(d.to_string(), "f32[64, 256], f32[256, 128] -> f32[64, 128]; 192.0 KiB read, 32.0 KiB written, 4.19 MFLOP");
 /// ```
+///
+/// Every guard, yours included, gets the same details when a plan prepares it
+/// ([`GuardSite::details`](super::GuardSite::details));
+/// [`NvtxRange::payload`](super::NvtxRange::payload) and
+/// [`NvtxRange::details`](super::NvtxRange::details)`(false)` override them for a range. Where
+/// the profiler takes NVTX payload schemas, each range carries them as its structured payload,
+/// built when the plan is compiled, so entering a range is still one `nvtxDomainRangePushEx`;
+/// elsewhere (no tool; Nsight Systems 2022.4) ranges carry their `u64` op count, and
+/// [`Plan::range_map`](crate::Plan::range_map) says which. The test suite's NVTX capture
+/// decodes every payload with its schema, and `proptests/range_map_matches_profiler.rs` checks
+/// the fields against the range map.
+///
+/// ```
+/// use boundscope::executors::CpuReference;
+/// use boundscope::guards::{ClosureGuard, Guard, GuardKind, GuardSite, ScopedGuard, Selection};
+/// use boundscope::{Arena, Plan, Registry, TraceBuilder};
+/// use std::sync::{Arc, Mutex};
+///
+/// /// A user's guard that logs what each scope computes, once, when the plan is compiled.
+/// struct LogsShapes(Arc<Mutex<Vec<String>>>);
+/// impl Guard for LogsShapes {
+///     fn kind(&self) -> GuardKind { GuardKind::Custom("@shapes") }
+///     fn prepare(&self, site: &GuardSite<'_>) -> boundscope::Result<Box<dyn ScopedGuard>> {
+///         let d = site.details.expect("a plan gives every site its details");
+///         self.0.lock().unwrap().push(format!("{}: {} flops", site.label, d.flops));
+///         ClosureGuard::new(|| {}, || {}).prepare(site)
+///     }
+/// }
+///
+/// let registry = Registry::with_builtins();
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let x = b.input(&[64, 256])?;
+/// let w = b.input(&[256, 128])?;
+/// let y = b.matmul(x, w)?;
+/// b.output(y)?;
+/// let mut trace = b.finish()?;
+/// let log = Arc::new(Mutex::new(Vec::new()));
+/// trace.attach_guard(Selection::All, LogsShapes(log.clone()))?;
+/// Plan::compile(&trace, &[CpuReference::shared()])?;
+/// assert_eq!(*log.lock().unwrap(), ["matmul: 4194304 flops"]);
+/// # Ok::<(), boundscope::Error>(())
+/// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ScopeDetails {
     /// The plan's id ([`Plan::id`](crate::Plan::id)).

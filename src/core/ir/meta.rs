@@ -40,6 +40,34 @@ use smallvec::SmallVec;
 /// assert_eq!(DType::F16.round(1.0e6), f32::INFINITY); // past f16's 65504
 /// assert_eq!("f16".parse::<DType>().unwrap(), DType::F16);
 /// ```
+///
+/// Inputs are declared with [`TraceBuilder::input_with`](crate::TraceBuilder::input_with);
+/// mixed operands promote as PyTorch promotes them ([`DType::promote`]: bf16 with f16 is f32, a
+/// zero-dimensional tensor promotes only other zero-dimensional ones, a scalar never promotes);
+/// host data of another dtype than an input's is a typed error when the plan runs:
+///
+/// ```
+/// use boundscope::executors::CpuReference;
+/// use boundscope::{Arena, DType, Error, Plan, Registry, Tensor, TensorMeta, TraceBuilder};
+///
+/// let registry = Registry::with_builtins();
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let x = b.input_with(&TensorMeta::new(DType::BF16, &[2, 3]))?;
+/// let w = b.input(&[3, 2])?; // f32
+/// let y = b.matmul(x, w)?; // bf16 x f32 promotes to f32
+/// let ids = b.argmax(y, 1, false)?; // i64 [2]
+/// b.output(ids)?;
+/// let plan = Plan::compile(&b.finish()?, &[CpuReference::shared()])?;
+/// let x = Tensor::from_fn(&[2, 3], |i| i as f32 / 3.0).to_dtype(DType::BF16);
+/// assert_eq!(x.bytes(), 12);
+/// let out = plan.run(&[&x, &Tensor::new(&[3, 2], vec![1.0, 0.0, 0.0, 1.0, 1.0, 0.0])?])?;
+/// assert_eq!(out[0].values::<i64>()?, &[0, 0]);
+/// // Host data of another dtype is a typed error, found when the plan runs.
+/// let wrong = Tensor::zeros(&[2, 3]);
+/// assert!(matches!(plan.run(&[&wrong, &wrong]), Err(Error::InputDType { index: 0, .. })));
+/// # Ok::<(), boundscope::Error>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 #[non_exhaustive]
 // A whole word: kernel views (`TensorRef`, `TensorMut`) carry it, and a one-byte field written

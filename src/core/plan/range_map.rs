@@ -54,6 +54,59 @@ pub struct PlannedRange {
 
 /// Every NVTX range one run of a plan pushes, in push order (a range pushed later while an
 /// earlier one is open nests inside it). See [`Plan::range_map`](crate::Plan::range_map).
+///
+/// # One range per scope per NVTX domain
+/// A scope is what a guard surrounds in a plan: a run, a named scope, a region, an op, or a
+/// subsymbol span. The plan enforces one rule, whoever attached the guards and however often:
+///
+/// | on one scope | what one run pushes |
+/// | --- | --- |
+/// | NVTX guards of one domain, attached any number of times (`ProfileOps` twice, the front end on a trace you already profiled) | one range in that domain; the first explicit label, colour, category and payload win, and a conflict is a note in the plan's header ([`Plan::notes`](crate::Plan::notes)) |
+/// | a region whose executor pushes its own ranges, declared as [`EmittedRange::nvtx_regions(domain)`](crate::EmittedRange::nvtx_regions) | in that domain, exactly the executor's range (labelled by that domain's guards, else `<Executor>Fusion<N>: (op, ...)`), none from the runtime; in every other domain with NVTX guards on the region, one range from the runtime, labelled from that domain's guards only |
+/// | one `Recorder`, `HostTimer`, `ClosureGuard` or guard of yours, attached twice | it runs once |
+/// | a range that would sit directly inside one of its domain with its label | dropped, with a note |
+///
+/// A run keeps the profiling decision it started with
+/// ([`Plan::set_profiling`](crate::Plan::set_profiling) during a run takes effect at the next
+/// run), exits every guard it entered on every path (a guard exit that panics is resumed after
+/// the others exit; during a kernel's panic it is discarded, and the process never aborts), and
+/// region names stay unique across fusion passes. The plan says before it runs which ranges one
+/// run pushes, in order, and who pushes them (this map, listed under the steps by `{plan:#}`);
+/// the property tests and `scripts/nsys-check` compare what a profiler recorded with it.
+///
+/// ```
+/// use std::sync::Arc;
+/// use boundscope::executors::{CpuFusion, CpuReference};
+/// use boundscope::guards::{NvtxRange, Selection};
+/// use boundscope::passes::{FuseRegions, Pass, ProfileOps};
+/// use boundscope::{Arena, EmittedRange, Plan, PushedBy, Registry, TraceBuilder};
+///
+/// let registry = Registry::with_builtins();
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let x = b.input(&[1024])?;
+/// let e = b.exp(x)?;
+/// let y = b.neg(e)?;
+/// b.output(y)?;
+/// let once = ProfileOps::new().run(&b.finish()?, &arena)?;
+/// let twice = ProfileOps::new().run(&once, &arena)?;               // still one range per op
+/// let mut fused = FuseRegions::new(CpuFusion::shared()).run(&twice, &arena)?;
+/// fused.attach_guard(Selection::All, NvtxRange::new().domain("my_app")?.label("activation")?)?;
+/// let plan = Plan::compile(&fused, &[CpuFusion::shared(), CpuReference::shared()])?;
+/// print!("{plan:#}");
+/// let ranges = plan.range_map().ranges();
+/// assert_eq!(ranges.len(), 2);
+/// assert_eq!((ranges[0].domain.as_str(), ranges[0].label.as_str()), ("my_app", "activation"));
+/// assert_eq!(ranges[1].label, "CpuFusion0: (exp, neg)");            // the label is not renamed
+/// assert_eq!(ranges[1].pushed_by, PushedBy::Executor("cpu_fusion".into()));
+/// // What CpuFusion declares: it pushes its region ranges in the library's domain.
+/// assert_eq!(CpuFusion::shared().emits(), &[EmittedRange::nvtx_regions("boundscope")]);
+/// # Ok::<(), boundscope::Error>(())
+/// ```
+///
+/// `examples/ranges_in_three_domains.rs` does this with a user's executor in its own domain, the
+/// application's ranges in a third, and `ProfileOps` applied twice; CI checks it under Nsight
+/// Systems against its range map.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RangeMap {
     pub(crate) ranges: Vec<PlannedRange>,

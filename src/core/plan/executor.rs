@@ -187,7 +187,9 @@ pub trait Executor: Any + Send + Sync {
     /// consecutive regions for which this holds, where none reads what another computes and the
     /// same guards and scopes hold each, into one region with all their ops: its ops then have
     /// several shapes, one per independent chain, and the executor's kernel for it runs each
-    /// chain over its own shape. Default: `false` (regions of one shape only).
+    /// chain over its own shape. Chains may share inputs: a kernel that runs them apart offers
+    /// to write an update over its input ([`DeviceKernel::in_place`]) only where no other chain
+    /// reads that input. Default: `false` (regions of one shape only).
     fn joins(&self, _region: &OpView<'_>) -> bool {
         false
     }

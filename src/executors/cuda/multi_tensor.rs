@@ -62,7 +62,8 @@ pub(super) struct JoinedSource {
     pub input_lengths: Vec<usize>,
     pub output_lengths: Vec<usize>,
     /// `(input, output)` parameters the region may be run with the output written over the
-    /// input: each element is read before the same element is written, by the same thread.
+    /// input: pairs whose input no other chain reads, so that each element is read before the
+    /// same element is written, by the same thread.
     pub in_place: Vec<(usize, usize)>,
 }
 

@@ -25,6 +25,7 @@ pub use ids::{BoundSymbolId, GuardId, SymbolId, ValueId};
 pub use listing::{Listing, ListingOptions};
 pub use meta::{checked_numel, DType, Shape, TensorMeta};
 pub(crate) use meta::{unusable_shape_detail, DimsDisplay};
+#[cfg(feature = "cuda")]
 pub(crate) use packed_attention::PackedHeads;
 pub use registry::Registry;
 pub use scopes::{path_matches, NamedScope, SCOPE_SEPARATOR};

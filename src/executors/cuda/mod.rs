@@ -193,9 +193,11 @@
 #[cfg(feature = "cuda")]
 mod attention;
 mod codegen;
+#[cfg(feature = "cuda")]
 mod cross_entropy;
 #[cfg(feature = "cuda")]
 mod device;
+#[cfg(feature = "cuda")]
 mod device_checks;
 #[cfg(feature = "cuda")]
 mod event_timer;
@@ -209,11 +211,16 @@ mod flash_attention_backward;
 mod flash_attention_tf32;
 #[cfg(feature = "cuda")]
 mod gather;
+#[cfg(feature = "cuda")]
 mod gemm;
+#[cfg(feature = "cuda")]
 mod index_ops;
+#[cfg(feature = "cuda")]
 mod layer_norm_backward;
 #[cfg(feature = "cuda")]
 mod multi_tensor;
+// Without the `cuda` feature only the generators' row layouts are used (by `codegen`).
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod row_kernels;
 #[cfg(feature = "cuda")]
 mod stream_order;

@@ -4,7 +4,7 @@
 //! one multi-tensor launch.
 
 use crate::core::guards::{carried_span, Attachment};
-use crate::core::ir::{prims, Arena, BoundSymbol, FusedBy, Trace, TraceBuilder, ValueId};
+use crate::core::ir::{Arena, BoundSymbol, FusedBy, Trace, TraceBuilder, ValueId};
 use crate::core::plan::{Executor, OpView};
 use crate::error::Result;
 
@@ -128,5 +128,5 @@ fn held_alike(trace: &Trace<'_>, first: usize, next: usize) -> bool {
         attachments.iter().all(|a| covers(s, a.span as usize, first) == covers(s, a.span as usize, next))
     });
     let scopes_alike = trace.scopes().iter().all(|s| s.positions().contains(&first) == s.positions().contains(&next));
-    spans_alike && scopes_alike && trace.bound_symbols()[next].symbol() == prims::REGION
+    spans_alike && scopes_alike
 }

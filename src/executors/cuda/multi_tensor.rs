@@ -11,6 +11,7 @@
 //! search over the first blocks. A region of more segments than one table holds takes several
 //! launches, inside the region's one range.
 
+use std::collections::HashMap;
 use std::ffi::c_void;
 use std::fmt::Write;
 use std::sync::Arc;
@@ -130,6 +131,8 @@ pub(super) fn joined_source(region: &OpView<'_>, kernel: &str) -> Result<JoinedS
     let output_lengths = lengths(&mut outputs.iter().copied())?;
 
     // Chains: ops joined through the values they define (union-find over op positions).
+    let defined_by: HashMap<ValueId, usize> =
+        ops.iter().enumerate().flat_map(|(j, op)| op.bound_symbol().outputs().iter().map(move |&v| (v, j))).collect();
     let mut parent: Vec<usize> = (0..ops.len()).collect();
     fn root(parent: &mut [usize], mut i: usize) -> usize {
         while parent[i] != i {
@@ -140,7 +143,7 @@ pub(super) fn joined_source(region: &OpView<'_>, kernel: &str) -> Result<JoinedS
     }
     for (j, op) in ops.iter().enumerate() {
         for v in op.bound_symbol().inputs() {
-            if let Some(i) = ops[..j].iter().position(|d| d.bound_symbol().outputs().contains(&v)) {
+            if let Some(&i) = defined_by.get(&v) {
                 let (a, b) = (root(&mut parent, i), root(&mut parent, j));
                 parent[a] = b;
             }
@@ -158,44 +161,44 @@ pub(super) fn joined_source(region: &OpView<'_>, kernel: &str) -> Result<JoinedS
             }
         }
     }
+    // Each chain's inputs in the order its ops read them (so that chains of the same code name
+    // them alike), and its outputs in the region's order.
+    let io: Vec<(Vec<usize>, Vec<usize>)> = chains
+        .iter()
+        .map(|chain| {
+            let mut reads: Vec<usize> = Vec::new();
+            for v in chain.iter().flat_map(|&j| ops[j].bound_symbol().inputs()) {
+                if let Some(k) = inputs.iter().position(|&x| x == v).filter(|k| !reads.contains(k)) {
+                    reads.push(k);
+                }
+            }
+            let writes = (0..outputs.len())
+                .filter(|&o| defined_by.get(&outputs[o]).is_some_and(|j| chain.contains(j)))
+                .collect();
+            (reads, writes)
+        })
+        .collect();
 
     // An output may be written over the input it updates only where no other chain reads that
     // input: chains run in different blocks, and only within a chain is each element read
     // before it is written, by the same thread.
-    let reads_of = |chain: &[usize]| -> Vec<ValueId> {
-        chain.iter().flat_map(|&j| ops[j].bound_symbol().inputs().collect::<Vec<_>>()).collect()
-    };
-    let writes_of = |chain: &[usize]| -> Vec<ValueId> {
-        chain.iter().flat_map(|&j| ops[j].bound_symbol().outputs().to_vec()).collect()
-    };
     let in_place: Vec<(usize, usize)> = region
         .in_place_updates()
         .into_iter()
-        .filter(|&(k, o)| {
-            chains.iter().all(|chain| !reads_of(chain).contains(&inputs[k]) || writes_of(chain).contains(&outputs[o]))
-        })
+        .filter(|&(k, o)| io.iter().all(|(reads, writes)| !reads.contains(&k) || writes.contains(&o)))
         .collect();
     let mut kinds: Vec<String> = Vec::new();
     let mut segments = Vec::new();
-    for chain in &chains {
+    for (chain, (reads, writes)) in chains.iter().zip(&io) {
         let chain_ops: Vec<OpView<'_>> = chain.iter().map(|&j| ops[j]).collect();
         let shape = chain_ops[0].output_shape(0).map_err(|e| e.to_string())?.to_vec();
         let numel: usize = shape.iter().product();
         let defined: Vec<ValueId> = chain_ops.iter().flat_map(|op| op.bound_symbol().outputs().to_vec()).collect();
-        // The chain's inputs in the order its ops read them (so that chains of the same code
-        // name them alike), and its outputs in the region's order.
-        let mut reads: Vec<usize> = Vec::new();
-        for v in chain_ops.iter().flat_map(|op| op.bound_symbol().inputs()) {
-            if let Some(k) = inputs.iter().position(|&x| x == v).filter(|k| !reads.contains(k)) {
-                reads.push(k);
-            }
-        }
-        let writes: Vec<usize> = (0..outputs.len()).filter(|&o| defined.contains(&outputs[o])).collect();
         if writes.is_empty() || numel == 0 {
             continue;
         }
         let mut whole = Vec::new();
-        for &k in &reads {
+        for &k in reads {
             let s = region.shape_of(inputs[k]).map_err(|e| e.to_string())?;
             match (s == shape.as_slice(), s.iter().product::<usize>()) {
                 (true, _) => whole.push(true),

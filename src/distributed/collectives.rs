@@ -1,15 +1,23 @@
 //! The collectives as bound symbols ([`Collectives`]) and the executor that runs them on a
 //! rank's communicator ([`CollectiveExecutor`]).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::communicator::{Collective, Communicator, ReduceOp};
-use crate::core::ir::{ArgInfo, Category, ParamKind, Registry, Symbol, SymbolId, TensorMeta, TraceBuilder, ValueId};
+use crate::core::ir::{
+    ArgInfo, Category, DType, ParamKind, Registry, Symbol, SymbolId, TensorMeta, TraceBuilder, ValueId,
+};
 use crate::core::plan::{EmittedRange, Executor, Kernel, OpView, PreparedRegionRange};
 use crate::core::tensor::{TensorMut, TensorRef};
 use crate::error::{Error, Result};
 
 const REDUCE_OPS: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max];
+
+/// The dtypes collectives take.
+pub(super) const COLLECTIVE_DTYPES: [DType; 3] = [DType::F32, DType::BF16, DType::F16];
+
+/// The NVTX domain the collective executors push their ranges into by default.
+pub(super) const COLLECTIVES_DOMAIN: &str = "collectives";
 
 /// The collective symbols, registered in a [`Registry`] through the same API as a user's own
 /// symbols, and the methods that bind them in a trace:
@@ -21,7 +29,7 @@ const REDUCE_OPS: [ReduceOp; 3] = [ReduceOp::Sum, ReduceOp::Mean, ReduceOp::Max]
 /// | `reduce_scatter_sum`, `_mean`, `_max` | `x`, the world size | `[d0 / world, d1, ...]`: this rank's part of the combination |
 /// | `broadcast` | `x`, the root | `x`'s |
 ///
-/// `f32` tensors of rank 1 or more; the world size is part of the trace (shapes depend on it),
+/// Tensors of rank 1 or more, in `f32`, bf16 or f16; the world size is part of the trace (shapes depend on it),
 /// and [`CollectiveExecutor`] refuses a trace whose world size is not its communicator's. No
 /// other executor claims them: a plan without a `CollectiveExecutor` is
 /// [`Error::NoExecutor`] naming the symbol.
@@ -87,7 +95,7 @@ impl Collectives {
         let tensor = ParamKind::Tensor;
         let mut reduce = |name: &str, op: Option<ReduceOp>| {
             let symbol = Symbol::new(name, Category::Collective).params(&[tensor]).shape_rule(|args| {
-                let (dtype, shape) = f32_tensor(args)?;
+                let (dtype, shape) = collective_tensor(args)?;
                 Ok(TensorMeta::new(dtype, shape))
             });
             // The gradient of the sum (mean) of the ranks' losses: the sum (mean) of the ranks'
@@ -107,7 +115,7 @@ impl Collectives {
         ];
         let with_world = |name: &str, gather: bool| {
             Symbol::new(name, Category::Collective).params(&[tensor, ParamKind::Scalar]).shape_rule(move |args| {
-                let (dtype, shape) = f32_tensor(args)?;
+                let (dtype, shape) = collective_tensor(args)?;
                 let world = count(args.get(1), "the world size", 1)?;
                 let mut out = shape.to_vec();
                 if gather {
@@ -158,7 +166,7 @@ impl Collectives {
         ];
         let broadcast = registry.register(
             Symbol::new("broadcast", Category::Collective).params(&[tensor, ParamKind::Scalar]).shape_rule(|args| {
-                let (dtype, shape) = f32_tensor(args)?;
+                let (dtype, shape) = collective_tensor(args)?;
                 count(args.get(1), "the root rank", 0)?;
                 Ok(TensorMeta::new(dtype, shape))
             }),
@@ -209,7 +217,7 @@ impl Collectives {
 
     /// The collective a bound symbol of these runs, and the world size its trace assumes
     /// (`None` where its shapes do not depend on it); `None` for other symbols.
-    fn collective_of(&self, op: &OpView<'_>) -> Result<Option<(Collective, Option<usize>)>> {
+    pub(super) fn collective_of(&self, op: &OpView<'_>) -> Result<Option<(Collective, Option<usize>)>> {
         let id = op.symbol_id();
         // The shape rule has checked the scalars.
         let scalar = |i: usize| op.scalar(i).map(|s| s as usize);
@@ -240,17 +248,17 @@ fn reduce_index(op: ReduceOp) -> usize {
     REDUCE_OPS.iter().position(|&o| o == op).unwrap_or(0)
 }
 
-/// The first argument, an `f32` tensor of rank 1 or more.
-fn f32_tensor<'m>(args: &[ArgInfo<'m>]) -> std::result::Result<(crate::DType, &'m [usize]), String> {
+/// The first argument, a tensor of rank 1 or more of one of [`COLLECTIVE_DTYPES`].
+fn collective_tensor<'m>(args: &[ArgInfo<'m>]) -> std::result::Result<(DType, &'m [usize]), String> {
     match args.first() {
-        Some(ArgInfo::Tensor { dtype: crate::DType::F32, shape }) if !shape.is_empty() => {
-            Ok((crate::DType::F32, shape))
+        Some(ArgInfo::Tensor { dtype, shape }) if COLLECTIVE_DTYPES.contains(dtype) && !shape.is_empty() => {
+            Ok((*dtype, shape))
         }
-        Some(ArgInfo::Tensor { dtype: crate::DType::F32, .. }) => {
+        Some(ArgInfo::Tensor { dtype, .. }) if COLLECTIVE_DTYPES.contains(dtype) => {
             Err("collectives take tensors of rank 1 or more, not a scalar: reshape it to [1]".into())
         }
         Some(ArgInfo::Tensor { dtype, .. }) => {
-            Err(format!("collectives run on f32 tensors for now, not {dtype}: cast it to f32 first"))
+            Err(format!("collectives run on f32, bf16 or f16 tensors, not {dtype}: cast it to one of those first"))
         }
         _ => Err("the first argument must be a tensor".into()),
     }
@@ -293,7 +301,7 @@ impl CollectiveExecutor {
             communicator,
             collectives: collectives.clone(),
             name: "collectives".into(),
-            emits: [EmittedRange::nvtx_ops("collectives")],
+            emits: [EmittedRange::nvtx_ops(COLLECTIVES_DOMAIN)],
         }
     }
 
@@ -323,24 +331,21 @@ impl Executor for CollectiveExecutor {
         matches!(self.collectives.collective_of(op), Ok(Some(_)))
     }
 
+    fn dtypes(&self) -> &[DType] {
+        &COLLECTIVE_DTYPES
+    }
+
     fn compile(&self, op: &OpView<'_>) -> Result<Box<dyn Kernel>> {
-        let failed =
-            |message: String| Error::Execution { executor: self.name.clone(), symbol: op.name().to_string(), message };
-        let Some((collective, assumed)) = self.collectives.collective_of(op)? else {
-            return Err(failed("not a collective of the symbols this executor was made for".into()));
-        };
-        let world = self.communicator.world_size();
-        if let Some(assumed) = assumed.filter(|&a| a != world) {
-            return Err(failed(format!(
-                "the trace was built for a world of {assumed} ranks, but communicator `{}` has {world}: build it \
-                 with the communicator's world size",
-                self.communicator.name()
-            )));
-        }
-        let input: usize = op.input_shape(0)?.iter().product();
-        collective.output_len(input, world).map_err(failed)?;
+        let comm = &self.communicator;
+        let (collective, count) =
+            checked_collective(&self.collectives, &self.name, op, comm.name(), comm.world_size())?;
         let range = op.region_range().map(|r| r.prepare()).transpose()?;
-        Ok(Box::new(CollectiveKernel { communicator: self.communicator.clone(), collective, range }))
+        // 16-bit values are combined in f32 and rounded once, in buffers kept with the kernel.
+        let widened = (op.dtypes().first().is_some_and(|&d| d != DType::F32)).then(|| {
+            let out = collective.output_len(count, comm.world_size()).unwrap_or(0);
+            Mutex::new((vec![0.0; count], vec![0.0; out]))
+        });
+        Ok(Box::new(CollectiveKernel { communicator: comm.clone(), collective, range, widened }))
     }
 
     fn emits(&self) -> &[EmittedRange] {
@@ -348,17 +353,56 @@ impl Executor for CollectiveExecutor {
     }
 }
 
+/// Checks that `executor` can run `op` (one of `collectives`) on a communicator named `comm`
+/// of `world` ranks: the collective and its input's length.
+pub(super) fn checked_collective(
+    collectives: &Collectives,
+    executor: &str,
+    op: &OpView<'_>,
+    comm: &str,
+    world: usize,
+) -> Result<(Collective, usize)> {
+    let failed =
+        |message: String| Error::Execution { executor: executor.to_string(), symbol: op.name().to_string(), message };
+    let Some((collective, assumed)) = collectives.collective_of(op)? else {
+        return Err(failed("not a collective of the symbols this executor was made for".into()));
+    };
+    if let Some(assumed) = assumed.filter(|&a| a != world) {
+        return Err(failed(format!(
+            "the trace was built for a world of {assumed} ranks, but communicator `{comm}` has {world}: build it \
+             with the communicator's world size"
+        )));
+    }
+    let input: usize = op.input_shape(0)?.iter().product();
+    collective.output_len(input, world).map_err(failed)?;
+    Ok((collective, input))
+}
+
 struct CollectiveKernel {
     communicator: Arc<dyn Communicator>,
     collective: Collective,
     range: Option<PreparedRegionRange>,
+    /// For 16-bit values: the input and output widened to `f32`.
+    widened: Option<Mutex<(Vec<f32>, Vec<f32>)>>,
 }
 
 impl Kernel for CollectiveKernel {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
-        let input = inputs[0].values::<f32>()?;
-        let output = outputs[0].values_mut::<f32>()?;
-        let mut run = move || self.communicator.run(self.collective, input, output);
+        let mut run = move || match &self.widened {
+            None => self.communicator.run(self.collective, inputs[0].values::<f32>()?, outputs[0].values_mut::<f32>()?),
+            Some(buffers) => {
+                let mut buffers = buffers.lock().unwrap_or_else(|p| p.into_inner());
+                let (input, output) = &mut *buffers;
+                for (i, x) in input.iter_mut().enumerate() {
+                    *x = inputs[0].data.f32_at(i);
+                }
+                self.communicator.run(self.collective, input, output)?;
+                for (i, &x) in output.iter().enumerate() {
+                    outputs[0].data.set_f32(i, x);
+                }
+                Ok(())
+            }
+        };
         match &self.range {
             Some(range) => range.in_scope(run),
             None => run(),

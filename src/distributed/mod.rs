@@ -4,7 +4,10 @@
 //! [`Communicator`], with an op range around each in its own NVTX domain, listed in the plan's
 //! range map like any executor's.
 //!
-//! A communicator is the transport: [`InProcessGroup`] runs ranks that are threads of one
+//! On GPUs, [`NcclExecutor`] runs them through NCCL ([`NcclCommunicator`], one per rank and
+//! GPU) on device buffers, on the run's stream, in `f32`, bf16 and f16.
+//!
+//! On the host, a communicator is the transport: [`InProcessGroup`] runs ranks that are threads of one
 //! process, [`TcpGroup`] ranks that are processes (each connected to rank 0, the rendezvous
 //! `torchrun`'s `MASTER_ADDR` and `MASTER_PORT` name; [`RankEnv`] reads them), both with NCCL's
 //! semantics: results combined in rank order, the same bits on every rank; ranks that disagree
@@ -47,13 +50,14 @@
 //! ```
 //!
 //! Gradients through the collectives are those of the sum of the ranks' losses (see
-//! [`Collectives`]). Not yet here (issue 27): an NCCL communicator and collectives on the GPU
-//! (device buffers, the plan's stream), bucketed data parallelism, gradients of the maxima and
-//! of `broadcast`, and 16-bit and integer values (collectives take `f32`).
+//! [`Collectives`]). Not yet here: gradients of the maxima and of `broadcast`, and integer
+//! values (collectives take `f32`, bf16 and f16).
 
 mod collectives;
 mod communicator;
 mod in_process;
+#[cfg(feature = "cuda")]
+mod nccl;
 mod rank_env;
 mod tcp;
 #[cfg(test)]
@@ -62,5 +66,7 @@ mod tests;
 pub use collectives::{CollectiveExecutor, Collectives};
 pub use communicator::{Collective, Communicator, ReduceOp};
 pub use in_process::{InProcessGroup, DEFAULT_TIMEOUT, MAX_TIMEOUT};
+#[cfg(feature = "cuda")]
+pub use nccl::{NcclCommunicator, NcclExecutor, NcclId};
 pub use rank_env::RankEnv;
 pub use tcp::TcpGroup;

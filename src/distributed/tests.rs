@@ -121,6 +121,41 @@ fn every_collective_gives_every_rank_what_nccl_would() {
     assert_eq!(shapes, [vec![6, 2], vec![6, 2], vec![6, 2], vec![18, 2], vec![2, 2], vec![6, 2]]);
 }
 
+/// 16-bit collectives combine in `f32` and round once: a bf16 sum over 3 ranks is the `f32`
+/// sum of the widened values rounded to bf16 (not bf16 rounded at each step), and gathers
+/// move the bits unchanged.
+#[test]
+fn sixteen_bit_collectives_combine_in_f32_and_round_once() {
+    use crate::DType;
+    let (registry, c) = registry_with_collectives();
+    for dtype in [DType::BF16, DType::F16] {
+        let arena = Arena::new();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input_with(&crate::TensorMeta::new(dtype, &[4, 2])).unwrap();
+        let sum = c.all_reduce(&mut b, x, ReduceOp::Sum).unwrap();
+        let gathered = c.all_gather(&mut b, x, 3).unwrap();
+        b.output(sum).unwrap();
+        b.output(gathered).unwrap();
+        let trace = b.finish().unwrap();
+        // Values whose bf16 sum rounded at each step differs from the sum rounded once:
+        // 256 + 1 + 1 is 256 step by step in bf16, 258 once.
+        let value = |r: usize, i: usize| if i == 0 { [256.0, 1.0, 1.0][r] } else { (r * 8 + i) as f32 * 0.37 };
+        let input =
+            |r: usize| vec![Tensor::new(&[4, 2], (0..8).map(|i| value(r, i)).collect()).unwrap().to_dtype(dtype)];
+        let widened = |r: usize, i: usize| input(r)[0].to_f32_vec()[i];
+        for result in on_ranks(Transport::InProcess, &trace, &c, 3, input) {
+            let out = result.unwrap();
+            assert_eq!(out[0].dtype(), dtype);
+            let expected: Vec<f32> = (0..8).map(|i| (0..3).map(|r| widened(r, i)).sum::<f32>()).collect();
+            let expected = Tensor::new(&[4, 2], expected).unwrap().to_dtype(dtype).to_f32_vec();
+            assert_eq!(out[0].to_f32_vec(), expected, "{dtype}");
+            assert_eq!(out[0].to_f32_vec()[0], 258.0, "{dtype}: rounded once");
+            let gathered: Vec<f32> = (0..3).flat_map(|r| input(r)[0].to_f32_vec()).collect();
+            assert_eq!(out[1].to_f32_vec(), gathered, "{dtype}");
+        }
+    }
+}
+
 /// A Megatron-style MLP block on `world` ranks: the first weight split by columns, the second
 /// by rows, one `all_reduce` of the partial products, the bias added once after it.
 #[test]
@@ -238,9 +273,9 @@ fn bad_collectives_are_typed_errors_before_anything_runs() {
     let x = b.input(&[3, 2]).unwrap();
     let err = c.reduce_scatter(&mut b, x, ReduceOp::Sum, 2).unwrap_err().to_string();
     assert!(err.contains("multiple of the world size"), "{err}");
-    let half = b.input_with(&crate::TensorMeta::new(crate::DType::BF16, &[4])).unwrap();
-    let err = c.all_reduce(&mut b, half, ReduceOp::Sum).unwrap_err().to_string();
-    assert!(err.contains("f32 tensors") && err.contains("cast it to f32"), "{err}");
+    let ids = b.input_with(&crate::TensorMeta::new(crate::DType::I64, &[4])).unwrap();
+    let err = c.all_reduce(&mut b, ids, ReduceOp::Sum).unwrap_err().to_string();
+    assert!(err.contains("f32, bf16 or f16 tensors, not i64") && err.contains("cast it"), "{err}");
     assert!(c.all_gather(&mut b, x, 0).unwrap_err().to_string().contains("world size must be a whole number"));
     // Registered once per registry.
     let mut again = Registry::with_builtins();

@@ -37,6 +37,8 @@ pub struct CudaDevice {
     staging: Mutex<Staging>,
     /// Page-locked allocations made so far.
     pins: AtomicU64,
+    /// What its streams' names start with ([`name_streams`](Self::name_streams)).
+    stream_prefix: Mutex<String>,
 }
 
 /// Two page-locked chunks of [`STAGING_CHUNK`] words, used in turn: a transfer of any size goes
@@ -251,7 +253,7 @@ impl CudaDevice {
         // A stream of its own, not the legacy default stream: work on it can be captured into
         // a CUDA graph.
         let stream = context.new_stream().map_err(|e| cuda_error("new stream", e))?;
-        name_stream(&stream, &format!("boundscope cuda:{ordinal}"));
+        name_stream(&stream, &format!("{STREAM_PREFIX} cuda:{ordinal}"));
         let name = format!("cuda:{ordinal} ({})", context.name().unwrap_or_default());
         let kernels = Mutex::new(HashMap::new());
         let arch = context.compute_capability().ok().and_then(|(major, minor)| kernel_arch(major, minor));
@@ -265,7 +267,18 @@ impl CudaDevice {
             transfers: AtomicU64::new(0),
             staging: Mutex::new(Staging::default()),
             pins: AtomicU64::new(0),
+            stream_prefix: Mutex::new(STREAM_PREFIX.into()),
         })
+    }
+
+    /// Names its streams, as Nsight Systems shows them, `<prefix> cuda:<ordinal>` (its own) and
+    /// `<prefix> workspace <n>` (each workspace's, made from now on), instead of `boundscope
+    /// ...`: `rank 1` tells the ranks of a multi-process run apart in their timelines. Calls
+    /// `nvtxNameCuStreamA`; nothing without a profiler.
+    pub fn name_streams(&self, prefix: impl Into<String>) {
+        let prefix = prefix.into();
+        name_stream(self.order.stream(), &format!("{prefix} cuda:{}", self.ordinal));
+        *self.stream_prefix.lock().unwrap_or_else(|p| p.into_inner()) = prefix;
     }
 
     /// The virtual architecture its kernels are compiled for (`compute_90` on Hopper), `None`
@@ -488,6 +501,9 @@ fn refuse_during_capture(stream: &CudaStream) -> Result<()> {
     })
 }
 
+/// What stream names start with, unless [`CudaDevice::name_streams`] says otherwise.
+const STREAM_PREFIX: &str = "boundscope";
+
 /// Workspace queues made so far, to number their streams' names.
 static QUEUES: AtomicU64 = AtomicU64::new(0);
 
@@ -642,7 +658,8 @@ impl Device for CudaDevice {
     fn new_queue(&self) -> Result<Option<Box<dyn DeviceQueue>>> {
         let stream = self.context.new_stream().map_err(|e| cuda_error("new stream", e))?;
         let queue = QUEUES.fetch_add(1, Ordering::Relaxed) + 1;
-        name_stream(&stream, &format!("boundscope workspace {queue}"));
+        let prefix = self.stream_prefix.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        name_stream(&stream, &format!("{prefix} workspace {queue}"));
         // Events for ordering only: no timestamps, which cost to record.
         let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
         let event = || self.context.new_event(flags).map_err(|e| cuda_error("new event", e));

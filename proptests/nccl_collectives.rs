@@ -1,0 +1,222 @@
+//! On a GPU with NCCL: the collectives run by `NcclExecutor` on device buffers, on a world of
+//! one rank (NCCL refuses two ranks on one GPU; `examples/ranks.rs --nccl` runs several on a
+//! machine with several GPUs). Each collective in each dtype gives what the host executor gives
+//! on a world of one, with host tensors, device tensors and in a graph; the collectives sit
+//! beside fused kernels in one plan; each pushes exactly its op range, as the range map says;
+//! and the typed errors: a trace of another world size, an aborted communicator.
+//!
+//! Without a usable GPU or NCCL every test prints `SKIPPED` with the reason and passes: run
+//! the test binary on the GPU machine (`cargo test --release --no-run`, then carry it there).
+
+mod common;
+
+use std::sync::Arc;
+
+use boundscope::distributed::{
+    CollectiveExecutor, Collectives, InProcessGroup, NcclCommunicator, NcclExecutor, ReduceOp,
+};
+use boundscope::executors::cuda::{self, CudaDevice, CudaFusion, CudaOps};
+use boundscope::guards::{NvtxRange, Selection};
+use boundscope::passes::{FuseRegions, Pass, ProfileOps};
+use boundscope::{
+    Arena, Availability, DType, Device, DeviceTensor, Error, Executor, Plan, PushedBy, Registry, RunInput, Tensor,
+    TensorMeta, Trace, TraceBuilder,
+};
+use common::nvtx_capture;
+use common::ranges::{pushes_in, pushes_of};
+
+/// The device and a world of one on it, or `None` after saying why the test is skipped.
+fn world_of_one(test: &str) -> Option<(Arc<CudaDevice>, NcclCommunicator)> {
+    if let Availability::Unavailable(reason) = cuda::availability() {
+        println!("SKIPPED: {test}: {reason}; run this test binary on a GPU machine");
+        return None;
+    }
+    let gpu = CudaDevice::new().expect("available");
+    match NcclCommunicator::single(gpu.clone(), "one") {
+        Ok(comm) => Some((gpu, comm)),
+        Err(e @ Error::ExecutorUnavailable { .. }) => {
+            println!("SKIPPED: {test}: {e}; run this test binary on a GPU machine with NCCL");
+            None
+        }
+        Err(e) => panic!("{test}: {e}"),
+    }
+}
+
+fn registry() -> (Registry, Collectives) {
+    let mut registry = Registry::with_builtins();
+    let collectives = Collectives::register(&mut registry).unwrap();
+    (registry, collectives)
+}
+
+/// Every collective of `x` ([rows, 3] of `dtype`) on a world of one, each after a `mul` and
+/// followed by an `add` (so they sit between fused kernels).
+fn every_collective<'a>(
+    arena: &'a Arena,
+    registry: &'a Registry,
+    c: &Collectives,
+    dtype: DType,
+    rows: usize,
+) -> Trace<'a> {
+    let mut b = TraceBuilder::new(arena, registry);
+    let x = b.input_with(&TensorMeta::new(dtype, &[rows, 3])).unwrap();
+    let doubled = b.mul(x, x).unwrap();
+    let outputs = [
+        c.all_reduce(&mut b, doubled, ReduceOp::Sum).unwrap(),
+        c.all_reduce(&mut b, doubled, ReduceOp::Mean).unwrap(),
+        c.all_reduce(&mut b, x, ReduceOp::Max).unwrap(),
+        c.all_gather(&mut b, doubled, 1).unwrap(),
+        c.reduce_scatter(&mut b, x, ReduceOp::Sum, 1).unwrap(),
+        c.broadcast(&mut b, doubled, 0).unwrap(),
+    ];
+    for o in outputs {
+        let after = b.add(o, o).unwrap();
+        b.output(after).unwrap();
+    }
+    b.finish().unwrap()
+}
+
+#[test]
+fn every_collective_in_every_dtype_matches_the_host_executor() {
+    let Some((gpu, comm)) = world_of_one("every_collective_in_every_dtype_matches_the_host_executor") else {
+        return;
+    };
+    println!("NCCL {}", NcclCommunicator::version().unwrap());
+    let (registry, c) = registry();
+    let nccl = NcclExecutor::new(comm, &c).shared();
+    let arena = Arena::new();
+    for dtype in [DType::F32, DType::BF16, DType::F16] {
+        // 1,000,003 rows: more than NCCL moves in one chunk, and odd.
+        for rows in [1usize, 7, 1_000_003] {
+            let trace = every_collective(&arena, &registry, &c, dtype, rows);
+            let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
+            let fused = FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap();
+            let executors = [nccl.clone(), fusion, Arc::new(CudaOps::new(gpu.clone()))];
+            let plan = Plan::compile(&fused, &executors).unwrap();
+            let listing = plan.to_string();
+            assert!(listing.contains("nccl") && listing.contains("CudaFusion"), "{listing}");
+            let host_comm = InProcessGroup::new("host", 1).unwrap().remove(0);
+            let host = [CollectiveExecutor::new(host_comm, &c).shared(), boundscope::executors::CpuReference::shared()];
+            let reference = Plan::compile(&trace, &host).unwrap();
+            let x = Tensor::from_fn(&[rows, 3], |i| ((i * 37) % 101) as f32 / 10.0 - 5.0).to_dtype(dtype);
+            let expected = reference.run(&[&x]).unwrap();
+            let same = |got: &[Tensor], how: &str| {
+                assert_eq!(got.len(), expected.len());
+                for (i, (g, e)) in got.iter().zip(&expected).enumerate() {
+                    assert_eq!(g.dtype(), dtype);
+                    assert_eq!(g.to_f32_vec(), e.to_f32_vec(), "{dtype} {rows} rows, output {i}, {how}");
+                }
+            };
+            same(&plan.run(&[&x]).unwrap(), "host tensors");
+            let device: Arc<dyn Device> = gpu.clone();
+            let mut on_device = DeviceTensor::upload(&device, x.view()).unwrap();
+            let mut workspace = plan.workspace().unwrap();
+            let outputs = plan.run_on_device(&mut workspace, &[RunInput::from(&on_device)]).unwrap();
+            same(&(0..6).map(|i| outputs.to_host(i).unwrap()).collect::<Vec<_>>(), "device tensors");
+            if rows <= 7 {
+                let mut graph_workspace = plan.workspace().unwrap();
+                let mut graph = plan.capture(&mut graph_workspace, vec![&mut on_device]).unwrap();
+                for _ in 0..2 {
+                    let replayed = graph.replay().unwrap();
+                    same(&(0..6).map(|i| replayed.to_host(i).unwrap()).collect::<Vec<_>>(), "graph replay");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn each_collective_pushes_exactly_its_range_in_its_domain() {
+    let Some((gpu, comm)) = world_of_one("each_collective_pushes_exactly_its_range_in_its_domain") else { return };
+    if !nvtx_capture::is_installed() {
+        println!("SKIPPED: each_collective_pushes_exactly_its_range_in_its_domain: the NVTX capture is not this process's NVTX tool");
+        return;
+    }
+    let (registry, c) = registry();
+    let arena = Arena::new();
+    let trace = every_collective(&arena, &registry, &c, DType::F32, 64);
+    let mut profiled =
+        ProfileOps::new().with_trace_range(NvtxRange::new().label("step").unwrap()).run(&trace, &arena).unwrap();
+    profiled.attach_guard(Selection::All, NvtxRange::new().domain("collectives").unwrap()).unwrap();
+    let executors = [NcclExecutor::new(comm, &c).shared(), Arc::new(CudaOps::new(gpu.clone())) as Arc<dyn Executor>];
+    let plan = Plan::compile(&profiled, &executors).unwrap();
+    let by_nccl = plan
+        .range_map()
+        .ranges()
+        .iter()
+        .filter(|r| r.domain == "collectives" && r.pushed_by == PushedBy::Executor("nccl".into()))
+        .map(|r| r.label.clone())
+        .collect::<Vec<_>>();
+    assert_eq!(
+        by_nccl,
+        ["all_reduce_sum", "all_reduce_mean", "all_reduce_max", "all_gather", "reduce_scatter_sum", "broadcast"],
+        "{plan:#}"
+    );
+    let x = Tensor::from_fn(&[64, 3], |i| i as f32);
+    for _ in 0..2 {
+        nvtx_capture::events_on_current_thread();
+        plan.run(&[&x]).unwrap();
+        let events = nvtx_capture::events_on_current_thread();
+        assert_eq!(pushes_of(&events), pushes_in(plan.range_map()), "{plan:#}");
+    }
+}
+
+#[test]
+fn another_world_size_and_an_aborted_communicator_are_typed_errors() {
+    let Some((gpu, comm)) = world_of_one("another_world_size_and_an_aborted_communicator_are_typed_errors") else {
+        return;
+    };
+    let (registry, c) = registry();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4, 2]).unwrap();
+    let gathered = c.all_gather(&mut b, x, 2).unwrap();
+    b.output(gathered).unwrap();
+    let two = b.finish().unwrap();
+    let comm = Arc::new(comm);
+    let executors =
+        [NcclExecutor::of(comm.clone(), &c).shared(), Arc::new(CudaOps::new(gpu.clone())) as Arc<dyn Executor>];
+    let err = Plan::compile(&two, &executors).unwrap_err().to_string();
+    assert!(err.contains("built for a world of 2 ranks, but communicator `one` has 1"), "{err}");
+    // Two ranks on one GPU, or a rank outside the world: NCCL's refusal or ours, typed.
+    let err =
+        NcclCommunicator::new(gpu.clone(), "bad", &boundscope::distributed::NcclId::new().unwrap(), 2, 2).unwrap_err();
+    assert!(matches!(err, Error::Collective { .. }) && err.to_string().contains("outside a world of 2"), "{err}");
+
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4, 2]).unwrap();
+    let summed = c.all_reduce(&mut b, x, ReduceOp::Sum).unwrap();
+    b.output(summed).unwrap();
+    let one = b.finish().unwrap();
+    let plan = Plan::compile(&one, &executors).unwrap();
+    let data = Tensor::from_fn(&[4, 2], |i| i as f32);
+    assert_eq!(plan.run(&[&data]).unwrap()[0].to_f32_vec(), data.to_f32_vec());
+    comm.abort();
+    assert!(comm.is_aborted());
+    let err = plan.run(&[&data]).unwrap_err();
+    assert!(matches!(&err, Error::Collective { .. }) && err.to_string().contains("aborted"), "{err}");
+}
+
+#[test]
+fn a_ranks_streams_carry_its_name() {
+    let Some((gpu, comm)) = world_of_one("a_ranks_streams_carry_its_name") else { return };
+    if !nvtx_capture::is_installed() {
+        println!("SKIPPED: a_ranks_streams_carry_its_name: the NVTX capture is not this process's NVTX tool");
+        return;
+    }
+    gpu.name_streams("rank 0");
+    let (registry, c) = registry();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[8]).unwrap();
+    let y = c.all_reduce(&mut b, x, ReduceOp::Sum).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let plan = Plan::compile(&trace, &[NcclExecutor::new(comm, &c).shared()]).unwrap();
+    let device: Arc<dyn Device> = gpu.clone();
+    let x = DeviceTensor::upload(&device, Tensor::from_fn(&[8], |i| i as f32).view()).unwrap();
+    let mut workspace = plan.workspace().unwrap();
+    plan.run_on_device(&mut workspace, &[RunInput::from(&x)]).unwrap();
+    let names: Vec<String> = nvtx_capture::stream_names().into_iter().map(|(_, name)| name).collect();
+    assert!(names.iter().any(|n| n == "rank 0 cuda:0"), "{names:?}");
+    assert!(names.iter().any(|n| n.starts_with("rank 0 workspace ")), "{names:?}");
+}

@@ -1,0 +1,432 @@
+//! Collectives on the GPU through NCCL: [`NcclCommunicator`] (one rank's communicator, on one
+//! [`CudaDevice`]) and [`NcclExecutor`], which runs the [`Collectives`] of a rank's plans on
+//! device buffers, on the run's stream.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use cudarc::nccl::{result as nccl, sys};
+
+use super::collectives::{checked_collective, Collectives, COLLECTIVE_DTYPES};
+use super::communicator::{Collective, Communicator, ReduceOp};
+use crate::core::ir::DType;
+use crate::core::plan::{Device, DeviceKernel, EmittedRange, Executor, OpView};
+use crate::error::{Error, Result};
+use crate::executors::cuda::{device_kernel, CudaDevice, CudaKernel, CudaRun};
+
+/// The 128 bytes that name one NCCL communicator before it exists (`ncclUniqueId`): rank 0
+/// makes it ([`new`](Self::new)) and passes it to the other ranks (a file, a socket, or
+/// [`NcclCommunicator::rendezvous`], which sends it over a host communicator); every rank then
+/// joins with it.
+#[derive(Clone, Copy)]
+pub struct NcclId([u8; 128]);
+
+impl NcclId {
+    /// A new id (from `ncclGetUniqueId`, which also picks the network interface rank 0 listens
+    /// on).
+    ///
+    /// # Errors
+    /// [`Error::ExecutorUnavailable`] when NCCL's library cannot be loaded, or NCCL's own
+    /// error.
+    pub fn new() -> Result<Self> {
+        nccl_present()?;
+        let id = nccl::get_uniqueid().map_err(|e| nccl_failed("ncclGetUniqueId", e))?;
+        Ok(Self(id.internal.map(|c| c as u8)))
+    }
+
+    /// Its bytes, to pass to the other ranks.
+    pub fn as_bytes(&self) -> &[u8; 128] {
+        &self.0
+    }
+
+    /// The id whose bytes another rank passed.
+    pub fn from_bytes(bytes: [u8; 128]) -> Self {
+        Self(bytes)
+    }
+}
+
+impl std::fmt::Debug for NcclId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("NcclId(..)")
+    }
+}
+
+/// Refuses before the first NCCL call when `libnccl` cannot be loaded (cudarc would panic).
+fn nccl_present() -> Result<()> {
+    // SAFETY: only tries to load the library.
+    if unsafe { sys::is_culib_present() } {
+        return Ok(());
+    }
+    Err(Error::ExecutorUnavailable {
+        executor: "nccl".into(),
+        reason: "libnccl.so.2 cannot be loaded: install NCCL (the `nvidia-nccl-cu12` or `-cu13` Python package \
+                 ships it) and put its folder on LD_LIBRARY_PATH"
+            .into(),
+    })
+}
+
+fn nccl_failed(call: &str, e: nccl::NcclError) -> Error {
+    let code = e.0;
+    Error::ExecutorUnavailable { executor: "nccl".into(), reason: format!("{call} failed: {code:?}") }
+}
+
+/// The communicator handle; aborted when dropped.
+struct Comm(sys::ncclComm_t);
+
+// SAFETY: an NCCL communicator may be used from any thread; NCCL requires that calls on one
+// communicator are not made concurrently, which `NcclCommunicator` serializes (`enqueue`).
+unsafe impl Send for Comm {}
+// SAFETY: as above.
+unsafe impl Sync for Comm {}
+
+/// One rank's NCCL communicator, on one GPU: the transport of [`NcclExecutor`], which runs a
+/// plan's collectives on device buffers, on the run's stream (so they are ordered with the
+/// plan's kernels and captured into its graph).
+///
+/// Make one per rank with the same [`NcclId`] and world size ([`new`](Self::new)); NCCL's
+/// initialization returns once every rank has joined. [`rendezvous`](Self::rendezvous) passes
+/// the id over a host communicator (a [`TcpGroup`](super::TcpGroup) made from the `torchrun`
+/// variables), and [`single`](Self::single) makes a world of one (one GPU: NCCL refuses two ranks
+/// on one GPU).
+///
+/// NCCL's semantics differ from the host communicators' in two ways: a sum is added in the
+/// order of NCCL's ring or tree (every rank still gets the same bits), and 16-bit values are
+/// combined in their own dtype at each step of it (for two ranks: one sum in `f32`, rounded
+/// once). An error of NCCL's is [`Error::Collective`]; [`abort`](Self::abort) stops a
+/// communicator whose peers failed (its queued collectives end, its later ones fail at once).
+/// Keep `NCCL_NVLS_ENABLE=0` in the environment of programs on machines with NVLink switches.
+pub struct NcclCommunicator {
+    comm: Comm,
+    device: Arc<CudaDevice>,
+    name: String,
+    rank: usize,
+    world: usize,
+    aborted: AtomicBool,
+    /// Serializes the calls made on the communicator.
+    calls: std::sync::Mutex<()>,
+}
+
+impl NcclCommunicator {
+    /// Joins the communicator `id` names as rank `rank` of `world`, on `device`. Blocks until
+    /// every rank has joined (NCCL's `ncclCommInitRank`).
+    ///
+    /// # Errors
+    /// [`Error::ExecutorUnavailable`] without NCCL's library; [`Error::Collective`] for a rank
+    /// outside the world, or NCCL's error (two ranks on one GPU, an id of another world).
+    pub fn new(
+        device: Arc<CudaDevice>,
+        name: impl Into<String>,
+        id: &NcclId,
+        rank: usize,
+        world: usize,
+    ) -> Result<Self> {
+        let name = name.into();
+        nccl_present()?;
+        let refuse = |detail: String| Error::Collective { communicator: name.clone(), rank, detail };
+        if rank >= world {
+            return Err(refuse(format!(
+                "rank {rank} is outside a world of {world}: ranks are 0 to {}",
+                world.max(1) - 1
+            )));
+        }
+        let (rank_c, world_c) = match (i32::try_from(rank), i32::try_from(world)) {
+            (Ok(r), Ok(w)) => (r, w),
+            _ => return Err(refuse(format!("a world of {world} ranks is more than NCCL takes"))),
+        };
+        device.context().bind_to_thread().map_err(|e| refuse(format!("binding the CUDA context: {e:?}")))?;
+        let id = sys::ncclUniqueId { internal: id.0.map(|b| b as std::ffi::c_char) };
+        let mut comm = std::ptr::null_mut();
+        // SAFETY: `comm` is written by NCCL; the id is 128 bytes as NCCL made them.
+        unsafe { nccl::comm_init_rank(&mut comm, world_c, id, rank_c) }
+            .map_err(|e| refuse(format!("ncclCommInitRank failed: {:?}", e.0)))?;
+        Ok(Self {
+            comm: Comm(comm),
+            device,
+            name,
+            rank,
+            world,
+            aborted: AtomicBool::new(false),
+            calls: std::sync::Mutex::new(()),
+        })
+    }
+
+    /// A world of one rank, on `device`: collectives copy (`all_reduce`, `broadcast`) or keep
+    /// (`all_gather`, `reduce_scatter` of one part) their input. For programs written for
+    /// several GPUs, run on one.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn single(device: Arc<CudaDevice>, name: impl Into<String>) -> Result<Self> {
+        Self::new(device, name, &NcclId::new()?, 0, 1)
+    }
+
+    /// Joins a communicator of the same ranks as `host` (one per process, `torchrun`'s
+    /// `RANK`/`WORLD_SIZE`): rank 0 makes the [`NcclId`] and broadcasts it over `host`; each
+    /// rank joins on `device` (its `LOCAL_RANK`'s GPU).
+    ///
+    /// # Errors
+    /// `host`'s error (a rank did not arrive within its timeout), and those of
+    /// [`new`](Self::new).
+    pub fn rendezvous(device: Arc<CudaDevice>, name: impl Into<String>, host: &dyn Communicator) -> Result<Self> {
+        let (rank, world) = (host.rank(), host.world_size());
+        let mine = if rank == 0 { *NcclId::new()?.as_bytes() } else { [0; 128] };
+        // 128 bytes as 32 `f32`s: a broadcast copies their bits.
+        let words: Vec<f32> =
+            mine.chunks_exact(4).map(|b| f32::from_bits(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect();
+        let mut got = vec![0.0f32; words.len()];
+        host.run(Collective::Broadcast { root: 0 }, &words, &mut got)?;
+        let mut bytes = [0u8; 128];
+        for (chunk, word) in bytes.chunks_exact_mut(4).zip(&got) {
+            chunk.copy_from_slice(&word.to_bits().to_le_bytes());
+        }
+        Self::new(device, name, &NcclId::from_bytes(bytes), rank, world)
+    }
+
+    /// Its name, for ranges and errors.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// This communicator's rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// The number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.world
+    }
+
+    /// The GPU it runs on.
+    pub fn device(&self) -> &Arc<CudaDevice> {
+        &self.device
+    }
+
+    /// NCCL's version, as `2.28.3`.
+    ///
+    /// # Errors
+    /// Without NCCL's library, [`Error::ExecutorUnavailable`].
+    pub fn version() -> Result<String> {
+        nccl_present()?;
+        let v = nccl::get_nccl_version().map_err(|e| nccl_failed("ncclGetVersion", e))?;
+        Ok(format!("{}.{}.{}", v / 10000, (v / 100) % 100, v % 100))
+    }
+
+    /// Aborts the communicator (`ncclCommAbort`): collectives queued on its streams end
+    /// without their results, and every later one fails with [`Error::Collective`]. Call it
+    /// when another rank failed; dropping the communicator aborts it too.
+    pub fn abort(&self) {
+        let _calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        if !self.aborted.swap(true, Ordering::SeqCst) {
+            // SAFETY: the handle came from `ncclCommInitRank` and is aborted once.
+            let _ = unsafe { nccl::comm_abort(self.comm.0) };
+        }
+    }
+
+    /// Whether it was aborted.
+    pub fn is_aborted(&self) -> bool {
+        self.aborted.load(Ordering::SeqCst)
+    }
+
+    fn error(&self, detail: String) -> Error {
+        Error::Collective { communicator: self.name.clone(), rank: self.rank, detail }
+    }
+
+    /// Queues `collective` of `count` input values of `dtype` from `input` to `output`, on
+    /// `stream`.
+    ///
+    /// # Safety
+    /// `input` and `output` are device memory of this communicator's GPU holding `count` and
+    /// `collective.output_len(count, world)` values of `dtype`, alive until the stream has run
+    /// the collective.
+    unsafe fn enqueue(
+        &self,
+        collective: Collective,
+        dtype: DType,
+        input: u64,
+        output: u64,
+        count: usize,
+        stream: sys::cudaStream_t,
+    ) -> Result<()> {
+        let _calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        if self.aborted.load(Ordering::SeqCst) {
+            return Err(self.error("the communicator was aborted (a rank failed): make a new one".into()));
+        }
+        let datatype = match dtype {
+            DType::F32 => sys::ncclDataType_t::ncclFloat32,
+            DType::BF16 => sys::ncclDataType_t::ncclBfloat16,
+            DType::F16 => sys::ncclDataType_t::ncclFloat16,
+            other => return Err(self.error(format!("NCCL collectives here take f32, bf16 or f16, not {other}"))),
+        };
+        let op = |op: ReduceOp| match op {
+            ReduceOp::Sum => sys::ncclRedOp_t::ncclSum,
+            ReduceOp::Mean => sys::ncclRedOp_t::ncclAvg,
+            ReduceOp::Max => sys::ncclRedOp_t::ncclMax,
+        };
+        let (send, recv) = (input as *const std::ffi::c_void, output as *mut std::ffi::c_void);
+        let comm = self.comm.0;
+        // SAFETY: the caller's contract; the counts are NCCL's (per rank for the gather's
+        // input and the scatter's output).
+        let status = unsafe {
+            match collective {
+                Collective::AllReduce(o) => nccl::all_reduce(send, recv, count, datatype, op(o), comm, stream),
+                Collective::AllGather => nccl::all_gather(send, recv, count, datatype, comm, stream),
+                Collective::ReduceScatter(o) => {
+                    nccl::reduce_scatter(send, recv, count / self.world, datatype, op(o), comm, stream)
+                }
+                Collective::Broadcast { root } => {
+                    nccl::broadcast(send, recv, count, datatype, root as i32, comm, stream)
+                }
+            }
+        };
+        status.map(|_| ()).map_err(|e| self.error(format!("{collective} failed in NCCL: {:?}", e.0)))
+    }
+}
+
+impl Drop for NcclCommunicator {
+    fn drop(&mut self) {
+        self.abort();
+    }
+}
+
+impl std::fmt::Debug for NcclCommunicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NcclCommunicator")
+            .field("name", &self.name)
+            .field("rank", &self.rank)
+            .field("world", &self.world)
+            .field("device", &self.device.ordinal())
+            .finish()
+    }
+}
+
+/// The executor of one rank's collectives on its GPU: runs the [`Collectives`] of its plans
+/// through an [`NcclCommunicator`], on device buffers (`f32`, bf16, f16), on the run's stream,
+/// so that they are ordered with the plan's kernels, captured into its graph and timed by
+/// device timers. List it before the executors of the rest of the plan (`CudaOps`,
+/// `CudaFusion`): it claims only the collectives.
+///
+/// Like [`CollectiveExecutor`](super::CollectiveExecutor), it pushes an op range around each
+/// collective in its own NVTX domain (`collectives` unless [`in_domain`](Self::in_domain) says
+/// otherwise), declared through [`Executor::emits`] so that the range map lists it. The range
+/// spans the host call that queues the collective; on the device, `nsys` shows NCCL's kernel
+/// inside it and `ncu --nvtx` attributes the kernel to it.
+///
+/// ```no_run
+/// # // Needs a GPU and NCCL: `proptests/nccl_collectives.rs` runs this on the H200.
+/// use std::sync::Arc;
+/// use boundscope::distributed::{Collectives, NcclCommunicator, NcclExecutor, ReduceOp};
+/// use boundscope::executors::cuda::{CudaDevice, CudaOps};
+/// use boundscope::{Arena, Executor, Plan, Registry, Tensor, TraceBuilder};
+/// let mut registry = Registry::with_builtins();
+/// let collectives = Collectives::register(&mut registry)?;
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &registry);
+/// let grad = b.input(&[1024])?;
+/// let mean = collectives.all_reduce(&mut b, grad, ReduceOp::Mean)?;
+/// b.output(mean)?;
+/// let trace = b.finish()?;
+/// let gpu = CudaDevice::new()?;
+/// let comm = NcclCommunicator::single(gpu.clone(), "dp")?;
+/// let executors: [Arc<dyn Executor>; 2] =
+///     [NcclExecutor::new(comm, &collectives).shared(), Arc::new(CudaOps::new(gpu))];
+/// let plan = Plan::compile(&trace, &executors)?;
+/// let x = Tensor::from_fn(&[1024], |i| i as f32);
+/// assert_eq!(plan.run(&[&x])?[0].to_f32_vec(), x.to_f32_vec());
+/// # Ok::<(), boundscope::Error>(())
+/// ```
+pub struct NcclExecutor {
+    communicator: Arc<NcclCommunicator>,
+    collectives: Collectives,
+    name: String,
+    emits: [EmittedRange; 1],
+}
+
+impl NcclExecutor {
+    /// The executor of `communicator`'s rank, for the symbols `collectives` registered.
+    pub fn new(communicator: NcclCommunicator, collectives: &Collectives) -> Self {
+        Self::of(Arc::new(communicator), collectives)
+    }
+
+    /// [`new`](Self::new), for a communicator shared with other code (to
+    /// [`abort`](NcclCommunicator::abort) it from a watchdog, say).
+    pub fn of(communicator: Arc<NcclCommunicator>, collectives: &Collectives) -> Self {
+        Self {
+            communicator,
+            collectives: collectives.clone(),
+            name: "nccl".into(),
+            emits: [EmittedRange::nvtx_ops(super::collectives::COLLECTIVES_DOMAIN)],
+        }
+    }
+
+    /// The same, pushing its ranges in NVTX domain `domain`.
+    pub fn in_domain(mut self, domain: impl Into<String>) -> Self {
+        self.emits = [EmittedRange::nvtx_ops_in(domain)];
+        self
+    }
+
+    /// As an `Arc<dyn Executor>`, for [`Plan::compile`](crate::Plan::compile)'s list.
+    pub fn shared(self) -> Arc<dyn Executor> {
+        Arc::new(self)
+    }
+
+    /// Its communicator.
+    pub fn communicator(&self) -> &Arc<NcclCommunicator> {
+        &self.communicator
+    }
+}
+
+impl Executor for NcclExecutor {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    fn claims(&self, op: &OpView<'_>) -> bool {
+        matches!(self.collectives.collective_of(op), Ok(Some(_)))
+    }
+
+    fn dtypes(&self) -> &[DType] {
+        &COLLECTIVE_DTYPES
+    }
+
+    fn device(&self) -> Option<Arc<dyn Device>> {
+        Some(self.communicator.device.clone())
+    }
+
+    fn compile_device(&self, op: &OpView<'_>) -> Result<Box<dyn DeviceKernel>> {
+        let comm = &self.communicator;
+        let (collective, count) =
+            checked_collective(&self.collectives, &self.name, op, comm.name(), comm.world_size())?;
+        let kernel = NcclKernel { communicator: comm.clone(), collective, count };
+        device_kernel(&comm.device, &self.name, op, kernel)
+    }
+
+    fn emits(&self) -> &[EmittedRange] {
+        &self.emits
+    }
+}
+
+/// One collective, queued through NCCL on the run's stream.
+struct NcclKernel {
+    communicator: Arc<NcclCommunicator>,
+    collective: Collective,
+    /// Input values.
+    count: usize,
+}
+
+impl CudaKernel for NcclKernel {
+    type State = ();
+
+    fn new_state(&self, _run: &CudaRun<'_>) -> Result<()> {
+        Ok(())
+    }
+
+    fn run(&self, run: &mut CudaRun<'_>, _state: &mut ()) -> Result<()> {
+        let (input, output) = (run.input_memory(0)?, run.output_memory(0)?);
+        let stream = run.stream().cu_stream() as sys::cudaStream_t;
+        // SAFETY: the plan checked that the buffers hold the op's tensors (`count` values in,
+        // the collective's output length out, of the op's dtype); they live until the stream
+        // has run what this run queues.
+        unsafe { self.communicator.enqueue(self.collective, input.dtype, input.ptr, output.ptr, self.count, stream) }
+    }
+}

@@ -6,6 +6,7 @@
 //! cargo run --release --example gpt2 -- --train-steps 10               # and 10 AdamW steps
 //! gpt2 --weights model.safetensors --ids ids.safetensors --write-logits out.safetensors
 //! gpt2 --config 124m --batch 8 --tokens 1024 --device cuda --dtype bf16 --bench
+//! gpt2 --ranks 2 --config 124m --batch 8 --tokens 1024 --device cuda --train-steps 5 --bench
 //! scripts/nsys-check target/release/examples/gpt2 --train-steps 2      # ranges by module
 //! ```
 //! The model ([`shared/gpt2.rs`]) names every module as Hugging Face does (`h.3.attn.c_attn`),
@@ -23,7 +24,9 @@
 //! (K parameters against central differences), `--train-steps N` (`--lr`, `--weight-decay`),
 //! `--bench` (forward and training steps timed, tokens per second), `--profile` (on the GPU:
 //! the device time of a training step by op), `--print-plans` (each plan on stderr: its steps,
-//! executors and notes).
+//! executors and notes), `--ranks N` (data parallelism: N processes, one per GPU, each on its
+//! own batch, gradients averaged by `all_reduce` in buckets during the backward; NCCL on GPUs,
+//! TCP on the CPU; the ranks check that their parameters stay equal).
 //! Prints its results on stdout; exits non-zero if a check fails (a gradient off its finite
 //! difference, a training loss that does not fall).
 
@@ -32,6 +35,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use boundscope::checkpoint::{self, Checkpoint};
+use boundscope::distributed::{
+    Collective, CollectiveExecutor, Collectives, Communicator, DataParallel, RankEnv, TcpGroup,
+};
 use boundscope::frontend::{Environment, ProfiledSession};
 use boundscope::optim::AdamW;
 use boundscope::options::Options;
@@ -42,11 +48,24 @@ use boundscope::{
 
 #[path = "shared/gpt2.rs"]
 mod gpt2;
+#[path = "shared/launcher.rs"]
+mod launcher;
 #[path = "shared/nsys_check.rs"]
 mod nsys_check;
 use gpt2::Config;
 
 fn main() -> ExitCode {
+    // `--ranks N` without `RANK` set: start the ranks (each runs this program again).
+    let ranks = std::env::args().skip_while(|a| a != "--ranks").nth(1).and_then(|n| n.parse::<usize>().ok());
+    if let (Some(world), None) = (ranks, std::env::var_os("RANK")) {
+        return match launcher::launch(world) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     match run() {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
@@ -76,6 +95,7 @@ struct Args {
     bench: bool,
     profile: bool,
     print_plans: bool,
+    ranks: usize,
 }
 
 /// An error of the command line or of boundscope.
@@ -104,6 +124,7 @@ fn parse_args() -> std::result::Result<Args, Failure> {
         bench: false,
         profile: false,
         print_plans: false,
+        ranks: 0,
     };
     let (mut heads, mut batch) = (None, None);
     let mut it = std::env::args().skip(1);
@@ -143,6 +164,7 @@ fn parse_args() -> std::result::Result<Args, Failure> {
             "--bench" => args.bench = true,
             "--profile" => args.profile = true,
             "--print-plans" => args.print_plans = true,
+            "--ranks" => args.ranks = number(&flag, value()?)?,
             other => return Err(usage(format!("unknown flag `{other}`"))),
         }
     }
@@ -212,10 +234,30 @@ fn scalar(t: &Tensor) -> f32 {
 
 fn run() -> std::result::Result<bool, Failure> {
     let args = parse_args()?;
-    let (registry, arena) = (Registry::with_builtins(), Arena::new());
+    let (mut registry, arena) = (Registry::with_builtins(), Arena::new());
+    let collectives = Collectives::register(&mut registry)?;
+    let registry = registry;
+    // A rank of a data-parallel run (`--ranks`): its place, and its group over TCP.
+    let rank = match std::env::var_os("RANK") {
+        Some(_) if args.ranks > 0 => {
+            let env = RankEnv::from_env()?;
+            nvtx::name_current_thread(std::ffi::CString::new(format!("rank {}", env.rank)).unwrap_or_default());
+            let tcp = Arc::new(TcpGroup::from_rank_env("gpt2", &env, std::time::Duration::from_secs(300))?);
+            Some((env, tcp))
+        }
+        _ => None,
+    };
     let mut options = Options::new();
     options.set_str("runtime.device", &args.device)?;
-    let session = ProfiledSession::new(options, &Environment::process())?;
+    if let Some((env, _)) = &rank {
+        options.set("runtime.gpu", env.local_rank as i64)?;
+    }
+    let mut session = ProfiledSession::new(options, &Environment::process())?;
+    if let Some((env, tcp)) = &rank {
+        let executor = collective_executor(&session, env, tcp, &collectives)?;
+        session = session.with_executor(executor);
+    }
+    let session = session;
     let device = session.device();
     eprintln!("profiling: {} ({})", session.profiling().level, session.profiling().reason);
 
@@ -251,7 +293,9 @@ fn run() -> std::result::Result<bool, Failure> {
         }
         None => {
             let tokens = args.tokens.unwrap_or(config.positions.min(64));
-            let mut rng = gpt2::Normal::new(args.seed ^ 0x1d5);
+            // Each rank its own batch.
+            let mut rng =
+                gpt2::Normal::new(args.seed ^ 0x1d5 ^ rank.as_ref().map_or(0, |(env, _)| 1 + env.rank as u64));
             let v = config.vocab as f64;
             let values = (0..args.batch * tokens).map(|_| ((rng.uniform() * v) as i64).min(v as i64 - 1)).collect();
             Tensor::from_vec(&[args.batch, tokens], values)?
@@ -337,7 +381,9 @@ fn run() -> std::result::Result<bool, Failure> {
     if args.train_steps > 0 || args.bench || args.profile {
         let plain = gpt2::build(&arena, &registry, &config, batch, tokens, args.dtype, false)?;
         let adamw = AdamW::new().weight_decay(args.weight_decay);
-        let step = Grad::new(&plain.parameters).training_step(&plain.trace, &arena, &adamw)?;
+        let grad = Grad::new(&plain.parameters);
+        let grad = if rank.is_some() { grad.in_buckets(DataParallel::new(&collectives)) } else { grad };
+        let step = grad.training_step(&plain.trace, &arena, &adamw)?;
         let plan = compile(&step.trace)?;
         let mut ws = plan.workspace()?;
         let mut inputs: Vec<Stored> = vec![Stored::new(&device, ids.view())?];
@@ -370,7 +416,12 @@ fn run() -> std::result::Result<bool, Failure> {
                 ok = false;
             }
         }
-        if args.bench {
+        if let Some((env, tcp)) = &rank {
+            ok &= parameters_agree(tcp, &inputs[1..1 + weights.len()])?;
+            if args.bench {
+                data_parallel_bench(env, tcp, &session, &plan, &mut ws, &mut inputs, first_scalar, batch * tokens)?;
+            }
+        } else if args.bench {
             bench(
                 &session,
                 &args.device,
@@ -392,6 +443,87 @@ fn run() -> std::result::Result<bool, Failure> {
     }
     nsys_check::write_expected_ranges(&expected_ranges);
     Ok(ok)
+}
+
+/// The executor of this rank's collectives: NCCL on the session's GPU (the id passed over
+/// `tcp`), else the TCP group itself.
+fn collective_executor(
+    session: &ProfiledSession,
+    env: &RankEnv,
+    tcp: &Arc<TcpGroup>,
+    collectives: &Collectives,
+) -> Result<Arc<dyn boundscope::Executor>> {
+    #[cfg(feature = "cuda")]
+    if session.device().is_some() {
+        use boundscope::distributed::{NcclCommunicator, NcclExecutor};
+        let gpu = boundscope::executors::cuda::CudaDevice::with_ordinal(env.local_rank)?;
+        gpu.name_streams(format!("rank {}", env.rank));
+        let nccl = NcclCommunicator::rendezvous(gpu, "gpt2", &**tcp)?;
+        return Ok(NcclExecutor::new(nccl, collectives).shared());
+    }
+    let _ = (session, env);
+    let host: Arc<dyn Communicator> = tcp.clone();
+    Ok(CollectiveExecutor::of(host, collectives).shared())
+}
+
+/// Whether every rank holds the same parameters (their bits, summed per tensor in f64, gathered
+/// over TCP); says so on stdout.
+fn parameters_agree(tcp: &TcpGroup, parameters: &[Stored]) -> Result<bool> {
+    let mut sums = Vec::with_capacity(parameters.len());
+    for p in parameters {
+        let bits: f64 = p.to_host()?.to_f32_vec().iter().map(|v| v.to_bits() as f64).sum();
+        sums.push((bits % 16_777_216.0) as f32);
+    }
+    let mut all = vec![0.0f32; sums.len() * tcp.world_size()];
+    tcp.run(Collective::AllGather, &sums, &mut all)?;
+    let agree = all.chunks(sums.len()).all(|other| other == sums);
+    println!("rank {} of {}: parameters equal on every rank: {agree}", tcp.rank(), tcp.world_size());
+    Ok(agree)
+}
+
+/// The data-parallel training step timed (the ranks start together), printed by rank 0.
+#[allow(clippy::too_many_arguments)]
+fn data_parallel_bench(
+    env: &RankEnv,
+    tcp: &TcpGroup,
+    session: &ProfiledSession,
+    plan: &Plan,
+    ws: &mut boundscope::Workspace,
+    inputs: &mut [Stored],
+    first_scalar: usize,
+    tokens: usize,
+) -> Result<()> {
+    let device = session.device();
+    let sync = || device.as_ref().map_or(Ok(()), |d| d.synchronize());
+    let adamw = AdamW::new();
+    let mut step = |t: u64| -> Result<()> {
+        for (k, s) in adamw.step_values(1000 + t, 1e-4).iter().enumerate() {
+            inputs[first_scalar + k].set(s.view())?;
+        }
+        let mut refs: Vec<RunInputMut<'_>> = inputs.iter_mut().map(Stored::as_input).collect();
+        plan.run_updating_on_device(ws, &mut refs).map(drop)
+    };
+    for t in 0..3 {
+        step(t)?;
+    }
+    sync()?;
+    tcp.run(Collective::AllReduce(boundscope::distributed::ReduceOp::Sum), &[0.0], &mut [0.0])?;
+    let runs = 10;
+    let start = Instant::now();
+    for t in 0..runs {
+        step(3 + t)?;
+    }
+    sync()?;
+    let ms = start.elapsed().as_secs_f64() * 1e3 / runs as f64;
+    if env.rank == 0 {
+        let world = env.world_size;
+        println!(
+            "bench: data-parallel training step on {world} ranks {ms:.3} ms ({:.0} tokens/s in all, {:.0} per rank)",
+            (tokens * world) as f64 / ms * 1e3,
+            tokens as f64 / ms * 1e3
+        );
+    }
+    Ok(())
 }
 
 /// Compares `grads` with central differences of the loss (Richardson-extrapolated, in f64 from

@@ -23,7 +23,7 @@
 //! `scripts/torch_all_reduce.py` count them) and a larger tensor-parallel block against the
 //! whole block on one GPU. Keep `NCCL_NVLS_ENABLE=0` set (the launcher sets it).
 
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,9 @@ use boundscope::distributed::{
 };
 use boundscope::executors::cuda::{CudaDevice, CudaOps};
 use boundscope::executors::CpuReference;
+#[path = "shared/launcher.rs"]
+mod launcher;
+
 use boundscope::{
     Arena, DType, Device, DeviceTensor, Executor, Plan, Registry, RunInput, Tensor, TensorMeta, Trace, TraceBuilder,
 };
@@ -72,51 +75,9 @@ fn launch() -> Result<(), String> {
     if !HIDDEN.is_multiple_of(world) {
         return Err(format!("the hidden width {HIDDEN} must divide by --world ({world})"));
     }
-    // A free port on the loopback for rank 0 (released before rank 0 binds it: another process
-    // may take it in between, and then rank 0 says so; run again).
-    let port =
-        std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
-    let program = std::env::current_exe().map_err(|e| e.to_string())?;
-    let children: Vec<_> = (0..world)
-        .map(|rank| {
-            Command::new(&program)
-                .env("RANK", rank.to_string())
-                .env("WORLD_SIZE", world.to_string())
-                .env("LOCAL_RANK", rank.to_string())
-                .env("MASTER_ADDR", "127.0.0.1")
-                .env("MASTER_PORT", port.to_string())
-                .env("NCCL_NVLS_ENABLE", "0")
-                .args(std::env::args().skip(1))
-                .spawn()
-                .map_err(|e| format!("starting rank {rank}: {e}"))
-        })
-        .collect::<Result<_, _>>()?;
-    // Wait for all; when one fails, stop the others (they would wait for it until their
-    // timeout).
-    let mut children: Vec<Option<std::process::Child>> = children.into_iter().map(Some).collect();
-    let mut failed = Vec::new();
-    while children.iter().any(Option::is_some) && failed.is_empty() {
-        for (rank, slot) in children.iter_mut().enumerate() {
-            if let Some(status) = slot.as_mut().map(|c| c.try_wait()).transpose().map_err(|e| e.to_string())?.flatten()
-            {
-                if !status.success() {
-                    failed.push(rank);
-                }
-                *slot = None;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    for child in children.iter_mut().flatten() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
-    if failed.is_empty() {
-        println!("{world} ranks agree with the whole block");
-        Ok(())
-    } else {
-        Err(format!("ranks {failed:?} failed"))
-    }
+    launcher::launch(world)?;
+    println!("{world} ranks agree with the whole block");
+    Ok(())
 }
 
 /// One rank: its shard of the block, the `all_reduce`, and the check against the whole block;

@@ -220,3 +220,92 @@ fn a_ranks_streams_carry_its_name() {
     assert!(names.iter().any(|n| n == "rank 0 cuda:0"), "{names:?}");
     assert!(names.iter().any(|n| n.starts_with("rank 0 workspace ")), "{names:?}");
 }
+
+/// A data-parallel training step (`DataParallel` buckets, their `all_reduce` started on NCCL's
+/// own stream during the backward and waited for before the optimizer) on a world of one gives
+/// the plain step's parameters, through the front end on the GPU, whatever the bucket size.
+#[test]
+fn a_data_parallel_step_on_one_rank_equals_the_plain_step() {
+    use boundscope::distributed::DataParallel;
+    use boundscope::frontend::{Environment, ProfiledSession};
+    use boundscope::optim::AdamW;
+    use boundscope::options::Options;
+    use boundscope::passes::Grad;
+    let Some((_gpu, comm)) = world_of_one("a_data_parallel_step_on_one_rank_equals_the_plain_step") else { return };
+    let (registry, c) = registry();
+    let comm = Arc::new(comm);
+    let arena = Arena::new();
+    let (rows, d, hidden) = (64, 48, 96);
+    let step_of = |dp: Option<DataParallel>| {
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[rows, d]).unwrap();
+        let (w1, b1, w2) =
+            (b.input(&[d, hidden]).unwrap(), b.input(&[hidden]).unwrap(), b.input(&[hidden, d]).unwrap());
+        let h = b.matmul(x, w1).unwrap();
+        let h = b.add(h, b1).unwrap();
+        let h = b.gelu(h).unwrap();
+        let y = b.scope("out", |b| b.matmul(h, w2)).unwrap();
+        let sq = b.mul(y, y).unwrap();
+        let sq = b.reshape(sq, &[1, rows * d]).unwrap();
+        let loss = b.sum(sq).unwrap();
+        b.output(loss).unwrap();
+        let grad = Grad::new(&[w1, b1, w2]);
+        let grad = match dp {
+            Some(dp) => grad.in_buckets(dp),
+            None => grad,
+        };
+        grad.training_step(&b.finish().unwrap(), &arena, &AdamW::new()).unwrap()
+    };
+    let mut options = Options::new();
+    options.set_str("runtime.device", "cuda").unwrap();
+    let session = || ProfiledSession::new(options.clone(), &Environment::from_pairs(&[])).unwrap();
+    let train = |plan: &Plan| -> Vec<Vec<f32>> {
+        let mut ws = plan.workspace().unwrap();
+        let mut x = Tensor::from_fn(&[rows, d], |i| ((i * 13) % 17) as f32 / 17.0 - 0.5);
+        let mut params = [
+            Tensor::from_fn(&[d, hidden], |i| ((i * 7) % 11) as f32 / 110.0 - 0.05),
+            Tensor::from_fn(&[hidden], |i| (i % 5) as f32 / 50.0),
+            Tensor::from_fn(&[hidden, d], |i| ((i * 3) % 13) as f32 / 130.0 - 0.05),
+        ];
+        let mut state: Vec<Tensor> = (0..6).map(|k| Tensor::zeros(params[k / 2].shape())).collect();
+        for t in 1..=3 {
+            let mut scalars = AdamW::new().step_values(t, 1e-2);
+            let [w1, b1, w2] = &mut params;
+            let mut refs: Vec<&mut Tensor> = vec![&mut x, w1, b1, w2];
+            refs.extend(scalars.iter_mut());
+            refs.extend(state.iter_mut());
+            plan.run_updating(&mut ws, &mut refs).unwrap();
+        }
+        params.iter().map(Tensor::to_f32_vec).collect()
+    };
+    let expected = train(&session().compile(&step_of(None).trace, &arena).unwrap());
+    for bucket_bytes in [1, 20_000, 25 << 20] {
+        let step = step_of(Some(DataParallel::new(&c).bucket_bytes(bucket_bytes)));
+        let dp = session().with_executor(NcclExecutor::of(comm.clone(), &c).shared());
+        let plan = dp.compile(&step.trace, &arena).unwrap();
+        assert!(plan.to_string().contains("nccl"), "{plan}");
+        let got = train(&plan);
+        for (p, (g, e)) in got.iter().zip(&expected).enumerate() {
+            let diff = g.iter().zip(e).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            assert!(diff <= 1e-6, "{bucket_bytes}-byte buckets, parameter {p}: {diff}");
+        }
+    }
+}
+
+/// A rank whose peers never join does not hang: after its timeout the communicator is aborted
+/// and the rank gets a typed error naming the wait.
+#[test]
+fn a_rank_whose_peers_never_join_fails_in_time() {
+    use std::time::{Duration, Instant};
+    let Some((gpu, _one)) = world_of_one("a_rank_whose_peers_never_join_fails_in_time") else { return };
+    let id = boundscope::distributed::NcclId::new().unwrap();
+    let start = Instant::now();
+    let err = NcclCommunicator::with_timeout(gpu, "lonely", &id, 0, 2, Duration::from_secs(2)).unwrap_err();
+    let waited = start.elapsed();
+    println!("a lonely rank 0 of 2 gave up after {waited:?}: {err}");
+    assert!(
+        matches!(err, Error::Collective { .. }) && err.to_string().contains("the other ranks of 2 to join"),
+        "{err}"
+    );
+    assert!(waited < Duration::from_secs(20), "{waited:?}");
+}

@@ -199,6 +199,9 @@ proptest! {
             eprintln!("SKIPPED: one core here, so no op is split over threads");
             return Ok(());
         }
+        // A rare draw (an outer product of two long vectors) asks for terabytes: a typed
+        // `OutOfMemory` from the workspace, not what this test is about.
+        prop_assume!(program.largest_value() <= 1 << 24);
         let registry = Registry::with_builtins();
         let arena = Arena::new();
         let trace = program.build(&arena, &registry).unwrap();

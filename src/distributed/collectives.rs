@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use super::communicator::{Collective, Communicator, ReduceOp};
 use crate::core::ir::{
-    ArgInfo, Category, DType, ParamKind, Registry, Symbol, SymbolId, TensorMeta, TraceBuilder, ValueId,
+    Arg, ArgInfo, Category, DType, ParamKind, Registry, Symbol, SymbolId, TensorMeta, TraceBuilder, ValueId,
 };
 use crate::core::plan::{EmittedRange, Executor, Kernel, OpView, PreparedRegionRange};
 use crate::core::tensor::{TensorMut, TensorRef};
@@ -80,6 +80,23 @@ pub struct Collectives {
     all_gather: SymbolId,
     reduce_scatter: [SymbolId; 3],
     broadcast: SymbolId,
+    all_reduce_start: [SymbolId; 3],
+    all_reduce_wait: SymbolId,
+}
+
+/// What one collective symbol does, as an executor runs it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum CollectiveStep {
+    /// The whole collective: its result is ready when the step ends.
+    Whole(Collective),
+    /// `all_reduce_start`: starts an `all_reduce`, which may run on while later steps run.
+    Start(ReduceOp),
+    /// `all_reduce_wait`: a part of the result of a started `all_reduce` (from its value
+    /// `offset`), once it has ended.
+    Wait {
+        /// The part's first value.
+        offset: usize,
+    },
 }
 
 impl Collectives {
@@ -171,7 +188,38 @@ impl Collectives {
                 Ok(TensorMeta::new(dtype, shape))
             }),
         )?;
-        let collectives = Self { all_reduce, all_gather, reduce_scatter, broadcast };
+        let mut start = |name: &str| {
+            registry.register(Symbol::new(name, Category::Collective).params(&[tensor]).shape_rule(|args| {
+                let (dtype, shape) = collective_tensor(args)?;
+                Ok(TensorMeta::new(dtype, shape))
+            }))
+        };
+        let all_reduce_start =
+            [start("all_reduce_start_sum")?, start("all_reduce_start_mean")?, start("all_reduce_start_max")?];
+        let wait_params = [tensor, tensor, ParamKind::Dims, ParamKind::Dims];
+        let all_reduce_wait =
+            registry
+                .register(Symbol::new("all_reduce_wait", Category::Collective).params(&wait_params).shape_rule(|args| {
+                let (dtype, shape) = collective_tensor(args)?;
+                if !matches!(args.get(1), Some(ArgInfo::Tensor { dtype: d, shape: s }) if *d == dtype && *s == shape) {
+                    return Err("all_reduce_wait takes the started value and the tensor the all_reduce started from, \
+                                of one dtype and shape: pass `all_reduce_start`'s output and its input"
+                        .into());
+                }
+                let (Some(ArgInfo::Dims([offset])), Some(ArgInfo::Dims(part))) = (args.get(2), args.get(3)) else {
+                    return Err("all_reduce_wait's part is an offset ([n]) and a shape".into());
+                };
+                let len: usize = shape.iter().product();
+                let fits = part.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).and_then(|n| n.checked_add(*offset));
+                if fits.is_none_or(|end| end > len) {
+                    return Err(format!(
+                        "all_reduce_wait's part {part:?} at offset {offset} does not fit in the {len} values started: \
+                         give a part inside them"
+                    ));
+                }
+                Ok(TensorMeta::new(dtype, part))
+            }))?;
+        let collectives = Self { all_reduce, all_gather, reduce_scatter, broadcast, all_reduce_start, all_reduce_wait };
         let _ = ids.set(collectives.clone());
         Ok(collectives)
     }
@@ -215,23 +263,64 @@ impl Collectives {
         b.bind(self.broadcast, &[x.into(), (root as f32).into()])
     }
 
-    /// The collective a bound symbol of these runs, and the world size its trace assumes
-    /// (`None` where its shapes do not depend on it); `None` for other symbols.
-    pub(super) fn collective_of(&self, op: &OpView<'_>) -> Result<Option<(Collective, Option<usize>)>> {
+    /// Starts the `all_reduce` of `x` by `op`, to overlap it with the steps after it: its
+    /// value may be read only by [`all_reduce_wait`](Self::all_reduce_wait), with `x`, which
+    /// gives the result. On a GPU ([`NcclExecutor`](super::NcclExecutor)) the collective runs
+    /// on a stream of its own between the two, while the run's stream goes on; on the host
+    /// ([`CollectiveExecutor`]) it runs whole at the start. Not differentiable: for gradients
+    /// after a backward, as [`DataParallel`](super::DataParallel) places them.
+    ///
+    /// # Errors
+    /// As [`all_reduce`](Self::all_reduce).
+    pub fn all_reduce_start<'a>(&self, b: &mut TraceBuilder<'a>, x: ValueId, op: ReduceOp) -> Result<ValueId> {
+        b.bind(self.all_reduce_start[reduce_index(op)], &[x.into()])
+    }
+
+    /// A part of the result of the `all_reduce` that [`all_reduce_start`](Self::all_reduce_start)
+    /// started from `x` as `started`, once it has ended (the run's stream waits for it): the
+    /// values from `offset` on (in `x`'s order), as a tensor of `shape` (`x`'s own shape at 0
+    /// for the whole). Passing `x` keeps its memory from being reused while the collective may
+    /// still read it. Each part is one copy: a bucket of gradients is cut back into them here.
+    ///
+    /// # Errors
+    /// `started` and `x` of different dtypes or shapes, a part outside them, and as
+    /// [`all_reduce`](Self::all_reduce).
+    pub fn all_reduce_wait<'a>(
+        &self,
+        b: &mut TraceBuilder<'a>,
+        started: ValueId,
+        x: ValueId,
+        offset: usize,
+        shape: &[usize],
+    ) -> Result<ValueId> {
+        b.bind(self.all_reduce_wait, &[started.into(), x.into(), Arg::Dims(&[offset]), Arg::Dims(shape)])
+    }
+
+    /// What a bound symbol of these runs, and the world size its trace assumes (`None` where
+    /// its shapes do not depend on it); `None` for other symbols.
+    pub(super) fn collective_of(&self, op: &OpView<'_>) -> Result<Option<(CollectiveStep, Option<usize>)>> {
         let id = op.symbol_id();
         // The shape rule has checked the scalars.
         let scalar = |i: usize| op.scalar(i).map(|s| s as usize);
+        let whole = |c: Collective| CollectiveStep::Whole(c);
         if let Some(i) = self.all_reduce.iter().position(|&s| s == id) {
-            return Ok(Some((Collective::AllReduce(REDUCE_OPS[i]), None)));
+            return Ok(Some((whole(Collective::AllReduce(REDUCE_OPS[i])), None)));
         }
         if let Some(i) = self.reduce_scatter.iter().position(|&s| s == id) {
-            return Ok(Some((Collective::ReduceScatter(REDUCE_OPS[i]), Some(scalar(1)?))));
+            return Ok(Some((whole(Collective::ReduceScatter(REDUCE_OPS[i])), Some(scalar(1)?))));
         }
         if id == self.all_gather {
-            return Ok(Some((Collective::AllGather, Some(scalar(1)?))));
+            return Ok(Some((whole(Collective::AllGather), Some(scalar(1)?))));
         }
         if id == self.broadcast {
-            return Ok(Some((Collective::Broadcast { root: scalar(1)? }, None)));
+            return Ok(Some((whole(Collective::Broadcast { root: scalar(1)? }), None)));
+        }
+        if let Some(i) = self.all_reduce_start.iter().position(|&s| s == id) {
+            return Ok(Some((CollectiveStep::Start(REDUCE_OPS[i]), None)));
+        }
+        if id == self.all_reduce_wait {
+            let offset = op.dims(2)?.first().copied().unwrap_or(0);
+            return Ok(Some((CollectiveStep::Wait { offset }, None)));
         }
         Ok(None)
     }
@@ -337,15 +426,24 @@ impl Executor for CollectiveExecutor {
 
     fn compile(&self, op: &OpView<'_>) -> Result<Box<dyn Kernel>> {
         let comm = &self.communicator;
-        let (collective, count) =
-            checked_collective(&self.collectives, &self.name, op, comm.name(), comm.world_size())?;
+        let (step, count) = checked_collective(&self.collectives, &self.name, op, comm.name(), comm.world_size())?;
         let range = op.region_range().map(|r| r.prepare()).transpose()?;
+        // On the host a started all_reduce runs whole, and its wait copies.
+        let collective = match step {
+            CollectiveStep::Whole(collective) => Some(collective),
+            CollectiveStep::Start(op) => Some(Collective::AllReduce(op)),
+            CollectiveStep::Wait { .. } => None,
+        };
+        let offset = match step {
+            CollectiveStep::Wait { offset } => offset,
+            _ => 0,
+        };
         // 16-bit values are combined in f32 and rounded once, in buffers kept with the kernel.
-        let widened = (op.dtypes().first().is_some_and(|&d| d != DType::F32)).then(|| {
-            let out = collective.output_len(count, comm.world_size()).unwrap_or(0);
+        let widened = (collective.is_some() && op.dtypes().first().is_some_and(|&d| d != DType::F32)).then(|| {
+            let out = collective.map_or(0, |c| c.output_len(count, comm.world_size()).unwrap_or(0));
             Mutex::new((vec![0.0; count], vec![0.0; out]))
         });
-        Ok(Box::new(CollectiveKernel { communicator: comm.clone(), collective, range, widened }))
+        Ok(Box::new(CollectiveKernel { communicator: comm.clone(), collective, offset, range, widened }))
     }
 
     fn emits(&self) -> &[EmittedRange] {
@@ -361,10 +459,10 @@ pub(super) fn checked_collective(
     op: &OpView<'_>,
     comm: &str,
     world: usize,
-) -> Result<(Collective, usize)> {
+) -> Result<(CollectiveStep, usize)> {
     let failed =
         |message: String| Error::Execution { executor: executor.to_string(), symbol: op.name().to_string(), message };
-    let Some((collective, assumed)) = collectives.collective_of(op)? else {
+    let Some((step, assumed)) = collectives.collective_of(op)? else {
         return Err(failed("not a collective of the symbols this executor was made for".into()));
     };
     if let Some(assumed) = assumed.filter(|&a| a != world) {
@@ -374,13 +472,17 @@ pub(super) fn checked_collective(
         )));
     }
     let input: usize = op.input_shape(0)?.iter().product();
-    collective.output_len(input, world).map_err(failed)?;
-    Ok((collective, input))
+    if let CollectiveStep::Whole(collective) = step {
+        collective.output_len(input, world).map_err(failed)?;
+    }
+    Ok((step, input))
 }
 
 struct CollectiveKernel {
     communicator: Arc<dyn Communicator>,
-    collective: Collective,
+    /// `None` for `all_reduce_wait`, a copy of its input's part from `offset`.
+    collective: Option<Collective>,
+    offset: usize,
     range: Option<PreparedRegionRange>,
     /// For 16-bit values: the input and output widened to `f32`.
     widened: Option<Mutex<(Vec<f32>, Vec<f32>)>>,
@@ -388,15 +490,23 @@ struct CollectiveKernel {
 
 impl Kernel for CollectiveKernel {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
-        let mut run = move || match &self.widened {
-            None => self.communicator.run(self.collective, inputs[0].values::<f32>()?, outputs[0].values_mut::<f32>()?),
-            Some(buffers) => {
+        let mut run = move || match (self.collective, &self.widened) {
+            (None, _) => {
+                for i in 0..outputs[0].data.len() {
+                    outputs[0].data.set_f32(i, inputs[0].data.f32_at(self.offset + i));
+                }
+                Ok(())
+            }
+            (Some(collective), None) => {
+                self.communicator.run(collective, inputs[0].values::<f32>()?, outputs[0].values_mut::<f32>()?)
+            }
+            (Some(collective), Some(buffers)) => {
                 let mut buffers = buffers.lock().unwrap_or_else(|p| p.into_inner());
                 let (input, output) = &mut *buffers;
                 for (i, x) in input.iter_mut().enumerate() {
                     *x = inputs[0].data.f32_at(i);
                 }
-                self.communicator.run(self.collective, input, output)?;
+                self.communicator.run(collective, input, output)?;
                 for (i, &x) in output.iter().enumerate() {
                     outputs[0].data.set_f32(i, x);
                 }

@@ -4,11 +4,15 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use cudarc::nccl::{result as nccl, sys};
 
-use super::collectives::{checked_collective, Collectives, COLLECTIVE_DTYPES};
+use cudarc::driver::{sys as driver, CudaEvent, CudaStream};
+
+use super::collectives::{checked_collective, CollectiveStep, Collectives, COLLECTIVE_DTYPES};
 use super::communicator::{Collective, Communicator, ReduceOp};
+use super::in_process::DEFAULT_TIMEOUT;
 use crate::core::ir::DType;
 use crate::core::plan::{Device, DeviceKernel, EmittedRange, Executor, OpView};
 use crate::error::{Error, Result};
@@ -101,24 +105,49 @@ pub struct NcclCommunicator {
     name: String,
     rank: usize,
     world: usize,
+    /// How long it waits for NCCL's setup before it aborts.
+    timeout: Duration,
     aborted: AtomicBool,
     /// Serializes the calls made on the communicator.
     calls: std::sync::Mutex<()>,
+    /// The stream started `all_reduce`s run on, per run stream (by its handle): one per
+    /// workspace, so that its collectives keep their order.
+    side_streams: std::sync::Mutex<Vec<SideStream>>,
 }
 
 impl NcclCommunicator {
     /// Joins the communicator `id` names as rank `rank` of `world`, on `device`. Blocks until
-    /// every rank has joined (NCCL's `ncclCommInitRank`).
+    /// every rank has joined, for at most [`DEFAULT_TIMEOUT`] (see
+    /// [`with_timeout`](Self::with_timeout)).
     ///
     /// # Errors
     /// [`Error::ExecutorUnavailable`] without NCCL's library; [`Error::Collective`] for a rank
-    /// outside the world, or NCCL's error (two ranks on one GPU, an id of another world).
+    /// outside the world, ranks that do not all join in time, or NCCL's error (two ranks on
+    /// one GPU, an id of another world).
     pub fn new(
         device: Arc<CudaDevice>,
         name: impl Into<String>,
         id: &NcclId,
         rank: usize,
         world: usize,
+    ) -> Result<Self> {
+        Self::with_timeout(device, name, id, rank, world, DEFAULT_TIMEOUT)
+    }
+
+    /// [`new`](Self::new), waiting at most `timeout` for NCCL's setup: the ranks joining, and
+    /// the connections NCCL makes at a collective's first use. The communicator is NCCL's
+    /// non-blocking kind: when the time runs out it is aborted and the call that waited
+    /// returns [`Error::Collective`] (which names the wait), never a hang.
+    ///
+    /// # Errors
+    /// As [`new`](Self::new).
+    pub fn with_timeout(
+        device: Arc<CudaDevice>,
+        name: impl Into<String>,
+        id: &NcclId,
+        rank: usize,
+        world: usize,
+        timeout: Duration,
     ) -> Result<Self> {
         let name = name.into();
         nccl_present()?;
@@ -135,19 +164,86 @@ impl NcclCommunicator {
         };
         device.context().bind_to_thread().map_err(|e| refuse(format!("binding the CUDA context: {e:?}")))?;
         let id = sys::ncclUniqueId { internal: id.0.map(|b| b as std::ffi::c_char) };
+        let version = nccl::get_nccl_version().map_err(|e| nccl_failed("ncclGetVersion", e))?;
+        // NCCL_CONFIG_INITIALIZER, with `blocking = 0`: every other field NCCL's default,
+        // marked undefined; the version and size the loaded library's (before 2.29 its fields
+        // end at `nvlinkCentricSched`; those after it are undefined either way).
+        const UNDEF: i32 = i32::MIN;
+        let size = match version {
+            v if v < 22900 => std::mem::offset_of!(sys::ncclConfig_t, graphUsageMode),
+            _ => std::mem::size_of::<sys::ncclConfig_t>(),
+        };
+        let mut config = sys::ncclConfig_t {
+            size,
+            magic: 0xcafe_beef,
+            version: version as u32,
+            blocking: 0,
+            cgaClusterSize: UNDEF,
+            minCTAs: UNDEF,
+            maxCTAs: UNDEF,
+            netName: std::ptr::null(),
+            splitShare: UNDEF,
+            trafficClass: UNDEF,
+            commName: std::ptr::null(),
+            collnetEnable: UNDEF,
+            CTAPolicy: UNDEF,
+            shrinkShare: UNDEF,
+            nvlsCTAs: UNDEF,
+            nChannelsPerNetPeer: UNDEF,
+            nvlinkCentricSched: UNDEF,
+            graphUsageMode: UNDEF,
+            maxP2pPeers: UNDEF,
+            numRmaCtx: UNDEF,
+        };
         let mut comm = std::ptr::null_mut();
-        // SAFETY: `comm` is written by NCCL; the id is 128 bytes as NCCL made them.
-        unsafe { nccl::comm_init_rank(&mut comm, world_c, id, rank_c) }
-            .map_err(|e| refuse(format!("ncclCommInitRank failed: {:?}", e.0)))?;
-        Ok(Self {
+        // SAFETY: `comm` is written by NCCL; the id is 128 bytes as NCCL made them; `config`
+        // lives for the call.
+        unsafe { nccl::comm_init_rank_config(&mut comm, world_c, id, rank_c, &mut config) }
+            .map_err(|e| refuse(format!("ncclCommInitRankConfig failed: {:?}", e.0)))?;
+        let communicator = Self {
             comm: Comm(comm),
             device,
             name,
             rank,
             world,
+            timeout,
             aborted: AtomicBool::new(false),
             calls: std::sync::Mutex::new(()),
-        })
+            side_streams: std::sync::Mutex::new(Vec::new()),
+        };
+        communicator.settle(&format!("the other ranks of {world} to join"))?;
+        Ok(communicator)
+    }
+
+    /// Waits until NCCL's work in progress on the communicator (its setup, a collective's
+    /// connections) is done, at most the timeout; then aborts it and says what it waited for.
+    fn settle(&self, waiting_for: &str) -> Result<()> {
+        let deadline = Instant::now() + self.timeout;
+        loop {
+            let mut state = sys::ncclResult_t::ncclSuccess;
+            // SAFETY: the handle is NCCL's; `state` is written.
+            let asked = unsafe { sys::ncclCommGetAsyncError(self.comm.0, &mut state) };
+            let state = if asked == sys::ncclResult_t::ncclSuccess { state } else { asked };
+            match state {
+                sys::ncclResult_t::ncclSuccess => return Ok(()),
+                sys::ncclResult_t::ncclInProgress if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_micros(200))
+                }
+                sys::ncclResult_t::ncclInProgress => {
+                    self.abort_now();
+                    return Err(self.error(format!(
+                        "waited {:?} for {waiting_for} (a rank failed or hangs): the communicator is aborted",
+                        self.timeout
+                    )));
+                }
+                other => {
+                    self.abort_now();
+                    return Err(self.error(format!(
+                        "NCCL failed while waiting for {waiting_for}: {other:?}; the communicator is aborted"
+                    )));
+                }
+            }
+        }
     }
 
     /// A world of one rank, on `device`: collectives copy (`all_reduce`, `broadcast`) or keep
@@ -217,8 +313,13 @@ impl NcclCommunicator {
     /// when another rank failed; dropping the communicator aborts it too.
     pub fn abort(&self) {
         let _calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        self.abort_now();
+    }
+
+    /// Aborts it, with the calls' lock held (or before anyone else holds the communicator).
+    fn abort_now(&self) {
         if !self.aborted.swap(true, Ordering::SeqCst) {
-            // SAFETY: the handle came from `ncclCommInitRank` and is aborted once.
+            // SAFETY: the handle came from `ncclCommInitRankConfig` and is aborted once.
             let _ = unsafe { nccl::comm_abort(self.comm.0) };
         }
     }
@@ -226,6 +327,25 @@ impl NcclCommunicator {
     /// Whether it was aborted.
     pub fn is_aborted(&self) -> bool {
         self.aborted.load(Ordering::SeqCst)
+    }
+
+    /// Runs `f` on the side stream of `run`'s started `all_reduce`s (made at its first use).
+    fn with_side_stream<R>(&self, run: &Arc<CudaStream>, f: impl FnOnce(&mut SideStream) -> Result<R>) -> Result<R> {
+        let key = run.cu_stream() as usize;
+        let mut streams = self.side_streams.lock().unwrap_or_else(|p| p.into_inner());
+        let index = match streams.iter().position(|s| s.run == key) {
+            Some(index) => index,
+            None => {
+                let stream = self
+                    .device
+                    .context()
+                    .new_stream()
+                    .map_err(|e| self.error(format!("making a stream for collectives: {e:?}")))?;
+                streams.push(SideStream { run: key, stream, pending: false });
+                streams.len() - 1
+            }
+        };
+        f(&mut streams[index])
     }
 
     fn error(&self, detail: String) -> Error {
@@ -279,8 +399,23 @@ impl NcclCommunicator {
                 }
             }
         };
-        status.map(|_| ()).map_err(|e| self.error(format!("{collective} failed in NCCL: {:?}", e.0)))
+        match status {
+            Ok(nccl::NcclStatus::InProgress) => self.settle(&format!("{collective} to be queued")),
+            Ok(_) => Ok(()),
+            Err(e) => Err(self.error(format!("{collective} failed in NCCL: {:?}", e.0))),
+        }
     }
+}
+
+/// The stream a run stream's started `all_reduce`s run on.
+struct SideStream {
+    /// The run stream's handle.
+    run: usize,
+    stream: Arc<CudaStream>,
+    /// Whether an `all_reduce` started on it since the run stream last waited for it: a
+    /// wait with nothing pending queues no wait (the first wait of a step's gradients joins
+    /// the streams, the others only copy).
+    pending: bool,
 }
 
 impl Drop for NcclCommunicator {
@@ -397,7 +532,7 @@ impl Executor for NcclExecutor {
         let comm = &self.communicator;
         let (collective, count) =
             checked_collective(&self.collectives, &self.name, op, comm.name(), comm.world_size())?;
-        let kernel = NcclKernel { communicator: comm.clone(), collective, count };
+        let kernel = NcclKernel { communicator: comm.clone(), step: collective, count };
         device_kernel(&comm.device, &self.name, op, kernel)
     }
 
@@ -406,27 +541,71 @@ impl Executor for NcclExecutor {
     }
 }
 
-/// One collective, queued through NCCL on the run's stream.
+/// One collective, queued through NCCL on the run's stream; or an `all_reduce` started on the
+/// workspace's stream for collectives, or waited for.
 struct NcclKernel {
     communicator: Arc<NcclCommunicator>,
-    collective: Collective,
+    step: CollectiveStep,
     /// Input values.
     count: usize,
 }
 
 impl CudaKernel for NcclKernel {
-    type State = ();
+    /// The event that orders the two streams (for a start or a wait), per workspace.
+    type State = Option<CudaEvent>;
 
-    fn new_state(&self, _run: &CudaRun<'_>) -> Result<()> {
-        Ok(())
+    fn new_state(&self, run: &CudaRun<'_>) -> Result<Option<CudaEvent>> {
+        if matches!(self.step, CollectiveStep::Whole(_)) {
+            return Ok(None);
+        }
+        let flags = Some(driver::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        run.context().new_event(flags).map(Some).map_err(|e| run.error(e))
     }
 
-    fn run(&self, run: &mut CudaRun<'_>, _state: &mut ()) -> Result<()> {
+    fn run(&self, run: &mut CudaRun<'_>, event: &mut Option<CudaEvent>) -> Result<()> {
         let (input, output) = (run.input_memory(0)?, run.output_memory(0)?);
-        let stream = run.stream().cu_stream() as sys::cudaStream_t;
-        // SAFETY: the plan checked that the buffers hold the op's tensors (`count` values in,
-        // the collective's output length out, of the op's dtype); they live until the stream
-        // has run what this run queues.
-        unsafe { self.communicator.enqueue(self.collective, input.dtype, input.ptr, output.ptr, self.count, stream) }
+        let comm = &self.communicator;
+        let stream = run.stream().clone();
+        match (self.step, event) {
+            // SAFETY (both collectives): the plan checked that the buffers hold the op's tensors
+            // (`count` values in, the collective's output length out, of the op's dtype). They
+            // live until the stream has run what this run queues: on the run's stream, as every
+            // step's; on the side stream, until the wait, which reads both (its inputs are the
+            // started value and the started input).
+            (CollectiveStep::Whole(collective), _) => unsafe {
+                comm.enqueue(collective, input.dtype, input.ptr, output.ptr, self.count, stream.cu_stream() as _)
+            },
+            (CollectiveStep::Start(op), Some(event)) => comm.with_side_stream(&stream, |side| {
+                event.record(&stream).map_err(|e| run.error(e))?;
+                side.stream.wait(event).map_err(|e| run.error(e))?;
+                side.pending = true;
+                let collective = Collective::AllReduce(op);
+                let on = side.stream.cu_stream() as _;
+                unsafe { comm.enqueue(collective, input.dtype, input.ptr, output.ptr, self.count, on) }
+            }),
+            (CollectiveStep::Wait { offset }, Some(event)) => {
+                comm.with_side_stream(&stream, |side| {
+                    if side.pending {
+                        event.record(&side.stream).map_err(|e| run.error(e))?;
+                        stream.wait(event).map_err(|e| run.error(e))?;
+                        side.pending = false;
+                    }
+                    Ok(())
+                })?;
+                let size = input.dtype.size_bytes();
+                // SAFETY: the shape rule checked that the part (the output's values from
+                // `offset`) lies inside the started values; the plan checked the buffers.
+                unsafe {
+                    cudarc::driver::result::memcpy_dtod_async(
+                        output.ptr,
+                        input.ptr + (offset * size) as u64,
+                        output.len * size,
+                        stream.cu_stream(),
+                    )
+                }
+                .map_err(|e| run.error(e))
+            }
+            (_, None) => Err(run.error("a started all_reduce or its wait without its event")),
+        }
     }
 }

@@ -542,3 +542,122 @@ fn collectives_pass_through_fusion_and_the_pipeline() {
         assert!(diff < 1e-5, "{diff}");
     }
 }
+
+/// An MLP's training step on `world` ranks, each with its part of the batch and its gradients
+/// averaged in buckets (`DataParallel`), against one rank on the whole batch: after three SGD
+/// steps every rank holds the same parameters, those of the whole batch's steps (the mean loss
+/// over the batch is the mean of the ranks' mean losses). Bucket sizes from one gradient each to
+/// one bucket for all.
+#[test]
+fn data_parallel_steps_keep_every_rank_equal_to_one_rank_on_the_whole_batch() {
+    use crate::optim::Sgd;
+    let (registry, c) = registry_with_collectives();
+    let arena = Arena::new();
+    let (batch, d, hidden) = (8, 3, 5);
+    let step_of = |rows: usize, dp: Option<DataParallel>| {
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[rows, d]).unwrap();
+        let target = b.input(&[rows, 1]).unwrap();
+        let (w1, b1, w2) =
+            (b.input(&[d, hidden]).unwrap(), b.input(&[hidden]).unwrap(), b.input(&[hidden, 1]).unwrap());
+        let h = b.matmul(x, w1).unwrap();
+        let h = b.add(h, b1).unwrap();
+        let h = b.tanh(h).unwrap();
+        let y = b.matmul(h, w2).unwrap();
+        let err = b.sub(y, target).unwrap();
+        let sq = b.mul(err, err).unwrap();
+        let sq = b.reshape(sq, &[1, rows]).unwrap();
+        let total = b.sum(sq).unwrap();
+        let loss = b.mul_scalar(total, 1.0 / rows as f32).unwrap();
+        b.output(loss).unwrap();
+        let grad = Grad::new(&[w1, b1, w2]);
+        let grad = match dp {
+            Some(dp) => grad.in_buckets(dp),
+            None => grad,
+        };
+        grad.training_step(&b.finish().unwrap(), &arena, &Sgd::new()).unwrap()
+    };
+    let data =
+        |n: usize, seed: usize| (0..n).map(|i| (((i * 7 + seed * 3) % 11) as f32 - 5.0) / 8.0).collect::<Vec<_>>();
+    let (xs, targets) = (data(batch * d, 1), data(batch, 2));
+    let initial = [data(d * hidden, 3), data(hidden, 4), data(hidden, 5)];
+    let shapes: [&[usize]; 3] = [&[d, hidden], &[hidden], &[hidden, 1]];
+    // Runs `steps` SGD steps of `plan` on rows `rows` of the batch: the parameters after them.
+    let train = |plan: &Plan, rows: std::ops::Range<usize>| -> Vec<Vec<f32>> {
+        let mut ws = plan.workspace().unwrap();
+        let n = rows.len();
+        let mut x = Tensor::new(&[n, d], xs[rows.start * d..rows.end * d].to_vec()).unwrap();
+        let mut t = Tensor::new(&[n, 1], targets[rows].to_vec()).unwrap();
+        let mut params: Vec<Tensor> =
+            initial.iter().zip(shapes).map(|(v, s)| Tensor::new(s, v.clone()).unwrap()).collect();
+        for step in 1..=3 {
+            let [mut lr, mut factor] = Sgd::new().step_values(step, 0.1);
+            let [w1, b1, w2] = &mut params[..] else { unreachable!() };
+            plan.run_updating(&mut ws, &mut [&mut x, &mut t, w1, b1, w2, &mut lr, &mut factor]).unwrap();
+        }
+        params.iter().map(Tensor::to_f32_vec).collect()
+    };
+    let whole = Plan::compile(&step_of(batch, None).trace, &[CpuReference::shared()]).unwrap();
+    let expected = train(&whole, 0..batch);
+    for world in [2, 4] {
+        for bucket_bytes in [1, 32, 1 << 20] {
+            let step = step_of(batch / world, Some(DataParallel::new(&c).bucket_bytes(bucket_bytes)));
+            let starts = step
+                .trace
+                .bound_symbols()
+                .iter()
+                .filter(|s| step.trace.symbol_name(s).starts_with("all_reduce_start"))
+                .count();
+            let expected_buckets = match bucket_bytes {
+                1 => 3,
+                32 => 2,
+                _ => 1,
+            };
+            assert_eq!(starts, expected_buckets, "{bucket_bytes}-byte buckets:\n{}", step.trace);
+            let results = with_ranks(Transport::InProcess, world, |rank, comm| {
+                let executors = [CollectiveExecutor::of(comm, &c).shared(), CpuReference::shared()];
+                let plan = Plan::compile(&step.trace, &executors).unwrap();
+                let part = batch / world;
+                train(&plan, rank * part..(rank + 1) * part)
+            });
+            for (rank, params) in results.iter().enumerate() {
+                assert_eq!(params, &results[0], "rank {rank} of {world} holds the same bits");
+                for (p, (got, want)) in params.iter().zip(&expected).enumerate() {
+                    let diff = got.iter().zip(want).map(|(g, w)| (g - w).abs()).fold(0.0f32, f32::max);
+                    assert!(diff < 1e-5, "{world} ranks, {bucket_bytes}-byte buckets, parameter {p}: {diff}");
+                }
+            }
+        }
+    }
+}
+
+/// Buckets start inside the backward, as soon as they are full: with one gradient per bucket,
+/// the first `all_reduce_start` comes before the backward's last ops (those of the first
+/// layer), not after all of them; each sits in a scope `backward.grad_sync`.
+#[test]
+fn gradient_buckets_start_while_the_backward_goes_on() {
+    let (registry, c) = registry_with_collectives();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4, 3]).unwrap();
+    let (w1, w2) = (b.input(&[3, 3]).unwrap(), b.input(&[3, 3]).unwrap());
+    let h = b.matmul(x, w1).unwrap();
+    let h = b.scope("layer2", |b| b.matmul(h, w2)).unwrap();
+    let h = b.reshape(h, &[1, 12]).unwrap();
+    let loss = b.sum(h).unwrap();
+    b.output(loss).unwrap();
+    let trace = b.finish().unwrap();
+    let grads = Grad::new(&[w1, w2]).in_buckets(DataParallel::new(&c).bucket_bytes(1)).run(&trace, &arena).unwrap();
+    let names: Vec<&str> = grads.bound_symbols().iter().map(|s| grads.symbol_name(s)).collect();
+    let first_start = names.iter().position(|n| n.starts_with("all_reduce_start")).expect("a start");
+    let last_matmul = names.iter().rposition(|n| n.contains("matmul")).expect("the backward's products");
+    assert!(first_start < last_matmul, "w2's bucket starts before w1's gradient is computed: {names:?}");
+    assert_eq!(grads.scope_path(first_start), Some("backward.grad_sync"));
+    let waits: Vec<usize> = (0..names.len()).filter(|&i| names[i] == "all_reduce_wait").collect();
+    assert_eq!(waits.len(), 2);
+    assert!(waits.iter().all(|&i| i > last_matmul && grads.scope_path(i) == Some("backward.grad_sync")));
+    // A start that returns another shape is a typed error, not a silent loss.
+    let wrong = crate::passes::GradientBuckets::new(1, |b, x| b.sum(x), |b, s, _, _, _| b.add_scalar(s, 0.0));
+    let err = Grad::new(&[w1, w2]).in_buckets(wrong).run(&trace, &arena).unwrap_err();
+    assert!(matches!(err, Error::InvalidGradient { .. }) && err.to_string().contains("another shape"), "{err}");
+}

@@ -97,7 +97,8 @@ impl ProfiledSession {
         let max_region_ops = cpu_fusion.max_region_ops();
         let cpu_fusion: Arc<dyn Executor> = Arc::new(cpu_fusion);
         let cpu_reference: Arc<dyn Executor> = Arc::new(CpuReference::new().threads(threads));
-        let (fusion, executors) = match gpu_executors(options.enum_value("runtime.device")?)? {
+        let gpu = usize::try_from(options.int("runtime.gpu")?).unwrap_or(0);
+        let (fusion, executors) = match gpu_executors(options.enum_value("runtime.device")?, gpu)? {
             Some(gpu) => (gpu[0].clone(), gpu.into_iter().chain([cpu_fusion, cpu_reference]).collect()),
             None => (cpu_fusion.clone(), vec![cpu_fusion, cpu_reference]),
         };
@@ -129,10 +130,42 @@ impl ProfiledSession {
         self.executors.iter().find_map(|e| e.device())
     }
 
-    /// The executors, in the order plans try them; the first is the one fusion regions are made
-    /// for (CUDA or CPU).
+    /// The executors, in the order plans try them: those added by
+    /// [`with_executor`](Self::with_executor), then the device's (fusion first), then the CPU's.
     pub fn executors(&self) -> &[Arc<dyn Executor>] {
         &self.executors
+    }
+
+    /// The same session with `executor` tried first: an executor of your own symbols, or the
+    /// collectives' of a rank (`distributed::NcclExecutor` on the session's GPU,
+    /// `distributed::CollectiveExecutor` on the CPU). Plans cached before are dropped.
+    ///
+    /// ```
+    /// use boundscope::distributed::{CollectiveExecutor, Collectives, InProcessGroup, ReduceOp};
+    /// use boundscope::frontend::{Environment, ProfiledSession};
+    /// use boundscope::{options::Options, Arena, Registry, Tensor, TraceBuilder};
+    /// let mut registry = Registry::with_builtins();
+    /// let collectives = Collectives::register(&mut registry).unwrap();
+    /// let arena = Arena::new();
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[3]).unwrap();
+    /// let y = collectives.all_reduce(&mut b, x, ReduceOp::Sum).unwrap();
+    /// let y = b.exp(y).unwrap();
+    /// b.output(y).unwrap();
+    /// let trace = b.finish().unwrap();
+    /// let comm = InProcessGroup::new("one", 1).unwrap().remove(0);
+    /// let env = Environment::from_pairs(&[("BOUNDSCOPE_DEVICE", "cpu")]);
+    /// let session = ProfiledSession::new(Options::new(), &env)
+    ///     .unwrap()
+    ///     .with_executor(CollectiveExecutor::new(comm, &collectives).shared());
+    /// assert_eq!(session.executors()[0].name(), "collectives");
+    /// let out = session.run(&trace, &arena, &[&Tensor::zeros(&[3])]).unwrap();
+    /// assert_eq!(out[0].to_f32_vec(), [1.0; 3]);
+    /// ```
+    pub fn with_executor(mut self, executor: Arc<dyn Executor>) -> Self {
+        self.executors.insert(0, executor);
+        self.plans = PlanCache::default();
+        self
     }
 
     /// The trace a session's plan runs: standard passes, profiling guards as decided, fusion
@@ -234,14 +267,14 @@ impl ProfiledSession {
 
 /// The CUDA executors (fusion first) for `runtime.device`, or `None` for the CPU. With `auto`
 /// and no usable GPU, says so once per process on stderr.
-fn gpu_executors(device: &str) -> Result<Option<Vec<Arc<dyn Executor>>>> {
+fn gpu_executors(device: &str, ordinal: usize) -> Result<Option<Vec<Arc<dyn Executor>>>> {
     if device == "cpu" {
         return Ok(None);
     }
     #[cfg(feature = "cuda")]
     {
         use crate::executors::cuda::{CudaDevice, CudaFusion, CudaOps};
-        match CudaDevice::new() {
+        match CudaDevice::with_ordinal(ordinal) {
             Ok(gpu) => {
                 let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
                 Ok(Some(vec![fusion, Arc::new(CudaOps::new(gpu))]))
@@ -256,6 +289,7 @@ fn gpu_executors(device: &str) -> Result<Option<Vec<Arc<dyn Executor>>>> {
     }
     #[cfg(not(feature = "cuda"))]
     {
+        let _ = ordinal;
         match device {
             "cuda" => Err(crate::Error::ExecutorUnavailable {
                 executor: "cuda".into(),

@@ -221,6 +221,14 @@ pub const RUNTIME_OPTIONS: &[OptionSpec] = &[
         env: Some("BOUNDSCOPE_DEVICE"),
     },
     OptionSpec {
+        name: "runtime.gpu",
+        ty: OptionType::Int { min: 0, max: 1023 },
+        default: OptionValue::Int(0),
+        doc: "Which GPU plans run on (its CUDA ordinal): with one process per GPU, each sets its LOCAL_RANK here.",
+        audience: Audience::User,
+        env: Some("BOUNDSCOPE_GPU"),
+    },
+    OptionSpec {
         name: "runtime.fusion",
         ty: OptionType::Bool,
         default: OptionValue::Bool(true),

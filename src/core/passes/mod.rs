@@ -20,7 +20,7 @@ pub use dead_code::DeadCodeElimination;
 pub use decompose::{Decompose, DecomposeFor};
 pub use fold_epilogues::FoldEpilogues;
 pub use fuse::{FuseRegions, FusionStrategy};
-pub use grad::{Grad, TrainingStep, BACKWARD_SCOPE};
+pub use grad::{FinishReduction, Grad, GradientBuckets, StartReduction, TrainingStep, BACKWARD_SCOPE, GRAD_SYNC_SCOPE};
 pub use inserted_ranges::InsertRangeNodes;
 pub use pack_attention::PackAttention;
 pub use profile_ops::ProfileOps;

@@ -19,7 +19,8 @@ pub(crate) const CATEGORY_NAMES: &[&str] =
     &["elementwise", "reduction", "matmul", "shape", "composite", "fusion", "collective"];
 /// Built-in executor names, and `runtime` for scopes that several executors share
 /// (`runtime.nvtx_executors`).
-pub(crate) const EXECUTOR_NAMES: &[&str] = &["cpu_reference", "cpu_fusion", "cuda_ops", "cuda_fusion", "runtime"];
+pub(crate) const EXECUTOR_NAMES: &[&str] =
+    &["cpu_reference", "cpu_fusion", "cuda_ops", "cuda_fusion", "collectives", "nccl", "runtime"];
 
 const CATEGORIES: [Category; 7] = [
     Category::Elementwise,

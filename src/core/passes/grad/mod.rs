@@ -2,6 +2,7 @@
 //! gradient of the loss with respect to chosen inputs (the parameters), by reverse-mode
 //! differentiation with a vector-Jacobian rule per symbol.
 
+mod buckets;
 mod rules;
 
 use std::collections::HashMap;
@@ -14,6 +15,8 @@ use crate::error::{Error, Result};
 
 use super::decompose::decompose;
 use super::Pass;
+use buckets::Bucketing;
+pub use buckets::{FinishReduction, GradientBuckets, StartReduction, GRAD_SYNC_SCOPE};
 
 /// The name of the top-level scope that holds the backward ops (each op's backward sits in a
 /// scope of the forward op's path under it: `backward.h.3.attn`).
@@ -82,12 +85,20 @@ pub const BACKWARD_SCOPE: &str = "backward";
 #[derive(Clone, Debug)]
 pub struct Grad {
     wrt: Vec<ValueId>,
+    buckets: Option<GradientBuckets>,
 }
 
 impl Grad {
     /// Differentiates the loss (the trace's first output) with respect to `wrt`.
     pub fn new(wrt: &[ValueId]) -> Self {
-        Self { wrt: wrt.to_vec() }
+        Self { wrt: wrt.to_vec(), buckets: None }
+    }
+
+    /// The same, with the gradients reduced in `buckets` as the backward completes them (data
+    /// parallelism: `distributed::DataParallel`); see [`GradientBuckets`].
+    pub fn in_buckets(mut self, buckets: impl Into<GradientBuckets>) -> Self {
+        self.buckets = Some(buckets.into());
+        self
     }
 
     /// The inputs it differentiates with respect to, in order.
@@ -191,26 +202,50 @@ impl Pass for Grad {
         backward.cotangents.insert(loss, seed);
         // Where the backward of each forward op lies: `start..end` in the new trace.
         let mut spans = vec![0..0; forward.len()];
+        // With buckets: the parameters whose gradient is final once the backward of each
+        // position has run (that of their first use).
+        let mut bucketing = self.buckets.as_ref().map(Bucketing::new);
+        let mut completes: HashMap<usize, Vec<usize>> = HashMap::new();
+        if bucketing.is_some() {
+            for (index, &w) in self.wrt.iter().enumerate() {
+                let first = forward.bound_symbols().iter().position(|bsym| bsym.inputs().any(|v| v == w));
+                if let Some(first) = first {
+                    completes.entry(first).or_default().push(index);
+                }
+            }
+        }
         for (position, bsym) in forward.bound_symbols().iter().enumerate().rev() {
-            let Some(&output) = bsym.outputs().first() else { continue };
-            if !path.on_path(output) {
-                continue;
+            'op: {
+                let Some(&output) = bsym.outputs().first() else { break 'op };
+                if !path.on_path(output) || !backward.has_cotangent(output) {
+                    break 'op;
+                }
+                backward.enter(forward.scope_path(position))?;
+                let start = backward.builder.len();
+                let Some(cotangent) = backward.cotangent(&forward, output)? else { break 'op };
+                backward.differentiate(&forward, position, output, cotangent, &path)?;
+                spans[position] = start..backward.builder.len();
             }
-            if !backward.has_cotangent(output) {
-                continue;
+            if let (Some(bucketing), Some(complete)) = (&mut bucketing, completes.get(&position)) {
+                backward.add_to_buckets(&forward, bucketing, complete, &self.wrt)?;
             }
-            backward.enter(forward.scope_path(position))?;
-            let start = backward.builder.len();
-            let Some(cotangent) = backward.cotangent(&forward, output)? else { continue };
-            backward.differentiate(&forward, position, output, cotangent, &path)?;
-            spans[position] = start..backward.builder.len();
         }
         backward.enter(None)?;
+        let reduced = match bucketing {
+            Some(mut bucketing) => backward.builder.scope(GRAD_SYNC_SCOPE, |b| {
+                bucketing.flush(b)?;
+                bucketing.finish(b, self.wrt.len())
+            })?,
+            None => vec![None; self.wrt.len()],
+        };
         let mut gradients = Vec::with_capacity(self.wrt.len());
-        for &w in &self.wrt {
-            gradients.push(match backward.cotangent(&forward, w)? {
+        for (&w, reduced) in self.wrt.iter().zip(reduced) {
+            gradients.push(match reduced {
                 Some(g) => g,
-                None => rules::full_like(&mut backward.builder, w, 0.0)?,
+                None => match backward.cotangent(&forward, w)? {
+                    Some(g) => g,
+                    None => rules::full_like(&mut backward.builder, w, 0.0)?,
+                },
             });
         }
         let mut builder = backward.builder;
@@ -482,6 +517,36 @@ impl<'a> Backward<'a> {
 
     /// Opens the scopes of `path` (a forward op's scope path) under [`BACKWARD_SCOPE`], closing
     /// those it does not share with the scopes open now.
+    /// Adds the final gradients of parameters `complete` (indices into `wrt`) to the buckets, in
+    /// the scope `backward.grad_sync`; a parameter without a gradient keeps its zeros, added
+    /// later.
+    fn add_to_buckets(
+        &mut self,
+        forward: &Trace<'a>,
+        bucketing: &mut Bucketing<'_>,
+        complete: &[usize],
+        wrt: &[ValueId],
+    ) -> Result<()> {
+        let mut opened = false;
+        for &index in complete {
+            if !self.has_cotangent(wrt[index]) {
+                continue;
+            }
+            if !opened {
+                self.enter(None)?;
+                self.builder.enter_scope(GRAD_SYNC_SCOPE)?;
+                opened = true;
+            }
+            if let Some(grad) = self.cotangent(forward, wrt[index])? {
+                bucketing.add(&mut self.builder, index, grad)?;
+            }
+        }
+        if opened {
+            self.builder.exit_scope()?;
+        }
+        Ok(())
+    }
+
     fn enter(&mut self, path: Option<&str>) -> Result<()> {
         let wanted: Vec<&str> = path.map(|p| p.split(SCOPE_SEPARATOR).collect()).unwrap_or_default();
         let common = self.open.iter().zip(&wanted).take_while(|(a, b)| a == b).count();

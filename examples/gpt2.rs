@@ -459,6 +459,8 @@ fn collective_executor(
         let gpu = boundscope::executors::cuda::CudaDevice::with_ordinal(env.local_rank)?;
         gpu.name_streams(format!("rank {}", env.rank));
         let nccl = NcclCommunicator::rendezvous(gpu, "gpt2", &**tcp)?;
+        // A rank that fails or hangs aborts the others' collectives after two minutes.
+        nccl.watch(std::time::Duration::from_secs(120))?;
         return Ok(NcclExecutor::new(nccl, collectives).shared());
     }
     let _ = (session, env);

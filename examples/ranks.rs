@@ -99,6 +99,8 @@ fn rank() -> Result<(), String> {
         let gpu = CudaDevice::with_ordinal(env.local_rank).map_err(e)?;
         gpu.name_streams(format!("rank {rank}"));
         let nccl = NcclCommunicator::rendezvous(gpu.clone(), "ranks", &*tcp).map_err(e)?;
+        // A rank that fails or hangs aborts the others' collectives after a minute.
+        nccl.watch(Duration::from_secs(60)).map_err(e)?;
         (vec![NcclExecutor::new(nccl, &collectives).shared(), Arc::new(CudaOps::new(gpu.clone()))], Some(gpu))
     } else {
         let host: Arc<dyn Communicator> = tcp.clone();

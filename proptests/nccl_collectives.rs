@@ -82,7 +82,10 @@ fn every_collective_in_every_dtype_matches_the_host_executor() {
     };
     println!("NCCL {}", NcclCommunicator::version().unwrap());
     let (registry, c) = registry();
-    let nccl = NcclExecutor::new(comm, &c).shared();
+    // A watchdog with room to spare follows every collective run here, and aborts none.
+    comm.watch(std::time::Duration::from_secs(60)).unwrap();
+    let comm = Arc::new(comm);
+    let nccl = NcclExecutor::of(comm.clone(), &c).shared();
     let arena = Arena::new();
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         // 1,000,003 rows: more than NCCL moves in one chunk, and odd.
@@ -122,6 +125,41 @@ fn every_collective_in_every_dtype_matches_the_host_executor() {
             }
         }
     }
+    comm.check().unwrap();
+}
+
+/// A watchdog aborts a communicator whose collective has not ended within its timeout (here
+/// 1 us, behind a product of tens of milliseconds, as a rank that hangs would leave it): the
+/// run that queued it returns, and `check` and every later collective say why.
+#[test]
+fn a_watchdog_aborts_a_collective_that_does_not_end_in_time() {
+    use std::time::{Duration, Instant};
+    let Some((gpu, comm)) = world_of_one("a_watchdog_aborts_a_collective_that_does_not_end_in_time") else {
+        return;
+    };
+    let comm = Arc::new(comm);
+    comm.watch(Duration::from_micros(1)).unwrap();
+    let (registry, c) = registry();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[8192, 8192]).unwrap();
+    let y = b.matmul(x, x).unwrap();
+    let y = c.all_reduce(&mut b, y, ReduceOp::Sum).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let executors =
+        [NcclExecutor::of(comm.clone(), &c).shared(), Arc::new(CudaOps::new(gpu.clone())) as Arc<dyn Executor>];
+    let plan = Plan::compile(&trace, &executors).unwrap();
+    let x = Tensor::from_fn(&[8192, 8192], |i| (i % 7) as f32 * 1e-3);
+    let _ = plan.run(&[&x]);
+    let start = Instant::now();
+    while !comm.is_aborted() && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let err = comm.check().unwrap_err();
+    assert!(matches!(err, Error::Collective { .. }) && err.to_string().contains("did not end within"), "{err}");
+    let err = plan.run(&[&x]).unwrap_err();
+    assert!(matches!(&err, Error::Collective { .. }) && err.to_string().contains("did not end within"), "{err}");
 }
 
 #[test]

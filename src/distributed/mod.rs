@@ -38,41 +38,11 @@
 //! against one (`gpt2 --ranks 2 --config 124m --batch 8 --tokens 1024 --device cuda --dtype
 //! bf16 --train-steps 2 --bench` against `--ranks 1`), and whether the buckets' `all_reduce`
 //! overlaps the backward there (Nsight Systems on the ranks' streams, named `rank <r> ...`).
-//! Not built: NCCL's abort on a rank that fails or hangs during a GPU collective (a watchdog
-//! that polls the collectives' events and `ncclCommGetAsyncError`; today
-//! [`NcclCommunicator::abort`] is called by you, and the launcher of the examples stops the
-//! other ranks when one fails).
-//!
-//! ```
-//! use std::thread;
-//! use boundscope::distributed::{CollectiveExecutor, Collectives, InProcessGroup, ReduceOp};
-//! use boundscope::executors::CpuReference;
-//! use boundscope::{Arena, Plan, Registry, Tensor, TraceBuilder};
-//! let mut registry = Registry::with_builtins();
-//! let collectives = Collectives::register(&mut registry).unwrap();
-//! let arena = Arena::new();
-//! let mut b = TraceBuilder::new(&arena, &registry);
-//! let grad = b.input(&[4]).unwrap();
-//! // Data parallelism's step: the gradients averaged over the ranks.
-//! let mean = collectives.all_reduce(&mut b, grad, ReduceOp::Mean).unwrap();
-//! b.output(mean).unwrap();
-//! let trace = b.finish().unwrap();
-//! thread::scope(|s| {
-//!     for (rank, comm) in InProcessGroup::new("dp", 2).unwrap().into_iter().enumerate() {
-//!         let (trace, collectives) = (&trace, &collectives);
-//!         s.spawn(move || {
-//!             let executors = [CollectiveExecutor::new(comm, collectives).shared(), CpuReference::shared()];
-//!             let plan = Plan::compile(trace, &executors).unwrap();
-//!             let mine = Tensor::new(&[4], vec![rank as f32 * 2.0; 4]).unwrap();
-//!             assert_eq!(plan.run(&[&mine]).unwrap()[0].to_f32_vec(), vec![1.0; 4]);
-//!         });
-//!     }
-//! });
-//! ```
-//!
-//! Gradients through the collectives are those of the sum of the ranks' losses (see
-//! [`Collectives`]). Not yet here: gradients of the maxima and of `broadcast`, and integer
-//! values (collectives take `f32`, bf16 and f16).
+//! A rank whose peers do not join, or whose collective does not end in time
+//! ([`NcclCommunicator::watch`], a watchdog thread), aborts its communicator and gets an
+//! [`Error::Collective`](crate::Error::Collective) instead of hanging; both are tested on one
+//! GPU (a world of two that one rank joins; a timeout shorter than a queued product). That a
+//! dead peer on another GPU is found so waits for the two-GPU machine too.
 
 mod collectives;
 mod communicator;
@@ -80,6 +50,8 @@ mod data_parallel;
 mod in_process;
 #[cfg(feature = "cuda")]
 mod nccl;
+#[cfg(feature = "cuda")]
+mod nccl_watchdog;
 mod rank_env;
 mod tcp;
 #[cfg(test)]

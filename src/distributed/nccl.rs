@@ -2,7 +2,6 @@
 //! [`CudaDevice`]) and [`NcclExecutor`], which runs the [`Collectives`] of a rank's plans on
 //! device buffers, on the run's stream.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,6 +12,7 @@ use cudarc::driver::{sys as driver, CudaEvent, CudaStream};
 use super::collectives::{checked_collective, CollectiveStep, Collectives, COLLECTIVE_DTYPES};
 use super::communicator::{Collective, Communicator, ReduceOp};
 use super::in_process::DEFAULT_TIMEOUT;
+use super::nccl_watchdog::{Shared, Watchdog};
 use crate::core::ir::DType;
 use crate::core::plan::{Device, DeviceKernel, EmittedRange, Executor, OpView};
 use crate::error::{Error, Result};
@@ -74,15 +74,6 @@ fn nccl_failed(call: &str, e: nccl::NcclError) -> Error {
     Error::ExecutorUnavailable { executor: "nccl".into(), reason: format!("{call} failed: {code:?}") }
 }
 
-/// The communicator handle; aborted when dropped.
-struct Comm(sys::ncclComm_t);
-
-// SAFETY: an NCCL communicator may be used from any thread; NCCL requires that calls on one
-// communicator are not made concurrently, which `NcclCommunicator` serializes (`enqueue`).
-unsafe impl Send for Comm {}
-// SAFETY: as above.
-unsafe impl Sync for Comm {}
-
 /// One rank's NCCL communicator, on one GPU: the transport of [`NcclExecutor`], which runs a
 /// plan's collectives on device buffers, on the run's stream (so they are ordered with the
 /// plan's kernels and captured into its graph).
@@ -100,16 +91,15 @@ unsafe impl Sync for Comm {}
 /// communicator whose peers failed (its queued collectives end, its later ones fail at once).
 /// Keep `NCCL_NVLS_ENABLE=0` in the environment of programs on machines with NVLink switches.
 pub struct NcclCommunicator {
-    comm: Comm,
+    /// The handle, shared with the watchdog.
+    shared: Arc<Shared>,
+    watchdog: std::sync::Mutex<Option<Watchdog>>,
     device: Arc<CudaDevice>,
     name: String,
     rank: usize,
     world: usize,
     /// How long it waits for NCCL's setup before it aborts.
     timeout: Duration,
-    aborted: AtomicBool,
-    /// Serializes the calls made on the communicator.
-    calls: std::sync::Mutex<()>,
     /// The stream started `all_reduce`s run on, per run stream (by its handle): one per
     /// workspace, so that its collectives keep their order.
     side_streams: std::sync::Mutex<Vec<SideStream>>,
@@ -201,14 +191,13 @@ impl NcclCommunicator {
         unsafe { nccl::comm_init_rank_config(&mut comm, world_c, id, rank_c, &mut config) }
             .map_err(|e| refuse(format!("ncclCommInitRankConfig failed: {:?}", e.0)))?;
         let communicator = Self {
-            comm: Comm(comm),
+            shared: Arc::new(Shared::new(comm)),
+            watchdog: std::sync::Mutex::new(None),
             device,
             name,
             rank,
             world,
             timeout,
-            aborted: AtomicBool::new(false),
-            calls: std::sync::Mutex::new(()),
             side_streams: std::sync::Mutex::new(Vec::new()),
         };
         communicator.settle(&format!("the other ranks of {world} to join"))?;
@@ -222,7 +211,7 @@ impl NcclCommunicator {
         loop {
             let mut state = sys::ncclResult_t::ncclSuccess;
             // SAFETY: the handle is NCCL's; `state` is written.
-            let asked = unsafe { sys::ncclCommGetAsyncError(self.comm.0, &mut state) };
+            let asked = unsafe { sys::ncclCommGetAsyncError(self.shared.handle(), &mut state) };
             let state = if asked == sys::ncclResult_t::ncclSuccess { state } else { asked };
             match state {
                 sys::ncclResult_t::ncclSuccess => return Ok(()),
@@ -310,23 +299,57 @@ impl NcclCommunicator {
 
     /// Aborts the communicator (`ncclCommAbort`): collectives queued on its streams end
     /// without their results, and every later one fails with [`Error::Collective`]. Call it
-    /// when another rank failed; dropping the communicator aborts it too.
+    /// when another rank failed (or let [`watch`](Self::watch) do it); dropping the
+    /// communicator aborts it too.
     pub fn abort(&self) {
-        let _calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
+        let _calls = self.shared.calls.lock().unwrap_or_else(|p| p.into_inner());
         self.abort_now();
     }
 
     /// Aborts it, with the calls' lock held (or before anyone else holds the communicator).
     fn abort_now(&self) {
-        if !self.aborted.swap(true, Ordering::SeqCst) {
-            // SAFETY: the handle came from `ncclCommInitRankConfig` and is aborted once.
-            let _ = unsafe { nccl::comm_abort(self.comm.0) };
-        }
+        self.shared.abort(None);
     }
 
     /// Whether it was aborted.
     pub fn is_aborted(&self) -> bool {
-        self.aborted.load(Ordering::SeqCst)
+        self.shared.is_aborted()
+    }
+
+    /// Starts a watchdog (a thread of its own, as PyTorch's): a collective that has not ended
+    /// `timeout` after a run queued it (a rank failed or hangs), or an error NCCL reports,
+    /// aborts the communicator, so that the queued collectives end (the run that waits for
+    /// them returns) and every later collective, and [`check`](Self::check), is an
+    /// [`Error::Collective`] saying why. It follows up to 64 collectives in flight, not those
+    /// captured into graphs; the check costs a recorded event per collective. Calling it again
+    /// replaces the timeout.
+    ///
+    /// # Errors
+    /// [`Error::Collective`] when its events or thread cannot be made.
+    pub fn watch(&self, timeout: Duration) -> Result<()> {
+        let mut watchdog = self.watchdog.lock().unwrap_or_else(|p| p.into_inner());
+        // The old one stops before the new one takes the events over.
+        *watchdog = None;
+        *watchdog = Some(Watchdog::start(&self.shared, self.device.context(), timeout).map_err(|e| self.error(e))?);
+        Ok(())
+    }
+
+    /// `Ok` unless it was aborted: then why (the watchdog's finding, or an abort of yours). Call
+    /// it after a step whose results you keep, when a watchdog runs: a run whose collectives
+    /// were aborted returns, but its results are not the collectives'.
+    ///
+    /// # Errors
+    /// [`Error::Collective`] as said.
+    pub fn check(&self) -> Result<()> {
+        match self.is_aborted() {
+            false => Ok(()),
+            true => Err(self.aborted_error()),
+        }
+    }
+
+    fn aborted_error(&self) -> Error {
+        let why = self.shared.failure().unwrap_or_else(|| "it was aborted".into());
+        self.error(format!("the communicator is aborted: {why}; make a new one (every rank)"))
     }
 
     /// Runs `f` on the side stream of `run`'s started `all_reduce`s (made at its first use).
@@ -368,9 +391,9 @@ impl NcclCommunicator {
         count: usize,
         stream: sys::cudaStream_t,
     ) -> Result<()> {
-        let _calls = self.calls.lock().unwrap_or_else(|p| p.into_inner());
-        if self.aborted.load(Ordering::SeqCst) {
-            return Err(self.error("the communicator was aborted (a rank failed): make a new one".into()));
+        let _calls = self.shared.calls.lock().unwrap_or_else(|p| p.into_inner());
+        if self.is_aborted() {
+            return Err(self.aborted_error());
         }
         let datatype = match dtype {
             DType::F32 => sys::ncclDataType_t::ncclFloat32,
@@ -384,7 +407,7 @@ impl NcclCommunicator {
             ReduceOp::Max => sys::ncclRedOp_t::ncclMax,
         };
         let (send, recv) = (input as *const std::ffi::c_void, output as *mut std::ffi::c_void);
-        let comm = self.comm.0;
+        let comm = self.shared.handle();
         // SAFETY: the caller's contract; the counts are NCCL's (per rank for the gather's
         // input and the scatter's output).
         let status = unsafe {
@@ -400,10 +423,12 @@ impl NcclCommunicator {
             }
         };
         match status {
-            Ok(nccl::NcclStatus::InProgress) => self.settle(&format!("{collective} to be queued")),
-            Ok(_) => Ok(()),
-            Err(e) => Err(self.error(format!("{collective} failed in NCCL: {:?}", e.0))),
+            Ok(nccl::NcclStatus::InProgress) => self.settle(&format!("{collective} to be queued"))?,
+            Ok(_) => {}
+            Err(e) => return Err(self.error(format!("{collective} failed in NCCL: {:?}", e.0))),
         }
+        self.shared.follow(stream as driver::CUstream);
+        Ok(())
     }
 }
 
@@ -416,12 +441,6 @@ struct SideStream {
     /// wait with nothing pending queues no wait (the first wait of a step's gradients joins
     /// the streams, the others only copy).
     pending: bool,
-}
-
-impl Drop for NcclCommunicator {
-    fn drop(&mut self) {
-        self.abort();
-    }
 }
 
 impl std::fmt::Debug for NcclCommunicator {

@@ -468,17 +468,21 @@ fn collective_executor(
     Ok(CollectiveExecutor::of(host, collectives).shared())
 }
 
-/// Whether every rank holds the same parameters (their bits, summed per tensor in f64, gathered
-/// over TCP); says so on stdout.
+/// Whether every rank holds the same parameters: each tensor's bits summed (wrapping, in
+/// `u64`), sent as four 16-bit words (exact in `f32`) and gathered over TCP; says so on stdout.
 fn parameters_agree(tcp: &TcpGroup, parameters: &[Stored]) -> Result<bool> {
-    let mut sums = Vec::with_capacity(parameters.len());
+    let mut words = Vec::with_capacity(parameters.len() * 4);
     for p in parameters {
-        let bits: f64 = p.to_host()?.to_f32_vec().iter().map(|v| v.to_bits() as f64).sum();
-        sums.push((bits % 16_777_216.0) as f32);
+        let bits = p
+            .to_host()?
+            .to_f32_vec()
+            .iter()
+            .fold(0u64, |sum, v| sum.wrapping_mul(31).wrapping_add(u64::from(v.to_bits())));
+        words.extend((0..4).map(|k| ((bits >> (16 * k)) & 0xffff) as f32));
     }
-    let mut all = vec![0.0f32; sums.len() * tcp.world_size()];
-    tcp.run(Collective::AllGather, &sums, &mut all)?;
-    let agree = all.chunks(sums.len()).all(|other| other == sums);
+    let mut all = vec![0.0f32; words.len() * tcp.world_size()];
+    tcp.run(Collective::AllGather, &words, &mut all)?;
+    let agree = all.chunks(words.len()).all(|other| other == words);
     println!("rank {} of {}: parameters equal on every rank: {agree}", tcp.rank(), tcp.world_size());
     Ok(agree)
 }

@@ -347,3 +347,43 @@ fn a_rank_whose_peers_never_join_fails_in_time() {
     );
     assert!(waited < Duration::from_secs(20), "{waited:?}");
 }
+
+/// A started `all_reduce` and its waits, captured into a graph: the capture fails unless the
+/// run's stream joins the collectives' stream before it ends (the wait does), and replays give
+/// the host executor's results, with a product queued between the start and the waits.
+#[test]
+fn started_all_reduces_and_their_waits_replay_in_a_graph() {
+    let Some((gpu, comm)) = world_of_one("started_all_reduces_and_their_waits_replay_in_a_graph") else { return };
+    let (registry, c) = registry();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[64, 64]).unwrap();
+    let doubled = b.mul_scalar(x, 2.0).unwrap();
+    let started = c.all_reduce_start(&mut b, doubled, ReduceOp::Mean).unwrap();
+    let meanwhile = b.matmul(x, x).unwrap();
+    let top = c.all_reduce_wait(&mut b, started, doubled, 0, &[32, 64]).unwrap();
+    let bottom = c.all_reduce_wait(&mut b, started, doubled, 32 * 64, &[32, 64]).unwrap();
+    let joined = b.concat(&[top, bottom], 0).unwrap();
+    let y = b.add(joined, meanwhile).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let executors = [NcclExecutor::new(comm, &c).shared(), Arc::new(CudaOps::new(gpu.clone())) as Arc<dyn Executor>];
+    let plan = Plan::compile(&trace, &executors).unwrap();
+    let host_comm = InProcessGroup::new("host", 1).unwrap().remove(0);
+    let host = [CollectiveExecutor::new(host_comm, &c).shared(), boundscope::executors::CpuReference::shared()];
+    let reference = Plan::compile(&trace, &host).unwrap();
+    let data = Tensor::from_fn(&[64, 64], |i| ((i * 13) % 29) as f32 / 29.0 - 0.5);
+    let expected = reference.run(&[&data]).unwrap()[0].to_f32_vec();
+    let close = |got: &[f32], how: &str| {
+        let diff = got.iter().zip(&expected).map(|(g, e)| (g - e).abs()).fold(0.0f32, f32::max);
+        assert!(diff < 1e-4, "{how}: {diff}");
+    };
+    close(&plan.run(&[&data]).unwrap()[0].to_f32_vec(), "stream run");
+    let device: Arc<dyn Device> = gpu.clone();
+    let mut input = DeviceTensor::upload(&device, data.view()).unwrap();
+    let mut workspace = plan.workspace().unwrap();
+    let mut graph = plan.capture(&mut workspace, vec![&mut input]).unwrap();
+    for _ in 0..3 {
+        close(&graph.replay().unwrap().to_host(0).unwrap().to_f32_vec(), "graph replay");
+    }
+}

@@ -28,11 +28,14 @@ pub(super) const COLLECTIVES_DOMAIN: &str = "collectives";
 /// | `all_gather` | `x`, the world size | `[world * d0, d1, ...]`: the ranks' `x` along the first axis |
 /// | `reduce_scatter_sum`, `_mean`, `_max` | `x`, the world size | `[d0 / world, d1, ...]`: this rank's part of the combination |
 /// | `broadcast` | `x`, the root | `x`'s |
+/// | `all_reduce_start_sum`, `_mean`, `_max` | `x` | `x`'s: read only by `all_reduce_wait` |
+/// | `all_reduce_wait` | the started value, `x`, an offset, a shape | the shape: that part of the result |
 ///
-/// Tensors of rank 1 or more, in `f32`, bf16 or f16; the world size is part of the trace (shapes depend on it),
-/// and [`CollectiveExecutor`] refuses a trace whose world size is not its communicator's. No
-/// other executor claims them: a plan without a `CollectiveExecutor` is
-/// [`Error::NoExecutor`] naming the symbol.
+/// Tensors of rank 1 or more, in `f32`, bf16 or f16; the world size is part of the trace
+/// (shapes depend on it), and the executors ([`CollectiveExecutor`] on the host,
+/// `NcclExecutor` on GPUs) refuse a trace whose world size is not their communicator's, and a
+/// started `all_reduce` that anything but its waits reads. No other executor claims them: a
+/// plan without one of those is [`Error::NoExecutor`] naming the symbol.
 ///
 /// Gradients ([`passes::Grad`](crate::passes::Grad)) are those of the sum of the ranks'
 /// losses, as `torch.distributed.nn.functional`'s: `all_reduce`'s is the `all_reduce` of the
@@ -472,10 +475,49 @@ pub(super) fn checked_collective(
         )));
     }
     let input: usize = op.input_shape(0)?.iter().product();
-    if let CollectiveStep::Whole(collective) = step {
-        collective.output_len(input, world).map_err(failed)?;
+    match step {
+        CollectiveStep::Whole(collective) => {
+            collective.output_len(input, world).map_err(failed)?;
+        }
+        CollectiveStep::Start(_) => collectives.check_started(op).map_err(failed)?,
+        CollectiveStep::Wait { .. } => {}
     }
     Ok((step, input))
+}
+
+impl Collectives {
+    /// Whether `op`'s output, a started `all_reduce`, is read by `all_reduce_wait`s only (as
+    /// the value they wait for) and at least one, and is no output of the trace: anything else
+    /// would read it while the collective may still write it, or never join its stream.
+    fn check_started(&self, op: &OpView<'_>) -> std::result::Result<(), String> {
+        let Some(&started) = op.bound_symbol().outputs().first() else { return Ok(()) };
+        let trace = op.trace;
+        if trace.outputs().contains(&started) {
+            return Err("a started all_reduce is an output of the trace: output its all_reduce_wait instead".into());
+        }
+        let mut waits = 0;
+        for bsym in trace.bound_symbols() {
+            if !bsym.inputs().any(|v| v == started) {
+                continue;
+            }
+            let args = bsym.args();
+            let waits_for_it = bsym.symbol() == self.all_reduce_wait
+                && matches!(args.first(), Some(Arg::Value(v)) if *v == started)
+                && !matches!(args.get(1), Some(Arg::Value(v)) if *v == started);
+            if !waits_for_it {
+                let name = trace.registry().get(bsym.symbol()).map(|s| s.symbol.name().to_string()).unwrap_or_default();
+                return Err(format!(
+                    "`{name}` reads a started all_reduce, which only all_reduce_wait may read (before it, the \
+                     collective may still be writing it): read the wait's result instead"
+                ));
+            }
+            waits += 1;
+        }
+        if waits == 0 {
+            return Err("a started all_reduce has no all_reduce_wait: wait for it before the run ends".into());
+        }
+        Ok(())
+    }
 }
 
 struct CollectiveKernel {

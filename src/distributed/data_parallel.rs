@@ -8,9 +8,9 @@ use crate::core::passes::GradientBuckets;
 /// Data parallelism, as PyTorch's `DistributedDataParallel`: each rank runs the same step on
 /// its own part of the batch, and the gradients are averaged over the ranks (an `all_reduce`
 /// mean) before the optimizer, so every rank makes the same update. Give it to
-/// [`Grad::in_buckets`](crate::passes::Grad::in_buckets): the backward flattens its gradients
+/// [`Grad::in_buckets`](crate::passes::Grad::in_buckets): the backward gathers its gradients
 /// into buckets of about [`bucket_bytes`](Self::bucket_bytes) (25 MiB by default, as DDP's) in
-/// the order it completes them, and starts each bucket's `all_reduce`
+/// the order it completes them, and starts the `all_reduce` of each gradient of a bucket
 /// ([`Collectives::all_reduce_start`]) as soon as the bucket is full, so that on a GPU
 /// ([`NcclExecutor`](super::NcclExecutor)) the reduction runs on a stream of its own while the
 /// rest of the backward runs; before the optimizer the run waits for them
@@ -86,7 +86,10 @@ impl From<DataParallel> for GradientBuckets {
         GradientBuckets::new(
             dp.bytes,
             move |b, bucket| start.all_reduce_start(b, bucket, ReduceOp::Mean),
-            move |b, started, bucket, offset, shape| finish.all_reduce_wait(b, started, bucket, offset, shape),
+            move |b, started, grad| {
+                let shape = b.shape(grad)?.to_vec();
+                finish.all_reduce_wait(b, started, grad, 0, &shape)
+            },
         )
     }
 }

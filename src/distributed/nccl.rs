@@ -84,10 +84,13 @@ fn nccl_failed(call: &str, e: nccl::NcclError) -> Error {
 /// variables), and [`single`](Self::single) makes a world of one (one GPU: NCCL refuses two ranks
 /// on one GPU).
 ///
-/// NCCL's semantics differ from the host communicators' in two ways: a sum is added in the
-/// order of NCCL's ring or tree (every rank still gets the same bits), and 16-bit values are
+/// NCCL's semantics differ from the host communicators' in four ways: a sum is added in the
+/// order of NCCL's ring or tree (every rank still gets the same bits); 16-bit values are
 /// combined in their own dtype at each step of it (for two ranks: one sum in `f32`, rounded
-/// once). An error of NCCL's is [`Error::Collective`]; [`abort`](Self::abort) stops a
+/// once); a mean multiplies each value by `1 / world` rounded to the dtype before the sum
+/// (`ncclAvg`: in bf16 on three ranks, by 0.33398, not a third), where the host divides the
+/// sum; and a maximum over a NaN and a number is the number (`fmaxf`), where the host gives
+/// NaN. An error of NCCL's is [`Error::Collective`]; [`abort`](Self::abort) stops a
 /// communicator whose peers failed (its queued collectives end, its later ones fail at once).
 /// Keep `NCCL_NVLS_ENABLE=0` in the environment of programs on machines with NVLink switches.
 pub struct NcclCommunicator {
@@ -155,41 +158,51 @@ impl NcclCommunicator {
         device.context().bind_to_thread().map_err(|e| refuse(format!("binding the CUDA context: {e:?}")))?;
         let id = sys::ncclUniqueId { internal: id.0.map(|b| b as std::ffi::c_char) };
         let version = nccl::get_nccl_version().map_err(|e| nccl_failed("ncclGetVersion", e))?;
-        // NCCL_CONFIG_INITIALIZER, with `blocking = 0`: every other field NCCL's default,
-        // marked undefined; the version and size the loaded library's (before 2.29 its fields
-        // end at `nvlinkCentricSched`; those after it are undefined either way).
+        if version < 21400 {
+            return Err(Error::ExecutorUnavailable {
+                executor: "nccl".into(),
+                reason: format!("NCCL {version} is older than 2.14, which communicators' settings need: update it"),
+            });
+        }
+        // NCCL_CONFIG_INITIALIZER with `blocking = 0`: every other field NCCL's default, marked
+        // undefined, the padding zeroed. The version is the lower of the loaded library's and
+        // that of the header these bindings follow (2.30.0): NCCL reads the fields up to its own
+        // size and gives those of later versions their defaults.
         const UNDEF: i32 = i32::MIN;
-        let size = match version {
-            v if v < 22900 => std::mem::offset_of!(sys::ncclConfig_t, graphUsageMode),
-            _ => std::mem::size_of::<sys::ncclConfig_t>(),
-        };
-        let mut config = sys::ncclConfig_t {
-            size,
-            magic: 0xcafe_beef,
-            version: version as u32,
-            blocking: 0,
-            cgaClusterSize: UNDEF,
-            minCTAs: UNDEF,
-            maxCTAs: UNDEF,
-            netName: std::ptr::null(),
-            splitShare: UNDEF,
-            trafficClass: UNDEF,
-            commName: std::ptr::null(),
-            collnetEnable: UNDEF,
-            CTAPolicy: UNDEF,
-            shrinkShare: UNDEF,
-            nvlsCTAs: UNDEF,
-            nChannelsPerNetPeer: UNDEF,
-            nvlinkCentricSched: UNDEF,
-            graphUsageMode: UNDEF,
-            maxP2pPeers: UNDEF,
-            numRmaCtx: UNDEF,
-        };
+        // SAFETY: every field of the config is an integer or a pointer, for which zero is valid.
+        let mut config: sys::ncclConfig_t = unsafe { std::mem::MaybeUninit::zeroed().assume_init() };
+        config.size = std::mem::size_of::<sys::ncclConfig_t>();
+        config.magic = 0xcafe_beef;
+        config.version = version.min(23000) as u32;
+        config.blocking = 0;
+        for field in [
+            &mut config.cgaClusterSize,
+            &mut config.minCTAs,
+            &mut config.maxCTAs,
+            &mut config.splitShare,
+            &mut config.trafficClass,
+            &mut config.collnetEnable,
+            &mut config.CTAPolicy,
+            &mut config.shrinkShare,
+            &mut config.nvlsCTAs,
+            &mut config.nChannelsPerNetPeer,
+            &mut config.nvlinkCentricSched,
+            &mut config.graphUsageMode,
+            &mut config.maxP2pPeers,
+            &mut config.numRmaCtx,
+        ] {
+            *field = UNDEF;
+        }
         let mut comm = std::ptr::null_mut();
         // SAFETY: `comm` is written by NCCL; the id is 128 bytes as NCCL made them; `config`
         // lives for the call.
-        unsafe { nccl::comm_init_rank_config(&mut comm, world_c, id, rank_c, &mut config) }
-            .map_err(|e| refuse(format!("ncclCommInitRankConfig failed: {:?}", e.0)))?;
+        if let Err(e) = unsafe { nccl::comm_init_rank_config(&mut comm, world_c, id, rank_c, &mut config) } {
+            if !comm.is_null() {
+                // SAFETY: NCCL made the handle before it failed; it is aborted once.
+                let _ = unsafe { nccl::comm_abort(comm) };
+            }
+            return Err(refuse(format!("ncclCommInitRankConfig failed: {:?}", e.0)));
+        }
         let communicator = Self {
             shared: Arc::new(Shared::new(comm)),
             watchdog: std::sync::Mutex::new(None),
@@ -253,11 +266,35 @@ impl NcclCommunicator {
     /// `host`'s error (a rank did not arrive within its timeout), and those of
     /// [`new`](Self::new).
     pub fn rendezvous(device: Arc<CudaDevice>, name: impl Into<String>, host: &dyn Communicator) -> Result<Self> {
+        let name = name.into();
         let (rank, world) = (host.rank(), host.world_size());
-        let mine = if rank == 0 { *NcclId::new()?.as_bytes() } else { [0; 128] };
-        // 128 bytes as 32 `f32`s: a broadcast copies their bits.
-        let words: Vec<f32> =
-            mine.chunks_exact(4).map(|b| f32::from_bits(u32::from_le_bytes([b[0], b[1], b[2], b[3]]))).collect();
+        // Every rank says whether it can take part (rank 0 also makes the id), so that one that
+        // cannot fails them all at once instead of leaving them to wait for it.
+        let mut failure = nccl_present().err();
+        let mut words = vec![0.0f32; 32];
+        if rank == 0 && failure.is_none() {
+            match NcclId::new() {
+                // 128 bytes as 32 `f32`s: a broadcast copies their bits.
+                Ok(id) => {
+                    for (word, b) in words.iter_mut().zip(id.as_bytes().chunks_exact(4)) {
+                        *word = f32::from_bits(u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+                    }
+                }
+                Err(e) => failure = Some(e),
+            }
+        }
+        let mut any_failed = [0.0f32];
+        host.run(Collective::AllReduce(ReduceOp::Max), &[f32::from(u8::from(failure.is_some()))], &mut any_failed)?;
+        if let Some(e) = failure {
+            return Err(e);
+        }
+        if any_failed[0] > 0.0 {
+            return Err(Error::Collective {
+                communicator: name,
+                rank,
+                detail: "another rank cannot use NCCL (its error is its own): fix that rank's machine".into(),
+            });
+        }
         let mut got = vec![0.0f32; words.len()];
         host.run(Collective::Broadcast { root: 0 }, &words, &mut got)?;
         let mut bytes = [0u8; 128];
@@ -352,11 +389,13 @@ impl NcclCommunicator {
         self.error(format!("the communicator is aborted: {why}; make a new one (every rank)"))
     }
 
-    /// Runs `f` on the side stream of `run`'s started `all_reduce`s (made at its first use).
-    fn with_side_stream<R>(&self, run: &Arc<CudaStream>, f: impl FnOnce(&mut SideStream) -> Result<R>) -> Result<R> {
-        let key = run.cu_stream() as usize;
+    /// The side stream of `run`'s started `all_reduce`s (made at its first use), and whether
+    /// one started on it since `run` last waited for it; `starting` marks one started, else the
+    /// caller is about to wait for them. Entries of run streams that are gone are dropped.
+    fn side_stream(&self, run: &Arc<CudaStream>, starting: bool) -> Result<(Arc<CudaStream>, bool)> {
         let mut streams = self.side_streams.lock().unwrap_or_else(|p| p.into_inner());
-        let index = match streams.iter().position(|s| s.run == key) {
+        streams.retain(|s| s.run.strong_count() > 0);
+        let index = match streams.iter().position(|s| std::ptr::eq(s.run.as_ptr(), Arc::as_ptr(run))) {
             Some(index) => index,
             None => {
                 let stream = self
@@ -364,11 +403,14 @@ impl NcclCommunicator {
                     .context()
                     .new_stream()
                     .map_err(|e| self.error(format!("making a stream for collectives: {e:?}")))?;
-                streams.push(SideStream { run: key, stream, pending: false });
+                self.device.name_side_stream(&stream, "collectives");
+                streams.push(SideStream { run: Arc::downgrade(run), stream, pending: false });
                 streams.len() - 1
             }
         };
-        f(&mut streams[index])
+        let side = &mut streams[index];
+        let pending = std::mem::replace(&mut side.pending, starting);
+        Ok((side.stream.clone(), pending))
     }
 
     fn error(&self, detail: String) -> Error {
@@ -434,8 +476,8 @@ impl NcclCommunicator {
 
 /// The stream a run stream's started `all_reduce`s run on.
 struct SideStream {
-    /// The run stream's handle.
-    run: usize,
+    /// The run stream.
+    run: std::sync::Weak<CudaStream>,
     stream: Arc<CudaStream>,
     /// Whether an `all_reduce` started on it since the run stream last waited for it: a
     /// wait with nothing pending queues no wait (the first wait of a step's gradients joins
@@ -594,23 +636,25 @@ impl CudaKernel for NcclKernel {
             (CollectiveStep::Whole(collective), _) => unsafe {
                 comm.enqueue(collective, input.dtype, input.ptr, output.ptr, self.count, stream.cu_stream() as _)
             },
-            (CollectiveStep::Start(op), Some(event)) => comm.with_side_stream(&stream, |side| {
+            (CollectiveStep::Start(op), Some(event)) => {
+                let (side, _) = comm.side_stream(&stream, true)?;
                 event.record(&stream).map_err(|e| run.error(e))?;
-                side.stream.wait(event).map_err(|e| run.error(e))?;
-                side.pending = true;
+                side.wait(event).map_err(|e| run.error(e))?;
                 let collective = Collective::AllReduce(op);
-                let on = side.stream.cu_stream() as _;
-                unsafe { comm.enqueue(collective, input.dtype, input.ptr, output.ptr, self.count, on) }
-            }),
+                unsafe {
+                    comm.enqueue(collective, input.dtype, input.ptr, output.ptr, self.count, side.cu_stream() as _)
+                }?;
+                // The collective reads and writes the op's buffers after this returns: the run
+                // waits for it before it ends, if no wait of its own does.
+                run.keep_joined(&side)
+            }
             (CollectiveStep::Wait { offset }, Some(event)) => {
-                comm.with_side_stream(&stream, |side| {
-                    if side.pending {
-                        event.record(&side.stream).map_err(|e| run.error(e))?;
-                        stream.wait(event).map_err(|e| run.error(e))?;
-                        side.pending = false;
-                    }
-                    Ok(())
-                })?;
+                let (side, pending) = comm.side_stream(&stream, false)?;
+                if pending {
+                    event.record(&side).map_err(|e| run.error(e))?;
+                    stream.wait(event).map_err(|e| run.error(e))?;
+                    run.joined(&side);
+                }
                 let size = input.dtype.size_bytes();
                 // SAFETY: the shape rule checked that the part (the output's values from
                 // `offset`) lies inside the started values; the plan checked the buffers.

@@ -137,9 +137,11 @@ fn sixteen_bit_collectives_combine_in_f32_and_round_once() {
         b.output(sum).unwrap();
         b.output(gathered).unwrap();
         let trace = b.finish().unwrap();
-        // Values whose bf16 sum rounded at each step differs from the sum rounded once:
-        // 256 + 1 + 1 is 256 step by step in bf16, 258 once.
-        let value = |r: usize, i: usize| if i == 0 { [256.0, 1.0, 1.0][r] } else { (r * 8 + i) as f32 * 0.37 };
+        // Values whose sum rounded at each step differs from the sum rounded once: 256 + 1 + 1
+        // is 256 step by step in bf16 (8 bits), 258 once; 2048 + 1 + 1 is 2048 step by step in
+        // f16 (11 bits), 2050 once.
+        let big = if dtype == DType::BF16 { 256.0 } else { 2048.0 };
+        let value = |r: usize, i: usize| if i == 0 { [big, 1.0, 1.0][r] } else { (r * 8 + i) as f32 * 0.37 };
         let input =
             |r: usize| vec![Tensor::new(&[4, 2], (0..8).map(|i| value(r, i)).collect()).unwrap().to_dtype(dtype)];
         let widened = |r: usize, i: usize| input(r)[0].to_f32_vec()[i];
@@ -149,7 +151,7 @@ fn sixteen_bit_collectives_combine_in_f32_and_round_once() {
             let expected: Vec<f32> = (0..8).map(|i| (0..3).map(|r| widened(r, i)).sum::<f32>()).collect();
             let expected = Tensor::new(&[4, 2], expected).unwrap().to_dtype(dtype).to_f32_vec();
             assert_eq!(out[0].to_f32_vec(), expected, "{dtype}");
-            assert_eq!(out[0].to_f32_vec()[0], 258.0, "{dtype}: rounded once");
+            assert_eq!(out[0].to_f32_vec()[0], big + 2.0, "{dtype}: rounded once");
             let gathered: Vec<f32> = (0..3).flat_map(|r| input(r)[0].to_f32_vec()).collect();
             assert_eq!(out[1].to_f32_vec(), gathered, "{dtype}");
         }
@@ -602,18 +604,21 @@ fn data_parallel_steps_keep_every_rank_equal_to_one_rank_on_the_whole_batch() {
     for world in [2, 4] {
         for bucket_bytes in [1, 32, 1 << 20] {
             let step = step_of(batch / world, Some(DataParallel::new(&c).bucket_bytes(bucket_bytes)));
-            let starts = step
+            // A bucket's starts come together: count the runs of them.
+            let is_start: Vec<bool> = step
                 .trace
                 .bound_symbols()
                 .iter()
-                .filter(|s| step.trace.symbol_name(s).starts_with("all_reduce_start"))
-                .count();
+                .map(|s| step.trace.symbol_name(s).starts_with("all_reduce_start"))
+                .collect();
+            let starts = is_start.iter().filter(|&&s| s).count();
+            let buckets = (0..is_start.len()).filter(|&i| is_start[i] && (i == 0 || !is_start[i - 1])).count();
             let expected_buckets = match bucket_bytes {
                 1 => 3,
                 32 => 2,
                 _ => 1,
             };
-            assert_eq!(starts, expected_buckets, "{bucket_bytes}-byte buckets:\n{}", step.trace);
+            assert_eq!((starts, buckets), (3, expected_buckets), "{bucket_bytes}-byte buckets:\n{}", step.trace);
             let results = with_ranks(Transport::InProcess, world, |rank, comm| {
                 let executors = [CollectiveExecutor::of(comm, &c).shared(), CpuReference::shared()];
                 let plan = Plan::compile(&step.trace, &executors).unwrap();
@@ -657,7 +662,59 @@ fn gradient_buckets_start_while_the_backward_goes_on() {
     assert_eq!(waits.len(), 2);
     assert!(waits.iter().all(|&i| i > last_matmul && grads.scope_path(i) == Some("backward.grad_sync")));
     // A start that returns another shape is a typed error, not a silent loss.
-    let wrong = crate::passes::GradientBuckets::new(1, |b, x| b.sum(x), |b, s, _, _, _| b.add_scalar(s, 0.0));
+    let wrong = crate::passes::GradientBuckets::new(1, |b, x| b.sum(x), |b, s, _| b.add_scalar(s, 0.0));
     let err = Grad::new(&[w1, w2]).in_buckets(wrong).run(&trace, &arena).unwrap_err();
     assert!(matches!(err, Error::InvalidGradient { .. }) && err.to_string().contains("another shape"), "{err}");
+}
+
+/// A started `all_reduce` is read by its waits only: anything else reading it, none waiting
+/// for it, or its being an output of the trace is a typed error when the plan compiles.
+#[test]
+fn a_started_all_reduce_read_by_anything_but_its_waits_is_refused() {
+    let (registry, c) = registry_with_collectives();
+    let arena = Arena::new();
+    let build = |misuse: usize| {
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[4]).unwrap();
+        let started = c.all_reduce_start(&mut b, x, ReduceOp::Sum).unwrap();
+        match misuse {
+            0 => {
+                let early = b.exp(started).unwrap();
+                let waited = c.all_reduce_wait(&mut b, started, x, 0, &[4]).unwrap();
+                let y = b.add(early, waited).unwrap();
+                b.output(y).unwrap();
+            }
+            1 => {
+                let other = b.exp(x).unwrap();
+                b.output(other).unwrap();
+                b.output(started).unwrap();
+            }
+            2 => b.output(started).unwrap(),
+            _ => {
+                let half = c.all_reduce_wait(&mut b, started, x, 2, &[2]).unwrap();
+                b.output(half).unwrap();
+            }
+        }
+        b.finish().unwrap()
+    };
+    let compile = |trace: &Trace<'_>| {
+        let comm = InProcessGroup::new("one", 1).unwrap().remove(0);
+        Plan::compile(trace, &[CollectiveExecutor::new(comm, &c).shared(), CpuReference::shared()])
+    };
+    let err = compile(&build(0)).unwrap_err().to_string();
+    assert!(err.contains("`exp` reads a started all_reduce"), "{err}");
+    for misuse in [1, 2] {
+        let err = compile(&build(misuse)).unwrap_err().to_string();
+        assert!(err.contains("is an output of the trace"), "{err}");
+    }
+    // A part of the result: values 2 and 3.
+    let plan = compile(&build(3)).unwrap();
+    let out = plan.run(&[&Tensor::new(&[4], vec![1.0, 2.0, 3.0, 4.0]).unwrap()]).unwrap();
+    assert_eq!(out[0].to_f32_vec(), [3.0, 4.0]);
+    // A part outside the values is refused by the shape rule.
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4]).unwrap();
+    let started = c.all_reduce_start(&mut b, x, ReduceOp::Sum).unwrap();
+    let err = c.all_reduce_wait(&mut b, started, x, 3, &[2]).unwrap_err().to_string();
+    assert!(err.contains("does not fit"), "{err}");
 }

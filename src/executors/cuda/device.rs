@@ -102,6 +102,9 @@ pub(crate) struct Queue {
     /// Its events and epoch in the order with the device's stream (see `stream_order`).
     pub(crate) order: QueueOrder,
     pub(crate) stream: Arc<CudaStream>,
+    /// Streams with work of the run's that the run's stream must wait for before the run
+    /// leaves the queue ([`CudaRun::keep_joined`](super::CudaRun::keep_joined)).
+    pub(crate) joins: Mutex<Vec<Arc<CudaStream>>>,
 }
 
 /// The stream work goes to ([`CudaDevice::stream`]).
@@ -271,6 +274,13 @@ impl CudaDevice {
         })
     }
 
+    /// Names `stream`, a stream of an executor's own on this device, `<prefix> <what>` (the
+    /// prefix of [`name_streams`](Self::name_streams)).
+    pub(crate) fn name_side_stream(&self, stream: &CudaStream, what: &str) {
+        let prefix = self.stream_prefix.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        name_stream(stream, &format!("{prefix} {what}"));
+    }
+
     /// Names its streams, as Nsight Systems shows them, `<prefix> cuda:<ordinal>` (its own) and
     /// `<prefix> workspace <n>` (each workspace's, made from now on), instead of `boundscope
     /// ...`: `rank 1` tells the ranks of a multi-process run apart in their timelines. Calls
@@ -317,7 +327,7 @@ impl CudaDevice {
     }
 
     /// The workspace queue of the run in progress on this thread, if any.
-    fn current_queue(&self) -> Option<Arc<Queue>> {
+    pub(crate) fn current_queue(&self) -> Option<Arc<Queue>> {
         current_queue_of(&self.order)
     }
 
@@ -664,7 +674,12 @@ impl Device for CudaDevice {
         let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
         let event = || self.context.new_event(flags).map_err(|e| cuda_error("new event", e));
         let order = QueueOrder::new(event()?, event()?);
-        Ok(Some(Box::new(CudaQueue(Arc::new(Queue { states: Mutex::new(Vec::new()), order, stream })))))
+        Ok(Some(Box::new(CudaQueue(Arc::new(Queue {
+            states: Mutex::new(Vec::new()),
+            order,
+            stream,
+            joins: Mutex::new(Vec::new()),
+        })))))
     }
 
     fn enter_queue(&self, queue: &dyn DeviceQueue) -> Result<()> {
@@ -688,6 +703,17 @@ impl Device for CudaDevice {
         });
         let queue =
             queue.as_any().downcast_ref::<CudaQueue>().ok_or_else(|| cuda_error("queue", "not a CUDA queue"))?;
+        // Work a kernel left on a stream of its own (a run that failed between a collective's
+        // start and its wait): the run's stream waits for it, on every way out of the run.
+        let mut joins = queue.0.joins.lock().unwrap_or_else(|p| p.into_inner());
+        let mut joined = Ok(());
+        for side in joins.drain(..) {
+            if joined.is_ok() {
+                joined = queue.0.stream.join(&side).map_err(|e| cuda_error("join a kernel's stream", e));
+            }
+        }
+        drop(joins);
+        joined?;
         // What comes later on the device's stream (downloads, frees, graphs' inputs, other
         // workspaces' runs) waits for the run.
         self.order.leave(&queue.0)

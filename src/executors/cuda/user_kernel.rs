@@ -57,7 +57,8 @@ device_elements!(f32 => F32, half::bf16 => BF16, half::f16 => F16, i64 => I64, i
 ///   into the plan's graph (the graph replays it with the rest), and is timed by
 ///   [`CudaEventTimer`](super::CudaEventTimer) guards on the op. Work queued on another stream
 ///   races with the plan, and is not captured: if you must use one, make it wait for an event
-///   recorded on the run's stream, and the run's stream wait for it before you return. The
+///   recorded on the run's stream, and the run's stream wait for it before you return, or
+///   later in the run with [`CudaRun::keep_joined`] (which also joins it on a run's error). The
 ///   views' own `stream()` is the device's stream, not the run's (cudarc's per-buffer events
 ///   are off on this device: the plan orders its work itself), so pass `run.stream()` to every
 ///   call that takes one.
@@ -337,6 +338,37 @@ impl<'r> CudaRun<'r> {
             )
         }
         .map_err(|e| self.error(e))
+    }
+
+    /// Says that work queued on `side`, a stream of the kernel's own, uses the op's buffers
+    /// after `run` returns, until a later kernel of the run makes the run's stream wait for it
+    /// (and says so with [`joined`](Self::joined)): a collective started on a stream of its own
+    /// and waited for later, say. Whatever ends the run (its last step, an error, a panic),
+    /// the run's stream then waits for `side` before the run leaves its workspace, so no later
+    /// run reuses those buffers while `side` may still use them. Outside a run, the device's
+    /// stream waits for `side` now.
+    ///
+    /// # Errors
+    /// CUDA's error making a stream wait, as [`Error::Execution`].
+    pub fn keep_joined(&self, side: &Arc<CudaStream>) -> Result<()> {
+        match self.device.current_queue() {
+            Some(queue) => {
+                let mut joins = queue.joins.lock().unwrap_or_else(|p| p.into_inner());
+                if !joins.iter().any(|s| Arc::ptr_eq(s, side)) {
+                    joins.push(side.clone());
+                }
+                Ok(())
+            }
+            None => self.stream.join(side).map_err(|e| self.error(e)),
+        }
+    }
+
+    /// Says that the run's stream now waits for `side`'s work (the kernel queued the wait
+    /// itself), so the run need not wait for it at its end ([`keep_joined`](Self::keep_joined)).
+    pub fn joined(&self, side: &Arc<CudaStream>) {
+        if let Some(queue) = self.device.current_queue() {
+            queue.joins.lock().unwrap_or_else(|p| p.into_inner()).retain(|s| !Arc::ptr_eq(s, side));
+        }
     }
 
     /// An [`Error::Execution`] naming the executor and the op, with `what` as its message:

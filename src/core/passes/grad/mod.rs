@@ -515,8 +515,6 @@ impl<'a> Backward<'a> {
         Ok(self.cotangents.get(&v).copied())
     }
 
-    /// Opens the scopes of `path` (a forward op's scope path) under [`BACKWARD_SCOPE`], closing
-    /// those it does not share with the scopes open now.
     /// Adds the final gradients of parameters `complete` (indices into `wrt`) to the buckets, in
     /// the scope `backward.grad_sync`; a parameter without a gradient keeps its zeros, added
     /// later.
@@ -527,26 +525,29 @@ impl<'a> Backward<'a> {
         complete: &[usize],
         wrt: &[ValueId],
     ) -> Result<()> {
-        let mut opened = false;
+        // The gradients first, in the backward's scope (joining a sliced parameter's pieces
+        // is part of its producer's backward), then the buckets' ops in their own.
+        let mut ready = Vec::with_capacity(complete.len());
         for &index in complete {
-            if !self.has_cotangent(wrt[index]) {
-                continue;
-            }
-            if !opened {
-                self.enter(None)?;
-                self.builder.enter_scope(GRAD_SYNC_SCOPE)?;
-                opened = true;
-            }
-            if let Some(grad) = self.cotangent(forward, wrt[index])? {
-                bucketing.add(&mut self.builder, index, grad)?;
+            if self.has_cotangent(wrt[index]) {
+                if let Some(grad) = self.cotangent(forward, wrt[index])? {
+                    ready.push((index, grad));
+                }
             }
         }
-        if opened {
-            self.builder.exit_scope()?;
+        if ready.is_empty() {
+            return Ok(());
         }
-        Ok(())
+        self.enter(None)?;
+        self.builder.enter_scope(GRAD_SYNC_SCOPE)?;
+        for (index, grad) in ready {
+            bucketing.add(&mut self.builder, index, grad)?;
+        }
+        self.builder.exit_scope()
     }
 
+    /// Opens the scopes of `path` (a forward op's scope path) under [`BACKWARD_SCOPE`], closing
+    /// those it does not share with the scopes open now.
     fn enter(&mut self, path: Option<&str>) -> Result<()> {
         let wanted: Vec<&str> = path.map(|p| p.split(SCOPE_SEPARATOR).collect()).unwrap_or_default();
         let common = self.open.iter().zip(&wanted).take_while(|(a, b)| a == b).count();

@@ -387,3 +387,93 @@ fn started_all_reduces_and_their_waits_replay_in_a_graph() {
         close(&graph.replay().unwrap().to_host(0).unwrap().to_f32_vec(), "graph replay");
     }
 }
+
+/// A run that fails between an `all_reduce`'s start and its wait (a user's kernel returns an
+/// error there) leaves nothing behind: the run's stream joins the collectives' stream as the
+/// run leaves its workspace, and the next run in the same workspace gives the right result.
+#[test]
+fn a_run_that_fails_between_a_start_and_its_wait_leaves_the_next_run_right() {
+    use boundscope::executors::cuda::{device_kernel, CudaKernel, CudaRun};
+    use boundscope::{kernel_fn, ArgInfo, Category, DeviceKernel, OpView, ParamKind, RunInput, Symbol, TensorMeta};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let Some((gpu, comm)) = world_of_one("a_run_that_fails_between_a_start_and_its_wait_leaves_the_next_run_right")
+    else {
+        return;
+    };
+    static FAIL: AtomicBool = AtomicBool::new(true);
+    /// A copy on the GPU that fails while `FAIL` is set.
+    struct MaybeFail;
+    impl CudaKernel for MaybeFail {
+        type State = ();
+        fn new_state(&self, _run: &CudaRun<'_>) -> boundscope::Result<()> {
+            Ok(())
+        }
+        fn run(&self, run: &mut CudaRun<'_>, _state: &mut ()) -> boundscope::Result<()> {
+            if FAIL.load(Ordering::SeqCst) {
+                return Err(run.error("failing on purpose"));
+            }
+            let x = run.input::<f32>(0)?;
+            let stream = run.stream().clone();
+            let mut y = run.output::<f32>(0)?;
+            stream.memcpy_dtod(&x, &mut y).map_err(|e| run.error(e))
+        }
+    }
+    struct Failing(Arc<CudaDevice>);
+    impl Executor for Failing {
+        fn name(&self) -> &str {
+            "failing"
+        }
+        fn claims(&self, op: &OpView<'_>) -> bool {
+            op.name() == "maybe_fail"
+        }
+        fn device(&self) -> Option<Arc<dyn Device>> {
+            Some(self.0.clone())
+        }
+        fn compile_device(&self, op: &OpView<'_>) -> boundscope::Result<Box<dyn DeviceKernel>> {
+            device_kernel(&self.0, "failing", op, MaybeFail)
+        }
+    }
+    let (mut registry, c) = registry();
+    registry
+        .register(
+            Symbol::new("maybe_fail", Category::Elementwise)
+                .params(&[ParamKind::Tensor])
+                .shape_rule(|args| match args {
+                    [ArgInfo::Tensor { dtype, shape }] => Ok(TensorMeta::new(*dtype, shape)),
+                    _ => Err("maybe_fail takes a tensor".into()),
+                })
+                .cpu_kernel(|_| {
+                    Ok(kernel_fn(|inputs, outputs| {
+                        outputs[0].values_mut::<f32>()?.copy_from_slice(inputs[0].values::<f32>()?);
+                        Ok(())
+                    }))
+                }),
+        )
+        .unwrap();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[1 << 20]).unwrap();
+    let doubled = b.mul_scalar(x, 2.0).unwrap();
+    let started = c.all_reduce_start(&mut b, doubled, ReduceOp::Sum).unwrap();
+    let copied = b.call("maybe_fail", &[x.into()]).unwrap();
+    let waited = c.all_reduce_wait(&mut b, started, doubled, 0, &[1 << 20]).unwrap();
+    let y = b.add(waited, copied).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let executors = [
+        NcclExecutor::new(comm, &c).shared(),
+        Arc::new(Failing(gpu.clone())) as Arc<dyn Executor>,
+        Arc::new(CudaOps::new(gpu.clone())),
+    ];
+    let plan = Plan::compile(&trace, &executors).unwrap();
+    let data = Tensor::from_fn(&[1 << 20], |i| (i % 101) as f32);
+    let device: Arc<dyn Device> = gpu.clone();
+    let input = DeviceTensor::upload(&device, data.view()).unwrap();
+    let mut workspace = plan.workspace().unwrap();
+    let err = plan.run_on_device(&mut workspace, &[RunInput::from(&input)]).map(|_| ()).unwrap_err();
+    assert!(err.to_string().contains("failing on purpose"), "{err}");
+    FAIL.store(false, Ordering::SeqCst);
+    let out = plan.run_on_device(&mut workspace, &[RunInput::from(&input)]).unwrap().to_host(0).unwrap();
+    let expected: Vec<f32> = data.to_f32_vec().iter().map(|v| 3.0 * v).collect();
+    assert_eq!(out.to_f32_vec(), expected);
+}

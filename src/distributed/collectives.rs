@@ -283,7 +283,8 @@ impl Collectives {
     /// started from `x` as `started`, once it has ended (the run's stream waits for it): the
     /// values from `offset` on (in `x`'s order), as a tensor of `shape` (`x`'s own shape at 0
     /// for the whole). Passing `x` keeps its memory from being reused while the collective may
-    /// still read it. Each part is one copy: a bucket of gradients is cut back into them here.
+    /// still read it (another tensor is a typed error when the plan compiles). Each part is one
+    /// copy.
     ///
     /// # Errors
     /// `started` and `x` of different dtypes or shapes, a part outside them, and as
@@ -487,10 +488,14 @@ pub(super) fn checked_collective(
 
 impl Collectives {
     /// Whether `op`'s output, a started `all_reduce`, is read by `all_reduce_wait`s only (as
-    /// the value they wait for) and at least one, and is no output of the trace: anything else
-    /// would read it while the collective may still write it, or never join its stream.
+    /// the value they wait for, with the start's input beside it) and at least one, and is no
+    /// output of the trace: anything else would read it while the collective may still write
+    /// it, let the input's memory go while the collective reads it, or never join its stream.
+    /// It looks at the trace's top-level ops: a start and its waits inside a composite that an
+    /// executor decomposes are refused (bind them at the top level, as `DataParallel` does).
     fn check_started(&self, op: &OpView<'_>) -> std::result::Result<(), String> {
         let Some(&started) = op.bound_symbol().outputs().first() else { return Ok(()) };
+        let from = op.bound_symbol().inputs().next();
         let trace = op.trace;
         if trace.outputs().contains(&started) {
             return Err("a started all_reduce is an output of the trace: output its all_reduce_wait instead".into());
@@ -501,9 +506,13 @@ impl Collectives {
                 continue;
             }
             let args = bsym.args();
-            let waits_for_it = bsym.symbol() == self.all_reduce_wait
-                && matches!(args.first(), Some(Arg::Value(v)) if *v == started)
-                && !matches!(args.get(1), Some(Arg::Value(v)) if *v == started);
+            let waits_for_it =
+                bsym.symbol() == self.all_reduce_wait && matches!(args.first(), Some(Arg::Value(v)) if *v == started);
+            if waits_for_it && !matches!(args.get(1), Some(Arg::Value(v)) if Some(*v) == from) {
+                return Err("an all_reduce_wait's second argument is not the tensor its all_reduce started from: \
+                            pass that tensor, whose memory the collective reads until the wait"
+                    .into());
+            }
             if !waits_for_it {
                 let name = trace.registry().get(bsym.symbol()).map(|s| s.symbol.name().to_string()).unwrap_or_default();
                 return Err(format!(

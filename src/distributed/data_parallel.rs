@@ -1,5 +1,5 @@
-//! [`DataParallel`]: a training step's gradients averaged over the ranks, in buckets that start
-//! while the backward goes on.
+//! [`DataParallel`]: a training step's gradients averaged over the ranks, each reduction
+//! started while the backward goes on.
 
 use super::collectives::Collectives;
 use super::communicator::ReduceOp;
@@ -8,14 +8,17 @@ use crate::core::passes::GradientBuckets;
 /// Data parallelism, as PyTorch's `DistributedDataParallel`: each rank runs the same step on
 /// its own part of the batch, and the gradients are averaged over the ranks (an `all_reduce`
 /// mean) before the optimizer, so every rank makes the same update. Give it to
-/// [`Grad::in_buckets`](crate::passes::Grad::in_buckets): the backward gathers its gradients
-/// into buckets of about [`bucket_bytes`](Self::bucket_bytes) (25 MiB by default, as DDP's) in
-/// the order it completes them, and starts the `all_reduce` of each gradient of a bucket
-/// ([`Collectives::all_reduce_start`]) as soon as the bucket is full, so that on a GPU
-/// ([`NcclExecutor`](super::NcclExecutor)) the reduction runs on a stream of its own while the
-/// rest of the backward runs; before the optimizer the run waits for them
-/// ([`Collectives::all_reduce_wait`]). Its ops sit in scopes `backward.grad_sync`, so a
-/// profile shows them apart from the backward's kernels.
+/// [`Grad::in_buckets`](crate::passes::Grad::in_buckets): the backward starts each gradient's
+/// `all_reduce` ([`Collectives::all_reduce_start`]) as soon as the gradient is final, so that
+/// on a GPU ([`NcclExecutor`](super::NcclExecutor)) the reduction runs on a stream of its own
+/// (one per workspace) while the rest of the backward runs; before the optimizer the run waits
+/// for them ([`Collectives::all_reduce_wait`]). Its ops sit in scopes `backward.grad_sync`, so
+/// a profile shows them apart from the backward's kernels.
+///
+/// Unlike DDP, each gradient is its own collective: DDP's buckets exist to make fewer
+/// collectives, and one NCCL launch per bucket (NCCL's grouped calls) is not built yet, so here
+/// a bucket ([`bucket_bytes`](Self::bucket_bytes)) would only hold gradients back until it
+/// fills. None by default.
 ///
 /// The gradients are those of the mean of the ranks' losses; with the same initial parameters
 /// on every rank, the parameters stay equal on every rank.
@@ -63,17 +66,15 @@ pub struct DataParallel {
     bytes: usize,
 }
 
-/// DDP's default bucket size.
-const DEFAULT_BUCKET_BYTES: usize = 25 << 20;
-
 impl DataParallel {
-    /// Averages gradients with the `all_reduce` of `collectives`, in buckets of 25 MiB.
+    /// Averages gradients with the `all_reduce` of `collectives`, each started as soon as it
+    /// is final.
     pub fn new(collectives: &Collectives) -> Self {
-        Self { collectives: collectives.clone(), bytes: DEFAULT_BUCKET_BYTES }
+        Self { collectives: collectives.clone(), bytes: 0 }
     }
 
-    /// Buckets of about `bytes` bytes (at least one gradient each): smaller ones start sooner
-    /// and overlap more of the backward, larger ones make fewer collectives.
+    /// Holds gradients back until they make `bytes` bytes, then starts their reductions
+    /// together (each still its own collective; see the type's documentation). 0: none held.
     pub fn bucket_bytes(mut self, bytes: usize) -> Self {
         self.bytes = bytes;
         self
@@ -85,7 +86,7 @@ impl From<DataParallel> for GradientBuckets {
         let (start, finish) = (dp.collectives.clone(), dp.collectives);
         GradientBuckets::new(
             dp.bytes,
-            move |b, bucket| start.all_reduce_start(b, bucket, ReduceOp::Mean),
+            move |b, grad| start.all_reduce_start(b, grad, ReduceOp::Mean),
             move |b, started, grad| {
                 let shape = b.shape(grad)?.to_vec();
                 finish.all_reduce_wait(b, started, grad, 0, &shape)

@@ -5,7 +5,8 @@
 //! range map like any executor's.
 //!
 //! On GPUs, [`NcclExecutor`] runs them through NCCL ([`NcclCommunicator`], one per rank and
-//! GPU) on device buffers, on the run's stream, in `f32`, bf16 and f16.
+//! GPU) on device buffers, in `f32`, bf16 and f16: on the run's stream, except a started
+//! `all_reduce`, which runs on a stream of the workspace's own until its wait.
 //!
 //! On the host, a communicator is the transport: [`InProcessGroup`] runs ranks that are threads of one
 //! process, [`TcpGroup`] ranks that are processes (each connected to rank 0, the rendezvous
@@ -22,7 +23,7 @@
 //! rows, and sums the partial results with one `all_reduce` (the crate's tests check that
 //! block against the unsharded one on 2 and 4 ranks). Data parallelism is
 //! [`DataParallel`] on the training step's [`Grad`](crate::passes::Grad): gradients averaged
-//! in buckets whose `all_reduce` starts during the backward
+//! by `all_reduce`s that start during the backward
 //! ([`Collectives::all_reduce_start`], [`Collectives::all_reduce_wait`]). `examples/gpt2.rs
 //! --ranks N` trains GPT-2 so, one process per GPU (or on the CPU over TCP).
 //!

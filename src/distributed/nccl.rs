@@ -1,6 +1,7 @@
 //! Collectives on the GPU through NCCL: [`NcclCommunicator`] (one rank's communicator, on one
 //! [`CudaDevice`]) and [`NcclExecutor`], which runs the [`Collectives`] of a rank's plans on
-//! device buffers, on the run's stream.
+//! device buffers, on the run's stream (a started `all_reduce` on a stream of the workspace's
+//! own until its wait).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -76,7 +77,8 @@ fn nccl_failed(call: &str, e: nccl::NcclError) -> Error {
 
 /// One rank's NCCL communicator, on one GPU: the transport of [`NcclExecutor`], which runs a
 /// plan's collectives on device buffers, on the run's stream (so they are ordered with the
-/// plan's kernels and captured into its graph).
+/// plan's kernels and captured into its graph; a started `all_reduce` on a stream of the
+/// workspace's own, joined by its wait).
 ///
 /// Make one per rank with the same [`NcclId`] and world size ([`new`](Self::new)); NCCL's
 /// initialization returns once every rank has joined. [`rendezvous`](Self::rendezvous) passes
@@ -103,7 +105,7 @@ pub struct NcclCommunicator {
     world: usize,
     /// How long it waits for NCCL's setup before it aborts.
     timeout: Duration,
-    /// The stream started `all_reduce`s run on, per run stream (by its handle): one per
+    /// The stream started `all_reduce`s run on, per run stream (kept weakly): one per
     /// workspace, so that its collectives keep their order.
     side_streams: std::sync::Mutex<Vec<SideStream>>,
 }
@@ -499,7 +501,8 @@ impl std::fmt::Debug for NcclCommunicator {
 /// The executor of one rank's collectives on its GPU: runs the [`Collectives`] of its plans
 /// through an [`NcclCommunicator`], on device buffers (`f32`, bf16, f16), on the run's stream,
 /// so that they are ordered with the plan's kernels, captured into its graph and timed by
-/// device timers. List it before the executors of the rest of the plan (`CudaOps`,
+/// device timers (a started `all_reduce` runs on a stream of the workspace's own from its
+/// start to its wait, which joins it). List it before the executors of the rest of the plan (`CudaOps`,
 /// `CudaFusion`): it claims only the collectives.
 ///
 /// Like [`CollectiveExecutor`](super::CollectiveExecutor), it pushes an op range around each
@@ -640,13 +643,14 @@ impl CudaKernel for NcclKernel {
                 let (side, _) = comm.side_stream(&stream, true)?;
                 event.record(&stream).map_err(|e| run.error(e))?;
                 side.wait(event).map_err(|e| run.error(e))?;
+                // The collective reads and writes the op's buffers after this returns: the run
+                // waits for it before it ends, if no wait of its own does (also when queueing it
+                // fails half way).
+                run.keep_joined(&side)?;
                 let collective = Collective::AllReduce(op);
                 unsafe {
                     comm.enqueue(collective, input.dtype, input.ptr, output.ptr, self.count, side.cu_stream() as _)
-                }?;
-                // The collective reads and writes the op's buffers after this returns: the run
-                // waits for it before it ends, if no wait of its own does.
-                run.keep_joined(&side)
+                }
             }
             (CollectiveStep::Wait { offset }, Some(event)) => {
                 let (side, pending) = comm.side_stream(&stream, false)?;

@@ -690,6 +690,11 @@ fn a_started_all_reduce_read_by_anything_but_its_waits_is_refused() {
                 b.output(started).unwrap();
             }
             2 => b.output(started).unwrap(),
+            4 => {
+                let other = b.exp(x).unwrap();
+                let waited = c.all_reduce_wait(&mut b, started, other, 0, &[4]).unwrap();
+                b.output(waited).unwrap();
+            }
             _ => {
                 let half = c.all_reduce_wait(&mut b, started, x, 2, &[2]).unwrap();
                 b.output(half).unwrap();
@@ -707,6 +712,8 @@ fn a_started_all_reduce_read_by_anything_but_its_waits_is_refused() {
         let err = compile(&build(misuse)).unwrap_err().to_string();
         assert!(err.contains("is an output of the trace"), "{err}");
     }
+    let err = compile(&build(4)).unwrap_err().to_string();
+    assert!(err.contains("not the tensor its all_reduce started from"), "{err}");
     // A part of the result: values 2 and 3.
     let plan = compile(&build(3)).unwrap();
     let out = plan.run(&[&Tensor::new(&[4], vec![1.0, 2.0, 3.0, 4.0]).unwrap()]).unwrap();

@@ -279,9 +279,12 @@ fn gpu_executors(device: &str, ordinal: usize) -> Result<Option<Vec<Arc<dyn Exec
                 let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
                 Ok(Some(vec![fusion, Arc::new(CudaOps::new(gpu))]))
             }
-            // A GPU named by its ordinal (a rank's `LOCAL_RANK`) must exist: a rank that fell
-            // back to the CPU would not take part in its peers' collectives.
-            Err(e) if device == "cuda" || ordinal != 0 => Err(e),
+            // A GPU named by its ordinal (a rank's `LOCAL_RANK`) must exist where there are GPUs:
+            // a rank that fell back to the CPU would not take part in its peers' collectives.
+            Err(e) if device == "cuda" => Err(e),
+            Err(e) if ordinal != 0 && crate::executors::cuda::availability() == crate::Availability::Available => {
+                Err(e)
+            }
             Err(e) => {
                 static SAID: std::sync::Once = std::sync::Once::new();
                 SAID.call_once(|| eprintln!("boundscope: running on the CPU: {e}"));

@@ -224,7 +224,7 @@ pub const RUNTIME_OPTIONS: &[OptionSpec] = &[
         name: "runtime.gpu",
         ty: OptionType::Int { min: 0, max: 1023 },
         default: OptionValue::Int(0),
-        doc: "Which GPU plans run on (its CUDA ordinal): with one process per GPU, each sets its LOCAL_RANK here. A GPU other than 0 that is not there is an error, also with runtime.device=auto.",
+        doc: "Which GPU plans run on (its CUDA ordinal): with one process per GPU, each sets its LOCAL_RANK here. On a machine with GPUs, one other than 0 that is not there is an error, also with runtime.device=auto.",
         audience: Audience::User,
         env: Some("BOUNDSCOPE_GPU"),
     },

@@ -713,10 +713,11 @@ impl Device for CudaDevice {
             }
         }
         drop(joins);
-        joined?;
         // What comes later on the device's stream (downloads, frees, graphs' inputs, other
-        // workspaces' runs) waits for the run.
-        self.order.leave(&queue.0)
+        // workspaces' runs) waits for the run, also when a join failed (its error first).
+        // (`Plan::capture` leaves after its capture has ended, so these joins are not recorded.)
+        let left = self.order.leave(&queue.0);
+        joined.and(left)
     }
 
     fn begin_capture(&self) -> Result<()> {

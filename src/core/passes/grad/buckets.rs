@@ -23,7 +23,8 @@ pub type FinishReduction = dyn for<'a> Fn(&mut TraceBuilder<'a>, ValueId, ValueI
 /// reductions run while the backward goes on; after the backward it binds `finish` on each, in
 /// the order they started, which gives the reduced gradient the optimizer takes. The ops sit in
 /// scopes `backward.grad_sync`. A bucket's gradients are not copied into one buffer: each is
-/// reduced where the backward left it (a bucket only says when their reductions start).
+/// reduced where the backward left it (a bucket only says when their reductions start; with
+/// `bytes` 0 each starts as soon as it is final).
 ///
 /// `distributed::DataParallel` makes the buckets of an `all_reduce` mean over the ranks (the
 /// gradients of the mean of the ranks' losses); any pair of ops of yours will do:

@@ -364,11 +364,16 @@ fn started_all_reduces_and_their_waits_replay_in_a_graph() {
     let top = c.all_reduce_wait(&mut b, started, doubled, 0, &[32, 64]).unwrap();
     let bottom = c.all_reduce_wait(&mut b, started, doubled, 32 * 64, &[32, 64]).unwrap();
     let joined = b.concat(&[top, bottom], 0).unwrap();
+    // A whole wait is a view of the started value (no copy): it only joins the streams.
+    let whole = c.all_reduce_wait(&mut b, started, doubled, 0, &[64, 64]).unwrap();
     let y = b.add(joined, meanwhile).unwrap();
+    let y = b.add(y, whole).unwrap();
     b.output(y).unwrap();
     let trace = b.finish().unwrap();
     let executors = [NcclExecutor::new(comm, &c).shared(), Arc::new(CudaOps::new(gpu.clone())) as Arc<dyn Executor>];
     let plan = Plan::compile(&trace, &executors).unwrap();
+    let views = plan.to_string().lines().filter(|l| l.contains("all_reduce_wait")).count();
+    assert_eq!(views, 3, "{plan}");
     let host_comm = InProcessGroup::new("host", 1).unwrap().remove(0);
     let host = [CollectiveExecutor::new(host_comm, &c).shared(), boundscope::executors::CpuReference::shared()];
     let reference = Plan::compile(&trace, &host).unwrap();

@@ -406,13 +406,35 @@ impl NcclCommunicator {
                     .new_stream()
                     .map_err(|e| self.error(format!("making a stream for collectives: {e:?}")))?;
                 self.device.name_side_stream(&stream, "collectives");
-                streams.push(SideStream { run: Arc::downgrade(run), stream, pending: false });
+                let join = self
+                    .device
+                    .context()
+                    .new_event(Some(driver::CUevent_flags::CU_EVENT_DISABLE_TIMING))
+                    .map_err(|e| self.error(format!("making an event for collectives: {e:?}")))?;
+                streams.push(SideStream { run: Arc::downgrade(run), stream, pending: false, join });
                 streams.len() - 1
             }
         };
         let side = &mut streams[index];
         let pending = std::mem::replace(&mut side.pending, starting);
         Ok((side.stream.clone(), pending))
+    }
+
+    /// Makes `run` wait for the `all_reduce`s started on its side stream since it last did:
+    /// the side stream it joined, if anything was pending.
+    fn join_into(&self, run: &Arc<CudaStream>) -> Result<Option<Arc<CudaStream>>> {
+        let mut streams = self.side_streams.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(side) = streams.iter_mut().find(|s| std::ptr::eq(s.run.as_ptr(), Arc::as_ptr(run))) else {
+            return Ok(None);
+        };
+        if !side.pending {
+            return Ok(None);
+        }
+        let failed = |e: cudarc::driver::DriverError| self.error(format!("joining the collectives' stream: {e:?}"));
+        side.join.record(&side.stream).map_err(failed)?;
+        run.wait(&side.join).map_err(failed)?;
+        side.pending = false;
+        Ok(Some(side.stream.clone()))
     }
 
     fn error(&self, detail: String) -> Error {
@@ -485,6 +507,8 @@ struct SideStream {
     /// wait with nothing pending queues no wait (the first wait of a step's gradients joins
     /// the streams, the others only copy).
     pending: bool,
+    /// The event a wait that is a view ([`JoinKernel`]) joins the streams with.
+    join: CudaEvent,
 }
 
 impl std::fmt::Debug for NcclCommunicator {
@@ -596,12 +620,56 @@ impl Executor for NcclExecutor {
         let comm = &self.communicator;
         let (collective, count) =
             checked_collective(&self.collectives, &self.name, op, comm.name(), comm.world_size())?;
+        if self.output_views(op).is_some() {
+            let range = op.region_range().map(|r| r.prepare()).transpose()?;
+            return Ok(Box::new(JoinKernel { communicator: comm.clone(), range }));
+        }
         let kernel = NcclKernel { communicator: comm.clone(), step: collective, count };
         device_kernel(&comm.device, &self.name, op, kernel)
     }
 
+    /// A wait for a whole started value (not an output of the trace) is a view of it: it only
+    /// joins the streams, and the optimizer reads the gradients where NCCL wrote them.
+    fn output_views(&self, op: &OpView<'_>) -> Option<usize> {
+        let whole = matches!(self.collectives.collective_of(op), Ok(Some((CollectiveStep::Wait { offset: 0 }, _))))
+            && matches!((op.input_shape(0), op.output_shape(0)), (Ok(i), Ok(o)) if i.iter().product::<usize>() == o.iter().product::<usize>());
+        (whole && !op.is_trace_output(0)).then_some(0)
+    }
+
     fn emits(&self) -> &[EmittedRange] {
         &self.emits
+    }
+}
+
+/// `all_reduce_wait` of a whole started value, whose output is the started value's buffer
+/// ([`Executor::output_views`]): the run's stream waits for the collectives' stream, once per
+/// step (the first wait), inside the op's range.
+struct JoinKernel {
+    communicator: Arc<NcclCommunicator>,
+    range: Option<crate::core::plan::PreparedRegionRange>,
+}
+
+impl DeviceKernel for JoinKernel {
+    fn run(
+        &self,
+        _inputs: &[&dyn crate::core::plan::DeviceBuffer],
+        _outputs: &mut [&mut dyn crate::core::plan::DeviceBuffer],
+    ) -> Result<()> {
+        let device = &self.communicator.device;
+        let join = || -> Result<()> {
+            let stream = device.stream();
+            if let Some(side) = self.communicator.join_into(&stream)? {
+                // Joined here: the run need not join it again as it leaves.
+                if let Some(queue) = device.current_queue() {
+                    queue.joins.lock().unwrap_or_else(|p| p.into_inner()).retain(|s| !Arc::ptr_eq(s, &side));
+                }
+            }
+            Ok(())
+        };
+        match &self.range {
+            Some(range) => range.in_scope(join),
+            None => join(),
+        }
     }
 }
 

@@ -943,7 +943,21 @@ impl<'c, 't> Compiler<'c, 't> {
             Work::Host(self.executors[executor].compile(&op)?)
         };
         let mut outputs = SmallVec::new();
-        for &o in bsym.outputs() {
+        // An output the executor says is a view of an input shares that input's buffer; its
+        // kernel gets no output buffer.
+        let view_of = match (on_device, bsym.outputs()) {
+            (true, &[out]) if !self.trace.outputs().contains(&out) => {
+                match self.executors[executor].output_views(&op).and_then(|i| inputs.get(i)) {
+                    Some(&Slot::Device(buffer)) => Some((out, buffer)),
+                    _ => None,
+                }
+            }
+            _ => None,
+        };
+        if let Some((out, buffer)) = view_of {
+            self.device_slots[out.index()] = Some(buffer);
+        }
+        for &o in bsym.outputs().iter().filter(|_| view_of.is_none()) {
             let shape = self.shape(o)?;
             if on_device {
                 let buffer = self.new_device_buffer(shape, self.dtype(o));

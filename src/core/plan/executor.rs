@@ -194,6 +194,17 @@ pub trait Executor: Any + Send + Sync {
         false
     }
 
+    /// Whether the device op `op`'s one output is a view of its input `i`: the same device
+    /// memory, the output's values the input's first ones in order (a reshape is one; so is
+    /// `all_reduce_wait` of a whole started value, which only orders streams). The plan then
+    /// gives the output the input's buffer (as long as the input's buffer lives) and still
+    /// runs the op's kernel, with the inputs only and no output buffer: the kernel must write
+    /// nothing. Not for an output of the trace, which keeps a buffer of its own (the kernel then
+    /// gets its output as usual). Default: none.
+    fn output_views(&self, _op: &OpView<'_>) -> Option<usize> {
+        None
+    }
+
     /// The prefix of its regions' names, `<prefix>Fusion<N>`. Default: its name. A name is
     /// only a name: which executor a region was made for is recorded apart from it (see
     /// [`OpView::is_region_of`]).
@@ -602,6 +613,12 @@ impl<'t> OpView<'t> {
             }
         }
         pairs
+    }
+
+    /// Whether output `i` is an output of the trace (so it keeps a buffer of its own, also
+    /// where [`Executor::output_views`] says it is a view).
+    pub fn is_trace_output(&self, i: usize) -> bool {
+        self.bound_symbol.outputs().get(i).is_some_and(|o| self.trace.outputs().contains(o))
     }
 
     /// The number of values a region (or any bound symbol) defines.

@@ -1051,3 +1051,77 @@ fn reshapes_on_the_device_are_views_of_their_input() {
     let reshapes = recorder.ranges().iter().filter(|r| &*r.label == "reshape").count();
     assert_eq!(reshapes, 2, "{:?}", recorder.ranges());
 }
+
+/// A user's device executor whose `relu` of positive values is a view of its input
+/// (`Executor::output_views`): the output shares the input's buffer and the kernel runs with no
+/// output buffer; where the output is an output of the trace it gets a buffer of its own.
+#[test]
+fn an_output_an_executor_calls_a_view_shares_its_inputs_buffer() {
+    struct Views;
+    /// `relu` of positive values: nothing to do as a view, a copy otherwise.
+    struct ReluOfPositive;
+    /// `neg` on the "device".
+    struct Neg;
+    impl DeviceKernel for ReluOfPositive {
+        fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> crate::Result<()> {
+            if let Some(out) = outputs.first_mut() {
+                let x = memory(inputs[0]).to_vec();
+                out.as_any_mut().downcast_mut::<HostMemory>().expect("our buffer").0[..x.len()].copy_from_slice(&x);
+            }
+            VIEW_RUNS.with(|r| r.set(r.get() + usize::from(outputs.is_empty())));
+            Ok(())
+        }
+    }
+    impl DeviceKernel for Neg {
+        fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> crate::Result<()> {
+            let x = memory(inputs[0]).to_vec();
+            let out = &mut outputs[0].as_any_mut().downcast_mut::<HostMemory>().expect("our buffer").0;
+            for (o, v) in out.iter_mut().zip(x) {
+                *o = -v;
+            }
+            Ok(())
+        }
+    }
+    thread_local! {
+        static VIEW_RUNS: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+    impl Executor for Views {
+        fn name(&self) -> &str {
+            "views"
+        }
+        fn claims(&self, op: &OpView<'_>) -> bool {
+            op.symbol_id() == prims::RELU || op.symbol_id() == prims::NEG
+        }
+        fn device(&self) -> Option<Arc<dyn Device>> {
+            Some(Arc::new(HostMemoryDevice))
+        }
+        fn compile_device(&self, op: &OpView<'_>) -> crate::Result<Box<dyn DeviceKernel>> {
+            Ok(if op.symbol_id() == prims::RELU { Box::new(ReluOfPositive) } else { Box::new(Neg) })
+        }
+        fn output_views(&self, op: &OpView<'_>) -> Option<usize> {
+            (op.symbol_id() == prims::RELU).then_some(0)
+        }
+    }
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let views: Arc<dyn Executor> = Arc::new(Views);
+    let x = Tensor::from_fn(&[2, 3], |i| i as f32 + 1.0);
+    for relu_is_output in [false, true] {
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let input = b.input(&[2, 3]).unwrap();
+        let a = b.relu(input).unwrap();
+        let y = b.neg(a).unwrap();
+        b.output(y).unwrap();
+        if relu_is_output {
+            b.output(a).unwrap();
+        }
+        let plan = Plan::compile(&b.finish().unwrap(), std::slice::from_ref(&views)).unwrap();
+        VIEW_RUNS.with(|r| r.set(0));
+        let out = plan.run(&[&x]).unwrap();
+        assert_eq!(out[0].to_f32_vec(), x.to_f32_vec().iter().map(|v| -v).collect::<Vec<_>>());
+        if relu_is_output {
+            assert_eq!(out[1].to_f32_vec(), x.to_f32_vec());
+        }
+        assert_eq!(VIEW_RUNS.with(|r| r.get()), usize::from(!relu_is_output), "relu as output: {relu_is_output}");
+    }
+}

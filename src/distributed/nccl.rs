@@ -391,13 +391,12 @@ impl NcclCommunicator {
         self.error(format!("the communicator is aborted: {why}; make a new one (every rank)"))
     }
 
-    /// The side stream of `run`'s started `all_reduce`s (made at its first use), and whether
-    /// one started on it since `run` last waited for it; `starting` marks one started, else the
-    /// caller is about to wait for them. Entries of run streams that are gone are dropped.
-    fn side_stream(&self, run: &Arc<CudaStream>, starting: bool) -> Result<(Arc<CudaStream>, bool)> {
+    /// The side stream of `run`'s started `all_reduce`s (made at its first use), marked as
+    /// having one more started on it. Entries of run streams that are gone are dropped.
+    fn start_on(&self, run: &Arc<CudaStream>) -> Result<Arc<CudaStream>> {
         let mut streams = self.side_streams.lock().unwrap_or_else(|p| p.into_inner());
         streams.retain(|s| s.run.strong_count() > 0);
-        let index = match streams.iter().position(|s| std::ptr::eq(s.run.as_ptr(), Arc::as_ptr(run))) {
+        let index = match side_index(&streams, run) {
             Some(index) => index,
             None => {
                 let stream = self
@@ -416,20 +415,18 @@ impl NcclCommunicator {
             }
         };
         let side = &mut streams[index];
-        let pending = std::mem::replace(&mut side.pending, starting);
-        Ok((side.stream.clone(), pending))
+        side.pending = true;
+        Ok(side.stream.clone())
     }
 
     /// Makes `run` wait for the `all_reduce`s started on its side stream since it last did:
-    /// the side stream it joined, if anything was pending.
+    /// the side stream it joined, if anything was pending (the caller tells the run it joined
+    /// it: `CudaDevice::joined`).
     fn join_into(&self, run: &Arc<CudaStream>) -> Result<Option<Arc<CudaStream>>> {
         let mut streams = self.side_streams.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(side) = streams.iter_mut().find(|s| std::ptr::eq(s.run.as_ptr(), Arc::as_ptr(run))) else {
+        let Some(side) = side_index(&streams, run).map(|i| &mut streams[i]).filter(|s| s.pending) else {
             return Ok(None);
         };
-        if !side.pending {
-            return Ok(None);
-        }
         let failed = |e: cudarc::driver::DriverError| self.error(format!("joining the collectives' stream: {e:?}"));
         side.join.record(&side.stream).map_err(failed)?;
         run.wait(&side.join).map_err(failed)?;
@@ -498,6 +495,11 @@ impl NcclCommunicator {
     }
 }
 
+/// Where `run`'s side stream is among `streams`.
+fn side_index(streams: &[SideStream], run: &Arc<CudaStream>) -> Option<usize> {
+    streams.iter().position(|s| std::ptr::eq(s.run.as_ptr(), Arc::as_ptr(run)))
+}
+
 /// The stream a run stream's started `all_reduce`s run on.
 struct SideStream {
     /// The run stream.
@@ -505,9 +507,9 @@ struct SideStream {
     stream: Arc<CudaStream>,
     /// Whether an `all_reduce` started on it since the run stream last waited for it: a
     /// wait with nothing pending queues no wait (the first wait of a step's gradients joins
-    /// the streams, the others only copy).
+    /// the streams, the others only copy or nothing).
     pending: bool,
-    /// The event a wait that is a view ([`JoinKernel`]) joins the streams with.
+    /// The event the waits join the streams with.
     join: CudaEvent,
 }
 
@@ -657,12 +659,8 @@ impl DeviceKernel for JoinKernel {
     ) -> Result<()> {
         let device = &self.communicator.device;
         let join = || -> Result<()> {
-            let stream = device.stream();
-            if let Some(side) = self.communicator.join_into(&stream)? {
-                // Joined here: the run need not join it again as it leaves.
-                if let Some(queue) = device.current_queue() {
-                    queue.joins.lock().unwrap_or_else(|p| p.into_inner()).retain(|s| !Arc::ptr_eq(s, &side));
-                }
+            if let Some(side) = self.communicator.join_into(&device.stream())? {
+                device.joined(&side);
             }
             Ok(())
         };
@@ -683,11 +681,11 @@ struct NcclKernel {
 }
 
 impl CudaKernel for NcclKernel {
-    /// The event that orders the two streams (for a start or a wait), per workspace.
+    /// The event a start orders its side stream after the run's stream with, per workspace.
     type State = Option<CudaEvent>;
 
     fn new_state(&self, run: &CudaRun<'_>) -> Result<Option<CudaEvent>> {
-        if matches!(self.step, CollectiveStep::Whole(_)) {
+        if !matches!(self.step, CollectiveStep::Start(_)) {
             return Ok(None);
         }
         let flags = Some(driver::CUevent_flags::CU_EVENT_DISABLE_TIMING);
@@ -708,7 +706,7 @@ impl CudaKernel for NcclKernel {
                 comm.enqueue(collective, input.dtype, input.ptr, output.ptr, self.count, stream.cu_stream() as _)
             },
             (CollectiveStep::Start(op), Some(event)) => {
-                let (side, _) = comm.side_stream(&stream, true)?;
+                let side = comm.start_on(&stream)?;
                 event.record(&stream).map_err(|e| run.error(e))?;
                 side.wait(event).map_err(|e| run.error(e))?;
                 // The collective reads and writes the op's buffers after this returns: the run
@@ -720,11 +718,8 @@ impl CudaKernel for NcclKernel {
                     comm.enqueue(collective, input.dtype, input.ptr, output.ptr, self.count, side.cu_stream() as _)
                 }
             }
-            (CollectiveStep::Wait { offset }, Some(event)) => {
-                let (side, pending) = comm.side_stream(&stream, false)?;
-                if pending {
-                    event.record(&side).map_err(|e| run.error(e))?;
-                    stream.wait(event).map_err(|e| run.error(e))?;
+            (CollectiveStep::Wait { offset }, _) => {
+                if let Some(side) = comm.join_into(&stream)? {
                     run.joined(&side);
                 }
                 let size = input.dtype.size_bytes();
@@ -740,7 +735,7 @@ impl CudaKernel for NcclKernel {
                 }
                 .map_err(|e| run.error(e))
             }
-            (_, None) => Err(run.error("a started all_reduce or its wait without its event")),
+            (CollectiveStep::Start(_), None) => Err(run.error("a started all_reduce without its event")),
         }
     }
 }

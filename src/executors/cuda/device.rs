@@ -274,6 +274,14 @@ impl CudaDevice {
         })
     }
 
+    /// Says that the run in progress on this thread now waits for `side` (see
+    /// [`CudaRun::keep_joined`](super::CudaRun::keep_joined)): it need not join it as it leaves.
+    pub(crate) fn joined(&self, side: &Arc<CudaStream>) {
+        if let Some(queue) = self.current_queue() {
+            queue.joins.lock().unwrap_or_else(|p| p.into_inner()).retain(|s| !Arc::ptr_eq(s, side));
+        }
+    }
+
     /// Names `stream`, a stream of an executor's own on this device, `<prefix> <what>` (the
     /// prefix of [`name_streams`](Self::name_streams)).
     pub(crate) fn name_side_stream(&self, stream: &CudaStream, what: &str) {

@@ -366,9 +366,7 @@ impl<'r> CudaRun<'r> {
     /// Says that the run's stream now waits for `side`'s work (the kernel queued the wait
     /// itself), so the run need not wait for it at its end ([`keep_joined`](Self::keep_joined)).
     pub fn joined(&self, side: &Arc<CudaStream>) {
-        if let Some(queue) = self.device.current_queue() {
-            queue.joins.lock().unwrap_or_else(|p| p.into_inner()).retain(|s| !Arc::ptr_eq(s, side));
-        }
+        self.device.joined(side);
     }
 
     /// An [`Error::Execution`] naming the executor and the op, with `what` as its message:

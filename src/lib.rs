@@ -113,7 +113,7 @@ pub use crate::core::ir::{
 pub use crate::core::passes;
 pub use crate::core::plan::{
     kernel_fn, Availability, Device, DeviceBuffer, DeviceGraph, DeviceKernel, DeviceOutputs, DeviceQueue, DeviceTensor,
-    EmittedRange, Executor, Fusible, Kernel, OpView, Outputs, Plan, PlanGraph, PlanInput, PlannedRange,
+    EmittedRange, Executor, Fusible, Kernel, MapKernel, OpView, Outputs, Plan, PlanGraph, PlanInput, PlannedRange,
     PreparedRegionRange, PushedBy, RangeFilter, RangeMap, RegionRange, RunInput, RunInputMut, Workspace,
 };
 pub use crate::core::tensor::{Data, DataMut, Element, Tensor, TensorMut, TensorRef};

@@ -29,10 +29,11 @@
 //!
 //! ### Instruction counts (`scripts/check-instruction-budgets`)
 //! The same plan under Valgrind's Callgrind (exact counts; CI fails a case past its budget in
-//! `benches/instruction_budgets.tsv` plus 3%). 2026-12-04: **182 Ir per op** with no guards
-//! (280 before narrow steps and a kernel type per elementwise op; 293 on 2026-12-01), the same with
-//! a range on every op and profiling off ((b) / (a) = **1.000**); +88 per op for a push and pop
-//! no tool receives; +4 per structured payload.
+//! `benches/instruction_budgets.tsv` plus 3%). 2026-12-04: **107 Ir per op** with no guards
+//! (182 before elementwise kernels ran as maps, 280 before narrow steps and a kernel type per
+//! elementwise op; 293 on 2026-12-01), the same with a range on every op and profiling off
+//! ((b) / (a) = **1.000**); +89 per op for a push and pop no tool receives; +4 per structured
+//! payload.
 //! ```text
 //! cargo install gungraun-runner --version 0.20.0 --locked
 //! scripts/check-instruction-budgets

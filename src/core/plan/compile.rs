@@ -5,13 +5,14 @@
 //! over prepared steps that allocates nothing.
 
 use std::fmt;
+use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use smallvec::SmallVec;
 
 use super::device::{Device, DeviceKernel};
-use super::executor::{kernel_fn, Executor, Kernel, OpView, RegionRange, RegionRangeParts};
+use super::executor::{kernel_fn, Executor, Kernel, MapKernel, OpView, RegionRange, RegionRangeParts};
 use super::guard_schedule::{prepare_scopes, range_map, schedules, CompiledNode, EmittedRegionRange, Schedule, Scope};
 use super::one_per_scope::{emitted_domain, ignored_emissions, ScopeGuards};
 use super::range_filter::RangeFilter;
@@ -80,8 +81,10 @@ impl Step {
 
     /// Records the step's final slots inline where it is [`Narrow`]: called once no pass of
     /// the compiler renames its slots any more.
-    pub fn settle(&mut self) {
-        self.narrow = Narrow::of(self);
+    /// `buffers` and `inputs` are the plan's buffers and inputs, to tell whether the step can
+    /// run as a map ([`Narrow::map`]).
+    pub fn settle(&mut self, buffers: &[TensorMeta], inputs: &[TensorMeta]) {
+        self.narrow = Narrow::of(self, buffers, inputs);
     }
 }
 
@@ -101,11 +104,51 @@ pub(crate) struct Narrow {
     pub inputs: [Slot; NARROW_INPUTS],
     /// The largest buffer it reads or writes: a workspace holding it holds them all.
     pub last: u32,
+    /// The kernel's map, where it is one ([`Kernel::as_map`]) and every input and the output
+    /// are `f32` of one length: the run loop calls it instead of the kernel.
+    pub map: Option<MapRef>,
+}
+
+/// The [`MapKernel`] a step's own kernel lends ([`Kernel::as_map`]), found once at compile
+/// time: the run loop makes one virtual call per map step, not two.
+#[derive(Clone, Copy)]
+pub(crate) struct MapRef(NonNull<dyn MapKernel>);
+
+// SAFETY: it stands for a `&dyn MapKernel`, which is `Send` and `Sync` (`MapKernel` requires
+// both of the type it is implemented for).
+unsafe impl Send for MapRef {}
+unsafe impl Sync for MapRef {}
+
+impl MapRef {
+    /// The map `kernel` lends, if it lends one. It points into `kernel`'s own memory (the
+    /// heap memory of the `Box` a [`Work::Host`] holds), which does not move when the step
+    /// does.
+    fn of(kernel: &dyn Kernel) -> Option<Self> {
+        let map: NonNull<dyn MapKernel + '_> = NonNull::from(kernel.as_map()?);
+        // SAFETY: this erases the borrow of `kernel` only. Every `MapRef` is held in the
+        // `Narrow` of the step that owns the kernel, the step's `work` is never replaced
+        // once the step is settled, and a plan's steps are not mutated after compilation:
+        // the map lives as long as the `MapRef`.
+        Some(Self(unsafe { std::mem::transmute::<NonNull<dyn MapKernel + '_>, NonNull<dyn MapKernel>>(map) }))
+    }
+
+    /// The map, borrowed for as long as the step that holds it.
+    #[inline(always)]
+    pub fn get(&self) -> &dyn MapKernel {
+        // SAFETY: valid while the step that holds it lives (see `of`).
+        unsafe { self.0.as_ref() }
+    }
+}
+
+impl fmt::Debug for MapRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("MapRef")
+    }
 }
 
 impl Narrow {
-    fn of(step: &Step) -> Option<Self> {
-        let (Work::Host(_), &[output]) = (&step.work, &step.outputs[..]) else {
+    fn of(step: &Step, buffers: &[TensorMeta], plan_inputs: &[TensorMeta]) -> Option<Self> {
+        let (Work::Host(kernel), &[output]) = (&step.work, &step.outputs[..]) else {
             return None;
         };
         let count = step.inputs.len();
@@ -116,7 +159,19 @@ impl Narrow {
         inputs.get_mut(..count)?.copy_from_slice(&step.inputs);
         let read = step.inputs.iter().filter_map(|s| if let Slot::Buffer(b) = *s { Some(b) } else { None });
         let last = read.fold(output, u32::max);
-        Some(Self { output, count, inputs, last })
+        let meta = |slot: Slot| match slot {
+            Slot::Input(i) => plan_inputs.get(i as usize),
+            Slot::Buffer(b) => buffers.get(b as usize),
+            Slot::Device(_) => None,
+        };
+        let out = buffers.get(output as usize)?;
+        let numel = out.shape.iter().product::<usize>();
+        let all_f32_of_one_length = out.dtype == DType::F32
+            && step.inputs.iter().all(|&slot| {
+                meta(slot).is_some_and(|m| m.dtype == DType::F32 && m.shape.iter().product::<usize>() == numel)
+            });
+        let map = if all_f32_of_one_length { MapRef::of(kernel.as_ref()) } else { None };
+        Some(Self { output, count, inputs, last, map })
     }
 }
 
@@ -410,9 +465,9 @@ impl Plan {
             &compiler.output_downloads,
             output_on_device,
         );
-        let input_shapes =
+        let input_shapes: Vec<Shape> =
             trace.inputs().iter().map(|&v| compiler.shape(v).map(Shape::from_slice)).collect::<Result<_>>()?;
-        let input_dtypes = trace.inputs().iter().map(|&v| compiler.dtype(v)).collect();
+        let input_dtypes: Vec<DType> = trace.inputs().iter().map(|&v| compiler.dtype(v)).collect();
         // Guards surround the steps of the trace's bound symbols; a copy step for an output that
         // is an input comes after all of them and stays outside every op's scope.
         let executor_names: Vec<&str> =
@@ -436,8 +491,10 @@ impl Plan {
         let schedules = schedules(&scopes, compiler.steps.len());
         let range_maps =
             [range_map(&scopes, &schedules[0], &nodes, true), range_map(&scopes, &schedules[1], &nodes, false)];
+        let input_metas: Vec<TensorMeta> =
+            input_shapes.iter().zip(&input_dtypes).map(|(s, &d)| TensorMeta { dtype: d, shape: s.clone() }).collect();
         for step in compiler.steps.iter_mut() {
-            step.settle();
+            step.settle(&compiler.buffers, &input_metas);
         }
         let widths = Widths {
             inputs: compiler.steps.iter().map(|s| s.inputs.len()).max().unwrap_or(0),

@@ -23,6 +23,50 @@ pub trait Kernel: Send + Sync {
     /// Computes the outputs from the inputs. Inputs are the bound symbol's tensor arguments in
     /// order; outputs are pre-sized to the shapes the trace declares.
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()>;
+
+    /// The kernel as an elementwise map of `f32` values, where it is one (none by default).
+    ///
+    /// Where a step's inputs and output are all `f32` of one length, the run loop then calls
+    /// [`MapKernel::map`] with their values instead of [`run`](Self::run): no views, no dtype
+    /// checks in the kernel (the plan made them once). Small ops are dominated by that
+    /// dispatch; their cost per op roughly halves. Both forms must compute the same values.
+    fn as_map(&self) -> Option<&dyn MapKernel> {
+        None
+    }
+}
+
+/// An elementwise kernel of `f32` values: output element `i` is computed from element `i` of
+/// each input. A [`Kernel`] that is one returns itself from [`Kernel::as_map`].
+///
+/// ```
+/// use boundscope::{Kernel, MapKernel, TensorMut, TensorRef};
+///
+/// /// `out = 2 * x`, as a kernel and as a map.
+/// struct Double;
+/// impl Kernel for Double {
+///     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> boundscope::Result<()> {
+///         self.map(&[inputs[0].values::<f32>()?], outputs[0].values_mut::<f32>()?);
+///         Ok(())
+///     }
+///     fn as_map(&self) -> Option<&dyn MapKernel> {
+///         Some(self)
+///     }
+/// }
+/// impl MapKernel for Double {
+///     fn map(&self, inputs: &[&[f32]], out: &mut [f32]) {
+///         for (o, x) in out.iter_mut().zip(inputs[0]) {
+///             *o = 2.0 * x;
+///         }
+///     }
+/// }
+/// let mut out = [0.0; 2];
+/// Double.as_map().unwrap().map(&[&[1.0, 2.0]], &mut out);
+/// assert_eq!(out, [2.0, 4.0]);
+/// ```
+pub trait MapKernel: Send + Sync {
+    /// Writes `out` from `inputs`: the bound symbol's tensor arguments in order, each of
+    /// `out`'s length.
+    fn map(&self, inputs: &[&[f32]], out: &mut [f32]);
 }
 
 /// A kernel made from a closure.

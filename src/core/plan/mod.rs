@@ -20,7 +20,8 @@ pub use compile::Plan;
 pub use device::{Device, DeviceBuffer, DeviceGraph, DeviceKernel, DeviceQueue};
 pub use device_tensor::{DeviceTensor, PlanInput, RunInput, RunInputMut};
 pub use executor::{
-    kernel_fn, Availability, EmittedRange, Executor, Fusible, Kernel, OpView, PreparedRegionRange, RegionRange,
+    kernel_fn, Availability, EmittedRange, Executor, Fusible, Kernel, MapKernel, OpView, PreparedRegionRange,
+    RegionRange,
 };
 pub use graph::PlanGraph;
 pub use range_filter::RangeFilter;

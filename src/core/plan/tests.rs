@@ -1125,3 +1125,71 @@ fn an_output_an_executor_calls_a_view_shares_its_inputs_buffer() {
         assert_eq!(VIEW_RUNS.with(|r| r.get()), usize::from(!relu_is_output), "relu as output: {relu_is_output}");
     }
 }
+
+/// A user's kernel that is also a [`MapKernel`]: the run loop calls its map where the step's
+/// inputs and output are `f32` of one length, and its `run` everywhere else (a broadcast, a
+/// 16-bit dtype), whatever `as_map` says.
+#[test]
+fn the_run_loop_calls_a_kernels_map_where_its_values_are_f32_of_one_length() {
+    use crate::core::ir::{DType, TensorMeta};
+    use crate::core::tensor::{TensorMut, TensorRef};
+    thread_local! {
+        static CALLS: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };
+    }
+    /// `mul`, counting its calls: (runs, maps).
+    struct CountingMul(Box<dyn Kernel>);
+    impl Kernel for CountingMul {
+        fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> crate::Result<()> {
+            CALLS.with(|c| c.set((c.get().0 + 1, c.get().1)));
+            self.0.run(inputs, outputs)
+        }
+        fn as_map(&self) -> Option<&dyn MapKernel> {
+            Some(self)
+        }
+    }
+    impl MapKernel for CountingMul {
+        fn map(&self, inputs: &[&[f32]], out: &mut [f32]) {
+            CALLS.with(|c| c.set((c.get().0, c.get().1 + 1)));
+            for ((o, a), b) in out.iter_mut().zip(inputs[0]).zip(inputs[1]) {
+                *o = a * b;
+            }
+        }
+    }
+    struct Mul;
+    impl Executor for Mul {
+        fn name(&self) -> &str {
+            "counting-mul"
+        }
+        fn claims(&self, op: &OpView<'_>) -> bool {
+            op.symbol_id() == prims::MUL
+        }
+        fn dtypes(&self) -> &[DType] {
+            &[DType::F32, DType::BF16]
+        }
+        fn compile(&self, op: &OpView<'_>) -> crate::Result<Box<dyn Kernel>> {
+            Ok(Box::new(CountingMul(CpuReference::new().compile(op)?)))
+        }
+    }
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let executors: [Arc<dyn Executor>; 2] = [Arc::new(Mul), CpuReference::shared()];
+    // (second operand's shape, dtype, whether the map runs)
+    for (shape, dtype, mapped) in
+        [(&[2, 3][..], DType::F32, true), (&[3][..], DType::F32, false), (&[2, 3][..], DType::BF16, false)]
+    {
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input_with(&TensorMeta::new(dtype, &[2, 3])).unwrap();
+        let y = b.input_with(&TensorMeta::new(dtype, shape)).unwrap();
+        let z = b.mul(x, y).unwrap();
+        b.output(z).unwrap();
+        let trace = b.finish().unwrap();
+        let plan = Plan::compile(&trace, &executors).unwrap();
+        let reference = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+        let xs = Tensor::from_fn(&[2, 3], |i| i as f32 + 1.0).to_dtype(dtype);
+        let ys = Tensor::from_fn(shape, |i| 2.0 - i as f32).to_dtype(dtype);
+        CALLS.with(|c| c.set((0, 0)));
+        let out = plan.run(&[&xs, &ys]).unwrap();
+        assert_eq!(CALLS.with(|c| c.get()), if mapped { (0, 1) } else { (1, 0) }, "{shape:?} {dtype}");
+        assert_eq!(out[0].to_f32_vec(), reference.run(&[&xs, &ys]).unwrap()[0].to_f32_vec(), "{shape:?} {dtype}");
+    }
+}

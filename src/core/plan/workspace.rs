@@ -12,9 +12,10 @@ use super::compile::{Plan, Slot, Step, Work, NARROW_INPUTS};
 use super::device::{Device, DeviceQueue};
 use super::device::{DeviceBuffer, Vacant};
 use super::device_tensor::{download, DeviceTensor, PlanInput, RunInput, RunInputMut};
-use super::executor::RunDecision;
+use super::executor::{MapKernel, RunDecision};
 use super::guard_schedule::{GuardStack, Schedule};
 use super::packing;
+use crate::core::ir::DType;
 use crate::core::tensor::{Data, Storage, Tensor, TensorMut, TensorRef};
 use crate::error::{Error, Result};
 use std::sync::Arc;
@@ -76,6 +77,55 @@ static VACANT: Vacant = Vacant;
 fn recycle<T, U>(mut list: Vec<T>) -> Vec<U> {
     list.clear();
     list.into_iter().map(|_| unreachable!("the list was cleared")).collect()
+}
+
+/// Runs a narrow step whose kernel is a map ([`Narrow::map`](super::compile::Narrow::map)):
+/// its inputs' and output's `f32` values straight to [`MapKernel::map`]. A buffer of another
+/// dtype or length (a workspace of another plan) is [`Error::WorkspaceMismatch`].
+///
+/// # Safety
+/// `storage` points to at least `output + 1` buffers and to every buffer `slots` names, and no
+/// slot names `output`.
+#[inline(always)]
+unsafe fn run_map(
+    map: &dyn MapKernel,
+    slots: &[Slot],
+    output: usize,
+    storage: *mut Storage,
+    inputs: &[TensorRef<'_>],
+) -> Result<()> {
+    // SAFETY: in bounds, and no input borrows it (the caller's promise). (Borrowed first, but
+    // used after the inputs' shared borrows of other elements.)
+    let Storage::F32(out) = (unsafe { &mut *storage.add(output) }) else {
+        return Err(Error::WorkspaceMismatch);
+    };
+    let n = out.len();
+    let mut values = [MaybeUninit::<&[f32]>::uninit(); NARROW_INPUTS];
+    for (value, &slot) in values.iter_mut().zip(slots) {
+        let x = match slot {
+            Slot::Input(i) => match inputs[i as usize].data {
+                Data::F32(x) => x,
+                // `check_inputs` has checked the dtypes of host inputs.
+                other => return Err(Error::InputDType { index: i as usize, expected: DType::F32, got: other.dtype() }),
+            },
+            // SAFETY: in bounds and not `output` (the caller's promise): a shared borrow of an
+            // element other than the one borrowed exclusively below.
+            Slot::Buffer(b) => match unsafe { &*storage.add(b as usize) } {
+                Storage::F32(x) => x.as_slice(),
+                _ => return Err(Error::WorkspaceMismatch),
+            },
+            Slot::Device(_) => return Err(Error::WorkspaceMismatch),
+        };
+        if x.len() != n {
+            return Err(Error::WorkspaceMismatch);
+        }
+        value.write(x);
+    }
+    // SAFETY: the first `slots.len()` values (at most `NARROW_INPUTS`) were written just above
+    // (and `&[f32]` is `Copy`: nothing to drop).
+    let values = unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<&[f32]>(), slots.len()) };
+    map.map(values, out);
+    Ok(())
 }
 
 impl Workspace {
@@ -700,7 +750,6 @@ impl Plan {
             // The common case, one output and a few inputs: everything on the stack, the
             // output borrowed in place (no step reads the buffer it writes: `Narrow` says so).
             let buffer = narrow.output as usize;
-            let meta = &self.buffers[buffer];
             let count = narrow.count.min(NARROW_INPUTS);
             let slots = &narrow.inputs[..count];
             // Every buffer the step touches is at most `last`: one check for all of them (a
@@ -709,6 +758,12 @@ impl Plan {
                 return Err(Error::WorkspaceMismatch);
             }
             let storage: *mut Storage = buffers[..].as_mut_ptr();
+            if let Some(map) = &narrow.map {
+                // SAFETY: as for the views below (every element at most `last`, the output not
+                // among the inputs).
+                return unsafe { run_map(map.get(), slots, buffer, storage, inputs) };
+            }
+            let meta = &self.buffers[buffer];
             let mut views = [MaybeUninit::<TensorRef<'_>>::uninit(); NARROW_INPUTS];
             for (view, &slot) in views.iter_mut().zip(slots) {
                 view.write(match slot {

@@ -13,7 +13,7 @@ use super::vector_loops::{
 };
 use super::{axis_kernels, index_kernels, select_kernels};
 use crate::core::ir::{prims, Arg, Shape, SymbolId};
-use crate::core::plan::{Kernel, OpView};
+use crate::core::plan::{Kernel, MapKernel, OpView};
 use crate::core::tensor::{with_same_values, with_values, Data, DataMut, Element, TensorMut, TensorRef};
 use crate::error::{Error, Result};
 use crate::executors::worker_pool::{
@@ -186,10 +186,20 @@ struct Unary<F> {
 impl<F: Fn(f32) -> f32 + std::marker::Copy + Send + Sync> Kernel for Unary<F> {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
         let x = inputs[0].values::<f32>()?;
-        let out = outputs[0].values_mut::<f32>()?;
-        let f = self.f;
-        run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [f32]| map_unary(f, &x[r], out));
+        self.map(&[x], outputs[0].values_mut::<f32>()?);
         Ok(())
+    }
+
+    fn as_map(&self) -> Option<&dyn MapKernel> {
+        Some(self)
+    }
+}
+
+impl<F: Fn(f32) -> f32 + std::marker::Copy + Send + Sync> MapKernel for Unary<F> {
+    #[inline]
+    fn map(&self, inputs: &[&[f32]], out: &mut [f32]) {
+        let (x, f) = (inputs[0], self.f);
+        run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [f32]| map_unary(f, &x[r], out));
     }
 }
 
@@ -238,17 +248,9 @@ impl<F: Fn(f32, f32) -> f32 + std::marker::Copy + Send + Sync> Kernel for Binary
         match &self.mode {
             BinaryMode::SameShape => {
                 let b = inputs[1].values::<f32>()?;
-                let out = outputs[0].values_mut::<f32>()?;
-                run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [f32]| {
-                    map_binary(f, &a[r.clone()], &b[r], out)
-                });
+                self.map(&[a, b], outputs[0].values_mut::<f32>()?);
             }
-            BinaryMode::Scalar(s) => {
-                let out = outputs[0].values_mut::<f32>()?;
-                run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [f32]| {
-                    map_binary_scalar_right(f, &a[r], *s, out)
-                });
-            }
+            BinaryMode::Scalar(_) => self.map(&[a], outputs[0].values_mut::<f32>()?),
             BinaryMode::Broadcast { out_shape, a_strides, b_strides } => {
                 let b = inputs[1].values::<f32>()?;
                 let inner = out_shape.last().copied().unwrap_or(1);
@@ -277,6 +279,31 @@ impl<F: Fn(f32, f32) -> f32 + std::marker::Copy + Send + Sync> Kernel for Binary
             }
         }
         Ok(())
+    }
+
+    fn as_map(&self) -> Option<&dyn MapKernel> {
+        match self.mode {
+            BinaryMode::SameShape | BinaryMode::Scalar(_) => Some(self),
+            BinaryMode::Broadcast { .. } => None,
+        }
+    }
+}
+
+impl<F: Fn(f32, f32) -> f32 + std::marker::Copy + Send + Sync> MapKernel for Binary<F> {
+    /// Same shapes (two inputs) or a scalar second argument (one input); broadcasts are not a map.
+    #[inline]
+    fn map(&self, inputs: &[&[f32]], out: &mut [f32]) {
+        let f = self.f;
+        match (&self.mode, inputs) {
+            (BinaryMode::Scalar(s), &[a, ..]) => {
+                run_parts_writing(out, self.parts, 1, |r, out: &mut [f32]| map_binary_scalar_right(f, &a[r], *s, out))
+            }
+            (_, &[a, b, ..]) => run_parts_writing(out, self.parts, 1, |r: Range<usize>, out: &mut [f32]| {
+                map_binary(f, &a[r.clone()], &b[r], out)
+            }),
+            // `as_map` offers the map for those two modes only, whose steps have these inputs.
+            _ => debug_assert!(false, "a binary map called with {} inputs", inputs.len()),
+        }
     }
 }
 

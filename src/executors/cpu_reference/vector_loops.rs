@@ -22,7 +22,10 @@ const SHORT: usize = 16;
 /// `out[i] = f(x[i])`.
 #[inline(always)]
 pub(crate) fn map_unary<F: Fn(f32) -> f32>(f: F, x: &[f32], out: &mut [f32]) {
-    if out.len() < SHORT {
+    if let ([o], [v]) = (&mut *out, x) {
+        // One value (a loss, a step count, a learning rate): no loop to set up.
+        *o = f(*v);
+    } else if out.len() < SHORT {
         unary_loop(&f, x, out)
     } else {
         map_unary_wide(f, x, out)
@@ -38,15 +41,21 @@ fn map_unary_wide<F: Fn(f32) -> f32>(f: F, x: &[f32], out: &mut [f32]) {
 /// The loop of [`map_unary`], inlined into each instruction set's version.
 #[inline(always)]
 fn unary_loop<F: Fn(f32) -> f32>(f: &F, x: &[f32], out: &mut [f32]) {
-    for (o, &v) in out.iter_mut().zip(x) {
-        *o = f(v);
+    // Indexed over slices of one length (what `zip` does, without its setup for short loops).
+    let n = out.len().min(x.len());
+    let (x, out) = (&x[..n], &mut out[..n]);
+    for i in 0..n {
+        out[i] = f(x[i]);
     }
 }
 
 /// `out[i] = f(a[i], b[i])`.
 #[inline(always)]
 pub(crate) fn map_binary<F: Fn(f32, f32) -> f32>(f: F, a: &[f32], b: &[f32], out: &mut [f32]) {
-    if out.len() < SHORT {
+    if let ([o], [x], [y]) = (&mut *out, a, b) {
+        // As in `map_unary`.
+        *o = f(*x, *y);
+    } else if out.len() < SHORT {
         binary_loop(&f, a, b, out)
     } else {
         map_binary_wide(f, a, b, out)
@@ -62,8 +71,11 @@ fn map_binary_wide<F: Fn(f32, f32) -> f32>(f: F, a: &[f32], b: &[f32], out: &mut
 /// The loop of [`map_binary`], inlined into each instruction set's version.
 #[inline(always)]
 fn binary_loop<F: Fn(f32, f32) -> f32>(f: &F, a: &[f32], b: &[f32], out: &mut [f32]) {
-    for ((o, &x), &y) in out.iter_mut().zip(a).zip(b) {
-        *o = f(x, y);
+    // As in `unary_loop`.
+    let n = out.len().min(a.len()).min(b.len());
+    let (a, b, out) = (&a[..n], &b[..n], &mut out[..n]);
+    for i in 0..n {
+        out[i] = f(a[i], b[i]);
     }
 }
 

@@ -2,9 +2,9 @@
 //! ones: `softmax`, `layer_norm` (with weight and bias), `sum` and `max` over the last axis, at
 //! 10 row lengths from 32 to 65,536 (768, 3,072 and GPT-2's 50,257 among them) over 2^24 values,
 //! and at totals from 2^22 to 2^28 values; and the broadcast chain `gelu(x * scale + bias)` with
-//! `scale` and `bias` along the last axis (`[D]`) and along the first (`[N, 1]`). In f32, bf16
-//! and f16, each through `Plan` with device inputs, as a user's program runs them (on a machine
-//! without a GPU it prints a SKIPPED line and exits 0).
+//! `scale` and `bias` along the last axis (`[D]`) and along the first (`[N, 1]`), at six row
+//! lengths from 256 to 50,257. In f32, bf16 and f16, each through `Plan` with device inputs, as
+//! a user's program runs them (on a machine without a GPU it prints a SKIPPED line and exits 0).
 //!
 //! Each case is first checked against the CPU reference at a smaller row count, then timed, with
 //! a device-to-device copy of the same bytes (half read, half written) beside it: the bandwidth
@@ -56,8 +56,12 @@ fn cases() -> Vec<Case> {
         // Totals from 2^22 (in L2) to 2^28 (1 GiB in f32), at short, middle and long rows.
         all.extend([at(32, 1 << 22), at(1024, 1 << 22), at(1024, 1 << 28), at(65536, 1 << 28)]);
     }
+    // Broadcast chains at row lengths from 256 to GPT-2's 50,257 words, 2^22 to 2^26 values.
     for op in ["bcast_last", "bcast_first"] {
-        all.extend([Case { op, rows: 8192, cols: 8192 }, Case { op, rows: 16384, cols: 768 }]);
+        all.extend(
+            [(8192, 8192), (16384, 768), (4096, 3072), (65536, 256), (1024, 4096), (1335, 50257)]
+                .map(|(rows, cols)| Case { op, rows, cols }),
+        );
     }
     all
 }

@@ -629,6 +629,55 @@ fn bf16_and_f16_plans_match_the_cpu_executors() {
     }
 }
 
+/// A fused region over enough rows that each thread of a 16-bit kernel takes several
+/// (`gelu((x - mean) * scale + bias)`, `scale` and `bias` rows read once per thread for all of
+/// its rows, `mean` per row) equals CpuFusion within one unit in the last place: bf16 and f16
+/// over [8192, 1024] (2 rows a thread), a bf16 region with an `f32` row, and f32 (a row a
+/// thread).
+#[test]
+fn row_broadcasts_held_over_several_rows_match_the_cpu_executors() {
+    use boundscope::executors::CpuFusion;
+    use boundscope::{DType, Tensor, TensorMeta, TraceBuilder};
+    let Some((device, _sharing)) = device() else { return };
+    let registry = Registry::with_builtins();
+    let (rows, cols) = (8192, 1024);
+    for (dtype, bias_dtype) in
+        [(DType::F32, DType::F32), (DType::BF16, DType::BF16), (DType::F16, DType::F16), (DType::BF16, DType::F32)]
+    {
+        let arena = Arena::new();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input_with(&TensorMeta::new(dtype, &[rows, cols])).unwrap();
+        let mean = b.input_with(&TensorMeta::new(dtype, &[rows, 1])).unwrap();
+        let scale = b.input_with(&TensorMeta::new(dtype, &[cols])).unwrap();
+        let bias = b.input_with(&TensorMeta::new(bias_dtype, &[cols])).unwrap();
+        let c = b.sub(x, mean).unwrap();
+        let y = b.mul(c, scale).unwrap();
+        let y = b.add(y, bias).unwrap();
+        let y = b.gelu(y).unwrap();
+        b.output(y).unwrap();
+        let trace = b.finish().unwrap();
+        let inputs: Vec<Tensor> = trace
+            .inputs()
+            .iter()
+            .enumerate()
+            .map(|(k, &v)| {
+                let meta = trace.value_meta(v).unwrap();
+                Tensor::from_fn(&meta.shape, |i| ((i * 7 + k * 13) % 31) as f32 / 15.0 - 1.0).to_dtype(meta.dtype)
+            })
+            .collect();
+        let refs: Vec<&Tensor> = inputs.iter().collect();
+        let (fused_gpu, fusion) = fused_for_cuda(&device, &trace, &arena);
+        let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+        let gpu = Plan::compile(&fused_gpu, &[fusion, ops]).unwrap();
+        let fused_cpu = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
+        let cpu = Plan::compile(&fused_cpu, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();
+        let out = trace.value_meta(trace.outputs()[0]).unwrap().dtype;
+        let d = ulps(&gpu.run(&refs).unwrap()[0], &cpu.run(&refs).unwrap()[0], out);
+        println!("{dtype} (bias {bias_dtype}) over [{rows}, {cols}]: {d} ulps from CpuFusion");
+        assert!(d <= 1.0, "{dtype} (bias {bias_dtype}): {d} ulps");
+    }
+}
+
 /// Workspaces made and dropped one after another do not leave their cuBLASLt workspaces (32 MiB
 /// each, one per stream) behind: the device's free memory stays where it was.
 #[test]

@@ -1,9 +1,13 @@
-//! CUDA C for a fused region of elementwise ops: one kernel, a grid-stride loop, `float4`
-//! loads and stores when every input is contiguous (or a single value) and the size allows.
-//! Those full-size `float4` streams are read and written with the streaming cache hints
-//! (`__ldcs`, `__stcs`: used once, evict first), which leaves L2 to what is read again (rows and
-//! columns broadcast per vector): measured on the H200, 96% to 103% of the copy bandwidth for
-//! the swish chain at 2^28 and 93% to 98% for the norm chain.
+//! CUDA C for a fused region of elementwise ops: one kernel, a grid-stride loop over vectors
+//! (four `f32` values, eight where an operand is 16-bit; the values past the last whole vector
+//! are a tail, an element a thread). Inputs read whole move a vector an access; broadcast ones
+//! are read per vector where their rows hold whole vectors, else per element (a row of odd
+//! length, any pattern `broadcast_to` makes), and a row broadcast over many rows is read once
+//! for several rows by 16-bit kernels ([`rows_per_thread`]). Those full-size vector streams
+//! are read and written with the streaming cache hints (`__ldcs`, `__stcs`: used once, evict
+//! first), which leaves L2 to what is read again (rows and columns broadcast per vector):
+//! measured on the H200, 96% to 103% of the copy bandwidth for the swish chain at 2^28 and 93%
+//! to 98% for the norm chain.
 
 use std::fmt::Write;
 
@@ -26,8 +30,8 @@ pub struct RegionSource {
     pub outputs: usize,
     /// Elements of the iteration shape (the last argument, `long long n`).
     pub numel: usize,
-    /// Whether the kernel processes four elements per thread with `float4` (then it loops over
-    /// `n / 4` vectors; `n` is a multiple of 4).
+    /// Whether the kernel moves vectors of values per thread (four `f32` values, or eight where
+    /// an operand is 16-bit), the values past the last whole vector one a thread.
     pub vectorized: bool,
     /// How many threads have work: elements, vectors, or rows (for a trailing reduction).
     pub threads: usize,
@@ -102,6 +106,10 @@ enum VectorRead {
     Scalar,
     PerVector,
     PerVectorFloat4,
+    /// Per element of the vector, through the broadcast strides: a row that vectors straddle
+    /// (a row of odd length), or any other pattern `broadcast_to` makes. The inputs read whole
+    /// still move a vector per access.
+    PerLane,
 }
 
 fn vector_read(shape: &[usize], input_shape: &[usize]) -> Option<VectorRead> {
@@ -116,22 +124,102 @@ fn vector_read(shape: &[usize], input_shape: &[usize]) -> Option<VectorRead> {
     }
 }
 
+/// Threads a kernel of at least this many threads keeps: enough for every multiprocessor of
+/// the largest GPUs to hold several blocks (132 x 2,048 threads on an H100 or H200) twice over.
+const ENOUGH_THREADS: usize = 1 << 19;
+
+/// Rows each thread of an elementwise kernel takes in turn (1, 2, 4, 8 or 16), where an input
+/// is one row repeated along every other axis (`[D]` over `[N, D]`, read per vector): the
+/// thread reads its vector of that row once, for all of its rows, where one row per thread
+/// read it once per vector of the output. The largest that divides the rows and still leaves
+/// [`ENOUGH_THREADS`] threads (1: no input is such a row, or the tensor is too small).
+fn rows_per_thread(shape: &[usize], input_shapes: &[Vec<usize>], reads: &[VectorRead], per_thread: usize) -> usize {
+    let Some(&row) = shape.last() else { return 1 };
+    let rows = shape[..shape.len() - 1].iter().product::<usize>();
+    if row == 0 || !row.is_multiple_of(per_thread) || !(0..reads.len()).any(|k| held_row(shape, input_shapes, reads, k))
+    {
+        return 1;
+    }
+    let threads = rows * (row / per_thread);
+    let mut r = 16;
+    while r > 1 && (!rows.is_multiple_of(r) || threads / r < ENOUGH_THREADS) {
+        r /= 2;
+    }
+    r
+}
+
+/// Whether input `k` is one row read per vector and the same for every row (its values vary
+/// along the last axis only): a thread of a kernel of several rows per thread reads it once.
+fn held_row(shape: &[usize], input_shapes: &[Vec<usize>], reads: &[VectorRead], k: usize) -> bool {
+    matches!(reads[k], VectorRead::PerVectorFloat4)
+        && shape.len() > 1
+        && input_shapes[k].iter().product::<usize>() == shape.last().copied().unwrap_or(0)
+}
+
+/// Opens the loop of an elementwise kernel over vectors of `per_thread` elements: one vector
+/// `j` per thread and turn, or, with `rows > 1` rows per thread ([`rows_per_thread`]), a
+/// column `c` of vectors and a group `g` of `rows` rows per turn, then (after `held`, the
+/// reads made once per turn) an unrolled loop over the group's rows defining `j`. Returns how
+/// many loops it opened.
+fn open_vector_loop(source: &mut String, shape: &[usize], per_thread: usize, rows: usize, held: &str) -> usize {
+    let numel: usize = shape.iter().product();
+    if rows <= 1 {
+        let _ = writeln!(source, "  const long long vectors = n / {per_thread};");
+        let _ = writeln!(
+            source,
+            "  for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < vectors; j += stride) {{"
+        );
+        return 1;
+    }
+    let cols = shape.last().copied().unwrap_or(1) / per_thread;
+    let turns = numel / per_thread / rows;
+    let _ = writeln!(source, "  const long long cols = {cols}ll;");
+    let _ = writeln!(
+        source,
+        "  for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < {turns}ll; t += stride) {{"
+    );
+    let _ = writeln!(source, "    const long long c = t % cols, g = t / cols;");
+    source.push_str(held);
+    let _ = writeln!(source, "    #pragma unroll");
+    let _ = writeln!(source, "    for (int q = 0; q < {rows}; ++q) {{");
+    let _ = writeln!(source, "    const long long j = (g * {rows}ll + q) * cols + c;");
+    2
+}
+
 /// The offset in a broadcast input of element `i` of the iteration shape, as C.
 fn offset_expression(shape: &[usize], input_shape: &[usize]) -> String {
     strided_offset(shape, &broadcast_strides(input_shape, shape))
 }
 
+/// Element `index` (a C expression) of the iteration shape read from broadcast input `k`.
+fn lane_read(k: usize, shape: &[usize], input_shape: &[usize], index: &str) -> String {
+    format!("in{k}[{}]", strided_offset_of(shape, &broadcast_strides(input_shape, shape), index))
+}
+
 /// The offset, through `strides` (one per axis of `shape`), of element `i` of `shape`, as C.
+/// Coordinates are found in 32-bit arithmetic where every element's index fits (a division of
+/// 64-bit integers by a constant takes several times the instructions: a broadcast row of
+/// odd length, read per element, paid that twice per element).
 pub(super) fn strided_offset(shape: &[usize], strides: &[usize]) -> String {
+    strided_offset_of(shape, strides, "i")
+}
+
+/// [`strided_offset`] of element `i` (a C expression of type `long long`).
+fn strided_offset_of(shape: &[usize], strides: &[usize], i: &str) -> String {
+    let narrow = shape.iter().product::<usize>() <= u32::MAX as usize;
     let mut terms = Vec::new();
     let mut inner = 1usize;
     for axis in (0..shape.len()).rev() {
         if strides[axis] != 0 {
-            let coordinate = match (inner, axis) {
-                (1, 0) => "i".to_string(),
-                (1, _) => format!("(i % {}ll)", shape[axis]),
-                (_, 0) => format!("(i / {inner}ll)"),
-                _ => format!("((i / {inner}ll) % {}ll)", shape[axis]),
+            let d = shape[axis];
+            let coordinate = match (inner, axis, narrow) {
+                (1, 0, _) => i.to_string(),
+                (1, _, true) => format!("(long long)((unsigned int){i} % {d}u)"),
+                (_, 0, true) => format!("(long long)((unsigned int){i} / {inner}u)"),
+                (_, _, true) => format!("(long long)((unsigned int){i} / {inner}u % {d}u)"),
+                (1, _, false) => format!("({i} % {d}ll)"),
+                (_, 0, false) => format!("({i} / {inner}ll)"),
+                (_, _, false) => format!("(({i} / {inner}ll) % {d}ll)"),
             };
             terms.push(if strides[axis] == 1 { coordinate } else { format!("{coordinate} * {}ll", strides[axis]) });
         }
@@ -356,18 +444,25 @@ fn generate(
         .zip(&output_dtypes)
         .map(|(&v, &d)| region.shape_of(v).map(|s| packing::words(d, s.iter().product())).map_err(|e| e.to_string()))
         .collect::<Result<Vec<usize>, String>>()?;
-    let reads: Option<Vec<VectorRead>> = input_shapes.iter().map(|s| vector_read(&shape, s)).collect();
-    let vectorized = !wide && reduction.is_none() && reads.is_some() && numel.is_multiple_of(4) && numel > 0;
-    // With 16-bit values: eight elements per thread, each 16-bit operand one 16-byte load or
-    // store; a broadcast input is read per eight elements, which then must not straddle rows.
-    let rows_of_eight = shape.last().is_some_and(|last| last.is_multiple_of(8));
-    let wide_vectorized = wide
-        && reduction.is_none()
-        && numel.is_multiple_of(8)
-        && numel > 0
-        && reads
-            .as_ref()
-            .is_some_and(|r| r.iter().all(|r| matches!(r, VectorRead::Vector | VectorRead::Scalar) || rows_of_eight));
+    // Elementwise regions move vectors: four `f32` values, or eight where any operand is 16-bit
+    // (each 16-bit operand one 16-byte load or store). Inputs read whole, a vector an access;
+    // a single value once; a broadcast input per vector where its rows hold whole vectors
+    // (constant along the vector, or a contiguous part of one row), else per element. Values
+    // past the last whole vector are the tail, an element a thread.
+    let per_thread = if wide { 8 } else { 4 };
+    let vectorized = !wide && reduction.is_none() && numel > 0;
+    let wide_vectorized = wide && reduction.is_none() && numel > 0;
+    let rows_of_vectors = shape.last().is_some_and(|last| last.is_multiple_of(per_thread));
+    let reads: Option<Vec<VectorRead>> = (vectorized || wide_vectorized).then(|| {
+        input_shapes
+            .iter()
+            .map(|s| match vector_read(&shape, s) {
+                Some(VectorRead::PerVector | VectorRead::PerVectorFloat4) if !rows_of_vectors => VectorRead::PerLane,
+                Some(read) => read,
+                None => VectorRead::PerLane,
+            })
+            .collect()
+    });
     let read_as_float = |k: usize, expression: String| widen(input_dtypes[k], &expression);
 
     // The loop body, in terms of `x{k}` (input values) and `t{id}` (op values).
@@ -565,20 +660,29 @@ fn generate(
             in_place: Vec::new(),
         });
     }
+    // Loops the kernel opened (closed below), and rows per thread of a vectorized kernel.
+    let mut loops = 1;
+    // (16-bit kernels only: `f32` ones run at a copy's speed with a row per thread, and
+    // measured 2-7% slower with 4 or 16 on the H200, where 16-bit ones gained 3-16%.)
+    let rows = match &reads {
+        Some(reads) if wide_vectorized => rows_per_thread(&shape, &input_shapes, reads, per_thread),
+        _ => 1,
+    };
     if wide_vectorized {
         let operands = WideOperands { reads: &reads.unwrap_or_default(), shape: &shape, input_shapes: &input_shapes };
-        wide_loop(&mut source, &body, &operands, &input_dtypes, &output_dtypes, outputs);
+        loops = wide_loop(&mut source, &body, &operands, rows, &input_dtypes, &output_dtypes, outputs);
     } else if vectorized {
-        let _ = writeln!(source, "  const long long vectors = n / 4;");
-        let _ = writeln!(
-            source,
-            "  for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < vectors; j += stride) {{"
-        );
         let reads = reads.unwrap_or_default();
-        if reads.iter().any(|r| matches!(r, VectorRead::PerVector | VectorRead::PerVectorFloat4)) {
+        let held = |k: usize| rows > 1 && held_row(&shape, &input_shapes, &reads, k);
+        let mut held_reads = String::new();
+        for k in (0..reads.len()).filter(|&k| held(k)) {
+            let _ = writeln!(held_reads, "    const float4 v{k} = *reinterpret_cast<const float4*>(in{k} + 4ll * c);");
+        }
+        loops = open_vector_loop(&mut source, &shape, 4, rows, &held_reads);
+        if reads.iter().any(|r| !matches!(r, VectorRead::Vector | VectorRead::Scalar)) {
             let _ = writeln!(source, "    const long long i = 4ll * j;");
         }
-        for (k, (s, read)) in input_shapes.iter().zip(&reads).enumerate() {
+        for (k, (s, read)) in input_shapes.iter().zip(&reads).enumerate().filter(|&(k, _)| !held(k)) {
             let offset = || offset_expression(&shape, s);
             let _ = match read {
                 VectorRead::Vector => {
@@ -589,17 +693,19 @@ fn generate(
                 VectorRead::PerVectorFloat4 => {
                     writeln!(source, "    const float4 v{k} = *reinterpret_cast<const float4*>(in{k} + {});", offset())
                 }
+                VectorRead::PerLane => Ok(()),
             };
         }
         for o in 0..outputs.len() {
             let _ = writeln!(source, "    float4 r{o};");
         }
-        for lane in ["x", "y", "z", "w"] {
+        for (l, lane) in ["x", "y", "z", "w"].into_iter().enumerate() {
             let _ = writeln!(source, "    {{");
             for (k, read) in reads.iter().enumerate() {
                 let read = match read {
                     VectorRead::Vector | VectorRead::PerVectorFloat4 => format!("v{k}.{lane}"),
                     VectorRead::Scalar | VectorRead::PerVector => format!("s{k}"),
+                    VectorRead::PerLane => lane_read(k, &shape, &input_shapes[k], &format!("(i + {l})")),
                 };
                 let _ = writeln!(source, "    const float x{k} = {read};");
             }
@@ -612,10 +718,20 @@ fn generate(
         for o in 0..outputs.len() {
             let _ = writeln!(source, "    __stcs(reinterpret_cast<float4*>(out{o}) + j, r{o});");
         }
-    } else {
+    }
+    for _ in 1..loops {
+        let _ = writeln!(source, "    }}");
+    }
+    // The tail (or every element, in a kernel of no vectors: one of no elements).
+    let tail = numel % per_thread;
+    if tail > 0 || !(vectorized || wide_vectorized) {
+        if vectorized || wide_vectorized {
+            let _ = writeln!(source, "  }}");
+        }
+        let start = numel - tail;
         let _ = writeln!(
             source,
-            "  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {{"
+            "  for (long long i = {start}ll + (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {{"
         );
         for (k, s) in input_shapes.iter().enumerate() {
             let _ = writeln!(source, "    const float x{k} = {};", read_as_float(k, index_expression(k, &shape, s)));
@@ -626,13 +742,7 @@ fn generate(
         }
     }
     let _ = writeln!(source, "  }}\n}}");
-    let threads = if wide_vectorized {
-        numel / 8
-    } else if vectorized {
-        numel / 4
-    } else {
-        numel
-    };
+    let threads = (numel / per_thread / rows).max(tail).max(1);
     Ok(RegionSource {
         kernel: kernel.to_string(),
         source,
@@ -743,18 +853,20 @@ fn wide_loop(
     source: &mut String,
     body: &str,
     operands: &WideOperands<'_>,
+    rows: usize,
     input_dtypes: &[DType],
     output_dtypes: &[DType],
     outputs: &[ValueId],
-) {
+) -> usize {
     let WideOperands { reads, shape, input_shapes } = *operands;
-    let _ = writeln!(source, "  const long long vectors = n / 8;");
-    let _ = writeln!(
-        source,
-        "  for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < vectors; j += stride) {{"
-    );
+    let held = |k: usize| rows > 1 && held_row(shape, input_shapes, reads, k);
+    let mut held_reads = String::new();
+    for k in (0..reads.len()).filter(|&k| held(k)) {
+        wide_load(&mut held_reads, k, input_dtypes[k], false, "8ll * c");
+    }
+    let loops = open_vector_loop(source, shape, 8, rows, &held_reads);
     let _ = writeln!(source, "    const long long i = 8ll * j;");
-    for (k, (read, &dtype)) in reads.iter().zip(input_dtypes).enumerate() {
+    for (k, (read, &dtype)) in reads.iter().zip(input_dtypes).enumerate().filter(|&(k, _)| !held(k)) {
         let offset = || offset_expression(shape, &input_shapes[k]);
         let (whole, at) = match read {
             VectorRead::Scalar => {
@@ -767,27 +879,9 @@ fn wide_loop(
             }
             VectorRead::Vector => (true, "i".to_string()),
             VectorRead::PerVectorFloat4 => (false, offset()),
+            VectorRead::PerLane => continue,
         };
-        // Whole inputs are read once, with a streaming hint; broadcast rows are read again by
-        // every row, and stay cached.
-        let load = |ty: &str, at: &str| {
-            if whole {
-                format!("__ldcs(reinterpret_cast<const {ty}*>(in{k} + {at}))")
-            } else {
-                format!("*reinterpret_cast<const {ty}*>(in{k} + {at})")
-            }
-        };
-        if packing::is_packed(dtype) {
-            let _ = writeln!(source, "    const uint4 u{k} = {};", load("uint4", &at));
-            let _ = writeln!(source, "    const unsigned int w{k}[4] = {{u{k}.x, u{k}.y, u{k}.z, u{k}.w}};");
-        } else {
-            let _ = writeln!(source, "    const float4 a{k} = {};", load("float4", &at));
-            let _ = writeln!(source, "    const float4 b{k} = {};", load("float4", &format!("{at} + 4")));
-            let _ = writeln!(
-                source,
-                "    const float f{k}[8] = {{a{k}.x, a{k}.y, a{k}.z, a{k}.w, b{k}.x, b{k}.y, b{k}.z, b{k}.w}};"
-            );
-        }
+        wide_load(source, k, dtype, whole, &at);
     }
     for o in 0..outputs.len() {
         let _ = writeln!(source, "    float r{o}[8];");
@@ -797,6 +891,7 @@ fn wide_loop(
     for (k, (read, &dtype)) in reads.iter().zip(input_dtypes).enumerate() {
         let value = match (read, packing::is_packed(dtype)) {
             (VectorRead::Scalar | VectorRead::PerVector, _) => format!("s{k}"),
+            (VectorRead::PerLane, _) => widen(dtype, &lane_read(k, shape, &input_shapes[k], "(i + l)")),
             (_, true) => widen(dtype, &format!("(w{k}[l / 2] >> (16 * (l % 2)))")),
             (_, false) => format!("f{k}[l]"),
         };
@@ -829,6 +924,31 @@ fn wide_loop(
                 "    __stcs(reinterpret_cast<float4*>(out{o} + i + 4), make_float4(r{o}[4], r{o}[5], r{o}[6], r{o}[7]));"
             );
         }
+    }
+    loops
+}
+
+/// Eight values of input `k` from element `at` on, into `w{k}` (16-bit: four words) or `f{k}`
+/// (`f32`). Whole inputs are read once, with a streaming hint; broadcast rows are read again
+/// (by every row, or every group of rows) and stay cached.
+fn wide_load(source: &mut String, k: usize, dtype: DType, whole: bool, at: &str) {
+    let load = |ty: &str, at: &str| {
+        if whole {
+            format!("__ldcs(reinterpret_cast<const {ty}*>(in{k} + {at}))")
+        } else {
+            format!("*reinterpret_cast<const {ty}*>(in{k} + {at})")
+        }
+    };
+    if packing::is_packed(dtype) {
+        let _ = writeln!(source, "    const uint4 u{k} = {};", load("uint4", at));
+        let _ = writeln!(source, "    const unsigned int w{k}[4] = {{u{k}.x, u{k}.y, u{k}.z, u{k}.w}};");
+    } else {
+        let _ = writeln!(source, "    const float4 a{k} = {};", load("float4", at));
+        let _ = writeln!(source, "    const float4 b{k} = {};", load("float4", &format!("{at} + 4")));
+        let _ = writeln!(
+            source,
+            "    const float f{k}[8] = {{a{k}.x, a{k}.y, a{k}.z, a{k}.w, b{k}.x, b{k}.y, b{k}.z, b{k}.w}};"
+        );
     }
 }
 
@@ -915,8 +1035,9 @@ mod tests {
         });
         let src = &generated.source;
         assert!(src.contains("const float s1 = bs_from_bf16(in1["), "{src}");
-        assert!(src.contains("*reinterpret_cast<const uint4*>(in2 + (i % 64ll))"), "{src}");
-        // Rows of a length that is not a multiple of eight: one element per thread.
+        assert!(src.contains("*reinterpret_cast<const uint4*>(in2 + (long long)((unsigned int)i % 64u))"), "{src}");
+        // Rows of a length that is not a multiple of eight: `x` still eight values an access,
+        // the per-row value read per element.
         let generated = generate(|b| {
             let x = b.input_with(&bf16(&[8, 12])).unwrap();
             let mean = b.input_with(&bf16(&[8, 1])).unwrap();
@@ -924,8 +1045,12 @@ mod tests {
             let d = b.neg(c).unwrap();
             b.output(d).unwrap();
         });
-        assert!(!generated.vectorized && generated.threads == 96, "{}", generated.source);
-        assert!(generated.source.contains("out0[i] = (unsigned short)bs_to_bf16("), "{}", generated.source);
+        let src = &generated.source;
+        assert!(generated.vectorized && generated.threads == 96 / 8, "{src}");
+        assert!(src.contains("__ldcs(reinterpret_cast<const uint4*>(in0 + i))"), "{src}");
+        assert!(src.contains("bs_from_bf16(in1[(long long)((unsigned int)(i + l) / 12u)])"), "{src}");
+        assert!(!src.contains("out0[i] ="), "no tail: {src}");
+        super::super::compiles_with_nvrtc(src);
     }
 
     #[test]
@@ -999,21 +1124,102 @@ extern \"C\" __global__ void region0(const float* __restrict__ in0, const float*
         let s = &generated.source;
         assert!(s.contains("    const long long i = 4ll * j;"), "{s}");
         assert!(s.contains("const float4 v0 = __ldcs(reinterpret_cast<const float4*>(in0) + j);"), "{s}");
-        assert!(s.contains("const float s1 = in1[(i / 8ll)];"), "{s}");
-        assert!(s.contains("const float4 v2 = *reinterpret_cast<const float4*>(in2 + (i % 8ll));"), "{s}");
+        assert!(s.contains("const float s1 = in1[(long long)((unsigned int)i / 8u)];"), "{s}");
+        assert!(
+            s.contains("const float4 v2 = *reinterpret_cast<const float4*>(in2 + (long long)((unsigned int)i % 8u));"),
+            "{s}"
+        );
         assert!(s.contains("const float x1 = s1;") && s.contains("const float x2 = v2.z;"), "{s}");
+    }
+
+    /// `gelu(x * scale + bias)` over `[rows, cols]` in `dtype`, `scale` and `bias` `[cols]`.
+    fn scaled_gelu(rows: usize, cols: usize, dtype: DType) -> RegionSource {
+        use crate::core::ir::TensorMeta;
+        generate(|b| {
+            let x = b.input_with(&TensorMeta::new(dtype, &[rows, cols])).unwrap();
+            let scale = b.input_with(&TensorMeta::new(dtype, &[cols])).unwrap();
+            let bias = b.input_with(&TensorMeta::new(dtype, &[cols])).unwrap();
+            let y = b.mul(x, scale).unwrap();
+            let y = b.add(y, bias).unwrap();
+            let y = b.gelu(y).unwrap();
+            b.output(y).unwrap();
+        })
+    }
+
+    #[test]
+    fn a_row_broadcast_along_the_last_axis_is_read_once_for_several_rows() {
+        // bf16 over [8192, 8192]: 16 rows per thread, 2^19 threads; each thread reads its
+        // eight values of `scale` and `bias` once, before the loop over its rows.
+        let generated = scaled_gelu(8192, 8192, DType::BF16);
+        let s = &generated.source;
+        assert_eq!(generated.threads, 8192 * 8192 / 8 / 16, "{s}");
+        let held = s.find("const uint4 u1 = *reinterpret_cast<const uint4*>(in1 + 8ll * c);").expect(s);
+        let rows = s.find("for (int q = 0; q < 16; ++q)").expect(s);
+        assert!(held < rows && s.contains("const uint4 u2 = *reinterpret_cast<const uint4*>(in2 + 8ll * c);"));
+        assert!(s.contains("const uint4 u0 = __ldcs(reinterpret_cast<const uint4*>(in0 + i));"), "{s}");
+        assert_eq!(s.matches("in1").count(), 2, "declared and read once: {s}");
+        super::super::compiles_with_nvrtc(s);
+        // f32 keeps a row per thread (at a copy's speed already; several measured slower).
+        let generated = scaled_gelu(8192, 8192, DType::F32);
+        assert_eq!(generated.threads, 8192 * 8192 / 4, "{}", generated.source);
+        // bf16 over GPT-2's [16384, 768]: 2 rows per thread (enough threads left), the rows
+        // read as 16-byte words.
+        let generated = scaled_gelu(16384, 768, DType::BF16);
+        let s = &generated.source;
+        assert_eq!(generated.threads, 16384 * 768 / 8 / 2, "{s}");
+        assert!(s.contains("const uint4 u1 = *reinterpret_cast<const uint4*>(in1 + 8ll * c);"), "{s}");
+        assert!(s.contains("for (int q = 0; q < 2; ++q)"), "{s}");
+        super::super::compiles_with_nvrtc(s);
+        // Too few rows to split (the grid would be too small), or a row count no power of two
+        // divides: a row per thread, as before.
+        for (rows, cols) in [(64, 768), (8191, 8192)] {
+            let generated = scaled_gelu(rows, cols, DType::BF16);
+            assert_eq!(generated.threads, rows * cols / 8, "{}", generated.source);
+            assert!(!generated.source.contains("q <"), "{}", generated.source);
+        }
     }
 
     #[test]
     fn broadcast_inputs_are_indexed_per_element_otherwise() {
+        // Rows of 6: vectors of four straddle rows, so the broadcast inputs are read per
+        // element of the vector; `x` still a vector an access.
         let generated = broadcast_chain(6);
-        assert!(!generated.vectorized);
+        assert!(generated.vectorized && generated.threads == 96 / 4);
         let s = &generated.source;
-        assert!(s.contains("const float x0 = in0[i];"), "{s}");
-        assert!(s.contains("const float x1 = in1[(i / 6ll)];"), "{s}");
-        assert!(s.contains("const float x2 = in2[(i % 6ll)];"), "{s}");
-        assert!(s.contains("const float t4 = (t3 * x2);") && s.contains("out0[i] = t4;"), "{s}");
+        assert!(s.contains("const float4 v0 = __ldcs(reinterpret_cast<const float4*>(in0) + j);"), "{s}");
+        assert!(s.contains("const float x1 = in1[(long long)((unsigned int)(i + 0) / 6u)];"), "{s}");
+        assert!(s.contains("const float x2 = in2[(long long)((unsigned int)(i + 3) % 6u)];"), "{s}");
+        assert!(s.contains("const float t4 = (t3 * x2);") && s.contains("r0.w = t4;"), "{s}");
         assert_eq!((generated.input_lengths, generated.output_lengths), (vec![96, 16, 6], vec![96]));
+        super::super::compiles_with_nvrtc(s);
+    }
+
+    #[test]
+    fn values_past_the_last_whole_vector_are_a_tail_an_element_a_thread() {
+        // [5, 7]: 35 values, 8 vectors of four and a tail of 3 from element 32.
+        let generated = generate(|b| {
+            let x = b.input(&[5, 7]).unwrap();
+            let w = b.input(&[7]).unwrap();
+            let y = b.mul(x, w).unwrap();
+            let y = b.add_scalar(y, 1.0).unwrap();
+            b.output(y).unwrap();
+        });
+        let s = &generated.source;
+        assert!(generated.vectorized && generated.threads == 8, "{s}");
+        assert!(s.contains("__stcs(reinterpret_cast<float4*>(out0) + j, r0);"), "{s}");
+        let tail =
+            s.find("for (long long i = 32ll + (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;").expect(s);
+        assert!(s[tail..].contains("out0[i] = t3;") && s[tail..].contains("in1[(long long)((unsigned int)i % 7u)]"));
+        super::super::compiles_with_nvrtc(s);
+        // Fewer values than a vector: the tail alone, on one thread each.
+        let generated = generate(|b| {
+            let x = b.input(&[3]).unwrap();
+            let y = b.exp(x).unwrap();
+            let y = b.neg(y).unwrap();
+            b.output(y).unwrap();
+        });
+        assert!(generated.threads == 3 && generated.source.contains("i = 0ll +"), "{}", generated.source);
+        super::super::compiles_with_nvrtc(&generated.source);
     }
 
     #[test]
@@ -1194,7 +1400,9 @@ mod nan_tests {
         // transpose [2, 3, 4] -> [4, 2, 3]: output (a, b, c) reads input (b, c, a).
         let transpose = source(0);
         assert!(
-            transpose.source.contains("out0[i] = in0[(i % 3ll) * 4ll + ((i / 3ll) % 2ll) * 12ll + (i / 6ll)];"),
+            transpose.source.contains(
+                "out0[i] = in0[(long long)((unsigned int)i % 3u) * 4ll + (long long)((unsigned int)i / 3u % 2u) * 12ll + (long long)((unsigned int)i / 6u)];"
+            ),
             "{}",
             transpose.source
         );
@@ -1202,8 +1410,17 @@ mod nan_tests {
         assert!(source(1).source.contains("out0[i] = in0[i];"));
         // broadcast [3, 1] -> [2, 3, 5]: constant along the last axis and the first.
         let broadcast = source(2);
-        assert!(broadcast.source.contains("out0[i] = in0[((i / 5ll) % 3ll)];"), "{}", broadcast.source);
+        let expected = "out0[i] = in0[(long long)((unsigned int)i / 5u % 3u)];";
+        assert!(broadcast.source.contains(expected), "{}", broadcast.source);
         assert_eq!((broadcast.input_lengths.clone(), broadcast.output_lengths.clone()), (vec![3], vec![30]));
+        // Past 2^32 elements the coordinates are found in 64 bits.
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let c = b.input(&[3, 1]).unwrap();
+        let w = b.broadcast_to(c, &[1 << 20, 3, 1 << 12]).unwrap();
+        b.output(w).unwrap();
+        let trace = b.finish().unwrap();
+        let large = shape_op_source(&OpView::of(&trace, 0).unwrap(), "k").unwrap();
+        assert!(large.source.contains("out0[i] = in0[((i / 4096ll) % 3ll)];"), "{}", large.source);
         // Not a shape op: refused.
         let mut b = TraceBuilder::new(&arena, &registry);
         let x = b.input(&[4]).unwrap();

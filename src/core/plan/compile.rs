@@ -95,7 +95,8 @@ pub(crate) const NARROW_INPUTS: usize = 4;
 /// reads no buffer it writes, its slots held inline: the run loop reads them with no length or
 /// spill checks, builds the kernel's views on the stack and lends the output buffer in place
 /// (the dispatch benchmark's 1-element ops spent most of their time there).
-#[derive(Clone, Copy, Debug)]
+/// (Neither `Clone` nor `Copy`: its [`MapRef`] must stay in the step that owns the kernel.)
+#[derive(Debug)]
 pub(crate) struct Narrow {
     /// The output's buffer.
     pub output: u32,
@@ -110,8 +111,9 @@ pub(crate) struct Narrow {
 }
 
 /// The [`MapKernel`] a step's own kernel lends ([`Kernel::as_map`]), found once at compile
-/// time: the run loop makes one virtual call per map step, not two.
-#[derive(Clone, Copy)]
+/// time: the run loop makes one virtual call per map step, not two. It is held only in the
+/// [`Narrow`] of the step that owns the kernel (neither is `Clone`), and reading it is
+/// `unsafe`: the step's `work` must not have been replaced since [`Step::settle`].
 pub(crate) struct MapRef(NonNull<dyn MapKernel>);
 
 // SAFETY: it stands for a `&dyn MapKernel`, which is `Send` and `Sync` (`MapKernel` requires
@@ -133,9 +135,14 @@ impl MapRef {
     }
 
     /// The map, borrowed for as long as the step that holds it.
+    ///
+    /// # Safety
+    /// `self` is the `map` of a step's [`Narrow`], and that step's `work` is the one
+    /// [`Step::settle`] found the map in (no code replaces a settled step's `work`; a plan's
+    /// steps are immutable once compiled).
     #[inline(always)]
-    pub fn get(&self) -> &dyn MapKernel {
-        // SAFETY: valid while the step that holds it lives (see `of`).
+    pub unsafe fn get(&self) -> &dyn MapKernel {
+        // SAFETY: the caller's promise: the kernel it points into is alive and unmoved.
         unsafe { self.0.as_ref() }
     }
 }

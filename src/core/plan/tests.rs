@@ -1180,6 +1180,8 @@ fn the_run_loop_calls_a_kernels_map_where_its_values_are_f32_of_one_length() {
         let mut b = TraceBuilder::new(&arena, &registry);
         let x = b.input_with(&TensorMeta::new(dtype, &[2, 3])).unwrap();
         let y = b.input_with(&TensorMeta::new(dtype, shape)).unwrap();
+        // (`neg` on the CPU reference: the map reads a workspace buffer and an input.)
+        let x = b.neg(x).unwrap();
         let z = b.mul(x, y).unwrap();
         b.output(z).unwrap();
         let trace = b.finish().unwrap();

@@ -759,8 +759,9 @@ impl Plan {
             }
             let storage: *mut Storage = buffers[..].as_mut_ptr();
             if let Some(map) = &narrow.map {
-                // SAFETY: as for the views below (every element at most `last`, the output not
-                // among the inputs).
+                // SAFETY: `map` is this step's own (a plan's steps are immutable once compiled);
+                // the buffers as for the views below (every element at most `last`, the output
+                // not among the inputs).
                 return unsafe { run_map(map.get(), slots, buffer, storage, inputs) };
             }
             let meta = &self.buffers[buffer];

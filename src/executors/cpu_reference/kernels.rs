@@ -302,7 +302,7 @@ impl<F: Fn(f32, f32) -> f32 + std::marker::Copy + Send + Sync> MapKernel for Bin
                 map_binary(f, &a[r.clone()], &b[r], out)
             }),
             // `as_map` offers the map for those two modes only, whose steps have these inputs.
-            _ => debug_assert!(false, "a binary map called with {} inputs", inputs.len()),
+            _ => unreachable!("a binary map called with {} inputs", inputs.len()),
         }
     }
 }

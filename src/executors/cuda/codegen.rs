@@ -1,9 +1,10 @@
 //! CUDA C for a fused region of elementwise ops: one kernel, a grid-stride loop over vectors
 //! (four `f32` values, eight where an operand is 16-bit; the values past the last whole vector
 //! are a tail, an element a thread). Inputs read whole move a vector an access; broadcast ones
-//! are read per vector where their rows hold whole vectors, else per element (a row of odd
-//! length, any pattern `broadcast_to` makes), and a row broadcast over many rows is read once
-//! for several rows by 16-bit kernels ([`rows_per_thread`]). Those full-size vector streams
+//! are read per vector where their rows hold whole vectors, else per element (rows of a
+//! length not a multiple of the vector's, patterns such as `[T, 1, D]` over `[B, T, H, D]`),
+//! and a row broadcast over many rows is read once for several rows by 16-bit kernels
+//! ([`rows_per_thread`]). Those full-size vector streams
 //! are read and written with the streaming cache hints (`__ldcs`, `__stcs`: used once, evict
 //! first), which leaves L2 to what is read again (rows and columns broadcast per vector):
 //! measured on the H200, 96% to 103% of the copy bandwidth for the swish chain at 2^28 and 93%
@@ -30,10 +31,13 @@ pub struct RegionSource {
     pub outputs: usize,
     /// Elements of the iteration shape (the last argument, `long long n`).
     pub numel: usize,
-    /// Whether the kernel moves vectors of values per thread (four `f32` values, or eight where
-    /// an operand is 16-bit), the values past the last whole vector one a thread.
+    /// Whether the kernel is written over vectors of values (four `f32` values, or eight where
+    /// an operand is 16-bit), the values past the last whole vector one a thread (a kernel of
+    /// fewer values than a vector has only those).
     pub vectorized: bool,
-    /// How many threads have work: elements, vectors, or rows (for a trailing reduction).
+    /// How many threads have work (at least 1): vectors, or groups of rows of vectors
+    /// ([`rows_per_thread`]), or more where the tail has more values; rows times the threads
+    /// per row for a trailing reduction.
     pub threads: usize,
     /// The elements each input buffer must hold (its value's), in parameter order: the kernel
     /// reads no further, and its launcher checks the buffers it is given against these.
@@ -99,16 +103,19 @@ fn index_expression(k: usize, shape: &[usize], input_shape: &[usize]) -> String 
     format!("in{k}[{}]", offset_expression(shape, input_shape))
 }
 
-/// How a broadcast input reads one element per vector of 4 (constant along the last axis),
-/// or a `float4` (contiguous along a last axis as long as the iteration shape's), if it can.
+/// How an input of an elementwise kernel over vectors is read: a vector an access (read whole),
+/// one value (a single one), one value per vector (constant along the last axis) or a vector
+/// (contiguous along a last axis as long as the iteration shape's) where rows hold whole
+/// vectors, else per element.
 enum VectorRead {
     Vector,
     Scalar,
     PerVector,
     PerVectorFloat4,
-    /// Per element of the vector, through the broadcast strides: a row that vectors straddle
-    /// (a row of odd length), or any other pattern `broadcast_to` makes. The inputs read whole
-    /// still move a vector per access.
+    /// Per element of the vector, through the broadcast strides: a broadcast whose rows do not
+    /// hold whole vectors (rows of a length not a multiple of 4, or 8 in 16-bit kernels), or
+    /// a pattern none of the others is (`[T, 1, D]` over `[B, T, H, D]`, say). The inputs read
+    /// whole still move a vector per access.
     PerLane,
 }
 
@@ -124,8 +131,8 @@ fn vector_read(shape: &[usize], input_shape: &[usize]) -> Option<VectorRead> {
     }
 }
 
-/// Threads a kernel of at least this many threads keeps: enough for every multiprocessor of
-/// the largest GPUs to hold several blocks (132 x 2,048 threads on an H100 or H200) twice over.
+/// Threads a kernel of at least this many threads keeps: about twice what the largest GPUs
+/// hold at once (132 multiprocessors x 2,048 threads on an H100 or H200: 270,336).
 const ENOUGH_THREADS: usize = 1 << 19;
 
 /// Rows each thread of an elementwise kernel takes in turn (1, 2, 4, 8 or 16), where an input
@@ -196,7 +203,8 @@ fn lane_read(k: usize, shape: &[usize], input_shape: &[usize], index: &str) -> S
     format!("in{k}[{}]", strided_offset_of(shape, &broadcast_strides(input_shape, shape), index))
 }
 
-/// The offset, through `strides` (one per axis of `shape`), of element `i` of `shape`, as C.
+/// The offset, through `strides` (one per axis of `shape`), of element `i` of `shape`, as C:
+/// `i` must be in `0..` the shape's element count (the 32-bit arithmetic relies on it).
 /// Coordinates are found in 32-bit arithmetic where every element's index fits (a division of
 /// 64-bit integers by a constant takes several times the instructions: a broadcast row of
 /// odd length, read per element, paid that twice per element).
@@ -206,13 +214,13 @@ pub(super) fn strided_offset(shape: &[usize], strides: &[usize]) -> String {
 
 /// [`strided_offset`] of element `i` (a C expression of type `long long`).
 fn strided_offset_of(shape: &[usize], strides: &[usize], i: &str) -> String {
-    let narrow = shape.iter().product::<usize>() <= u32::MAX as usize;
+    let in_32_bits = shape.iter().product::<usize>() <= u32::MAX as usize;
     let mut terms = Vec::new();
     let mut inner = 1usize;
     for axis in (0..shape.len()).rev() {
         if strides[axis] != 0 {
             let d = shape[axis];
-            let coordinate = match (inner, axis, narrow) {
+            let coordinate = match (inner, axis, in_32_bits) {
                 (1, 0, _) => i.to_string(),
                 (1, _, true) => format!("(long long)((unsigned int){i} % {d}u)"),
                 (_, 0, true) => format!("(long long)((unsigned int){i} / {inner}u)"),
@@ -672,17 +680,13 @@ fn generate(
         let operands = WideOperands { reads: &reads.unwrap_or_default(), shape: &shape, input_shapes: &input_shapes };
         loops = wide_loop(&mut source, &body, &operands, rows, &input_dtypes, &output_dtypes, outputs);
     } else if vectorized {
+        // (A row a thread: `rows` is 1 for `f32` kernels.)
         let reads = reads.unwrap_or_default();
-        let held = |k: usize| rows > 1 && held_row(&shape, &input_shapes, &reads, k);
-        let mut held_reads = String::new();
-        for k in (0..reads.len()).filter(|&k| held(k)) {
-            let _ = writeln!(held_reads, "    const float4 v{k} = *reinterpret_cast<const float4*>(in{k} + 4ll * c);");
-        }
-        loops = open_vector_loop(&mut source, &shape, 4, rows, &held_reads);
+        open_vector_loop(&mut source, &shape, 4, 1, "");
         if reads.iter().any(|r| !matches!(r, VectorRead::Vector | VectorRead::Scalar)) {
             let _ = writeln!(source, "    const long long i = 4ll * j;");
         }
-        for (k, (s, read)) in input_shapes.iter().zip(&reads).enumerate().filter(|&(k, _)| !held(k)) {
+        for (k, (s, read)) in input_shapes.iter().zip(&reads).enumerate() {
             let offset = || offset_expression(&shape, s);
             let _ = match read {
                 VectorRead::Vector => {
@@ -728,7 +732,7 @@ fn generate(
         if vectorized || wide_vectorized {
             let _ = writeln!(source, "  }}");
         }
-        let start = numel - tail;
+        let start = if vectorized || wide_vectorized { numel - tail } else { 0 };
         let _ = writeln!(
             source,
             "  for (long long i = {start}ll + (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {{"
@@ -844,11 +848,14 @@ struct WideOperands<'w> {
     input_shapes: &'w [Vec<usize>],
 }
 
-/// The loop of a region with 16-bit operands: thread `j` takes elements `8j..8j + 8`, reading
-/// each 16-bit input as one 16-byte `uint4` (an `f32` one as two `float4`s; a single value, or
-/// a value constant along the eight, once), running `body` per element in `float` registers,
-/// and writing each output the same way, with streaming cache hints. Broadcast rows are read
-/// at their offset (eight elements never straddle two rows: the caller checks).
+/// The loop of a region with 16-bit operands: vector `j` is elements `8j..8j + 8` (one a turn
+/// per thread, or one per row of a group of `rows`), each 16-bit input read as one 16-byte
+/// `uint4` (an `f32` one as two `float4`s; a single value, or a value constant along the
+/// eight, once; a broadcast whose rows the vectors straddle per element), `body` run per
+/// element in `float` registers, each output written the same way, with streaming cache hints.
+/// Broadcast rows read per vector are read at their offset (the caller checks that rows hold
+/// whole vectors); a row broadcast along the last axis once per group of rows. Returns the
+/// loops it opened.
 fn wide_loop(
     source: &mut String,
     body: &str,

@@ -35,9 +35,9 @@ pub struct RegionSource {
     /// an operand is 16-bit), the values past the last whole vector one a thread (a kernel of
     /// fewer values than a vector has only those).
     pub vectorized: bool,
-    /// How many threads have work (at least 1): vectors, or groups of rows of vectors
-    /// ([`rows_per_thread`]), or more where the tail has more values; rows times the threads
-    /// per row for a trailing reduction.
+    /// How many threads have work (at least 1): vectors, or groups of rows of vectors (16-bit
+    /// kernels over many rows of a row broadcast), or more where the tail has more values; rows
+    /// times the threads per row for a trailing reduction.
     pub threads: usize,
     /// The elements each input buffer must hold (its value's), in parameter order: the kernel
     /// reads no further, and its launcher checks the buffers it is given against these.

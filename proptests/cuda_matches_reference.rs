@@ -101,6 +101,25 @@ fn fused_for_cuda<'a>(
     (FuseRegions::new(fusion.clone()).run(&prims_only, arena).unwrap(), fusion)
 }
 
+/// How far (in units in the last place of the output's dtype) the GPU's fused plan of `trace`
+/// is from CpuFusion's on `inputs`, with the GPU plan's listing for messages.
+fn ulps_from_cpu_fusion(
+    device: &Arc<CudaDevice>,
+    trace: &boundscope::Trace<'_>,
+    arena: &Arena,
+    inputs: &[boundscope::Tensor],
+) -> (f32, String) {
+    use boundscope::executors::CpuFusion;
+    let refs: Vec<&boundscope::Tensor> = inputs.iter().collect();
+    let (fused_gpu, fusion) = fused_for_cuda(device, trace, arena);
+    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let gpu = Plan::compile(&fused_gpu, &[fusion, ops]).unwrap();
+    let fused_cpu = FuseRegions::new(CpuFusion::shared()).run(trace, arena).unwrap();
+    let cpu = Plan::compile(&fused_cpu, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();
+    let out = trace.value_meta(trace.outputs()[0]).unwrap().dtype;
+    (ulps(&gpu.run(&refs).unwrap()[0], &cpu.run(&refs).unwrap()[0], out), gpu.to_string())
+}
+
 /// `tensors` uploaded to `device`.
 fn upload(device: &Arc<CudaDevice>, tensors: &[boundscope::Tensor]) -> Vec<boundscope::DeviceTensor> {
     let on_device: Arc<dyn boundscope::Device> = device.clone();
@@ -636,7 +655,6 @@ fn bf16_and_f16_plans_match_the_cpu_executors() {
 /// thread).
 #[test]
 fn row_broadcasts_held_over_several_rows_match_the_cpu_executors() {
-    use boundscope::executors::CpuFusion;
     use boundscope::{DType, Tensor, TensorMeta, TraceBuilder};
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
@@ -665,14 +683,7 @@ fn row_broadcasts_held_over_several_rows_match_the_cpu_executors() {
                 Tensor::from_fn(&meta.shape, |i| ((i * 7 + k * 13) % 31) as f32 / 15.0 - 1.0).to_dtype(meta.dtype)
             })
             .collect();
-        let refs: Vec<&Tensor> = inputs.iter().collect();
-        let (fused_gpu, fusion) = fused_for_cuda(&device, &trace, &arena);
-        let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
-        let gpu = Plan::compile(&fused_gpu, &[fusion, ops]).unwrap();
-        let fused_cpu = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
-        let cpu = Plan::compile(&fused_cpu, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();
-        let out = trace.value_meta(trace.outputs()[0]).unwrap().dtype;
-        let d = ulps(&gpu.run(&refs).unwrap()[0], &cpu.run(&refs).unwrap()[0], out);
+        let (d, _) = ulps_from_cpu_fusion(&device, &trace, &arena, &inputs);
         println!("{dtype} (bias {bias_dtype}) over [{rows}, {cols}]: {d} ulps from CpuFusion");
         assert!(d <= 1.0, "{dtype} (bias {bias_dtype}): {d} ulps");
     }
@@ -685,7 +696,6 @@ fn row_broadcasts_held_over_several_rows_match_the_cpu_executors() {
 /// `[50257]` row (GPT-2's vocabulary), `[2, 3, 2, 4]` with `[3, 1, 4]`, and `[3]`.
 #[test]
 fn broadcasts_that_straddle_vectors_and_tails_match_the_cpu_executors() {
-    use boundscope::executors::CpuFusion;
     use boundscope::{DType, Tensor, TensorMeta, TraceBuilder};
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
@@ -707,13 +717,7 @@ fn broadcasts_that_straddle_vectors_and_tails_match_the_cpu_executors() {
                 .enumerate()
                 .map(|(k, s)| Tensor::from_fn(s, |i| ((i * 7 + k * 13) % 31) as f32 / 15.0 - 1.0).to_dtype(dtype))
                 .collect();
-            let refs: Vec<&Tensor> = inputs.iter().collect();
-            let (fused_gpu, fusion) = fused_for_cuda(&device, &trace, &arena);
-            let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
-            let gpu = Plan::compile(&fused_gpu, &[fusion, ops]).unwrap();
-            let fused_cpu = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
-            let cpu = Plan::compile(&fused_cpu, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();
-            let d = ulps(&gpu.run(&refs).unwrap()[0], &cpu.run(&refs).unwrap()[0], dtype);
+            let (d, gpu) = ulps_from_cpu_fusion(&device, &trace, &arena, &inputs);
             assert!(d <= 1.0, "{dtype} {shape:?} x {other:?}: {d} ulps from CpuFusion\n{gpu}");
         }
     }

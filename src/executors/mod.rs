@@ -47,24 +47,24 @@
 //! how the CPU executors work, and those figures: the rustdoc of `executors`).
 //!
 //! ## Against PyTorch on 2 cores (`examples/cpu_bench.rs`)
-//! 2026-12-04, on a development machine with an AMD EPYC (AVX-512), after the three-pass
-//! `softmax`, `sigmoid` through `exp_fused` and the narrow steps of the run loop: five
-//! interleaved rounds, PyTorch 2.15's time over ours, the median (range) of the rounds' ratios
-//! (goal >= 1.0; the chain >= 2.0 against `torch.compile`). The machine was busy: single rounds
-//! range widely, and a run of five rounds before the `softmax` and `sigmoid` changes gave
-//! medians of 1.01-1.25x for the products, 1.31x for the quickstart block, 1.09x for GPT-2's MLP, 0.98-1.18x for
-//! `softmax`, 1.08-1.36x for `layer_norm` and 2.20x (1.72-2.84) for the chain.
+//! 2026-12-04, on a development machine with an AMD EPYC (AVX-512), after the map dispatch
+//! (`Kernel::as_map`): five interleaved rounds, PyTorch 2.15's time over ours, the median
+//! (range) of the rounds' ratios (goal >= 1.0; the chain >= 2.0 against `torch.compile`). The
+//! machine was busy: single rounds range widely. Earlier the same day, after the three-pass
+//! `softmax`, `sigmoid` through `exp_fused` and the narrow steps of the run loop, five rounds gave
+//! 1.10-1.22x for the products, 1.37x for the quickstart block, 1.18x for GPT-2's MLP,
+//! 1.23-1.30x for `softmax`, 1.23-1.68x for `layer_norm` and 1.98x (1.75-2.61) for the chain.
 //!
 //! | workload | boundscope ms | PyTorch ms | ratio |
 //! | --- | --- | --- | --- |
-//! | `matmul` `[1024]^3` | 11.1 | 12.1 | 1.10x (1.06-1.36) |
-//! | `matmul` `[64, 256] x [256, 256]` | 0.050 | 0.060 | 1.18x (0.58-1.80) |
-//! | `matmul` `[512, 768] x [768, 3072]` | 13.0 | 15.4 | 1.22x (0.98-1.33) |
-//! | the quickstart block (`[64, 256]`, hidden 256) | 0.128 | 0.188 | 1.37x (0.90-2.34) |
-//! | GPT-2's MLP, `linear, gelu, linear` at `[512, 768]`, hidden 3072 | 26.4 | 33.1 | 1.18x (1.15-1.49) |
-//! | `softmax` over 512 rows of 768 / 1,024 / 2,048 / 4,096 | 0.118-0.636 | 0.142-0.815 | 1.23x / 1.24x / 1.30x / 1.28x |
-//! | `layer_norm` with weight and bias, the same rows | 0.060-0.342 | 0.074-0.490 | 1.23x / 1.30x / 1.32x / 1.68x |
-//! | swish chain `x = a * b + 1; x * sigmoid(x)`, 2^24 values (12.8 GB/s) | 15.8 | compile 32.4, eager 110 | 1.98x (1.75-2.61) |
+//! | `matmul` `[1024]^3` | 12.0 | 12.4 | 1.08x (0.93-1.56) |
+//! | `matmul` `[64, 256] x [256, 256]` | 0.055 | 0.061 | 1.10x (0.92-1.15) |
+//! | `matmul` `[512, 768] x [768, 3072]` | 13.9 | 14.6 | 1.06x (0.96-1.22) |
+//! | the quickstart block (`[64, 256]`, hidden 256) | 0.124 | 0.186 | 1.41x (1.25-1.64) |
+//! | GPT-2's MLP, `linear, gelu, linear` at `[512, 768]`, hidden 3072 | 25.7 | 29.3 | 1.12x (1.08-1.29) |
+//! | `softmax` over 512 rows of 768 / 1,024 / 2,048 / 4,096 | 0.118-0.539 | 0.122-0.672 | 1.14x / 1.26x / 1.24x / 1.29x |
+//! | `layer_norm` with weight and bias, the same rows | 0.057-0.316 | 0.067-0.442 | 1.17x / 1.27x / 1.30x / 1.42x |
+//! | swish chain `x = a * b + 1; x * sigmoid(x)`, 2^24 values (13.6 GB/s) | 14.8 | compile 32.4, eager 104 | 2.19x (1.69-2.75) |
 //!
 //! Before, 2026-12-02 (commit `0884a88`, before the grid split below), through `Plan`
 //! (CpuFusion and the CPU reference), side by side with PyTorch 2.15 on the same 2 cores

@@ -75,15 +75,16 @@ fn quickstart_block<'a>(arena: &'a Arena, registry: &'a Registry) -> boundscope:
     b.finish().unwrap()
 }
 
-/// Inputs for a trace: deterministic values in [-0.5, 0.5).
+/// Inputs for a trace: deterministic values in [-0.5, 0.5), each of its input's dtype.
 fn inputs_for(trace: &boundscope::Trace<'_>) -> Vec<boundscope::Tensor> {
     trace
         .inputs()
         .iter()
         .enumerate()
         .map(|(k, &v)| {
-            let shape = trace.value_meta(v).unwrap().shape;
-            boundscope::Tensor::from_fn(&shape, |i| ((i * 7 + k * 13) % 29) as f32 / 29.0 - 0.5)
+            let meta = trace.value_meta(v).unwrap();
+            boundscope::Tensor::from_fn(&meta.shape, |i| ((i * 7 + k * 13) % 29) as f32 / 29.0 - 0.5)
+                .to_dtype(meta.dtype)
         })
         .collect()
 }
@@ -559,15 +560,7 @@ fn bf16_and_f16_plans_match_the_cpu_executors() {
             b.output(v).unwrap();
         }
         let trace = b.finish().unwrap();
-        let inputs: Vec<Tensor> = trace
-            .inputs()
-            .iter()
-            .enumerate()
-            .map(|(k, &v)| {
-                let meta = trace.value_meta(v).unwrap();
-                Tensor::from_fn(&meta.shape, |i| ((i * 7 + k * 13) % 29) as f32 / 29.0 - 0.5).to_dtype(meta.dtype)
-            })
-            .collect();
+        let inputs = inputs_for(&trace);
         let refs: Vec<&Tensor> = inputs.iter().collect();
         let (fused_gpu, fusion) = fused_for_cuda(&device, &trace, &arena);
         let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
@@ -655,7 +648,7 @@ fn bf16_and_f16_plans_match_the_cpu_executors() {
 /// thread).
 #[test]
 fn row_broadcasts_held_over_several_rows_match_the_cpu_executors() {
-    use boundscope::{DType, Tensor, TensorMeta, TraceBuilder};
+    use boundscope::{DType, TensorMeta, TraceBuilder};
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
     let (rows, cols) = (8192, 1024);
@@ -674,15 +667,7 @@ fn row_broadcasts_held_over_several_rows_match_the_cpu_executors() {
         let y = b.gelu(y).unwrap();
         b.output(y).unwrap();
         let trace = b.finish().unwrap();
-        let inputs: Vec<Tensor> = trace
-            .inputs()
-            .iter()
-            .enumerate()
-            .map(|(k, &v)| {
-                let meta = trace.value_meta(v).unwrap();
-                Tensor::from_fn(&meta.shape, |i| ((i * 7 + k * 13) % 31) as f32 / 15.0 - 1.0).to_dtype(meta.dtype)
-            })
-            .collect();
+        let inputs = inputs_for(&trace);
         let (d, _) = ulps_from_cpu_fusion(&device, &trace, &arena, &inputs);
         println!("{dtype} (bias {bias_dtype}) over [{rows}, {cols}]: {d} ulps from CpuFusion");
         assert!(d <= 1.0, "{dtype} (bias {bias_dtype}): {d} ulps");
@@ -696,7 +681,7 @@ fn row_broadcasts_held_over_several_rows_match_the_cpu_executors() {
 /// `[50257]` row (GPT-2's vocabulary), `[2, 3, 2, 4]` with `[3, 1, 4]`, and `[3]`.
 #[test]
 fn broadcasts_that_straddle_vectors_and_tails_match_the_cpu_executors() {
-    use boundscope::{DType, Tensor, TensorMeta, TraceBuilder};
+    use boundscope::{DType, TensorMeta, TraceBuilder};
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
     let cases: [(&[usize], &[usize]); 5] =
@@ -712,11 +697,7 @@ fn broadcasts_that_straddle_vectors_and_tails_match_the_cpu_executors() {
             let y = b.gelu(y).unwrap();
             b.output(y).unwrap();
             let trace = b.finish().unwrap();
-            let inputs: Vec<Tensor> = [shape, other]
-                .iter()
-                .enumerate()
-                .map(|(k, s)| Tensor::from_fn(s, |i| ((i * 7 + k * 13) % 31) as f32 / 15.0 - 1.0).to_dtype(dtype))
-                .collect();
+            let inputs = inputs_for(&trace);
             let (d, gpu) = ulps_from_cpu_fusion(&device, &trace, &arena, &inputs);
             assert!(d <= 1.0, "{dtype} {shape:?} x {other:?}: {d} ulps from CpuFusion\n{gpu}");
         }

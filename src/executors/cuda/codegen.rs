@@ -119,15 +119,16 @@ enum VectorRead {
     PerLane,
 }
 
-fn vector_read(shape: &[usize], input_shape: &[usize]) -> Option<VectorRead> {
-    // A broadcast row is read per vector of 4 only if vectors never straddle two rows.
-    let whole_vectors = shape.last().is_some_and(|last| last.is_multiple_of(4));
+/// How an input of `input_shape` is read by a kernel over vectors of `width` values of `shape`.
+fn vector_read(shape: &[usize], input_shape: &[usize], width: usize) -> VectorRead {
+    // A broadcast row is read per vector only if vectors never straddle two rows.
+    let whole_vectors = shape.last().is_some_and(|last| last.is_multiple_of(width));
     match broadcast_read(input_shape, shape) {
-        BroadcastRead::Same => Some(VectorRead::Vector),
-        BroadcastRead::Single => Some(VectorRead::Scalar),
-        BroadcastRead::RowConstant if whole_vectors => Some(VectorRead::PerVector),
-        BroadcastRead::RowVector if whole_vectors => Some(VectorRead::PerVectorFloat4),
-        _ => None,
+        BroadcastRead::Same => VectorRead::Vector,
+        BroadcastRead::Single => VectorRead::Scalar,
+        BroadcastRead::RowConstant if whole_vectors => VectorRead::PerVector,
+        BroadcastRead::RowVector if whole_vectors => VectorRead::PerVectorFloat4,
+        _ => VectorRead::PerLane,
     }
 }
 
@@ -460,17 +461,8 @@ fn generate(
     let per_thread = if wide { 8 } else { 4 };
     let vectorized = !wide && reduction.is_none() && numel > 0;
     let wide_vectorized = wide && reduction.is_none() && numel > 0;
-    let rows_of_vectors = shape.last().is_some_and(|last| last.is_multiple_of(per_thread));
-    let reads: Option<Vec<VectorRead>> = (vectorized || wide_vectorized).then(|| {
-        input_shapes
-            .iter()
-            .map(|s| match vector_read(&shape, s) {
-                Some(VectorRead::PerVector | VectorRead::PerVectorFloat4) if !rows_of_vectors => VectorRead::PerLane,
-                Some(read) => read,
-                None => VectorRead::PerLane,
-            })
-            .collect()
-    });
+    let reads: Option<Vec<VectorRead>> = (vectorized || wide_vectorized)
+        .then(|| input_shapes.iter().map(|s| vector_read(&shape, s, per_thread)).collect());
     let read_as_float = |k: usize, expression: String| widen(input_dtypes[k], &expression);
 
     // The loop body, in terms of `x{k}` (input values) and `t{id}` (op values).

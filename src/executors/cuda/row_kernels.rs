@@ -21,7 +21,7 @@
 
 use std::fmt::Write as _;
 
-use super::codegen::{literal, maximum, widen, RegionSource, HALF_CONVERSIONS};
+use super::codegen::{literal, maximum, widen, RegionSource, HALF_CONVERSIONS, MAXIMUM};
 use crate::core::ir::{prims, DType};
 use crate::core::plan::{packing, OpView};
 
@@ -365,6 +365,7 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> 
         c.push_str(HALF_CONVERSIONS);
     }
     if id == prims::SOFTMAX {
+        c.push_str(MAXIMUM);
         // `expf` for f32 results; for 16-bit ones the hardware's `exp2` (2 units in the last
         // place of f32, far inside a 16-bit rounding, as `torch.compile`'s kernels take it).
         let exp = if packing::is_packed(out_dtype) { "exp2f(x * 1.44269504088896341f)" } else { "expf(x)" };

@@ -17,7 +17,8 @@ use std::sync::Arc;
 
 /// A value in (-1, 1) for element `i` of input `input` of a case with `seed`.
 fn noise(seed: u64, input: usize, i: usize) -> f64 {
-    let h = (seed ^ (input as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)).wrapping_add(i as u64 * 0xbf58_476d_1ce4_e5b9);
+    let h = (seed ^ (input as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15))
+        .wrapping_add((i as u64).wrapping_mul(0xbf58_476d_1ce4_e5b9));
     let h = (h ^ (h >> 31)).wrapping_mul(0x94d0_49bb_1331_11eb);
     ((h >> 11) as f64 / (1u64 << 53) as f64) * 2.0 - 1.0
 }

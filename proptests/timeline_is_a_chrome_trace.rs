@@ -175,6 +175,7 @@ proptest! {
         let path = timeline.write_chrome_trace(&dir).unwrap();
         let chrome = read_file(&path);
         std::fs::remove_file(&path).ok();
+        std::fs::remove_dir(&dir).ok();
         let chrome = chrome.map_err(TestCaseError::fail)?;
         let scopes = check_chrome_trace(&chrome).map_err(TestCaseError::fail)?;
         prop_assert_eq!(scopes.len(), runs * (1 + trace.len()), "{}", plan);

@@ -452,3 +452,38 @@ fn reductions_next_to_empty_axes_give_empty_or_neutral_results() {
         }
     }
 }
+
+/// `concat` of 1 to 17 parts of different lengths, in any dtype, equals the parts one after
+/// another, and copies each value at most `ceil(log2(parts))` times: a balanced tree of joins
+/// (a chain of joins onto one growing value copied the first part once per part).
+#[test]
+fn concatenating_many_parts_copies_each_value_a_logarithmic_number_of_times() {
+    for k in 1..=17usize {
+        let lengths: Vec<usize> = (0..k).map(|i| 1 + i % 3).collect();
+        let inputs: Vec<(DType, Vec<usize>)> = lengths.iter().map(|&l| (DType::BF16, vec![l, 2])).collect();
+        let data: Vec<Tensor> = lengths
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| Tensor::new(&[l, 2], (0..2 * l).map(|e| (100 * i + e) as f32).collect()).unwrap())
+            .map(|t| t.to_dtype(DType::BF16))
+            .collect();
+        let expected: Vec<f32> = data.iter().flat_map(|t| t.to_f32_vec()).collect();
+        let total: usize = expected.len();
+        for out in run_all(&inputs, &data, |b, v| b.concat(v, 0)).unwrap() {
+            assert_eq!((out.shape(), out.dtype()), ([total / 2, 2].as_slice(), DType::BF16), "{k} parts");
+            assert_eq!(out.to_f32_vec(), expected, "{k} parts");
+        }
+        // Values written by the joins, against what each level of a balanced tree writes.
+        let (registry, arena) = (Registry::with_builtins(), Arena::new());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let vs: Vec<_> = inputs.iter().map(|(d, s)| b.input_with(&TensorMeta::new(*d, s)).unwrap()).collect();
+        let joined = b.concat(&vs, 0).unwrap();
+        b.output(joined).unwrap();
+        let trace = b.finish().unwrap();
+        let joins: Vec<_> = trace.bound_symbols().iter().filter(|s| trace.symbol_name(s) == "concat").collect();
+        assert_eq!(joins.len(), k - 1, "one join per part after the first");
+        let written: usize = joins.iter().map(|s| trace.value_meta(s.outputs()[0]).unwrap().numel()).sum();
+        let levels = k.next_power_of_two().trailing_zeros() as usize;
+        assert!(written <= levels * total, "{k} parts: {written} values written, more than {levels} x {total}");
+    }
+}

@@ -561,22 +561,30 @@ impl<'a> TraceBuilder<'a> {
         Ok(pieces)
     }
 
-    /// `parts` joined along `axis`, as `torch.cat` (one `concat` per part after the first).
+    /// `parts` joined along `axis`, as `torch.cat`: one `concat` of two per part after the
+    /// first, joined as a balanced tree (neighbours in pairs, then the pairs in pairs), so that
+    /// each value is copied about `log2(parts)` times, not up to `parts` times as a chain of
+    /// joins onto one growing value would copy the first part.
     ///
     /// # Errors
     /// [`Error::ArityMismatch`] for no parts; [`Error::ShapeMismatch`] for parts that differ
     /// outside `axis` or in dtype.
     pub fn concat(&mut self, parts: &[ValueId], axis: usize) -> Result<ValueId> {
-        let (&first, rest) = parts.split_first().ok_or_else(|| Error::ArityMismatch {
-            symbol: "concat".into(),
-            expected: "at least 1".into(),
-            got: 0,
-        })?;
-        let mut joined = first;
-        for &part in rest {
-            joined = self.bind(CONCAT, &[Arg::Value(joined), Arg::Value(part), Arg::Dims(&[axis])])?;
+        if parts.is_empty() {
+            return Err(Error::ArityMismatch { symbol: "concat".into(), expected: "at least 1".into(), got: 0 });
         }
-        Ok(joined)
+        let mut level = parts.to_vec();
+        while level.len() > 1 {
+            let mut joined = Vec::with_capacity(level.len().div_ceil(2));
+            for pair in level.chunks(2) {
+                joined.push(match *pair {
+                    [a, b] => self.bind(CONCAT, &[Arg::Value(a), Arg::Value(b), Arg::Dims(&[axis])])?,
+                    _ => pair[0],
+                });
+            }
+            level = joined;
+        }
+        Ok(level[0])
     }
 
     /// `a @ b^T` over the last two axes: `[..., m, k] x [..., n, k] -> [..., m, n]`, batch

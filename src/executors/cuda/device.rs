@@ -312,6 +312,13 @@ impl CudaDevice {
         self.context.attribute(optin).ok().and_then(|b| usize::try_from(b).ok()).unwrap_or(0)
     }
 
+    /// Bytes of shared memory an SM holds for the blocks it runs (228 KB on Hopper); 0 where
+    /// the driver does not say.
+    pub(crate) fn shared_memory_per_sm(&self) -> usize {
+        let per_sm = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR;
+        self.context.attribute(per_sm).ok().and_then(|b| usize::try_from(b).ok()).unwrap_or(0)
+    }
+
     /// The GPU's ordinal (0 for the first).
     pub fn ordinal(&self) -> usize {
         self.ordinal

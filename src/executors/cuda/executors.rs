@@ -248,7 +248,8 @@ impl Executor for CudaOps {
                 layer_norm_backward::input_source(op, &name)
             } else {
                 // The kernel's own shared arrays (a few hundred bytes) take from the same limit.
-                row_source(op, &name, self.device.shared_memory_per_block().saturating_sub(1024))
+                let shared = self.device.shared_memory_per_block().saturating_sub(1024);
+                row_source(op, &name, shared, self.device.shared_memory_per_sm())
             };
             let rows = rows.map_err(|detail| Error::KernelPrecondition {
                 executor: Self::NAME.into(),

@@ -7,8 +7,9 @@
 //! and written a value at a time) and keeps it on chip, so that the
 //! row is read once and written once: in registers up to 32 values a thread (32,768 a row), and
 //! past that in shared memory too, as far as the GPU gives a block (227 KB on Hopper: rows of
-//! 65,536 f32 values, GPT-2's 50,257 words; `layer_norm`, whose passes only read the row, keeps
-//! a 16-bit row there as read, in half the bytes and half the shared-memory traffic). Longer
+//! 65,536 f32 values, GPT-2's 50,257 words; a 16-bit row is kept there as read, in half the
+//! bytes and half the shared-memory traffic, `softmax` then taking its exponentials twice and
+//! running two blocks an SM where the row fits twice). Longer
 //! rows are streamed by half a block, each thread with several reads in flight: two passes for
 //! `softmax` (its maximum and sum in one, online), three for `layer_norm`. Lanes combine with
 //! shuffles, warps through shared memory.
@@ -30,6 +31,10 @@ const REGISTER_VALUES: usize = 32;
 
 /// Threads per row at most (a block).
 const MAX_ROW_THREADS: usize = 1024;
+
+/// Bytes of shared memory a block of a row kernel takes past its row's: the kilobyte CUDA
+/// reserves per block, and the kernel's own arrays (a `float` per warp, twice).
+const RESERVED_SHARED_BYTES: usize = 1024 + 2 * 4 * MAX_ROW_THREADS / 32;
 
 /// Threads per streamed row (one too long for registers and shared memory).
 const STREAMED_ROW_THREADS: usize = 512;
@@ -315,12 +320,20 @@ pub(super) fn open_rows(c: &mut String, t: usize, rows: usize, cols: usize) {
 
 /// The kernel for a built-in `softmax` or `layer_norm` bound symbol, or why there is none.
 /// Rows too long for registers are kept in up to `shared_limit` bytes of shared memory per
-/// block beside them ([`RowLayout::on_chip`]; 0 streams them).
+/// block beside them ([`RowLayout::on_chip`]; 0 streams them). Where two blocks of a 16-bit
+/// `softmax` fit in `sm_shared` bytes (an SM's shared memory; 0 where unknown), the kernel
+/// asks the compiler for registers enough for two blocks of 1,024 threads an SM (32 a
+/// thread), not one.
 ///
 /// # Errors
 /// Not one of those composites, or shapes that break their rules (checked again here, since
 /// the kernel relies on them).
-pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> Result<RowSource, String> {
+pub(super) fn row_source(
+    op: &OpView<'_>,
+    kernel: &str,
+    shared_limit: usize,
+    sm_shared: usize,
+) -> Result<RowSource, String> {
     let id = op.symbol().builtin_composite().ok_or_else(|| format!("`{}` is not a built-in composite", op.name()))?;
     let shape = op.input_shape(0).map_err(|e| e.to_string())?;
     let cols = *shape.last().ok_or_else(|| format!("`{}` of a rank-0 tensor", op.name()))?;
@@ -351,10 +364,12 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> 
     // `layer_norm` keeps its weight and bias beside the row: a quarter of the registers for the
     // row where it is kept in shared memory too (ptxas spilled 276 bytes a thread with 32
     // values, 80 with 16, none with 8, at rows of 65,536 f32 values).
-    let values = if id == prims::LAYER_NORM { REGISTER_VALUES / 4 } else { REGISTER_VALUES };
-    // `layer_norm`'s passes only read the row: a 16-bit row is kept in shared memory as read
-    // (`softmax` writes its exponentials over it, so keeps `float`s).
-    let raw_shared = id == prims::LAYER_NORM && packing::is_packed(dtypes[0]);
+    // A 16-bit row is kept in shared memory as read, half the bytes of `float`s (`softmax`
+    // then takes each exponential twice, for the sum and for the result, where it kept them),
+    // and with a quarter of the registers too, so that two blocks share an SM where the row
+    // fits twice (see `two_blocks` below).
+    let raw_shared = packing::is_packed(dtypes[0]);
+    let values = if id == prims::LAYER_NORM || raw_shared { REGISTER_VALUES / 4 } else { REGISTER_VALUES };
     let shared_value_bytes = if raw_shared { dtypes[0].size_bytes() } else { std::mem::size_of::<f32>() };
     let layout = RowLayout::on_chip(cols, widest, values, shared_limit, shared_value_bytes);
     let RowLayout { threads_per_row: t, vector: v, block, in_registers, .. } = layout;
@@ -377,7 +392,21 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> 
         c.push_str("__device__ __forceinline__ float bs_rescale(float s, float from, float to) {\n");
         c.push_str("  return from == to ? s : s * bs_exp(from - to);\n}\n");
     }
-    let _ = writeln!(c, "extern \"C\" __global__ void __launch_bounds__({block}) {kernel}({}) {{", params.join(", "));
+    // Two blocks of a 16-bit `softmax` row each an SM where their shared memory fits twice
+    // (with the kilobyte CUDA reserves per block and the kernel's own arrays): rows of up to
+    // 65,536 values kept as read, 8 of a thread's values in registers. A block of 1,024
+    // threads with more than 32 registers a thread has the SM to itself: 333 rows of 50,257
+    // took three rounds of 132 blocks. Measured on the H200 against one block an SM: `softmax`
+    // 1.09-1.18x over 256 and 333 rows, 0.99-1.02x over 4,096; `layer_norm` (kept as read
+    // already) only 1.01-1.08x over few rows and 0.92x over 4,096, so it keeps one. (Rows kept
+    // as `float`s, 32 values a thread in registers, ran at 0.4x with two: spilled.)
+    let two_blocks = id == prims::SOFTMAX
+        && raw_shared
+        && block == MAX_ROW_THREADS
+        && layout.shared_bytes() > 0
+        && 2 * (layout.shared_bytes() + RESERVED_SHARED_BYTES) <= sm_shared;
+    let bounds = if two_blocks { format!("{block}, 2") } else { block.to_string() };
+    let _ = writeln!(c, "extern \"C\" __global__ void __launch_bounds__({bounds}) {kernel}({}) {{", params.join(", "));
     // A 16-bit row kept as read: one element of `cache` per access.
     let raw = raw_type(dtypes[0], v);
     if layout.shared_bytes() > 0 {
@@ -398,6 +427,12 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> 
     let cached = layout.per_thread.is_some();
     // What a value outside the row reads as: nothing to the row's maximum or sum.
     let neutral = if id == prims::SOFTMAX { "__int_as_float(0xff800000)" } else { "0.0f" };
+    // The same, as a 16-bit value kept as read: -infinity's bits in bf16 or f16, or 0.
+    let raw_neutral = match (id == prims::SOFTMAX, dtypes[0]) {
+        (true, DType::BF16) => "(unsigned short)0xff80",
+        (true, _) => "(unsigned short)0xfc00",
+        _ => "(unsigned short)0",
+    };
     let aligned = layout.aligned;
     if aligned {
         // How far before the row its first access starts.
@@ -484,12 +519,12 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> 
                 let _ = writeln!(c, "    for (int j = {from}; j < {to}; ++j) {{");
                 let _ = writeln!(c, "      const long long col = {col};");
                 if raw_shared && dst == &in_shared {
-                    // As read, the values outside the row zero (0.0 in 16 bits, as `neutral`).
+                    // As read, the values outside the row `neutral` in 16 bits.
                     let whole_load = load_raw(dtypes[0], v, &x(0, "row + col"), "*dst");
                     let rest = if aligned {
-                        format!("(valid && {}) ? *({}) : (unsigned short)0", in_this_row("e"), x(0, "row + col + e"))
+                        format!("(valid && {}) ? *({}) : {raw_neutral}", in_this_row("e"), x(0, "row + col + e"))
                     } else {
-                        "(unsigned short)0".to_string()
+                        raw_neutral.to_string()
                     };
                     let _ = writeln!(c, "      {raw}* const dst = {dst};");
                     let _ = writeln!(
@@ -587,7 +622,11 @@ pub(super) fn row_source(op: &OpView<'_>, kernel: &str, shared_limit: usize) -> 
         let _ = writeln!(c, "    acc = 0.0f;");
         let _ = writeln!(c, "{open}");
         // Kept in registers, each exponential is taken once.
-        let (keep, exp) = if cached { ("x[e] = bs_exp(x[e] - m); ", "x[e]") } else { ("", "bs_exp(x[e] - m)") };
+        // (Values kept as read in shared memory are widened for each pass: their exponentials
+        // are taken again.)
+        let recomputed = raw_shared && layout.shared_bytes() > 0;
+        let (keep, exp) =
+            if cached && !recomputed { ("x[e] = bs_exp(x[e] - m); ", "x[e]") } else { ("", "bs_exp(x[e] - m)") };
         let _ = writeln!(c, "      if (in_row) for (int e = 0; e < {v}; ++e) {{ {keep}acc = acc + {exp}; }}");
         let _ = writeln!(c, "{close}");
         reduce(&mut c, &sum);
@@ -650,6 +689,9 @@ mod tests {
     use super::*;
     use crate::core::ir::{Arena, Registry, TraceBuilder};
 
+    /// An SM's shared memory on Hopper.
+    const HOPPER_SM: usize = 228 * 1024;
+
     fn source_of(build: impl Fn(&mut TraceBuilder<'_>) -> crate::ValueId) -> Result<RowSource, String> {
         source_within(build, 0)
     }
@@ -666,7 +708,7 @@ mod tests {
         b.output(y).unwrap();
         let trace = b.finish().unwrap();
         let bsym = trace.bound_symbols().last().unwrap();
-        row_source(&OpView::new(&trace, bsym).unwrap(), "k", shared_limit)
+        row_source(&OpView::new(&trace, bsym).unwrap(), "k", shared_limit, HOPPER_SM)
     }
 
     #[test]
@@ -775,21 +817,31 @@ mod tests {
                 HOPPER,
             )
             .unwrap();
-            let softmax_bytes = softmax.layout.shared_bytes();
             for (generated, is_layer_norm) in [(softmax, false), (layer_norm, true)] {
                 let src = &generated.source.source;
-                let kept = if is_layer_norm && dtype != DType::F32 { "uint4" } else { "float" };
+                let kept = if dtype != DType::F32 { "uint4" } else { "float" };
+                // Two blocks an SM where 16-bit `softmax` rows, kept as read, fit twice in
+                // its shared memory; one elsewhere.
+                let bounds = if kept == "uint4" && !is_layer_norm { "1024, 2" } else { "1024" };
+                if !is_layer_norm && kept == "uint4" {
+                    // The exponentials are taken again in the pass that writes, as read; the
+                    // values of a neighbouring row an aligned access holds are kept as
+                    // -infinity, nothing to the row's maximum or sum.
+                    assert!(src.contains("y[e] = bs_exp(x[e] - m) * inv_z;"), "{src}");
+                    let minus_infinity = if dtype == DType::BF16 { "0xff80" } else { "0xfc00" };
+                    assert!(src.contains(&format!("(unsigned short){minus_infinity}")), "{src}");
+                }
+                assert!(src.contains(&format!("__launch_bounds__({bounds}) k(")), "{src}");
                 assert!(
                     generated.layout.shared_bytes() > 0
                         && src.contains(&format!("extern __shared__ __align__(16) {kept} cache[];")),
                     "{src}"
                 );
                 if kept == "uint4" {
-                    // As read: per value, half of what `float`s take (`softmax` keeps more of
-                    // its row in registers, so compare per value kept).
+                    // As read: per value kept there, half of what a `float` takes.
                     let l = generated.layout;
                     let values = (l.per_thread.unwrap() - l.in_registers) * l.threads_per_row * l.vector;
-                    assert_eq!(l.shared_bytes(), values * 2, "{softmax_bytes}");
+                    assert_eq!(l.shared_bytes(), values * 2);
                 }
                 // One read of the row: the loads fill registers, then shared memory.
                 let reads =

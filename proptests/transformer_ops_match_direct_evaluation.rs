@@ -453,7 +453,7 @@ fn reductions_next_to_empty_axes_give_empty_or_neutral_results() {
     }
 }
 
-/// `concat` of 1 to 17 parts of different lengths, in any dtype, equals the parts one after
+/// `concat` of 1 to 17 bf16 parts of different lengths equals the parts one after
 /// another, and copies each value at most `ceil(log2(parts))` times: a balanced tree of joins
 /// (a chain of joins onto one growing value copied the first part once per part).
 #[test]

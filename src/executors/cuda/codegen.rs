@@ -94,7 +94,11 @@ pub(super) fn maximum(a: &str, b: &str) -> String {
 
 /// The C of `bs_max`: one instruction from Ampere on (`max.NaN.f32`), where the comparisons
 /// that keep a NaN took four (a 16-bit maximum over short rows ran at 58-65% of a copy, its
-/// sum at 76-79%).
+/// sum at 76-79%). Values are those of the comparisons but for two details PyTorch's GPU
+/// kernels share: a NaN comes back as the canonical NaN, and of `+0.0` and `-0.0` the maximum
+/// is `+0.0` in either order (the comparisons, and the CPU executors, return the second).
+/// (The unit tests compile it to PTX only, which NVRTC does not check inside `asm`: the GPU
+/// tests run it.)
 pub(super) const MAXIMUM: &str = r#"__device__ __forceinline__ float bs_max(float a, float b) {
 #if __CUDA_ARCH__ >= 800
   float d; asm("max.NaN.f32 %0, %1, %2;" : "=f"(d) : "f"(a), "f"(b)); return d;
@@ -1465,7 +1469,6 @@ mod nan_tests {
             assert!(src.contains(MAXIMUM), "{src}");
             super::super::compiles_with_nvrtc(src);
         }
-        assert!(MAXIMUM.contains("max.NaN.f32") && MAXIMUM.contains("(a != a || a > b) ? a : b"));
         assert!(!format!("{relu}{maximum}{scalar}").contains("fmaxf"));
     }
 }

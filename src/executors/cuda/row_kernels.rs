@@ -32,8 +32,9 @@ const REGISTER_VALUES: usize = 32;
 /// Threads per row at most (a block).
 const MAX_ROW_THREADS: usize = 1024;
 
-/// Bytes of shared memory a block of a row kernel takes past its row's: the kilobyte CUDA
-/// reserves per block, and the kernel's own arrays (a `float` per warp, twice).
+/// Bytes of shared memory a block of a row kernel takes past its row's, at most: the kilobyte
+/// CUDA reserves per block, and the kernel's own arrays (a `float` per warp; twice for a
+/// streamed `softmax`).
 const RESERVED_SHARED_BYTES: usize = 1024 + 2 * 4 * MAX_ROW_THREADS / 32;
 
 /// Threads per streamed row (one too long for registers and shared memory).
@@ -67,8 +68,8 @@ pub(super) struct RowLayout {
     /// at a time, so that no value past the tensor is read and no row writes another's values.
     pub aligned: bool,
     /// Bytes a value kept in shared memory takes: 4 (widened to `float`), or 2 where a kernel
-    /// keeps a 16-bit row there as it was read (`layer_norm`, whose passes only read the row:
-    /// half the shared memory and half its traffic).
+    /// keeps a 16-bit row there as it was read (`layer_norm` and `softmax` in 16 bits: half the
+    /// shared memory and half its traffic).
     pub shared_value_bytes: usize,
 }
 
@@ -367,8 +368,10 @@ pub(super) fn row_source(
     // A 16-bit row is kept in shared memory as read, half the bytes of `float`s (`softmax`
     // then takes each exponential twice, for the sum and for the result, where it kept them),
     // and with a quarter of the registers too, so that two blocks share an SM where the row
-    // fits twice (see `two_blocks` below).
-    let raw_shared = packing::is_packed(dtypes[0]);
+    // fits twice (see `two_blocks` below). `softmax` does so only for rows it kept on chip as
+    // `float`s (up to 65,536 values, as measured); longer ones are streamed as before.
+    let kept_as_floats = RowLayout::on_chip(cols, widest, REGISTER_VALUES, shared_limit, std::mem::size_of::<f32>());
+    let raw_shared = packing::is_packed(dtypes[0]) && (id == prims::LAYER_NORM || kept_as_floats.per_thread.is_some());
     let values = if id == prims::LAYER_NORM || raw_shared { REGISTER_VALUES / 4 } else { REGISTER_VALUES };
     let shared_value_bytes = if raw_shared { dtypes[0].size_bytes() } else { std::mem::size_of::<f32>() };
     let layout = RowLayout::on_chip(cols, widest, values, shared_limit, shared_value_bytes);
@@ -750,6 +753,19 @@ mod tests {
         assert_eq!(src.matches("reinterpret_cast<uint4*>(out0").count(), 1, "{src}");
         assert_eq!(src.matches("__shfl_xor_sync").count(), 2, "{src}");
         assert_eq!(src.matches("bs_exp(").count(), 2, "each exponential once (and its definition)\n{src}");
+        // In 16 bits too, where the row is held in registers alone (nothing kept as read).
+        let generated = source_within(
+            |b| {
+                let x = b.input_with(&crate::TensorMeta::new(DType::BF16, &[64, 1024])).unwrap();
+                b.softmax(x).unwrap()
+            },
+            227 * 1024,
+        )
+        .unwrap();
+        let src = &generated.source.source;
+        assert_eq!(generated.layout.shared_bytes(), 0, "{:?}", generated.layout);
+        assert!(src.contains("x[e] = bs_exp(x[e] - m); acc = acc + x[e];"), "kept, not taken again\n{src}");
+        assert!(src.contains("y[e] = x[e] * inv_z;"), "{src}");
     }
 
     #[test]
@@ -779,6 +795,20 @@ mod tests {
         // them cover any row), 7 per thread, 4 in registers and 3 in 96 KB.
         assert_eq!(kept(50257, 2, HOPPER), (1024, 8, Some(7), 4, 3 * 1024 * 8 * 4));
         assert!(RowLayout::on_chip(50257, 2, REGISTER_VALUES, HOPPER, 4).aligned);
+        // 16-bit `softmax` rows keep their row as read only where they kept it as `float`s:
+        // past that (rows of 100,003 here) they are streamed, as before.
+        let bf16_softmax = |cols| {
+            source_within(
+                |b| {
+                    let x = b.input_with(&crate::TensorMeta::new(DType::BF16, &[2, cols])).unwrap();
+                    b.softmax(x).unwrap()
+                },
+                HOPPER,
+            )
+            .unwrap()
+            .layout
+        };
+        assert_eq!((bf16_softmax(50257).shared_value_bytes, bf16_softmax(100003).per_thread), (2, None));
         // Without the room, or past it, rows are streamed; rows that fit registers stay there.
         assert_eq!(kept(65536, 4, 100 * 1024).2, None);
         assert_eq!(kept(1 << 20, 4, HOPPER).2, None);

@@ -94,9 +94,9 @@ pub(super) fn maximum(a: &str, b: &str) -> String {
 
 /// The C of `bs_max`: one instruction from Ampere on (`max.NaN.f32`), where the comparisons
 /// that keep a NaN took four (a 16-bit maximum over short rows ran at 58-65% of a copy, its
-/// sum at 76-79%). Values are those of the comparisons but for two details PyTorch's GPU
-/// kernels share: a NaN comes back as the canonical NaN, and of `+0.0` and `-0.0` the maximum
-/// is `+0.0` in either order (the comparisons, and the CPU executors, return the second).
+/// sum at 76-79%). Values are those of the comparisons but for two details: a NaN comes back
+/// as the canonical NaN (its payload dropped), and the maximum of `+0.0` and `-0.0` may
+/// differ in its sign from the comparisons' (and the CPU executors'), which return the second.
 /// (The unit tests compile it to PTX only, which NVRTC does not check inside `asm`: the GPU
 /// tests run it.)
 pub(super) const MAXIMUM: &str = r#"__device__ __forceinline__ float bs_max(float a, float b) {

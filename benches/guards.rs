@@ -4,7 +4,9 @@
 //! that is not a profiling guard (a no-op `ClosureGuard` around the whole run), profiling off;
 //! (c) an NVTX range on every op, profiling on, no tool attached; (d) the inserted-node
 //! approach: push and pop bound symbols around every op, run by the same runtime; (e) the
-//! floor: a bare `nvtx::sys` push/pop pair, 1,000 times.
+//! floor: a bare `nvtx::sys` push/pop pair, 1,000 times; (e2) the calls a range makes, 1,000
+//! times: `nvtxDomainRangePushEx` with a registered label, a category and a colour, and
+//! `nvtxDomainRangePop` (no goal: it splits (c) - (a) into NVTX's own cost and the runtime's).
 //!
 //! With profiling off and only profiling guards, (b) runs the very loop of (a) (the plan's
 //! profiling-off schedule is empty), so (b) - (a) only shows that the switch itself is free.
@@ -41,12 +43,18 @@ struct Variant {
     name: &'static str,
     plan: Option<Plan>,
     workspace: Option<Workspace>,
+    /// For a rung without a plan: the NVTX calls it makes.
+    bare: fn(),
 }
 
 impl Variant {
     fn new(name: &'static str, plan: Plan) -> Self {
         let workspace = plan.workspace().expect("allocates");
-        Self { name, plan: Some(plan), workspace: Some(workspace) }
+        Self { name, plan: Some(plan), workspace: Some(workspace), bare: || {} }
+    }
+
+    fn bare(name: &'static str, calls: fn()) -> Self {
+        Self { name, plan: None, workspace: None, bare: calls }
     }
 
     #[inline]
@@ -55,8 +63,48 @@ impl Variant {
             (Some(plan), Some(ws)) => {
                 black_box(plan.run_with(ws, &[input.view()]).expect("runs").get(0).map(|t| t.data.f32_at(0)));
             }
-            _ => bare_nvtx_pairs(),
+            _ => (self.bare)(),
         }
+    }
+}
+
+/// What (e2) pushes: a domain's registered label, a category and a colour, as a prepared range.
+struct DomainRange {
+    domain: nvtx::sys::DomainHandle,
+    attributes: nvtx::sys::EventAttributes,
+}
+
+// SAFETY: the handles are process-wide NVTX handles; the attributes point to a registered
+// string, not to memory of this thread.
+unsafe impl Send for DomainRange {}
+unsafe impl Sync for DomainRange {}
+
+fn domain_range() -> &'static DomainRange {
+    static RANGE: std::sync::OnceLock<DomainRange> = std::sync::OnceLock::new();
+    RANGE.get_or_init(|| {
+        let domain = nvtx::sys::domain_create_ascii(c"boundscope-bench");
+        let label = nvtx::sys::domain_register_string_ascii(domain, c"op");
+        let attributes = nvtx::sys::EventAttributes {
+            version: nvtx::sys::NVTX_VERSION as u16,
+            size: nvtx::sys::NVTX_EVENT_ATTRIBUTES_SIZE as u16,
+            category: 1,
+            colorType: i32::from(nvtx::sys::ColorType::NVTX_COLOR_ARGB),
+            color: 0xFF76B900,
+            payloadType: i32::from(nvtx::sys::PayloadType::NVTX_PAYLOAD_UNKNOWN),
+            reserved0: 0,
+            payload: nvtx::sys::PayloadValue { ullValue: 0 },
+            messageType: i32::from(nvtx::sys::MessageType::NVTX_MESSAGE_TYPE_REGISTERED),
+            message: nvtx::sys::MessageValue { registered: label.into() },
+        };
+        DomainRange { domain, attributes }
+    })
+}
+
+fn domain_range_pairs() {
+    let range = domain_range();
+    for _ in 0..OPS {
+        nvtx::sys::domain_range_push_ex(range.domain, &range.attributes);
+        nvtx::sys::domain_range_pop(range.domain);
     }
 }
 
@@ -87,7 +135,8 @@ fn variants() -> Vec<Variant> {
         Variant::new("b2_nvtx_off_one_closure_guard", guarded_off),
         Variant::new("c_nvtx_profiling_on", Plan::compile(&profiled, &cpu).expect("compiles")),
         Variant::new("d_inserted_push_pop_nodes", Plan::compile(&inserted, &cpu).expect("compiles")),
-        Variant { name: "e_bare_nvtx_sys_pairs", plan: None, workspace: None },
+        Variant::bare("e_bare_nvtx_sys_pairs", bare_nvtx_pairs),
+        Variant::bare("e2_nvtx_domain_push_ex_pairs", domain_range_pairs),
     ]
 }
 
@@ -144,6 +193,12 @@ fn main() {
         verdict((c - a) / e <= 1.5)
     );
     println!("  (c) / (d) = {:.2}                         goal: < 1         {}", c / d, verdict(c < d));
+    let e2 = ns[6];
+    println!(
+        "  (c) - (a) = {:.2} ns per op: (e2) {e2:.2} in NVTX's domain calls, {:.2} in the runtime around them",
+        c - a,
+        c - a - e2
+    );
 }
 
 fn verdict(met: bool) -> &'static str {

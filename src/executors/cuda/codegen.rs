@@ -295,6 +295,87 @@ fn reduction_threads(accesses: usize) -> usize {
     t
 }
 
+/// Rows a group of lanes takes at once in a trailing reduction over rows of one access a
+/// thread, in 16 bits. Measured on the H200 against one (the sweep's `sum` and `max` over
+/// rows of 32 and 128, 2^24 values): 1.16-1.23x with 4, 1.12-1.19x with 2, 0.97-1.13x with
+/// 8. `f32` rows keep one: 0.85-1.08x with 2 to 8.
+const SHORT_ROWS_PER_GROUP: usize = 4;
+
+/// What [`short_rows`] writes a reduction's rows from.
+struct ShortRows<'a> {
+    /// Rows a group of `t` lanes takes at once, their loads made before any is used.
+    rows: usize,
+    t: usize,
+    /// Values per access.
+    v: usize,
+    /// The row's length (at most `t * v`: one access a thread).
+    row: usize,
+    init: &'a str,
+    combine: &'a dyn Fn(&str, &str) -> String,
+    /// Whether each input is read whole (else broadcast, read per value at `i`).
+    full: &'a [bool],
+    input_dtypes: &'a [DType],
+    /// The C that reads broadcast input `k` at `i`, as a `float`.
+    read: &'a dyn Fn(usize) -> String,
+    body: &'a str,
+    /// The value reduced.
+    reduced: &'a str,
+    /// The C that writes the region's other outputs at `i`.
+    written: &'a str,
+    /// The reduction's output and its dtype, where the region outputs it.
+    result: Option<(usize, DType)>,
+}
+
+/// The row loop of a trailing reduction over rows of one access a thread (the kernel has
+/// declared `rows`, `lane`, `first` and `lead`): each group of `t` lanes loads an access of
+/// each of `rows` rows (`stride / t` apart, so that a warp's loads of one row cover
+/// consecutive rows), then reduces them one by one.
+fn short_rows(source: &mut String, s: &ShortRows<'_>) {
+    use super::row_kernels::{load_raw, raw_type, widen_raw};
+    let ShortRows { rows: g, t, v, row, init, .. } = *s;
+    let whole: Vec<usize> = (0..s.full.len()).filter(|&k| s.full[k]).collect();
+    let _ = writeln!(source, "  const long long groups = stride / {t};");
+    let _ = writeln!(source, "  for (long long r0 = lead; r0 < rows; r0 += {g}ll * groups) {{");
+    let _ = writeln!(source, "    const long long c = (long long)lane * {v};");
+    for &k in &whole {
+        let _ = writeln!(source, "    {} raw{k}[{g}];", raw_type(s.input_dtypes[k], v));
+    }
+    let _ = writeln!(source, "    #pragma unroll");
+    let _ = writeln!(source, "    for (int q = 0; q < {g}; ++q) {{");
+    let _ = writeln!(source, "      const long long r = r0 + (first - lead) + q * groups;");
+    let _ = writeln!(source, "      if (r < rows && c < {row}ll) {{ const long long at = r * {row}ll + c;");
+    for &k in &whole {
+        let _ =
+            writeln!(source, "      {}", load_raw(s.input_dtypes[k], v, &format!("in{k} + at"), &format!("raw{k}[q]")));
+    }
+    let _ = writeln!(source, "    }} }}");
+    let _ = writeln!(source, "    #pragma unroll");
+    let _ = writeln!(source, "    for (int q = 0; q < {g}; ++q) {{");
+    let _ = writeln!(source, "      const long long r = r0 + (first - lead) + q * groups;");
+    let _ = writeln!(source, "      float acc = {init};");
+    let _ = writeln!(source, "      if (r < rows && c < {row}ll) {{ const long long at = r * {row}ll + c;");
+    for &k in &whole {
+        let widen = widen_raw(s.input_dtypes[k], v, &format!("raw{k}[q]"), &format!("xs{k}"));
+        let _ = writeln!(source, "      float xs{k}[{v}];{widen}");
+    }
+    let _ = writeln!(source, "      #pragma unroll");
+    let _ = writeln!(source, "      for (int e = 0; e < {v}; ++e) {{");
+    let _ = writeln!(source, "      const long long i = at + e;");
+    for k in 0..s.full.len() {
+        let read = if s.full[k] { format!("xs{k}[e]") } else { (s.read)(k) };
+        let _ = writeln!(source, "      const float x{k} = {read};");
+    }
+    source.push_str(s.body);
+    source.push_str(s.written);
+    let _ = writeln!(source, "      acc = {};", (s.combine)("acc", s.reduced));
+    let _ = writeln!(source, "      }}\n      }}");
+    super::row_kernels::row_reduce(source, t, s.combine);
+    if let Some((o, dtype)) = s.result {
+        let _ = writeln!(source, "      if (r < rows && lane == 0) out{o}[r] = {};", narrow(dtype, "acc"));
+    }
+    let _ = writeln!(source, "    }}\n  }}\n}}");
+}
+
 /// Threads per block of every generated kernel (the executors launch with it; the tiled
 /// transpose below is written for it).
 pub(crate) const BLOCK_THREADS: u32 = 256;
@@ -559,14 +640,59 @@ fn generate(
         if t > 32 {
             let _ = writeln!(source, "  __shared__ float partial[{}];", BLOCK_THREADS / 32);
         }
+        let init = if op == prims::SUM { "0.0f" } else { "__int_as_float(0xff800000)" };
+        let combine = |a: &str, b: &str| if op == prims::SUM { format!("{a} + {b}") } else { maximum(a, b) };
+        // Rows of one access a thread (a few lanes each) in 16 bits: each group of lanes takes
+        // `group_rows` rows, and makes their loads before it uses any (one access a thread in
+        // flight left the loads' latency uncovered: 69-80% of a copy over rows of 32 and 128).
+        let single = accesses <= t && !aligned;
+        let group_rows = if single && widest.is_some_and(|w| w <= 2) { SHORT_ROWS_PER_GROUP } else { 1 };
         let _ = writeln!(source, "  const long long rows = {rows}ll;");
         let _ = writeln!(source, "  const int lane = threadIdx.x % {t};");
         let _ = writeln!(source, "  const long long first = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / {t};");
         let _ = writeln!(source, "  const long long lead = first - (threadIdx.x % {uniform}) / {t};");
+        if group_rows > 1 {
+            short_rows(
+                &mut source,
+                &ShortRows {
+                    rows: group_rows,
+                    t,
+                    v,
+                    row,
+                    init,
+                    combine: &combine,
+                    full: &full,
+                    input_dtypes: &input_dtypes,
+                    read: &|k| read_as_float(k, index_expression(k, &shape, &input_shapes[k])),
+                    body: &body,
+                    reduced: &value_name(reduced),
+                    written: &outputs
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, v)| **v != result)
+                        .map(|(o, v)| {
+                            format!("    out{o}[i] = {};", narrow(output_dtypes[o], &format!("t{}", v.index())))
+                        })
+                        .collect::<String>(),
+                    result: outputs.iter().position(|&v| v == result).map(|o| (o, output_dtypes[o])),
+                },
+            );
+            return Ok(RegionSource {
+                kernel: kernel.to_string(),
+                source,
+                inputs: inputs.len(),
+                outputs: outputs.len(),
+                numel,
+                vectorized: false,
+                // `t` threads per `group_rows` rows; the launch rounds up to blocks of 256.
+                threads: rows.div_ceil(group_rows) * t,
+                input_lengths,
+                output_lengths,
+                in_place: Vec::new(),
+            });
+        }
         let _ = writeln!(source, "  for (long long r0 = lead; r0 < rows; r0 += stride / {t}) {{");
         let _ = writeln!(source, "    const long long r = r0 + (first - lead);");
-        let init = if op == prims::SUM { "0.0f" } else { "__int_as_float(0xff800000)" };
-        let combine = |a: &str, b: &str| if op == prims::SUM { format!("{a} + {b}") } else { maximum(a, b) };
         let _ = writeln!(source, "    float acc = {init};");
         let _ = writeln!(source, "    if (r < rows) {{");
         // One accumulator per value of an access: `v` independent chains of additions (or
@@ -1357,14 +1483,21 @@ mod reduction_tests {
             let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
             region_source(&OpView::of(&fused, 0).unwrap(), "dot").unwrap()
         };
+        // Rows of one access a thread: four rows to a group of lanes, their loads made first.
         let generated = reduce(64);
         let src = &generated.source;
-        assert_eq!(generated.threads, 4 * 8, "eight accesses of eight values a row: {src}");
-        assert!(src.contains("uint4 raw0[1];"), "{src}");
-        assert!(src.contains("raw0[u] = *reinterpret_cast<const uint4*>(in0 + at);"), "{src}");
-        assert!(src.contains("xs0[0] = bs_from_bf16(raw0[u].x); xs0[1] = bs_from_bf16((raw0[u].x >> 16));"), "{src}");
+        assert_eq!(generated.threads, 8, "eight accesses of eight values a row, four rows a group: {src}");
+        assert!(src.contains("uint4 raw0[4];"), "{src}");
+        assert!(src.contains("for (long long r0 = lead; r0 < rows; r0 += 4ll * groups)"), "{src}");
+        assert!(src.contains("raw0[q] = *reinterpret_cast<const uint4*>(in0 + at);"), "{src}");
+        assert!(src.contains("xs0[0] = bs_from_bf16(raw0[q].x); xs0[1] = bs_from_bf16((raw0[q].x >> 16));"), "{src}");
         assert!(src.contains("const float x1 = bs_from_bf16(in1["), "{src}");
+        assert!(src.contains("if (r < rows && lane == 0) out0[r] = (unsigned short)bs_to_bf16(acc);"), "{src}");
         super::super::compiles_with_nvrtc(src);
+        // Longer rows take a group of lanes each, several accesses a thread.
+        let generated = reduce(1024);
+        assert_eq!(generated.threads, 4 * 32, "{}", generated.source);
+        assert!(generated.source.contains("uint4 raw0[4];") && !generated.source.contains("groups"));
         // An odd row with a broadcast operand is read a value at a time; without one, through
         // accesses aligned to the tensor, skipping the values of the rows beside it.
         let src = reduce(63).source;

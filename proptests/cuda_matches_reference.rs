@@ -678,14 +678,28 @@ fn row_broadcasts_held_over_several_rows_match_the_cpu_executors() {
 /// vector an access), with a tail past the last whole vector, or of fewer values than a vector,
 /// in f32, bf16 and f16, equal CpuFusion within one unit in the last place: `[8, 12]` with a
 /// per-row `[8, 1]`, `[5, 7]` with a `[7]` row (a tail of 3), `[1335, 50257]` with a
-/// `[50257]` row (GPT-2's vocabulary), `[2, 3, 2, 4]` with `[3, 1, 4]`, and `[3]`.
+/// `[50257]` row (GPT-2's vocabulary) and with a per-row `[1335, 1]`, `[2, 3, 2, 4]` with
+/// `[3, 1, 4]`, and `[3]`. In 16 bits, rows read per vector with two aligned accesses and a
+/// shift, at every shift: rows of 9 (a vector in two rows nearly everywhere), `[3, 5, 19]`
+/// with `[5, 19]` (rows repeated along the first axis, the second access past the operand's
+/// end near it), and per-row values over several axes (`[4, 2, 11]` with `[4, 1, 1]`).
 #[test]
 fn broadcasts_that_straddle_vectors_and_tails_match_the_cpu_executors() {
     use boundscope::{DType, TensorMeta, TraceBuilder};
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
-    let cases: [(&[usize], &[usize]); 5] =
-        [(&[8, 12], &[8, 1]), (&[5, 7], &[7]), (&[1335, 50257], &[50257]), (&[2, 3, 2, 4], &[3, 1, 4]), (&[3], &[1])];
+    let cases: [(&[usize], &[usize]); 10] = [
+        (&[8, 12], &[8, 1]),
+        (&[5, 7], &[7]),
+        (&[1335, 50257], &[50257]),
+        (&[1335, 50257], &[1335, 1]),
+        (&[2, 3, 2, 4], &[3, 1, 4]),
+        (&[3], &[1]),
+        (&[64, 9], &[9]),
+        (&[3, 5, 19], &[5, 19]),
+        (&[7, 33], &[7, 1]),
+        (&[4, 2, 11], &[4, 1, 1]),
+    ];
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         for (shape, other) in cases {
             let arena = Arena::new();
@@ -1391,7 +1405,7 @@ fn row_ops_match_the_reference_at_every_row_length() {
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
     let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
-    // (Past 1 << 20: GPT-2's vocabulary, over 3 rows, and an odd length streamed, over 10: rows
+    // (Past 1 << 20: GPT-2's vocabulary, over 9 rows, and an odd length streamed, over 10: rows
     // starting at every alignment.)
     let lengths = [
         1,
@@ -1421,7 +1435,9 @@ fn row_ops_match_the_reference_at_every_row_length() {
     ];
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         for (i, &cols) in lengths.iter().enumerate() {
-            let rows = [1, 3, 257][i % 3].min((1 << 21) / cols).max(1);
+            // (GPT-2's vocabulary over 9 rows: rows starting at every alignment of a 16-byte
+            // access, so that `layer_norm` reads its weight and bias at every shift.)
+            let rows = if cols == 50257 { 9 } else { [1, 3, 257][i % 3].min((1 << 21) / cols).max(1) };
             for layer_norm in [false, true] {
                 fn build<'a>(
                     arena: &'a Arena,

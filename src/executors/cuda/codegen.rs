@@ -62,10 +62,23 @@ pub(super) fn literal(x: f32) -> String {
     }
 }
 
-/// The C expression of a prim applied to operand expressions.
-fn apply(op: crate::SymbolId, a: &str, b: Option<&str>) -> Option<String> {
+/// The C expression of a prim applied to operand expressions. Where the result is rounded to
+/// 16 bits (`to_16_bits`), `exp`, `sigmoid` and `gelu` take the hardware's `exp2` and an
+/// approximate division (a few units in the last place of `float`, far inside a 16-bit
+/// rounding, as `softmax` takes `exp2` for 16-bit results): `gelu`'s
+/// `0.5x(1 + tanh(u))` as `x / (1 + exp(-2u))`, the same function without the cancellation of
+/// `1 + tanh(u)` for negative `u`. `tanhf` and the `float` forms took about 25 instructions a
+/// value, which made 16-bit `gelu` chains compute-bound (81% of a copy's speed over
+/// `[8192, 8192]`, where `f32` ones, with half the values per byte, ran at a copy's).
+fn apply(op: crate::SymbolId, a: &str, b: Option<&str>, to_16_bits: bool) -> Option<String> {
     let b = b.unwrap_or("");
     Some(match op {
+        prims::EXP if to_16_bits => format!("exp2f({a} * 1.44269504f)"),
+        prims::SIGMOID if to_16_bits => format!("__fdividef(1.0f, 1.0f + exp2f({a} * -1.44269504f))"),
+        // 2 * sqrt(2 / pi) * log2(e) = 2.30220819.
+        prims::GELU if to_16_bits => {
+            format!("__fdividef({a}, 1.0f + exp2f(-2.30220819f * ({a} + 0.044715f * {a} * {a} * {a})))")
+        }
         prims::NEG => format!("(-{a})"),
         // The conversion is in the loads and stores: a value read as `float` and written as
         // the output's dtype.
@@ -928,8 +941,10 @@ pub(super) fn elementwise_body(
         // `cast`'s second argument is its dtype: to 16 bits it rounds (an output's store rounds
         // the same way again, which changes nothing); to `f32` it is the value read.
         let b = if id == prims::CAST { None } else { op.args().get(1).map(operand).transpose()? };
-        let expression = apply(id, &a, b.as_deref()).ok_or(format!("`{}` cannot be fused on CUDA", op.name()))?;
         let value = op.bound_symbol().outputs()[0];
+        let to_16_bits = packing::is_packed(op.dtype_of(value));
+        let expression =
+            apply(id, &a, b.as_deref(), to_16_bits).ok_or(format!("`{}` cannot be fused on CUDA", op.name()))?;
         let expression = match op.dtype_of(value) {
             d if id == prims::CAST && packing::is_packed(d) => widen(d, &narrow(d, &expression)),
             _ => expression,
@@ -1010,7 +1025,65 @@ fn wide_loop(
     }
     let loops = open_vector_loop(source, shape, 8, rows, &held_reads);
     let _ = writeln!(source, "    const long long i = 8ll * j;");
-    for (k, (read, &dtype)) in reads.iter().zip(input_dtypes).enumerate().filter(|&(k, _)| !held(k)) {
+    // Broadcast rows the vectors straddle (rows of a length 8 does not divide, at least 8: a
+    // vector holds the end of one row and the start of the next at most), read per vector,
+    // not per value: a value constant along each row as two values, a 16-bit row vector with
+    // two aligned accesses and a shift (a value at a time where the vector straddles two rows,
+    // or where the second access would pass the operand's end). Per value, each took a
+    // division and a load (GPT-2's rows of 50,257 words ran at 64% of a copy's speed).
+    let row = shape.last().copied().unwrap_or(0);
+    let straddled: Vec<Option<BroadcastRead>> = (0..reads.len())
+        .map(|k| match (&reads[k], broadcast_read(&input_shapes[k], shape)) {
+            (VectorRead::PerLane, BroadcastRead::RowConstant) if row >= 8 => Some(BroadcastRead::RowConstant),
+            (VectorRead::PerLane, BroadcastRead::RowVector) if row >= 8 && packing::is_packed(input_dtypes[k]) => {
+                Some(BroadcastRead::RowVector)
+            }
+            _ => None,
+        })
+        .collect();
+    if straddled.iter().any(Option::is_some) {
+        let column = if shape.iter().product::<usize>() <= u32::MAX as usize {
+            format!("(long long)((unsigned int)i % {row}u)")
+        } else {
+            format!("(i % {row}ll)")
+        };
+        // How many of the vector's values lie in the row of its first.
+        let _ = writeln!(source, "    const long long left = {row}ll - {column};");
+    }
+    for (k, read) in straddled.iter().enumerate() {
+        let dtype = input_dtypes[k];
+        let strides = broadcast_strides(&input_shapes[k], shape);
+        let at = |index: &str| format!("in{k}[{}]", strided_offset_of(shape, &strides, index));
+        match read {
+            Some(BroadcastRead::RowConstant) => {
+                let _ = writeln!(source, "    const float s{k} = {};", widen(dtype, &at("i")));
+                let _ = writeln!(source, "    const float z{k} = left < 8 ? {} : s{k};", widen(dtype, &at("(i + 7)")));
+            }
+            Some(_) => {
+                let len: usize = input_shapes[k].iter().product();
+                let _ = writeln!(source, "    unsigned int w{k}[4];");
+                let _ = writeln!(source, "    {{ const long long o = {};", strided_offset_of(shape, &strides, "i"));
+                let _ = writeln!(source, "    if (left >= 8 && (o % 8 == 0 || o - o % 8 + 16 <= {len}ll)) {{ uint4 q;");
+                let _ =
+                    writeln!(source, "    {}", super::row_kernels::load_shifted(dtype, 8, &format!("in{k}"), "o", "q"));
+                let _ = writeln!(source, "    w{k}[0] = q.x; w{k}[1] = q.y; w{k}[2] = q.z; w{k}[3] = q.w;");
+                let _ = writeln!(source, "    }} else {{");
+                for w in 0..4 {
+                    let _ = writeln!(
+                        source,
+                        "    w{k}[{w}] = (unsigned int){} | ((unsigned int){} << 16);",
+                        at(&format!("(i + {})", 2 * w)),
+                        at(&format!("(i + {})", 2 * w + 1))
+                    );
+                }
+                let _ = writeln!(source, "    }} }}");
+            }
+            None => {}
+        }
+    }
+    for (k, (read, &dtype)) in
+        reads.iter().zip(input_dtypes).enumerate().filter(|&(k, _)| !held(k) && straddled[k].is_none())
+    {
         let offset = || offset_expression(shape, &input_shapes[k]);
         let (whole, at) = match read {
             VectorRead::Scalar => {
@@ -1034,6 +1107,8 @@ fn wide_loop(
     let _ = writeln!(source, "    for (int l = 0; l < 8; ++l) {{");
     for (k, (read, &dtype)) in reads.iter().zip(input_dtypes).enumerate() {
         let value = match (read, packing::is_packed(dtype)) {
+            _ if matches!(straddled[k], Some(BroadcastRead::RowConstant)) => format!("(l < left ? s{k} : z{k})"),
+            _ if straddled[k].is_some() => widen(dtype, &format!("(w{k}[l / 2] >> (16 * (l % 2)))")),
             (VectorRead::Scalar | VectorRead::PerVector, _) => format!("s{k}"),
             (VectorRead::PerLane, _) => widen(dtype, &lane_read(k, shape, &input_shapes[k], "(i + l)")),
             (_, true) => widen(dtype, &format!("(w{k}[l / 2] >> (16 * (l % 2)))")),
@@ -1181,18 +1256,35 @@ mod tests {
         assert!(src.contains("const float s1 = bs_from_bf16(in1["), "{src}");
         assert!(src.contains("*reinterpret_cast<const uint4*>(in2 + (long long)((unsigned int)i % 64u))"), "{src}");
         // Rows of a length that is not a multiple of eight: `x` still eight values an access,
-        // the per-row value read per element.
+        // the per-row value read as two per vector (its row's, and the next row's where the
+        // vector holds the start of the next), the per-column row with two aligned accesses
+        // and a shift, or a value at a time where the vector straddles two rows or the second
+        // access would pass the row's end.
         let generated = generate(|b| {
             let x = b.input_with(&bf16(&[8, 12])).unwrap();
             let mean = b.input_with(&bf16(&[8, 1])).unwrap();
+            let w = b.input_with(&bf16(&[12])).unwrap();
             let c = b.sub(x, mean).unwrap();
-            let d = b.neg(c).unwrap();
+            let d = b.mul(c, w).unwrap();
             b.output(d).unwrap();
         });
         let src = &generated.source;
         assert!(generated.vectorized && generated.threads == 96 / 8, "{src}");
         assert!(src.contains("__ldcs(reinterpret_cast<const uint4*>(in0 + i))"), "{src}");
-        assert!(src.contains("bs_from_bf16(in1[(long long)((unsigned int)(i + l) / 12u)])"), "{src}");
+        assert!(src.contains("const long long left = 12ll - (long long)((unsigned int)i % 12u);"), "{src}");
+        assert!(src.contains("const float s1 = bs_from_bf16(in1[(long long)((unsigned int)i / 12u)]);"), "{src}");
+        assert!(
+            src.contains(
+                "const float z1 = left < 8 ? bs_from_bf16(in1[(long long)((unsigned int)(i + 7) / 12u)]) : s1;"
+            ),
+            "{src}"
+        );
+        assert!(src.contains("const float x1 = (l < left ? s1 : z1);"), "{src}");
+        assert!(src.contains("if (left >= 8 && (o % 8 == 0 || o - o % 8 + 16 <= 12ll)) { uint4 q;"), "{src}");
+        assert!(src.contains("const uint4 lo_ = a_[0]; const uint4 hi_ = s_ != 0 ? a_[1] : lo_;"), "{src}");
+        assert!(src.contains("q.x = __funnelshift_r(p0_, p1_, h_);"), "{src}");
+        assert!(src.contains("w2[3] = (unsigned int)in2[(long long)((unsigned int)(i + 6) % 12u)]"), "{src}");
+        assert!(src.contains("const float x2 = bs_from_bf16((w2[l / 2] >> (16 * (l % 2))));"), "{src}");
         assert!(!src.contains("out0[i] ="), "no tail: {src}");
         super::super::compiles_with_nvrtc(src);
     }
@@ -1303,9 +1395,17 @@ extern \"C\" __global__ void region0(const float* __restrict__ in0, const float*
         assert!(s.contains("const uint4 u0 = __ldcs(reinterpret_cast<const uint4*>(in0 + i));"), "{s}");
         assert_eq!(s.matches("in1").count(), 2, "declared and read once: {s}");
         super::super::compiles_with_nvrtc(s);
+        // A 16-bit `gelu` takes `exp2` and an approximate division; an `f32` one `tanhf`.
+        assert!(s.contains("= __fdividef(t4, 1.0f + exp2f(-2.30220819f * (t4 + 0.044715f * t4 * t4 * t4)));"), "{s}");
+        assert!(!s.contains("tanhf"), "{s}");
         // f32 keeps a row per thread (at a copy's speed already; several measured slower).
         let generated = scaled_gelu(8192, 8192, DType::F32);
         assert_eq!(generated.threads, 8192 * 8192 / 4, "{}", generated.source);
+        assert!(
+            generated.source.contains("tanhf(0.7978846f * (t4 + 0.044715f * t4 * t4 * t4))"),
+            "{}",
+            generated.source
+        );
         // bf16 over GPT-2's [16384, 768]: 2 rows per thread (enough threads left), the rows
         // read as 16-byte words.
         let generated = scaled_gelu(16384, 768, DType::BF16);

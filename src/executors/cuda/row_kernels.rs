@@ -245,6 +245,49 @@ pub(super) fn widen_raw(dtype: DType, vector: usize, raw: &str, dst: &str) -> St
     c
 }
 
+/// The C that reads the `vector` values of `dtype` (16 bytes of them) at element `o` of `ptr`
+/// (a `long long` expression, at least 0), where `o` need not be a multiple of `vector`, into
+/// `dst` (a `uint4`, as [`load_raw`] reads an aligned access): the aligned access that holds
+/// the first value, the next one where the values run into it, and a shift of their words.
+/// Two 16-byte loads and a few register moves, where reading the values one by one took
+/// `vector` loads (and the L1 bandwidth of as many accesses). The caller checks that both
+/// accesses lie in the tensor: `o + vector <= len`, and `o - o % vector + 2 * vector <= len`
+/// where `o % vector != 0`.
+pub(super) fn load_shifted(dtype: DType, vector: usize, ptr: &str, o: &str, dst: &str) -> String {
+    debug_assert_eq!(vector * dtype.size_bytes(), 16, "16-byte accesses");
+    let per_word = 4 / dtype.size_bytes();
+    let mut c = format!(
+        "{{ const long long o_ = {o}; const int s_ = (int)(o_ % {vector}); \
+         const uint4* const a_ = reinterpret_cast<const uint4*>({ptr} + (o_ - s_)); \
+         const uint4 lo_ = a_[0]; const uint4 hi_ = s_ != 0 ? a_[1] : lo_; \
+         const unsigned int w_[8] = {{lo_.x, lo_.y, lo_.z, lo_.w, hi_.x, hi_.y, hi_.z, hi_.w}}; \
+         const int q_ = s_ / {per_word};"
+    );
+    // Word `k` of the values' first four (and the next): a select of four, by the shift.
+    for k in 0..5 {
+        let _ = write!(
+            c,
+            " const unsigned int p{k}_ = q_ == 0 ? w_[{k}] : q_ == 1 ? w_[{}] : q_ == 2 ? w_[{}] : w_[{}];",
+            k + 1,
+            k + 2,
+            k + 3
+        );
+    }
+    if per_word == 2 {
+        // An odd shift takes each word's upper half and the next word's lower half.
+        c.push_str(" const unsigned int h_ = (unsigned int)(s_ & 1) * 16u;");
+        for (w, f) in ["x", "y", "z", "w"].iter().enumerate() {
+            let _ = write!(c, " {dst}.{f} = __funnelshift_r(p{w}_, p{}_, h_);", w + 1);
+        }
+    } else {
+        for (w, f) in ["x", "y", "z", "w"].iter().enumerate() {
+            let _ = write!(c, " {dst}.{f} = p{w}_;");
+        }
+    }
+    c.push_str(" }");
+    c
+}
+
 /// The C that stores `float src[0..vector]` as `vector` values of `dtype` at `ptr`, rounding
 /// each once, with one access.
 pub(super) fn store(dtype: DType, vector: usize, ptr: &str, src: &str) -> String {
@@ -479,12 +522,23 @@ pub(super) fn row_source(
     };
     // The C that reads `float p[v]` of a `[cols]` operand `k` at the access's columns.
     let read_columns = |k: usize, dtype: DType| {
-        if aligned {
+        let per_value = format!(
+            "for (int e = 0; e < {v}; ++e) {{ if ({}) {} else p[e] = 0.0f; }}",
+            in_this_row("e"),
+            load(dtype, 1, &x(k, "col + e"), "(p + e)")
+        );
+        if aligned && v * dtype.size_bytes() == 16 {
+            // The row's accesses are aligned to the tensor, not to the columns: an access the
+            // row holds whole reads its columns with two aligned accesses and a shift, where
+            // both lie in the operand; the rest a value at a time.
             format!(
-                "for (int e = 0; e < {v}; ++e) {{ if ({}) {} else p[e] = 0.0f; }}",
-                in_this_row("e"),
-                load(dtype, 1, &x(k, "col + e"), "(p + e)")
+                "if (col >= 0 && col + {v} <= {cols}ll && (col % {v} == 0 || col - col % {v} + {} <= {cols}ll)) {{ uint4 q; {}{} }}\n          else {per_value}",
+                2 * v,
+                load_shifted(dtype, v, &format!("in{k}"), "col", "q"),
+                widen_raw(dtype, v, "q", "p")
             )
+        } else if aligned {
+            per_value
         } else {
             load(dtype, v, &x(k, "col"), "p")
         }
@@ -916,6 +970,14 @@ mod tests {
                 assert!(src.contains("*reinterpret_cast<const unsigned int*>(in0 + row + col + e)"), "{src}");
                 assert!(src.contains("*reinterpret_cast<unsigned int*>(out0 + row + col + e)"), "{src}");
                 assert!(src.contains(&format!("col + e >= 0 && col + e < {cols}ll")), "{src}");
+                if layer_norm {
+                    // The weight and bias, aligned to their columns, not to the row: two
+                    // aligned accesses and a shift where the access is the row's whole.
+                    let whole = format!("if (col >= 0 && col + 4 <= {cols}ll && (col % 4 == 0 || col - col % 4 + 8 <= {cols}ll)) {{ uint4 q;");
+                    assert!(src.contains(&whole), "{src}");
+                    assert!(src.contains("const uint4 lo_ = a_[0]; const uint4 hi_ = s_ != 0 ? a_[1] : lo_;"), "{src}");
+                    assert!(src.contains("q.x = p0_;") && src.contains("p[0] = __uint_as_float(q.x);"), "{src}");
+                }
                 super::super::compiles_with_nvrtc(src);
             }
         }

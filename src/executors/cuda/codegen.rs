@@ -1,9 +1,11 @@
 //! CUDA C for a fused region of elementwise ops: one kernel, a grid-stride loop over vectors
 //! (four `f32` values, eight where an operand is 16-bit; the values past the last whole vector
 //! are a tail, an element a thread). Inputs read whole move a vector an access; broadcast ones
-//! are read per vector where their rows hold whole vectors, else per element (rows of a
-//! length not a multiple of the vector's, patterns such as `[T, 1, D]` over `[B, T, H, D]`),
-//! and a row broadcast over many rows is read once for several rows by 16-bit kernels
+//! are read per vector where their rows hold whole vectors; in 16-bit kernels also where the
+//! vectors straddle rows (a value per row as two values a vector, a row vector with two
+//! aligned accesses and a shift: see [`wide_loop`]); else per element (`f32` kernels over rows
+//! of a length not a multiple of 4, patterns such as `[T, 1, D]` over `[B, T, H, D]`), and a
+//! row broadcast over many rows is read once for several rows by 16-bit kernels
 //! ([`rows_per_thread`]). Those full-size vector streams
 //! are read and written with the streaming cache hints (`__ldcs`, `__stcs`: used once, evict
 //! first), which leaves L2 to what is read again (rows and columns broadcast per vector):
@@ -1003,7 +1005,8 @@ struct WideOperands<'w> {
 /// The loop of a region with 16-bit operands: vector `j` is elements `8j..8j + 8` (one a turn
 /// per thread, or one per row of a group of `rows`), each 16-bit input read as one 16-byte
 /// `uint4` (an `f32` one as two `float4`s; a single value, or a value constant along the
-/// eight, once; a broadcast whose rows the vectors straddle per element), `body` run per
+/// eight, once; a broadcast whose rows the vectors straddle per vector where it is constant
+/// along rows or a 16-bit row, else per element), `body` run per
 /// element in `float` registers, each output written the same way, with streaming cache hints.
 /// Broadcast rows read per vector are read at their offset (the caller checks that rows hold
 /// whole vectors); a row broadcast along the last axis once per group of rows. Returns the

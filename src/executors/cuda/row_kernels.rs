@@ -12,7 +12,9 @@
 //! running two blocks an SM where the row fits twice). Longer
 //! rows are streamed by half a block, each thread with several reads in flight: two passes for
 //! `softmax` (its maximum and sum in one, online), three for `layer_norm`. Lanes combine with
-//! shuffles, warps through shared memory.
+//! shuffles, warps through shared memory. `layer_norm`'s weight and bias are read per access
+//! too: where the row's accesses are aligned to the tensor rather than to the columns, with
+//! two aligned accesses and a shift ([`load_shifted`]).
 //! The arithmetic is the decomposition's, op for op (`layer_norm`'s `1/sqrt(v)` is
 //! `exp(-0.5 * log(v))`), so results differ from the CPU reference by the order of the sums
 //! and by CUDA's `expf` and `logf`, a few units in the last place. bf16 and f16 rows are

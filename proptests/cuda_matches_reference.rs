@@ -1532,7 +1532,9 @@ fn exact_row_op(inputs: &[boundscope::Tensor], layer_norm: bool, cols: usize) ->
 
 /// A fused region ending in a last-axis `sum` or `max` (with an elementwise output beside it)
 /// over rows of every length its layout distinguishes (a few threads per row, a warp, several
-/// warps) equals the exact result (in `f64`) within the `f32` rounding of its sum.
+/// warps, several rows a group of lanes in 16 bits), in f32, bf16 and f16, with a scalar or a
+/// broadcast `[cols]` operand, equals the exact result (in `f64`) within the `f32` rounding of
+/// its sum and the rounding of its dtype, in both outputs.
 #[test]
 fn fused_reductions_match_the_reference_at_every_row_length() {
     use boundscope::{DType, Tensor, TensorMeta, TraceBuilder};
@@ -1541,13 +1543,24 @@ fn fused_reductions_match_the_reference_at_every_row_length() {
     // In 16 bits, rows of one access a thread are taken several to a group of lanes: row
     // counts that no group size divides (257, 1,027) and a row past the last group's first.
     for dtype in [DType::F32, DType::BF16, DType::F16] {
+        // The result is rounded once to its dtype (16-bit regions compute in `float`).
+        let rounding = match dtype {
+            DType::BF16 => 2f64.powi(-8),
+            DType::F16 => 2f64.powi(-11),
+            _ => 0.0,
+        };
         for cols in [1, 2, 7, 8, 16, 31, 33, 64, 100, 128, 256, 1000, 1024, 4096, 8193, 65536] {
             let rows = [1027, 3, 257, 5][cols % 4].min((1 << 20) / cols).max(1);
-            for max in [false, true] {
+            for (max, broadcast) in [(false, false), (true, false), (false, true), (true, true)] {
                 let arena = Arena::new();
                 let mut b = TraceBuilder::new(&arena, &registry);
                 let x = b.input_with(&TensorMeta::new(dtype, &[rows, cols])).unwrap();
-                let h = b.mul_scalar(x, 0.5).unwrap();
+                let h = if broadcast {
+                    let w = b.input_with(&TensorMeta::new(dtype, &[cols])).unwrap();
+                    b.mul(x, w).unwrap()
+                } else {
+                    b.mul_scalar(x, 0.5).unwrap()
+                };
                 let e = b.exp(h).unwrap();
                 let r = if max { b.max(e).unwrap() } else { b.sum(e).unwrap() };
                 b.output(e).unwrap();
@@ -1557,15 +1570,28 @@ fn fused_reductions_match_the_reference_at_every_row_length() {
                 let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device.clone()))]).unwrap();
                 assert!(plan.steps_per_executor().contains(&("cuda_fusion", 1)), "one region\n{plan}");
                 let input = Tensor::from_fn(&[rows, cols], |i| ((i * 37) % 101) as f32 / 25.0 - 2.0).to_dtype(dtype);
-                let got = plan.run(&[&input]).unwrap();
-                let x = input.to_f32_vec();
-                // The result is rounded once to its dtype (16-bit regions compute in `float`).
-                let rounding =
-                    if dtype == DType::F32 { 0.0 } else { 2f64.powi(if dtype == DType::BF16 { -8 } else { -11 }) };
-                let sums = got[1].to_f32_vec();
+                let scale = Tensor::from_fn(&[cols], |j| 0.25 + (j % 5) as f32 * 0.1).to_dtype(dtype);
+                let got = if broadcast { plan.run(&[&input, &scale]).unwrap() } else { plan.run(&[&input]).unwrap() };
+                let (x, w) = (input.to_f32_vec(), scale.to_f32_vec());
+                let (exps, sums) = (got[0].to_f32_vec(), got[1].to_f32_vec());
                 for (k, row) in x.chunks(cols).enumerate() {
-                    let values = row.iter().map(|&v| (f64::from(v) * 0.5).exp());
-                    let exact = if max { values.fold(f64::NEG_INFINITY, f64::max) } else { values.sum() };
+                    let values: Vec<f64> = row
+                        .iter()
+                        .enumerate()
+                        .map(|(j, &v)| (f64::from(v) * if broadcast { f64::from(w[j]) } else { 0.5 }).exp())
+                        .collect();
+                    for (j, &value) in values.iter().enumerate() {
+                        let g = f64::from(exps[k * cols + j]);
+                        assert!(
+                            (g - value).abs() <= (1e-6 + rounding) * value,
+                            "{dtype} rows of {cols} (broadcast: {broadcast}), exp at [{k}, {j}]: {g} against {value}"
+                        );
+                    }
+                    let exact = if max {
+                        values.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+                    } else {
+                        values.iter().sum()
+                    };
                     let g = f64::from(sums[k]);
                     // (An f16 sum past 65,504 rounds to infinity, as in PyTorch.)
                     if dtype == DType::F16 && exact >= 65520.0 {
@@ -1575,7 +1601,7 @@ fn fused_reductions_match_the_reference_at_every_row_length() {
                     let tolerance = (2e-6 * (cols as f64).log2().max(1.0) + rounding) * exact.abs().max(1.0);
                     assert!(
                         (g - exact).abs() <= tolerance,
-                        "{dtype} rows of {cols}, row {k} of {rows}: {g} against {exact} (max: {max})"
+                        "{dtype} rows of {cols} (broadcast: {broadcast}), row {k} of {rows}: {g} against {exact} (max: {max})"
                     );
                 }
             }

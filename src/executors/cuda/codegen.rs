@@ -64,10 +64,11 @@ pub(super) fn literal(x: f32) -> String {
     }
 }
 
-/// The C expression of a prim applied to operand expressions. Where the result is rounded to
-/// 16 bits (`to_16_bits`), `exp`, `sigmoid` and `gelu` take the hardware's `exp2` and an
-/// approximate division (a few units in the last place of `float`, far inside a 16-bit
-/// rounding, as `softmax` takes `exp2` for 16-bit results): `gelu`'s
+/// The C expression of a prim applied to operand expressions. Where the op's result is typed
+/// 16-bit (`to_16_bits`: 8 or 11 bits of precision, though a region keeps it in `float` until
+/// it is written), `exp`, `sigmoid` and `gelu` take the hardware's `exp2` and an approximate
+/// division (a few units in the last place of `float`, far inside a 16-bit rounding, as
+/// `softmax` takes `exp2` for 16-bit results): `gelu`'s
 /// `0.5x(1 + tanh(u))` as `x / (1 + exp(-2u))`, the same function without the cancellation of
 /// `1 + tanh(u)` for negative `u`. `tanhf` and the `float` forms took about 25 instructions a
 /// value, which made 16-bit `gelu` chains compute-bound (81% of a copy's speed over
@@ -144,8 +145,9 @@ enum VectorRead {
     PerVector,
     PerVectorFloat4,
     /// Per element of the vector, through the broadcast strides: a broadcast whose rows do not
-    /// hold whole vectors (rows of a length not a multiple of 4, or 8 in 16-bit kernels), or
-    /// a pattern none of the others is (`[T, 1, D]` over `[B, T, H, D]`, say). The inputs read
+    /// hold whole vectors (rows of a length not a multiple of 4, or 8 in 16-bit kernels, where
+    /// [`wide_loop`] reads a per-row value or a 16-bit row per vector all the same), or a
+    /// pattern none of the others is (`[T, 1, D]` over `[B, T, H, D]`, say). The inputs read
     /// whole still move a vector per access.
     PerLane,
 }
@@ -342,7 +344,7 @@ struct ShortRows<'a> {
 }
 
 /// The row loop of a trailing reduction over rows of one access a thread (the kernel has
-/// declared `rows`, `lane`, `first` and `lead`): each group of `t` lanes loads an access of
+/// declared `stride`, `rows`, `lane`, `first` and `lead`): each group of `t` lanes loads an access of
 /// each of `rows` rows (`stride / t` apart, so that a warp's loads of one row cover
 /// consecutive rows), then reduces them one by one.
 fn short_rows(source: &mut String, s: &ShortRows<'_>) {
@@ -568,8 +570,9 @@ fn generate(
     // Elementwise regions move vectors: four `f32` values, or eight where any operand is 16-bit
     // (each 16-bit operand one 16-byte load or store). Inputs read whole, a vector an access;
     // a single value once; a broadcast input per vector where its rows hold whole vectors
-    // (constant along the vector, or a contiguous part of one row), else per element. Values
-    // past the last whole vector are the tail, an element a thread.
+    // (constant along the vector, or a contiguous part of one row), else per element (16-bit
+    // kernels read straddled rows per vector all the same: see `wide_loop`). Values past the
+    // last whole vector are the tail, an element a thread.
     let per_thread = if wide { 8 } else { 4 };
     let vectorized = !wide && reduction.is_none() && numel > 0;
     let wide_vectorized = wide && reduction.is_none() && numel > 0;
@@ -661,7 +664,13 @@ fn generate(
         // `group_rows` rows, and makes their loads before it uses any (one access a thread in
         // flight left the loads' latency uncovered: 69-80% of a copy over rows of 32 and 128).
         let single = accesses <= t && !aligned;
-        let group_rows = if single && widest.is_some_and(|w| w <= 2) { SHORT_ROWS_PER_GROUP } else { 1 };
+        // (At most 128 bytes a thread in flight, as below: fewer rows a group with more inputs.)
+        let read_whole = full.iter().filter(|&&f| f).count().max(1);
+        let group_rows = if single && widest.is_some_and(|w| w <= 2) {
+            (128 / (16 * read_whole)).clamp(1, SHORT_ROWS_PER_GROUP)
+        } else {
+            1
+        };
         let _ = writeln!(source, "  const long long rows = {rows}ll;");
         let _ = writeln!(source, "  const int lane = threadIdx.x % {t};");
         let _ = writeln!(source, "  const long long first = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / {t};");
@@ -722,7 +731,6 @@ fn generate(
         // stalled on its loads). Up to 128 bytes a thread in flight (2 to 16 accesses of each
         // input read whole, so more with 5 inputs or more), spread evenly over the batches the
         // thread's accesses take (25 accesses: batches of 7, 7, 7 and 4, not 8, 8, 8 and 1).
-        let read_whole = full.iter().filter(|&&f| f).count().max(1);
         let access_bytes = v * widest.unwrap_or(4);
         let most = (128 / (access_bytes * read_whole)).clamp(2, 16);
         let per_thread = accesses.div_ceil(t).max(1);
@@ -1008,9 +1016,9 @@ struct WideOperands<'w> {
 /// eight, once; a broadcast whose rows the vectors straddle per vector where it is constant
 /// along rows or a 16-bit row, else per element), `body` run per
 /// element in `float` registers, each output written the same way, with streaming cache hints.
-/// Broadcast rows read per vector are read at their offset (the caller checks that rows hold
-/// whole vectors); a row broadcast along the last axis once per group of rows. Returns the
-/// loops it opened.
+/// Broadcast rows read per vector as `PerVector` or `PerVectorFloat4` are read at their offset
+/// (the caller checks that rows hold whole vectors); a row broadcast along the last axis once
+/// per group of rows. Returns the loops it opened.
 fn wide_loop(
     source: &mut String,
     body: &str,
@@ -1597,6 +1605,18 @@ mod reduction_tests {
         assert!(src.contains("const float x1 = bs_from_bf16(in1["), "{src}");
         assert!(src.contains("if (r < rows && lane == 0) out0[r] = (unsigned short)bs_to_bf16(acc);"), "{src}");
         super::super::compiles_with_nvrtc(src);
+        // With three inputs read whole, two rows a group: at most 128 bytes a thread in flight.
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let bf16 = crate::TensorMeta::new(DType::BF16, &[4, 64]);
+        let (x, y, z) = (b.input_with(&bf16).unwrap(), b.input_with(&bf16).unwrap(), b.input_with(&bf16).unwrap());
+        let xy = b.mul(x, y).unwrap();
+        let xyz = b.mul(xy, z).unwrap();
+        let s = b.sum(xyz).unwrap();
+        b.output(s).unwrap();
+        let trace = b.finish().unwrap();
+        let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
+        let src = region_source(&OpView::of(&fused, 0).unwrap(), "dot3").unwrap().source;
+        assert!(src.contains("uint4 raw2[2];") && src.contains("r0 += 2ll * groups"), "{src}");
         // Longer rows take a group of lanes each, several accesses a thread.
         let generated = reduce(1024);
         assert_eq!(generated.threads, 4 * 32, "{}", generated.source);

@@ -675,6 +675,19 @@ fn generate(
         let _ = writeln!(source, "  const int lane = threadIdx.x % {t};");
         let _ = writeln!(source, "  const long long first = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / {t};");
         let _ = writeln!(source, "  const long long lead = first - (threadIdx.x % {uniform}) / {t};");
+        let reduction_source = |source: String| RegionSource {
+            kernel: kernel.to_string(),
+            source,
+            inputs: inputs.len(),
+            outputs: outputs.len(),
+            numel,
+            vectorized: false,
+            // `t` threads per `group_rows` rows; the launch rounds up to blocks of 256 threads.
+            threads: rows.div_ceil(group_rows) * t,
+            input_lengths,
+            output_lengths,
+            in_place: Vec::new(),
+        };
         if group_rows > 1 {
             short_rows(
                 &mut source,
@@ -701,19 +714,7 @@ fn generate(
                     result: outputs.iter().position(|&v| v == result).map(|o| (o, output_dtypes[o])),
                 },
             );
-            return Ok(RegionSource {
-                kernel: kernel.to_string(),
-                source,
-                inputs: inputs.len(),
-                outputs: outputs.len(),
-                numel,
-                vectorized: false,
-                // `t` threads per `group_rows` rows; the launch rounds up to blocks of 256.
-                threads: rows.div_ceil(group_rows) * t,
-                input_lengths,
-                output_lengths,
-                in_place: Vec::new(),
-            });
+            return Ok(reduction_source(source));
         }
         let _ = writeln!(source, "  for (long long r0 = lead; r0 < rows; r0 += stride / {t}) {{");
         let _ = writeln!(source, "    const long long r = r0 + (first - lead);");
@@ -814,19 +815,7 @@ fn generate(
             let _ = writeln!(source, "    if (r < rows && lane == 0) out{o}[r] = {};", narrow(output_dtypes[o], "acc"));
         }
         let _ = writeln!(source, "  }}\n}}");
-        return Ok(RegionSource {
-            kernel: kernel.to_string(),
-            source,
-            inputs: inputs.len(),
-            outputs: outputs.len(),
-            numel,
-            vectorized: false,
-            // `t` threads per row; the launch rounds up to blocks of 256 threads.
-            threads: rows * t,
-            input_lengths,
-            output_lengths,
-            in_place: Vec::new(),
-        });
+        return Ok(reduction_source(source));
     }
     // Loops the kernel opened (closed below), and rows per thread of a vectorized kernel.
     let mut loops = 1;

@@ -344,8 +344,8 @@ struct ShortRows<'a> {
 }
 
 /// The row loop of a trailing reduction over rows of one access a thread (the kernel has
-/// declared `stride`, `rows`, `lane`, `first` and `lead`): each group of `t` lanes loads an access of
-/// each of `rows` rows (`stride / t` apart, so that a warp's loads of one row cover
+/// declared `stride`, `rows`, `lane`, `first` and `lead`): each group of `t` lanes loads an
+/// access of each of `rows` rows (`stride / t` apart, so that a warp's loads of one row cover
 /// consecutive rows), then reduces them one by one.
 fn short_rows(source: &mut String, s: &ShortRows<'_>) {
     use super::row_kernels::{load_raw, raw_type, widen_raw};

@@ -598,7 +598,8 @@ impl Plan {
 
     /// Waits for the run's device work (on the run's queue, which this thread is still on) and
     /// asks each kernel that checks its inputs on the device what it found
-    /// ([`DeviceKernel::check_after_run`]): the first finding is the run's error.
+    /// ([`DeviceKernel::check_after_run`](crate::core::plan::DeviceKernel::check_after_run)):
+    /// the first finding is the run's error.
     fn check_after_run(&self) -> Result<()> {
         if let Some(device) = &self.device {
             device.synchronize()?;

@@ -21,7 +21,7 @@
 //! in `gemm-common` 0.19: `MemBuffer::new` and `vec!` per call), which would break the promise
 //! that steady-state runs allocate nothing; `gemm` also splits its work over `rayon`, beside the
 //! CPU executors' own worker threads. Single-threaded, this kernel runs at PyTorch's (MKL's)
-//! speed on an AVX-512 machine (about 100 GFLOP/s a core at [1024]^3, side by side).
+//! speed on an AVX-512 machine (about 100 GFLOP/s a core at 1024^3, side by side).
 
 use std::cell::RefCell;
 use std::ops::Range;

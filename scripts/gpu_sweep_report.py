@@ -3,7 +3,8 @@
 prints one Markdown table: each case's GB/s of useful bytes, the ratio of our speed to PyTorch
 eager's, to torch.compile's and to the faster of the two (goal >= 1.0), and to a copy of the same
 bytes (goal >= 85% where the case is memory-bound); then the minimum and median of each ratio
-over the cases, and the cases that miss a goal.
+over the cases, and the cases that miss a goal: below the faster PyTorch, and below 85% of the
+copy (slowest first).
 """
 import json
 import statistics
@@ -17,6 +18,8 @@ for line in sys.stdin:
 
 columns = {"eager": [], "compile": [], "best": [], "copy": []}
 misses = []
+# (share of the copy, case) for the cases under the 85% goal.
+under_copy = []
 print("| op | shape | dtype | boundscope GB/s | eager GB/s | compile GB/s | copy GB/s | / eager | / compile | / best | / copy |")
 print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 for (op, rows, cols, dtype), impls in cases.items():
@@ -33,6 +36,8 @@ for (op, rows, cols, dtype), impls in cases.items():
             columns[k].append(v)
     if (row["best"] or 1.0) < 1.0:
         misses.append(f"{op} {rows}x{cols} {dtype}: {row['best']:.2f}x the faster PyTorch")
+    if row["copy"] < 0.85:
+        under_copy.append((row["copy"], f"{op} {rows}x{cols} {dtype}"))
     gb = lambda r: f'{r["gbps"]:.0f}' if r else "-"
     x = lambda v: f"{v:.2f}x" if v is not None else "-"
     print(f'| {op} | {rows}x{cols} | {dtype} | {gb(ours)} | {gb(eager)} | {gb(compiled)} | {ours["copy_gbps"]:.0f} '
@@ -46,3 +51,7 @@ if misses:
     print(f"\n{len(misses)} cases below the faster PyTorch:")
     for m in misses:
         print(f"- {m}")
+if under_copy:
+    print(f"\n{len(under_copy)} cases below 85% of the copy:")
+    for share, case in sorted(under_copy):
+        print(f"- {case}: {100 * share:.0f}%")

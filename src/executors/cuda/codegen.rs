@@ -688,6 +688,13 @@ fn generate(
             output_lengths,
             in_place: Vec::new(),
         };
+        // The C that writes the region's other outputs at `i` (the reduction's input, say).
+        let written: String = outputs
+            .iter()
+            .enumerate()
+            .filter(|(_, v)| **v != result)
+            .map(|(o, v)| format!("    out{o}[i] = {};\n", narrow(output_dtypes[o], &format!("t{}", v.index()))))
+            .collect();
         if group_rows > 1 {
             short_rows(
                 &mut source,
@@ -703,14 +710,7 @@ fn generate(
                     read: &|k| read_as_float(k, index_expression(k, &shape, &input_shapes[k])),
                     body: &body,
                     reduced: &value_name(reduced),
-                    written: &outputs
-                        .iter()
-                        .enumerate()
-                        .filter(|(_, v)| **v != result)
-                        .map(|(o, v)| {
-                            format!("    out{o}[i] = {};", narrow(output_dtypes[o], &format!("t{}", v.index())))
-                        })
-                        .collect::<String>(),
+                    written: &written,
                     result: outputs.iter().position(|&v| v == result).map(|o| (o, output_dtypes[o])),
                 },
             );
@@ -789,9 +789,7 @@ fn generate(
             let _ = writeln!(source, "    const float x{k} = {read};");
         }
         source.push_str(&body);
-        for (o, v) in outputs.iter().enumerate().filter(|(_, v)| **v != result) {
-            let _ = writeln!(source, "    out{o}[i] = {};", narrow(output_dtypes[o], &format!("t{}", v.index())));
-        }
+        source.push_str(&written);
         let guard = if aligned { format!("if (o + e >= 0 && o + e < {row}) ") } else { String::new() };
         let _ = writeln!(source, "    {guard}accs[e] = {};", combine("accs[e]", &value_name(reduced)));
         let _ = writeln!(source, "    }}\n    }} }}\n    }}");
@@ -1042,11 +1040,10 @@ fn wide_loop(
         })
         .collect();
     if straddled.iter().any(Option::is_some) {
-        let column = if shape.iter().product::<usize>() <= u32::MAX as usize {
-            format!("(long long)((unsigned int)i % {row}u)")
-        } else {
-            format!("(i % {row}ll)")
-        };
+        // The column of the vector's first value: its offset through strides 1 along the last
+        // axis and 0 elsewhere.
+        let last_axis: Vec<usize> = (0..shape.len()).map(|a| usize::from(a + 1 == shape.len())).collect();
+        let column = strided_offset_of(shape, &last_axis, "i");
         // How many of the vector's values lie in the row of its first.
         let _ = writeln!(source, "    const long long left = {row}ll - {column};");
     }
@@ -1063,7 +1060,11 @@ fn wide_loop(
                 let len: usize = input_shapes[k].iter().product();
                 let _ = writeln!(source, "    unsigned int w{k}[4];");
                 let _ = writeln!(source, "    {{ const long long o = {};", strided_offset_of(shape, &strides, "i"));
-                let _ = writeln!(source, "    if (left >= 8 && (o % 8 == 0 || o - o % 8 + 16 <= {len}ll)) {{ uint4 q;");
+                let _ = writeln!(
+                    source,
+                    "    if (left >= 8 && {}) {{ uint4 q;",
+                    super::row_kernels::shifted_within(8, "o", &format!("{len}ll"))
+                );
                 let _ =
                     writeln!(source, "    {}", super::row_kernels::load_shifted(dtype, 8, &format!("in{k}"), "o", "q"));
                 let _ = writeln!(source, "    w{k}[0] = q.x; w{k}[1] = q.y; w{k}[2] = q.z; w{k}[3] = q.w;");
@@ -1108,9 +1109,11 @@ fn wide_loop(
     for (k, (read, &dtype)) in reads.iter().zip(input_dtypes).enumerate() {
         let value = match (read, packing::is_packed(dtype)) {
             _ if matches!(straddled[k], Some(BroadcastRead::RowConstant)) => format!("(l < left ? s{k} : z{k})"),
-            _ if straddled[k].is_some() => widen(dtype, &format!("(w{k}[l / 2] >> (16 * (l % 2)))")),
             (VectorRead::Scalar | VectorRead::PerVector, _) => format!("s{k}"),
-            (VectorRead::PerLane, _) => widen(dtype, &lane_read(k, shape, &input_shapes[k], "(i + l)")),
+            // (A straddled 16-bit row is in `w{k}`, as a vector read whole: the arm below.)
+            (VectorRead::PerLane, _) if straddled[k].is_none() => {
+                widen(dtype, &lane_read(k, shape, &input_shapes[k], "(i + l)"))
+            }
             (_, true) => widen(dtype, &format!("(w{k}[l / 2] >> (16 * (l % 2)))")),
             (_, false) => format!("f{k}[l]"),
         };

@@ -253,8 +253,7 @@ pub(super) fn widen_raw(dtype: DType, vector: usize, raw: &str, dst: &str) -> St
 /// the first value, the next one where the values run into it, and a shift of their words.
 /// Two 16-byte loads and a few register moves, where reading the values one by one took
 /// `vector` loads (and the L1 bandwidth of as many accesses). The caller checks that both
-/// accesses lie in the tensor: `o + vector <= len`, and `o - o % vector + 2 * vector <= len`
-/// where `o % vector != 0`.
+/// accesses lie in the tensor: `o + vector <= len`, and [`shifted_within`].
 pub(super) fn load_shifted(dtype: DType, vector: usize, ptr: &str, o: &str, dst: &str) -> String {
     debug_assert_eq!(vector * dtype.size_bytes(), 16, "16-byte accesses");
     let per_word = 4 / dtype.size_bytes();
@@ -288,6 +287,13 @@ pub(super) fn load_shifted(dtype: DType, vector: usize, ptr: &str, o: &str, dst:
     }
     c.push_str(" }");
     c
+}
+
+/// The C condition that the second access [`load_shifted`] makes at element `o` (a `long long`
+/// expression, at least 0) lies in a tensor of `len` elements (an expression), where it makes
+/// one: `o` on an access, or the access after `o`'s in the tensor.
+pub(super) fn shifted_within(vector: usize, o: &str, len: &str) -> String {
+    format!("({o} % {vector} == 0 || {o} - {o} % {vector} + {} <= {len})", 2 * vector)
 }
 
 /// The C that stores `float src[0..vector]` as `vector` values of `dtype` at `ptr`, rounding
@@ -552,8 +558,8 @@ pub(super) fn row_source(
             // row holds whole reads its columns with two aligned accesses and a shift, where
             // both lie in the operand; the rest a value at a time.
             format!(
-                "if (col >= 0 && col + {v} <= {cols}ll && (col % {v} == 0 || col - col % {v} + {} <= {cols}ll)) {{ uint4 q; {}{} }}\n          else {per_value}",
-                2 * v,
+                "if (col >= 0 && col + {v} <= {cols}ll && {}) {{ uint4 q; {}{} }}\n          else {per_value}",
+                shifted_within(v, "col", &format!("{cols}ll")),
                 load_shifted(dtype, v, &format!("in{k}"), "col", "q"),
                 widen_raw(dtype, v, "q", "p")
             )

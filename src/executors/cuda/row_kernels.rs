@@ -25,7 +25,7 @@
 use std::fmt::Write as _;
 
 use super::codegen::{literal, maximum, widen, RegionSource, HALF_CONVERSIONS, MAXIMUM};
-use crate::core::ir::{prims, DType};
+use crate::core::ir::{prims, DType, SymbolId};
 use crate::core::plan::{packing, OpView};
 
 /// Values a thread keeps in registers per row: rows up to `1024 * REGISTER_VALUES` are read once.
@@ -354,6 +354,45 @@ pub(super) fn row_reduce(c: &mut String, t: usize, combine: &dyn Fn(&str, &str) 
     }
 }
 
+/// The C that takes the values `float x[vector]` into a thread's running maximum `m` and sum
+/// `acc` of exponentials against it (`softmax` read in one pass: the sum is rescaled as the
+/// maximum grows).
+pub(super) fn online_softmax_update(c: &mut String, v: usize) {
+    let _ = writeln!(c, "      float mv = m; for (int e = 0; e < {v}; ++e) mv = {};", maximum("mv", "x[e]"));
+    // Rescaled only when the maximum grows (rarely, after the row's first values).
+    let _ = writeln!(c, "      if (mv != m) {{ acc = bs_rescale(acc, m, mv); m = mv; }}");
+    let _ = writeln!(
+        c,
+        "      if (mv != __int_as_float(0xff800000)) for (int e = 0; e < {v}; ++e) acc = acc + bs_exp(x[e] - mv);"
+    );
+}
+
+/// The C that combines the running maxima `m` and sums `acc` of [`online_softmax_update`] over
+/// the `t` threads of a row (as [`row_reduce`]; past a warp through `__shared__ float
+/// partial[]` and `partial_sum[]`, a slot per warp), so that every thread ends with the row's.
+pub(super) fn online_softmax_merge(c: &mut String, t: usize) {
+    let top = t.min(32);
+    let _ = writeln!(c, "    for (int offset = {}; offset > 0; offset /= 2) {{", top / 2);
+    let _ = writeln!(c, "      const float om = __shfl_xor_sync(0xffffffffu, m, offset);");
+    let _ = writeln!(c, "      const float os = __shfl_xor_sync(0xffffffffu, acc, offset);");
+    let _ = writeln!(c, "      const float mm = {};", maximum("m", "om"));
+    let _ = writeln!(c, "      acc = bs_rescale(acc, m, mm) + bs_rescale(os, om, mm); m = mm;");
+    let _ = writeln!(c, "    }}");
+    if t > 32 {
+        let _ = writeln!(
+            c,
+            "    if (threadIdx.x % 32 == 0) {{ partial[threadIdx.x / 32] = m; partial_sum[threadIdx.x / 32] = acc; }}"
+        );
+        let _ = writeln!(c, "    __syncthreads();");
+        let _ = writeln!(c, "    m = partial[0]; acc = partial_sum[0];");
+        let _ = writeln!(c, "    for (int w = 1; w < {}; ++w) {{", t / 32);
+        let _ = writeln!(c, "      const float mm = {};", maximum("m", "partial[w]"));
+        let _ = writeln!(c, "      acc = bs_rescale(acc, m, mm) + bs_rescale(partial_sum[w], partial[w], mm); m = mm;");
+        let _ = writeln!(c, "    }}");
+        let _ = writeln!(c, "    __syncthreads();");
+    }
+}
+
 /// Opens the loop over rows of a row kernel: groups of `t` threads (`lane` of the row), one
 /// row `r` each (`valid` where the row exists, starting at element `row`); the loop runs alike
 /// in a whole warp (block, for `t > 32`), so that every lane takes part in each shuffle (and
@@ -368,6 +407,197 @@ pub(super) fn open_rows(c: &mut String, t: usize, rows: usize, cols: usize) {
     let _ = writeln!(c, "    const long long r = r0 + (first - lead);");
     let _ = writeln!(c, "    const bool valid = r < {rows}ll;");
     let _ = writeln!(c, "    const long long row = r * {cols}ll;");
+}
+
+/// The C of a row kernel's accesses to its row, of `vector` values each: the generated code
+/// names the row's first element `row`, the access's first column `col`, where the row's
+/// first access starts before it `shift` (accesses [`aligned`](RowLayout::aligned) to the
+/// tensor), and whether the access is the thread's to make `valid`. Inputs are `in0`, `in1`,
+/// ..., the output `out0`.
+pub(super) struct RowAccesses {
+    /// The row's dtype (input 0).
+    pub input: DType,
+    pub vector: usize,
+    pub cols: usize,
+    /// Whether accesses are aligned to the tensor ([`RowLayout::aligned`]).
+    pub aligned: bool,
+    /// What a value outside the row reads as (C).
+    pub neutral: &'static str,
+}
+
+impl RowAccesses {
+    /// The column of the row's access `k` (an expression), of its first value.
+    pub fn column(&self, k: &str) -> String {
+        let v = self.vector;
+        if self.aligned {
+            format!("({k}) * {v} - shift")
+        } else {
+            format!("({k}) * {v}")
+        }
+    }
+
+    /// Whether the access at `col` lies in the row whole (one load or store).
+    pub fn whole(&self) -> String {
+        let (v, cols) = (self.vector, self.cols);
+        if self.aligned {
+            format!("col >= 0 && col + {v} <= {cols}ll")
+        } else {
+            format!("col < {cols}ll")
+        }
+    }
+
+    /// Whether the access at `col` is the thread's and holds any of the row's values.
+    pub fn touches(&self) -> String {
+        let (v, cols) = (self.vector, self.cols);
+        if self.aligned {
+            format!("valid && col > -{v} && col < {cols}ll")
+        } else {
+            format!("valid && {}", self.whole())
+        }
+    }
+
+    /// Whether value `e` of the access at `col` is the row's (where an access is shared with
+    /// the rows beside it).
+    pub fn in_this_row(&self, e: &str) -> String {
+        format!("col + {e} >= 0 && col + {e} < {}ll", self.cols)
+    }
+
+    /// The C that fills `float dst[vector]` from the access at `col`: the row's values, and
+    /// `neutral` for the rest.
+    pub fn fill(&self, dst: &str) -> String {
+        let load_whole = load(self.input, self.vector, "in0 + row + col", dst);
+        format!("if (valid && {}) {load_whole}\n      else {{ {} }}", self.whole(), self.fill_part(dst))
+    }
+
+    /// The C that fills `float dst[vector]` from an access at `col` that the row does not
+    /// hold whole: its values that are the row's (one by one), `neutral` for the rest.
+    pub fn fill_part(&self, dst: &str) -> String {
+        let (v, neutral) = (self.vector, self.neutral);
+        if self.aligned {
+            format!(
+                "for (int e = 0; e < {v}; ++e) {{ if (valid && {}) {} else {dst}[e] = {neutral}; }}",
+                self.in_this_row("e"),
+                load(self.input, 1, "in0 + row + col + e", &format!("({dst} + e)"))
+            )
+        } else {
+            format!("for (int e = 0; e < {v}; ++e) {dst}[e] = {neutral};")
+        }
+    }
+
+    /// The C that writes `float y[vector]` to the row's values of the access at `col`, as
+    /// `dtype`.
+    pub fn put(&self, dtype: DType) -> String {
+        let v = self.vector;
+        let store_whole = store(dtype, v, "out0 + row + col", "y");
+        if self.aligned {
+            format!(
+                "if ({}) {store_whole}\n        else for (int e = 0; e < {v}; ++e) if ({}) {}",
+                self.whole(),
+                self.in_this_row("e"),
+                store(dtype, 1, "out0 + row + col + e", "(y + e)")
+            )
+        } else {
+            store_whole
+        }
+    }
+
+    /// The C that reads `float p[vector]` of a `[cols]` operand `in{k}` of `dtype` at the
+    /// access's columns.
+    pub fn read_columns(&self, k: usize, dtype: DType) -> String {
+        let (v, cols) = (self.vector, self.cols);
+        let per_value = format!(
+            "for (int e = 0; e < {v}; ++e) {{ if ({}) {} else p[e] = 0.0f; }}",
+            self.in_this_row("e"),
+            load(dtype, 1, &format!("in{k} + col + e"), "(p + e)")
+        );
+        if self.aligned && v * dtype.size_bytes() == 16 {
+            // The row's accesses are aligned to the tensor, not to the columns: an access the
+            // row holds whole reads its columns with two aligned accesses and a shift, where
+            // both lie in the operand; the rest a value at a time.
+            format!(
+                "if (col >= 0 && col + {v} <= {cols}ll && {}) {{ uint4 q; {}{} }}\n          else {per_value}",
+                shifted_within(v, "col", &format!("{cols}ll")),
+                load_shifted(dtype, v, &format!("in{k}"), "col", "q"),
+                widen_raw(dtype, v, "q", "p")
+            )
+        } else if self.aligned {
+            per_value
+        } else {
+            load(dtype, v, &format!("in{k} + col"), "p")
+        }
+    }
+}
+
+/// A built-in `softmax` or `layer_norm` bound symbol, as its kernels read it.
+pub(super) struct RowOp {
+    /// Which of the two.
+    pub id: SymbolId,
+    pub rows: usize,
+    /// The row's length (the last axis).
+    pub cols: usize,
+    /// The tensors' dtypes: the rows', then `layer_norm`'s weight and bias where it has them.
+    pub dtypes: Vec<DType>,
+    pub out_dtype: DType,
+    /// The kernel parameters of those tensors (`in0`, `in1`, ...).
+    pub params: Vec<String>,
+    /// Their lengths in words.
+    pub input_lengths: Vec<usize>,
+}
+
+impl RowOp {
+    /// The op, or why it is not one of those composites (or breaks their rules: checked
+    /// again here, since the kernels rely on them).
+    pub fn of(op: &OpView<'_>) -> Result<Self, String> {
+        let id =
+            op.symbol().builtin_composite().ok_or_else(|| format!("`{}` is not a built-in composite", op.name()))?;
+        let shape = op.input_shape(0).map_err(|e| e.to_string())?;
+        let cols = *shape.last().ok_or_else(|| format!("`{}` of a rank-0 tensor", op.name()))?;
+        let rows: usize = shape[..shape.len() - 1].iter().product();
+        let tensors = op.bound_symbol().inputs().count();
+        let dtypes: Vec<DType> = op.bound_symbol().inputs().map(|v| op.dtype_of(v)).collect();
+        let out_dtype = op.dtype_of(op.bound_symbol().outputs()[0]);
+        let mut input_lengths = vec![packing::words(dtypes[0], rows * cols)];
+        let mut params = vec![format!("const {}* __restrict__ in0", super::codegen::element_type(dtypes[0]))];
+        match id {
+            prims::SOFTMAX if tensors == 1 => {}
+            prims::LAYER_NORM if tensors <= 3 => {
+                for (k, &dtype) in dtypes.iter().enumerate().skip(1) {
+                    let s = op.input_shape(k).map_err(|e| e.to_string())?;
+                    if s != [cols] {
+                        return Err(format!("layer_norm's weight and bias must be [{cols}], not {s:?}"));
+                    }
+                    params.push(format!("const {}* __restrict__ in{k}", super::codegen::element_type(dtype)));
+                    input_lengths.push(packing::words(dtype, cols));
+                }
+            }
+            _ => return Err(format!("no row kernel for `{}` with {tensors} tensor argument(s)", op.name())),
+        }
+        Ok(Self { id, rows, cols, dtypes, out_dtype, params, input_lengths })
+    }
+
+    /// The C the kernels of `softmax` (`id`) or `layer_norm` over `dtypes` into `out_dtype`
+    /// begin with: 16-bit conversions, and `softmax`'s maximum and exponential, with
+    /// `bs_rescale` where its sums are `rescaled` (taken against different maxima).
+    pub fn preamble(id: SymbolId, dtypes: &[DType], out_dtype: DType, rescaled: bool) -> String {
+        let mut c = String::new();
+        if dtypes.iter().chain([&out_dtype]).any(|&d| packing::is_packed(d)) {
+            c.push_str(HALF_CONVERSIONS);
+        }
+        if id == prims::SOFTMAX {
+            c.push_str(MAXIMUM);
+            // `expf` for f32 results; for 16-bit ones the hardware's `exp2` (2 units in the last
+            // place of f32, far inside a 16-bit rounding, as `torch.compile`'s kernels take it).
+            let exp = if packing::is_packed(out_dtype) { "exp2f(x * 1.44269504088896341f)" } else { "expf(x)" };
+            let _ = writeln!(c, "__device__ __forceinline__ float bs_exp(float x) {{ return {exp}; }}");
+        }
+        if id == prims::SOFTMAX && rescaled {
+            // A sum of exponentials taken against maximum `from`, against `to` instead (equal
+            // ones, infinities included, need no factor; a NaN stays NaN).
+            c.push_str("__device__ __forceinline__ float bs_rescale(float s, float from, float to) {\n");
+            c.push_str("  return from == to ? s : s * bs_exp(from - to);\n}\n");
+        }
+        c
+    }
 }
 
 /// The kernel for a built-in `softmax` or `layer_norm` bound symbol, or why there is none.
@@ -386,30 +616,9 @@ pub(super) fn row_source(
     shared_limit: usize,
     sm_shared: usize,
 ) -> Result<RowSource, String> {
-    let id = op.symbol().builtin_composite().ok_or_else(|| format!("`{}` is not a built-in composite", op.name()))?;
-    let shape = op.input_shape(0).map_err(|e| e.to_string())?;
-    let cols = *shape.last().ok_or_else(|| format!("`{}` of a rank-0 tensor", op.name()))?;
-    let rows: usize = shape[..shape.len() - 1].iter().product();
+    let RowOp { id, rows, cols, dtypes, out_dtype, mut params, input_lengths } = RowOp::of(op)?;
     let numel = rows * cols;
-    let tensors = op.bound_symbol().inputs().count();
-    let dtypes: Vec<DType> = op.bound_symbol().inputs().map(|v| op.dtype_of(v)).collect();
-    let out_dtype = op.dtype_of(op.bound_symbol().outputs()[0]);
-    let mut input_lengths = vec![packing::words(dtypes[0], numel)];
-    let mut params = vec![format!("const {}* __restrict__ in0", super::codegen::element_type(dtypes[0]))];
-    match id {
-        prims::SOFTMAX if tensors == 1 => {}
-        prims::LAYER_NORM if tensors <= 3 => {
-            for (k, &dtype) in dtypes.iter().enumerate().skip(1) {
-                let s = op.input_shape(k).map_err(|e| e.to_string())?;
-                if s != [cols] {
-                    return Err(format!("layer_norm's weight and bias must be [{cols}], not {s:?}"));
-                }
-                params.push(format!("const {}* __restrict__ in{k}", super::codegen::element_type(dtype)));
-                input_lengths.push(packing::words(dtype, cols));
-            }
-        }
-        _ => return Err(format!("no row kernel for `{}` with {tensors} tensor argument(s)", op.name())),
-    }
+    let tensors = dtypes.len();
     params.push(format!("{}* __restrict__ out0", super::codegen::element_type(out_dtype)));
     params.push("long long n".into());
     let widest = dtypes.iter().chain([&out_dtype]).map(|d| d.size_bytes()).max().unwrap_or(4);
@@ -432,22 +641,7 @@ pub(super) fn row_source(
 
     let mut c = String::new();
     let _ = writeln!(c, "// Generated by boundscope for `{}` over rows of {cols}: {layout:?}.", op.name());
-    if dtypes.iter().chain([&out_dtype]).any(|&d| packing::is_packed(d)) {
-        c.push_str(HALF_CONVERSIONS);
-    }
-    if id == prims::SOFTMAX {
-        c.push_str(MAXIMUM);
-        // `expf` for f32 results; for 16-bit ones the hardware's `exp2` (2 units in the last
-        // place of f32, far inside a 16-bit rounding, as `torch.compile`'s kernels take it).
-        let exp = if packing::is_packed(out_dtype) { "exp2f(x * 1.44269504088896341f)" } else { "expf(x)" };
-        let _ = writeln!(c, "__device__ __forceinline__ float bs_exp(float x) {{ return {exp}; }}");
-    }
-    if id == prims::SOFTMAX && layout.per_thread.is_none() {
-        // A sum of exponentials taken against maximum `from`, against `to` instead (equal ones,
-        // infinities included, need no factor; a NaN stays NaN).
-        c.push_str("__device__ __forceinline__ float bs_rescale(float s, float from, float to) {\n");
-        c.push_str("  return from == to ? s : s * bs_exp(from - to);\n}\n");
-    }
+    c.push_str(&RowOp::preamble(id, &dtypes, out_dtype, layout.per_thread.is_none()));
     // Two blocks of a 16-bit `softmax` row each an SM where their shared memory fits twice
     // (with the kilobyte CUDA reserves per block and the kernel's own arrays): rows of up to
     // 65,536 values kept as read, 8 of a thread's values in registers. A block of 1,024
@@ -510,65 +704,13 @@ pub(super) fn row_source(
         // How far before the row its first access starts.
         let _ = writeln!(c, "    const long long shift = row % {v};");
     }
-    // The column of the row's access `k` (an expression), of its first value.
-    let column = |k: &str| if aligned { format!("({k}) * {v} - shift") } else { format!("({k}) * {v}") };
-    // Whether the access at `col` lies in the row whole (one load or store), and whether it
-    // holds any of the row's values.
-    let whole = if aligned { format!("col >= 0 && col + {v} <= {cols}ll") } else { format!("col < {cols}ll") };
-    let touches = if aligned { format!("valid && col > -{v} && col < {cols}ll") } else { format!("valid && {whole}") };
-    // Per value, where an access is shared with the rows beside it.
-    let in_this_row = |e: &str| format!("col + {e} >= 0 && col + {e} < {cols}ll");
-    // The C that fills `float dst[v]` from the access at `col`: the row's values, and
-    // `neutral` for the rest.
-    let fill = |dst: &str| {
-        let load_whole = load(dtypes[0], v, &x(0, "row + col"), dst);
-        let rest = if aligned {
-            format!(
-                "for (int e = 0; e < {v}; ++e) {{ if (valid && {}) {} else {dst}[e] = {neutral}; }}",
-                in_this_row("e"),
-                load(dtypes[0], 1, &x(0, "row + col + e"), &format!("({dst} + e)"))
-            )
-        } else {
-            format!("for (int e = 0; e < {v}; ++e) {dst}[e] = {neutral};")
-        };
-        format!("if (valid && {whole}) {load_whole}\n      else {{ {rest} }}")
-    };
-    // The C that writes `float y[v]` to the row's values of the access at `col`.
-    let put = |dtype: DType| {
-        let store_whole = store(dtype, v, "out0 + row + col", "y");
-        if aligned {
-            format!(
-                "if ({whole}) {store_whole}\n        else for (int e = 0; e < {v}; ++e) if ({}) {}",
-                in_this_row("e"),
-                store(dtype, 1, "out0 + row + col + e", "(y + e)")
-            )
-        } else {
-            store_whole
-        }
-    };
-    // The C that reads `float p[v]` of a `[cols]` operand `k` at the access's columns.
-    let read_columns = |k: usize, dtype: DType| {
-        let per_value = format!(
-            "for (int e = 0; e < {v}; ++e) {{ if ({}) {} else p[e] = 0.0f; }}",
-            in_this_row("e"),
-            load(dtype, 1, &x(k, "col + e"), "(p + e)")
-        );
-        if aligned && v * dtype.size_bytes() == 16 {
-            // The row's accesses are aligned to the tensor, not to the columns: an access the
-            // row holds whole reads its columns with two aligned accesses and a shift, where
-            // both lie in the operand; the rest a value at a time.
-            format!(
-                "if (col >= 0 && col + {v} <= {cols}ll && {}) {{ uint4 q; {}{} }}\n          else {per_value}",
-                shifted_within(v, "col", &format!("{cols}ll")),
-                load_shifted(dtype, v, &format!("in{k}"), "col", "q"),
-                widen_raw(dtype, v, "q", "p")
-            )
-        } else if aligned {
-            per_value
-        } else {
-            load(dtype, v, &x(k, "col"), "p")
-        }
-    };
+    let accesses = RowAccesses { input: dtypes[0], vector: v, cols, aligned, neutral };
+    let column = |k: &str| accesses.column(k);
+    let (whole, touches) = (accesses.whole(), accesses.touches());
+    let in_this_row = |e: &str| accesses.in_this_row(e);
+    let fill = |dst: &str| accesses.fill(dst);
+    let put = |dtype: DType| accesses.put(dtype);
+    let read_columns = |k: usize, dtype: DType| accesses.read_columns(k, dtype);
     let (open, close) = match layout.per_thread {
         Some(n) if in_registers == n => {
             let col = column(&format!("(long long)j * {t} + lane"));
@@ -660,32 +802,9 @@ pub(super) fn row_source(
         // grows), then the pass that writes: two reads of the row, not three.
         let _ = writeln!(c, "    float m = __int_as_float(0xff800000), acc = 0.0f;");
         let _ = writeln!(c, "{open}");
-        let _ = writeln!(c, "      float mv = m; for (int e = 0; e < {v}; ++e) mv = {};", maximum("mv", "x[e]"));
-        // Rescaled only when the maximum grows (rarely, after the row's first values).
-        let _ = writeln!(c, "      if (mv != m) {{ acc = bs_rescale(acc, m, mv); m = mv; }}");
-        let _ = writeln!(
-            c,
-            "      if (mv != __int_as_float(0xff800000)) for (int e = 0; e < {v}; ++e) acc = acc + bs_exp(x[e] - mv);"
-        );
+        online_softmax_update(&mut c, v);
         let _ = writeln!(c, "{close}");
-        let top = t.min(32);
-        let _ = writeln!(c, "    for (int offset = {}; offset > 0; offset /= 2) {{", top / 2);
-        let _ = writeln!(c, "      const float om = __shfl_xor_sync(0xffffffffu, m, offset);");
-        let _ = writeln!(c, "      const float os = __shfl_xor_sync(0xffffffffu, acc, offset);");
-        let _ = writeln!(c, "      const float mm = {};", maximum("m", "om"));
-        let _ = writeln!(c, "      acc = bs_rescale(acc, m, mm) + bs_rescale(os, om, mm); m = mm;");
-        let _ = writeln!(c, "    }}");
-        if t > 32 {
-            let _ = writeln!(c, "    if (threadIdx.x % 32 == 0) {{ partial[threadIdx.x / 32] = m; partial_sum[threadIdx.x / 32] = acc; }}");
-            let _ = writeln!(c, "    __syncthreads();");
-            let _ = writeln!(c, "    m = partial[0]; acc = partial_sum[0];");
-            let _ = writeln!(c, "    for (int w = 1; w < {}; ++w) {{", t / 32);
-            let _ = writeln!(c, "      const float mm = {};", maximum("m", "partial[w]"));
-            let _ =
-                writeln!(c, "      acc = bs_rescale(acc, m, mm) + bs_rescale(partial_sum[w], partial[w], mm); m = mm;");
-            let _ = writeln!(c, "    }}");
-            let _ = writeln!(c, "    __syncthreads();");
-        }
+        online_softmax_merge(&mut c, t);
         // One division per row, a product per value (within an ulp of dividing each).
         let _ = writeln!(c, "    const float inv_z = 1.0f / acc;");
         let _ = writeln!(c, "{open}");

@@ -278,7 +278,7 @@ fn decode<T, const N: usize>(bytes: &[u8], from: impl Fn([u8; N]) -> T) -> Vec<T
     bytes.chunks_exact(N).map(|c| from(c.try_into().expect("chunks_exact yields N bytes"))).collect()
 }
 
-/// One tensor for [`write`]: its dtype, shape and little-endian bytes.
+/// One tensor for [`write()`]: its dtype, shape and little-endian bytes.
 struct Encoded<'t> {
     dtype: Dtype,
     shape: &'t [usize],

@@ -73,7 +73,7 @@ struct Links {
 impl TcpGroup {
     /// Rank 0 of a group of `world` ranks: accepts the other ranks on `listener`, each saying
     /// its rank and the world size it expects, within `timeout` (also each collective's limit;
-    /// 1 ms to [`MAX_TIMEOUT`](super::MAX_TIMEOUT)).
+    /// 1 ms to [`MAX_TIMEOUT`]).
     ///
     /// # Errors
     /// [`Error::Collective`]: a rank did not connect in time, a connection that is not a rank

@@ -190,7 +190,7 @@ pub trait DeviceKernel: Send + Sync {
 
     /// Reports what the kernel found while the run ran, once the run's device work is done (the
     /// plan calls it on the thread that queued the run, on the run's queue): an id out of range
-    /// is [`Error::IndexOutOfRange`](crate::Error::IndexOutOfRange), returned by the run that
+    /// is [`Error::IndexOutOfRange`], returned by the run that
     /// queued the kernel. Default: nothing to report.
     ///
     /// # Errors

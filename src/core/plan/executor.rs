@@ -161,7 +161,7 @@ pub trait Executor: Any + Send + Sync {
 
     /// The dtypes its kernels take and produce. A plan asks it to claim only bound symbols
     /// whose tensors are all of these dtypes; when no executor takes a bound symbol's dtypes,
-    /// compiling fails with [`Error::UnsupportedDType`](crate::Error::UnsupportedDType), naming
+    /// compiling fails with [`Error::UnsupportedDType`], naming
     /// the op, the dtype and the executors tried. Default: `f32` only, so that a kernel written
     /// for `f32` never sees anything else.
     fn dtypes(&self) -> &[crate::DType] {
@@ -628,7 +628,7 @@ impl<'t> OpView<'t> {
     /// The `(input, output)` positions (tensor inputs, outputs) where this bound symbol's
     /// output `output` updates in place ([`TraceBuilder::update`](crate::TraceBuilder::update))
     /// the trace input it reads at position `input` (and nowhere else), of the same shape and
-    /// dtype: the pairs a device kernel may offer to write over ([`DeviceKernel::in_place`](crate::DeviceKernel::in_place)).
+    /// dtype: the pairs a device kernel may offer to write over ([`DeviceKernel::in_place`]).
     /// Empty for most ops; an optimizer's fused update lists its parameter and its state.
     ///
     /// ```

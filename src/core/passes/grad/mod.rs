@@ -41,7 +41,7 @@ pub const BACKWARD_SCOPE: &str = "backward";
 /// [`BACKWARD_SCOPE`] with the forward op's scope path under it, so that a profile of a
 /// step reads forward, then backward, grouped by module. Guards stay on the forward ops, and
 /// each puts around the backward of what it surrounds what its
-/// [`Guard::on_backward`](crate::guards::Guard::on_backward) says: the built-in profiling
+/// [`Guard::on_backward`] says: the built-in profiling
 /// guards repeat themselves there, labelled `<label> (backward)` (an NVTX range's payload is
 /// the forward op's position), so that one forward op's backward ops get one range per domain;
 /// guards on a scope go to its backward scope. Guards on a composite's subsymbols stay on the

@@ -21,6 +21,15 @@
 //! computed in `float` throughout, rounding only the result (as PyTorch's fused `layer_norm` and
 //! `softmax` kernels do; the CPU reference, which rounds each prim of the decomposition, is
 //! further from exact).
+//!
+//! Few long rows (333 of 50,257 words) leave these kernels at half a copy's speed: a block a
+//! row runs in waves, loading, reducing and writing in turn. Measured on the H200 against
+//! them and not kept, being slower on most of those shapes: a row shared by a cluster of 2-8
+//! blocks through distributed shared memory (0.61-1.24x); a persistent block loading its next
+//! row while it writes this one (0.78-1.09x); two kernels, a row's statistics then its results
+//! by chunk, the second reading from L2 (0.45-1.03x, in two layouts); streaming rows past
+//! 32,768 values rather than keeping them (0.59-1.07x). The branches `experiment/cluster-rows`
+//! and `experiment/split-rows` hold two of them.
 
 use std::fmt::Write as _;
 

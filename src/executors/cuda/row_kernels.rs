@@ -418,10 +418,10 @@ pub(super) fn open_rows(c: &mut String, t: usize, rows: usize, cols: usize) {
     let _ = writeln!(c, "    const long long row = r * {cols}ll;");
 }
 
-/// The C of a row kernel's accesses to its row, of `vector` values each: the generated code
-/// names the row's first element `row`, the access's first column `col`, where the row's
-/// first access starts before it `shift` (accesses [`aligned`](RowLayout::aligned) to the
-/// tensor), and whether the access is the thread's to make `valid`. Inputs are `in0`, `in1`,
+/// The C of a row kernel's accesses to its row, of `vector` values each. The generated code
+/// names the row's first element `row`, the access's first column `col`, whether the access is
+/// the thread's to make `valid`, and, where accesses are [`aligned`](RowLayout::aligned) to the
+/// tensor, how far before the row its first access starts `shift`. Inputs are `in0`, `in1`,
 /// ..., the output `out0`.
 pub(super) struct RowAccesses {
     /// The row's dtype (input 0).

@@ -366,7 +366,7 @@ pub(super) fn row_reduce(c: &mut String, t: usize, combine: &dyn Fn(&str, &str) 
 /// The C that takes the values `float x[vector]` into a thread's running maximum `m` and sum
 /// `acc` of exponentials against it (`softmax` read in one pass: the sum is rescaled as the
 /// maximum grows).
-pub(super) fn online_softmax_update(c: &mut String, v: usize) {
+fn online_softmax_update(c: &mut String, v: usize) {
     let _ = writeln!(c, "      float mv = m; for (int e = 0; e < {v}; ++e) mv = {};", maximum("mv", "x[e]"));
     // Rescaled only when the maximum grows (rarely, after the row's first values).
     let _ = writeln!(c, "      if (mv != m) {{ acc = bs_rescale(acc, m, mv); m = mv; }}");
@@ -379,7 +379,7 @@ pub(super) fn online_softmax_update(c: &mut String, v: usize) {
 /// The C that combines the running maxima `m` and sums `acc` of [`online_softmax_update`] over
 /// the `t` threads of a row (as [`row_reduce`]; past a warp through `__shared__ float
 /// partial[]` and `partial_sum[]`, a slot per warp), so that every thread ends with the row's.
-pub(super) fn online_softmax_merge(c: &mut String, t: usize) {
+fn online_softmax_merge(c: &mut String, t: usize) {
     let top = t.min(32);
     let _ = writeln!(c, "    for (int offset = {}; offset > 0; offset /= 2) {{", top / 2);
     let _ = writeln!(c, "      const float om = __shfl_xor_sync(0xffffffffu, m, offset);");
@@ -423,7 +423,7 @@ pub(super) fn open_rows(c: &mut String, t: usize, rows: usize, cols: usize) {
 /// the thread's to make `valid`, and, where accesses are [`aligned`](RowLayout::aligned) to the
 /// tensor, how far before the row its first access starts `shift`. Inputs are `in0`, `in1`,
 /// ..., the output `out0`.
-pub(super) struct RowAccesses {
+struct RowAccesses {
     /// The row's dtype (input 0).
     pub input: DType,
     pub vector: usize,
@@ -538,7 +538,7 @@ impl RowAccesses {
 }
 
 /// A built-in `softmax` or `layer_norm` bound symbol, as its kernels read it.
-pub(super) struct RowOp {
+struct RowOp {
     /// Which of the two.
     pub id: SymbolId,
     pub rows: usize,

@@ -318,27 +318,88 @@ fn reduction_threads(accesses: usize) -> usize {
 /// 8. `f32` rows keep one: 0.85-1.08x with 2 to 8.
 const SHORT_ROWS_PER_GROUP: usize = 4;
 
-/// What [`short_rows`] writes a reduction's rows from.
-struct ShortRows<'a> {
-    /// Rows a group of `t` lanes takes at once, their loads made before any is used.
-    rows: usize,
-    t: usize,
+/// The values a trailing reduction's loop takes from each of a thread's accesses: the inputs
+/// read whole are loaded an access at a time into `raw{k}[]` (as read, in as few registers as
+/// they take) before any is used, then widened and run value by value through the region's
+/// elementwise ops. Both of its row loops ([`short_rows`] and the general one) write them so.
+struct AccessValues<'a> {
     /// Values per access.
     v: usize,
-    /// The row's length (at most `t * v`: one access a thread).
-    row: usize,
-    init: &'a str,
-    combine: &'a dyn Fn(&str, &str) -> String,
     /// Whether each input is read whole (else broadcast, read per value at `i`).
     full: &'a [bool],
     input_dtypes: &'a [DType],
     /// The C that reads broadcast input `k` at `i`, as a `float`.
     read: &'a dyn Fn(usize) -> String,
+    /// The region's elementwise ops (in terms of `x{k}`, the inputs' values).
     body: &'a str,
-    /// The value reduced.
-    reduced: &'a str,
     /// The C that writes the region's other outputs at `i`.
     written: &'a str,
+}
+
+impl AccessValues<'_> {
+    /// The inputs read whole.
+    fn whole(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.full.len()).filter(|&k| self.full[k])
+    }
+
+    /// Declares `slots` accesses of each input read whole, as read: `raw{k}[slots]`.
+    fn declare(&self, source: &mut String, slots: usize) {
+        use super::row_kernels::raw_type;
+        for k in self.whole() {
+            let _ = writeln!(source, "    {} raw{k}[{slots}];", raw_type(self.input_dtypes[k], self.v));
+        }
+    }
+
+    /// Loads the access at element `at` (declared by the caller) of each input read whole into
+    /// `raw{k}[slot]`.
+    fn load(&self, source: &mut String, slot: &str) {
+        for k in self.whole() {
+            let (dtype, raw) = (self.input_dtypes[k], format!("raw{k}[{slot}]"));
+            let _ =
+                writeln!(source, "    {}", super::row_kernels::load_raw(dtype, self.v, &format!("in{k} + at"), &raw));
+        }
+    }
+
+    /// Opens the loop over the values (`e`) of access `raw{k}[slot]`: each input's value `x{k}`
+    /// (widened from the access, or read per value at `i = at + e`, which `index` defines), the
+    /// region's ops and its other outputs. The caller combines the value reduced and closes
+    /// the loop.
+    fn open_values(&self, source: &mut String, slot: &str, index: bool) {
+        for k in self.whole() {
+            let widen = super::row_kernels::widen_raw(
+                self.input_dtypes[k],
+                self.v,
+                &format!("raw{k}[{slot}]"),
+                &format!("xs{k}"),
+            );
+            let _ = writeln!(source, "    float xs{k}[{}];{widen}", self.v);
+        }
+        let _ = writeln!(source, "    #pragma unroll");
+        let _ = writeln!(source, "    for (int e = 0; e < {}; ++e) {{", self.v);
+        if index {
+            let _ = writeln!(source, "    const long long i = at + e;");
+        }
+        for k in 0..self.full.len() {
+            let read = if self.full[k] { format!("xs{k}[e]") } else { (self.read)(k) };
+            let _ = writeln!(source, "    const float x{k} = {read};");
+        }
+        source.push_str(self.body);
+        source.push_str(self.written);
+    }
+}
+
+/// What [`short_rows`] writes a reduction's rows from.
+struct ShortRows<'a> {
+    /// Rows a group of `t` lanes takes at once, their loads made before any is used.
+    rows: usize,
+    t: usize,
+    /// The row's length (at most `t * v`: one access a thread).
+    row: usize,
+    init: &'a str,
+    combine: &'a dyn Fn(&str, &str) -> String,
+    values: &'a AccessValues<'a>,
+    /// The value reduced.
+    reduced: &'a str,
     /// The reduction's output and its dtype, where the region outputs it.
     result: Option<(usize, DType)>,
 }
@@ -348,42 +409,24 @@ struct ShortRows<'a> {
 /// access of each of `rows` rows (`stride / t` apart, so that a warp's loads of one row cover
 /// consecutive rows), then reduces them one by one.
 fn short_rows(source: &mut String, s: &ShortRows<'_>) {
-    use super::row_kernels::{load_raw, raw_type, widen_raw};
-    let ShortRows { rows: g, t, v, row, init, .. } = *s;
-    let whole: Vec<usize> = (0..s.full.len()).filter(|&k| s.full[k]).collect();
+    let ShortRows { rows: g, t, row, init, values, .. } = *s;
+    let v = values.v;
     let _ = writeln!(source, "  const long long groups = stride / {t};");
     let _ = writeln!(source, "  for (long long r0 = lead; r0 < rows; r0 += {g}ll * groups) {{");
     let _ = writeln!(source, "    const long long c = (long long)lane * {v};");
-    for &k in &whole {
-        let _ = writeln!(source, "    {} raw{k}[{g}];", raw_type(s.input_dtypes[k], v));
-    }
+    values.declare(source, g);
     let _ = writeln!(source, "    #pragma unroll");
     let _ = writeln!(source, "    for (int q = 0; q < {g}; ++q) {{");
     let _ = writeln!(source, "      const long long r = r0 + (first - lead) + q * groups;");
     let _ = writeln!(source, "      if (r < rows && c < {row}ll) {{ const long long at = r * {row}ll + c;");
-    for &k in &whole {
-        let _ =
-            writeln!(source, "      {}", load_raw(s.input_dtypes[k], v, &format!("in{k} + at"), &format!("raw{k}[q]")));
-    }
+    values.load(source, "q");
     let _ = writeln!(source, "    }} }}");
     let _ = writeln!(source, "    #pragma unroll");
     let _ = writeln!(source, "    for (int q = 0; q < {g}; ++q) {{");
     let _ = writeln!(source, "      const long long r = r0 + (first - lead) + q * groups;");
     let _ = writeln!(source, "      float acc = {init};");
     let _ = writeln!(source, "      if (r < rows && c < {row}ll) {{ const long long at = r * {row}ll + c;");
-    for &k in &whole {
-        let widen = widen_raw(s.input_dtypes[k], v, &format!("raw{k}[q]"), &format!("xs{k}"));
-        let _ = writeln!(source, "      float xs{k}[{v}];{widen}");
-    }
-    let _ = writeln!(source, "      #pragma unroll");
-    let _ = writeln!(source, "      for (int e = 0; e < {v}; ++e) {{");
-    let _ = writeln!(source, "      const long long i = at + e;");
-    for k in 0..s.full.len() {
-        let read = if s.full[k] { format!("xs{k}[e]") } else { (s.read)(k) };
-        let _ = writeln!(source, "      const float x{k} = {read};");
-    }
-    source.push_str(s.body);
-    source.push_str(s.written);
+    values.open_values(source, "q", true);
     let _ = writeln!(source, "      acc = {};", (s.combine)("acc", s.reduced));
     let _ = writeln!(source, "      }}\n      }}");
     super::row_kernels::row_reduce(source, t, s.combine);
@@ -695,22 +738,20 @@ fn generate(
             .filter(|(_, v)| **v != result)
             .map(|(o, v)| format!("    out{o}[i] = {};\n", narrow(output_dtypes[o], &format!("t{}", v.index()))))
             .collect();
+        let read = |k: usize| read_as_float(k, index_expression(k, &shape, &input_shapes[k]));
+        let values =
+            AccessValues { v, full: &full, input_dtypes: &input_dtypes, read: &read, body: &body, written: &written };
         if group_rows > 1 {
             short_rows(
                 &mut source,
                 &ShortRows {
                     rows: group_rows,
                     t,
-                    v,
                     row,
                     init,
                     combine: &combine,
-                    full: &full,
-                    input_dtypes: &input_dtypes,
-                    read: &|k| read_as_float(k, index_expression(k, &shape, &input_shapes[k])),
-                    body: &body,
+                    values: &values,
                     reduced: &value_name(reduced),
-                    written: &written,
                     result: outputs.iter().position(|&v| v == result).map(|o| (o, output_dtypes[o])),
                 },
             );
@@ -757,39 +798,16 @@ fn generate(
             let _ = writeln!(source, "    for (long long c0 = lane * {v}; c0 < {row}ll; c0 += {}ll) {{", loads * step);
             (format!("const long long c = c0 + (long long)u * {step}; if (c < {row}ll)"), format!("r * {row}ll + c"))
         };
-        // The accesses are kept as read (16-bit values widened only when used), in as few
-        // registers as they take.
-        use super::row_kernels::{load_raw, raw_type, widen_raw};
-        let whole_inputs: Vec<usize> = (0..full.len()).filter(|&k| full[k]).collect();
-        for &k in &whole_inputs {
-            let _ = writeln!(source, "    {} raw{k}[{loads}];", raw_type(input_dtypes[k], v));
-        }
+        values.declare(&mut source, loads);
         let _ = writeln!(source, "    #pragma unroll");
         let _ = writeln!(source, "    for (int u = 0; u < {loads}; ++u) {{ {next} {{ const long long at = {at};");
-        for &k in &whole_inputs {
-            let _ =
-                writeln!(source, "    {}", load_raw(input_dtypes[k], v, &format!("in{k} + at"), &format!("raw{k}[u]")));
-        }
+        values.load(&mut source, "u");
         let _ = writeln!(source, "    }} }}");
         let _ = writeln!(source, "    #pragma unroll");
         let _ = writeln!(source, "    for (int u = 0; u < {loads}; ++u) {{ {next} {{ const long long at = {at};");
-        for &k in &whole_inputs {
-            let widen = widen_raw(input_dtypes[k], v, &format!("raw{k}[u]"), &format!("xs{k}"));
-            let _ = writeln!(source, "    float xs{k}[{v}];{widen}");
-        }
-        let _ = writeln!(source, "    #pragma unroll");
-        let _ = writeln!(source, "    for (int e = 0; e < {v}; ++e) {{");
-        if !aligned {
-            // (The index of broadcast reads and of outputs written per value; the aligned path
-            // has neither.)
-            let _ = writeln!(source, "    const long long i = at + e;");
-        }
-        for (k, s) in input_shapes.iter().enumerate() {
-            let read = if full[k] { format!("xs{k}[e]") } else { read_as_float(k, index_expression(k, &shape, s)) };
-            let _ = writeln!(source, "    const float x{k} = {read};");
-        }
-        source.push_str(&body);
-        source.push_str(&written);
+        // (The index of broadcast reads and of outputs written per value; the aligned path has
+        // neither.)
+        values.open_values(&mut source, "u", !aligned);
         let guard = if aligned { format!("if (o + e >= 0 && o + e < {row}) ") } else { String::new() };
         let _ = writeln!(source, "    {guard}accs[e] = {};", combine("accs[e]", &value_name(reduced)));
         let _ = writeln!(source, "    }}\n    }} }}\n    }}");

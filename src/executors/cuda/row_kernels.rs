@@ -432,6 +432,8 @@ struct RowAccesses {
     pub aligned: bool,
     /// What a value outside the row reads as (C).
     pub neutral: &'static str,
+    /// The same as a 16-bit value kept as read (C): for kernels that keep the row as read.
+    pub raw_neutral: &'static str,
 }
 
 impl RowAccesses {
@@ -491,6 +493,23 @@ impl RowAccesses {
         } else {
             format!("for (int e = 0; e < {v}; ++e) {dst}[e] = {neutral};")
         }
+    }
+
+    /// The C that fills `*dst` (`dst` a pointer to [`raw_type`]: 16-bit values as read) from the access at
+    /// `col`: one load where the row holds it whole, else the row's values one by one and
+    /// `raw_neutral` for the rest, as [`fill`](Self::fill) does in `float`s.
+    pub fn fill_raw(&self, dst: &str) -> String {
+        let (v, raw_neutral) = (self.vector, self.raw_neutral);
+        let whole_load = load_raw(self.input, v, "in0 + row + col", &format!("*{dst}"));
+        let rest = if self.aligned {
+            format!("(valid && {}) ? *(in0 + row + col + e) : {raw_neutral}", self.in_this_row("e"))
+        } else {
+            raw_neutral.to_string()
+        };
+        format!(
+            "if (valid && {}) {whole_load}\n      else {{ unsigned short parts[{v}]; for (int e = 0; e < {v}; ++e) parts[e] = {rest}; memcpy({dst}, parts, sizeof(parts)); }}",
+            self.whole()
+        )
     }
 
     /// The C that writes `float y[vector]` to the row's values of the access at `col`, as
@@ -697,7 +716,6 @@ pub(super) fn row_source(
     let reduce = |c: &mut String, combine: &dyn Fn(&str, &str) -> String| row_reduce(c, t, combine);
     let sum = |a: &str, b: &str| format!("{a} + {b}");
     let max = |a: &str, b: &str| maximum(a, b);
-    let x = |k: usize, at: &str| format!("in{k} + {at}");
     // The passes: over registers (`j`: the thread's accesses), or, streamed, over the row.
     let cached = layout.per_thread.is_some();
     // What a value outside the row reads as: nothing to the row's maximum or sum.
@@ -713,9 +731,9 @@ pub(super) fn row_source(
         // How far before the row its first access starts.
         let _ = writeln!(c, "    const long long shift = row % {v};");
     }
-    let accesses = RowAccesses { input: dtypes[0], vector: v, cols, aligned, neutral };
+    let accesses = RowAccesses { input: dtypes[0], vector: v, cols, aligned, neutral, raw_neutral };
     let column = |k: &str| accesses.column(k);
-    let (whole, touches) = (accesses.whole(), accesses.touches());
+    let touches = accesses.touches();
     let in_this_row = |e: &str| accesses.in_this_row(e);
     let fill = |dst: &str| accesses.fill(dst);
     let put = |dtype: DType| accesses.put(dtype);
@@ -754,17 +772,8 @@ pub(super) fn row_source(
                 let _ = writeln!(c, "      const long long col = {col};");
                 if raw_shared && dst == &in_shared {
                     // As read, the values outside the row `neutral` in 16 bits.
-                    let whole_load = load_raw(dtypes[0], v, &x(0, "row + col"), "*dst");
-                    let rest = if aligned {
-                        format!("(valid && {}) ? *({}) : {raw_neutral}", in_this_row("e"), x(0, "row + col + e"))
-                    } else {
-                        raw_neutral.to_string()
-                    };
                     let _ = writeln!(c, "      {raw}* const dst = {dst};");
-                    let _ = writeln!(
-                        c,
-                        "      if (valid && {whole}) {whole_load}\n      else {{ unsigned short parts[{v}]; for (int e = 0; e < {v}; ++e) parts[e] = {rest}; memcpy(dst, parts, sizeof(parts)); }}"
-                    );
+                    let _ = writeln!(c, "      {}", accesses.fill_raw("dst"));
                 } else {
                     let _ = writeln!(c, "      float* const dst = {dst};");
                     let _ = writeln!(c, "      {}", fill("dst"));

@@ -29,7 +29,12 @@
 //! row while it writes this one (0.78-1.09x); two kernels, a row's statistics then its results
 //! by chunk, the second reading from L2 (0.45-1.03x, in two layouts); streaming rows past
 //! 32,768 values rather than keeping them (0.59-1.07x). The branches `experiment/cluster-rows`
-//! and `experiment/split-rows` hold two of them.
+//! and `experiment/split-rows` hold two of them. Taking a kept row's statistics in one pass as
+//! it arrives (`softmax`'s maximum and sum online, `layer_norm`'s mean and squared deviations
+//! an access at a time, merged by Chan et al.'s update) was slower too: 0.76-0.91x over few
+//! long rows, 0.76-1.01x over others of 2^24 values or more ([4096, 1024] moved by 15% between
+//! identical kernels). Over few long rows these kernels are bound by their instructions as
+//! much as by memory (every SM in the same phase at once).
 
 use std::fmt::Write as _;
 

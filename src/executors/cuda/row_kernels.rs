@@ -500,9 +500,9 @@ impl RowAccesses {
         }
     }
 
-    /// The C that fills `*dst` (`dst` a pointer to [`raw_type`]: 16-bit values as read) from the access at
-    /// `col`: one load where the row holds it whole, else the row's values one by one and
-    /// `raw_neutral` for the rest, as [`fill`](Self::fill) does in `float`s.
+    /// The C that fills `*dst` (`dst` points to a [`raw_type`]: 16-bit values as read) from
+    /// the access at `col`: one load where the row holds it whole, else the row's values one by
+    /// one and `raw_neutral` for the rest, as [`fill`](Self::fill) does in `float`s.
     pub fn fill_raw(&self, dst: &str) -> String {
         let (v, raw_neutral) = (self.vector, self.raw_neutral);
         let whole_load = load_raw(self.input, v, "in0 + row + col", &format!("*{dst}"));

@@ -435,13 +435,31 @@ struct RowAccesses {
     pub cols: usize,
     /// Whether accesses are aligned to the tensor ([`RowLayout::aligned`]).
     pub aligned: bool,
-    /// What a value outside the row reads as (C).
-    pub neutral: &'static str,
-    /// The same as a 16-bit value kept as read (C): for kernels that keep the row as read.
-    pub raw_neutral: &'static str,
+    /// Whether a value outside the row must be nothing to the row's maximum (`softmax`'s), not
+    /// to its sum (`layer_norm`'s): see [`neutral`](Self::neutral).
+    pub for_maximum: bool,
 }
 
 impl RowAccesses {
+    /// What a value outside the row reads as (C): -infinity for a maximum, 0 for a sum.
+    pub fn neutral(&self) -> &'static str {
+        if self.for_maximum {
+            "__int_as_float(0xff800000)"
+        } else {
+            "0.0f"
+        }
+    }
+
+    /// [`neutral`](Self::neutral) as a 16-bit value kept as read (C): -infinity's bits in bf16
+    /// or f16, or 0.
+    pub fn raw_neutral(&self) -> &'static str {
+        match (self.for_maximum, self.input) {
+            (true, DType::BF16) => "(unsigned short)0xff80",
+            (true, _) => "(unsigned short)0xfc00",
+            _ => "(unsigned short)0",
+        }
+    }
+
     /// The column of the row's access `k` (an expression), of its first value.
     pub fn column(&self, k: &str) -> String {
         let v = self.vector;
@@ -488,7 +506,7 @@ impl RowAccesses {
     /// The C that fills `float dst[vector]` from an access at `col` that the row does not
     /// hold whole: its values that are the row's (one by one), `neutral` for the rest.
     pub fn fill_part(&self, dst: &str) -> String {
-        let (v, neutral) = (self.vector, self.neutral);
+        let (v, neutral) = (self.vector, self.neutral());
         if self.aligned {
             format!(
                 "for (int e = 0; e < {v}; ++e) {{ if (valid && {}) {} else {dst}[e] = {neutral}; }}",
@@ -504,7 +522,7 @@ impl RowAccesses {
     /// the access at `col`: one load where the row holds it whole, else the row's values one by
     /// one and `raw_neutral` for the rest, as [`fill`](Self::fill) does in `float`s.
     pub fn fill_raw(&self, dst: &str) -> String {
-        let (v, raw_neutral) = (self.vector, self.raw_neutral);
+        let (v, raw_neutral) = (self.vector, self.raw_neutral());
         let whole_load = load_raw(self.input, v, "in0 + row + col", &format!("*{dst}"));
         let rest = if self.aligned {
             format!("(valid && {}) ? *(in0 + row + col + e) : {raw_neutral}", self.in_this_row("e"))
@@ -723,34 +741,23 @@ pub(super) fn row_source(
     let max = |a: &str, b: &str| maximum(a, b);
     // The passes: over registers (`j`: the thread's accesses), or, streamed, over the row.
     let cached = layout.per_thread.is_some();
-    // What a value outside the row reads as: nothing to the row's maximum or sum.
-    let neutral = if id == prims::SOFTMAX { "__int_as_float(0xff800000)" } else { "0.0f" };
-    // The same, as a 16-bit value kept as read: -infinity's bits in bf16 or f16, or 0.
-    let raw_neutral = match (id == prims::SOFTMAX, dtypes[0]) {
-        (true, DType::BF16) => "(unsigned short)0xff80",
-        (true, _) => "(unsigned short)0xfc00",
-        _ => "(unsigned short)0",
-    };
     let aligned = layout.aligned;
     if aligned {
         // How far before the row its first access starts.
         let _ = writeln!(c, "    const long long shift = row % {v};");
     }
-    let accesses = RowAccesses { input: dtypes[0], vector: v, cols, aligned, neutral, raw_neutral };
-    let column = |k: &str| accesses.column(k);
+    // Values outside the row are nothing to `softmax`'s maximum and sum, and to `layer_norm`'s
+    // sums.
+    let accesses = RowAccesses { input: dtypes[0], vector: v, cols, aligned, for_maximum: id == prims::SOFTMAX };
     let touches = accesses.touches();
-    let in_this_row = |e: &str| accesses.in_this_row(e);
-    let fill = |dst: &str| accesses.fill(dst);
-    let put = |dtype: DType| accesses.put(dtype);
-    let read_columns = |k: usize, dtype: DType| accesses.read_columns(k, dtype);
     let (open, close) = match layout.per_thread {
         Some(n) if in_registers == n => {
-            let col = column(&format!("(long long)j * {t} + lane"));
+            let col = accesses.column(&format!("(long long)j * {t} + lane"));
             let _ = writeln!(c, "    float v[{}];", n * v);
             let _ = writeln!(c, "    #pragma unroll");
             let _ = writeln!(c, "    for (int j = 0; j < {n}; ++j) {{");
             let _ = writeln!(c, "      const long long col = {col};");
-            let _ = writeln!(c, "      {}", fill(&format!("(v + j * {v})")));
+            let _ = writeln!(c, "      {}", accesses.fill(&format!("(v + j * {v})")));
             let _ = writeln!(c, "    }}");
             (
                 format!("    #pragma unroll\n    for (int j = 0; j < {n}; ++j) {{ const long long col = {col}; const bool in_row = {touches}; float* const x = v + j * {v};"),
@@ -762,7 +769,7 @@ pub(super) fn row_source(
         // is a lambda over an access, run over both.
         Some(n) => {
             let r = in_registers;
-            let col = column(&format!("(long long)j * {t} + lane"));
+            let col = accesses.column(&format!("(long long)j * {t} + lane"));
             // Registers are indexed only where the loop is unrolled (a constant index), or they
             // would go to local memory.
             let (in_registers, in_shared) = if raw_shared {
@@ -781,7 +788,7 @@ pub(super) fn row_source(
                     let _ = writeln!(c, "      {}", accesses.fill_raw("dst"));
                 } else {
                     let _ = writeln!(c, "      float* const dst = {dst};");
-                    let _ = writeln!(c, "      {}", fill("dst"));
+                    let _ = writeln!(c, "      {}", accesses.fill("dst"));
                 }
                 let _ = writeln!(c, "    }}");
             }
@@ -812,9 +819,9 @@ pub(super) fn row_source(
             (
                 format!(
                     "    for (long long col0 = {}; col0 < {cols}ll; col0 += {}ll) {{ float xs[{u}][{v}];\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const long long col = col0 + (long long)u * {step}; {} }}\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const long long col = col0 + (long long)u * {step}; const bool in_row = {touches}; float* const x = xs[u];",
-                    column("(long long)lane"),
+                    accesses.column("(long long)lane"),
                     u * step,
-                    fill("xs[u]"),
+                    accesses.fill("xs[u]"),
                 ),
                 "    } }".to_string(),
             )
@@ -835,7 +842,7 @@ pub(super) fn row_source(
             c,
             "      if (in_row) {{ float y[{v}]; for (int e = 0; e < {v}; ++e) y[e] = bs_exp(x[e] - m) * inv_z;"
         );
-        let _ = writeln!(c, "        {} }}", put(out_dtype));
+        let _ = writeln!(c, "        {} }}", accesses.put(out_dtype));
         let _ = writeln!(c, "{close}");
     } else if id == prims::SOFTMAX {
         let _ = writeln!(c, "    float acc = __int_as_float(0xff800000);");
@@ -859,7 +866,7 @@ pub(super) fn row_source(
         let _ = writeln!(c, "    const float inv_z = 1.0f / acc;");
         let _ = writeln!(c, "{open}");
         let _ = writeln!(c, "      if (in_row) {{ float y[{v}]; for (int e = 0; e < {v}; ++e) y[e] = {exp} * inv_z;");
-        let _ = writeln!(c, "        {} }}", put(out_dtype));
+        let _ = writeln!(c, "        {} }}", accesses.put(out_dtype));
         let _ = writeln!(c, "{close}");
     } else {
         let eps = op.scalar(1).map_err(|e| e.to_string())?;
@@ -875,7 +882,7 @@ pub(super) fn row_source(
         let _ = writeln!(
             c,
             "      if (in_row) for (int e = 0; e < {v}; ++e) if ({}) {{ const float d = x[e] - mean; acc = acc + d * d; }}",
-            if aligned { in_this_row("e") } else { "true".to_string() }
+            if aligned { accesses.in_this_row("e") } else { "true".to_string() }
         );
         let _ = writeln!(c, "{close}");
         reduce(&mut c, &sum);
@@ -885,11 +892,11 @@ pub(super) fn row_source(
         let _ = writeln!(c, "      if (in_row) {{ float y[{v}];");
         let _ = writeln!(c, "        for (int e = 0; e < {v}; ++e) y[e] = (x[e] - mean) * inv_std;");
         for (k, &dtype) in dtypes.iter().enumerate().skip(1) {
-            let _ = writeln!(c, "        {{ float p[{v}]; {}", read_columns(k, dtype));
+            let _ = writeln!(c, "        {{ float p[{v}]; {}", accesses.read_columns(k, dtype));
             let combine = if k == 1 { "y[e] = y[e] * p[e]" } else { "y[e] = y[e] + p[e]" };
             let _ = writeln!(c, "          for (int e = 0; e < {v}; ++e) {combine}; }}");
         }
-        let _ = writeln!(c, "        {} }}", put(out_dtype));
+        let _ = writeln!(c, "        {} }}", accesses.put(out_dtype));
         let _ = writeln!(c, "{close}");
     }
     let _ = writeln!(c, "  }}\n}}");

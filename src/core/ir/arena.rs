@@ -5,6 +5,8 @@
 //! is ever put in the arena (bumpalo would not run it); this is asserted at compile time for the
 //! IR types.
 
+use std::cell::Cell;
+
 use bumpalo::Bump;
 
 /// Memory that traces are built in. Owned by the caller, reusable with [`Arena::reset`].
@@ -28,20 +30,32 @@ use bumpalo::Bump;
 #[derive(Default)]
 pub struct Arena {
     bump: Bump,
+    /// The bound symbols and values of the last trace finished in this arena, which
+    /// [`TraceBuilder::new`](crate::TraceBuilder::new) reserves room for.
+    last_trace: Cell<TraceSize>,
+}
+
+/// How many bound symbols and values a trace has.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TraceSize {
+    pub(crate) bound_symbols: usize,
+    pub(crate) values: usize,
 }
 
 impl Arena {
     /// An empty arena; it allocates its first chunk on first use.
     pub fn new() -> Self {
-        Self { bump: Bump::new() }
+        Self::default()
     }
 
     /// An arena with room for `bytes` bytes before it asks the system for more.
     pub fn with_capacity(bytes: usize) -> Self {
-        Self { bump: Bump::with_capacity(bytes) }
+        Self { bump: Bump::with_capacity(bytes), last_trace: Cell::default() }
     }
 
-    /// Forgets everything allocated, keeping the largest chunk for reuse.
+    /// Forgets everything allocated, keeping the largest chunk for reuse, and the size of the
+    /// last trace finished in it, which the next [`TraceBuilder::new`](crate::TraceBuilder::new)
+    /// reserves room for: a trace built again the same way does not grow its lists.
     ///
     /// Takes `&mut self`, so no trace built in this arena can still be alive.
     pub fn reset(&mut self) {
@@ -51,6 +65,15 @@ impl Arena {
     /// Bytes currently reserved from the system by this arena.
     pub fn allocated_bytes(&self) -> usize {
         self.bump.allocated_bytes()
+    }
+
+    /// The size of the last trace finished in this arena.
+    pub(crate) fn last_trace(&self) -> TraceSize {
+        self.last_trace.get()
+    }
+
+    pub(crate) fn set_last_trace(&self, size: TraceSize) {
+        self.last_trace.set(size);
     }
 
     pub(crate) fn bump(&self) -> &Bump {

@@ -90,13 +90,32 @@ pub struct BoundSymbol<'a> {
     pub(crate) args: &'a [Arg<'a>],
     pub(crate) outputs: &'a [ValueId],
     pub(crate) subsymbols: &'a [BoundSymbol<'a>],
+    /// What few bound symbols have, kept apart so that a bound symbol is 64 bytes: a trace
+    /// copies its list of them as the list grows.
+    pub(crate) extras: Option<&'a Extras<'a>>,
+}
+
+// Kept small: a trace's list of bound symbols is written, and copied as it grows, once per op.
+#[cfg(target_pointer_width = "64")]
+const _: () = assert!(std::mem::size_of::<BoundSymbol<'static>>() == 64);
+
+/// A bound symbol's comment, own name and fusion mark, where it has any.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct Extras<'a> {
     pub(crate) comment: Option<&'a str>,
     /// The name listings and ranges use instead of the symbol's (fusion regions:
     /// `CpuFusion0`).
     pub(crate) name: Option<&'a str>,
     /// For a fusion region: whose fusion made it (set only by `passes::FuseRegions`, kept by
     /// copies).
-    pub(crate) fused_by: Option<&'a FusedBy>,
+    pub(crate) fused_by: Option<FusedBy>,
+}
+
+impl<'a> Extras<'a> {
+    /// Extras holding only `comment`, in `arena`; none without a comment.
+    pub(crate) fn comment(arena: &'a crate::Arena, comment: Option<&str>) -> Option<&'a Extras<'a>> {
+        comment.map(|c| &*arena.bump().alloc(Extras { comment: Some(arena.alloc_str(c)), ..Extras::default() }))
+    }
 }
 
 /// Which executor's fusion made a region: the concrete type of the executor that
@@ -143,11 +162,16 @@ impl<'a> BoundSymbol<'a> {
     /// Its own name, if it has one instead of its symbol's (fusion regions are named
     /// `<Executor>Fusion<N>`).
     pub fn name(&self) -> Option<&'a str> {
-        self.name
+        self.extras.and_then(|e| e.name)
     }
 
     /// The header comment printed above it in listings, if any.
     pub fn comment(&self) -> Option<&'a str> {
-        self.comment
+        self.extras.and_then(|e| e.comment)
+    }
+
+    /// For a fusion region: whose fusion made it.
+    pub(crate) fn fused_by(&self) -> Option<FusedBy> {
+        self.extras.and_then(|e| e.fused_by)
     }
 }

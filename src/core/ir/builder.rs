@@ -7,8 +7,8 @@
 
 use smallvec::SmallVec;
 
-use super::arena::{Arena, ArenaVec};
-use super::bound_symbol::{Arg, BoundSymbol, FusedBy};
+use super::arena::{Arena, ArenaVec, TraceSize};
+use super::bound_symbol::{Arg, BoundSymbol, Extras, FusedBy};
 use super::ids::{SymbolId, ValueId};
 use super::meta::{DType, TensorMeta, ValueMeta};
 use super::registry::Registry;
@@ -70,6 +70,28 @@ pub struct TraceBuilder<'a> {
     updates: Vec<(ValueId, ValueId)>,
 }
 
+/// Appends a bound symbol made of these parts to `level`. Built here, from the parts, it is
+/// written straight into the list: built by the caller and passed in, it would travel through
+/// the stack, whose wider reads stall on its narrower writes.
+#[inline(never)]
+fn push_bound_symbol<'a>(
+    level: &mut ArenaVec<'a, BoundSymbol<'a>>,
+    symbol: SymbolId,
+    args: &'a [Arg<'a>],
+    outputs: &'a [ValueId],
+    subsymbols: &'a [BoundSymbol<'a>],
+    extras: Option<&'a Extras<'a>>,
+) {
+    level.push(BoundSymbol { symbol, args, outputs, subsymbols, extras });
+}
+
+/// Appends a value's metadata to `values`, written straight into the list as in
+/// [`push_bound_symbol`].
+#[inline(never)]
+fn push_value<'a>(values: &mut ArenaVec<'a, ValueMeta<'a>>, dtype: DType, shape: &'a [usize]) {
+    values.push(ValueMeta { dtype, shape });
+}
+
 /// Why `value` cannot replace `input` after each run, if it cannot: `input` must be an input,
 /// `value` an output of the same dtype and shape, and not an input itself.
 pub(super) fn check_update(
@@ -110,9 +132,13 @@ impl<'a> TraceBuilder<'a> {
     /// not a stack overflow. Recursion that ends within it is allowed.
     pub const MAX_DECOMPOSITION_DEPTH: usize = 64;
 
-    /// An empty builder over symbols from `registry`, allocating in `arena`.
+    /// An empty builder over symbols from `registry`, allocating in `arena`, with room for as
+    /// many bound symbols and values as the last trace finished in `arena` had (at least 16,
+    /// at most [`MAX_RESERVED`](Self::MAX_RESERVED)): a trace built again in a reused arena
+    /// does not grow its lists.
     pub fn new(arena: &'a Arena, registry: &'a Registry) -> Self {
-        Self::with_capacity(arena, registry, 16)
+        let last = arena.last_trace();
+        Self::with_room(arena, registry, last.bound_symbols.max(16), last.values.max(24))
     }
 
     /// An empty builder with room for about `bound_symbols` top-level bound symbols (and as many
@@ -130,9 +156,15 @@ impl<'a> TraceBuilder<'a> {
     /// assert!(b.finish().unwrap().is_empty());
     /// ```
     pub fn with_capacity(arena: &'a Arena, registry: &'a Registry, bound_symbols: usize) -> Self {
+        Self::with_room(arena, registry, bound_symbols, bound_symbols.saturating_add(8))
+    }
+
+    /// An empty builder with room for `bound_symbols` top-level bound symbols and `values`
+    /// values, each at most [`MAX_RESERVED`](Self::MAX_RESERVED).
+    fn with_room(arena: &'a Arena, registry: &'a Registry, bound_symbols: usize, values: usize) -> Self {
         let bump = arena.bump();
         let bound_symbols = bound_symbols.min(Self::MAX_RESERVED);
-        let values = bound_symbols + 8;
+        let values = values.min(Self::MAX_RESERVED);
         let mut levels = ArenaVec::with_capacity_in(4, bump);
         levels.push(ArenaVec::with_capacity_in(bound_symbols, bump));
         Self {
@@ -448,6 +480,9 @@ impl<'a> TraceBuilder<'a> {
         if args.len() < def.required || args.len() > def.params.len() {
             return Err(Error::ArityMismatch { symbol: name.clone(), expected: def.arity_text(), got: args.len() });
         }
+        // One pass over the arguments: each one's kind and definedness, and what the shape rule
+        // sees of it.
+        let mut infos: SmallVec<[ArgInfo<'_>; 4]> = SmallVec::new();
         for (position, (arg, kind)) in args.iter().zip(&def.params).enumerate() {
             if !kind.accepts(arg) {
                 return Err(Error::ArgumentKind {
@@ -457,23 +492,17 @@ impl<'a> TraceBuilder<'a> {
                     got: arg.kind_name(),
                 });
             }
-            if let Arg::Value(v) = arg {
-                self.check_defined(*v, name)?;
-            }
-        }
-        let args = self.copy_args(args);
-        let infos: SmallVec<[ArgInfo<'a>; 4]> = args
-            .iter()
-            .map(|arg| match *arg {
+            infos.push(match *arg {
                 Arg::Value(v) => {
+                    self.check_defined(v, name)?;
                     let m = self.values[v.index()];
                     ArgInfo::Tensor { dtype: m.dtype, shape: m.shape }
                 }
                 Arg::Scalar(s) => ArgInfo::Scalar(s),
                 Arg::Dims(d) => ArgInfo::Dims(d),
                 Arg::DType(d) => ArgInfo::DType(d),
-            })
-            .collect();
+            });
+        }
         let rule = def
             .shape_rule
             .as_ref()
@@ -483,8 +512,18 @@ impl<'a> TraceBuilder<'a> {
             shapes: infos.iter().filter_map(|i| i.shape()).map(<[usize]>::to_vec).collect(),
             detail,
         };
-        let meta = rule(&infos).map_err(shape_error)?;
-        if super::meta::checked_numel(&meta.shape).is_none() {
+        // Read where the rule wrote it: moving it out would copy it through the stack.
+        let result = rule(&infos);
+        let meta = result.as_ref().map_err(|detail| shape_error(detail.clone()))?;
+        // Most results have the shape of a tensor argument: they share its copy (checked when it
+        // was defined).
+        let result_shape: &[usize] = &meta.shape;
+        let argument_shape = args
+            .iter()
+            .filter_map(Arg::value)
+            .map(|v| self.values[v.index()].shape)
+            .find(|&shape| super::meta::same_dims(shape, result_shape));
+        if argument_shape.is_none() && super::meta::checked_numel(result_shape).is_none() {
             return Err(shape_error(format!(
                 "the result {:?} cannot be used: {}",
                 meta.shape.as_slice(),
@@ -492,6 +531,7 @@ impl<'a> TraceBuilder<'a> {
             )));
         }
 
+        let args = self.copy_args(args);
         // Taken before the decomposition runs, so that its subsymbols do not consume it.
         let comment = self.pending_comment.take();
         let (output, subsymbols) = match &def.decomposition {
@@ -536,11 +576,15 @@ impl<'a> TraceBuilder<'a> {
                 self.defined[output.index()] = true;
                 (output, level.into_bump_slice())
             }
-            None => (self.new_value(&meta), &[][..]),
+            None => {
+                let shape = argument_shape.unwrap_or_else(|| self.arena.alloc_slice_copy(&meta.shape));
+                (self.define(ValueMeta { dtype: meta.dtype, shape }), &[][..])
+            }
         };
         let outputs = std::slice::from_ref(self.arena.bump().alloc(output));
-        let bound = BoundSymbol { symbol, args, outputs, subsymbols, comment, name: None, fused_by: None };
-        self.current_level().push(bound);
+        let extras =
+            comment.map(|comment| &*self.arena.bump().alloc(Extras { comment: Some(comment), ..Extras::default() }));
+        push_bound_symbol(self.current_level(), symbol, args, outputs, subsymbols, extras);
         Ok(output)
     }
 
@@ -554,6 +598,14 @@ impl<'a> TraceBuilder<'a> {
             }
         }
         self.current_level().push(copied);
+    }
+
+    /// As [`push_copy`](Self::push_copy), with `comment` in place of the bound symbol's own.
+    pub(crate) fn push_copy_with_comment(&mut self, bound_symbol: &BoundSymbol<'_>, comment: Option<&str>) {
+        let mut extras = bound_symbol.extras.copied().unwrap_or_default();
+        extras.comment = comment;
+        let no_extras = extras.comment.is_none() && extras.name.is_none() && extras.fused_by.is_none();
+        self.push_copy(&BoundSymbol { extras: (!no_extras).then_some(&extras), ..*bound_symbol });
     }
 
     /// Appends a fusion region made by `fused_by`'s fusion: a bound symbol named `name` that
@@ -574,9 +626,11 @@ impl<'a> TraceBuilder<'a> {
             args: bump.alloc_slice_fill_iter(inputs.iter().map(|&v| Arg::Value(v))),
             outputs: bump.alloc_slice_copy(outputs),
             subsymbols: bump.alloc_slice_fill_iter(subsymbols.iter().map(|s| self.deep_copy(s))),
-            comment: None,
-            name: Some(bump.alloc_str(name)),
-            fused_by: Some(bump.alloc(fused_by)),
+            extras: Some(bump.alloc(Extras {
+                comment: None,
+                name: Some(bump.alloc_str(name)),
+                fused_by: Some(fused_by),
+            })),
         };
         self.push_copy(&region);
     }
@@ -770,6 +824,7 @@ impl<'a> TraceBuilder<'a> {
             }
         }
         let bound_symbols = self.levels.swap_remove(0).into_bump_slice();
+        self.arena.set_last_trace(TraceSize { bound_symbols: bound_symbols.len(), values: self.values.len() });
         Ok(Trace {
             registry: self.registry,
             values: self.values.into_bump_slice(),
@@ -837,8 +892,15 @@ impl<'a> TraceBuilder<'a> {
     }
 
     fn new_value(&mut self, meta: &TensorMeta) -> ValueId {
+        let shape = self.arena.alloc_slice_copy(&meta.shape);
+        self.define(ValueMeta { dtype: meta.dtype, shape })
+    }
+
+    /// A new value, defined from here on.
+    #[inline]
+    fn define(&mut self, meta: ValueMeta<'a>) -> ValueId {
         let id = ValueId::from_index(self.values.len());
-        self.values.push(ValueMeta { dtype: meta.dtype, shape: self.arena.alloc_slice_copy(&meta.shape) });
+        push_value(&mut self.values, meta.dtype, meta.shape);
         self.defined.push(true);
         id
     }
@@ -853,12 +915,20 @@ impl<'a> TraceBuilder<'a> {
 
     fn copy_args(&self, args: &[Arg<'_>]) -> &'a [Arg<'a>] {
         let bump = self.arena.bump();
-        bump.alloc_slice_fill_iter(args.iter().map(|a| match *a {
+        let copy = |arg: &Arg<'_>| match *arg {
             Arg::Value(v) => Arg::Value(v),
             Arg::Scalar(s) => Arg::Scalar(s),
             Arg::Dims(d) => Arg::Dims(bump.alloc_slice_copy(d)),
             Arg::DType(d) => Arg::DType(d),
-        }))
+        };
+        // Most ops take one to three arguments: arrays of a size known here allocate with the
+        // least work.
+        match args {
+            [a] => bump.alloc([copy(a)]),
+            [a, b] => bump.alloc([copy(a), copy(b)]),
+            [a, b, c] => bump.alloc([copy(a), copy(b), copy(c)]),
+            _ => bump.alloc_slice_fill_iter(args.iter().map(copy)),
+        }
     }
 
     fn deep_copy(&self, bsym: &BoundSymbol<'_>) -> BoundSymbol<'a> {
@@ -868,14 +938,18 @@ impl<'a> TraceBuilder<'a> {
             args: self.copy_args(bsym.args),
             outputs: bump.alloc_slice_copy(bsym.outputs),
             subsymbols: bump.alloc_slice_fill_iter(bsym.subsymbols.iter().map(|s| self.deep_copy(s))),
-            comment: bsym.comment.map(|c| bump.alloc_str(c) as &str),
-            name: bsym.name.map(|n| bump.alloc_str(n) as &str),
-            fused_by: bsym.fused_by.map(|f| &*bump.alloc(*f)),
+            extras: bsym.extras.map(|e| {
+                &*bump.alloc(Extras {
+                    comment: e.comment.map(|c| bump.alloc_str(c) as &str),
+                    name: e.name.map(|n| bump.alloc_str(n) as &str),
+                    fused_by: e.fused_by,
+                })
+            }),
         }
     }
 }
 
-super::arena::assert_no_drop!(BoundSymbol<'static>, Arg<'static>, ValueMeta<'static>, ValueId, FusedBy);
+super::arena::assert_no_drop!(BoundSymbol<'static>, Extras<'static>, Arg<'static>, ValueMeta<'static>, ValueId);
 
 #[cfg(test)]
 mod tests {
@@ -883,6 +957,55 @@ mod tests {
 
     fn setup() -> (Arena, Registry) {
         (Arena::new(), Registry::with_builtins())
+    }
+
+    /// A chain of `n` elementwise ops on one `[4]` input.
+    fn chain<'a>(b: &mut TraceBuilder<'a>, n: usize) -> Result<ValueId> {
+        let x = b.input(&[4])?;
+        let mut v = x;
+        for i in 0..n {
+            v = if i % 2 == 0 { b.mul(v, x)? } else { b.exp(v)? };
+        }
+        b.output(v)?;
+        Ok(v)
+    }
+
+    #[test]
+    fn a_trace_built_again_in_a_reset_arena_reserves_its_lists_once() {
+        let registry = Registry::with_builtins();
+        let mut arena = Arena::with_capacity(1 << 20);
+        let mut used = Vec::new();
+        for _ in 0..3 {
+            let before = arena.bump().chunk_capacity();
+            let mut b = TraceBuilder::new(&arena, &registry);
+            chain(&mut b, 1000).unwrap();
+            assert_eq!(b.finish().unwrap().len(), 1000);
+            used.push(before - arena.bump().chunk_capacity());
+            arena.reset();
+        }
+        // The first build grew its lists (copying them, leaving the old copies behind); the
+        // next ones reserved the first one's size.
+        assert!(used[1] < used[0] * 3 / 4, "{used:?}");
+        assert_eq!(used[1], used[2]);
+        // Growing past the reservation is still correct.
+        let mut b = TraceBuilder::new(&arena, &registry);
+        chain(&mut b, 3000).unwrap();
+        assert_eq!(b.finish().unwrap().len(), 3000);
+    }
+
+    #[test]
+    fn a_result_of_an_arguments_shape_shares_its_copy() {
+        let (arena, registry) = setup();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[2, 3]).unwrap();
+        let row = b.input(&[3]).unwrap();
+        let y = b.mul(x, row).unwrap(); // broadcast: [2, 3], x's shape
+        let s = b.sum(y).unwrap(); // [2, 1]: a shape of its own
+        b.output(s).unwrap();
+        let trace = b.finish().unwrap();
+        let shape = |v: ValueId| trace.values[v.index()].shape;
+        assert!(std::ptr::eq(shape(x), shape(y)));
+        assert_eq!(shape(s), &[2, 1]);
     }
 
     #[test]

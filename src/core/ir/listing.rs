@@ -139,7 +139,7 @@ impl Listing<'_, '_> {
     ) -> fmt::Result {
         let indent = 2 + 2 * depth;
         let marker = if depth == 0 { "" } else { "# " };
-        if let Some(comment) = bsym.comment {
+        if let Some(comment) = bsym.comment() {
             writeln!(f, "{:indent$}# {comment}", "")?;
         }
         write!(f, "{:indent$}{marker}", "")?;

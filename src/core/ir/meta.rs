@@ -297,6 +297,13 @@ pub fn checked_numel(shape: &[usize]) -> Option<usize> {
     Some(if shape.contains(&0) { 0 } else { nonzero })
 }
 
+/// Whether two shapes are equal: `a == b`, without the call to `memcmp` that slice equality
+/// makes, for the few dimensions shapes have.
+#[inline]
+pub(crate) fn same_dims(a: &[usize], b: &[usize]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x == y)
+}
+
 /// Why [`checked_numel`] refuses `shape`, for error messages.
 pub(crate) fn unusable_shape_detail(shape: &[usize]) -> String {
     if shape.contains(&0) {

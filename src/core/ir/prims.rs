@@ -338,7 +338,25 @@ pub(super) fn promoted(args: &[ArgInfo<'_>]) -> Option<DType> {
     of(true).or_else(|| of(false))
 }
 
+/// The rule of elementwise binary ops: [`binary_rule_general`], with the common cases (a float
+/// tensor with a scalar, or with a tensor of its dtype and shape) answered first.
 fn binary_rule(args: &[ArgInfo<'_>]) -> RuleResult {
+    match *args {
+        [ArgInfo::Tensor { dtype, shape }, ArgInfo::Scalar(_)] if !dtype.is_integer() => {
+            Ok(TensorMeta::new(dtype, shape))
+        }
+        [ArgInfo::Tensor { dtype, shape: a }, ArgInfo::Tensor { dtype: other, shape: b }]
+            if dtype == other && !dtype.is_integer() && super::meta::same_dims(a, b) =>
+        {
+            Ok(TensorMeta::new(dtype, a))
+        }
+        _ => binary_rule_general(args),
+    }
+}
+
+/// Elementwise binary ops: float tensors (or a tensor and a scalar) of promoted dtype and
+/// broadcast shape.
+fn binary_rule_general(args: &[ArgInfo<'_>]) -> RuleResult {
     let (_, a) = tensor(args, 0)?;
     floats_only(args)?;
     let dtype = promoted(args).unwrap_or(DType::F32);
@@ -733,6 +751,24 @@ mod tests {
         assert_eq!(broadcast_shapes(&[2, 1], &[1, 4]).unwrap().as_slice(), &[2, 4]);
         assert_eq!(broadcast_shapes(&[], &[5]).unwrap().as_slice(), &[5]);
         assert!(broadcast_shapes(&[2, 3], &[4]).is_err());
+    }
+
+    #[test]
+    fn the_binary_rules_common_cases_answer_as_its_general_path() {
+        let shapes: [&[usize]; 5] = [&[], &[4], &[2, 3], &[1, 3], &[2, 4]];
+        let dtypes = [DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64];
+        let mut cases = 0;
+        for (&da, &db) in dtypes.iter().flat_map(|a| dtypes.iter().map(move |b| (a, b))) {
+            for (&a, &b) in shapes.iter().flat_map(|a| shapes.iter().map(move |b| (a, b))) {
+                let tensor = ArgInfo::Tensor { dtype: da, shape: a };
+                for other in [ArgInfo::Tensor { dtype: db, shape: b }, ArgInfo::Scalar(2.0)] {
+                    let args = [tensor, other];
+                    assert_eq!(binary_rule(&args), binary_rule_general(&args), "{args:?}");
+                    cases += 1;
+                }
+            }
+        }
+        assert_eq!(cases, 1250);
     }
 
     fn t(shape: &[usize]) -> ArgInfo<'_> {

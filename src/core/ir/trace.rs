@@ -152,7 +152,7 @@ impl<'a> Trace<'a> {
     where
         'a: 'b,
     {
-        bound_symbol.name.unwrap_or_else(|| {
+        bound_symbol.name().unwrap_or_else(|| {
             self.registry.get(bound_symbol.symbol).map(|s| s.symbol.name.as_str()).unwrap_or("<unknown>")
         })
     }

@@ -200,9 +200,7 @@ fn splice(
     is_composite: &dyn Fn(&BoundSymbol<'_>) -> bool,
 ) {
     if !is_composite(bsym) {
-        let mut prim = *bsym;
-        prim.comment = comment.or(bsym.comment());
-        builder.push_copy(&prim);
+        builder.push_copy_with_comment(bsym, comment.or(bsym.comment()));
     } else {
         for (i, sub) in bsym.subsymbols().iter().enumerate() {
             splice(builder, sub, if i == 0 { comment } else { None }, is_composite);

@@ -2,7 +2,7 @@
 //! (as Hugging Face's GPT-2 does) become one `qkv_attention`, which executors that take strided
 //! operands run without copying q, k and v out of the projection or the heads back together.
 
-use crate::core::ir::{prims, Arena, Arg, BoundSymbol, Trace, TraceBuilder, ValueId};
+use crate::core::ir::{prims, Arena, Arg, BoundSymbol, Extras, Trace, TraceBuilder, ValueId};
 use crate::error::Result;
 
 use super::Pass;
@@ -242,9 +242,7 @@ impl<'a> Packed<'a> {
             args: bump.alloc_slice_copy(&args),
             outputs: bump.alloc_slice_copy(&[self.y]),
             subsymbols: bump.alloc_slice_copy(&subsymbols),
-            comment: self.comment,
-            name: None,
-            fused_by: None,
+            extras: Extras::comment(arena, self.comment),
         }
     }
 }

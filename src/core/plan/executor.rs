@@ -608,7 +608,7 @@ impl<'t> OpView<'t> {
     /// ```
     pub fn is_region_of(&self, executor: &dyn Executor) -> bool {
         self.symbol_id() == prims::REGION
-            && self.bound_symbol.fused_by == Some(&FusedBy::of(executor))
+            && self.bound_symbol.fused_by() == Some(FusedBy::of(executor))
             && self.name().strip_prefix(executor.fusion_prefix()).is_some_and(|rest| rest.starts_with("Fusion"))
     }
 

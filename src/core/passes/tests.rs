@@ -315,3 +315,49 @@ fn a_long_region_label_counts_its_ops_past_sixteen() {
     let sixteen = vec!["neg"; 16].join(", ");
     assert_eq!(labels, [format!("CpuFusion0: ({sixteen}, and 4 more)")]);
 }
+
+#[test]
+fn comments_survive_decomposition_folding_and_fusion() {
+    use super::{Decompose, FoldEpilogues};
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 4]).unwrap();
+    let w = b.input(&[4, 4]).unwrap();
+    b.comment("the projection");
+    let h = b.linear(x, w, None).unwrap();
+    let g = b.gelu(h).unwrap();
+    b.comment("the normalisation");
+    let y = b.softmax(g).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let comments = |t: &crate::core::ir::Trace<'_>| -> Vec<(String, String)> {
+        t.bound_symbols()
+            .iter()
+            .filter_map(|b| b.comment().map(|c| (t.symbol_name(b).to_string(), c.to_string())))
+            .collect()
+    };
+    let pair = |name: &str, comment: &str| (name.to_string(), comment.to_string());
+    assert_eq!(comments(&trace), [pair("linear", "the projection"), pair("softmax", "the normalisation")]);
+    // Folded: the linear's comment goes to what replaces it.
+    let folded = FoldEpilogues.run(&trace, &arena).unwrap();
+    assert_eq!(comments(&folded), [pair("linear_gelu", "the projection"), pair("softmax", "the normalisation")]);
+    assert!(folded.to_string().contains("# the projection"), "{folded}");
+    // Decomposed: each comment goes to the first prim of what it was on.
+    let prims = Decompose.run(&folded, &arena).unwrap();
+    let firsts: Vec<(String, String)> = comments(&prims);
+    assert_eq!(firsts.len(), 2, "{prims}");
+    assert_eq!(firsts[0].1, "the projection");
+    assert_eq!(firsts[1], pair("max", "the normalisation"));
+    // Fused: regions are named after their executor, and a plan runs them.
+    let fused = FuseRegions::new(CpuFusion::shared()).run(&prims, &arena).unwrap();
+    assert!(fused.bound_symbols().iter().any(|b| b.name().is_some_and(|n| n.starts_with("CpuFusion"))), "{fused}");
+    let plan = Plan::compile(&fused, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();
+    let input = Tensor::from_fn(&[2, 4], |i| i as f32 / 8.0 - 0.5);
+    let weight = Tensor::from_fn(&[4, 4], |i| (i % 3) as f32 / 3.0);
+    let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&input, &weight]).unwrap();
+    let got = plan.run(&[&input, &weight]).unwrap();
+    assert_eq!(got.len(), expected.len());
+    for (a, b) in got.iter().zip(&expected) {
+        assert!(a.to_f32_vec().iter().zip(b.to_f32_vec()).all(|(p, q)| (p - q).abs() < 1e-5));
+    }
+}

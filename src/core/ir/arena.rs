@@ -30,8 +30,9 @@ use bumpalo::Bump;
 #[derive(Default)]
 pub struct Arena {
     bump: Bump,
-    /// The bound symbols and values of the last trace finished in this arena, which
-    /// [`TraceBuilder::new`](crate::TraceBuilder::new) reserves room for.
+    /// The bound symbols and values of the last trace that a builder from
+    /// [`TraceBuilder::new`](crate::TraceBuilder::new) finished in this arena, which the next
+    /// such builder takes and reserves room for.
     last_trace: Cell<TraceSize>,
 }
 
@@ -54,8 +55,9 @@ impl Arena {
     }
 
     /// Forgets everything allocated, keeping the largest chunk for reuse, and the size of the
-    /// last trace finished in it, which the next [`TraceBuilder::new`](crate::TraceBuilder::new)
-    /// reserves room for: a trace built again the same way does not grow its lists.
+    /// last trace a builder from [`TraceBuilder::new`](crate::TraceBuilder::new) finished in it,
+    /// which the next such builder reserves room for: a trace built again the same way does not
+    /// grow its lists.
     ///
     /// Takes `&mut self`, so no trace built in this arena can still be alive.
     pub fn reset(&mut self) {
@@ -67,9 +69,10 @@ impl Arena {
         self.bump.allocated_bytes()
     }
 
-    /// The size of the last trace finished in this arena.
-    pub(crate) fn last_trace(&self) -> TraceSize {
-        self.last_trace.get()
+    /// The size of the last trace a builder from `TraceBuilder::new` finished in this arena,
+    /// taken: the next call gets none until another such trace is finished.
+    pub(crate) fn take_last_trace(&self) -> TraceSize {
+        self.last_trace.take()
     }
 
     pub(crate) fn set_last_trace(&self, size: TraceSize) {

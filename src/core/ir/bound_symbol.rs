@@ -113,8 +113,8 @@ pub(crate) struct Extras<'a> {
 
 impl<'a> Extras<'a> {
     /// Extras holding only `comment`, in `arena`; none without a comment.
-    pub(crate) fn comment(arena: &'a crate::Arena, comment: Option<&str>) -> Option<&'a Extras<'a>> {
-        comment.map(|c| &*arena.bump().alloc(Extras { comment: Some(arena.alloc_str(c)), ..Extras::default() }))
+    pub(crate) fn comment(arena: &'a crate::Arena, comment: Option<&'a str>) -> Option<&'a Extras<'a>> {
+        comment.map(|c| &*arena.bump().alloc(Extras { comment: Some(c), ..Extras::default() }))
     }
 }
 

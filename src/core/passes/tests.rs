@@ -348,9 +348,21 @@ fn comments_survive_decomposition_folding_and_fusion() {
     assert_eq!(firsts.len(), 2, "{prims}");
     assert_eq!(firsts[0].1, "the projection");
     assert_eq!(firsts[1], pair("max", "the normalisation"));
-    // Fused: regions are named after their executor, and a plan runs them.
+    // Fused: regions are named after their executor and carry its mark, also through a
+    // decomposition after fusion (which keeps regions whole), and a plan runs them.
     let fused = FuseRegions::new(CpuFusion::shared()).run(&prims, &arena).unwrap();
-    assert!(fused.bound_symbols().iter().any(|b| b.name().is_some_and(|n| n.starts_with("CpuFusion"))), "{fused}");
+    let cpu_fusion = crate::core::ir::FusedBy::of(&*CpuFusion::shared());
+    let regions = |t: &crate::core::ir::Trace<'_>| -> Vec<String> {
+        t.bound_symbols()
+            .iter()
+            .filter(|b| b.fused_by() == Some(cpu_fusion))
+            .map(|b| b.name().unwrap_or("(no name)").to_string())
+            .collect()
+    };
+    let made = regions(&fused);
+    assert!(!made.is_empty() && made.iter().all(|n| n.starts_with("CpuFusion")), "{made:?}: {fused}");
+    let decomposed = Decompose.run(&fused, &arena).unwrap();
+    assert_eq!(regions(&decomposed), made, "{decomposed}");
     let plan = Plan::compile(&fused, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();
     let input = Tensor::from_fn(&[2, 4], |i| i as f32 / 8.0 - 0.5);
     let weight = Tensor::from_fn(&[4, 4], |i| (i % 3) as f32 / 3.0);

@@ -592,8 +592,7 @@ impl<'a> TraceBuilder<'a> {
             }
         };
         let outputs = std::slice::from_ref(self.arena.bump().alloc(output));
-        let extras =
-            comment.map(|comment| &*self.arena.bump().alloc(Extras { comment: Some(comment), ..Extras::default() }));
+        let extras = Extras::comment(self.arena, comment);
         push_bound_symbol(self.current_level(), symbol, args, outputs, subsymbols, extras);
         Ok(output)
     }

@@ -17,8 +17,8 @@ mod trace;
 mod transformer_ops;
 
 pub use arena::Arena;
+pub(crate) use bound_symbol::FusedBy;
 pub use bound_symbol::{Arg, BoundSymbol};
-pub(crate) use bound_symbol::{Extras, FusedBy};
 pub use builder::TraceBuilder;
 pub(crate) use gradient_ops::{full_of_shape, wide};
 pub use ids::{BoundSymbolId, GuardId, SymbolId, ValueId};

@@ -3,7 +3,7 @@
 //! runs as one product, and which decomposes back into the same two bound symbols for every
 //! other executor.
 
-use crate::core::ir::{prims, Arena, BoundSymbol, Extras, Trace, TraceBuilder};
+use crate::core::ir::{prims, Arena, BoundSymbol, Trace, TraceBuilder};
 use crate::error::Result;
 
 use super::Pass;
@@ -68,10 +68,10 @@ impl Pass for FoldEpilogues {
                         args: linear.args(),
                         outputs: gelu.outputs(),
                         subsymbols,
-                        extras: Extras::comment(arena, linear.comment()),
+                        extras: None,
                     };
                     new_position.extend([Some(builder.len()); 2]);
-                    builder.push_copy(&folded);
+                    builder.push_copy_with_comment(&folded, linear.comment());
                     p += 2;
                 }
                 None => {

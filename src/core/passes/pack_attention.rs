@@ -2,7 +2,7 @@
 //! (as Hugging Face's GPT-2 does) become one `qkv_attention`, which executors that take strided
 //! operands run without copying q, k and v out of the projection or the heads back together.
 
-use crate::core::ir::{prims, Arena, Arg, BoundSymbol, Extras, Trace, TraceBuilder, ValueId};
+use crate::core::ir::{prims, Arena, Arg, BoundSymbol, Trace, TraceBuilder, ValueId};
 use crate::error::Result;
 
 use super::Pass;
@@ -97,7 +97,7 @@ impl Pass for PackAttention {
             let packed = &matches[m];
             if p == packed.attention {
                 placed[m] = Some(builder.len());
-                builder.push_copy(&packed.bound_symbol(bsyms, arena));
+                builder.push_copy_with_comment(&packed.bound_symbol(bsyms, arena), packed.comment);
             }
             new_position.push(None);
         }
@@ -242,7 +242,7 @@ impl<'a> Packed<'a> {
             args: bump.alloc_slice_copy(&args),
             outputs: bump.alloc_slice_copy(&[self.y]),
             subsymbols: bump.alloc_slice_copy(&subsymbols),
-            extras: Extras::comment(arena, self.comment),
+            extras: None,
         }
     }
 }

@@ -14,11 +14,13 @@ pub use plan_cache::CACHED_PLANS;
 pub use session::ProfiledSession;
 
 use crate::core::options::{OptionSpec, Options, RUNTIME_OPTIONS};
+use crate::executors::cuda::CUDA_OPTIONS;
 use crate::executors::CPU_FUSION_OPTIONS;
 
-/// The specs of the runtime and the built-in executors.
+/// The specs of the runtime and the built-in executors (the CUDA executors' also where the
+/// crate is built without them, so that options are the same everywhere).
 pub(crate) fn builtin_specs() -> Vec<OptionSpec> {
-    RUNTIME_OPTIONS.iter().chain(CPU_FUSION_OPTIONS).cloned().collect()
+    RUNTIME_OPTIONS.iter().chain(CPU_FUSION_OPTIONS).chain(CUDA_OPTIONS).cloned().collect()
 }
 
 impl Options {

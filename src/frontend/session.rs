@@ -11,6 +11,7 @@ use crate::core::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOp
 use crate::core::plan::{Device, Executor, Plan};
 use crate::core::tensor::Tensor;
 use crate::error::Result;
+use crate::executors::cuda::KernelVariants;
 use crate::executors::{CpuFusion, CpuReference};
 
 /// The label of the range around each run of a session's plans.
@@ -98,7 +99,8 @@ impl ProfiledSession {
         let cpu_fusion: Arc<dyn Executor> = Arc::new(cpu_fusion);
         let cpu_reference: Arc<dyn Executor> = Arc::new(CpuReference::new().threads(threads));
         let gpu = usize::try_from(options.int("runtime.gpu")?).unwrap_or(0);
-        let (fusion, executors) = match gpu_executors(options.enum_value("runtime.device")?, gpu)? {
+        let variants = KernelVariants::from_options(&options)?;
+        let (fusion, executors) = match gpu_executors(options.enum_value("runtime.device")?, gpu, variants)? {
             Some(gpu) => (gpu[0].clone(), gpu.into_iter().chain([cpu_fusion, cpu_reference]).collect()),
             None => (cpu_fusion.clone(), vec![cpu_fusion, cpu_reference]),
         };
@@ -265,9 +267,10 @@ impl ProfiledSession {
     }
 }
 
-/// The CUDA executors (fusion first) for `runtime.device`, or `None` for the CPU. With `auto`
-/// and no usable GPU, says so once per process on stderr.
-fn gpu_executors(device: &str, ordinal: usize) -> Result<Option<Vec<Arc<dyn Executor>>>> {
+/// The CUDA executors (fusion first) for `runtime.device`, generating `variants` of their
+/// kernels, or `None` for the CPU. With `auto` and no usable GPU, says so once per process on
+/// stderr.
+fn gpu_executors(device: &str, ordinal: usize, variants: KernelVariants) -> Result<Option<Vec<Arc<dyn Executor>>>> {
     if device == "cpu" {
         return Ok(None);
     }
@@ -276,8 +279,8 @@ fn gpu_executors(device: &str, ordinal: usize) -> Result<Option<Vec<Arc<dyn Exec
         use crate::executors::cuda::{CudaDevice, CudaFusion, CudaOps};
         match CudaDevice::with_ordinal(ordinal) {
             Ok(gpu) => {
-                let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
-                Ok(Some(vec![fusion, Arc::new(CudaOps::new(gpu))]))
+                let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()).with_variants(variants));
+                Ok(Some(vec![fusion, Arc::new(CudaOps::new(gpu).with_variants(variants))]))
             }
             // A GPU named by its ordinal (a rank's `LOCAL_RANK`) must exist where there are GPUs:
             // a rank that fell back to the CPU would not take part in its peers' collectives.
@@ -294,7 +297,7 @@ fn gpu_executors(device: &str, ordinal: usize) -> Result<Option<Vec<Arc<dyn Exec
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = ordinal;
+        let _ = (ordinal, variants);
         match device {
             "cuda" => Err(crate::Error::ExecutorUnavailable {
                 executor: "cuda".into(),

@@ -604,21 +604,20 @@ impl Plan {
         // as they were configured (by `compile`).
         let runtime = options.developer_overrides().into_iter().filter(|o| o.starts_with("runtime."));
         plan.developer_options.splice(0..0, runtime);
-        // An option has an effect when the runtime reads it, or an executor that runs steps of
-        // the plan was configured with the value set.
+        // An option has an effect when the runtime reads it, or an executor that declares it
+        // (several may: `cuda.*` is both CUDA executors') and runs steps of the plan was
+        // configured with the value set.
         plan.unused_options = options
             .set_names()
             .filter(|&name| {
                 let owner = name.split('.').next().unwrap_or(name);
                 let set = options.get(name).ok();
                 let runs_steps = |i: usize| plan.steps.iter().any(|s| s.executor == i);
+                let declares = |e: &Arc<dyn Executor>| e.options().iter().any(|s| s.name == name);
                 let in_force =
-                    executors.iter().enumerate().filter(|(i, e)| e.name() == owner && runs_steps(*i)).any(|(_, e)| {
+                    executors.iter().enumerate().filter(|(i, e)| declares(e) && runs_steps(*i)).any(|(_, e)| {
                         let configured = e.configured_options();
-                        match configured.iter().find(|(n, _)| *n == name) {
-                            Some((_, value)) => Some(value) == set.as_ref(),
-                            None => e.options().iter().any(|s| s.name == name),
-                        }
+                        configured.iter().find(|(n, _)| *n == name).is_none_or(|(_, value)| Some(value) == set.as_ref())
                     });
                 owner != "runtime" && !in_force
             })

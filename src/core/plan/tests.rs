@@ -1195,3 +1195,62 @@ fn the_run_loop_calls_a_kernels_map_where_its_values_are_f32_of_one_length() {
         assert_eq!(out[0].to_f32_vec(), reference.run(&[&xs, &ys]).unwrap()[0].to_f32_vec(), "{shape:?} {dtype}");
     }
 }
+
+/// Runs `exp` (as the reference does) under its own name, declaring an option of a family
+/// that several executors share (as `cuda.*` is both CUDA executors'), configured with `knob`.
+struct SharesAnOption {
+    name: &'static str,
+    knob: bool,
+}
+
+const SHARED_OPTION: &[crate::options::OptionSpec] = &[crate::options::OptionSpec {
+    name: "family.knob",
+    ty: crate::options::OptionType::Bool,
+    default: crate::options::OptionValue::Bool(false),
+    doc: "A knob two executors read.",
+    audience: crate::options::Audience::Developer,
+    env: None,
+}];
+
+impl Executor for SharesAnOption {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn claims(&self, op: &OpView<'_>) -> bool {
+        op.symbol_id() == prims::EXP
+    }
+    fn compile(&self, op: &OpView<'_>) -> crate::Result<Box<dyn Kernel>> {
+        CpuReference::new().compile(op)
+    }
+    fn options(&self) -> &[crate::options::OptionSpec] {
+        SHARED_OPTION
+    }
+    fn configured_options(&self) -> Vec<(&'static str, crate::options::OptionValue)> {
+        vec![("family.knob", crate::options::OptionValue::Bool(self.knob))]
+    }
+}
+
+/// An option is in force where an executor that declares it runs steps configured with its
+/// value, whatever the executor's name: the header lists it, and it is not reported unused.
+#[test]
+fn options_that_several_executors_declare_are_in_force_where_one_runs_steps() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let trace = exp_then_add(&arena, &registry);
+    let mut options = crate::options::Options::runtime_only();
+    options.declare(SHARED_OPTION).unwrap();
+    options.set_developer("family.knob", true).unwrap();
+    let runs = |knob: bool| -> Arc<dyn Executor> { Arc::new(SharesAnOption { name: "first_of_family", knob }) };
+    let idle: Arc<dyn Executor> = Arc::new(SharesAnOption { name: "second_of_family", knob: false });
+    let executors = [runs(true), idle.clone(), CpuReference::shared()];
+    let plan = Plan::compile_with_options(&trace, &executors, &options).unwrap();
+    assert!(plan.unused_options().is_empty(), "{:?}", plan.unused_options());
+    assert_eq!(plan.developer_options(), ["family.knob=true".to_string()]);
+    // Configured otherwise, or declared only by an executor that runs nothing: unused.
+    for executors in
+        [[runs(false), idle.clone(), CpuReference::shared()], [idle.clone(), runs(true), CpuReference::shared()]]
+    {
+        let plan = Plan::compile_with_options(&trace, &executors, &options).unwrap();
+        assert_eq!(plan.unused_options(), ["family.knob".to_string()], "{plan}");
+    }
+}

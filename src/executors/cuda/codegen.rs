@@ -20,6 +20,8 @@ use crate::core::plan::OpView;
 use crate::executors::cpu_reference::kernels::{broadcast_read, broadcast_strides, BroadcastRead};
 use crate::executors::cpu_reference::{builtin_prim, fused_shape};
 
+use super::KernelVariants;
+
 /// The generated source of one region and how to launch it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RegionSource {
@@ -73,14 +75,19 @@ pub(super) fn literal(x: f32) -> String {
 /// `1 + tanh(u)` for negative `u`. `tanhf` and the `float` forms took about 25 instructions a
 /// value, which made 16-bit `gelu` chains compute-bound (81% of a copy's speed over
 /// `[8192, 8192]`, where `f32` ones, with half the values per byte, ran at a copy's).
-fn apply(op: crate::SymbolId, a: &str, b: Option<&str>, to_16_bits: bool) -> Option<String> {
+///
+/// With [`KernelVariants::fast_exp2`], 16-bit `sigmoid` and `gelu` take `bs_exp2` ([`EXP2`]:
+/// one instruction, flushing results below 2^-126 to 0, which their `1 + e` denominators do
+/// not see). 16-bit `exp` keeps `exp2f`: its own results reach bf16's subnormals.
+fn apply(op: crate::SymbolId, a: &str, b: Option<&str>, to_16_bits: bool, variants: KernelVariants) -> Option<String> {
     let b = b.unwrap_or("");
+    let exp2 = if variants.fast_exp2 { "bs_exp2" } else { "exp2f" };
     Some(match op {
         prims::EXP if to_16_bits => format!("exp2f({a} * 1.44269504f)"),
-        prims::SIGMOID if to_16_bits => format!("__fdividef(1.0f, 1.0f + exp2f({a} * -1.44269504f))"),
+        prims::SIGMOID if to_16_bits => format!("__fdividef(1.0f, 1.0f + {exp2}({a} * -1.44269504f))"),
         // 2 * sqrt(2 / pi) * log2(e) = 2.30220819.
         prims::GELU if to_16_bits => {
-            format!("__fdividef({a}, 1.0f + exp2f(-2.30220819f * ({a} + 0.044715f * {a} * {a} * {a})))")
+            format!("__fdividef({a}, 1.0f + {exp2}(-2.30220819f * ({a} + 0.044715f * {a} * {a} * {a})))")
         }
         prims::NEG => format!("(-{a})"),
         // The conversion is in the loads and stores: a value read as `float` and written as
@@ -121,6 +128,15 @@ pub(super) const MAXIMUM: &str = r#"__device__ __forceinline__ float bs_max(floa
 #else
   return (a != a || a > b) ? a : b;
 #endif
+}
+"#;
+
+/// The C of `bs_exp2`, 2^x in one instruction: PTX's `ex2.approx.ftz.f32`, of `exp2f`'s
+/// accuracy (2 units in the last place) but for results below 2^-126, which it flushes to 0
+/// (`exp2f` scales them, in three more instructions that issue though predicated off). For
+/// [`KernelVariants::fast_exp2`], where the flush loses nothing.
+pub(super) const EXP2: &str = r#"__device__ __forceinline__ float bs_exp2(float x) {
+  float y; asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x)); return y;
 }
 "#;
 
@@ -284,9 +300,17 @@ fn strided_offset_of(shape: &[usize], strides: &[usize], i: &str) -> String {
 /// an input that does not broadcast to the iteration shape, a reduction over another shape):
 /// the generated kernel never reads or writes past the buffers of the shapes it was given.
 pub fn region_source(region: &OpView<'_>, kernel: &str) -> Result<RegionSource, String> {
+    region_source_with(region, kernel, KernelVariants::default())
+}
+
+/// [`region_source`], generating `variants` of the kernel.
+///
+/// # Errors
+/// As for [`region_source`].
+pub fn region_source_with(region: &OpView<'_>, kernel: &str, variants: KernelVariants) -> Result<RegionSource, String> {
     let ops = region.region_ops().map_err(|e| e.to_string())?;
     let inputs: Vec<ValueId> = region.bound_symbol().inputs().collect();
-    generate(region, &ops, &inputs, region.bound_symbol().outputs(), kernel)
+    generate(region, &ops, &inputs, region.bound_symbol().outputs(), kernel, variants)
 }
 
 /// Generates the CUDA C of one elementwise prim, or a `sum` or `max` over the last axis (a
@@ -295,10 +319,18 @@ pub fn region_source(region: &OpView<'_>, kernel: &str) -> Result<RegionSource, 
 /// # Errors
 /// As for [`region_source`].
 pub fn op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, String> {
+    op_source_with(op, kernel, KernelVariants::default())
+}
+
+/// [`op_source`], generating `variants` of the kernel.
+///
+/// # Errors
+/// As for [`region_source`].
+pub fn op_source_with(op: &OpView<'_>, kernel: &str, variants: KernelVariants) -> Result<RegionSource, String> {
     // One parameter per tensor argument, repeats included (`mul(x, x)` takes `x` twice), as
     // the plan passes them.
     let inputs: Vec<ValueId> = op.bound_symbol().inputs().collect();
-    generate(op, std::slice::from_ref(op), &inputs, op.bound_symbol().outputs(), kernel)
+    generate(op, std::slice::from_ref(op), &inputs, op.bound_symbol().outputs(), kernel, variants)
 }
 
 /// Threads per row of a region's trailing reduction over rows of `accesses` reads (of up to 16
@@ -577,6 +609,7 @@ fn generate(
     inputs: &[ValueId],
     outputs: &[ValueId],
     kernel: &str,
+    variants: KernelVariants,
 ) -> Result<RegionSource, String> {
     // Every shape relation the generated kernel relies on, checked here: it indexes the
     // buffers the plan sizes from these shapes, and nothing on the device checks bounds.
@@ -625,7 +658,7 @@ fn generate(
 
     // The loop body, in terms of `x{k}` (input values) and `t{id}` (op values).
     let elementwise_ops = if reduction.is_some() { &ops[..ops.len() - 1] } else { ops };
-    let body = elementwise_body(elementwise_ops, inputs, &shape, &|v| v.index())?;
+    let body = elementwise_body(elementwise_ops, inputs, &shape, &|v| v.index(), variants)?;
 
     let mut source = String::new();
     let _ = writeln!(source, "// Generated by boundscope for region `{}`.", region.name());
@@ -635,6 +668,9 @@ fn generate(
     }
     if body.contains("bs_max(") || reduction.is_some_and(|(op, ..)| op == prims::MAX) {
         source.push_str(MAXIMUM);
+    }
+    if body.contains("bs_exp2(") {
+        source.push_str(EXP2);
     }
     // An update may be written over the input it updates, where the input is read whole (not
     // broadcast) in its own dtype, element by element before the output's element is written
@@ -934,6 +970,7 @@ pub(super) fn elementwise_body(
     inputs: &[ValueId],
     shape: &[usize],
     number: &dyn Fn(ValueId) -> usize,
+    variants: KernelVariants,
 ) -> Result<String, String> {
     let mut body = String::new();
     for op in ops {
@@ -958,8 +995,8 @@ pub(super) fn elementwise_body(
         let b = if id == prims::CAST { None } else { op.args().get(1).map(operand).transpose()? };
         let value = op.bound_symbol().outputs()[0];
         let to_16_bits = packing::is_packed(op.dtype_of(value));
-        let expression =
-            apply(id, &a, b.as_deref(), to_16_bits).ok_or(format!("`{}` cannot be fused on CUDA", op.name()))?;
+        let expression = apply(id, &a, b.as_deref(), to_16_bits, variants)
+            .ok_or(format!("`{}` cannot be fused on CUDA", op.name()))?;
         let expression = match op.dtype_of(value) {
             d if id == prims::CAST && packing::is_packed(d) => widen(d, &narrow(d, &expression)),
             _ => expression,
@@ -1083,8 +1120,11 @@ fn wide_loop(
                     "    if (left >= 8 && {}) {{ uint4 q;",
                     super::row_kernels::shifted_within(8, "o", &format!("{len}ll"))
                 );
-                let _ =
-                    writeln!(source, "    {}", super::row_kernels::load_shifted(dtype, 8, &format!("in{k}"), "o", "q"));
+                let _ = writeln!(
+                    source,
+                    "    {}",
+                    super::row_kernels::load_shifted(dtype, 8, &format!("in{k}"), "o", "long long", "q")
+                );
                 let _ = writeln!(source, "    w{k}[0] = q.x; w{k}[1] = q.y; w{k}[2] = q.z; w{k}[3] = q.w;");
                 let _ = writeln!(source, "    }} else {{");
                 for w in 0..4 {
@@ -1201,13 +1241,48 @@ mod tests {
 
     /// Fuses the trace `build` makes and generates the source of its first region.
     fn generate(build: impl FnOnce(&mut TraceBuilder<'_>)) -> RegionSource {
+        generate_with(build, KernelVariants::default())
+    }
+
+    /// [`generate`], of `variants`.
+    fn generate_with(build: impl FnOnce(&mut TraceBuilder<'_>), variants: KernelVariants) -> RegionSource {
         let (arena, registry) = (Arena::new(), Registry::with_builtins());
         let mut b = TraceBuilder::new(&arena, &registry);
         build(&mut b);
         let trace = b.finish().unwrap();
         let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
         let region = OpView::new(&fused, &fused.bound_symbols()[0]).unwrap();
-        region_source(&region, "region0").unwrap()
+        region_source_with(&region, "region0", variants).unwrap()
+    }
+
+    #[test]
+    fn fast_exp2_takes_16_bit_sigmoid_and_gelu_in_one_instruction() {
+        use crate::core::ir::TensorMeta;
+        let chain = |dtype: DType, variants: KernelVariants| {
+            generate_with(
+                |b| {
+                    let x = b.input_with(&TensorMeta::new(dtype, &[64, 1001])).unwrap();
+                    let s = b.sigmoid(x).unwrap();
+                    let g = b.gelu(s).unwrap();
+                    let e = b.exp(g).unwrap();
+                    b.output(e).unwrap();
+                },
+                variants,
+            )
+            .source
+        };
+        let fast = KernelVariants { fast_exp2: true, ..KernelVariants::default() };
+        assert_eq!(chain(DType::F32, fast), chain(DType::F32, KernelVariants::default()), "f32 has no exp2");
+        for dtype in [DType::BF16, DType::F16] {
+            let (default, s) = (chain(dtype, KernelVariants::default()), chain(dtype, fast));
+            assert!(!default.contains("bs_exp2") && default.matches("1.0f + exp2f(").count() >= 2, "{default}");
+            assert!(s.contains(EXP2), "{s}");
+            assert!(s.contains("__fdividef(1.0f, 1.0f + bs_exp2(x0 * -1.44269504f))"), "sigmoid: {s}");
+            assert!(s.contains("1.0f + bs_exp2(-2.30220819f * "), "gelu: {s}");
+            // `exp`'s own results reach bf16's subnormals: it keeps `exp2f`.
+            assert!(s.contains("exp2f(t2 * 1.44269504f)"), "exp: {s}");
+            super::super::compiles_with_nvrtc(&s);
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@ use cudarc::driver::{sys, CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
 use smallvec::SmallVec;
 
 use super::attention::{self, Attention};
+use super::codegen::{op_source_with, region_source_with};
 use super::device::{cuda_error, slice, slice_mut, CudaDevice};
 use super::device_checks::BufferLengths;
 use super::flash_attention::{flash_operands, FlashAttention};
@@ -18,7 +19,7 @@ use super::gemm::{GemmShape, LtContext, LtGemm};
 use super::layer_norm_backward;
 use super::row_kernels::row_source;
 use super::{cross_entropy, gather, index_ops, multi_tensor};
-use super::{op_source, region_source, shape_op_source, RegionSource};
+use super::{shape_op_source, KernelVariants, RegionSource, CUDA_OPTIONS};
 use crate::core::guards::DEFAULT_DOMAIN;
 use crate::core::ir::prims;
 use crate::core::plan::{
@@ -26,6 +27,7 @@ use crate::core::plan::{
 };
 use crate::error::{Error, Result};
 use crate::executors::cpu_reference::{builtin_fusible, builtin_prim, require_builtin};
+use crate::options::{OptionSpec, OptionValue, Options};
 
 const THREADS: u32 = super::codegen::BLOCK_THREADS;
 /// It pushes its region ranges in the library's domain.
@@ -39,15 +41,31 @@ static EMITS: [EmittedRange; 1] = [EmittedRange::nvtx_regions(DEFAULT_DOMAIN)];
 /// shape, in a few multi-tensor launches inside its one range.
 pub struct CudaFusion {
     device: Arc<CudaDevice>,
+    variants: KernelVariants,
 }
 
 impl CudaFusion {
     /// The executor's name.
     pub const NAME: &'static str = "cuda_fusion";
 
-    /// On `device`.
+    /// On `device`, generating the default kernels.
     pub fn new(device: Arc<CudaDevice>) -> Self {
-        Self { device }
+        Self { device, variants: KernelVariants::default() }
+    }
+
+    /// On `device`, generating the [`KernelVariants`] that `options` choose (`cuda.*`,
+    /// developer options).
+    ///
+    /// # Errors
+    /// As [`KernelVariants::from_options`].
+    pub fn from_options(device: Arc<CudaDevice>, options: &Options) -> Result<Self> {
+        Ok(Self::new(device).with_variants(KernelVariants::from_options(options)?))
+    }
+
+    /// The same executor, generating `variants` of its kernels (plans list those that are not
+    /// the defaults in their header).
+    pub fn with_variants(self, variants: KernelVariants) -> Self {
+        Self { variants, ..self }
     }
 }
 
@@ -70,10 +88,11 @@ impl Executor for CudaFusion {
         let range = op.region_range().map(|r| r.prepare()).transpose()?;
         // A region joined from regions of several shapes (`joins`) runs chain by chain.
         if multi_tensor::is_joined(&op.region_ops()?) {
-            let joined = multi_tensor::joined_source(op, &kernel_name(op.name())).map_err(precondition)?;
+            let joined =
+                multi_tensor::joined_source(op, &kernel_name(op.name()), self.variants).map_err(precondition)?;
             return Ok(Box::new(multi_tensor::JoinedKernel::new(&self.device, joined, range)?));
         }
-        let generated = region_source(op, &kernel_name(op.name())).map_err(precondition)?;
+        let generated = region_source_with(op, &kernel_name(op.name()), self.variants).map_err(precondition)?;
         Ok(Box::new(GeneratedKernel::new(&self.device, &generated, range)?))
     }
 
@@ -106,6 +125,14 @@ impl Executor for CudaFusion {
     fn fusion_prefix(&self) -> &str {
         "Cuda"
     }
+
+    fn options(&self) -> &[OptionSpec] {
+        CUDA_OPTIONS
+    }
+
+    fn configured_options(&self) -> Vec<(&'static str, OptionValue)> {
+        self.variants.configured()
+    }
 }
 
 /// Runs every built-in prim on the device: elementwise prims, last-axis `sum` and `max`, and
@@ -119,15 +146,36 @@ pub struct CudaOps {
     device: Arc<CudaDevice>,
     lt: Arc<Mutex<Option<LtContext>>>,
     attention: Attention,
+    variants: KernelVariants,
 }
 
 impl CudaOps {
     /// The executor's name.
     pub const NAME: &'static str = "cuda_ops";
 
-    /// On `device`.
+    /// On `device`, generating the default kernels.
     pub fn new(device: Arc<CudaDevice>) -> Self {
-        Self { device, lt: Arc::new(Mutex::new(None)), attention: Attention::default() }
+        Self {
+            device,
+            lt: Arc::new(Mutex::new(None)),
+            attention: Attention::default(),
+            variants: KernelVariants::default(),
+        }
+    }
+
+    /// On `device`, generating the [`KernelVariants`] that `options` choose (`cuda.*`,
+    /// developer options).
+    ///
+    /// # Errors
+    /// As [`KernelVariants::from_options`].
+    pub fn from_options(device: Arc<CudaDevice>, options: &Options) -> Result<Self> {
+        Ok(Self::new(device).with_variants(KernelVariants::from_options(options)?))
+    }
+
+    /// The same executor, generating `variants` of its kernels (plans list those that are not
+    /// the defaults in their header).
+    pub fn with_variants(self, variants: KernelVariants) -> Self {
+        Self { variants, ..self }
     }
 }
 
@@ -199,6 +247,14 @@ impl Executor for CudaOps {
         Some(self.device.clone())
     }
 
+    fn options(&self) -> &[OptionSpec] {
+        CUDA_OPTIONS
+    }
+
+    fn configured_options(&self) -> Vec<(&'static str, OptionValue)> {
+        self.variants.configured()
+    }
+
     fn compile_device(&self, op: &OpView<'_>) -> Result<Box<dyn DeviceKernel>> {
         // Attention: cuDNN's fused kernel where it runs the shape, else the generated one.
         match attention::plan_for(&self.attention, &self.device, op) {
@@ -249,7 +305,7 @@ impl Executor for CudaOps {
             } else {
                 // The kernel's own shared arrays (a few hundred bytes) take from the same limit.
                 let shared = self.device.shared_memory_per_block().saturating_sub(1024);
-                row_source(op, &name, shared, self.device.shared_memory_per_sm())
+                row_source(op, &name, shared, self.device.shared_memory_per_sm(), self.variants)
             };
             let rows = rows.map_err(|detail| Error::KernelPrecondition {
                 executor: Self::NAME.into(),
@@ -294,14 +350,15 @@ impl Executor for CudaOps {
             return Ok(Box::new(gather::CheckedGather::new(&self.device, op, &kernel_name(op.name()))?));
         }
         let is_shape_op = matches!(builtin_prim(op), Some(prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO));
-        let source = if is_shape_op {
-            shape_op_source
+        let name = kernel_name(op.name());
+        let generated = if is_shape_op {
+            shape_op_source(op, &name)
         } else if index_ops::generates(op) {
-            index_ops::index_op_source
+            index_ops::index_op_source(op, &name)
         } else {
-            op_source
+            op_source_with(op, &name, self.variants)
         };
-        let generated = source(op, &kernel_name(op.name())).map_err(|detail| Error::KernelPrecondition {
+        let generated = generated.map_err(|detail| Error::KernelPrecondition {
             executor: Self::NAME.into(),
             symbol: op.name().into(),
             detail,

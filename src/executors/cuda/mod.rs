@@ -228,6 +228,7 @@ mod stream_order;
 mod stream_workspaces;
 #[cfg(feature = "cuda")]
 mod user_kernel;
+mod variants;
 
 #[cfg(feature = "cuda")]
 pub use attention::fused_attention;
@@ -244,6 +245,7 @@ pub use event_timer::CudaEventTimer;
 pub use executors::{CudaFusion, CudaOps};
 #[cfg(feature = "cuda")]
 pub use user_kernel::{device_kernel, CudaKernel, CudaRun, DeviceElement, DeviceMemory};
+pub use variants::{KernelVariants, CUDA_OPTIONS};
 
 use crate::core::plan::Availability;
 

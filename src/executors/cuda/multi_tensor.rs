@@ -18,9 +18,10 @@ use std::sync::Arc;
 
 use cudarc::driver::{CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
 
-use super::codegen::{element_type, elementwise_body, narrow, widen, HALF_CONVERSIONS, MAXIMUM};
+use super::codegen::{element_type, elementwise_body, narrow, widen, EXP2, HALF_CONVERSIONS, MAXIMUM};
 use super::device::{slice, slice_mut, CudaDevice};
 use super::device_checks::BufferLengths;
+use super::KernelVariants;
 use crate::core::ir::{DType, ValueId};
 use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView, PreparedRegionRange};
 use crate::error::Result;
@@ -115,7 +116,11 @@ pub(super) fn is_joined(ops: &[OpView<'_>]) -> bool {
 /// # Errors
 /// A message when an op is not an elementwise built-in prim, or an input of a chain is neither
 /// of the chain's shape nor a single value.
-pub(super) fn joined_source(region: &OpView<'_>, kernel: &str) -> Result<JoinedSource, String> {
+pub(super) fn joined_source(
+    region: &OpView<'_>,
+    kernel: &str,
+    variants: KernelVariants,
+) -> Result<JoinedSource, String> {
     let ops = region.region_ops().map_err(|e| e.to_string())?;
     let inputs: Vec<ValueId> = region.bound_symbol().inputs().collect();
     let outputs: &[ValueId] = region.bound_symbol().outputs();
@@ -208,7 +213,7 @@ pub(super) fn joined_source(region: &OpView<'_>, kernel: &str) -> Result<JoinedS
         }
         let chain_inputs: Vec<ValueId> = reads.iter().map(|&k| inputs[k]).collect();
         let local = |v: ValueId| defined.iter().position(|&d| d == v).unwrap_or(usize::MAX);
-        let body = elementwise_body(&chain_ops, &chain_inputs, &shape, &local)?;
+        let body = elementwise_body(&chain_ops, &chain_inputs, &shape, &local, variants)?;
         let input_dtypes: Vec<DType> = chain_inputs.iter().map(|&v| region.dtype_of(v)).collect();
         let output_dtypes: Vec<DType> = writes.iter().map(|&o| region.dtype_of(outputs[o])).collect();
         let results: Vec<usize> = writes.iter().map(|&o| local(outputs[o])).collect();
@@ -242,6 +247,9 @@ pub(super) fn joined_source(region: &OpView<'_>, kernel: &str) -> Result<JoinedS
     }
     if kinds.iter().any(|k| k.contains("bs_max(")) {
         source.push_str(MAXIMUM);
+    }
+    if kinds.iter().any(|k| k.contains("bs_exp2(")) {
+        source.push_str(EXP2);
     }
     for (i, function) in kinds.iter().enumerate() {
         let _ = writeln!(source, "__device__ __forceinline__ void kind{i}{function}");
@@ -504,7 +512,7 @@ mod tests {
         assert_eq!(regions.len(), 1, "every update in one region: {fused}");
         let region = OpView::new(&fused, regions[0]).unwrap();
         assert!(is_joined(&region.region_ops().unwrap()));
-        joined_source(&region, "joined").unwrap()
+        joined_source(&region, "joined", KernelVariants::default()).unwrap()
     }
 
     /// GPT-2's 148 parameters' updates: one chain each, a few kinds of code (f32 and bf16
@@ -543,11 +551,37 @@ mod tests {
         let fused = FuseRegions::new(Arc::new(Joins)).run(&trace, &arena).unwrap();
         assert_eq!(fused.len(), 1, "{fused}");
         let region = OpView::new(&fused, &fused.bound_symbols()[0]).unwrap();
-        let joined = joined_source(&region, "joined").unwrap();
+        let joined = joined_source(&region, "joined", KernelVariants::default()).unwrap();
         assert_eq!((joined.segments.len(), joined.launches()), (2, 1));
         assert_eq!(joined.segments[0].slots, [Slot::Input(0), Slot::Output(0)]);
         assert_eq!(joined.segments[1].slots, [Slot::Input(1), Slot::Output(1)]);
         super::super::compiles_with_nvrtc(&joined.source);
+    }
+
+    /// With `fast_exp2`, 16-bit `sigmoid` and `gelu` in a joined region call `bs_exp2`, which
+    /// its source then defines (or it would not compile).
+    #[test]
+    fn a_joined_region_defines_the_exp2_its_chains_call() {
+        let (arena, registry) = (Arena::new(), Registry::with_builtins());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input_with(&TensorMeta::new(DType::BF16, &[8])).unwrap();
+        let y = b.input_with(&TensorMeta::new(DType::F16, &[3])).unwrap();
+        let s = b.sigmoid(x).unwrap();
+        let s = b.mul_scalar(s, 2.0).unwrap();
+        let g = b.gelu(y).unwrap();
+        let g = b.neg(g).unwrap();
+        b.output(s).unwrap();
+        b.output(g).unwrap();
+        let trace = b.finish().unwrap();
+        let fused = FuseRegions::new(Arc::new(Joins)).run(&trace, &arena).unwrap();
+        let region = OpView::new(&fused, &fused.bound_symbols()[0]).unwrap();
+        assert!(is_joined(&region.region_ops().unwrap()), "{fused}");
+        let fast = KernelVariants { fast_exp2: true, ..KernelVariants::default() };
+        let joined = joined_source(&region, "joined", fast).unwrap();
+        assert!(joined.source.contains(EXP2) && joined.source.matches("bs_exp2(").count() >= 3, "{}", joined.source);
+        super::super::compiles_with_nvrtc(&joined.source);
+        let default = joined_source(&region, "joined", KernelVariants::default()).unwrap();
+        assert!(!default.source.contains("bs_exp2"), "{}", default.source);
     }
 
     /// An update written over its parameter while another chain of the region reads the
@@ -574,7 +608,7 @@ mod tests {
         assert_eq!(fused.len(), 1, "{fused}");
         let region = OpView::new(&fused, &fused.bound_symbols()[0]).unwrap();
         assert_eq!(region.in_place_updates().len(), 2, "{fused}");
-        let joined = joined_source(&region, "joined").unwrap();
+        let joined = joined_source(&region, "joined", KernelVariants::default()).unwrap();
         let inputs: Vec<ValueId> = region.bound_symbol().inputs().collect();
         let ema_at = inputs.iter().position(|&v| v == ema).unwrap();
         assert_eq!(joined.in_place.len(), 1, "{:?}", joined.in_place);

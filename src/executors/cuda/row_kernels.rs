@@ -38,7 +38,8 @@
 
 use std::fmt::Write as _;
 
-use super::codegen::{literal, maximum, widen, RegionSource, HALF_CONVERSIONS, MAXIMUM};
+use super::codegen::{literal, maximum, widen, RegionSource, EXP2, HALF_CONVERSIONS, MAXIMUM};
+use super::KernelVariants;
 use crate::core::ir::{prims, DType, SymbolId};
 use crate::core::plan::{packing, OpView};
 
@@ -262,17 +263,17 @@ pub(super) fn widen_raw(dtype: DType, vector: usize, raw: &str, dst: &str) -> St
 }
 
 /// The C that reads the `vector` values of `dtype` (16 bytes of them) at element `o` of `ptr`
-/// (a `long long` expression, at least 0), where `o` need not be a multiple of `vector`, into
+/// (an expression of C type `index`, `long long` or `int`, at least 0), where `o` need not be a multiple of `vector`, into
 /// `dst` (a `uint4`, as [`load_raw`] reads an aligned access): the aligned access that holds
 /// the first value, the next one where the values run into it, and a shift of their words.
 /// Two 16-byte loads and a few register moves, where reading the values one by one took
 /// `vector` loads (and the L1 bandwidth of as many accesses). The caller checks that both
 /// accesses lie in the tensor: `o + vector <= len`, and [`shifted_within`].
-pub(super) fn load_shifted(dtype: DType, vector: usize, ptr: &str, o: &str, dst: &str) -> String {
+pub(super) fn load_shifted(dtype: DType, vector: usize, ptr: &str, o: &str, index: &str, dst: &str) -> String {
     debug_assert_eq!(vector * dtype.size_bytes(), 16, "16-byte accesses");
     let per_word = 4 / dtype.size_bytes();
     let mut c = format!(
-        "{{ const long long o_ = {o}; const int s_ = (int)(o_ % {vector}); \
+        "{{ const {index} o_ = {o}; const int s_ = (int)(o_ % {vector}); \
          const uint4* const a_ = reinterpret_cast<const uint4*>({ptr} + (o_ - s_)); \
          const uint4 lo_ = a_[0]; const uint4 hi_ = s_ != 0 ? a_[1] : lo_; \
          const unsigned int w_[8] = {{lo_.x, lo_.y, lo_.z, lo_.w, hi_.x, hi_.y, hi_.z, hi_.w}}; \
@@ -303,7 +304,7 @@ pub(super) fn load_shifted(dtype: DType, vector: usize, ptr: &str, o: &str, dst:
     c
 }
 
-/// The C condition that the second access [`load_shifted`] makes at element `o` (a `long long`
+/// The C condition that the second access [`load_shifted`] makes at element `o` (an integer
 /// expression, at least 0) lies in a tensor of `len` elements (an expression), where it makes
 /// one: `o` on an access, or the access after `o`'s in the tensor.
 pub(super) fn shifted_within(vector: usize, o: &str, len: &str) -> String {
@@ -427,7 +428,7 @@ pub(super) fn open_rows(c: &mut String, t: usize, rows: usize, cols: usize) {
 /// names the row's first element `row`, the access's first column `col`, whether the access is
 /// the thread's to make `valid`, and, where accesses are [`aligned`](RowLayout::aligned) to the
 /// tensor, how far before the row its first access starts `shift`. Inputs are `in0`, `in1`,
-/// ..., the output `out0`.
+/// ..., the output `out0`. Columns are of C type [`index`](Self::index).
 struct RowAccesses {
     /// The row's dtype (input 0).
     pub input: DType,
@@ -438,9 +439,36 @@ struct RowAccesses {
     /// Whether a value outside the row must be nothing to the row's maximum (`softmax`'s), not
     /// to its sum (`layer_norm`'s): see [`neutral`](Self::neutral).
     pub for_maximum: bool,
+    /// Whether columns are counted in 32 bits ([`KernelVariants::int32_row_columns`], rows
+    /// under 2^30 values: a column, the row's length past it and `shift` all fit).
+    pub int_columns: bool,
 }
 
 impl RowAccesses {
+    /// The C type of a column (and of `shift`): `int` or `long long`.
+    pub fn index(&self) -> &'static str {
+        if self.int_columns {
+            "int"
+        } else {
+            "long long"
+        }
+    }
+
+    /// The row's length, as a C literal of the columns' type.
+    pub fn count(&self) -> String {
+        if self.int_columns {
+            self.cols.to_string()
+        } else {
+            format!("{}ll", self.cols)
+        }
+    }
+
+    /// The column of access `j` of the thread at `lane` of `t` threads a row (an expression).
+    pub fn column_of_access(&self, j: &str, t: usize) -> String {
+        let widen = if self.int_columns { "" } else { "(long long)" };
+        self.column(&format!("{widen}{j} * {t} + lane"))
+    }
+
     /// What a value outside the row reads as (C): -infinity for a maximum, 0 for a sum.
     pub fn neutral(&self) -> &'static str {
         if self.for_maximum {
@@ -472,19 +500,19 @@ impl RowAccesses {
 
     /// Whether the access at `col` lies in the row whole (one load or store).
     pub fn whole(&self) -> String {
-        let (v, cols) = (self.vector, self.cols);
+        let (v, cols) = (self.vector, self.count());
         if self.aligned {
-            format!("col >= 0 && col + {v} <= {cols}ll")
+            format!("col >= 0 && col + {v} <= {cols}")
         } else {
-            format!("col < {cols}ll")
+            format!("col < {cols}")
         }
     }
 
     /// Whether the access at `col` is the thread's and holds any of the row's values.
     pub fn touches(&self) -> String {
-        let (v, cols) = (self.vector, self.cols);
+        let (v, cols) = (self.vector, self.count());
         if self.aligned {
-            format!("valid && col > -{v} && col < {cols}ll")
+            format!("valid && col > -{v} && col < {cols}")
         } else {
             format!("valid && {}", self.whole())
         }
@@ -493,7 +521,7 @@ impl RowAccesses {
     /// Whether value `e` of the access at `col` is the row's (where an access is shared with
     /// the rows beside it).
     pub fn in_this_row(&self, e: &str) -> String {
-        format!("col + {e} >= 0 && col + {e} < {}ll", self.cols)
+        format!("col + {e} >= 0 && col + {e} < {}", self.count())
     }
 
     /// The C that fills `float dst[vector]` from the access at `col`: the row's values, and
@@ -555,7 +583,7 @@ impl RowAccesses {
     /// The C that reads `float p[vector]` of a `[cols]` operand `in{k}` of `dtype` at the
     /// access's columns.
     pub fn read_columns(&self, k: usize, dtype: DType) -> String {
-        let (v, cols) = (self.vector, self.cols);
+        let (v, cols) = (self.vector, self.count());
         let per_value = format!(
             "for (int e = 0; e < {v}; ++e) {{ if ({}) {} else p[e] = 0.0f; }}",
             self.in_this_row("e"),
@@ -566,9 +594,9 @@ impl RowAccesses {
             // row holds whole reads its columns with two aligned accesses and a shift, where
             // both lie in the operand; the rest a value at a time.
             format!(
-                "if (col >= 0 && col + {v} <= {cols}ll && {}) {{ uint4 q; {}{} }}\n          else {per_value}",
-                shifted_within(v, "col", &format!("{cols}ll")),
-                load_shifted(dtype, v, &format!("in{k}"), "col", "q"),
+                "if (col >= 0 && col + {v} <= {cols} && {}) {{ uint4 q; {}{} }}\n          else {per_value}",
+                shifted_within(v, "col", &cols),
+                load_shifted(dtype, v, &format!("in{k}"), "col", self.index(), "q"),
                 widen_raw(dtype, v, "q", "p")
             )
         } else if self.aligned {
@@ -578,6 +606,13 @@ impl RowAccesses {
         }
     }
 }
+
+/// log2 of the factor by which a bf16 `softmax` with [`KernelVariants::fast_exp2`] scales the
+/// exponentials of its results (`bs_exp_out`) so that none that rounds to a bf16 value (down to
+/// 2^-133) falls below 2^-126, where `bs_exp2` flushes to 0: the smallest such result is at
+/// least 2^-134 before the scale, 2^-126 after it. The largest, 2^8, leaves every sum of up to
+/// 2^30 values finite.
+const OUT_SCALE_LOG2: i32 = 8;
 
 /// A built-in `softmax` or `layer_norm` bound symbol, as its kernels read it.
 struct RowOp {
@@ -626,10 +661,20 @@ impl RowOp {
         Ok(Self { id, rows, cols, dtypes, out_dtype, params, input_lengths })
     }
 
+    /// Whether a `softmax` into `out_dtype` takes its results' exponentials with `bs_exp_out`,
+    /// scaled by 2^[`OUT_SCALE_LOG2`]: bf16 results with `fast_exp2`, whose subnormals
+    /// (2^-133 to 2^-126) `bs_exp2` would flush to 0. (f16's least value is 2^-24.)
+    pub fn scales_results(out_dtype: DType, fast_exp2: bool) -> bool {
+        fast_exp2 && out_dtype == DType::BF16
+    }
+
     /// The C the kernels of `softmax` (`id`) or `layer_norm` over `dtypes` into `out_dtype`
     /// begin with: 16-bit conversions, and `softmax`'s maximum and exponential, with
-    /// `bs_rescale` where its sums are `rescaled` (taken against different maxima).
-    pub fn preamble(id: SymbolId, dtypes: &[DType], out_dtype: DType, rescaled: bool) -> String {
+    /// `bs_rescale` where its sums are `rescaled` (taken against different maxima). With
+    /// `fast_exp2` ([`KernelVariants::fast_exp2`]) a 16-bit `softmax` takes `bs_exp2`, and a
+    /// bf16 one also `bs_exp_out`, its results' exponential times 2^[`OUT_SCALE_LOG2`] (see
+    /// [`scales_results`](Self::scales_results)).
+    pub fn preamble(id: SymbolId, dtypes: &[DType], out_dtype: DType, rescaled: bool, fast_exp2: bool) -> String {
         let mut c = String::new();
         if dtypes.iter().chain([&out_dtype]).any(|&d| packing::is_packed(d)) {
             c.push_str(HALF_CONVERSIONS);
@@ -638,10 +683,26 @@ impl RowOp {
             c.push_str(MAXIMUM);
             // `expf` for f32 results; for 16-bit ones the hardware's `exp2` (2 units in the last
             // place of f32, far inside a 16-bit rounding, as `torch.compile`'s kernels take it).
-            let exp = if packing::is_packed(out_dtype) { "exp2f(x * 1.44269504088896341f)" } else { "expf(x)" };
+            let exp = match (packing::is_packed(out_dtype), fast_exp2) {
+                (true, true) => {
+                    c.push_str(EXP2);
+                    "bs_exp2(x * 1.44269504088896341f)"
+                }
+                (true, false) => "exp2f(x * 1.44269504088896341f)",
+                _ => "expf(x)",
+            };
             let _ = writeln!(c, "__device__ __forceinline__ float bs_exp(float x) {{ return {exp}; }}");
+            if Self::scales_results(out_dtype, fast_exp2) {
+                // 2^8 e^x: `x * log2(e) + 8` in one rounding (its exponent's error, 2^-21 at most,
+                // is far inside bf16's rounding), so that results down to 2^-134 are not flushed.
+                let _ = writeln!(
+                    c,
+                    "__device__ __forceinline__ float bs_exp_out(float x) {{ return bs_exp2(fmaf(x, 1.44269504088896341f, {OUT_SCALE_LOG2}.0f)); }}"
+                );
+            }
         }
         if id == prims::SOFTMAX && rescaled {
+            // (Rescaled sums are of `bs_exp`, never scaled.)
             // A sum of exponentials taken against maximum `from`, against `to` instead (equal
             // ones, infinities included, need no factor; a NaN stays NaN).
             c.push_str("__device__ __forceinline__ float bs_rescale(float s, float from, float to) {\n");
@@ -656,7 +717,8 @@ impl RowOp {
 /// block beside them ([`RowLayout::on_chip`]; 0 streams them). Where two blocks of a 16-bit
 /// `softmax` fit in `sm_shared` bytes (an SM's shared memory; 0 where unknown), the kernel
 /// asks the compiler for registers enough for two blocks of 1,024 threads an SM (32 a
-/// thread), not one.
+/// thread), not one. `variants` chooses [`KernelVariants::fast_exp2`] and
+/// [`KernelVariants::int32_row_columns`].
 ///
 /// # Errors
 /// Not one of those composites, or shapes that break their rules (checked again here, since
@@ -666,6 +728,7 @@ pub(super) fn row_source(
     kernel: &str,
     shared_limit: usize,
     sm_shared: usize,
+    variants: KernelVariants,
 ) -> Result<RowSource, String> {
     let RowOp { id, rows, cols, dtypes, out_dtype, mut params, input_lengths } = RowOp::of(op)?;
     let numel = rows * cols;
@@ -692,7 +755,7 @@ pub(super) fn row_source(
 
     let mut c = String::new();
     let _ = writeln!(c, "// Generated by boundscope for `{}` over rows of {cols}: {layout:?}.", op.name());
-    c.push_str(&RowOp::preamble(id, &dtypes, out_dtype, layout.per_thread.is_none()));
+    c.push_str(&RowOp::preamble(id, &dtypes, out_dtype, layout.per_thread.is_none(), variants.fast_exp2));
     // Two blocks of a 16-bit `softmax` row each an SM where their shared memory fits twice
     // (with the kilobyte CUDA reserves per block and the kernel's own arrays): rows of up to
     // 65,536 values kept as read, 8 of a thread's values in registers. A block of 1,024
@@ -742,25 +805,33 @@ pub(super) fn row_source(
     // The passes: over registers (`j`: the thread's accesses), or, streamed, over the row.
     let cached = layout.per_thread.is_some();
     let aligned = layout.aligned;
-    if aligned {
-        // How far before the row its first access starts.
-        let _ = writeln!(c, "    const long long shift = row % {v};");
-    }
     // Values outside the row are nothing to `softmax`'s maximum and sum, and to `layer_norm`'s
     // sums.
-    let accesses = RowAccesses { input: dtypes[0], vector: v, cols, aligned, for_maximum: id == prims::SOFTMAX };
+    let accesses = RowAccesses {
+        input: dtypes[0],
+        vector: v,
+        cols,
+        aligned,
+        for_maximum: id == prims::SOFTMAX,
+        int_columns: variants.int32_row_columns && cols < 1 << 30,
+    };
+    let ix = accesses.index();
+    if aligned {
+        // How far before the row its first access starts.
+        let _ = writeln!(c, "    const {ix} shift = row % {v};");
+    }
     let touches = accesses.touches();
     let (open, close) = match layout.per_thread {
         Some(n) if in_registers == n => {
-            let col = accesses.column(&format!("(long long)j * {t} + lane"));
+            let col = accesses.column_of_access("j", t);
             let _ = writeln!(c, "    float v[{}];", n * v);
             let _ = writeln!(c, "    #pragma unroll");
             let _ = writeln!(c, "    for (int j = 0; j < {n}; ++j) {{");
-            let _ = writeln!(c, "      const long long col = {col};");
+            let _ = writeln!(c, "      const {ix} col = {col};");
             let _ = writeln!(c, "      {}", accesses.fill(&format!("(v + j * {v})")));
             let _ = writeln!(c, "    }}");
             (
-                format!("    #pragma unroll\n    for (int j = 0; j < {n}; ++j) {{ const long long col = {col}; const bool in_row = {touches}; float* const x = v + j * {v};"),
+                format!("    #pragma unroll\n    for (int j = 0; j < {n}; ++j) {{ const {ix} col = {col}; const bool in_row = {touches}; float* const x = v + j * {v};"),
                 "    }".to_string(),
             )
         }
@@ -769,7 +840,7 @@ pub(super) fn row_source(
         // is a lambda over an access, run over both.
         Some(n) => {
             let r = in_registers;
-            let col = accesses.column(&format!("(long long)j * {t} + lane"));
+            let col = accesses.column_of_access("j", t);
             // Registers are indexed only where the loop is unrolled (a constant index), or they
             // would go to local memory.
             let (in_registers, in_shared) = if raw_shared {
@@ -781,7 +852,7 @@ pub(super) fn row_source(
             for (from, to, dst) in [(0, r, &in_registers), (r, n, &in_shared)] {
                 let _ = writeln!(c, "    #pragma unroll");
                 let _ = writeln!(c, "    for (int j = {from}; j < {to}; ++j) {{");
-                let _ = writeln!(c, "      const long long col = {col};");
+                let _ = writeln!(c, "      const {ix} col = {col};");
                 if raw_shared && dst == &in_shared {
                     // As read, the values outside the row `neutral` in 16 bits.
                     let _ = writeln!(c, "      {raw}* const dst = {dst};");
@@ -792,18 +863,18 @@ pub(super) fn row_source(
                 }
                 let _ = writeln!(c, "    }}");
             }
-            let run = |dst: &str| format!("const long long col = {col}; pass({dst}, col, {touches});");
+            let run = |dst: &str| format!("const {ix} col = {col}; pass({dst}, col, {touches});");
             // A raw access is widened into `float`s for each pass.
             let run_shared = if raw_shared {
                 format!(
-                    "const long long col = {col}; const {raw} w = *({in_shared}); float xs[{v}];{} pass(xs, col, {touches});",
+                    "const {ix} col = {col}; const {raw} w = *({in_shared}); float xs[{v}];{} pass(xs, col, {touches});",
                     widen_raw(dtypes[0], v, "w", "xs")
                 )
             } else {
                 run(&in_shared)
             };
             (
-                "    { auto pass = [&](float* const x, const long long col, const bool in_row) {".to_string(),
+                format!("    {{ auto pass = [&](float* const x, const {ix} col, const bool in_row) {{"),
                 format!(
                     "    }};\n    #pragma unroll\n    for (int j = 0; j < {r}; ++j) {{ {} }}\n    #pragma unroll 4\n    for (int j = {r}; j < {n}; ++j) {{ {} }} }}",
                     run(&in_registers),
@@ -816,16 +887,24 @@ pub(super) fn row_source(
         None => {
             let u = (16 / v).clamp(STREAMED_LOADS, 16);
             let step = t * v;
+            let (count, widen) = (accesses.count(), if accesses.int_columns { "" } else { "(long long)" });
+            let stride = if accesses.int_columns { (u * step).to_string() } else { format!("{}ll", u * step) };
             (
                 format!(
-                    "    for (long long col0 = {}; col0 < {cols}ll; col0 += {}ll) {{ float xs[{u}][{v}];\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const long long col = col0 + (long long)u * {step}; {} }}\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const long long col = col0 + (long long)u * {step}; const bool in_row = {touches}; float* const x = xs[u];",
-                    accesses.column("(long long)lane"),
-                    u * step,
+                    "    for ({ix} col0 = {}; col0 < {count}; col0 += {stride}) {{ float xs[{u}][{v}];\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const {ix} col = col0 + {widen}u * {step}; {} }}\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const {ix} col = col0 + {widen}u * {step}; const bool in_row = {touches}; float* const x = xs[u];",
+                    accesses.column(&format!("{widen}lane")),
                     accesses.fill("xs[u]"),
                 ),
                 "    } }".to_string(),
             )
         }
+    };
+    // Where the results' exponentials are scaled (`bs_exp_out`, see `RowOp::scales_results`),
+    // the sums that are not of them are scaled too, once, in `inv_z`: an exact power of 2.
+    let (exp_out, inv_z) = if RowOp::scales_results(out_dtype, variants.fast_exp2) {
+        ("bs_exp_out", format!("{} / acc", literal(2f32.powi(-OUT_SCALE_LOG2))))
+    } else {
+        ("bs_exp", "1.0f / acc".to_string())
     };
     if id == prims::SOFTMAX && !cached {
         // Streamed: the maximum and the sum in one pass (the sum rescaled as the maximum
@@ -836,11 +915,11 @@ pub(super) fn row_source(
         let _ = writeln!(c, "{close}");
         online_softmax_merge(&mut c, t);
         // One division per row, a product per value (within an ulp of dividing each).
-        let _ = writeln!(c, "    const float inv_z = 1.0f / acc;");
+        let _ = writeln!(c, "    const float inv_z = {inv_z};");
         let _ = writeln!(c, "{open}");
         let _ = writeln!(
             c,
-            "      if (in_row) {{ float y[{v}]; for (int e = 0; e < {v}; ++e) y[e] = bs_exp(x[e] - m) * inv_z;"
+            "      if (in_row) {{ float y[{v}]; for (int e = 0; e < {v}; ++e) y[e] = {exp_out}(x[e] - m) * inv_z;"
         );
         let _ = writeln!(c, "        {} }}", accesses.put(out_dtype));
         let _ = writeln!(c, "{close}");
@@ -857,15 +936,20 @@ pub(super) fn row_source(
         // (Values kept as read in shared memory are widened for each pass: their exponentials
         // are taken again.)
         let recomputed = raw_shared && layout.shared_bytes() > 0;
-        let (keep, exp) =
-            if cached && !recomputed { ("x[e] = bs_exp(x[e] - m); ", "x[e]") } else { ("", "bs_exp(x[e] - m)") };
+        // Kept, the sum is of the results' exponentials, scaled or not: `1 / acc` divides the
+        // scale out. Recomputed, it is of `bs_exp`'s and `inv_z` takes the scale.
+        let (keep, exp, out, inv_z) = if cached && !recomputed {
+            (format!("x[e] = {exp_out}(x[e] - m); "), "x[e]", "x[e]".to_string(), "1.0f / acc".to_string())
+        } else {
+            (String::new(), "bs_exp(x[e] - m)", format!("{exp_out}(x[e] - m)"), inv_z)
+        };
         let _ = writeln!(c, "      if (in_row) for (int e = 0; e < {v}; ++e) {{ {keep}acc = acc + {exp}; }}");
         let _ = writeln!(c, "{close}");
         reduce(&mut c, &sum);
         // One division per row, a product per value (within an ulp of dividing each).
-        let _ = writeln!(c, "    const float inv_z = 1.0f / acc;");
+        let _ = writeln!(c, "    const float inv_z = {inv_z};");
         let _ = writeln!(c, "{open}");
-        let _ = writeln!(c, "      if (in_row) {{ float y[{v}]; for (int e = 0; e < {v}; ++e) y[e] = {exp} * inv_z;");
+        let _ = writeln!(c, "      if (in_row) {{ float y[{v}]; for (int e = 0; e < {v}; ++e) y[e] = {out} * inv_z;");
         let _ = writeln!(c, "        {} }}", accesses.put(out_dtype));
         let _ = writeln!(c, "{close}");
     } else {
@@ -933,6 +1017,15 @@ mod tests {
         build: impl Fn(&mut TraceBuilder<'_>) -> crate::ValueId,
         shared_limit: usize,
     ) -> Result<RowSource, String> {
+        source_with(build, shared_limit, KernelVariants::default())
+    }
+
+    /// [`source_within`], generating `variants`.
+    fn source_with(
+        build: impl Fn(&mut TraceBuilder<'_>) -> crate::ValueId,
+        shared_limit: usize,
+        variants: KernelVariants,
+    ) -> Result<RowSource, String> {
         let registry = Registry::with_builtins();
         let arena = Arena::new();
         let mut b = TraceBuilder::new(&arena, &registry);
@@ -940,7 +1033,125 @@ mod tests {
         b.output(y).unwrap();
         let trace = b.finish().unwrap();
         let bsym = trace.bound_symbols().last().unwrap();
-        row_source(&OpView::new(&trace, bsym).unwrap(), "k", shared_limit, HOPPER_SM)
+        row_source(&OpView::new(&trace, bsym).unwrap(), "k", shared_limit, HOPPER_SM, variants)
+    }
+
+    /// `softmax` (or `layer_norm` with weight and bias) over `[rows, cols]` of `dtype`, its
+    /// kernel with `shared_limit` bytes of shared memory a block, of `variants`.
+    fn row_op_with(
+        layer_norm: bool,
+        dtype: DType,
+        [rows, cols]: [usize; 2],
+        shared_limit: usize,
+        variants: KernelVariants,
+    ) -> RowSource {
+        use crate::core::ir::TensorMeta;
+        source_with(
+            |b| {
+                let x = b.input_with(&TensorMeta::new(dtype, &[rows, cols])).unwrap();
+                if !layer_norm {
+                    return b.softmax(x).unwrap();
+                }
+                let w = b.input_with(&TensorMeta::new(dtype, &[cols])).unwrap();
+                let bias = b.input_with(&TensorMeta::new(dtype, &[cols])).unwrap();
+                b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap()
+            },
+            shared_limit,
+            variants,
+        )
+        .unwrap()
+    }
+
+    /// Shared memory a Hopper block may keep a row in, as `CudaOps` asks.
+    const HOPPER_BLOCK: usize = 227 * 1024 - 1024;
+
+    #[test]
+    fn fast_exp2_takes_one_instruction_and_keeps_bf16_results_below_the_normal_range() {
+        let fast = KernelVariants { fast_exp2: true, ..KernelVariants::default() };
+        // f32 results, and `layer_norm`, have no `exp2`: the same kernels.
+        for (layer_norm, dtype) in [(false, DType::F32), (true, DType::F32), (true, DType::BF16)] {
+            for cols in [1024, 65536] {
+                let default = row_op_with(layer_norm, dtype, [64, cols], HOPPER_BLOCK, KernelVariants::default());
+                let variant = row_op_with(layer_norm, dtype, [64, cols], HOPPER_BLOCK, fast);
+                assert_eq!(default.source.source, variant.source.source);
+            }
+        }
+        // bf16 `softmax`, in each of its three layouts. Kept in registers: the sum is of the
+        // scaled exponentials it keeps, and `1 / acc` divides the scale out.
+        let kept = row_op_with(false, DType::BF16, [64, 1024], HOPPER_BLOCK, fast);
+        let s = &kept.source.source;
+        assert!(kept.layout.shared_bytes() == 0 && kept.layout.per_thread.is_some(), "{s}");
+        assert!(s.contains("{ x[e] = bs_exp_out(x[e] - m); acc = acc + x[e]; }"), "{s}");
+        assert!(s.contains("const float inv_z = 1.0f / acc;") && s.contains("y[e] = x[e] * inv_z;"), "{s}");
+        // Kept as read in shared memory, each exponential taken twice; and streamed: the sum is
+        // of `bs_exp`'s, never scaled, and `inv_z` takes the scale, 2^-8, exactly.
+        let recomputed = row_op_with(false, DType::BF16, [256, 65536], HOPPER_BLOCK, fast);
+        let streamed = row_op_with(false, DType::BF16, [4, 1 << 20], HOPPER_BLOCK, fast);
+        assert!(recomputed.layout.shared_bytes() > 0 && streamed.layout.per_thread.is_none());
+        for (generated, sum) in [(&recomputed, "acc = acc + bs_exp(x[e] - m);"), (&streamed, "bs_rescale(acc, m, mv)")]
+        {
+            let s = &generated.source.source;
+            assert!(s.contains(sum), "{s}");
+            assert!(s.contains("const float inv_z = 3.90625e-3f / acc;"), "{s}");
+            assert!(s.contains("y[e] = bs_exp_out(x[e] - m) * inv_z;"), "{s}");
+        }
+        assert_eq!(literal(2f32.powi(-OUT_SCALE_LOG2)), "3.90625e-3f");
+        for generated in [&kept, &recomputed, &streamed] {
+            let s = &generated.source.source;
+            assert!(s.contains(EXP2) && s.contains("bs_exp2(x * 1.44269504088896341f)"), "{s}");
+            assert!(s.contains("return bs_exp2(fmaf(x, 1.44269504088896341f, 8.0f));"), "{s}");
+            assert!(!s.contains("exp2f("), "no four-instruction exp2 left: {s}");
+            crate::executors::cuda::compiles_with_nvrtc(s);
+        }
+        // f16's least value, 2^-24, is far above the flush: no scale.
+        for cols in [1024, 65536, 1 << 20] {
+            let generated = row_op_with(false, DType::F16, [4, cols], HOPPER_BLOCK, fast);
+            let s = &generated.source.source;
+            assert!(s.contains("bs_exp2(x * 1.44269504088896341f)") && !s.contains("bs_exp_out"), "{s}");
+            assert!(s.contains("const float inv_z = 1.0f / acc;"), "{s}");
+            crate::executors::cuda::compiles_with_nvrtc(s);
+        }
+        // The scale keeps every bf16 result: the least, half of bf16's least subnormal (2^-133),
+        // rounds up to it; its exponential, 2^-134, scaled is 2^-126, the least `bs_exp2` keeps.
+        // The greatest, e^0 = 1, scaled is 256: a sum of 2^30 of them is finite.
+        assert_eq!(-134 + OUT_SCALE_LOG2, -126);
+        assert!(((1u64 << 30) as f32 * 2f32.powi(OUT_SCALE_LOG2)).is_finite());
+    }
+
+    #[test]
+    fn int32_row_columns_count_columns_in_32_bits_below_2_to_the_30() {
+        let narrow = KernelVariants { int32_row_columns: true, ..KernelVariants::default() };
+        // In registers, aligned to the tensor (with weight and bias read shifted), in shared
+        // memory as read, and streamed.
+        let cases = [
+            (false, DType::F32, [3, 1001]),
+            (true, DType::BF16, [9, 50257]),
+            (false, DType::BF16, [333, 50257]),
+            (true, DType::F32, [4, 65536]),
+            (false, DType::BF16, [2, 200003]),
+            (true, DType::F16, [2, 1 << 20]),
+        ];
+        for (layer_norm, dtype, shape) in cases {
+            let default = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, KernelVariants::default());
+            let variant = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, narrow);
+            assert_eq!(default.layout, variant.layout, "the same layout");
+            let (d, s) = (&default.source.source, &variant.source.source);
+            assert!(d.contains(" long long col") && !s.contains(" long long col"), "{s}");
+            // (The row's first element, `row`, stays 64-bit.)
+            assert!(!s.contains(&format!("< {}ll", shape[1])), "bounds against an int: {s}");
+            assert!(d.contains(&format!("< {}ll", shape[1])), "{d}");
+            assert!(s.contains("const int col = ") || s.contains("for (int col0 = "), "{s}");
+            if variant.layout.aligned {
+                assert!(s.contains(&format!("const int shift = row % {};", variant.layout.vector)), "{s}");
+            }
+            if layer_norm && variant.layout.aligned && variant.layout.vector * dtype.size_bytes() == 16 {
+                assert!(s.contains("const int o_ = col;"), "weight and bias read shifted in 32 bits: {s}");
+            }
+            crate::executors::cuda::compiles_with_nvrtc(s);
+        }
+        // Rows of 2^30 values or more keep 64-bit columns (their accesses are not aligned).
+        let long = row_op_with(false, DType::F32, [1, 1 << 30], 0, narrow);
+        assert!(long.source.source.contains("long long col0"), "{}", long.source.source);
     }
 
     #[test]

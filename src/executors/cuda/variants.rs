@@ -1,0 +1,111 @@
+//! Variants of the generated kernels that are being measured: each is chosen by a developer
+//! option (`cuda.*`, set through [`Options::set_developer`]) and is off by default until the
+//! H200 shows it faster on the sweep (`examples/gpu_sweep.rs --variants`, which times every
+//! variant beside the defaults, case by case, in one run) and on GPT-2. A plan run with one lists
+//! it in its header. Both executors that generate kernels, `CudaFusion` and `CudaOps`, take
+//! them ([`CudaFusion::with_variants`](super::CudaFusion::with_variants), or `from_options`);
+//! the front end configures them from its options.
+//!
+//! ```
+//! use boundscope::executors::cuda::KernelVariants;
+//! use boundscope::options::Options;
+//!
+//! let mut options = Options::new();
+//! assert_eq!(KernelVariants::from_options(&options)?, KernelVariants::default());
+//! // Developer options: the user API refuses them, and says how to opt in.
+//! assert!(options.set("cuda.fast_exp2", true).is_err());
+//! options.set_developer("cuda.fast_exp2", true)?;
+//! let variants = KernelVariants::from_options(&options)?;
+//! assert!(variants.fast_exp2 && !variants.int32_row_columns);
+//! # Ok::<(), boundscope::Error>(())
+//! ```
+
+use crate::error::Result;
+use crate::options::{Audience, OptionSpec, OptionType, OptionValue, Options};
+
+/// Which variant of each generated kernel to emit (all off: the kernels measured in the README).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct KernelVariants {
+    /// `softmax`, `sigmoid` and `gelu` with 16-bit results take PTX's `ex2.approx.ftz.f32`, one
+    /// instruction, where `exp2f` takes four (three of them scale results below 2^-126, and
+    /// issue though predicated off). Nothing is lost to the flush: sums and `1 + e`
+    /// denominators each hold a 1, f16's least value is 2^-24, and bf16 `softmax` takes its
+    /// results as `ex2(y + 8) * 2^-8`, so that one that rounds to a bf16 value (down to 2^-133)
+    /// never flushes. `ptxas` (sm_90): 16-bit `softmax` kernels have 8-28% fewer instructions.
+    pub fast_exp2: bool,
+    /// Row kernels (`softmax`, `layer_norm`) count their columns in 32 bits for rows under
+    /// 2^30 values: a bounds test is one comparison rather than two, and no 64-bit multiplies.
+    /// `ptxas`: 8-36% fewer instructions over rows of odd lengths (`layer_norm` over rows of
+    /// 1,001 loses its 152 bytes of spills), about the same where 16 bytes divide the row.
+    pub int32_row_columns: bool,
+}
+
+/// The developer options of the CUDA executors: which [`KernelVariants`] they generate.
+pub const CUDA_OPTIONS: &[OptionSpec] = &[
+    OptionSpec {
+        name: "cuda.fast_exp2",
+        ty: OptionType::Bool,
+        default: OptionValue::Bool(false),
+        doc: "16-bit softmax, sigmoid and gelu take the one-instruction ex2.approx.ftz (KernelVariants::fast_exp2).",
+        audience: Audience::Developer,
+        env: None,
+    },
+    OptionSpec {
+        name: "cuda.int32_row_columns",
+        ty: OptionType::Bool,
+        default: OptionValue::Bool(false),
+        doc: "Row kernels count columns in 32 bits for rows under 2^30 values (KernelVariants::int32_row_columns).",
+        audience: Audience::Developer,
+        env: None,
+    },
+];
+
+impl KernelVariants {
+    /// Every variant on.
+    pub const ALL: Self = Self { fast_exp2: true, int32_row_columns: true };
+
+    /// The variants `options` choose (`cuda.*`).
+    ///
+    /// # Errors
+    /// [`Error::UnknownOption`](crate::Error::UnknownOption) if `options` lack the CUDA
+    /// executors' specs ([`CUDA_OPTIONS`]: [`Options::new`] has them).
+    pub fn from_options(options: &Options) -> Result<Self> {
+        Ok(Self {
+            fast_exp2: options.bool("cuda.fast_exp2")?,
+            int32_row_columns: options.bool("cuda.int32_row_columns")?,
+        })
+    }
+
+    /// Each option of [`CUDA_OPTIONS`] with the value that gives these variants (for
+    /// [`Executor::configured_options`](crate::Executor::configured_options)).
+    pub fn configured(&self) -> Vec<(&'static str, OptionValue)> {
+        vec![
+            ("cuda.fast_exp2", OptionValue::Bool(self.fast_exp2)),
+            ("cuda.int32_row_columns", OptionValue::Bool(self.int32_row_columns)),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_option_round_trips_and_defaults_to_the_measured_kernels() {
+        let options = Options::with_specs(CUDA_OPTIONS);
+        assert_eq!(KernelVariants::from_options(&options).unwrap(), KernelVariants::default());
+        let configured = KernelVariants::ALL.configured();
+        assert_eq!(configured.len(), CUDA_OPTIONS.len(), "every spec is configured");
+        let mut options = Options::with_specs(CUDA_OPTIONS);
+        for (spec, (name, value)) in CUDA_OPTIONS.iter().zip(&configured) {
+            assert_eq!(spec.name, *name);
+            assert_eq!(spec.audience, Audience::Developer, "{name} is for developers");
+            options.set_developer(name, value.clone()).unwrap();
+        }
+        assert_eq!(KernelVariants::from_options(&options).unwrap(), KernelVariants::ALL);
+        assert!(matches!(
+            KernelVariants::from_options(&Options::runtime_only()),
+            Err(crate::Error::UnknownOption { .. })
+        ));
+    }
+}

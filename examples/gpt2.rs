@@ -26,7 +26,9 @@
 //! the device time of a training step by op), `--print-plans` (each plan on stderr: its steps,
 //! executors and notes), `--ranks N` (data parallelism: N processes, one per GPU, each on its
 //! own batch, gradients averaged by `all_reduce` in buckets during the backward; NCCL on GPUs,
-//! TCP on the CPU; the ranks check that their parameters stay equal).
+//! TCP on the CPU; the ranks check that their parameters stay equal), `--dev NAME=VALUE` (a
+//! developer option, `Options::set_developer`: `--dev cuda.fast_exp2=true` times a variant of
+//! the generated kernels; repeatable).
 //! Prints its results on stdout; exits non-zero if a check fails (a gradient off its finite
 //! difference, a training loss that does not fall).
 
@@ -96,6 +98,8 @@ struct Args {
     profile: bool,
     print_plans: bool,
     ranks: usize,
+    /// Developer options, `name=value` (`--dev`).
+    developer: Vec<String>,
 }
 
 /// An error of the command line or of boundscope.
@@ -125,6 +129,7 @@ fn parse_args() -> std::result::Result<Args, Failure> {
         profile: false,
         print_plans: false,
         ranks: 0,
+        developer: Vec::new(),
     };
     let (mut heads, mut batch) = (None, None);
     let mut it = std::env::args().skip(1);
@@ -165,6 +170,7 @@ fn parse_args() -> std::result::Result<Args, Failure> {
             "--profile" => args.profile = true,
             "--print-plans" => args.print_plans = true,
             "--ranks" => args.ranks = number(&flag, value()?)?,
+            "--dev" => args.developer.push(value()?),
             other => return Err(usage(format!("unknown flag `{other}`"))),
         }
     }
@@ -249,6 +255,11 @@ fn run() -> std::result::Result<bool, Failure> {
     };
     let mut options = Options::new();
     options.set_str("runtime.device", &args.device)?;
+    for setting in &args.developer {
+        let (name, value) =
+            setting.split_once('=').ok_or_else(|| usage(format!("--dev takes NAME=VALUE, not `{setting}`")))?;
+        options.set_developer_str(name, value)?;
+    }
     if let Some((env, _)) = &rank {
         options.set("runtime.gpu", env.local_rank as i64)?;
     }
@@ -424,7 +435,6 @@ fn run() -> std::result::Result<bool, Failure> {
         } else if args.bench {
             bench(
                 &session,
-                &args.device,
                 &model.trace,
                 &step.trace,
                 &arena,
@@ -587,7 +597,6 @@ fn check_gradients(
 #[allow(clippy::too_many_arguments)]
 fn bench(
     session: &ProfiledSession,
-    device_option: &str,
     forward: &Trace<'_>,
     step_trace: &Trace<'_>,
     arena: &Arena,
@@ -635,8 +644,8 @@ fn bench(
     let off = step_ms(step, ws)?;
     // The same step with a range on every op and module (`runtime.profiling=ops`), no tool
     // attached unless the process runs under one; then profiling off again.
-    let mut options = Options::new();
-    options.set_str("runtime.device", device_option)?;
+    // (The session's options, developer options among them.)
+    let mut options = session.options().clone();
     options.set_str("runtime.profiling", "ops")?;
     let profiled = ProfiledSession::new(options, &Environment::process())?.compile(step_trace, arena)?;
     let on = step_ms(&profiled, &mut profiled.workspace()?)?;

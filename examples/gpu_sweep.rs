@@ -23,17 +23,27 @@
 //! (`softmax,max`) and a third the shapes (`333x50257,4096x65536`) it names: with
 //! `ncu --kernel-name regex:boundscope --launch-skip 10 --launch-count 1`, one case's kernel under
 //! Nsight Compute.
+//!
+//! With `--variants`, each case is also checked and timed with every variant of the generated
+//! kernels (`KernelVariants`: `fast_exp2`, `int32_row_columns`, both), interleaved with the
+//! defaults in three rounds (the best of each kept), as `boundscope+<variant>` RESULT lines;
+//! `scripts/gpu_variants_report.py` prints each variant's speed against the defaults, case by
+//! case (the default kernels' lines are the sweep's as before):
+//!
+//! ```text
+//! target/release/examples/gpu_sweep --variants | tee sweep.txt | python3 scripts/gpu_variants_report.py
+//! ```
 
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use boundscope::executors::cuda::{self, CudaDevice};
+use boundscope::executors::cuda::{self, CudaDevice, KernelVariants};
 use boundscope::{Arena, DType, Device, Registry, Tensor, TensorMeta, TraceBuilder};
 
 #[path = "shared/gpu_bench.rs"]
 mod gpu_bench;
 
-use gpu_bench::{check_against_reference, gpu_plan, ms_per_device_run, useful_bytes};
+use gpu_bench::{check_variants_against_reference, gpu_plan_with, ms_per_device_run, useful_bytes};
 
 /// One case: an op over `[rows, cols]`.
 #[derive(Clone, Copy)]
@@ -134,8 +144,26 @@ fn run() -> Result<(), String> {
     let device: Arc<dyn Device> = gpu.clone();
     println!("device: {}", device.name());
     let registry = Registry::with_builtins();
-    let mut args = std::env::args().skip(1);
-    let (dtypes, ops, shapes) = (args.next(), args.next(), args.next());
+    let (flags, mut args): (Vec<String>, Vec<String>) = std::env::args().skip(1).partition(|a| a.starts_with("--"));
+    let mut variants = vec![("boundscope", KernelVariants::default())];
+    for flag in &flags {
+        match flag.as_str() {
+            "--variants" => variants.extend([
+                ("boundscope+fast_exp2", KernelVariants { fast_exp2: true, ..KernelVariants::default() }),
+                (
+                    "boundscope+int32_row_columns",
+                    KernelVariants { int32_row_columns: true, ..KernelVariants::default() },
+                ),
+                ("boundscope+all", KernelVariants::ALL),
+            ]),
+            _ => return Err(format!("unknown flag `{flag}` (the one flag is --variants)")),
+        }
+    }
+    // Rounds of each variant in turn (one without variants, as before).
+    let rounds = if variants.len() > 1 { 3 } else { 1 };
+    args.resize(3, String::new());
+    let named = |a: &String| (!a.is_empty()).then(|| a.clone());
+    let (dtypes, ops, shapes) = (named(&args[0]), named(&args[1]), named(&args[2]));
     let keep = |list: &Option<String>, name: &str| list.as_deref().is_none_or(|l| l.split(',').any(|n| n == name));
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         if !keep(&dtypes, &dtype.to_string()) {
@@ -148,31 +176,53 @@ fn run() -> Result<(), String> {
             let rows = (case.rows * case.cols).min(1 << 18).div_ceil(case.cols);
             let small = trace(&arena, &registry, &case, rows, dtype).map_err(e)?;
             let name = format!("{} {}x{}", case.op, case.rows, case.cols);
-            let diff = check_against_reference(&gpu, &small, &arena, &inputs(&case, rows, dtype), dtype, &name)?;
+            let small_inputs = inputs(&case, rows, dtype);
+            let diffs = variants
+                .iter()
+                .map(|&(label, v)| {
+                    check_variants_against_reference(
+                        &gpu,
+                        &small,
+                        &arena,
+                        &small_inputs,
+                        dtype,
+                        &format!("{name} ({label})"),
+                        v,
+                    )
+                })
+                .collect::<Result<Vec<f32>, String>>()?;
             // Then the full shape, inputs on the device, the output left there.
             let full = trace(&arena, &registry, &case, case.rows, dtype).map_err(e)?;
-            let plan = gpu_plan(&gpu, &full, &arena).map_err(e)?;
+            let plans = variants
+                .iter()
+                .map(|&(_, v)| gpu_plan_with(&gpu, &full, &arena, v))
+                .collect::<boundscope::Result<Vec<_>>>()
+                .map_err(e)?;
             let bytes = useful_bytes(&full);
             // About 30 ms of runs at 3 TB/s, 20 to 1,000 of them.
             let reps = (9e10 / bytes as f64).clamp(20.0, 1000.0) as usize;
-            let ms = ms_per_device_run(&device, &plan, &inputs(&case, case.rows, dtype), reps)?;
-            // The copy of the same bytes: half of them read, half written.
-            let copy_ms = gpu_bench::copy_ms(bytes / 8, reps)?;
+            let full_inputs = inputs(&case, case.rows, dtype);
+            let (mut ms, mut copy_ms) = (vec![f64::INFINITY; plans.len()], f64::INFINITY);
+            for _ in 0..rounds {
+                for (best, plan) in ms.iter_mut().zip(&plans) {
+                    *best = best.min(ms_per_device_run(&device, plan, &full_inputs, reps)?);
+                }
+                // The copy of the same bytes: half of them read, half written.
+                copy_ms = copy_ms.min(gpu_bench::copy_ms(bytes / 8, reps)?);
+            }
             let gbps = |ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
-            println!(
-                "RESULT {{\"impl\":\"boundscope\",\"op\":\"{}\",\"rows\":{},\"cols\":{},\"dtype\":\"{dtype}\",\"ms\":{ms},\"gbps\":{},\"copy_gbps\":{},\"check\":{diff}}}",
-                case.op,
-                case.rows,
-                case.cols,
-                gbps(ms),
-                gbps(copy_ms),
-            );
-            eprintln!(
-                "{name} {dtype}: {ms:.4} ms, {:.0} GB/s (copy {:.0}), steps {:?}",
-                gbps(ms),
-                gbps(copy_ms),
-                plan.steps_per_executor()
-            );
+            for (((label, _), ms), diff) in variants.iter().zip(ms).zip(diffs) {
+                println!(
+                    "RESULT {{\"impl\":\"{label}\",\"op\":\"{}\",\"rows\":{},\"cols\":{},\"dtype\":\"{dtype}\",\"ms\":{ms},\"gbps\":{},\"copy_gbps\":{},\"check\":{diff}}}",
+                    case.op,
+                    case.rows,
+                    case.cols,
+                    gbps(ms),
+                    gbps(copy_ms),
+                );
+                eprintln!("{name} {dtype} {label}: {ms:.4} ms, {:.0} GB/s (copy {:.0})", gbps(ms), gbps(copy_ms));
+            }
+            eprintln!("{name} {dtype}: steps {:?}", plans[0].steps_per_executor());
         }
     }
     Ok(())

@@ -9,7 +9,7 @@ mod common;
 
 use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use boundscope::executors::cuda::{self, CudaDevice, CudaEventTimer, CudaFusion, CudaOps};
+use boundscope::executors::cuda::{self, CudaDevice, CudaEventTimer, CudaFusion, CudaOps, KernelVariants};
 use boundscope::executors::CpuReference;
 use boundscope::guards::{NvtxRange, Selection, DEFAULT_DOMAIN};
 use boundscope::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOps};
@@ -49,6 +49,38 @@ fn device() -> Option<(Arc<CudaDevice>, RwLockReadGuard<'static, ()>)> {
 fn device_alone() -> Option<(Arc<CudaDevice>, RwLockWriteGuard<'static, ()>)> {
     let device = the_device()?;
     Some((device, COUNTING_TRANSFERS.write().unwrap_or_else(|p| p.into_inner())))
+}
+
+/// The kernel variants every test here runs the CUDA executors with: the defaults, unless
+/// `KERNEL_VARIANTS_UNDER_TEST` names some (`all`, or a comma list of `fast_exp2` and
+/// `int32_row_columns`): the GPU runs this binary once more with `all` before a variant's
+/// default changes. A name it does not know fails the test.
+fn variants_under_test() -> KernelVariants {
+    static VARIANTS: OnceLock<KernelVariants> = OnceLock::new();
+    *VARIANTS.get_or_init(|| {
+        let Ok(names) = std::env::var("KERNEL_VARIANTS_UNDER_TEST") else { return KernelVariants::default() };
+        let mut variants = KernelVariants::default();
+        for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            match name {
+                "all" => variants = KernelVariants::ALL,
+                "fast_exp2" => variants.fast_exp2 = true,
+                "int32_row_columns" => variants.int32_row_columns = true,
+                _ => panic!("KERNEL_VARIANTS_UNDER_TEST: unknown variant `{name}` (all, fast_exp2, int32_row_columns)"),
+            }
+        }
+        println!("kernel variants under test: {variants:?}");
+        variants
+    })
+}
+
+/// `CudaOps` on `device`, generating [`variants_under_test`].
+fn cuda_ops(device: Arc<CudaDevice>) -> CudaOps {
+    CudaOps::new(device).with_variants(variants_under_test())
+}
+
+/// `CudaFusion` on `device`, generating [`variants_under_test`].
+fn cuda_fusion(device: Arc<CudaDevice>) -> CudaFusion {
+    CudaFusion::new(device).with_variants(variants_under_test())
 }
 
 /// GPU `expf`, `tanhf` and cuBLAS summation order differ from the CPU's in the last bits.
@@ -96,9 +128,9 @@ fn fused_for_cuda<'a>(
     trace: &boundscope::Trace<'a>,
     arena: &'a Arena,
 ) -> (boundscope::Trace<'a>, Arc<dyn Executor>) {
-    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let ops: Arc<dyn Executor> = Arc::new(cuda_ops(device.clone()));
     let prims_only = Pipeline::for_executors(&[ops]).run(trace, arena).unwrap();
-    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
+    let fusion: Arc<dyn Executor> = Arc::new(cuda_fusion(device.clone()));
     (FuseRegions::new(fusion.clone()).run(&prims_only, arena).unwrap(), fusion)
 }
 
@@ -113,7 +145,7 @@ fn ulps_from_cpu_fusion(
     use boundscope::executors::CpuFusion;
     let refs: Vec<&boundscope::Tensor> = inputs.iter().collect();
     let (fused_gpu, fusion) = fused_for_cuda(device, trace, arena);
-    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let ops: Arc<dyn Executor> = Arc::new(cuda_ops(device.clone()));
     let gpu = Plan::compile(&fused_gpu, &[fusion, ops]).unwrap();
     let fused_cpu = FuseRegions::new(CpuFusion::shared()).run(trace, arena).unwrap();
     let cpu = Plan::compile(&fused_cpu, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();
@@ -143,7 +175,7 @@ fn the_quickstart_program_matches_on_cuda() {
     // And a timeline of the host scopes, to which the device times are added as their own track.
     let timeline = boundscope::guards::Timeline::new();
     fused.attach_guard(boundscope::guards::Selection::All, timeline.clone()).unwrap();
-    let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device)), CpuReference::shared()]).unwrap();
+    let plan = Plan::compile(&fused, &[fusion, Arc::new(cuda_ops(device)), CpuReference::shared()]).unwrap();
     println!("{plan}");
     let inputs = inputs_for(&trace);
     let refs: Vec<_> = inputs.iter().collect();
@@ -207,8 +239,7 @@ fn the_quickstart_block_stays_on_the_device() {
     let arena = Arena::new();
     let trace = quickstart_block(&arena, &registry);
     let (fused, fusion) = fused_for_cuda(&device, &trace, &arena);
-    let plan =
-        Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device.clone())), CpuReference::shared()]).unwrap();
+    let plan = Plan::compile(&fused, &[fusion, Arc::new(cuda_ops(device.clone())), CpuReference::shared()]).unwrap();
     let listing = plan.to_string();
     println!("{listing}");
     // Only the inputs' uploads and the output's download move data; no step runs on the host.
@@ -252,7 +283,7 @@ fn the_quickstart_block_replays_as_a_graph() {
     fused = ProfileOps::new().with_trace_range(NvtxRange::new().label("block").unwrap()).run(&fused, &arena).unwrap();
     let recorder = boundscope::guards::Recorder::new();
     fused.attach_trace_guard(recorder.clone()).unwrap();
-    let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device.clone()))]).unwrap();
+    let plan = Plan::compile(&fused, &[fusion, Arc::new(cuda_ops(device.clone()))]).unwrap();
     let inputs = inputs_for(&trace);
     let uploaded = upload(&device, &inputs);
     let run_inputs: Vec<boundscope::RunInput<'_>> = uploaded.iter().map(boundscope::RunInput::from).collect();
@@ -300,7 +331,7 @@ fn runs_from_several_threads_each_get_their_own_result() {
     let arena = Arena::new();
     let trace = quickstart_block(&arena, &registry);
     let (fused, fusion) = fused_for_cuda(&device, &trace, &arena);
-    let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device.clone()))]).unwrap();
+    let plan = Plan::compile(&fused, &[fusion, Arc::new(cuda_ops(device.clone()))]).unwrap();
     let reference = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
     let base = inputs_for(&trace);
     std::thread::scope(|scope| {
@@ -373,7 +404,7 @@ fn staged_transfers_from_two_streams_at_once_arrive_whole() {
     let x = b.input(&[n]).unwrap();
     let y = b.neg(x).unwrap();
     b.output(y).unwrap();
-    let plan = Plan::compile(&b.finish().unwrap(), &[Arc::new(CudaOps::new(device.clone()))]).unwrap();
+    let plan = Plan::compile(&b.finish().unwrap(), &[Arc::new(cuda_ops(device.clone()))]).unwrap();
     std::thread::scope(|s| {
         s.spawn(|| {
             for k in 0..4 {
@@ -409,7 +440,7 @@ fn streams_and_staging_threads_are_named_for_nvtx() {
     let arena = Arena::new();
     let trace = quickstart_block(&arena, &registry);
     let (fused, fusion) = fused_for_cuda(&device, &trace, &arena);
-    let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device.clone()))]).unwrap();
+    let plan = Plan::compile(&fused, &[fusion, Arc::new(cuda_ops(device.clone()))]).unwrap();
     // A workspace makes its stream on its first run (as its device buffers).
     let uploaded = upload(&device, &inputs_for(&trace));
     let run_inputs: Vec<boundscope::RunInput<'_>> = uploaded.iter().map(boundscope::RunInput::from).collect();
@@ -466,8 +497,8 @@ fn nan_propagates_on_cuda() {
             && expected[2].to_f32_vec()[37].is_nan()
     );
     assert!(expected[3].to_f32_vec()[0].is_nan() && !expected[3].to_f32_vec()[2].is_nan());
-    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
-    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device));
+    let fusion: Arc<dyn Executor> = Arc::new(cuda_fusion(device.clone()));
+    let ops: Arc<dyn Executor> = Arc::new(cuda_ops(device));
     for fused in [true, false] {
         let trace = if fused { FuseRegions::new(fusion.clone()).run(&trace, &arena).unwrap() } else { trace.clone() };
         let plan = Plan::compile(&trace, &[fusion.clone(), ops.clone(), CpuReference::shared()]).unwrap();
@@ -493,7 +524,7 @@ fn kernels_refuse_buffers_smaller_than_their_shapes() {
     let y = b.matmul(e, w).unwrap();
     b.output(y).unwrap();
     let trace = b.finish().unwrap();
-    let ops = CudaOps::new(device.clone());
+    let ops = cuda_ops(device.clone());
     let alloc = |len| boundscope::Device::alloc(&*device, len).unwrap();
     for (position, lengths) in [(0, [64 * 32, 0, 64 * 32]), (1, [64 * 32, 32 * 16, 64 * 16])] {
         let kernel = ops.compile_device(&boundscope::OpView::of(&trace, position).unwrap()).unwrap();
@@ -563,7 +594,7 @@ fn bf16_and_f16_plans_match_the_cpu_executors() {
         let inputs = inputs_for(&trace);
         let refs: Vec<&Tensor> = inputs.iter().collect();
         let (fused_gpu, fusion) = fused_for_cuda(&device, &trace, &arena);
-        let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+        let ops: Arc<dyn Executor> = Arc::new(cuda_ops(device.clone()));
         let gpu_fused = Plan::compile(&fused_gpu, &[fusion, ops.clone()]).unwrap();
         let gpu_ops = Plan::compile(&trace, &[ops]).unwrap();
         let fused_cpu = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
@@ -608,7 +639,7 @@ fn bf16_and_f16_plans_match_the_cpu_executors() {
             .map(|(k, shape)| Tensor::from_fn(shape, |i| ((i * 5 + k * 11) % 23) as f32 / 11.0 - 1.0).to_dtype(dtype))
             .collect();
         let (whole_gpu, _) = fused_for_cuda(&device, &whole, &arena);
-        let plan = Plan::compile(&whole_gpu, &[Arc::new(CudaOps::new(device.clone())) as Arc<dyn Executor>]).unwrap();
+        let plan = Plan::compile(&whole_gpu, &[Arc::new(cuda_ops(device.clone())) as Arc<dyn Executor>]).unwrap();
         assert_eq!(plan.len(), 7, "three uploads, two row kernels, two downloads: {plan}");
         let got = plan.run(&row_inputs.iter().collect::<Vec<_>>()).unwrap();
         let widened: Vec<Tensor> = row_inputs.iter().map(|t| t.to_dtype(DType::F32)).collect();
@@ -727,7 +758,7 @@ fn workspaces_made_and_dropped_leave_no_device_memory_behind() {
     let arena = Arena::new();
     let trace = quickstart_block(&arena, &registry);
     let (fused, fusion) = fused_for_cuda(&device, &trace, &arena);
-    let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device.clone()))]).unwrap();
+    let plan = Plan::compile(&fused, &[fusion, Arc::new(cuda_ops(device.clone()))]).unwrap();
     let uploaded = upload(&device, &inputs_for(&trace));
     let run_inputs: Vec<boundscope::RunInput<'_>> = uploaded.iter().map(boundscope::RunInput::from).collect();
     let context = cudarc::driver::CudaContext::new(0).unwrap();
@@ -806,7 +837,7 @@ fn plan_matches_the_reference(
     let trace = program.build(&arena, &registry).unwrap();
     // Half the cases keep what `CudaOps` prefers whole (linear, softmax, layer_norm).
     let pipeline = if whole {
-        Pipeline::for_executors(&[Arc::new(CudaOps::new(device.clone())) as Arc<dyn Executor>])
+        Pipeline::for_executors(&[Arc::new(cuda_ops(device.clone())) as Arc<dyn Executor>])
     } else {
         Pipeline::standard()
     };
@@ -814,10 +845,10 @@ fn plan_matches_the_reference(
     let mut profiled = ProfileOps::new().with_trace_range(NvtxRange::new()).run(&prims_only, &arena).unwrap();
     // And the application's own ranges, in a domain of its own.
     profiled.attach_guard(Selection::All, NvtxRange::new().domain("user").unwrap()).unwrap();
-    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()));
+    let fusion: Arc<dyn Executor> = Arc::new(cuda_fusion(device.clone()));
     let strategy = if dataflow { FusionStrategy::Dataflow } else { FusionStrategy::Consecutive };
     let fused = FuseRegions::new(fusion.clone()).strategy(strategy).run(&profiled, &arena).unwrap();
-    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device));
+    let ops: Arc<dyn Executor> = Arc::new(cuda_ops(device));
     let plan = Plan::compile(&fused, &[fusion, ops, CpuReference::shared()]).unwrap();
     let reference = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
     let inputs = program.input_data(seed);
@@ -899,6 +930,43 @@ fn one_handle_per_gpu_and_the_front_end_shares_it() {
     assert!(out.to_f32_vec().iter().zip(expected[0].to_f32_vec()).all(|(a, b)| (a - b).abs() < TOLERANCE));
 }
 
+/// The front end configures both CUDA executors from its developer options (`cuda.*`: the
+/// kernel variants): a plan lists them in its header, reports none unused, and runs the
+/// variant's kernels (a bf16 `softmax` and a fused 16-bit `sigmoid` chain equal the reference).
+#[test]
+fn the_front_end_generates_the_kernel_variants_its_options_choose() {
+    use boundscope::frontend::{Environment, ProfiledSession};
+    use boundscope::options::Options;
+    use boundscope::{Tensor, TraceBuilder};
+    let Some((_device, _sharing)) = device() else { return };
+    let mut options = Options::new();
+    options.set_developer("cuda.fast_exp2", true).unwrap();
+    options.set_developer("cuda.int32_row_columns", true).unwrap();
+    let session = ProfiledSession::new(options, &Environment::from_pairs(&[("BOUNDSCOPE_DEVICE", "cuda")])).unwrap();
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input_with(&TensorMeta::new(DType::BF16, &[64, 1001])).unwrap();
+    let y = b.softmax(x).unwrap();
+    let s = b.sigmoid(x).unwrap();
+    let z = b.mul(s, x).unwrap();
+    b.output(y).unwrap();
+    b.output(z).unwrap();
+    let trace = b.finish().unwrap();
+    let plan = session.plan(&trace, &arena).unwrap();
+    let executors: Vec<&str> = plan.steps_per_executor().into_iter().map(|(e, _)| e).collect();
+    assert!(executors.contains(&"cuda_ops") && executors.contains(&"cuda_fusion"), "{plan}");
+    assert_eq!(plan.developer_options(), ["cuda.fast_exp2=true", "cuda.int32_row_columns=true"], "{plan}");
+    assert!(plan.unused_options().is_empty(), "{:?}", plan.unused_options());
+    let input = Tensor::from_fn(&[64, 1001], |i| ((i * 37) % 101) as f32 / 10.0 - 5.0).to_dtype(DType::BF16);
+    let got = plan.run(&[&input]).unwrap();
+    let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&input]).unwrap();
+    for (g, e) in got.iter().zip(&expected) {
+        let scale = e.to_f32_vec().iter().fold(1f32, |m, v| m.max(v.abs()));
+        assert!(g.max_abs_diff(e) / scale < 2e-2, "{plan}");
+    }
+}
+
 /// Transfers through the public `Device` trait with a device buffer shorter than the host
 /// data are typed errors naming both lengths, staged (2^20 words) or not (1,000), both ways:
 /// never a panic inside cudarc.
@@ -962,7 +1030,7 @@ fn zero_dimensional_operands_promote_as_in_pytorch_on_the_gpu() {
     let refs: Vec<&Tensor> = inputs.iter().collect();
     let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&refs).unwrap();
     let (fused, fusion) = fused_for_cuda(&device, &trace, &arena);
-    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let ops: Arc<dyn Executor> = Arc::new(cuda_ops(device.clone()));
     let fused_plan = Plan::compile(&fused, &[fusion, ops.clone()]).unwrap();
     let per_op = Plan::compile(&trace, &[ops]).unwrap();
     let cpu_fused = FuseRegions::new(boundscope::executors::CpuFusion::shared()).run(&trace, &arena).unwrap();
@@ -1010,7 +1078,7 @@ fn transformer_ops_run_beside_cuda_ops_with_typed_transfers() {
         let ids =
             Tensor::from_vec(&[2, tokens], (0..2 * tokens as i64).map(|i| (i * 5 + (1 << 40)) % 32).collect()).unwrap();
         let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&[&wte, &ids]).unwrap();
-        let plan = Plan::compile(&trace, &[Arc::new(CudaOps::new(device.clone())), CpuReference::shared()]).unwrap();
+        let plan = Plan::compile(&trace, &[Arc::new(cuda_ops(device.clone())), CpuReference::shared()]).unwrap();
         let listing = plan.to_string();
         assert!(listing.contains("cuda_ops"), "{listing}");
         let got = plan.run(&[&wte, &ids]).unwrap();
@@ -1039,7 +1107,7 @@ fn transformer_ops_run_beside_cuda_ops_with_typed_transfers() {
 fn transformer_ops_on_cuda_match_the_reference() {
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
-    let cuda: Vec<Arc<dyn Executor>> = vec![Arc::new(CudaOps::new(device.clone())), CpuReference::shared()];
+    let cuda: Vec<Arc<dyn Executor>> = vec![Arc::new(cuda_ops(device.clone())), CpuReference::shared()];
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig { cases: 24, ..ProptestConfig::default() });
     let strategy = (
         proptest::collection::vec(1usize..5, 2..5),
@@ -1177,7 +1245,7 @@ fn transformer_ops_on_cuda_match_the_reference() {
 fn vectorized_moves_on_cuda_are_exact() {
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
-    let cuda: Vec<Arc<dyn Executor>> = vec![Arc::new(CudaOps::new(device.clone())), CpuReference::shared()];
+    let cuda: Vec<Arc<dyn Executor>> = vec![Arc::new(cuda_ops(device.clone())), CpuReference::shared()];
     for dtype in DType::ALL {
         for (t, h, d) in [(4, 3, 16), (5, 2, 8), (3, 2, 6), (2, 3, 5)] {
             let arena = Arena::new();
@@ -1216,7 +1284,7 @@ fn vectorized_moves_on_cuda_are_exact() {
 fn gathers_on_cuda_check_their_ids_on_the_device() {
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
-    let cuda: Vec<Arc<dyn Executor>> = vec![Arc::new(CudaOps::new(device.clone())), CpuReference::shared()];
+    let cuda: Vec<Arc<dyn Executor>> = vec![Arc::new(cuda_ops(device.clone())), CpuReference::shared()];
     for (dtype, id_dtype) in [(DType::F32, DType::I64), (DType::BF16, DType::I32), (DType::F16, DType::I64)] {
         let arena = Arena::new();
         let mut b = boundscope::TraceBuilder::new(&arena, &registry);
@@ -1353,7 +1421,7 @@ fn attention_runs_whole_and_matches_the_reference() {
         println!("SKIPPED (16-bit cases): attention_runs_whole_and_matches_the_reference: {why}");
     }
     let registry = Registry::with_builtins();
-    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let ops: Arc<dyn Executor> = Arc::new(cuda_ops(device.clone()));
     let executors = [ops.clone(), CpuReference::shared()];
     fn build<'a>(
         arena: &'a Arena,
@@ -1459,7 +1527,6 @@ fn row_ops_match_the_reference_at_every_row_length() {
     use boundscope::{DType, Tensor, TensorMeta, TraceBuilder};
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
-    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
     // (Past 1 << 20: GPT-2's vocabulary, over 9 rows, and an odd length streamed, over 10: rows
     // starting at every alignment.)
     let lengths = [
@@ -1488,7 +1555,13 @@ fn row_ops_match_the_reference_at_every_row_length() {
         50257,
         200003,
     ];
-    for dtype in [DType::F32, DType::BF16, DType::F16] {
+    // The default kernels and every variant (`KernelVariants`: one-instruction `exp2`, 32-bit
+    // columns), whatever `KERNEL_VARIANTS_UNDER_TEST` says.
+    for (variants, dtype) in [KernelVariants::default(), KernelVariants::ALL]
+        .into_iter()
+        .flat_map(|v| [DType::F32, DType::BF16, DType::F16].map(|d| (v, d)))
+    {
+        let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()).with_variants(variants));
         for (i, &cols) in lengths.iter().enumerate() {
             // (GPT-2's vocabulary over 9 rows: rows starting at every alignment of a 16-byte
             // access, so that `layer_norm` reads its weight and bias at every shift.)
@@ -1542,8 +1615,8 @@ fn row_ops_match_the_reference_at_every_row_length() {
                 let refs: Vec<&Tensor> = inputs.iter().collect();
                 let got = plan.run(&refs).unwrap();
                 let expected = exact_row_op(&inputs, layer_norm, cols);
-                let what =
-                    format!("{} over [{rows}, {cols}] in {dtype}", if layer_norm { "layer_norm" } else { "softmax" });
+                let op = if layer_norm { "layer_norm" } else { "softmax" };
+                let what = format!("{op} over [{rows}, {cols}] in {dtype}, {variants:?}");
                 for (k, (&g, &e)) in got[0].to_f32_vec().iter().zip(&expected).enumerate() {
                     if e.is_nan() || g.is_nan() {
                         assert!(e.is_nan() && g.is_nan(), "{what}: element {k}: {g} against {e}");
@@ -1558,6 +1631,53 @@ fn row_ops_match_the_reference_at_every_row_length() {
                     };
                     assert!((f64::from(g) - e).abs() <= f64::from(tolerance), "{what}: element {k}: {g} against {e}");
                 }
+            }
+        }
+    }
+}
+
+/// bf16 `softmax` results below bf16's normal range (its subnormals, 2^-133 to 2^-126) are not
+/// flushed to 0 in any layout (a row in registers, kept as read in shared memory, streamed; 16-byte
+/// and aligned accesses), by the default kernels or by those of `KernelVariants::fast_exp2`,
+/// whose one-instruction `exp2` flushes below 2^-126 (bf16 results are scaled by 2^8 first).
+/// Each row holds one 0 and values 87 to 93 below it: results e^-87 to e^-93 (2^-125.5 to
+/// 2^-134), most of them bf16 subnormals, which a flush would turn to 0.
+#[test]
+fn softmax_results_below_the_normal_range_survive_in_bf16() {
+    use boundscope::{Tensor, TraceBuilder};
+    let Some((device, _sharing)) = device() else { return };
+    let registry = Registry::with_builtins();
+    let fast_exp2 = KernelVariants { fast_exp2: true, ..KernelVariants::default() };
+    for variants in [KernelVariants::default(), fast_exp2, KernelVariants::ALL] {
+        let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()).with_variants(variants));
+        for [rows, cols] in [[4, 1024], [3, 65536], [3, 50257], [2, 1 << 20], [2, 200003]] {
+            let arena = Arena::new();
+            let mut b = TraceBuilder::new(&arena, &registry);
+            let x = b.input_with(&TensorMeta::new(DType::BF16, &[rows, cols])).unwrap();
+            let y = b.softmax(x).unwrap();
+            b.output(y).unwrap();
+            let trace = b.finish().unwrap();
+            let plan = Plan::compile(&trace, std::slice::from_ref(&ops)).unwrap();
+            let x = Tensor::from_fn(&[rows, cols], |i| {
+                let (r, c) = (i / cols, i % cols);
+                if c == (r * 7) % cols {
+                    0.0
+                } else {
+                    -87.0 - ((c * 13 + r) % 61) as f32 * 0.1
+                }
+            })
+            .to_dtype(DType::BF16);
+            let got = plan.run(&[&x]).unwrap()[0].to_f32_vec();
+            let expected = exact_row_op(std::slice::from_ref(&x), false, cols);
+            let what = format!("softmax over [{rows}, {cols}] in bf16, {variants:?}");
+            // Results a flush to 0 would miss by more than the tolerance.
+            let subnormal = expected.iter().filter(|&&e| (2f64.powi(-132)..2f64.powi(-126)).contains(&e)).count();
+            assert!(subnormal > rows * cols / 4, "{what}: {subnormal} subnormal results");
+            for (k, (&g, &e)) in got.iter().zip(&expected).enumerate() {
+                // The exact value rounded once, give or take the f32 rounding at a tie: an
+                // ulp of bf16 (2^-133 among subnormals).
+                let tolerance = 2f64.powi(-8) * e.abs().max(2f64.powi(-126)) * 2.0;
+                assert!((f64::from(g) - e).abs() <= tolerance, "{what}: element {k}: {g:e} against {e:e}");
             }
         }
     }
@@ -1622,7 +1742,7 @@ fn fused_reductions_match_the_reference_at_every_row_length() {
                 b.output(r).unwrap();
                 let trace = b.finish().unwrap();
                 let (fused, fusion) = fused_for_cuda(&device, &trace, &arena);
-                let plan = Plan::compile(&fused, &[fusion, Arc::new(CudaOps::new(device.clone()))]).unwrap();
+                let plan = Plan::compile(&fused, &[fusion, Arc::new(cuda_ops(device.clone()))]).unwrap();
                 assert!(plan.steps_per_executor().contains(&("cuda_fusion", 1)), "one region\n{plan}");
                 let input = Tensor::from_fn(&[rows, cols], |i| ((i * 37) % 101) as f32 / 25.0 - 2.0).to_dtype(dtype);
                 let scale = Tensor::from_fn(&[cols], |j| 0.25 + (j % 5) as f32 * 0.1).to_dtype(dtype);
@@ -1683,7 +1803,7 @@ fn attention_backward_runs_whole_and_matches_the_reference() {
         println!("SKIPPED (16-bit cases): attention_backward_runs_whole_and_matches_the_reference: {why}");
     }
     let registry = Registry::with_builtins();
-    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let ops: Arc<dyn Executor> = Arc::new(cuda_ops(device.clone()));
     let executors = [ops.clone(), CpuReference::shared()];
     fn build<'a>(
         arena: &'a Arena,
@@ -1813,7 +1933,7 @@ fn qkv_attention_runs_whole_and_matches_the_reference() {
         println!("SKIPPED (16-bit cases): qkv_attention_runs_whole_and_matches_the_reference: {why}");
     }
     let registry = Registry::with_builtins();
-    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let ops: Arc<dyn Executor> = Arc::new(cuda_ops(device.clone()));
     let executors = [ops.clone(), CpuReference::shared()];
     let check = |lead: &[usize], tokens: usize, heads: usize, head: usize, dtype: DType, causal: bool| {
         let (c, gpt2) = (heads * head, tokens == 1024);
@@ -1929,7 +2049,7 @@ fn qkv_attention_runs_whole_and_matches_the_reference() {
 fn layer_norm_backward_runs_whole_and_matches_the_reference() {
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
-    let executors: [Arc<dyn Executor>; 2] = [Arc::new(CudaOps::new(device.clone())), CpuReference::shared()];
+    let executors: [Arc<dyn Executor>; 2] = [Arc::new(cuda_ops(device.clone())), CpuReference::shared()];
     fn build<'a>(
         arena: &'a Arena,
         registry: &'a Registry,
@@ -2035,7 +2155,7 @@ fn runs_are_ordered_with_uploads_and_frees_between_them() {
     }
     b.output(h).unwrap();
     let trace = b.finish().unwrap();
-    let plan = Plan::compile(&trace, &[Arc::new(CudaOps::new(device.clone()))]).unwrap();
+    let plan = Plan::compile(&trace, &[Arc::new(cuda_ops(device.clone()))]).unwrap();
     let on_device: Arc<dyn boundscope::Device> = device.clone();
     // The identity, so that every run's output is its input: the value `k + 1` everywhere.
     let identity = Tensor::from_fn(&[cols, cols], |i| if i / cols == i % cols { 1.0 } else { 0.0 });
@@ -2102,7 +2222,7 @@ fn cuda_ops_decomposes_composites_with_guards_on_their_subsymbols() {
     let inputs = inputs_for(&trace);
     let refs: Vec<&Tensor> = inputs.iter().collect();
     let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&refs).unwrap();
-    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let ops: Arc<dyn Executor> = Arc::new(cuda_ops(device.clone()));
     let executors = [ops, CpuReference::shared()];
     let steps_on_gpu = |plan: &Plan| plan.to_string().lines().filter(|l| l.contains("cuda_ops")).count();
     let whole = Plan::compile(&Pipeline::for_executors(&executors).run(&trace, &arena).unwrap(), &executors).unwrap();
@@ -2174,7 +2294,7 @@ fn training_steps_on_cuda_match_the_reference() {
             }
             let step = b.finish().unwrap();
             let (fused, fusion) = fused_for_cuda(&device, &step, &arena);
-            let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+            let ops: Arc<dyn Executor> = Arc::new(cuda_ops(device.clone()));
             let gpu = Plan::compile(&fused, &[fusion, ops, CpuReference::shared()]).unwrap();
             let cpu = Plan::compile(&step, &[CpuReference::shared()]).unwrap();
             let mut tensors: Vec<Vec<Tensor>> = (0..2)
@@ -2248,7 +2368,7 @@ fn an_optimizer_step_over_many_parameters_runs_joined_and_matches_the_reference(
     let (fused, fusion) = fused_for_cuda(&device, &step, &arena);
     let regions = fused.bound_symbols().iter().filter(|b| b.symbol() == prims::REGION).count();
     assert_eq!(regions, 1, "{fused}");
-    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let ops: Arc<dyn Executor> = Arc::new(cuda_ops(device.clone()));
     let gpu = Plan::compile(&fused, &[fusion, ops, CpuReference::shared()]).unwrap();
     let cpu = Plan::compile(&step, &[CpuReference::shared()]).unwrap();
     let inputs = |_| -> Vec<Tensor> {
@@ -2303,7 +2423,7 @@ fn gradient_prims_run_on_cuda_and_match_the_reference() {
                 b.output(table).unwrap();
             }
             let trace = b.finish().unwrap();
-            let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+            let ops: Arc<dyn Executor> = Arc::new(cuda_ops(device.clone()));
             let plan = Plan::compile(&trace, &[ops]).unwrap();
             let x_values = Tensor::from_fn(&[5, width], |i| (i as f32 * 0.37).sin()).to_dtype(dtype);
             let ids_values = Tensor::from_vec(&[5], vec![3i64, 0, 3, 6, 3]).unwrap();
@@ -2325,7 +2445,7 @@ fn gradient_prims_run_on_cuda_and_match_the_reference() {
 fn causal_masks_on_cuda_are_exact() {
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
-    let cuda: Vec<Arc<dyn Executor>> = vec![Arc::new(CudaOps::new(device.clone()))];
+    let cuda: Vec<Arc<dyn Executor>> = vec![Arc::new(cuda_ops(device.clone()))];
     let shapes: [&[usize]; 5] = [&[2, 3, 37, 40], &[5, 64, 64], &[3, 17, 24], &[9, 7], &[4, 1, 1024]];
     for dtype in [DType::F32, DType::BF16, DType::F16] {
         for shape in shapes {
@@ -2350,7 +2470,7 @@ fn causal_masks_on_cuda_are_exact() {
 fn padded_16_bit_products_match_the_reference() {
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
-    let cuda: Vec<Arc<dyn Executor>> = vec![Arc::new(CudaOps::new(device.clone()))];
+    let cuda: Vec<Arc<dyn Executor>> = vec![Arc::new(cuda_ops(device.clone()))];
     type Build = fn(
         &mut boundscope::TraceBuilder<'_>,
         boundscope::ValueId,
@@ -2401,7 +2521,7 @@ fn padded_16_bit_products_match_the_reference() {
 fn cross_entropy_backward_runs_whole_and_matches_the_reference() {
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
-    let cuda: Vec<Arc<dyn Executor>> = vec![Arc::new(CudaOps::new(device.clone()))];
+    let cuda: Vec<Arc<dyn Executor>> = vec![Arc::new(cuda_ops(device.clone()))];
     for (rows, classes) in [(1, 1), (7, 5), (33, 300), (5, 4099), (3, 50257), (0, 8)] {
         for (dtype, grad_dtype) in [(DType::F32, DType::F32), (DType::BF16, DType::F32), (DType::F16, DType::BF16)] {
             let arena = Arena::new();
@@ -2476,7 +2596,7 @@ fn training_on_the_device_updates_parameters_in_place() {
     let adamw = AdamW::new();
     let step = Grad::new(&params).training_step(&b.finish().unwrap(), &arena, &adamw).unwrap().trace;
     let (fused, fusion) = fused_for_cuda(&device, &step, &arena);
-    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    let ops: Arc<dyn Executor> = Arc::new(cuda_ops(device.clone()));
     let plan = Plan::compile(&fused, &[fusion, ops]).unwrap();
     let mut host: Vec<Tensor> = step
         .inputs()

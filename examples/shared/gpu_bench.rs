@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use boundscope::executors::cuda::{CudaDevice, CudaFusion, CudaOps};
+use boundscope::executors::cuda::{CudaDevice, CudaFusion, CudaOps, KernelVariants};
 use boundscope::executors::CpuReference;
 use boundscope::passes::{FuseRegions, Pass, Pipeline};
 use boundscope::{Arena, DType, Device, DeviceTensor, Executor, Plan, RunInput, Tensor, Trace};
@@ -16,8 +16,18 @@ use cudarc::driver::CudaContext;
 /// The plan a user compiles for the GPU: composites CudaOps runs whole kept, the rest
 /// decomposed and fused, on CudaFusion and CudaOps (the CPU reference for what neither runs).
 pub fn gpu_plan(gpu: &Arc<CudaDevice>, trace: &Trace<'_>, arena: &Arena) -> boundscope::Result<Plan> {
-    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(gpu.clone()));
-    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()));
+    gpu_plan_with(gpu, trace, arena, KernelVariants::default())
+}
+
+/// [`gpu_plan`], its executors generating `variants` of their kernels.
+pub fn gpu_plan_with(
+    gpu: &Arc<CudaDevice>,
+    trace: &Trace<'_>,
+    arena: &Arena,
+    variants: KernelVariants,
+) -> boundscope::Result<Plan> {
+    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(gpu.clone()).with_variants(variants));
+    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(gpu.clone()).with_variants(variants));
     let prims = Pipeline::for_executors(std::slice::from_ref(&ops)).run(trace, arena)?;
     let fused = FuseRegions::new(fusion.clone()).run(&prims, arena)?;
     Plan::compile(&fused, &[fusion, ops, CpuReference::shared()])
@@ -34,10 +44,23 @@ pub fn check_against_reference(
     dtype: DType,
     name: &str,
 ) -> Result<f32, String> {
+    check_variants_against_reference(gpu, trace, arena, inputs, dtype, name, KernelVariants::default())
+}
+
+/// [`check_against_reference`], through [`gpu_plan_with`] `variants`.
+pub fn check_variants_against_reference(
+    gpu: &Arc<CudaDevice>,
+    trace: &Trace<'_>,
+    arena: &Arena,
+    inputs: &[Tensor],
+    dtype: DType,
+    name: &str,
+    variants: KernelVariants,
+) -> Result<f32, String> {
     let e = |e: boundscope::Error| e.to_string();
     let refs: Vec<&Tensor> = inputs.iter().collect();
     let expected = Plan::compile(trace, &[CpuReference::shared()]).map_err(e)?.run(&refs).map_err(e)?;
-    let got = gpu_plan(gpu, trace, arena).map_err(e)?.run(&refs).map_err(e)?;
+    let got = gpu_plan_with(gpu, trace, arena, variants).map_err(e)?.run(&refs).map_err(e)?;
     let scale = expected[0].to_f32_vec().iter().fold(1f32, |m, v| m.max(v.abs()));
     let diff = got[0].max_abs_diff(&expected[0]) / scale;
     let tolerance = if dtype == DType::F32 { 1e-4 } else { 2e-2 };

@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""Reads the RESULT lines of `examples/gpu_sweep.rs --variants` on stdin and prints, for each
+variant of the generated kernels (`boundscope+<variant>`), its speed against the default kernels
+(`boundscope`) case by case: the default's time over the variant's (above 1.0: the variant is
+faster), then the minimum, median and maximum over the cases, and the cases where it is more
+than 2% faster or slower. Both were timed in the same run, interleaved, the best of three rounds.
+
+    target/release/examples/gpu_sweep --variants | python3 scripts/gpu_variants_report.py
+"""
+import json
+import statistics
+import sys
+
+cases = {}
+for line in sys.stdin:
+    if line.startswith("RESULT "):
+        r = json.loads(line[len("RESULT "):])
+        if r["impl"].startswith("boundscope"):
+            cases.setdefault((r["op"], r["rows"], r["cols"], r["dtype"]), {})[r["impl"]] = r
+
+variants = sorted({impl for impls in cases.values() for impl in impls if impl != "boundscope"})
+if not variants:
+    sys.exit("no variant results: run gpu_sweep with --variants")
+names = [v[len("boundscope+"):] for v in variants]
+print("| op | shape | dtype | default GB/s | % of copy | " + " | ".join(names) + " |")
+print("| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in names) + " |")
+ratios = {v: [] for v in variants}
+for (op, rows, cols, dtype), impls in cases.items():
+    base = impls.get("boundscope")
+    if base is None:
+        continue
+    row = []
+    for v in variants:
+        r = impls.get(v)
+        if r is None:
+            row.append("-")
+            continue
+        ratio = base["ms"] / r["ms"]
+        ratios[v].append((ratio, f"{op} {rows}x{cols} {dtype}"))
+        row.append(f"{ratio:.2f}x")
+    share = 100 * base["gbps"] / base["copy_gbps"]
+    print(f"| {op} | {rows}x{cols} | {dtype} | {base['gbps']:.0f} | {share:.0f}% | " + " | ".join(row) + " |")
+print()
+for v, name in zip(variants, names):
+    values = ratios[v]
+    if not values:
+        continue
+    only = [x for x, _ in values]
+    print(f"- {name}: minimum {min(only):.2f}x, median {statistics.median(only):.2f}x, "
+          f"maximum {max(only):.2f}x the default over {len(only)} cases")
+    faster = sorted((x for x in values if x[0] > 1.02), reverse=True)
+    slower = sorted(x for x in values if x[0] < 0.98)
+    if faster:
+        print(f"  - {len(faster)} faster by over 2%: " + ", ".join(f"{c} {x:.2f}x" for x, c in faster))
+    if slower:
+        print(f"  - {len(slower)} slower by over 2%: " + ", ".join(f"{c} {x:.2f}x" for x, c in slower))

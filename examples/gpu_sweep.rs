@@ -28,7 +28,8 @@
 //! kernels (`KernelVariants`: `fast_exp2`, `int32_row_columns`, both), interleaved with the
 //! defaults in three rounds (the best of each kept), as `boundscope+<variant>` RESULT lines;
 //! `scripts/gpu_variants_report.py` prints each variant's speed against the defaults, case by
-//! case (the default kernels' lines are the sweep's as before):
+//! case (the default kernels' lines are the sweep's, but each the best of three rounds, the
+//! copy's too, where a sweep without the flag times once):
 //!
 //! ```text
 //! target/release/examples/gpu_sweep --variants | tee sweep.txt | python3 scripts/gpu_variants_report.py
@@ -43,7 +44,7 @@ use boundscope::{Arena, DType, Device, Registry, Tensor, TensorMeta, TraceBuilde
 #[path = "shared/gpu_bench.rs"]
 mod gpu_bench;
 
-use gpu_bench::{check_variants_against_reference, gpu_plan_with, ms_per_device_run, useful_bytes};
+use gpu_bench::{check_against_reference, gpu_plan_with, ms_per_device_run, useful_bytes};
 
 /// One case: an op over `[rows, cols]`.
 #[derive(Clone, Copy)]
@@ -180,15 +181,7 @@ fn run() -> Result<(), String> {
             let diffs = variants
                 .iter()
                 .map(|&(label, v)| {
-                    check_variants_against_reference(
-                        &gpu,
-                        &small,
-                        &arena,
-                        &small_inputs,
-                        dtype,
-                        &format!("{name} ({label})"),
-                        v,
-                    )
+                    check_against_reference(&gpu, &small, &arena, &small_inputs, dtype, &format!("{name} ({label})"), v)
                 })
                 .collect::<Result<Vec<f32>, String>>()?;
             // Then the full shape, inputs on the device, the output left there.

@@ -22,7 +22,7 @@
 use std::process::ExitCode;
 use std::sync::Arc;
 
-use boundscope::executors::cuda::{self, CudaDevice};
+use boundscope::executors::cuda::{self, CudaDevice, KernelVariants};
 use boundscope::{Arena, DType, Device, Registry, Tensor, TensorMeta, TraceBuilder, ValueId};
 
 #[path = "shared/gpu_bench.rs"]
@@ -278,7 +278,15 @@ fn run() -> Result<(), String> {
             // Correctness first, at batch 1, against the CPU reference.
             let arena = Arena::new();
             let small = trace(&arena, &registry, &w, 1, dtype).map_err(e)?;
-            let diff = check_against_reference(&gpu, &small, &arena, &inputs(&w, 1, dtype), dtype, w.name)?;
+            let diff = check_against_reference(
+                &gpu,
+                &small,
+                &arena,
+                &inputs(&w, 1, dtype),
+                dtype,
+                w.name,
+                KernelVariants::default(),
+            )?;
             // Then the full shape, inputs on the device, outputs left there.
             let batch = 8;
             let full = trace(&arena, &registry, &w, batch, dtype).map_err(e)?;

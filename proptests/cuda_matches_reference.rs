@@ -931,8 +931,10 @@ fn one_handle_per_gpu_and_the_front_end_shares_it() {
 }
 
 /// The front end configures both CUDA executors from its developer options (`cuda.*`: the
-/// kernel variants): a plan lists them in its header, reports none unused, and runs the
-/// variant's kernels (a bf16 `softmax` and a fused 16-bit `sigmoid` chain equal the reference).
+/// kernel variants): a plan of a bf16 `softmax` and a fused 16-bit `sigmoid` chain lists them
+/// in its header and reports none unused (the executors were configured with them), and its
+/// results equal the reference's (which the default kernels' would too: the variants' own
+/// results are checked by the row and subnormal tests).
 #[test]
 fn the_front_end_generates_the_kernel_variants_its_options_choose() {
     use boundscope::frontend::{Environment, ProfiledSession};
@@ -1555,9 +1557,11 @@ fn row_ops_match_the_reference_at_every_row_length() {
         50257,
         200003,
     ];
-    // The default kernels and every variant (`KernelVariants`: one-instruction `exp2`, 32-bit
-    // columns), whatever `KERNEL_VARIANTS_UNDER_TEST` says.
-    for (variants, dtype) in [KernelVariants::default(), KernelVariants::ALL]
+    // The default kernels, each variant (`KernelVariants`: one-instruction `exp2`, 32-bit
+    // columns) and both, whatever `KERNEL_VARIANTS_UNDER_TEST` says.
+    let fast_exp2 = KernelVariants { fast_exp2: true, ..KernelVariants::default() };
+    let int32_row_columns = KernelVariants { int32_row_columns: true, ..KernelVariants::default() };
+    for (variants, dtype) in [KernelVariants::default(), fast_exp2, int32_row_columns, KernelVariants::ALL]
         .into_iter()
         .flat_map(|v| [DType::F32, DType::BF16, DType::F16].map(|d| (v, d)))
     {
@@ -1658,6 +1662,7 @@ fn softmax_results_below_the_normal_range_survive_in_bf16() {
             b.output(y).unwrap();
             let trace = b.finish().unwrap();
             let plan = Plan::compile(&trace, std::slice::from_ref(&ops)).unwrap();
+            assert_eq!(plan.steps_per_executor(), [("cuda_ops", 1)], "one row kernel\n{plan}");
             let x = Tensor::from_fn(&[rows, cols], |i| {
                 let (r, c) = (i / cols, i % cols);
                 if c == (r * 7) % cols {

@@ -33,22 +33,10 @@ pub fn gpu_plan_with(
     Plan::compile(&fused, &[fusion, ops, CpuReference::shared()])
 }
 
-/// `trace`'s first output through [`gpu_plan`] against the CPU reference on `inputs`: the
-/// largest difference relative to the reference's largest magnitude (at least 1), or an error
-/// naming `name` past the tolerance of `dtype` (1e-4 in f32, 2e-2 in 16 bits).
+/// `trace`'s first output through [`gpu_plan_with`] `variants` against the CPU reference on
+/// `inputs`: the largest difference relative to the reference's largest magnitude (at least 1),
+/// or an error naming `name` past the tolerance of `dtype` (1e-4 in f32, 2e-2 in 16 bits).
 pub fn check_against_reference(
-    gpu: &Arc<CudaDevice>,
-    trace: &Trace<'_>,
-    arena: &Arena,
-    inputs: &[Tensor],
-    dtype: DType,
-    name: &str,
-) -> Result<f32, String> {
-    check_variants_against_reference(gpu, trace, arena, inputs, dtype, name, KernelVariants::default())
-}
-
-/// [`check_against_reference`], through [`gpu_plan_with`] `variants`.
-pub fn check_variants_against_reference(
     gpu: &Arc<CudaDevice>,
     trace: &Trace<'_>,
     arena: &Arena,

@@ -106,7 +106,8 @@ impl From<i64> for OptionValue {
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct OptionSpec {
-    /// `owner.name`: the owner is `runtime` or an executor's name.
+    /// `owner.name`: the owner is `runtime`, an executor's name, or a family of executors'
+    /// (`cuda`).
     pub name: &'static str,
     /// What it accepts.
     pub ty: OptionType,

@@ -258,8 +258,8 @@ pub trait Executor: Any + Send + Sync {
         self.name()
     }
 
-    /// The options it reads, named `<its name>.<option>` (see [`crate::options`]). Default:
-    /// none.
+    /// The options it reads, named `<owner>.<option>`, the owner its name or a family of
+    /// executors' (`cuda.*` is both CUDA executors'; see [`crate::options`]). Default: none.
     fn options(&self) -> &[crate::options::OptionSpec] {
         &[]
     }

@@ -105,7 +105,8 @@ impl RowLayout {
         let mut vector = 16 / widest.clamp(1, 16);
         // A row no longer than one access gains nothing from it. (Rows of 2^30 values or more
         // keep narrower accesses, as the fused reductions do, whose aligned path counts in
-        // 32 bits; the row kernels count in 64.)
+        // 32 bits; the row kernels count in 64, or in 32 with `KernelVariants::int32_row_columns`
+        // below 2^30.)
         let aligned = aligned && vector > 1 && !cols.is_multiple_of(vector) && cols > vector && cols < 1 << 30;
         while !aligned && vector > 1 && !cols.is_multiple_of(vector) {
             vector /= 2;
@@ -693,8 +694,9 @@ impl RowOp {
             };
             let _ = writeln!(c, "__device__ __forceinline__ float bs_exp(float x) {{ return {exp}; }}");
             if Self::scales_results(out_dtype, fast_exp2) {
-                // 2^8 e^x: `x * log2(e) + 8` in one rounding (its exponent's error, 2^-21 at most,
-                // is far inside bf16's rounding), so that results down to 2^-134 are not flushed.
+                // 2^8 e^x: `x * log2(e) + 8` in one rounding (its exponent's error, 2^-18 at most
+                // near 2^-126, 2e-6 relative, is far inside bf16's rounding), so that results
+                // down to 2^-134 are not flushed.
                 let _ = writeln!(
                     c,
                     "__device__ __forceinline__ float bs_exp_out(float x) {{ return bs_exp2(fmaf(x, 1.44269504088896341f, {OUT_SCALE_LOG2}.0f)); }}"

@@ -11,7 +11,7 @@ use crate::core::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOp
 use crate::core::plan::{Device, Executor, Plan};
 use crate::core::tensor::Tensor;
 use crate::error::Result;
-use crate::executors::cuda::KernelVariants;
+use crate::executors::cuda::{KernelVariants, CUDA_OPTIONS};
 use crate::executors::{CpuFusion, CpuReference};
 
 /// The label of the range around each run of a session's plans.
@@ -99,7 +99,13 @@ impl ProfiledSession {
         let cpu_fusion: Arc<dyn Executor> = Arc::new(cpu_fusion);
         let cpu_reference: Arc<dyn Executor> = Arc::new(CpuReference::new().threads(threads));
         let gpu = usize::try_from(options.int("runtime.gpu")?).unwrap_or(0);
-        let variants = KernelVariants::from_options(&options)?;
+        // Options made without the CUDA executors' specs (`Options::with_specs`) give the
+        // default kernels, as before those specs existed.
+        let variants = if CUDA_OPTIONS.iter().all(|s| options.spec(s.name).is_ok()) {
+            KernelVariants::from_options(&options)?
+        } else {
+            KernelVariants::default()
+        };
         let (fusion, executors) = match gpu_executors(options.enum_value("runtime.device")?, gpu, variants)? {
             Some(gpu) => (gpu[0].clone(), gpu.into_iter().chain([cpu_fusion, cpu_reference]).collect()),
             None => (cpu_fusion.clone(), vec![cpu_fusion, cpu_reference]),

@@ -132,6 +132,20 @@ fn options_are_wired_to_behaviour() {
     assert_eq!(fusion.name(), "cpu_fusion");
 }
 
+/// A session takes options made with only the specs it needs (the runtime's and `CpuFusion`'s):
+/// the CUDA executors' developer options are not required, and their absence gives the default
+/// kernels.
+#[test]
+fn options_without_the_cuda_specs_make_a_session() {
+    let mut options = Options::runtime_only();
+    options.declare(crate::executors::CPU_FUSION_OPTIONS).unwrap();
+    let cpu = Environment::from_pairs(&[("BOUNDSCOPE_DEVICE", "cpu")]);
+    let session = ProfiledSession::new(options, &cpu).unwrap();
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let plan = session.compile(&chain(&arena, &registry), &arena).unwrap();
+    assert!(plan.unused_options().is_empty() && plan.developer_options().is_empty(), "{plan}");
+}
+
 /// Run by `detection_in_child_processes` in a child process with a chosen environment; it
 /// prints what it detects, and what a CPU session makes of the environment.
 #[test]

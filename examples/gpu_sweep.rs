@@ -25,7 +25,7 @@
 //! Nsight Compute.
 //!
 //! With `--variants`, each case is also checked and timed with every variant of the generated
-//! kernels (`KernelVariants`: `fast_exp2`, `int32_row_columns`, both), interleaved with the
+//! kernels (each of `KernelVariants::EACH` alone, then all of them), interleaved with the
 //! defaults in three rounds (the best of each kept), as `boundscope+<variant>` RESULT lines;
 //! `scripts/gpu_variants_report.py` prints each variant's speed against the defaults, case by
 //! case (the default kernels' lines are the sweep's, but each the best of three rounds, the
@@ -149,17 +149,13 @@ fn run() -> Result<(), String> {
     println!("device: {}", device.name());
     let registry = Registry::with_builtins();
     let (flags, mut args): (Vec<String>, Vec<String>) = std::env::args().skip(1).partition(|a| a.starts_with("--"));
-    let mut variants = vec![("boundscope", KernelVariants::default())];
+    let mut variants: Vec<(String, KernelVariants)> = vec![("boundscope".into(), KernelVariants::default())];
     for flag in &flags {
         match flag.as_str() {
-            "--variants" => variants.extend([
-                ("boundscope+fast_exp2", KernelVariants { fast_exp2: true, ..KernelVariants::default() }),
-                (
-                    "boundscope+int32_row_columns",
-                    KernelVariants { int32_row_columns: true, ..KernelVariants::default() },
-                ),
-                ("boundscope+all", KernelVariants::ALL),
-            ]),
+            "--variants" => {
+                variants.extend(KernelVariants::EACH.iter().map(|(name, v)| (format!("boundscope+{name}"), *v)));
+                variants.push(("boundscope+all".into(), KernelVariants::ALL));
+            }
             _ => return Err(format!("unknown flag `{flag}` (the one flag is --variants)")),
         }
     }
@@ -183,15 +179,23 @@ fn run() -> Result<(), String> {
             let small_inputs = inputs(&case, rows, dtype);
             let diffs = variants
                 .iter()
-                .map(|&(label, v)| {
-                    check_against_reference(&gpu, &small, &arena, &small_inputs, dtype, &format!("{name} ({label})"), v)
+                .map(|(label, v)| {
+                    check_against_reference(
+                        &gpu,
+                        &small,
+                        &arena,
+                        &small_inputs,
+                        dtype,
+                        &format!("{name} ({label})"),
+                        *v,
+                    )
                 })
                 .collect::<Result<Vec<f32>, String>>()?;
             // Then the full shape, inputs on the device, the output left there.
             let full = trace(&arena, &registry, &case, case.rows, dtype).map_err(e)?;
             let plans = variants
                 .iter()
-                .map(|&(_, v)| gpu_plan_with(&gpu, &full, &arena, v))
+                .map(|(_, v)| gpu_plan_with(&gpu, &full, &arena, *v))
                 .collect::<boundscope::Result<Vec<_>>>()
                 .map_err(e)?;
             let bytes = useful_bytes(&full);

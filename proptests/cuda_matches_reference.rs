@@ -52,8 +52,8 @@ fn device_alone() -> Option<(Arc<CudaDevice>, RwLockWriteGuard<'static, ()>)> {
 }
 
 /// The kernel variants every test here runs the CUDA executors with: the defaults, unless
-/// `KERNEL_VARIANTS_UNDER_TEST` names some (`all`, or a comma list of `fast_exp2` and
-/// `int32_row_columns`): the GPU runs this binary once more with `all` before a variant's
+/// `KERNEL_VARIANTS_UNDER_TEST` names some (`all`, or a comma list of the names of
+/// `KernelVariants::EACH`): the GPU runs this binary once more with `all` before a variant's
 /// default changes. A name it does not know fails the test.
 fn variants_under_test() -> KernelVariants {
     static VARIANTS: OnceLock<KernelVariants> = OnceLock::new();
@@ -61,11 +61,13 @@ fn variants_under_test() -> KernelVariants {
         let Ok(names) = std::env::var("KERNEL_VARIANTS_UNDER_TEST") else { return KernelVariants::default() };
         let mut variants = KernelVariants::default();
         for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            match name {
-                "all" => variants = KernelVariants::ALL,
-                "fast_exp2" => variants.fast_exp2 = true,
-                "int32_row_columns" => variants.int32_row_columns = true,
-                _ => panic!("KERNEL_VARIANTS_UNDER_TEST: unknown variant `{name}` (all, fast_exp2, int32_row_columns)"),
+            let known = KernelVariants::EACH.iter().chain(&[("all", KernelVariants::ALL)]);
+            match known.clone().find(|(n, _)| *n == name) {
+                Some((_, v)) => variants = variants | *v,
+                None => panic!(
+                    "KERNEL_VARIANTS_UNDER_TEST: unknown variant `{name}` ({})",
+                    known.map(|(n, _)| *n).collect::<Vec<_>>().join(", ")
+                ),
             }
         }
         println!("kernel variants under test: {variants:?}");
@@ -1557,12 +1559,12 @@ fn row_ops_match_the_reference_at_every_row_length() {
         50257,
         200003,
     ];
-    // The default kernels, each variant (`KernelVariants`: one-instruction `exp2`, 32-bit
-    // columns) and both, whatever `KERNEL_VARIANTS_UNDER_TEST` says.
-    let fast_exp2 = KernelVariants { fast_exp2: true, ..KernelVariants::default() };
-    let int32_row_columns = KernelVariants { int32_row_columns: true, ..KernelVariants::default() };
-    for (variants, dtype) in [KernelVariants::default(), fast_exp2, int32_row_columns, KernelVariants::ALL]
+    // The default kernels, each variant alone (`KernelVariants::EACH`: one-instruction `exp2`,
+    // 32-bit columns, streaming cache hints) and all, whatever `KERNEL_VARIANTS_UNDER_TEST` says.
+    let each = KernelVariants::EACH.map(|(_, v)| v);
+    for (variants, dtype) in [KernelVariants::default(), KernelVariants::ALL]
         .into_iter()
+        .chain(each)
         .flat_map(|v| [DType::F32, DType::BF16, DType::F16].map(|d| (v, d)))
     {
         let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()).with_variants(variants));

@@ -151,7 +151,7 @@
 //!
 //! Changes to the generated kernels that are not yet measured on the H200 come as variants
 //! ([`KernelVariants`]), off by default and chosen by developer options (`cuda.fast_exp2`,
-//! `cuda.int32_row_columns`; [`CUDA_OPTIONS`]): `CudaFusion::with_variants`,
+//! `cuda.int32_row_columns`, `cuda.streaming_rows`; [`CUDA_OPTIONS`]): `CudaFusion::with_variants`,
 //! `CudaOps::with_variants`, or `from_options`, which the front end calls. A plan run with one
 //! lists it in its header. `scripts/gpu-variants` runs the GPU tests with every variant and
 //! times each beside the default kernels, case by case, on the sweep and on GPT-2: a variant

@@ -209,15 +209,50 @@ pub(super) struct RowSource {
     pub blocks: u32,
 }
 
+/// Where an access's cache lines go: kept as usual, or marked to be evicted first (PTX's
+/// `.cs` hint, `__ldcs` and `__stcs`: data read or written once, which leaves L2 to what is
+/// read again). [`KernelVariants::streaming_rows`] streams the rows that row kernels keep on
+/// chip.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Caching {
+    /// Plain loads and stores.
+    Kept,
+    /// `__ldcs` and `__stcs`.
+    Streamed,
+}
+
+impl Caching {
+    /// The C that reads one access of type `ty` at element pointer `ptr`.
+    fn read(self, ty: &str, ptr: &str) -> String {
+        match self {
+            Caching::Kept => format!("*reinterpret_cast<const {ty}*>({ptr})"),
+            Caching::Streamed => format!("__ldcs(reinterpret_cast<const {ty}*>({ptr}))"),
+        }
+    }
+
+    /// The C statement that writes `value`, one access of type `ty`, at element pointer `ptr`.
+    fn write(self, ty: &str, ptr: &str, value: &str) -> String {
+        match self {
+            Caching::Kept => format!("*reinterpret_cast<{ty}*>({ptr}) = {value};"),
+            Caching::Streamed => format!("__stcs(reinterpret_cast<{ty}*>({ptr}), {value});"),
+        }
+    }
+}
+
 /// The C that loads `vector` values of `dtype` at element pointer `ptr` (aligned to the
 /// access) into `float dst[0..vector]`, with one access of up to 16 bytes.
 pub(super) fn load(dtype: DType, vector: usize, ptr: &str, dst: &str) -> String {
+    load_cached(dtype, vector, ptr, dst, Caching::Kept)
+}
+
+/// [`load`], its access cached as `caching` says (a value narrower than 4 bytes is read plainly).
+fn load_cached(dtype: DType, vector: usize, ptr: &str, dst: &str, caching: Caching) -> String {
     debug_assert!(!dtype.is_integer(), "row loads read floats, not {dtype}");
     if vector * dtype.size_bytes() < 4 {
         return format!("{dst}[0] = {};", widen(dtype, &format!("(unsigned int)*({ptr})")));
     }
     let ty = raw_type(dtype, vector);
-    format!("{{ const {ty} t = *reinterpret_cast<const {ty}*>({ptr});{} }}", widen_raw(dtype, vector, "t", dst))
+    format!("{{ const {ty} t = {};{} }}", caching.read(ty, ptr), widen_raw(dtype, vector, "t", dst))
 }
 
 /// The CUDA type that holds `vector` values of `dtype` as one access reads them (the bits, not
@@ -235,12 +270,18 @@ pub(super) fn raw_type(dtype: DType, vector: usize) -> &'static str {
 /// The C that loads `vector` values of `dtype` at `ptr` (aligned to the access) into `raw`, of
 /// [`raw_type`], with one access.
 pub(super) fn load_raw(dtype: DType, vector: usize, ptr: &str, raw: &str) -> String {
+    load_raw_cached(dtype, vector, ptr, raw, Caching::Kept)
+}
+
+/// [`load_raw`], its access cached as `caching` says (a value narrower than 4 bytes is read
+/// plainly).
+fn load_raw_cached(dtype: DType, vector: usize, ptr: &str, raw: &str, caching: Caching) -> String {
     debug_assert!(!dtype.is_integer(), "row loads read floats, not {dtype}");
     if vector * dtype.size_bytes() < 4 {
         return format!("{raw} = *({ptr});");
     }
     let ty = raw_type(dtype, vector);
-    format!("{raw} = *reinterpret_cast<const {ty}*>({ptr});")
+    format!("{raw} = {};", caching.read(ty, ptr))
 }
 
 /// The C that widens `raw` (of [`raw_type`]) to `float dst[0..vector]`.
@@ -315,6 +356,12 @@ pub(super) fn shifted_within(vector: usize, o: &str, len: &str) -> String {
 /// The C that stores `float src[0..vector]` as `vector` values of `dtype` at `ptr`, rounding
 /// each once, with one access.
 pub(super) fn store(dtype: DType, vector: usize, ptr: &str, src: &str) -> String {
+    store_cached(dtype, vector, ptr, src, Caching::Kept)
+}
+
+/// [`store`], its access cached as `caching` says (a value narrower than 4 bytes is written
+/// plainly).
+fn store_cached(dtype: DType, vector: usize, ptr: &str, src: &str, caching: Caching) -> String {
     let bits = |e: String| match dtype {
         DType::BF16 => format!("bs_to_bf16({e})"),
         DType::F16 => format!("bs_to_f16({e})"),
@@ -332,9 +379,9 @@ pub(super) fn store(dtype: DType, vector: usize, ptr: &str, src: &str) -> String
         })
         .collect();
     if fields.len() == 1 {
-        return format!("*reinterpret_cast<{ty}*>({ptr}) = {};", words[0]);
+        return caching.write(ty, ptr, &words[0]);
     }
-    format!("*reinterpret_cast<{ty}*>({ptr}) = make_{ty}({});", words.join(", "))
+    caching.write(ty, ptr, &format!("make_{ty}({})", words.join(", ")))
 }
 
 /// The CUDA type of `words` 32-bit words and its fields.
@@ -443,6 +490,8 @@ struct RowAccesses {
     /// Whether columns are counted in 32 bits ([`KernelVariants::int32_row_columns`], rows
     /// under 2^30 values: a column, the row's length past it and `shift` all fit).
     pub int_columns: bool,
+    /// How the row's whole accesses (input 0's and the output's) are cached.
+    pub caching: Caching,
 }
 
 impl RowAccesses {
@@ -528,7 +577,7 @@ impl RowAccesses {
     /// The C that fills `float dst[vector]` from the access at `col`: the row's values, and
     /// `neutral` for the rest.
     pub fn fill(&self, dst: &str) -> String {
-        let load_whole = load(self.input, self.vector, "in0 + row + col", dst);
+        let load_whole = load_cached(self.input, self.vector, "in0 + row + col", dst, self.caching);
         format!("if (valid && {}) {load_whole}\n      else {{ {} }}", self.whole(), self.fill_part(dst))
     }
 
@@ -552,7 +601,7 @@ impl RowAccesses {
     /// one and `raw_neutral` for the rest, as [`fill`](Self::fill) does in `float`s.
     pub fn fill_raw(&self, dst: &str) -> String {
         let (v, raw_neutral) = (self.vector, self.raw_neutral());
-        let whole_load = load_raw(self.input, v, "in0 + row + col", &format!("*{dst}"));
+        let whole_load = load_raw_cached(self.input, v, "in0 + row + col", &format!("*{dst}"), self.caching);
         let rest = if self.aligned {
             format!("(valid && {}) ? *(in0 + row + col + e) : {raw_neutral}", self.in_this_row("e"))
         } else {
@@ -568,7 +617,7 @@ impl RowAccesses {
     /// `dtype`.
     pub fn put(&self, dtype: DType) -> String {
         let v = self.vector;
-        let store_whole = store(dtype, v, "out0 + row + col", "y");
+        let store_whole = store_cached(dtype, v, "out0 + row + col", "y", self.caching);
         if self.aligned {
             format!(
                 "if ({}) {store_whole}\n        else for (int e = 0; e < {v}; ++e) if ({}) {}",
@@ -816,6 +865,8 @@ pub(super) fn row_source(
         aligned,
         for_maximum: id == prims::SOFTMAX,
         int_columns: variants.int32_row_columns && cols < 1 << 30,
+        // A row kept on chip is read once and written once; a streamed row is read again.
+        caching: if variants.streaming_rows && cached { Caching::Streamed } else { Caching::Kept },
     };
     let ix = accesses.index();
     if aligned {
@@ -1118,6 +1169,44 @@ mod tests {
         // The greatest, e^0 = 1, scaled is 256: a sum of 2^30 of them is finite.
         assert_eq!(-134 + OUT_SCALE_LOG2, -126);
         assert!(((1u64 << 30) as f32 * 2f32.powi(OUT_SCALE_LOG2)).is_finite());
+    }
+
+    #[test]
+    fn streaming_rows_read_and_write_rows_kept_on_chip_with_the_streaming_hints() {
+        let streaming = KernelVariants { streaming_rows: true, ..KernelVariants::default() };
+        // Kept in registers, in shared memory (as read and as `float`s), aligned to the tensor:
+        // every whole access of the row is `__ldcs`, every whole write `__stcs`; `layer_norm`'s
+        // weight and bias, read again by every row, keep plain loads.
+        let cases = [
+            (false, DType::F32, [64, 1024]),
+            (true, DType::BF16, [9, 50257]),
+            (false, DType::BF16, [333, 50257]),
+            (true, DType::F32, [4, 65536]),
+            (false, DType::F16, [64, 1001]),
+        ];
+        for (layer_norm, dtype, shape) in cases {
+            let default = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, KernelVariants::default());
+            let variant = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, streaming);
+            let (d, s) = (&default.source.source, &variant.source.source);
+            assert!(variant.layout.per_thread.is_some(), "kept on chip: {s}");
+            assert!(!d.contains("__ldcs") && !d.contains("__stcs"), "{d}");
+            // Each plain whole access of the row or the output, and only those, is hinted.
+            let row_reads =
+                d.matches("*reinterpret_cast<const ").count() - s.matches("*reinterpret_cast<const ").count();
+            assert!(row_reads > 0 && s.matches("__ldcs(reinterpret_cast<const ").count() == row_reads, "{s}");
+            assert!(
+                s.contains("(in0 + row + col))") && !s.contains("__ldcs(reinterpret_cast<const uint4*>(in1"),
+                "{s}"
+            );
+            let writes = d.matches("*reinterpret_cast<").count() - d.matches("*reinterpret_cast<const ").count();
+            assert!(writes > 0 && s.matches("__stcs(reinterpret_cast<").count() == writes, "{s}");
+            crate::executors::cuda::compiles_with_nvrtc(s);
+        }
+        // A streamed row is read again by its later passes: plain loads and stores.
+        let streamed = row_op_with(false, DType::BF16, [2, 1 << 20], HOPPER_BLOCK, streaming);
+        assert!(streamed.layout.per_thread.is_none());
+        let s = &streamed.source.source;
+        assert!(!s.contains("__ldcs") && !s.contains("__stcs"), "{s}");
     }
 
     #[test]

@@ -20,6 +20,7 @@ use crate::core::plan::OpView;
 use crate::executors::cpu_reference::kernels::{broadcast_read, broadcast_strides, BroadcastRead};
 use crate::executors::cpu_reference::{builtin_prim, fused_shape};
 
+use super::row_kernels::{load_raw, Caching};
 use super::KernelVariants;
 
 /// The generated source of one region and how to launch it.
@@ -366,6 +367,8 @@ struct AccessValues<'a> {
     body: &'a str,
     /// The C that writes the region's other outputs at `i`.
     written: &'a str,
+    /// How the accesses of the inputs read whole are cached.
+    caching: Caching,
 }
 
 impl AccessValues<'_> {
@@ -387,8 +390,8 @@ impl AccessValues<'_> {
     fn load(&self, source: &mut String, slot: &str) {
         for k in self.whole() {
             let (dtype, raw) = (self.input_dtypes[k], format!("raw{k}[{slot}]"));
-            let _ =
-                writeln!(source, "    {}", super::row_kernels::load_raw(dtype, self.v, &format!("in{k} + at"), &raw));
+            let load = load_raw(dtype, self.v, &format!("in{k} + at"), &raw, self.caching);
+            let _ = writeln!(source, "    {load}");
         }
     }
 
@@ -775,8 +778,16 @@ fn generate(
             .map(|(o, v)| format!("    out{o}[i] = {};\n", narrow(output_dtypes[o], &format!("t{}", v.index()))))
             .collect();
         let read = |k: usize| read_as_float(k, index_expression(k, &shape, &input_shapes[k]));
-        let values =
-            AccessValues { v, full: &full, input_dtypes: &input_dtypes, read: &read, body: &body, written: &written };
+        let values = AccessValues {
+            v,
+            full: &full,
+            input_dtypes: &input_dtypes,
+            read: &read,
+            body: &body,
+            written: &written,
+            // Inputs read whole are read once, by one row's threads.
+            caching: if variants.streaming_rows { Caching::Streamed } else { Caching::Kept },
+        };
         if group_rows > 1 {
             short_rows(
                 &mut source,
@@ -1623,6 +1634,33 @@ mod reduction_tests {
     use crate::core::ir::{Arena, Registry, TraceBuilder};
     use crate::core::passes::{FuseRegions, Pass};
     use crate::executors::CpuFusion;
+
+    /// With `streaming_rows`, a trailing reduction reads the inputs it reads whole (once) with
+    /// the streaming hint, in both of its row loops; a broadcast operand, read again by every
+    /// row, stays plain.
+    #[test]
+    fn streaming_rows_stream_a_trailing_reductions_inputs_read_whole() {
+        let (arena, registry) = (Arena::new(), Registry::with_builtins());
+        let streaming = KernelVariants { streaming_rows: true, ..KernelVariants::default() };
+        for (dtype, cols) in [(DType::BF16, 64), (DType::BF16, 4096), (DType::F32, 65536), (DType::F32, 1001)] {
+            let mut b = TraceBuilder::new(&arena, &registry);
+            let x = b.input_with(&crate::TensorMeta::new(dtype, &[4, cols])).unwrap();
+            let w = b.input_with(&crate::TensorMeta::new(dtype, &[cols])).unwrap();
+            let y = b.mul(x, w).unwrap();
+            let s = b.sum(y).unwrap();
+            b.output(s).unwrap();
+            let trace = b.finish().unwrap();
+            let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
+            let region = OpView::of(&fused, 0).unwrap();
+            let default = region_source_with(&region, "dot", KernelVariants::default()).unwrap().source;
+            let src = region_source_with(&region, "dot", streaming).unwrap().source;
+            let plain = |s: &str| s.matches("*reinterpret_cast<const ").count();
+            assert!(plain(&default) > 0 && plain(&src) == 0, "{src}");
+            assert_eq!(src.matches("__ldcs(reinterpret_cast<const ").count(), plain(&default), "{src}");
+            assert!(src.contains("(in0 + at))") && !src.contains("(in1 + at))"), "{src}");
+            super::super::compiles_with_nvrtc(&src);
+        }
+    }
 
     #[test]
     fn a_trailing_reduction_reads_rows_sixteen_bytes_at_a_time() {

@@ -268,14 +268,9 @@ pub(super) fn raw_type(dtype: DType, vector: usize) -> &'static str {
 }
 
 /// The C that loads `vector` values of `dtype` at `ptr` (aligned to the access) into `raw`, of
-/// [`raw_type`], with one access.
-pub(super) fn load_raw(dtype: DType, vector: usize, ptr: &str, raw: &str) -> String {
-    load_raw_cached(dtype, vector, ptr, raw, Caching::Kept)
-}
-
-/// [`load_raw`], its access cached as `caching` says (a value narrower than 4 bytes is read
-/// plainly).
-fn load_raw_cached(dtype: DType, vector: usize, ptr: &str, raw: &str, caching: Caching) -> String {
+/// [`raw_type`], with one access cached as `caching` says (a value narrower than 4 bytes is
+/// read plainly).
+pub(super) fn load_raw(dtype: DType, vector: usize, ptr: &str, raw: &str, caching: Caching) -> String {
     debug_assert!(!dtype.is_integer(), "row loads read floats, not {dtype}");
     if vector * dtype.size_bytes() < 4 {
         return format!("{raw} = *({ptr});");
@@ -601,7 +596,7 @@ impl RowAccesses {
     /// one and `raw_neutral` for the rest, as [`fill`](Self::fill) does in `float`s.
     pub fn fill_raw(&self, dst: &str) -> String {
         let (v, raw_neutral) = (self.vector, self.raw_neutral());
-        let whole_load = load_raw_cached(self.input, v, "in0 + row + col", &format!("*{dst}"), self.caching);
+        let whole_load = load_raw(self.input, v, "in0 + row + col", &format!("*{dst}"), self.caching);
         let rest = if self.aligned {
             format!("(valid && {}) ? *(in0 + row + col + e) : {raw_neutral}", self.in_this_row("e"))
         } else {

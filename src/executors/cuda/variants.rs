@@ -41,9 +41,10 @@ pub struct KernelVariants {
     pub int32_row_columns: bool,
     /// Row kernels that keep their row on chip (read once, written once) read and write it with
     /// the streaming cache hints (`__ldcs`, `__stcs`: evicted first), as fused elementwise
-    /// regions do (96-103% of a copy's speed with them over 2^28 values, measured): L2 is left
-    /// to what is read again (`layer_norm`'s weight and bias). Rows streamed in several passes
-    /// keep plain loads, their later passes reading from L2.
+    /// regions do (96-103% of a copy's speed with them over 2^28 values, measured), and fused
+    /// regions ending in a last-axis `sum` or `max` read the inputs they read whole so: L2 is
+    /// left to what is read again (`layer_norm`'s weight and bias, broadcast operands). Rows
+    /// streamed in several passes keep plain loads, their later passes reading from L2.
     pub streaming_rows: bool,
 }
 
@@ -69,8 +70,7 @@ pub const CUDA_OPTIONS: &[OptionSpec] = &[
         name: "cuda.streaming_rows",
         ty: OptionType::Bool,
         default: OptionValue::Bool(false),
-        doc:
-            "Row kernels read and write rows kept on chip with streaming cache hints (KernelVariants::streaming_rows).",
+        doc: "Row kernels and fused reductions read rows read once with streaming cache hints (KernelVariants::streaming_rows).",
         audience: Audience::Developer,
         env: None,
     },

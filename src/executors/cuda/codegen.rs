@@ -785,7 +785,8 @@ fn generate(
             read: &read,
             body: &body,
             written: &written,
-            // Inputs read whole are read once, by one row's threads.
+            // Inputs read whole are read once, by one row's threads (but for the access two rows
+            // share where accesses are aligned to the tensor, which both read: two a row).
             caching: if variants.streaming_rows { Caching::Streamed } else { Caching::Kept },
         };
         if group_rows > 1 {

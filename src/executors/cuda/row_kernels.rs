@@ -212,7 +212,7 @@ pub(super) struct RowSource {
 /// Where an access's cache lines go: kept as usual, or marked to be evicted first (PTX's
 /// `.cs` hint, `__ldcs` and `__stcs`: data read or written once, which leaves L2 to what is
 /// read again). [`KernelVariants::streaming_rows`] streams the rows that row kernels keep on
-/// chip.
+/// chip, and the inputs that fused reductions read whole (`codegen`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Caching {
     /// Plain loads and stores.
@@ -763,8 +763,8 @@ impl RowOp {
 /// block beside them ([`RowLayout::on_chip`]; 0 streams them). Where two blocks of a 16-bit
 /// `softmax` fit in `sm_shared` bytes (an SM's shared memory; 0 where unknown), the kernel
 /// asks the compiler for registers enough for two blocks of 1,024 threads an SM (32 a
-/// thread), not one. `variants` chooses [`KernelVariants::fast_exp2`] and
-/// [`KernelVariants::int32_row_columns`].
+/// thread), not one. `variants` chooses [`KernelVariants::fast_exp2`],
+/// [`KernelVariants::int32_row_columns`] and [`KernelVariants::streaming_rows`].
 ///
 /// # Errors
 /// Not one of those composites, or shapes that break their rules (checked again here, since
@@ -1172,29 +1172,37 @@ mod tests {
         // Kept in registers, in shared memory (as read and as `float`s), aligned to the tensor:
         // every whole access of the row is `__ldcs`, every whole write `__stcs`; `layer_norm`'s
         // weight and bias, read again by every row, keep plain loads.
+        // (Case, accesses of the row read from global memory in the kernel's text: the loop
+        // into registers, and the loop into shared memory where there is one.)
         let cases = [
-            (false, DType::F32, [64, 1024]),
-            (true, DType::BF16, [9, 50257]),
-            (false, DType::BF16, [333, 50257]),
-            (true, DType::F32, [4, 65536]),
-            (false, DType::F16, [64, 1001]),
+            (false, DType::F32, [64, 1024], 1),
+            (true, DType::BF16, [9, 50257], 2),
+            (false, DType::BF16, [333, 50257], 2),
+            (true, DType::F32, [4, 65536], 2),
+            (false, DType::F16, [64, 1001], 1),
+            (true, DType::F32, [64, 1001], 1),
         ];
-        for (layer_norm, dtype, shape) in cases {
+        let row_types = ["uint4", "uint2", "unsigned int"];
+        for (layer_norm, dtype, shape, loads) in cases {
             let default = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, KernelVariants::default());
             let variant = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, streaming);
             let (d, s) = (&default.source.source, &variant.source.source);
             assert!(variant.layout.per_thread.is_some(), "kept on chip: {s}");
             assert!(!d.contains("__ldcs") && !d.contains("__stcs"), "{d}");
-            // Each plain whole access of the row or the output, and only those, is hinted.
-            let row_reads =
-                d.matches("*reinterpret_cast<const ").count() - s.matches("*reinterpret_cast<const ").count();
-            assert!(row_reads > 0 && s.matches("__ldcs(reinterpret_cast<const ").count() == row_reads, "{s}");
-            assert!(
-                s.contains("(in0 + row + col))") && !s.contains("__ldcs(reinterpret_cast<const uint4*>(in1"),
-                "{s}"
-            );
-            let writes = d.matches("*reinterpret_cast<").count() - d.matches("*reinterpret_cast<const ").count();
-            assert!(writes > 0 && s.matches("__stcs(reinterpret_cast<").count() == writes, "{s}");
+            for ty in row_types {
+                let plain_read = format!("*reinterpret_cast<const {ty}*>(in0 + row + col)");
+                let plain_write = format!("*reinterpret_cast<{ty}*>(out0 + row + col) =");
+                assert!(!s.contains(&plain_read) && !s.contains(&plain_write), "no whole access left plain: {s}");
+            }
+            // Every hinted load is of the row (none of the weight's or the bias's), as many as
+            // the kernel reads it; the one write of the results is hinted.
+            let hinted: Vec<&str> = s.split("__ldcs(reinterpret_cast<const ").skip(1).collect();
+            assert_eq!(hinted.len(), loads, "{s}");
+            assert!(hinted
+                .iter()
+                .all(|h| h.split_once(">(").is_some_and(|(_, at)| at.starts_with("in0 + row + col))"))));
+            assert_eq!(s.matches("__stcs(reinterpret_cast<").count(), 1, "{s}");
+            assert!(s.matches("__stcs(reinterpret_cast<").all(|_| s.contains("(out0 + row + col), ")), "{s}");
             crate::executors::cuda::compiles_with_nvrtc(s);
         }
         // A streamed row is read again by its later passes: plain loads and stores.

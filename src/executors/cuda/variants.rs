@@ -70,7 +70,7 @@ pub const CUDA_OPTIONS: &[OptionSpec] = &[
         name: "cuda.streaming_rows",
         ty: OptionType::Bool,
         default: OptionValue::Bool(false),
-        doc: "Row kernels and fused reductions read rows read once with streaming cache hints (KernelVariants::streaming_rows).",
+        doc: "Row kernels and fused reductions read rows read once, and row kernels write results, with streaming cache hints (KernelVariants::streaming_rows).",
         audience: Audience::Developer,
         env: None,
     },

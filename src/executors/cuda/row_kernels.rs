@@ -300,12 +300,12 @@ pub(super) fn widen_raw(dtype: DType, vector: usize, raw: &str, dst: &str) -> St
 }
 
 /// The C that reads the `vector` values of `dtype` (16 bytes of them) at element `o` of `ptr`
-/// (an expression of C type `index`, `long long` or `int`, at least 0), where `o` need not be a multiple of `vector`, into
-/// `dst` (a `uint4`, as [`load_raw`] reads an aligned access): the aligned access that holds
-/// the first value, the next one where the values run into it, and a shift of their words.
-/// Two 16-byte loads and a few register moves, where reading the values one by one took
-/// `vector` loads (and the L1 bandwidth of as many accesses). The caller checks that both
-/// accesses lie in the tensor: `o + vector <= len`, and [`shifted_within`].
+/// (an expression of C type `index`, `long long` or `int`, at least 0), where `o` need not be
+/// a multiple of `vector`, into `dst` (a `uint4`, as [`load_raw`] reads an aligned access): the
+/// aligned access that holds the first value, the next one where the values run into it, and a
+/// shift of their words. Two 16-byte loads and a few register moves, where reading the values
+/// one by one took `vector` loads (and the L1 bandwidth of as many accesses). The caller checks
+/// that both accesses lie in the tensor: `o + vector <= len`, and [`shifted_within`].
 pub(super) fn load_shifted(dtype: DType, vector: usize, ptr: &str, o: &str, index: &str, dst: &str) -> String {
     debug_assert_eq!(vector * dtype.size_bytes(), 16, "16-byte accesses");
     let per_word = 4 / dtype.size_bytes();
@@ -748,9 +748,9 @@ impl RowOp {
             }
         }
         if id == prims::SOFTMAX && rescaled {
-            // (Rescaled sums are of `bs_exp`, never scaled.)
             // A sum of exponentials taken against maximum `from`, against `to` instead (equal
-            // ones, infinities included, need no factor; a NaN stays NaN).
+            // ones, infinities included, need no factor; a NaN stays NaN). Rescaled sums are of
+            // `bs_exp`, never scaled by `bs_exp_out`'s factor.
             c.push_str("__device__ __forceinline__ float bs_rescale(float s, float from, float to) {\n");
             c.push_str("  return from == to ? s : s * bs_exp(from - to);\n}\n");
         }

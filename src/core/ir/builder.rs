@@ -513,6 +513,17 @@ impl<'a> TraceBuilder<'a> {
                 Arg::DType(d) => ArgInfo::DType(d),
             });
         }
+        // A built-in elementwise prim whose result is its first argument's dtype and shape: the
+        // rule answers the same (tested), and the result shares that argument's copy.
+        let answer = def.builtin.and_then(|id| super::prims::elementwise_answer(id, &infos));
+        if let (Some(dtype), Some(&Arg::Value(first))) = (answer, args.first()) {
+            let shape = self.values[first.index()].shape;
+            let args = self.copy_args(args);
+            let comment = self.pending_comment.take();
+            let output = self.define(ValueMeta { dtype, shape });
+            self.record(symbol, args, output, &[], comment);
+            return Ok(output);
+        }
         let rule = def
             .shape_rule
             .as_ref()
@@ -591,10 +602,23 @@ impl<'a> TraceBuilder<'a> {
                 (self.define(ValueMeta { dtype: meta.dtype, shape }), &[][..])
             }
         };
+        self.record(symbol, args, output, subsymbols, comment);
+        Ok(output)
+    }
+
+    /// Appends the bound symbol of `symbol` applied to `args` (the arena's copy), defining
+    /// `output`, at the current level.
+    fn record(
+        &mut self,
+        symbol: SymbolId,
+        args: &'a [Arg<'a>],
+        output: ValueId,
+        subsymbols: &'a [BoundSymbol<'a>],
+        comment: Option<&'a str>,
+    ) {
         let outputs = std::slice::from_ref(self.arena.bump().alloc(output));
         let extras = Extras::comment(self.arena, comment);
         push_bound_symbol(self.current_level(), symbol, args, outputs, subsymbols, extras);
-        Ok(output)
     }
 
     /// Appends a copy of a bound symbol (from this or another trace) without checking it, and

@@ -171,6 +171,44 @@ pub(crate) const LAST_PRIM: SymbolId = EMBEDDING_BACKWARD;
 pub const UNARY: [SymbolId; 7] = [NEG, EXP, LOG, TANH, SIGMOID, RELU, GELU];
 /// The binary elementwise prims, in id order.
 pub const BINARY: [SymbolId; 5] = [ADD, SUB, MUL, DIV, MAXIMUM];
+
+// `elementwise_answer` tells these prims by their ids' ranges: the unary prims first, then the
+// binary ones, each in a run.
+const _: () = {
+    let mut i = 0;
+    while i < UNARY.len() {
+        assert!(UNARY[i].index() == UNARY[0].index() + i);
+        i += 1;
+    }
+    let mut i = 0;
+    while i < BINARY.len() {
+        assert!(BINARY[i].index() == BINARY[0].index() + i);
+        i += 1;
+    }
+};
+
+/// The dtype the shape rule of built-in prim `id` answers where its answer is the first
+/// argument's own dtype and shape, found without calling the rule: a unary prim of a float
+/// tensor, a binary one of a float tensor and a scalar, or of two float tensors of one dtype
+/// and shape (most of a model's elementwise ops). `None` where the rule must decide
+/// (broadcasts, promotions, errors). Wherever this answers, the rule answers the same (tested
+/// for every unary and binary prim).
+#[inline]
+pub(crate) fn elementwise_answer(id: SymbolId, args: &[ArgInfo<'_>]) -> Option<DType> {
+    let index = id.index();
+    let unary = (UNARY[0].index()..=UNARY[UNARY.len() - 1].index()).contains(&index);
+    let binary = (BINARY[0].index()..=BINARY[BINARY.len() - 1].index()).contains(&index);
+    match *args {
+        [ArgInfo::Tensor { dtype, .. }] if unary && !dtype.is_integer() => Some(dtype),
+        [ArgInfo::Tensor { dtype, .. }, ArgInfo::Scalar(_)] if binary && !dtype.is_integer() => Some(dtype),
+        [ArgInfo::Tensor { dtype, shape: a }, ArgInfo::Tensor { dtype: other, shape: b }]
+            if binary && dtype == other && !dtype.is_integer() && super::meta::same_dims(a, b) =>
+        {
+            Some(dtype)
+        }
+        _ => None,
+    }
+}
 /// The comparison prims, in id order: `i32` results, 0 or 1.
 pub const COMPARISONS: [SymbolId; 6] = [LT, LE, GT, GE, EQ, NE];
 
@@ -770,6 +808,43 @@ mod tests {
             }
         }
         assert_eq!(cases, 650);
+    }
+
+    /// `elementwise_answer`, which `TraceBuilder::bind` takes instead of calling the rule, gives
+    /// the rule's answer (the first argument's dtype and shape) wherever it gives one, for every
+    /// built-in prim it could answer for, and answers the common cases (so that `bind` takes it).
+    #[test]
+    fn the_elementwise_answer_is_the_rules() {
+        let shapes: [&[usize]; 6] = [&[], &[1], &[4], &[2, 3], &[1, 3], &[2, 4]];
+        let dtypes = [DType::F32, DType::BF16, DType::F16, DType::I32, DType::I64];
+        let tensors: Vec<ArgInfo<'_>> = dtypes
+            .iter()
+            .flat_map(|&dtype| shapes.iter().map(move |&shape| ArgInfo::Tensor { dtype, shape }))
+            .collect();
+        let mut arg_lists: Vec<Vec<ArgInfo<'_>>> = tensors.iter().map(|&t| vec![t]).collect();
+        for &tensor in &tensors {
+            arg_lists.extend(tensors.iter().chain(&[ArgInfo::Scalar(2.0)]).map(|&other| vec![tensor, other]));
+        }
+        arg_lists.push(vec![ArgInfo::Scalar(1.0), tensors[0]]);
+        let (mut answered, mut declined) = (0, 0);
+        for id in (0..BUILTIN_NAMES.len()).map(SymbolId::from_index) {
+            let rule = prim_rule(id).map(|(_, rule)| rule);
+            for args in &arg_lists {
+                let Some(dtype) = elementwise_answer(id, args) else {
+                    declined += 1;
+                    continue;
+                };
+                let rule = rule.unwrap_or_else(|| panic!("answered for {id:?}, which is no prim"));
+                let ArgInfo::Tensor { shape, .. } = args[0] else { panic!("answered for {args:?}") };
+                assert_eq!(rule(args), Ok(TensorMeta::new(dtype, shape)), "{id:?} {args:?}");
+                answered += 1;
+            }
+        }
+        // Each unary prim for each float tensor; each binary one for a float tensor with a
+        // scalar or with itself in shape and dtype.
+        let floats = 3 * shapes.len();
+        assert_eq!(answered, UNARY.len() * floats + BINARY.len() * (floats + floats));
+        assert!(declined > answered);
     }
 
     fn t(shape: &[usize]) -> ArgInfo<'_> {

@@ -490,6 +490,17 @@ impl<'a> TraceBuilder<'a> {
         if args.len() < def.required || args.len() > def.params.len() {
             return Err(Error::ArityMismatch { symbol: name.clone(), expected: def.arity_text(), got: args.len() });
         }
+        // A built-in elementwise prim of defined float tensors whose result is its first
+        // argument's dtype and shape (most of a model's ops): the rule answers the same (tested),
+        // and the result shares that argument's copy of its shape. Anything else, errors
+        // included, takes the general path.
+        if let Some((dtype, shape)) = def.builtin.and_then(|id| self.elementwise_result(id, args)) {
+            let args = self.copy_args(args);
+            let comment = self.pending_comment.take();
+            let output = self.define(ValueMeta { dtype, shape });
+            self.record(symbol, args, output, &[], comment);
+            return Ok(output);
+        }
         // One pass over the arguments: each one's kind and definedness, and what the shape rule
         // sees of it.
         let mut infos: SmallVec<[ArgInfo<'_>; 4]> = SmallVec::new();
@@ -512,17 +523,6 @@ impl<'a> TraceBuilder<'a> {
                 Arg::Dims(d) => ArgInfo::Dims(d),
                 Arg::DType(d) => ArgInfo::DType(d),
             });
-        }
-        // A built-in elementwise prim whose result is its first argument's dtype and shape: the
-        // rule answers the same (tested), and the result shares that argument's copy.
-        let answer = def.builtin.and_then(|id| super::prims::elementwise_answer(id, &infos));
-        if let (Some(dtype), Some(&Arg::Value(first))) = (answer, args.first()) {
-            let shape = self.values[first.index()].shape;
-            let args = self.copy_args(args);
-            let comment = self.pending_comment.take();
-            let output = self.define(ValueMeta { dtype, shape });
-            self.record(symbol, args, output, &[], comment);
-            return Ok(output);
         }
         let rule = def
             .shape_rule
@@ -604,6 +604,33 @@ impl<'a> TraceBuilder<'a> {
         };
         self.record(symbol, args, output, subsymbols, comment);
         Ok(output)
+    }
+
+    /// The dtype and shape of built-in prim `id` applied to `args` where its rule's answer is its
+    /// first argument's ([`prims::elementwise_answer`](super::prims::elementwise_answer)), every
+    /// tensor argument defined; `None` where the general path must check and decide. (The
+    /// arguments' kinds are those the prim's parameters take: a tensor, then a tensor or a
+    /// scalar.)
+    #[inline]
+    fn elementwise_result(&self, id: SymbolId, args: &[Arg<'_>]) -> Option<(DType, &'a [usize])> {
+        let tensor = |v: ValueId| self.defined.get(v.index()).copied().unwrap_or(false).then(|| self.values[v.index()]);
+        let info = |m: ValueMeta<'a>| ArgInfo::Tensor { dtype: m.dtype, shape: m.shape };
+        let (first, dtype) = match *args {
+            [Arg::Value(a)] => {
+                let m = tensor(a)?;
+                (m, super::prims::elementwise_answer(id, &[info(m)])?)
+            }
+            [Arg::Value(a), Arg::Scalar(s)] => {
+                let m = tensor(a)?;
+                (m, super::prims::elementwise_answer(id, &[info(m), ArgInfo::Scalar(s)])?)
+            }
+            [Arg::Value(a), Arg::Value(b)] => {
+                let (m, n) = (tensor(a)?, tensor(b)?);
+                (m, super::prims::elementwise_answer(id, &[info(m), info(n)])?)
+            }
+            _ => return None,
+        };
+        Some((dtype, first.shape))
     }
 
     /// Appends the bound symbol of `symbol` applied to `args` (the arena's copy), defining
@@ -996,6 +1023,64 @@ mod tests {
 
     use crate::core::passes::{FuseRegions, Pass};
     use crate::executors::CpuFusion;
+
+    /// Built-in unary and binary prims bound through `bind`'s shortcut give what the general
+    /// path gives with the same rules (a registry whose copies of those symbols lost the
+    /// built-in mark): the same result's dtype and shape, or the same error, over dtypes
+    /// (integers among them), shapes (broadcasts, scalars), scalar arguments in either place
+    /// and undefined values.
+    #[test]
+    fn the_elementwise_shortcut_binds_as_the_general_path() {
+        use super::super::prims::{builtin_symbols, prim_rule, BINARY, UNARY};
+        let builtin = Registry::with_builtins();
+        let mut general = Registry::empty();
+        for (i, symbol) in builtin_symbols().into_iter().enumerate() {
+            let id = SymbolId::from_index(i);
+            let symbol = match prim_rule(id) {
+                Some((_, rule)) if UNARY.contains(&id) || BINARY.contains(&id) => symbol.shape_rule(rule),
+                _ => symbol,
+            };
+            assert_eq!(general.register(symbol).unwrap(), id);
+            assert_eq!(
+                general.get(id).unwrap().symbol.builtin.is_some(),
+                builtin.get(id).unwrap().symbol.builtin.is_some() && !UNARY.contains(&id) && !BINARY.contains(&id)
+            );
+        }
+        let arena = Arena::new();
+        let (mut fast, mut slow) = (TraceBuilder::new(&arena, &builtin), TraceBuilder::new(&arena, &general));
+        let mut values = Vec::new();
+        for dtype in [DType::F32, DType::BF16, DType::I32] {
+            for shape in [&[2, 3][..], &[3], &[2, 1], &[]] {
+                let meta = TensorMeta::new(dtype, shape);
+                values.push(fast.input_with(&meta).unwrap());
+                assert_eq!(slow.input_with(&meta).unwrap(), *values.last().unwrap());
+            }
+        }
+        let undefined = ValueId::from_index(999);
+        let operands: Vec<Arg<'_>> =
+            values.iter().chain([&undefined]).map(|&v| Arg::Value(v)).chain([Arg::Scalar(2.0)]).collect();
+        let mut cases = 0;
+        for id in UNARY.iter().chain(&BINARY) {
+            let lists: Vec<Vec<Arg<'_>>> = if UNARY.contains(id) {
+                operands.iter().map(|&a| vec![a]).collect()
+            } else {
+                operands.iter().flat_map(|&a| operands.iter().map(move |&b| vec![a, b])).collect()
+            };
+            for args in lists {
+                match (fast.bind(*id, &args), slow.bind(*id, &args)) {
+                    (Ok(a), Ok(b)) => {
+                        assert_eq!(a, b);
+                        assert_eq!(fast.values[a.index()].dtype, slow.values[b.index()].dtype, "{id:?} {args:?}");
+                        assert_eq!(fast.values[a.index()].shape, slow.values[b.index()].shape, "{id:?} {args:?}");
+                    }
+                    (Err(a), Err(b)) => assert_eq!(format!("{a:?}"), format!("{b:?}"), "{id:?} {args:?}"),
+                    (a, b) => panic!("{id:?} {args:?}: {a:?} against {b:?}"),
+                }
+                cases += 1;
+            }
+        }
+        assert_eq!(cases, UNARY.len() * 14 + BINARY.len() * 14 * 14);
+    }
 
     /// A chain of `n` elementwise ops on one `[4]` input.
     fn chain<'a>(b: &mut TraceBuilder<'a>, n: usize) -> Result<ValueId> {

@@ -613,6 +613,9 @@ impl<'a> TraceBuilder<'a> {
     /// scalar.)
     #[inline]
     fn elementwise_result(&self, id: SymbolId, args: &[Arg<'_>]) -> Option<(DType, &'a [usize])> {
+        if !super::prims::is_unary(id) && !super::prims::is_binary(id) {
+            return None;
+        }
         let tensor = |v: ValueId| self.defined.get(v.index()).copied().unwrap_or(false).then(|| self.values[v.index()]);
         let info = |m: ValueMeta<'a>| ArgInfo::Tensor { dtype: m.dtype, shape: m.shape };
         let (first, dtype) = match *args {
@@ -1080,6 +1083,53 @@ mod tests {
             }
         }
         assert_eq!(cases, UNARY.len() * 14 + BINARY.len() * 14 * 14);
+        // The traces they record are the same too: a comment on an op the shortcut binds, and
+        // the ops a composite's decomposition binds at its own level.
+        let listing = |registry: &Registry| {
+            let mut b = TraceBuilder::new(&arena, registry);
+            let x = b.input(&[2, 3]).unwrap();
+            b.comment("scaled");
+            let y = b.mul_scalar(x, 2.0).unwrap();
+            let z = b.softmax(y).unwrap();
+            let w = b.add(z, x).unwrap();
+            b.output(w).unwrap();
+            let trace = b.finish().unwrap();
+            let inside: Vec<usize> = trace.bound_symbols().iter().map(|s| s.subsymbols().len()).collect();
+            (trace.to_string(), inside)
+        };
+        let (listed, inside) = listing(&builtin);
+        assert!(listed.contains("scaled") && inside.iter().any(|&n| n > 0), "{listed}");
+        assert_eq!((listed, inside), listing(&general));
+    }
+
+    /// The shortcut binds without the rule: with every unary and binary prim's rule replaced
+    /// by one that panics (the built-in mark kept, as only this test can), the ops it takes
+    /// bind, and one it declines (an integer tensor) reaches the rule.
+    #[test]
+    fn the_elementwise_shortcut_does_not_call_the_rule() {
+        use super::super::prims::{builtin_symbols, BINARY, UNARY};
+        let mut registry = Registry::empty();
+        for (i, symbol) in builtin_symbols().into_iter().enumerate() {
+            let id = SymbolId::from_index(i);
+            let symbol = if UNARY.contains(&id) || BINARY.contains(&id) {
+                let mut replaced = symbol.shape_rule(|_| panic!("the rule was called"));
+                replaced.builtin = Some(id);
+                replaced
+            } else {
+                symbol
+            };
+            registry.register(symbol).unwrap();
+        }
+        let arena = Arena::new();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input_with(&TensorMeta::new(DType::BF16, &[2, 3])).unwrap();
+        let y = b.exp(x).unwrap();
+        let y = b.mul(y, x).unwrap();
+        let y = b.add_scalar(y, 1.0).unwrap();
+        assert_eq!(b.values[y.index()].shape, &[2, 3]);
+        let ids = b.input_with(&TensorMeta::new(DType::I32, &[2])).unwrap();
+        let declined = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| b.exp(ids)));
+        assert!(declined.is_err(), "an integer tensor goes to the rule");
     }
 
     /// A chain of `n` elementwise ops on one `[4]` input.

@@ -195,9 +195,7 @@ const _: () = {
 /// for every unary and binary prim).
 #[inline]
 pub(crate) fn elementwise_answer(id: SymbolId, args: &[ArgInfo<'_>]) -> Option<DType> {
-    let index = id.index();
-    let unary = (UNARY[0].index()..=UNARY[UNARY.len() - 1].index()).contains(&index);
-    let binary = (BINARY[0].index()..=BINARY[BINARY.len() - 1].index()).contains(&index);
+    let (unary, binary) = (is_unary(id), is_binary(id));
     match *args {
         [ArgInfo::Tensor { dtype, .. }] if unary && !dtype.is_integer() => Some(dtype),
         [ArgInfo::Tensor { dtype, .. }, ArgInfo::Scalar(_)] if binary && !dtype.is_integer() => Some(dtype),
@@ -209,6 +207,19 @@ pub(crate) fn elementwise_answer(id: SymbolId, args: &[ArgInfo<'_>]) -> Option<D
         _ => None,
     }
 }
+
+/// Whether `id` is a built-in unary prim (one of [`UNARY`], a run of ids).
+#[inline]
+pub(crate) fn is_unary(id: SymbolId) -> bool {
+    (UNARY[0].index()..=UNARY[UNARY.len() - 1].index()).contains(&id.index())
+}
+
+/// Whether `id` is a built-in binary prim (one of [`BINARY`], a run of ids).
+#[inline]
+pub(crate) fn is_binary(id: SymbolId) -> bool {
+    (BINARY[0].index()..=BINARY[BINARY.len() - 1].index()).contains(&id.index())
+}
+
 /// The comparison prims, in id order: `i32` results, 0 or 1.
 pub const COMPARISONS: [SymbolId; 6] = [LT, LE, GT, GE, EQ, NE];
 

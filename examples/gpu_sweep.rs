@@ -8,9 +8,9 @@
 //!
 //! Each case is first checked against the CPU reference at a smaller row count, then timed, with
 //! a device-to-device copy of the same bytes (half read, half written) beside it, the best of
-//! three: the bandwidth ceiling. Bytes are the useful ones: every input read once, the output written once. Lines
-//! starting `RESULT ` are JSON; `scripts/torch_gpu_sweep.py` reads them, times PyTorch (eager
-//! and `torch.compile`) on the same cases and passes everything on to
+//! three: the bandwidth ceiling. Bytes are the useful ones: every input read once, the output
+//! written once. Lines starting `RESULT ` are JSON; `scripts/torch_gpu_sweep.py` reads them,
+//! times PyTorch (eager and `torch.compile`) on the same cases and passes everything on to
 //! `scripts/gpu_sweep_report.py`, which prints one table with the ratios and their minimum and
 //! median:
 //!

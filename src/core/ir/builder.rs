@@ -616,7 +616,7 @@ impl<'a> TraceBuilder<'a> {
         if !super::prims::is_unary(id) && !super::prims::is_binary(id) {
             return None;
         }
-        let tensor = |v: ValueId| self.defined.get(v.index()).copied().unwrap_or(false).then(|| self.values[v.index()]);
+        let tensor = |v: ValueId| self.is_defined(v).then(|| self.values[v.index()]);
         let info = |m: ValueMeta<'a>| ArgInfo::Tensor { dtype: m.dtype, shape: m.shape };
         let (first, dtype) = match *args {
             [Arg::Value(a)] => {
@@ -970,8 +970,13 @@ impl<'a> TraceBuilder<'a> {
         id
     }
 
+    /// Whether `value` is defined and visible at this level.
+    fn is_defined(&self, value: ValueId) -> bool {
+        self.defined.get(value.index()).copied().unwrap_or(false)
+    }
+
     fn check_defined(&self, value: ValueId, used_by: &str) -> Result<()> {
-        if self.defined.get(value.index()).copied().unwrap_or(false) {
+        if self.is_defined(value) {
             Ok(())
         } else {
             Err(Error::UndefinedValue { value, used_by: used_by.to_string() })

@@ -195,14 +195,23 @@ const _: () = {
 /// for every unary and binary prim).
 #[inline]
 pub(crate) fn elementwise_answer(id: SymbolId, args: &[ArgInfo<'_>]) -> Option<DType> {
-    let (unary, binary) = (is_unary(id), is_binary(id));
     match *args {
-        [ArgInfo::Tensor { dtype, .. }] if unary && !dtype.is_integer() => Some(dtype),
-        [ArgInfo::Tensor { dtype, .. }, ArgInfo::Scalar(_)] if binary && !dtype.is_integer() => Some(dtype),
+        [ArgInfo::Tensor { dtype, .. }] if is_unary(id) && !dtype.is_integer() => Some(dtype),
+        _ if is_binary(id) => binary_answer(args).map(|(dtype, _)| dtype),
+        _ => None,
+    }
+}
+
+/// What the binary prims' rule answers without its general path: a float tensor with a scalar,
+/// or with a tensor of its dtype and shape, gives that tensor's dtype and shape.
+#[inline]
+fn binary_answer<'m>(args: &[ArgInfo<'m>]) -> Option<(DType, &'m [usize])> {
+    match *args {
+        [ArgInfo::Tensor { dtype, shape }, ArgInfo::Scalar(_)] if !dtype.is_integer() => Some((dtype, shape)),
         [ArgInfo::Tensor { dtype, shape: a }, ArgInfo::Tensor { dtype: other, shape: b }]
-            if binary && dtype == other && !dtype.is_integer() && super::meta::same_dims(a, b) =>
+            if dtype == other && !dtype.is_integer() && super::meta::same_dims(a, b) =>
         {
-            Some(dtype)
+            Some((dtype, a))
         }
         _ => None,
     }
@@ -388,18 +397,12 @@ pub(super) fn promoted(args: &[ArgInfo<'_>]) -> Option<DType> {
 }
 
 /// The rule of elementwise binary ops: [`binary_rule_general`], with the common cases (a float
-/// tensor with a scalar, or with a tensor of its dtype and shape) answered first.
+/// tensor with a scalar, or with a tensor of its dtype and shape) answered first
+/// ([`binary_answer`], which `bind` takes before calling the rule).
 fn binary_rule(args: &[ArgInfo<'_>]) -> RuleResult {
-    match *args {
-        [ArgInfo::Tensor { dtype, shape }, ArgInfo::Scalar(_)] if !dtype.is_integer() => {
-            Ok(TensorMeta::new(dtype, shape))
-        }
-        [ArgInfo::Tensor { dtype, shape: a }, ArgInfo::Tensor { dtype: other, shape: b }]
-            if dtype == other && !dtype.is_integer() && super::meta::same_dims(a, b) =>
-        {
-            Ok(TensorMeta::new(dtype, a))
-        }
-        _ => binary_rule_general(args),
+    match binary_answer(args) {
+        Some((dtype, shape)) => Ok(TensorMeta::new(dtype, shape)),
+        None => binary_rule_general(args),
     }
 }
 

@@ -499,19 +499,32 @@ impl RowAccesses {
         }
     }
 
+    /// `n` as a C literal of the columns' type.
+    pub fn literal(&self, n: usize) -> String {
+        if self.int_columns {
+            n.to_string()
+        } else {
+            format!("{n}ll")
+        }
+    }
+
     /// The row's length, as a C literal of the columns' type.
     pub fn count(&self) -> String {
+        self.literal(self.cols)
+    }
+
+    /// The cast that makes a column expression of `int`s one of the columns' type.
+    pub fn widen(&self) -> &'static str {
         if self.int_columns {
-            self.cols.to_string()
+            ""
         } else {
-            format!("{}ll", self.cols)
+            "(long long)"
         }
     }
 
     /// The column of access `j` of the thread at `lane` of `t` threads a row (an expression).
     pub fn column_of_access(&self, j: &str, t: usize) -> String {
-        let widen = if self.int_columns { "" } else { "(long long)" };
-        self.column(&format!("{widen}{j} * {t} + lane"))
+        self.column(&format!("{}{j} * {t} + lane", self.widen()))
     }
 
     /// What a value outside the row reads as (C): -infinity for a maximum, 0 for a sum.
@@ -935,8 +948,7 @@ pub(super) fn row_source(
         None => {
             let u = (16 / v).clamp(STREAMED_LOADS, 16);
             let step = t * v;
-            let (count, widen) = (accesses.count(), if accesses.int_columns { "" } else { "(long long)" });
-            let stride = if accesses.int_columns { (u * step).to_string() } else { format!("{}ll", u * step) };
+            let (count, widen, stride) = (accesses.count(), accesses.widen(), accesses.literal(u * step));
             (
                 format!(
                     "    for ({ix} col0 = {}; col0 < {count}; col0 += {stride}) {{ float xs[{u}][{v}];\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const {ix} col = col0 + {widen}u * {step}; {} }}\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const {ix} col = col0 + {widen}u * {step}; const bool in_row = {touches}; float* const x = xs[u];",

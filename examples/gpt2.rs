@@ -27,8 +27,8 @@
 //! executors and notes), `--ranks N` (data parallelism: N processes, one per GPU, each on its
 //! own batch, gradients averaged by `all_reduce` in buckets during the backward; NCCL on GPUs,
 //! TCP on the CPU; the ranks check that their parameters stay equal), `--dev NAME=VALUE` (a
-//! developer option, `Options::set_developer`: `--dev cuda.fast_exp2=true` times a variant of
-//! the generated kernels; repeatable).
+//! developer option, `Options::set_developer`: `--dev cuda.int32_row_columns=true` times a
+//! variant of the generated kernels; repeatable).
 //! Prints its results on stdout; exits non-zero if a check fails (a gradient off its finite
 //! difference, a training loss that does not fall).
 

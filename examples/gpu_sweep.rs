@@ -25,8 +25,9 @@
 //! Nsight Compute.
 //!
 //! With `--variants`, each case is also checked and timed with every variant of the generated
-//! kernels (each of `KernelVariants::EACH` alone, then all of them), interleaved with the
-//! defaults in three rounds (the best of each kept), as `boundscope+<variant>` RESULT lines;
+//! kernels flipped from the defaults (`KernelVariants::EACH`, one at a time: `boundscope+<name>`
+//! turned on, `boundscope-<name>` off), then with none of them (`boundscope-all`), interleaved
+//! with the defaults in three rounds (the best of each kept), as RESULT lines;
 //! `scripts/gpu_variants_report.py` prints each variant's speed against the defaults, case by
 //! case (the default kernels' lines are the sweep's, but each the best of three rounds, the
 //! copy's too, where a sweep without the flag times once):
@@ -153,8 +154,15 @@ fn run() -> Result<(), String> {
     for flag in &flags {
         match flag.as_str() {
             "--variants" => {
-                variants.extend(KernelVariants::EACH.iter().map(|(name, v)| (format!("boundscope+{name}"), *v)));
-                variants.push(("boundscope+all".into(), KernelVariants::ALL));
+                // Each variant flipped from the defaults: `+name` turned on, `-name` off; then
+                // the kernels without any.
+                let defaults = KernelVariants::default();
+                for (name, _) in KernelVariants::EACH {
+                    let flipped = defaults.flipped(name).expect("a name of EACH");
+                    let sign = if defaults | flipped != defaults { '+' } else { '-' };
+                    variants.push((format!("boundscope{sign}{name}"), flipped));
+                }
+                variants.push(("boundscope-all".into(), KernelVariants::NONE));
             }
             _ => return Err(format!("unknown flag `{flag}` (the one flag is --variants)")),
         }

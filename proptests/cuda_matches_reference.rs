@@ -52,17 +52,20 @@ fn device_alone() -> Option<(Arc<CudaDevice>, RwLockWriteGuard<'static, ()>)> {
 }
 
 /// The kernel variants every test here runs the CUDA executors with: the defaults, unless
-/// `KERNEL_VARIANTS_UNDER_TEST` names some (`all`, or a comma list of the names of
-/// `KernelVariants::EACH`): the GPU runs this binary once more with `all` before a variant's
-/// default changes. A name it does not know fails the test.
+/// `KERNEL_VARIANTS_UNDER_TEST` names others, a comma list read in order: `none` (every variant
+/// off: `KernelVariants::NONE`), `all`, or the name of one of `KernelVariants::EACH` to turn on
+/// (`none,fast_exp2`: that one alone). The GPU runs this binary once more with `all` and with
+/// `none` before a variant's default changes. A name it does not know fails the test.
 fn variants_under_test() -> KernelVariants {
     static VARIANTS: OnceLock<KernelVariants> = OnceLock::new();
     *VARIANTS.get_or_init(|| {
         let Ok(names) = std::env::var("KERNEL_VARIANTS_UNDER_TEST") else { return KernelVariants::default() };
         let mut variants = KernelVariants::default();
         for name in names.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            let known = KernelVariants::EACH.iter().chain(&[("all", KernelVariants::ALL)]);
+            let known =
+                KernelVariants::EACH.iter().chain(&[("all", KernelVariants::ALL), ("none", KernelVariants::NONE)]);
             match known.clone().find(|(n, _)| *n == name) {
+                Some((_, v)) if name == "none" => variants = *v,
                 Some((_, v)) => variants = variants | *v,
                 None => panic!(
                     "KERNEL_VARIANTS_UNDER_TEST: unknown variant `{name}` ({})",
@@ -933,10 +936,11 @@ fn one_handle_per_gpu_and_the_front_end_shares_it() {
 }
 
 /// The front end configures both CUDA executors from its developer options (`cuda.*`: the
-/// kernel variants): a plan of a bf16 `softmax` and a fused 16-bit `sigmoid` chain lists them
-/// in its header and reports none unused (the executors were configured with them), and its
-/// results equal the reference's (which the default kernels' would too: the variants' own
-/// results are checked by the row and subnormal tests).
+/// kernel variants): a plan of a bf16 `softmax` and a fused 16-bit `sigmoid` chain lists those
+/// set to other than their defaults in its header and reports none unused (the executors were
+/// configured with them, one set to its default among them), and its results equal the
+/// reference's (which the default kernels' would too: the variants' own results are checked by
+/// the row and subnormal tests).
 #[test]
 fn the_front_end_generates_the_kernel_variants_its_options_choose() {
     use boundscope::frontend::{Environment, ProfiledSession};
@@ -944,8 +948,9 @@ fn the_front_end_generates_the_kernel_variants_its_options_choose() {
     use boundscope::{Tensor, TraceBuilder};
     let Some((_device, _sharing)) = device() else { return };
     let mut options = Options::new();
-    options.set_developer("cuda.fast_exp2", true).unwrap();
+    options.set_developer("cuda.fast_exp2", false).unwrap();
     options.set_developer("cuda.int32_row_columns", true).unwrap();
+    options.set_developer("cuda.streaming_rows", true).unwrap();
     let session = ProfiledSession::new(options, &Environment::from_pairs(&[("BOUNDSCOPE_DEVICE", "cuda")])).unwrap();
     let registry = Registry::with_builtins();
     let arena = Arena::new();
@@ -960,7 +965,7 @@ fn the_front_end_generates_the_kernel_variants_its_options_choose() {
     let plan = session.plan(&trace, &arena).unwrap();
     let executors: Vec<&str> = plan.steps_per_executor().into_iter().map(|(e, _)| e).collect();
     assert!(executors.contains(&"cuda_ops") && executors.contains(&"cuda_fusion"), "{plan}");
-    assert_eq!(plan.developer_options(), ["cuda.fast_exp2=true", "cuda.int32_row_columns=true"], "{plan}");
+    assert_eq!(plan.developer_options(), ["cuda.fast_exp2=false", "cuda.int32_row_columns=true"], "{plan}");
     assert!(plan.unused_options().is_empty(), "{:?}", plan.unused_options());
     let input = Tensor::from_fn(&[64, 1001], |i| ((i * 37) % 101) as f32 / 10.0 - 5.0).to_dtype(DType::BF16);
     let got = plan.run(&[&input]).unwrap();
@@ -1559,10 +1564,11 @@ fn row_ops_match_the_reference_at_every_row_length() {
         50257,
         200003,
     ];
-    // The default kernels, each variant alone (`KernelVariants::EACH`: one-instruction `exp2`,
-    // 32-bit columns, streaming cache hints) and all, whatever `KERNEL_VARIANTS_UNDER_TEST` says.
+    // The default kernels, those without variants, each variant alone (`KernelVariants::EACH`:
+    // one-instruction `exp2`, 32-bit columns, streaming cache hints) and all, whatever
+    // `KERNEL_VARIANTS_UNDER_TEST` says.
     let each = KernelVariants::EACH.map(|(_, v)| v);
-    for (variants, dtype) in [KernelVariants::default(), KernelVariants::ALL]
+    for (variants, dtype) in [KernelVariants::default(), KernelVariants::NONE, KernelVariants::ALL]
         .into_iter()
         .chain(each)
         .flat_map(|v| [DType::F32, DType::BF16, DType::F16].map(|d| (v, d)))
@@ -1644,8 +1650,9 @@ fn row_ops_match_the_reference_at_every_row_length() {
 
 /// bf16 `softmax` results below bf16's normal range (its subnormals, 2^-133 to 2^-126) are not
 /// flushed to 0 in any layout (a row in registers, kept as read in shared memory, streamed; 16-byte
-/// and aligned accesses), by the default kernels or by those of `KernelVariants::fast_exp2`,
-/// whose one-instruction `exp2` flushes below 2^-126 (bf16 results are scaled by 2^8 first).
+/// and aligned accesses), by the kernels without variants or by those of
+/// `KernelVariants::fast_exp2` (alone, in the defaults, with all), whose one-instruction `exp2`
+/// flushes below 2^-126 (bf16 results are scaled by 2^8 first).
 /// Each row holds one 0 and values 87 to 93 below it: results e^-87 to e^-93 (2^-125.5 to
 /// 2^-134), most of them bf16 subnormals, which a flush would turn to 0.
 #[test]
@@ -1653,8 +1660,8 @@ fn softmax_results_below_the_normal_range_survive_in_bf16() {
     use boundscope::{Tensor, TraceBuilder};
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
-    let fast_exp2 = KernelVariants { fast_exp2: true, ..KernelVariants::default() };
-    for variants in [KernelVariants::default(), fast_exp2, KernelVariants::ALL] {
+    let fast_exp2 = KernelVariants { fast_exp2: true, ..KernelVariants::NONE };
+    for variants in [KernelVariants::NONE, fast_exp2, KernelVariants::default(), KernelVariants::ALL] {
         let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()).with_variants(variants));
         for [rows, cols] in [[4, 1024], [3, 65536], [3, 50257], [2, 1 << 20], [2, 200003]] {
             let arena = Arena::new();

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Reads the RESULT lines of `examples/gpu_sweep.rs --variants` on stdin and prints, for each
-variant of the generated kernels (`boundscope+<variant>`), its speed against the default kernels
+variant of the generated kernels flipped from the defaults (`boundscope+<variant>` turned on,
+`boundscope-<variant>` off, `boundscope-all` none), its speed against the default kernels
 (`boundscope`) case by case: the default's time over the variant's (above 1.0: the variant is
 faster), then the minimum, median and maximum over the cases, and the cases where it is more
 than 2% faster or slower. Both were timed in the same run, interleaved, the best of three rounds.
@@ -21,7 +22,7 @@ for line in sys.stdin:
 variants = sorted({impl for impls in cases.values() for impl in impls if impl != "boundscope"})
 if not variants:
     sys.exit("no variant results: run gpu_sweep with --variants")
-names = [v[len("boundscope+"):] for v in variants]
+names = [v[len("boundscope"):] for v in variants]
 print("| op | shape | dtype | default GB/s | % of copy | " + " | ".join(names) + " |")
 print("| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in names) + " |")
 ratios = {v: [] for v in variants}

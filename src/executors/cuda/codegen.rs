@@ -1251,9 +1251,11 @@ mod tests {
     use crate::core::passes::{FuseRegions, Pass};
     use crate::executors::CpuFusion;
 
-    /// Fuses the trace `build` makes and generates the source of its first region.
+    /// Fuses the trace `build` makes and generates the source of its first region, without
+    /// kernel variants (each variant's own test shows what it changes; the GPU tests run the
+    /// defaults).
     fn generate(build: impl FnOnce(&mut TraceBuilder<'_>)) -> RegionSource {
-        generate_with(build, KernelVariants::default())
+        generate_with(build, KernelVariants::NONE)
     }
 
     /// [`generate`], of `variants`.
@@ -1283,10 +1285,10 @@ mod tests {
             )
             .source
         };
-        let fast = KernelVariants { fast_exp2: true, ..KernelVariants::default() };
-        assert_eq!(chain(DType::F32, fast), chain(DType::F32, KernelVariants::default()), "f32 has no exp2");
+        let fast = KernelVariants { fast_exp2: true, ..KernelVariants::NONE };
+        assert_eq!(chain(DType::F32, fast), chain(DType::F32, KernelVariants::NONE), "f32 has no exp2");
         for dtype in [DType::BF16, DType::F16] {
-            let (default, s) = (chain(dtype, KernelVariants::default()), chain(dtype, fast));
+            let (default, s) = (chain(dtype, KernelVariants::NONE), chain(dtype, fast));
             assert!(!default.contains("bs_exp2") && default.matches("1.0f + exp2f(").count() >= 2, "{default}");
             assert!(s.contains(EXP2), "{s}");
             assert!(s.contains("__fdividef(1.0f, 1.0f + bs_exp2(x0 * -1.44269504f))"), "sigmoid: {s}");
@@ -1642,7 +1644,7 @@ mod reduction_tests {
     #[test]
     fn streaming_rows_stream_a_trailing_reductions_inputs_read_whole() {
         let (arena, registry) = (Arena::new(), Registry::with_builtins());
-        let streaming = KernelVariants { streaming_rows: true, ..KernelVariants::default() };
+        let streaming = KernelVariants { streaming_rows: true, ..KernelVariants::NONE };
         for (dtype, cols) in [(DType::BF16, 64), (DType::BF16, 4096), (DType::F32, 65536), (DType::F32, 1001)] {
             let mut b = TraceBuilder::new(&arena, &registry);
             let x = b.input_with(&crate::TensorMeta::new(dtype, &[4, cols])).unwrap();
@@ -1653,7 +1655,7 @@ mod reduction_tests {
             let trace = b.finish().unwrap();
             let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
             let region = OpView::of(&fused, 0).unwrap();
-            let default = region_source_with(&region, "dot", KernelVariants::default()).unwrap().source;
+            let default = region_source_with(&region, "dot", KernelVariants::NONE).unwrap().source;
             let src = region_source_with(&region, "dot", streaming).unwrap().source;
             let plain = |s: &str| s.matches("*reinterpret_cast<const ").count();
             assert!(plain(&default) > 0 && plain(&src) == 0, "{src}");
@@ -1674,7 +1676,8 @@ mod reduction_tests {
         b.output(s).unwrap();
         let trace = b.finish().unwrap();
         let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
-        let generated = region_source(&OpView::of(&fused, 0).unwrap(), "softmax_part").unwrap();
+        let generated =
+            region_source_with(&OpView::of(&fused, 0).unwrap(), "softmax_part", KernelVariants::NONE).unwrap();
         // Rows of 8: 2 threads each, 16 rows per warp, each thread reading 4 values at once.
         assert_eq!((generated.threads, generated.vectorized, generated.outputs), (16 * 2, false, 2));
         let src = &generated.source;
@@ -1716,7 +1719,7 @@ mod reduction_tests {
             b.output(s).unwrap();
             let trace = b.finish().unwrap();
             let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
-            region_source(&OpView::of(&fused, 0).unwrap(), "dot").unwrap()
+            region_source_with(&OpView::of(&fused, 0).unwrap(), "dot", KernelVariants::NONE).unwrap()
         };
         // Rows of one access a thread: four rows to a group of lanes, their loads made first.
         let generated = reduce(64);

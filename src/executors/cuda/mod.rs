@@ -149,13 +149,13 @@
 //!
 //! # Kernel variants
 //!
-//! Changes to the generated kernels that are not yet measured on the H200 come as variants
-//! ([`KernelVariants`]), off by default and chosen by developer options (`cuda.fast_exp2`,
-//! `cuda.int32_row_columns`, `cuda.streaming_rows`; [`CUDA_OPTIONS`]): `CudaFusion::with_variants`,
-//! `CudaOps::with_variants`, or `from_options`, which the front end calls. A plan run with one
-//! lists it in its header. `scripts/gpu-variants` runs the GPU tests with every variant and
-//! times each beside the default kernels, case by case, on the sweep and on GPT-2: a variant
-//! becomes the default where it measures faster.
+//! Changes to the generated kernels come as variants ([`KernelVariants`]), chosen by developer
+//! options (`cuda.fast_exp2`, `cuda.int32_row_columns`, `cuda.streaming_rows`;
+//! [`CUDA_OPTIONS`]): `CudaFusion::with_variants`, `CudaOps::with_variants`, or `from_options`,
+//! which the front end calls. A plan whose kernels differ from the defaults lists its variants
+//! in its header. `scripts/gpu-variants` runs the GPU tests with every variant and with none,
+//! and times each flipped from the defaults, case by case, on the sweep and on GPT-2: a variant
+//! is on by default where it measures faster (`fast_exp2` and `streaming_rows` are).
 //!
 //! # Measured on an NVIDIA H200
 //!

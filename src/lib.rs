@@ -122,7 +122,8 @@ pub use crate::core::plan::{
 pub use crate::core::tensor::{Data, DataMut, Element, Tensor, TensorMut, TensorRef};
 pub use crate::error::{Error, Result};
 
-/// The README's code example, compiled and run as a doctest.
+/// The README's code examples, compiled and run as doctests (in the default build: some use the
+/// `cuda` feature's items).
 #[doc = include_str!("../README.md")]
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "cuda"))]
 pub struct ReadmeDoctests;

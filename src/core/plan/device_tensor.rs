@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 ///
 /// ```no_run
 /// # // Needs a GPU: see `proptests/cuda_matches_reference.rs` for the tested version.
+/// # #[cfg(feature = "cuda")] {
 /// use std::sync::Arc;
 /// use boundscope::executors::cuda::{CudaDevice, CudaFusion, CudaOps};
 /// use boundscope::{Arena, Device, DeviceTensor, Plan, Registry, RunInput, Tensor, TraceBuilder};
@@ -35,6 +36,7 @@ use crate::error::{Error, Result};
 /// let mut workspace = plan.workspace()?;
 /// let outputs = plan.run_on_device(&mut workspace, &[RunInput::from(&x)])?; // no transfer
 /// assert_eq!(outputs.to_host(0)?.to_f32_vec()[0], 1.0); // waits for the device
+/// # }
 /// # Ok::<(), boundscope::Error>(())
 /// ```
 pub struct DeviceTensor {

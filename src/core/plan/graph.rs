@@ -42,6 +42,7 @@ impl Plan {
     ///
     /// ```no_run
     /// # // Needs a GPU: `proptests/cuda_matches_reference.rs` runs the tested version.
+    /// # #[cfg(feature = "cuda")] {
     /// use std::sync::Arc;
     /// use boundscope::executors::cuda::{CudaDevice, CudaOps};
     /// use boundscope::{Arena, Device, DeviceTensor, Plan, Registry, Tensor, TraceBuilder};
@@ -62,6 +63,7 @@ impl Plan {
     ///     let y = graph.replay()?.to_host(0)?; // one launch, then one download
     ///     assert_eq!(y.to_f32_vec()[0], (step as f32).tanh());
     /// }
+    /// # }
     /// # Ok::<(), boundscope::Error>(())
     /// ```
     ///

@@ -1614,20 +1614,13 @@ mod conversion_tests {
     /// on; kernels are compiled for the GPU's own architecture), by hand before.
     #[test]
     fn bf16_rounds_in_one_instruction_where_the_gpu_has_it() {
-        // SAFETY: only looks for the library (loading it if present).
-        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-            eprintln!("SKIPPED: NVRTC cannot be loaded here (no CUDA); the GPU tests compile every kernel");
-            return;
-        }
         let source = format!(
             "{HALF_CONVERSIONS}extern \"C\" __global__ void k(const float* x, unsigned short* y) {{ y[0] = bs_to_bf16(x[0]); }}"
         );
-        let ptx = |arch| {
-            let options = cudarc::nvrtc::CompileOptions { arch, ..Default::default() };
-            cudarc::nvrtc::compile_ptx_with_opts(&source, options).unwrap().to_src()
-        };
-        assert!(ptx(Some("compute_90")).contains("cvt.rn.bf16.f32"));
-        assert!(!ptx(Some("compute_75")).contains("cvt.rn.bf16.f32"));
+        let Some(hopper) = super::super::nvrtc_ptx(&source, Some("compute_90")) else { return };
+        assert!(hopper.unwrap().contains("cvt.rn.bf16.f32"));
+        let turing = super::super::nvrtc_ptx(&source, Some("compute_75")).expect("NVRTC loaded").unwrap();
+        assert!(!turing.contains("cvt.rn.bf16.f32"));
     }
 }
 

@@ -302,19 +302,38 @@ pub fn require() -> crate::Result<()> {
 }
 
 /// Compiles `source` with NVRTC where it can be loaded (it is loaded dynamically: on machines
-/// without CUDA the test says so and checks the rest; the GPU tests compile every kernel), for
-/// NVRTC's default architecture and for Hopper's (sources may branch on `__CUDA_ARCH__`).
+/// without CUDA, or in a build without the `cuda` feature, the test says so and checks the
+/// rest; the GPU tests compile every kernel), for NVRTC's default architecture and for
+/// Hopper's (sources may branch on `__CUDA_ARCH__`).
 #[cfg(test)]
 fn compiles_with_nvrtc(source: &str) {
-    // SAFETY: only looks for the library (loading it if present).
-    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
-        eprintln!("SKIPPED compiling with NVRTC: it cannot be loaded here (no CUDA); the GPU tests compile it");
-        return;
-    }
     for arch in [None, Some("compute_90")] {
-        let options = cudarc::nvrtc::CompileOptions { arch, ..Default::default() };
-        if let Err(e) = cudarc::nvrtc::compile_ptx_with_opts(source, options) {
-            panic!("NVRTC rejects the kernel for {arch:?}: {e:?}\n{source}");
+        match nvrtc_ptx(source, arch) {
+            None => return,
+            Some(Err(e)) => panic!("NVRTC rejects the kernel for {arch:?}: {e}\n{source}"),
+            Some(Ok(_)) => {}
         }
+    }
+}
+
+/// The PTX NVRTC makes of `source` for `arch` (its default where `None`), or `None`, with a
+/// line on stderr saying why, where NVRTC cannot be used here.
+#[cfg(test)]
+fn nvrtc_ptx(source: &str, arch: Option<&'static str>) -> Option<Result<String, String>> {
+    #[cfg(feature = "cuda")]
+    {
+        // SAFETY: only looks for the library (loading it if present).
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            eprintln!("SKIPPED compiling with NVRTC: it cannot be loaded here (no CUDA); the GPU tests compile it");
+            return None;
+        }
+        let options = cudarc::nvrtc::CompileOptions { arch, ..Default::default() };
+        Some(cudarc::nvrtc::compile_ptx_with_opts(source, options).map(|p| p.to_src()).map_err(|e| format!("{e:?}")))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (source, arch);
+        eprintln!("SKIPPED compiling with NVRTC: built without the `cuda` feature; the GPU tests compile it");
+        None
     }
 }

@@ -167,7 +167,7 @@ fn run() -> Result<(), String> {
             _ => return Err(format!("unknown flag `{flag}` (the one flag is --variants)")),
         }
     }
-    // Rounds of each variant in turn (one without variants, as before).
+    // Rounds of each variant in turn (one round without `--variants`).
     let rounds = if variants.len() > 1 { 3 } else { 1 };
     args.resize(3, String::new());
     let named = |a: &String| (!a.is_empty()).then(|| a.clone());

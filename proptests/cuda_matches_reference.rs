@@ -936,11 +936,11 @@ fn one_handle_per_gpu_and_the_front_end_shares_it() {
 }
 
 /// The front end configures both CUDA executors from its developer options (`cuda.*`: the
-/// kernel variants): a plan of a bf16 `softmax` and a fused 16-bit `sigmoid` chain lists those
-/// set to other than their defaults in its header and reports none unused (the executors were
-/// configured with them, one set to its default among them), and its results equal the
-/// reference's (which the default kernels' would too: the variants' own results are checked by
-/// the row and subnormal tests).
+/// kernel variants): a plan of a bf16 `softmax` and a fused 16-bit `sigmoid` chain, with every
+/// variant away from its default, lists them all in its header and reports none unused (the
+/// executors were configured with them), and its results equal the reference's (which the
+/// default kernels' would too: the variants' own results are checked by the row and subnormal
+/// tests).
 #[test]
 fn the_front_end_generates_the_kernel_variants_its_options_choose() {
     use boundscope::frontend::{Environment, ProfiledSession};
@@ -950,7 +950,7 @@ fn the_front_end_generates_the_kernel_variants_its_options_choose() {
     let mut options = Options::new();
     options.set_developer("cuda.fast_exp2", false).unwrap();
     options.set_developer("cuda.int32_row_columns", true).unwrap();
-    options.set_developer("cuda.streaming_rows", true).unwrap();
+    options.set_developer("cuda.streaming_rows", false).unwrap();
     let session = ProfiledSession::new(options, &Environment::from_pairs(&[("BOUNDSCOPE_DEVICE", "cuda")])).unwrap();
     let registry = Registry::with_builtins();
     let arena = Arena::new();
@@ -965,7 +965,11 @@ fn the_front_end_generates_the_kernel_variants_its_options_choose() {
     let plan = session.plan(&trace, &arena).unwrap();
     let executors: Vec<&str> = plan.steps_per_executor().into_iter().map(|(e, _)| e).collect();
     assert!(executors.contains(&"cuda_ops") && executors.contains(&"cuda_fusion"), "{plan}");
-    assert_eq!(plan.developer_options(), ["cuda.fast_exp2=false", "cuda.int32_row_columns=true"], "{plan}");
+    assert_eq!(
+        plan.developer_options(),
+        ["cuda.fast_exp2=false", "cuda.int32_row_columns=true", "cuda.streaming_rows=false"],
+        "{plan}"
+    );
     assert!(plan.unused_options().is_empty(), "{:?}", plan.unused_options());
     let input = Tensor::from_fn(&[64, 1001], |i| ((i * 37) % 101) as f32 / 10.0 - 5.0).to_dtype(DType::BF16);
     let got = plan.run(&[&input]).unwrap();

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
 """Reads the RESULT lines of `examples/gpu_sweep.rs --variants` on stdin and prints, for each
 variant of the generated kernels flipped from the defaults (`boundscope+<variant>` turned on,
-`boundscope-<variant>` off, `boundscope-all` none), its speed against the default kernels
-(`boundscope`) case by case: the default's time over the variant's (above 1.0: the variant is
-faster), then the minimum, median and maximum over the cases, and the cases where it is more
-than 2% faster or slower. Both were timed in the same run, interleaved, the best of three rounds.
+`boundscope-<variant>` off, `boundscope-all` every variant off), what the variant is worth, case
+by case: the time without it over the time with it (above 1.0: faster with the variant). For a
+`+` column that is the defaults' time over the variant's; for a `-` column, the time of the
+kernels without the variant over the defaults' (`-all`: the kernels without any variant over
+the defaults). Then the minimum, median and maximum over the cases, and the cases where the
+variant makes them more than 2% faster or slower. Both were timed in the same run, interleaved,
+the best of three rounds.
 
     target/release/examples/gpu_sweep --variants | python3 scripts/gpu_variants_report.py
 """
@@ -23,7 +26,7 @@ variants = sorted({impl for impls in cases.values() for impl in impls if impl !=
 if not variants:
     sys.exit("no variant results: run gpu_sweep with --variants")
 names = [v[len("boundscope"):] for v in variants]
-print("| op | shape | dtype | default GB/s | % of copy | " + " | ".join(names) + " |")
+print("| op | shape | dtype | default GB/s | % of copy | " + " | ".join(f"{n} (with / without)" for n in names) + " |")
 print("| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in names) + " |")
 ratios = {v: [] for v in variants}
 for (op, rows, cols, dtype), impls in cases.items():
@@ -36,7 +39,8 @@ for (op, rows, cols, dtype), impls in cases.items():
         if r is None:
             row.append("-")
             continue
-        ratio = base["ms"] / r["ms"]
+        # With the variant over without it, whichever side the defaults are on.
+        ratio = base["ms"] / r["ms"] if v.startswith("boundscope+") else r["ms"] / base["ms"]
         ratios[v].append((ratio, f"{op} {rows}x{cols} {dtype}"))
         row.append(f"{ratio:.2f}x")
     share = 100 * base["gbps"] / base["copy_gbps"]
@@ -48,10 +52,10 @@ for v, name in zip(variants, names):
         continue
     only = [x for x, _ in values]
     print(f"- {name}: minimum {min(only):.2f}x, median {statistics.median(only):.2f}x, "
-          f"maximum {max(only):.2f}x the default over {len(only)} cases")
+          f"maximum {max(only):.2f}x with the variant over without it, over {len(only)} cases")
     faster = sorted((x for x in values if x[0] > 1.02), reverse=True)
     slower = sorted(x for x in values if x[0] < 0.98)
     if faster:
-        print(f"  - {len(faster)} faster by over 2%: " + ", ".join(f"{c} {x:.2f}x" for x, c in faster))
+        print(f"  - {len(faster)} faster with it by over 2%: " + ", ".join(f"{c} {x:.2f}x" for x, c in faster))
     if slower:
-        print(f"  - {len(slower)} slower by over 2%: " + ", ".join(f"{c} {x:.2f}x" for x, c in slower))
+        print(f"  - {len(slower)} slower with it by over 2%: " + ", ".join(f"{c} {x:.2f}x" for x, c in slower))

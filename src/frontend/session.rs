@@ -100,7 +100,7 @@ impl ProfiledSession {
         let cpu_reference: Arc<dyn Executor> = Arc::new(CpuReference::new().threads(threads));
         let gpu = usize::try_from(options.int("runtime.gpu")?).unwrap_or(0);
         // Options made without the CUDA executors' specs (`Options::with_specs`) give the
-        // default kernels, as before those specs existed.
+        // default kernels.
         let variants = if CUDA_OPTIONS.iter().all(|s| options.spec(s.name).is_ok()) {
             KernelVariants::from_options(&options)?
         } else {

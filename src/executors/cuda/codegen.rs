@@ -1288,8 +1288,8 @@ mod tests {
         let fast = KernelVariants { fast_exp2: true, ..KernelVariants::NONE };
         assert_eq!(chain(DType::F32, fast), chain(DType::F32, KernelVariants::NONE), "f32 has no exp2");
         for dtype in [DType::BF16, DType::F16] {
-            let (default, s) = (chain(dtype, KernelVariants::NONE), chain(dtype, fast));
-            assert!(!default.contains("bs_exp2") && default.matches("1.0f + exp2f(").count() >= 2, "{default}");
+            let (without, s) = (chain(dtype, KernelVariants::NONE), chain(dtype, fast));
+            assert!(!without.contains("bs_exp2") && without.matches("1.0f + exp2f(").count() >= 2, "{without}");
             assert!(s.contains(EXP2), "{s}");
             assert!(s.contains("__fdividef(1.0f, 1.0f + bs_exp2(x0 * -1.44269504f))"), "sigmoid: {s}");
             assert!(s.contains("1.0f + bs_exp2(-2.30220819f * "), "gelu: {s}");
@@ -1648,11 +1648,11 @@ mod reduction_tests {
             let trace = b.finish().unwrap();
             let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
             let region = OpView::of(&fused, 0).unwrap();
-            let default = region_source_with(&region, "dot", KernelVariants::NONE).unwrap().source;
+            let without = region_source_with(&region, "dot", KernelVariants::NONE).unwrap().source;
             let src = region_source_with(&region, "dot", streaming).unwrap().source;
             let plain = |s: &str| s.matches("*reinterpret_cast<const ").count();
-            assert!(plain(&default) > 0 && plain(&src) == 0, "{src}");
-            assert_eq!(src.matches("__ldcs(reinterpret_cast<const ").count(), plain(&default), "{src}");
+            assert!(plain(&without) > 0 && plain(&src) == 0, "{src}");
+            assert_eq!(src.matches("__ldcs(reinterpret_cast<const ").count(), plain(&without), "{src}");
             assert!(src.contains("(in0 + at))") && !src.contains("(in1 + at))"), "{src}");
             super::super::compiles_with_nvrtc(&src);
         }

@@ -580,8 +580,8 @@ mod tests {
         let joined = joined_source(&region, "joined", fast).unwrap();
         assert!(joined.source.contains(EXP2) && joined.source.matches("bs_exp2(").count() >= 3, "{}", joined.source);
         super::super::compiles_with_nvrtc(&joined.source);
-        let default = joined_source(&region, "joined", KernelVariants::NONE).unwrap();
-        assert!(!default.source.contains("bs_exp2"), "{}", default.source);
+        let without = joined_source(&region, "joined", KernelVariants::NONE).unwrap();
+        assert!(!without.source.contains("bs_exp2"), "{}", without.source);
     }
 
     /// An update written over its parameter while another chain of the region reads the

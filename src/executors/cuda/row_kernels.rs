@@ -1147,9 +1147,9 @@ mod tests {
         // f32 results, and `layer_norm`, have no `exp2`: the same kernels.
         for (layer_norm, dtype) in [(false, DType::F32), (true, DType::F32), (true, DType::BF16)] {
             for cols in [1024, 65536] {
-                let default = row_op_with(layer_norm, dtype, [64, cols], HOPPER_BLOCK, KernelVariants::NONE);
+                let without = row_op_with(layer_norm, dtype, [64, cols], HOPPER_BLOCK, KernelVariants::NONE);
                 let variant = row_op_with(layer_norm, dtype, [64, cols], HOPPER_BLOCK, fast);
-                assert_eq!(default.source.source, variant.source.source);
+                assert_eq!(without.source.source, variant.source.source);
             }
         }
         // bf16 `softmax`, in each of its three layouts. Kept in registers: the sum is of the
@@ -1212,9 +1212,9 @@ mod tests {
         ];
         let row_types = ["uint4", "uint2", "unsigned int"];
         for (layer_norm, dtype, shape, loads) in cases {
-            let default = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, KernelVariants::NONE);
+            let without = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, KernelVariants::NONE);
             let variant = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, streaming);
-            let (d, s) = (&default.source.source, &variant.source.source);
+            let (d, s) = (&without.source.source, &variant.source.source);
             assert!(variant.layout.per_thread.is_some(), "kept on chip: {s}");
             assert!(!d.contains("__ldcs") && !d.contains("__stcs"), "{d}");
             for ty in row_types {
@@ -1254,10 +1254,10 @@ mod tests {
             (true, DType::F16, [2, 1 << 20]),
         ];
         for (layer_norm, dtype, shape) in cases {
-            let default = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, KernelVariants::NONE);
+            let without = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, KernelVariants::NONE);
             let variant = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, narrow);
-            assert_eq!(default.layout, variant.layout, "the same layout");
-            let (d, s) = (&default.source.source, &variant.source.source);
+            assert_eq!(without.layout, variant.layout, "the same layout");
+            let (d, s) = (&without.source.source, &variant.source.source);
             assert!(d.contains(" long long col") && !s.contains(" long long col"), "{s}");
             // (The row's first element, `row`, stays 64-bit.)
             assert!(!s.contains(&format!("< {}ll", shape[1])), "bounds against an int: {s}");

@@ -187,16 +187,19 @@ mod tests {
         {
             assert_eq!((spec.name, &spec.default), (name, &value), "{each}");
         }
-        assert_eq!(KernelVariants::NONE.configured().iter().filter(|(_, v)| *v == OptionValue::Bool(true)).count(), 0);
-        let configured = KernelVariants::ALL.configured();
-        assert_eq!(configured.len(), CUDA_OPTIONS.len(), "every spec is configured");
-        let mut options = Options::with_specs(CUDA_OPTIONS);
-        for (spec, (name, value)) in CUDA_OPTIONS.iter().zip(&configured) {
-            assert_eq!(spec.name, *name);
-            assert_eq!(spec.audience, Audience::Developer, "{name} is for developers");
-            options.set_developer(name, value.clone()).unwrap();
+        // Every variant on, and every variant off (`fast_exp2` and `streaming_rows` away from
+        // their defaults), round trip through options.
+        for variants in [KernelVariants::ALL, KernelVariants::NONE] {
+            let configured = variants.configured();
+            assert_eq!(configured.len(), CUDA_OPTIONS.len(), "every spec is configured");
+            let mut options = Options::with_specs(CUDA_OPTIONS);
+            for (spec, (name, value)) in CUDA_OPTIONS.iter().zip(&configured) {
+                assert_eq!(spec.name, *name);
+                assert_eq!(spec.audience, Audience::Developer, "{name} is for developers");
+                options.set_developer(name, value.clone()).unwrap();
+            }
+            assert_eq!(KernelVariants::from_options(&options).unwrap(), variants);
         }
-        assert_eq!(KernelVariants::from_options(&options).unwrap(), KernelVariants::ALL);
         assert!(matches!(
             KernelVariants::from_options(&Options::runtime_only()),
             Err(crate::Error::UnknownOption { .. })

@@ -38,16 +38,17 @@ pub struct KernelVariants {
     /// results as `ex2(y + 8) * 2^-8`, so that one that rounds to a bf16 value (down to 2^-133)
     /// never flushes. `ptxas` (sm_90): 16-bit `softmax` kernels have up to 28% fewer
     /// instructions (bf16 rows of 65,536 kept as read: 1,536 -> 1,224). On by default: on the
-    /// H200 it timed 1.00x the kernels without it at the median over the sweep's 136 16-bit
+    /// H200 it timed 1.00x the kernels without it at the median over 130 of the sweep's 16-bit
     /// cases, up to 1.09x faster (bf16 `softmax` over rows of 65,536; 1.07x `gelu` over rows of
-    /// 50,257), none slower beyond the run's noise.
+    /// 50,257); one case 0.94x (f16 `softmax` over 333 rows of 50,257, where the other variants
+    /// timed 0.95-0.97x too: the defaults' run there was likely the outlier).
     pub fast_exp2: bool,
     /// Row kernels (`softmax`, `layer_norm`) count their columns in 32 bits for rows under
     /// 2^30 values: a bounds test is one comparison rather than two, and no 64-bit multiplies.
     /// `ptxas`: up to 30% fewer instructions over rows of odd lengths (16-bit `layer_norm` over
     /// rows of 1,001: 2,000 -> 1,544), about the same where 16 bytes divide the row; three f32
     /// `layer_norm` kernels over streamed rows grow (464 -> 640 over rows of 65,536). Off by
-    /// default: on the H200 it timed 1.00x at the median over the sweep's 204 cases, from 0.94x
+    /// default: on the H200 it timed 1.00x at the median over 198 of the sweep's 204 cases, from 0.94x
     /// to 1.08x, as often slower as faster.
     pub int32_row_columns: bool,
     /// Row kernels that keep their row on chip (read once, written once) read and write it with
@@ -59,7 +60,9 @@ pub struct KernelVariants {
     /// default: on the H200 it timed 1.03x the kernels without it at the median over the
     /// sweep's f32 and f16 cases and 1.00x over bf16's, up to 1.20x faster (f32 `layer_norm`
     /// over 4,096 rows of 65,536; 1.04-1.13x for `layer_norm` at most lengths in every dtype);
-    /// slower by 6-8% only for 16-bit `sum` and `max` over 256 rows of 65,536.
+    /// slower in 17 of 198 cases by over 2%, by 6-8% in f32 `softmax` over 1,024 rows of 16,384
+    /// (0.92x), 16-bit `sum` and `max` over 256 rows of 65,536 (0.93x) and f32 `layer_norm` over
+    /// 4,096 rows of 1,024 (0.94x).
     pub streaming_rows: bool,
 }
 

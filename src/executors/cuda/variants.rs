@@ -40,8 +40,9 @@ pub struct KernelVariants {
     /// instructions (bf16 rows of 65,536 kept as read: 1,536 -> 1,224). On by default: on the
     /// H200 it timed 1.00x the kernels without it at the median over 130 of the sweep's 16-bit
     /// cases, up to 1.09x faster (bf16 `softmax` over rows of 65,536; 1.07x `gelu` over rows of
-    /// 50,257); one case 0.94x (f16 `softmax` over 333 rows of 50,257, where the other variants
-    /// timed 0.95-0.97x too: the defaults' run there was likely the outlier).
+    /// 50,257); one case 0.94x (f16 `softmax` over 333 rows of 50,257, kept as read by two
+    /// blocks an SM: under their 32-register bound `ptxas` spills 56 bytes a thread with the
+    /// variant and none without, so the loss may be real).
     pub fast_exp2: bool,
     /// Row kernels (`softmax`, `layer_norm`) count their columns in 32 bits for rows under
     /// 2^30 values: a bounds test is one comparison rather than two, and no 64-bit multiplies.

@@ -1224,13 +1224,8 @@ fn wide_loop(
 /// (`f32`). Whole inputs are read once, with a streaming hint; broadcast rows are read again
 /// (by every row, or every group of rows) and stay cached.
 fn wide_load(source: &mut String, k: usize, dtype: DType, whole: bool, at: &str) {
-    let load = |ty: &str, at: &str| {
-        if whole {
-            format!("__ldcs(reinterpret_cast<const {ty}*>(in{k} + {at}))")
-        } else {
-            format!("*reinterpret_cast<const {ty}*>(in{k} + {at})")
-        }
-    };
+    let caching = if whole { Caching::Streamed } else { Caching::Kept };
+    let load = |ty: &str, at: &str| caching.read(ty, &format!("in{k} + {at}"));
     if packing::is_packed(dtype) {
         let _ = writeln!(source, "    const uint4 u{k} = {};", load("uint4", at));
         let _ = writeln!(source, "    const unsigned int w{k}[4] = {{u{k}.x, u{k}.y, u{k}.z, u{k}.w}};");

@@ -223,7 +223,7 @@ pub(super) enum Caching {
 
 impl Caching {
     /// The C that reads one access of type `ty` at element pointer `ptr`.
-    fn read(self, ty: &str, ptr: &str) -> String {
+    pub(super) fn read(self, ty: &str, ptr: &str) -> String {
         match self {
             Caching::Kept => format!("*reinterpret_cast<const {ty}*>({ptr})"),
             Caching::Streamed => format!("__ldcs(reinterpret_cast<const {ty}*>({ptr}))"),

@@ -155,7 +155,7 @@ impl Drop for CudaBuffer {
         }
         // (Not while the run is being captured into a graph: nothing it captures is freed.)
         if let Some(queue) = current_queue_of(&self.1).filter(|q| !capturing(&q.stream)) {
-            self.1.leave(&queue);
+            let _ = self.1.leave(&queue);
         }
         if self.1.wait_for_runs(None).is_err() {
             // The device is in error: wait for all of it rather than free memory in use.
@@ -731,14 +731,11 @@ impl Device for CudaDevice {
         // What comes later on the device's stream (downloads, frees, graphs' inputs, other
         // workspaces' runs) waits for the run, also when a join failed (its error first).
         // (`Plan::capture` leaves after its capture has ended, so these joins are not recorded.)
-        self.order.leave(&queue.0);
-        joined
+        let left = self.order.leave(&queue.0);
+        joined.and(left)
     }
 
     fn begin_capture(&self) -> Result<()> {
-        if let Some(queue) = self.current_queue() {
-            self.order.record_before_capture(&queue)?;
-        }
         // Thread-local mode: CUDA calls of other threads are not refused, and their runs go to
         // their own workspaces' streams, not to the one being recorded (`Plan::capture` records
         // on the workspace's queue).

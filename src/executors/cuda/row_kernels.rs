@@ -908,6 +908,8 @@ pub(super) fn row_source(
         // is a lambda over an access, run over both.
         Some(n) => {
             let r = in_registers;
+            // (Not `column_of_access`'s form: under these kernels' register bounds `ptxas`
+            // spilled more with it, e.g. f16 `softmax` over rows of 50,257 48 -> 72 bytes.)
             let col = accesses.column(&format!("{}j * {t} + lane", accesses.widen()));
             // Registers are indexed only where the loop is unrolled (a constant index), or they
             // would go to local memory.

@@ -10,20 +10,15 @@
 //!   the workspace's stream last waited for it and the host has not seen it finish: an
 //!   *epoch* counts what was queued there (bumped after the work is queued), each queue keeps
 //!   the epoch it last waited for, and a synchronize records the epoch it saw done.
-//! - **Leaving** marks the queue *unwaited*; the device's stream waits for it before its next
-//!   own work ([`StreamOrder::own`]), before another workspace's run enters, and before a
-//!   buffer of the device is freed ([`StreamOrder::wait_for_runs`], which `CudaBuffer`'s drop
-//!   calls). The queue's `left` event is recorded then, on the queue's stream, not as the run
-//!   leaves: it then holds the run (queued before it), and perhaps part of a later run of the
-//!   same queue (waited for too, which orders nothing wrongly). A queue about to be captured
-//!   into a graph has its event recorded first ([`StreamOrder::record_before_capture`]): a
-//!   capturing stream's events cannot be waited for outside the capture.
+//! - **Leaving** records the queue's `left` event and marks the queue *unwaited*; the device's
+//!   stream waits for it before its next own work ([`StreamOrder::own`]), before another
+//!   workspace's run enters, and before a buffer of the device is freed
+//!   ([`StreamOrder::wait_for_runs`], which `CudaBuffer`'s drop calls).
 //!
-//! A run in steady state, its inputs and outputs on the device, so makes no driver call of its
-//! own instead of four, where one workspace runs with nothing queued on the device's stream in
-//! between (or only work the host saw finish: a synchronize, a download); the record moves to
-//! the wait that needs it. Two workspaces taking turns still pay about four: each run waits
-//! for the other's.
+//! A run in steady state, its inputs and outputs on the device, so makes one driver call of
+//! its own (the `left` record) instead of four, where one workspace runs with nothing queued on
+//! the device's stream in between (or only work the host saw finish: a synchronize, a
+//! download). Two workspaces taking turns still pay about four: each run waits for the other's.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -45,9 +40,8 @@ pub(crate) struct StreamOrder {
     /// after it): queues need not wait for what it counts.
     done: AtomicU64,
     /// Queues whose latest run the device's stream has not waited for yet (without
-    /// duplicates; the vector keeps its capacity, so steady-state runs allocate nothing), each
-    /// with whether its `left` event already holds that run (recorded before a capture).
-    unwaited: Mutex<Vec<(Arc<Queue>, bool)>>,
+    /// duplicates; the vector keeps its capacity, so steady-state runs allocate nothing).
+    unwaited: Mutex<Vec<Arc<Queue>>>,
 }
 
 /// A queue's part of the order: its events, and the epoch of the device's stream it last
@@ -55,8 +49,7 @@ pub(crate) struct StreamOrder {
 pub(crate) struct QueueOrder {
     /// Recorded on the device's stream when a run enters and must wait for it; made once.
     entered: CudaEvent,
-    /// Recorded on the queue after a run left it, when the device's stream must wait for the
-    /// run (see the module's docs).
+    /// Recorded on the queue as a run leaves it; waited for by the device's stream.
     left: CudaEvent,
     /// The epoch the queue's stream last waited for (`u64::MAX`: never).
     seen: AtomicU64,
@@ -129,17 +122,10 @@ impl StreamOrder {
             let mut result = Ok(());
             let mut i = 0;
             while i < unwaited.len() {
-                let (queue, recorded) = &mut unwaited[i];
+                let queue = &unwaited[i];
                 if except.is_some_and(|e| std::ptr::eq(e, &**queue)) {
                     i += 1;
                     continue;
-                }
-                if !*recorded {
-                    if let Err(e) = queue.order.left.record(&queue.stream) {
-                        result = Err(cuda_error("record event", e));
-                        break;
-                    }
-                    *recorded = true;
                 }
                 if let Err(e) = self.stream.wait(&queue.order.left) {
                     result = Err(cuda_error("wait event", e));
@@ -147,7 +133,7 @@ impl StreamOrder {
                 }
                 let before = self.epoch.fetch_add(1, Ordering::AcqRel);
                 let _ = queue.order.seen.compare_exchange(before, before + 1, Ordering::AcqRel, Ordering::Relaxed);
-                let (queue, _) = unwaited.swap_remove(i);
+                let queue = unwaited.swap_remove(i);
                 if Arc::strong_count(&queue) > 1 {
                     drop(queue);
                 } else {
@@ -178,26 +164,12 @@ impl StreamOrder {
         Ok(())
     }
 
-    /// A run leaves `queue`: the device's stream waits for it before its next own work (its
-    /// event recorded then).
-    pub(crate) fn leave(&self, queue: &Arc<Queue>) {
+    /// A run leaves `queue`: the device's stream waits for it before its next own work.
+    pub(crate) fn leave(&self, queue: &Arc<Queue>) -> Result<()> {
+        queue.order.left.record(&queue.stream).map_err(|e| cuda_error("record event", e))?;
         let mut unwaited = self.unwaited.lock().unwrap_or_else(|p| p.into_inner());
-        match unwaited.iter_mut().find(|(q, _)| Arc::ptr_eq(q, queue)) {
-            Some((_, recorded)) => *recorded = false,
-            None => unwaited.push((queue.clone(), false)),
-        }
-    }
-
-    /// `queue`'s stream is about to be captured into a graph: its `left` event is recorded
-    /// now if the device's stream has a run of it to wait for, since a wait during the capture
-    /// cannot record on a capturing stream (nor wait for what it records).
-    pub(crate) fn record_before_capture(&self, queue: &Queue) -> Result<()> {
-        let mut unwaited = self.unwaited.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some((_, recorded)) = unwaited.iter_mut().find(|(q, _)| std::ptr::eq(&**q, queue)) {
-            if !*recorded {
-                queue.order.left.record(&queue.stream).map_err(|e| cuda_error("record event", e))?;
-                *recorded = true;
-            }
+        if !unwaited.iter().any(|q| Arc::ptr_eq(q, queue)) {
+            unwaited.push(queue.clone());
         }
         Ok(())
     }

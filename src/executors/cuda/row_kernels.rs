@@ -1324,8 +1324,8 @@ mod tests {
         assert_eq!(src.matches("reinterpret_cast<uint4*>(out0").count(), 1, "{src}");
         assert_eq!(src.matches("__shfl_xor_sync").count(), 2, "{src}");
         assert_eq!(src.matches("bs_exp(").count(), 2, "each exponential once (and its definition)\n{src}");
-        // Access `j` is the thread's first column plus `j` strides of the row's 32 accesses'
-        // values: one pointer and a constant offset per access (see `column_of_access`).
+        // Access `j` is the thread's first column plus `j` strides of 32 columns (8 threads of
+        // 4 values): one pointer and a constant offset per access (see `column_of_access`).
         assert_eq!(src.matches("const long long col = ((long long)lane) * 4 + j * 32ll;").count(), 4, "{src}");
         // In 16 bits too, where the row is held in registers alone (nothing kept as read).
         let generated = source_within(

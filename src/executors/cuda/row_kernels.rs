@@ -534,6 +534,14 @@ impl RowAccesses {
         format!("{first} + {j} * {}", self.literal(t * self.vector))
     }
 
+    /// [`column_of_access`](Self::column_of_access) as the access's index times `vector`,
+    /// `(j * t + lane) * v`: for rows kept partly in shared memory, under whose register bounds
+    /// `ptxas` spilled more with the pointer-plus-constant form (f16 `softmax` over rows of
+    /// 50,257: 48 -> 72 bytes a thread).
+    pub fn column_of_access_by_index(&self, j: &str, t: usize) -> String {
+        self.column(&format!("{}{j} * {t} + lane", self.widen()))
+    }
+
     /// What a value outside the row reads as (C): -infinity for a maximum, 0 for a sum.
     pub fn neutral(&self) -> &'static str {
         if self.for_maximum {
@@ -908,9 +916,7 @@ pub(super) fn row_source(
         // is a lambda over an access, run over both.
         Some(n) => {
             let r = in_registers;
-            // (Not `column_of_access`'s form: under these kernels' register bounds `ptxas`
-            // spilled more with it, e.g. f16 `softmax` over rows of 50,257 48 -> 72 bytes.)
-            let col = accesses.column(&format!("{}j * {t} + lane", accesses.widen()));
+            let col = accesses.column_of_access_by_index("j", t);
             // Registers are indexed only where the loop is unrolled (a constant index), or they
             // would go to local memory.
             let (in_registers, in_shared) = if raw_shared {

@@ -486,7 +486,11 @@ impl fmt::Display for Error {
                 if let Some(s) = suggestion {
                     write!(f, "; did you mean `{s}`?")?;
                 }
-                write!(f, " (register it with `Registry::register`, or list names with `Registry::names`)")
+                if crate::prims::BUILTIN_NAMES.contains(&name.as_str()) {
+                    write!(f, " (a built-in symbol: make the registry with `Registry::with_builtins()`)")
+                } else {
+                    write!(f, " (register it with `Registry::register`, or list names with `Registry::names`)")
+                }
             }
             Error::DuplicateSymbol { name } => {
                 write!(f, "a symbol named `{name}` is already registered; pick another name")

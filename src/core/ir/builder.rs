@@ -71,6 +71,14 @@ pub struct TraceBuilder<'a> {
     /// Whether `finish` tells the arena the trace's size, for the next builder from `new`:
     /// only builders from `new` do, so that passes' rewrites in the same arena do not.
     remembers_size: bool,
+    /// Whether something was added without the checks `bind` makes ([`push_copy`](Self::push_copy),
+    /// [`set_outputs`](Self::set_outputs), a [`rewrite`](Self::rewrite)'s outputs): `finish` then
+    /// verifies the whole trace, so that no trace that fails [`Trace::verify`] is ever made.
+    unchecked: bool,
+    /// What a decomposition tried to declare for the whole trace through a call that returns
+    /// no `Result` ([`set_outputs`](Self::set_outputs)): refused, and reported by the `bind`
+    /// that ran the decomposition.
+    refused_in_decomposition: Option<&'static str>,
 }
 
 /// Appends a bound symbol made of these parts to `level`. Built here, from the parts, it is
@@ -193,6 +201,8 @@ impl<'a> TraceBuilder<'a> {
             scopes_of: None,
             updates: Vec::new(),
             remembers_size: false,
+            unchecked: false,
+            refused_in_decomposition: None,
         }
     }
 
@@ -216,6 +226,8 @@ impl<'a> TraceBuilder<'a> {
         b.scopes = trace.scopes.clone();
         b.scopes_of = Some(trace.bound_symbols);
         b.updates = trace.updates.clone();
+        // Its outputs are not defined yet.
+        b.unchecked = true;
         b
     }
 
@@ -243,9 +255,11 @@ impl<'a> TraceBuilder<'a> {
         for bsym in trace.bound_symbols {
             b.push_copy(bsym);
         }
-        // Every bound symbol kept in place: its guards and scopes stay as they are.
+        // Every bound symbol kept in place: its guards and scopes stay as they are, and the
+        // trace verifies as `trace` did.
         b.guards = trace.guards.clone();
         b.scopes_of = None;
+        b.unchecked = false;
         b
     }
 
@@ -572,6 +586,16 @@ impl<'a> TraceBuilder<'a> {
                 for d in &mut self.defined[first_internal..] {
                     *d = false;
                 }
+                let result = match self.refused_in_decomposition.take() {
+                    Some(what) => Err(Error::InvalidSymbol {
+                        symbol: name.clone(),
+                        detail: format!(
+                            "its decomposition set the trace's {what}; a decomposition cannot declare a trace \
+                             {what}; return its result value instead"
+                        ),
+                    }),
+                    None => result,
+                };
                 let output = result.inspect_err(|_| self.pending_comment = comment)?;
                 let produced = self.values.get(output.index()).filter(|_| output.index() >= first_internal);
                 match produced {
@@ -652,8 +676,10 @@ impl<'a> TraceBuilder<'a> {
     }
 
     /// Appends a copy of a bound symbol (from this or another trace) without checking it, and
-    /// marks its outputs defined. For passes; [`Trace::verify`] checks the result.
+    /// marks its outputs defined. For passes: [`finish`](Self::finish) then checks the whole
+    /// trace ([`Trace::verify`]).
     pub fn push_copy(&mut self, bound_symbol: &BoundSymbol<'_>) {
+        self.unchecked = true;
         let copied = self.deep_copy(bound_symbol);
         for &o in copied.outputs {
             if let Some(d) = self.defined.get_mut(o.index()) {
@@ -705,6 +731,7 @@ impl<'a> TraceBuilder<'a> {
     /// other ways should carry its guards itself, as the built-in passes do.
     ///
     /// # Errors
+    /// [`Error::InvalidSymbol`] inside a decomposition;
     /// [`Error::MalformedTrace`] if `new_position` does not have one entry per bound symbol of
     /// `from`; [`Error::InvalidBoundSymbol`] for a position past what this builder holds;
     /// [`Error::OverlappingGuards`] if the map would make two guard spans overlap without one
@@ -744,6 +771,7 @@ impl<'a> TraceBuilder<'a> {
         pass: &str,
         reason: impl Fn(usize) -> String,
     ) -> Result<()> {
+        self.check_top_level("guards")?;
         if new_position.len() != from.len() {
             return Err(Error::MalformedTrace {
                 position: None,
@@ -845,16 +873,30 @@ impl<'a> TraceBuilder<'a> {
         self.history.push(PassRecord { name: name.to_string(), elapsed });
     }
 
-    /// Replaces the outputs (for passes that change them).
+    /// Replaces the outputs (for passes that change them), unchecked: [`finish`](Self::finish)
+    /// then checks the whole trace ([`Trace::verify`]).
+    ///
+    /// Inside a decomposition it changes nothing, and the [`bind`](Self::bind) that ran the
+    /// decomposition fails with [`Error::InvalidSymbol`].
     pub fn set_outputs(&mut self, outputs: &[ValueId]) {
+        if self.levels.len() > 1 {
+            self.refused_in_decomposition.get_or_insert("outputs");
+            return;
+        }
+        self.unchecked = true;
         self.outputs.clear();
         self.outputs.extend_from_slice(outputs);
     }
 
-    /// Finishes the trace.
+    /// Finishes the trace. One built only with checked calls (`input`, `bind`, `output` and
+    /// the like) is well formed by construction; one that took unchecked parts
+    /// ([`push_copy`](Self::push_copy), [`set_outputs`](Self::set_outputs), a
+    /// [`rewrite`](Self::rewrite)) is verified whole here ([`Trace::verify`]), so that passes
+    /// and plans never meet a malformed trace.
     ///
     /// # Errors
-    /// [`Error::MalformedTrace`] if no output was declared.
+    /// [`Error::MalformedTrace`] if no output was declared, or, where unchecked parts were
+    /// added, naming the first bound symbol (or output) that does not verify.
     pub fn finish(mut self) -> Result<Trace<'a>> {
         if self.outputs.is_empty() {
             return Err(Error::MalformedTrace {
@@ -890,7 +932,7 @@ impl<'a> TraceBuilder<'a> {
         if self.remembers_size {
             self.arena.set_last_trace(TraceSize { bound_symbols: bound_symbols.len(), values: self.values.len() });
         }
-        Ok(Trace {
+        let trace = Trace {
             registry: self.registry,
             values: self.values.into_bump_slice(),
             inputs: self.inputs.into_bump_slice(),
@@ -900,7 +942,11 @@ impl<'a> TraceBuilder<'a> {
             guards: self.guards,
             scopes: self.scopes,
             updates: self.updates,
-        })
+        };
+        if self.unchecked {
+            trace.verify()?;
+        }
+        Ok(trace)
     }
 
     /// The error for binding `symbol` (named `name`) past the decomposition depth limit. When
@@ -1044,11 +1090,21 @@ mod tests {
         let mut general = Registry::empty();
         for (i, symbol) in builtin_symbols().into_iter().enumerate() {
             let id = SymbolId::from_index(i);
+            // A symbol of one's own takes an id past the built-ins': the copy that loses its mark
+            // is registered with it, at the built-in's id, and loses it after.
+            let unmark = UNARY.contains(&id) || BINARY.contains(&id);
             let symbol = match prim_rule(id) {
-                Some((_, rule)) if UNARY.contains(&id) || BINARY.contains(&id) => symbol.shape_rule(rule),
+                Some((_, rule)) if unmark => {
+                    let mut symbol = symbol.shape_rule(rule);
+                    symbol.builtin = Some(id);
+                    symbol
+                }
                 _ => symbol,
             };
             assert_eq!(general.register(symbol).unwrap(), id);
+            if unmark {
+                general.unmark_builtin(id);
+            }
             assert_eq!(
                 general.get(id).unwrap().symbol.builtin.is_some(),
                 builtin.get(id).unwrap().symbol.builtin.is_some() && !UNARY.contains(&id) && !BINARY.contains(&id)
@@ -1295,6 +1351,52 @@ mod tests {
             })
     }
 
+    /// A decomposition that declares something of the whole trace (an input, an output, the
+    /// outputs, guards) fails its `bind`, and leaves the trace as it was.
+    #[test]
+    fn a_decomposition_cannot_declare_what_belongs_to_the_trace() {
+        use crate::core::ir::{Category, ParamKind, Symbol};
+        type Misuse = fn(&mut TraceBuilder<'_>, ValueId) -> Result<()>;
+        let misuses: [(&str, Misuse); 4] = [
+            ("input", |b, _| b.input(&[1]).map(|_| ())),
+            ("output", |b, x| b.output(x)),
+            ("outputs", |b, x| {
+                b.set_outputs(&[x]);
+                Ok(())
+            }),
+            ("guards", |b, _| {
+                let arena = Box::leak(Box::new(Arena::new()));
+                let registry = Box::leak(Box::new(Registry::with_builtins()));
+                let mut other = TraceBuilder::new(arena, registry);
+                let y = other.input(&[1])?;
+                other.output(y)?;
+                b.carry_guards(&other.finish()?, &[], "mine", |_| String::new())
+            }),
+        ];
+        for (what, misuse) in misuses {
+            let mut registry = Registry::with_builtins();
+            let symbol = Symbol::new("sneaky", Category::Composite)
+                .params(&[ParamKind::Tensor])
+                .same_shape_as_first()
+                .decomposition(move |b, a| {
+                    let x = a[0].value().unwrap();
+                    misuse(b, x)?;
+                    b.neg(x)
+                });
+            let sneaky = registry.register(symbol).unwrap();
+            let arena = Arena::new();
+            let mut b = TraceBuilder::new(&arena, &registry);
+            let x = b.input(&[3]).unwrap();
+            let y = b.exp(x).unwrap();
+            b.output(y).unwrap();
+            let err = b.bind(sneaky, &[x.into()]).unwrap_err();
+            assert!(matches!(err, Error::InvalidSymbol { .. }), "{what}: {err}");
+            assert!(err.to_string().contains(&format!("cannot declare a trace {what}")), "{what}: {err}");
+            let trace = b.finish().unwrap();
+            assert_eq!((trace.len(), trace.outputs(), trace.inputs().len()), (1, &[y][..], 1), "{what}");
+        }
+    }
+
     #[test]
     fn a_decomposition_that_binds_itself_without_end_is_an_error() {
         let mut registry = Registry::with_builtins();
@@ -1346,8 +1448,10 @@ mod tests {
         assert!(matches!(b.finish(), Err(Error::MalformedTrace { .. })));
     }
 
+    /// `finish` verifies a trace that took unchecked parts, so no malformed trace reaches a
+    /// pass or a plan (an output never defined panicked in `FuseRegions` and `Grad` before).
     #[test]
-    fn verify_catches_what_push_copy_lets_through() {
+    fn finish_verifies_what_push_copy_and_set_outputs_let_through() {
         let (arena, registry) = setup();
         let mut good = TraceBuilder::new(&arena, &registry);
         let x = good.input(&[2]).unwrap();
@@ -1359,8 +1463,23 @@ mod tests {
         let mut bad = TraceBuilder::rewrite(&trace, &arena);
         bad.push_copy(&trace.bound_symbols()[1]);
         bad.push_copy(&trace.bound_symbols()[0]);
-        let bad = bad.finish().unwrap();
-        let err = bad.verify().unwrap_err();
+        let err = bad.finish().unwrap_err();
         assert!(matches!(err, Error::MalformedTrace { position: Some(0), .. }), "{err}");
+        // An output never defined.
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[4]).unwrap();
+        let y = b.exp(x).unwrap();
+        b.output(y).unwrap();
+        b.set_outputs(&[y, ValueId::from_index(99)]);
+        let err = b.finish().unwrap_err();
+        assert!(matches!(&err, Error::MalformedTrace { position: None, detail } if detail.contains("t99")), "{err}");
+        // A rewrite that copies nothing leaves its outputs undefined.
+        let err = TraceBuilder::rewrite(&trace, &arena).finish().unwrap_err();
+        assert!(matches!(err, Error::MalformedTrace { position: None, .. }), "{err}");
+        // One that copies every bound symbol in order, or continues the trace, is the trace.
+        let mut copy = TraceBuilder::rewrite(&trace, &arena);
+        trace.bound_symbols().iter().for_each(|bsym| copy.push_copy(bsym));
+        assert_eq!(copy.finish().unwrap().to_string(), trace.to_string());
+        assert_eq!(TraceBuilder::continuing(&trace, &arena).finish().unwrap().to_string(), trace.to_string());
     }
 }

@@ -8,7 +8,26 @@ use super::symbol::{Category, Symbol, SymbolRef};
 use crate::error::{did_you_mean, Error, Result};
 
 /// All symbols a trace may use. Built-in symbols have the fixed ids in [`prims`]; symbols
-/// registered later get the following ids in order.
+/// of your own get the ids past them, in order, even in a registry made
+/// [`empty`](Self::empty): an id of [`prims`] never names another symbol, so the typed builder
+/// methods ([`TraceBuilder::add`](crate::TraceBuilder::add) and the rest) and the built-in
+/// decompositions, which bind those ids, fail with [`Error::UnknownSymbol`] in a registry
+/// without the built-in rather than bind a symbol of yours.
+///
+/// ```
+/// use boundscope::{prims, Arena, Category, Error, ParamKind, Registry, Symbol, TraceBuilder};
+/// let mut mine = Registry::empty();
+/// let square = Symbol::new("square", Category::Elementwise).params(&[ParamKind::Tensor]).same_shape_as_first();
+/// let id = mine.register(square)?;
+/// assert_eq!(id.index(), prims::BUILTIN_NAMES.len());
+/// let arena = Arena::new();
+/// let mut b = TraceBuilder::new(&arena, &mine);
+/// let x = b.input(&[3])?;
+/// let err = b.neg(x).unwrap_err();
+/// assert!(matches!(&err, Error::UnknownSymbol { name, .. } if name == "neg"));
+/// assert!(err.to_string().contains("Registry::with_builtins"), "{err}");
+/// # Ok::<(), boundscope::Error>(())
+/// ```
 ///
 /// ```
 /// use boundscope::{prims, Registry};
@@ -19,7 +38,10 @@ use crate::error::{did_you_mean, Error, Result};
 /// ```
 #[derive(Debug)]
 pub struct Registry {
-    symbols: Vec<Symbol>,
+    /// By id; `None` for a built-in's id in a registry without it.
+    symbols: Vec<Option<Symbol>>,
+    /// Registered symbols (the `Some`s of `symbols`).
+    len: usize,
     by_name: HashMap<String, SymbolId>,
     /// Unique to this registry in this state, process-wide: a new registry, a clone and every
     /// `register` get a fresh one, so that what was compiled for one set of symbols is never
@@ -35,13 +57,18 @@ fn next_generation() -> u64 {
 
 impl Default for Registry {
     fn default() -> Self {
-        Self { symbols: Vec::new(), by_name: HashMap::new(), generation: next_generation() }
+        Self { symbols: Vec::new(), len: 0, by_name: HashMap::new(), generation: next_generation() }
     }
 }
 
 impl Clone for Registry {
     fn clone(&self) -> Self {
-        Self { symbols: self.symbols.clone(), by_name: self.by_name.clone(), generation: next_generation() }
+        Self {
+            symbols: self.symbols.clone(),
+            len: self.len,
+            by_name: self.by_name.clone(),
+            generation: next_generation(),
+        }
     }
 }
 
@@ -65,7 +92,8 @@ impl Registry {
         registry
     }
 
-    /// Adds a symbol and returns its id.
+    /// Adds a symbol and returns its id: a built-in's own id for a copy of a built-in (see
+    /// [`Symbol`]), else the next id past the built-ins' and the symbols registered before.
     ///
     /// # Errors
     /// [`Error::DuplicateSymbol`] if the name is taken; [`Error::InvalidSymbol`] if it has no
@@ -84,11 +112,30 @@ impl Registry {
         if self.by_name.contains_key(&symbol.name) {
             return Err(Error::DuplicateSymbol { name: symbol.name });
         }
+        // A built-in's id is free here: only a copy of that built-in takes it, and names are
+        // distinct.
+        let index = match symbol.builtin {
+            Some(id) => id.index(),
+            None => self.symbols.len().max(prims::BUILTIN_NAMES.len()),
+        };
+        if self.symbols.len() <= index {
+            self.symbols.resize_with(index + 1, || None);
+        }
         self.generation = next_generation();
-        let id = SymbolId::from_index(self.symbols.len());
+        let id = SymbolId::from_index(index);
         self.by_name.insert(symbol.name.clone(), id);
-        self.symbols.push(symbol);
+        self.symbols[index] = Some(symbol);
+        self.len += 1;
         Ok(id)
+    }
+
+    /// Clears the built-in mark of the symbol at `id` (for tests of the paths taken by symbols
+    /// that are not built-ins, at a built-in's id).
+    #[cfg(test)]
+    pub(crate) fn unmark_builtin(&mut self, id: SymbolId) {
+        if let Some(Some(symbol)) = self.symbols.get_mut(id.index()) {
+            symbol.builtin = None;
+        }
     }
 
     /// The symbol with this id.
@@ -96,10 +143,14 @@ impl Registry {
     /// # Errors
     /// [`Error::UnknownSymbol`] if no symbol has this id.
     pub fn get(&self, id: SymbolId) -> Result<SymbolRef<'_>> {
-        self.symbols
-            .get(id.index())
-            .map(|symbol| SymbolRef { id, symbol })
-            .ok_or_else(|| Error::UnknownSymbol { name: id.to_string(), suggestion: None })
+        match self.symbols.get(id.index()) {
+            Some(Some(symbol)) => Ok(SymbolRef { id, symbol }),
+            // A built-in's id: named, so that the error says where built-ins come from.
+            _ => Err(Error::UnknownSymbol {
+                name: prims::BUILTIN_NAMES.get(id.index()).map_or_else(|| id.to_string(), |name| name.to_string()),
+                suggestion: None,
+            }),
+        }
     }
 
     /// The id of the symbol with this name.
@@ -115,22 +166,23 @@ impl Registry {
 
     /// Every registered name, in id order.
     pub fn names(&self) -> impl Iterator<Item = &str> {
-        self.symbols.iter().map(|s| s.name.as_str())
+        self.symbols.iter().flatten().map(|s| s.name.as_str())
     }
 
     /// Every registered symbol, in id order.
     pub fn iter(&self) -> impl Iterator<Item = SymbolRef<'_>> {
-        self.symbols.iter().enumerate().map(|(i, symbol)| SymbolRef { id: SymbolId::from_index(i), symbol })
+        let symbols = self.symbols.iter().enumerate();
+        symbols.filter_map(|(i, symbol)| Some(SymbolRef { id: SymbolId::from_index(i), symbol: symbol.as_ref()? }))
     }
 
     /// Number of registered symbols.
     pub fn len(&self) -> usize {
-        self.symbols.len()
+        self.len
     }
 
     /// Whether no symbol is registered.
     pub fn is_empty(&self) -> bool {
-        self.symbols.is_empty()
+        self.len == 0
     }
 }
 
@@ -146,6 +198,39 @@ mod tests {
             assert_eq!(r.lookup(name).unwrap().index(), id, "{name}");
         }
         assert_eq!(r.len(), prims::BUILTIN_NAMES.len());
+    }
+
+    /// Ids of [`prims`] never name a user's symbol: an empty registry numbers its symbols past
+    /// them, and a copy of a built-in takes its own id.
+    #[test]
+    fn a_users_symbols_never_take_a_builtin_id() {
+        let builtins = Registry::with_builtins();
+        let mut r = Registry::empty();
+        let square = Symbol::new("square", Category::Elementwise).params(&[ParamKind::Tensor]).same_shape_as_first();
+        let square = r.register(square).unwrap();
+        assert_eq!(square.index(), prims::BUILTIN_NAMES.len());
+        let gelu = r.register(builtins.get(prims::GELU).unwrap().symbol.clone()).unwrap();
+        assert_eq!(gelu, prims::GELU);
+        let cube = Symbol::new("cube", Category::Elementwise).params(&[ParamKind::Tensor]).same_shape_as_first();
+        assert_eq!(r.register(cube).unwrap().index(), square.index() + 1);
+        assert_eq!((r.len(), r.is_empty()), (3, false));
+        assert_eq!(r.names().collect::<Vec<_>>(), ["gelu", "square", "cube"]);
+        let ids: Vec<_> = r.iter().map(|s| s.id).collect();
+        assert_eq!(ids, [prims::GELU, square, SymbolId::from_index(square.index() + 1)]);
+        assert_eq!(r.get(square).unwrap().symbol.name, "square");
+        // A built-in's id the registry lacks names the built-in, and says where it comes from.
+        let err = r.get(prims::NEG).unwrap_err();
+        assert!(matches!(&err, Error::UnknownSymbol { name, .. } if name == "neg"), "{err}");
+        assert!(err.to_string().contains("Registry::with_builtins()"), "{err}");
+        assert!(Registry::empty().is_empty());
+        // Built-ins registered in order after a user's symbol keep their ids too.
+        let mut late = Registry::empty();
+        let square = Symbol::new("square", Category::Elementwise).params(&[ParamKind::Tensor]).same_shape_as_first();
+        late.register(square).unwrap();
+        for symbol in prims::builtin_symbols() {
+            let name = symbol.name.clone();
+            assert_eq!(late.register(symbol).unwrap(), builtins.lookup(&name).unwrap(), "{name}");
+        }
     }
 
     #[test]

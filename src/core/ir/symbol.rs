@@ -218,8 +218,8 @@ pub struct Symbol {
     pub(crate) vjp: Option<VjpRule>,
     /// The built-in prim this symbol is, set only by the registration of the built-ins (see
     /// [`Registry::with_builtins`](crate::Registry::with_builtins)) and cleared by every setter:
-    /// executors recognise built-ins by it, never by id or name, which a user's registry may
-    /// give to symbols of its own.
+    /// executors recognise built-ins by it, never by name, which a symbol of one's own may
+    /// share (a registry gives a built-in's id only to a copy of it).
     pub(crate) builtin: Option<SymbolId>,
 }
 
@@ -366,7 +366,7 @@ impl Symbol {
     }
 
     /// The built-in prim this symbol is (its id in [`prims`](crate::prims)), or `None` for a
-    /// symbol of your own, whatever its name and id: how an executor recognises the built-ins.
+    /// symbol of your own, whatever its name: how an executor recognises the built-ins.
     ///
     /// ```
     /// use boundscope::{prims, Category, ParamKind, Registry, Symbol};
@@ -376,8 +376,9 @@ impl Symbol {
     /// let mut mine = Registry::empty();
     /// let relu = Symbol::new("relu", Category::Elementwise).params(&[ParamKind::Tensor]).same_shape_as_first();
     /// let id = mine.register(relu).unwrap();
-    /// assert_eq!(id, prims::NEG); // the first id, and the name of a built-in: neither makes it one
+    /// // The name of a built-in does not make it one; its id comes past the built-ins'.
     /// assert_eq!(mine.get(id).unwrap().symbol.builtin_prim(), None);
+    /// assert_eq!(id.index(), prims::BUILTIN_NAMES.len());
     /// ```
     pub fn builtin_prim(&self) -> Option<SymbolId> {
         self.builtin.filter(|id| id.index() <= crate::prims::LAST_PRIM.index())

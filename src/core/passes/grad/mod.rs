@@ -604,11 +604,15 @@ impl<'a> Backward<'a> {
                     })
                 }
             };
-        if grads.len() > bsym.args().len() {
+        // An argument on the path to the loss left without an entry would silently get a zero
+        // gradient (`None` is how a rule says no gradient flows to it).
+        let missing = bsym.args().iter().skip(grads.len()).any(|a| a.value().is_some_and(|v| path.on_path(v)));
+        if grads.len() > bsym.args().len() || missing {
             return Err(Error::NoGradient {
                 symbol: name.to_string(),
                 detail: format!(
-                    "its gradient rule returned {} gradients for {} arguments; return one entry per argument",
+                    "its gradient rule returned {} gradients for {} arguments; return one entry per argument \
+                     (`None` where no gradient flows)",
                     grads.len(),
                     bsym.args().len()
                 ),

@@ -74,6 +74,41 @@ fn a_prim_of_your_own_needs_a_rule_and_one_that_does_not_fit_is_named() {
     assert!(Grad::new(&[x]).run(&b.finish().unwrap(), &arena).is_ok());
 }
 
+/// A rule that leaves an argument on the path without an entry is refused: that argument would
+/// otherwise get zeros. One without entries for arguments off the path is fine.
+#[test]
+fn a_rule_with_too_few_or_too_many_entries_is_named() {
+    let mut registry = Registry::with_builtins();
+    let plus = |name: &str, entries: usize| {
+        Symbol::new(name, Category::Composite)
+            .params(&[ParamKind::Tensor, ParamKind::Tensor])
+            .same_shape_as_first()
+            .decomposition(|b, a| b.add(a[0].value().unwrap(), a[1].value().unwrap()))
+            .vjp(move |_, op| Ok(vec![Some(op.cotangent); entries]))
+    };
+    let short = registry.register(plus("short_plus", 1)).unwrap();
+    let long = registry.register(plus("long_plus", 3)).unwrap();
+    let arena = Arena::new();
+    let grads = |symbol, both: bool| {
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[3]).unwrap();
+        let w = b.input(&[3]).unwrap();
+        let y = b.bind(symbol, &[x.into(), w.into()]).unwrap();
+        let loss = b.sum(y).unwrap();
+        b.output(loss).unwrap();
+        let parameters = if both { vec![x, w] } else { vec![x] };
+        Grad::new(&parameters).run(&b.finish().unwrap(), &arena).map(|_| ())
+    };
+    for (symbol, both, needle) in
+        [(short, true, "returned 1 gradients for 2"), (long, false, "returned 3 gradients for 2")]
+    {
+        let err = grads(symbol, both).unwrap_err();
+        assert!(matches!(err, Error::NoGradient { .. }) && err.to_string().contains(needle), "{err}");
+        assert!(err.to_string().contains("one entry per argument"), "{err}");
+    }
+    grads(short, false).unwrap();
+}
+
 #[test]
 fn backward_ops_sit_in_backward_scopes_in_reverse_and_forward_guards_stay_there() {
     let (registry, arena) = (Registry::with_builtins(), Arena::new());

@@ -35,6 +35,9 @@ pub const POP: &str = "nvtx_range_pop";
 /// let noisy = InsertRangeNodes.run(&trace, &arena).unwrap();
 /// assert_eq!(noisy.len(), 3 * trace.len());
 /// ```
+///
+/// Guards attached to an op stay on it (between its push and its pop), and its scopes hold
+/// all three.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct InsertRangeNodes;
 
@@ -84,7 +87,10 @@ impl Pass for InsertRangeNodes {
             builder.push_copy(bsym);
             builder.bind(pop, &[Arg::Value(token)])?;
         }
-        // Each bound symbol became three: its push, itself and its pop, in its scopes.
+        // Each bound symbol became three: its push, itself and its pop. Its guards stay on it,
+        // and its scopes hold all three.
+        let positions: Vec<Option<usize>> = (0..trace.len()).map(|i| Some(3 * i + 1)).collect();
+        builder.carry_guards(trace, &positions, self.name(), |i| format!("bound symbol {i} was removed"))?;
         builder.carry_scopes(trace, |i| Some(3 * i..3 * i + 3), self.name());
         builder.finish()
     }

@@ -373,3 +373,30 @@ fn comments_survive_decomposition_folding_and_fusion() {
         assert!(a.to_f32_vec().iter().zip(b.to_f32_vec()).all(|(p, q)| (p - q).abs() < 1e-5));
     }
 }
+
+/// `InsertRangeNodes` run by itself (not in a `Pipeline`) keeps each op's guards on the op,
+/// between its push and pop nodes, and its scopes over all three: it dropped them silently.
+#[test]
+fn inserted_range_nodes_keep_each_ops_guards_and_scopes() {
+    use super::InsertRangeNodes;
+    let mut registry = Registry::with_builtins();
+    InsertRangeNodes::register(&mut registry).unwrap();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4]).unwrap();
+    let y = b.scope("layer", |b| b.exp(x)).unwrap();
+    let z = b.neg(y).unwrap();
+    b.output(z).unwrap();
+    let mut trace = b.finish().unwrap();
+    let recorder = Recorder::new();
+    trace.attach_guard(Selection::All, recorder.clone()).unwrap();
+    let noisy = InsertRangeNodes.run(&trace, &arena).unwrap();
+    assert_eq!((noisy.guard_attachment_count(), noisy.dropped_guards().len()), (2, 0));
+    assert_eq!(noisy.scope_path(0), Some("layer"));
+    assert_eq!(noisy.scope_path(2), Some("layer"));
+    assert_eq!(noisy.scope_path(3), None);
+    let plan = Plan::compile(&noisy, &[CpuReference::shared()]).unwrap();
+    plan.run(&[&Tensor::zeros(&[4])]).unwrap();
+    let labels: Vec<String> = recorder.ranges().iter().map(|r| r.label.to_string()).collect();
+    assert_eq!(labels, ["exp", "neg"]);
+}

@@ -12,6 +12,24 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 /// The longest a communicator waits (longer timeouts are taken as this).
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(365 * 24 * 3600);
 
+/// The most ranks a group takes (2^20, past the largest clusters): a world size beyond it (a
+/// typo in `WORLD_SIZE`) is refused with a typed error rather than allocated for.
+pub const MAX_WORLD_SIZE: usize = 1 << 20;
+
+/// The error for a group of `world` ranks, 0 or past [`MAX_WORLD_SIZE`]; `None` for a size in
+/// between.
+pub(crate) fn world_size_refused(world: usize) -> Option<String> {
+    if world == 0 {
+        Some("a group of 0 ranks runs nothing: give it at least one".into())
+    } else if world > MAX_WORLD_SIZE {
+        Some(format!(
+            "a group of {world} ranks is past the most a group takes ({MAX_WORLD_SIZE}): check the world size"
+        ))
+    } else {
+        None
+    }
+}
+
 /// A communicator for ranks that are threads of one process: the same semantics as NCCL's
 /// collectives (every rank gets the same bits, combined in rank order), for tests of sharded
 /// programs on a machine without several GPUs and for CPU-only data parallelism.
@@ -85,7 +103,7 @@ impl InProcessGroup {
     /// ([`DEFAULT_TIMEOUT`]).
     ///
     /// # Errors
-    /// [`Error::Collective`] for a world of 0 ranks.
+    /// [`Error::Collective`] for a world of 0 ranks or past [`MAX_WORLD_SIZE`].
     pub fn new(name: impl Into<String>, world: usize) -> Result<Vec<InProcessGroup>> {
         Self::with_timeout(name, world, DEFAULT_TIMEOUT)
     }
@@ -97,12 +115,8 @@ impl InProcessGroup {
     /// [`Error::Collective`] for a world of 0 ranks.
     pub fn with_timeout(name: impl Into<String>, world: usize, timeout: Duration) -> Result<Vec<InProcessGroup>> {
         let name = name.into();
-        if world == 0 {
-            return Err(Error::Collective {
-                communicator: name,
-                rank: 0,
-                detail: "a group of 0 ranks runs nothing: give it at least one".into(),
-            });
+        if let Some(detail) = world_size_refused(world) {
+            return Err(Error::Collective { communicator: name, rank: 0, detail });
         }
         let state = State {
             collecting: true,

@@ -60,7 +60,7 @@ mod tests;
 pub use collectives::{CollectiveExecutor, Collectives};
 pub use communicator::{Collective, Communicator, ReduceOp};
 pub use data_parallel::DataParallel;
-pub use in_process::{InProcessGroup, DEFAULT_TIMEOUT, MAX_TIMEOUT};
+pub use in_process::{InProcessGroup, DEFAULT_TIMEOUT, MAX_TIMEOUT, MAX_WORLD_SIZE};
 #[cfg(feature = "cuda")]
 pub use nccl::{NcclCommunicator, NcclExecutor, NcclId};
 pub use rank_env::RankEnv;

@@ -74,11 +74,11 @@ impl RankEnv {
             }
         };
         let world_size = number("WORLD_SIZE", "the number of ranks, at least 1", true)?.unwrap_or(1);
-        if world_size == 0 {
+        if world_size == 0 || world_size > super::MAX_WORLD_SIZE {
             return Err(Error::InvalidEnvironment {
                 variable: "WORLD_SIZE".into(),
-                value: "0".into(),
-                expected: "the number of ranks, at least 1".into(),
+                value: world_size.to_string(),
+                expected: format!("the number of ranks, 1 to {}", super::MAX_WORLD_SIZE),
             });
         }
         let rank = number("RANK", "this process's rank, from 0 to WORLD_SIZE - 1", true)?.unwrap_or(0);
@@ -100,11 +100,15 @@ impl RankEnv {
         }
         let port = match var("MASTER_PORT") {
             None => 29500,
-            Some(value) => value.trim().parse::<u16>().map_err(|_| Error::InvalidEnvironment {
-                variable: "MASTER_PORT".into(),
-                value,
-                expected: "rank 0's port, 0 to 65535".into(),
-            })?,
+            // Port 0 would have rank 0 listen on a port the system picks, which the other ranks
+            // cannot know.
+            Some(value) => {
+                value.trim().parse::<u16>().ok().filter(|&p| p != 0).ok_or_else(|| Error::InvalidEnvironment {
+                    variable: "MASTER_PORT".into(),
+                    value,
+                    expected: "rank 0's port, 1 to 65535".into(),
+                })?
+            }
         };
         // An IPv6 address takes brackets before its port.
         let master = if host.contains(':') && !host.starts_with('[') {

@@ -6,7 +6,7 @@ use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::communicator::{Collective, Communicator, ReduceOp};
-use super::in_process::{combine_in_rank_order, disagreement, local_refusal, MAX_TIMEOUT};
+use super::in_process::{combine_in_rank_order, disagreement, local_refusal, world_size_refused, MAX_TIMEOUT};
 use super::rank_env::RankEnv;
 use crate::error::{Error, Result};
 
@@ -82,8 +82,8 @@ impl TcpGroup {
         let name = name.into();
         let timeout = timeout.clamp(Duration::from_millis(1), MAX_TIMEOUT);
         let fail = |detail: String| Error::Collective { communicator: name.clone(), rank: 0, detail };
-        if world == 0 {
-            return Err(fail("a group of 0 ranks runs nothing: give it at least one".into()));
+        if let Some(detail) = world_size_refused(world) {
+            return Err(fail(detail));
         }
         let deadline = Instant::now() + timeout;
         listener.set_nonblocking(true).map_err(|e| fail(format!("the listener: {e}")))?;
@@ -149,6 +149,9 @@ impl TcpGroup {
         let name = name.into();
         let timeout = timeout.clamp(Duration::from_millis(1), MAX_TIMEOUT);
         let fail = |detail: String| Error::Collective { communicator: name.clone(), rank, detail };
+        if let Some(detail) = world_size_refused(world) {
+            return Err(fail(detail));
+        }
         if rank == 0 || rank >= world {
             return Err(fail(format!("joining ranks are 1 to {}, not {rank}", world.saturating_sub(1))));
         }
@@ -453,16 +456,28 @@ fn receive(
         if len > MAX_MESSAGE {
             return Err(malformed(format!("a reason of {len} bytes, more than any rank writes")));
         }
-        bytes.resize(len, 0);
-        peer.read_exact(bytes)?;
+        read_announced(peer, bytes, len)?;
         return Ok(((collective, 0), Some(String::from_utf8_lossy(bytes).into_owned())));
     }
     let size = len.checked_mul(4).filter(|&b| b <= isize::MAX as usize / 2);
     let size = size.ok_or_else(|| malformed(format!("a collective of {len} values")))?;
-    bytes.resize(size, 0);
-    peer.read_exact(bytes)?;
+    read_announced(peer, bytes, size)?;
     values.extend(bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap_or([0; 4]))));
     Ok(((collective, len), None))
+}
+
+/// Reads the `len` bytes a header announced into `bytes`, which grow with the bytes that
+/// arrive (as far as a rank already sent) rather than by `len` at once: a header from a stray
+/// client or another build cannot make rank 0 allocate what it announces.
+fn read_announced(peer: &mut TcpStream, bytes: &mut Vec<u8>, len: usize) -> std::io::Result<()> {
+    bytes.clear();
+    let reserve = len.min(bytes.capacity().max(1 << 20));
+    bytes.reserve(reserve);
+    let read = (&mut *peer).take(len as u64).read_to_end(bytes)?;
+    if read < len {
+        return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, format!("{read} of {len} bytes came")));
+    }
+    Ok(())
 }
 
 /// `message`'s bytes, cut to [`MAX_MESSAGE`].

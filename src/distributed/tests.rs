@@ -501,10 +501,62 @@ fn tcp_rendezvous_drops_strangers_and_refuses_nonsense() {
             _ => None,
         }
     };
-    let err = RankEnv::from_vars(vars("70000")).unwrap_err().to_string();
-    assert!(err.contains("MASTER_PORT") && err.contains("0 to 65535"), "{err}");
+    // Port 0 would have rank 0 listen where the system picks, which no other rank knows.
+    for port in ["70000", "0"] {
+        let err = RankEnv::from_vars(vars(port)).unwrap_err().to_string();
+        assert!(err.contains("MASTER_PORT") && err.contains("1 to 65535"), "{err}");
+    }
     let zero = |name: &str| (name == "WORLD_SIZE" || name == "RANK").then(|| "0".to_string());
     assert!(RankEnv::from_vars(zero).unwrap_err().to_string().contains("WORLD_SIZE"));
+    // A world size past any cluster (a typo) is refused, not allocated for.
+    let huge = |name: &str| match name {
+        "WORLD_SIZE" => Some("100000000000000".to_string()),
+        "RANK" => Some("0".to_string()),
+        _ => None,
+    };
+    let err = RankEnv::from_vars(huge).unwrap_err().to_string();
+    assert!(err.contains("WORLD_SIZE") && err.contains(&format!("1 to {MAX_WORLD_SIZE}")), "{err}");
+    let past = MAX_WORLD_SIZE + 1;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let err = TcpGroup::serve("huge", listener, usize::MAX, timeout).err().unwrap().to_string();
+    assert!(err.contains("past the most a group takes"), "{err}");
+    let err = TcpGroup::join("huge", &address, 1, past, timeout).err().unwrap().to_string();
+    assert!(err.contains("past the most a group takes"), "{err}");
+    let err = InProcessGroup::new("huge", usize::MAX).err().unwrap().to_string();
+    assert!(err.contains("past the most a group takes"), "{err}");
+}
+
+/// Rank 0 reads what a rank's header announces as it arrives: a header announcing far more
+/// than is sent (a stray client that knows the greeting, another build) ends in a typed error
+/// when the connection closes, with nothing allocated for the announced size (2^40 values, 4
+/// TiB, which aborted the process before).
+#[test]
+fn tcp_rank_0_does_not_allocate_what_a_header_announces() {
+    use std::io::{Read, Write};
+    let timeout = Duration::from_secs(10);
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    let liar = thread::spawn(move || {
+        // Rank 1 by hand: the greeting (magic, rank, world), rank 0's answer, then an all-gather
+        // header announcing 2^40 values, 8 bytes of them, and the connection closed.
+        let mut s = std::net::TcpStream::connect(&address).unwrap();
+        for word in [0x6273_6331u32, 1, 2] {
+            s.write_all(&word.to_le_bytes()).unwrap();
+        }
+        let mut answer = [1u8];
+        s.read_exact(&mut answer).unwrap();
+        assert_eq!(answer, [0]);
+        let mut h = [0u8; 16];
+        h[0] = 1;
+        h[8..16].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        s.write_all(&h).unwrap();
+        s.write_all(&[0; 8]).unwrap();
+    });
+    let rank0 = TcpGroup::serve("liar", listener, 2, timeout).unwrap();
+    liar.join().unwrap();
+    let mut out = [0.0; 2];
+    let err = rank0.run(Collective::AllGather, &[0.0], &mut out).unwrap_err();
+    assert!(matches!(err, Error::Collective { .. }), "{err}");
 }
 
 /// The standard passes leave collectives whole (no decomposition, nothing fuses across them):

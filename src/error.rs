@@ -367,6 +367,14 @@ pub enum Error {
         /// The option.
         name: String,
     },
+    /// An option declared again with another type, default, audience or environment variable
+    /// (two executors that chose the same name).
+    ConflictingOption {
+        /// The option.
+        name: String,
+        /// How the two specs differ.
+        detail: String,
+    },
     /// An environment variable with a value the front end does not accept (never ignored).
     InvalidEnvironment {
         /// The variable.
@@ -641,6 +649,11 @@ impl fmt::Display for Error {
                 f,
                 "`{name}` is a developer option; set it with `Options::set_developer` (plans built with it \
                  say so in their listing), or leave it at its default"
+            ),
+            Error::ConflictingOption { name, detail } => write!(
+                f,
+                "option `{name}` is declared twice, differently ({detail}); name an executor's options after \
+                 it (`owner.name`) so that they do not clash"
             ),
             Error::InvalidEnvironment { variable, value, expected } => {
                 write!(f, "environment variable {variable}={value:?} is not accepted: expected {expected}; fix it or unset it")

@@ -11,7 +11,7 @@ use crate::core::passes::{FuseRegions, FusionStrategy, Pass, Pipeline, ProfileOp
 use crate::core::plan::{Device, Executor, Plan};
 use crate::core::tensor::Tensor;
 use crate::error::Result;
-use crate::executors::cuda::{KernelVariants, CUDA_OPTIONS};
+use crate::executors::cuda::KernelVariants;
 use crate::executors::{CpuFusion, CpuReference};
 
 /// The label of the range around each run of a session's plans.
@@ -88,9 +88,15 @@ impl ProfiledSession {
     /// # Ok::<(), boundscope::Error>(())
     /// ```
     ///
+    /// Options made with only some specs ([`Options::runtime_only`], [`Options::with_specs`])
+    /// get the rest at their defaults.
+    ///
     /// # Errors
-    /// As for [`from_env`](Self::from_env), or an option error.
+    /// As for [`from_env`](Self::from_env), or an option error
+    /// ([`Error::ConflictingOption`](crate::Error::ConflictingOption) where `options` hold a
+    /// spec of their own under a built-in option's name).
     pub fn new(mut options: Options, env: &Environment) -> Result<Self> {
+        options.declare(Options::new().specs())?;
         env.apply_to(&mut options)?;
         let profiling = ProfilingDecision::decide(&options, env)?;
         let threads = usize::try_from(options.int("runtime.cpu_threads")?).unwrap_or(0);
@@ -99,13 +105,7 @@ impl ProfiledSession {
         let cpu_fusion: Arc<dyn Executor> = Arc::new(cpu_fusion);
         let cpu_reference: Arc<dyn Executor> = Arc::new(CpuReference::new().threads(threads));
         let gpu = usize::try_from(options.int("runtime.gpu")?).unwrap_or(0);
-        // Options made without the CUDA executors' specs (`Options::with_specs`) give the
-        // default kernels.
-        let variants = if CUDA_OPTIONS.iter().all(|s| options.spec(s.name).is_ok()) {
-            KernelVariants::from_options(&options)?
-        } else {
-            KernelVariants::default()
-        };
+        let variants = KernelVariants::from_options(&options)?;
         let (fusion, executors) = match gpu_executors(options.enum_value("runtime.device")?, gpu, variants)? {
             Some(gpu) => (gpu[0].clone(), gpu.into_iter().chain([cpu_fusion, cpu_reference]).collect()),
             None => (cpu_fusion.clone(), vec![cpu_fusion, cpu_reference]),

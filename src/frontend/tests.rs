@@ -132,18 +132,32 @@ fn options_are_wired_to_behaviour() {
     assert_eq!(fusion.name(), "cpu_fusion");
 }
 
-/// A session takes options made with only the specs it needs (the runtime's and `CpuFusion`'s):
-/// the CUDA executors' developer options are not required, and their absence gives the default
-/// kernels.
+/// A session takes options made with only some specs (the runtime's, or none at all): the rest
+/// get their defaults, and what was set is kept. Without the `cpu_fusion.*` specs it failed,
+/// naming an option the user never set.
 #[test]
-fn options_without_the_cuda_specs_make_a_session() {
-    let mut options = Options::runtime_only();
-    options.declare(crate::executors::CPU_FUSION_OPTIONS).unwrap();
-    let cpu = Environment::from_pairs(&[("BOUNDSCOPE_DEVICE", "cpu")]);
-    let session = ProfiledSession::new(options, &cpu).unwrap();
-    let (arena, registry) = (Arena::new(), Registry::with_builtins());
-    let plan = session.compile(&chain(&arena, &registry), &arena).unwrap();
-    assert!(plan.unused_options().is_empty() && plan.developer_options().is_empty(), "{plan}");
+fn options_with_only_some_specs_make_a_session() {
+    let mut runtime = Options::runtime_only();
+    runtime.set_str("runtime.fusion_strategy", "dataflow").unwrap();
+    let mut with_fusion = Options::runtime_only();
+    with_fusion.declare(crate::executors::CPU_FUSION_OPTIONS).unwrap();
+    for options in [runtime, with_fusion, Options::with_specs(&[])] {
+        let set = options.to_string();
+        let cpu = Environment::from_pairs(&[("BOUNDSCOPE_DEVICE", "cpu")]);
+        let session = ProfiledSession::new(options, &cpu).unwrap();
+        assert!(session.options().to_string().contains(&set), "what was set is kept: {set}");
+        assert_eq!(session.options().specs().len(), Options::new().specs().len());
+        let (arena, registry) = (Arena::new(), Registry::with_builtins());
+        let plan = session.compile(&chain(&arena, &registry), &arena).unwrap();
+        assert!(plan.unused_options().is_empty() && plan.developer_options().is_empty(), "{plan}");
+    }
+    // A spec of one's own under a built-in option's name clashes.
+    let mine = crate::options::OptionSpec {
+        default: OptionValue::Int(3),
+        ..Options::new().spec("runtime.cpu_threads").unwrap().clone()
+    };
+    let err = ProfiledSession::new(Options::with_specs(&[mine]), &Environment::from_pairs(&[])).err().unwrap();
+    assert!(matches!(err, crate::Error::ConflictingOption { .. }), "{err}");
 }
 
 /// Run by `detection_in_child_processes` in a child process with a chosen environment; it

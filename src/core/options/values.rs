@@ -41,13 +41,54 @@ impl Options {
         Self::with_specs(RUNTIME_OPTIONS)
     }
 
-    /// Adds the specs an executor of yours declares.
+    /// Adds the specs an executor of yours declares. Declaring a spec again is harmless;
+    /// declaring a name again with another type, default, audience or environment variable is
+    /// an error, and nothing is added.
+    ///
+    /// ```
+    /// use boundscope::options::{Audience, OptionSpec, OptionType, OptionValue, Options};
+    /// use boundscope::Error;
+    /// let spec = OptionSpec {
+    ///     name: "mine.tile",
+    ///     ty: OptionType::Int { min: 1, max: 1024 },
+    ///     default: OptionValue::Int(64),
+    ///     doc: "Tile size of my executor.",
+    ///     audience: Audience::User,
+    ///     env: None,
+    /// };
+    /// let mut options = Options::runtime_only();
+    /// options.declare(&[spec.clone()])?;
+    /// options.declare(&[spec.clone()])?; // the same again: nothing changes
+    /// let other = OptionSpec { default: OptionValue::Int(128), ..spec };
+    /// assert!(matches!(options.declare(&[other]), Err(Error::ConflictingOption { .. })));
+    /// assert_eq!(options.int("mine.tile")?, 64);
+    /// # Ok::<(), boundscope::Error>(())
+    /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidOptionValue`] if a spec's default does not fit its own type.
+    /// [`Error::InvalidOptionValue`] if a spec's default does not fit its own type;
+    /// [`Error::ConflictingOption`] for a name declared before with another spec.
     pub fn declare(&mut self, specs: &[OptionSpec]) -> Result<()> {
-        for spec in specs {
+        for (i, spec) in specs.iter().enumerate() {
             spec.check(&spec.default)?;
+            let earlier = self.specs.iter().chain(&specs[..i]).find(|s| s.name == spec.name);
+            if let Some(earlier) = earlier {
+                let differs = [
+                    (earlier.ty != spec.ty, "type"),
+                    (earlier.default != spec.default, "default"),
+                    (earlier.audience != spec.audience, "audience"),
+                    (earlier.env != spec.env, "environment variable"),
+                ];
+                let differs: Vec<&str> = differs.iter().filter(|(d, _)| *d).map(|(_, what)| *what).collect();
+                if !differs.is_empty() {
+                    return Err(Error::ConflictingOption {
+                        name: spec.name.to_string(),
+                        detail: format!("another {}", differs.join(", ")),
+                    });
+                }
+            }
+        }
+        for spec in specs {
             if !self.specs.iter().any(|s| s.name == spec.name) {
                 self.specs.push(spec.clone());
             }

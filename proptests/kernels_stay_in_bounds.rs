@@ -361,3 +361,43 @@ fn a_fusion_executor_runs_only_the_regions_its_own_fusion_made() {
     let out = plan.run(&[&Tensor::from_fn(&[4], |i| i as f32)]).unwrap();
     assert_eq!(out[0].to_f32_vec(), &[-math::exp(0.0), -math::exp(1.0), -math::exp(2.0), -math::exp(3.0)]);
 }
+
+/// The reference's built-in kernels, compiled for an op and run outside a plan (by an executor
+/// of one's own, say) with buffers of another count, dtype or length, give a typed error
+/// naming what they take: they indexed out of bounds (`exp` over 8 values given 4).
+#[test]
+fn built_in_kernels_run_outside_a_plan_check_their_buffers() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[8]).unwrap();
+    let e = b.exp(x).unwrap();
+    let rows = b.reshape(e, &[2, 4]).unwrap();
+    let s = b.softmax(rows).unwrap();
+    b.output(s).unwrap();
+    let trace = b.finish().unwrap();
+    let exp = CpuReference::new().compile(&OpView::of(&trace, 0).unwrap()).unwrap();
+    let softmax = CpuReference::new().compile(&OpView::of(&trace, 2).unwrap()).unwrap();
+    let (four, eight) = (Tensor::zeros(&[4]), Tensor::zeros(&[8]));
+    let mut out = Tensor::zeros(&[8]);
+    let ints = Tensor::try_zeros_of(boundscope::DType::I32, &[8]).unwrap();
+    let wrong: [(&dyn Kernel, Vec<&Tensor>); 5] = [
+        (&*exp, vec![&four]),
+        (&*exp, vec![]),
+        (&*exp, vec![&eight, &eight]),
+        (&*exp, vec![&ints]),
+        (&*softmax, vec![&four]),
+    ];
+    for (kernel, inputs) in wrong {
+        let views: Vec<_> = inputs.iter().map(|t| t.view()).collect();
+        let err = kernel.run(&views, &mut [out.view_mut()]).unwrap_err();
+        assert!(matches!(err, Error::Execution { .. }), "{err}");
+        assert!(err.to_string().contains("compiled for"), "{err}");
+    }
+    // An output of another length, or none.
+    assert!(exp.run(&[eight.view()], &mut [four.clone().view_mut()]).is_err());
+    assert!(exp.run(&[eight.view()], &mut []).is_err());
+    // The right buffers run.
+    exp.run(&[eight.view()], &mut [out.view_mut()]).unwrap();
+    assert_eq!(out.to_f32_vec(), vec![1.0; 8]);
+}

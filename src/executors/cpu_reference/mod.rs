@@ -8,6 +8,7 @@
 //! the cores.
 
 mod axis_kernels;
+mod checked_buffers;
 pub(crate) mod in_f32;
 mod index_kernels;
 pub(crate) mod kernels;
@@ -242,12 +243,14 @@ impl Executor for CpuReference {
         if let Some(factory) = &op.symbol().cpu_kernel {
             return factory(op);
         }
+        // The built-in kernels check the buffers they are given (see `checked_buffers`); your
+        // symbols' kernels are yours.
         if let Some(id) = op.symbol().builtin_composite().filter(|_| self.prefers_whole(op)) {
-            return kernels::compile_composite(id, op, self.threads);
+            return checked_buffers::CheckedBuffers::wrap(kernels::compile_composite(id, op, self.threads)?, op);
         }
         let id = builtin_prim(op)
             .ok_or_else(|| Error::NoExecutor { symbol: op.name().to_string(), tried: vec![Self::NAME.to_string()] })?;
         require_builtin(Self::NAME, id, op)?;
-        kernels::compile(id, op, self.threads)
+        checked_buffers::CheckedBuffers::wrap(kernels::compile(id, op, self.threads)?, op)
     }
 }

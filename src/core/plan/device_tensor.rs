@@ -81,6 +81,12 @@ impl DeviceTensor {
         upload_values(&*self.device, tensor, &mut *self.buffer)
     }
 
+    /// The address of its buffer object: the same for as long as this tensor holds that
+    /// buffer (refills included), another once it is replaced or swapped.
+    pub(crate) fn buffer_identity(&self) -> usize {
+        &*self.buffer as *const dyn DeviceBuffer as *const () as usize
+    }
+
     /// Its shape.
     pub fn shape(&self) -> &[usize] {
         &self.shape

@@ -28,6 +28,9 @@ pub struct PlanGraph<'w> {
     workspace: &'w mut Workspace,
     graph: Box<dyn DeviceGraph>,
     inputs: Vec<&'w mut DeviceTensor>,
+    /// The buffer each input held when captured ([`DeviceTensor::buffer_identity`]): a replay
+    /// reads that memory, so it refuses to run once an input holds another.
+    captured: Vec<usize>,
 }
 
 impl Plan {
@@ -122,7 +125,12 @@ impl Plan {
                     plan.check_inputs(run)?;
                     // Host-side code does not replay: record no region ranges either.
                     let _decision = RunDecision::enter(false);
-                    plan.run_unguarded(workspace, run)
+                    // In flight, as a run is: a kernel that panics leaves the workspace to be
+                    // rebuilt by its next run, not short of the buffers its steps had taken.
+                    workspace.in_flight = true;
+                    let result = plan.run_unguarded(workspace, run);
+                    workspace.in_flight = false;
+                    result
                 });
                 let graph = capturing.end();
                 captured?;
@@ -131,7 +139,8 @@ impl Plan {
             workspace.queue = queue;
             graph?
         };
-        Ok(PlanGraph { plan: self, workspace, graph, inputs })
+        let captured = inputs.iter().map(|t| t.buffer_identity()).collect();
+        Ok(PlanGraph { plan: self, workspace, graph, inputs, captured })
     }
 }
 
@@ -163,8 +172,21 @@ impl PlanGraph<'_> {
     /// [`Plan::run_on_device`] does).
     ///
     /// # Errors
-    /// The device's launch error.
+    /// [`Error::GraphUnsupported`] for an input tensor replaced (assigned or swapped through
+    /// [`input_mut`](Self::input_mut)) since the capture, whose memory the replay would read
+    /// (refill it in place with [`DeviceTensor::copy_from_host`], or capture again); the
+    /// device's launch error.
     pub fn replay(&mut self) -> Result<DeviceOutputs<'_>> {
+        let replaced = self.inputs.iter().zip(&self.captured).position(|(t, &id)| t.buffer_identity() != id);
+        if let Some(i) = replaced {
+            return Err(Error::GraphUnsupported {
+                reason: format!(
+                    "input {i} holds another buffer than the one captured (it was replaced or swapped through \
+                     `PlanGraph::input_mut`), and a replay reads the captured memory; refill it in place with \
+                     `DeviceTensor::copy_from_host`, or capture the plan again"
+                ),
+            });
+        }
         let plan = self.plan;
         let schedule = &plan.schedules[if plan.profiling() { 0 } else { 1 }];
         let storage = std::mem::take(&mut self.workspace.scratch.guard_stack);
@@ -179,7 +201,8 @@ impl PlanGraph<'_> {
     }
 
     /// The `i`-th input tensor the graph captured, to refill in place
-    /// ([`DeviceTensor::copy_from_host`]) before the next replay.
+    /// ([`DeviceTensor::copy_from_host`]) before the next replay. (Replaced by another tensor,
+    /// it makes [`replay`](Self::replay) fail: a replay reads the memory captured.)
     pub fn input_mut(&mut self, i: usize) -> Option<&mut DeviceTensor> {
         self.inputs.get_mut(i).map(|t| &mut **t)
     }

@@ -238,6 +238,10 @@ struct ExpOnDevice;
 thread_local! {
     /// How many op guards are entered on this thread.
     static GUARDED: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    /// Whether `ExpOnDevice` panics on this thread (a user's kernel that does).
+    static PANICS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    /// Whether `ExpOnDevice` panics while a `CapturingHostDevice` captures, on this thread.
+    static PANICS_IN_CAPTURE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 /// Attaches to every op the guard that `ExpOnDevice` checks it runs inside.
@@ -251,6 +255,7 @@ fn attach_guarded(trace: &mut crate::Trace<'_>) {
 
 impl DeviceKernel for ExpOnDevice {
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> crate::Result<()> {
+        assert!(!PANICS.with(|p| p.get()), "a kernel that panics");
         if GUARDED.with(|g| g.get()) == 0 {
             return Err(Error::Execution {
                 executor: "device_exp".into(),
@@ -427,6 +432,128 @@ fn plans_that_cannot_be_replayed_as_graphs_say_why() {
     let err = device_only.capture(&mut device_only.workspace().unwrap(), vec![&mut on_device]).err().unwrap();
     GUARDED.with(|g| g.set(0));
     assert!(err.to_string().contains("cannot capture"), "{err}");
+}
+
+/// A host-memory device that captures, its graphs launching nothing but counting launches:
+/// the plan layer's graph bookkeeping without a GPU.
+#[derive(Default)]
+struct CapturingHostDevice {
+    launches: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+struct CountingGraph(Arc<std::sync::atomic::AtomicUsize>);
+
+impl super::DeviceGraph for CountingGraph {
+    fn launch(&self) -> crate::Result<()> {
+        self.0.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+}
+
+impl Device for CapturingHostDevice {
+    fn name(&self) -> &str {
+        "capturing-host-memory"
+    }
+    fn alloc(&self, len: usize) -> crate::Result<Box<dyn DeviceBuffer>> {
+        HostMemoryDevice.alloc(len)
+    }
+    fn upload(&self, source: &[f32], target: &mut dyn DeviceBuffer) -> crate::Result<()> {
+        HostMemoryDevice.upload(source, target)
+    }
+    fn download(&self, source: &dyn DeviceBuffer, target: &mut [f32]) -> crate::Result<()> {
+        HostMemoryDevice.download(source, target)
+    }
+    fn begin_capture(&self) -> crate::Result<()> {
+        PANICS.with(|p| p.set(PANICS_IN_CAPTURE.with(|c| c.get())));
+        Ok(())
+    }
+    fn end_capture(&self) -> crate::Result<Box<dyn super::DeviceGraph>> {
+        PANICS.with(|p| p.set(false));
+        Ok(Box::new(CountingGraph(self.launches.clone())))
+    }
+}
+
+/// `DeviceExp` on a device that captures.
+struct CapturingExp(Arc<CapturingHostDevice>);
+
+impl Executor for CapturingExp {
+    fn name(&self) -> &str {
+        "capturing_exp"
+    }
+    fn claims(&self, op: &OpView<'_>) -> bool {
+        op.symbol_id() == prims::EXP
+    }
+    fn device(&self) -> Option<Arc<dyn Device>> {
+        Some(self.0.clone())
+    }
+    fn compile_device(&self, _op: &OpView<'_>) -> crate::Result<Box<dyn DeviceKernel>> {
+        Ok(Box::new(ExpOnDevice))
+    }
+}
+
+/// A replay reads the memory its inputs held when captured: refilled in place they replay, but
+/// an input replaced (or swapped) through `input_mut` makes the replay fail, naming it, rather
+/// than read memory the old tensor freed.
+#[test]
+fn a_replay_refuses_an_input_replaced_since_the_capture() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 3]).unwrap();
+    let e = b.exp(x).unwrap();
+    b.output(e).unwrap();
+    let device = Arc::new(CapturingHostDevice::default());
+    let plan = Plan::compile(&b.finish().unwrap(), &[Arc::new(CapturingExp(device.clone()))]).unwrap();
+    let host = Tensor::from_fn(&[2, 3], |i| i as f32);
+    GUARDED.with(|g| g.set(1)); // the capture runs unguarded; the test kernel checks its guard
+    let mut x = DeviceTensor::upload(plan.device().unwrap(), host.view()).unwrap();
+    let mut other = DeviceTensor::upload(plan.device().unwrap(), host.view()).unwrap();
+    let mut workspace = plan.workspace().unwrap();
+    let mut graph = plan.capture(&mut workspace, vec![&mut x]).unwrap();
+    graph.replay().unwrap();
+    graph.input_mut(0).unwrap().copy_from_host(host.view()).unwrap();
+    graph.replay().unwrap();
+    assert_eq!(device.launches.load(Ordering::Relaxed), 2);
+    std::mem::swap(graph.input_mut(0).unwrap(), &mut other);
+    let err = graph.replay().err().unwrap();
+    assert!(matches!(err, Error::GraphUnsupported { .. }) && err.to_string().contains("input 0"), "{err}");
+    // Swapped back, it replays again; assigned a new tensor, it does not.
+    std::mem::swap(graph.input_mut(0).unwrap(), &mut other);
+    graph.replay().unwrap();
+    *graph.input_mut(0).unwrap() = DeviceTensor::upload(plan.device().unwrap(), host.view()).unwrap();
+    assert!(graph.replay().is_err());
+    GUARDED.with(|g| g.set(0));
+    assert_eq!(device.launches.load(Ordering::Relaxed), 3);
+}
+
+/// A kernel that panics while a run is captured leaves a workspace that its next run rebuilds,
+/// as a panic in a run does: it had lost the buffers its steps had taken, and every later run
+/// failed ("a device buffer is missing").
+#[test]
+fn a_workspace_stays_usable_after_a_kernel_panicked_in_a_capture() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 3]).unwrap();
+    let e = b.exp(x).unwrap();
+    b.output(e).unwrap();
+    let device = Arc::new(CapturingHostDevice::default());
+    let plan = Plan::compile(&b.finish().unwrap(), &[Arc::new(CapturingExp(device))]).unwrap();
+    let host = Tensor::from_fn(&[2, 3], |i| i as f32 * 0.1);
+    let mut x = DeviceTensor::upload(plan.device().unwrap(), host.view()).unwrap();
+    let mut workspace = plan.workspace().unwrap();
+    GUARDED.with(|g| g.set(1));
+    // The uncaptured run the capture makes first passes; the captured one panics.
+    PANICS_IN_CAPTURE.with(|c| c.set(true));
+    let captured = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        plan.capture(&mut workspace, vec![&mut x]).map(|_| ())
+    }));
+    PANICS_IN_CAPTURE.with(|c| c.set(false));
+    assert!(captured.is_err(), "the capture panicked");
+    let out = plan.run_on_device(&mut workspace, &[RunInput::from(&x)]).unwrap().to_host(0).unwrap();
+    GUARDED.with(|g| g.set(0));
+    let expected: Vec<f32> = host.to_f32_vec().iter().map(|&v| crate::executors::math::exp(v)).collect();
+    assert_eq!(out.to_f32_vec(), expected);
 }
 
 #[test]

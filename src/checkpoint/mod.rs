@@ -86,6 +86,25 @@ fn file_dtype(dtype: DType) -> Dtype {
     }
 }
 
+/// Why the header of the safetensors file `bytes` names a tensor that ends past the file (or
+/// ends before it starts), if it does; `None` for any other header, which `read_metadata`
+/// judges.
+fn offsets_past_the_file(bytes: &[u8]) -> Option<String> {
+    let len = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    let header = bytes.get(8..8usize.checked_add(usize::try_from(len).ok()?)?)?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
+    header.iter().filter(|(name, _)| *name != "__metadata__").find_map(|(name, info)| {
+        let offsets = info.get("data_offsets")?.as_array()?;
+        let (start, end) = (offsets.first()?.as_u64()?, offsets.get(1)?.as_u64()?);
+        (end < start || end > bytes.len() as u64).then(|| {
+            format!(
+                "the header puts tensor `{name}` at bytes {start}..{end}, past the end of the file (a truncated or \
+                 corrupt file?); write it again"
+            )
+        })
+    })
+}
+
 fn header_problem(e: &SafeTensorError) -> String {
     match e {
         SafeTensorError::MetadataIncompleteBuffer => {
@@ -124,7 +143,12 @@ impl Checkpoint {
         // `Checkpoint`, the file must not be modified while it is open.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| fail(format!("cannot map it: {e}")))?;
         // `read_metadata` checks that the offsets cover the body exactly; the body follows the
-        // 8-byte length and the header.
+        // 8-byte length and the header. It adds the offsets' end to the header's length
+        // unchecked (a panic in builds with overflow checks, where a crafted header makes it
+        // wrap): offsets past the file are refused first.
+        if let Some(detail) = offsets_past_the_file(&map) {
+            return Err(fail(detail));
+        }
         let (header_len, header) = SafeTensors::read_metadata(&map).map_err(|e| fail(header_problem(&e)))?;
         let body = 8 + header_len;
         let mut entries: Vec<Entry> = header
@@ -252,12 +276,23 @@ impl Checkpoint {
         let entry = self.entry(name)?;
         let meta = self.entry_meta(entry)?;
         let bytes = &self.map[entry.start..entry.end];
+        let out_of_memory = || Error::OutOfMemory {
+            what: format!("checkpoint tensor `{name}`"),
+            shape: entry.shape.clone(),
+            bytes: bytes.len(),
+        };
         let tensor = match meta.dtype {
-            DType::F32 => Tensor::from_vec(&entry.shape, decode(bytes, f32::from_le_bytes)),
-            DType::BF16 => Tensor::from_vec(&entry.shape, decode(bytes, |b| bf16::from_bits(u16::from_le_bytes(b)))),
-            DType::F16 => Tensor::from_vec(&entry.shape, decode(bytes, |b| f16::from_bits(u16::from_le_bytes(b)))),
-            DType::I64 => Tensor::from_vec(&entry.shape, decode(bytes, i64::from_le_bytes)),
-            DType::I32 => Tensor::from_vec(&entry.shape, decode(bytes, i32::from_le_bytes)),
+            DType::F32 => Tensor::from_vec(&entry.shape, decode(bytes, f32::from_le_bytes).ok_or_else(out_of_memory)?),
+            DType::BF16 => Tensor::from_vec(
+                &entry.shape,
+                decode(bytes, |b| bf16::from_bits(u16::from_le_bytes(b))).ok_or_else(out_of_memory)?,
+            ),
+            DType::F16 => Tensor::from_vec(
+                &entry.shape,
+                decode(bytes, |b| f16::from_bits(u16::from_le_bytes(b))).ok_or_else(out_of_memory)?,
+            ),
+            DType::I64 => Tensor::from_vec(&entry.shape, decode(bytes, i64::from_le_bytes).ok_or_else(out_of_memory)?),
+            DType::I32 => Tensor::from_vec(&entry.shape, decode(bytes, i32::from_le_bytes).ok_or_else(out_of_memory)?),
         };
         tensor.map_err(|e| self.error(name, e.to_string()))
     }
@@ -274,8 +309,13 @@ fn typed<T: Element>(bytes: &[u8]) -> Option<&[T]> {
     (head.is_empty() && tail.is_empty()).then_some(body)
 }
 
-fn decode<T, const N: usize>(bytes: &[u8], from: impl Fn([u8; N]) -> T) -> Vec<T> {
-    bytes.chunks_exact(N).map(|c| from(c.try_into().expect("chunks_exact yields N bytes"))).collect()
+/// `bytes` decoded `N` at a time; `None` where the host cannot allocate the values (a tensor of
+/// terabytes, as a sparse file can declare), rather than an abort.
+fn decode<T, const N: usize>(bytes: &[u8], from: impl Fn([u8; N]) -> T) -> Option<Vec<T>> {
+    let mut values = Vec::new();
+    values.try_reserve_exact(bytes.len() / N).ok()?;
+    values.extend(bytes.chunks_exact(N).map(|c| from(c.try_into().expect("chunks_exact yields N bytes"))));
+    Some(values)
 }
 
 /// One tensor for [`write()`]: its dtype, shape and little-endian bytes.
@@ -321,6 +361,12 @@ pub fn write(path: impl AsRef<Path>, tensors: &[(&str, TensorRef<'_>)]) -> Resul
         tensor: tensor.map(str::to_string),
         detail,
     };
+    // A view built field by field may not fill its shape.
+    for (name, t) in tensors {
+        crate::core::tensor::holds(t.shape, t.data.len()).map_err(|e| {
+            fail(Some(name), format!("{e}; give it values that fill its shape (`TensorRef::new` checks them)"))
+        })?;
+    }
     let mut names: Vec<&str> = tensors.iter().map(|(n, _)| *n).collect();
     names.sort_unstable();
     if let Some(w) = names.windows(2).find(|w| w[0] == w[1]) {

@@ -122,3 +122,68 @@ fn duplicate_names_are_refused() {
     let (tensor, _) = detail_of(write(temp("dup"), &[("x", x.view()), ("x", x.view())]).unwrap_err());
     assert_eq!(tensor.as_deref(), Some("x"));
 }
+
+/// A header whose tensors end past the file is refused before the safetensors reader adds their
+/// end to the header's length: eight chained tensors of 2^61 - 1 bytes made that sum wrap (a
+/// panic where overflow checks are on, as in `cargo test`).
+#[test]
+fn offsets_past_the_file_are_refused() {
+    let path = temp("past-the-file");
+    let size = (1u64 << 61) - 1;
+    let tensors: Vec<String> = (0..8u64)
+        .map(|i| {
+            format!(r#""t{i}":{{"dtype":"U8","shape":[{size}],"data_offsets":[{},{}]}}"#, i * size, (i + 1) * size)
+        })
+        .collect();
+    let header = format!("{{{}}}", tensors.join(","));
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    std::fs::write(&path, &bytes).unwrap();
+    let (tensor, detail) = detail_of(Checkpoint::open(&path).unwrap_err());
+    assert_eq!(tensor, None);
+    assert!(detail.contains("past the end of the file"), "{detail}");
+    std::fs::remove_file(&path).unwrap();
+}
+
+/// A view built field by field that does not fill its shape is refused by `write`, naming it.
+#[test]
+fn write_refuses_a_view_that_does_not_fill_its_shape() {
+    let path = temp("short-view");
+    let values = [1.0f32; 5];
+    let short = TensorRef { shape: &[2, 3], data: Data::F32(&values) };
+    let (tensor, detail) = detail_of(write(&path, &[("x", Tensor::zeros(&[2]).view()), ("short", short)]).unwrap_err());
+    assert_eq!(tensor.as_deref(), Some("short"));
+    assert!(detail.contains("needs 6 elements, but 5 were given"), "{detail}");
+    assert!(!path.exists(), "nothing was written");
+}
+
+/// A tensor the host cannot hold (2 TiB, in a sparse file) is `Error::OutOfMemory`, not an
+/// abort. Needs the kernel's heuristic overcommit (the default), which refuses an allocation
+/// far past the machine's memory; otherwise the test says why it is skipped.
+#[test]
+fn a_tensor_too_large_for_the_host_is_out_of_memory() {
+    let policy = std::fs::read_to_string("/proc/sys/vm/overcommit_memory").unwrap_or_default();
+    if policy.trim() != "0" {
+        eprintln!(
+            "SKIPPED a_tensor_too_large_for_the_host_is_out_of_memory: vm.overcommit_memory is {policy:?}, not 0"
+        );
+        return;
+    }
+    let path = temp("sparse");
+    let bytes = 1u64 << 41;
+    let header = format!(r#"{{"w":{{"dtype":"F32","shape":[{}],"data_offsets":[0,{bytes}]}}}}"#, bytes / 4);
+    let mut head = (header.len() as u64).to_le_bytes().to_vec();
+    head.extend_from_slice(header.as_bytes());
+    let file = std::fs::File::create(&path).unwrap();
+    std::io::Write::write_all(&mut &file, &head).unwrap();
+    if let Err(e) = file.set_len(head.len() as u64 + bytes) {
+        eprintln!("SKIPPED a_tensor_too_large_for_the_host_is_out_of_memory: no sparse file of 2 TiB here ({e})");
+        std::fs::remove_file(&path).unwrap();
+        return;
+    }
+    let checkpoint = Checkpoint::open(&path).unwrap();
+    let err = checkpoint.tensor("w").unwrap_err();
+    assert!(matches!(err, Error::OutOfMemory { .. }), "{err}");
+    drop(checkpoint);
+    std::fs::remove_file(&path).unwrap();
+}

@@ -403,6 +403,14 @@ pub enum Error {
         /// What the operating system said.
         detail: String,
     },
+    /// A file that cannot be written
+    /// ([`Recorder::write_chrome_trace`](crate::guards::Recorder::write_chrome_trace)).
+    UnwritableFile {
+        /// The file, as given.
+        path: String,
+        /// What the operating system said.
+        detail: String,
+    },
     /// An executor the plan requires cannot run on this machine.
     ExecutorUnavailable {
         /// The executor.
@@ -669,6 +677,11 @@ impl fmt::Display for Error {
                 f,
                 "cannot write a file into the directory `{directory}`: {detail}; pass a directory that this \
                  process may create and write to (not a path under a regular file)"
+            ),
+            Error::UnwritableFile { path, detail } => write!(
+                f,
+                "cannot write the file `{path}`: {detail}; pass a path in a directory that exists and that this \
+                 process may write to"
             ),
             Error::ExecutorUnavailable { executor, reason } => write!(
                 f,

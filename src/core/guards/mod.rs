@@ -427,7 +427,15 @@ pub struct Entered<'g> {
 
 impl Drop for Entered<'_> {
     fn drop(&mut self) {
-        self.guard.on_exit(self.state);
+        if std::thread::panicking() {
+            // Unwinding already (the scope's body panicked): an exit that panics too would abort
+            // the process. Its panic is dropped; the body's goes on.
+            let guard = self.guard;
+            let state = self.state;
+            drop(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| guard.on_exit(state))));
+        } else {
+            self.guard.on_exit(self.state);
+        }
     }
 }
 

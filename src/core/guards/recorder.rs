@@ -161,10 +161,19 @@ impl Recorder {
 
     /// Writes [`to_chrome_trace`](Self::to_chrome_trace) to a file.
     ///
+    /// ```
+    /// use boundscope::guards::Recorder;
+    /// let err = Recorder::new().write_chrome_trace("/nonexistent/dir/trace.json").unwrap_err();
+    /// assert!(err.to_string().contains("/nonexistent/dir/trace.json"), "{err}");
+    /// ```
+    ///
     /// # Errors
-    /// The I/O error, if writing fails.
-    pub fn write_chrome_trace(&self, path: impl AsRef<std::path::Path>) -> std::io::Result<()> {
+    /// [`Error::UnwritableFile`](crate::Error::UnwritableFile), naming the path, if writing
+    /// fails.
+    pub fn write_chrome_trace(&self, path: impl AsRef<std::path::Path>) -> crate::Result<()> {
+        let path = path.as_ref();
         std::fs::write(path, self.to_chrome_trace())
+            .map_err(|e| crate::Error::UnwritableFile { path: path.display().to_string(), detail: e.to_string() })
     }
 }
 

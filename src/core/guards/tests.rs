@@ -223,3 +223,58 @@ fn region_ranges_in_another_domain_are_emitted_by_the_runtime() {
     // CpuFusion pushes the `boundscope` range itself; the runtime pushes the one in `mine`.
     assert_eq!(plan.guard_scope_count(), 1);
 }
+
+/// A prepared guard's scope whose body panics, the guard's exit panicking too, unwinds with the
+/// body's panic: the exit's second panic, during unwinding, aborted the process.
+#[test]
+fn an_exit_that_panics_while_the_body_unwinds_does_not_abort() {
+    let exits = Arc::new(AtomicUsize::new(0));
+    let counted = exits.clone();
+    let guard = ClosureGuard::new(
+        || {},
+        move || {
+            counted.fetch_add(1, Ordering::Relaxed);
+            panic!("the exit panics");
+        },
+    );
+    let site = GuardSite::new("work", Level::Op, "me", 1);
+    let prepared = guard.prepare(&site).unwrap();
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prepared.in_scope(|| panic!("the body"))));
+    let payload = unwound.unwrap_err();
+    assert_eq!(payload.downcast_ref::<&str>(), Some(&"the body"));
+    assert_eq!(exits.load(Ordering::Relaxed), 1);
+    // Outside an unwind the exit's panic is the scope's, as before.
+    let unwound = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prepared.in_scope(|| 42)));
+    assert_eq!(unwound.unwrap_err().downcast_ref::<&str>(), Some(&"the exit panics"));
+}
+
+/// `Recorder::write_chrome_trace` names the path it cannot write.
+#[test]
+fn a_recorder_that_cannot_write_names_the_path() {
+    let err = Recorder::new().write_chrome_trace("/nonexistent/dir/trace.json").unwrap_err();
+    assert!(matches!(&err, Error::UnwritableFile { path, .. } if path == "/nonexistent/dir/trace.json"), "{err}");
+}
+
+/// Two `TracingSpan`s landing on one op merge into the first (one per scope and merge key);
+/// where the later one's label is lost, the plan says so in its notes (it said nothing).
+#[test]
+fn a_labelled_span_merged_into_another_is_a_plan_note() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 2]).unwrap();
+    let y = b.matmul(x, x).unwrap();
+    b.output(y).unwrap();
+    let bare = b.finish().unwrap();
+    let mut trace = bare.clone();
+    trace.attach_guard(Selection::All, TracingSpan::new()).unwrap();
+    trace.attach_guard(Selection::Named("matmul"), TracingSpan::new().label("gemm").unwrap()).unwrap();
+    let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+    assert!(plan.notes().iter().any(|n| n.contains("\"gemm\" merged into the one attached first")), "{plan}");
+    // Spans of one label merge without a note.
+    let mut same = bare.clone();
+    same.attach_guard(Selection::All, TracingSpan::new().label("mm").unwrap()).unwrap();
+    same.attach_guard(Selection::Named("matmul"), TracingSpan::new().label("mm").unwrap()).unwrap();
+    let plan = Plan::compile(&same, &[CpuReference::shared()]).unwrap();
+    assert!(!plan.notes().iter().any(|n| n.contains("merged into the one attached first")), "{plan}");
+}

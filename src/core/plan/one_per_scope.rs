@@ -65,14 +65,26 @@ impl ScopeGuards {
             return;
         }
         let key = guard.merge_key();
-        let duplicate = self.entries.iter().any(|e| match e {
-            ScopeEntry::Other { guard: other, .. } => {
-                *other == id || (key.is_some() && table.guard(*other).merge_key() == key)
+        let duplicate = self.entries.iter().find_map(|e| match e {
+            ScopeEntry::Other { guard: other, .. }
+                if *other == id || (key.is_some() && table.guard(*other).merge_key() == key) =>
+            {
+                Some(*other)
             }
-            ScopeEntry::Nvtx { .. } => false,
+            _ => None,
         });
-        if !duplicate {
-            self.entries.push(ScopeEntry::Other { guard: id });
+        match duplicate {
+            None => self.entries.push(ScopeEntry::Other { guard: id }),
+            // Merged into the one attached first: said where the later one's label is lost
+            // (two `TracingSpan`s, one of them labelled).
+            Some(first) if first != id && table.guard(first).label() != guard.label() => note(format!(
+                "a `{}` guard labelled {:?} merged into the one attached first, labelled {:?} (one per scope and \
+                 merge key)",
+                guard.kind(),
+                guard.label().unwrap_or("after its site"),
+                table.guard(first).label().unwrap_or("after its site"),
+            )),
+            Some(_) => {}
         }
     }
 

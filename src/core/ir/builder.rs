@@ -921,11 +921,22 @@ impl<'a> TraceBuilder<'a> {
         };
         if self.scopes_of.is_some_and(|source| !same(source)) {
             for scope in std::mem::take(&mut self.scopes.scopes) {
-                self.scopes.notes.push(format!(
+                let reason = format!(
                     "scope `{}` was dropped: a pass rewrote the trace without carrying its scopes \
                      (`TraceBuilder::carry_guards` carries them)",
                     scope.path()
-                ));
+                );
+                // Its guards go with it, recorded (they were lost without a record).
+                for &id in &scope.guards {
+                    let guard = self.guards.guard(id);
+                    self.guards.dropped.push(crate::core::guards::DroppedGuard {
+                        kind: guard.kind(),
+                        label: guard.label().unwrap_or(scope.path()).to_string(),
+                        pass: "a rewrite without `carry_guards`".to_string(),
+                        reason: reason.clone(),
+                    });
+                }
+                self.scopes.notes.push(reason);
             }
         }
         let bound_symbols = self.levels.swap_remove(0).into_bump_slice();

@@ -400,3 +400,34 @@ fn inserted_range_nodes_keep_each_ops_guards_and_scopes() {
     let labels: Vec<String> = recorder.ranges().iter().map(|r| r.label.to_string()).collect();
     assert_eq!(labels, ["exp", "neg"]);
 }
+
+/// A user's pass that removes an op without carrying scopes drops them (a note each), and now
+/// records the guards attached to them as dropped: they were lost without a record.
+#[test]
+fn guards_on_scopes_a_pass_drops_are_recorded() {
+    struct DropFirst;
+    impl Pass for DropFirst {
+        fn name(&self) -> &str {
+            "drop_first"
+        }
+        fn run<'a>(&self, trace: &crate::Trace<'a>, arena: &'a Arena) -> crate::Result<crate::Trace<'a>> {
+            let mut b = TraceBuilder::rewrite(trace, arena);
+            trace.bound_symbols()[1..].iter().for_each(|bsym| b.push_copy(bsym));
+            b.finish()
+        }
+    }
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4]).unwrap();
+    b.exp(x).unwrap(); // dead
+    let y = b.scope("blk", |b| b.neg(x)).unwrap();
+    b.output(y).unwrap();
+    let mut trace = b.finish().unwrap();
+    trace.attach_guard(Selection::Scope("blk"), Recorder::new()).unwrap();
+    for out in [DropFirst.run(&trace, &arena).unwrap(), Pipeline::new().then(DropFirst).run(&trace, &arena).unwrap()] {
+        let dropped = out.dropped_guards();
+        assert_eq!(dropped.len(), 1, "{dropped:?}");
+        assert!(dropped[0].reason.contains("scope `blk` was dropped"), "{dropped:?}");
+        assert_eq!(out.scope_notes().len(), 1);
+    }
+}

@@ -1,6 +1,7 @@
 //! The trace's side table of guards: the guard objects, what each bound symbol has attached,
 //! and the guards that passes had to drop, with their reasons.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use smallvec::SmallVec;
@@ -44,17 +45,33 @@ pub(crate) struct GuardTable {
     pub per_op: Vec<SmallVec<[Attachment; 2]>>,
     pub trace_level: SmallVec<[GuardId; 2]>,
     pub dropped: Vec<DroppedGuard>,
+    /// The id of each guard object by its address, for `add_guard` (a scan of `guards` made
+    /// attaching a guard per op, or `Grad` over a profiled trace, quadratic). Rebuilt there
+    /// when it does not cover `guards` (a table made with its `guards` set directly).
+    pub(crate) by_address: HashMap<usize, GuardId>,
+}
+
+/// The address `Arc::ptr_eq` compares.
+fn address(guard: &Arc<dyn Guard>) -> usize {
+    Arc::as_ptr(guard) as *const () as usize
 }
 
 impl GuardTable {
     /// The id of `guard`: the one it already has if this very object was added before (so that
     /// one object attached twice is one guard), else a new one.
     pub fn add_guard(&mut self, guard: Arc<dyn Guard>) -> GuardId {
-        if let Some(i) = self.guards.iter().position(|g| Arc::ptr_eq(g, &guard)) {
-            return GuardId::from_index(i);
+        if self.by_address.len() != self.guards.len() {
+            self.by_address.clear();
+            for (i, g) in self.guards.iter().enumerate() {
+                self.by_address.entry(address(g)).or_insert(GuardId::from_index(i));
+            }
         }
-        self.guards.push(guard);
-        GuardId::from_index(self.guards.len() - 1)
+        let next = GuardId::from_index(self.guards.len());
+        let id = *self.by_address.entry(address(&guard)).or_insert(next);
+        if id == next {
+            self.guards.push(guard);
+        }
+        id
     }
 
     pub fn guard(&self, id: GuardId) -> &dyn Guard {
@@ -85,6 +102,7 @@ impl GuardTable {
             per_op: Vec::new(),
             trace_level: self.trace_level.clone(),
             dropped: self.dropped.clone(),
+            by_address: self.by_address.clone(),
         }
     }
 

@@ -210,13 +210,26 @@ impl Pass for FuseRegions {
                 consumers[v.index()].push(i);
             }
         }
-        let live = |group: &Vec<usize>| {
+        // (By the group each op is in, and which values are returned, rather than by scanning
+        // the group and the outputs per value: a chain of n ops took n^2 / 2 steps.)
+        let candidates = self.group(trace, &kinds, &shapes, &covering);
+        let mut member_of = vec![usize::MAX; n];
+        for (g, group) in candidates.iter().enumerate() {
+            for &m in group {
+                member_of[m] = g;
+            }
+        }
+        let mut returned = vec![false; trace.value_count()];
+        for o in trace.outputs() {
+            returned[o.index()] = true;
+        }
+        let live = |(g, group): &(usize, Vec<usize>)| {
             group
                 .iter()
                 .flat_map(|&m| ops[m].outputs())
-                .any(|o| trace.outputs().contains(o) || consumers[o.index()].iter().any(|c| !group.contains(c)))
+                .any(|o| returned[o.index()] || consumers[o.index()].iter().any(|&c| member_of[c] != *g))
         };
-        let groups: Vec<Vec<usize>> = self.group(trace, &kinds, &shapes, &covering).into_iter().filter(live).collect();
+        let groups: Vec<Vec<usize>> = candidates.into_iter().enumerate().filter(live).map(|(_, group)| group).collect();
         let mut group_of = vec![None; n];
         for (g, group) in groups.iter().enumerate() {
             for &m in group {

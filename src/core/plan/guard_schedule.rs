@@ -477,6 +477,12 @@ fn drop_ranges_inside_their_twin(scopes: &mut Vec<Scope>, notes: &mut Vec<String
     let mut dropped = vec![false; scopes.len()];
     for &i in &order {
         let s = &scopes[i];
+        // Scopes nest (checked before): one that ends before this one starts contains none that
+        // come after it. Popped, the stack holds only the scopes around this one, and the search
+        // below takes the nesting depth, not the number of ranges so far.
+        while open.last().is_some_and(|&(_, o)| scopes[o].end <= s.first) {
+            open.pop();
+        }
         let Some(planned) = &s.planned else { continue };
         let parent = open.iter().rev().copied().find(|&(domain, o)| {
             let outer = &scopes[o];

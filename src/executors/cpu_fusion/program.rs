@@ -119,23 +119,23 @@ impl FusedRegion {
             });
         }
         let region_outputs: &[ValueId] = region.bound_symbol().outputs();
-        let mut value_temp: Vec<(ValueId, Dest)> = Vec::new();
-        let source = |arg: &Arg<'_>, value_temp: &[(ValueId, Dest)]| -> std::result::Result<Source, String> {
-            match *arg {
-                Arg::Scalar(s) => Ok(Source::Scalar(s)),
-                Arg::Value(v) => {
-                    if let Some(&(_, d)) = value_temp.iter().find(|(x, _)| *x == v) {
-                        Ok(match d {
-                            Dest::Temp(t) => Source::Temp(t),
-                            Dest::Output(o) => Source::Output(o),
-                        })
-                    } else {
-                        inputs.iter().position(|&x| x == v).map(Source::Input).ok_or(format!("{v} is not an input"))
-                    }
+        // Where each value the region's ops define is written (by value: a scan made regions of
+        // n ops take n^2 / 2 steps to compile).
+        let mut value_temp: std::collections::HashMap<ValueId, Dest> = std::collections::HashMap::new();
+        let source = |arg: &Arg<'_>, value_temp: &std::collections::HashMap<ValueId, Dest>| match *arg {
+            Arg::Scalar(s) => Ok(Source::Scalar(s)),
+            Arg::Value(v) => {
+                if let Some(&d) = value_temp.get(&v) {
+                    Ok(match d {
+                        Dest::Temp(t) => Source::Temp(t),
+                        Dest::Output(o) => Source::Output(o),
+                    })
+                } else {
+                    inputs.iter().position(|&x| x == v).map(Source::Input).ok_or(format!("{v} is not an input"))
                 }
-                Arg::Dims(_) => Err("an elementwise op with a dimension list".into()),
-                Arg::DType(_) => Err("an elementwise op with a dtype argument".into()),
             }
+            Arg::Dims(_) => Err("an elementwise op with a dimension list".into()),
+            Arg::DType(_) => Err("an elementwise op with a dtype argument".into()),
         };
         let mut instructions = Vec::new();
         let mut reduce = None;
@@ -170,12 +170,12 @@ impl FusedRegion {
             } else {
                 return Err(format!("`{}` cannot be fused", op.name()));
             });
-            value_temp.push((value, out));
+            value_temp.insert(value, out);
         }
         let reduced = ops.last().filter(|_| reduce.is_some()).map(|op| op.bound_symbol().outputs()[0]);
         let reduce_output = reduced.and_then(|r| region_outputs.iter().position(|&o| o == r));
         for &o in region_outputs {
-            if Some(o) != reduced && !value_temp.iter().any(|(v, _)| *v == o) {
+            if Some(o) != reduced && !value_temp.contains_key(&o) {
                 return Err(format!("region output {o} is defined by none of its ops"));
             }
         }

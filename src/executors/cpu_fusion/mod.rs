@@ -328,6 +328,34 @@ mod tests {
         assert!(scratch <= 4 * (DEFAULT_BLOCK + 64) * 4, "{scratch} bytes of scratch");
     }
 
+    /// A region's temporaries are written again once their value is read for the last time: a
+    /// chain of 1,000 ops keeps two blocks of scratch (it kept one per op), with the
+    /// reference's results; a value read again far down the chain keeps its own.
+    #[test]
+    fn a_long_chain_reuses_its_temporaries() {
+        let (arena, registry) = (Arena::new(), Registry::with_builtins());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[4, 1000]).unwrap();
+        let first = b.tanh(x).unwrap();
+        let mut y = first;
+        for i in 0..1000 {
+            y = if i % 2 == 0 { b.tanh(y).unwrap() } else { b.mul_scalar(y, 1.5).unwrap() };
+        }
+        let y = b.add(y, first).unwrap();
+        b.output(y).unwrap();
+        let trace = b.finish().unwrap();
+        let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
+        assert_eq!(fused.len(), 1, "{fused}");
+        let plan = Plan::compile(&fused, &[CpuFusion::shared()]).unwrap();
+        let reference = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+        let input = Tensor::from_fn(&[4, 1000], |i| (i % 17) as f32 / 17.0 - 0.5);
+        let (got, scratch) =
+            std::thread::scope(|scope| scope.spawn(|| (plan.run(&[&input]).unwrap(), scratch_bytes())).join().unwrap());
+        assert_eq!(got, reference.run(&[&input]).unwrap());
+        // `first`, read at the end, and two for the chain.
+        assert!(scratch <= 3 * (DEFAULT_BLOCK + 64) * 4, "{scratch} bytes of scratch");
+    }
+
     #[test]
     fn a_region_run_outside_a_plan_with_wrong_buffers_is_a_typed_error() {
         use crate::core::plan::{Executor, OpView};

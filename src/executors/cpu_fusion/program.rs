@@ -59,6 +59,78 @@ enum Load {
     Gather { strides: Shape, temp: usize },
 }
 
+/// Renumbers the temporaries the instructions write (those from `pinned` on: the ones before
+/// are the loads', read by any instruction) so that one whose value is read for the last time
+/// is written again by a later instruction, and returns how many temporaries there are then.
+/// A chain of n ops so needs two, not n: the scratch a thread keeps is a few blocks, not one per
+/// op of the longest region it ran. An instruction never writes a temporary it reads (the run
+/// loop moves its destination out while it reads its sources), and the trailing reduction's
+/// source is kept to the end. Segments of a block run every instruction in turn over their own
+/// elements, so a temporary written again holds each segment's value until its last reader.
+fn reuse_temps(
+    instructions: &mut [Instruction],
+    reduce: &mut Option<(SymbolId, Source, usize)>,
+    pinned: usize,
+    temps: usize,
+) -> usize {
+    let sources = |i: &Instruction| match *i {
+        Instruction::Unary { a, .. } => [Some(a), None],
+        Instruction::Binary { a, b, .. } => [Some(a), Some(b)],
+    };
+    // The last instruction that reads each temporary (`usize::MAX`: the reduction, at the end).
+    let mut last_read = vec![0; temps];
+    for (k, instruction) in instructions.iter().enumerate() {
+        for source in sources(instruction).into_iter().flatten() {
+            if let Source::Temp(t) = source {
+                last_read[t] = k;
+            }
+        }
+    }
+    if let Some((_, Source::Temp(t), _)) = reduce {
+        last_read[*t] = usize::MAX;
+    }
+    let mut renamed: Vec<usize> = (0..temps).collect();
+    let mut free: Vec<usize> = Vec::new();
+    // The new temporaries that come free before each instruction.
+    let mut freed_at: Vec<Vec<usize>> = vec![Vec::new(); instructions.len() + 1];
+    let mut count = pinned;
+    for (k, instruction) in instructions.iter_mut().enumerate() {
+        free.append(&mut freed_at[k]);
+        let rename = |s: &mut Source| {
+            if let Source::Temp(t) = s {
+                *t = renamed[*t];
+            }
+        };
+        let out = match instruction {
+            Instruction::Unary { a, out, .. } => {
+                rename(a);
+                out
+            }
+            Instruction::Binary { a, b, out, .. } => {
+                rename(a);
+                rename(b);
+                out
+            }
+        };
+        if let Dest::Temp(t) = out {
+            let new = free.pop().unwrap_or_else(|| {
+                count += 1;
+                count - 1
+            });
+            renamed[*t] = new;
+            // Read last at `last_read` (or never: free after this instruction).
+            if let Some(slot) = last_read[*t].max(k).checked_add(1).and_then(|at| freed_at.get_mut(at)) {
+                slot.push(new);
+            }
+            *t = new;
+        }
+    }
+    if let Some((_, Source::Temp(t), _)) = reduce {
+        *t = renamed[*t];
+    }
+    count
+}
+
 /// A region, compiled: instructions over temporaries, one load per input, and where each
 /// output comes from.
 pub struct FusedRegion {
@@ -118,6 +190,8 @@ impl FusedRegion {
                 }
             });
         }
+        // The temporaries the loads gather into come first, kept for the whole block.
+        let gathered = temps;
         let region_outputs: &[ValueId] = region.bound_symbol().outputs();
         // Where each value the region's ops define is written (by value: a scan made regions of
         // n ops take n^2 / 2 steps to compile).
@@ -172,6 +246,7 @@ impl FusedRegion {
             });
             value_temp.insert(value, out);
         }
+        let temps = reuse_temps(&mut instructions, &mut reduce, gathered, temps);
         let reduced = ops.last().filter(|_| reduce.is_some()).map(|op| op.bound_symbol().outputs()[0]);
         let reduce_output = reduced.and_then(|r| region_outputs.iter().position(|&o| o == r));
         for &o in region_outputs {

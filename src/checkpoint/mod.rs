@@ -86,16 +86,30 @@ fn file_dtype(dtype: DType) -> Dtype {
     }
 }
 
+/// The headers `read_metadata` reads at most (safetensors' own limit): a longer one is left to
+/// it to refuse, unparsed here.
+const MAX_HEADER_BYTES: u64 = 100_000_000;
+
+/// A header entry, for its byte range only (`__metadata__` has none); other fields are skipped
+/// without being kept.
+#[derive(serde::Deserialize)]
+struct ByteRange {
+    #[serde(default)]
+    data_offsets: Option<(u64, u64)>,
+}
+
 /// Why the header of the safetensors file `bytes` names a tensor that ends past the file (or
 /// ends before it starts), if it does; `None` for any other header, which `read_metadata`
 /// judges.
 fn offsets_past_the_file(bytes: &[u8]) -> Option<String> {
     let len = u64::from_le_bytes(bytes.get(..8)?.try_into().ok()?);
+    if len > MAX_HEADER_BYTES {
+        return None;
+    }
     let header = bytes.get(8..8usize.checked_add(usize::try_from(len).ok()?)?)?;
-    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(header).ok()?;
-    header.iter().filter(|(name, _)| *name != "__metadata__").find_map(|(name, info)| {
-        let offsets = info.get("data_offsets")?.as_array()?;
-        let (start, end) = (offsets.first()?.as_u64()?, offsets.get(1)?.as_u64()?);
+    let header: std::collections::HashMap<String, ByteRange> = serde_json::from_slice(header).ok()?;
+    header.iter().find_map(|(name, entry)| {
+        let (start, end) = entry.data_offsets?;
         (end < start || end > bytes.len() as u64).then(|| {
             format!(
                 "the header puts tensor `{name}` at bytes {start}..{end}, past the end of the file (a truncated or \

@@ -112,7 +112,7 @@ impl InProcessGroup {
     /// (1 ms to [`MAX_TIMEOUT`]: `Duration::MAX` waits a year).
     ///
     /// # Errors
-    /// [`Error::Collective`] for a world of 0 ranks.
+    /// [`Error::Collective`] for a world of 0 ranks or past [`MAX_WORLD_SIZE`].
     pub fn with_timeout(name: impl Into<String>, world: usize, timeout: Duration) -> Result<Vec<InProcessGroup>> {
         let name = name.into();
         if let Some(detail) = world_size_refused(world) {

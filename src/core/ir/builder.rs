@@ -579,14 +579,18 @@ impl<'a> TraceBuilder<'a> {
                 let first_internal = self.values.len();
                 self.levels.push(ArenaVec::new_in(bump));
                 self.expanding.push(symbol);
+                // A refusal belongs to the decomposition that made it: kept aside while this one
+                // runs, and this one's taken after.
+                let outer_refusal = self.refused_in_decomposition.take();
                 let result = decompose(self, args);
+                let refused = std::mem::replace(&mut self.refused_in_decomposition, outer_refusal);
                 self.expanding.pop();
                 let level = self.levels.pop().expect("pushed above");
                 // Values made inside the decomposition are not visible at this level.
                 for d in &mut self.defined[first_internal..] {
                     *d = false;
                 }
-                let result = match self.refused_in_decomposition.take() {
+                let result = match refused {
                     Some(what) => Err(Error::InvalidSymbol {
                         symbol: name.clone(),
                         detail: format!(
@@ -1406,6 +1410,29 @@ mod tests {
             let trace = b.finish().unwrap();
             assert_eq!((trace.len(), trace.outputs(), trace.inputs().len()), (1, &[y][..], 1), "{what}");
         }
+    }
+
+    /// The refusal of `set_outputs` is reported by the `bind` whose decomposition called it,
+    /// not by a composite that decomposition binds after (which took it before).
+    #[test]
+    fn a_refused_set_outputs_fails_the_bind_that_ran_it() {
+        use crate::core::ir::{Category, ParamKind, Symbol};
+        let mut registry = Registry::with_builtins();
+        let symbol = Symbol::new("sneaky", Category::Composite)
+            .params(&[ParamKind::Tensor])
+            .same_shape_as_first()
+            .decomposition(|b, a| {
+                let x = a[0].value().unwrap();
+                b.set_outputs(&[x]);
+                // A composite bound after, whose error the decomposition would swallow.
+                b.gelu(x).or_else(|_| b.tanh(x))
+            });
+        let sneaky = registry.register(symbol).unwrap();
+        let arena = Arena::new();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[3]).unwrap();
+        let err = b.bind(sneaky, &[x.into()]).unwrap_err();
+        assert!(matches!(&err, Error::InvalidSymbol { symbol, .. } if symbol == "sneaky"), "{err}");
     }
 
     #[test]

@@ -44,6 +44,15 @@ pub struct DeviceTensor {
     dtype: crate::DType,
     buffer: Box<dyn DeviceBuffer>,
     device: Arc<dyn Device>,
+    /// Which memory `buffer` is, unique in the process: made with the buffer, kept by refills,
+    /// changed when the buffer is exchanged (see [`buffer_identity`](Self::buffer_identity)).
+    memory: u64,
+}
+
+/// A new [`DeviceTensor::memory`].
+fn new_memory() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 impl DeviceTensor {
@@ -55,7 +64,13 @@ impl DeviceTensor {
         check_holds(tensor)?;
         let mut buffer = device.alloc(packing::words(tensor.dtype(), tensor.data.len()))?;
         upload_values(&**device, tensor, &mut *buffer)?;
-        Ok(Self { shape: Shape::from_slice(tensor.shape), dtype: tensor.dtype(), buffer, device: device.clone() })
+        Ok(Self {
+            shape: Shape::from_slice(tensor.shape),
+            dtype: tensor.dtype(),
+            buffer,
+            device: device.clone(),
+            memory: new_memory(),
+        })
     }
 
     /// Its dtype (its values are stored in their own bits: 16-bit ones two per device word).
@@ -81,10 +96,11 @@ impl DeviceTensor {
         upload_values(&*self.device, tensor, &mut *self.buffer)
     }
 
-    /// The address of its buffer object: the same for as long as this tensor holds that
-    /// buffer (refills included), another once it is replaced or swapped.
-    pub(crate) fn buffer_identity(&self) -> usize {
-        &*self.buffer as *const dyn DeviceBuffer as *const () as usize
+    /// Which memory it holds: the same for as long as this tensor holds that buffer (refills
+    /// included), another once it is replaced or swapped, never one a tensor dropped before
+    /// had (an address could be: the allocator reuses it).
+    pub(crate) fn buffer_identity(&self) -> u64 {
+        self.memory
     }
 
     /// Its shape.
@@ -203,6 +219,7 @@ impl DeviceTensor {
     /// Exchanges its memory with `buffer` (of its length: the caller checks).
     pub(crate) fn swap_buffer(&mut self, buffer: &mut Box<dyn DeviceBuffer>) {
         std::mem::swap(&mut self.buffer, buffer);
+        self.memory = new_memory();
     }
 }
 

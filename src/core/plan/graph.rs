@@ -30,7 +30,7 @@ pub struct PlanGraph<'w> {
     inputs: Vec<&'w mut DeviceTensor>,
     /// The buffer each input held when captured ([`DeviceTensor::buffer_identity`]): a replay
     /// reads that memory, so it refuses to run once an input holds another.
-    captured: Vec<usize>,
+    captured: Vec<u64>,
 }
 
 impl Plan {

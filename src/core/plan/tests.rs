@@ -522,6 +522,12 @@ fn a_replay_refuses_an_input_replaced_since_the_capture() {
     graph.replay().unwrap();
     *graph.input_mut(0).unwrap() = DeviceTensor::upload(plan.device().unwrap(), host.view()).unwrap();
     assert!(graph.replay().is_err());
+    // Replaced by a tensor made after the one it replaced was dropped (whose buffer object may
+    // take the freed one's address).
+    let replaced = std::mem::replace(graph.input_mut(0).unwrap(), other);
+    drop(replaced);
+    *graph.input_mut(0).unwrap() = DeviceTensor::upload(plan.device().unwrap(), host.view()).unwrap();
+    assert!(graph.replay().is_err());
     GUARDED.with(|g| g.set(0));
     assert_eq!(device.launches.load(Ordering::Relaxed), 3);
 }

@@ -329,8 +329,8 @@ mod tests {
     }
 
     /// A region's temporaries are written again once their value is read for the last time: a
-    /// chain of 1,000 ops keeps two blocks of scratch (it kept one per op), with the
-    /// reference's results; a value read again far down the chain keeps its own.
+    /// chain of 1,000 ops keeps two blocks of scratch for the chain (it kept one per op), with
+    /// the reference's results, and a third for a value read again at its end.
     #[test]
     fn a_long_chain_reuses_its_temporaries() {
         let (arena, registry) = (Arena::new(), Registry::with_builtins());

@@ -62,7 +62,7 @@ enum Load {
 /// Renumbers the temporaries the instructions write (those from `pinned` on: the ones before
 /// are the loads', read by any instruction) so that one whose value is read for the last time
 /// is written again by a later instruction, and returns how many temporaries there are then.
-/// A chain of n ops so needs two, not n: the scratch a thread keeps is a few blocks, not one per
+/// A chain of n ops so needs two (and one more per value read again further on), not n: the scratch a thread keeps is a few blocks, not one per
 /// op of the longest region it ran. An instruction never writes a temporary it reads (the run
 /// loop moves its destination out while it reads its sources), and the trailing reduction's
 /// source is kept to the end. Segments of a block run every instruction in turn over their own

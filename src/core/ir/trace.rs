@@ -235,14 +235,20 @@ impl<'a> Trace<'a> {
             ));
         }
         if !bsym.subsymbols.is_empty() {
-            // Subsymbols see the enclosing scope; what they define stays inside.
-            let mut inner = defined.to_vec();
+            // Subsymbols see the enclosing scope; what they define stays inside: marked in
+            // `defined` while they are checked and unmarked after (a copy of `defined` per
+            // composite made checking a trace take composites x values steps). Each value a
+            // subsymbol defines was unmarked before it (or it is an error).
+            let mut made: SmallVec<[ValueId; 8]> = SmallVec::new();
             for sub in bsym.subsymbols {
-                self.verify_bound_symbol(sub, &mut inner)
-                    .map_err(|d| format!("in the decomposition of `{name}`: {d}"))?;
+                self.verify_bound_symbol(sub, defined).map_err(|d| format!("in the decomposition of `{name}`: {d}"))?;
+                made.extend_from_slice(sub.outputs);
             }
-            if !inner[output.index()] {
+            if !defined[output.index()] {
                 return Err(format!("the decomposition of `{name}` never defines its output {output}"));
+            }
+            for v in made {
+                defined[v.index()] = false;
             }
         }
         if std::mem::replace(&mut defined[output.index()], true) {

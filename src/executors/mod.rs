@@ -104,6 +104,7 @@
 mod cpu_fusion;
 pub(crate) mod cpu_reference;
 pub mod cuda;
+pub(crate) mod host_buffers;
 pub(crate) mod worker_pool;
 
 pub use cpu_fusion::{

@@ -11,6 +11,7 @@ use crate::executors::cpu_reference::vector_loops::{
     add_to_lanes, map_binary, map_binary_scalar_left, map_binary_scalar_right, map_unary, row_maxima, row_sums,
 };
 use crate::executors::cpu_reference::{builtin_prim, fused_shape};
+use crate::executors::host_buffers::HostBuffers;
 use crate::executors::worker_pool::{
     min_elements_per_part, part_range, parts_for, run_parts, SharedMut, MIN_ELEMENTS_PER_PART,
 };
@@ -134,9 +135,9 @@ fn reuse_temps(
 /// A region, compiled: instructions over temporaries, one load per input, and where each
 /// output comes from.
 pub struct FusedRegion {
-    /// The elements of each input and output buffer, checked before each run: the loops
-    /// index them without bounds checks of their own beyond Rust's.
-    lengths: BufferLengths,
+    /// The dtype (`f32`) and elements of each input and output buffer, checked before each
+    /// run: the loops index them without bounds checks of their own beyond Rust's.
+    buffers: HostBuffers,
     shape: Shape,
     numel: usize,
     block: usize,
@@ -267,16 +268,8 @@ impl FusedRegion {
             (true, false) => ((block / row_len).max(1) * row_len, row_len),
             _ => (block, block),
         };
-        let length = |v: ValueId| region.shape_of(v).map(|s| s.iter().product()).map_err(|e| e.to_string());
-        let lengths = BufferLengths {
-            inputs: inputs.iter().map(|&v| length(v)).collect::<std::result::Result<_, _>>()?,
-            outputs: region
-                .bound_symbol()
-                .outputs()
-                .iter()
-                .map(|&v| length(v))
-                .collect::<std::result::Result<_, _>>()?,
-        };
+        // The loops read and write `f32` only.
+        let buffers = HostBuffers::of(region, Some(DType::F32)).map_err(|e| e.to_string())?;
         // Parts of whole blocks, or of whole rows when blocks hold rows.
         let units = if by_rows { numel / row_len } else { numel.div_ceil(block) };
         // Costly functions (exponentials, tanh, ...) are worth splitting at fewer elements.
@@ -290,7 +283,7 @@ impl FusedRegion {
             .unwrap_or(MIN_ELEMENTS_PER_PART);
         let parts = parts_for(threads, numel, min_per_part).min(units).max(1);
         Ok(Self {
-            lengths,
+            buffers,
             shape,
             numel,
             block,
@@ -652,7 +645,7 @@ struct Part {
     row_sum: LaneSum,
 }
 
-/// The `f32` values of a view that [`BufferLengths::check`] accepted (so `f32`; anything else
+/// The `f32` values of a view that [`HostBuffers::check`] accepted (so `f32`; anything else
 /// reads as no values).
 #[inline(always)]
 fn floats(data: Data<'_>) -> &[f32] {
@@ -662,7 +655,7 @@ fn floats(data: Data<'_>) -> &[f32] {
     }
 }
 
-/// The `f32` values of an output view that [`BufferLengths::check`] accepted.
+/// The `f32` values of an output view that [`HostBuffers::check`] accepted.
 #[inline(always)]
 fn floats_mut<'m>(data: &'m mut DataMut<'_>) -> &'m mut [f32] {
     match data {
@@ -671,43 +664,9 @@ fn floats_mut<'m>(data: &'m mut DataMut<'_>) -> &'m mut [f32] {
     }
 }
 
-/// The element counts of a region's buffers, from the shapes it was compiled for.
-struct BufferLengths {
-    inputs: Vec<usize>,
-    outputs: Vec<usize>,
-}
-
-impl BufferLengths {
-    /// A typed error, not a panic, for buffers a caller outside a plan got wrong.
-    fn check(&self, inputs: &[TensorRef<'_>], outputs: &[TensorMut<'_>]) -> Result<()> {
-        let given = inputs.iter().map(|t| t.data.len()).chain(outputs.iter().map(|t| t.data.len()));
-        let all_f32 =
-            inputs.iter().map(|t| t.dtype()).chain(outputs.iter().map(|t| t.dtype())).all(|d| d == DType::F32);
-        let same = all_f32
-            && inputs.len() == self.inputs.len()
-            && outputs.len() == self.outputs.len()
-            && given.eq(self.inputs.iter().chain(&self.outputs).copied());
-        if same {
-            return Ok(());
-        }
-        Err(crate::error::Error::Execution {
-            executor: super::CpuFusion::NAME.into(),
-            symbol: "fused region".into(),
-            message: format!(
-                "it takes f32 inputs of {:?} and outputs of {:?} elements, not {:?} and {:?}; pass f32 buffers of the \
-                 shapes it was compiled for",
-                self.inputs,
-                self.outputs,
-                inputs.iter().map(|t| t.data.len()).collect::<Vec<_>>(),
-                outputs.iter().map(|t| t.data.len()).collect::<Vec<_>>()
-            ),
-        })
-    }
-}
-
 impl Kernel for FusedRegion {
     fn run(&self, inputs: &[TensorRef<'_>], outputs: &mut [TensorMut<'_>]) -> Result<()> {
-        self.lengths.check(inputs, outputs)?;
+        self.buffers.check(super::CpuFusion::NAME, "fused region", inputs, outputs)?;
         match &self.range {
             Some(range) => range.in_scope(|| self.run_parts(inputs, outputs)),
             None => self.run_parts(inputs, outputs),

@@ -290,23 +290,16 @@ impl Checkpoint {
         let entry = self.entry(name)?;
         let meta = self.entry_meta(entry)?;
         let bytes = &self.map[entry.start..entry.end];
-        let out_of_memory = || Error::OutOfMemory {
-            what: format!("checkpoint tensor `{name}`"),
-            shape: entry.shape.clone(),
-            bytes: bytes.len(),
-        };
         let tensor = match meta.dtype {
-            DType::F32 => Tensor::from_vec(&entry.shape, decode(bytes, f32::from_le_bytes).ok_or_else(out_of_memory)?),
-            DType::BF16 => Tensor::from_vec(
-                &entry.shape,
-                decode(bytes, |b| bf16::from_bits(u16::from_le_bytes(b))).ok_or_else(out_of_memory)?,
-            ),
-            DType::F16 => Tensor::from_vec(
-                &entry.shape,
-                decode(bytes, |b| f16::from_bits(u16::from_le_bytes(b))).ok_or_else(out_of_memory)?,
-            ),
-            DType::I64 => Tensor::from_vec(&entry.shape, decode(bytes, i64::from_le_bytes).ok_or_else(out_of_memory)?),
-            DType::I32 => Tensor::from_vec(&entry.shape, decode(bytes, i32::from_le_bytes).ok_or_else(out_of_memory)?),
+            DType::F32 => Tensor::from_vec(&entry.shape, decode(entry, bytes, f32::from_le_bytes)?),
+            DType::BF16 => {
+                Tensor::from_vec(&entry.shape, decode(entry, bytes, |b| bf16::from_bits(u16::from_le_bytes(b)))?)
+            }
+            DType::F16 => {
+                Tensor::from_vec(&entry.shape, decode(entry, bytes, |b| f16::from_bits(u16::from_le_bytes(b)))?)
+            }
+            DType::I64 => Tensor::from_vec(&entry.shape, decode(entry, bytes, i64::from_le_bytes)?),
+            DType::I32 => Tensor::from_vec(&entry.shape, decode(entry, bytes, i32::from_le_bytes)?),
         };
         tensor.map_err(|e| self.error(name, e.to_string()))
     }
@@ -323,13 +316,20 @@ fn typed<T: Element>(bytes: &[u8]) -> Option<&[T]> {
     (head.is_empty() && tail.is_empty()).then_some(body)
 }
 
-/// `bytes` decoded `N` at a time; `None` where the host cannot allocate the values (a tensor of
-/// terabytes, as a sparse file can declare), rather than an abort.
-fn decode<T, const N: usize>(bytes: &[u8], from: impl Fn([u8; N]) -> T) -> Option<Vec<T>> {
+/// The values of `entry`, its `bytes` decoded `N` at a time.
+///
+/// # Errors
+/// [`Error::OutOfMemory`] where the host cannot allocate them (a tensor of terabytes, as a
+/// sparse file can declare), rather than an abort.
+fn decode<T, const N: usize>(entry: &Entry, bytes: &[u8], from: impl Fn([u8; N]) -> T) -> Result<Vec<T>> {
     let mut values = Vec::new();
-    values.try_reserve_exact(bytes.len() / N).ok()?;
+    values.try_reserve_exact(bytes.len() / N).map_err(|_| Error::OutOfMemory {
+        what: format!("checkpoint tensor `{}`", entry.name),
+        shape: entry.shape.clone(),
+        bytes: bytes.len(),
+    })?;
     values.extend(bytes.chunks_exact(N).map(|c| from(c.try_into().expect("chunks_exact yields N bytes"))));
-    Some(values)
+    Ok(values)
 }
 
 /// One tensor for [`write()`]: its dtype, shape and little-endian bytes.

@@ -74,7 +74,7 @@ impl RankEnv {
             }
         };
         let world_size = number("WORLD_SIZE", "the number of ranks, at least 1", true)?.unwrap_or(1);
-        if world_size == 0 || world_size > super::MAX_WORLD_SIZE {
+        if super::in_process::world_size_refused(world_size).is_some() {
             return Err(Error::InvalidEnvironment {
                 variable: "WORLD_SIZE".into(),
                 value: world_size.to_string(),

@@ -124,6 +124,21 @@ impl GuardTable {
         self.dropped.push(dropped);
     }
 
+    /// Records as dropped the guards `guards` of scope `path`, which `pass` dropped: each is
+    /// labelled with its own label, else the scope's path.
+    pub fn record_scope_drop(&mut self, guards: &[GuardId], path: &str, pass: &str, reason: &str) {
+        for &id in guards {
+            let guard = self.guard(id);
+            let dropped = DroppedGuard {
+                kind: guard.kind(),
+                label: guard.label().unwrap_or(path).to_string(),
+                pass: pass.to_string(),
+                reason: reason.to_string(),
+            };
+            self.dropped.push(dropped);
+        }
+    }
+
     /// Carries attachments through a pass that keeps or removes whole top-level bound symbols
     /// (`new_position[i]` is where old bound symbol `i` went, `None` if removed): spans shrink
     /// to their survivors; an attachment with no survivor is dropped with `reason`.

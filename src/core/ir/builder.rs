@@ -455,15 +455,8 @@ impl<'a> TraceBuilder<'a> {
         let (carried, gone) = from.scopes.carried(from.len(), new_len, new_range, pass, describe);
         // The guards of a scope that disappeared are dropped, and say why.
         for (path, guards) in gone {
-            for guard in guards {
-                let guard = self.guards.guard(guard);
-                self.guards.dropped.push(crate::core::guards::DroppedGuard {
-                    kind: guard.kind(),
-                    label: guard.label().unwrap_or(&path).to_string(),
-                    pass: pass.to_string(),
-                    reason: format!("scope `{path}` disappeared (see `Trace::scope_notes`)"),
-                });
-            }
+            let reason = format!("scope `{path}` disappeared (see `Trace::scope_notes`)");
+            self.guards.record_scope_drop(&guards, &path, pass, &reason);
         }
         self.scopes = carried;
         self.scopes_of = None;
@@ -931,15 +924,7 @@ impl<'a> TraceBuilder<'a> {
                     scope.path()
                 );
                 // Its guards go with it, recorded (they were lost without a record).
-                for &id in &scope.guards {
-                    let guard = self.guards.guard(id);
-                    self.guards.dropped.push(crate::core::guards::DroppedGuard {
-                        kind: guard.kind(),
-                        label: guard.label().unwrap_or(scope.path()).to_string(),
-                        pass: "a rewrite without `carry_guards`".to_string(),
-                        reason: reason.clone(),
-                    });
-                }
+                self.guards.record_scope_drop(&scope.guards, scope.path(), "a rewrite without `carry_guards`", &reason);
                 self.scopes.notes.push(reason);
             }
         }

@@ -491,11 +491,8 @@ impl Executor for CapturingExp {
     }
 }
 
-/// A replay reads the memory its inputs held when captured: refilled in place they replay, but
-/// an input replaced (or swapped) through `input_mut` makes the replay fail, naming it, rather
-/// than read memory the old tensor freed.
-#[test]
-fn a_replay_refuses_an_input_replaced_since_the_capture() {
+/// `exp` over `[2, 3]`, compiled for a device that captures, and that device.
+fn exp_on_a_capturing_device() -> (Plan, Arc<CapturingHostDevice>) {
     let registry = Registry::with_builtins();
     let arena = Arena::new();
     let mut b = TraceBuilder::new(&arena, &registry);
@@ -504,6 +501,15 @@ fn a_replay_refuses_an_input_replaced_since_the_capture() {
     b.output(e).unwrap();
     let device = Arc::new(CapturingHostDevice::default());
     let plan = Plan::compile(&b.finish().unwrap(), &[Arc::new(CapturingExp(device.clone()))]).unwrap();
+    (plan, device)
+}
+
+/// A replay reads the memory its inputs held when captured: refilled in place they replay, but
+/// an input replaced (or swapped) through `input_mut` makes the replay fail, naming it, rather
+/// than read memory the old tensor freed.
+#[test]
+fn a_replay_refuses_an_input_replaced_since_the_capture() {
+    let (plan, device) = exp_on_a_capturing_device();
     let host = Tensor::from_fn(&[2, 3], |i| i as f32);
     GUARDED.with(|g| g.set(1)); // the capture runs unguarded; the test kernel checks its guard
     let mut x = DeviceTensor::upload(plan.device().unwrap(), host.view()).unwrap();
@@ -537,14 +543,7 @@ fn a_replay_refuses_an_input_replaced_since_the_capture() {
 /// failed ("a device buffer is missing").
 #[test]
 fn a_workspace_stays_usable_after_a_kernel_panicked_in_a_capture() {
-    let registry = Registry::with_builtins();
-    let arena = Arena::new();
-    let mut b = TraceBuilder::new(&arena, &registry);
-    let x = b.input(&[2, 3]).unwrap();
-    let e = b.exp(x).unwrap();
-    b.output(e).unwrap();
-    let device = Arc::new(CapturingHostDevice::default());
-    let plan = Plan::compile(&b.finish().unwrap(), &[Arc::new(CapturingExp(device))]).unwrap();
+    let (plan, _) = exp_on_a_capturing_device();
     let host = Tensor::from_fn(&[2, 3], |i| i as f32 * 0.1);
     let mut x = DeviceTensor::upload(plan.device().unwrap(), host.view()).unwrap();
     let mut workspace = plan.workspace().unwrap();

@@ -2179,7 +2179,10 @@ fn runs_are_ordered_with_uploads_and_frees_between_them() {
     let identity = Tensor::from_fn(&[cols, cols], |i| if i / cols == i % cols { 1.0 } else { 0.0 });
     let filled = |k: usize| Tensor::from_fn(&[rows, cols], |_| (k + 1) as f32);
     let w_on_device = DeviceTensor::upload(&on_device, identity.view()).unwrap();
-    let mut workspaces: Vec<_> = (0..runs).map(|_| plan.workspace().unwrap()).collect();
+    // Half of them on the device's own stream, taking turns with the others.
+    let mut workspaces: Vec<_> = (0..runs)
+        .map(|k| if k % 2 == 0 { plan.workspace() } else { plan.workspace_on_device_queue() }.unwrap())
+        .collect();
     let check = |outputs: Vec<boundscope::DeviceOutputs<'_>>, case: &str| {
         for (k, output) in outputs.iter().enumerate() {
             let got = output.to_host(0).unwrap();
@@ -2211,15 +2214,26 @@ fn runs_are_ordered_with_uploads_and_frees_between_them() {
         check(outputs, "inputs dropped after queuing their runs");
         // One workspace, one run after another, each into its own input.
         let inputs: Vec<_> = (0..runs).map(|k| DeviceTensor::upload(&on_device, filled(k).view()).unwrap()).collect();
-        let mut alone = plan.workspace().unwrap();
-        for (k, input) in inputs.iter().enumerate() {
-            let got = plan.run_on_device(&mut alone, &[RunInput::from(input), RunInput::from(&w_on_device)]).unwrap();
-            if k + 1 == runs {
-                let got = got.to_host(0).unwrap();
-                assert!(got.values::<f32>().unwrap().iter().all(|&v| v == runs as f32), "the last run");
+        for mut alone in [plan.workspace().unwrap(), plan.workspace_on_device_queue().unwrap()] {
+            for (k, input) in inputs.iter().enumerate() {
+                let got =
+                    plan.run_on_device(&mut alone, &[RunInput::from(input), RunInput::from(&w_on_device)]).unwrap();
+                if k + 1 == runs {
+                    let got = got.to_host(0).unwrap();
+                    assert!(got.values::<f32>().unwrap().iter().all(|&v| v == runs as f32), "the last run");
+                }
             }
         }
     }
+    // A workspace on the device's own stream is not captured: other threads' transfers there
+    // would join the graph.
+    let mut shared = plan.workspace_on_device_queue().unwrap();
+    let mut w_again = DeviceTensor::upload(&on_device, identity.view()).unwrap();
+    let err = plan.capture(&mut shared, vec![&mut x_on_device, &mut w_again]).err().unwrap();
+    assert!(
+        matches!(err, boundscope::Error::GraphUnsupported { .. }) && err.to_string().contains("Plan::workspace"),
+        "{err}"
+    );
 }
 
 /// A composite with a guard on its subsymbols runs decomposed on the GPU, as on the CPU

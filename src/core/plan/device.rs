@@ -113,6 +113,18 @@ pub trait Device: Send + Sync {
     fn new_queue(&self) -> Result<Option<Box<dyn DeviceQueue>>> {
         Ok(None)
     }
+    /// A queue for one workspace's work that is the device's own queue
+    /// ([`Plan::workspace_on_device_queue`](crate::Plan::workspace_on_device_queue)): entering
+    /// and leaving it need not order anything with the device's queue, its runs come after what
+    /// was queued there and before what is queued there later. A device that cannot capture
+    /// such a queue into a graph refuses [`begin_capture`](Self::begin_capture) on it.
+    /// Default: [`new_queue`](Self::new_queue) (a queue of its own).
+    ///
+    /// # Errors
+    /// The device's error.
+    fn device_queue(&self) -> Result<Option<Box<dyn DeviceQueue>>> {
+        self.new_queue()
+    }
     /// Sends this thread's device work to `queue` (a queue of this device's), after the work
     /// already queued on the device's own queue, until [`leave_queue`](Self::leave_queue).
     /// Default: nothing to do.

@@ -436,9 +436,20 @@ fn plans_that_cannot_be_replayed_as_graphs_say_why() {
 
 /// A host-memory device that captures, its graphs launching nothing but counting launches:
 /// the plan layer's graph bookkeeping without a GPU.
+/// Its queues are named, and it records which one each run enters.
 #[derive(Default)]
 struct CapturingHostDevice {
     launches: Arc<std::sync::atomic::AtomicUsize>,
+    entered: std::sync::Mutex<Vec<&'static str>>,
+}
+
+/// A queue of `CapturingHostDevice`, by name.
+struct NamedQueue(&'static str);
+
+impl super::DeviceQueue for NamedQueue {
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }
 
 struct CountingGraph(Arc<std::sync::atomic::AtomicUsize>);
@@ -462,6 +473,17 @@ impl Device for CapturingHostDevice {
     }
     fn download(&self, source: &dyn DeviceBuffer, target: &mut [f32]) -> crate::Result<()> {
         HostMemoryDevice.download(source, target)
+    }
+    fn new_queue(&self) -> crate::Result<Option<Box<dyn super::DeviceQueue>>> {
+        Ok(Some(Box::new(NamedQueue("its own"))))
+    }
+    fn device_queue(&self) -> crate::Result<Option<Box<dyn super::DeviceQueue>>> {
+        Ok(Some(Box::new(NamedQueue("the device's"))))
+    }
+    fn enter_queue(&self, queue: &dyn super::DeviceQueue) -> crate::Result<()> {
+        let name = queue.as_any().downcast_ref::<NamedQueue>().unwrap().0;
+        self.entered.lock().unwrap().push(name);
+        Ok(())
     }
     fn begin_capture(&self) -> crate::Result<()> {
         PANICS.with(|p| p.set(PANICS_IN_CAPTURE.with(|c| c.get())));
@@ -559,6 +581,33 @@ fn a_workspace_stays_usable_after_a_kernel_panicked_in_a_capture() {
     GUARDED.with(|g| g.set(0));
     let expected: Vec<f32> = host.to_f32_vec().iter().map(|&v| crate::executors::math::exp(v)).collect();
     assert_eq!(out.to_f32_vec(), expected);
+}
+
+/// `Plan::workspace_on_device_queue` runs on the queue the device gives for that
+/// (`Device::device_queue`), also after its next run rebuilds it from a panic; `Plan::workspace`
+/// on a queue of its own.
+#[test]
+fn a_workspace_on_the_device_queue_keeps_to_it() {
+    let (plan, device) = exp_on_a_capturing_device();
+    let host = Tensor::from_fn(&[2, 3], |i| i as f32 * 0.1);
+    let x = DeviceTensor::upload(plan.device().unwrap(), host.view()).unwrap();
+    let (mut own, mut shared) = (plan.workspace().unwrap(), plan.workspace_on_device_queue().unwrap());
+    GUARDED.with(|g| g.set(1));
+    plan.run_on_device(&mut own, &[RunInput::from(&x)]).unwrap();
+    plan.run_on_device(&mut shared, &[RunInput::from(&x)]).unwrap();
+    // A panic mid-run: the next run rebuilds the workspace, on the device's queue still.
+    PANICS.with(|p| p.set(true));
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        plan.run_on_device(&mut shared, &[RunInput::from(&x)]).map(|_| ())
+    }));
+    PANICS.with(|p| p.set(false));
+    assert!(panicked.is_err());
+    let out = plan.run_on_device(&mut shared, &[RunInput::from(&x)]).unwrap().to_host(0).unwrap();
+    GUARDED.with(|g| g.set(0));
+    let expected: Vec<f32> = host.to_f32_vec().iter().map(|&v| crate::executors::math::exp(v)).collect();
+    assert_eq!(out.to_f32_vec(), expected);
+    let entered = device.entered.lock().unwrap().clone();
+    assert_eq!(entered, ["its own", "the device's", "the device's", "the device's"]);
 }
 
 #[test]

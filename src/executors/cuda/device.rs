@@ -590,6 +590,21 @@ impl CudaDevice {
         }
         Ok(CudaBuffer(ManuallyDrop::new(slice), self.order.clone(), None))
     }
+
+    /// A workspace queue on `stream`: one of its own, or the device's own stream.
+    fn queue_on(&self, stream: Arc<CudaStream>, on_device_stream: bool) -> Result<Option<Box<dyn DeviceQueue>>> {
+        // Events for ordering only: no timestamps, which cost to record. (A queue on the
+        // device's stream records none; made anyway, once per workspace.)
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
+        let event = || self.context.new_event(flags).map_err(|e| cuda_error("new event", e));
+        let order = QueueOrder::new(event()?, event()?, on_device_stream);
+        Ok(Some(Box::new(CudaQueue(Arc::new(Queue {
+            states: Mutex::new(Vec::new()),
+            order,
+            stream,
+            joins: Mutex::new(Vec::new()),
+        })))))
+    }
 }
 
 impl Device for CudaDevice {
@@ -685,16 +700,11 @@ impl Device for CudaDevice {
         let queue = QUEUES.fetch_add(1, Ordering::Relaxed) + 1;
         let prefix = self.stream_prefix.lock().unwrap_or_else(|p| p.into_inner()).clone();
         name_stream(&stream, &format!("{prefix} workspace {queue}"));
-        // Events for ordering only: no timestamps, which cost to record.
-        let flags = Some(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING);
-        let event = || self.context.new_event(flags).map_err(|e| cuda_error("new event", e));
-        let order = QueueOrder::new(event()?, event()?);
-        Ok(Some(Box::new(CudaQueue(Arc::new(Queue {
-            states: Mutex::new(Vec::new()),
-            order,
-            stream,
-            joins: Mutex::new(Vec::new()),
-        })))))
+        self.queue_on(stream, false)
+    }
+
+    fn device_queue(&self) -> Result<Option<Box<dyn DeviceQueue>>> {
+        self.queue_on(self.order.stream().clone(), true)
     }
 
     fn enter_queue(&self, queue: &dyn DeviceQueue) -> Result<()> {
@@ -736,6 +746,13 @@ impl Device for CudaDevice {
     }
 
     fn begin_capture(&self) -> Result<()> {
+        if self.current_queue().is_some_and(|q| q.order.on_device_stream()) {
+            return Err(Error::GraphUnsupported {
+                reason: "the workspace runs on the device's own stream (`Plan::workspace_on_device_queue`), where \
+                         other threads' transfers would join the graph: capture a workspace made by `Plan::workspace`"
+                    .into(),
+            });
+        }
         // Thread-local mode: CUDA calls of other threads are not refused, and their runs go to
         // their own workspaces' streams, not to the one being recorded (`Plan::capture` records
         // on the workspace's queue).

@@ -19,6 +19,10 @@
 //! its own (the `left` record) instead of four, where one workspace runs with nothing queued on
 //! the device's stream in between (or only work the host saw finish: a synchronize, a
 //! download). Two workspaces taking turns still pay about four: each run waits for the other's.
+//!
+//! A queue on the device's own stream (`Plan::workspace_on_device_queue`) makes none: entering
+//! waits only for other queues' runs (as the device's own work does), and leaving counts the
+//! run's work in the epoch, like any work queued there.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -47,6 +51,9 @@ pub(crate) struct StreamOrder {
 /// A queue's part of the order: its events, and the epoch of the device's stream it last
 /// waited for.
 pub(crate) struct QueueOrder {
+    /// Whether the queue's stream is the device's own (`Plan::workspace_on_device_queue`): its
+    /// runs need no event, the stream keeps their order with the rest of its work.
+    on_device_stream: bool,
     /// Recorded on the device's stream when a run enters and must wait for it; made once.
     entered: CudaEvent,
     /// Recorded on the queue as a run leaves it; waited for by the device's stream.
@@ -56,8 +63,14 @@ pub(crate) struct QueueOrder {
 }
 
 impl QueueOrder {
-    pub(crate) fn new(entered: CudaEvent, left: CudaEvent) -> Self {
-        Self { entered, left, seen: AtomicU64::new(u64::MAX) }
+    /// The order of a queue on a stream of its own, or on the device's own stream.
+    pub(crate) fn new(entered: CudaEvent, left: CudaEvent, on_device_stream: bool) -> Self {
+        Self { on_device_stream, entered, left, seen: AtomicU64::new(u64::MAX) }
+    }
+
+    /// Whether the queue's stream is the device's own.
+    pub(crate) fn on_device_stream(&self) -> bool {
+        self.on_device_stream
     }
 }
 
@@ -151,6 +164,11 @@ impl StreamOrder {
 
     /// A run enters `queue`: its stream comes after what the device's stream holds.
     pub(crate) fn enter(&self, queue: &Queue) -> Result<()> {
+        if queue.order.on_device_stream {
+            // The run goes to the device's stream itself, after what it holds: only other
+            // queues' runs are still to be waited for.
+            return self.wait_for_runs(None);
+        }
         self.wait_for_runs(Some(queue))?;
         let now = self.epoch.load(Ordering::Acquire);
         if queue.order.seen.load(Ordering::Acquire) == now || self.done.load(Ordering::Acquire) >= now {
@@ -166,6 +184,12 @@ impl StreamOrder {
 
     /// A run leaves `queue`: the device's stream waits for it before its next own work.
     pub(crate) fn leave(&self, queue: &Arc<Queue>) -> Result<()> {
+        if queue.order.on_device_stream {
+            // Work the run queued on the device's stream: counted, so that other queues wait
+            // for it when they enter.
+            self.epoch.fetch_add(1, Ordering::AcqRel);
+            return Ok(());
+        }
         queue.order.left.record(&queue.stream).map_err(|e| cuda_error("record event", e))?;
         let mut unwaited = self.unwaited.lock().unwrap_or_else(|p| p.into_inner());
         if !unwaited.iter().any(|q| Arc::ptr_eq(q, queue)) {

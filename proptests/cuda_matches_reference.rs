@@ -2231,9 +2231,65 @@ fn runs_are_ordered_with_uploads_and_frees_between_them() {
     let mut w_again = DeviceTensor::upload(&on_device, identity.view()).unwrap();
     let err = plan.capture(&mut shared, vec![&mut x_on_device, &mut w_again]).err().unwrap();
     assert!(
-        matches!(err, boundscope::Error::GraphUnsupported { .. }) && err.to_string().contains("Plan::workspace"),
+        matches!(err, boundscope::Error::GraphUnsupported { .. })
+            && err.to_string().contains("made by `Plan::workspace`"),
         "{err}"
     );
+}
+
+/// A run on the device's own stream (`Plan::workspace_on_device_queue`) that updates a device
+/// tensor in place comes before the next run, in a workspace with a stream of its own, that
+/// reads the tensor: also when the host has seen all the work before it finish (a download in
+/// between), so that only the run's own count in the order with the device's stream, taken as
+/// it leaves, makes the reader wait.
+#[test]
+fn a_run_on_the_device_stream_comes_before_the_run_that_reads_its_update() {
+    let Some((device, _sharing)) = device() else { return };
+    let registry = Registry::with_builtins();
+    let (rows, cols, products) = (255, 1024, 40);
+    let (writer_arena, reader_arena) = (Arena::new(), Arena::new());
+    // The writer: x <- x @ w ... @ w + 1 (w the identity: each run adds one to every value).
+    let mut b = boundscope::TraceBuilder::new(&writer_arena, &registry);
+    let (x, w, one) =
+        (b.input(&[rows, cols]).unwrap(), b.input(&[cols, cols]).unwrap(), b.input(&[rows, cols]).unwrap());
+    let mut h = x;
+    for _ in 0..products {
+        h = b.matmul(h, w).unwrap();
+    }
+    let h = b.add(h, one).unwrap();
+    b.update(x, h).unwrap();
+    b.output(h).unwrap();
+    let writer = Plan::compile(&b.finish().unwrap(), &[Arc::new(cuda_ops(device.clone()))]).unwrap();
+    // The reader: x @ w ... @ w, that is x.
+    let mut b = boundscope::TraceBuilder::new(&reader_arena, &registry);
+    let (x, w) = (b.input(&[rows, cols]).unwrap(), b.input(&[cols, cols]).unwrap());
+    let mut h = x;
+    for _ in 0..products {
+        h = b.matmul(h, w).unwrap();
+    }
+    b.output(h).unwrap();
+    let reader = Plan::compile(&b.finish().unwrap(), &[Arc::new(cuda_ops(device.clone()))]).unwrap();
+    let on_device: Arc<dyn boundscope::Device> = device.clone();
+    let identity = Tensor::from_fn(&[cols, cols], |i| if i / cols == i % cols { 1.0 } else { 0.0 });
+    let mut x_on_device = DeviceTensor::upload(&on_device, Tensor::zeros(&[rows, cols]).view()).unwrap();
+    let mut w_on_device = DeviceTensor::upload(&on_device, identity.view()).unwrap();
+    let mut one_on_device = DeviceTensor::upload(&on_device, Tensor::from_fn(&[rows, cols], |_| 1.0).view()).unwrap();
+    let (mut writing, mut reading) = (writer.workspace_on_device_queue().unwrap(), reader.workspace().unwrap());
+    for k in 1..=8 {
+        let mut inputs = [
+            boundscope::RunInputMut::from(&mut x_on_device),
+            boundscope::RunInputMut::from(&mut w_on_device),
+            boundscope::RunInputMut::from(&mut one_on_device),
+        ];
+        writer.run_updating_on_device(&mut writing, &mut inputs).unwrap();
+        let got = reader
+            .run_on_device(&mut reading, &[RunInput::from(&x_on_device), RunInput::from(&w_on_device)])
+            .unwrap()
+            .to_host(0)
+            .unwrap();
+        let wrong = got.values::<f32>().unwrap().iter().filter(|&&v| v != k as f32).count();
+        assert_eq!(wrong, 0, "run {k}: the reader read {wrong} values before the writer's run wrote them");
+    }
 }
 
 /// A composite with a guard on its subsymbols runs decomposed on the GPU, as on the CPU

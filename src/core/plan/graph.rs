@@ -71,8 +71,9 @@ impl Plan {
     /// ```
     ///
     /// # Errors
-    /// [`Error::GraphUnsupported`] for a plan with host steps, or a device that cannot capture;
-    /// the errors of [`run_on_device`](Self::run_on_device).
+    /// [`Error::GraphUnsupported`] for a plan with host steps, a device that cannot capture, or
+    /// a workspace made by [`workspace_on_device_queue`](Self::workspace_on_device_queue); the
+    /// errors of [`run_on_device`](Self::run_on_device).
     pub fn capture<'w>(
         &'w self,
         workspace: &'w mut Workspace,
@@ -82,6 +83,13 @@ impl Plan {
         let Some(device) = self.device.clone() else {
             return unsupported("this plan has no device steps; compile it with device executors".into());
         };
+        if workspace.on_device_queue {
+            return unsupported(
+                "the workspace runs on the device's own queue (`Plan::workspace_on_device_queue`), where other \
+                 threads' transfers would join the graph: capture a workspace made by `Plan::workspace`"
+                    .into(),
+            );
+        }
         if !self.updates.is_empty() {
             return unsupported(
                 "the plan updates inputs in place (`TraceBuilder::update`), which a replay would not write back; \

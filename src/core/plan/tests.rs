@@ -585,14 +585,19 @@ fn a_workspace_stays_usable_after_a_kernel_panicked_in_a_capture() {
 
 /// `Plan::workspace_on_device_queue` runs on the queue the device gives for that
 /// (`Device::device_queue`), also after its next run rebuilds it from a panic; `Plan::workspace`
-/// on a queue of its own.
+/// on a queue of its own. Such a workspace is refused a capture before anything runs, even by
+/// a device that can capture.
 #[test]
 fn a_workspace_on_the_device_queue_keeps_to_it() {
     let (plan, device) = exp_on_a_capturing_device();
     let host = Tensor::from_fn(&[2, 3], |i| i as f32 * 0.1);
-    let x = DeviceTensor::upload(plan.device().unwrap(), host.view()).unwrap();
+    let mut x = DeviceTensor::upload(plan.device().unwrap(), host.view()).unwrap();
     let (mut own, mut shared) = (plan.workspace().unwrap(), plan.workspace_on_device_queue().unwrap());
     GUARDED.with(|g| g.set(1));
+    let err = plan.capture(&mut shared, vec![&mut x]).err().unwrap();
+    assert!(matches!(err, Error::GraphUnsupported { .. }), "{err}");
+    assert!(err.to_string().contains("made by `Plan::workspace`"), "{err}");
+    assert!(device.entered.lock().unwrap().is_empty(), "nothing ran before the refusal");
     plan.run_on_device(&mut own, &[RunInput::from(&x)]).unwrap();
     plan.run_on_device(&mut shared, &[RunInput::from(&x)]).unwrap();
     // A panic mid-run: the next run rebuilds the workspace, on the device's queue still.

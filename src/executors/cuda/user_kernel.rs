@@ -52,7 +52,7 @@ device_elements!(f32 => F32, half::bf16 => BF16, half::f16 => F16, i64 => I64, i
 ///   the plan's: the workspace hands the same device memory to other steps before and after
 ///   this one, in stream order.
 /// - **On which stream.** Every launch, copy or library call goes to [`CudaRun::stream`], the
-///   run's stream (its workspace's own queue): work there is ordered after the steps before it
+///   run's stream (its workspace's queue): work there is ordered after the steps before it
 ///   and before the steps after it, is recorded by [`Plan::capture`](crate::Plan::capture)
 ///   into the plan's graph (the graph replays it with the rest), and is timed by
 ///   [`CudaEventTimer`](super::CudaEventTimer) guards on the op. Work queued on another stream
@@ -176,7 +176,10 @@ pub struct DeviceMemory {
 }
 
 impl<'r> CudaRun<'r> {
-    /// The stream of this run (its workspace's queue): queue everything here.
+    /// The stream of this run (its workspace's queue): queue everything here. For a workspace
+    /// made by [`Plan::workspace_on_device_queue`](crate::Plan::workspace_on_device_queue) it is
+    /// the device's own stream, which other threads' uploads and downloads use too: do not
+    /// synchronize it or capture on it.
     pub fn stream(&self) -> &'r Arc<CudaStream> {
         self.stream
     }

@@ -90,9 +90,14 @@ pub trait Device: Send + Sync {
     ///
     /// # Errors
     /// [`Error::TransferLength`] when `source` holds fewer words than `target`; the device's
-    /// copy error.
+    /// copy error; [`Error::OutOfMemory`] when the host cannot hold `target`'s words.
     fn copy(&self, source: &dyn DeviceBuffer, target: &mut dyn DeviceBuffer) -> Result<()> {
-        let mut host = vec![0.0; target.len()];
+        if source.len() < target.len() {
+            return Err(Error::TransferLength { direction: "copy", host: target.len(), device: source.len() });
+        }
+        let mut host = Vec::new();
+        super::packing::reserve_words(&mut host, target.len(), "the default `Device::copy`'s host buffer")?;
+        host.resize(target.len(), 0.0);
         self.download(source, &mut host)?;
         self.upload(&host, target)
     }

@@ -7,7 +7,7 @@
 use super::device::{Device, DeviceBuffer};
 use crate::core::ir::DType;
 use crate::core::tensor::{Data, DataMut};
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Whether values of `dtype` are stored two per word on a device.
 pub(crate) fn is_packed(dtype: DType) -> bool {
@@ -38,6 +38,18 @@ pub(crate) fn pack(values: Data<'_>, words: &mut Vec<f32>) {
         Data::I32(x) => words.extend(x.iter().map(|&v| word(v as u32))),
         Data::I64(x) => words.extend(x.iter().flat_map(|&v| [word(v as u32), word((v >> 32) as u32)])),
     }
+}
+
+/// Makes room for `n` words in `scratch` (which keeps its capacity between calls), or
+/// [`Error::OutOfMemory`] naming `what` where the host cannot give it: a transfer of a tensor
+/// too large for the host's memory is an error, not an abort.
+pub(crate) fn reserve_words(scratch: &mut Vec<f32>, n: usize, what: &str) -> Result<()> {
+    let more = n.saturating_sub(scratch.len());
+    scratch.try_reserve_exact(more).map_err(|_| Error::OutOfMemory {
+        what: what.into(),
+        shape: vec![n],
+        bytes: n.saturating_mul(std::mem::size_of::<f32>()),
+    })
 }
 
 fn pair(low: u16, high: Option<u16>) -> u32 {
@@ -71,6 +83,7 @@ pub(crate) fn upload(
     if let Data::F32(x) = values {
         return device.upload(x, target);
     }
+    reserve_words(scratch, words(values.dtype(), values.len()), "an upload's staging")?;
     pack(values, scratch);
     device.upload(scratch, target)
 }
@@ -88,7 +101,9 @@ pub(crate) fn download(
         return device.download(source, x);
     }
     scratch.clear();
-    scratch.resize(words(dtype, values.len()), 0.0);
+    let n = words(dtype, values.len());
+    reserve_words(scratch, n, "a download's staging")?;
+    scratch.resize(n, 0.0);
     device.download(source, scratch)?;
     unpack(scratch, values);
     Ok(())

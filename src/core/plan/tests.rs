@@ -217,6 +217,40 @@ impl Device for HostMemoryDevice {
     }
 }
 
+/// A buffer that says it holds `.0` words without holding them: what a device's handle to memory
+/// too large for the host reports.
+struct Claimed(usize);
+
+impl DeviceBuffer for Claimed {
+    fn len(&self) -> usize {
+        self.0
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
+
+#[test]
+fn the_default_device_copy_reports_what_the_host_cannot_hold() {
+    // Through the host, as the default copy goes: a buffer larger than the host's memory is an
+    // error naming it, not an abort, and a short source is refused before anything is allocated.
+    let huge = usize::MAX / 8;
+    match HostMemoryDevice.copy(&Claimed(huge), &mut Claimed(huge)) {
+        Err(Error::OutOfMemory { what, bytes, .. }) => {
+            assert!(what.contains("Device::copy"), "{what}");
+            assert_eq!(bytes, huge * 4);
+        }
+        other => panic!("expected OutOfMemory, got {:?}", other.map(|_| ())),
+    }
+    match HostMemoryDevice.copy(&Claimed(3), &mut Claimed(huge)) {
+        Err(Error::TransferLength { direction: "copy", host, device: 3 }) => assert_eq!(host, huge),
+        other => panic!("expected TransferLength, got {:?}", other.map(|_| ())),
+    }
+}
+
 thread_local! {
     /// `(uploads, downloads)` made by host-memory devices on this thread.
     static TRANSFERS: std::cell::Cell<(usize, usize)> = const { std::cell::Cell::new((0, 0)) };

@@ -107,6 +107,33 @@ pub(crate) struct Queue {
     pub(crate) joins: Mutex<Vec<Arc<CudaStream>>>,
 }
 
+/// Where a thread's work for a device goes ([`CudaDevice::run_place`]).
+pub(crate) enum RunPlace {
+    /// The queue of the run in progress on the device.
+    Run(Arc<Queue>),
+    /// Outside any run: the device's own stream.
+    Outside,
+    /// The thread is in a run on another device (a kernel given this device while its
+    /// executor runs on another).
+    InAnotherDevicesRun,
+}
+
+impl Queue {
+    /// The state user kernel `id` keeps in this queue's workspace, taken out for the kernel's
+    /// call (`None`: it has none there yet); [`put_state`](Self::put_state) puts it back. Taken
+    /// out, not borrowed, so that no lock is held while the user's code runs.
+    pub(crate) fn take_state(&self, id: u64) -> Option<Box<dyn Any + Send>> {
+        let mut states = self.states.lock().unwrap_or_else(|p| p.into_inner());
+        states.iter().position(|(k, _)| *k == id).map(|i| states.swap_remove(i).1)
+    }
+
+    /// Puts back a state taken by [`take_state`](Self::take_state) (no allocation once the
+    /// workspace has held it).
+    pub(crate) fn put_state(&self, id: u64, state: Box<dyn Any + Send>) {
+        self.states.lock().unwrap_or_else(|p| p.into_inner()).push((id, state));
+    }
+}
+
 /// The stream work goes to ([`CudaDevice::stream`]).
 pub(crate) enum WorkStream<'d> {
     /// The queue of the run in progress.
@@ -346,32 +373,23 @@ impl CudaDevice {
         current_queue_of(&self.order)
     }
 
-    /// The state user kernel `id` keeps in the workspace whose run is in progress on this
-    /// thread, taken out for the kernel's call (`Some(None)`: it has none there yet); `None`
-    /// outside any run on this device. [`put_kernel_state`](Self::put_kernel_state) puts it
-    /// back. Taken out, not borrowed, so that no lock is held while the user's code runs.
-    pub(crate) fn take_kernel_state(&self, id: u64) -> Option<Option<Box<dyn Any + Send>>> {
-        let queue = self.current_queue()?;
-        let mut states = queue.states.lock().unwrap_or_else(|p| p.into_inner());
-        Some(states.iter().position(|(k, _)| *k == id).map(|i| states.swap_remove(i).1))
-    }
-
-    /// Puts back a state taken by [`take_kernel_state`](Self::take_kernel_state) (no
-    /// allocation once the workspace has held it).
-    pub(crate) fn put_kernel_state(&self, id: u64, state: Box<dyn Any + Send>) {
-        if let Some(queue) = self.current_queue() {
-            queue.states.lock().unwrap_or_else(|p| p.into_inner()).push((id, state));
-        }
-    }
-
-    /// Whether this thread is in a run on another device (a kernel given this device while its
-    /// executor runs on another).
-    pub(crate) fn in_another_devices_run(&self) -> bool {
+    /// Where this thread's work for this device goes, from one look at the thread's queues:
+    /// the queue of the run in progress on this device, or why there is none.
+    pub(crate) fn run_place(&self) -> RunPlace {
         let me = queue_key(&self.order);
         CURRENT_QUEUE.with(|q| {
             let q = q.borrow();
-            !q.is_empty() && !q.iter().any(|(d, _)| *d == me)
+            match q.iter().rev().find(|(d, _)| *d == me) {
+                Some((_, queue)) => RunPlace::Run(queue.clone()),
+                None if q.is_empty() => RunPlace::Outside,
+                None => RunPlace::InAnotherDevicesRun,
+            }
         })
+    }
+
+    /// The device's own stream, for work outside runs (see [`StreamOrder::own`]).
+    pub(crate) fn own_stream(&self) -> OwnStream<'_> {
+        self.order.own()
     }
 
     /// The CUDA context (for loading a module of your own, say).
@@ -732,9 +750,11 @@ impl Device for CudaDevice {
         // start and its wait): the run's stream waits for it, on every way out of the run.
         let mut joins = queue.0.joins.lock().unwrap_or_else(|p| p.into_inner());
         let mut joined = Ok(());
-        for side in joins.drain(..) {
-            if joined.is_ok() {
-                joined = queue.0.stream.join(&side).map_err(|e| cuda_error("join a kernel's stream", e));
+        if !joins.is_empty() {
+            for side in joins.drain(..) {
+                if joined.is_ok() {
+                    joined = queue.0.stream.join(&side).map_err(|e| cuda_error("join a kernel's stream", e));
+                }
             }
         }
         drop(joins);

@@ -7,7 +7,6 @@ use std::sync::{Arc, Mutex};
 use std::ffi::c_void;
 
 use cudarc::driver::{sys, CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
-use smallvec::SmallVec;
 
 use super::attention::{self, Attention};
 use super::codegen::{op_source_with, region_source_with};
@@ -414,38 +413,37 @@ impl GeneratedKernel {
         // The arguments, on the stack: cudarc's launch builder collects them in a `Vec`, an
         // allocation per launch that a steady-state run must not make. Regions of more buffers
         // than the stack holds use a list kept per thread, grown by the first such launch.
-        if inputs.len() + outputs.len() <= INLINE_BUFFERS {
-            let mut pointers: SmallVec<[sys::CUdeviceptr; INLINE_BUFFERS]> = SmallVec::new();
-            let mut params: SmallVec<[*mut c_void; INLINE_BUFFERS + 1]> = SmallVec::new();
-            return self.launch_with(inputs, outputs, &mut pointers, &mut params);
+        let buffers = inputs.len() + outputs.len();
+        if buffers <= INLINE_BUFFERS {
+            let mut pointers = [0; INLINE_BUFFERS];
+            let mut params = [std::ptr::null_mut(); INLINE_BUFFERS + 1];
+            return self.launch_with(inputs, outputs, &mut pointers[..buffers], &mut params[..=buffers]);
         }
         LAUNCH_LISTS.with(|lists| {
             let (pointers, params) = &mut *lists.borrow_mut();
-            pointers.clear();
-            params.clear();
-            self.launch_with(inputs, outputs, pointers, params)
+            pointers.resize(buffers, 0);
+            params.resize(buffers + 1, std::ptr::null_mut());
+            self.launch_with(inputs, outputs, &mut pointers[..buffers], &mut params[..=buffers])
         })
     }
 
-    /// [`launch`](Self::launch) with `pointers` and `params` (empty) to fill.
-    fn launch_with<P, Q>(
+    /// [`launch`](Self::launch) with `pointers` (one per buffer) and `params` (one more) to
+    /// fill.
+    fn launch_with(
         &self,
         inputs: &[&dyn DeviceBuffer],
         outputs: &mut [&mut dyn DeviceBuffer],
-        pointers: &mut P,
-        params: &mut Q,
-    ) -> Result<()>
-    where
-        P: Extend<sys::CUdeviceptr> + std::ops::DerefMut<Target = [sys::CUdeviceptr]>,
-        Q: Extend<*mut c_void> + std::ops::DerefMut<Target = [*mut c_void]>,
-    {
+        pointers: &mut [sys::CUdeviceptr],
+        params: &mut [*mut c_void],
+    ) -> Result<()> {
         let stream = self.device.stream();
-        for input in inputs {
+        let (input_pointers, output_pointers) = pointers.split_at_mut(inputs.len());
+        for (pointer, input) in input_pointers.iter_mut().zip(inputs) {
             // (An input written over is empty: its pointer is its output's, set below.)
-            pointers.extend([if input.is_empty() { 0 } else { slice(*input)?.device_ptr(&stream).0 }]);
+            *pointer = if input.is_empty() { 0 } else { slice(*input)?.device_ptr(&stream).0 };
         }
-        for output in outputs.iter_mut() {
-            pointers.extend([slice_mut(&mut **output)?.device_ptr_mut(&stream).0]);
+        for (pointer, output) in output_pointers.iter_mut().zip(outputs.iter_mut()) {
+            *pointer = slice_mut(&mut **output)?.device_ptr_mut(&stream).0;
         }
         for &(k, o) in &self.in_place {
             if inputs[k].is_empty() {
@@ -453,8 +451,11 @@ impl GeneratedKernel {
             }
         }
         let mut numel = self.numel;
-        params.extend(pointers.iter_mut().map(|p| (p as *mut sys::CUdeviceptr).cast::<c_void>()));
-        params.extend([(&mut numel as *mut i64).cast::<c_void>()]);
+        let (last, pointer_params) = params.split_last_mut().ok_or_else(|| cuda_error("launch", "no parameters"))?;
+        for (param, pointer) in pointer_params.iter_mut().zip(pointers.iter_mut()) {
+            *param = (pointer as *mut sys::CUdeviceptr).cast::<c_void>();
+        }
+        *last = (&mut numel as *mut i64).cast::<c_void>();
         // SAFETY: the generated kernel takes exactly one pointer per region input and output
         // (in this order), then `long long n`, and `params` points at exactly those values,
         // which outlive the call (`pointers` is not touched after `params` is made); `lengths.check`

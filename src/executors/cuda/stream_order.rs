@@ -24,7 +24,7 @@
 //! waits only for other queues' runs (as the device's own work does), and leaving counts the
 //! run's work in the epoch, like any work queued there.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{CudaEvent, CudaStream};
@@ -46,6 +46,9 @@ pub(crate) struct StreamOrder {
     /// Queues whose latest run the device's stream has not waited for yet (without
     /// duplicates; the vector keeps its capacity, so steady-state runs allocate nothing).
     unwaited: Mutex<Vec<Arc<Queue>>>,
+    /// `unwaited`'s length, written under its lock: a wait with nothing to wait for (every run
+    /// of a workspace on the device's own stream) takes no lock.
+    unwaited_len: AtomicUsize,
 }
 
 /// A queue's part of the order: its events, and the epoch of the device's stream it last
@@ -95,7 +98,13 @@ impl Drop for OwnStream<'_> {
 
 impl StreamOrder {
     pub(crate) fn new(stream: Arc<CudaStream>) -> Self {
-        Self { stream, epoch: AtomicU64::new(0), done: AtomicU64::new(0), unwaited: Mutex::new(Vec::new()) }
+        Self {
+            stream,
+            epoch: AtomicU64::new(0),
+            done: AtomicU64::new(0),
+            unwaited: Mutex::new(Vec::new()),
+            unwaited_len: AtomicUsize::new(0),
+        }
     }
 
     /// The device's own stream, bare: for a capture's begin and end, which must not wait (see
@@ -129,6 +138,11 @@ impl StreamOrder {
     /// wait for it when they enter; the queue waited for does not, where nothing else was
     /// queued on the device's stream in between.
     pub(crate) fn wait_for_runs(&self, except: Option<&Queue>) -> Result<()> {
+        // (A run that left its queue before this call began was counted before it: its
+        // `leave` stored the length under the lock, released after.)
+        if self.unwaited_len.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
         let mut done: SmallVec<[Arc<Queue>; 8]> = SmallVec::new();
         let result = {
             let mut unwaited = self.unwaited.lock().unwrap_or_else(|p| p.into_inner());
@@ -154,6 +168,7 @@ impl StreamOrder {
                     done.push(queue);
                 }
             }
+            self.unwaited_len.store(unwaited.len(), Ordering::Release);
             result
         };
         // Dropped without the lock held: a queue whose workspace is gone drops its users'
@@ -194,6 +209,7 @@ impl StreamOrder {
         let mut unwaited = self.unwaited.lock().unwrap_or_else(|p| p.into_inner());
         if !unwaited.iter().any(|q| Arc::ptr_eq(q, queue)) {
             unwaited.push(queue.clone());
+            self.unwaited_len.store(unwaited.len(), Ordering::Release);
         }
         Ok(())
     }

@@ -13,7 +13,7 @@ use cudarc::driver::{
 };
 use smallvec::SmallVec;
 
-use super::device::{cuda_error, slice, slice_mut, CudaDevice};
+use super::device::{cuda_error, slice, slice_mut, CudaDevice, RunPlace};
 use super::device_checks::BufferLengths;
 use crate::core::ir::DType;
 use crate::core::plan::{packing, Device, DeviceBuffer, DeviceKernel, OpView, PreparedRegionRange};
@@ -470,28 +470,40 @@ pub fn device_kernel<K: CudaKernel>(
 impl<K: CudaKernel> UserKernel<K> {
     fn call(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
         self.lengths.check_for(&self.executor, &self.symbol, inputs, outputs)?;
-        if self.device.in_another_devices_run() {
-            return Err(Error::Execution {
-                executor: self.executor.clone(),
-                symbol: self.symbol.clone(),
-                message: format!(
-                    "its kernel was made for {} but runs in a plan on another device; give `device_kernel` the \
-                     CudaDevice that the executor's `Executor::device` returns",
-                    Device::name(&*self.device)
-                ),
-            });
-        }
-        let stream = self.device.stream();
+        // One look at this thread's queues for the run's queue, its stream and the state.
+        let queue = match self.device.run_place() {
+            RunPlace::Run(queue) => Some(queue),
+            RunPlace::Outside => None,
+            RunPlace::InAnotherDevicesRun => {
+                return Err(Error::Execution {
+                    executor: self.executor.clone(),
+                    symbol: self.symbol.clone(),
+                    message: format!(
+                        "its kernel was made for {} but runs in a plan on another device; give `device_kernel` the \
+                         CudaDevice that the executor's `Executor::device` returns",
+                        Device::name(&*self.device)
+                    ),
+                })
+            }
+        };
+        let own;
+        let stream = match &queue {
+            Some(queue) => &queue.stream,
+            None => {
+                own = self.device.own_stream();
+                &*own
+            }
+        };
         let mut run = CudaRun {
             device: &self.device,
-            stream: &stream,
+            stream,
             inputs: inputs.iter().map(|b| slice(*b)).collect::<Result<_>>()?,
             outputs: outputs.iter_mut().map(|b| slice_mut(&mut **b)).collect::<Result<_>>()?,
             tensors: &self.tensors,
             executor: &self.executor,
             symbol: &self.symbol,
         };
-        let Some(taken) = self.device.take_kernel_state(self.id) else {
+        let Some(queue) = &queue else {
             // Outside any run: the kernel's own state.
             let mut outside = self.outside.lock().unwrap_or_else(|p| p.into_inner());
             if outside.is_none() {
@@ -500,6 +512,7 @@ impl<K: CudaKernel> UserKernel<K> {
             let state = outside.as_mut().ok_or_else(|| run.error("no state"))?;
             return self.kernel.run(&mut run, state);
         };
+        let taken = queue.take_state(self.id);
         let mut state: Box<dyn Any + Send> = match taken {
             Some(state) => state,
             None => Box::new(self.kernel.new_state(&run)?),
@@ -510,7 +523,7 @@ impl<K: CudaKernel> UserKernel<K> {
             Some(typed) => self.kernel.run(&mut run, typed),
             None => Err(run.error("the workspace holds a state of another type for this kernel")),
         };
-        self.device.put_kernel_state(self.id, state);
+        queue.put_state(self.id, state);
         result
     }
 }

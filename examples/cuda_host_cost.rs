@@ -67,12 +67,15 @@ fn measure(steps: usize, runs: usize, on_device_queue: bool) -> boundscope::Resu
     let plan = Plan::compile(&b.finish()?, std::slice::from_ref(&ops))?;
     let mut workspace = if on_device_queue { plan.workspace_on_device_queue()? } else { plan.workspace()? };
     let mut queued = std::time::Duration::ZERO;
-    for chunk in (0..runs).collect::<Vec<_>>().chunks(100) {
+    let mut done = 0;
+    while done < runs {
+        let chunk = (runs - done).min(100);
         let start = Instant::now();
-        for _ in chunk {
+        for _ in 0..chunk {
             plan.run_on_device(&mut workspace, &inputs)?;
         }
         queued += start.elapsed();
+        done += chunk;
         // Outside the timed part, so that no run waits for a full launch queue.
         gpu.synchronize()?;
     }

@@ -2150,6 +2150,22 @@ fn layer_norm_backward_runs_whole_and_matches_the_reference() {
     }
 }
 
+/// `h @ w @ ... @ w`, `products` products: with `w` the identity ([`identity`]), a chain that
+/// keeps the GPU busy while the host runs ahead and gives back `h`.
+fn products_of(
+    b: &mut boundscope::TraceBuilder<'_>,
+    h: boundscope::ValueId,
+    w: boundscope::ValueId,
+    products: usize,
+) -> boundscope::ValueId {
+    (0..products).fold(h, |h, _| b.matmul(h, w).unwrap())
+}
+
+/// The `[n, n]` identity matrix.
+fn identity(n: usize) -> Tensor {
+    Tensor::from_fn(&[n, n], |i| if i / n == i % n { 1.0 } else { 0.0 })
+}
+
 /// Runs are ordered with the work on the device's own stream around them, with no synchronize
 /// in between, while the GPU runs behind the host (each run is 40 products): an upload into a
 /// run's input comes after the run before it read it (the device's stream waits for the runs
@@ -2167,16 +2183,13 @@ fn runs_are_ordered_with_uploads_and_frees_between_them() {
     let (rows, cols, products, runs) = (255, 1024, 40, 8);
     let mut b = boundscope::TraceBuilder::new(&arena, &registry);
     let (x, w) = (b.input(&[rows, cols]).unwrap(), b.input(&[cols, cols]).unwrap());
-    let mut h = x;
-    for _ in 0..products {
-        h = b.matmul(h, w).unwrap();
-    }
+    let h = products_of(&mut b, x, w, products);
     b.output(h).unwrap();
     let trace = b.finish().unwrap();
     let plan = Plan::compile(&trace, &[Arc::new(cuda_ops(device.clone()))]).unwrap();
     let on_device: Arc<dyn boundscope::Device> = device.clone();
     // The identity, so that every run's output is its input: the value `k + 1` everywhere.
-    let identity = Tensor::from_fn(&[cols, cols], |i| if i / cols == i % cols { 1.0 } else { 0.0 });
+    let identity = identity(cols);
     let filled = |k: usize| Tensor::from_fn(&[rows, cols], |_| (k + 1) as f32);
     let w_on_device = DeviceTensor::upload(&on_device, identity.view()).unwrap();
     // Half of them on the device's own stream, taking turns with the others.
@@ -2252,10 +2265,7 @@ fn a_run_on_the_device_stream_comes_before_the_run_that_reads_its_update() {
     let mut b = boundscope::TraceBuilder::new(&writer_arena, &registry);
     let (x, w, one) =
         (b.input(&[rows, cols]).unwrap(), b.input(&[cols, cols]).unwrap(), b.input(&[rows, cols]).unwrap());
-    let mut h = x;
-    for _ in 0..products {
-        h = b.matmul(h, w).unwrap();
-    }
+    let h = products_of(&mut b, x, w, products);
     let h = b.add(h, one).unwrap();
     b.update(x, h).unwrap();
     b.output(h).unwrap();
@@ -2263,14 +2273,11 @@ fn a_run_on_the_device_stream_comes_before_the_run_that_reads_its_update() {
     // The reader: x @ w ... @ w, that is x.
     let mut b = boundscope::TraceBuilder::new(&reader_arena, &registry);
     let (x, w) = (b.input(&[rows, cols]).unwrap(), b.input(&[cols, cols]).unwrap());
-    let mut h = x;
-    for _ in 0..products {
-        h = b.matmul(h, w).unwrap();
-    }
+    let h = products_of(&mut b, x, w, products);
     b.output(h).unwrap();
     let reader = Plan::compile(&b.finish().unwrap(), &[Arc::new(cuda_ops(device.clone()))]).unwrap();
     let on_device: Arc<dyn boundscope::Device> = device.clone();
-    let identity = Tensor::from_fn(&[cols, cols], |i| if i / cols == i % cols { 1.0 } else { 0.0 });
+    let identity = identity(cols);
     let mut x_on_device = DeviceTensor::upload(&on_device, Tensor::zeros(&[rows, cols]).view()).unwrap();
     let mut w_on_device = DeviceTensor::upload(&on_device, identity.view()).unwrap();
     let mut one_on_device = DeviceTensor::upload(&on_device, Tensor::from_fn(&[rows, cols], |_| 1.0).view()).unwrap();

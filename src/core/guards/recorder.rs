@@ -35,6 +35,13 @@ pub struct RecordedRange {
 /// Records every range it is attached to, with its parent, thread and times. Clones share one
 /// record.
 ///
+/// It keeps at most [`Recorder::DEFAULT_CAPACITY`] ranges (or
+/// [`with_capacity`](Self::with_capacity)'s) until [`clear`](Self::clear): a guard left on a
+/// long training loop does not grow without bound. Ranges entered once it is full are dropped
+/// and counted ([`dropped_ranges`](Self::dropped_ranges), and `otherData.dropped_ranges` in the
+/// Chrome trace), the first ones entered being kept; a range inside a dropped one is dropped
+/// too, so every kept range's `parent` is kept.
+///
 /// ```
 /// use boundscope::guards::{Recorder, Selection};
 /// use boundscope::{executors::CpuReference, Arena, Plan, Registry, Tensor, TraceBuilder};
@@ -66,6 +73,13 @@ struct RecorderInner {
     epoch: Instant,
     next_range: AtomicU64,
     ranges: Mutex<Vec<RecordedRange>>,
+    /// Ranges it keeps at most between clears.
+    capacity: u64,
+    /// Ranges entered and kept since the last clear (a place is taken at entry, so that a
+    /// parent, entered first, is kept whenever its child is).
+    kept: AtomicU64,
+    /// Ranges dropped because it was full, over its life.
+    dropped: AtomicU64,
 }
 
 struct OpenRange {
@@ -73,6 +87,8 @@ struct OpenRange {
     id: u64,
     parent: Option<u64>,
     start_ns: u64,
+    /// Whether it is recorded when it ends (not past the capacity).
+    kept: bool,
 }
 
 thread_local! {
@@ -96,8 +112,44 @@ impl Default for Recorder {
 }
 
 impl Recorder {
-    /// An empty recorder.
+    /// Ranges a recorder made by [`new`](Self::new) keeps between clears: 1,048,576 (about
+    /// 80 MiB).
+    pub const DEFAULT_CAPACITY: usize = 1 << 20;
+
+    /// An empty recorder that keeps up to [`DEFAULT_CAPACITY`](Self::DEFAULT_CAPACITY) ranges.
     pub fn new() -> Self {
+        Self::with_capacity(Self::DEFAULT_CAPACITY)
+    }
+
+    /// An empty recorder that keeps up to `ranges` ranges between clears, dropping and counting
+    /// those entered past them ([`dropped_ranges`](Self::dropped_ranges)). Memory grows with
+    /// what is kept; nothing is reserved up front.
+    ///
+    /// ```
+    /// use boundscope::guards::{Recorder, Selection};
+    /// use boundscope::{executors::CpuReference, Arena, Plan, Registry, Tensor, TraceBuilder};
+    /// let registry = Registry::with_builtins();
+    /// let arena = Arena::new();
+    /// let mut b = TraceBuilder::new(&arena, &registry);
+    /// let x = b.input(&[4])?;
+    /// let y = b.exp(x)?;
+    /// b.output(y)?;
+    /// let mut trace = b.finish()?;
+    /// let recorder = Recorder::with_capacity(3);
+    /// trace.attach_trace_guard(recorder.clone())?;
+    /// trace.attach_guard(Selection::All, recorder.clone())?;
+    /// let plan = Plan::compile(&trace, &[CpuReference::shared()])?;
+    /// let x = Tensor::zeros(&[4]);
+    /// plan.run(&[&x])?; // the run's range and `exp`'s: 2 kept
+    /// plan.run(&[&x])?; // the run's range kept, `exp`'s dropped (it is full)
+    /// assert_eq!((recorder.len(), recorder.dropped_ranges()), (3, 1));
+    /// assert!(recorder.to_chrome_trace().contains("\"dropped_ranges\":1"));
+    /// recorder.clear(); // room for 3 more
+    /// plan.run(&[&x])?;
+    /// assert_eq!((recorder.len(), recorder.dropped_ranges()), (2, 1));
+    /// # Ok::<(), boundscope::Error>(())
+    /// ```
+    pub fn with_capacity(ranges: usize) -> Self {
         static NEXT_RECORDER: AtomicU64 = AtomicU64::new(1);
         Self {
             inner: Arc::new(RecorderInner {
@@ -105,8 +157,17 @@ impl Recorder {
                 epoch: Instant::now(),
                 next_range: AtomicU64::new(0),
                 ranges: Mutex::new(Vec::new()),
+                capacity: u64::try_from(ranges).unwrap_or(u64::MAX),
+                kept: AtomicU64::new(0),
+                dropped: AtomicU64::new(0),
             }),
         }
+    }
+
+    /// Ranges dropped so far because the recorder was full (see
+    /// [`with_capacity`](Self::with_capacity)); [`clear`](Self::clear) does not reset it.
+    pub fn dropped_ranges(&self) -> u64 {
+        self.inner.dropped.load(Ordering::Relaxed)
     }
 
     /// Every completed range, by thread, then start time, then entry order.
@@ -126,9 +187,13 @@ impl Recorder {
         self.len() == 0
     }
 
-    /// Forgets everything recorded.
+    /// Forgets everything recorded, making room for as many ranges again. (Ranges still open
+    /// are recorded when they end, past the room they took before.)
     pub fn clear(&self) {
-        self.inner.ranges.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        let mut ranges = self.inner.ranges.lock().unwrap_or_else(|p| p.into_inner());
+        ranges.clear();
+        ranges.shrink_to(0);
+        self.inner.kept.store(0, Ordering::Relaxed);
     }
 
     /// The ranges as Chrome trace JSON: complete (`"ph":"X"`) events in microseconds, one
@@ -155,7 +220,7 @@ impl Recorder {
             }
             json.push_str("}}");
         }
-        json.push_str("]}");
+        let _ = write!(json, "],\"otherData\":{{\"dropped_ranges\":{}}}}}", self.dropped_ranges());
         json
     }
 
@@ -210,8 +275,12 @@ impl ScopedGuard for PreparedRecord {
         let start_ns = self.now_ns();
         OPEN.with(|open| {
             let mut open = open.borrow_mut();
-            let parent = open.iter().rev().find(|o| o.recorder == self.inner.id).map(|o| o.id);
-            open.push(OpenRange { recorder: self.inner.id, id, parent, start_ns });
+            let parent = open.iter().rev().find(|o| o.recorder == self.inner.id);
+            // Inside a dropped range, dropped too; else kept while there is room.
+            let kept =
+                parent.is_none_or(|p| p.kept) && self.inner.kept.fetch_add(1, Ordering::Relaxed) < self.inner.capacity;
+            let parent = parent.map(|o| o.id);
+            open.push(OpenRange { recorder: self.inner.id, id, parent, start_ns, kept });
         });
         id
     }
@@ -225,6 +294,10 @@ impl ScopedGuard for PreparedRecord {
         });
         // A range that is not open was entered elsewhere; there is nothing sound to record.
         let Some(open) = open else { return };
+        if !open.kept {
+            self.inner.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         let range = RecordedRange {
             id: entered,
             parent: open.parent,

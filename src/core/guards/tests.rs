@@ -1,6 +1,6 @@
 //! Attaching, carrying through passes, dropping with reasons, and the profiling switch.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use super::*;
@@ -175,9 +175,63 @@ fn chrome_trace_has_one_complete_event_per_range() {
     let plan = Plan::compile(&t, &[CpuReference::shared()]).unwrap();
     plan.run(&[&Tensor::zeros(&[2, 3])]).unwrap();
     let json = recorder.to_chrome_trace();
-    assert!(json.starts_with("{\"displayTimeUnit\":\"ns\",\"traceEvents\":[") && json.ends_with("]}"));
+    let parsed: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(parsed["traceEvents"].as_array().map(Vec::len), Some(3));
+    assert_eq!(parsed["otherData"]["dropped_ranges"], 0);
     assert_eq!(json.matches("\"ph\":\"X\"").count(), 3);
     assert!(json.contains("\"cat\":\"trace\"") && json.contains("\"name\":\"softmax\""));
+}
+
+#[test]
+fn a_full_recorder_drops_and_counts_ranges_and_keeps_no_orphans() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut t = trace(&arena, &registry);
+    let recorder = Recorder::with_capacity(4);
+    // Clears the recorder as each op begins, inside the run's range (entered before the ops').
+    let clearing = recorder.clone();
+    let clear_now = Arc::new(AtomicBool::new(false));
+    let armed = clear_now.clone();
+    t.attach_trace_guard(recorder.clone()).unwrap();
+    t.attach_guard(
+        Selection::All,
+        ClosureGuard::new(
+            move || {
+                if armed.load(Ordering::Relaxed) {
+                    clearing.clear();
+                }
+            },
+            || {},
+        ),
+    )
+    .unwrap();
+    t.attach_guard(Selection::All, recorder.clone()).unwrap();
+    let plan = Plan::compile(&t, &[CpuReference::shared()]).unwrap();
+    let x = Tensor::zeros(&[2, 3]);
+    let kept_parents = |ranges: &[crate::guards::RecordedRange]| {
+        ranges.iter().all(|r| r.parent.is_none_or(|p| ranges.iter().any(|q| q.id == p)))
+    };
+    // The run's range and its two ops': 3 of 4 kept.
+    plan.run(&[&x]).unwrap();
+    assert_eq!((recorder.len(), recorder.dropped_ranges()), (3, 0));
+    // The run's range takes the last place; its ops are dropped.
+    plan.run(&[&x]).unwrap();
+    assert_eq!((recorder.len(), recorder.dropped_ranges()), (4, 2));
+    // Full: all three dropped.
+    plan.run(&[&x]).unwrap();
+    assert_eq!((recorder.len(), recorder.dropped_ranges()), (4, 5));
+    assert!(kept_parents(&recorder.ranges()));
+    // The run's range is dropped (still full); the ops' ranges begin after a clear, with room,
+    // but inside a dropped range: dropped too, not kept with a parent that is not there.
+    clear_now.store(true, Ordering::Relaxed);
+    plan.run(&[&x]).unwrap();
+    assert_eq!((recorder.len(), recorder.dropped_ranges()), (0, 8));
+    // Cleared with room again, nothing open: a whole run is kept.
+    clear_now.store(false, Ordering::Relaxed);
+    plan.run(&[&x]).unwrap();
+    assert_eq!((recorder.len(), recorder.dropped_ranges()), (3, 8));
+    assert!(kept_parents(&recorder.ranges()));
+    let parsed: serde_json::Value = serde_json::from_str(&recorder.to_chrome_trace()).unwrap();
+    assert_eq!(parsed["otherData"]["dropped_ranges"], 8);
 }
 
 #[test]

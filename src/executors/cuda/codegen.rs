@@ -301,17 +301,23 @@ fn strided_offset_of(shape: &[usize], strides: &[usize], i: &str) -> String {
 /// an input that does not broadcast to the iteration shape, a reduction over another shape):
 /// the generated kernel never reads or writes past the buffers of the shapes it was given.
 pub fn region_source(region: &OpView<'_>, kernel: &str) -> Result<RegionSource, String> {
-    region_source_with(region, kernel, KernelVariants::default())
+    region_source_with(region, kernel, KernelVariants::default(), 0)
 }
 
-/// [`region_source`], generating `variants` of the kernel.
+/// [`region_source`], generating `variants` of the kernel for a GPU of `l2_bytes` of L2 cache
+/// (0 where unknown; see [`KernelVariants::keep_in_l2`]).
 ///
 /// # Errors
 /// As for [`region_source`].
-pub fn region_source_with(region: &OpView<'_>, kernel: &str, variants: KernelVariants) -> Result<RegionSource, String> {
+pub fn region_source_with(
+    region: &OpView<'_>,
+    kernel: &str,
+    variants: KernelVariants,
+    l2_bytes: usize,
+) -> Result<RegionSource, String> {
     let ops = region.region_ops().map_err(|e| e.to_string())?;
     let inputs: Vec<ValueId> = region.bound_symbol().inputs().collect();
-    generate(region, &ops, &inputs, region.bound_symbol().outputs(), kernel, variants)
+    generate(region, &ops, &inputs, region.bound_symbol().outputs(), kernel, (variants, l2_bytes))
 }
 
 /// Generates the CUDA C of one elementwise prim, or a `sum` or `max` over the last axis (a
@@ -320,18 +326,35 @@ pub fn region_source_with(region: &OpView<'_>, kernel: &str, variants: KernelVar
 /// # Errors
 /// As for [`region_source`].
 pub fn op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, String> {
-    op_source_with(op, kernel, KernelVariants::default())
+    op_source_with(op, kernel, KernelVariants::default(), 0)
 }
 
-/// [`op_source`], generating `variants` of the kernel.
+/// [`op_source`], generating `variants` of the kernel for a GPU of `l2_bytes` of L2 cache (0
+/// where unknown).
 ///
 /// # Errors
 /// As for [`region_source`].
-pub fn op_source_with(op: &OpView<'_>, kernel: &str, variants: KernelVariants) -> Result<RegionSource, String> {
+pub fn op_source_with(
+    op: &OpView<'_>,
+    kernel: &str,
+    variants: KernelVariants,
+    l2_bytes: usize,
+) -> Result<RegionSource, String> {
     // One parameter per tensor argument, repeats included (`mul(x, x)` takes `x` twice), as
     // the plan passes them.
     let inputs: Vec<ValueId> = op.bound_symbol().inputs().collect();
-    generate(op, std::slice::from_ref(op), &inputs, op.bound_symbol().outputs(), kernel, variants)
+    generate(op, std::slice::from_ref(op), &inputs, op.bound_symbol().outputs(), kernel, (variants, l2_bytes))
+}
+
+/// How a kernel that reads and writes `words` device words of whole tensors (inputs read whole
+/// and outputs) moves them: with the streaming hints, unless [`KernelVariants::keep_in_l2`]
+/// and they fit in the GPU's L2 cache of `l2_bytes` (0 where unknown) together.
+pub(super) fn whole_tensors(variants: KernelVariants, words: usize, l2_bytes: usize) -> Caching {
+    if variants.keep_in_l2 && words.saturating_mul(4) <= l2_bytes {
+        Caching::Kept
+    } else {
+        Caching::Streamed
+    }
 }
 
 /// Threads per row of a region's trailing reduction over rows of `accesses` reads (of up to 16
@@ -612,7 +635,7 @@ fn generate(
     inputs: &[ValueId],
     outputs: &[ValueId],
     kernel: &str,
-    variants: KernelVariants,
+    (variants, l2_bytes): (KernelVariants, usize),
 ) -> Result<RegionSource, String> {
     // Every shape relation the generated kernel relies on, checked here: it indexes the
     // buffers the plan sizes from these shapes, and nothing on the device checks bounds.
@@ -646,6 +669,9 @@ fn generate(
         .zip(&output_dtypes)
         .map(|(&v, &d)| region.shape_of(v).map(|s| packing::words(d, s.iter().product())).map_err(|e| e.to_string()))
         .collect::<Result<Vec<usize>, String>>()?;
+    // Full-size streams: with the streaming hints (read or written once), unless they stay in L2.
+    let words = input_lengths.iter().chain(&output_lengths).fold(0usize, |a, &b| a.saturating_add(b));
+    let full_size = whole_tensors(variants, words, l2_bytes);
     // Elementwise regions move vectors: four `f32` values, or eight where any operand is 16-bit
     // (each 16-bit operand one 16-byte load or store). Inputs read whole, a vector an access;
     // a single value once; a broadcast input per vector where its rows hold whole vectors
@@ -787,7 +813,7 @@ fn generate(
             written: &written,
             // Inputs read whole are read once, by one row's threads (but for the access two rows
             // share where accesses are aligned to the tensor, which both read: two a row).
-            caching: if variants.streaming_rows { Caching::Streamed } else { Caching::Kept },
+            caching: if variants.streaming_rows { full_size } else { Caching::Kept },
         };
         if group_rows > 1 {
             short_rows(
@@ -890,7 +916,12 @@ fn generate(
         _ => 1,
     };
     if wide_vectorized {
-        let operands = WideOperands { reads: &reads.unwrap_or_default(), shape: &shape, input_shapes: &input_shapes };
+        let operands = WideOperands {
+            reads: &reads.unwrap_or_default(),
+            shape: &shape,
+            input_shapes: &input_shapes,
+            whole: full_size,
+        };
         loops = wide_loop(&mut source, &body, &operands, rows, &input_dtypes, &output_dtypes, outputs);
     } else if vectorized {
         // (A row a thread: `rows` is 1 for `f32` kernels.)
@@ -903,7 +934,11 @@ fn generate(
             let offset = || offset_expression(&shape, s);
             let _ = match read {
                 VectorRead::Vector => {
-                    writeln!(source, "    const float4 v{k} = __ldcs(reinterpret_cast<const float4*>(in{k}) + j);")
+                    writeln!(
+                        source,
+                        "    const float4 v{k} = {};",
+                        full_size.load(&format!("reinterpret_cast<const float4*>(in{k}) + j"))
+                    )
                 }
                 VectorRead::Scalar => writeln!(source, "    const float s{k} = in{k}[0];"),
                 VectorRead::PerVector => writeln!(source, "    const float s{k} = in{k}[{}];", offset()),
@@ -933,7 +968,11 @@ fn generate(
             let _ = writeln!(source, "    }}");
         }
         for o in 0..outputs.len() {
-            let _ = writeln!(source, "    __stcs(reinterpret_cast<float4*>(out{o}) + j, r{o});");
+            let _ = writeln!(
+                source,
+                "    {}",
+                full_size.store(&format!("reinterpret_cast<float4*>(out{o}) + j"), &format!("r{o}"))
+            );
         }
     }
     for _ in 1..loops {
@@ -1062,6 +1101,8 @@ struct WideOperands<'w> {
     reads: &'w [VectorRead],
     shape: &'w [usize],
     input_shapes: &'w [Vec<usize>],
+    /// How inputs read whole and outputs move ([`whole_tensors`]).
+    whole: Caching,
 }
 
 /// The loop of a region with 16-bit operands: vector `j` is elements `8j..8j + 8` (one a turn
@@ -1082,11 +1123,11 @@ fn wide_loop(
     output_dtypes: &[DType],
     outputs: &[ValueId],
 ) -> usize {
-    let WideOperands { reads, shape, input_shapes } = *operands;
+    let WideOperands { reads, shape, input_shapes, whole } = *operands;
     let held = |k: usize| rows > 1 && held_row(shape, input_shapes, reads, k);
     let mut held_reads = String::new();
     for k in (0..reads.len()).filter(|&k| held(k)) {
-        wide_load(&mut held_reads, k, input_dtypes[k], false, "8ll * c");
+        wide_load(&mut held_reads, k, input_dtypes[k], Caching::Kept, "8ll * c");
     }
     let loops = open_vector_loop(source, shape, 8, rows, &held_reads);
     let _ = writeln!(source, "    const long long i = 8ll * j;");
@@ -1156,7 +1197,7 @@ fn wide_loop(
         reads.iter().zip(input_dtypes).enumerate().filter(|&(k, _)| !held(k) && straddled[k].is_none())
     {
         let offset = || offset_expression(shape, &input_shapes[k]);
-        let (whole, at) = match read {
+        let (read_whole, at) = match read {
             VectorRead::Scalar => {
                 let _ = writeln!(source, "    const float s{k} = {};", widen(dtype, &format!("in{k}[0]")));
                 continue;
@@ -1169,7 +1210,7 @@ fn wide_loop(
             VectorRead::PerVectorFloat4 => (false, offset()),
             VectorRead::PerLane => continue,
         };
-        wide_load(source, k, dtype, whole, &at);
+        wide_load(source, k, dtype, if read_whole { whole } else { Caching::Kept }, &at);
     }
     for o in 0..outputs.len() {
         let _ = writeln!(source, "    float r{o}[8];");
@@ -1198,33 +1239,32 @@ fn wide_loop(
         if packing::is_packed(dtype) {
             let half = |l: usize| narrow(dtype, &format!("r{o}[{l}]")).replace("(unsigned short)", "");
             let word = |w: usize| format!("({} | ({} << 16))", half(2 * w), half(2 * w + 1));
-            let _ = writeln!(
-                source,
-                "    __stcs(reinterpret_cast<uint4*>(out{o} + i), make_uint4({}, {}, {}, {}));",
-                word(0),
-                word(1),
-                word(2),
-                word(3)
-            );
+            let words = format!("make_uint4({}, {}, {}, {})", word(0), word(1), word(2), word(3));
+            let _ = writeln!(source, "    {}", whole.store(&format!("reinterpret_cast<uint4*>(out{o} + i)"), &words));
         } else {
-            let _ = writeln!(
-                source,
-                "    __stcs(reinterpret_cast<float4*>(out{o} + i), make_float4(r{o}[0], r{o}[1], r{o}[2], r{o}[3]));"
-            );
-            let _ = writeln!(
-                source,
-                "    __stcs(reinterpret_cast<float4*>(out{o} + i + 4), make_float4(r{o}[4], r{o}[5], r{o}[6], r{o}[7]));"
-            );
+            for (at, first) in [("i", 0), ("i + 4", 4)] {
+                let values = format!(
+                    "make_float4(r{o}[{first}], r{o}[{}], r{o}[{}], r{o}[{}])",
+                    first + 1,
+                    first + 2,
+                    first + 3
+                );
+                let _ = writeln!(
+                    source,
+                    "    {}",
+                    whole.store(&format!("reinterpret_cast<float4*>(out{o} + {at})"), &values)
+                );
+            }
         }
     }
     loops
 }
 
 /// Eight values of input `k` from element `at` on, into `w{k}` (16-bit: four words) or `f{k}`
-/// (`f32`). Whole inputs are read once, with a streaming hint; broadcast rows are read again
-/// (by every row, or every group of rows) and stay cached.
-fn wide_load(source: &mut String, k: usize, dtype: DType, whole: bool, at: &str) {
-    let caching = if whole { Caching::Streamed } else { Caching::Kept };
+/// (`f32`), read with `caching`: whole inputs are read once, with a streaming hint (unless
+/// they stay in L2: [`whole_tensors`]); broadcast rows are read again (by every row, or every
+/// group of rows) and stay cached.
+fn wide_load(source: &mut String, k: usize, dtype: DType, caching: Caching, at: &str) {
     let load = |ty: &str, at: &str| caching.read(ty, &format!("in{k} + {at}"));
     if packing::is_packed(dtype) {
         let _ = writeln!(source, "    const uint4 u{k} = {};", load("uint4", at));
@@ -1261,7 +1301,7 @@ mod tests {
         let trace = b.finish().unwrap();
         let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
         let region = OpView::new(&fused, &fused.bound_symbols()[0]).unwrap();
-        region_source_with(&region, "region0", variants).unwrap()
+        region_source_with(&region, "region0", variants, 0).unwrap()
     }
 
     #[test]
@@ -1643,13 +1683,56 @@ mod reduction_tests {
             let trace = b.finish().unwrap();
             let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
             let region = OpView::of(&fused, 0).unwrap();
-            let without = region_source_with(&region, "dot", KernelVariants::NONE).unwrap().source;
-            let src = region_source_with(&region, "dot", streaming).unwrap().source;
+            let without = region_source_with(&region, "dot", KernelVariants::NONE, 0).unwrap().source;
+            let src = region_source_with(&region, "dot", streaming, 0).unwrap().source;
             let plain = |s: &str| s.matches("*reinterpret_cast<const ").count();
             assert!(plain(&without) > 0 && plain(&src) == 0, "{src}");
             assert_eq!(src.matches("__ldcs(reinterpret_cast<const ").count(), plain(&without), "{src}");
             assert!(src.contains("(in0 + at))") && !src.contains("(in1 + at))"), "{src}");
             super::super::compiles_with_nvrtc(&src);
+        }
+    }
+
+    /// With `keep_in_l2`, a region whose tensors fit in L2 together reads and writes them
+    /// plainly, where every region hints its full-size streams (and a trailing reduction with
+    /// `streaming_rows`); past L2, or where its size is unknown (0), the hints stay.
+    #[test]
+    fn keep_in_l2_leaves_regions_that_fit_in_l2_without_the_streaming_hints() {
+        use crate::core::ir::TensorMeta;
+        const L2: usize = 50 << 20;
+        let (arena, registry) = (Arena::new(), Registry::with_builtins());
+        let streaming = KernelVariants { streaming_rows: true, ..KernelVariants::NONE };
+        let kept = KernelVariants { keep_in_l2: true, ..streaming };
+        let hinted = |s: &str| s.contains("__ldcs(") || s.contains("__stcs(");
+        // gelu(x * scale + bias), scale and bias along the last axis, in f32 and bf16; then the
+        // same chain ending in a sum. 2^22 f32 values (32 MiB with the output) fit; 2^24 do not.
+        for (dtype, rows, fits) in
+            [(DType::F32, 1024, true), (DType::BF16, 2048, true), (DType::F32, 4096, false), (DType::BF16, 8192, false)]
+        {
+            for reduce in [false, true] {
+                let mut b = TraceBuilder::new(&arena, &registry);
+                let x = b.input_with(&TensorMeta::new(dtype, &[rows, 4096])).unwrap();
+                let scale = b.input_with(&TensorMeta::new(dtype, &[4096])).unwrap();
+                let bias = b.input_with(&TensorMeta::new(dtype, &[4096])).unwrap();
+                let y = b.mul(x, scale).unwrap();
+                let y = b.add(y, bias).unwrap();
+                let y = b.gelu(y).unwrap();
+                let y = if reduce { b.sum(y).unwrap() } else { y };
+                b.output(y).unwrap();
+                let trace = b.finish().unwrap();
+                let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
+                let region = OpView::of(&fused, 0).unwrap();
+                let source = |variants, l2| region_source_with(&region, "chain", variants, l2).unwrap().source;
+                let s = source(kept, L2);
+                let case = format!("{dtype:?} [{rows}, 4096], reduced: {reduce}");
+                assert_eq!(hinted(&s), !fits, "{case}: {s}");
+                assert!(hinted(&source(streaming, L2)), "{case}: hinted without keep_in_l2");
+                assert!(hinted(&source(kept, 0)), "{case}: hinted where L2 is unknown");
+                if fits && reduce {
+                    assert_eq!(s, source(KernelVariants::NONE, L2), "{case}: as without the hints");
+                }
+                super::super::compiles_with_nvrtc(&s);
+            }
         }
     }
 
@@ -1665,7 +1748,7 @@ mod reduction_tests {
         let trace = b.finish().unwrap();
         let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
         let generated =
-            region_source_with(&OpView::of(&fused, 0).unwrap(), "softmax_part", KernelVariants::NONE).unwrap();
+            region_source_with(&OpView::of(&fused, 0).unwrap(), "softmax_part", KernelVariants::NONE, 0).unwrap();
         // Rows of 8: 2 threads each, 16 rows per warp, each thread reading 4 values at once.
         assert_eq!((generated.threads, generated.vectorized, generated.outputs), (16 * 2, false, 2));
         let src = &generated.source;
@@ -1707,7 +1790,7 @@ mod reduction_tests {
             b.output(s).unwrap();
             let trace = b.finish().unwrap();
             let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
-            region_source_with(&OpView::of(&fused, 0).unwrap(), "dot", KernelVariants::NONE).unwrap()
+            region_source_with(&OpView::of(&fused, 0).unwrap(), "dot", KernelVariants::NONE, 0).unwrap()
         };
         // Rows of one access a thread: four rows to a group of lanes, their loads made first.
         let generated = reduce(64);

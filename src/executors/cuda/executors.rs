@@ -91,7 +91,8 @@ impl Executor for CudaFusion {
                 multi_tensor::joined_source(op, &kernel_name(op.name()), self.variants).map_err(precondition)?;
             return Ok(Box::new(multi_tensor::JoinedKernel::new(&self.device, joined, range)?));
         }
-        let generated = region_source_with(op, &kernel_name(op.name()), self.variants).map_err(precondition)?;
+        let l2 = self.device.l2_cache_bytes();
+        let generated = region_source_with(op, &kernel_name(op.name()), self.variants, l2).map_err(precondition)?;
         Ok(Box::new(GeneratedKernel::new(&self.device, &generated, range)?))
     }
 
@@ -304,7 +305,8 @@ impl Executor for CudaOps {
             } else {
                 // The kernel's own shared arrays (a few hundred bytes) take from the same limit.
                 let shared = self.device.shared_memory_per_block().saturating_sub(1024);
-                row_source(op, &name, shared, self.device.shared_memory_per_sm(), self.variants)
+                let target = (self.variants, self.device.l2_cache_bytes());
+                row_source(op, &name, shared, self.device.shared_memory_per_sm(), target)
             };
             let rows = rows.map_err(|detail| Error::KernelPrecondition {
                 executor: Self::NAME.into(),
@@ -355,7 +357,7 @@ impl Executor for CudaOps {
         } else if index_ops::generates(op) {
             index_ops::index_op_source(op, &name)
         } else {
-            op_source_with(op, &name, self.variants)
+            op_source_with(op, &name, self.variants, self.device.l2_cache_bytes())
         };
         let generated = generated.map_err(|detail| Error::KernelPrecondition {
             executor: Self::NAME.into(),

@@ -237,6 +237,22 @@ impl Caching {
             Caching::Streamed => format!("__stcs(reinterpret_cast<{ty}*>({ptr}), {value});"),
         }
     }
+
+    /// The C that reads one access at `typed`, a pointer of the access's own type.
+    pub(super) fn load(self, typed: &str) -> String {
+        match self {
+            Caching::Kept => format!("*({typed})"),
+            Caching::Streamed => format!("__ldcs({typed})"),
+        }
+    }
+
+    /// The C statement that writes `value` at `typed`, a pointer of the value's own type.
+    pub(super) fn store(self, typed: &str, value: &str) -> String {
+        match self {
+            Caching::Kept => format!("*({typed}) = {value};"),
+            Caching::Streamed => format!("__stcs({typed}, {value});"),
+        }
+    }
 }
 
 /// The C that loads `vector` values of `dtype` at element pointer `ptr` (aligned to the
@@ -792,7 +808,8 @@ impl RowOp {
 /// `softmax` fit in `sm_shared` bytes (an SM's shared memory; 0 where unknown), the kernel
 /// asks the compiler for registers enough for two blocks of 1,024 threads an SM (32 a
 /// thread), not one. `variants` chooses [`KernelVariants::fast_exp2`],
-/// [`KernelVariants::int32_row_columns`] and [`KernelVariants::streaming_rows`].
+/// [`KernelVariants::int32_row_columns`], [`KernelVariants::streaming_rows`] and
+/// [`KernelVariants::keep_in_l2`] (against the GPU's `l2_bytes` of L2 cache; 0 where unknown).
 ///
 /// # Errors
 /// Not one of those composites, or shapes that break their rules (checked again here, since
@@ -802,7 +819,7 @@ pub(super) fn row_source(
     kernel: &str,
     shared_limit: usize,
     sm_shared: usize,
-    variants: KernelVariants,
+    (variants, l2_bytes): (KernelVariants, usize),
 ) -> Result<RowSource, String> {
     let RowOp { id, rows, cols, dtypes, out_dtype, mut params, input_lengths } = RowOp::of(op)?;
     let numel = rows * cols;
@@ -889,7 +906,12 @@ pub(super) fn row_source(
         for_maximum: id == prims::SOFTMAX,
         int_columns: variants.int32_row_columns && cols < 1 << 30,
         // A row kept on chip is read once and written once; a streamed row is read again.
-        caching: if variants.streaming_rows && cached { Caching::Streamed } else { Caching::Kept },
+        caching: if variants.streaming_rows && cached {
+            let words = input_lengths.iter().fold(packing::words(out_dtype, numel), |a, &b| a.saturating_add(b));
+            super::codegen::whole_tensors(variants, words, l2_bytes)
+        } else {
+            Caching::Kept
+        },
     };
     let ix = accesses.index();
     if aligned {
@@ -1102,6 +1124,15 @@ mod tests {
         shared_limit: usize,
         variants: KernelVariants,
     ) -> Result<RowSource, String> {
+        source_for(build, shared_limit, (variants, 0))
+    }
+
+    /// [`source_with`], for a GPU of `l2_bytes` of L2 cache.
+    fn source_for(
+        build: impl Fn(&mut TraceBuilder<'_>) -> crate::ValueId,
+        shared_limit: usize,
+        (variants, l2_bytes): (KernelVariants, usize),
+    ) -> Result<RowSource, String> {
         let registry = Registry::with_builtins();
         let arena = Arena::new();
         let mut b = TraceBuilder::new(&arena, &registry);
@@ -1109,7 +1140,7 @@ mod tests {
         b.output(y).unwrap();
         let trace = b.finish().unwrap();
         let bsym = trace.bound_symbols().last().unwrap();
-        row_source(&OpView::new(&trace, bsym).unwrap(), "k", shared_limit, HOPPER_SM, variants)
+        row_source(&OpView::new(&trace, bsym).unwrap(), "k", shared_limit, HOPPER_SM, (variants, l2_bytes))
     }
 
     /// `softmax` (or `layer_norm` with weight and bias) over `[rows, cols]` of `dtype`, its
@@ -1121,8 +1152,19 @@ mod tests {
         shared_limit: usize,
         variants: KernelVariants,
     ) -> RowSource {
+        row_op_for(layer_norm, dtype, [rows, cols], shared_limit, (variants, 0))
+    }
+
+    /// [`row_op_with`], for a GPU of `l2_bytes` of L2 cache.
+    fn row_op_for(
+        layer_norm: bool,
+        dtype: DType,
+        [rows, cols]: [usize; 2],
+        shared_limit: usize,
+        target: (KernelVariants, usize),
+    ) -> RowSource {
         use crate::core::ir::TensorMeta;
-        source_with(
+        source_for(
             |b| {
                 let x = b.input_with(&TensorMeta::new(dtype, &[rows, cols])).unwrap();
                 if !layer_norm {
@@ -1133,7 +1175,7 @@ mod tests {
                 b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap()
             },
             shared_limit,
-            variants,
+            target,
         )
         .unwrap()
     }
@@ -1146,7 +1188,10 @@ mod tests {
     #[test]
     fn the_default_kernels_take_the_variants_measured_faster() {
         let defaults = KernelVariants::default();
-        assert_eq!(defaults, KernelVariants { fast_exp2: true, int32_row_columns: false, streaming_rows: true });
+        assert_eq!(
+            defaults,
+            KernelVariants { fast_exp2: true, int32_row_columns: false, streaming_rows: true, keep_in_l2: false }
+        );
         for dtype in [DType::BF16, DType::F16] {
             let kernel = row_op_with(false, dtype, [64, 1024], HOPPER_BLOCK, defaults);
             let s = &kernel.source.source;
@@ -1207,6 +1252,38 @@ mod tests {
         // The greatest, e^0 = 1, scaled is 256: a sum of 2^30 of them is finite.
         assert_eq!(-134 + OUT_SCALE_LOG2, -126);
         assert!(((1u64 << 30) as f32 * 2f32.powi(OUT_SCALE_LOG2)).is_finite());
+    }
+
+    /// With `keep_in_l2`, a row kernel whose tensors fit in L2 together (the row's input and its
+    /// results, and `layer_norm`'s weight and bias) reads and writes them plainly, where
+    /// `streaming_rows` would hint them; past L2, or where its size is unknown (0), the hints
+    /// stay.
+    #[test]
+    fn keep_in_l2_leaves_rows_that_fit_in_l2_without_the_streaming_hints() {
+        const L2: usize = 50 << 20;
+        let streaming = KernelVariants { streaming_rows: true, ..KernelVariants::NONE };
+        let kept = KernelVariants { keep_in_l2: true, ..streaming };
+        let hinted = |s: &str| s.contains("__ldcs(") || s.contains("__stcs(");
+        // [rows, cols] of f32: 2^22 values (32 MiB read and written) fit; 2^24 (128 MiB) do not.
+        for layer_norm in [false, true] {
+            for (dtype, shape, fits) in [
+                (DType::F32, [4096, 1024], true),
+                (DType::BF16, [96, 50257], true),
+                (DType::F32, [16384, 1024], false),
+                (DType::BF16, [1335, 50257], false),
+            ] {
+                let source = |target| row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, target).source.source;
+                let s = source((kept, L2));
+                assert_eq!(hinted(&s), !fits, "{layer_norm} {dtype:?} {shape:?}: {s}");
+                assert!(hinted(&source((streaming, L2))), "without keep_in_l2, hinted");
+                assert!(hinted(&source((kept, 0))), "L2 of unknown size: hinted");
+                if fits {
+                    // Plain accesses where the hints were: the same kernel otherwise.
+                    assert_eq!(s, source((KernelVariants::NONE, L2)));
+                    super::super::compiles_with_nvrtc(&s);
+                }
+            }
+        }
     }
 
     #[test]

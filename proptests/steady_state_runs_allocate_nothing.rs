@@ -47,7 +47,8 @@ fn steady_state_allocations(plan: &Plan, inputs: &[Tensor]) -> usize {
 
 /// Attaches `nested` distinct closure guards around the run (each its own scope, nested), a
 /// closure guard and a timer on every op, and (when `profile`) an NVTX range per op. (Not a
-/// `Recorder`: it keeps every range it records, so its memory grows by design.)
+/// `Recorder`: it keeps the ranges it records, up to its capacity, so its memory grows with
+/// them by design.)
 fn guard(trace: &mut Trace<'_>, nested: usize, profile: bool) {
     let entries = Arc::new(AtomicUsize::new(0));
     let counter = || {

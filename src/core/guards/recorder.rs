@@ -75,8 +75,9 @@ struct RecorderInner {
     ranges: Mutex<Vec<RecordedRange>>,
     /// Ranges it keeps at most between clears.
     capacity: u64,
-    /// Ranges entered and kept since the last clear (a place is taken at entry, so that a
-    /// parent, entered first, is kept whenever its child is).
+    /// Places asked for since the last clear, by ranges entered outside any dropped one (a
+    /// place is taken at entry, so that a parent, entered first, is kept whenever its child
+    /// is): those up to `capacity` are kept.
     kept: AtomicU64,
     /// Ranges dropped because it was full, over its life.
     dropped: AtomicU64,
@@ -165,7 +166,8 @@ impl Recorder {
     }
 
     /// Ranges dropped so far because the recorder was full (see
-    /// [`with_capacity`](Self::with_capacity)); [`clear`](Self::clear) does not reset it.
+    /// [`with_capacity`](Self::with_capacity)), counted as each ends (one still open is not
+    /// counted yet); [`clear`](Self::clear) does not reset it.
     pub fn dropped_ranges(&self) -> u64 {
         self.inner.dropped.load(Ordering::Relaxed)
     }

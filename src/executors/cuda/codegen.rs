@@ -1728,6 +1728,10 @@ mod reduction_tests {
                 assert_eq!(hinted(&s), !fits, "{case}: {s}");
                 assert!(hinted(&source(streaming, L2)), "{case}: hinted without keep_in_l2");
                 assert!(hinted(&source(kept, 0)), "{case}: hinted where L2 is unknown");
+                // The L2's size changes nothing without the variant.
+                for variants in [streaming, KernelVariants::default()] {
+                    assert_eq!(source(variants, L2), source(variants, 0), "{case}");
+                }
                 if fits && reduce {
                     assert_eq!(s, source(KernelVariants::NONE, L2), "{case}: as without the hints");
                 }

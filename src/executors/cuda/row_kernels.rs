@@ -1277,6 +1277,9 @@ mod tests {
                 assert_eq!(hinted(&s), !fits, "{layer_norm} {dtype:?} {shape:?}: {s}");
                 assert!(hinted(&source((streaming, L2))), "without keep_in_l2, hinted");
                 assert!(hinted(&source((kept, 0))), "L2 of unknown size: hinted");
+                for variants in [streaming, KernelVariants::default()] {
+                    assert_eq!(source((variants, L2)), source((variants, 0)), "the L2's size alone changes nothing");
+                }
                 if fits {
                     // Plain accesses where the hints were: the same kernel otherwise.
                     assert_eq!(s, source((KernelVariants::NONE, L2)));

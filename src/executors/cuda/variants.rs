@@ -73,7 +73,11 @@ pub struct KernelVariants {
     /// which a tensor the next kernel reads (or the next run, in a benchmark's loop) gains
     /// nothing from where it fits. Tensors of 2^22 `f32` values ran at 69-82% of a copy of the
     /// same bytes with the hints (H200, 2026-12-05), a copy that reads from L2 at that size.
-    /// Off by default until the sweep measures it.
+    /// Row kernels and trailing reductions take hints only with `streaming_rows`, so this
+    /// variant alone changes fused elementwise regions only. Joined regions (an optimizer's
+    /// updates, `multi_tensor`) and `concat`'s copies keep their hints. Off by default until
+    /// the sweep measures it (whose loops read the same inputs again, from L2 where they fit:
+    /// a chain of kernels, each reading what the last wrote, is the use it is meant for).
     pub keep_in_l2: bool,
 }
 

@@ -1738,6 +1738,22 @@ mod reduction_tests {
                 super::super::compiles_with_nvrtc(&s);
             }
         }
+        // A 16-bit input widened to an `f32` output: the output's two `float4` stores a vector.
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input_with(&TensorMeta::new(DType::BF16, &[1024, 4096])).unwrap();
+        let y = b.cast(x, DType::F32).unwrap();
+        b.output(y).unwrap();
+        let trace = b.finish().unwrap();
+        let op = OpView::of(&trace, 0).unwrap();
+        let source = |variants| op_source_with(&op, "widen", variants, L2).unwrap().source;
+        let (hinted_source, plain) = (source(streaming), source(kept));
+        for at in ["i", "i + 4"] {
+            let ptr = format!("reinterpret_cast<float4*>(out0 + {at})");
+            assert!(hinted_source.contains(&format!("__stcs({ptr}, make_float4(")), "{hinted_source}");
+            assert!(plain.contains(&format!("*({ptr}) = make_float4(")), "{plain}");
+        }
+        assert!(!hinted(&plain), "{plain}");
+        super::super::compiles_with_nvrtc(&plain);
     }
 
     #[test]

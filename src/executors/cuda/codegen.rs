@@ -317,7 +317,7 @@ pub fn region_source_with(
 ) -> Result<RegionSource, String> {
     let ops = region.region_ops().map_err(|e| e.to_string())?;
     let inputs: Vec<ValueId> = region.bound_symbol().inputs().collect();
-    generate(region, &ops, &inputs, region.bound_symbol().outputs(), kernel, (variants, l2_bytes))
+    generate(region, &ops, &inputs, region.bound_symbol().outputs(), kernel, variants, l2_bytes)
 }
 
 /// Generates the CUDA C of one elementwise prim, or a `sum` or `max` over the last axis (a
@@ -343,7 +343,7 @@ pub fn op_source_with(
     // One parameter per tensor argument, repeats included (`mul(x, x)` takes `x` twice), as
     // the plan passes them.
     let inputs: Vec<ValueId> = op.bound_symbol().inputs().collect();
-    generate(op, std::slice::from_ref(op), &inputs, op.bound_symbol().outputs(), kernel, (variants, l2_bytes))
+    generate(op, std::slice::from_ref(op), &inputs, op.bound_symbol().outputs(), kernel, variants, l2_bytes)
 }
 
 /// How a kernel that reads and writes `words` device words of whole tensors (inputs read whole
@@ -635,7 +635,8 @@ fn generate(
     inputs: &[ValueId],
     outputs: &[ValueId],
     kernel: &str,
-    (variants, l2_bytes): (KernelVariants, usize),
+    variants: KernelVariants,
+    l2_bytes: usize,
 ) -> Result<RegionSource, String> {
     // Every shape relation the generated kernel relies on, checked here: it indexes the
     // buffers the plan sizes from these shapes, and nothing on the device checks bounds.

@@ -305,8 +305,8 @@ impl Executor for CudaOps {
             } else {
                 // The kernel's own shared arrays (a few hundred bytes) take from the same limit.
                 let shared = self.device.shared_memory_per_block().saturating_sub(1024);
-                let target = (self.variants, self.device.l2_cache_bytes());
-                row_source(op, &name, shared, self.device.shared_memory_per_sm(), target)
+                let (per_sm, l2) = (self.device.shared_memory_per_sm(), self.device.l2_cache_bytes());
+                row_source(op, &name, shared, per_sm, self.variants, l2)
             };
             let rows = rows.map_err(|detail| Error::KernelPrecondition {
                 executor: Self::NAME.into(),

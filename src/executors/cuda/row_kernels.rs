@@ -819,7 +819,8 @@ pub(super) fn row_source(
     kernel: &str,
     shared_limit: usize,
     sm_shared: usize,
-    (variants, l2_bytes): (KernelVariants, usize),
+    variants: KernelVariants,
+    l2_bytes: usize,
 ) -> Result<RowSource, String> {
     let RowOp { id, rows, cols, dtypes, out_dtype, mut params, input_lengths } = RowOp::of(op)?;
     let numel = rows * cols;
@@ -1124,14 +1125,15 @@ mod tests {
         shared_limit: usize,
         variants: KernelVariants,
     ) -> Result<RowSource, String> {
-        source_for(build, shared_limit, (variants, 0))
+        source_for(build, shared_limit, variants, 0)
     }
 
     /// [`source_with`], for a GPU of `l2_bytes` of L2 cache.
     fn source_for(
         build: impl Fn(&mut TraceBuilder<'_>) -> crate::ValueId,
         shared_limit: usize,
-        (variants, l2_bytes): (KernelVariants, usize),
+        variants: KernelVariants,
+        l2_bytes: usize,
     ) -> Result<RowSource, String> {
         let registry = Registry::with_builtins();
         let arena = Arena::new();
@@ -1140,7 +1142,7 @@ mod tests {
         b.output(y).unwrap();
         let trace = b.finish().unwrap();
         let bsym = trace.bound_symbols().last().unwrap();
-        row_source(&OpView::new(&trace, bsym).unwrap(), "k", shared_limit, HOPPER_SM, (variants, l2_bytes))
+        row_source(&OpView::new(&trace, bsym).unwrap(), "k", shared_limit, HOPPER_SM, variants, l2_bytes)
     }
 
     /// `softmax` (or `layer_norm` with weight and bias) over `[rows, cols]` of `dtype`, its
@@ -1152,7 +1154,7 @@ mod tests {
         shared_limit: usize,
         variants: KernelVariants,
     ) -> RowSource {
-        row_op_for(layer_norm, dtype, [rows, cols], shared_limit, (variants, 0))
+        row_op_for(layer_norm, dtype, [rows, cols], shared_limit, variants, 0)
     }
 
     /// [`row_op_with`], for a GPU of `l2_bytes` of L2 cache.
@@ -1161,7 +1163,8 @@ mod tests {
         dtype: DType,
         [rows, cols]: [usize; 2],
         shared_limit: usize,
-        target: (KernelVariants, usize),
+        variants: KernelVariants,
+        l2_bytes: usize,
     ) -> RowSource {
         use crate::core::ir::TensorMeta;
         source_for(
@@ -1175,7 +1178,8 @@ mod tests {
                 b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap()
             },
             shared_limit,
-            target,
+            variants,
+            l2_bytes,
         )
         .unwrap()
     }
@@ -1272,17 +1276,18 @@ mod tests {
                 (DType::F32, [16384, 1024], false),
                 (DType::BF16, [1335, 50257], false),
             ] {
-                let source = |target| row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, target).source.source;
-                let s = source((kept, L2));
+                let source =
+                    |variants, l2| row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, variants, l2).source.source;
+                let s = source(kept, L2);
                 assert_eq!(hinted(&s), !fits, "{layer_norm} {dtype:?} {shape:?}: {s}");
-                assert!(hinted(&source((streaming, L2))), "without keep_in_l2, hinted");
-                assert!(hinted(&source((kept, 0))), "L2 of unknown size: hinted");
+                assert!(hinted(&source(streaming, L2)), "without keep_in_l2, hinted");
+                assert!(hinted(&source(kept, 0)), "L2 of unknown size: hinted");
                 for variants in [streaming, KernelVariants::default()] {
-                    assert_eq!(source((variants, L2)), source((variants, 0)), "the L2's size alone changes nothing");
+                    assert_eq!(source(variants, L2), source(variants, 0), "the L2's size alone changes nothing");
                 }
                 if fits {
                     // Plain accesses where the hints were: the same kernel otherwise.
-                    assert_eq!(s, source((KernelVariants::NONE, L2)));
+                    assert_eq!(s, source(KernelVariants::NONE, L2));
                     super::super::compiles_with_nvrtc(&s);
                 }
             }

@@ -1194,14 +1194,18 @@ mod tests {
         let defaults = KernelVariants::default();
         assert_eq!(
             defaults,
-            KernelVariants { fast_exp2: true, int32_row_columns: false, streaming_rows: true, keep_in_l2: false }
+            KernelVariants { fast_exp2: true, int32_row_columns: false, streaming_rows: true, keep_in_l2: true }
         );
         for dtype in [DType::BF16, DType::F16] {
-            let kernel = row_op_with(false, dtype, [64, 1024], HOPPER_BLOCK, defaults);
-            let s = &kernel.source.source;
-            assert!(s.contains(EXP2) && s.contains("__ldcs(") && s.contains("__stcs("), "{s}");
-            assert!(s.contains("long long col") && !s.contains("int col"), "{s}");
-            super::super::compiles_with_nvrtc(s);
+            // Streamed past three quarters of a 50 MiB L2 (or one of unknown size), plain within.
+            for (rows, l2, hinted) in [(64, 0, true), (64, 50 << 20, false), (16384, 50 << 20, true)] {
+                let kernel = row_op_for(false, dtype, [rows, 1024], HOPPER_BLOCK, defaults, l2);
+                let s = &kernel.source.source;
+                assert!(s.contains(EXP2), "{s}");
+                assert_eq!(s.contains("__ldcs(") && s.contains("__stcs("), hinted, "[{rows}, 1024], L2 {l2}: {s}");
+                assert!(s.contains("long long col") && !s.contains("int col"), "{s}");
+                super::super::compiles_with_nvrtc(s);
+            }
         }
     }
 
@@ -1268,11 +1272,13 @@ mod tests {
         let streaming = KernelVariants { streaming_rows: true, ..KernelVariants::NONE };
         let kept = KernelVariants { keep_in_l2: true, ..streaming };
         let hinted = |s: &str| s.contains("__ldcs(") || s.contains("__stcs(");
-        // [rows, cols] of f32: 2^22 values (32 MiB read and written) fit; 2^24 (128 MiB) do not.
+        // [rows, cols] of f32: 2^22 values (32 MiB read and written) fit; 2^24 (128 MiB) do not;
+        // [240, 50257] in bf16 (46 MiB) fits in L2 but not in the share kept.
         for layer_norm in [false, true] {
             for (dtype, shape, fits) in [
                 (DType::F32, [4096, 1024], true),
                 (DType::BF16, [96, 50257], true),
+                (DType::BF16, [240, 50257], false),
                 (DType::F32, [16384, 1024], false),
                 (DType::BF16, [1335, 50257], false),
             ] {
@@ -1282,7 +1288,7 @@ mod tests {
                 assert_eq!(hinted(&s), !fits, "{layer_norm} {dtype:?} {shape:?}: {s}");
                 assert!(hinted(&source(streaming, L2)), "without keep_in_l2, hinted");
                 assert!(hinted(&source(kept, 0)), "L2 of unknown size: hinted");
-                for variants in [streaming, KernelVariants::default()] {
+                for variants in [streaming, KernelVariants { keep_in_l2: false, ..KernelVariants::default() }] {
                     assert_eq!(source(variants, L2), source(variants, 0), "the L2's size alone changes nothing");
                 }
                 if fits {

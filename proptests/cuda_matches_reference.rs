@@ -680,17 +680,23 @@ fn bf16_and_f16_plans_match_the_cpu_executors() {
 /// A fused region over enough rows that each thread of a 16-bit kernel takes several
 /// (`gelu((x - mean) * scale + bias)`, `scale` and `bias` rows read once per thread for all of
 /// its rows, `mean` per row) equals CpuFusion within one unit in the last place: bf16 and f16
-/// over [8192, 1024] (2 rows a thread), a bf16 region with an `f32` row, and f32 (a row a
-/// thread).
+/// over [8192, 1024] (2 rows a thread), a bf16 region with an `f32` row, bf16 over [8192, 8192]
+/// (16 rows a thread: two batches of 8 with `KernelVariants::batched_rows`), bf16 over [8192,
+/// 4096] with an `f32` input `z` read whole too (8 rows a thread, batches of 2), and f32 (a row
+/// a thread).
 #[test]
 fn row_broadcasts_held_over_several_rows_match_the_cpu_executors() {
     use boundscope::{DType, TensorMeta, TraceBuilder};
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
-    let (rows, cols) = (8192, 1024);
-    for (dtype, bias_dtype) in
-        [(DType::F32, DType::F32), (DType::BF16, DType::BF16), (DType::F16, DType::F16), (DType::BF16, DType::F32)]
-    {
+    for (dtype, bias_dtype, [rows, cols], z_dtype) in [
+        (DType::F32, DType::F32, [8192, 1024], None),
+        (DType::BF16, DType::BF16, [8192, 1024], None),
+        (DType::F16, DType::F16, [8192, 1024], None),
+        (DType::BF16, DType::F32, [8192, 1024], None),
+        (DType::BF16, DType::BF16, [8192, 8192], None),
+        (DType::BF16, DType::BF16, [8192, 4096], Some(DType::F32)),
+    ] {
         let arena = Arena::new();
         let mut b = TraceBuilder::new(&arena, &registry);
         let x = b.input_with(&TensorMeta::new(dtype, &[rows, cols])).unwrap();
@@ -699,14 +705,19 @@ fn row_broadcasts_held_over_several_rows_match_the_cpu_executors() {
         let bias = b.input_with(&TensorMeta::new(bias_dtype, &[cols])).unwrap();
         let c = b.sub(x, mean).unwrap();
         let y = b.mul(c, scale).unwrap();
-        let y = b.add(y, bias).unwrap();
+        let mut y = b.add(y, bias).unwrap();
+        if let Some(z_dtype) = z_dtype {
+            let z = b.input_with(&TensorMeta::new(z_dtype, &[rows, cols])).unwrap();
+            y = b.add(y, z).unwrap();
+        }
         let y = b.gelu(y).unwrap();
         b.output(y).unwrap();
         let trace = b.finish().unwrap();
         let inputs = inputs_for(&trace);
         let (d, _) = ulps_from_cpu_fusion(&device, &trace, &arena, &inputs);
-        println!("{dtype} (bias {bias_dtype}) over [{rows}, {cols}]: {d} ulps from CpuFusion");
-        assert!(d <= 1.0, "{dtype} (bias {bias_dtype}): {d} ulps");
+        let case = format!("{dtype} (bias {bias_dtype}, z {z_dtype:?}) over [{rows}, {cols}]");
+        println!("{case}: {d} ulps from CpuFusion");
+        assert!(d <= 1.0, "{case}: {d} ulps");
     }
 }
 

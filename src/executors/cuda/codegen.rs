@@ -217,9 +217,17 @@ fn held_row(shape: &[usize], input_shapes: &[Vec<usize>], reads: &[VectorRead], 
 /// Opens the loop of an elementwise kernel over vectors of `per_thread` elements: one vector
 /// `j` per thread and turn, or, with `rows > 1` rows per thread ([`rows_per_thread`]), a
 /// column `c` of vectors and a group `g` of `rows` rows per turn, then (after `held`, the
-/// reads made once per turn) an unrolled loop over the group's rows defining `j`. Returns how
-/// many loops it opened.
-fn open_vector_loop(source: &mut String, shape: &[usize], per_thread: usize, rows: usize, held: &str) -> usize {
+/// reads made once per turn) an unrolled loop over the group's rows defining `j`. With a
+/// [`RowBatch`] of more than one row, the group's rows go in batches: each batch's loads for
+/// all of its rows, then the loop over its rows. Returns how many loops it opened.
+fn open_vector_loop(
+    source: &mut String,
+    shape: &[usize],
+    per_thread: usize,
+    rows: usize,
+    held: &str,
+    batch: &RowBatch,
+) -> usize {
     let numel: usize = shape.iter().product();
     if rows <= 1 {
         let _ = writeln!(source, "  const long long vectors = n / {per_thread};");
@@ -238,6 +246,21 @@ fn open_vector_loop(source: &mut String, shape: &[usize], per_thread: usize, row
     );
     let _ = writeln!(source, "    const long long c = t % cols, g = t / cols;");
     source.push_str(held);
+    if batch.rows > 1 {
+        let b = batch.rows;
+        let _ = writeln!(source, "    #pragma unroll");
+        let _ = writeln!(source, "    for (int q0 = 0; q0 < {rows}; q0 += {b}) {{");
+        source.push_str(&batch.declarations);
+        let _ = writeln!(source, "    #pragma unroll");
+        let _ = writeln!(source, "    for (int q = 0; q < {b}; ++q) {{");
+        let _ = writeln!(source, "    const long long i = {per_thread}ll * ((g * {rows}ll + q0 + q) * cols + c);");
+        source.push_str(&batch.loads);
+        let _ = writeln!(source, "    }}");
+        let _ = writeln!(source, "    #pragma unroll");
+        let _ = writeln!(source, "    for (int q = 0; q < {b}; ++q) {{");
+        let _ = writeln!(source, "    const long long j = (g * {rows}ll + q0 + q) * cols + c;");
+        return 3;
+    }
     let _ = writeln!(source, "    #pragma unroll");
     let _ = writeln!(source, "    for (int q = 0; q < {rows}; ++q) {{");
     let _ = writeln!(source, "    const long long j = (g * {rows}ll + q) * cols + c;");
@@ -928,17 +951,15 @@ fn generate(
         _ => 1,
     };
     if wide_vectorized {
-        let operands = WideOperands {
-            reads: &reads.unwrap_or_default(),
-            shape: &shape,
-            input_shapes: &input_shapes,
-            whole: full_size,
-        };
+        let reads = reads.unwrap_or_default();
+        let batch = if variants.batched_rows { batch_rows(rows, &reads, &input_dtypes) } else { 1 };
+        let operands =
+            WideOperands { reads: &reads, shape: &shape, input_shapes: &input_shapes, whole: full_size, batch };
         loops = wide_loop(&mut source, &body, &operands, rows, &input_dtypes, &output_dtypes, outputs);
     } else if vectorized {
         // (A row a thread: `rows` is 1 for `f32` kernels.)
         let reads = reads.unwrap_or_default();
-        open_vector_loop(&mut source, &shape, 4, 1, "");
+        open_vector_loop(&mut source, &shape, 4, 1, "", &RowBatch::NONE);
         if reads.iter().any(|r| !matches!(r, VectorRead::Vector | VectorRead::Scalar)) {
             let _ = writeln!(source, "    const long long i = 4ll * j;");
         }
@@ -1115,6 +1136,47 @@ struct WideOperands<'w> {
     input_shapes: &'w [Vec<usize>],
     /// How inputs read whole and outputs move ([`whole_tensors`]).
     whole: Caching,
+    /// Rows of a group of rows per thread whose loads of inputs read whole go first, together
+    /// ([`batch_rows`]; 1: each row's as it comes).
+    batch: usize,
+}
+
+/// The loads that a kernel of several rows per thread makes for a batch of its rows before
+/// computing any ([`KernelVariants::batched_rows`]), as C.
+struct RowBatch {
+    /// Rows a batch (1: no batches).
+    rows: usize,
+    /// The arrays the loads fill, a place per row of the batch.
+    declarations: String,
+    /// The loads of the batch's row `q`, whose first element is `i`.
+    loads: String,
+}
+
+impl RowBatch {
+    const NONE: Self = Self { rows: 1, declarations: String::new(), loads: String::new() };
+}
+
+/// Accesses a thread of a batched kernel makes at once, at most ([`batch_rows`]).
+const BATCHED_ACCESSES: usize = 8;
+
+/// Rows of a group of `rows` (a power of two) per batch: the most whose loads of the inputs
+/// read whole (16 bytes each of a 16-bit input, two of an `f32` one) make at most
+/// [`BATCHED_ACCESSES`]; 1 where there is no group or no such input.
+fn batch_rows(rows: usize, reads: &[VectorRead], input_dtypes: &[DType]) -> usize {
+    let accesses: usize = reads
+        .iter()
+        .zip(input_dtypes)
+        .filter(|(read, _)| matches!(read, VectorRead::Vector))
+        .map(|(_, &dtype)| if packing::is_packed(dtype) { 1 } else { 2 })
+        .sum();
+    if rows <= 1 || accesses == 0 {
+        return 1;
+    }
+    let mut batch = rows;
+    while batch > 1 && batch * accesses > BATCHED_ACCESSES {
+        batch /= 2;
+    }
+    batch
 }
 
 /// The loop of a region with 16-bit operands: vector `j` is elements `8j..8j + 8` (one a turn
@@ -1135,13 +1197,31 @@ fn wide_loop(
     output_dtypes: &[DType],
     outputs: &[ValueId],
 ) -> usize {
-    let WideOperands { reads, shape, input_shapes, whole } = *operands;
+    let WideOperands { reads, shape, input_shapes, whole, batch } = *operands;
     let held = |k: usize| rows > 1 && held_row(shape, input_shapes, reads, k);
     let mut held_reads = String::new();
     for k in (0..reads.len()).filter(|&k| held(k)) {
         wide_load(&mut held_reads, k, input_dtypes[k], Caching::Kept, "8ll * c");
     }
-    let loops = open_vector_loop(source, shape, 8, rows, &held_reads);
+    // Inputs read whole, loaded a batch of rows ahead where rows are batched.
+    let batched = |k: usize| batch > 1 && matches!(reads[k], VectorRead::Vector);
+    let mut row_batch = RowBatch::NONE;
+    if batch > 1 {
+        row_batch.rows = batch;
+        for k in (0..reads.len()).filter(|&k| batched(k)) {
+            let load = |ty: &str, at: &str| whole.read(ty, &format!("in{k} + {at}"));
+            let (declarations, loads) = (&mut row_batch.declarations, &mut row_batch.loads);
+            if packing::is_packed(input_dtypes[k]) {
+                let _ = writeln!(declarations, "    uint4 p{k}[{batch}];");
+                let _ = writeln!(loads, "    p{k}[q] = {};", load("uint4", "i"));
+            } else {
+                let _ = writeln!(declarations, "    float4 pa{k}[{batch}], pb{k}[{batch}];");
+                let _ = writeln!(loads, "    pa{k}[q] = {};", load("float4", "i"));
+                let _ = writeln!(loads, "    pb{k}[q] = {};", load("float4", "i + 4"));
+            }
+        }
+    }
+    let loops = open_vector_loop(source, shape, 8, rows, &held_reads, &row_batch);
     let _ = writeln!(source, "    const long long i = 8ll * j;");
     // Broadcast rows the vectors straddle (rows of a length 8 does not divide, at least 8: a
     // vector holds the end of one row and the start of the next at most), read per vector,
@@ -1222,7 +1302,11 @@ fn wide_loop(
             VectorRead::PerVectorFloat4 => (false, offset()),
             VectorRead::PerLane => continue,
         };
-        wide_load(source, k, dtype, if read_whole { whole } else { Caching::Kept }, &at);
+        if batched(k) {
+            unpack_wide(source, k, dtype, &format!("p{k}[q]"), &format!("pa{k}[q]"), &format!("pb{k}[q]"));
+        } else {
+            wide_load(source, k, dtype, if read_whole { whole } else { Caching::Kept }, &at);
+        }
     }
     for o in 0..outputs.len() {
         let _ = writeln!(source, "    float r{o}[8];");
@@ -1278,12 +1362,18 @@ fn wide_loop(
 /// group of rows) and stay cached.
 fn wide_load(source: &mut String, k: usize, dtype: DType, caching: Caching, at: &str) {
     let load = |ty: &str, at: &str| caching.read(ty, &format!("in{k} + {at}"));
+    unpack_wide(source, k, dtype, &load("uint4", at), &load("float4", at), &load("float4", &format!("{at} + 4")));
+}
+
+/// Eight values of input `k` into `w{k}` (16-bit: four words, from the `uint4` `word`) or
+/// `f{k}` (`f32`: from the `float4`s `low` and `high`), as C.
+fn unpack_wide(source: &mut String, k: usize, dtype: DType, words: &str, low: &str, high: &str) {
     if packing::is_packed(dtype) {
-        let _ = writeln!(source, "    const uint4 u{k} = {};", load("uint4", at));
+        let _ = writeln!(source, "    const uint4 u{k} = {words};");
         let _ = writeln!(source, "    const unsigned int w{k}[4] = {{u{k}.x, u{k}.y, u{k}.z, u{k}.w}};");
     } else {
-        let _ = writeln!(source, "    const float4 a{k} = {};", load("float4", at));
-        let _ = writeln!(source, "    const float4 b{k} = {};", load("float4", &format!("{at} + 4")));
+        let _ = writeln!(source, "    const float4 a{k} = {low};");
+        let _ = writeln!(source, "    const float4 b{k} = {high};");
         let _ = writeln!(
             source,
             "    const float f{k}[8] = {{a{k}.x, a{k}.y, a{k}.z, a{k}.w, b{k}.x, b{k}.y, b{k}.z, b{k}.w}};"
@@ -1577,6 +1667,67 @@ extern \"C\" __global__ void region0(const float* __restrict__ in0, const float*
             let generated = scaled_gelu(rows, cols, DType::BF16);
             assert_eq!(generated.threads, rows * cols / 8, "{}", generated.source);
             assert!(!generated.source.contains("q <"), "{}", generated.source);
+        }
+    }
+
+    /// With `batched_rows`, a 16-bit kernel of several rows a thread loads a batch of its rows
+    /// (up to 8 accesses) before computing any; without it, or with a row a thread, the
+    /// kernels are as before.
+    #[test]
+    fn batched_rows_load_a_batch_of_rows_before_computing_any() {
+        use crate::core::ir::TensorMeta;
+        let batched = KernelVariants { batched_rows: true, ..KernelVariants::default() };
+        // `gelu(x * scale + bias [+ z])`, `z` a second input read whole, in `z_dtype`.
+        let chain = |rows: usize, cols: usize, dtype: DType, z_dtype: Option<DType>, variants| {
+            generate_with(
+                |b| {
+                    let x = b.input_with(&TensorMeta::new(dtype, &[rows, cols])).unwrap();
+                    let scale = b.input_with(&TensorMeta::new(dtype, &[cols])).unwrap();
+                    let bias = b.input_with(&TensorMeta::new(dtype, &[cols])).unwrap();
+                    let y = b.mul(x, scale).unwrap();
+                    let mut y = b.add(y, bias).unwrap();
+                    if let Some(z_dtype) = z_dtype {
+                        let z = b.input_with(&TensorMeta::new(z_dtype, &[rows, cols])).unwrap();
+                        y = b.add(y, z).unwrap();
+                    }
+                    let y = b.gelu(y).unwrap();
+                    b.output(y).unwrap();
+                },
+                variants,
+            )
+            .source
+        };
+        // bf16 over [8192, 8192]: 16 rows a thread, in two batches of 8 loads of `x`, after
+        // `scale` and `bias`, read once for all 16.
+        let s = chain(8192, 8192, DType::BF16, None, batched);
+        let held = s.find("const uint4 u1 = *reinterpret_cast<const uint4*>(in1 + 8ll * c);").expect(&s);
+        let batches = s.find("for (int q0 = 0; q0 < 16; q0 += 8) {").expect(&s);
+        let loads = s.find("    p0[q] = __ldcs(reinterpret_cast<const uint4*>(in0 + i));").expect(&s);
+        let computed = s.find("    const uint4 u0 = p0[q];").expect(&s);
+        assert!(held < batches && batches < loads && loads < computed, "{s}");
+        assert!(s.contains("    uint4 p0[8];"), "{s}");
+        assert!(s.contains("    const long long i = 8ll * ((g * 16ll + q0 + q) * cols + c);"), "{s}");
+        assert_eq!(s.matches("in0").count(), 2, "declared and loaded once: {s}");
+        assert_eq!(s.matches("__stcs(").count(), 1, "{s}");
+        super::super::compiles_with_nvrtc(&s);
+        // With an `f32` input read whole (two accesses a row, three in all), batches of 2.
+        let s = chain(8192, 8192, DType::BF16, Some(DType::F32), batched);
+        assert!(s.contains("for (int q0 = 0; q0 < 16; q0 += 2) {"), "{s}");
+        assert!(s.contains("    uint4 p0[2];") && s.contains("    float4 pa3[2], pb3[2];"), "{s}");
+        assert!(s.contains("    pb3[q] = __ldcs(reinterpret_cast<const float4*>(in3 + i + 4));"), "{s}");
+        assert!(s.contains("    const float4 b3 = pb3[q];"), "{s}");
+        super::super::compiles_with_nvrtc(&s);
+        // Without the variant: a row loaded, computed and stored in turn.
+        for (rows, cols) in [(8192, 8192), (16384, 768)] {
+            let s = chain(rows, cols, DType::BF16, None, KernelVariants::default());
+            assert!(s.contains("for (int q = 0; q < ") && !s.contains("q0"), "{s}");
+        }
+        // A row a thread (too few rows, or `f32`): nothing to batch, the same kernel.
+        for (rows, cols, dtype) in [(64, 768, DType::BF16), (8192, 8192, DType::F32)] {
+            assert_eq!(
+                chain(rows, cols, dtype, None, batched),
+                chain(rows, cols, dtype, None, KernelVariants::default())
+            );
         }
     }
 

@@ -1194,7 +1194,13 @@ mod tests {
         let defaults = KernelVariants::default();
         assert_eq!(
             defaults,
-            KernelVariants { fast_exp2: true, int32_row_columns: false, streaming_rows: true, keep_in_l2: true }
+            KernelVariants {
+                fast_exp2: true,
+                int32_row_columns: false,
+                streaming_rows: true,
+                keep_in_l2: true,
+                batched_rows: false
+            }
         );
         for dtype in [DType::BF16, DType::F16] {
             // Streamed past three quarters of a 50 MiB L2 (or one of unknown size), plain within.

@@ -133,9 +133,19 @@ fn fused_for_cuda<'a>(
     trace: &boundscope::Trace<'a>,
     arena: &'a Arena,
 ) -> (boundscope::Trace<'a>, Arc<dyn Executor>) {
-    let ops: Arc<dyn Executor> = Arc::new(cuda_ops(device.clone()));
+    fused_for_cuda_with(device, trace, arena, variants_under_test())
+}
+
+/// [`fused_for_cuda`] with the CUDA executors generating `variants`.
+fn fused_for_cuda_with<'a>(
+    device: &Arc<CudaDevice>,
+    trace: &boundscope::Trace<'a>,
+    arena: &'a Arena,
+    variants: KernelVariants,
+) -> (boundscope::Trace<'a>, Arc<dyn Executor>) {
+    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()).with_variants(variants));
     let prims_only = Pipeline::for_executors(&[ops]).run(trace, arena).unwrap();
-    let fusion: Arc<dyn Executor> = Arc::new(cuda_fusion(device.clone()));
+    let fusion: Arc<dyn Executor> = Arc::new(CudaFusion::new(device.clone()).with_variants(variants));
     (FuseRegions::new(fusion.clone()).run(&prims_only, arena).unwrap(), fusion)
 }
 
@@ -147,10 +157,21 @@ fn ulps_from_cpu_fusion(
     arena: &Arena,
     inputs: &[boundscope::Tensor],
 ) -> (f32, String) {
+    ulps_from_cpu_fusion_with(device, trace, arena, inputs, variants_under_test())
+}
+
+/// [`ulps_from_cpu_fusion`] with the CUDA executors generating `variants`.
+fn ulps_from_cpu_fusion_with(
+    device: &Arc<CudaDevice>,
+    trace: &boundscope::Trace<'_>,
+    arena: &Arena,
+    inputs: &[boundscope::Tensor],
+    variants: KernelVariants,
+) -> (f32, String) {
     use boundscope::executors::CpuFusion;
     let refs: Vec<&boundscope::Tensor> = inputs.iter().collect();
-    let (fused_gpu, fusion) = fused_for_cuda(device, trace, arena);
-    let ops: Arc<dyn Executor> = Arc::new(cuda_ops(device.clone()));
+    let (fused_gpu, fusion) = fused_for_cuda_with(device, trace, arena, variants);
+    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()).with_variants(variants));
     let gpu = Plan::compile(&fused_gpu, &[fusion, ops]).unwrap();
     let fused_cpu = FuseRegions::new(CpuFusion::shared()).run(trace, arena).unwrap();
     let cpu = Plan::compile(&fused_cpu, &[CpuFusion::shared(), CpuReference::shared()]).unwrap();
@@ -683,7 +704,7 @@ fn bf16_and_f16_plans_match_the_cpu_executors() {
 /// over [8192, 1024] (2 rows a thread), a bf16 region with an `f32` row, bf16 over [8192, 8192]
 /// (16 rows a thread: two batches of 8 with `KernelVariants::batched_rows`), bf16 over [8192,
 /// 4096] with an `f32` input `z` read whole too (8 rows a thread, batches of 2), and f32 (a row
-/// a thread).
+/// a thread); each with the variants under test and with `batched_rows` too.
 #[test]
 fn row_broadcasts_held_over_several_rows_match_the_cpu_executors() {
     use boundscope::{DType, TensorMeta, TraceBuilder};
@@ -714,10 +735,13 @@ fn row_broadcasts_held_over_several_rows_match_the_cpu_executors() {
         b.output(y).unwrap();
         let trace = b.finish().unwrap();
         let inputs = inputs_for(&trace);
-        let (d, _) = ulps_from_cpu_fusion(&device, &trace, &arena, &inputs);
-        let case = format!("{dtype} (bias {bias_dtype}, z {z_dtype:?}) over [{rows}, {cols}]");
-        println!("{case}: {d} ulps from CpuFusion");
-        assert!(d <= 1.0, "{case}: {d} ulps");
+        let batched = KernelVariants { batched_rows: true, ..KernelVariants::NONE };
+        for variants in [variants_under_test(), variants_under_test() | batched] {
+            let (d, plan) = ulps_from_cpu_fusion_with(&device, &trace, &arena, &inputs, variants);
+            let case = format!("{dtype} (bias {bias_dtype}, z {z_dtype:?}) over [{rows}, {cols}], {variants:?}");
+            println!("{case}: {d} ulps from CpuFusion");
+            assert!(d <= 1.0, "{case}: {d} ulps\n{plan}");
+        }
     }
 }
 
@@ -962,6 +986,8 @@ fn the_front_end_generates_the_kernel_variants_its_options_choose() {
     options.set_developer("cuda.fast_exp2", false).unwrap();
     options.set_developer("cuda.int32_row_columns", true).unwrap();
     options.set_developer("cuda.streaming_rows", false).unwrap();
+    options.set_developer("cuda.keep_in_l2", false).unwrap();
+    options.set_developer("cuda.batched_rows", true).unwrap();
     let session = ProfiledSession::new(options, &Environment::from_pairs(&[("BOUNDSCOPE_DEVICE", "cuda")])).unwrap();
     let registry = Registry::with_builtins();
     let arena = Arena::new();
@@ -978,7 +1004,13 @@ fn the_front_end_generates_the_kernel_variants_its_options_choose() {
     assert!(executors.contains(&"cuda_ops") && executors.contains(&"cuda_fusion"), "{plan}");
     assert_eq!(
         plan.developer_options(),
-        ["cuda.fast_exp2=false", "cuda.int32_row_columns=true", "cuda.streaming_rows=false"],
+        [
+            "cuda.fast_exp2=false",
+            "cuda.int32_row_columns=true",
+            "cuda.streaming_rows=false",
+            "cuda.keep_in_l2=false",
+            "cuda.batched_rows=true"
+        ],
         "{plan}"
     );
     assert!(plan.unused_options().is_empty(), "{:?}", plan.unused_options());
@@ -1579,9 +1611,8 @@ fn row_ops_match_the_reference_at_every_row_length() {
         50257,
         200003,
     ];
-    // The default kernels, those without variants, each variant alone (`KernelVariants::EACH`:
-    // one-instruction `exp2`, 32-bit columns, streaming cache hints) and all, whatever
-    // `KERNEL_VARIANTS_UNDER_TEST` says.
+    // The default kernels, those without variants, each variant alone (`KernelVariants::EACH`)
+    // and all, whatever `KERNEL_VARIANTS_UNDER_TEST` says.
     let each = KernelVariants::EACH.map(|(_, v)| v);
     for (variants, dtype) in [KernelVariants::default(), KernelVariants::NONE, KernelVariants::ALL]
         .into_iter()

@@ -1722,13 +1722,29 @@ extern \"C\" __global__ void region0(const float* __restrict__ in0, const float*
             let s = chain(rows, cols, DType::BF16, None, KernelVariants::default());
             assert!(s.contains("for (int q = 0; q < ") && !s.contains("q0"), "{s}");
         }
-        // A row a thread (too few rows, or `f32`): nothing to batch, the same kernel.
-        for (rows, cols, dtype) in [(64, 768, DType::BF16), (8192, 8192, DType::F32)] {
-            assert_eq!(
-                chain(rows, cols, dtype, None, batched),
-                chain(rows, cols, dtype, None, KernelVariants::default())
-            );
-        }
+        // A row a thread (too few rows): nothing to batch, the same kernel.
+        assert_eq!(
+            chain(64, 768, DType::BF16, None, batched),
+            chain(64, 768, DType::BF16, None, KernelVariants::default())
+        );
+        // 16 rows a thread but no input read whole (`scale` along the last axis, `mean` along
+        // the first): nothing to batch either.
+        let broadcasts_only = |variants| {
+            generate_with(
+                |b| {
+                    let scale = b.input_with(&TensorMeta::new(DType::BF16, &[8192])).unwrap();
+                    let mean = b.input_with(&TensorMeta::new(DType::BF16, &[8192, 1])).unwrap();
+                    let y = b.add(mean, scale).unwrap();
+                    let y = b.gelu(y).unwrap();
+                    b.output(y).unwrap();
+                },
+                variants,
+            )
+            .source
+        };
+        let s = broadcasts_only(batched);
+        assert!(s.contains("for (int q = 0; q < 16; ++q)") && !s.contains("q0"), "{s}");
+        assert_eq!(s, broadcasts_only(KernelVariants::default()));
     }
 
     #[test]
@@ -1856,9 +1872,10 @@ mod reduction_tests {
         }
     }
 
-    /// With `keep_in_l2`, a region whose tensors fit in L2 together reads and writes them
-    /// plainly, where every region hints its full-size streams (and a trailing reduction with
-    /// `streaming_rows`); past L2, or where its size is unknown (0), the hints stay.
+    /// With `keep_in_l2`, a region whose tensors fit in three quarters of L2 together reads and
+    /// writes them plainly, where every region hints its full-size streams (and a trailing
+    /// reduction with `streaming_rows`); past that, or where its size is unknown (0), the hints
+    /// stay.
     #[test]
     fn keep_in_l2_leaves_regions_that_fit_in_l2_without_the_streaming_hints() {
         use crate::core::ir::TensorMeta;

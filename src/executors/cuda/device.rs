@@ -348,7 +348,7 @@ impl CudaDevice {
 
     /// Bytes of the GPU's L2 cache (50 MiB on the H100 and H200); 0 where the driver does not
     /// say. Kernels with [`KernelVariants::keep_in_l2`](super::KernelVariants::keep_in_l2)
-    /// leave tensors that fit in it without the streaming hints.
+    /// leave tensors that fit in three quarters of it without the streaming hints.
     pub(crate) fn l2_cache_bytes(&self) -> usize {
         let l2 = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE;
         self.context.attribute(l2).ok().and_then(|b| usize::try_from(b).ok()).unwrap_or(0)

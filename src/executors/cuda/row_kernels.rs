@@ -1268,10 +1268,10 @@ mod tests {
         assert!(((1u64 << 30) as f32 * 2f32.powi(OUT_SCALE_LOG2)).is_finite());
     }
 
-    /// With `keep_in_l2`, a row kernel whose tensors fit in L2 together (the row's input and its
-    /// results, and `layer_norm`'s weight and bias) reads and writes them plainly, where
-    /// `streaming_rows` would hint them; past L2, or where its size is unknown (0), the hints
-    /// stay.
+    /// With `keep_in_l2`, a row kernel whose tensors fit in three quarters of L2 together (the
+    /// row's input and its results, and `layer_norm`'s weight and bias) reads and writes them
+    /// plainly, where `streaming_rows` would hint them; past that, or where its size is unknown
+    /// (0), the hints stay.
     #[test]
     fn keep_in_l2_leaves_rows_that_fit_in_l2_without_the_streaming_hints() {
         const L2: usize = 50 << 20;

@@ -1,7 +1,8 @@
 //! Variants of the generated kernels, each chosen by a developer option (`cuda.*`, set through
-//! [`Options::set_developer`]). A variant is on by default once the H200 has shown it faster on
+//! [`Options::set_developer`]). A variant is on by default once the GPU has shown it faster on
 //! the sweep (`examples/gpu_sweep.rs --variants`, which times each variant flipped from the
-//! defaults, case by case, in one run): `fast_exp2` and `streaming_rows` are (2026-12-05, H200),
+//! defaults, case by case, in one run) or on GPT-2's steps: `fast_exp2` and `streaming_rows` are
+//! (2026-12-05, H200 sweep),
 //! and `keep_in_l2` (2026-12-05, H100, with GPT-2's steps); `int32_row_columns` and
 //! `batched_rows` are not. Their options stay so that the comparison can be run again, and so
 //! do those of the variants on by default, to time the kernels without them. A plan whose kernels

@@ -331,8 +331,11 @@ fn check(case: &Case) -> Result<(), TestCaseError> {
         expected_loss
     );
     const H: f64 = 1e-5;
+    // Central differences, `None` where the loss jumps within `H` of the point (`where` over
+    // `gt` with the two sides less than `H` apart): there the loss has no derivative to check
+    // against. On a smooth loss the second difference is about `H^2` times the curvature.
     let mut differences = Vec::new();
-    for &k in &parameters {
+    for (j, &k) in parameters.iter().enumerate() {
         let mut fd = Vec::new();
         for i in 0..wide[k].data.len() {
             let mut nudged = wide.clone();
@@ -340,15 +343,22 @@ fn check(case: &Case) -> Result<(), TestCaseError> {
             let up = loss_of(&nudged);
             nudged[k].data[i] -= 2.0 * H;
             let down = loss_of(&nudged);
-            fd.push((up - down) / (2.0 * H));
+            let smooth = (up - 2.0 * expected_loss + down).abs() <= 1e-6 * (1.0 + expected_loss.abs());
+            if !smooth {
+                eprintln!(
+                    "not compared: parameter {j} element {i}: the loss jumps within {H} of it ({down}, {expected_loss}, {up}; {case:?})"
+                );
+            }
+            fd.push(smooth.then_some((up - down) / (2.0 * H)));
         }
         differences.push(fd);
     }
-    let scale = differences.iter().flatten().fold(1.0f64, |m, v| m.max(v.abs()));
+    let scale = differences.iter().flatten().flatten().fold(1.0f64, |m, v| m.max(v.abs()));
     for (j, fd) in differences.iter().enumerate() {
         let g = &got[1 + j];
         prop_assert_eq!(g.len(), fd.len());
         for (i, (&g, &e)) in g.iter().zip(fd).enumerate() {
+            let Some(e) = e else { continue };
             let err = (g as f64 - e).abs();
             prop_assert!(
                 err <= 2e-3 * e.abs() + 2e-4 * scale,
@@ -395,4 +405,22 @@ fn every_block_alone() {
             }
         }
     }
+}
+
+/// A case whose loss jumps within the finite differences' step of a point (`where(x > p, x,
+/// -p)` with `x` and `p` closer than the step, drawn by a random run): that element is not
+/// compared (it failed with a finite difference of 31,164 against a gradient of 0), the rest
+/// are.
+#[test]
+fn a_loss_that_jumps_near_the_point_is_not_differenced_there() {
+    let case = Case {
+        rows: 1,
+        cols: 2,
+        blocks: vec![(13, 0), (9, 0)],
+        embed: true,
+        cross_entropy: false,
+        fused: false,
+        seed: 1821895623309369511,
+    };
+    check(&case).unwrap_or_else(|e| panic!("{e}"));
 }

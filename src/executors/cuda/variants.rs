@@ -1,14 +1,13 @@
 //! Variants of the generated kernels, each chosen by a developer option (`cuda.*`, set through
 //! [`Options::set_developer`]). A variant is on by default once the GPU has shown it faster on
 //! the sweep (`examples/gpu_sweep.rs --variants`, which times each variant flipped from the
-//! defaults, case by case, in one run) or on GPT-2's steps: `fast_exp2` and `streaming_rows` are
-//! (2026-12-05, H200 sweep),
-//! and `keep_in_l2` (2026-12-05, H100, with GPT-2's steps); `int32_row_columns` and
-//! `batched_rows` are not. Their options stay so that the comparison can be run again, and so
-//! do those of the variants on by default, to time the kernels without them. A plan whose kernels
-//! differ from the defaults lists its variants in its header. Both executors that generate
-//! kernels, `CudaFusion` and `CudaOps`, take them (`with_variants`, or `from_options`); the
-//! front end configures them from its options.
+//! defaults, case by case, in one run) or on GPT-2's steps: `fast_exp2` and `streaming_rows`
+//! are (2026-12-05, the H200's sweep), and `keep_in_l2` (2026-12-05, an H100, with GPT-2's
+//! steps); `int32_row_columns` and `batched_rows` are not. Their options stay so that the
+//! comparison can be run again, and so do those of the variants on by default, to time the
+//! kernels without them. A plan whose kernels differ from the defaults lists its variants in
+//! its header. Both executors that generate kernels, `CudaFusion` and `CudaOps`, take them
+//! (`with_variants`, or `from_options`); the front end configures them from its options.
 //!
 //! ```
 //! use boundscope::executors::cuda::KernelVariants;
@@ -89,13 +88,13 @@ pub struct KernelVariants {
     /// 16-bit elementwise kernels that take several rows a thread (where a row broadcast along
     /// the last axis is read once for them) load those rows' vectors of the inputs they read
     /// whole in batches of up to 8 accesses before computing any, where each row was loaded,
-    /// computed and stored in turn.
-    /// Without it `ptxas` (sm_90) keeps one load a thread in flight, the next row's waiting for
-    /// this row's store: the bf16 `gelu(x * scale + bias)` over [8192, 8192], 16 rows a thread
-    /// at 45 registers, ran at 86% of a copy's speed on the H200 (92% on an H100), where the
-    /// same chain with `scale` and `bias` along the first axis (a row a thread, 25 registers)
-    /// ran at 100-101%. With it the same kernel keeps 8 loads a thread in flight, at more
-    /// registers. Off by default until the sweep measures it (`gpu_sweep --variants`).
+    /// computed and stored in turn. Without it `ptxas` (sm_90) keeps one load a thread in
+    /// flight, the next row's waiting for this row's store: the bf16 `gelu(x * scale + bias)`
+    /// over [8192, 8192], 16 rows a thread at 45 registers, ran at 86% of a copy's speed on the
+    /// H200 (92% on an H100), where the same chain with `scale` and `bias` along the first axis
+    /// (a row a thread, 25 registers) ran at 100-101%. With it the same kernel keeps 8 loads a
+    /// thread in flight, at 78 registers. Off by default until the sweep measures it
+    /// (`gpu_sweep --variants`).
     pub batched_rows: bool,
 }
 

@@ -44,6 +44,31 @@
 //! | `benches/` | criterion benchmarks (dispatch, guards, fusion and the CPU executors, tracing, trace building) and the gungraun instruction counts (with a null NVTX tool, `null_nvtx_tool.rs`) |
 //! | `examples/` | runnable examples, starting with `quickstart`; `examples/shared/` holds what several use (a user's fusion executor, a user's GPU executor, the timeline examples' plan, GPT-2's model (`gpt2.rs`), the `scripts/nsys-check` hand-off); `timeline_flamegraph.svg` is the README's picture |
 //!
+//! # The ops
+//! Each op checks its shapes, axes and dtypes when it is bound (a typed error naming the op, the
+//! shapes and the fix). Composites carry their decomposition, so every executor that runs the
+//! prims runs them; `CudaOps` runs some whole. Ops without a GPU kernel yet run on the CPU
+//! reference in the same plan, with the transfers it needs. Where each runs:
+//!
+//! | ops | CPU reference | CpuFusion | CudaOps / CudaFusion |
+//! | --- | --- | --- | --- |
+//! | elementwise (`neg` ... `gelu`, `add` ... `maximum`, scalars, broadcasts), `cast` | yes | fused | yes / fused |
+//! | `sum`, `max` (last axis) | yes | ends a region | yes / ends a region |
+//! | `matmul` 2-D; `linear`, `linear_gelu` | yes | - | cuBLASLt, bias and gelu in the epilogue |
+//! | `matmul` batched (`[..., m, k] x [..., k, n]`, batch dims broadcast) | yes | - | one cuBLASLt strided batched call (each operand's batch dims the output's or all 1; other broadcasts on the CPU) |
+//! | `reshape`, `transpose`/`permute`, `broadcast_to`, `slice`/`narrow`/`split`, `concat` | every dtype | - | every dtype |
+//! | `sum_dim`, `max_dim`, `mean_dim` (any axis, keepdim or not), `argmax` (`i64`) | yes | last axis fused | yes |
+//! | `embedding(weight, ids)`, `gather_last(x, ids)` (ids `i64`/`i32`; out of range: `Error::IndexOutOfRange`, on the GPU too, after the run) | every dtype | - | every dtype |
+//! | `softmax`, `layer_norm` | whole, a row at a time in the cache | fused (decomposed) | one kernel each, laid out by row length (rows up to 32,768 read once) |
+//! | `log_softmax`, `cross_entropy(logits, targets)` (mean over rows) | yes | fused (decomposed) | `log_softmax` decomposed and fused; `cross_entropy` whole (targets checked on the device) |
+//! | comparisons `lt` ... `ne` (`i32` 0/1 masks: there is no bool dtype), `where`, `where_scalar` | every dtype | - | yes |
+//! | `matmul_transposed(a, b)` (`a @ b^T`), `transposed_matmul(a, b)` (`a^T @ b`: products' weight gradients), batched | yes | - | one product reading the operand transposed |
+//! | `causal_mask`, `scaled_dot_product_attention(q, k, v, causal, scale)` | yes | - | mask: yes; attention whole: bf16/f16 through cuDNN's fused attention (where `cuda::fused_attention()` finds cuDNN 9), f32 (and 16-bit without cuDNN) through a generated flash-attention kernel (heads up to 64; in f32 its products on tensor cores as split TF32, f32's accuracy, on compute capability 8.0+), else decomposed |
+//! | `scaled_dot_product_attention_backward(q, k, v, grad, causal, scale)` (dq, dk, dv packed into one tensor; what `passes::Grad` writes for attention) | yes | fused (decomposed) | bf16/f16 whole through cuDNN's fused attention backward (cuDNN 9.10.2 or later, heads a multiple of 8; before 9.16 key lengths a multiple of 128; not one query and one key); f32 whole through a generated flash-attention backward (heads a multiple of 16 up to 64); else decomposed |
+//! | `qkv_attention(qkv, heads, causal, scale)` (q, k, v side by side in `[..., tokens, 3 * heads * head]`, as GPT-2's `c_attn` writes them; result `[..., tokens, heads * head]`; `passes::PackAttention` makes it of the split, views and attention a model writes) and `qkv_attention_backward` (the gradient in `qkv`'s layout) | yes (decomposed: split, views, attention) | fused (decomposed) | as attention and its backward, reading q, k and v in place and writing the result and dq, dk, dv in their final layouts: no split, permute or concat kernels |
+//! | `layer_norm_backward(x, grad, eps, weight?)`, `layer_norm_weight_backward(x, grad, eps)` (`f32` `[2, n]`: the weight's and bias's gradients; what `passes::Grad` writes for `layer_norm`) | yes | fused (decomposed) | one row kernel; partial sums per block, then their sum (rows up to 4,096); longer rows decomposed |
+//! | `pad`, `scatter_last`, `embedding_backward` (the gradients of `slice`, `gather_last`, `embedding`) | `pad` every dtype; the others floats (`embedding_backward` sums in `f32`) | - | yes (`embedding_backward`: f32 tables, atomic adds; ids checked on the device) |
+//!
 //! # Invariants
 //! Each is a property test in `proptests/`.
 //! 1. Attaching guards never changes which bound symbols a trace holds, their order, or its

@@ -1094,6 +1094,53 @@ fn a_region_range_its_executor_pushes_is_not_doubled_inside_a_scope_of_its_label
     assert_eq!(labels, [(Level::Scope, "L".to_string()), (Level::Op, "L".to_string())], "{plan:#}");
 }
 
+/// An op range its executor pushes itself, which the plan's filter leaves directly inside a
+/// named scope's range of the same label and domain (by leaving out, by executor, the range of
+/// the composite between them): the scope's range is dropped, with a note, and the capture
+/// equals the map. A random case of `one_run_pushes_exactly_the_range_map` found it: `exp`
+/// directly inside `exp`.
+#[test]
+fn an_op_range_its_executor_pushes_is_not_doubled_where_the_filter_leaves_out_the_range_between() {
+    if !capture_installed() {
+        return;
+    }
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[8, 8]).unwrap();
+    let y = b.scope("exp", |b| b.softmax(x)).unwrap();
+    b.output(y).unwrap();
+    let mut trace = b.finish().unwrap();
+    trace.attach_guard(Selection::Scope("exp"), NvtxRange::new()).unwrap();
+    // `softmax`'s range, over its prims once decomposed (max, sub, exp, sum, div), and each
+    // prim's.
+    let profiled = ProfileOps::new().run(&trace, &arena).unwrap();
+    let mut decomposed = Pipeline::standard().run(&profiled, &arena).unwrap();
+    decomposed.attach_guard(Selection::All, NvtxRange::new()).unwrap();
+    let op_ranges: Arc<dyn Executor> = Arc::new(TestOpRanges { emits: [EmittedRange::nvtx_ops_in("boundscope")] });
+    let labels = |filter: &RangeFilter| {
+        let plan = Plan::compile_filtered(&decomposed, &[op_ranges.clone(), CpuReference::shared()], filter).unwrap();
+        let (got, events) = captured_run(&plan, &inputs());
+        got.unwrap();
+        assert_eq!(pushes_of(&events), pushes_in(plan.range_map()), "{plan:#}");
+        check_nesting(&events).unwrap();
+        let labels: Vec<(Level, String)> =
+            plan.range_map().ranges().iter().map(|r| (r.level, r.label.clone())).collect();
+        (labels, plan.notes().to_vec())
+    };
+    // Unfiltered, `softmax`'s range sits between the two.
+    let (all, _) = labels(&RangeFilter::new());
+    let softmax = all.iter().position(|(_, l)| l == "softmax").expect("softmax's range");
+    assert!(all[..softmax].contains(&(Level::Scope, "exp".into())), "{all:?}");
+    assert!(all[softmax..].contains(&(Level::Op, "exp".into())), "{all:?}");
+    // Ranges around what `test_op_ranges` runs: `softmax`'s spans other executors' steps too.
+    let filter = RangeFilter::new().levels(&[Level::Scope, Level::Op]).executors(["test_op_ranges"]);
+    let (some, notes) = labels(&filter);
+    assert_eq!(some, [(Level::Op, "exp".to_string())]);
+    let dropped = "scope `exp` (steps 0..5): its range in NVTX domain `boundscope` is dropped, as the range \
+                   executor `test_op_ranges` pushes itself at step 2 would sit directly inside it with the same label";
+    assert!(notes.iter().any(|n| n == dropped), "{notes:?}");
+}
+
 /// A small transformer step (embedding, layer_norm, split into q, k, v, causal attention, the
 /// loss) in named scopes, profiled before decomposition (each composite's range surrounds its
 /// prims) and fused or not: what the NVTX API sees equals the range map, ranges nest, and the

@@ -460,14 +460,25 @@ pub(crate) fn prepare_scopes(
             });
         }
     }
-    drop_ranges_inside_their_twin(&mut scopes, &mut notes);
+    // The ranges executors push themselves: (step, executor, domain, label).
+    let pushed_by_executors: Vec<(usize, &str, &str, &str)> = nodes
+        .iter()
+        .filter_map(|n| n.emitted.as_ref())
+        .map(|e| (e.step, e.executor.as_str(), e.range.domain(), e.range.label()))
+        .collect();
+    // Each pass can move ranges up a level (a dropped range's children), so that two become
+    // twins that were not: repeated until none is dropped.
+    while drop_ranges_inside_their_twin(&mut scopes, &mut notes)
+        | drop_ranges_around_their_executor_twin(&mut scopes, &pushed_by_executors, &mut notes)
+    {}
     notes.extend(filter.unmatched_notes(&ranged));
     Ok((scopes, dropped.dropped, notes))
 }
 
 /// Drops every NVTX range that would sit directly inside a range of the same domain with the
 /// same label (a run labelled like one of its ops, say): one range is what the user meant.
-fn drop_ranges_inside_their_twin(scopes: &mut Vec<Scope>, notes: &mut Vec<String>) {
+/// Returns whether it dropped any.
+fn drop_ranges_inside_their_twin(scopes: &mut Vec<Scope>, notes: &mut Vec<String>) -> bool {
     let mut order: Vec<usize> = (0..scopes.len()).collect();
     order.sort_by_key(|&i| {
         let s = &scopes[i];
@@ -503,11 +514,59 @@ fn drop_ranges_inside_their_twin(scopes: &mut Vec<Scope>, notes: &mut Vec<String
         }
         open.push((planned.domain.as_str(), i));
     }
+    retain_undropped(scopes, &dropped)
+}
+
+/// Drops every NVTX range of the runtime's that a range an executor pushes itself (`pushed`:
+/// its step, the executor, its domain and label) would sit directly inside with the same label
+/// and domain. The executor's range cannot be dropped (its kernel pushes it), and the plan
+/// leaves it out where it knows the twin when the executor's kernel is made; it does not know
+/// it then where a range between the two turns out to be left out by the plan's filter (a
+/// composite's span over steps of several executors, under a filter by executor), so the
+/// runtime's goes here. Returns whether it dropped any.
+fn drop_ranges_around_their_executor_twin(
+    scopes: &mut Vec<Scope>,
+    pushed: &[(usize, &str, &str, &str)],
+    notes: &mut Vec<String>,
+) -> bool {
+    let mut dropped = vec![false; scopes.len()];
+    for &(step, executor, domain, label) in pushed {
+        // The innermost range of the domain around the step (ranges nest: the one that starts
+        // last, then ends first, then is of the deeper level).
+        let parent = scopes
+            .iter()
+            .enumerate()
+            .filter(|(_, s)| {
+                s.planned.as_ref().is_some_and(|p| p.domain == domain)
+                    && s.first as usize <= step
+                    && step < s.end as usize
+            })
+            .max_by_key(|&(i, s)| (s.level != Level::Trace, s.first, std::cmp::Reverse(s.end), s.level, s.depth, i));
+        let Some((i, s)) = parent else { continue };
+        let Some(planned) = s.planned.as_ref().filter(|p| p.label == label) else { continue };
+        if !dropped[i] {
+            dropped[i] = true;
+            notes.push(format!(
+                "{} `{}` (steps {}..{}): its range in NVTX domain `{domain}` is dropped, as the range executor \
+                 `{executor}` pushes itself at step {step} would sit directly inside it with the same label",
+                s.level.name(),
+                planned.label,
+                s.first,
+                s.end,
+            ));
+        }
+    }
+    retain_undropped(scopes, &dropped)
+}
+
+/// Keeps the scopes not marked `dropped`; returns whether any was.
+fn retain_undropped(scopes: &mut Vec<Scope>, dropped: &[bool]) -> bool {
     let mut index = 0;
     scopes.retain(|_| {
         index += 1;
         !dropped[index - 1]
     });
+    dropped.contains(&true)
 }
 
 /// Scopes must nest (or be disjoint): the run loop exits them by count, innermost first, so two

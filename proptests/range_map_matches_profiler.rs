@@ -1098,47 +1098,62 @@ fn a_region_range_its_executor_pushes_is_not_doubled_inside_a_scope_of_its_label
 /// named scope's range of the same label and domain (by leaving out, by executor, the range of
 /// the composite between them): the scope's range is dropped, with a note, and the capture
 /// equals the map. A random case of `one_run_pushes_exactly_the_range_map` found it: `exp`
-/// directly inside `exp`.
+/// directly inside `exp`. With an `exp` of the runtime's in the scope too, that one keeps its
+/// range (it is no twin once the scope's is gone).
 #[test]
 fn an_op_range_its_executor_pushes_is_not_doubled_where_the_filter_leaves_out_the_range_between() {
-    if !capture_installed() {
-        return;
-    }
     let (arena, registry) = (Arena::new(), Registry::with_builtins());
-    let mut b = TraceBuilder::new(&arena, &registry);
-    let x = b.input(&[8, 8]).unwrap();
-    let y = b.scope("exp", |b| b.softmax(x)).unwrap();
-    b.output(y).unwrap();
-    let mut trace = b.finish().unwrap();
-    trace.attach_guard(Selection::Scope("exp"), NvtxRange::new()).unwrap();
-    // `softmax`'s range, over its prims once decomposed (max, sub, exp, sum, div), and each
-    // prim's.
-    let profiled = ProfileOps::new().run(&trace, &arena).unwrap();
-    let mut decomposed = Pipeline::standard().run(&profiled, &arena).unwrap();
-    decomposed.attach_guard(Selection::All, NvtxRange::new()).unwrap();
     let op_ranges: Arc<dyn Executor> = Arc::new(TestOpRanges { emits: [EmittedRange::nvtx_ops_in("boundscope")] });
-    let labels = |filter: &RangeFilter| {
+    let by_executor = RangeFilter::new().levels(&[Level::Scope, Level::Op]).executors(["test_op_ranges"]);
+    // `exp`'s scope around `softmax` (with an `exp` of its own first, if `exp_first`),
+    // profiled before decomposition (`softmax`'s range then spans its prims: max, sub, exp,
+    // sum, div), and each op after; the ranges `filter` lets the plan push, and its notes.
+    let labels = |exp_first: bool, filter: &RangeFilter| {
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[8, 8]).unwrap();
+        let y = b
+            .scope("exp", |b| {
+                let x = if exp_first { b.exp(x)? } else { x };
+                b.softmax(x)
+            })
+            .unwrap();
+        b.output(y).unwrap();
+        let mut trace = b.finish().unwrap();
+        trace.attach_guard(Selection::Scope("exp"), NvtxRange::new()).unwrap();
+        let profiled = ProfileOps::new().run(&trace, &arena).unwrap();
+        let mut decomposed = Pipeline::standard().run(&profiled, &arena).unwrap();
+        decomposed.attach_guard(Selection::All, NvtxRange::new()).unwrap();
         let plan = Plan::compile_filtered(&decomposed, &[op_ranges.clone(), CpuReference::shared()], filter).unwrap();
-        let (got, events) = captured_run(&plan, &inputs());
-        got.unwrap();
-        assert_eq!(pushes_of(&events), pushes_in(plan.range_map()), "{plan:#}");
-        check_nesting(&events).unwrap();
-        let labels: Vec<(Level, String)> =
-            plan.range_map().ranges().iter().map(|r| (r.level, r.label.clone())).collect();
-        (labels, plan.notes().to_vec())
+        if nvtx_capture::is_installed() {
+            let (got, events) = captured_run(&plan, &inputs());
+            got.unwrap();
+            assert_eq!(pushes_of(&events), pushes_in(plan.range_map()), "{plan:#}");
+            check_nesting(&events).unwrap();
+        }
+        let ranges: Vec<(Level, String, PushedBy)> =
+            plan.range_map().ranges().iter().map(|r| (r.level, r.label.clone(), r.pushed_by.clone())).collect();
+        (ranges, plan.notes().to_vec())
     };
-    // Unfiltered, `softmax`'s range sits between the two.
-    let (all, _) = labels(&RangeFilter::new());
-    let softmax = all.iter().position(|(_, l)| l == "softmax").expect("softmax's range");
-    assert!(all[..softmax].contains(&(Level::Scope, "exp".into())), "{all:?}");
-    assert!(all[softmax..].contains(&(Level::Op, "exp".into())), "{all:?}");
-    // Ranges around what `test_op_ranges` runs: `softmax`'s spans other executors' steps too.
-    let filter = RangeFilter::new().levels(&[Level::Scope, Level::Op]).executors(["test_op_ranges"]);
-    let (some, notes) = labels(&filter);
-    assert_eq!(some, [(Level::Op, "exp".to_string())]);
+    let executor = || PushedBy::Executor("test_op_ranges".into());
+    // Unfiltered, `softmax`'s range sits between the scope's and the executor's `exp`.
+    let (all, notes) = labels(false, &RangeFilter::new());
+    let at = |label: &str| all.iter().position(|(_, l, _)| l == label).unwrap_or_else(|| panic!("{label}: {all:?}"));
+    assert!(at("exp") < at("softmax"), "{all:?}");
+    assert!(all[at("softmax")..].contains(&(Level::Op, "exp".into(), executor())), "{all:?}");
+    assert!(notes.is_empty(), "{notes:?}");
+    // Ranges around what `test_op_ranges` runs: `softmax`'s spans other executors' steps too,
+    // so it goes, and the scope's with it.
+    let (some, notes) = labels(false, &by_executor);
+    assert_eq!(some, [(Level::Op, "exp".to_string(), executor())]);
     let dropped = "scope `exp` (steps 0..5): its range in NVTX domain `boundscope` is dropped, as the range \
                    executor `test_op_ranges` pushes itself at step 2 would sit directly inside it with the same label";
-    assert!(notes.iter().any(|n| n == dropped), "{notes:?}");
+    assert_eq!(notes, [dropped]);
+    // The scope's first `exp` is one the runtime ranges (the executor's own was left out, a
+    // twin of the scope's when its kernel was made): with the scope's range gone, it keeps its.
+    let (some, notes) = labels(true, &by_executor);
+    assert_eq!(some, [(Level::Op, "exp".to_string(), PushedBy::Runtime), (Level::Op, "exp".to_string(), executor())]);
+    assert_eq!(notes.len(), 1, "{notes:?}");
+    assert!(notes[0].starts_with("scope `exp` (steps 0..6)"), "{notes:?}");
 }
 
 /// A small transformer step (embedding, layer_norm, split into q, k, v, causal attention, the

@@ -466,24 +466,19 @@ pub(crate) fn prepare_scopes(
         .filter_map(|n| n.emitted.as_ref())
         .map(|e| (e.step, e.executor.as_str(), e.range.domain(), e.range.label()))
         .collect();
-    // Each pass can move ranges up a level (a dropped range's children), so that two become
-    // twins that were not: repeated until none is dropped.
-    while drop_ranges_inside_their_twin(&mut scopes, &mut notes)
-        | drop_ranges_around_their_executor_twin(&mut scopes, &pushed_by_executors, &mut notes)
-    {}
+    // The ranges around executors' twins first: dropping one moves its children up a level,
+    // where one can become a twin, which the second pass then drops. (The other order could
+    // drop a range as its parent's twin, then the parent as an executor's.)
+    drop_ranges_around_their_executor_twin(&mut scopes, &pushed_by_executors, &mut notes);
+    drop_ranges_inside_their_twin(&mut scopes, &mut notes);
     notes.extend(filter.unmatched_notes(&ranged));
     Ok((scopes, dropped.dropped, notes))
 }
 
 /// Drops every NVTX range that would sit directly inside a range of the same domain with the
 /// same label (a run labelled like one of its ops, say): one range is what the user meant.
-/// Returns whether it dropped any.
-fn drop_ranges_inside_their_twin(scopes: &mut Vec<Scope>, notes: &mut Vec<String>) -> bool {
-    let mut order: Vec<usize> = (0..scopes.len()).collect();
-    order.sort_by_key(|&i| {
-        let s = &scopes[i];
-        (s.level != Level::Trace, s.first, std::cmp::Reverse(s.end), s.level, s.depth, i)
-    });
+fn drop_ranges_inside_their_twin(scopes: &mut Vec<Scope>, notes: &mut Vec<String>) {
+    let order = entry_order(scopes);
     let mut open: Vec<(&str, usize)> = Vec::new();
     let mut dropped = vec![false; scopes.len()];
     for &i in &order {
@@ -514,59 +509,91 @@ fn drop_ranges_inside_their_twin(scopes: &mut Vec<Scope>, notes: &mut Vec<String
         }
         open.push((planned.domain.as_str(), i));
     }
-    retain_undropped(scopes, &dropped)
+    retain_undropped(scopes, &dropped);
+}
+
+/// The scopes' indices in the order a run enters them ([`Schedule::build`]'s): outer before
+/// inner.
+fn entry_order(scopes: &[Scope]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..scopes.len()).collect();
+    order.sort_by_key(|&i| {
+        let s = &scopes[i];
+        (s.level != Level::Trace, s.first, std::cmp::Reverse(s.end), s.level, s.depth, i)
+    });
+    order
 }
 
 /// Drops every NVTX range of the runtime's that a range an executor pushes itself (`pushed`:
 /// its step, the executor, its domain and label) would sit directly inside with the same label
-/// and domain. The executor's range cannot be dropped (its kernel pushes it), and the plan
-/// leaves it out where it knows the twin when the executor's kernel is made; it does not know
-/// it then where a range between the two turns out to be left out by the plan's filter (a
-/// composite's span over steps of several executors, under a filter by executor), so the
-/// runtime's goes here. Returns whether it dropped any.
+/// and domain, and then the next one out where it is a twin too. The executor's range cannot be
+/// dropped (its kernel pushes it). The plan leaves it out where it sees the twin when the
+/// executor's kernel is made; it does not see it there where a range between the two turns out
+/// to be left out by the plan's filter (a composite's span over steps of several executors,
+/// under a filter by executor or category), so the runtime's range goes here.
 fn drop_ranges_around_their_executor_twin(
     scopes: &mut Vec<Scope>,
     pushed: &[(usize, &str, &str, &str)],
     notes: &mut Vec<String>,
-) -> bool {
+) {
+    if pushed.is_empty() {
+        return;
+    }
+    let order = entry_order(scopes);
+    let mut pushed = pushed.to_vec();
+    pushed.sort_by_key(|p| p.0);
     let mut dropped = vec![false; scopes.len()];
-    for &(step, executor, domain, label) in pushed {
-        // The innermost range of the domain around the step (ranges nest: the one that starts
-        // last, then ends first, then is of the deeper level).
-        let parent = scopes
-            .iter()
-            .enumerate()
-            .filter(|(_, s)| {
-                s.planned.as_ref().is_some_and(|p| p.domain == domain)
-                    && s.first as usize <= step
-                    && step < s.end as usize
-            })
-            .max_by_key(|&(i, s)| (s.level != Level::Trace, s.first, std::cmp::Reverse(s.end), s.level, s.depth, i));
-        let Some((i, s)) = parent else { continue };
-        let Some(planned) = s.planned.as_ref().filter(|p| p.label == label) else { continue };
-        if !dropped[i] {
-            dropped[i] = true;
-            notes.push(format!(
-                "{} `{}` (steps {}..{}): its range in NVTX domain `{domain}` is dropped, as the range executor \
-                 `{executor}` pushes itself at step {step} would sit directly inside it with the same label",
-                s.level.name(),
-                planned.label,
-                s.first,
-                s.end,
-            ));
+    // One sweep in run order: the scopes open at each executor's range, innermost last. A
+    // range dropped for one executor's range can leave another's directly inside a twin that
+    // an earlier one passed (`a` > `b` > [`a` pushed, `b` pushed]), so sweeps repeat until
+    // one drops nothing.
+    loop {
+        let mut any = false;
+        let mut open: Vec<usize> = Vec::new();
+        let mut next = 0;
+        for &(step, executor, domain, label) in &pushed {
+            while let Some(&i) = order.get(next).filter(|&&i| scopes[i].first as usize <= step) {
+                while open.last().is_some_and(|&o| scopes[o].end <= scopes[i].first) {
+                    open.pop();
+                }
+                open.push(i);
+                next += 1;
+            }
+            while open.last().is_some_and(|&o| scopes[o].end as usize <= step) {
+                open.pop();
+            }
+            // The innermost range of the domain still there, while it is the twin.
+            for &i in open.iter().rev() {
+                let s = &scopes[i];
+                let Some(planned) = s.planned.as_ref().filter(|p| p.domain == domain && !dropped[i]) else { continue };
+                if planned.label != label {
+                    break;
+                }
+                dropped[i] = true;
+                any = true;
+                notes.push(format!(
+                    "{} `{}` (steps {}..{}): its range in NVTX domain `{domain}` is dropped, as the range executor \
+                     `{executor}` pushes itself at step {step} would sit directly inside it with the same label",
+                    s.level.name(),
+                    planned.label,
+                    s.first,
+                    s.end,
+                ));
+            }
+        }
+        if !any {
+            break;
         }
     }
-    retain_undropped(scopes, &dropped)
+    retain_undropped(scopes, &dropped);
 }
 
-/// Keeps the scopes not marked `dropped`; returns whether any was.
-fn retain_undropped(scopes: &mut Vec<Scope>, dropped: &[bool]) -> bool {
+/// Keeps the scopes not marked `dropped`.
+fn retain_undropped(scopes: &mut Vec<Scope>, dropped: &[bool]) {
     let mut index = 0;
     scopes.retain(|_| {
         index += 1;
         !dropped[index - 1]
     });
-    dropped.contains(&true)
 }
 
 /// Scopes must nest (or be disjoint): the run loop exits them by count, innermost first, so two

@@ -76,7 +76,11 @@ const CATEGORIES: [Category; 7] = [
 /// profiled `softmax` whose middle ops were fused) leaves that label to the composite's range;
 /// when a filter by executor or category then drops the composite's range, the region's range
 /// is pushed by the runtime rather than by the executor (still exactly one, and in the range
-/// map).
+/// map). The same blindness the other way: where a filter by executor or category drops a
+/// composite's range that stood between a range of the runtime's and a range an executor
+/// pushes itself with the same label (a scope named `exp` around a `softmax` whose `exp` an
+/// executor runs and profiles), the runtime's range is dropped, with a note in the plan, so
+/// that no range sits directly inside its twin.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RangeFilter {
     levels: Vec<Level>,

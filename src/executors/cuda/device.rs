@@ -336,22 +336,26 @@ impl CudaDevice {
     /// Hopper); 0 where the driver does not say.
     pub(crate) fn shared_memory_per_block(&self) -> usize {
         let optin = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
-        self.context.attribute(optin).ok().and_then(|b| usize::try_from(b).ok()).unwrap_or(0)
+        self.attribute_or_zero(optin)
     }
 
     /// Bytes of shared memory an SM holds for the blocks it runs (228 KB on Hopper); 0 where
     /// the driver does not say.
     pub(crate) fn shared_memory_per_sm(&self) -> usize {
         let per_sm = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR;
-        self.context.attribute(per_sm).ok().and_then(|b| usize::try_from(b).ok()).unwrap_or(0)
+        self.attribute_or_zero(per_sm)
     }
 
     /// Bytes of the GPU's L2 cache (50 MiB on the H100 and H200); 0 where the driver does not
     /// say. Kernels with [`KernelVariants::keep_in_l2`](super::KernelVariants::keep_in_l2)
     /// leave tensors that fit in three quarters of it without the streaming hints.
     pub(crate) fn l2_cache_bytes(&self) -> usize {
-        let l2 = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE;
-        self.context.attribute(l2).ok().and_then(|b| usize::try_from(b).ok()).unwrap_or(0)
+        self.attribute_or_zero(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
+    }
+
+    /// A device attribute the driver gives as a count or a size; 0 where it does not say.
+    fn attribute_or_zero(&self, attribute: sys::CUdevice_attribute) -> usize {
+        self.context.attribute(attribute).ok().and_then(|b| usize::try_from(b).ok()).unwrap_or(0)
     }
 
     /// The GPU's ordinal (0 for the first).

@@ -369,11 +369,16 @@ pub fn op_source_with(
     generate(op, std::slice::from_ref(op), &inputs, op.bound_symbol().outputs(), kernel, variants, l2_bytes)
 }
 
-/// How a kernel that reads and writes `words` device words of whole tensors (inputs read whole
-/// and outputs) moves them: with the streaming hints, unless [`KernelVariants::keep_in_l2`]
-/// and they fit together in [`L2_KEPT_SHARE`] of the GPU's L2 cache of `l2_bytes` (0 where
-/// unknown).
-pub(super) fn whole_tensors(variants: KernelVariants, words: usize, l2_bytes: usize) -> Caching {
+/// How a kernel whose tensors take `lengths` device words (its inputs' and outputs') moves
+/// those it reads or writes whole: with the streaming hints, unless
+/// [`KernelVariants::keep_in_l2`] and they fit together in [`L2_KEPT_SHARE`] of the GPU's L2
+/// cache of `l2_bytes` (0 where unknown).
+pub(super) fn whole_tensors(
+    variants: KernelVariants,
+    lengths: impl IntoIterator<Item = usize>,
+    l2_bytes: usize,
+) -> Caching {
+    let words = lengths.into_iter().fold(0usize, usize::saturating_add);
     let (numerator, denominator) = L2_KEPT_SHARE;
     if variants.keep_in_l2 && words.saturating_mul(4).saturating_mul(denominator) <= l2_bytes.saturating_mul(numerator)
     {
@@ -705,8 +710,7 @@ fn generate(
         .map(|(&v, &d)| region.shape_of(v).map(|s| packing::words(d, s.iter().product())).map_err(|e| e.to_string()))
         .collect::<Result<Vec<usize>, String>>()?;
     // Full-size streams: with the streaming hints (read or written once), unless they stay in L2.
-    let words = input_lengths.iter().chain(&output_lengths).fold(0usize, |a, &b| a.saturating_add(b));
-    let full_size = whole_tensors(variants, words, l2_bytes);
+    let full_size = whole_tensors(variants, input_lengths.iter().chain(&output_lengths).copied(), l2_bytes);
     // Elementwise regions move vectors: four `f32` values, or eight where any operand is 16-bit
     // (each 16-bit operand one 16-byte load or store). Inputs read whole, a vector an access;
     // a single value once; a broadcast input per vector where its rows hold whole vectors
@@ -1209,15 +1213,11 @@ fn wide_loop(
     if batch > 1 {
         row_batch.rows = batch;
         for k in (0..reads.len()).filter(|&k| batched(k)) {
-            let load = |ty: &str, at: &str| whole.read(ty, &format!("in{k} + {at}"));
-            let (declarations, loads) = (&mut row_batch.declarations, &mut row_batch.loads);
-            if packing::is_packed(input_dtypes[k]) {
-                let _ = writeln!(declarations, "    uint4 p{k}[{batch}];");
-                let _ = writeln!(loads, "    p{k}[q] = {};", load("uint4", "i"));
-            } else {
-                let _ = writeln!(declarations, "    float4 pa{k}[{batch}], pb{k}[{batch}];");
-                let _ = writeln!(loads, "    pa{k}[q] = {};", load("float4", "i"));
-                let _ = writeln!(loads, "    pb{k}[q] = {};", load("float4", "i + 4"));
+            let (arrays, ty) = batch_arrays(k, input_dtypes[k]);
+            let declared: Vec<String> = arrays.iter().map(|a| format!("{a}[{batch}]")).collect();
+            let _ = writeln!(row_batch.declarations, "    {ty} {};", declared.join(", "));
+            for (array, read) in arrays.iter().zip(wide_reads(k, input_dtypes[k], whole, "i")) {
+                let _ = writeln!(row_batch.loads, "    {array}[q] = {read};");
             }
         }
     }
@@ -1303,7 +1303,8 @@ fn wide_loop(
             VectorRead::PerLane => continue,
         };
         if batched(k) {
-            unpack_wide(source, k, dtype, &format!("p{k}[q]"), &format!("pa{k}[q]"), &format!("pb{k}[q]"));
+            let row: Vec<String> = batch_arrays(k, dtype).0.iter().map(|a| format!("{a}[q]")).collect();
+            unpack_wide(source, k, dtype, &row);
         } else {
             wide_load(source, k, dtype, if read_whole { whole } else { Caching::Kept }, &at);
         }
@@ -1336,7 +1337,7 @@ fn wide_loop(
             let half = |l: usize| narrow(dtype, &format!("r{o}[{l}]")).replace("(unsigned short)", "");
             let word = |w: usize| format!("({} | ({} << 16))", half(2 * w), half(2 * w + 1));
             let words = format!("make_uint4({}, {}, {}, {})", word(0), word(1), word(2), word(3));
-            let _ = writeln!(source, "    {}", whole.store(&format!("reinterpret_cast<uint4*>(out{o} + i)"), &words));
+            let _ = writeln!(source, "    {}", whole.write("uint4", &format!("out{o} + i"), &words));
         } else {
             for (at, first) in [("i", 0), ("i + 4", 4)] {
                 let values = format!(
@@ -1345,11 +1346,7 @@ fn wide_loop(
                     first + 2,
                     first + 3
                 );
-                let _ = writeln!(
-                    source,
-                    "    {}",
-                    whole.store(&format!("reinterpret_cast<float4*>(out{o} + {at})"), &values)
-                );
+                let _ = writeln!(source, "    {}", whole.write("float4", &format!("out{o} + {at}"), &values));
             }
         }
     }
@@ -1361,19 +1358,40 @@ fn wide_loop(
 /// they stay in L2: [`whole_tensors`]); broadcast rows are read again (by every row, or every
 /// group of rows) and stay cached.
 fn wide_load(source: &mut String, k: usize, dtype: DType, caching: Caching, at: &str) {
-    let load = |ty: &str, at: &str| caching.read(ty, &format!("in{k} + {at}"));
-    unpack_wide(source, k, dtype, &load("uint4", at), &load("float4", at), &load("float4", &format!("{at} + 4")));
+    unpack_wide(source, k, dtype, &wide_reads(k, dtype, caching, at));
 }
 
-/// Eight values of input `k` into `w{k}` (16-bit: four words, from the `uint4` `word`) or
-/// `f{k}` (`f32`: from the `float4`s `low` and `high`), as C.
-fn unpack_wide(source: &mut String, k: usize, dtype: DType, words: &str, low: &str, high: &str) {
+/// The accesses that read input `k`'s eight values from element `at` on with `caching`, as C:
+/// one `uint4` of a 16-bit input, two `float4`s (the first four values, then the next) of an
+/// `f32` one.
+fn wide_reads(k: usize, dtype: DType, caching: Caching, at: &str) -> Vec<String> {
+    let read = |ty: &str, at: &str| caching.read(ty, &format!("in{k} + {at}"));
     if packing::is_packed(dtype) {
-        let _ = writeln!(source, "    const uint4 u{k} = {words};");
+        vec![read("uint4", at)]
+    } else {
+        vec![read("float4", at), read("float4", &format!("{at} + 4"))]
+    }
+}
+
+/// The arrays a batch of rows ([`RowBatch`]) keeps input `k`'s accesses in, one per access of
+/// [`wide_reads`], and their element type.
+fn batch_arrays(k: usize, dtype: DType) -> (Vec<String>, &'static str) {
+    if packing::is_packed(dtype) {
+        (vec![format!("p{k}")], "uint4")
+    } else {
+        (vec![format!("pa{k}"), format!("pb{k}")], "float4")
+    }
+}
+
+/// Eight values of input `k` into `w{k}` (16-bit: four words) or `f{k}` (`f32`), from
+/// `accesses`, the C of [`wide_reads`]'s accesses (or of where a batch keeps them).
+fn unpack_wide(source: &mut String, k: usize, dtype: DType, accesses: &[String]) {
+    if packing::is_packed(dtype) {
+        let _ = writeln!(source, "    const uint4 u{k} = {};", accesses[0]);
         let _ = writeln!(source, "    const unsigned int w{k}[4] = {{u{k}.x, u{k}.y, u{k}.z, u{k}.w}};");
     } else {
-        let _ = writeln!(source, "    const float4 a{k} = {low};");
-        let _ = writeln!(source, "    const float4 b{k} = {high};");
+        let _ = writeln!(source, "    const float4 a{k} = {};", accesses[0]);
+        let _ = writeln!(source, "    const float4 b{k} = {};", accesses[1]);
         let _ = writeln!(
             source,
             "    const float f{k}[8] = {{a{k}.x, a{k}.y, a{k}.z, a{k}.w, b{k}.x, b{k}.y, b{k}.z, b{k}.w}};"
@@ -1936,7 +1954,7 @@ mod reduction_tests {
         for at in ["i", "i + 4"] {
             let ptr = format!("reinterpret_cast<float4*>(out0 + {at})");
             assert!(hinted_source.contains(&format!("__stcs({ptr}, make_float4(")), "{hinted_source}");
-            assert!(plain.contains(&format!("*({ptr}) = make_float4(")), "{plain}");
+            assert!(plain.contains(&format!("*{ptr} = make_float4(")), "{plain}");
         }
         assert!(!hinted(&plain), "{plain}");
         super::super::compiles_with_nvrtc(&plain);

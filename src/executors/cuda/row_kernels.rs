@@ -231,7 +231,7 @@ impl Caching {
     }
 
     /// The C statement that writes `value`, one access of type `ty`, at element pointer `ptr`.
-    fn write(self, ty: &str, ptr: &str, value: &str) -> String {
+    pub(super) fn write(self, ty: &str, ptr: &str, value: &str) -> String {
         match self {
             Caching::Kept => format!("*reinterpret_cast<{ty}*>({ptr}) = {value};"),
             Caching::Streamed => format!("__stcs(reinterpret_cast<{ty}*>({ptr}), {value});"),
@@ -908,8 +908,8 @@ pub(super) fn row_source(
         int_columns: variants.int32_row_columns && cols < 1 << 30,
         // A row kept on chip is read once and written once; a streamed row is read again.
         caching: if variants.streaming_rows && cached {
-            let words = input_lengths.iter().fold(packing::words(out_dtype, numel), |a, &b| a.saturating_add(b));
-            super::codegen::whole_tensors(variants, words, l2_bytes)
+            let lengths = input_lengths.iter().copied().chain([packing::words(out_dtype, numel)]);
+            super::codegen::whole_tensors(variants, lengths, l2_bytes)
         } else {
             Caching::Kept
         },

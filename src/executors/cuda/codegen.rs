@@ -379,13 +379,17 @@ pub(super) fn whole_tensors(
     l2_bytes: usize,
 ) -> Caching {
     let words = lengths.into_iter().fold(0usize, usize::saturating_add);
-    let (numerator, denominator) = L2_KEPT_SHARE;
-    if variants.keep_in_l2 && words.saturating_mul(4).saturating_mul(denominator) <= l2_bytes.saturating_mul(numerator)
-    {
+    if variants.keep_in_l2 && fit_in_l2(words, l2_bytes, L2_KEPT_SHARE) {
         Caching::Kept
     } else {
         Caching::Streamed
     }
+}
+
+/// Whether tensors of `words` device words together fit in `share` (numerator, denominator) of
+/// an L2 cache of `l2_bytes` (never where its size is unknown, 0).
+fn fit_in_l2(words: usize, l2_bytes: usize, (numerator, denominator): (usize, usize)) -> bool {
+    words.saturating_mul(4).saturating_mul(denominator) <= l2_bytes.saturating_mul(numerator)
 }
 
 /// The share of the L2 cache (numerator, denominator) that a kernel's whole tensors may take
@@ -710,7 +714,8 @@ fn generate(
         .map(|(&v, &d)| region.shape_of(v).map(|s| packing::words(d, s.iter().product())).map_err(|e| e.to_string()))
         .collect::<Result<Vec<usize>, String>>()?;
     // Full-size streams: with the streaming hints (read or written once), unless they stay in L2.
-    let full_size = whole_tensors(variants, input_lengths.iter().chain(&output_lengths).copied(), l2_bytes);
+    let words = input_lengths.iter().chain(&output_lengths).fold(0usize, |sum, &n| sum.saturating_add(n));
+    let full_size = whole_tensors(variants, [words], l2_bytes);
     // Elementwise regions move vectors: four `f32` values, or eight where any operand is 16-bit
     // (each 16-bit operand one 16-byte load or store). Inputs read whole, a vector an access;
     // a single value once; a broadcast input per vector where its rows hold whole vectors
@@ -956,7 +961,12 @@ fn generate(
     };
     if wide_vectorized {
         let reads = reads.unwrap_or_default();
-        let batch = if variants.batched_rows { batch_rows(rows, &reads, &input_dtypes) } else { 1 };
+        // Batches only where the tensors are read from memory: from L2 they measured slower.
+        let batch = if variants.batched_rows && !fit_in_l2(words, l2_bytes, (1, 1)) {
+            batch_rows(rows, &reads, &input_dtypes)
+        } else {
+            1
+        };
         let operands =
             WideOperands { reads: &reads, shape: &shape, input_shapes: &input_shapes, whole: full_size, batch };
         loops = wide_loop(&mut source, &body, &operands, rows, &input_dtypes, &output_dtypes, outputs);
@@ -1415,13 +1425,22 @@ mod tests {
 
     /// [`generate`], of `variants`.
     fn generate_with(build: impl FnOnce(&mut TraceBuilder<'_>), variants: KernelVariants) -> RegionSource {
+        generate_for_l2(build, variants, 0)
+    }
+
+    /// [`generate_with`] for a GPU of `l2_bytes` of L2 cache.
+    fn generate_for_l2(
+        build: impl FnOnce(&mut TraceBuilder<'_>),
+        variants: KernelVariants,
+        l2_bytes: usize,
+    ) -> RegionSource {
         let (arena, registry) = (Arena::new(), Registry::with_builtins());
         let mut b = TraceBuilder::new(&arena, &registry);
         build(&mut b);
         let trace = b.finish().unwrap();
         let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
         let region = OpView::new(&fused, &fused.bound_symbols()[0]).unwrap();
-        region_source_with(&region, "region0", variants, 0).unwrap()
+        region_source_with(&region, "region0", variants, l2_bytes).unwrap()
     }
 
     #[test]
@@ -1688,16 +1707,19 @@ extern \"C\" __global__ void region0(const float* __restrict__ in0, const float*
         }
     }
 
-    /// With `batched_rows`, a 16-bit kernel of several rows a thread loads a batch of its rows
-    /// (up to 8 accesses) before computing any; without it, or with a row a thread, the
-    /// kernels are as before.
+    /// With `batched_rows`, a 16-bit kernel of several rows a thread whose tensors do not fit
+    /// in L2 loads a batch of its rows (up to 8 accesses) before computing any; without it,
+    /// with a row a thread, or with tensors that fit in L2, the kernels are as before.
     #[test]
     fn batched_rows_load_a_batch_of_rows_before_computing_any() {
         use crate::core::ir::TensorMeta;
+        const L2: usize = 50 << 20;
         let batched = KernelVariants { batched_rows: true, ..KernelVariants::default() };
-        // `gelu(x * scale + bias [+ z])`, `z` a second input read whole, in `z_dtype`.
-        let chain = |rows: usize, cols: usize, dtype: DType, z_dtype: Option<DType>, variants| {
-            generate_with(
+        let unbatched = KernelVariants { batched_rows: false, ..KernelVariants::default() };
+        // `gelu(x * scale + bias [+ z])`, `z` a second input read whole, in `z_dtype`, for a
+        // GPU of `l2` bytes of L2.
+        let chain_for_l2 = |rows: usize, cols: usize, dtype: DType, z_dtype: Option<DType>, variants, l2| {
+            generate_for_l2(
                 |b| {
                     let x = b.input_with(&TensorMeta::new(dtype, &[rows, cols])).unwrap();
                     let scale = b.input_with(&TensorMeta::new(dtype, &[cols])).unwrap();
@@ -1712,8 +1734,13 @@ extern \"C\" __global__ void region0(const float* __restrict__ in0, const float*
                     b.output(y).unwrap();
                 },
                 variants,
+                l2,
             )
             .source
+        };
+        // For a GPU of unknown L2: nothing fits in it.
+        let chain = |rows: usize, cols: usize, dtype: DType, z_dtype: Option<DType>, variants| {
+            chain_for_l2(rows, cols, dtype, z_dtype, variants, 0)
         };
         // bf16 over [8192, 8192]: 16 rows a thread, in two batches of 8 loads of `x`, after
         // `scale` and `bias`, read once for all 16.
@@ -1737,14 +1764,17 @@ extern \"C\" __global__ void region0(const float* __restrict__ in0, const float*
         super::super::compiles_with_nvrtc(&s);
         // Without the variant: a row loaded, computed and stored in turn.
         for (rows, cols) in [(8192, 8192), (16384, 768)] {
-            let s = chain(rows, cols, DType::BF16, None, KernelVariants::default());
+            let s = chain(rows, cols, DType::BF16, None, unbatched);
             assert!(s.contains("for (int q = 0; q < ") && !s.contains("q0"), "{s}");
         }
+        // On a GPU of 50 MiB of L2: [8192, 8192] (256 MiB with the output) is batched;
+        // [16384, 768] (48 MiB) fits, and is not.
+        assert!(chain_for_l2(8192, 8192, DType::BF16, None, batched, L2).contains("q0 += 8"));
+        let s = chain_for_l2(16384, 768, DType::BF16, None, batched, L2);
+        assert!(s.contains("for (int q = 0; q < ") && !s.contains("q0"), "{s}");
+        assert_eq!(s, chain_for_l2(16384, 768, DType::BF16, None, unbatched, L2));
         // A row a thread (too few rows): nothing to batch, the same kernel.
-        assert_eq!(
-            chain(64, 768, DType::BF16, None, batched),
-            chain(64, 768, DType::BF16, None, KernelVariants::default())
-        );
+        assert_eq!(chain(64, 768, DType::BF16, None, batched), chain(64, 768, DType::BF16, None, unbatched));
         // 16 rows a thread but no input read whole (`scale` along the last axis, `mean` along
         // the first): nothing to batch either.
         let broadcasts_only = |variants| {
@@ -1762,7 +1792,7 @@ extern \"C\" __global__ void region0(const float* __restrict__ in0, const float*
         };
         let s = broadcasts_only(batched);
         assert!(s.contains("for (int q = 0; q < 16; ++q)") && !s.contains("q0"), "{s}");
-        assert_eq!(s, broadcasts_only(KernelVariants::default()));
+        assert_eq!(s, broadcasts_only(unbatched));
     }
 
     #[test]
@@ -1932,8 +1962,10 @@ mod reduction_tests {
                 assert_eq!(hinted(&s), !fits, "{case}: {s}");
                 assert!(hinted(&source(streaming, L2)), "{case}: hinted without keep_in_l2");
                 assert!(hinted(&source(kept, 0)), "{case}: hinted where L2 is unknown");
-                // The L2's size changes nothing without the variant.
-                for variants in [streaming, KernelVariants { keep_in_l2: false, ..KernelVariants::default() }] {
+                // The L2's size changes nothing without the variant (nor `batched_rows`, which
+                // batches only tensors past it).
+                let neither = KernelVariants { keep_in_l2: false, batched_rows: false, ..KernelVariants::default() };
+                for variants in [streaming, neither] {
                     assert_eq!(source(variants, L2), source(variants, 0), "{case}");
                 }
                 if fits && reduce {

@@ -157,8 +157,8 @@
 //! in its header. `scripts/gpu-variants` runs the GPU tests with the defaults, every variant and
 //! none; times each variant flipped from the defaults, case by case, on the sweep; and times GPT-2
 //! with the defaults, without `fast_exp2` and `streaming_rows`, with `int32_row_columns`,
-//! without `keep_in_l2` and with `batched_rows`: a variant is on by default where it measures faster (`fast_exp2`,
-//! `streaming_rows` and `keep_in_l2` are).
+//! without `keep_in_l2` and without `batched_rows`: a variant is on by default where it
+//! measures faster (`fast_exp2`, `streaming_rows`, `keep_in_l2` and `batched_rows` are).
 //!
 //! # Measured on an NVIDIA H200
 //!

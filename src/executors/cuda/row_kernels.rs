@@ -1199,7 +1199,7 @@ mod tests {
                 int32_row_columns: false,
                 streaming_rows: true,
                 keep_in_l2: true,
-                batched_rows: false
+                batched_rows: true
             }
         );
         for dtype in [DType::BF16, DType::F16] {

@@ -26,8 +26,11 @@
 //!
 //! With `--variants`, each case is also checked and timed with every variant of the generated
 //! kernels flipped from the defaults (`KernelVariants::EACH`, one at a time: `boundscope+<name>`
-//! turned on, `boundscope-<name>` off), then with none of them (`boundscope-all`), interleaved
-//! with the defaults in three rounds (the best of each kept), as RESULT lines;
+//! turned on, `boundscope-<name>` off), then with none of them (`boundscope-all`), and with the
+//! defaults again as a plan of their own (`boundscope=defaults`: how far two plans of the same
+//! kernels read apart), interleaved with the defaults in three rounds, each round starting a
+//! plan further on (the best of each kept; the inputs uploaded once, each plan's workspace kept
+//! for all three), as RESULT lines;
 //! `scripts/gpu_variants_report.py` prints each variant's speed against the defaults, case by
 //! case (the default kernels' lines are the sweep's, but each the best of three rounds, the
 //! copy's too, where a sweep without the flag times once):
@@ -45,7 +48,8 @@ use boundscope::{Arena, DType, Device, Registry, Tensor, TensorMeta, TraceBuilde
 #[path = "shared/gpu_bench.rs"]
 mod gpu_bench;
 
-use gpu_bench::{check_against_reference, gpu_plan_with, ms_per_device_run, useful_bytes};
+use boundscope::RunInput;
+use gpu_bench::{check_against_reference, gpu_plan_with, ms_per_run_in, upload_all, useful_bytes};
 
 /// One case: an op over `[rows, cols]`.
 #[derive(Clone, Copy)]
@@ -163,6 +167,9 @@ fn run() -> Result<(), String> {
                     variants.push((format!("boundscope{sign}{name}"), flipped));
                 }
                 variants.push(("boundscope-all".into(), KernelVariants::NONE));
+                // The defaults again, as a plan of their own: how far two plans of the same
+                // kernels read apart, the floor under which a variant's difference is noise.
+                variants.push(("boundscope=defaults".into(), KernelVariants::default()));
             }
             _ => return Err(format!("unknown flag `{flag}` (the one flag is --variants)")),
         }
@@ -209,14 +216,22 @@ fn run() -> Result<(), String> {
             let bytes = useful_bytes(&full);
             // About 30 ms of runs at 3 TB/s, 20 to 1,000 of them.
             let reps = (9e10 / bytes as f64).clamp(20.0, 1000.0) as usize;
-            let full_inputs = inputs(&case, case.rows, dtype);
+            // The inputs uploaded once, and a workspace per plan for all rounds: each plan keeps
+            // its memory from round to round.
+            let uploaded = upload_all(&device, &inputs(&case, case.rows, dtype))?;
+            let run_inputs: Vec<RunInput<'_>> = uploaded.iter().map(RunInput::from).collect();
+            let mut workspaces =
+                plans.iter().map(|p| p.workspace()).collect::<boundscope::Result<Vec<_>>>().map_err(e)?;
             let (mut ms, mut copy_ms) = (vec![f64::INFINITY; plans.len()], f64::INFINITY);
             // The copy of the same bytes (half of them read, half written) in each round, and the
             // best of three at least: alone, it moved by up to 2x between runs at 2^22 values.
             for round in 0..rounds.max(COPIES) {
                 if round < rounds {
-                    for (best, plan) in ms.iter_mut().zip(&plans) {
-                        *best = best.min(ms_per_device_run(&device, plan, &full_inputs, reps)?);
+                    // Each round starts a plan further on, so that no plan always runs first.
+                    for k in 0..plans.len() {
+                        let i = (k + round) % plans.len();
+                        let run = ms_per_run_in(&device, &plans[i], &mut workspaces[i], &run_inputs, reps)?;
+                        ms[i] = ms[i].min(run);
                     }
                 }
                 copy_ms = copy_ms.min(gpu_bench::copy_ms(bytes / 8, reps)?);

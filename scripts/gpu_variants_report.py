@@ -7,7 +7,9 @@ by case: the time without it over the time with it (above 1.0: faster with the v
 kernels without the variant over the defaults' (`-all`: the kernels without any variant over
 the defaults). Then the minimum, median and maximum over the cases, and the cases where the
 variant makes them more than 2% faster or slower. Both were timed in the same run, interleaved,
-the best of three rounds. Where a case was timed several times (`scripts/gpu-variants ab`: two
+the best of three rounds. The `=defaults` column is the defaults timed again as a plan of their
+own (the same kernels, other memory): how far it strays from 1.00x is the noise under the other
+columns, and the report says how far, last. Where a case was timed several times (`scripts/gpu-variants ab`: two
 builds in turn, `boundscope-change` being the build before a change), each side's best counts.
 
     target/release/examples/gpu_sweep --variants | python3 scripts/gpu_variants_report.py
@@ -42,8 +44,9 @@ for (op, rows, cols, dtype), impls in cases.items():
         if r is None:
             row.append("-")
             continue
-        # With the variant over without it, whichever side the defaults are on.
-        ratio = base["ms"] / r["ms"] if v.startswith("boundscope+") else r["ms"] / base["ms"]
+        # With the variant over without it, whichever side the defaults are on (the control
+        # `=defaults`: the first plan's time over the second's).
+        ratio = r["ms"] / base["ms"] if v.startswith("boundscope-") else base["ms"] / r["ms"]
         ratios[v].append((ratio, f"{op} {rows}x{cols} {dtype}"))
         row.append(f"{ratio:.2f}x")
     share = 100 * base["gbps"] / base["copy_gbps"]
@@ -54,6 +57,8 @@ for v, name in zip(variants, names):
     if not values:
         continue
     only = [x for x, _ in values]
+    if name.startswith("="):
+        continue
     print(f"- {name}: minimum {min(only):.2f}x, median {statistics.median(only):.2f}x, "
           f"maximum {max(only):.2f}x with the variant over without it, over {len(only)} cases")
     faster = sorted((x for x in values if x[0] > 1.02), reverse=True)
@@ -62,3 +67,11 @@ for v, name in zip(variants, names):
         print(f"  - {len(faster)} faster with it by over 2%: " + ", ".join(f"{c} {x:.2f}x" for x, c in faster))
     if slower:
         print(f"  - {len(slower)} slower with it by over 2%: " + ", ".join(f"{c} {x:.2f}x" for x, c in slower))
+control = next((v for v, n in zip(variants, names) if n == "=defaults"), None)
+if control and ratios[control]:
+    values = sorted(ratios[control])
+    spread = max(abs(x - 1) for x, _ in values)
+    print(f"- =defaults (the defaults as a second plan, the noise floor): minimum {values[0][0]:.2f}x, "
+          f"median {statistics.median(x for x, _ in values):.2f}x, maximum {values[-1][0]:.2f}x over "
+          f"{len(values)} cases; differences within {100 * spread:.0f}% are within the noise "
+          f"(furthest: {values[0][1] if 1 - values[0][0] > values[-1][0] - 1 else values[-1][1]})")

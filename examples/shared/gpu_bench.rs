@@ -10,7 +10,7 @@ use std::time::Instant;
 use boundscope::executors::cuda::{CudaDevice, CudaFusion, CudaOps, KernelVariants};
 use boundscope::executors::CpuReference;
 use boundscope::passes::{FuseRegions, Pass, Pipeline};
-use boundscope::{Arena, DType, Device, DeviceTensor, Executor, Plan, RunInput, Tensor, Trace};
+use boundscope::{Arena, DType, Device, DeviceTensor, Executor, Plan, RunInput, Tensor, Trace, Workspace};
 use cudarc::driver::CudaContext;
 
 /// The plan a user compiles for the GPU: composites CudaOps runs whole kept, the rest
@@ -72,17 +72,35 @@ pub fn useful_bytes(trace: &Trace<'_>) -> usize {
 /// device, as a user's program runs it: 3 runs to warm up, then the mean of `reps`.
 pub fn ms_per_device_run(device: &Arc<dyn Device>, plan: &Plan, inputs: &[Tensor], reps: usize) -> Result<f64, String> {
     let e = |e: boundscope::Error| e.to_string();
-    let uploaded: Vec<DeviceTensor> =
-        inputs.iter().map(|t| DeviceTensor::upload(device, t.view())).collect::<Result<_, _>>().map_err(e)?;
+    let uploaded = upload_all(device, inputs)?;
     let run_inputs: Vec<RunInput<'_>> = uploaded.iter().map(RunInput::from).collect();
     let mut ws = plan.workspace().map_err(e)?;
+    ms_per_run_in(device, plan, &mut ws, &run_inputs, reps)
+}
+
+/// `inputs` uploaded to `device`, each once.
+pub fn upload_all(device: &Arc<dyn Device>, inputs: &[Tensor]) -> Result<Vec<DeviceTensor>, String> {
+    inputs.iter().map(|t| DeviceTensor::upload(device, t.view())).collect::<Result<_, _>>().map_err(|e| e.to_string())
+}
+
+/// Milliseconds per run of `plan` in `ws` with inputs already on the device, its outputs left
+/// there: 3 runs to warm up, then the mean of `reps`. Kept across calls, the workspace and the
+/// inputs keep their addresses, so that plans timed in turn are compared on the same memory.
+pub fn ms_per_run_in(
+    device: &Arc<dyn Device>,
+    plan: &Plan,
+    ws: &mut Workspace,
+    run_inputs: &[RunInput<'_>],
+    reps: usize,
+) -> Result<f64, String> {
+    let e = |e: boundscope::Error| e.to_string();
     for _ in 0..3 {
-        plan.run_on_device(&mut ws, &run_inputs).map_err(e)?;
+        plan.run_on_device(ws, run_inputs).map_err(e)?;
     }
     device.synchronize().map_err(e)?;
     let start = Instant::now();
     for _ in 0..reps {
-        plan.run_on_device(&mut ws, &run_inputs).map_err(e)?;
+        plan.run_on_device(ws, run_inputs).map_err(e)?;
     }
     device.synchronize().map_err(e)?;
     Ok(start.elapsed().as_secs_f64() * 1e3 / reps as f64)

@@ -96,11 +96,14 @@ pub struct KernelVariants {
     /// thread in flight, at 78 registers.
     ///
     /// Only kernels whose tensors do not fit in the GPU's L2 together are batched (all where its
-    /// size is unknown): measured on an H100 (`scripts/gpu-variants sweep`), 16-bit broadcast
+    /// size is unknown): the loads it overlaps are those that wait on memory. Measured on an
+    /// H100 (`scripts/gpu-variants sweep bf16,f16 bcast_last,bcast_first`), 16-bit broadcast
     /// chains over [8192, 8192] ran 1.06x with it (92% -> 98% of a copy; 1.01-1.05x
-    /// `torch.compile`, from 0.96-0.99x) and over [65536, 256] 1.02-1.03x, but those over
-    /// [16384, 768] and [4096, 3072] (48 MiB, read from L2 in the sweep's loop) ran 0.89-0.95x.
-    /// GPT-2 124M's bf16 steps are the same within the noise with it or without it.
+    /// `torch.compile`, from 0.96-0.99x) and over [65536, 256] 1.03-1.05x; batched within L2 too
+    /// (the chains over [16384, 768] and [4096, 3072], 48 MiB), they ran 0.98-1.00x, within
+    /// the 3% that two plans of the same kernels read apart, so those keep the smaller kernel
+    /// (45 registers rather than 78). GPT-2 124M's bf16 steps are the same within the noise
+    /// with it or without it.
     pub batched_rows: bool,
 }
 

@@ -701,11 +701,11 @@ fn bf16_and_f16_plans_match_the_cpu_executors() {
 /// A fused region over enough rows that each thread of a 16-bit kernel takes several
 /// (`gelu((x - mean) * scale + bias)`, `scale` and `bias` rows read once per thread for all of
 /// its rows, `mean` per row) equals CpuFusion within one unit in the last place: bf16 and f16
-/// over [8192, 1024] (2 rows a thread), a bf16 region with an `f32` row, bf16 over [8192, 8192]
-/// (16 rows a thread: two batches of 8 with `KernelVariants::batched_rows`), bf16 over [8192,
+/// over [8192, 1024] (2 rows a thread), a bf16 region with an `f32` row, bf16 and f16 over [8192,
+/// 8192] (16 rows a thread: two batches of 8 with `KernelVariants::batched_rows`), bf16 over [8192,
 /// 4096] with an `f32` input `z` read whole too (8 rows a thread, batches of 2), and f32 (a row
 /// a thread); each with the variants under test, with `batched_rows` and without it (the
-/// variant batches only the two cases whose tensors outgrow the L2 of today's GPUs).
+/// variant batches only the three cases whose tensors outgrow the L2 of today's GPUs).
 #[test]
 fn row_broadcasts_held_over_several_rows_match_the_cpu_executors() {
     use boundscope::{DType, TensorMeta, TraceBuilder};
@@ -717,6 +717,7 @@ fn row_broadcasts_held_over_several_rows_match_the_cpu_executors() {
         (DType::F16, DType::F16, [8192, 1024], None),
         (DType::BF16, DType::F32, [8192, 1024], None),
         (DType::BF16, DType::BF16, [8192, 8192], None),
+        (DType::F16, DType::F16, [8192, 8192], None),
         (DType::BF16, DType::BF16, [8192, 4096], Some(DType::F32)),
     ] {
         let arena = Arena::new();

@@ -31,7 +31,8 @@ variants = sorted({impl for impls in cases.values() for impl in impls if impl !=
 if not variants:
     sys.exit("no variant results: run gpu_sweep with --variants")
 names = [v[len("boundscope"):] for v in variants]
-print("| op | shape | dtype | default GB/s | % of copy | " + " | ".join(f"{n} (with / without)" for n in names) + " |")
+print("| op | shape | dtype | default GB/s | % of copy | "
+      + " | ".join(n + (" (a second plan)" if n.startswith("=") else " (with / without)") for n in names) + " |")
 print("| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in names) + " |")
 ratios = {v: [] for v in variants}
 for (op, rows, cols, dtype), impls in cases.items():

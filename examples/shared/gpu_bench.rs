@@ -85,7 +85,8 @@ pub fn upload_all(device: &Arc<dyn Device>, inputs: &[Tensor]) -> Result<Vec<Dev
 
 /// Milliseconds per run of `plan` in `ws` with inputs already on the device, its outputs left
 /// there: 3 runs to warm up, then the mean of `reps`. Kept across calls, the workspace and the
-/// inputs keep their addresses, so that plans timed in turn are compared on the same memory.
+/// inputs keep their addresses: plans timed in turn share the inputs, and each keeps its own
+/// workspace from round to round.
 pub fn ms_per_run_in(
     device: &Arc<dyn Device>,
     plan: &Plan,

@@ -397,7 +397,9 @@ fn fit_in_l2(words: usize, l2_bytes: usize, (numerator, denominator): (usize, us
 /// MiB of L2), with the variant against without it: tensors of 32 MiB together ran 1.05-1.18x
 /// (rows of 32 and 1,024 and broadcast chains over 2^22 values), tensors of 48 MiB (the
 /// broadcast chains over [16384, 768] and [4096, 3072] in bf16) 0.87-0.93x, where the whole L2
-/// was the bound.
+/// was the bound. That last figure was taken before `gpu_sweep --variants` compared plans on
+/// the same inputs, when two plans of the same kernels read up to 1.09x apart on those chains:
+/// it wants measuring again.
 pub(super) const L2_KEPT_SHARE: (usize, usize) = (3, 4);
 
 /// Threads per row of a region's trailing reduction over rows of `accesses` reads (of up to 16
@@ -714,6 +716,8 @@ fn generate(
         .map(|(&v, &d)| region.shape_of(v).map(|s| packing::words(d, s.iter().product())).map_err(|e| e.to_string()))
         .collect::<Result<Vec<usize>, String>>()?;
     // Full-size streams: with the streaming hints (read or written once), unless they stay in L2.
+    // (An input passed twice, as in `mul(x, x)`, counts twice: a kernel at the bound may be
+    // taken for one past it, never the other way.)
     let words = input_lengths.iter().chain(&output_lengths).fold(0usize, |sum, &n| sum.saturating_add(n));
     let full_size = whole_tensors(variants, [words], l2_bytes);
     // Elementwise regions move vectors: four `f32` values, or eight where any operand is 16-bit
@@ -961,7 +965,8 @@ fn generate(
     };
     if wide_vectorized {
         let reads = reads.unwrap_or_default();
-        // Batches only where the tensors are read from memory: from L2 they measured slower.
+        // Batches only where the tensors are read from memory: within L2 batching measured no
+        // faster (0.98-1.00x, the noise), so those keep the smaller kernel (45 registers, not 78).
         let batch = if variants.batched_rows && !fit_in_l2(words, l2_bytes, (1, 1)) {
             batch_rows(rows, &reads, &input_dtypes)
         } else {
@@ -1773,6 +1778,10 @@ extern \"C\" __global__ void region0(const float* __restrict__ in0, const float*
         let s = chain_for_l2(16384, 768, DType::BF16, None, batched, L2);
         assert!(s.contains("for (int q = 0; q < ") && !s.contains("q0"), "{s}");
         assert_eq!(s, chain_for_l2(16384, 768, DType::BF16, None, unbatched, L2));
+        // The same kernel on a GPU of 40 MiB of L2, or of unknown L2, is batched.
+        for l2 in [40 << 20, 0] {
+            assert!(chain_for_l2(16384, 768, DType::BF16, None, batched, l2).contains("q0 += "), "L2 {l2}");
+        }
         // A row a thread (too few rows): nothing to batch, the same kernel.
         assert_eq!(chain(64, 768, DType::BF16, None, batched), chain(64, 768, DType::BF16, None, unbatched));
         // 16 rows a thread but no input read whole (`scale` along the last axis, `mean` along
@@ -1962,8 +1971,8 @@ mod reduction_tests {
                 assert_eq!(hinted(&s), !fits, "{case}: {s}");
                 assert!(hinted(&source(streaming, L2)), "{case}: hinted without keep_in_l2");
                 assert!(hinted(&source(kept, 0)), "{case}: hinted where L2 is unknown");
-                // The L2's size changes nothing without the variant (nor `batched_rows`, which
-                // batches only tensors past it).
+                // The L2's size changes nothing without the variant (and without `batched_rows`
+                // too, which batches only tensors past it).
                 let neither = KernelVariants { keep_in_l2: false, batched_rows: false, ..KernelVariants::default() };
                 for variants in [streaming, neither] {
                     assert_eq!(source(variants, L2), source(variants, 0), "{case}");

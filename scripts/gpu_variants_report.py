@@ -6,7 +6,7 @@ by case: the time without it over the time with it (above 1.0: faster with the v
 `+` column that is the defaults' time over the variant's; for a `-` column, the time of the
 kernels without the variant over the defaults' (`-all`: the kernels without any variant over
 the defaults). Then the minimum, median and maximum over the cases, and the cases where the
-variant makes them more than 2% faster or slower. Both were timed in the same run, interleaved,
+variant makes them faster or slower by more than the control's spread (below; 2% at least). Both were timed in the same run, interleaved,
 the best of three rounds. The `=defaults` column is the defaults timed again as a plan of their
 own (the same kernels, other memory): how far it strays from 1.00x is the noise under the other
 columns, and the report says how far, last. Where a case was timed several times (`scripts/gpu-variants ab`: two
@@ -53,26 +53,28 @@ for (op, rows, cols, dtype), impls in cases.items():
     share = 100 * base["gbps"] / base["copy_gbps"]
     print(f"| {op} | {rows}x{cols} | {dtype} | {base['gbps']:.0f} | {share:.0f}% | " + " | ".join(row) + " |")
 print()
+# The control's spread, where there is one, is the threshold of the lists below (2% at least).
+control = next((v for v, n in zip(variants, names) if n == "=defaults"), None)
+spread = max((abs(x - 1) for x, _ in ratios[control]), default=0.0) if control else 0.0
+threshold = max(0.02, spread)
 for v, name in zip(variants, names):
     values = ratios[v]
-    if not values:
+    if not values or name.startswith("="):
         continue
     only = [x for x, _ in values]
-    if name.startswith("="):
-        continue
     print(f"- {name}: minimum {min(only):.2f}x, median {statistics.median(only):.2f}x, "
           f"maximum {max(only):.2f}x with the variant over without it, over {len(only)} cases")
-    faster = sorted((x for x in values if x[0] > 1.02), reverse=True)
-    slower = sorted(x for x in values if x[0] < 0.98)
+    faster = sorted((x for x in values if x[0] > 1 + threshold), reverse=True)
+    slower = sorted(x for x in values if x[0] < 1 - threshold)
+    by = f"by over {100 * threshold:.0f}%"
     if faster:
-        print(f"  - {len(faster)} faster with it by over 2%: " + ", ".join(f"{c} {x:.2f}x" for x, c in faster))
+        print(f"  - {len(faster)} faster with it {by}: " + ", ".join(f"{c} {x:.2f}x" for x, c in faster))
     if slower:
-        print(f"  - {len(slower)} slower with it by over 2%: " + ", ".join(f"{c} {x:.2f}x" for x, c in slower))
-control = next((v for v, n in zip(variants, names) if n == "=defaults"), None)
+        print(f"  - {len(slower)} slower with it {by}: " + ", ".join(f"{c} {x:.2f}x" for x, c in slower))
 if control and ratios[control]:
     values = sorted(ratios[control])
-    spread = max(abs(x - 1) for x, _ in values)
+    furthest = values[0] if 1 - values[0][0] > values[-1][0] - 1 else values[-1]
     print(f"- =defaults (the defaults as a second plan, the noise floor): minimum {values[0][0]:.2f}x, "
           f"median {statistics.median(x for x, _ in values):.2f}x, maximum {values[-1][0]:.2f}x over "
           f"{len(values)} cases; differences within {100 * spread:.0f}% are within the noise "
-          f"(furthest: {values[0][1] if 1 - values[0][0] > values[-1][0] - 1 else values[-1][1]})")
+          f"(furthest: {furthest[1]}), and the lists above leave them out")

@@ -369,21 +369,21 @@ pub fn op_source_with(
     generate(op, std::slice::from_ref(op), &inputs, op.bound_symbol().outputs(), kernel, variants, l2_bytes)
 }
 
-/// How a kernel whose tensors take `lengths` device words (its inputs' and outputs') moves
-/// those it reads or writes whole: with the streaming hints, unless
+/// How a kernel whose tensors take `words` device words together (its inputs' and outputs',
+/// [`total_words`]) moves those it reads or writes whole: with the streaming hints, unless
 /// [`KernelVariants::keep_in_l2`] and they fit together in [`L2_KEPT_SHARE`] of the GPU's L2
 /// cache of `l2_bytes` (0 where unknown).
-pub(super) fn whole_tensors(
-    variants: KernelVariants,
-    lengths: impl IntoIterator<Item = usize>,
-    l2_bytes: usize,
-) -> Caching {
-    let words = lengths.into_iter().fold(0usize, usize::saturating_add);
+pub(super) fn whole_tensors(variants: KernelVariants, words: usize, l2_bytes: usize) -> Caching {
     if variants.keep_in_l2 && fit_in_l2(words, l2_bytes, L2_KEPT_SHARE) {
         Caching::Kept
     } else {
         Caching::Streamed
     }
+}
+
+/// The device words of tensors of `lengths` words each, together (saturating).
+pub(super) fn total_words(lengths: impl IntoIterator<Item = usize>) -> usize {
+    lengths.into_iter().fold(0usize, usize::saturating_add)
 }
 
 /// Whether tensors of `words` device words together fit in `share` (numerator, denominator) of
@@ -718,8 +718,8 @@ fn generate(
     // Full-size streams: with the streaming hints (read or written once), unless they stay in L2.
     // (An input passed twice, as in `mul(x, x)`, counts twice: a kernel at the bound may be
     // taken for one past it, never the other way.)
-    let words = input_lengths.iter().chain(&output_lengths).fold(0usize, |sum, &n| sum.saturating_add(n));
-    let full_size = whole_tensors(variants, [words], l2_bytes);
+    let words = total_words(input_lengths.iter().chain(&output_lengths).copied());
+    let full_size = whole_tensors(variants, words, l2_bytes);
     // Elementwise regions move vectors: four `f32` values, or eight where any operand is 16-bit
     // (each 16-bit operand one 16-byte load or store). Inputs read whole, a vector an access;
     // a single value once; a broadcast input per vector where its rows hold whole vectors
@@ -1179,14 +1179,16 @@ impl RowBatch {
 const BATCHED_ACCESSES: usize = 8;
 
 /// Rows of a group of `rows` (a power of two) per batch: the most whose loads of the inputs
-/// read whole (16 bytes each of a 16-bit input, two of an `f32` one) make at most
-/// [`BATCHED_ACCESSES`]; 1 where there is no group or no such input.
+/// read whole (an access for each of [`batch_arrays`]: one `uint4` of a 16-bit input, two
+/// `float4`s of an `f32` one) make at most [`BATCHED_ACCESSES`]; 1 where there is no group or
+/// no such input.
 fn batch_rows(rows: usize, reads: &[VectorRead], input_dtypes: &[DType]) -> usize {
     let accesses: usize = reads
         .iter()
         .zip(input_dtypes)
-        .filter(|(read, _)| matches!(read, VectorRead::Vector))
-        .map(|(_, &dtype)| if packing::is_packed(dtype) { 1 } else { 2 })
+        .enumerate()
+        .filter(|(_, (read, _))| matches!(read, VectorRead::Vector))
+        .map(|(k, (_, &dtype))| batch_arrays(k, dtype).0.len())
         .sum();
     if rows <= 1 || accesses == 0 {
         return 1;

@@ -909,7 +909,7 @@ pub(super) fn row_source(
         // A row kept on chip is read once and written once; a streamed row is read again.
         caching: if variants.streaming_rows && cached {
             let lengths = input_lengths.iter().copied().chain([packing::words(out_dtype, numel)]);
-            super::codegen::whole_tensors(variants, lengths, l2_bytes)
+            super::codegen::whole_tensors(variants, super::codegen::total_words(lengths), l2_bytes)
         } else {
             Caching::Kept
         },

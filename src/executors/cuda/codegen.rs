@@ -396,10 +396,9 @@ fn fit_in_l2(words: usize, l2_bytes: usize, (numerator, denominator): (usize, us
 /// for [`KernelVariants::keep_in_l2`] to drop their streaming hints. Measured on the H100 (50
 /// MiB of L2), with the variant against without it: tensors of 32 MiB together ran 1.05-1.18x
 /// (rows of 32 and 1,024 and broadcast chains over 2^22 values), tensors of 48 MiB (the
-/// broadcast chains over [16384, 768] and [4096, 3072] in bf16) 0.87-0.93x, where the whole L2
-/// was the bound. That last figure was taken before `gpu_sweep --variants` compared plans on
-/// the same inputs, when two plans of the same kernels read up to 1.09x apart on those chains:
-/// it wants measuring again.
+/// broadcast chains over [16384, 768] and [4096, 3072] in bf16 and f16) 0.78-0.81x in two
+/// runs, where the whole L2 was the bound (a control plan of the same kernels read 0.97-1.01x):
+/// there the streamed kernels run at 3,230-3,320 GB/s, the kept ones at 2,550-2,690.
 pub(super) const L2_KEPT_SHARE: (usize, usize) = (3, 4);
 
 /// Threads per row of a region's trailing reduction over rows of `accesses` reads (of up to 16

@@ -83,8 +83,8 @@ pub struct KernelVariants {
     /// 77-84% of a copy's speed without it), and 0.94x on 16-bit `sum` and `max` over [16384,
     /// 1024] (125% of a copy's speed without it: the sweep's loop reads the same input again).
     /// At the whole L2 (48 MiB, the sweep's 16-bit broadcast chains over [16384, 768]) it ran
-    /// 0.87-0.93x, hence the three quarters (measured before the sweep timed its plans on the
-    /// same inputs, when two plans of the same kernels read up to 1.09x apart there).
+    /// 0.78-0.81x (bf16 and f16, both axes, two runs; 0.87-0.93x measured before the sweep
+    /// timed its plans on the same inputs), hence the three quarters.
     pub keep_in_l2: bool,
     /// 16-bit elementwise kernels that take several rows a thread (where a row broadcast along
     /// the last axis is read once for them) load those rows' vectors of the inputs they read

@@ -370,11 +370,12 @@ pub fn op_source_with(
 }
 
 /// How a kernel whose tensors take `words` device words together (its inputs' and outputs',
-/// [`total_words`]) moves those it reads or writes whole: with the streaming hints, unless
-/// [`KernelVariants::keep_in_l2`] and they fit together in [`L2_KEPT_SHARE`] of the GPU's L2
-/// cache of `l2_bytes` (0 where unknown).
-pub(super) fn whole_tensors(variants: KernelVariants, words: usize, l2_bytes: usize) -> Caching {
-    if variants.keep_in_l2 && fit_in_l2(words, l2_bytes, L2_KEPT_SHARE) {
+/// [`total_words`]), `read` of them its inputs', moves those it reads or writes whole: with the
+/// streaming hints, unless [`KernelVariants::keep_in_l2`] and its tensors fit together in
+/// [`L2_KEPT_SHARE`] of the GPU's L2 cache of `l2_bytes` (0 where unknown) and its inputs in
+/// [`L2_READ_SHARE`].
+pub(super) fn whole_tensors(variants: KernelVariants, read: usize, words: usize, l2_bytes: usize) -> Caching {
+    if variants.keep_in_l2 && fit_in_l2(words, l2_bytes, L2_KEPT_SHARE) && fit_in_l2(read, l2_bytes, L2_READ_SHARE) {
         Caching::Kept
     } else {
         Caching::Streamed
@@ -400,6 +401,16 @@ fn fit_in_l2(words: usize, l2_bytes: usize, (numerator, denominator): (usize, us
 /// runs, where the whole L2 was the bound (a control plan of the same kernels read 0.97-1.01x):
 /// there the streamed kernels run at 3,230-3,320 GB/s, the kept ones at 2,550-2,690.
 pub(super) const L2_KEPT_SHARE: (usize, usize) = (3, 4);
+
+/// The share of the L2 cache (numerator, denominator) that the inputs of a kernel may take for
+/// [`KernelVariants::keep_in_l2`] to drop their streaming hints, beside [`L2_KEPT_SHARE`] for
+/// all its tensors. Measured on the H100 (50 MiB of L2; 2026-12-05, `gpu_sweep --variants`,
+/// plans on the same inputs): 16-bit `sum` and `max` over 2^24 values (32 MiB read, rows' results
+/// written) ran 0.90-0.97x kept against streamed at 11 of 12 row lengths in bf16 and in f16
+/// (1.05-1.10x over [256, 65536]), where kernels reading 16 MiB and writing 16 ran kept
+/// 1.14-1.39x (f32 `softmax` and `layer_norm` over [4096, 1024] and [131072, 32], broadcast
+/// chains over [1024, 4096]).
+pub(super) const L2_READ_SHARE: (usize, usize) = (1, 2);
 
 /// Threads per row of a region's trailing reduction over rows of `accesses` reads (of up to 16
 /// bytes each): a power of two, one access each up to a warp (a warp's reads cover whole
@@ -718,7 +729,7 @@ fn generate(
     // (An input passed twice, as in `mul(x, x)`, counts twice: a kernel at the bound may be
     // taken for one past it, never the other way.)
     let words = total_words(input_lengths.iter().chain(&output_lengths).copied());
-    let full_size = whole_tensors(variants, words, l2_bytes);
+    let full_size = whole_tensors(variants, total_words(input_lengths.iter().copied()), words, l2_bytes);
     // Elementwise regions move vectors: four `f32` values, or eight where any operand is 16-bit
     // (each 16-bit operand one 16-byte load or store). Inputs read whole, a vector an access;
     // a single value once; a broadcast input per vector where its rows hold whole vectors
@@ -1930,8 +1941,8 @@ mod reduction_tests {
         }
     }
 
-    /// With `keep_in_l2`, a region whose tensors fit in three quarters of L2 together reads and
-    /// writes them plainly, where every region hints its full-size streams (and a trailing
+    /// With `keep_in_l2`, a region whose tensors fit in three quarters of L2 together, and its
+    /// inputs in half, reads and writes them plainly, where every region hints its full-size streams (and a trailing
     /// reduction with `streaming_rows`); past that, or where its size is unknown (0), the hints
     /// stay.
     #[test]
@@ -1945,11 +1956,14 @@ mod reduction_tests {
         // gelu(x * scale + bias), scale and bias along the last axis, in f32 and bf16; then the
         // same chain ending in a sum (whether each fits, unreduced and reduced). 2^22 f32 values
         // (32 MiB with the output) fit; [3072, 4096] in bf16 (48 MiB with the output) fits in L2
-        // but not in its kept share, and fits once reduced; 2^24 values do not.
+        // but not in its kept share, and fits once reduced (24 MiB read); [4096, 4096] in bf16
+        // reduced fits in the kept share (32 MiB) but reads more than half of L2; 2^24 values
+        // do not fit.
         for (dtype, rows, fits) in [
             (DType::F32, 1024, [true, true]),
             (DType::BF16, 2048, [true, true]),
             (DType::BF16, 3072, [false, true]),
+            (DType::BF16, 4096, [false, false]),
             (DType::F32, 4096, [false, false]),
             (DType::BF16, 8192, [false, false]),
         ] {

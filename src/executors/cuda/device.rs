@@ -348,7 +348,8 @@ impl CudaDevice {
 
     /// Bytes of the GPU's L2 cache (50 MiB on the H100 and H200); 0 where the driver does not
     /// say. Kernels with [`KernelVariants::keep_in_l2`](super::KernelVariants::keep_in_l2)
-    /// leave tensors that fit in three quarters of it without the streaming hints.
+    /// leave tensors that fit in three quarters of it (their inputs in half) without the
+    /// streaming hints.
     pub(crate) fn l2_cache_bytes(&self) -> usize {
         self.attribute_or_zero(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
     }

@@ -908,8 +908,9 @@ pub(super) fn row_source(
         int_columns: variants.int32_row_columns && cols < 1 << 30,
         // A row kept on chip is read once and written once; a streamed row is read again.
         caching: if variants.streaming_rows && cached {
-            let lengths = input_lengths.iter().copied().chain([packing::words(out_dtype, numel)]);
-            super::codegen::whole_tensors(variants, super::codegen::total_words(lengths), l2_bytes)
+            let read = super::codegen::total_words(input_lengths.iter().copied());
+            let words = read.saturating_add(packing::words(out_dtype, numel));
+            super::codegen::whole_tensors(variants, read, words, l2_bytes)
         } else {
             Caching::Kept
         },
@@ -1188,7 +1189,8 @@ mod tests {
     const HOPPER_BLOCK: usize = 227 * 1024 - 1024;
 
     /// The defaults are the variants measured faster, together: one-instruction `exp2`, the
-    /// streaming hints (dropped where the tensors fit in three quarters of L2) and batched rows
+    /// streaming hints (dropped where the tensors fit in three quarters of L2, their inputs in
+    /// half) and batched rows
     /// in one kernel, which compiles; 32-bit columns stay off.
     #[test]
     fn the_default_kernels_take_the_variants_measured_faster() {

@@ -67,8 +67,8 @@ pub struct KernelVariants {
     /// (0.92x), 16-bit `sum` and `max` over 256 rows of 65,536 (0.93x) and f32 `layer_norm` over
     /// 4,096 rows of 1,024 (0.94x).
     pub streaming_rows: bool,
-    /// Kernels whose tensors fit together in three quarters of the GPU's L2 cache (the bytes
-    /// they read whole and write, against `CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE`: 50 MiB on the
+    /// Kernels whose tensors fit together in three quarters of the GPU's L2 cache, and their
+    /// inputs in half of it (the bytes they read whole and write, against `CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE`: 50 MiB on the
     /// H100 and H200) read and write them without the streaming hints (`__ldcs`, `__stcs`)
     /// that fused elementwise regions always take and row kernels take with
     /// [`streaming_rows`](Self::streaming_rows): the hints mark lines to be evicted first,
@@ -82,6 +82,9 @@ pub struct KernelVariants {
     /// faster (`softmax` and `layer_norm` over rows of 32, broadcast chains over [1024, 4096]:
     /// 77-84% of a copy's speed without it), and 0.94x on 16-bit `sum` and `max` over [16384,
     /// 1024] (125% of a copy's speed without it: the sweep's loop reads the same input again).
+    /// Measured again on the same inputs (2026-12-05): up to 1.39x (f32 `softmax` over [4096,
+    /// 1024], 16 MiB read and 16 written), and 0.90-0.97x on 16-bit `sum` and `max` over 2^24
+    /// values at 11 of 12 row lengths (32 MiB read), hence the half for the inputs.
     /// At the whole L2 (48 MiB, the sweep's 16-bit broadcast chains over [16384, 768]) it ran
     /// 0.78-0.81x (bf16 and f16, both axes, two runs; 0.87-0.93x measured before the sweep
     /// timed its plans on the same inputs), hence the three quarters.
@@ -146,7 +149,7 @@ pub const CUDA_OPTIONS: &[OptionSpec] = &[
         name: "cuda.keep_in_l2",
         ty: OptionType::Bool,
         default: OptionValue::Bool(true),
-        doc: "Kernels whose tensors fit in three quarters of the GPU's L2 together read and write them without streaming cache hints (KernelVariants::keep_in_l2).",
+        doc: "Kernels whose tensors fit in three quarters of the GPU's L2 together, and their inputs in half, read and write them without streaming cache hints (KernelVariants::keep_in_l2).",
         audience: Audience::Developer,
         env: None,
     },

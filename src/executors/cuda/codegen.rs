@@ -406,10 +406,13 @@ pub(super) const L2_KEPT_SHARE: (usize, usize) = (3, 4);
 /// [`KernelVariants::keep_in_l2`] to drop their streaming hints, beside [`L2_KEPT_SHARE`] for
 /// all its tensors. Measured on the H100 (50 MiB of L2; 2026-12-05, `gpu_sweep --variants`,
 /// plans on the same inputs): 16-bit `sum` and `max` over 2^24 values (32 MiB read, rows' results
-/// written) ran 0.90-0.97x kept against streamed at 11 of 12 row lengths in bf16 and in f16
-/// (1.05-1.10x over [256, 65536]), where kernels reading 16 MiB and writing 16 ran kept
-/// 1.14-1.39x (f32 `softmax` and `layer_norm` over [4096, 1024] and [131072, 32], broadcast
-/// chains over [1024, 4096]).
+/// written) ran 0.90-0.94x kept against streamed over rows of 512 to 16,384 in bf16 and in f16,
+/// 0.95-1.00x over rows of 32, 128 and 50,257, and 1.05-1.10x over [256, 65536], where kernels
+/// reading 16 MiB and writing 16 ran kept 1.14-1.39x (f32 `softmax` and `layer_norm` over
+/// [4096, 1024] and [131072, 32], broadcast chains over [1024, 4096]). Built with the bound and
+/// without, run in turn three times: 1.04-1.09x over rows of 512 to 16,384 (24 cases),
+/// 0.89-0.94x over [256, 65536], 0.90-0.97x over rows of 32 and 128 (where the runs in turn read
+/// 8 MiB cases the bound leaves alone up to 1.20x apart).
 pub(super) const L2_READ_SHARE: (usize, usize) = (1, 2);
 
 /// Threads per row of a region's trailing reduction over rows of `accesses` reads (of up to 16

@@ -84,7 +84,7 @@ pub struct KernelVariants {
     /// 1024] (125% of a copy's speed without it: the sweep's loop reads the same input again).
     /// Measured again on the same inputs (2026-12-05): up to 1.39x (f32 `softmax` over [4096,
     /// 1024], 16 MiB read and 16 written), and 0.90-0.97x on 16-bit `sum` and `max` over 2^24
-    /// values at 11 of 12 row lengths (32 MiB read), hence the half for the inputs.
+    /// values (32 MiB read; 0.90-0.94x over rows of 512 to 16,384, 1.05-1.10x over [256, 65536]), hence the half for the inputs.
     /// At the whole L2 (48 MiB, the sweep's 16-bit broadcast chains over [16384, 768]) it ran
     /// 0.78-0.81x (bf16 and f16, both axes, two runs; 0.87-0.93x measured before the sweep
     /// timed its plans on the same inputs), hence the three quarters.

@@ -855,7 +855,10 @@ pub(super) fn row_source(
     // took three rounds of 132 blocks. Measured on the H200 against one block an SM: `softmax`
     // 1.09-1.18x over 256 and 333 rows, 0.99-1.02x over 4,096; `layer_norm` (kept as read
     // already) only 1.01-1.08x over few rows and 0.92x over 4,096, so it keeps one. (Rows kept
-    // as `float`s, 32 values a thread in registers, ran at 0.4x with two: spilled.)
+    // as `float`s, 32 values a thread in registers, ran at 0.4x with two: spilled.) `layer_norm`
+    // with two, again on an H100 (2026-12-05, `gpu_sweep --variants`, plans on the same inputs):
+    // 0.56-0.65x over [333, 50257], 1.15x (bf16) and 0.88x (f16) over [256, 65536], f16 0.72x
+    // over [4096, 65536], the other 16-bit lengths 0.97-1.01x.
     let two_blocks = id == prims::SOFTMAX
         && raw_shared
         && block == MAX_ROW_THREADS

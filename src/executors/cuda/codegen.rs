@@ -369,12 +369,13 @@ pub fn op_source_with(
     generate(op, std::slice::from_ref(op), &inputs, op.bound_symbol().outputs(), kernel, variants, l2_bytes)
 }
 
-/// How a kernel whose tensors take `words` device words together (its inputs' and outputs',
-/// [`total_words`]), `read` of them its inputs', moves those it reads or writes whole: with the
-/// streaming hints, unless [`KernelVariants::keep_in_l2`] and its tensors fit together in
-/// [`L2_KEPT_SHARE`] of the GPU's L2 cache of `l2_bytes` (0 where unknown) and its inputs in
+/// How a kernel whose inputs take `read` device words together and its outputs `written`
+/// ([`total_words`] of each) moves the tensors it reads or writes whole: with the streaming
+/// hints, unless [`KernelVariants::keep_in_l2`] and all of them fit together in
+/// [`L2_KEPT_SHARE`] of the GPU's L2 cache of `l2_bytes` (0 where unknown), and the inputs in
 /// [`L2_READ_SHARE`].
-pub(super) fn whole_tensors(variants: KernelVariants, read: usize, words: usize, l2_bytes: usize) -> Caching {
+pub(super) fn whole_tensors(variants: KernelVariants, read: usize, written: usize, l2_bytes: usize) -> Caching {
+    let words = read.saturating_add(written);
     if variants.keep_in_l2 && fit_in_l2(words, l2_bytes, L2_KEPT_SHARE) && fit_in_l2(read, l2_bytes, L2_READ_SHARE) {
         Caching::Kept
     } else {
@@ -409,10 +410,12 @@ pub(super) const L2_KEPT_SHARE: (usize, usize) = (3, 4);
 /// written) ran 0.90-0.94x kept against streamed over rows of 512 to 16,384 in bf16 and in f16,
 /// 0.95-1.00x over rows of 32, 128 and 50,257, and 1.05-1.10x over [256, 65536], where kernels
 /// reading 16 MiB and writing 16 ran kept 1.14-1.39x (f32 `softmax` and `layer_norm` over
-/// [4096, 1024] and [131072, 32], broadcast chains over [1024, 4096]). Built with the bound and
-/// without, run in turn three times: 1.04-1.09x over rows of 512 to 16,384 (24 cases),
-/// 0.89-0.94x over [256, 65536], 0.90-0.97x over rows of 32 and 128 (where the runs in turn read
-/// 8 MiB cases the bound leaves alone up to 1.20x apart).
+/// [4096, 1024] and [131072, 32], broadcast chains over [1024, 4096]). The half lies between
+/// those two: inputs of 16 to 32 MiB are not measured. Built with the bound and without, run in
+/// turn three times: 1.04-1.09x over rows of 512 to 16,384 (24 cases), 0.89-0.94x over [256,
+/// 65536], 0.97-1.00x over rows of 50,257, and 0.90-0.97x over rows of 32 and 128, where the
+/// variants sweep had read them 0.95-1.00x kept (the runs in turn, on inputs of their own,
+/// read 8 MiB cases the bound leaves alone up to 1.20x apart).
 pub(super) const L2_READ_SHARE: (usize, usize) = (1, 2);
 
 /// Threads per row of a region's trailing reduction over rows of `accesses` reads (of up to 16
@@ -731,8 +734,9 @@ fn generate(
     // Full-size streams: with the streaming hints (read or written once), unless they stay in L2.
     // (An input passed twice, as in `mul(x, x)`, counts twice: a kernel at the bound may be
     // taken for one past it, never the other way.)
-    let words = total_words(input_lengths.iter().chain(&output_lengths).copied());
-    let full_size = whole_tensors(variants, total_words(input_lengths.iter().copied()), words, l2_bytes);
+    let (read, written) = (total_words(input_lengths.iter().copied()), total_words(output_lengths.iter().copied()));
+    let words = read.saturating_add(written);
+    let full_size = whole_tensors(variants, read, written, l2_bytes);
     // Elementwise regions move vectors: four `f32` values, or eight where any operand is 16-bit
     // (each 16-bit operand one 16-byte load or store). Inputs read whole, a vector an access;
     // a single value once; a broadcast input per vector where its rows hold whole vectors
@@ -1945,9 +1949,9 @@ mod reduction_tests {
     }
 
     /// With `keep_in_l2`, a region whose tensors fit in three quarters of L2 together, and its
-    /// inputs in half, reads and writes them plainly, where every region hints its full-size streams (and a trailing
-    /// reduction with `streaming_rows`); past that, or where its size is unknown (0), the hints
-    /// stay.
+    /// inputs in half, reads and writes them plainly, where every region hints its full-size
+    /// streams (and a trailing reduction with `streaming_rows`); past that, or where its size is
+    /// unknown (0), the hints stay.
     #[test]
     fn keep_in_l2_leaves_regions_that_fit_in_l2_without_the_streaming_hints() {
         use crate::core::ir::TensorMeta;

@@ -858,7 +858,7 @@ pub(super) fn row_source(
     // as `float`s, 32 values a thread in registers, ran at 0.4x with two: spilled.) `layer_norm`
     // with two, again on an H100 (2026-12-05, `gpu_sweep --variants`, plans on the same inputs):
     // 0.56-0.65x over [333, 50257], 1.15x (bf16) and 0.88x (f16) over [256, 65536], f16 0.72x
-    // over [4096, 65536], the other 16-bit lengths 0.97-1.01x.
+    // over [4096, 65536] (bf16 0.98x), the sweep's other 22 16-bit cases 0.97-1.01x.
     let two_blocks = id == prims::SOFTMAX
         && raw_shared
         && block == MAX_ROW_THREADS
@@ -912,8 +912,7 @@ pub(super) fn row_source(
         // A row kept on chip is read once and written once; a streamed row is read again.
         caching: if variants.streaming_rows && cached {
             let read = super::codegen::total_words(input_lengths.iter().copied());
-            let words = read.saturating_add(packing::words(out_dtype, numel));
-            super::codegen::whole_tensors(variants, read, words, l2_bytes)
+            super::codegen::whole_tensors(variants, read, packing::words(out_dtype, numel), l2_bytes)
         } else {
             Caching::Kept
         },
@@ -1193,8 +1192,7 @@ mod tests {
 
     /// The defaults are the variants measured faster, together: one-instruction `exp2`, the
     /// streaming hints (dropped where the tensors fit in three quarters of L2, their inputs in
-    /// half) and batched rows
-    /// in one kernel, which compiles; 32-bit columns stay off.
+    /// half) and batched rows in one kernel, which compiles; 32-bit columns stay off.
     #[test]
     fn the_default_kernels_take_the_variants_measured_faster() {
         let defaults = KernelVariants::default();
@@ -1277,7 +1275,8 @@ mod tests {
     /// With `keep_in_l2`, a row kernel whose tensors fit in three quarters of L2 together (the
     /// row's input and its results, and `layer_norm`'s weight and bias) reads and writes them
     /// plainly, where `streaming_rows` would hint them; past that, or where its size is unknown
-    /// (0), the hints stay.
+    /// (0), the hints stay. (The bound on the inputs alone, half of L2, never binds here: the
+    /// results take as many values as the row.)
     #[test]
     fn keep_in_l2_leaves_rows_that_fit_in_l2_without_the_streaming_hints() {
         const L2: usize = 50 << 20;

@@ -68,13 +68,13 @@ pub struct KernelVariants {
     /// 4,096 rows of 1,024 (0.94x).
     pub streaming_rows: bool,
     /// Kernels whose tensors fit together in three quarters of the GPU's L2 cache, and their
-    /// inputs in half of it (the bytes they read whole and write, against `CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE`: 50 MiB on the
-    /// H100 and H200) read and write them without the streaming hints (`__ldcs`, `__stcs`)
-    /// that fused elementwise regions always take and row kernels take with
-    /// [`streaming_rows`](Self::streaming_rows): the hints mark lines to be evicted first,
-    /// which a tensor the next kernel reads gains nothing from where it fits. Row kernels and
-    /// trailing reductions take hints only with `streaming_rows`, so this variant alone
-    /// changes fused elementwise regions only. Joined regions (an optimizer's updates,
+    /// inputs in half of it (the bytes they read whole and write, against
+    /// `CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE`: 50 MiB on the H100 and H200) read and write them
+    /// without the streaming hints (`__ldcs`, `__stcs`) that fused elementwise regions always
+    /// take and row kernels take with [`streaming_rows`](Self::streaming_rows): the hints mark
+    /// lines to be evicted first, which a tensor the next kernel reads gains nothing from where
+    /// it fits. Row kernels and trailing reductions take hints only with `streaming_rows`, so
+    /// this variant alone changes fused elementwise regions only. Joined regions (an optimizer's updates,
     /// `multi_tensor`) and `concat`'s copies keep their hints. On by default: on the H100
     /// (2026-12-05), GPT-2 124M's bf16 forward pass ([8, 1024] tokens) ran 1.0-1.3% faster
     /// with it in each of five interleaved pairs and its training step the same within the
@@ -83,9 +83,12 @@ pub struct KernelVariants {
     /// 77-84% of a copy's speed without it), and 0.94x on 16-bit `sum` and `max` over [16384,
     /// 1024] (125% of a copy's speed without it: the sweep's loop reads the same input again).
     /// Measured again on the same inputs (2026-12-05): up to 1.39x (f32 `softmax` over [4096,
-    /// 1024], 16 MiB read and 16 written), and 0.90-0.97x on 16-bit `sum` and `max` over 2^24
-    /// values (32 MiB read; 0.90-0.94x over rows of 512 to 16,384, 1.05-1.10x over [256, 65536]), hence the half for the inputs.
-    /// At the whole L2 (48 MiB, the sweep's 16-bit broadcast chains over [16384, 768]) it ran
+    /// 1024], 16 MiB read and 16 written); on 16-bit `sum` and `max` over 2^24 values (32 MiB
+    /// read) 0.90-0.94x over rows of 512 to 16,384, 0.95-1.00x over rows of 32, 128 and 50,257
+    /// and 1.05-1.10x over [256, 65536], hence half of L2 for the inputs (between 16 and 32
+    /// MiB, not measured in between).
+    /// At the whole L2 (48 MiB, the sweep's 16-bit broadcast chains over [16384, 768] and
+    /// [4096, 3072]) it ran
     /// 0.78-0.81x (bf16 and f16, both axes, two runs; 0.87-0.93x measured before the sweep
     /// timed its plans on the same inputs), hence the three quarters.
     pub keep_in_l2: bool,

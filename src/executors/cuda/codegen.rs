@@ -415,7 +415,9 @@ pub(super) const L2_KEPT_SHARE: (usize, usize) = (3, 4);
 /// turn three times: 1.04-1.09x over rows of 512 to 16,384 (24 cases), 0.89-0.94x over [256,
 /// 65536], 0.97-1.00x over rows of 50,257, and 0.90-0.97x over rows of 32 and 128, where the
 /// variants sweep had read them 0.95-1.00x kept (the runs in turn, on inputs of their own,
-/// read 8 MiB cases the bound leaves alone up to 1.20x apart).
+/// read 8 MiB cases the bound leaves alone up to 1.20x apart). The bound also streams
+/// elementwise regions of three inputs or more whose inputs take over half of L2 while all
+/// their tensors fit in three quarters: none of the sweep's cases, nor GPT-2's, measured.
 pub(super) const L2_READ_SHARE: (usize, usize) = (1, 2);
 
 /// Threads per row of a region's trailing reduction over rows of `accesses` reads (of up to 16

@@ -230,8 +230,9 @@ impl Collectives {
     /// `x` combined over the ranks by `op` (every rank gets the result).
     ///
     /// # Errors
-    /// `x` is not an `f32` tensor of rank 1 or more ([`Error::InvalidSymbol`] and friends, from
-    /// the shape rule), or this registry is not the builder's.
+    /// `x` is not a float tensor (`f32`, bf16 or f16) of rank 1 or more
+    /// ([`Error::InvalidSymbol`] and friends, from the shape rule), or this registry is not the
+    /// builder's.
     pub fn all_reduce<'a>(&self, b: &mut TraceBuilder<'a>, x: ValueId, op: ReduceOp) -> Result<ValueId> {
         b.bind(self.all_reduce[reduce_index(op)], &[x.into()])
     }

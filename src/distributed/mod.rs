@@ -30,7 +30,8 @@
 //! # Measured, and what waits for a two-GPU machine
 //! On the H200, with NCCL 2.28 on a world of one (NCCL refuses two ranks on one GPU), every
 //! collective in every dtype equals the host executor with host tensors, device tensors and in
-//! a graph (`proptests/nccl_collectives.rs`), and a data-parallel step equals the plain one.
+//! a graph (`proptests/nccl_collectives.rs`), and a data-parallel step equals the plain one
+//! (GPT-2's bf16 step 1.01-1.02x slower on one rank: NCCL's copy of each gradient).
 //! Not yet measured, for want of a machine with two GPUs: `all_reduce`'s bus bandwidth at 256 MiB against
 //! `torch.distributed.all_reduce` (`ranks --world 2 --nccl --bench` beside `torchrun
 //! --nproc_per_node 2 scripts/torch_all_reduce.py`), the tensor-parallel block's time on two

@@ -33,12 +33,12 @@ const PREFIX: &str = "BOUNDSCOPE_";
 /// | variable | accepts | effect |
 /// | --- | --- | --- |
 /// | `BOUNDSCOPE_NVTX` | `1`, `0` | overrides profiler detection (anything else is an error) |
-/// | `BOUNDSCOPE_PROFILING` | `auto`, `off`, `regions`, `ops` | `runtime.profiling` |
+/// | `BOUNDSCOPE_PROFILING` | `auto`, `off`, `scopes`, `regions`, `ops` | `runtime.profiling` |
 /// | `BOUNDSCOPE_DEVICE` | `auto`, `cpu`, `cuda` | `runtime.device` |
 /// | `BOUNDSCOPE_FUSION` | `true`, `false`, `1`, `0` | `runtime.fusion` |
 /// | `BOUNDSCOPE_FUSION_STRATEGY` | `consecutive`, `dataflow` | `runtime.fusion_strategy` |
 /// | `BOUNDSCOPE_CPU_THREADS` | `0` (every core), `1`, ... | `runtime.cpu_threads`: threads the CPU executors split large ops over |
-/// | `BOUNDSCOPE_NVTX_LEVELS` | a list of `trace`, `region`, `op`, `subsymbol` | `runtime.nvtx_levels`: only these levels get ranges |
+/// | `BOUNDSCOPE_NVTX_LEVELS` | a list of `trace`, `scope`, `region`, `op`, `subsymbol` | `runtime.nvtx_levels`: only these levels get ranges |
 /// | `BOUNDSCOPE_NVTX_EXECUTORS` | a list of `cpu_reference`, `cpu_fusion`, `cuda_ops`, `cuda_fusion`, `runtime` | `runtime.nvtx_executors`: only ranges around what these run (in code, `RangeFilter::executors` takes any executor's name) |
 /// | `BOUNDSCOPE_TRACE_DIR` | a directory path | where programs write trace files (`Environment::trace_dir`; the timeline example); unset, the working directory |
 /// | `BOUNDSCOPE_NVTX_CATEGORIES` | a list of `elementwise`, `reduction`, `matmul`, `shape`, `composite`, `fusion`, `collective` | `runtime.nvtx_categories`: only ranges around ops of these categories |

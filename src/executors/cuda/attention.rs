@@ -35,7 +35,7 @@ use smallvec::SmallVec;
 use cudarc::cudnn::sys;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
-use super::device::{slice, slice_mut, CudaDevice};
+use super::device::{address, CudaDevice};
 use super::device_checks::BufferLengths;
 use super::stream_workspaces::StreamWorkspaces;
 use crate::core::ir::{prims, DType, PackedHeads};
@@ -1091,16 +1091,16 @@ impl DeviceKernel for AttentionKernel {
         // cuDNN runs in the thread's current context: this device's.
         stream.context().bind_to_thread().map_err(|e| fail(format!("bind the CUDA context: {e:?}")))?;
         let (q, k, v) = if s.packed {
-            let (q, _) = slice(inputs[0])?.device_ptr(&stream);
+            let q = address(inputs[0])?;
             let part = s.part_bytes(s.q_tokens, s.head);
             (q, q + part, q + 2 * part)
         } else {
-            let (q, _) = slice(inputs[0])?.device_ptr(&stream);
-            let (k, _) = slice(inputs[1])?.device_ptr(&stream);
-            let (v, _) = slice(inputs[2])?.device_ptr(&stream);
+            let q = address(inputs[0])?;
+            let k = address(inputs[1])?;
+            let v = address(inputs[2])?;
             (q, k, v)
         };
-        let (o, _) = slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream);
+        let o = address(&*outputs[0])?;
         let mut context = self.context.lock().unwrap_or_else(|p| p.into_inner());
         let context = context.as_mut().ok_or_else(|| fail("cuDNN was not created".into()))?;
         let handle = context.handle;
@@ -1157,16 +1157,16 @@ impl DeviceKernel for AttentionBackwardKernel {
         let stream = self.device.stream();
         stream.context().bind_to_thread().map_err(|e| fail(format!("bind the CUDA context: {e:?}")))?;
         let ((q, k, v), d_o) = if s.packed {
-            let (q, _) = slice(inputs[0])?.device_ptr(&stream);
+            let q = address(inputs[0])?;
             let part = s.part_bytes(s.q_tokens, s.head);
-            ((q, q + part, q + 2 * part), slice(inputs[1])?.device_ptr(&stream).0)
+            ((q, q + part, q + 2 * part), address(inputs[1])?)
         } else {
-            let (q, _) = slice(inputs[0])?.device_ptr(&stream);
-            let (k, _) = slice(inputs[1])?.device_ptr(&stream);
-            let (v, _) = slice(inputs[2])?.device_ptr(&stream);
-            ((q, k, v), slice(inputs[3])?.device_ptr(&stream).0)
+            let q = address(inputs[0])?;
+            let k = address(inputs[1])?;
+            let v = address(inputs[2])?;
+            ((q, k, v), address(inputs[3])?)
         };
-        let (dq, _) = slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream);
+        let dq = address(&*outputs[0])?;
         let dk = dq + s.part_bytes(s.q_tokens, s.head);
         let dv = dk + s.part_bytes(s.kv_tokens, s.head);
         let (offsets, total) = self.scratch();

@@ -16,10 +16,10 @@ use std::ffi::c_void;
 use std::fmt::Write;
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaFunction, CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{sys, CudaFunction, CudaSlice, DevicePtrMut, LaunchConfig};
 
 use super::codegen::{element_type, narrow, widen, HALF_CONVERSIONS};
-use super::device::{cuda_error, slice, slice_mut, CudaDevice};
+use super::device::{address, cuda_error, CudaDevice};
 use super::device_checks::{launch, record_fault, BufferLengths, PerStream};
 use crate::core::ir::{prims, DType};
 use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView};
@@ -119,10 +119,10 @@ impl DeviceKernel for CrossEntropyBackward {
             |_| Ok(()),
             |fault, ()| {
                 let mut rows = self.rows as i64;
-                let mut logits = slice(inputs[0])?.device_ptr(&stream).0;
-                let mut targets = slice(inputs[1])?.device_ptr(&stream).0;
-                let mut grad = slice(inputs[2])?.device_ptr(&stream).0;
-                let mut out = slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream).0;
+                let mut logits = address(inputs[0])?;
+                let mut targets = address(inputs[1])?;
+                let mut grad = address(inputs[2])?;
+                let mut out = address(&*outputs[0])?;
                 let mut fault_ptr: sys::CUdeviceptr = fault.device_ptr_mut(&stream).0;
                 // SAFETY: the parameter list is exactly the kernel's (five pointers, then `long long
                 // rows`), pointing at values that outlive the call; the buffers hold what it reads
@@ -417,11 +417,11 @@ impl DeviceKernel for CrossEntropy {
         };
         self.scratch.with(&stream, make, |fault, losses| {
             let mut rows = self.rows as i64;
-            let mut logits = slice(inputs[0])?.device_ptr(&stream).0;
-            let mut targets = slice(inputs[1])?.device_ptr(&stream).0;
+            let mut logits = address(inputs[0])?;
+            let mut targets = address(inputs[1])?;
             let mut losses_ptr: sys::CUdeviceptr = losses.device_ptr_mut(&stream).0;
             let mut fault_ptr: sys::CUdeviceptr = fault.device_ptr_mut(&stream).0;
-            let mut out = slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream).0;
+            let mut out = address(&*outputs[0])?;
             // SAFETY: each parameter list is exactly its kernel's (pointers, then `long long
             // rows`), pointing at values that outlive the calls; the buffers hold what the
             // kernels read and write (checked above; the targets are checked on the device

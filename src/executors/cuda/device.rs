@@ -5,7 +5,7 @@
 use std::any::Any;
 use std::collections::HashMap;
 use std::mem::ManuallyDrop;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use cudarc::driver::{sys, CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, PinnedHostSlice};
@@ -104,7 +104,55 @@ pub(crate) struct Queue {
     pub(crate) stream: Arc<CudaStream>,
     /// Streams with work of the run's that the run's stream must wait for before the run
     /// leaves the queue ([`CudaRun::keep_joined`](super::CudaRun::keep_joined)).
-    pub(crate) joins: Mutex<Vec<Arc<CudaStream>>>,
+    pub(crate) joins: Joins,
+}
+
+/// The streams a run must join before it leaves its queue (see [`Queue::joins`]), with their
+/// count beside them, written under the lock: a run that leaves with none (almost every run)
+/// takes no lock.
+#[derive(Default)]
+pub(crate) struct Joins {
+    streams: Mutex<Vec<Arc<CudaStream>>>,
+    len: AtomicUsize,
+}
+
+impl Joins {
+    /// Adds `side`, unless it is there already.
+    pub(crate) fn add(&self, side: &Arc<CudaStream>) {
+        let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        if !streams.iter().any(|s| Arc::ptr_eq(s, side)) {
+            streams.push(side.clone());
+        }
+        self.len.store(streams.len(), Ordering::Release);
+    }
+
+    /// Removes `side`, if it is there.
+    fn remove(&self, side: &Arc<CudaStream>) {
+        if self.len.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        streams.retain(|s| !Arc::ptr_eq(s, side));
+        self.len.store(streams.len(), Ordering::Release);
+    }
+
+    /// Makes `stream` wait for every stream added, which are then removed (all of them, also
+    /// after a failed wait); the first failure is returned.
+    fn join_all(&self, stream: &CudaStream) -> Result<()> {
+        // (Streams are added by the run's own thread, before it leaves: none is missed.)
+        if self.len.load(Ordering::Acquire) == 0 {
+            return Ok(());
+        }
+        let mut streams = self.streams.lock().unwrap_or_else(|p| p.into_inner());
+        let mut joined = Ok(());
+        for side in streams.drain(..) {
+            if joined.is_ok() {
+                joined = stream.join(&side).map_err(|e| cuda_error("join a kernel's stream", e));
+            }
+        }
+        self.len.store(0, Ordering::Release);
+        joined
+    }
 }
 
 /// Where a thread's work for a device goes ([`CudaDevice::run_place`]).
@@ -166,7 +214,25 @@ const STAGING_CHUNK: usize = 1 << 22;
 
 /// A device buffer of `f32`: an allocation of its own, or a range of a block that several
 /// buffers share ([`Device::alloc_within`]).
-pub struct CudaBuffer(pub(crate) ManuallyDrop<CudaSlice<f32>>, Arc<StreamOrder>, Option<Arc<CudaBuffer>>);
+pub struct CudaBuffer {
+    pub(crate) slice: ManuallyDrop<CudaSlice<f32>>,
+    /// The order of the device's streams, which a buffer's free waits in.
+    order: Arc<StreamOrder>,
+    /// The block whose range this buffer is, if any (kept alive by its ranges).
+    block: Option<Arc<CudaBuffer>>,
+    /// The slice's device address, read once: a launch reads it from here, not through
+    /// cudarc's `DevicePtr`, whose per-buffer events are off on every `CudaDevice` (it would
+    /// only return the same address, at a cost per buffer and launch).
+    address: sys::CUdeviceptr,
+}
+
+impl CudaBuffer {
+    fn new(slice: CudaSlice<f32>, order: Arc<StreamOrder>, block: Option<Arc<CudaBuffer>>) -> Self {
+        // (Event tracking is off on this context: `device_ptr` records and waits for nothing.)
+        let address = cudarc::driver::DevicePtr::device_ptr(&slice, slice.stream()).0;
+        Self { slice: ManuallyDrop::new(slice), order, block, address }
+    }
+}
 
 impl Drop for CudaBuffer {
     /// Freed on the device's stream after the runs that may still use it: those that left
@@ -174,17 +240,17 @@ impl Drop for CudaBuffer {
     /// nothing: the block goes when its last range does.
     fn drop(&mut self) {
         // SAFETY: the slice is not used after this (the buffer is being dropped).
-        let slice = unsafe { ManuallyDrop::take(&mut self.0) };
-        if self.2.is_some() {
+        let slice = unsafe { ManuallyDrop::take(&mut self.slice) };
+        if self.block.is_some() {
             // Its memory is the block's.
             let _ = slice.leak();
             return;
         }
         // (Not while the run is being captured into a graph: nothing it captures is freed.)
-        if let Some(queue) = current_queue_of(&self.1).filter(|q| !capturing(&q.stream)) {
-            let _ = self.1.leave(&queue);
+        if let Some(queue) = current_queue_of(&self.order).filter(|q| !capturing(&q.stream)) {
+            let _ = self.order.leave(&queue);
         }
-        if self.1.wait_for_runs(None).is_err() {
+        if self.order.wait_for_runs(None).is_err() {
             // The device is in error: wait for all of it rather than free memory in use.
             let _ = slice.stream().synchronize();
         }
@@ -210,7 +276,7 @@ fn current_queue_of(order: &Arc<StreamOrder>) -> Option<Arc<Queue>> {
 
 impl DeviceBuffer for CudaBuffer {
     fn len(&self) -> usize {
-        self.0.len()
+        self.slice.len()
     }
     fn as_any(&self) -> &dyn Any {
         self
@@ -305,7 +371,7 @@ impl CudaDevice {
     /// [`CudaRun::keep_joined`](super::CudaRun::keep_joined)): it need not join it as it leaves.
     pub(crate) fn joined(&self, side: &Arc<CudaStream>) {
         if let Some(queue) = self.current_queue() {
-            queue.joins.lock().unwrap_or_else(|p| p.into_inner()).retain(|s| !Arc::ptr_eq(s, side));
+            queue.joins.remove(side);
         }
     }
 
@@ -592,11 +658,22 @@ const NOT_CUDA: &str = "not a CUDA buffer: a kernel gets buffers of the device i
                         returns; make that the CudaDevice the kernel runs on";
 
 pub(crate) fn slice(buffer: &dyn DeviceBuffer) -> Result<&CudaSlice<f32>> {
-    buffer.as_any().downcast_ref::<CudaBuffer>().map(|b| &*b.0).ok_or_else(|| cuda_error("buffer", NOT_CUDA))
+    buffer.as_any().downcast_ref::<CudaBuffer>().map(|b| &*b.slice).ok_or_else(|| cuda_error("buffer", NOT_CUDA))
 }
 
 pub(crate) fn slice_mut(buffer: &mut dyn DeviceBuffer) -> Result<&mut CudaSlice<f32>> {
-    buffer.as_any_mut().downcast_mut::<CudaBuffer>().map(|b| &mut *b.0).ok_or_else(|| cuda_error("buffer", NOT_CUDA))
+    buffer
+        .as_any_mut()
+        .downcast_mut::<CudaBuffer>()
+        .map(|b| &mut *b.slice)
+        .ok_or_else(|| cuda_error("buffer", NOT_CUDA))
+}
+
+/// The device address of a buffer of a [`CudaDevice`], for a kernel's parameters: what
+/// `slice(buffer)?.device_ptr(&stream).0` gives, without cudarc's bookkeeping per call.
+/// The caller orders its launch on the run's stream, as for any address of a buffer.
+pub(crate) fn address(buffer: &dyn DeviceBuffer) -> Result<sys::CUdeviceptr> {
+    buffer.as_any().downcast_ref::<CudaBuffer>().map(|b| b.address).ok_or_else(|| cuda_error("buffer", NOT_CUDA))
 }
 
 impl CudaDevice {
@@ -619,7 +696,7 @@ impl CudaDevice {
         if let Some(queue) = self.current_queue().filter(|q| !capturing(&q.stream)) {
             self.order.enter(&queue)?;
         }
-        Ok(CudaBuffer(ManuallyDrop::new(slice), self.order.clone(), None))
+        Ok(CudaBuffer::new(slice, self.order.clone(), None))
     }
 
     /// A workspace queue on `stream`: one of its own, or the device's own stream.
@@ -633,7 +710,7 @@ impl CudaDevice {
             states: Mutex::new(Vec::new()),
             order,
             stream,
-            joins: Mutex::new(Vec::new()),
+            joins: Joins::default(),
         })))))
     }
 }
@@ -662,7 +739,7 @@ impl Device for CudaDevice {
         }
         let block = Arc::new(self.alloc_buffer(words)?);
         let stream = self.order.own();
-        let base = cudarc::driver::DevicePtr::device_ptr(&*block.0, &stream).0;
+        let base = block.address;
         let word = std::mem::size_of::<f32>() as u64;
         Ok(parts
             .iter()
@@ -670,8 +747,7 @@ impl Device for CudaDevice {
                 // SAFETY: the range lies within the block (checked above), which the buffer
                 // keeps alive; the slice is never freed (`CudaBuffer`'s drop leaks a range).
                 let slice = unsafe { stream.upgrade_device_ptr::<f32>(base + offset as u64 * word, len) };
-                Box::new(CudaBuffer(ManuallyDrop::new(slice), self.order.clone(), Some(block.clone())))
-                    as Box<dyn DeviceBuffer>
+                Box::new(CudaBuffer::new(slice, self.order.clone(), Some(block.clone()))) as Box<dyn DeviceBuffer>
             })
             .collect())
     }
@@ -761,16 +837,7 @@ impl Device for CudaDevice {
             queue.as_any().downcast_ref::<CudaQueue>().ok_or_else(|| cuda_error("queue", "not a CUDA queue"))?;
         // Work a kernel left on a stream of its own (a run that failed between a collective's
         // start and its wait): the run's stream waits for it, on every way out of the run.
-        let mut joins = queue.0.joins.lock().unwrap_or_else(|p| p.into_inner());
-        let mut joined = Ok(());
-        if !joins.is_empty() {
-            for side in joins.drain(..) {
-                if joined.is_ok() {
-                    joined = queue.0.stream.join(&side).map_err(|e| cuda_error("join a kernel's stream", e));
-                }
-            }
-        }
-        drop(joins);
+        let joined = queue.0.joins.join_all(&queue.0.stream);
         // What comes later on the device's stream (downloads, frees, graphs' inputs, other
         // workspaces' runs) waits for the run, also when a join failed (its error first).
         // (`Plan::capture` leaves after its capture has ended, so these joins are not recorded.)

@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex};
 
 use std::ffi::c_void;
 
-use cudarc::driver::{sys, CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{sys, CudaFunction, LaunchConfig};
 
 use super::attention::{self, Attention};
 use super::codegen::{op_source_with, region_source_with};
-use super::device::{cuda_error, slice, slice_mut, CudaDevice};
+use super::device::{address, cuda_error, CudaDevice};
 use super::device_checks::BufferLengths;
 use super::flash_attention::{flash_operands, FlashAttention};
 use super::flash_attention_backward::{flash_backward_on, FlashAttentionBackward};
@@ -442,10 +442,10 @@ impl GeneratedKernel {
         let (input_pointers, output_pointers) = pointers.split_at_mut(inputs.len());
         for (pointer, input) in input_pointers.iter_mut().zip(inputs) {
             // (An input written over is empty: its pointer is its output's, set below.)
-            *pointer = if input.is_empty() { 0 } else { slice(*input)?.device_ptr(&stream).0 };
+            *pointer = if input.is_empty() { 0 } else { address(*input)? };
         }
-        for (pointer, output) in output_pointers.iter_mut().zip(outputs.iter_mut()) {
-            *pointer = slice_mut(&mut **output)?.device_ptr_mut(&stream).0;
+        for (pointer, output) in output_pointers.iter_mut().zip(outputs.iter()) {
+            *pointer = address(&**output)?;
         }
         for &(k, o) in &self.in_place {
             if inputs[k].is_empty() {

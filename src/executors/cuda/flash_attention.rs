@@ -15,11 +15,11 @@ use std::ffi::c_void;
 use std::fmt::Write;
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{sys, CudaFunction, LaunchConfig};
 
 use super::attention::AttentionOperands;
 use super::codegen::{element_type, narrow, widen, HALF_CONVERSIONS};
-use super::device::{cuda_error, slice, slice_mut, CudaDevice};
+use super::device::{address, cuda_error, CudaDevice};
 use super::device_checks::{launch, BufferLengths};
 use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView};
 use crate::error::{Error, Result};
@@ -352,13 +352,13 @@ impl DeviceKernel for FlashAttention {
         let what = if self.part_bytes > 0 { "qkv_attention" } else { "scaled_dot_product_attention" };
         self.lengths.check(what, inputs, outputs)?;
         let stream = self.device.stream();
-        let q = slice(inputs[0])?.device_ptr(&stream).0;
+        let q = address(inputs[0])?;
         let (k, v) = if self.part_bytes > 0 {
             (q + self.part_bytes, q + 2 * self.part_bytes)
         } else {
-            (slice(inputs[1])?.device_ptr(&stream).0, slice(inputs[2])?.device_ptr(&stream).0)
+            (address(inputs[1])?, address(inputs[2])?)
         };
-        let mut pointers: [sys::CUdeviceptr; 4] = [q, k, v, slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream).0];
+        let mut pointers: [sys::CUdeviceptr; 4] = [q, k, v, address(&*outputs[0])?];
         let mut params: [*mut c_void; 4] = [
             (&mut pointers[0] as *mut sys::CUdeviceptr).cast(),
             (&mut pointers[1] as *mut sys::CUdeviceptr).cast(),

@@ -22,10 +22,10 @@
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{sys, CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{sys, CudaFunction, DevicePtr, LaunchConfig};
 
 use super::attention::AttentionOperands;
-use super::device::{cuda_error, slice, slice_mut, CudaDevice};
+use super::device::{address, cuda_error, CudaDevice};
 use super::device_checks::{launch, BufferLengths};
 use super::flash_attention::{self, Pass, THREADS, TILE};
 use super::stream_workspaces::StreamWorkspaces;
@@ -333,16 +333,16 @@ impl DeviceKernel for FlashAttentionBackward {
         let what = if s.packed { "qkv_attention_backward" } else { "scaled_dot_product_attention_backward" };
         self.lengths.check(what, inputs, outputs)?;
         let stream = self.device.stream();
-        let q = slice(inputs[0])?.device_ptr(&stream).0;
+        let q = address(inputs[0])?;
         let ((k, v), d_o) = if s.packed {
             let part = s.part_bytes(s.q_tokens, s.head);
-            ((q + part, q + 2 * part), slice(inputs[1])?.device_ptr(&stream).0)
+            ((q + part, q + 2 * part), address(inputs[1])?)
         } else {
-            let k = slice(inputs[1])?.device_ptr(&stream).0;
-            ((k, slice(inputs[2])?.device_ptr(&stream).0), slice(inputs[3])?.device_ptr(&stream).0)
+            let k = address(inputs[1])?;
+            ((k, address(inputs[2])?), address(inputs[3])?)
         };
         // dq, dk and dv one after the other, or side by side (as the cuDNN backward lays them).
-        let dq = slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream).0;
+        let dq = address(&*outputs[0])?;
         let dk = dq + s.part_bytes(s.q_tokens, s.head);
         let dv = dk + s.part_bytes(s.kv_tokens, s.head);
         let float = std::mem::size_of::<f32>() as u64;

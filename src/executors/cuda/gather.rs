@@ -12,10 +12,10 @@ use std::ffi::c_void;
 use std::fmt::Write;
 use std::sync::Arc;
 
-use cudarc::driver::{sys, CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{sys, CudaFunction, DevicePtrMut, LaunchConfig};
 
 use super::codegen::{element_type, RegionSource};
-use super::device::{slice, slice_mut, CudaDevice};
+use super::device::{address, slice_mut, CudaDevice};
 use super::device_checks::{launch, record_fault, BufferLengths, PerStream};
 use crate::core::ir::{prims, DType};
 use crate::core::plan::{packing, DeviceBuffer, DeviceKernel, OpView};
@@ -204,12 +204,8 @@ impl DeviceKernel for CheckedGather {
                         .memset_zeros(slice_mut(&mut *outputs[0])?)
                         .map_err(|e| super::device::cuda_error("clear the table", e))?;
                 }
-                let mut pointers: [sys::CUdeviceptr; 4] = [
-                    slice(inputs[0])?.device_ptr(&stream).0,
-                    slice(inputs[1])?.device_ptr(&stream).0,
-                    slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream).0,
-                    fault.device_ptr_mut(&stream).0,
-                ];
+                let mut pointers: [sys::CUdeviceptr; 4] =
+                    [address(inputs[0])?, address(inputs[1])?, address(&*outputs[0])?, fault.device_ptr_mut(&stream).0];
                 let mut n = self.numel as i64;
                 let mut params: [*mut c_void; 5] = [
                     (&mut pointers[0] as *mut sys::CUdeviceptr).cast(),

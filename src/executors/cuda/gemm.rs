@@ -19,9 +19,9 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex};
 
 use cudarc::cublaslt::{result, sys};
-use cudarc::driver::{DevicePtr, DevicePtrMut};
+use cudarc::driver::DevicePtr;
 
-use super::device::{cuda_error, slice, slice_mut, CudaDevice};
+use super::device::{address, cuda_error, CudaDevice};
 use super::stream_workspaces::StreamWorkspaces;
 use crate::core::plan::{DeviceBuffer, DeviceKernel};
 use crate::error::Result;
@@ -446,10 +446,10 @@ impl DeviceKernel for LtGemm {
             return fail(format!("output 0 holds {} words, but the product writes {writes}", outputs[0].len()));
         }
         let stream = self.device.stream();
-        let (a, _) = slice(inputs[0])?.device_ptr(&stream);
-        let (b, _) = slice(inputs[1])?.device_ptr(&stream);
-        let bias_ptr = if bias { Some(slice(inputs[2])?.device_ptr(&stream).0) } else { None };
-        let (c, _) = slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream);
+        let a = address(inputs[0])?;
+        let b = address(inputs[1])?;
+        let bias_ptr = if bias { Some(address(inputs[2])?) } else { None };
+        let c = address(&*outputs[0])?;
         let mut context = self.context.lock().unwrap_or_else(|p| p.into_inner());
         let context = context.as_mut().ok_or_else(|| cuda_error(self.name, "cuBLASLt was not created"))?;
         let LtContext { handle, workspaces, staging } = context;

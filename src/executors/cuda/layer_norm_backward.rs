@@ -21,10 +21,10 @@ use std::ffi::c_void;
 use std::fmt::Write as _;
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{sys, CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{sys, CudaFunction, DevicePtr, LaunchConfig};
 
 use super::codegen::{element_type, literal, RegionSource, HALF_CONVERSIONS};
-use super::device::{slice, slice_mut, CudaDevice};
+use super::device::{address, CudaDevice};
 use super::device_checks::{launch, BufferLengths};
 use super::row_kernels::{load, open_rows, row_reduce, store, RowLayout, RowSource};
 use super::stream_workspaces::StreamWorkspaces;
@@ -367,9 +367,9 @@ impl DeviceKernel for WeightBackward {
         let mut scratch = self.scratch.lock().unwrap_or_else(|p| p.into_inner());
         let bytes = self.blocks as usize * 2 * self.cols * std::mem::size_of::<f32>();
         let mut partials: sys::CUdeviceptr = scratch.get(&stream, bytes)?.device_ptr(&stream).0;
-        let mut x = slice(inputs[0])?.device_ptr(&stream).0;
-        let mut g = slice(inputs[1])?.device_ptr(&stream).0;
-        let mut out = slice_mut(&mut *outputs[0])?.device_ptr_mut(&stream).0;
+        let mut x = address(inputs[0])?;
+        let mut g = address(inputs[1])?;
+        let mut out = address(&*outputs[0])?;
         let first = LaunchConfig { grid_dim: (self.blocks, 1, 1), block_dim: (self.block, 1, 1), shared_mem_bytes: 0 };
         let totals = (2 * self.cols).div_ceil(TOTALS_PER_BLOCK) as u32;
         let second = LaunchConfig {

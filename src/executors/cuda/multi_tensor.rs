@@ -16,10 +16,10 @@ use std::ffi::c_void;
 use std::fmt::Write;
 use std::sync::Arc;
 
-use cudarc::driver::{CudaFunction, DevicePtr, DevicePtrMut, LaunchConfig};
+use cudarc::driver::{CudaFunction, LaunchConfig};
 
 use super::codegen::{element_type, elementwise_body, narrow, widen, EXP2, HALF_CONVERSIONS, MAXIMUM};
-use super::device::{slice, slice_mut, CudaDevice};
+use super::device::{address, CudaDevice};
 use super::device_checks::BufferLengths;
 use super::KernelVariants;
 use crate::core::ir::{DType, ValueId};
@@ -411,12 +411,10 @@ impl JoinedKernel {
                     table[i * p + j] = match *slot {
                         Slot::Input(k) => match joined.in_place.iter().find(|&&(i, _)| i == k) {
                             // An input written over is empty: its value is in its output.
-                            Some(&(_, o)) if inputs[k].is_empty() => {
-                                slice_mut(&mut *outputs[o])?.device_ptr_mut(&stream).0
-                            }
-                            _ => slice(inputs[k])?.device_ptr(&stream).0,
+                            Some(&(_, o)) if inputs[k].is_empty() => address(&*outputs[o])?,
+                            _ => address(inputs[k])?,
                         },
-                        Slot::Output(o) => slice_mut(&mut *outputs[o])?.device_ptr_mut(&stream).0,
+                        Slot::Output(o) => address(&*outputs[o])?,
                     };
                 }
                 table[s * p + i] = segment.units as u64;

@@ -356,10 +356,7 @@ impl<'r> CudaRun<'r> {
     pub fn keep_joined(&self, side: &Arc<CudaStream>) -> Result<()> {
         match self.device.current_queue() {
             Some(queue) => {
-                let mut joins = queue.joins.lock().unwrap_or_else(|p| p.into_inner());
-                if !joins.iter().any(|s| Arc::ptr_eq(s, side)) {
-                    joins.push(side.clone());
-                }
+                queue.joins.add(side);
                 Ok(())
             }
             None => self.stream.join(side).map_err(|e| self.error(e)),

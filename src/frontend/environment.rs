@@ -35,6 +35,7 @@ const PREFIX: &str = "BOUNDSCOPE_";
 /// | `BOUNDSCOPE_NVTX` | `1`, `0` | overrides profiler detection (anything else is an error) |
 /// | `BOUNDSCOPE_PROFILING` | `auto`, `off`, `scopes`, `regions`, `ops` | `runtime.profiling` |
 /// | `BOUNDSCOPE_DEVICE` | `auto`, `cpu`, `cuda` | `runtime.device` |
+/// | `BOUNDSCOPE_GPU` | `0` to `1023` | `runtime.gpu`: the GPU's CUDA ordinal (a rank's `LOCAL_RANK`) |
 /// | `BOUNDSCOPE_FUSION` | `true`, `false`, `1`, `0` | `runtime.fusion` |
 /// | `BOUNDSCOPE_FUSION_STRATEGY` | `consecutive`, `dataflow` | `runtime.fusion_strategy` |
 /// | `BOUNDSCOPE_CPU_THREADS` | `0` (every core), `1`, ... | `runtime.cpu_threads`: threads the CPU executors split large ops over |

@@ -273,6 +273,21 @@ impl ProfiledSession {
     }
 }
 
+/// What `runtime.device=auto` says on stderr when it runs on the CPU, from the error that
+/// opening the GPU gave: why there is no GPU, not that error's own text, which is meant for
+/// `runtime.device=cuda` (an executor "required", a requirement to drop).
+#[cfg(feature = "cuda")]
+pub(super) fn auto_fallback_note(e: crate::Error) -> String {
+    let why = match e {
+        crate::Error::ExecutorUnavailable { reason, .. } => reason,
+        other => other.to_string(),
+    };
+    format!(
+        "boundscope: running on the CPU (runtime.device=auto), as no GPU can be used here: {why}; \
+         BOUNDSCOPE_DEVICE=cpu chooses the CPU without this note"
+    )
+}
+
 /// The CUDA executors (fusion first) for `runtime.device`, generating `variants` of their
 /// kernels, or `None` for the CPU. With `auto` and no usable GPU, says so once per process on
 /// stderr.
@@ -296,7 +311,7 @@ fn gpu_executors(device: &str, ordinal: usize, variants: KernelVariants) -> Resu
             }
             Err(e) => {
                 static SAID: std::sync::Once = std::sync::Once::new();
-                SAID.call_once(|| eprintln!("boundscope: running on the CPU: {e}"));
+                SAID.call_once(|| eprintln!("{}", auto_fallback_note(e)));
                 Ok(None)
             }
         }

@@ -287,6 +287,19 @@ fn an_unknown_boundscope_variable_is_an_error_with_a_suggestion() {
     assert!(out.contains("SESSION[Err(UnknownEnvironmentVariable") && out.contains("BOUNDSCOPE_NVTX"), "{out}");
 }
 
+/// `Environment`'s table of variables (its rustdoc) names every variable an option reads, and
+/// the trace directory's.
+#[test]
+fn the_environment_table_lists_every_variable_the_front_end_reads() {
+    let source = include_str!("environment.rs");
+    let table: Vec<&str> = source.lines().filter(|l| l.starts_with("/// | `BOUNDSCOPE_")).collect();
+    let listed = |var: &str| table.iter().any(|row| row.starts_with(&format!("/// | `{var}` |")));
+    let read = crate::options::RUNTIME_OPTIONS.iter().filter_map(|spec| spec.env);
+    for var in read.chain([super::environment::TRACE_DIR, "BOUNDSCOPE_NVTX"]) {
+        assert!(listed(var), "`{var}` is read but not in `Environment`'s table");
+    }
+}
+
 #[test]
 fn a_required_gpu_is_a_typed_error_where_there_is_none() {
     if crate::executors::cuda::availability() == crate::Availability::Available {
@@ -296,9 +309,19 @@ fn a_required_gpu_is_a_typed_error_where_there_is_none() {
     let err = session(&[("BOUNDSCOPE_DEVICE", "cuda")]).err().expect("no GPU here");
     assert!(matches!(err, Error::ExecutorUnavailable { .. }), "{err}");
     assert!(err.to_string().contains("fall back to the CPU executors"), "{err}");
-    // auto falls back to the CPU executors.
+    // auto falls back to the CPU executors,
     let auto = ProfiledSession::new(Options::new(), &Environment::from_pairs(&[])).unwrap();
     assert_eq!(auto.executors().iter().map(|e| e.name()).collect::<Vec<_>>(), ["cpu_fusion", "cpu_reference"]);
+    // and says why on stderr: not the error meant for `cuda`, which nothing required here.
+    #[cfg(feature = "cuda")]
+    {
+        let crate::Availability::Unavailable(reason) = crate::executors::cuda::availability() else {
+            unreachable!("checked above")
+        };
+        let note = super::session::auto_fallback_note(crate::executors::cuda::CudaDevice::new().err().expect("no GPU"));
+        assert!(note.contains("running on the CPU") && note.contains(&reason), "{note}");
+        assert!(!note.contains("required") && !note.contains("requirement"), "{note}");
+    }
 }
 
 #[test]

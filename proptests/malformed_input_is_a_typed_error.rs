@@ -112,3 +112,40 @@ proptest! {
         }
     }
 }
+
+/// `compare_scalar` given a symbol that is not a comparison names itself and the argument, not
+/// an internal symbol id as a definition gone wrong.
+#[test]
+fn compare_scalar_of_a_symbol_that_is_not_a_comparison_names_the_argument() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 3]).unwrap();
+    let err = b.compare_scalar(prims::ADD, x, 1.0).unwrap_err();
+    assert!(matches!(&err, Error::ArgumentKind { symbol, position: 0, .. } if symbol == "compare_scalar"), "{err:?}");
+    let message = err.to_string();
+    assert!(message.contains("prims::COMPARISONS") && !message.contains("invalid definition"), "{message}");
+    // The builder is still usable.
+    b.compare_scalar(prims::LT, x, 1.0).unwrap();
+}
+
+/// `narrow` and `split` given an axis or sizes past any tensor's report themselves and what was
+/// asked, not the `slice` they are made of (or a saturated end).
+#[test]
+fn narrow_and_split_past_any_axis_name_themselves() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 3]).unwrap();
+    let shape_error = |err: Error, name: &str, says: &str| {
+        assert!(matches!(&err, Error::ShapeMismatch { symbol, .. } if symbol == name), "{err:?}");
+        assert!(err.to_string().contains(says), "{err}");
+    };
+    shape_error(b.narrow(x, 1, usize::MAX, 2).unwrap_err(), "narrow", &format!("start {} plus length 2", usize::MAX));
+    shape_error(b.split(x, 5, &[usize::MAX, 2]).unwrap_err(), "split", "no axis 5");
+    shape_error(b.split(x, 5, &[1, 2]).unwrap_err(), "split", "no axis 5");
+    shape_error(b.split(x, 1, &[usize::MAX, 4]).unwrap_err(), "split", "do not add up");
+    // And the builder still works.
+    assert_eq!(b.split(x, 1, &[1, 2]).unwrap().len(), 2);
+    b.narrow(x, 1, 1, 2).unwrap();
+}

@@ -402,9 +402,11 @@ fn out_of_range_ids_and_bad_shapes_are_typed_errors() {
         let f = Tensor::zeros(&[3]);
         let m = Tensor::zeros(&[2, 3]);
         let err = plan.run(&[&weight, &ids, &f, &m]).unwrap_err();
-        match err {
+        match &err {
             Error::IndexOutOfRange { index, position: p, bound: 4, .. } => {
-                assert_eq!((index, p), (bad[position], position), "{err}")
+                assert_eq!((*index, *p), (bad[position], position), "{err}");
+                // A negative id (PyTorch's `ignore_index` is -100) is said not to be skipped.
+                assert_eq!(err.to_string().contains("ignore_index"), *index < 0, "{err}");
             }
             other => panic!("{other}"),
         }

@@ -475,11 +475,22 @@ impl fmt::Display for Error {
             Error::UnknownDType { name, known } => {
                 write!(f, "unknown dtype `{name}`; use one of {}", known.join(", "))
             }
-            Error::IndexOutOfRange { symbol, index, position, bound } => write!(
-                f,
-                "`{symbol}` was given id {index} at position {position}, outside 0..{bound}; ids index an axis of \
-                 size {bound} (check the ids, or the size of the table they index)"
-            ),
+            Error::IndexOutOfRange { symbol, index, position, bound } => {
+                write!(
+                    f,
+                    "`{symbol}` was given id {index} at position {position}, outside 0..{bound}; ids index an axis \
+                     of size {bound} (check the ids, or the size of the table they index)"
+                )?;
+                if *index < 0 {
+                    // PyTorch's `cross_entropy(ignore_index=-100)`, the usual source of one.
+                    f.write_str(
+                        "; a negative id is not skipped as PyTorch's `ignore_index` (-100) skips it: give those \
+                         rows an id in range, and build the loss from `log_softmax` and `gather_last` with their \
+                         terms masked out (`where_scalar`)",
+                    )?;
+                }
+                Ok(())
+            }
             Error::DTypeMismatch { what, expected, got } => write!(
                 f,
                 "{what} holds {got} values, not {expected}; read it as {got} (`values::<{}>()`, or match on its \

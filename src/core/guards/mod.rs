@@ -99,7 +99,9 @@ pub enum GuardKind {
     TracingSpan,
     /// The timeline of host scopes ([`Timeline`]).
     Timeline,
-    /// A user-defined kind, named.
+    /// A user-defined kind, named (by custom `@name`): listings print a name of one word as it
+    /// is, and any other (empty, or with spaces or control characters) quoted and escaped, so
+    /// that a listing keeps one line per op.
     Custom(&'static str),
 }
 
@@ -120,7 +122,10 @@ impl GuardKind {
 
 impl fmt::Display for GuardKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.annotation())
+        match self.annotation() {
+            word if !word.is_empty() && !word.chars().any(|c| c.is_whitespace() || c.is_control()) => f.write_str(word),
+            other => write!(f, "{other:?}"),
+        }
     }
 }
 

@@ -332,3 +332,27 @@ fn a_labelled_span_merged_into_another_is_a_plan_note() {
     let plan = Plan::compile(&same, &[CpuReference::shared()]).unwrap();
     assert!(!plan.notes().iter().any(|n| n.contains("merged into the one attached first")), "{plan}");
 }
+
+/// A custom kind's name is printed as it is where it is one word, and quoted with escapes
+/// otherwise: a name with a line break does not split the listing's line.
+#[test]
+fn custom_kinds_of_more_than_one_word_are_quoted_in_listings() {
+    struct Named(&'static str);
+    impl Guard for Named {
+        fn kind(&self) -> GuardKind {
+            GuardKind::Custom(self.0)
+        }
+        fn prepare(&self, _site: &GuardSite<'_>) -> crate::Result<Box<dyn ScopedGuard>> {
+            unreachable!("not run")
+        }
+    }
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut t = trace(&arena, &registry);
+    let plain = t.to_string();
+    t.attach_guard(Selection::Named("softmax"), Named("@count")).unwrap();
+    t.attach_guard(Selection::Named("softmax"), Named("two words\nand a line")).unwrap();
+    t.attach_guard(Selection::Named("softmax"), Named("")).unwrap();
+    let listed = t.to_string();
+    assert_eq!(listed.lines().count(), plain.lines().count(), "{listed}");
+    assert!(listed.contains(r#"@count "two words\nand a line" """#), "{listed}");
+}

@@ -287,6 +287,13 @@ impl Symbol {
 
     /// Its CPU implementation, used by [`CpuReference`](crate::executors::CpuReference): a
     /// factory called once per bound symbol when a plan is compiled.
+    ///
+    /// `CpuReference` takes every dtype, so the kernel is given the op's tensors in whatever
+    /// dtypes the trace gives them (not only `f32`, as an executor's kernels are by default:
+    /// [`Executor::dtypes`](crate::Executor::dtypes)). A kernel written for `f32` alone checks
+    /// [`OpView::dtypes`](crate::OpView::dtypes) in the factory and returns an error there
+    /// ([`Error::UnsupportedDType`](crate::Error::UnsupportedDType), say), so that the plan
+    /// fails to compile naming the op, not its run with a bare [`Error::DTypeMismatch`](crate::Error::DTypeMismatch).
     pub fn cpu_kernel(
         mut self,
         factory: impl Fn(&OpView<'_>) -> Result<Box<dyn Kernel>> + Send + Sync + 'static,

@@ -533,24 +533,36 @@ impl<'a> TraceBuilder<'a> {
     }
 
     /// `len` elements of `x` from `start` along `axis`, as `torch.narrow`.
+    ///
+    /// # Errors
+    /// As [`slice`](Self::slice)'s, and [`Error::ShapeMismatch`] naming `narrow` where
+    /// `start + len` is past what `usize` holds.
     pub fn narrow(&mut self, x: ValueId, axis: usize, start: usize, len: usize) -> Result<ValueId> {
-        self.slice(x, axis, start, start.saturating_add(len))
+        let Some(end) = start.checked_add(len) else {
+            return Err(Error::ShapeMismatch {
+                symbol: "narrow".into(),
+                shapes: vec![self.shape(x)?.to_vec()],
+                detail: format!("start {start} plus length {len} is past any axis"),
+            });
+        };
+        self.slice(x, axis, start, end)
     }
 
     /// `x` cut along `axis` into consecutive pieces of `sizes` (which add up to the axis), as
     /// `torch.split` with a list: the attention's q, k and v from one product.
     ///
     /// # Errors
-    /// [`Error::ShapeMismatch`] if `sizes` do not add up to the axis's size.
+    /// [`Error::ShapeMismatch`] if `x` has no axis `axis`, or `sizes` do not add up to its size.
     pub fn split(&mut self, x: ValueId, axis: usize, sizes: &[usize]) -> Result<Vec<ValueId>> {
         let shape = self.shape(x)?.to_vec();
-        let total = sizes.iter().try_fold(0usize, |t, &s| t.checked_add(s));
-        if shape.get(axis).copied() != total {
-            return Err(Error::ShapeMismatch {
-                symbol: "split".into(),
-                shapes: vec![shape.clone()],
-                detail: format!("sizes {sizes:?} do not add up to axis {axis} of {shape:?}"),
-            });
+        let mismatch =
+            |detail: String| Error::ShapeMismatch { symbol: "split".into(), shapes: vec![shape.clone()], detail };
+        let Some(&size) = shape.get(axis) else {
+            return Err(mismatch(format!("there is no axis {axis} in a tensor of {} axes", shape.len())));
+        };
+        // (An overflowing total is no axis's size either.)
+        if sizes.iter().try_fold(0usize, |t, &s| t.checked_add(s)) != Some(size) {
+            return Err(mismatch(format!("sizes {sizes:?} do not add up to axis {axis} of {shape:?}")));
         }
         let mut start = 0;
         let mut pieces = Vec::with_capacity(sizes.len());
@@ -699,12 +711,14 @@ impl<'a> TraceBuilder<'a> {
     /// `a` compared with the scalar `b` by `op` (one of [`prims::COMPARISONS`](super::prims::COMPARISONS)).
     ///
     /// # Errors
-    /// [`Error::InvalidSymbol`] if `op` is not a comparison.
+    /// [`Error::ArgumentKind`] (argument 0 of `compare_scalar`) if `op` is not a comparison.
     pub fn compare_scalar(&mut self, op: SymbolId, a: ValueId, b: f32) -> Result<ValueId> {
         if !COMPARISONS.contains(&op) {
-            return Err(Error::InvalidSymbol {
-                symbol: format!("{op:?}"),
-                detail: "compare_scalar takes one of prims::COMPARISONS (LT, LE, GT, GE, EQ, NE)".into(),
+            return Err(Error::ArgumentKind {
+                symbol: "compare_scalar".into(),
+                position: 0,
+                expected: "a comparison, one of prims::COMPARISONS (LT, LE, GT, GE, EQ, NE)",
+                got: "symbol that is not one",
             });
         }
         self.compare(op, a, Arg::Scalar(b))

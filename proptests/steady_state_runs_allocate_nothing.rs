@@ -576,14 +576,20 @@ fn wide_bf16_regions_and_transformer_ops_allocate_nothing() {
     let m = b.compare_scalar(boundscope::prims::GT, picked, 0.0).unwrap();
     let z = b.where_scalar(m, picked, -1.0).unwrap();
     let r = b.sum_dim(y, 1, false).unwrap();
+    // A sum over more than 256 rows of another axis than the last: its levels of running sums
+    // are the kernel's, made when the plan compiles.
+    let columns = b.input(&[3, 300, 4]).unwrap();
+    let c = b.sum_dim(columns, 1, false).unwrap();
     b.output(z).unwrap();
     b.output(r).unwrap();
+    b.output(c).unwrap();
     let trace = b.finish().unwrap();
     let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
     let inputs = [
         Tensor::from_fn(&[2, 3, 4], |i| i as f32 * 0.1 - 1.0).to_dtype(DType::BF16),
         Tensor::from_fn(&[4, 5], |i| i as f32 * 0.05).to_dtype(DType::BF16),
         Tensor::from_vec(&[2, 3], vec![0i64, 1, 2, 2, 1, 0]).unwrap(),
+        Tensor::from_fn(&[3, 300, 4], |i| i as f32 * 1e-3),
     ];
     assert_eq!(steady_state_allocations(&plan, &inputs), 0, "{plan}");
 }

@@ -484,9 +484,8 @@ impl fmt::Display for Error {
                 if *index < 0 {
                     // PyTorch's `cross_entropy(ignore_index=-100)`, the usual source of one.
                     f.write_str(
-                        "; a negative id is not skipped as PyTorch's `ignore_index` (-100) skips it: give those \
-                         rows an id in range, and build the loss from `log_softmax` and `gather_last` with their \
-                         terms masked out (`where_scalar`)",
+                        "; negative ids are not skipped, as PyTorch's `ignore_index` (-100) is: give those rows \
+                         an id in range and mask what they give (`where_scalar`)",
                     )?;
                 }
                 Ok(())

@@ -287,17 +287,26 @@ fn an_unknown_boundscope_variable_is_an_error_with_a_suggestion() {
     assert!(out.contains("SESSION[Err(UnknownEnvironmentVariable") && out.contains("BOUNDSCOPE_NVTX"), "{out}");
 }
 
-/// `Environment`'s table of variables (its rustdoc) names every variable an option reads, and
-/// the trace directory's.
+/// `Environment`'s table of variables (its rustdoc) names exactly the variables the front end
+/// reads: every user option's, the profiler override's and the trace directory's.
 #[test]
 fn the_environment_table_lists_every_variable_the_front_end_reads() {
     let source = include_str!("environment.rs");
-    let table: Vec<&str> = source.lines().filter(|l| l.starts_with("/// | `BOUNDSCOPE_")).collect();
-    let listed = |var: &str| table.iter().any(|row| row.starts_with(&format!("/// | `{var}` |")));
-    let read = crate::options::RUNTIME_OPTIONS.iter().filter_map(|spec| spec.env);
-    for var in read.chain([super::environment::TRACE_DIR, "BOUNDSCOPE_NVTX"]) {
-        assert!(listed(var), "`{var}` is read but not in `Environment`'s table");
-    }
+    let mut listed: Vec<&str> = source
+        .lines()
+        .filter_map(|l| l.strip_prefix("/// | `BOUNDSCOPE_"))
+        .filter_map(|rest| rest.split('`').next())
+        .collect();
+    let options = Options::new();
+    let user = options.specs().iter().filter(|s| s.audience == crate::options::Audience::User);
+    let mut read: Vec<&str> = user
+        .filter_map(|s| s.env)
+        .chain([NVTX_OVERRIDE, TRACE_DIR])
+        .filter_map(|var| var.strip_prefix("BOUNDSCOPE_"))
+        .collect();
+    listed.sort_unstable();
+    read.sort_unstable();
+    assert_eq!(listed, read, "`Environment`'s table against the variables the front end reads");
 }
 
 #[test]

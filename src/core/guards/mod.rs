@@ -99,14 +99,15 @@ pub enum GuardKind {
     TracingSpan,
     /// The timeline of host scopes ([`Timeline`]).
     Timeline,
-    /// A user-defined kind, named (by custom `@name`): listings print a name of one word as it
-    /// is, and any other (empty, or with spaces or control characters) quoted and escaped, so
-    /// that a listing keeps one line per op.
+    /// A user-defined kind, named (`@count`, say). Listings print a name of one word as it is,
+    /// and any other (empty, or with spaces or control characters) quoted and escaped, so that
+    /// a listing keeps one line per op.
     Custom(&'static str),
 }
 
 impl GuardKind {
-    /// The annotation printed in listings (`@nvtx`, `@record`, ...).
+    /// Its annotation (`@nvtx`, `@record`, ...): listings print it through `Display`, which
+    /// quotes a custom name of more than one word.
     pub fn annotation(&self) -> &'static str {
         match self {
             GuardKind::NvtxRange => "@nvtx",

@@ -1,7 +1,8 @@
 //! CPU reference reductions over any axis (`sum_axis`, `max_axis` in `f32`) and `argmax` (any
 //! float dtype in, `i64` out). A tensor reduced over axis `a` is `[outer, n, inner]`: `outer`
 //! the product of the axes before `a`, `inner` of those after. Each result adds (or compares)
-//! the `n` elements in order, so results do not depend on the thread count; over the last axis
+//! the `n` elements in an order fixed by their positions, so results do not depend on the
+//! thread count; over the last axis
 //! (`inner == 1`) they are the last-axis `sum` and `max` prims' own loops, so `sum_dim(x, -1)`
 //! equals `sum(x)` bit for bit. Over another axis, a sum adds its rows in blocks of
 //! [`COLUMN_BLOCK`], each block's sum to a running sum of blocks, every `COLUMN_BLOCK` of those
@@ -65,7 +66,8 @@ impl ReduceAxis {
     /// the rows added in order to the open block's sums (`out`), which move up to the first
     /// level every [`COLUMN_BLOCK`] rows, whose sums move up to the next every
     /// `COLUMN_BLOCK` blocks, and so on; then the open block's sums and the levels', lowest
-    /// first. A block of rows or fewer is one running sum per column, as before levels.
+    /// first. Columns of [`COLUMN_BLOCK`] rows or fewer are one running sum each, as before
+    /// levels.
     fn column_sums(&self, block: &[f32], out: &mut [f32]) {
         let inner = out.len();
         out.fill(0.0);
@@ -86,7 +88,7 @@ impl ReduceAxis {
         let mut levels = free.unwrap_or_else(|| self.levels[0].lock().unwrap_or_else(|p| p.into_inner()));
         levels.fill(0.0);
         for (i, slice) in block.chunks_exact(inner).enumerate() {
-            if i > 0 && i % COLUMN_BLOCK == 0 {
+            if i > 0 && i.is_multiple_of(COLUMN_BLOCK) {
                 // A block closes: its sums move up, and with them every level that now holds
                 // `COLUMN_BLOCK` terms (the top one keeps them all).
                 move_up(out, &mut levels[..inner]);
@@ -207,18 +209,18 @@ mod tests {
     use crate::core::tensor::Tensor;
     use crate::executors::CpuReference;
 
-    /// `sum_dim(x, 0)` of `[rows, inner]` through a plan, on `threads` threads.
-    fn column_sums(x: &Tensor, threads: usize) -> Vec<f32> {
+    /// `sum_dim(x, axis)` through a plan, on `threads` threads; runs of the plan on three
+    /// threads at once (sharing its kernels' running sums, each waiting for a free one) give
+    /// the same bits.
+    fn axis_sums(x: &Tensor, axis: usize, threads: usize) -> Vec<f32> {
         let (registry, arena) = (Registry::with_builtins(), Arena::new());
         let mut b = TraceBuilder::new(&arena, &registry);
         let v = b.input(x.shape()).unwrap();
-        let s = b.sum_dim(v, 0, false).unwrap();
+        let s = b.sum_dim(v, axis, false).unwrap();
         b.output(s).unwrap();
         let executor = std::sync::Arc::new(CpuReference::new().threads(threads));
         let plan = Plan::compile(&b.finish().unwrap(), &[executor]).unwrap();
         let out = plan.run(&[x]).unwrap().remove(0).to_f32_vec();
-        // Runs of the plan on several threads at once (sharing its kernels' running sums, each
-        // waiting for a free one) give the same bits.
         std::thread::scope(|scope| {
             for _ in 0..3 {
                 scope.spawn(|| assert_eq!(plan.run(&[x]).unwrap()[0].to_f32_vec(), out));
@@ -227,31 +229,48 @@ mod tests {
         out
     }
 
-    /// Columns of many rows are summed within a few parts in 10^7 of their exact sums (one
-    /// running sum was 6.9e-5 off over 2^20 rows like these), the same bits on any number of
-    /// threads; columns of [`COLUMN_BLOCK`](super::COLUMN_BLOCK) rows or fewer give the bits
-    /// of one running sum.
+    /// `[outer, n, inner]` of values in [0.1, 0.2).
+    fn values(shape: &[usize]) -> Tensor {
+        Tensor::from_fn(shape, |i| 0.1 + ((i * 7919) % 1000) as f32 * 1e-4)
+    }
+
+    /// Each column's exact sum over axis 1 of `[outer, n, inner]`.
+    fn exact(x: &Tensor) -> Vec<f64> {
+        let (outer, n, inner) = (x.shape()[0], x.shape()[1], x.shape()[2]);
+        let v = x.to_f32_vec();
+        (0..outer * inner)
+            .map(|k| (0..n).map(|r| f64::from(v[((k / inner) * n + r) * inner + k % inner])).sum())
+            .collect()
+    }
+
+    /// Columns of many rows are summed within 1e-6 of their exact sums (one running sum was
+    /// 6.9e-5 off over 2^20 rows like these; these read 7e-8 at 2^20 rows, 6.4e-7 past 2^24,
+    /// where 256 sums of 2^16 rows each have been added in one running sum): through the first
+    /// level, the second, and with several parts (outer indices split over threads, each with
+    /// its own running sums), the same bits on one thread and on two.
     #[test]
-    fn columns_of_many_rows_sum_to_within_a_few_parts_in_ten_million() {
-        for (rows, inner) in [(1 << 20, 3), (3 * super::COLUMN_BLOCK + 7, 1030), (300, 50), (1 << 17, 2)] {
-            let x = Tensor::from_fn(&[rows, inner], |i| 0.1 + ((i * 7919) % 1000) as f32 * 1e-4);
-            let values = x.to_f32_vec();
-            let sums = column_sums(&x, 1);
-            for (j, &got) in sums.iter().enumerate() {
-                let exact: f64 = values.chunks_exact(inner).map(|r| f64::from(r[j])).sum();
-                assert!(
-                    (f64::from(got) / exact - 1.0).abs() < 4e-7,
-                    "[{rows}, {inner}] column {j}: {got} against {exact}"
-                );
+    fn columns_of_many_rows_sum_to_within_a_millionth() {
+        for shape in [[1, 1 << 20, 3], [1, (1 << 24) + 300, 2], [1, 3 * super::COLUMN_BLOCK + 7, 1030], [8, 600, 64]] {
+            let x = values(&shape);
+            let sums = axis_sums(&x, 1, 1);
+            for (k, (&got, exact)) in sums.iter().zip(exact(&x)).enumerate() {
+                assert!((f64::from(got) / exact - 1.0).abs() < 1e-6, "{shape:?} column {k}: {got} against {exact}");
             }
-            assert_eq!(column_sums(&x, 2), sums, "[{rows}, {inner}] on 2 threads");
+            assert_eq!(axis_sums(&x, 1, 2), sums, "{shape:?} on 2 threads");
         }
-        for (rows, inner) in [(1, 3), (super::COLUMN_BLOCK, 70)] {
-            let x = Tensor::from_fn(&[rows, inner], |i| ((i * 13) % 29) as f32 * 0.11 - 1.3);
-            let values = x.to_f32_vec();
-            let running: Vec<f32> =
-                (0..inner).map(|j| values.chunks_exact(inner).fold(0.0f32, |s, r| s + r[j])).collect();
-            assert_eq!(column_sums(&x, 2), running, "[{rows}, {inner}]");
+    }
+
+    /// Columns of [`COLUMN_BLOCK`](super::COLUMN_BLOCK) rows or fewer give the bits of one
+    /// running sum from +0.
+    #[test]
+    fn columns_of_one_block_are_one_running_sum() {
+        for shape in [[1, 1, 3], [1, super::COLUMN_BLOCK, 70], [3, 17, 5]] {
+            let x = Tensor::from_fn(&shape, |i| ((i * 13) % 29) as f32 * 0.11 - 1.3);
+            let (n, inner, v) = (shape[1], shape[2], x.to_f32_vec());
+            let running: Vec<f32> = (0..shape[0] * inner)
+                .map(|k| (0..n).fold(0.0f32, |s, r| s + v[((k / inner) * n + r) * inner + k % inner]))
+                .collect();
+            assert_eq!(axis_sums(&x, 1, 2), running, "{shape:?}");
         }
     }
 }

@@ -322,6 +322,7 @@ impl LaneSum {
 
     /// Adds `count` (a multiple of [`LANES`](Self::LANES)) copies of `x`.
     pub(crate) fn add_constant(&mut self, x: f32, mut count: usize) {
+        debug_assert!(count.is_multiple_of(Self::LANES));
         while count > 0 {
             let take = self.room().min(count);
             for _ in 0..take / Self::LANES {

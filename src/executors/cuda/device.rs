@@ -215,7 +215,9 @@ const STAGING_CHUNK: usize = 1 << 22;
 /// A device buffer of `f32`: an allocation of its own, or a range of a block that several
 /// buffers share ([`Device::alloc_within`]).
 pub struct CudaBuffer {
-    pub(crate) slice: ManuallyDrop<CudaSlice<f32>>,
+    /// Never replaced (what `slice_mut` lends is written through, never swapped for another):
+    /// `address` is its address.
+    slice: ManuallyDrop<CudaSlice<f32>>,
     /// The order of the device's streams, which a buffer's free waits in.
     order: Arc<StreamOrder>,
     /// The block whose range this buffer is, if any (kept alive by its ranges).

@@ -484,8 +484,8 @@ impl fmt::Display for Error {
                 if *index < 0 {
                     // PyTorch's `cross_entropy(ignore_index=-100)`, the usual source of one.
                     f.write_str(
-                        "; negative ids are not skipped, as PyTorch's `ignore_index` (-100) is: give those rows \
-                         an id in range and mask what they give (`where_scalar`)",
+                        "; negative ids are not skipped (PyTorch skips `ignore_index`, -100): give those rows an \
+                         id in range and mask what they give (`where_scalar`)",
                     )?;
                 }
                 Ok(())

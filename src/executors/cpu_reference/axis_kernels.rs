@@ -2,9 +2,8 @@
 //! float dtype in, `i64` out). A tensor reduced over axis `a` is `[outer, n, inner]`: `outer`
 //! the product of the axes before `a`, `inner` of those after. Each result adds (or compares)
 //! the `n` elements in an order fixed by their positions, so results do not depend on the
-//! thread count; over the last axis
-//! (`inner == 1`) they are the last-axis `sum` and `max` prims' own loops, so `sum_dim(x, -1)`
-//! equals `sum(x)` bit for bit. Over another axis, a sum adds its rows in blocks of
+//! thread count; over the last axis (`inner == 1`) they are the last-axis `sum` and `max`
+//! prims' own loops, so `sum_dim(x, -1)` equals `sum(x)` bit for bit. Over another axis, a sum adds its rows in blocks of
 //! [`COLUMN_BLOCK`], each block's sum to a running sum of blocks, every `COLUMN_BLOCK` of those
 //! to the next level, and so on (running sums the kernel keeps from its compilation, so runs
 //! allocate nothing): no running sum holds more than `COLUMN_BLOCK` terms below the top level,

@@ -205,10 +205,9 @@ pub fn maximum(a: f32, b: f32) -> f32 {
 }
 
 /// The sum of `row` (the `sum` prim over one row), added in 16 interleaved partial sums over
-/// blocks of 4,096 elements, the blocks' sums combined pairwise: the loop
-/// vectorizes, every instruction set adds in the same order, and past a block the rounding
-/// error grows with the logarithm of the row's length, not with its length. Zero for an empty
-/// row.
+/// blocks of 4,096 elements, the blocks' sums combined pairwise: the loop vectorizes, every
+/// instruction set adds in the same order, and past a block the rounding error grows with the
+/// logarithm of the row's length, not with its length. Zero for an empty row.
 ///
 /// ```
 /// use boundscope::executors::math;

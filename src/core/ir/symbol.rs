@@ -293,7 +293,8 @@ impl Symbol {
     /// [`Executor::dtypes`](crate::Executor::dtypes)). A kernel written for `f32` alone checks
     /// [`OpView::dtypes`](crate::OpView::dtypes) in the factory and returns an error there
     /// ([`Error::UnsupportedDType`](crate::Error::UnsupportedDType), say), so that the plan
-    /// fails to compile naming the op, not its run with a bare [`Error::DTypeMismatch`](crate::Error::DTypeMismatch).
+    /// fails to compile naming the op, not its run with a bare
+    /// [`Error::DTypeMismatch`](crate::Error::DTypeMismatch).
     pub fn cpu_kernel(
         mut self,
         factory: impl Fn(&OpView<'_>) -> Result<Box<dyn Kernel>> + Send + Sync + 'static,

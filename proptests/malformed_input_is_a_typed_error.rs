@@ -149,3 +149,22 @@ fn narrow_and_split_past_any_axis_name_themselves() {
     assert_eq!(b.split(x, 1, &[1, 2]).unwrap().len(), 2);
     b.narrow(x, 1, 1, 2).unwrap();
 }
+
+/// `sum_dim`, `max_dim` and `argmax` over an axis the tensor lacks name themselves, not the prim
+/// they bind (`sum_axis`, ...).
+#[test]
+fn reductions_over_a_missing_axis_name_themselves() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 3]).unwrap();
+    let results =
+        [("sum_dim", b.sum_dim(x, 6, false)), ("max_dim", b.max_dim(x, 2, true)), ("argmax", b.argmax(x, 9, false))];
+    for (name, result) in results {
+        let err = result.unwrap_err();
+        assert!(matches!(&err, Error::ShapeMismatch { symbol, .. } if symbol == name), "{err:?}");
+        assert!(err.to_string().contains("there is no axis"), "{err}");
+    }
+    // The axes it has still reduce.
+    assert!(b.sum_dim(x, 0, false).is_ok() && b.max_dim(x, 1, true).is_ok() && b.argmax(x, 1, false).is_ok());
+}

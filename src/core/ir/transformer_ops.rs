@@ -633,9 +633,19 @@ impl<'a> TraceBuilder<'a> {
         self.transpose(x, perm)
     }
 
-    fn reduce_axis(&mut self, id: SymbolId, x: ValueId, axis: usize, keepdim: bool) -> Result<ValueId> {
+    /// `name` (`sum_dim`, ...) over `axis` by prim `id`: an axis `x` lacks is reported as
+    /// `name`'s, not as the prim's the call binds.
+    fn reduce_axis(&mut self, name: &str, id: SymbolId, x: ValueId, axis: usize, keepdim: bool) -> Result<ValueId> {
+        let shape = self.shape(x)?;
+        if axis >= shape.len() {
+            return Err(Error::ShapeMismatch {
+                symbol: name.into(),
+                shapes: vec![shape.to_vec()],
+                detail: format!("there is no axis {axis} in a tensor of {} axes", shape.len()),
+            });
+        }
         // Over the last axis, the last-axis prims: the fusion executors fuse them.
-        let last = self.shape(x)?.len().checked_sub(1) == Some(axis);
+        let last = shape.len() - 1 == axis;
         let kept = match id {
             SUM_AXIS if last => self.sum(x)?,
             MAX_AXIS if last => self.max(x)?,
@@ -651,12 +661,12 @@ impl<'a> TraceBuilder<'a> {
 
     /// The sum over `axis`, as `torch.sum(x, axis, keepdim)`.
     pub fn sum_dim(&mut self, x: ValueId, axis: usize, keepdim: bool) -> Result<ValueId> {
-        self.reduce_axis(SUM_AXIS, x, axis, keepdim)
+        self.reduce_axis("sum_dim", SUM_AXIS, x, axis, keepdim)
     }
 
     /// The maximum over `axis`, as `torch.amax(x, axis, keepdim)` (NaN wins).
     pub fn max_dim(&mut self, x: ValueId, axis: usize, keepdim: bool) -> Result<ValueId> {
-        self.reduce_axis(MAX_AXIS, x, axis, keepdim)
+        self.reduce_axis("max_dim", MAX_AXIS, x, axis, keepdim)
     }
 
     /// The mean over `axis`, as `torch.mean(x, axis, keepdim)`: the sum, times 1 / size.
@@ -669,7 +679,7 @@ impl<'a> TraceBuilder<'a> {
     /// The `i64` index of the first maximum over `axis` (a NaN counts as the maximum), as
     /// `torch.argmax(x, axis, keepdim)`.
     pub fn argmax(&mut self, x: ValueId, axis: usize, keepdim: bool) -> Result<ValueId> {
-        self.reduce_axis(ARGMAX, x, axis, keepdim)
+        self.reduce_axis("argmax", ARGMAX, x, axis, keepdim)
     }
 
     fn compare(&mut self, id: SymbolId, a: ValueId, b: Arg<'_>) -> Result<ValueId> {

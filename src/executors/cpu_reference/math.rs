@@ -221,6 +221,9 @@ pub fn maximum(a: f32, b: f32) -> f32 {
 #[inline]
 pub fn row_sum(row: &[f32]) -> f32 {
     let full = row.len() - row.len() % LaneSum::LANES;
+    if full <= LaneSum::BLOCK {
+        return LaneSum::one_block(&row[..full], LaneMap::Identity, &row[full..]);
+    }
     let mut sum = LaneSum::new();
     sum.add(&row[..full]);
     sum.finish(&row[full..])
@@ -332,6 +335,29 @@ impl LaneSum {
             self.in_block += take;
             count -= take;
         }
+    }
+
+    /// The sum of `map(x)` for `x` (a multiple of [`LANES`](Self::LANES), at most a block),
+    /// then `rest` (already mapped): what a `LaneSum` that adds `x` and finishes with `rest`
+    /// gives, bit for bit, without its blocks' state (rows of one block, the common case).
+    #[inline(always)]
+    pub(crate) fn one_block(x: &[f32], map: LaneMap, rest: &[f32]) -> f32 {
+        debug_assert!(x.len().is_multiple_of(Self::LANES) && x.len() <= Self::BLOCK);
+        let mut lanes = [0.0f32; Self::LANES];
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the processor has AVX-512F, checked just above.
+            unsafe { add_lanes_avx512(&mut lanes, x, map) };
+            let rest: f32 = rest.iter().fold(0.0, |acc, &x| acc + x);
+            return Self::combined(&mut lanes) + rest;
+        }
+        for chunk in x.chunks_exact(Self::LANES) {
+            for (lane, &x) in lanes.iter_mut().zip(chunk) {
+                *lane += map.apply(x);
+            }
+        }
+        let rest: f32 = rest.iter().fold(0.0, |acc, &x| acc + x);
+        Self::combined(&mut lanes) + rest
     }
 
     /// Elements the open block takes before it is full, closing a full one first.
@@ -633,6 +659,13 @@ mod tests {
             }
             let rest = row[full..].iter().fold(0.0f32, |acc, &x| acc + x);
             assert_eq!(super::row_sum(&row).to_bits(), (lanes[0] + rest).to_bits(), "{len}");
+            // `row_sum` takes a shortcut for one block (`LaneSum::one_block`); a `LaneSum`, as
+            // a fused region's tiles use, gives the same bits.
+            let mut tiles = LaneSum::new();
+            for tile in row[..full].chunks(48) {
+                tiles.add(tile);
+            }
+            assert_eq!(tiles.finish(&row[full..]).to_bits(), (lanes[0] + rest).to_bits(), "{len} in tiles");
         }
     }
 

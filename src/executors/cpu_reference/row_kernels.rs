@@ -213,12 +213,15 @@ fn layer_norm_rows(x: &[f32], cols: usize, eps: f32, affine: Affine<'_>, out: &m
 #[inline(always)]
 fn lane_sum(row: &[f32], map: LaneMap) -> f32 {
     let full = row.len() - row.len() % LaneSum::LANES;
-    let mut sum = LaneSum::new();
-    sum.add_mapped(&row[..full], map);
     let mut tail = [0.0f32; LaneSum::LANES];
     for (t, &v) in tail.iter_mut().zip(&row[full..]) {
         *t = map.apply(v);
     }
+    if full <= LaneSum::BLOCK {
+        return LaneSum::one_block(&row[..full], map, &tail[..row.len() - full]);
+    }
+    let mut sum = LaneSum::new();
+    sum.add_mapped(&row[..full], map);
     sum.finish(&tail[..row.len() - full])
 }
 

@@ -148,6 +148,16 @@ fn axis_of(dims: &[usize], rank: usize, what: &str) -> std::result::Result<usize
     }
 }
 
+/// The error of a builder call `name` (`split`, `sum_dim`, ...) along an axis that a tensor of
+/// `shape` lacks, reported as the call's, not as the prim's it would bind.
+fn missing_axis(name: &str, shape: &[usize], axis: usize) -> Error {
+    Error::ShapeMismatch {
+        symbol: name.into(),
+        shapes: vec![shape.to_vec()],
+        detail: format!("there is no axis {axis} in a tensor of {} axes", shape.len()),
+    }
+}
+
 /// An integer tensor argument (ids, targets).
 fn ids_tensor<'m>(args: &[ArgInfo<'m>], i: usize, what: &str) -> std::result::Result<&'m [usize], String> {
     let (dtype, shape) = tensor(args, i)?;
@@ -555,14 +565,16 @@ impl<'a> TraceBuilder<'a> {
     /// [`Error::ShapeMismatch`] if `x` has no axis `axis`, or `sizes` do not add up to its size.
     pub fn split(&mut self, x: ValueId, axis: usize, sizes: &[usize]) -> Result<Vec<ValueId>> {
         let shape = self.shape(x)?.to_vec();
-        let mismatch =
-            |detail: String| Error::ShapeMismatch { symbol: "split".into(), shapes: vec![shape.clone()], detail };
         let Some(&size) = shape.get(axis) else {
-            return Err(mismatch(format!("there is no axis {axis} in a tensor of {} axes", shape.len())));
+            return Err(missing_axis("split", &shape, axis));
         };
         // (An overflowing total is no axis's size either.)
         if sizes.iter().try_fold(0usize, |t, &s| t.checked_add(s)) != Some(size) {
-            return Err(mismatch(format!("sizes {sizes:?} do not add up to axis {axis} of {shape:?}")));
+            return Err(Error::ShapeMismatch {
+                symbol: "split".into(),
+                shapes: vec![shape.clone()],
+                detail: format!("sizes {sizes:?} do not add up to axis {axis} of {shape:?}"),
+            });
         }
         let mut start = 0;
         let mut pieces = Vec::with_capacity(sizes.len());
@@ -638,11 +650,7 @@ impl<'a> TraceBuilder<'a> {
     fn reduce_axis(&mut self, name: &str, id: SymbolId, x: ValueId, axis: usize, keepdim: bool) -> Result<ValueId> {
         let shape = self.shape(x)?;
         if axis >= shape.len() {
-            return Err(Error::ShapeMismatch {
-                symbol: name.into(),
-                shapes: vec![shape.to_vec()],
-                detail: format!("there is no axis {axis} in a tensor of {} axes", shape.len()),
-            });
+            return Err(missing_axis(name, shape, axis));
         }
         // Over the last axis, the last-axis prims: the fusion executors fuse them.
         let last = shape.len() - 1 == axis;

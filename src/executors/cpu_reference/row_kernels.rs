@@ -217,12 +217,7 @@ fn lane_sum(row: &[f32], map: LaneMap) -> f32 {
     for (t, &v) in tail.iter_mut().zip(&row[full..]) {
         *t = map.apply(v);
     }
-    if full <= LaneSum::BLOCK {
-        return LaneSum::one_block(&row[..full], map, &tail[..row.len() - full]);
-    }
-    let mut sum = LaneSum::new();
-    sum.add_mapped(&row[..full], map);
-    sum.finish(&tail[..row.len() - full])
+    LaneSum::of_row(&row[..full], map, &tail[..row.len() - full])
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::ops::Range;
 use std::sync::Arc;
 
 use super::table::Attachment;
-use super::{check_label, Guard, Level};
+use super::{check_guard, Guard, Level};
 use crate::core::ir::{BoundSymbol, BoundSymbolId, GuardId, Trace};
 use crate::error::{Error, Result};
 
@@ -87,7 +87,7 @@ impl<'a> Trace<'a> {
     /// [`Error::InvalidBoundSymbol`] for a position past the end, [`Error::ReversedRange`] for
     /// positions whose start is after their end, [`Error::UnknownSymbol`] for a name no symbol
     /// has, [`Error::NoSuchScope`] for a scope pattern that matches no scope,
-    /// [`Error::InvalidLabel`] for a guard with a bad label.
+    /// [`Error::InvalidLabel`] for a guard with a bad label or NVTX domain name (empty, or with a NUL).
     pub fn attach_guard(&mut self, selection: Selection<'_>, guard: impl Guard) -> Result<usize> {
         self.attach_shared_guard(selection, Arc::new(guard))
     }
@@ -97,9 +97,7 @@ impl<'a> Trace<'a> {
     /// # Errors
     /// As for [`attach_guard`](Self::attach_guard).
     pub fn attach_shared_guard(&mut self, selection: Selection<'_>, guard: Arc<dyn Guard>) -> Result<usize> {
-        if let Some(label) = guard.label() {
-            check_label(label)?;
-        }
+        check_guard(&*guard)?;
         if let Selection::Scope(pattern) = selection {
             let matching = self.scopes.matching(pattern)?;
             let id = self.guards.add_guard(guard);
@@ -123,11 +121,9 @@ impl<'a> Trace<'a> {
     /// Attaches `guard` around every run of the whole trace.
     ///
     /// # Errors
-    /// [`Error::InvalidLabel`] for a guard with a bad label.
+    /// [`Error::InvalidLabel`] for a guard with a bad label or NVTX domain name (empty, or with a NUL).
     pub fn attach_trace_guard(&mut self, guard: impl Guard) -> Result<GuardId> {
-        if let Some(label) = guard.label() {
-            check_label(label)?;
-        }
+        check_guard(&guard)?;
         let id = self.guards.add_guard(Arc::new(guard));
         self.guards.trace_level.push(id);
         Ok(id)
@@ -157,9 +153,7 @@ impl<'a> Trace<'a> {
     /// [`Error::InvalidBoundSymbol`], or [`Error::DepthOutOfRange`] when `depth` is 0 or
     /// deeper than the composite's decomposition.
     pub fn attach_subsymbol_guard(&mut self, op: BoundSymbolId, depth: usize, guard: impl Guard) -> Result<usize> {
-        if let Some(label) = guard.label() {
-            check_label(label)?;
-        }
+        check_guard(&guard)?;
         let bsym = self.bound_symbol(op)?;
         let max = max_depth(bsym);
         if depth == 0 || depth > max || depth > u8::MAX as usize {

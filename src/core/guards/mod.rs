@@ -446,6 +446,28 @@ impl Drop for Entered<'_> {
 }
 
 /// Checks a user label: non-empty and without interior NUL (NVTX takes C strings).
+/// Checks what the runtime takes from a guard as it is attached: its label, and the name of the
+/// NVTX domain it reports (refused as [`NvtxRange::domain`] refuses it).
+pub(crate) fn check_guard(guard: &dyn Guard) -> Result<()> {
+    if let Some(label) = guard.label() {
+        check_label(label)?;
+    }
+    if let Some(domain) = guard.nvtx_domain() {
+        check_domain(domain)?;
+    }
+    Ok(())
+}
+
+/// Checks the name of an NVTX domain: not empty, no NUL.
+pub(crate) fn check_domain(name: &str) -> Result<()> {
+    check_label(name).map_err(|e| match e {
+        crate::Error::InvalidLabel { label, detail } => {
+            crate::Error::InvalidLabel { label, detail: detail.replace("a label", "an NVTX domain name") }
+        }
+        other => other,
+    })
+}
+
 pub(crate) fn check_label(label: &str) -> Result<()> {
     if label.is_empty() {
         return Err(crate::Error::InvalidLabel { label: label.into(), detail: "a label must not be empty".into() });

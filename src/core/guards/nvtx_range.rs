@@ -69,12 +69,7 @@ impl NvtxRange {
     /// # Errors
     /// [`Error::InvalidLabel`] if the name is empty or contains NUL.
     pub fn domain(mut self, name: &str) -> Result<Self> {
-        check_label(name).map_err(|e| match e {
-            Error::InvalidLabel { label, detail } => {
-                Error::InvalidLabel { label, detail: detail.replace("a label", "an NVTX domain name") }
-            }
-            other => other,
-        })?;
+        super::check_domain(name)?;
         self.domain = Some(name.to_string());
         Ok(self)
     }

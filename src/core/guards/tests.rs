@@ -356,3 +356,32 @@ fn custom_kinds_of_more_than_one_word_are_quoted_in_listings() {
     assert_eq!(listed.lines().count(), plain.lines().count(), "{listed}");
     assert!(listed.contains(r#"@count "two words\nand a line" """#), "{listed}");
 }
+
+/// A user's guard that reports an NVTX domain is held to the rule `NvtxRange::domain` keeps:
+/// an empty name, or one with a NUL, is refused when it is attached, on every way to attach.
+#[test]
+fn users_guards_with_a_bad_nvtx_domain_name_are_refused() {
+    struct InDomain(&'static str);
+    impl Guard for InDomain {
+        fn kind(&self) -> GuardKind {
+            GuardKind::Custom("@range")
+        }
+        fn nvtx_domain(&self) -> Option<&str> {
+            Some(self.0)
+        }
+        fn prepare(&self, _site: &GuardSite<'_>) -> crate::Result<Box<dyn ScopedGuard>> {
+            unreachable!("not run")
+        }
+    }
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let mut t = trace(&arena, &registry);
+    for bad in ["", "a\0b"] {
+        let err = t.attach_guard(Selection::All, InDomain(bad)).unwrap_err();
+        assert!(matches!(err, Error::InvalidLabel { .. }), "{err:?}");
+        assert!(err.to_string().contains("an NVTX domain name must not"), "{err}");
+        assert!(t.attach_trace_guard(InDomain(bad)).is_err());
+        assert!(t.attach_subsymbol_guard(BoundSymbolId::from_index(1), 1, InDomain(bad)).is_err());
+    }
+    assert_eq!(t.guard_attachment_count(), 0);
+    assert_eq!(t.attach_guard(Selection::All, InDomain("mine")).unwrap(), 2);
+}

@@ -9,8 +9,8 @@ use super::builder::TraceBuilder;
 use super::ids::{SymbolId, ValueId};
 use super::meta::{DType, Shape, TensorMeta};
 use super::prims::{
-    dims_arg, float_tensor, last_axis, missing, normalised_rows, scalar, tensor, value, PrimRule, RuleResult,
-    EMBEDDING_BACKWARD, LAYER_NORM_BACKWARD, LAYER_NORM_WEIGHT_BACKWARD, PAD, SCATTER_LAST,
+    check_eps, dims_arg, float_tensor, last_axis, missing, normalised_rows, scalar, tensor, value, PrimRule,
+    RuleResult, EMBEDDING_BACKWARD, LAYER_NORM_BACKWARD, LAYER_NORM_WEIGHT_BACKWARD, PAD, SCATTER_LAST,
 };
 use super::symbol::{ArgInfo, Category, ParamKind, Symbol};
 use crate::error::Result;
@@ -51,6 +51,7 @@ pub(super) fn push_composites(symbols: &mut Vec<Symbol>) {
 fn normalised_operands<'m>(args: &[ArgInfo<'m>]) -> std::result::Result<(DType, &'m [usize]), String> {
     let (dtype, shape) = float_tensor(args, 0)?;
     let (_, grad) = float_tensor(args, 1)?;
+    check_eps(args, 2)?;
     last_axis(shape)?;
     if grad != shape {
         return Err(format!("the gradient must have x's shape {shape:?}, not {grad:?}"));

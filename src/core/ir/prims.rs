@@ -346,6 +346,20 @@ pub(super) fn tensor<'m>(args: &[ArgInfo<'m>], i: usize) -> std::result::Result<
     }
 }
 
+/// `layer_norm`'s `eps` (argument `i`): a finite number of at least 0. A negative one can make
+/// `variance + eps` negative and a NaN makes every result NaN, silently, where PyTorch takes
+/// them.
+pub(super) fn check_eps(args: &[ArgInfo<'_>], i: usize) -> std::result::Result<(), String> {
+    match args.get(i) {
+        Some(ArgInfo::Scalar(eps)) if eps.is_finite() && *eps >= 0.0 => Ok(()),
+        Some(ArgInfo::Scalar(eps)) => Err(format!(
+            "eps must be a finite number of at least 0 (it keeps the division by the standard deviation away from 0; \
+             PyTorch's default is 1e-5), not {eps}"
+        )),
+        _ => Err(format!("argument {i} must be a scalar (eps)")),
+    }
+}
+
 pub(super) fn last_axis(shape: &[usize]) -> std::result::Result<usize, String> {
     shape.last().copied().ok_or_else(|| "needs a tensor of rank at least 1 (it works on the last axis)".to_string())
 }
@@ -491,6 +505,7 @@ fn broadcast_to_rule(args: &[ArgInfo<'_>]) -> RuleResult {
 fn layer_norm_rule(args: &[ArgInfo<'_>]) -> RuleResult {
     let (_, shape) = tensor(args, 0)?;
     floats_only(args)?;
+    check_eps(args, 1)?;
     // As its decomposition computes it: x's dtype, promoted by the weight and the bias.
     let dtype = promoted(args).unwrap_or(DType::F32);
     let n = last_axis(shape)?;
@@ -920,5 +935,24 @@ mod tests {
         assert_eq!(linear_rule(&[t(&[2, 8]), t(&[4, 8]), t(&[4])]).unwrap().shape.as_slice(), &[2, 4]);
         assert!(linear_rule(&[t(&[2, 8]), t(&[4, 8]), t(&[8])]).is_err());
         assert!(layer_norm_rule(&[t(&[2, 8]), ArgInfo::Scalar(1e-5), t(&[4])]).is_err());
+    }
+
+    #[test]
+    fn layer_norm_refuses_an_eps_that_is_negative_or_not_finite() {
+        use crate::{Arena, Registry};
+        let (registry, arena) = (Registry::with_builtins(), Arena::new());
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[2, 8]).unwrap();
+        let g = b.input(&[2, 8]).unwrap();
+        for eps in [-1e-5, f32::NAN, f32::INFINITY] {
+            let err = b.layer_norm(x, eps, None, None).unwrap_err().to_string();
+            assert!(err.contains("layer_norm") && err.contains("eps must be a finite number of at least 0"), "{err}");
+            let err = b.layer_norm_backward(x, g, eps, None).unwrap_err().to_string();
+            assert!(err.contains("eps must be"), "{err}");
+            assert!(b.layer_norm_weight_backward(x, g, eps).is_err());
+        }
+        // 0 is PyTorch's too (a constant row then divides by 0, as it does there).
+        assert!(b.layer_norm(x, 0.0, None, None).is_ok());
+        assert!(b.layer_norm(x, 1e-5, None, None).is_ok());
     }
 }

@@ -37,7 +37,8 @@ pub enum OptionType {
     },
     /// One of these names.
     Enum(&'static [&'static str]),
-    /// A comma-separated list of these names (each at most once; empty allowed).
+    /// A comma-separated list of these names (each at most once, no empty item; the empty
+    /// string is the empty list).
     EnumList(&'static [&'static str]),
 }
 
@@ -47,7 +48,7 @@ impl fmt::Display for OptionType {
             OptionType::Bool => f.write_str("bool"),
             OptionType::Int { min, max } => write!(f, "integer {min}..={max}"),
             OptionType::Enum(names) => write!(f, "one of {}", names.join("|")),
-            OptionType::EnumList(names) => write!(f, "list of {}", names.join(",")),
+            OptionType::EnumList(names) => write!(f, "comma-separated list of {} (or empty)", names.join(",")),
         }
     }
 }
@@ -151,7 +152,9 @@ impl OptionSpec {
             }
             OptionType::EnumList(names) => {
                 let mut items = Vec::new();
-                for item in text.split(',').filter(|s| !s.is_empty()) {
+                // Empty: the empty list. Otherwise every item names one (`trace,,op` and
+                // `trace,` are typos, not lists of two and one).
+                for item in text.split(',').filter(|_| !text.is_empty()) {
                     let name = names.iter().find(|n| **n == item).ok_or_else(invalid)?;
                     if items.contains(name) {
                         return Err(invalid());
@@ -278,3 +281,19 @@ pub const RUNTIME_OPTIONS: &[OptionSpec] = &[
         env: Some("BOUNDSCOPE_NVTX_CATEGORIES"),
     },
 ];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_list_with_an_empty_item_is_refused_and_the_empty_string_is_the_empty_list() {
+        let spec = RUNTIME_OPTIONS.iter().find(|s| s.name == "runtime.nvtx_levels").unwrap();
+        assert_eq!(spec.parse("").unwrap(), OptionValue::EnumList(Vec::new()));
+        assert_eq!(spec.parse("trace,op").unwrap(), OptionValue::EnumList(vec!["trace", "op"]));
+        for typo in ["trace,,op", "trace,", ",op", ",", "trace, op", "trace,trace"] {
+            let err = spec.parse(typo).unwrap_err().to_string();
+            assert!(err.contains("runtime.nvtx_levels") && err.contains("comma-separated list of"), "{typo}: {err}");
+        }
+    }
+}

@@ -639,17 +639,31 @@ impl RowAccesses {
     /// the access at `col`: one load where the row holds it whole, else the row's values one by
     /// one and `raw_neutral` for the rest, as [`fill`](Self::fill) does in `float`s.
     pub fn fill_raw(&self, dst: &str) -> String {
+        let whole_load = load_raw(self.input, self.vector, "in0 + row + col", &format!("*{dst}"), self.caching);
+        format!("if (valid && {}) {whole_load}\n      else {{ {} }}", self.whole(), self.fill_raw_part(dst))
+    }
+
+    /// The C that fills `*dst` (as [`fill_raw`](Self::fill_raw)) from an access at `col` that
+    /// the row does not hold whole: its values that are the row's, one by one, and
+    /// `raw_neutral` for the rest.
+    fn fill_raw_part(&self, dst: &str) -> String {
         let (v, raw_neutral) = (self.vector, self.raw_neutral());
-        let whole_load = load_raw(self.input, v, "in0 + row + col", &format!("*{dst}"), self.caching);
         let rest = if self.aligned {
             format!("(valid && {}) ? *(in0 + row + col + e) : {raw_neutral}", self.in_this_row("e"))
         } else {
             raw_neutral.to_string()
         };
-        format!(
-            "if (valid && {}) {whole_load}\n      else {{ unsigned short parts[{v}]; for (int e = 0; e < {v}; ++e) parts[e] = {rest}; memcpy({dst}, parts, sizeof(parts)); }}",
-            self.whole()
-        )
+        format!("unsigned short parts[{v}]; for (int e = 0; e < {v}; ++e) parts[e] = {rest}; memcpy({dst}, parts, sizeof(parts));")
+    }
+
+    /// The C that fills the 16 bytes of shared memory at `dst` with the access at `col` as read
+    /// (a 16-bit row kept as read, `raw`; else `f32` values, whose bits are the same): where the
+    /// row holds the access whole, one asynchronous copy that takes no register
+    /// ([`KernelVariants::async_row_copies`], `bs_copy_async`, waited for by `bs_copies_done`),
+    /// else as [`fill_raw`](Self::fill_raw) or [`fill`](Self::fill) fill it, value by value.
+    pub fn fill_async(&self, dst: &str, raw: bool) -> String {
+        let part = if raw { self.fill_raw_part(dst) } else { self.fill_part(dst) };
+        format!("if (valid && {}) bs_copy_async({dst}, in0 + row + col);\n      else {{ {part} }}", self.whole())
     }
 
     /// The C that writes `float y[vector]` to the row's values of the access at `col`, as
@@ -702,6 +716,26 @@ impl RowAccesses {
 /// least 2^-134 before the scale, 2^-126 after it. The largest, 2^8, leaves every sum of up to
 /// 2^30 values finite.
 const OUT_SCALE_LOG2: i32 = 8;
+
+/// The C of [`KernelVariants::async_row_copies`]: `bs_copy_async(dst, src)` copies 16 bytes of
+/// global memory into shared memory without passing through registers (`cp.async.cg`, on
+/// Ampere and later; a load and a store before), with the streaming hint's eviction policy
+/// where `streamed`; `bs_copies_done()` waits for the thread's copies.
+fn async_copies(streamed: bool) -> String {
+    let copy = if streamed {
+        "unsigned long long policy;\n  asm volatile(\"createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\" : \"=l\"(policy));\n  \
+         asm volatile(\"cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\" :: \"r\"(s), \"l\"(src), \"l\"(policy) : \"memory\");"
+    } else {
+        "asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16;\" :: \"r\"(s), \"l\"(src) : \"memory\");"
+    };
+    format!(
+        "__device__ __forceinline__ void bs_copy_async(void* dst, const void* src) {{\n\
+         #if __CUDA_ARCH__ >= 800\n  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);\n  {copy}\n\
+         #else\n  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);\n#endif\n}}\n\
+         __device__ __forceinline__ void bs_copies_done() {{\n\
+         #if __CUDA_ARCH__ >= 800\n  asm volatile(\"cp.async.wait_all;\" ::: \"memory\");\n#endif\n}}\n"
+    )
+}
 
 /// A built-in `softmax` or `layer_norm` bound symbol, as its kernels read it.
 struct RowOp {
@@ -881,6 +915,23 @@ pub(super) fn row_source(
     } else {
         block.to_string()
     };
+    // A row kept on chip is read once and written once; a streamed row is read again.
+    let caching = if variants.streaming_rows && layout.per_thread.is_some() {
+        let read = super::codegen::total_words(input_lengths.iter().copied());
+        super::codegen::whole_tensors(variants, read, packing::words(out_dtype, numel), l2_bytes)
+    } else {
+        Caching::Kept
+    };
+    // Accesses kept in shared memory as read (16 bytes each) are copied there asynchronously:
+    // `ptxas` (sm_90) kept a load, then its store, one at a time for all but the first few
+    // (16-bit `layer_norm` over rows of 50,257: four of a thread's seven accesses in turn).
+    let copy_async = variants.async_row_copies
+        && layout.shared_bytes() > 0
+        && (raw_shared || dtypes[0] == DType::F32)
+        && v * dtypes[0].size_bytes() == 16;
+    if copy_async {
+        c.push_str(&async_copies(caching == Caching::Streamed));
+    }
     let _ = writeln!(c, "extern \"C\" __global__ void __launch_bounds__({bounds}) {kernel}({}) {{", params.join(", "));
     // A 16-bit row kept as read: one element of `cache` per access.
     let raw = raw_type(dtypes[0], v);
@@ -909,13 +960,7 @@ pub(super) fn row_source(
         aligned,
         for_maximum: id == prims::SOFTMAX,
         int_columns: variants.int32_row_columns && cols < 1 << 30,
-        // A row kept on chip is read once and written once; a streamed row is read again.
-        caching: if variants.streaming_rows && cached {
-            let read = super::codegen::total_words(input_lengths.iter().copied());
-            super::codegen::whole_tensors(variants, read, packing::words(out_dtype, numel), l2_bytes)
-        } else {
-            Caching::Kept
-        },
+        caching,
     };
     let ix = accesses.index();
     if aligned {
@@ -955,7 +1000,14 @@ pub(super) fn row_source(
                 let _ = writeln!(c, "    #pragma unroll");
                 let _ = writeln!(c, "    for (int j = {from}; j < {to}; ++j) {{");
                 let _ = writeln!(c, "      const {ix} col = {col};");
-                if raw_shared && dst == &in_shared {
+                if copy_async && dst == &in_shared {
+                    let _ = writeln!(
+                        c,
+                        "      {} const dst = {dst};",
+                        if raw_shared { format!("{raw}*") } else { "float*".into() }
+                    );
+                    let _ = writeln!(c, "      {}", accesses.fill_async("dst", raw_shared));
+                } else if raw_shared && dst == &in_shared {
                     // As read, the values outside the row `neutral` in 16 bits.
                     let _ = writeln!(c, "      {raw}* const dst = {dst};");
                     let _ = writeln!(c, "      {}", accesses.fill_raw("dst"));
@@ -964,6 +1016,10 @@ pub(super) fn row_source(
                     let _ = writeln!(c, "      {}", accesses.fill("dst"));
                 }
                 let _ = writeln!(c, "    }}");
+            }
+            if copy_async {
+                // Each thread reads back only its own accesses: no barrier.
+                let _ = writeln!(c, "    bs_copies_done();");
             }
             let run = |dst: &str| format!("const {ix} col = {col}; pass({dst}, col, {touches});");
             // A raw access is widened into `float`s for each pass.
@@ -1192,7 +1248,8 @@ mod tests {
 
     /// The defaults are the variants measured faster, together: one-instruction `exp2`, the
     /// streaming hints (dropped where the tensors fit in three quarters of L2, their inputs in
-    /// half) and batched rows in one kernel, which compiles; 32-bit columns stay off.
+    /// half) and batched rows in one kernel, which compiles; 32-bit columns and asynchronous
+    /// copies stay off.
     #[test]
     fn the_default_kernels_take_the_variants_measured_faster() {
         let defaults = KernelVariants::default();
@@ -1203,7 +1260,8 @@ mod tests {
                 int32_row_columns: false,
                 streaming_rows: true,
                 keep_in_l2: true,
-                batched_rows: true
+                batched_rows: true,
+                async_row_copies: false,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -1672,5 +1730,37 @@ mod tests {
         })
         .unwrap_err();
         assert!(err.contains("not a built-in composite"), "{err}");
+    }
+
+    /// With `async_row_copies`, the accesses a row kernel keeps in shared memory as read (16-bit
+    /// rows, `f32` rows) are copied there with `cp.async`, whole ones only, then waited for
+    /// once; every other kernel is the same source with the variant or without it. Both compile
+    /// (for the GPU's architecture and for NVRTC's default, which has no `cp.async`).
+    #[test]
+    fn async_row_copies_copy_the_shared_part_of_rows_kept_as_read() {
+        let with = KernelVariants { async_row_copies: true, ..KernelVariants::default() };
+        for layer_norm in [false, true] {
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                for shape in [[333, 50257], [256, 65536], [9, 16384], [4096, 1024], [8, 200003]] {
+                    let plain = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, KernelVariants::default(), 0);
+                    let copied = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, with, 0);
+                    assert_eq!(plain.layout, copied.layout);
+                    let (src, what) = (&copied.source.source, format!("{layer_norm} {dtype} {shape:?}"));
+                    if plain.layout.shared_bytes() == 0 {
+                        assert_eq!(plain.source.source, *src, "{what}");
+                        continue;
+                    }
+                    assert!(!plain.source.source.contains("cp.async"), "{what}");
+                    assert_eq!(src.matches("bs_copy_async(dst, in0 + row + col)").count(), 1, "{what}\n{src}");
+                    assert_eq!(src.matches("    bs_copies_done();").count(), 1, "{what}\n{src}");
+                    // Streamed hints where the variants stream the row (no L2 size: streamed).
+                    assert!(src.contains("evict_first"), "{what}");
+                    crate::executors::cuda::compiles_with_nvrtc(src);
+                }
+            }
+        }
+        // Within L2, `keep_in_l2` keeps the lines: no eviction policy.
+        let kept = row_op_for(true, DType::BF16, [9, 65536], HOPPER_BLOCK, with, 50 << 20);
+        assert!(kept.source.source.contains("cp.async.cg.shared.global [%0]"), "{}", kept.source.source);
     }
 }

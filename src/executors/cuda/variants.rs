@@ -3,7 +3,8 @@
 //! the sweep (`examples/gpu_sweep.rs --variants`, which times each variant flipped from the
 //! defaults, case by case, in one run) or on GPT-2's steps: `fast_exp2` and `streaming_rows`
 //! are (2026-12-05, the H200's sweep), `keep_in_l2` (2026-12-05, an H100, with GPT-2's
-//! steps) and `batched_rows` (the same H100's sweep); `int32_row_columns` is not. Their options stay so that the
+//! steps) and `batched_rows` (the same H100's sweep); `int32_row_columns` is not, nor
+//! `async_row_copies` (not yet measured). Their options stay so that the
 //! comparison can be run again, and so do those of the variants on by default, to time the
 //! kernels without them. A plan whose kernels differ from the defaults lists its variants in
 //! its header. Both executors that generate kernels, `CudaFusion` and `CudaOps`, take them
@@ -112,13 +113,28 @@ pub struct KernelVariants {
     /// (45 registers rather than 78). GPT-2 124M's bf16 steps are the same within the noise
     /// with it or without it.
     pub batched_rows: bool,
+    /// Row kernels (`softmax`, `layer_norm`) that keep part of a row in shared memory as read (a
+    /// 16-bit row, or an `f32` one: 16 bytes an access) copy its accesses there with `cp.async`
+    /// (Ampere and later), which takes no register, rather than loading each into registers and
+    /// storing it. Without it `ptxas` (sm_90) keeps only the first few of a thread's loads in
+    /// flight and makes the rest one at a time, each waiting for the one before: a bf16
+    /// `layer_norm` over rows of 50,257 (seven accesses a thread, six of them in shared memory)
+    /// loads three at once, then three in turn. Off by default until the GPU measures it.
+    pub async_row_copies: bool,
 }
 
 impl Default for KernelVariants {
     /// The variants measured faster: `fast_exp2`, `streaming_rows`, `keep_in_l2` and
     /// `batched_rows`.
     fn default() -> Self {
-        Self { fast_exp2: true, int32_row_columns: false, streaming_rows: true, keep_in_l2: true, batched_rows: true }
+        Self {
+            fast_exp2: true,
+            int32_row_columns: false,
+            streaming_rows: true,
+            keep_in_l2: true,
+            batched_rows: true,
+            async_row_copies: false,
+        }
     }
 }
 
@@ -164,6 +180,14 @@ pub const CUDA_OPTIONS: &[OptionSpec] = &[
         audience: Audience::Developer,
         env: None,
     },
+    OptionSpec {
+        name: "cuda.async_row_copies",
+        ty: OptionType::Bool,
+        default: OptionValue::Bool(false),
+        doc: "Row kernels copy the part of a row they keep in shared memory as read there with cp.async, without registers (KernelVariants::async_row_copies).",
+        audience: Audience::Developer,
+        env: None,
+    },
 ];
 
 impl KernelVariants {
@@ -174,19 +198,27 @@ impl KernelVariants {
         streaming_rows: false,
         keep_in_l2: false,
         batched_rows: false,
+        async_row_copies: false,
     };
 
     /// Every variant on.
-    pub const ALL: Self =
-        Self { fast_exp2: true, int32_row_columns: true, streaming_rows: true, keep_in_l2: true, batched_rows: true };
+    pub const ALL: Self = Self {
+        fast_exp2: true,
+        int32_row_columns: true,
+        streaming_rows: true,
+        keep_in_l2: true,
+        batched_rows: true,
+        async_row_copies: true,
+    };
 
     /// Each variant alone, with its name (its option's, past `cuda.`).
-    pub const EACH: [(&'static str, Self); 5] = [
+    pub const EACH: [(&'static str, Self); 6] = [
         ("fast_exp2", Self { fast_exp2: true, ..Self::NONE }),
         ("int32_row_columns", Self { int32_row_columns: true, ..Self::NONE }),
         ("streaming_rows", Self { streaming_rows: true, ..Self::NONE }),
         ("keep_in_l2", Self { keep_in_l2: true, ..Self::NONE }),
         ("batched_rows", Self { batched_rows: true, ..Self::NONE }),
+        ("async_row_copies", Self { async_row_copies: true, ..Self::NONE }),
     ];
 
     /// These variants with the one named `name` (as in [`EACH`](Self::EACH)) flipped, or
@@ -207,6 +239,7 @@ impl KernelVariants {
             streaming_rows: self.streaming_rows != one.streaming_rows,
             keep_in_l2: self.keep_in_l2 != one.keep_in_l2,
             batched_rows: self.batched_rows != one.batched_rows,
+            async_row_copies: self.async_row_copies != one.async_row_copies,
         })
     }
 
@@ -222,6 +255,7 @@ impl KernelVariants {
             streaming_rows: options.bool("cuda.streaming_rows")?,
             keep_in_l2: options.bool("cuda.keep_in_l2")?,
             batched_rows: options.bool("cuda.batched_rows")?,
+            async_row_copies: options.bool("cuda.async_row_copies")?,
         })
     }
 
@@ -234,6 +268,7 @@ impl KernelVariants {
             ("cuda.streaming_rows", OptionValue::Bool(self.streaming_rows)),
             ("cuda.keep_in_l2", OptionValue::Bool(self.keep_in_l2)),
             ("cuda.batched_rows", OptionValue::Bool(self.batched_rows)),
+            ("cuda.async_row_copies", OptionValue::Bool(self.async_row_copies)),
         ]
     }
 }
@@ -242,8 +277,8 @@ impl KernelVariants {
 ///
 /// ```
 /// use boundscope::executors::cuda::KernelVariants;
-/// let [(_, a), (_, b), (_, c), (_, d), (_, e)] = KernelVariants::EACH;
-/// assert_eq!(a | b | c | d | e, KernelVariants::ALL);
+/// let [(_, a), (_, b), (_, c), (_, d), (_, e), (_, f)] = KernelVariants::EACH;
+/// assert_eq!(a | b | c | d | e | f, KernelVariants::ALL);
 /// ```
 impl std::ops::BitOr for KernelVariants {
     type Output = Self;
@@ -254,6 +289,7 @@ impl std::ops::BitOr for KernelVariants {
             streaming_rows: self.streaming_rows || other.streaming_rows,
             keep_in_l2: self.keep_in_l2 || other.keep_in_l2,
             batched_rows: self.batched_rows || other.batched_rows,
+            async_row_copies: self.async_row_copies || other.async_row_copies,
         }
     }
 }

@@ -924,7 +924,8 @@ pub(super) fn row_source(
     };
     // Accesses kept in shared memory as read (16 bytes each) are copied there asynchronously:
     // `ptxas` (sm_90) kept a load, then its store, one at a time for all but the first few
-    // (16-bit `layer_norm` over rows of 50,257: four of a thread's seven accesses in turn).
+    // (16-bit `layer_norm` over rows of 50,257: of the six accesses a thread keeps there, three
+    // at once, then three in turn).
     let copy_async = variants.async_row_copies
         && layout.shared_bytes() > 0
         && (raw_shared || dtypes[0] == DType::F32)

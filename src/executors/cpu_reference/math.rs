@@ -268,14 +268,9 @@ impl LaneSum {
     /// Adds `map(x)` for the next `x.len()` elements `x` of the row (a multiple of
     /// [`LANES`](Self::LANES)), with [`add_to_lanes`] block by block.
     #[inline(always)]
-    pub(crate) fn add_mapped(&mut self, mut x: &[f32], map: LaneMap) {
+    pub(crate) fn add_mapped(&mut self, x: &[f32], map: LaneMap) {
         debug_assert!(x.len().is_multiple_of(Self::LANES));
-        while !x.is_empty() {
-            let (now, later) = x.split_at(self.room().min(x.len()));
-            add_to_lanes(&mut self.lanes, now, map);
-            self.in_block += now.len();
-            x = later;
-        }
+        self.by_blocks(x.len(), |lanes, piece| add_to_lanes(lanes, &x[piece], map));
     }
 
     /// Writes `out[i] = f(x[i])` and adds each to the sum, for the next `x.len()` elements of
@@ -283,35 +278,44 @@ impl LaneSum {
     /// [`add`](Self::add)ing the written values take two, with the same additions in the same
     /// order (the same bits).
     #[inline(always)]
-    pub(crate) fn add_written(&mut self, f: impl Fn(f32) -> f32, mut x: &[f32], mut out: &mut [f32]) {
+    pub(crate) fn add_written(&mut self, f: impl Fn(f32) -> f32, x: &[f32], out: &mut [f32]) {
         debug_assert!(x.len().is_multiple_of(Self::LANES) && out.len() == x.len());
-        while !x.is_empty() {
-            let take = self.room().min(x.len());
-            let (now, later) = x.split_at(take);
-            let (written, rest) = std::mem::take(&mut out).split_at_mut(take);
+        self.by_blocks(x.len(), |lanes, piece| {
+            let (written, now) = (&mut out[piece.clone()], &x[piece]);
             for (o, x) in written.chunks_exact_mut(Self::LANES).zip(now.chunks_exact(Self::LANES)) {
-                for ((lane, o), &x) in self.lanes.iter_mut().zip(o).zip(x) {
+                for ((lane, o), &x) in lanes.iter_mut().zip(o).zip(x) {
                     *o = f(x);
                     *lane += *o;
                 }
             }
-            self.in_block += take;
-            (x, out) = (later, rest);
-        }
+        });
     }
 
     /// Adds `count` (a multiple of [`LANES`](Self::LANES)) copies of `x`.
-    pub(crate) fn add_constant(&mut self, x: f32, mut count: usize) {
+    pub(crate) fn add_constant(&mut self, x: f32, count: usize) {
         debug_assert!(count.is_multiple_of(Self::LANES));
-        while count > 0 {
-            let take = self.room().min(count);
-            for _ in 0..take / Self::LANES {
-                for lane in &mut self.lanes {
+        self.by_blocks(count, |lanes, piece| {
+            for _ in 0..piece.len() / Self::LANES {
+                for lane in lanes.iter_mut() {
                     *lane += x;
                 }
             }
+        });
+    }
+
+    /// Takes the row's next `len` elements (a multiple of [`LANES`](Self::LANES)) in pieces
+    /// that end where blocks end: `add(lanes, piece)` adds the elements at `piece` (positions
+    /// from the first of the `len`) to the open block's lanes, each piece after closing a full
+    /// block. What [`add_mapped`](Self::add_mapped), [`add_written`](Self::add_written) and
+    /// [`add_constant`](Self::add_constant) share.
+    #[inline(always)]
+    fn by_blocks(&mut self, len: usize, mut add: impl FnMut(&mut [f32; Self::LANES], std::ops::Range<usize>)) {
+        let mut start = 0;
+        while start < len {
+            let take = self.room().min(len - start);
+            add(&mut self.lanes, start..start + take);
             self.in_block += take;
-            count -= take;
+            start += take;
         }
     }
 

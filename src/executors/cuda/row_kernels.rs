@@ -1001,21 +1001,19 @@ pub(super) fn row_source(
                 let _ = writeln!(c, "    #pragma unroll");
                 let _ = writeln!(c, "    for (int j = {from}; j < {to}; ++j) {{");
                 let _ = writeln!(c, "      const {ix} col = {col};");
-                if copy_async && dst == &in_shared {
-                    let _ = writeln!(
-                        c,
-                        "      {} const dst = {dst};",
-                        if raw_shared { format!("{raw}*") } else { "float*".into() }
-                    );
-                    let _ = writeln!(c, "      {}", accesses.fill_async("dst", raw_shared));
-                } else if raw_shared && dst == &in_shared {
-                    // As read, the values outside the row `neutral` in 16 bits.
-                    let _ = writeln!(c, "      {raw}* const dst = {dst};");
-                    let _ = writeln!(c, "      {}", accesses.fill_raw("dst"));
+                let shared = dst == &in_shared;
+                // A 16-bit row kept as read in shared memory (the values outside the row
+                // `neutral` in 16 bits); `float`s elsewhere.
+                let ty = if shared && raw_shared { raw } else { "float" };
+                let fill = if shared && copy_async {
+                    accesses.fill_async("dst", raw_shared)
+                } else if shared && raw_shared {
+                    accesses.fill_raw("dst")
                 } else {
-                    let _ = writeln!(c, "      float* const dst = {dst};");
-                    let _ = writeln!(c, "      {}", accesses.fill("dst"));
-                }
+                    accesses.fill("dst")
+                };
+                let _ = writeln!(c, "      {ty}* const dst = {dst};");
+                let _ = writeln!(c, "      {fill}");
                 let _ = writeln!(c, "    }}");
             }
             if copy_async {

@@ -1247,8 +1247,8 @@ mod tests {
 
     /// The defaults are the variants measured faster, together: one-instruction `exp2`, the
     /// streaming hints (dropped where the tensors fit in three quarters of L2, their inputs in
-    /// half) and batched rows in one kernel, which compiles; 32-bit columns and asynchronous
-    /// copies stay off.
+    /// half), batched rows and asynchronous copies to shared memory in one kernel, which
+    /// compiles; 32-bit columns stay off.
     #[test]
     fn the_default_kernels_take_the_variants_measured_faster() {
         let defaults = KernelVariants::default();
@@ -1260,7 +1260,7 @@ mod tests {
                 streaming_rows: true,
                 keep_in_l2: true,
                 batched_rows: true,
-                async_row_copies: false,
+                async_row_copies: true,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -1737,11 +1737,12 @@ mod tests {
     /// (for the GPU's architecture and for NVRTC's default, which has no `cp.async`).
     #[test]
     fn async_row_copies_copy_the_shared_part_of_rows_kept_as_read() {
-        let with = KernelVariants { async_row_copies: true, ..KernelVariants::default() };
+        let with = KernelVariants::default();
+        let without = KernelVariants { async_row_copies: false, ..with };
         for layer_norm in [false, true] {
             for dtype in [DType::F32, DType::BF16, DType::F16] {
                 for shape in [[333, 50257], [256, 65536], [9, 16384], [4096, 1024], [8, 200003]] {
-                    let plain = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, KernelVariants::default(), 0);
+                    let plain = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, without, 0);
                     let copied = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, with, 0);
                     assert_eq!(plain.layout, copied.layout);
                     let (src, what) = (&copied.source.source, format!("{layer_norm} {dtype} {shape:?}"));

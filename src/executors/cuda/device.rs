@@ -422,6 +422,18 @@ impl CudaDevice {
         self.attribute_or_zero(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)
     }
 
+    /// The GPU's SMs (132 on the H100 SXM and the H200); 0 where the driver does not say.
+    pub(crate) fn multiprocessors(&self) -> usize {
+        self.attribute_or_zero(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+    }
+
+    /// Whether its kernels may run as thread-block clusters: they are compiled for its own
+    /// architecture (see [`arch`](Self::arch)), Hopper's (`compute_90`) or later.
+    pub(crate) fn clusters(&self) -> bool {
+        let version = self.arch.and_then(|a| a.strip_prefix("compute_")).and_then(|v| v.parse::<u32>().ok());
+        version.is_some_and(|v| v >= 90)
+    }
+
     /// A device attribute the driver gives as a count or a size; 0 where it does not say.
     fn attribute_or_zero(&self, attribute: sys::CUdevice_attribute) -> usize {
         self.context.attribute(attribute).ok().and_then(|b| usize::try_from(b).ok()).unwrap_or(0)

@@ -16,7 +16,7 @@ use super::flash_attention::{flash_operands, FlashAttention};
 use super::flash_attention_backward::{flash_backward_on, FlashAttentionBackward};
 use super::gemm::{GemmShape, LtContext, LtGemm};
 use super::layer_norm_backward;
-use super::row_kernels::row_source;
+use super::row_kernels::{row_source, RowTarget};
 use super::{cross_entropy, gather, index_ops, multi_tensor};
 use super::{shape_op_source, KernelVariants, RegionSource, CUDA_OPTIONS};
 use crate::core::guards::DEFAULT_DOMAIN;
@@ -303,10 +303,17 @@ impl Executor for CudaOps {
             let rows = if composite == Some(prims::LAYER_NORM_BACKWARD) {
                 layer_norm_backward::input_source(op, &name)
             } else {
-                // The kernel's own shared arrays (a few hundred bytes) take from the same limit.
-                let shared = self.device.shared_memory_per_block().saturating_sub(1024);
-                let (per_sm, l2) = (self.device.shared_memory_per_sm(), self.device.l2_cache_bytes());
-                row_source(op, &name, shared, per_sm, self.variants, l2)
+                let device = &self.device;
+                let target = RowTarget {
+                    // The kernel's own shared arrays (a few hundred bytes) take from the same
+                    // limit.
+                    shared_limit: device.shared_memory_per_block().saturating_sub(1024),
+                    sm_shared: device.shared_memory_per_sm(),
+                    l2_bytes: device.l2_cache_bytes(),
+                    sms: device.multiprocessors(),
+                    clusters: device.clusters(),
+                };
+                row_source(op, &name, target, self.variants)
             };
             let rows = rows.map_err(|detail| Error::KernelPrecondition {
                 executor: Self::NAME.into(),

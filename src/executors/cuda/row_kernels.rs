@@ -57,6 +57,10 @@ const RESERVED_SHARED_BYTES: usize = 1024 + 2 * 4 * MAX_ROW_THREADS / 32;
 /// Threads per streamed row (one too long for registers and shared memory).
 const STREAMED_ROW_THREADS: usize = 512;
 
+/// Blocks a streamed row is split over at most ([`KernelVariants::split_rows`]): CUDA's portable
+/// cluster size.
+const MAX_CLUSTER_BLOCKS: usize = 8;
+
 /// Accesses a thread of a streamed row makes at once, at least (16 bytes each where the row's
 /// length allows; more, up to 16, of narrower ones).
 const STREAMED_LOADS: usize = 4;
@@ -199,13 +203,32 @@ impl RowLayout {
     }
 }
 
+/// The GPU a row kernel is generated for: the limits its layout is chosen from.
+#[derive(Clone, Copy, Debug, Default)]
+pub(super) struct RowTarget {
+    /// Bytes of shared memory a block may keep a row in (0 streams rows too long for
+    /// registers).
+    pub shared_limit: usize,
+    /// Bytes of shared memory an SM holds; 0 where unknown.
+    pub sm_shared: usize,
+    /// Bytes of L2 cache; 0 where unknown.
+    pub l2_bytes: usize,
+    /// SMs; 0 where unknown.
+    pub sms: usize,
+    /// Whether kernels may run as thread-block clusters (compiled for Hopper or later).
+    pub clusters: bool,
+}
+
 /// A row kernel's source and its launch.
 #[derive(Debug)]
 pub(super) struct RowSource {
     pub source: RegionSource,
     /// Its layout (a launch gives each block [`RowLayout::shared_bytes`] of shared memory).
     pub layout: RowLayout,
-    /// Blocks to launch (each loops over further rows past CUDA's grid limit).
+    /// Blocks to launch (each loops over further rows past CUDA's grid limit). A kernel that
+    /// splits its rows over thread-block clusters ([`KernelVariants::split_rows`]) declares
+    /// their size (`__cluster_dims__`), so that a plain launch runs its blocks as clusters:
+    /// then a whole number of clusters.
     pub blocks: u32,
 }
 
@@ -465,6 +488,89 @@ fn online_softmax_merge(c: &mut String, t: usize) {
         let _ = writeln!(c, "    }}");
         let _ = writeln!(c, "    __syncthreads();");
     }
+}
+
+/// Opens the loop over rows of a row kernel whose rows are split over thread-block clusters of
+/// `cluster` blocks ([`KernelVariants::split_rows`]), as [`open_rows`] does for a block a row:
+/// each cluster takes a row (`valid` throughout, so that every block of the cluster runs each
+/// cluster barrier), and `slice` is the block's part of it (its rank in the cluster, set by
+/// the caller before the loop: `bs_cluster_rank()`). The caller closes it.
+fn open_cluster_rows(c: &mut String, cluster: usize, rows: usize, cols: usize) {
+    let _ = writeln!(c, "  const int lane = threadIdx.x;");
+    let _ = writeln!(c, "  const unsigned slice = bs_cluster_rank();");
+    let _ = writeln!(c, "  for (long long r = blockIdx.x / {cluster}; r < {rows}ll; r += gridDim.x / {cluster}) {{");
+    let _ = writeln!(c, "    const bool valid = true;");
+    let _ = writeln!(c, "    const long long row = r * {cols}ll;");
+}
+
+/// The C a kernel whose rows are split over thread-block clusters begins with (Hopper and
+/// later): `bs_cluster_rank()`, the block's rank in its cluster; `bs_cluster_sync()`, a barrier
+/// of the cluster's threads that makes each block's shared writes before it visible to the
+/// others' reads after it; `bs_cluster_read(p, rank)`, the `float` at `p` in the shared memory
+/// of the cluster's block `rank`.
+const CLUSTER_HELPERS: &str = r#"__device__ __forceinline__ unsigned bs_cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void bs_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ float bs_cluster_read(const float* p, unsigned rank) {
+  const unsigned local = (unsigned)__cvta_generic_to_shared(p);
+  unsigned remote;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+"#;
+
+/// The C that combines `float acc`, each block's total (held by all its threads, after
+/// [`row_reduce`]), over the `cluster` blocks of a split row, through each block's `__shared__
+/// float bs_cluster_part[2]`: every block combines the totals in rank order, so that all end
+/// with the same bits. The second barrier keeps a block from writing its part again (the next
+/// reduction, the next row) before the others have read it.
+fn cluster_reduce(c: &mut String, cluster: usize, combine: &dyn Fn(&str, &str) -> String) {
+    let _ = writeln!(c, "    if (threadIdx.x == 0) bs_cluster_part[0] = acc;");
+    let _ = writeln!(c, "    bs_cluster_sync();");
+    let _ = writeln!(c, "    acc = bs_cluster_read(bs_cluster_part, 0);");
+    let _ = writeln!(
+        c,
+        "    for (unsigned q = 1; q < {cluster}; ++q) {{ const float other = bs_cluster_read(bs_cluster_part, q); acc = {}; }}",
+        combine("acc", "other")
+    );
+    let _ = writeln!(c, "    bs_cluster_sync();");
+}
+
+/// [`cluster_reduce`] for the running maxima `m` and sums `acc` of
+/// [`online_softmax_merge`]: the pairs of the cluster's blocks, merged in rank order.
+fn cluster_softmax_merge(c: &mut String, cluster: usize) {
+    let _ = writeln!(c, "    if (threadIdx.x == 0) {{ bs_cluster_part[0] = m; bs_cluster_part[1] = acc; }}");
+    let _ = writeln!(c, "    bs_cluster_sync();");
+    let _ = writeln!(c, "    m = bs_cluster_read(bs_cluster_part, 0); acc = bs_cluster_read(bs_cluster_part + 1, 0);");
+    let _ = writeln!(c, "    for (unsigned q = 1; q < {cluster}; ++q) {{");
+    let _ = writeln!(
+        c,
+        "      const float om = bs_cluster_read(bs_cluster_part, q), os = bs_cluster_read(bs_cluster_part + 1, q);"
+    );
+    let _ = writeln!(c, "      const float mm = {};", maximum("m", "om"));
+    let _ = writeln!(c, "      acc = bs_rescale(acc, m, mm) + bs_rescale(os, om, mm); m = mm;");
+    let _ = writeln!(c, "    }}");
+    let _ = writeln!(c, "    bs_cluster_sync();");
+}
+
+/// Blocks of the thread-block cluster a streamed row is split over
+/// ([`KernelVariants::split_rows`]), where a thread's loop over the whole row takes
+/// `iterations`: the fewest (a power of two up to [`MAX_CLUSTER_BLOCKS`], each block with an
+/// iteration at least) that give each of the GPU's `sms` a block, for `rows` rows; 1 where
+/// there are as many rows as SMs, or the SM count is unknown (0).
+fn cluster_blocks(rows: usize, sms: usize, iterations: usize) -> usize {
+    let mut blocks = 1;
+    while blocks < MAX_CLUSTER_BLOCKS && rows * blocks < sms && 2 * blocks <= iterations {
+        blocks *= 2;
+    }
+    blocks
 }
 
 /// Opens the loop over rows of a row kernel: groups of `t` threads (`lane` of the row), one
@@ -836,14 +942,13 @@ impl RowOp {
     }
 }
 
-/// The kernel for a built-in `softmax` or `layer_norm` bound symbol, or why there is none.
-/// Rows too long for registers are kept in up to `shared_limit` bytes of shared memory per
-/// block beside them ([`RowLayout::on_chip`]; 0 streams them). Where two blocks of a 16-bit
-/// `softmax` fit in `sm_shared` bytes (an SM's shared memory; 0 where unknown), the kernel
-/// asks the compiler for registers enough for two blocks of 1,024 threads an SM (32 a
-/// thread), not one. `variants` chooses [`KernelVariants::fast_exp2`],
-/// [`KernelVariants::int32_row_columns`], [`KernelVariants::streaming_rows`] and
-/// [`KernelVariants::keep_in_l2`] (against the GPU's `l2_bytes` of L2 cache; 0 where unknown).
+/// The kernel for a built-in `softmax` or `layer_norm` bound symbol, or why there is none, for
+/// the GPU `target`. Rows too long for registers are kept in up to its `shared_limit` bytes of
+/// shared memory per block beside them ([`RowLayout::on_chip`]; 0 streams them). Where two
+/// blocks of a 16-bit `softmax` fit in its `sm_shared` bytes (an SM's shared memory), the
+/// kernel asks the compiler for registers enough for two blocks of 1,024 threads an SM (32 a
+/// thread), not one. `variants` chooses the kernel's [`KernelVariants`]: `keep_in_l2` against
+/// the target's `l2_bytes`, `split_rows` against its `sms` and `clusters`.
 ///
 /// # Errors
 /// Not one of those composites, or shapes that break their rules (checked again here, since
@@ -851,11 +956,10 @@ impl RowOp {
 pub(super) fn row_source(
     op: &OpView<'_>,
     kernel: &str,
-    shared_limit: usize,
-    sm_shared: usize,
+    target: RowTarget,
     variants: KernelVariants,
-    l2_bytes: usize,
 ) -> Result<RowSource, String> {
+    let RowTarget { shared_limit, sm_shared, l2_bytes, .. } = target;
     let RowOp { id, rows, cols, dtypes, out_dtype, mut params, input_lengths } = RowOp::of(op)?;
     let numel = rows * cols;
     let tensors = dtypes.len();
@@ -933,7 +1037,29 @@ pub(super) fn row_source(
     if copy_async {
         c.push_str(&async_copies(caching == Caching::Streamed));
     }
-    let _ = writeln!(c, "extern \"C\" __global__ void __launch_bounds__({bounds}) {kernel}({}) {{", params.join(", "));
+    // A streamed thread makes `streamed_loads` accesses at once, `streamed_stride` values of
+    // the row apart from one round to the next. With `split_rows`, its passes alternate in
+    // direction, and a row is split over a cluster of blocks where rows are fewer than SMs, in
+    // slices of whole rounds (`slice` values).
+    let streamed = layout.per_thread.is_none();
+    let streamed_loads = (16 / v).clamp(STREAMED_LOADS, 16);
+    let streamed_stride = streamed_loads * t * v;
+    let alternating = variants.split_rows && streamed;
+    let cluster = if alternating && target.clusters {
+        cluster_blocks(rows, target.sms, (cols + v).div_ceil(streamed_stride))
+    } else {
+        1
+    };
+    let slice = (cols + v).div_ceil(streamed_stride).div_ceil(cluster) * streamed_stride;
+    if cluster > 1 {
+        c.push_str(CLUSTER_HELPERS);
+    }
+    let cluster_dims = if cluster > 1 { format!("__cluster_dims__({cluster}, 1, 1) ") } else { String::new() };
+    let _ = writeln!(
+        c,
+        "extern \"C\" __global__ void {cluster_dims}__launch_bounds__({bounds}) {kernel}({}) {{",
+        params.join(", ")
+    );
     // A 16-bit row kept as read: one element of `cache` per access.
     let raw = raw_type(dtypes[0], v);
     if layout.shared_bytes() > 0 {
@@ -945,8 +1071,18 @@ pub(super) fn row_source(
     if t > 32 && id == prims::SOFTMAX && layout.per_thread.is_none() {
         let _ = writeln!(c, "  __shared__ float partial_sum[{}];", t / 32);
     }
-    open_rows(&mut c, t, rows, cols);
-    let reduce = |c: &mut String, combine: &dyn Fn(&str, &str) -> String| row_reduce(c, t, combine);
+    if cluster > 1 {
+        let _ = writeln!(c, "  __shared__ float bs_cluster_part[2];");
+        open_cluster_rows(&mut c, cluster, rows, cols);
+    } else {
+        open_rows(&mut c, t, rows, cols);
+    }
+    let reduce = |c: &mut String, combine: &dyn Fn(&str, &str) -> String| {
+        row_reduce(c, t, combine);
+        if cluster > 1 {
+            cluster_reduce(c, cluster, combine);
+        }
+    };
     let sum = |a: &str, b: &str| format!("{a} + {b}");
     let max = |a: &str, b: &str| maximum(a, b);
     // The passes: over registers (`j`: the thread's accesses), or, streamed, over the row.
@@ -969,7 +1105,9 @@ pub(super) fn row_source(
         let _ = writeln!(c, "    const {ix} shift = row % {v};");
     }
     let touches = accesses.touches();
-    let (open, close) = match layout.per_thread {
+    // Each pass opens with `open`, or, where it follows one that ran forward over a streamed
+    // row, with `back` (the same where the row is kept on chip).
+    let (open, back, close) = match layout.per_thread {
         Some(n) if in_registers == n => {
             let col = accesses.column_of_access("j", t);
             let _ = writeln!(c, "    float v[{}];", n * v);
@@ -978,10 +1116,8 @@ pub(super) fn row_source(
             let _ = writeln!(c, "      const {ix} col = {col};");
             let _ = writeln!(c, "      {}", accesses.fill(&format!("(v + j * {v})")));
             let _ = writeln!(c, "    }}");
-            (
-                format!("    #pragma unroll\n    for (int j = 0; j < {n}; ++j) {{ const {ix} col = {col}; const bool in_row = {touches}; float* const x = v + j * {v};"),
-                "    }".to_string(),
-            )
+            let open = format!("    #pragma unroll\n    for (int j = 0; j < {n}; ++j) {{ const {ix} col = {col}; const bool in_row = {touches}; float* const x = v + j * {v};");
+            (open.clone(), open, "    }".to_string())
         }
         // The first `in_registers` accesses in registers, the rest in shared memory (a block
         // per row: access `j` of thread `lane` at `cache[((j - r) * t + lane) * v]`). Each pass
@@ -1030,8 +1166,10 @@ pub(super) fn row_source(
             } else {
                 run(&in_shared)
             };
+            let open = format!("    {{ auto pass = [&](float* const x, const {ix} col, const bool in_row) {{");
             (
-                format!("    {{ auto pass = [&](float* const x, const {ix} col, const bool in_row) {{"),
+                open.clone(),
+                open,
                 format!(
                     "    }};\n    #pragma unroll\n    for (int j = 0; j < {r}; ++j) {{ {} }}\n    #pragma unroll 4\n    for (int j = {r}; j < {n}; ++j) {{ {} }} }}",
                     run(&in_registers),
@@ -1042,17 +1180,32 @@ pub(super) fn row_source(
         // Streamed: `STREAMED_LOADS` accesses are made before any is used, so that each thread
         // has that many in flight (one at a time, a pass waited on every load in turn).
         None => {
-            let u = (16 / v).clamp(STREAMED_LOADS, 16);
-            let step = t * v;
-            let (count, widen, stride) = (accesses.count(), accesses.widen(), accesses.literal(u * step));
-            (
-                format!(
-                    "    for ({ix} col0 = {}; col0 < {count}; col0 += {stride}) {{ float xs[{u}][{v}];\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const {ix} col = col0 + {widen}u * {step}; {} }}\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const {ix} col = col0 + {widen}u * {step}; const bool in_row = {touches}; float* const x = xs[u];",
-                    accesses.column(&format!("{widen}lane")),
-                    accesses.fill("xs[u]"),
-                ),
-                "    } }".to_string(),
-            )
+            let (u, step) = (streamed_loads, t * v);
+            let (count, widen, stride) = (accesses.count(), accesses.widen(), accesses.literal(streamed_stride));
+            let first = accesses.column(&format!("{widen}lane"));
+            let rounds = format!(
+                " float xs[{u}][{v}];\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const {ix} col = col0 + {widen}u * {step}; {} }}\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const {ix} col = col0 + {widen}u * {step}; const bool in_row = {touches}; float* const x = xs[u];",
+                accesses.fill("xs[u]"),
+            );
+            if !alternating {
+                let open = format!("    for ({ix} col0 = {first}; col0 < {count}; col0 += {stride}) {{{rounds}");
+                (open.clone(), open, "    } }".to_string())
+            } else {
+                // The thread's rounds: from its first column `from` (in its block's slice) up
+                // to `upto`, forward; or back from its last.
+                if cluster > 1 {
+                    let slice = accesses.literal(slice);
+                    let _ = writeln!(c, "    const {ix} from = {first} + ({ix})slice * {slice};");
+                    let _ = writeln!(c, "    const {ix} upto = from + {slice} < {count} ? from + {slice} : {count};");
+                } else {
+                    let _ = writeln!(c, "    const {ix} from = {first}, upto = {count};");
+                }
+                let forward = format!("    for ({ix} col0 = from; col0 < upto; col0 += {stride}) {{{rounds}");
+                let backward = format!(
+                    "    for ({ix} round = (upto - from + {stride} - 1) / {stride} - 1; round >= 0; --round) {{ const {ix} col0 = from + round * {stride};{rounds}"
+                );
+                (forward, backward, "    } }".to_string())
+            }
         }
     };
     // Where the results' exponentials are scaled (`bs_exp_out`, see `RowOp::scales_results`),
@@ -1070,9 +1223,12 @@ pub(super) fn row_source(
         online_softmax_update(&mut c, v);
         let _ = writeln!(c, "{close}");
         online_softmax_merge(&mut c, t);
+        if cluster > 1 {
+            cluster_softmax_merge(&mut c, cluster);
+        }
         // One division per row, a product per value (within an ulp of dividing each).
         let _ = writeln!(c, "    const float inv_z = {inv_z};");
-        let _ = writeln!(c, "{open}");
+        let _ = writeln!(c, "{back}");
         let _ = writeln!(
             c,
             "      if (in_row) {{ float y[{v}]; for (int e = 0; e < {v}; ++e) y[e] = {exp_out}(x[e] - m) * inv_z;"
@@ -1118,7 +1274,7 @@ pub(super) fn row_source(
         reduce(&mut c, &sum);
         let _ = writeln!(c, "    const float mean = acc * {inverse};");
         let _ = writeln!(c, "    acc = 0.0f;");
-        let _ = writeln!(c, "{open}");
+        let _ = writeln!(c, "{back}");
         let _ = writeln!(
             c,
             "      if (in_row) for (int e = 0; e < {v}; ++e) if ({}) {{ const float d = x[e] - mean; acc = acc + d * d; }}",
@@ -1140,7 +1296,11 @@ pub(super) fn row_source(
         let _ = writeln!(c, "{close}");
     }
     let _ = writeln!(c, "  }}\n}}");
-    let blocks = rows.div_ceil(layout.rows_per_block()).clamp(1, i32::MAX as usize) as u32;
+    let blocks = if cluster > 1 {
+        (rows.clamp(1, i32::MAX as usize / cluster) * cluster) as u32
+    } else {
+        rows.div_ceil(layout.rows_per_block()).clamp(1, i32::MAX as usize) as u32
+    };
     let source = RegionSource {
         kernel: kernel.to_string(),
         source: c,
@@ -1163,6 +1323,10 @@ mod tests {
 
     /// An SM's shared memory on Hopper.
     const HOPPER_SM: usize = 228 * 1024;
+
+    /// An H100 or H200 (the tests set its shared memory and L2 themselves).
+    const HOPPER: RowTarget =
+        RowTarget { shared_limit: 0, sm_shared: HOPPER_SM, l2_bytes: 0, sms: 132, clusters: true };
 
     fn source_of(build: impl Fn(&mut TraceBuilder<'_>) -> crate::ValueId) -> Result<RowSource, String> {
         source_within(build, 0)
@@ -1193,6 +1357,15 @@ mod tests {
         variants: KernelVariants,
         l2_bytes: usize,
     ) -> Result<RowSource, String> {
+        source_targeting(build, RowTarget { shared_limit, l2_bytes, ..HOPPER }, variants)
+    }
+
+    /// The kernel for the GPU `target`.
+    fn source_targeting(
+        build: impl Fn(&mut TraceBuilder<'_>) -> crate::ValueId,
+        target: RowTarget,
+        variants: KernelVariants,
+    ) -> Result<RowSource, String> {
         let registry = Registry::with_builtins();
         let arena = Arena::new();
         let mut b = TraceBuilder::new(&arena, &registry);
@@ -1200,7 +1373,7 @@ mod tests {
         b.output(y).unwrap();
         let trace = b.finish().unwrap();
         let bsym = trace.bound_symbols().last().unwrap();
-        row_source(&OpView::new(&trace, bsym).unwrap(), "k", shared_limit, HOPPER_SM, variants, l2_bytes)
+        row_source(&OpView::new(&trace, bsym).unwrap(), "k", target, variants)
     }
 
     /// `softmax` (or `layer_norm` with weight and bias) over `[rows, cols]` of `dtype`, its
@@ -1261,6 +1434,7 @@ mod tests {
                 keep_in_l2: true,
                 batched_rows: true,
                 async_row_copies: true,
+                split_rows: false,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -1762,5 +1936,67 @@ mod tests {
         // Within L2, `keep_in_l2` keeps the lines: no eviction policy.
         let kept = row_op_for(true, DType::BF16, [9, 65536], HOPPER_BLOCK, with, 50 << 20);
         assert!(kept.source.source.contains("cp.async.cg.shared.global [%0]"), "{}", kept.source.source);
+    }
+
+    /// With `split_rows`, a streamed row (too long to keep on chip) is split over a
+    /// thread-block cluster where rows are fewer than SMs: the fewest blocks, up to 8, that
+    /// give each SM one (16 rows of 2^20 values: 8, 128 blocks on 132 SMs). Its passes
+    /// alternate in direction, split or not. Rows kept on chip, and GPUs without clusters or
+    /// of an unknown SM count, are not split; kernels without the variant are as before. Each
+    /// split kernel compiles for Hopper.
+    #[test]
+    fn split_rows_split_few_streamed_rows_over_clusters() {
+        let split = KernelVariants { split_rows: true, ..KernelVariants::default() };
+        for layer_norm in [false, true] {
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                for (shape, cluster) in [
+                    ([16, 1 << 20], 8),
+                    ([1, 1 << 20], 8),
+                    ([64, 1 << 20], 4),
+                    ([9, 200003], 8),
+                    ([132, 1 << 20], 1),
+                    ([333, 50257], 1),
+                ] {
+                    let what = format!("{layer_norm} {dtype} {shape:?}");
+                    let plain = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, KernelVariants::default());
+                    let kernel = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, split);
+                    let s = &kernel.source.source;
+                    assert_eq!(kernel.layout, plain.layout, "{what}");
+                    if plain.layout.per_thread.is_some() {
+                        // Kept on chip: the same kernel.
+                        assert_eq!(*s, plain.source.source, "{what}");
+                        continue;
+                    }
+                    assert!(!plain.source.source.contains("round") && !plain.source.source.contains("cluster"));
+                    // The pass after a forward one runs back: one per kernel.
+                    assert_eq!(s.matches("--round").count(), 1, "{what}\n{s}");
+                    assert_eq!(s.contains("__cluster_dims__"), cluster > 1, "{what}");
+                    if cluster == 1 {
+                        assert_eq!(kernel.blocks, plain.blocks, "{what}");
+                        continue;
+                    }
+                    assert!(s.contains(&format!("__cluster_dims__({cluster}, 1, 1)")), "{what}\n{s}");
+                    assert_eq!(kernel.blocks as usize, shape[0] * cluster, "{what}");
+                    // Each reduction is combined across the cluster, between two barriers.
+                    let reductions = if layer_norm { 2 } else { 1 };
+                    assert_eq!(s.matches("bs_cluster_sync();").count(), 2 * reductions, "{what}\n{s}");
+                    match crate::executors::cuda::nvrtc_ptx(s, Some("compute_90")) {
+                        None => {}
+                        Some(Err(e)) => panic!("NVRTC rejects the kernel for compute_90: {e}\n{s}"),
+                        Some(Ok(ptx)) => assert!(ptx.contains("barrier.cluster") && ptx.contains("mapa"), "{what}"),
+                    }
+                }
+            }
+        }
+        // A GPU without clusters, or of an unknown SM count: not split.
+        for target in [RowTarget { clusters: false, ..HOPPER }, RowTarget { sms: 0, ..HOPPER }] {
+            let softmax = |b: &mut TraceBuilder<'_>| {
+                let x = b.input_with(&crate::core::ir::TensorMeta::new(DType::F32, &[16, 1 << 20])).unwrap();
+                b.softmax(x).unwrap()
+            };
+            let kernel = source_targeting(softmax, target, split).unwrap();
+            assert!(!kernel.source.source.contains("cluster") && kernel.source.source.contains("--round"));
+            assert_eq!(kernel.blocks, 16);
+        }
     }
 }

@@ -4,7 +4,7 @@
 //! defaults, case by case, in one run) or on GPT-2's steps: `fast_exp2` and `streaming_rows`
 //! are (2026-12-05, the H200's sweep), `keep_in_l2` (2026-12-05, an H100, with GPT-2's
 //! steps), `batched_rows` (the same H100's sweep) and `async_row_copies` (the H200 and an
-//! H100, 2026-12-05 and 2026-12-06); `int32_row_columns` is not. Their options stay so that the
+//! H100, 2026-12-05 and 2026-12-06); `int32_row_columns` and `split_rows` are not. Their options stay so that the
 //! comparison can be run again, and so do those of the variants on by default, to time the
 //! kernels without them. A plan whose kernels differ from the defaults lists its variants in
 //! its header. Both executors that generate kernels, `CudaFusion` and `CudaOps`, take them
@@ -134,6 +134,16 @@ pub struct KernelVariants {
     /// tests, on the H100: its row test runs every variant alone and all of them, over rows of
     /// 16,384 to 200,003 in every dtype).
     pub async_row_copies: bool,
+    /// Rows too long to keep on chip (streamed: read once per pass, `f32` rows past about
+    /// 57,000 values, 16-bit ones past 65,536) are split over a thread-block cluster of up to 8
+    /// blocks (Hopper and later) where the tensor has fewer rows than the GPU has SMs: each
+    /// block passes over its slice of the row, and the blocks combine their sums and maxima
+    /// through distributed shared memory, in the same order in each, so that every block ends
+    /// with the same row totals. Without it such a row takes one block: 16 rows of 2^20 values
+    /// run on 16 of the H200's 132 SMs. With it each pass over a streamed row also runs the
+    /// other way from the pass before (split or not), so that it first reads again what the
+    /// pass before read last, which is the part still in L2. Off by default: not yet measured.
+    pub split_rows: bool,
 }
 
 impl Default for KernelVariants {
@@ -147,6 +157,7 @@ impl Default for KernelVariants {
             keep_in_l2: true,
             batched_rows: true,
             async_row_copies: true,
+            split_rows: false,
         }
     }
 }
@@ -201,6 +212,14 @@ pub const CUDA_OPTIONS: &[OptionSpec] = &[
         audience: Audience::Developer,
         env: None,
     },
+    OptionSpec {
+        name: "cuda.split_rows",
+        ty: OptionType::Bool,
+        default: OptionValue::Bool(false),
+        doc: "Streamed rows split over a thread-block cluster where rows are fewer than SMs, each pass running the other way from the one before (KernelVariants::split_rows).",
+        audience: Audience::Developer,
+        env: None,
+    },
 ];
 
 impl KernelVariants {
@@ -212,6 +231,7 @@ impl KernelVariants {
         keep_in_l2: false,
         batched_rows: false,
         async_row_copies: false,
+        split_rows: false,
     };
 
     /// Every variant on.
@@ -222,16 +242,18 @@ impl KernelVariants {
         keep_in_l2: true,
         batched_rows: true,
         async_row_copies: true,
+        split_rows: true,
     };
 
     /// Each variant alone, with its name (its option's, past `cuda.`).
-    pub const EACH: [(&'static str, Self); 6] = [
+    pub const EACH: [(&'static str, Self); 7] = [
         ("fast_exp2", Self { fast_exp2: true, ..Self::NONE }),
         ("int32_row_columns", Self { int32_row_columns: true, ..Self::NONE }),
         ("streaming_rows", Self { streaming_rows: true, ..Self::NONE }),
         ("keep_in_l2", Self { keep_in_l2: true, ..Self::NONE }),
         ("batched_rows", Self { batched_rows: true, ..Self::NONE }),
         ("async_row_copies", Self { async_row_copies: true, ..Self::NONE }),
+        ("split_rows", Self { split_rows: true, ..Self::NONE }),
     ];
 
     /// These variants with the one named `name` (as in [`EACH`](Self::EACH)) flipped, or
@@ -253,6 +275,7 @@ impl KernelVariants {
             keep_in_l2: self.keep_in_l2 != one.keep_in_l2,
             batched_rows: self.batched_rows != one.batched_rows,
             async_row_copies: self.async_row_copies != one.async_row_copies,
+            split_rows: self.split_rows != one.split_rows,
         })
     }
 
@@ -269,6 +292,7 @@ impl KernelVariants {
             keep_in_l2: options.bool("cuda.keep_in_l2")?,
             batched_rows: options.bool("cuda.batched_rows")?,
             async_row_copies: options.bool("cuda.async_row_copies")?,
+            split_rows: options.bool("cuda.split_rows")?,
         })
     }
 
@@ -282,6 +306,7 @@ impl KernelVariants {
             ("cuda.keep_in_l2", OptionValue::Bool(self.keep_in_l2)),
             ("cuda.batched_rows", OptionValue::Bool(self.batched_rows)),
             ("cuda.async_row_copies", OptionValue::Bool(self.async_row_copies)),
+            ("cuda.split_rows", OptionValue::Bool(self.split_rows)),
         ]
     }
 }
@@ -290,8 +315,8 @@ impl KernelVariants {
 ///
 /// ```
 /// use boundscope::executors::cuda::KernelVariants;
-/// let [(_, a), (_, b), (_, c), (_, d), (_, e), (_, f)] = KernelVariants::EACH;
-/// assert_eq!(a | b | c | d | e | f, KernelVariants::ALL);
+/// let [(_, a), (_, b), (_, c), (_, d), (_, e), (_, f), (_, g)] = KernelVariants::EACH;
+/// assert_eq!(a | b | c | d | e | f | g, KernelVariants::ALL);
 /// ```
 impl std::ops::BitOr for KernelVariants {
     type Output = Self;
@@ -303,6 +328,7 @@ impl std::ops::BitOr for KernelVariants {
             keep_in_l2: self.keep_in_l2 || other.keep_in_l2,
             batched_rows: self.batched_rows || other.batched_rows,
             async_row_copies: self.async_row_copies || other.async_row_copies,
+            split_rows: self.split_rows || other.split_rows,
         }
     }
 }

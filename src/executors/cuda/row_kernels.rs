@@ -494,10 +494,15 @@ fn online_softmax_merge(c: &mut String, t: usize) {
 /// `cluster` blocks ([`KernelVariants::split_rows`]), as [`open_rows`] does for a block a row:
 /// each cluster takes a row (`valid` throughout, so that every block of the cluster runs each
 /// cluster barrier), and `slice` is the block's part of it (its rank in the cluster, set by
-/// the caller before the loop: `bs_cluster_rank()`). The caller closes it.
-fn open_cluster_rows(c: &mut String, cluster: usize, rows: usize, cols: usize) {
+/// the caller before the loop: `bs_cluster_rank()`). A row kept on chip, whose blocks each take
+/// `slots` of its accesses, names the thread's first access in the row `slot`, as `lane` is in
+/// a row a block takes whole. The caller closes it.
+fn open_cluster_rows(c: &mut String, cluster: usize, rows: usize, cols: usize, slots: Option<usize>) {
     let _ = writeln!(c, "  const int lane = threadIdx.x;");
     let _ = writeln!(c, "  const unsigned slice = bs_cluster_rank();");
+    if let Some(slots) = slots {
+        let _ = writeln!(c, "  const int slot = lane + (int)slice * {slots};");
+    }
     let _ = writeln!(c, "  for (long long r = blockIdx.x / {cluster}; r < {rows}ll; r += gridDim.x / {cluster}) {{");
     let _ = writeln!(c, "    const bool valid = true;");
     let _ = writeln!(c, "    const long long row = r * {cols}ll;");
@@ -609,6 +614,9 @@ struct RowAccesses {
     pub int_columns: bool,
     /// How the row's whole accesses (input 0's and the output's) are cached.
     pub caching: Caching,
+    /// The name of the thread's first access in the row: `lane`, or `slot` where the row is
+    /// kept on chip by a cluster of blocks (see [`open_cluster_rows`]).
+    pub lane: &'static str,
 }
 
 impl RowAccesses {
@@ -652,7 +660,7 @@ impl RowAccesses {
     /// (inline assembly) take a register each: f32 `softmax` over rows of 1,024 took 80
     /// registers a thread rather than 64, three blocks an SM rather than four (`ptxas`, sm_90).
     pub fn column_of_access(&self, j: &str, t: usize) -> String {
-        let first = self.column(&format!("{}lane", self.widen()));
+        let first = self.column(&format!("{}{}", self.widen(), self.lane));
         format!("{first} + {j} * {}", self.literal(t * self.vector))
     }
 
@@ -661,7 +669,7 @@ impl RowAccesses {
     /// `ptxas` spilled more with the pointer-plus-constant form (f16 `softmax` over rows of
     /// 50,257: 48 -> 72 bytes a thread).
     pub fn column_of_access_by_index(&self, j: &str, t: usize) -> String {
-        self.column(&format!("{}{j} * {t} + lane", self.widen()))
+        self.column(&format!("{}{j} * {t} + {}", self.widen(), self.lane))
     }
 
     /// What a value outside the row reads as (C): -infinity for a maximum, 0 for a sum.
@@ -980,7 +988,19 @@ pub(super) fn row_source(
     // weight and bias were read per access: 0.81-1.10x, mixed by shape and dtype, so 8 stays.)
     let values = if id == prims::LAYER_NORM || raw_shared { REGISTER_VALUES / 4 } else { REGISTER_VALUES };
     let shared_value_bytes = if raw_shared { dtypes[0].size_bytes() } else { std::mem::size_of::<f32>() };
-    let layout = RowLayout::on_chip(cols, widest, values, shared_limit, shared_value_bytes);
+    let whole = RowLayout::on_chip(cols, widest, values, shared_limit, shared_value_bytes);
+    // With `split_rows`, a row that a block of 1,024 threads keeps partly in shared memory is
+    // split over a cluster of two blocks of 512, each keeping half of it as the one block did
+    // (the same accesses a thread, half the shared memory a block), so that two blocks share an
+    // SM without fewer registers a thread: one loads while the other reduces. (Alone on its SM,
+    // a block's loads wait while it reduces; two blocks of 1,024 threads an SM have 32
+    // registers a thread, and spilled.)
+    let halves = variants.split_rows && target.clusters && whole.block == MAX_ROW_THREADS && whole.shared_bytes() > 0;
+    let layout = if halves {
+        RowLayout { threads_per_row: MAX_ROW_THREADS / 2, block: MAX_ROW_THREADS / 2, ..whole }
+    } else {
+        whole
+    };
     let RowLayout { threads_per_row: t, vector: v, block, in_registers, .. } = layout;
 
     let mut c = String::new();
@@ -1012,7 +1032,7 @@ pub(super) fn row_source(
         && layout.shared_bytes() == 0
         && layout.per_thread.is_some()
         && block >= 256;
-    let bounds = if two_blocks {
+    let bounds = if two_blocks || halves {
         format!("{block}, 2")
     } else if registers_for_1024 {
         format!("{block}, {}", MAX_ROW_THREADS / block)
@@ -1045,7 +1065,9 @@ pub(super) fn row_source(
     let streamed_loads = (16 / v).clamp(STREAMED_LOADS, 16);
     let streamed_stride = streamed_loads * t * v;
     let alternating = variants.split_rows && streamed;
-    let cluster = if alternating && target.clusters {
+    let cluster = if halves {
+        2
+    } else if alternating && target.clusters {
         cluster_blocks(rows, target.sms, (cols + v).div_ceil(streamed_stride))
     } else {
         1
@@ -1073,7 +1095,7 @@ pub(super) fn row_source(
     }
     if cluster > 1 {
         let _ = writeln!(c, "  __shared__ float bs_cluster_part[2];");
-        open_cluster_rows(&mut c, cluster, rows, cols);
+        open_cluster_rows(&mut c, cluster, rows, cols, layout.per_thread.map(|n| n * t));
     } else {
         open_rows(&mut c, t, rows, cols);
     }
@@ -1098,6 +1120,7 @@ pub(super) fn row_source(
         for_maximum: id == prims::SOFTMAX,
         int_columns: variants.int32_row_columns && cols < 1 << 30,
         caching,
+        lane: if halves { "slot" } else { "lane" },
     };
     let ix = accesses.index();
     if aligned {
@@ -1941,35 +1964,57 @@ mod tests {
     /// With `split_rows`, a streamed row (too long to keep on chip) is split over a
     /// thread-block cluster where rows are fewer than SMs: the fewest blocks, up to 8, that
     /// give each SM one (16 rows of 2^20 values: 8, 128 blocks on 132 SMs). Its passes
-    /// alternate in direction, split or not. Rows kept on chip, and GPUs without clusters or
-    /// of an unknown SM count, are not split; kernels without the variant are as before. Each
+    /// alternate in direction, split or not. A row that a block of 1,024 threads keeps partly in
+    /// shared memory is split over two blocks of 512, each with half the shared memory and the
+    /// same accesses a thread, asking for registers for two blocks an SM. Rows kept in
+    /// registers, and GPUs without clusters or of an unknown SM count, are not split. Each
     /// split kernel compiles for Hopper.
     #[test]
     fn split_rows_split_few_streamed_rows_over_clusters() {
         let split = KernelVariants { split_rows: true, ..KernelVariants::default() };
         for layer_norm in [false, true] {
             for dtype in [DType::F32, DType::BF16, DType::F16] {
-                for (shape, cluster) in [
+                for (shape, streamed_cluster) in [
                     ([16, 1 << 20], 8),
                     ([1, 1 << 20], 8),
                     ([64, 1 << 20], 4),
                     ([9, 200003], 8),
                     ([132, 1 << 20], 1),
+                    ([256, 65536], 1),
                     ([333, 50257], 1),
+                    ([4096, 1024], 1),
                 ] {
                     let what = format!("{layer_norm} {dtype} {shape:?}");
                     let plain = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, KernelVariants::default());
                     let kernel = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, split);
-                    let s = &kernel.source.source;
-                    assert_eq!(kernel.layout, plain.layout, "{what}");
-                    if plain.layout.per_thread.is_some() {
-                        // Kept on chip: the same kernel.
-                        assert_eq!(*s, plain.source.source, "{what}");
-                        continue;
-                    }
-                    assert!(!plain.source.source.contains("round") && !plain.source.source.contains("cluster"));
-                    // The pass after a forward one runs back: one per kernel.
-                    assert_eq!(s.matches("--round").count(), 1, "{what}\n{s}");
+                    let (s, old) = (&kernel.source.source, &plain.source.source);
+                    assert!(!old.contains("round") && !old.contains("cluster"), "{what}");
+                    let cluster = match plain.layout.per_thread {
+                        // Kept in registers: the same kernel.
+                        Some(_) if plain.layout.shared_bytes() == 0 => {
+                            assert_eq!(s, old, "{what}");
+                            continue;
+                        }
+                        // Kept partly in shared memory: halves.
+                        Some(n) => {
+                            assert_eq!(plain.layout.block, 1024, "{what}");
+                            let l = kernel.layout;
+                            assert_eq!((l.block, l.threads_per_row, l.per_thread), (512, 512, Some(n)), "{what}");
+                            assert_eq!(2 * l.shared_bytes(), plain.layout.shared_bytes(), "{what}");
+                            assert!(
+                                s.contains("__launch_bounds__(512, 2)") && s.contains("const int slot"),
+                                "{what}\n{s}"
+                            );
+                            assert!(!s.contains("round"), "{what}");
+                            2
+                        }
+                        None => {
+                            assert_eq!(kernel.layout, plain.layout, "{what}");
+                            // The pass after a forward one runs back: one per kernel.
+                            assert_eq!(s.matches("--round").count(), 1, "{what}\n{s}");
+                            streamed_cluster
+                        }
+                    };
                     assert_eq!(s.contains("__cluster_dims__"), cluster > 1, "{what}");
                     if cluster == 1 {
                         assert_eq!(kernel.blocks, plain.blocks, "{what}");
@@ -1977,8 +2022,9 @@ mod tests {
                     }
                     assert!(s.contains(&format!("__cluster_dims__({cluster}, 1, 1)")), "{what}\n{s}");
                     assert_eq!(kernel.blocks as usize, shape[0] * cluster, "{what}");
-                    // Each reduction is combined across the cluster, between two barriers.
-                    let reductions = if layer_norm { 2 } else { 1 };
+                    // Each reduction is combined across the cluster, between two barriers:
+                    // `softmax`'s one (streamed) or two (maximum, sum), `layer_norm`'s two.
+                    let reductions = if layer_norm || plain.layout.per_thread.is_some() { 2 } else { 1 };
                     assert_eq!(s.matches("bs_cluster_sync();").count(), 2 * reductions, "{what}\n{s}");
                     match crate::executors::cuda::nvrtc_ptx(s, Some("compute_90")) {
                         None => {}

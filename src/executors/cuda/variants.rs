@@ -142,7 +142,13 @@ pub struct KernelVariants {
     /// with the same row totals. Without it such a row takes one block: 16 rows of 2^20 values
     /// run on 16 of the H200's 132 SMs. With it each pass over a streamed row also runs the
     /// other way from the pass before (split or not), so that it first reads again what the
-    /// pass before read last, which is the part still in L2. Off by default: not yet measured.
+    /// pass before read last, which is the part still in L2. And a row that a block of 1,024
+    /// threads keeps partly in shared memory (16-bit rows of 50,257 or 65,536) is split over a
+    /// cluster of two blocks of 512, each keeping half of it with the same accesses a thread:
+    /// two blocks then share an SM, one loading while the other reduces, where one block had
+    /// the SM to itself (its registers allowed no second), or two of 1,024 threads spilled
+    /// under 32 registers a thread (16-bit `softmax`: 16-44 bytes a thread; `ptxas`, sm_90,
+    /// gives the halves 48-64 registers and no spills). Off by default: not yet measured.
     pub split_rows: bool,
 }
 
@@ -216,7 +222,7 @@ pub const CUDA_OPTIONS: &[OptionSpec] = &[
         name: "cuda.split_rows",
         ty: OptionType::Bool,
         default: OptionValue::Bool(false),
-        doc: "Streamed rows split over a thread-block cluster where rows are fewer than SMs, each pass running the other way from the one before (KernelVariants::split_rows).",
+        doc: "Rows split over thread-block clusters: streamed rows where rows are fewer than SMs (each pass running the other way from the one before), rows kept partly in shared memory over two blocks of 512 (KernelVariants::split_rows).",
         audience: Audience::Developer,
         env: None,
     },

@@ -20,7 +20,8 @@
 //! ```
 //!
 //! An optional first argument keeps the dtypes (`f32,bf16`), a second the ops
-//! (`softmax,max`) and a third the shapes (`333x50257,4096x65536`) it names: with
+//! (`softmax,max`) and a third the shapes (`333x50257,4096x65536`) it names (a shape the sweep
+//! lacks, such as `16x1048576`, is added for each op kept): with
 //! `ncu --kernel-name regex:boundscope --launch-skip 10 --launch-count 1`, one case's kernel under
 //! Nsight Compute.
 //!
@@ -83,6 +84,24 @@ fn cases() -> Vec<Case> {
         );
     }
     all
+}
+
+/// `cases`, with each shape of the comma-separated `shapes` (`ROWSxCOLS`) that an op lacks
+/// added for it.
+fn with_shapes(mut cases: Vec<Case>, shapes: Option<&str>) -> Result<Vec<Case>, String> {
+    let ops: Vec<&'static str> = ROW_OPS.into_iter().chain(["bcast_last", "bcast_first"]).collect();
+    for shape in shapes.into_iter().flat_map(|s| s.split(',')) {
+        let parsed = shape.split_once('x').and_then(|(r, c)| Some((r.parse().ok()?, c.parse().ok()?)));
+        let Some((rows, cols)) = parsed.filter(|&(r, c): &(usize, usize)| r > 0 && c > 0) else {
+            return Err(format!("the shape `{shape}` is not ROWSxCOLS (such as 333x50257)"));
+        };
+        for &op in &ops {
+            if !cases.iter().any(|c| c.op == op && c.rows == rows && c.cols == cols) {
+                cases.push(Case { op, rows, cols });
+            }
+        }
+    }
+    Ok(cases)
 }
 
 /// The inputs' shapes of a case with `rows` rows.
@@ -184,7 +203,7 @@ fn run() -> Result<(), String> {
         if !keep(&dtypes, &dtype.to_string()) {
             continue;
         }
-        let cases = cases().into_iter().filter(|c| keep(&ops, c.op));
+        let cases = with_shapes(cases(), shapes.as_deref())?.into_iter().filter(|c| keep(&ops, c.op));
         for case in cases.filter(|c| keep(&shapes, &format!("{}x{}", c.rows, c.cols))) {
             let arena = Arena::new();
             // Correctness first, on at most 2^18 values, against the CPU reference.

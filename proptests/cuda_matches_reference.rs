@@ -1585,7 +1585,7 @@ fn row_ops_match_the_reference_at_every_row_length() {
     use boundscope::{DType, Tensor, TensorMeta, TraceBuilder};
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
-    // (Past 1 << 20: GPT-2's vocabulary, over 9 rows, and an odd length streamed, over 10: rows
+    // (Past 1 << 20: GPT-2's vocabulary, over 41 rows, and an odd length streamed, over 10: rows
     // starting at every alignment.)
     let lengths = [
         1,
@@ -1623,9 +1623,10 @@ fn row_ops_match_the_reference_at_every_row_length() {
     {
         let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()).with_variants(variants));
         for (i, &cols) in lengths.iter().enumerate() {
-            // (GPT-2's vocabulary over 9 rows: rows starting at every alignment of a 16-byte
-            // access, so that `layer_norm` reads its weight and bias at every shift.)
-            let rows = if cols == 50257 { 9 } else { [1, 3, 257][i % 3].min((1 << 21) / cols).max(1) };
+            // (GPT-2's vocabulary over 41 rows: rows starting at every alignment of a 16-byte
+            // access, so that `layer_norm` reads its weight and bias at every shift; split over
+            // 82 blocks with `split_rows`.)
+            let rows = if cols == 50257 { 41 } else { [1, 3, 257][i % 3].min((1 << 21) / cols).max(1) };
             for layer_norm in [false, true] {
                 fn build<'a>(
                     arena: &'a Arena,

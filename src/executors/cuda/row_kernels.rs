@@ -511,7 +511,9 @@ fn open_cluster_rows(c: &mut String, cluster: usize, rows: usize, cols: usize, s
 /// The C a kernel whose rows are split over thread-block clusters begins with (Hopper and
 /// later): `bs_cluster_rank()`, the block's rank in its cluster; `bs_cluster_sync()`, a barrier
 /// of the cluster's threads that makes each block's shared writes before it visible to the
-/// others' reads after it; `bs_cluster_read(p, rank)`, the `float` at `p` in the shared memory
+/// others' reads after it (not `.aligned`: a warp may reach it diverged, after a branch one of
+/// its threads took, where an aligned barrier is undefined; the H100 raised
+/// `CUDA_ERROR_ILLEGAL_INSTRUCTION` with it); `bs_cluster_read(p, rank)`, the `float` at `p` in the shared memory
 /// of the cluster's block `rank`.
 const CLUSTER_HELPERS: &str = r#"__device__ __forceinline__ unsigned bs_cluster_rank() {
   unsigned r;
@@ -519,7 +521,7 @@ const CLUSTER_HELPERS: &str = r#"__device__ __forceinline__ unsigned bs_cluster_
   return r;
 }
 __device__ __forceinline__ void bs_cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 }
 __device__ __forceinline__ float bs_cluster_read(const float* p, unsigned rank) {
   const unsigned local = (unsigned)__cvta_generic_to_shared(p);

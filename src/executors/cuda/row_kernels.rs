@@ -2047,4 +2047,52 @@ mod tests {
             assert_eq!(kernel.blocks, 16);
         }
     }
+
+    /// A developer's tool, not a check (`scripts/kernel-sass` runs it): writes the row kernel
+    /// that `BOUNDSCOPE_ROW_KERNEL` names, `OP DTYPE ROWSxCOLS [VARIANT,...]` (`softmax` or
+    /// `layer_norm`; each variant named flipped from the defaults, as `gpu_sweep --variants`
+    /// names them), generated for an H100 or H200, into the folder `BOUNDSCOPE_ROW_KERNEL_OUT`:
+    /// its source (`kernel.cu`), its launch (`launch.txt`) and NVRTC's PTX for `compute_90`
+    /// (`kernel.ptx`), for `ptxas` and `nvdisasm` to read without a GPU.
+    #[test]
+    #[ignore = "a developer's tool: scripts/kernel-sass runs it"]
+    fn write_row_kernel() {
+        let spec =
+            std::env::var("BOUNDSCOPE_ROW_KERNEL").expect("BOUNDSCOPE_ROW_KERNEL: OP DTYPE ROWSxCOLS [VARIANTS]");
+        let out =
+            std::path::PathBuf::from(std::env::var("BOUNDSCOPE_ROW_KERNEL_OUT").expect("BOUNDSCOPE_ROW_KERNEL_OUT"));
+        let words: Vec<&str> = spec.split_whitespace().collect();
+        let [op, dtype, shape, rest @ ..] = words.as_slice() else { panic!("`{spec}`: OP DTYPE ROWSxCOLS [VARIANTS]") };
+        let layer_norm = match *op {
+            "softmax" => false,
+            "layer_norm" => true,
+            other => panic!("`{other}`: softmax or layer_norm"),
+        };
+        let dtype = match *dtype {
+            "f32" => DType::F32,
+            "bf16" => DType::BF16,
+            "f16" => DType::F16,
+            other => panic!("`{other}`: f32, bf16 or f16"),
+        };
+        let (rows, cols) = shape.split_once('x').expect("ROWSxCOLS");
+        let shape = [rows.parse().expect("rows"), cols.parse().expect("columns")];
+        let mut variants = KernelVariants::default();
+        for name in rest.iter().flat_map(|r| r.split(',')) {
+            variants = variants.flipped(name).unwrap_or_else(|| panic!("`{name}` is none of KernelVariants::EACH"));
+        }
+        let kernel = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, variants, 50 << 20);
+        let ptx = crate::executors::cuda::nvrtc_ptx(&kernel.source.source, Some("compute_90"))
+            .expect("NVRTC loads")
+            .unwrap_or_else(|e| panic!("NVRTC: {e}"));
+        std::fs::create_dir_all(&out).unwrap();
+        std::fs::write(out.join("kernel.cu"), &kernel.source.source).unwrap();
+        std::fs::write(out.join("kernel.ptx"), ptx).unwrap();
+        let launch = format!(
+            "{spec}\nvariants: {variants:?}\nblocks: {}\nlayout: {:?}\nshared bytes a block: {}\n",
+            kernel.blocks,
+            kernel.layout,
+            kernel.layout.shared_bytes()
+        );
+        std::fs::write(out.join("launch.txt"), launch).unwrap();
+    }
 }

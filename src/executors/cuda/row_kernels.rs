@@ -512,8 +512,9 @@ fn open_cluster_rows(c: &mut String, cluster: usize, rows: usize, cols: usize, s
 /// later): `bs_cluster_rank()`, the block's rank in its cluster; `bs_cluster_sync()`, a barrier
 /// of the cluster's threads that makes each block's shared writes before it visible to the
 /// others' reads after it (not `.aligned`: a warp may reach it diverged, after a branch one of
-/// its threads took, where an aligned barrier is undefined; the H100 raised
-/// `CUDA_ERROR_ILLEGAL_INSTRUCTION` with it); `bs_cluster_read(p, rank)`, the `float` at `p` in the shared memory
+/// its threads took, where PTX leaves an aligned barrier undefined; with `.aligned`, the
+/// H100 stopped `gpu_sweep`'s split plans with `CUDA_ERROR_ILLEGAL_INSTRUCTION`, after the row
+/// tests had passed; not yet run on a GPU without it); `bs_cluster_read(p, rank)`, the `float` at `p` in the shared memory
 /// of the cluster's block `rank`.
 const CLUSTER_HELPERS: &str = r#"__device__ __forceinline__ unsigned bs_cluster_rank() {
   unsigned r;

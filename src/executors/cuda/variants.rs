@@ -148,7 +148,10 @@ pub struct KernelVariants {
     /// two blocks then share an SM, one loading while the other reduces, where one block had
     /// the SM to itself (its registers allowed no second), or two of 1,024 threads spilled
     /// under 32 registers a thread (16-bit `softmax`: 16-44 bytes a thread; `ptxas`, sm_90,
-    /// gives the halves 48-64 registers and no spills). Off by default: not yet measured.
+    /// gives the halves 48-64 registers and no spills). Off by default: not yet measured. Its
+    /// first GPU run (an H100, 2026-12-06) passed `cuda_matches_reference`'s row tests with it,
+    /// then stopped `gpu_sweep`'s split plans with `CUDA_ERROR_ILLEGAL_INSTRUCTION`; its cluster
+    /// barrier, `.aligned` then, is no longer, and has not yet run on a GPU.
     pub split_rows: bool,
 }
 

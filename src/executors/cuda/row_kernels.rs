@@ -511,10 +511,9 @@ fn open_cluster_rows(c: &mut String, cluster: usize, rows: usize, cols: usize, s
 /// The C a kernel whose rows are split over thread-block clusters begins with (Hopper and
 /// later): `bs_cluster_rank()`, the block's rank in its cluster; `bs_cluster_sync()`, a barrier
 /// of the cluster's threads that makes each block's shared writes before it visible to the
-/// others' reads after it (not `.aligned`: a warp may reach it diverged, after a branch one of
-/// its threads took, where PTX leaves an aligned barrier undefined; with `.aligned`, the
-/// H100 stopped `gpu_sweep`'s split plans with `CUDA_ERROR_ILLEGAL_INSTRUCTION`, after the row
-/// tests had passed; not yet run on a GPU without it); `bs_cluster_read(p, rank)`, the `float` at `p` in the shared memory
+/// others' reads after it (not `.aligned`, which PTX leaves undefined where a warp arrives
+/// diverged, as warp 0 may after thread 0's write; `ptxas` makes the same `UCGABAR_ARV` and
+/// `UCGABAR_WAIT` of both, sm_90); `bs_cluster_read(p, rank)`, the `float` at `p` in the shared memory
 /// of the cluster's block `rank`.
 const CLUSTER_HELPERS: &str = r#"__device__ __forceinline__ unsigned bs_cluster_rank() {
   unsigned r;
@@ -1068,14 +1067,15 @@ pub(super) fn row_source(
     let streamed_loads = (16 / v).clamp(STREAMED_LOADS, 16);
     let streamed_stride = streamed_loads * t * v;
     let alternating = variants.split_rows && streamed;
+    // A thread's rounds over the row, at most (its first column is `-shift` or later).
+    let streamed_rounds = (RowLayout::accesses(cols, v, layout.aligned) * v).div_ceil(streamed_stride);
     let cluster = if halves {
         2
     } else if alternating && target.clusters {
-        cluster_blocks(rows, target.sms, (cols + v).div_ceil(streamed_stride))
+        cluster_blocks(rows, target.sms, streamed_rounds)
     } else {
         1
     };
-    let slice = (cols + v).div_ceil(streamed_stride).div_ceil(cluster) * streamed_stride;
     if cluster > 1 {
         c.push_str(CLUSTER_HELPERS);
     }
@@ -1219,10 +1219,14 @@ pub(super) fn row_source(
             } else {
                 // The thread's rounds: from its first column `from` (in its block's slice) up
                 // to `upto`, forward; or back from its last.
+                // Block `slice` of the cluster takes rounds `slice * R / k` up to
+                // `(slice + 1) * R / k` of the row's `R`: as many as the others, or one fewer.
                 if cluster > 1 {
-                    let slice = accesses.literal(slice);
-                    let _ = writeln!(c, "    const {ix} from = {first} + ({ix})slice * {slice};");
-                    let _ = writeln!(c, "    const {ix} upto = from + {slice} < {count} ? from + {slice} : {count};");
+                    let (r, k) = (streamed_rounds, cluster);
+                    let _ = writeln!(c, "    const {ix} from = {first} + ({ix})(slice * {r}u / {k}u) * {stride};");
+                    let _ =
+                        writeln!(c, "    const {ix} end = {first} + ({ix})((slice + 1u) * {r}u / {k}u) * {stride};");
+                    let _ = writeln!(c, "    const {ix} upto = end < {count} ? end : {count};");
                 } else {
                     let _ = writeln!(c, "    const {ix} from = {first}, upto = {count};");
                 }

@@ -148,10 +148,13 @@ pub struct KernelVariants {
     /// two blocks then share an SM, one loading while the other reduces, where one block had
     /// the SM to itself (its registers allowed no second), or two of 1,024 threads spilled
     /// under 32 registers a thread (16-bit `softmax`: 16-44 bytes a thread; `ptxas`, sm_90,
-    /// gives the halves 48-64 registers and no spills). Off by default: not yet measured. Its
-    /// first GPU run (an H100, 2026-12-06) passed `cuda_matches_reference`'s row tests with it,
-    /// then stopped `gpu_sweep`'s split plans with `CUDA_ERROR_ILLEGAL_INSTRUCTION`; its cluster
-    /// barrier, `.aligned` then, is no longer, and has not yet run on a GPU.
+    /// gives the halves 48-64 registers and no spills). Off by default, and not to be turned on
+    /// before the cause of this is found: its first GPU run (an H100, 2026-12-06) passed
+    /// `cuda_matches_reference`'s row tests with it, then `gpu_sweep` stopped with
+    /// `CUDA_ERROR_ILLEGAL_INSTRUCTION` at f32 `softmax` over [333, 50257] (halves), whose
+    /// plans with the variant were the first to run there. The cluster barrier was `.aligned`
+    /// then; it no longer is, but `ptxas` makes the same SASS of both, so that is likely not the
+    /// cause. Next: `compute-sanitizer` on that case.
     pub split_rows: bool,
 }
 

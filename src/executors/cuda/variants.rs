@@ -4,10 +4,10 @@
 //! defaults, case by case, in one run) or on GPT-2's steps: `fast_exp2` and `streaming_rows`
 //! are (2026-12-05, the H200's sweep), `keep_in_l2` (2026-12-05, an H100, with GPT-2's
 //! steps), `batched_rows` (the same H100's sweep) and `async_row_copies` (the H200 and an
-//! H100, 2026-12-05 and 2026-12-06); `int32_row_columns` and `split_rows` are not. Their options stay so that the
-//! comparison can be run again, and so do those of the variants on by default, to time the
-//! kernels without them. A plan whose kernels differ from the defaults lists its variants in
-//! its header. Both executors that generate kernels, `CudaFusion` and `CudaOps`, take them
+//! H100, 2026-12-05 and 2026-12-06); `int32_row_columns` and `split_rows` are not. Their
+//! options stay so that the comparison can be run again, and so do those of the variants on by
+//! default, to time the kernels without them. A plan whose kernels differ from the defaults
+//! lists its variants in its header. Both executors that generate kernels, `CudaFusion` and `CudaOps`, take them
 //! (`with_variants`, or `from_options`); the front end configures them from its options.
 //!
 //! ```
@@ -30,8 +30,8 @@ use crate::error::Result;
 use crate::options::{Audience, OptionSpec, OptionType, OptionValue, Options};
 
 /// Which variant of each generated kernel to emit. [`Default`] gives the fastest measured
-/// (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows` and `async_row_copies`); [`KernelVariants::NONE`], the kernels
-/// before any variant.
+/// (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows` and `async_row_copies`);
+/// [`KernelVariants::NONE`], the kernels before any variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KernelVariants {
     /// `softmax`, `sigmoid` and `gelu` with 16-bit results take PTX's `ex2.approx.ftz.f32`, one

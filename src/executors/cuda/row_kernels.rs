@@ -204,7 +204,7 @@ impl RowLayout {
 }
 
 /// The GPU a row kernel is generated for: the limits its layout is chosen from.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub(super) struct RowTarget {
     /// Bytes of shared memory a block may keep a row in (0 streams rows too long for
     /// registers).
@@ -1111,7 +1111,7 @@ pub(super) fn row_source(
     let sum = |a: &str, b: &str| format!("{a} + {b}");
     let max = |a: &str, b: &str| maximum(a, b);
     // The passes: over registers (`j`: the thread's accesses), or, streamed, over the row.
-    let cached = layout.per_thread.is_some();
+    let cached = !streamed;
     let aligned = layout.aligned;
     // Values outside the row are nothing to `softmax`'s maximum and sum, and to `layer_norm`'s
     // sums.
@@ -2073,12 +2073,7 @@ mod tests {
             "layer_norm" => true,
             other => panic!("`{other}`: softmax or layer_norm"),
         };
-        let dtype = match *dtype {
-            "f32" => DType::F32,
-            "bf16" => DType::BF16,
-            "f16" => DType::F16,
-            other => panic!("`{other}`: f32, bf16 or f16"),
-        };
+        let dtype: DType = dtype.parse().unwrap_or_else(|e| panic!("{e}"));
         let (rows, cols) = shape.split_once('x').expect("ROWSxCOLS");
         let shape = [rows.parse().expect("rows"), cols.parse().expect("columns")];
         let mut variants = KernelVariants::default();

@@ -39,6 +39,10 @@
 //! ```text
 //! target/release/examples/gpu_sweep --variants | tee sweep.txt | python3 scripts/gpu_variants_report.py
 //! ```
+//!
+//! `--variant=NAME` (repeatable) adds one variant flipped from the defaults rather than all of
+//! them, and `--reps=N` times N runs a round rather than about 30 ms of them: together, one
+//! variant's case under `compute-sanitizer`, which runs kernels tens of times slower.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -174,26 +178,42 @@ fn run() -> Result<(), String> {
     let registry = Registry::with_builtins();
     let (flags, mut args): (Vec<String>, Vec<String>) = std::env::args().skip(1).partition(|a| a.starts_with("--"));
     let mut variants: Vec<(String, KernelVariants)> = vec![("boundscope".into(), KernelVariants::default())];
+    let mut fixed_reps = None;
+    // One variant flipped from the defaults: `+name` turned on, `-name` off.
+    let flip = |name: &str| -> Result<(String, KernelVariants), String> {
+        let defaults = KernelVariants::default();
+        let flipped = defaults.flipped(name).ok_or_else(|| {
+            let names: Vec<&str> = KernelVariants::EACH.iter().map(|(n, _)| *n).collect();
+            format!("unknown variant `{name}` (one of {})", names.join(", "))
+        })?;
+        let sign = if defaults | flipped != defaults { '+' } else { '-' };
+        Ok((format!("boundscope{sign}{name}"), flipped))
+    };
     for flag in &flags {
+        if let Some(name) = flag.strip_prefix("--variant=") {
+            variants.push(flip(name)?);
+            continue;
+        }
+        if let Some(n) = flag.strip_prefix("--reps=") {
+            let n: usize = n.parse().map_err(|_| format!("--reps takes a count of runs, not `{n}`"))?;
+            fixed_reps = Some(n.max(1));
+            continue;
+        }
         match flag.as_str() {
             "--variants" => {
-                // Each variant flipped from the defaults: `+name` turned on, `-name` off; then
-                // the kernels without any.
-                let defaults = KernelVariants::default();
+                // Each variant flipped from the defaults, then the kernels without any.
                 for (name, _) in KernelVariants::EACH {
-                    let flipped = defaults.flipped(name).expect("a name of EACH");
-                    let sign = if defaults | flipped != defaults { '+' } else { '-' };
-                    variants.push((format!("boundscope{sign}{name}"), flipped));
+                    variants.push(flip(name)?);
                 }
                 variants.push(("boundscope-all".into(), KernelVariants::NONE));
                 // The defaults again, as a plan of their own: how far two plans of the same
                 // kernels read apart, the floor under which a variant's difference is noise.
                 variants.push(("boundscope=defaults".into(), KernelVariants::default()));
             }
-            _ => return Err(format!("unknown flag `{flag}` (the one flag is --variants)")),
+            _ => return Err(format!("unknown flag `{flag}` (--variants, --variant=NAME or --reps=N)")),
         }
     }
-    // Rounds of each variant in turn (one round without `--variants`).
+    // Rounds of each variant in turn (one round with the defaults alone).
     let rounds = if variants.len() > 1 { 3 } else { 1 };
     args.resize(3, String::new());
     let named = |a: &String| (!a.is_empty()).then(|| a.clone());
@@ -234,7 +254,7 @@ fn run() -> Result<(), String> {
                 .map_err(e)?;
             let bytes = useful_bytes(&full);
             // About 30 ms of runs at 3 TB/s, 20 to 1,000 of them.
-            let reps = (9e10 / bytes as f64).clamp(20.0, 1000.0) as usize;
+            let reps = fixed_reps.unwrap_or((9e10 / bytes as f64).clamp(20.0, 1000.0) as usize);
             // The inputs uploaded once, and a workspace per plan for all rounds: each plan keeps
             // its memory from round to round.
             let uploaded = upload_all(&device, &inputs(&case, case.rows, dtype))?;

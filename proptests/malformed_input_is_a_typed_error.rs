@@ -168,3 +168,34 @@ fn reductions_over_a_missing_axis_name_themselves() {
     // The axes it has still reduce.
     assert!(b.sum_dim(x, 0, false).is_ok() && b.max_dim(x, 1, true).is_ok() && b.argmax(x, 1, false).is_ok());
 }
+
+/// An empty axis has no maximum: `max_dim` and `argmax` over it are errors that say so, as in
+/// PyTorch (`torch.amax`, `torch.argmax`), at every position of the empty axis, while its sum
+/// is 0 and `softmax` of empty rows is empty.
+#[test]
+fn maxima_over_an_empty_axis_are_errors() {
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    for shape in [[0usize, 3, 4], [2, 0, 4], [2, 3, 0]] {
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&shape).unwrap();
+        let axis = shape.iter().position(|&n| n == 0).unwrap();
+        for keepdim in [false, true] {
+            let err = b.max_dim(x, axis, keepdim).unwrap_err();
+            assert!(matches!(&err, Error::ShapeMismatch { symbol, .. } if symbol == "max_dim"), "{err:?}");
+            assert!(err.to_string().contains("empty") && err.to_string().contains("non-empty axis"), "{err}");
+            assert!(b.argmax(x, axis, keepdim).is_err());
+            assert!(b.sum_dim(x, axis, keepdim).is_ok());
+        }
+        // Over a non-empty axis of the same tensor, the maximum is defined (and empty).
+        let other = (axis + 1) % 3;
+        assert!(b.max_dim(x, other, false).is_ok());
+    }
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[2, 0]).unwrap();
+    let y = b.softmax(x).unwrap();
+    b.output(y).unwrap();
+    let plan = Plan::compile(&b.finish().unwrap(), &[CpuReference::shared()]).unwrap();
+    let out = plan.run(&[&boundscope::Tensor::zeros(&[2, 0])]).unwrap();
+    assert_eq!(out[0].shape(), &[2, 0]);
+}

@@ -46,7 +46,7 @@ builtin_ids! {
     MAXIMUM = 11, "maximum";
     /// `sum(x)`: sum over the last axis, kept as size 1.
     SUM = 12, "sum";
-    /// `max(x)`: maximum over the last axis, kept as size 1.
+    /// `max(x)`: maximum over the last axis, kept as size 1 (-infinity over an empty axis).
     MAX = 13, "max";
     /// `matmul(a, b)`: `[..., m, k] x [..., k, n] -> [..., m, n]`, the batch dimensions
     /// broadcast as in `torch.matmul`.
@@ -716,7 +716,8 @@ impl<'a> TraceBuilder<'a> {
         gelu => GELU;
         /// Sums the last axis (keepdim).
         sum => SUM;
-        /// Takes the maximum of the last axis (keepdim).
+        /// Takes the maximum of the last axis (keepdim): -infinity, max's identity, where the axis
+        /// is empty ([`max_dim`](Self::max_dim) is an error there, as `torch.amax`).
         max => MAX;
         /// Applies `softmax` over the last axis.
         softmax => SOFTMAX;

@@ -652,6 +652,18 @@ impl<'a> TraceBuilder<'a> {
         if axis >= shape.len() {
             return Err(missing_axis(name, shape, axis));
         }
+        if id == MAX_AXIS && shape[axis] == 0 {
+            // As `torch.amax`: an empty axis has no maximum (the prims give max's identity,
+            // -infinity, which `softmax` of empty rows relies on).
+            return Err(Error::ShapeMismatch {
+                symbol: name.into(),
+                shapes: vec![shape.to_vec()],
+                detail: format!(
+                    "axis {axis} is empty and has no maximum; reduce over a non-empty axis (or take `max` over \
+                     the last axis, which gives -infinity over empty rows)"
+                ),
+            });
+        }
         // Over the last axis, the last-axis prims: the fusion executors fuse them.
         let last = shape.len() - 1 == axis;
         let kept = match id {
@@ -672,7 +684,8 @@ impl<'a> TraceBuilder<'a> {
         self.reduce_axis("sum_dim", SUM_AXIS, x, axis, keepdim)
     }
 
-    /// The maximum over `axis`, as `torch.amax(x, axis, keepdim)` (NaN wins).
+    /// The maximum over `axis`, as `torch.amax(x, axis, keepdim)` (NaN wins). An empty axis is
+    /// an error, as in PyTorch.
     pub fn max_dim(&mut self, x: ValueId, axis: usize, keepdim: bool) -> Result<ValueId> {
         self.reduce_axis("max_dim", MAX_AXIS, x, axis, keepdim)
     }

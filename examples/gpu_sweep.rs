@@ -41,8 +41,9 @@
 //! ```
 //!
 //! `--variant=NAME` (repeatable) adds one variant flipped from the defaults rather than all of
-//! them, and `--reps=N` times N runs a round rather than about 30 ms of them: together, one
-//! variant's case under `compute-sanitizer`, which runs kernels tens of times slower.
+//! them, `--only` leaves the defaults out (to tell which kernel faults), and `--reps=N` times N
+//! runs a round rather than about 30 ms of them: together, one variant's case under
+//! `compute-sanitizer`, which runs kernels tens of times slower.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -190,6 +191,9 @@ fn run() -> Result<(), String> {
         Ok((format!("boundscope{sign}{name}"), flipped))
     };
     for flag in &flags {
+        if flag == "--only" {
+            continue;
+        }
         if let Some(name) = flag.strip_prefix("--variant=") {
             variants.push(flip(name)?);
             continue;
@@ -210,8 +214,14 @@ fn run() -> Result<(), String> {
                 // kernels read apart, the floor under which a variant's difference is noise.
                 variants.push(("boundscope=defaults".into(), KernelVariants::default()));
             }
-            _ => return Err(format!("unknown flag `{flag}` (--variants, --variant=NAME or --reps=N)")),
+            _ => return Err(format!("unknown flag `{flag}` (--variants, --variant=NAME, --only or --reps=N)")),
         }
+    }
+    if flags.iter().any(|f| f == "--only") {
+        if variants.len() < 2 {
+            return Err("--only runs the variants --variant names without the defaults: name one".into());
+        }
+        variants.remove(0);
     }
     // Rounds of each variant in turn (one round with the defaults alone).
     let rounds = if variants.len() > 1 { 3 } else { 1 };

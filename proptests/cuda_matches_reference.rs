@@ -1579,7 +1579,8 @@ fn attention_runs_whole_and_matches_the_reference() {
 /// block holding the row in registers, a block streaming it; 16-byte, narrower and scalar
 /// accesses) equal the CPU's `f32` math rounded once to their dtype: within the order of the
 /// sums in `f32`, one unit in the last place in 16 bits. Rows with an infinity or a NaN give
-/// what the CPU gives; a `softmax` row of values near -200 gives its own result.
+/// what the CPU gives; a `softmax` row of values near -200 gives its own result. Also over
+/// tensors past half of L2, whose kernels take the streaming hints.
 #[test]
 fn row_ops_match_the_reference_at_every_row_length() {
     use boundscope::{DType, Tensor, TensorMeta, TraceBuilder};
@@ -1622,11 +1623,16 @@ fn row_ops_match_the_reference_at_every_row_length() {
         .flat_map(|v| [DType::F32, DType::BF16, DType::F16].map(|d| (v, d)))
     {
         let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()).with_variants(variants));
-        for (i, &cols) in lengths.iter().enumerate() {
-            // (GPT-2's vocabulary over 41 rows: rows starting at every alignment of a 16-byte
-            // access, so that `layer_norm` reads its weight and bias at every shift; split over
-            // 82 blocks with `split_rows`.)
+        // (GPT-2's vocabulary over 41 rows: rows starting at every alignment of a 16-byte access,
+        // so that `layer_norm` reads its weight and bias at every shift.)
+        let shapes = lengths.iter().enumerate().map(|(i, &cols)| {
             let rows = if cols == 50257 { 41 } else { [1, 3, 257][i % 3].min((1 << 21) / cols).max(1) };
+            (rows, cols)
+        });
+        // Then tensors past half of an H100's or H200's L2, whose kernels take the streaming
+        // hints: f32 `softmax` over [100, 65537] stopped with CUDA_ERROR_ILLEGAL_INSTRUCTION
+        // when its rows' copies to shared memory took an L2 cache hint.
+        for (rows, cols) in shapes.chain([(100, 65537), (333, 50257)]) {
             for layer_norm in [false, true] {
                 fn build<'a>(
                     arena: &'a Arena,

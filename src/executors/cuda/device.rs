@@ -8,7 +8,7 @@ use std::mem::ManuallyDrop;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use cudarc::driver::{sys, CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, PinnedHostSlice};
+use cudarc::driver::{sys, CudaContext, CudaFunction, CudaGraph, CudaSlice, CudaStream, LaunchConfig, PinnedHostSlice};
 use cudarc::nvrtc::Ptx;
 
 use super::stream_order::{OwnStream, QueueOrder, StreamOrder};
@@ -432,6 +432,13 @@ impl CudaDevice {
     pub(crate) fn clusters(&self) -> bool {
         let version = self.arch.and_then(|a| a.strip_prefix("compute_")).and_then(|v| v.parse::<u32>().ok());
         version.is_some_and(|v| v >= 90)
+    }
+
+    /// Whether at least one cluster of `function`, launched with `config`, fits on the GPU at
+    /// once, as the driver counts them (`cuOccupancyMaxActiveClusters`): a cluster takes SMs
+    /// of one GPC together, which a MIG instance or an MPS limit on SMs may not have.
+    pub(crate) fn cluster_fits(&self, function: &CudaFunction, config: LaunchConfig) -> bool {
+        function.occupancy_max_active_clusters(config, self.order.stream()).is_ok_and(|n| n > 0)
     }
 
     /// A device attribute the driver gives as a count or a size; 0 where it does not say.

@@ -177,6 +177,51 @@ impl CudaOps {
     pub fn with_variants(self, variants: KernelVariants) -> Self {
         Self { variants, ..self }
     }
+
+    /// The kernel of a built-in `softmax` or `layer_norm` (`layer_norm_backward`'s input
+    /// gradient where `backward`) with `variants`, ready to launch, and the blocks of its
+    /// thread-block clusters (1 where its rows are not split).
+    fn row_kernel(
+        &self,
+        op: &OpView<'_>,
+        backward: bool,
+        variants: KernelVariants,
+    ) -> Result<(GeneratedKernel, usize)> {
+        let name = kernel_name(op.name());
+        let rows = if backward {
+            layer_norm_backward::input_source(op, &name)
+        } else {
+            let device = &self.device;
+            let target = RowTarget {
+                // The kernel's own shared arrays (a few hundred bytes) take from the same limit.
+                shared_limit: device.shared_memory_per_block().saturating_sub(1024),
+                sm_shared: device.shared_memory_per_sm(),
+                l2_bytes: device.l2_cache_bytes(),
+                sms: device.multiprocessors(),
+                clusters: device.clusters(),
+            };
+            row_source(op, &name, target, variants)
+        };
+        let rows = rows.map_err(|detail| Error::KernelPrecondition {
+            executor: Self::NAME.into(),
+            symbol: op.name().into(),
+            detail,
+        })?;
+        let mut kernel = GeneratedKernel::new(&self.device, &rows.source, None)?;
+        let (block, shared) = (rows.layout.block as u32, rows.layout.shared_bytes());
+        if shared > 0 {
+            kernel
+                .function
+                .set_attribute(
+                    sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    shared as i32,
+                )
+                .map_err(|e| cuda_error("a row kernel's shared memory", e))?;
+        }
+        kernel.config =
+            LaunchConfig { grid_dim: (rows.blocks, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: shared as u32 };
+        Ok((kernel, rows.cluster))
+    }
 }
 
 impl Executor for CudaOps {
@@ -299,44 +344,15 @@ impl Executor for CudaOps {
             return Ok(Box::new(kernel));
         }
         if matches!(composite, Some(prims::SOFTMAX | prims::LAYER_NORM | prims::LAYER_NORM_BACKWARD)) {
-            let name = kernel_name(op.name());
-            let rows = if composite == Some(prims::LAYER_NORM_BACKWARD) {
-                layer_norm_backward::input_source(op, &name)
-            } else {
-                let device = &self.device;
-                let target = RowTarget {
-                    // The kernel's own shared arrays (a few hundred bytes) take from the same
-                    // limit.
-                    shared_limit: device.shared_memory_per_block().saturating_sub(1024),
-                    sm_shared: device.shared_memory_per_sm(),
-                    l2_bytes: device.l2_cache_bytes(),
-                    sms: device.multiprocessors(),
-                    clusters: device.clusters(),
-                };
-                row_source(op, &name, target, self.variants)
-            };
-            let rows = rows.map_err(|detail| Error::KernelPrecondition {
-                executor: Self::NAME.into(),
-                symbol: op.name().into(),
-                detail,
-            })?;
-            let mut kernel = GeneratedKernel::new(&self.device, &rows.source, None)?;
-            let (block, shared) = (rows.layout.block as u32, rows.layout.shared_bytes());
-            if shared > 0 {
-                kernel
-                    .function
-                    .set_attribute(
-                        sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        shared as i32,
-                    )
-                    .map_err(|e| cuda_error("a row kernel's shared memory", e))?;
+            let backward = composite == Some(prims::LAYER_NORM_BACKWARD);
+            let kernel = self.row_kernel(op, backward, self.variants)?;
+            // A kernel of thread-block clusters that the GPU cannot run at once (a MIG instance
+            // or an MPS limit may leave too few SMs of a GPC): the rows unsplit.
+            if kernel.1 > 1 && !self.device.cluster_fits(&kernel.0.function, kernel.0.config) {
+                let unsplit = KernelVariants { split_rows: false, ..self.variants };
+                return Ok(Box::new(self.row_kernel(op, backward, unsplit)?.0));
             }
-            kernel.config = LaunchConfig {
-                grid_dim: (rows.blocks, 1, 1),
-                block_dim: (block, 1, 1),
-                shared_mem_bytes: shared as u32,
-            };
-            return Ok(Box::new(kernel));
+            return Ok(Box::new(kernel.0));
         }
         if cross_entropy::runs_whole(op) {
             return Ok(Box::new(cross_entropy::CrossEntropy::new(&self.device, op, &kernel_name(op.name()))?));
@@ -577,5 +593,59 @@ fn single_dtype(op: &OpView<'_>) -> Result<crate::DType> {
                 "its operands are {first} and {other}; cuBLASLt's products here take one dtype (cast first)"
             ),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::ir::{Arena, Registry, TensorMeta, TraceBuilder};
+    use crate::core::plan::Availability;
+    use crate::DType;
+
+    /// On a GPU with thread-block clusters, the kernels that split rows over them
+    /// ([`KernelVariants::split_rows`]) fit it as clusters, as the driver counts them, so that
+    /// the fallback for a GPU that cannot run them at once (unsplit rows) leaves them split.
+    /// Needs a GPU: prints why it is skipped without one.
+    #[test]
+    fn split_row_kernels_fit_the_gpu_as_clusters() {
+        let device = match super::super::availability() {
+            Availability::Available => CudaDevice::new().unwrap(),
+            Availability::Unavailable(reason) => {
+                println!("SKIPPED: split_row_kernels_fit_the_gpu_as_clusters: {reason}; run the library's tests on a GPU machine");
+                return;
+            }
+        };
+        if !device.clusters() {
+            println!("SKIPPED: split_row_kernels_fit_the_gpu_as_clusters: this GPU has no thread-block clusters");
+            return;
+        }
+        let variants = KernelVariants { split_rows: true, ..KernelVariants::default() };
+        let ops = CudaOps::new(device.clone()).with_variants(variants);
+        let registry = Registry::with_builtins();
+        for (shape, dtype) in [([16, 1 << 20], DType::F32), ([1, 1 << 20], DType::BF16), ([64, 262144], DType::F16)] {
+            for layer_norm in [false, true] {
+                let arena = Arena::new();
+                let mut b = TraceBuilder::new(&arena, &registry);
+                let x = b.input_with(&TensorMeta::new(dtype, &shape)).unwrap();
+                let y = if layer_norm {
+                    let w = b.input_with(&TensorMeta::new(dtype, &shape[1..])).unwrap();
+                    let bias = b.input_with(&TensorMeta::new(dtype, &shape[1..])).unwrap();
+                    b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap()
+                } else {
+                    b.softmax(x).unwrap()
+                };
+                b.output(y).unwrap();
+                let trace = b.finish().unwrap();
+                let op = OpView::new(&trace, trace.bound_symbols().last().unwrap()).unwrap();
+                let (kernel, cluster) = ops.row_kernel(&op, false, variants).unwrap();
+                let what = format!("{layer_norm} {dtype} {shape:?}");
+                assert!(cluster > 1, "{what}: not split");
+                assert!(
+                    device.cluster_fits(&kernel.function, kernel.config),
+                    "{what}: clusters of {cluster} do not fit"
+                );
+            }
+        }
     }
 }

@@ -206,7 +206,7 @@ pub(super) fn input_source(op: &OpView<'_>, kernel: &str) -> std::result::Result
         output_lengths: vec![packing::words(out_dtype, numel)],
         in_place: Vec::new(),
     };
-    Ok(RowSource { source, layout, blocks })
+    Ok(RowSource { source, layout, blocks, cluster: 1 })
 }
 
 /// A built-in `layer_norm_weight_backward(x, grad, eps)`: partial sums per block into a

@@ -230,6 +230,8 @@ pub(super) struct RowSource {
     /// their size (`__cluster_dims__`), so that a plain launch runs its blocks as clusters:
     /// then a whole number of clusters.
     pub blocks: u32,
+    /// Blocks a cluster: 1 where rows are not split.
+    pub cluster: usize,
 }
 
 /// Where an access's cache lines go: kept as usual, or marked to be evicted first (PTX's
@@ -494,15 +496,10 @@ fn online_softmax_merge(c: &mut String, t: usize) {
 /// `cluster` blocks ([`KernelVariants::split_rows`]), as [`open_rows`] does for a block a row:
 /// each cluster takes a row (`valid` throughout, so that every block of the cluster runs each
 /// cluster barrier), and `slice` is the block's part of it (its rank in the cluster, set by
-/// the caller before the loop: `bs_cluster_rank()`). A row kept on chip, whose blocks each take
-/// `slots` of its accesses, names the thread's first access in the row `slot`, as `lane` is in
-/// a row a block takes whole. The caller closes it.
-fn open_cluster_rows(c: &mut String, cluster: usize, rows: usize, cols: usize, slots: Option<usize>) {
+/// the caller before the loop: `bs_cluster_rank()`). The caller closes it.
+fn open_cluster_rows(c: &mut String, cluster: usize, rows: usize, cols: usize) {
     let _ = writeln!(c, "  const int lane = threadIdx.x;");
     let _ = writeln!(c, "  const unsigned slice = bs_cluster_rank();");
-    if let Some(slots) = slots {
-        let _ = writeln!(c, "  const int slot = lane + (int)slice * {slots};");
-    }
     let _ = writeln!(c, "  for (long long r = blockIdx.x / {cluster}; r < {rows}ll; r += gridDim.x / {cluster}) {{");
     let _ = writeln!(c, "    const bool valid = true;");
     let _ = writeln!(c, "    const long long row = r * {cols}ll;");
@@ -616,9 +613,6 @@ struct RowAccesses {
     pub int_columns: bool,
     /// How the row's whole accesses (input 0's and the output's) are cached.
     pub caching: Caching,
-    /// The name of the thread's first access in the row: `lane`, or `slot` where the row is
-    /// kept on chip by a cluster of blocks (see [`open_cluster_rows`]).
-    pub lane: &'static str,
 }
 
 impl RowAccesses {
@@ -662,7 +656,7 @@ impl RowAccesses {
     /// (inline assembly) take a register each: f32 `softmax` over rows of 1,024 took 80
     /// registers a thread rather than 64, three blocks an SM rather than four (`ptxas`, sm_90).
     pub fn column_of_access(&self, j: &str, t: usize) -> String {
-        let first = self.column(&format!("{}{}", self.widen(), self.lane));
+        let first = self.column(&format!("{}lane", self.widen()));
         format!("{first} + {j} * {}", self.literal(t * self.vector))
     }
 
@@ -671,7 +665,7 @@ impl RowAccesses {
     /// `ptxas` spilled more with the pointer-plus-constant form (f16 `softmax` over rows of
     /// 50,257: 48 -> 72 bytes a thread).
     pub fn column_of_access_by_index(&self, j: &str, t: usize) -> String {
-        self.column(&format!("{}{j} * {t} + {}", self.widen(), self.lane))
+        self.column(&format!("{}{j} * {t} + lane", self.widen()))
     }
 
     /// What a value outside the row reads as (C): -infinity for a maximum, 0 for a sum.
@@ -835,15 +829,18 @@ const OUT_SCALE_LOG2: i32 = 8;
 
 /// The C of [`KernelVariants::async_row_copies`]: `bs_copy_async(dst, src)` copies 16 bytes of
 /// global memory into shared memory without passing through registers (`cp.async.cg`, on
-/// Ampere and later; a load and a store before), with the streaming hint's eviction policy
-/// where `streamed`; `bs_copies_done()` waits for the thread's copies.
-fn async_copies(streamed: bool) -> String {
-    let copy = if streamed {
-        "unsigned long long policy;\n  asm volatile(\"createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\" : \"=l\"(policy));\n  \
-         asm volatile(\"cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2;\" :: \"r\"(s), \"l\"(src), \"l\"(policy) : \"memory\");"
-    } else {
-        "asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16;\" :: \"r\"(s), \"l\"(src) : \"memory\");"
-    };
+/// Ampere and later; a load and a store before); `bs_copies_done()` waits for the thread's
+/// copies.
+///
+/// The copies take no L2 cache hint, even where the streaming hints stream the row's other
+/// accesses: with one (`cp.async.cg.shared.global.L2::cache_hint` and a policy from
+/// `createpolicy`), some kernels stopped on the H100 with `CUDA_ERROR_ILLEGAL_INSTRUCTION`
+/// (2026-12-06): f32 `softmax` over [100, 65537] and [200, 65537] with the default variants,
+/// where `compute-sanitizer` put the fault at the copy (`LDGSTS.E.BYPASS.128 [R47+UR0],
+/// desc[UR1][R44.64]`). In every kernel that faulted, `ptxas` (sm_90) had put the policy in an
+/// odd uniform register (`desc[UR1]`); in every one that ran, in an even one.
+fn async_copies() -> String {
+    let copy = "asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16;\" :: \"r\"(s), \"l\"(src) : \"memory\");";
     format!(
         "__device__ __forceinline__ void bs_copy_async(void* dst, const void* src) {{\n\
          #if __CUDA_ARCH__ >= 800\n  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);\n  {copy}\n\
@@ -990,19 +987,7 @@ pub(super) fn row_source(
     // weight and bias were read per access: 0.81-1.10x, mixed by shape and dtype, so 8 stays.)
     let values = if id == prims::LAYER_NORM || raw_shared { REGISTER_VALUES / 4 } else { REGISTER_VALUES };
     let shared_value_bytes = if raw_shared { dtypes[0].size_bytes() } else { std::mem::size_of::<f32>() };
-    let whole = RowLayout::on_chip(cols, widest, values, shared_limit, shared_value_bytes);
-    // With `split_rows`, a row that a block of 1,024 threads keeps partly in shared memory is
-    // split over a cluster of two blocks of 512, each keeping half of it as the one block did
-    // (the same accesses a thread, half the shared memory a block), so that two blocks share an
-    // SM without fewer registers a thread: one loads while the other reduces. (Alone on its SM,
-    // a block's loads wait while it reduces; two blocks of 1,024 threads an SM have 32
-    // registers a thread, and spilled.)
-    let halves = variants.split_rows && target.clusters && whole.block == MAX_ROW_THREADS && whole.shared_bytes() > 0;
-    let layout = if halves {
-        RowLayout { threads_per_row: MAX_ROW_THREADS / 2, block: MAX_ROW_THREADS / 2, ..whole }
-    } else {
-        whole
-    };
+    let layout = RowLayout::on_chip(cols, widest, values, shared_limit, shared_value_bytes);
     let RowLayout { threads_per_row: t, vector: v, block, in_registers, .. } = layout;
 
     let mut c = String::new();
@@ -1034,7 +1019,7 @@ pub(super) fn row_source(
         && layout.shared_bytes() == 0
         && layout.per_thread.is_some()
         && block >= 256;
-    let bounds = if two_blocks || halves {
+    let bounds = if two_blocks {
         format!("{block}, 2")
     } else if registers_for_1024 {
         format!("{block}, {}", MAX_ROW_THREADS / block)
@@ -1057,25 +1042,23 @@ pub(super) fn row_source(
         && (raw_shared || dtypes[0] == DType::F32)
         && v * dtypes[0].size_bytes() == 16;
     if copy_async {
-        c.push_str(&async_copies(caching == Caching::Streamed));
+        c.push_str(&async_copies());
     }
     // A streamed thread makes `streamed_loads` accesses at once, `streamed_stride` values of
-    // the row apart from one round to the next. With `split_rows`, its passes alternate in
-    // direction, and a row is split over a cluster of blocks where rows are fewer than SMs, in
-    // slices of whole rounds (`slice` values).
+    // the row apart from one round to the next. With `split_rows`, a row is split over a
+    // cluster of blocks where rows are fewer than SMs, in slices of whole rounds, and the passes
+    // over a split row alternate in direction.
     let streamed = layout.per_thread.is_none();
     let streamed_loads = (16 / v).clamp(STREAMED_LOADS, 16);
     let streamed_stride = streamed_loads * t * v;
-    let alternating = variants.split_rows && streamed;
     // A thread's rounds over the row, at most (its first column is `-shift` or later).
     let streamed_rounds = (RowLayout::accesses(cols, v, layout.aligned) * v).div_ceil(streamed_stride);
-    let cluster = if halves {
-        2
-    } else if alternating && target.clusters {
+    let cluster = if variants.split_rows && streamed && target.clusters {
         cluster_blocks(rows, target.sms, streamed_rounds)
     } else {
         1
     };
+    let alternating = cluster > 1;
     if cluster > 1 {
         c.push_str(CLUSTER_HELPERS);
     }
@@ -1098,7 +1081,7 @@ pub(super) fn row_source(
     }
     if cluster > 1 {
         let _ = writeln!(c, "  __shared__ float bs_cluster_part[2];");
-        open_cluster_rows(&mut c, cluster, rows, cols, layout.per_thread.map(|n| n * t));
+        open_cluster_rows(&mut c, cluster, rows, cols);
     } else {
         open_rows(&mut c, t, rows, cols);
     }
@@ -1123,7 +1106,6 @@ pub(super) fn row_source(
         for_maximum: id == prims::SOFTMAX,
         int_columns: variants.int32_row_columns && cols < 1 << 30,
         caching,
-        lane: if halves { "slot" } else { "lane" },
     };
     let ix = accesses.index();
     if aligned {
@@ -1343,7 +1325,7 @@ pub(super) fn row_source(
         output_lengths: vec![packing::words(out_dtype, numel)],
         in_place: Vec::new(),
     };
-    Ok(RowSource { source, layout, blocks })
+    Ok(RowSource { source, layout, blocks, cluster })
 }
 
 #[cfg(test)]
@@ -1450,8 +1432,8 @@ mod tests {
 
     /// The defaults are the variants measured faster, together: one-instruction `exp2`, the
     /// streaming hints (dropped where the tensors fit in three quarters of L2, their inputs in
-    /// half), batched rows and asynchronous copies to shared memory in one kernel, which
-    /// compiles; 32-bit columns stay off.
+    /// half), batched rows, asynchronous copies to shared memory and few streamed rows split
+    /// over clusters, in one kernel, which compiles; 32-bit columns stay off.
     #[test]
     fn the_default_kernels_take_the_variants_measured_faster() {
         let defaults = KernelVariants::default();
@@ -1464,7 +1446,7 @@ mod tests {
                 keep_in_l2: true,
                 batched_rows: true,
                 async_row_copies: true,
-                split_rows: false,
+                split_rows: true,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -1936,8 +1918,8 @@ mod tests {
     }
 
     /// With `async_row_copies`, the accesses a row kernel keeps in shared memory as read (16-bit
-    /// rows, `f32` rows) are copied there with `cp.async`, whole ones only, then waited for
-    /// once; every other kernel is the same source with the variant or without it. Both compile
+    /// rows, `f32` rows) are copied there with `cp.async`, whole ones only and with no L2 cache
+    /// hint, then waited for once; every other kernel is the same source with the variant or without it. Both compile
     /// (for the GPU's architecture and for NVRTC's default, which has no `cp.async`).
     #[test]
     fn async_row_copies_copy_the_shared_part_of_rows_kept_as_read() {
@@ -1957,28 +1939,26 @@ mod tests {
                     assert!(!plain.source.source.contains("cp.async"), "{what}");
                     assert_eq!(src.matches("bs_copy_async(dst, in0 + row + col)").count(), 1, "{what}\n{src}");
                     assert_eq!(src.matches("    bs_copies_done();").count(), 1, "{what}\n{src}");
-                    // Streamed hints where the variants stream the row (no L2 size: streamed).
-                    assert!(src.contains("evict_first"), "{what}");
+                    // No L2 cache hint on the copies, even where the row's other accesses
+                    // are streamed (no L2 size: streamed): see `async_copies`.
+                    assert!(src.contains("cp.async.cg.shared.global [%0]"), "{what}\n{src}");
+                    assert!(!src.contains("cache_hint") && !src.contains("createpolicy"), "{what}\n{src}");
                     crate::executors::cuda::compiles_with_nvrtc(src);
                 }
             }
         }
-        // Within L2, `keep_in_l2` keeps the lines: no eviction policy.
-        let kept = row_op_for(true, DType::BF16, [9, 65536], HOPPER_BLOCK, with, 50 << 20);
-        assert!(kept.source.source.contains("cp.async.cg.shared.global [%0]"), "{}", kept.source.source);
     }
 
     /// With `split_rows`, a streamed row (too long to keep on chip) is split over a
     /// thread-block cluster where rows are fewer than SMs: the fewest blocks, up to 8, that
-    /// give each SM one (16 rows of 2^20 values: 8, 128 blocks on 132 SMs). Its passes
-    /// alternate in direction, split or not. A row that a block of 1,024 threads keeps partly in
-    /// shared memory is split over two blocks of 512, each with half the shared memory and the
-    /// same accesses a thread, asking for registers for two blocks an SM. Rows kept in
-    /// registers, and GPUs without clusters or of an unknown SM count, are not split. Each
-    /// split kernel compiles for Hopper.
+    /// give each SM one (16 rows of 2^20 values: 8, 128 blocks on 132 SMs), and the passes over
+    /// it alternate in direction. Every other kernel is the one without the variant: rows kept
+    /// on chip, streamed rows as many as SMs or more, and any row on a GPU without clusters or
+    /// of an unknown SM count. Each split kernel compiles for Hopper.
     #[test]
     fn split_rows_split_few_streamed_rows_over_clusters() {
-        let split = KernelVariants { split_rows: true, ..KernelVariants::default() };
+        let split = KernelVariants::default();
+        let unsplit = KernelVariants { split_rows: false, ..split };
         for layer_norm in [false, true] {
             for dtype in [DType::F32, DType::BF16, DType::F16] {
                 for (shape, streamed_cluster) in [
@@ -1992,46 +1972,24 @@ mod tests {
                     ([4096, 1024], 1),
                 ] {
                     let what = format!("{layer_norm} {dtype} {shape:?}");
-                    let plain = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, KernelVariants::default());
+                    let plain = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, unsplit);
                     let kernel = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, split);
                     let (s, old) = (&kernel.source.source, &plain.source.source);
                     assert!(!old.contains("round") && !old.contains("cluster"), "{what}");
-                    let cluster = match plain.layout.per_thread {
-                        // Kept in registers: the same kernel.
-                        Some(_) if plain.layout.shared_bytes() == 0 => {
-                            assert_eq!(s, old, "{what}");
-                            continue;
-                        }
-                        // Kept partly in shared memory: halves.
-                        Some(n) => {
-                            assert_eq!(plain.layout.block, 1024, "{what}");
-                            let l = kernel.layout;
-                            assert_eq!((l.block, l.threads_per_row, l.per_thread), (512, 512, Some(n)), "{what}");
-                            assert_eq!(2 * l.shared_bytes(), plain.layout.shared_bytes(), "{what}");
-                            assert!(
-                                s.contains("__launch_bounds__(512, 2)") && s.contains("const int slot"),
-                                "{what}\n{s}"
-                            );
-                            assert!(!s.contains("round"), "{what}");
-                            2
-                        }
-                        None => {
-                            assert_eq!(kernel.layout, plain.layout, "{what}");
-                            // The pass after a forward one runs back: one per kernel.
-                            assert_eq!(s.matches("--round").count(), 1, "{what}\n{s}");
-                            streamed_cluster
-                        }
-                    };
-                    assert_eq!(s.contains("__cluster_dims__"), cluster > 1, "{what}");
+                    // Kept on chip, or as many rows as SMs: the same kernel.
+                    let cluster = if plain.layout.per_thread.is_some() { 1 } else { streamed_cluster };
                     if cluster == 1 {
-                        assert_eq!(kernel.blocks, plain.blocks, "{what}");
+                        assert_eq!((s, kernel.blocks), (old, plain.blocks), "{what}");
                         continue;
                     }
+                    assert_eq!(kernel.layout, plain.layout, "{what}");
+                    // The pass after a forward one runs back: one per kernel.
+                    assert_eq!(s.matches("--round").count(), 1, "{what}\n{s}");
                     assert!(s.contains(&format!("__cluster_dims__({cluster}, 1, 1)")), "{what}\n{s}");
                     assert_eq!(kernel.blocks as usize, shape[0] * cluster, "{what}");
                     // Each reduction is combined across the cluster, between two barriers:
-                    // `softmax`'s one (streamed) or two (maximum, sum), `layer_norm`'s two.
-                    let reductions = if layer_norm || plain.layout.per_thread.is_some() { 2 } else { 1 };
+                    // `softmax`'s one (maximum and sum at once), `layer_norm`'s two.
+                    let reductions = if layer_norm { 2 } else { 1 };
                     assert_eq!(s.matches("bs_cluster_sync();").count(), 2 * reductions, "{what}\n{s}");
                     match crate::executors::cuda::nvrtc_ptx(s, Some("compute_90")) {
                         None => {}
@@ -2048,8 +2006,8 @@ mod tests {
                 b.softmax(x).unwrap()
             };
             let kernel = source_targeting(softmax, target, split).unwrap();
-            assert!(!kernel.source.source.contains("cluster") && kernel.source.source.contains("--round"));
-            assert_eq!(kernel.blocks, 16);
+            let plain = source_targeting(softmax, target, unsplit).unwrap();
+            assert_eq!((kernel.source.source, kernel.blocks), (plain.source.source, 16));
         }
     }
 

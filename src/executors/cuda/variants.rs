@@ -3,11 +3,12 @@
 //! the sweep (`examples/gpu_sweep.rs --variants`, which times each variant flipped from the
 //! defaults, case by case, in one run) or on GPT-2's steps: `fast_exp2` and `streaming_rows`
 //! are (2026-12-05, the H200's sweep), `keep_in_l2` (2026-12-05, an H100, with GPT-2's
-//! steps), `batched_rows` (the same H100's sweep) and `async_row_copies` (the H200 and an
-//! H100, 2026-12-05 and 2026-12-06); `int32_row_columns` and `split_rows` are not. Their
-//! options stay so that the comparison can be run again, and so do those of the variants on by
-//! default, to time the kernels without them. A plan whose kernels differ from the defaults
-//! lists its variants in its header. Both executors that generate kernels, `CudaFusion` and `CudaOps`, take them
+//! steps), `batched_rows` (the same H100's sweep), `async_row_copies` (the H200 and an H100,
+//! 2026-12-05 and 2026-12-06) and `split_rows` (an H100, 2026-12-06, over 141 cases of few long
+//! rows); `int32_row_columns` is not. Their options stay so that the comparison can be run
+//! again, and so do those of the variants on by default, to time the kernels without them. A
+//! plan whose kernels differ from the defaults lists its variants in its header. Both
+//! executors that generate kernels, `CudaFusion` and `CudaOps`, take them
 //! (`with_variants`, or `from_options`); the front end configures them from its options.
 //!
 //! ```
@@ -133,34 +134,47 @@ pub struct KernelVariants {
     /// 0.99-1.01x apart. On by default since `cuda_matches_reference` passed with it (all 42
     /// tests, on the H100: its row test runs every variant alone and all of them, over rows of
     /// 16,384 to 200,003 in every dtype).
+    ///
+    /// The copies take no L2 cache hint, even where the streaming hints mark the row's other
+    /// accesses: with one (`cp.async` with `.L2::cache_hint`), f32 `softmax` over [100, 65537]
+    /// and [200, 65537] stopped with `CUDA_ERROR_ILLEGAL_INSTRUCTION` on an H100 (2026-12-06,
+    /// the defaults; `compute-sanitizer` put it at the copy), tensors past half of L2 that the
+    /// tests had not covered. The row test now runs such tensors too.
     pub async_row_copies: bool,
     /// Rows too long to keep on chip (streamed: read once per pass, `f32` rows past about
     /// 57,000 values, 16-bit ones past 65,536) are split over a thread-block cluster of up to 8
     /// blocks (Hopper and later) where the tensor has fewer rows than the GPU has SMs: each
-    /// block passes over its slice of the row, and the blocks combine their sums and maxima
-    /// through distributed shared memory, in the same order in each, so that every block ends
-    /// with the same row totals. Without it such a row takes one block: 16 rows of 2^20 values
-    /// run on 16 of the H200's 132 SMs. With it each pass over a streamed row also runs the
-    /// other way from the pass before (split or not), so that it first reads again what the
-    /// pass before read last, which is the part still in L2. And a row that a block of 1,024
-    /// threads keeps partly in shared memory (16-bit rows of 50,257 or 65,536) is split over a
-    /// cluster of two blocks of 512, each keeping half of it with the same accesses a thread:
-    /// two blocks then share an SM, one loading while the other reduces, where one block had
-    /// the SM to itself (its registers allowed no second), or two of 1,024 threads spilled
-    /// under 32 registers a thread (16-bit `softmax`: 16-44 bytes a thread; `ptxas`, sm_90,
-    /// gives the halves 48-64 registers and no spills). Off by default, and not to be turned on
-    /// before the cause of this is found: its first GPU run (an H100, 2026-12-06) passed
-    /// `cuda_matches_reference`'s row tests with it, then `gpu_sweep` stopped with
-    /// `CUDA_ERROR_ILLEGAL_INSTRUCTION` at f32 `softmax` over [333, 50257] (halves), whose
-    /// plans with the variant were the first to run there. The cluster barrier was `.aligned`
-    /// then; it no longer is, but `ptxas` makes the same SASS of both, so that is likely not the
-    /// cause. Next: `compute-sanitizer` on that case.
+    /// block passes over its slice of the row (whole rounds of its threads' accesses, as many as
+    /// the other blocks' or one fewer), and the blocks combine their sums and maxima through
+    /// distributed shared memory, in the same order in each, so that every block ends with the
+    /// same row totals. Each pass over a split row runs the other way from the pass before, so
+    /// that it first reads again what that pass read last, the part still in L2. Without it
+    /// such a row takes one block: 16 rows of 2^20 values ran on 16 of the H100's 132 SMs.
+    /// Other kernels are the same with it or without it.
+    ///
+    /// On by default. On an H100 (2026-12-06, `gpu_sweep f32,bf16,f16 softmax,layer_norm SHAPES
+    /// --variant=split_rows`, plans on the same inputs, best of three rounds, results checked
+    /// against the CPU reference), over rows of 65,537, 262,144 and 2^20 values, 1 to 133 of
+    /// them (141 cases): 1.02x to 6.3x where rows are split (1 to 8 rows of 2^20: 5.2-6.3x,
+    /// `softmax` f32 [8, 2^20] 282 -> 1480 GB/s; 16 rows 2.3-4.2x; 40 rows 1.6-2.2x; 64 to 131
+    /// rows 1.02-1.37x), 0.98-1.01x where they are not (rows kept on chip, or 133 rows).
+    /// Where the GPU cannot run a kernel's clusters at once (`cuOccupancyMaxActiveClusters`
+    /// finds none: a MIG instance or an MPS limit may leave too few SMs of a GPC), `CudaOps`
+    /// plans its rows unsplit.
+    ///
+    /// A first form also split rows that a block of 1,024 threads keeps partly in shared
+    /// memory (16-bit rows of 50,257 and 65,536, `f32` `softmax` up to 65,536) over two blocks of
+    /// 512, each keeping half. It was slower where it ran (bf16 [333, 50257] `softmax` 0.81x,
+    /// `layer_norm` 0.84x; [256, 65536] `layer_norm` 0.84x), and was dropped. It also faulted
+    /// (`CUDA_ERROR_ILLEGAL_INSTRUCTION`) where its rows were copied to shared memory with an L2
+    /// cache hint, which turned out to fault in some kernels without clusters too (see
+    /// [`async_row_copies`](Self::async_row_copies)).
     pub split_rows: bool,
 }
 
 impl Default for KernelVariants {
     /// The variants measured faster: `fast_exp2`, `streaming_rows`, `keep_in_l2`,
-    /// `batched_rows` and `async_row_copies`.
+    /// `batched_rows`, `async_row_copies` and `split_rows`.
     fn default() -> Self {
         Self {
             fast_exp2: true,
@@ -169,7 +183,7 @@ impl Default for KernelVariants {
             keep_in_l2: true,
             batched_rows: true,
             async_row_copies: true,
-            split_rows: false,
+            split_rows: true,
         }
     }
 }
@@ -227,8 +241,8 @@ pub const CUDA_OPTIONS: &[OptionSpec] = &[
     OptionSpec {
         name: "cuda.split_rows",
         ty: OptionType::Bool,
-        default: OptionValue::Bool(false),
-        doc: "Rows split over thread-block clusters: streamed rows where rows are fewer than SMs (each pass running the other way from the one before), rows kept partly in shared memory over two blocks of 512 (KernelVariants::split_rows).",
+        default: OptionValue::Bool(true),
+        doc: "Streamed rows split over thread-block clusters of up to 8 blocks where rows are fewer than SMs, each pass running the other way from the one before (KernelVariants::split_rows).",
         audience: Audience::Developer,
         env: None,
     },

@@ -832,13 +832,16 @@ const OUT_SCALE_LOG2: i32 = 8;
 /// Ampere and later; a load and a store before); `bs_copies_done()` waits for the thread's
 /// copies.
 ///
-/// The copies take no L2 cache hint, even where the streaming hints stream the row's other
-/// accesses: with one (`cp.async.cg.shared.global.L2::cache_hint` and a policy from
-/// `createpolicy`), some kernels stopped on the H100 with `CUDA_ERROR_ILLEGAL_INSTRUCTION`
-/// (2026-12-06): f32 `softmax` over [100, 65537] and [200, 65537] with the default variants,
-/// where `compute-sanitizer` put the fault at the copy (`LDGSTS.E.BYPASS.128 [R47+UR0],
-/// desc[UR1][R44.64]`). In every kernel that faulted, `ptxas` (sm_90) had put the policy in an
-/// odd uniform register (`desc[UR1]`); in every one that ran, in an even one.
+/// Only rows whose accesses are kept as usual take them ([`Caching::Kept`]); rows the
+/// streaming hints mark are read through registers with the hint, as without the variant. The
+/// copies took the hint's L2 eviction policy until some kernels stopped on an H100 with
+/// `CUDA_ERROR_ILLEGAL_INSTRUCTION` (2026-12-06): f32 `softmax` over [100, 65537] and
+/// [200, 65537] with the default variants, where `compute-sanitizer` put the fault at the copy
+/// (`LDGSTS.E.BYPASS.128 [R47+UR0], desc[UR1][R44.64]`). In every kernel that faulted, `ptxas`
+/// (sm_90) had addressed shared memory through a uniform register and put the policy in an odd
+/// one (`desc[UR1]`); in every one that ran, neither; creating the policy inside the copy's own
+/// `asm` gave the same code. Copies without the policy were 0.82x as fast over 1 GiB (f32
+/// `layer_norm` [4096, 65536]: the evicted lines were kept), so hinted rows keep their loads.
 fn async_copies() -> String {
     let copy = "asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16;\" :: \"r\"(s), \"l\"(src) : \"memory\");";
     format!(
@@ -1036,8 +1039,10 @@ pub(super) fn row_source(
     // Accesses kept in shared memory as read (16 bytes each) are copied there asynchronously:
     // `ptxas` (sm_90) kept a load, then its store, one at a time for all but the first few
     // (16-bit `layer_norm` over rows of 50,257: of the six accesses a thread keeps there, three
-    // at once, then three in turn).
+    // at once, then three in turn). Not where the row's accesses are streamed (see
+    // `async_copies`): those keep the streaming hint's loads.
     let copy_async = variants.async_row_copies
+        && caching == Caching::Kept
         && layout.shared_bytes() > 0
         && (raw_shared || dtypes[0] == DType::F32)
         && v * dtypes[0].size_bytes() == 16;
@@ -1919,17 +1924,20 @@ mod tests {
 
     /// With `async_row_copies`, the accesses a row kernel keeps in shared memory as read (16-bit
     /// rows, `f32` rows) are copied there with `cp.async`, whole ones only and with no L2 cache
-    /// hint, then waited for once; every other kernel is the same source with the variant or without it. Both compile
-    /// (for the GPU's architecture and for NVRTC's default, which has no `cp.async`).
+    /// hint, then waited for once, where the row's accesses are not streamed; every other
+    /// kernel (the streamed ones too) is the same source with the variant or without it. Both
+    /// compile (for the GPU's architecture and for NVRTC's default, which has no `cp.async`).
     #[test]
     fn async_row_copies_copy_the_shared_part_of_rows_kept_as_read() {
         let with = KernelVariants::default();
         let without = KernelVariants { async_row_copies: false, ..with };
+        // An L2 that every tensor here fits: no streaming hints.
+        let kept = 1 << 40;
         for layer_norm in [false, true] {
             for dtype in [DType::F32, DType::BF16, DType::F16] {
                 for shape in [[333, 50257], [256, 65536], [9, 16384], [4096, 1024], [8, 200003]] {
-                    let plain = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, without, 0);
-                    let copied = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, with, 0);
+                    let plain = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, without, kept);
+                    let copied = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, with, kept);
                     assert_eq!(plain.layout, copied.layout);
                     let (src, what) = (&copied.source.source, format!("{layer_norm} {dtype} {shape:?}"));
                     if plain.layout.shared_bytes() == 0 {
@@ -1939,11 +1947,14 @@ mod tests {
                     assert!(!plain.source.source.contains("cp.async"), "{what}");
                     assert_eq!(src.matches("bs_copy_async(dst, in0 + row + col)").count(), 1, "{what}\n{src}");
                     assert_eq!(src.matches("    bs_copies_done();").count(), 1, "{what}\n{src}");
-                    // No L2 cache hint on the copies, even where the row's other accesses
-                    // are streamed (no L2 size: streamed): see `async_copies`.
                     assert!(src.contains("cp.async.cg.shared.global [%0]"), "{what}\n{src}");
                     assert!(!src.contains("cache_hint") && !src.contains("createpolicy"), "{what}\n{src}");
                     crate::executors::cuda::compiles_with_nvrtc(src);
+                    // Streamed (no L2 size): the hint's loads through registers, no copies.
+                    let hinted = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, with, 0);
+                    let unhinted = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, without, 0);
+                    assert_eq!(hinted.source.source, unhinted.source.source, "{what}");
+                    assert!(hinted.source.source.contains("__ldcs("), "{what}");
                 }
             }
         }

@@ -11,7 +11,9 @@
 //! bytes and half the shared-memory traffic, `softmax` then taking its exponentials twice and
 //! running two blocks an SM where the row fits twice). Longer
 //! rows are streamed by half a block, each thread with several reads in flight: two passes for
-//! `softmax` (its maximum and sum in one, online), three for `layer_norm`. Lanes combine with
+//! `softmax` (its maximum and sum in one, online), three for `layer_norm`; where such rows are
+//! fewer than SMs, a row is split over a thread-block cluster of up to 8 blocks
+//! ([`KernelVariants::split_rows`]). Lanes combine with
 //! shuffles, warps through shared memory. `layer_norm`'s weight and bias are read per access
 //! too: where the row's accesses are aligned to the tensor rather than to the columns, with
 //! two aligned accesses and a shift ([`load_shifted`]).
@@ -24,8 +26,9 @@
 //!
 //! Few long rows (333 of 50,257 words) leave these kernels at half a copy's speed: a block a
 //! row runs in waves, loading, reducing and writing in turn. Measured on the H200 against
-//! them and not kept, being slower on most of those shapes: a row shared by a cluster of 2-8
-//! blocks through distributed shared memory (0.61-1.24x); a persistent block loading its next
+//! them and not kept, being slower on most of those shapes: a row kept on chip shared by a
+//! cluster of 2-8 blocks through distributed shared memory (0.61-1.24x; as two blocks of 512,
+//! `split_rows`' first form, 0.81-0.92x on an H100); a persistent block loading its next
 //! row while it writes this one (0.78-1.09x); two kernels, a row's statistics then its results
 //! by chunk, the second reading from L2 (0.45-1.03x, in two layouts); streaming rows past
 //! 32,768 values rather than keeping them (0.59-1.07x). The branches `experiment/cluster-rows`

@@ -135,11 +135,16 @@ pub struct KernelVariants {
     /// tests, on the H100: its row test runs every variant alone and all of them, over rows of
     /// 16,384 to 200,003 in every dtype).
     ///
-    /// The copies take no L2 cache hint, even where the streaming hints mark the row's other
-    /// accesses: with one (`cp.async` with `.L2::cache_hint`), f32 `softmax` over [100, 65537]
-    /// and [200, 65537] stopped with `CUDA_ERROR_ILLEGAL_INSTRUCTION` on an H100 (2026-12-06,
-    /// the defaults; `compute-sanitizer` put it at the copy), tensors past half of L2 that the
-    /// tests had not covered. The row test now runs such tensors too.
+    /// Only rows whose accesses the streaming hints leave as they are (tensors that fit in L2,
+    /// with [`keep_in_l2`](Self::keep_in_l2)) are copied so; hinted rows are read through
+    /// registers with the hint, as without the variant. Hinted copies (`cp.async` with
+    /// `.L2::cache_hint`) stopped f32 `softmax` over [100, 65537] and [200, 65537] with
+    /// `CUDA_ERROR_ILLEGAL_INSTRUCTION` on an H100 (2026-12-06, the defaults; `compute-sanitizer`
+    /// put it at the copy), tensors past half of L2 that the tests had not covered (the row test
+    /// now runs such tensors); copies without the hint ran f32 `layer_norm` over 1 GiB at 0.82x.
+    /// Against the hinted copies, where those ran (H100, `gpu_sweep f32,bf16,f16
+    /// softmax,layer_norm 333x50257,256x65536,4096x65536`, one process each, two rounds): 0.97x
+    /// at the median, 0.88x (f16 `softmax` [333, 50257]) to 1.02x.
     pub async_row_copies: bool,
     /// Rows too long to keep on chip (streamed: read once per pass, `f32` rows past about
     /// 57,000 values, 16-bit ones past 65,536) are split over a thread-block cluster of up to 8

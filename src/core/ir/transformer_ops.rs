@@ -655,13 +655,12 @@ impl<'a> TraceBuilder<'a> {
         if id == MAX_AXIS && shape[axis] == 0 {
             // As `torch.amax`: an empty axis has no maximum (the prims give max's identity,
             // -infinity, which `softmax` of empty rows relies on).
+            let last =
+                if axis + 1 == shape.len() { " (or use `max`, which gives -infinity over empty rows)" } else { "" };
             return Err(Error::ShapeMismatch {
                 symbol: name.into(),
                 shapes: vec![shape.to_vec()],
-                detail: format!(
-                    "axis {axis} is empty and has no maximum; reduce over a non-empty axis (or take `max` over \
-                     the last axis, which gives -infinity over empty rows)"
-                ),
+                detail: format!("axis {axis} is empty and has no maximum; reduce over a non-empty axis{last}"),
             });
         }
         // Over the last axis, the last-axis prims: the fusion executors fuse them.

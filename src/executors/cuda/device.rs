@@ -434,11 +434,18 @@ impl CudaDevice {
         version.is_some_and(|v| v >= 90)
     }
 
-    /// Whether at least one cluster of `function`, launched with `config`, fits on the GPU at
-    /// once, as the driver counts them (`cuOccupancyMaxActiveClusters`): a cluster takes SMs
-    /// of one GPC together, which a MIG instance or an MPS limit on SMs may not have.
-    pub(crate) fn cluster_fits(&self, function: &CudaFunction, config: LaunchConfig) -> bool {
-        function.occupancy_max_active_clusters(config, self.order.stream()).is_ok_and(|n| n > 0)
+    /// How many clusters of `function`, launched with `config`, fit on the GPU at once, as the
+    /// driver counts them (`cuOccupancyMaxActiveClusters`): a cluster takes SMs of one GPC
+    /// together, which a MIG instance or an MPS limit on SMs may not have.
+    ///
+    /// # Errors
+    /// The driver's, as [`Error::Execution`](crate::Error::Execution).
+    pub(crate) fn clusters_that_fit(&self, function: &CudaFunction, config: LaunchConfig) -> Result<u32> {
+        // The query runs on this thread's current context, which a cached kernel did not set.
+        self.context.bind_to_thread().map_err(|e| cuda_error("binding the device's context", e))?;
+        function
+            .occupancy_max_active_clusters(config, self.order.stream())
+            .map_err(|e| cuda_error("counting the clusters of a row kernel that fit the GPU", e))
     }
 
     /// A device attribute the driver gives as a count or a size; 0 where it does not say.

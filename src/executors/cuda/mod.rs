@@ -158,8 +158,8 @@
 //! none; times each variant flipped from the defaults, case by case, on the sweep; and times GPT-2
 //! with the defaults, without `fast_exp2` and `streaming_rows`, with `int32_row_columns`,
 //! without `keep_in_l2` and without `batched_rows`: a variant is on by default where it
-//! measures faster (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows` and
-//! `async_row_copies` are). `scripts/kernel-sass OP DTYPE ROWSxCOLS [VARIANTS]` shows a row
+//! measures faster (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`,
+//! `async_row_copies` and `split_rows` are). `scripts/kernel-sass OP DTYPE ROWSxCOLS [VARIANTS]` shows a row
 //! kernel's source, registers, spills and SASS as generated for Hopper, without a GPU (`ptxas`
 //! and `nvdisasm` from PyPI): where a variant starts.
 //!

@@ -1042,8 +1042,8 @@ pub(super) fn row_source(
     // Accesses kept in shared memory as read (16 bytes each) are copied there asynchronously:
     // `ptxas` (sm_90) kept a load, then its store, one at a time for all but the first few
     // (16-bit `layer_norm` over rows of 50,257: of the six accesses a thread keeps there, three
-    // at once, then three in turn). Not where the row's accesses are streamed (see
-    // `async_copies`): those keep the streaming hint's loads.
+    // at once, then three in turn). Not where the streaming hints mark the row's accesses
+    // (`Caching::Streamed`, see `async_copies`): those keep the hint's loads.
     let copy_async = variants.async_row_copies
         && caching == Caching::Kept
         && layout.shared_bytes() > 0
@@ -1066,7 +1066,6 @@ pub(super) fn row_source(
     } else {
         1
     };
-    let alternating = cluster > 1;
     if cluster > 1 {
         c.push_str(CLUSTER_HELPERS);
     }
@@ -1121,8 +1120,8 @@ pub(super) fn row_source(
         let _ = writeln!(c, "    const {ix} shift = row % {v};");
     }
     let touches = accesses.touches();
-    // Each pass opens with `open`, or, where it follows one that ran forward over a streamed
-    // row, with `back` (the same where the row is kept on chip).
+    // Each pass opens with `open`, or, where it follows one that ran forward over a split row,
+    // with `back` (the same where the row is not split).
     let (open, back, close) = match layout.per_thread {
         Some(n) if in_registers == n => {
             let col = accesses.column_of_access("j", t);
@@ -1203,23 +1202,18 @@ pub(super) fn row_source(
                 " float xs[{u}][{v}];\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const {ix} col = col0 + {widen}u * {step}; {} }}\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const {ix} col = col0 + {widen}u * {step}; const bool in_row = {touches}; float* const x = xs[u];",
                 accesses.fill("xs[u]"),
             );
-            if !alternating {
+            if cluster == 1 {
                 let open = format!("    for ({ix} col0 = {first}; col0 < {count}; col0 += {stride}) {{{rounds}");
                 (open.clone(), open, "    } }".to_string())
             } else {
-                // The thread's rounds: from its first column `from` (in its block's slice) up
-                // to `upto`, forward; or back from its last.
-                // Block `slice` of the cluster takes rounds `slice * R / k` up to
-                // `(slice + 1) * R / k` of the row's `R`: as many as the others, or one fewer.
-                if cluster > 1 {
-                    let (r, k) = (streamed_rounds, cluster);
-                    let _ = writeln!(c, "    const {ix} from = {first} + ({ix})(slice * {r}u / {k}u) * {stride};");
-                    let _ =
-                        writeln!(c, "    const {ix} end = {first} + ({ix})((slice + 1u) * {r}u / {k}u) * {stride};");
-                    let _ = writeln!(c, "    const {ix} upto = end < {count} ? end : {count};");
-                } else {
-                    let _ = writeln!(c, "    const {ix} from = {first}, upto = {count};");
-                }
+                // The thread's rounds over its block's slice, from its first column there,
+                // `from`, up to `upto`, forward; or back from its last. Block `slice` of the
+                // cluster takes rounds `slice * R / k` up to `(slice + 1) * R / k` of the row's
+                // `R`: as many as the others, or one fewer.
+                let (r, k) = (streamed_rounds, cluster);
+                let _ = writeln!(c, "    const {ix} from = {first} + ({ix})(slice * {r}u / {k}u) * {stride};");
+                let _ = writeln!(c, "    const {ix} end = {first} + ({ix})((slice + 1u) * {r}u / {k}u) * {stride};");
+                let _ = writeln!(c, "    const {ix} upto = end < {count} ? end : {count};");
                 let forward = format!("    for ({ix} col0 = from; col0 < upto; col0 += {stride}) {{{rounds}");
                 let backward = format!(
                     "    for ({ix} round = (upto - from + {stride} - 1) / {stride} - 1; round >= 0; --round) {{ const {ix} col0 = from + round * {stride};{rounds}"
@@ -1927,9 +1921,10 @@ mod tests {
 
     /// With `async_row_copies`, the accesses a row kernel keeps in shared memory as read (16-bit
     /// rows, `f32` rows) are copied there with `cp.async`, whole ones only and with no L2 cache
-    /// hint, then waited for once, where the row's accesses are not streamed; every other
-    /// kernel (the streamed ones too) is the same source with the variant or without it. Both
-    /// compile (for the GPU's architecture and for NVRTC's default, which has no `cp.async`).
+    /// hint, then waited for once, where the streaming hints do not mark the row's accesses;
+    /// every other kernel (the hinted ones too) is the same source with the variant or without
+    /// it. Both compile (for the GPU's architecture and for NVRTC's default, which has no
+    /// `cp.async`).
     #[test]
     fn async_row_copies_copy_the_shared_part_of_rows_kept_as_read() {
         let with = KernelVariants::default();
@@ -1953,7 +1948,8 @@ mod tests {
                     assert!(src.contains("cp.async.cg.shared.global [%0]"), "{what}\n{src}");
                     assert!(!src.contains("cache_hint") && !src.contains("createpolicy"), "{what}\n{src}");
                     crate::executors::cuda::compiles_with_nvrtc(src);
-                    // Streamed (no L2 size): the hint's loads through registers, no copies.
+                    // Hinted (an L2 of unknown size): the hint's loads through registers, no
+                    // copies.
                     let hinted = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, with, 0);
                     let unhinted = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, without, 0);
                     assert_eq!(hinted.source.source, unhinted.source.source, "{what}");
@@ -1993,14 +1989,14 @@ mod tests {
                     // Kept on chip, or as many rows as SMs: the same kernel.
                     let cluster = if plain.layout.per_thread.is_some() { 1 } else { streamed_cluster };
                     if cluster == 1 {
-                        assert_eq!((s, kernel.blocks), (old, plain.blocks), "{what}");
+                        assert_eq!((s, kernel.blocks, kernel.cluster), (old, plain.blocks, 1), "{what}");
                         continue;
                     }
                     assert_eq!(kernel.layout, plain.layout, "{what}");
                     // The pass after a forward one runs back: one per kernel.
                     assert_eq!(s.matches("--round").count(), 1, "{what}\n{s}");
                     assert!(s.contains(&format!("__cluster_dims__({cluster}, 1, 1)")), "{what}\n{s}");
-                    assert_eq!(kernel.blocks as usize, shape[0] * cluster, "{what}");
+                    assert_eq!((kernel.blocks as usize, kernel.cluster), (shape[0] * cluster, cluster), "{what}");
                     // Each reduction is combined across the cluster, between two barriers:
                     // `softmax`'s one (maximum and sum at once), `layer_norm`'s two.
                     let reductions = if layer_norm { 2 } else { 1 };
@@ -2022,6 +2018,28 @@ mod tests {
             let kernel = source_targeting(softmax, target, split).unwrap();
             let plain = source_targeting(softmax, target, unsplit).unwrap();
             assert_eq!((kernel.source.source, kernel.blocks), (plain.source.source, 16));
+        }
+    }
+
+    /// The longest rows kept on chip on Hopper (227 KB of shared memory a block), per op and
+    /// dtype, as `KernelVariants::split_rows`' docs, the README and the CHANGELOG give them:
+    /// past these, rows are streamed (and, fewer than SMs, split over clusters).
+    #[test]
+    fn rows_are_streamed_past_the_lengths_the_docs_give() {
+        for (layer_norm, dtype, longest) in [
+            (true, DType::F32, 65536),
+            (false, DType::F32, 90112),
+            (false, DType::BF16, 90112),
+            (false, DType::F16, 90112),
+            (true, DType::BF16, 122880),
+            (true, DType::F16, 122880),
+        ] {
+            let kept = |cols| {
+                let kernel = row_op_with(layer_norm, dtype, [4, cols], HOPPER_BLOCK, KernelVariants::default());
+                kernel.layout.per_thread.is_some()
+            };
+            assert!(kept(longest), "{layer_norm} {dtype} {longest}");
+            assert!(!kept(longest + 1), "{layer_norm} {dtype} {}", longest + 1);
         }
     }
 
@@ -2060,8 +2078,9 @@ mod tests {
         std::fs::write(out.join("kernel.cu"), &kernel.source.source).unwrap();
         std::fs::write(out.join("kernel.ptx"), ptx).unwrap();
         let launch = format!(
-            "{spec}\nvariants: {variants:?}\nblocks: {}\nlayout: {:?}\nshared bytes a block: {}\n",
+            "{spec}\nvariants: {variants:?}\nblocks: {} (clusters of {})\nlayout: {:?}\nshared bytes a block: {}\n",
             kernel.blocks,
+            kernel.cluster,
             kernel.layout,
             kernel.layout.shared_bytes()
         );

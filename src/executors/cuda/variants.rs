@@ -31,7 +31,8 @@ use crate::error::Result;
 use crate::options::{Audience, OptionSpec, OptionType, OptionValue, Options};
 
 /// Which variant of each generated kernel to emit. [`Default`] gives the fastest measured
-/// (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows` and `async_row_copies`);
+/// (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`, `async_row_copies` and
+/// `split_rows`);
 /// [`KernelVariants::NONE`], the kernels before any variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KernelVariants {
@@ -146,8 +147,9 @@ pub struct KernelVariants {
     /// softmax,layer_norm 333x50257,256x65536,4096x65536`, one process each, two rounds): 0.97x
     /// at the median, 0.88x (f16 `softmax` [333, 50257]) to 1.02x.
     pub async_row_copies: bool,
-    /// Rows too long to keep on chip (streamed: read once per pass, `f32` rows past about
-    /// 57,000 values, 16-bit ones past 65,536) are split over a thread-block cluster of up to 8
+    /// Rows too long to keep on chip (streamed: read once per pass; on Hopper, `layer_norm`
+    /// rows past 65,536 values in `f32` and 122,880 in 16 bits, `softmax` rows past 90,112) are
+    /// split over a thread-block cluster of up to 8
     /// blocks (Hopper and later) where the tensor has fewer rows than the GPU has SMs: each
     /// block passes over its slice of the row (whole rounds of its threads' accesses, as many as
     /// the other blocks' or one fewer), and the blocks combine their sums and maxima through
@@ -239,7 +241,7 @@ pub const CUDA_OPTIONS: &[OptionSpec] = &[
         name: "cuda.async_row_copies",
         ty: OptionType::Bool,
         default: OptionValue::Bool(true),
-        doc: "Row kernels copy the part of a row they keep in shared memory as read there with cp.async, without registers (KernelVariants::async_row_copies).",
+        doc: "Row kernels copy the part of a row they keep in shared memory as read there with cp.async, without registers, where the streaming hints leave the row unmarked (KernelVariants::async_row_copies).",
         audience: Audience::Developer,
         env: None,
     },

@@ -439,7 +439,7 @@ impl CudaDevice {
     /// together, which a MIG instance or an MPS limit on SMs may not have.
     ///
     /// # Errors
-    /// The driver's, as [`Error::Execution`](crate::Error::Execution).
+    /// The driver's, as [`Error::Execution`].
     pub(crate) fn clusters_that_fit(&self, function: &CudaFunction, config: LaunchConfig) -> Result<u32> {
         // The query runs on this thread's current context, which a cached kernel did not set.
         self.context.bind_to_thread().map_err(|e| cuda_error("binding the device's context", e))?;

@@ -843,8 +843,9 @@ const OUT_SCALE_LOG2: i32 = 8;
 /// (`LDGSTS.E.BYPASS.128 [R47+UR0], desc[UR1][R44.64]`). In every kernel that faulted, `ptxas`
 /// (sm_90) had addressed shared memory through a uniform register and put the policy in an odd
 /// one (`desc[UR1]`); in every one that ran, neither; creating the policy inside the copy's own
-/// `asm` gave the same code. Copies without the policy were 0.82x as fast over 1 GiB (f32
-/// `layer_norm` [4096, 65536]: the evicted lines were kept), so hinted rows keep their loads.
+/// `asm` gave the same code. Copies without the policy ran f32 `layer_norm` over 1 GiB
+/// ([4096, 65536]) at 0.82x, most likely because rows not marked to be evicted first pushed
+/// the weight and bias, read again by every row, out of L2; so hinted rows keep their loads.
 fn async_copies() -> String {
     let copy = "asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16;\" :: \"r\"(s), \"l\"(src) : \"memory\");";
     format!(

@@ -179,7 +179,7 @@ fn run() -> Result<(), String> {
     let registry = Registry::with_builtins();
     let (flags, mut args): (Vec<String>, Vec<String>) = std::env::args().skip(1).partition(|a| a.starts_with("--"));
     let mut variants: Vec<(String, KernelVariants)> = vec![("boundscope".into(), KernelVariants::default())];
-    let mut fixed_reps = None;
+    let (mut fixed_reps, mut only) = (None, false);
     // One variant flipped from the defaults: `+name` turned on, `-name` off.
     let flip = |name: &str| -> Result<(String, KernelVariants), String> {
         let defaults = KernelVariants::default();
@@ -192,6 +192,7 @@ fn run() -> Result<(), String> {
     };
     for flag in &flags {
         if flag == "--only" {
+            only = true;
             continue;
         }
         if let Some(name) = flag.strip_prefix("--variant=") {
@@ -217,7 +218,7 @@ fn run() -> Result<(), String> {
             _ => return Err(format!("unknown flag `{flag}` (--variants, --variant=NAME, --only or --reps=N)")),
         }
     }
-    if flags.iter().any(|f| f == "--only") {
+    if only {
         if variants.len() < 2 {
             return Err("--only runs the variants --variant names without the defaults: name one".into());
         }

@@ -1102,7 +1102,6 @@ pub(super) fn row_source(
     let sum = |a: &str, b: &str| format!("{a} + {b}");
     let max = |a: &str, b: &str| maximum(a, b);
     // The passes: over registers (`j`: the thread's accesses), or, streamed, over the row.
-    let cached = !streamed;
     let aligned = layout.aligned;
     // Values outside the row are nothing to `softmax`'s maximum and sum, and to `layer_norm`'s
     // sums.
@@ -1230,7 +1229,7 @@ pub(super) fn row_source(
     } else {
         ("bs_exp", "1.0f / acc".to_string())
     };
-    if id == prims::SOFTMAX && !cached {
+    if id == prims::SOFTMAX && streamed {
         // Streamed: the maximum and the sum in one pass (the sum rescaled as the maximum
         // grows), then the pass that writes: two reads of the row, not three.
         let _ = writeln!(c, "    float m = __int_as_float(0xff800000), acc = 0.0f;");
@@ -1265,7 +1264,7 @@ pub(super) fn row_source(
         let recomputed = raw_shared && layout.shared_bytes() > 0;
         // Kept, the sum is of the results' exponentials, scaled or not: `1 / acc` divides the
         // scale out. Recomputed, it is of `bs_exp`'s and `inv_z` takes the scale.
-        let (keep, exp, out, inv_z) = if cached && !recomputed {
+        let (keep, exp, out, inv_z) = if !streamed && !recomputed {
             (format!("x[e] = {exp_out}(x[e] - m); "), "x[e]", "x[e]".to_string(), "1.0f / acc".to_string())
         } else {
             (String::new(), "bs_exp(x[e] - m)", format!("{exp_out}(x[e] - m)"), inv_z)

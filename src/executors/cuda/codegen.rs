@@ -54,6 +54,10 @@ pub struct RegionSource {
     /// the input before it writes the same element of the output, and the two pointers are not
     /// `__restrict__`.
     pub in_place: Vec<(usize, usize)>,
+    /// Blocks of the thread-block cluster its blocks run in, which the source declares
+    /// (`__cluster_dims__`), so that a plain launch of [`threads`](Self::threads) in blocks of
+    /// 256 runs them as clusters; 1 where it declares none.
+    pub cluster: usize,
 }
 
 /// A float literal in C.
@@ -338,9 +342,22 @@ pub fn region_source_with(
     variants: KernelVariants,
     l2_bytes: usize,
 ) -> Result<RegionSource, String> {
+    region_source_for(region, kernel, variants, RegionTarget { l2_bytes, ..RegionTarget::default() })
+}
+
+/// [`region_source`], generating `variants` of the kernel for the GPU `target`.
+///
+/// # Errors
+/// As for [`region_source`].
+pub(super) fn region_source_for(
+    region: &OpView<'_>,
+    kernel: &str,
+    variants: KernelVariants,
+    target: RegionTarget,
+) -> Result<RegionSource, String> {
     let ops = region.region_ops().map_err(|e| e.to_string())?;
     let inputs: Vec<ValueId> = region.bound_symbol().inputs().collect();
-    generate(region, &ops, &inputs, region.bound_symbol().outputs(), kernel, variants, l2_bytes)
+    generate(region, &ops, &inputs, region.bound_symbol().outputs(), kernel, variants, target)
 }
 
 /// Generates the CUDA C of one elementwise prim, or a `sum` or `max` over the last axis (a
@@ -363,10 +380,34 @@ pub fn op_source_with(
     variants: KernelVariants,
     l2_bytes: usize,
 ) -> Result<RegionSource, String> {
+    op_source_for(op, kernel, variants, RegionTarget { l2_bytes, ..RegionTarget::default() })
+}
+
+/// [`op_source`], generating `variants` of the kernel for the GPU `target`.
+///
+/// # Errors
+/// As for [`region_source`].
+pub(super) fn op_source_for(
+    op: &OpView<'_>,
+    kernel: &str,
+    variants: KernelVariants,
+    target: RegionTarget,
+) -> Result<RegionSource, String> {
     // One parameter per tensor argument, repeats included (`mul(x, x)` takes `x` twice), as
     // the plan passes them.
     let inputs: Vec<ValueId> = op.bound_symbol().inputs().collect();
-    generate(op, std::slice::from_ref(op), &inputs, op.bound_symbol().outputs(), kernel, variants, l2_bytes)
+    generate(op, std::slice::from_ref(op), &inputs, op.bound_symbol().outputs(), kernel, variants, target)
+}
+
+/// The GPU a region's kernel is generated for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct RegionTarget {
+    /// Bytes of L2 cache; 0 where unknown (see [`KernelVariants::keep_in_l2`]).
+    pub l2_bytes: usize,
+    /// SMs; 0 where unknown (then no row is split: [`KernelVariants::split_reductions`]).
+    pub sms: usize,
+    /// Whether kernels may run as thread-block clusters (compiled for Hopper or later).
+    pub clusters: bool,
 }
 
 /// How a kernel whose inputs take `read` device words together and its outputs `written`
@@ -437,6 +478,113 @@ fn reduction_threads(accesses: usize) -> usize {
 /// rows of 32 and 128, 2^24 values): 1.16-1.23x with 4, 1.12-1.19x with 2, 0.97-1.13x with
 /// 8. `f32` rows keep one: 0.85-1.08x with 2 to 8.
 const SHORT_ROWS_PER_GROUP: usize = 4;
+
+/// Bytes of a row (of its widest input read whole) from which a trailing reduction over rows
+/// more than a quarter as many as SMs, and at most half as many, is split over clusters
+/// ([`KernelVariants::split_reductions`]). Measured on an H100 (132 SMs, 2026-12-06), split
+/// against unsplit: 100 and 131 rows of 65,536 values (in two blocks) ran at 0.82-0.91x; 64
+/// and 66 rows of 65,536 (in four and two) at 0.86-0.98x in 16 bits (128 KB a row), 0.97-1.00x in `f32` (256 KB),
+/// of 262,144 at 1.07-1.63x (512 KB and 1 MB); 40 rows of 65,536 1.14x in `f32`, 0.98-1.03x in
+/// 16 bits; 16 and 20 rows of 50,257 to 2^20 values 0.99-6.6x.
+const SPLIT_ROW_BYTES: usize = 256 * 1024;
+
+/// How a region's trailing last-axis reduction reads its rows.
+struct ReductionLayout {
+    /// The row's length.
+    row: usize,
+    /// Rows (one result each, rows of length zero too).
+    rows: usize,
+    /// Whether each input is read whole (of the region's shape; else broadcast, read per value).
+    full: Vec<bool>,
+    /// Values an access.
+    v: usize,
+    /// Whether accesses are aligned to the tensor rather than to the row.
+    aligned: bool,
+    /// Accesses a row.
+    accesses: usize,
+    /// Threads a row.
+    t: usize,
+    /// Rows a group of `t` lanes takes at once (more than one over rows of one access a thread
+    /// in 16 bits: [`short_rows`]).
+    group_rows: usize,
+    /// Accesses of each input read whole that a thread makes before it uses any.
+    loads: usize,
+    /// Blocks of the thread-block cluster a row is split over
+    /// ([`KernelVariants::split_reductions`]; 1 where rows are not split).
+    cluster: usize,
+}
+
+impl ReductionLayout {
+    /// The layout over rows of `shape`'s last axis, of inputs of `input_shapes` and
+    /// `input_dtypes`, in a region of `outputs` outputs, with `variants`, for the GPU `target`.
+    fn of(
+        shape: &[usize],
+        input_shapes: &[Vec<usize>],
+        input_dtypes: &[DType],
+        outputs: usize,
+        variants: KernelVariants,
+        target: RegionTarget,
+    ) -> Result<Self, String> {
+        let row = *shape.last().ok_or("a reduction over a rank-0 shape")?;
+        // From the shape, not `n / row`: rows of length zero still have one result each.
+        let rows: usize = shape[..shape.len() - 1].iter().product();
+        // Inputs of the region's shape are read `v` values at a time, 16 bytes of the widest
+        // (halved until `v` divides the row), so that 16-bit rows move as many bytes per access
+        // as f32 ones; broadcast inputs are read per value.
+        let full: Vec<bool> = input_shapes.iter().map(|s| s == shape).collect();
+        let widest = input_dtypes.iter().zip(&full).filter(|(_, &f)| f).map(|(d, _)| d.size_bytes()).max();
+        let mut v = widest.map_or(1, |w| 16 / w.clamp(1, 16));
+        // A row whose length the access does not divide (GPT-2's 50,257 words) is read through
+        // accesses aligned to the tensor, not to the row: the values of the rows beside it that
+        // an access reads count for nothing (the combination skips them). Only where every
+        // input is read whole and the reduction is the only output: nothing else is read or
+        // written per value.
+        let aligned = v > 1 && !row.is_multiple_of(v) && row < 1 << 30 && full.iter().all(|&f| f) && outputs == 1;
+        while !aligned && v > 1 && !row.is_multiple_of(v) {
+            v /= 2;
+        }
+        let accesses = super::row_kernels::RowLayout::accesses(row, v, aligned);
+        let t = reduction_threads(accesses);
+        // Rows of one access a thread (a few lanes each) in 16 bits: each group of lanes takes
+        // `group_rows` rows, and makes their loads before it uses any (one access a thread in
+        // flight left the loads' latency uncovered: 69-80% of a copy over rows of 32 and 128).
+        let single = accesses <= t && !aligned;
+        // (At most 128 bytes a thread in flight, as below: fewer rows a group with more inputs.)
+        let read_whole = full.iter().filter(|&&f| f).count().max(1);
+        let group_rows = if single && widest.is_some_and(|w| w <= 2) {
+            (128 / (16 * read_whole)).clamp(1, SHORT_ROWS_PER_GROUP)
+        } else {
+            1
+        };
+        // Each thread makes `loads` accesses of each input before it uses any, so that they are
+        // in flight together (a loop unrolled by the compiler reused their registers and kept
+        // two: a maximum over 333 rows of 50,257 f32 values ran at 44% of the DRAM's bandwidth,
+        // stalled on its loads). Up to 128 bytes a thread in flight (2 to 16 accesses of each
+        // input read whole, so more with 5 inputs or more), spread evenly over the batches the
+        // thread's accesses take (25 accesses: batches of 7, 7, 7 and 4, not 8, 8, 8 and 1).
+        let access_bytes = v * widest.unwrap_or(4);
+        let most = (128 / (access_bytes * read_whole)).clamp(2, 16);
+        let per_thread = accesses.div_ceil(t).max(1);
+        let batches = per_thread.div_ceil(most);
+        let loads = per_thread.div_ceil(batches);
+        // Rows of a block each, at most a quarter as many as SMs (or half as many, of
+        // `SPLIT_ROW_BYTES` or more): split over a cluster, each block with a batch at least.
+        let row_bytes = row.saturating_mul(widest.unwrap_or(4));
+        let few = 4 * rows <= target.sms || (2 * rows <= target.sms && row_bytes >= SPLIT_ROW_BYTES);
+        let cluster = if variants.split_reductions
+            && target.clusters
+            && rows > 0
+            && few
+            && t == BLOCK_THREADS as usize
+            && group_rows == 1
+        {
+            super::row_kernels::cluster_blocks(rows, target.sms, batches)
+        } else {
+            1
+        };
+        Ok(Self { row, rows, full, v, aligned, accesses, t, group_rows, loads, cluster })
+    }
+}
 
 /// The values a trailing reduction's loop takes from each of a thread's accesses: the inputs
 /// read whole are loaded an access at a time into `raw{k}[]` (as read, in as few registers as
@@ -605,6 +753,7 @@ fn matrix_transpose_source(name: &str, kernel: &str, rows: usize, cols: usize, d
         input_lengths: vec![packing::words(dtype, rows * cols)],
         output_lengths: vec![packing::words(dtype, rows * cols)],
         in_place: Vec::new(),
+        cluster: 1,
     }
 }
 
@@ -690,6 +839,7 @@ pub fn shape_op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, St
         input_lengths: vec![packing::words(dtype, input_shape.iter().product())],
         output_lengths: vec![packing::words(dtype, numel * vector)],
         in_place: Vec::new(),
+        cluster: 1,
     })
 }
 
@@ -700,8 +850,9 @@ fn generate(
     outputs: &[ValueId],
     kernel: &str,
     variants: KernelVariants,
-    l2_bytes: usize,
+    target: RegionTarget,
 ) -> Result<RegionSource, String> {
+    let l2_bytes = target.l2_bytes;
     // Every shape relation the generated kernel relies on, checked here: it indexes the
     // buffers the plan sizes from these shapes, and nothing on the device checks bounds.
     let shape = fused_shape(region, ops, inputs)?.to_vec();
@@ -756,6 +907,11 @@ fn generate(
     // The loop body, in terms of `x{k}` (input values) and `t{id}` (op values).
     let elementwise_ops = if reduction.is_some() { &ops[..ops.len() - 1] } else { ops };
     let body = elementwise_body(elementwise_ops, inputs, &shape, &|v| v.index(), variants)?;
+    let layout = match reduction {
+        Some(_) => Some(ReductionLayout::of(&shape, &input_shapes, &input_dtypes, outputs.len(), variants, target)?),
+        None => None,
+    };
+    let cluster = layout.as_ref().map_or(1, |l| l.cluster);
 
     let mut source = String::new();
     let _ = writeln!(source, "// Generated by boundscope for region `{}`.", region.name());
@@ -768,6 +924,9 @@ fn generate(
     }
     if body.contains("bs_exp2(") {
         source.push_str(EXP2);
+    }
+    if cluster > 1 {
+        source.push_str(super::row_kernels::CLUSTER_HELPERS);
     }
     // An update may be written over the input it updates, where the input is read whole (not
     // broadcast) in its own dtype, element by element before the output's element is written
@@ -794,38 +953,22 @@ fn generate(
             .map(|(o, &d)| format!("{}*{} out{o}", element_type(d), restrict(in_place.iter().any(|&(_, j)| j == o)))),
     );
     params.push("long long n".into());
-    let _ = writeln!(source, "extern \"C\" __global__ void {kernel}({}) {{", params.join(", "));
+    let cluster_dims = if cluster > 1 { format!("__cluster_dims__({cluster}, 1, 1) ") } else { String::new() };
+    let _ = writeln!(source, "extern \"C\" __global__ void {cluster_dims}{kernel}({}) {{", params.join(", "));
     let _ = writeln!(source, "  const long long stride = (long long)blockDim.x * gridDim.x;");
     let value_name = |v: ValueId| match inputs.iter().position(|&x| x == v) {
         Some(k) => format!("x{k}"),
         None => format!("t{}", v.index()),
     };
-    if let Some((op, reduced, result)) = reduction {
-        // `t` threads per row (a few for short rows, a warp, up to the block for long ones):
-        // each runs the elementwise ops over every `t`-th access of `v` values of the row and
-        // accumulates, then the row's threads combine with shuffles (and, past a warp, through
-        // shared memory). (The summation order differs from the CPU's sequential one, by
-        // rounding.)
-        let row = *shape.last().ok_or("a reduction over a rank-0 shape")?;
-        // From the shape, not `n / row`: rows of length zero still have one result each.
-        let rows: usize = shape[..shape.len() - 1].iter().product();
-        // Inputs of the region's shape are read `v` values at a time, 16 bytes of the widest
-        // (halved until `v` divides the row), so that 16-bit rows move as many bytes per access
-        // as f32 ones; broadcast inputs are read per value.
-        let full: Vec<bool> = input_shapes.iter().map(|s| *s == shape).collect();
-        let widest = input_dtypes.iter().zip(&full).filter(|(_, &f)| f).map(|(d, _)| d.size_bytes()).max();
-        let mut v = widest.map_or(1, |w| 16 / w.clamp(1, 16));
-        // A row whose length the access does not divide (GPT-2's 50,257 words) is read through
-        // accesses aligned to the tensor, not to the row: the values of the rows beside it that
-        // an access reads count for nothing (the combination skips them). Only where every
-        // input is read whole and the reduction is the only output: nothing else is read or
-        // written per value.
-        let aligned = v > 1 && !row.is_multiple_of(v) && row < 1 << 30 && full.iter().all(|&f| f) && outputs.len() == 1;
-        while !aligned && v > 1 && !row.is_multiple_of(v) {
-            v /= 2;
-        }
-        let accesses = super::row_kernels::RowLayout::accesses(row, v, aligned);
-        let t = reduction_threads(accesses);
+    if let (Some((op, reduced, result)), Some(layout)) = (reduction, &layout) {
+        // `t` threads per row (a few for short rows, a warp, up to the block for long ones, or
+        // a cluster of blocks): each runs the elementwise ops over every `t`-th access of `v`
+        // values of the row (of the block's slice of it) and accumulates, then the row's
+        // threads combine with shuffles (and, past a warp, through shared memory; past a block,
+        // through distributed shared memory). (The summation order differs from the CPU's
+        // sequential one, by rounding.)
+        let ReductionLayout { row, rows, v, aligned, accesses, t, group_rows, loads, cluster, .. } = *layout;
+        let full = &layout.full;
         // The tensor's values in whole accesses (the aligned path reads the rest one by one).
         let whole = numel - numel % v;
         // The loop runs alike in the whole warp (the whole block, past a warp), so that every
@@ -836,21 +979,13 @@ fn generate(
         }
         let init = if op == prims::SUM { "0.0f" } else { "__int_as_float(0xff800000)" };
         let combine = |a: &str, b: &str| if op == prims::SUM { format!("{a} + {b}") } else { maximum(a, b) };
-        // Rows of one access a thread (a few lanes each) in 16 bits: each group of lanes takes
-        // `group_rows` rows, and makes their loads before it uses any (one access a thread in
-        // flight left the loads' latency uncovered: 69-80% of a copy over rows of 32 and 128).
-        let single = accesses <= t && !aligned;
-        // (At most 128 bytes a thread in flight, as below: fewer rows a group with more inputs.)
-        let read_whole = full.iter().filter(|&&f| f).count().max(1);
-        let group_rows = if single && widest.is_some_and(|w| w <= 2) {
-            (128 / (16 * read_whole)).clamp(1, SHORT_ROWS_PER_GROUP)
-        } else {
-            1
-        };
         let _ = writeln!(source, "  const long long rows = {rows}ll;");
         let _ = writeln!(source, "  const int lane = threadIdx.x % {t};");
-        let _ = writeln!(source, "  const long long first = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / {t};");
-        let _ = writeln!(source, "  const long long lead = first - (threadIdx.x % {uniform}) / {t};");
+        if cluster == 1 {
+            let _ =
+                writeln!(source, "  const long long first = ((long long)blockIdx.x * blockDim.x + threadIdx.x) / {t};");
+            let _ = writeln!(source, "  const long long lead = first - (threadIdx.x % {uniform}) / {t};");
+        }
         let reduction_source = |source: String| RegionSource {
             kernel: kernel.to_string(),
             source,
@@ -858,11 +993,13 @@ fn generate(
             outputs: outputs.len(),
             numel,
             vectorized: false,
-            // `t` threads per `group_rows` rows; the launch rounds up to blocks of 256 threads.
-            threads: rows.div_ceil(group_rows) * t,
+            // `t` threads per `group_rows` rows (or `cluster` blocks a row); the launch rounds up
+            // to blocks of 256 threads.
+            threads: rows.div_ceil(group_rows) * t * cluster,
             input_lengths,
             output_lengths,
             in_place: Vec::new(),
+            cluster,
         };
         // The C that writes the region's other outputs at `i` (the reduction's input, say).
         let written: String = outputs
@@ -874,7 +1011,7 @@ fn generate(
         let read = |k: usize| read_as_float(k, index_expression(k, &shape, &input_shapes[k]));
         let values = AccessValues {
             v,
-            full: &full,
+            full,
             input_dtypes: &input_dtypes,
             read: &read,
             body: &body,
@@ -899,8 +1036,20 @@ fn generate(
             );
             return Ok(reduction_source(source));
         }
-        let _ = writeln!(source, "  for (long long r0 = lead; r0 < rows; r0 += stride / {t}) {{");
-        let _ = writeln!(source, "    const long long r = r0 + (first - lead);");
+        if cluster > 1 {
+            // A cluster a row (each of its blocks runs each of the row's cluster barriers), and
+            // the block's slice of it by its rank: `chunk` values from `lo`, whole accesses.
+            let _ = writeln!(source, "  __shared__ float bs_cluster_part[2];");
+            let _ = writeln!(source, "  const unsigned slice = bs_cluster_rank();");
+            let _ = writeln!(
+                source,
+                "  for (long long r = blockIdx.x / {cluster}; r < rows; r += gridDim.x / {cluster}) {{"
+            );
+        } else {
+            let _ = writeln!(source, "  for (long long r0 = lead; r0 < rows; r0 += stride / {t}) {{");
+            let _ = writeln!(source, "    const long long r = r0 + (first - lead);");
+        }
+        let chunk = accesses.div_ceil(cluster) * v;
         let _ = writeln!(source, "    float acc = {init};");
         let _ = writeln!(source, "    if (r < rows) {{");
         // One accumulator per value of an access: `v` independent chains of additions (or
@@ -909,16 +1058,7 @@ fn generate(
         let _ = writeln!(source, "    float accs[{v}];");
         let _ = writeln!(source, "    #pragma unroll");
         let _ = writeln!(source, "    for (int e = 0; e < {v}; ++e) accs[e] = {init};");
-        // Each thread makes `loads` accesses of each input before it uses any, so that they are
-        // in flight together (a loop unrolled by the compiler reused their registers and kept
-        // two: a maximum over 333 rows of 50,257 f32 values ran at 44% of the DRAM's bandwidth,
-        // stalled on its loads). Up to 128 bytes a thread in flight (2 to 16 accesses of each
-        // input read whole, so more with 5 inputs or more), spread evenly over the batches the
-        // thread's accesses take (25 accesses: batches of 7, 7, 7 and 4, not 8, 8, 8 and 1).
-        let access_bytes = v * widest.unwrap_or(4);
-        let most = (128 / (access_bytes * read_whole)).clamp(2, 16);
-        let per_thread = accesses.div_ceil(t).max(1);
-        let loads = per_thread.div_ceil(per_thread.div_ceil(most));
+        // (`loads` accesses of each input a thread in flight at once: see `ReductionLayout`.)
         let step = t * v;
         // `next` opens access `u` of a batch (where it is in the row); `at` is its element in
         // the tensor.
@@ -930,12 +1070,24 @@ fn generate(
             // that `o` never overflows), which keeps the per-value test of the row's bounds cheap.
             let _ = writeln!(source, "    const long long start = r * {row}ll, end = start + {row}ll;");
             let _ = writeln!(source, "    const int stop = (int)((end < {whole}ll ? end : {whole}ll) - start);");
-            let _ = writeln!(
-                source,
-                "    for (int o0 = lane * {v} - (int)(start % {v}); o0 < stop; o0 += {}) {{",
-                loads * step
-            );
-            (format!("const int o = o0 + u * {step}; if (o < stop)"), "start + o".to_string())
+            if cluster > 1 {
+                let _ = writeln!(source, "    const int lo = (int)slice * {chunk} - (int)(start % {v});");
+                let _ = writeln!(source, "    const int hi = lo + {chunk} < stop ? lo + {chunk} : stop;");
+                let _ = writeln!(source, "    for (int o0 = lo + lane * {v}; o0 < hi; o0 += {}) {{", loads * step);
+                (format!("const int o = o0 + u * {step}; if (o < hi)"), "start + o".to_string())
+            } else {
+                let _ = writeln!(
+                    source,
+                    "    for (int o0 = lane * {v} - (int)(start % {v}); o0 < stop; o0 += {}) {{",
+                    loads * step
+                );
+                (format!("const int o = o0 + u * {step}; if (o < stop)"), "start + o".to_string())
+            }
+        } else if cluster > 1 {
+            let _ = writeln!(source, "    const long long lo = (long long)slice * {chunk}ll;");
+            let _ = writeln!(source, "    const long long hi = lo + {chunk}ll < {row}ll ? lo + {chunk}ll : {row}ll;");
+            let _ = writeln!(source, "    for (long long c0 = lo + lane * {v}; c0 < hi; c0 += {}ll) {{", loads * step);
+            (format!("const long long c = c0 + (long long)u * {step}; if (c < hi)"), format!("r * {row}ll + c"))
         } else {
             let _ = writeln!(source, "    for (long long c0 = lane * {v}; c0 < {row}ll; c0 += {}ll) {{", loads * step);
             (format!("const long long c = c0 + (long long)u * {step}; if (c < {row}ll)"), format!("r * {row}ll + c"))
@@ -958,7 +1110,8 @@ fn generate(
         if aligned && whole < numel {
             let _ = writeln!(
                 source,
-                "    if (lane == 0) for (long long i = start > {whole}ll ? start : {whole}ll; i < end; ++i) {{"
+                "    if (lane == 0{}) for (long long i = start > {whole}ll ? start : {whole}ll; i < end; ++i) {{",
+                if cluster > 1 { " && slice == 0" } else { "" }
             );
             for k in 0..inputs.len() {
                 let _ = writeln!(source, "    const float x{k} = {};", read_as_float(k, format!("in{k}[i]")));
@@ -969,8 +1122,18 @@ fn generate(
         }
         let _ = writeln!(source, "    }}");
         super::row_kernels::row_reduce(&mut source, t, &combine);
+        let first_block = if cluster > 1 {
+            super::row_kernels::cluster_reduce(&mut source, cluster, &combine);
+            " && slice == 0"
+        } else {
+            ""
+        };
         if let Some(o) = outputs.iter().position(|&v| v == result) {
-            let _ = writeln!(source, "    if (r < rows && lane == 0) out{o}[r] = {};", narrow(output_dtypes[o], "acc"));
+            let _ = writeln!(
+                source,
+                "    if (r < rows && lane == 0{first_block}) out{o}[r] = {};",
+                narrow(output_dtypes[o], "acc")
+            );
         }
         let _ = writeln!(source, "  }}\n}}");
         return Ok(reduction_source(source));
@@ -1082,6 +1245,7 @@ fn generate(
         input_lengths,
         output_lengths,
         in_place,
+        cluster: 1,
     })
 }
 
@@ -2133,6 +2297,87 @@ mod reduction_tests {
         );
         assert!(src.contains("if (o + e >= 0 && o + e < 63) accs[e] = bs_max(accs[e], "), "{src}");
         super::super::compiles_with_nvrtc(src);
+    }
+
+    /// With `split_reductions`, a trailing reduction over rows of a block each (256 threads)
+    /// is split over a thread-block cluster where rows are at most a quarter as many as SMs, or
+    /// half as many of 256 KB or more: the fewest blocks, up to 8, that give each SM one, each
+    /// with a batch of loads at least. Each block reduces
+    /// its slice of the row (through accesses aligned to the row, or to the tensor), the
+    /// cluster combines the blocks' totals between two barriers, and the first block writes the
+    /// row's result. Every other kernel is the one without the variant: rows shorter than a
+    /// block's, rows as many as SMs, and any row on a GPU without clusters or of an unknown SM
+    /// count. Each split kernel compiles for Hopper.
+    #[test]
+    fn split_reductions_split_few_long_rows_over_clusters() {
+        use crate::core::ir::TensorMeta;
+        const HOPPER: RegionTarget = RegionTarget { l2_bytes: 50 << 20, sms: 132, clusters: true };
+        let split = KernelVariants::default();
+        let unsplit = KernelVariants { split_reductions: false, ..split };
+        // `alone`: the reduction is the region's only output, so that rows that 16 bytes do not
+        // divide are read through accesses aligned to the tensor.
+        let source = |dtype: DType, shape: [usize; 2], max: bool, alone: bool, variants, target| {
+            let (arena, registry) = (Arena::new(), Registry::with_builtins());
+            let mut b = TraceBuilder::new(&arena, &registry);
+            let x = b.input_with(&TensorMeta::new(dtype, &shape)).unwrap();
+            let e = b.exp(x).unwrap();
+            let r = if max { b.max(e).unwrap() } else { b.sum(e).unwrap() };
+            if !alone {
+                b.output(e).unwrap();
+            }
+            b.output(r).unwrap();
+            let trace = b.finish().unwrap();
+            let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
+            region_source_for(&OpView::of(&fused, 0).unwrap(), "split", variants, target).unwrap()
+        };
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            // (Blocks a cluster in f32, and in 16 bits.)
+            for (shape, f32_cluster, half_cluster) in [
+                ([16, 1 << 20], 8, 8),
+                ([1, 1 << 20], 8, 8),
+                ([64, 1 << 20], 4, 4),
+                ([16, 65536], 8, 4),
+                ([33, 65536], 4, 4),
+                ([64, 65536], 4, 1),
+                ([9, 200003], 8, 8),
+                ([66, 1 << 20], 2, 2),
+                ([67, 1 << 20], 1, 1),
+                ([132, 1 << 20], 1, 1),
+                ([16, 4096], 1, 1),
+                ([4096, 1024], 1, 1),
+            ] {
+                for (max, alone) in [(false, false), (true, true)] {
+                    let what = format!("{dtype} {shape:?} max: {max}, alone: {alone}");
+                    let kernel = source(dtype, shape, max, alone, split, HOPPER);
+                    let plain = source(dtype, shape, max, alone, unsplit, HOPPER);
+                    let (s, old) = (&kernel.source, &plain.source);
+                    assert!(!old.contains("cluster") && plain.cluster == 1, "{what}");
+                    let cluster = if dtype == DType::F32 { f32_cluster } else { half_cluster };
+                    if cluster == 1 {
+                        assert_eq!((s, kernel.threads, kernel.cluster), (old, plain.threads, 1), "{what}");
+                        continue;
+                    }
+                    assert!(s.contains(&format!("__cluster_dims__({cluster}, 1, 1)")), "{what}\n{s}");
+                    assert_eq!((kernel.threads, kernel.cluster), (shape[0] * cluster * 256, cluster), "{what}");
+                    assert_eq!(s.matches("bs_cluster_sync();").count(), 2, "{what}\n{s}");
+                    assert!(s.contains("lane == 0 && slice == 0) out"), "{what}\n{s}");
+                    let aligned = alone && shape[1] % 4 != 0;
+                    let slice = if aligned { "const int hi = lo + " } else { "const long long hi = lo + " };
+                    assert!(s.contains(slice), "{what}\n{s}");
+                    match crate::executors::cuda::nvrtc_ptx(s, Some("compute_90")) {
+                        None => {}
+                        Some(Err(e)) => panic!("NVRTC rejects the kernel for compute_90: {e}\n{s}"),
+                        Some(Ok(ptx)) => assert!(ptx.contains("barrier.cluster") && ptx.contains("mapa"), "{what}"),
+                    }
+                }
+            }
+        }
+        // A GPU without clusters, or of an unknown SM count: not split.
+        for target in [RegionTarget { clusters: false, ..HOPPER }, RegionTarget { sms: 0, ..HOPPER }] {
+            let kernel = source(DType::F32, [16, 1 << 20], false, false, split, target);
+            let plain = source(DType::F32, [16, 1 << 20], false, false, unsplit, target);
+            assert_eq!((kernel.source, kernel.threads), (plain.source, 16 * 256));
+        }
     }
 }
 

@@ -445,7 +445,7 @@ impl CudaDevice {
         self.context.bind_to_thread().map_err(|e| cuda_error("binding the device's context", e))?;
         function
             .occupancy_max_active_clusters(config, self.order.stream())
-            .map_err(|e| cuda_error("counting the clusters of a row kernel that fit the GPU", e))
+            .map_err(|e| cuda_error("counting the clusters of a kernel that fit the GPU", e))
     }
 
     /// A device attribute the driver gives as a count or a size; 0 where it does not say.
@@ -531,6 +531,7 @@ impl CudaDevice {
             input_lengths: Vec::new(),
             output_lengths: Vec::new(),
             in_place: Vec::new(),
+            cluster: 1,
         })
     }
 

@@ -9,7 +9,7 @@ use std::ffi::c_void;
 use cudarc::driver::{sys, CudaFunction, LaunchConfig};
 
 use super::attention::{self, Attention};
-use super::codegen::{op_source_with, region_source_with};
+use super::codegen::{op_source_for, region_source_for, RegionTarget};
 use super::device::{address, cuda_error, CudaDevice};
 use super::device_checks::BufferLengths;
 use super::flash_attention::{flash_operands, FlashAttention};
@@ -91,9 +91,11 @@ impl Executor for CudaFusion {
                 multi_tensor::joined_source(op, &kernel_name(op.name()), self.variants).map_err(precondition)?;
             return Ok(Box::new(multi_tensor::JoinedKernel::new(&self.device, joined, range)?));
         }
-        let l2 = self.device.l2_cache_bytes();
-        let generated = region_source_with(op, &kernel_name(op.name()), self.variants, l2).map_err(precondition)?;
-        Ok(Box::new(GeneratedKernel::new(&self.device, &generated, range)?))
+        let name = kernel_name(op.name());
+        let kernel = fitted_kernel(&self.device, self.variants, range, |variants, target| {
+            region_source_for(op, &name, variants, target).map_err(precondition)
+        })?;
+        Ok(Box::new(kernel))
     }
 
     /// Regions of elementwise ops whose inputs are each of the region's shape or a single
@@ -220,7 +222,7 @@ impl CudaOps {
         }
         kernel.config =
             LaunchConfig { grid_dim: (rows.blocks, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: shared as u32 };
-        Ok((kernel, rows.cluster))
+        Ok((kernel, rows.source.cluster))
     }
 }
 
@@ -375,20 +377,44 @@ impl Executor for CudaOps {
         }
         let is_shape_op = matches!(builtin_prim(op), Some(prims::RESHAPE | prims::TRANSPOSE | prims::BROADCAST_TO));
         let name = kernel_name(op.name());
+        let precondition =
+            |detail| Error::KernelPrecondition { executor: Self::NAME.into(), symbol: op.name().into(), detail };
         let generated = if is_shape_op {
             shape_op_source(op, &name)
         } else if index_ops::generates(op) {
             index_ops::index_op_source(op, &name)
         } else {
-            op_source_with(op, &name, self.variants, self.device.l2_cache_bytes())
+            let kernel = fitted_kernel(&self.device, self.variants, None, |variants, target| {
+                op_source_for(op, &name, variants, target).map_err(precondition)
+            })?;
+            return Ok(Box::new(kernel));
         };
-        let generated = generated.map_err(|detail| Error::KernelPrecondition {
-            executor: Self::NAME.into(),
-            symbol: op.name().into(),
-            detail,
-        })?;
-        Ok(Box::new(GeneratedKernel::new(&self.device, &generated, None)?))
+        Ok(Box::new(GeneratedKernel::new(&self.device, &generated.map_err(precondition)?, None)?))
     }
+}
+
+/// The kernel `generate` writes with `variants` for `device`, compiled; or, where its rows are
+/// split over thread-block clusters ([`KernelVariants::split_reductions`]) that the GPU cannot
+/// run at once (`cuOccupancyMaxActiveClusters` finds none: a MIG instance or an MPS limit may
+/// leave too few SMs of a GPC), the kernel it writes without splitting them.
+fn fitted_kernel(
+    device: &Arc<CudaDevice>,
+    variants: KernelVariants,
+    range: Option<PreparedRegionRange>,
+    generate: impl Fn(KernelVariants, RegionTarget) -> Result<RegionSource>,
+) -> Result<GeneratedKernel> {
+    let target =
+        RegionTarget { l2_bytes: device.l2_cache_bytes(), sms: device.multiprocessors(), clusters: device.clusters() };
+    let generated = generate(variants, target)?;
+    if generated.cluster > 1 {
+        let kernel = GeneratedKernel::new(device, &generated, None)?;
+        if device.clusters_that_fit(&kernel.function, kernel.config)? == 0 {
+            let unsplit = generate(KernelVariants { split_reductions: false, ..variants }, target)?;
+            return GeneratedKernel::new(device, &unsplit, range);
+        }
+        return Ok(GeneratedKernel { range, ..kernel });
+    }
+    GeneratedKernel::new(device, &generated, range)
 }
 
 fn kernel_name(name: &str) -> String {
@@ -604,8 +630,9 @@ mod tests {
     use crate::DType;
 
     /// On a GPU with thread-block clusters, the kernels that split rows over them
-    /// ([`KernelVariants::split_rows`]) fit it as clusters, as the driver counts them, so that
-    /// the fallback for a GPU that cannot run them at once (unsplit rows) leaves them split.
+    /// ([`KernelVariants::split_rows`], [`KernelVariants::split_reductions`]) fit it as
+    /// clusters, as the driver counts them, so that the fallback for a GPU that cannot run them
+    /// at once (unsplit rows) leaves them split.
     /// (Run on an H100, 2026-12-06, before the query bound the context; the fallback itself
     /// needs a GPU whose clusters do not fit, such as a small MIG instance, to be seen.)
     /// Needs a GPU: prints why it is skipped without one.
@@ -648,6 +675,22 @@ mod tests {
                 let fit = device.clusters_that_fit(&kernel.function, kernel.config).unwrap();
                 assert!(fit > 0, "{what}: clusters of {cluster} do not fit");
             }
+        }
+        // Reductions split over clusters too ([`KernelVariants::split_reductions`]).
+        let target = RegionTarget { l2_bytes: device.l2_cache_bytes(), sms: device.multiprocessors(), clusters: true };
+        for (max, dtype) in [(false, DType::F32), (true, DType::BF16)] {
+            let arena = Arena::new();
+            let mut b = TraceBuilder::new(&arena, &registry);
+            let x = b.input_with(&TensorMeta::new(dtype, &[few, 1 << 20])).unwrap();
+            let y = if max { b.max(x).unwrap() } else { b.sum(x).unwrap() };
+            b.output(y).unwrap();
+            let trace = b.finish().unwrap();
+            let op = OpView::new(&trace, trace.bound_symbols().last().unwrap()).unwrap();
+            let generated = op_source_for(&op, "split_reduction", KernelVariants::default(), target).unwrap();
+            let kernel = GeneratedKernel::new(&device, &generated, None).unwrap();
+            assert!(generated.cluster > 1, "{dtype} max: {max}: not split");
+            let fit = device.clusters_that_fit(&kernel.function, kernel.config).unwrap();
+            assert!(fit > 0, "{dtype} max: {max}: clusters of {} do not fit", generated.cluster);
         }
     }
 }

@@ -106,6 +106,7 @@ impl CheckedGather {
             input_lengths: vec![packing::words(dtype, table.iter().product()), packing::words(id_dtype, ids_numel)],
             output_lengths: vec![packing::words(dtype, out_numel)],
             in_place: Vec::new(),
+            cluster: 1,
         };
         let function = device.function(&generated)?;
         let threads = super::codegen::BLOCK_THREADS;

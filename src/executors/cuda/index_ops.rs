@@ -311,6 +311,7 @@ pub fn index_op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, St
             .collect(),
         output_lengths: vec![packing::words(out_dtype, numel)],
         in_place: Vec::new(),
+        cluster: 1,
     })
 }
 

@@ -205,8 +205,9 @@ pub(super) fn input_source(op: &OpView<'_>, kernel: &str) -> std::result::Result
             .collect(),
         output_lengths: vec![packing::words(out_dtype, numel)],
         in_place: Vec::new(),
+        cluster: 1,
     };
-    Ok(RowSource { source, layout, blocks, cluster: 1 })
+    Ok(RowSource { source, layout, blocks })
 }
 
 /// A built-in `layer_norm_weight_backward(x, grad, eps)`: partial sums per block into a

@@ -231,10 +231,8 @@ pub(super) struct RowSource {
     /// Blocks to launch (each loops over further rows past CUDA's grid limit). A kernel that
     /// splits its rows over thread-block clusters ([`KernelVariants::split_rows`]) declares
     /// their size (`__cluster_dims__`), so that a plain launch runs its blocks as clusters:
-    /// then a whole number of clusters.
+    /// then a whole number of clusters ([`RegionSource::cluster`]).
     pub blocks: u32,
-    /// Blocks a cluster: 1 where rows are not split.
-    pub cluster: usize,
 }
 
 /// Where an access's cache lines go: kept as usual, or marked to be evicted first (PTX's
@@ -515,7 +513,7 @@ fn open_cluster_rows(c: &mut String, cluster: usize, rows: usize, cols: usize) {
 /// diverged, as warp 0 may after thread 0's write; `ptxas` makes the same `UCGABAR_ARV` and
 /// `UCGABAR_WAIT` of both, sm_90); `bs_cluster_read(p, rank)`, the `float` at `p` in the shared memory
 /// of the cluster's block `rank`.
-const CLUSTER_HELPERS: &str = r#"__device__ __forceinline__ unsigned bs_cluster_rank() {
+pub(super) const CLUSTER_HELPERS: &str = r#"__device__ __forceinline__ unsigned bs_cluster_rank() {
   unsigned r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
   return r;
@@ -538,7 +536,7 @@ __device__ __forceinline__ float bs_cluster_read(const float* p, unsigned rank) 
 /// float bs_cluster_part[2]`: every block combines the totals in rank order, so that all end
 /// with the same bits. The second barrier keeps a block from writing its part again (the next
 /// reduction, the next row) before the others have read it.
-fn cluster_reduce(c: &mut String, cluster: usize, combine: &dyn Fn(&str, &str) -> String) {
+pub(super) fn cluster_reduce(c: &mut String, cluster: usize, combine: &dyn Fn(&str, &str) -> String) {
     let _ = writeln!(c, "    if (threadIdx.x == 0) bs_cluster_part[0] = acc;");
     let _ = writeln!(c, "    bs_cluster_sync();");
     let _ = writeln!(c, "    acc = bs_cluster_read(bs_cluster_part, 0);");
@@ -572,7 +570,7 @@ fn cluster_softmax_merge(c: &mut String, cluster: usize) {
 /// `iterations`: the fewest (a power of two up to [`MAX_CLUSTER_BLOCKS`], each block with an
 /// iteration at least) that give each of the GPU's `sms` a block, for `rows` rows; 1 where
 /// there are as many rows as SMs, or the SM count is unknown (0).
-fn cluster_blocks(rows: usize, sms: usize, iterations: usize) -> usize {
+pub(super) fn cluster_blocks(rows: usize, sms: usize, iterations: usize) -> usize {
     let mut blocks = 1;
     while blocks < MAX_CLUSTER_BLOCKS && rows * blocks < sms && 2 * blocks <= iterations {
         blocks *= 2;
@@ -835,9 +833,10 @@ const OUT_SCALE_LOG2: i32 = 8;
 /// Ampere and later; a load and a store before); `bs_copies_done()` waits for the thread's
 /// copies.
 ///
-/// Only rows whose accesses are kept as usual take them ([`Caching::Kept`]); rows the
-/// streaming hints mark are read through registers with the hint, as without the variant. The
-/// copies took the hint's L2 eviction policy until some kernels stopped on an H100 with
+/// No copy takes an L2 cache hint. `softmax` rows take them always; `layer_norm` rows only
+/// where their accesses are kept as usual ([`Caching::Kept`]): rows the streaming hints mark
+/// are read through registers with the hint, as without the variant, so that they leave the
+/// weight and bias in L2. The copies took the hint's L2 eviction policy until some kernels stopped on an H100 with
 /// `CUDA_ERROR_ILLEGAL_INSTRUCTION` (2026-12-06): f32 `softmax` over [100, 65537] and
 /// [200, 65537] with the default variants, where `compute-sanitizer` put the fault at the copy
 /// (`LDGSTS.E.BYPASS.128 [R47+UR0], desc[UR1][R44.64]`). In every kernel that faulted, `ptxas`
@@ -1043,10 +1042,10 @@ pub(super) fn row_source(
     // Accesses kept in shared memory as read (16 bytes each) are copied there asynchronously:
     // `ptxas` (sm_90) kept a load, then its store, one at a time for all but the first few
     // (16-bit `layer_norm` over rows of 50,257: of the six accesses a thread keeps there, three
-    // at once, then three in turn). Not where the streaming hints mark the row's accesses
-    // (`Caching::Streamed`, see `async_copies`): those keep the hint's loads.
+    // at once, then three in turn). Not where the streaming hints mark a `layer_norm` row's
+    // accesses (`Caching::Streamed`, see `async_copies`): those keep the hint's loads.
     let copy_async = variants.async_row_copies
-        && caching == Caching::Kept
+        && (caching == Caching::Kept || id == prims::SOFTMAX)
         && layout.shared_bytes() > 0
         && (raw_shared || dtypes[0] == DType::F32)
         && v * dtypes[0].size_bytes() == 16;
@@ -1326,8 +1325,9 @@ pub(super) fn row_source(
         input_lengths,
         output_lengths: vec![packing::words(out_dtype, numel)],
         in_place: Vec::new(),
+        cluster,
     };
-    Ok(RowSource { source, layout, blocks, cluster })
+    Ok(RowSource { source, layout, blocks })
 }
 
 #[cfg(test)]
@@ -1449,6 +1449,7 @@ mod tests {
                 batched_rows: true,
                 async_row_copies: true,
                 split_rows: true,
+                split_reductions: true,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -1921,9 +1922,9 @@ mod tests {
 
     /// With `async_row_copies`, the accesses a row kernel keeps in shared memory as read (16-bit
     /// rows, `f32` rows) are copied there with `cp.async`, whole ones only and with no L2 cache
-    /// hint, then waited for once, where the streaming hints do not mark the row's accesses;
-    /// every other kernel (the hinted ones too) is the same source with the variant or without
-    /// it. Both compile (for the GPU's architecture and for NVRTC's default, which has no
+    /// hint, then waited for once: `softmax` rows always, `layer_norm` rows where the streaming
+    /// hints do not mark their accesses; every other kernel (hinted `layer_norm` too) is the
+    /// same source with the variant or without it. Both compile (for the GPU's architecture and for NVRTC's default, which has no
     /// `cp.async`).
     #[test]
     fn async_row_copies_copy_the_shared_part_of_rows_kept_as_read() {
@@ -1948,12 +1949,20 @@ mod tests {
                     assert!(src.contains("cp.async.cg.shared.global [%0]"), "{what}\n{src}");
                     assert!(!src.contains("cache_hint") && !src.contains("createpolicy"), "{what}\n{src}");
                     crate::executors::cuda::compiles_with_nvrtc(src);
-                    // Hinted (an L2 of unknown size): the hint's loads through registers, no
-                    // copies.
+                    // Hinted (an L2 of unknown size): `layer_norm` reads through registers with
+                    // the hint's loads, no copies; `softmax`, which reads nothing again, copies
+                    // all the same, without the hint.
                     let hinted = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, with, 0);
                     let unhinted = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, without, 0);
-                    assert_eq!(hinted.source.source, unhinted.source.source, "{what}");
-                    assert!(hinted.source.source.contains("__ldcs("), "{what}");
+                    let hinted = &hinted.source.source;
+                    if layer_norm {
+                        assert_eq!(*hinted, unhinted.source.source, "{what}");
+                        assert!(hinted.contains("__ldcs("), "{what}");
+                    } else {
+                        assert!(hinted.contains("bs_copy_async(dst, in0 + row + col)"), "{what}\n{hinted}");
+                        assert!(!hinted.contains("cache_hint") && !hinted.contains("createpolicy"), "{what}");
+                        crate::executors::cuda::compiles_with_nvrtc(hinted);
+                    }
                 }
             }
         }
@@ -1989,14 +1998,18 @@ mod tests {
                     // Kept on chip, or as many rows as SMs: the same kernel.
                     let cluster = if plain.layout.per_thread.is_some() { 1 } else { streamed_cluster };
                     if cluster == 1 {
-                        assert_eq!((s, kernel.blocks, kernel.cluster), (old, plain.blocks, 1), "{what}");
+                        assert_eq!((s, kernel.blocks, kernel.source.cluster), (old, plain.blocks, 1), "{what}");
                         continue;
                     }
                     assert_eq!(kernel.layout, plain.layout, "{what}");
                     // The pass after a forward one runs back: one per kernel.
                     assert_eq!(s.matches("--round").count(), 1, "{what}\n{s}");
                     assert!(s.contains(&format!("__cluster_dims__({cluster}, 1, 1)")), "{what}\n{s}");
-                    assert_eq!((kernel.blocks as usize, kernel.cluster), (shape[0] * cluster, cluster), "{what}");
+                    assert_eq!(
+                        (kernel.blocks as usize, kernel.source.cluster),
+                        (shape[0] * cluster, cluster),
+                        "{what}"
+                    );
                     // Each reduction is combined across the cluster, between two barriers:
                     // `softmax`'s one (maximum and sum at once), `layer_norm`'s two.
                     let reductions = if layer_norm { 2 } else { 1 };
@@ -2080,7 +2093,7 @@ mod tests {
         let launch = format!(
             "{spec}\nvariants: {variants:?}\nblocks: {} (clusters of {})\nlayout: {:?}\nshared bytes a block: {}\n",
             kernel.blocks,
-            kernel.cluster,
+            kernel.source.cluster,
             kernel.layout,
             kernel.layout.shared_bytes()
         );

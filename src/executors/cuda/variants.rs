@@ -4,8 +4,9 @@
 //! defaults, case by case, in one run) or on GPT-2's steps: `fast_exp2` and `streaming_rows`
 //! are (2026-12-05, the H200's sweep), `keep_in_l2` (2026-12-05, an H100, with GPT-2's
 //! steps), `batched_rows` (the same H100's sweep), `async_row_copies` (the H200 and an H100,
-//! 2026-12-05 and 2026-12-06) and `split_rows` (an H100, 2026-12-06, over 141 cases of few long
-//! rows); `int32_row_columns` is not. Their options stay so that the comparison can be run
+//! 2026-12-05 and 2026-12-06), `split_rows` (an H100, 2026-12-06, over 141 cases of few long
+//! rows) and `split_reductions` (an H100, 2026-12-06, over 66 cases of few long rows);
+//! `int32_row_columns` is not. Their options stay so that the comparison can be run
 //! again, and so do those of the variants on by default, to time the kernels without them. A
 //! plan whose kernels differ from the defaults lists its variants in its header. Both
 //! executors that generate kernels, `CudaFusion` and `CudaOps`, take them
@@ -31,8 +32,8 @@ use crate::error::Result;
 use crate::options::{Audience, OptionSpec, OptionType, OptionValue, Options};
 
 /// Which variant of each generated kernel to emit. [`Default`] gives the fastest measured
-/// (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`, `async_row_copies` and
-/// `split_rows`);
+/// (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`, `async_row_copies`,
+/// `split_rows` and `split_reductions`);
 /// [`KernelVariants::NONE`], the kernels before any variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KernelVariants {
@@ -136,16 +137,22 @@ pub struct KernelVariants {
     /// tests, on the H100: its row test runs every variant alone and all of them, over rows of
     /// 16,384 to 200,003 in every dtype).
     ///
-    /// Only rows whose accesses the streaming hints leave as they are (tensors that fit in L2,
-    /// with [`keep_in_l2`](Self::keep_in_l2)) are copied so; hinted rows are read through
-    /// registers with the hint, as without the variant. Hinted copies (`cp.async` with
-    /// `.L2::cache_hint`) stopped f32 `softmax` over [100, 65537] and [200, 65537] with
-    /// `CUDA_ERROR_ILLEGAL_INSTRUCTION` on an H100 (2026-12-06, the defaults; `compute-sanitizer`
-    /// put it at the copy), tensors past half of L2 that the tests had not covered (the row test
-    /// now runs such tensors); copies without the hint ran f32 `layer_norm` over 1 GiB at 0.82x.
-    /// Against the hinted copies, where those ran (H100, `gpu_sweep f32,bf16,f16
-    /// softmax,layer_norm 333x50257,256x65536,4096x65536`, one process each, two rounds): 0.97x
-    /// at the median, 0.88x (f16 `softmax` [333, 50257]) to 1.02x.
+    /// No copy carries an L2 cache hint. `softmax` rows are copied so always; `layer_norm`
+    /// rows only where the streaming hints leave their accesses as they are (tensors that fit
+    /// in L2, with [`keep_in_l2`](Self::keep_in_l2)): hinted ones are read through registers
+    /// with the hint, as without the variant, since `layer_norm` reads its weight and bias
+    /// again for every row, and rows not marked to be evicted first push them out of L2 (f32
+    /// `layer_norm` over 1 GiB copied without the hint ran at 0.82x). Hinted copies
+    /// (`cp.async` with `.L2::cache_hint`) stopped f32 `softmax` over [100, 65537] and
+    /// [200, 65537] with `CUDA_ERROR_ILLEGAL_INSTRUCTION` on an H100 (2026-12-06, the defaults;
+    /// `compute-sanitizer` put it at the copy), tensors past half of L2 that the tests had not
+    /// covered (the row test now runs such tensors). Against the hinted copies, where those ran
+    /// (H100, `gpu_sweep f32,bf16,f16 softmax,layer_norm 333x50257,256x65536,4096x65536`, one
+    /// process each, two rounds), with every hinted row read through registers: 0.97x at the
+    /// median, 0.88x (f16 `softmax` [333, 50257]) to 1.02x. Hinted `softmax` rows copied, against
+    /// that (an H100, the same day, `gpu_sweep f32,bf16,f16 softmax
+    /// 333x50257,256x65536,4096x65536,100x65537,200x65537`, two rounds a build): 1.06x at the
+    /// median, 0.98x to 1.18x.
     pub async_row_copies: bool,
     /// Rows too long to keep on chip (streamed: read once per pass; on Hopper, `layer_norm`
     /// rows past 65,536 values in `f32` and 122,880 in 16 bits, `softmax` rows past 90,112) are
@@ -177,11 +184,35 @@ pub struct KernelVariants {
     /// cache hint, which turned out to fault in some kernels without clusters too (see
     /// [`async_row_copies`](Self::async_row_copies)).
     pub split_rows: bool,
+    /// A fused region's trailing last-axis `sum` or `max` (or the op alone) over rows long
+    /// enough to take a block of 256 threads each (past 8,192 `f32` values, 16,384 16-bit ones)
+    /// is split over a thread-block cluster of up to 8 blocks (Hopper and later) where the
+    /// tensor has at most a quarter as many rows as the GPU has SMs, or half as many rows of
+    /// 256 KB or more, as
+    /// [`split_rows`](Self::split_rows) splits a row kernel's streamed rows: each block reduces
+    /// a contiguous slice of the row (whole accesses, as many as the others' or fewer), and the
+    /// blocks combine their totals through distributed shared memory in rank order, so that the
+    /// result has the same bits on every run. Without it such a row takes one block: 16 rows of
+    /// 2^20 values ran on 16 of the H100's 132 SMs (`f32` `sum` at 748 GB/s). Other kernels
+    /// are the same with it or without it. Where the GPU cannot run a kernel's clusters at
+    /// once (`cuOccupancyMaxActiveClusters` finds none), the executor generates it unsplit.
+    ///
+    /// On by default. On an H100 (2026-12-06, `gpu_sweep f32,bf16,f16 sum,max SHAPES
+    /// --variant=split_reductions`, plans on the same inputs, best of three rounds, results
+    /// checked against the CPU reference), over 1 to 64 rows of 50,257 to 2^20 values: 1.02x
+    /// to 6.6x (f32 `sum` [16, 2^20] 3.5x, 2,613 GB/s; [8, 2^20] 6.6x; 40 rows of 262,144
+    /// 1.5-2.1x; 64 rows 1.2-1.6x; 9 rows of 200,003 2.5-3.1x), 0.99-1.33x over the 8 MiB
+    /// tensors of 16 rows of 65,536. Rows past a quarter of the SMs, split, ran at 0.82-0.91x
+    /// over 100 and 131 rows of 65,536 and 0.86-1.00x over 64 and 66 rows of
+    /// 65,536 (128 KB a row in 16 bits, 256 KB in `f32`), but 1.07-1.63x over 64 and 66 rows of
+    /// 262,144, so such rows are split only from 256 KB a row (`f32` [64, 65536]: 0.97x) and
+    /// only up to half as many as SMs.
+    pub split_reductions: bool,
 }
 
 impl Default for KernelVariants {
     /// The variants measured faster: `fast_exp2`, `streaming_rows`, `keep_in_l2`,
-    /// `batched_rows`, `async_row_copies` and `split_rows`.
+    /// `batched_rows`, `async_row_copies`, `split_rows` and `split_reductions`.
     fn default() -> Self {
         Self {
             fast_exp2: true,
@@ -191,6 +222,7 @@ impl Default for KernelVariants {
             batched_rows: true,
             async_row_copies: true,
             split_rows: true,
+            split_reductions: true,
         }
     }
 }
@@ -241,7 +273,7 @@ pub const CUDA_OPTIONS: &[OptionSpec] = &[
         name: "cuda.async_row_copies",
         ty: OptionType::Bool,
         default: OptionValue::Bool(true),
-        doc: "Row kernels copy the part of a row they keep in shared memory as read there with cp.async, without registers, where the streaming hints leave the row unmarked (KernelVariants::async_row_copies).",
+        doc: "Row kernels copy the part of a row they keep in shared memory as read there with cp.async, without registers: softmax always, layer_norm where the streaming hints leave the row unmarked (KernelVariants::async_row_copies).",
         audience: Audience::Developer,
         env: None,
     },
@@ -250,6 +282,14 @@ pub const CUDA_OPTIONS: &[OptionSpec] = &[
         ty: OptionType::Bool,
         default: OptionValue::Bool(true),
         doc: "Streamed rows split over thread-block clusters of up to 8 blocks where rows are fewer than SMs, each pass running the other way from the one before (KernelVariants::split_rows).",
+        audience: Audience::Developer,
+        env: None,
+    },
+    OptionSpec {
+        name: "cuda.split_reductions",
+        ty: OptionType::Bool,
+        default: OptionValue::Bool(true),
+        doc: "Fused regions' trailing sums and maxima over rows of a block or more split over thread-block clusters of up to 8 blocks where rows are at most a quarter as many as SMs, or half as many of 256 KB or more (KernelVariants::split_reductions).",
         audience: Audience::Developer,
         env: None,
     },
@@ -265,6 +305,7 @@ impl KernelVariants {
         batched_rows: false,
         async_row_copies: false,
         split_rows: false,
+        split_reductions: false,
     };
 
     /// Every variant on.
@@ -276,10 +317,11 @@ impl KernelVariants {
         batched_rows: true,
         async_row_copies: true,
         split_rows: true,
+        split_reductions: true,
     };
 
     /// Each variant alone, with its name (its option's, past `cuda.`).
-    pub const EACH: [(&'static str, Self); 7] = [
+    pub const EACH: [(&'static str, Self); 8] = [
         ("fast_exp2", Self { fast_exp2: true, ..Self::NONE }),
         ("int32_row_columns", Self { int32_row_columns: true, ..Self::NONE }),
         ("streaming_rows", Self { streaming_rows: true, ..Self::NONE }),
@@ -287,6 +329,7 @@ impl KernelVariants {
         ("batched_rows", Self { batched_rows: true, ..Self::NONE }),
         ("async_row_copies", Self { async_row_copies: true, ..Self::NONE }),
         ("split_rows", Self { split_rows: true, ..Self::NONE }),
+        ("split_reductions", Self { split_reductions: true, ..Self::NONE }),
     ];
 
     /// These variants with the one named `name` (as in [`EACH`](Self::EACH)) flipped, or
@@ -309,6 +352,7 @@ impl KernelVariants {
             batched_rows: self.batched_rows != one.batched_rows,
             async_row_copies: self.async_row_copies != one.async_row_copies,
             split_rows: self.split_rows != one.split_rows,
+            split_reductions: self.split_reductions != one.split_reductions,
         })
     }
 
@@ -326,6 +370,7 @@ impl KernelVariants {
             batched_rows: options.bool("cuda.batched_rows")?,
             async_row_copies: options.bool("cuda.async_row_copies")?,
             split_rows: options.bool("cuda.split_rows")?,
+            split_reductions: options.bool("cuda.split_reductions")?,
         })
     }
 
@@ -340,6 +385,7 @@ impl KernelVariants {
             ("cuda.batched_rows", OptionValue::Bool(self.batched_rows)),
             ("cuda.async_row_copies", OptionValue::Bool(self.async_row_copies)),
             ("cuda.split_rows", OptionValue::Bool(self.split_rows)),
+            ("cuda.split_reductions", OptionValue::Bool(self.split_reductions)),
         ]
     }
 }
@@ -348,8 +394,8 @@ impl KernelVariants {
 ///
 /// ```
 /// use boundscope::executors::cuda::KernelVariants;
-/// let [(_, a), (_, b), (_, c), (_, d), (_, e), (_, f), (_, g)] = KernelVariants::EACH;
-/// assert_eq!(a | b | c | d | e | f | g, KernelVariants::ALL);
+/// let [(_, a), (_, b), (_, c), (_, d), (_, e), (_, f), (_, g), (_, h)] = KernelVariants::EACH;
+/// assert_eq!(a | b | c | d | e | f | g | h, KernelVariants::ALL);
 /// ```
 impl std::ops::BitOr for KernelVariants {
     type Output = Self;
@@ -362,6 +408,7 @@ impl std::ops::BitOr for KernelVariants {
             batched_rows: self.batched_rows || other.batched_rows,
             async_row_copies: self.async_row_copies || other.async_row_copies,
             split_rows: self.split_rows || other.split_rows,
+            split_reductions: self.split_reductions || other.split_reductions,
         }
     }
 }

@@ -1799,8 +1799,8 @@ fn fused_reductions_match_the_reference_at_every_row_length() {
             DType::F16 => 2f64.powi(-11),
             _ => 0.0,
         };
-        // Rows of 8,193 and longer are fewer than SMs: split over clusters of blocks where the
-        // GPU has them (`KernelVariants::split_reductions`). Where the reduction is the region's
+        // Rows of 50,257 values and longer (64 KB or more) are few: split over clusters of
+        // blocks where the GPU has them (`KernelVariants::split_reductions`). Where the reduction is the region's
         // only output (`alone`), rows that 16 bytes do not divide (50,257, 200,003) are read
         // through accesses aligned to the tensor.
         for cols in [1, 2, 7, 8, 16, 31, 33, 64, 100, 128, 256, 1000, 1024, 4096, 8193, 50257, 65536, 200003, 1 << 20] {

@@ -485,8 +485,15 @@ const SHORT_ROWS_PER_GROUP: usize = 4;
 /// against unsplit: 100 and 131 rows of 65,536 values (in two blocks) ran at 0.82-0.91x; 64
 /// and 66 rows of 65,536 (in four and two) at 0.86-0.98x in 16 bits (128 KB a row), 0.97-1.00x in `f32` (256 KB),
 /// of 262,144 at 1.07-1.63x (512 KB and 1 MB); 40 rows of 65,536 1.14x in `f32`, 0.98-1.03x in
-/// 16 bits; 16 and 20 rows of 50,257 to 2^20 values 0.99-6.6x.
+/// 16 bits; 1 to 20 rows of 50,257 to 2^20 values 0.99-6.6x.
 const SPLIT_ROW_BYTES: usize = 256 * 1024;
+
+/// Bytes of a row (of its widest input read whole) below which a trailing reduction is never
+/// split over clusters ([`KernelVariants::split_reductions`]): the shortest rows measured split
+/// were of 50,257 16-bit values (100 KB: 1.05-1.11x over 20 rows) and 65,536 (128 KB: 0.99-1.12x
+/// over 16 rows). Shorter rows take a block from 1,025 accesses on (4,097 `f32` values where the
+/// access is one value), where a cluster's barriers would be a larger part of the time.
+const SHORTEST_SPLIT_ROW_BYTES: usize = 64 * 1024;
 
 /// How a region's trailing last-axis reduction reads its rows.
 struct ReductionLayout {
@@ -567,10 +574,12 @@ impl ReductionLayout {
         let per_thread = accesses.div_ceil(t).max(1);
         let batches = per_thread.div_ceil(most);
         let loads = per_thread.div_ceil(batches);
-        // Rows of a block each, at most a quarter as many as SMs (or half as many, of
-        // `SPLIT_ROW_BYTES` or more): split over a cluster, each block with a batch at least.
+        // Rows of a block each, of `SHORTEST_SPLIT_ROW_BYTES` or more, at most a quarter as many
+        // as SMs (or half as many, of `SPLIT_ROW_BYTES` or more): split over a cluster, each
+        // block with a batch at least.
         let row_bytes = row.saturating_mul(widest.unwrap_or(4));
-        let few = 4 * rows <= target.sms || (2 * rows <= target.sms && row_bytes >= SPLIT_ROW_BYTES);
+        let few = row_bytes >= SHORTEST_SPLIT_ROW_BYTES
+            && (4 * rows <= target.sms || (2 * rows <= target.sms && row_bytes >= SPLIT_ROW_BYTES));
         let cluster = if variants.split_reductions
             && target.clusters
             && rows > 0
@@ -2300,8 +2309,8 @@ mod reduction_tests {
     }
 
     /// With `split_reductions`, a trailing reduction over rows of a block each (256 threads)
-    /// is split over a thread-block cluster where rows are at most a quarter as many as SMs, or
-    /// half as many of 256 KB or more: the fewest blocks, up to 8, that give each SM one, each
+    /// is split over a thread-block cluster where rows of 64 KB or more are at most a quarter as
+    /// many as SMs, or half as many of 256 KB or more: the fewest blocks, up to 8, that give each SM one, each
     /// with a batch of loads at least. Each block reduces
     /// its slice of the row (through accesses aligned to the row, or to the tensor), the
     /// cluster combines the blocks' totals between two barriers, and the first block writes the
@@ -2343,6 +2352,8 @@ mod reduction_tests {
                 ([66, 1 << 20], 2, 2),
                 ([67, 1 << 20], 1, 1),
                 ([132, 1 << 20], 1, 1),
+                ([16, 16384], 2, 1),
+                ([16, 5001], 1, 1),
                 ([16, 4096], 1, 1),
                 ([4096, 1024], 1, 1),
             ] {

@@ -184,8 +184,8 @@ pub struct KernelVariants {
     /// cache hint, which turned out to fault in some kernels without clusters too (see
     /// [`async_row_copies`](Self::async_row_copies)).
     pub split_rows: bool,
-    /// A fused region's trailing last-axis `sum` or `max` (or the op alone) over rows long
-    /// enough to take a block of 256 threads each (past 8,192 `f32` values, 16,384 16-bit ones)
+    /// A fused region's trailing last-axis `sum` or `max` (or the op alone) over rows of 64 KB
+    /// or more (16,384 `f32` values, 32,768 16-bit ones), which take a block of 256 threads each,
     /// is split over a thread-block cluster of up to 8 blocks (Hopper and later) where the
     /// tensor has at most a quarter as many rows as the GPU has SMs, or half as many rows of
     /// 256 KB or more, as
@@ -201,12 +201,12 @@ pub struct KernelVariants {
     /// --variant=split_reductions`, plans on the same inputs, best of three rounds, results
     /// checked against the CPU reference), over 1 to 64 rows of 50,257 to 2^20 values: 1.02x
     /// to 6.6x (f32 `sum` [16, 2^20] 3.5x, 2,613 GB/s; [8, 2^20] 6.6x; 40 rows of 262,144
-    /// 1.5-2.1x; 64 rows 1.2-1.6x; 9 rows of 200,003 2.5-3.1x), 0.99-1.33x over the 8 MiB
+    /// 1.5-2.1x; 64 rows 1.2-1.6x; 9 rows of 200,003 2.5-3.1x), 0.99-1.33x over the 2-4 MiB
     /// tensors of 16 rows of 65,536. Rows past a quarter of the SMs, split, ran at 0.82-0.91x
     /// over 100 and 131 rows of 65,536 and 0.86-1.00x over 64 and 66 rows of
     /// 65,536 (128 KB a row in 16 bits, 256 KB in `f32`), but 1.07-1.63x over 64 and 66 rows of
-    /// 262,144, so such rows are split only from 256 KB a row (`f32` [64, 65536]: 0.97x) and
-    /// only up to half as many as SMs.
+    /// 262,144, so such rows are split only from 256 KB a row and only up to half as many as
+    /// SMs: `f32` [64, 65536] (256 KB a row) is split, at 0.97x, and [40, 65536] at 1.14x.
     pub split_reductions: bool,
 }
 

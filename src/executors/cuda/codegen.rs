@@ -483,9 +483,10 @@ const SHORT_ROWS_PER_GROUP: usize = 4;
 /// more than a quarter as many as SMs, and at most half as many, is split over clusters
 /// ([`KernelVariants::split_reductions`]). Measured on an H100 (132 SMs, 2026-12-06), split
 /// against unsplit: 100 and 131 rows of 65,536 values (in two blocks) ran at 0.82-0.91x; 64
-/// and 66 rows of 65,536 (in four and two) at 0.86-0.98x in 16 bits (128 KB a row), 0.97-1.00x in `f32` (256 KB),
-/// of 262,144 at 1.07-1.63x (512 KB and 1 MB); 40 rows of 65,536 1.14x in `f32`, 0.98-1.03x in
-/// 16 bits; 1 to 20 rows of 50,257 to 2^20 values 0.99-6.6x.
+/// and 66 rows of 65,536 (in four and two) at 0.86-0.98x in 16 bits (128 KB a row) and
+/// 0.97-1.00x in `f32` (256 KB), of 262,144 at 1.07-1.63x (512 KB and 1 MB); 40 rows of
+/// 65,536 1.14x in `f32`, 0.98-1.03x in 16 bits; 1 to 20 rows of 50,257 to 2^20 values
+/// 0.99-6.6x.
 const SPLIT_ROW_BYTES: usize = 256 * 1024;
 
 /// Bytes of a row (of its widest input read whole) below which a trailing reduction is never

@@ -497,3 +497,70 @@ fn concatenating_many_parts_copies_each_value_a_logarithmic_number_of_times() {
         assert!(written <= levels * total, "{k} parts: {written} values written, more than {levels} x {total}");
     }
 }
+
+/// An id out of range in a step that runs a composite's decomposition names the composite the
+/// ids were given to, as an executor that runs the composite whole does (CudaOps' own
+/// `cross_entropy`): `cross_entropy`'s target on the CPU reference, where its decomposition's
+/// `gather_last` reads it; a user's composite around `gather_last`; and, where composites nest
+/// (a user's loss around `cross_entropy`), the innermost. A `gather_last` applied directly
+/// names itself, and good ids run.
+#[test]
+fn an_id_out_of_range_names_the_composite_it_was_given_to() {
+    use boundscope::{ArgInfo, Category, ParamKind, Symbol};
+    let (rows, classes) = (4, 5);
+    let mut registry = Registry::with_builtins();
+    let pick = Symbol::new("pick", Category::Composite)
+        .params(&[ParamKind::Tensor, ParamKind::Tensor])
+        .shape_rule(|args| match args {
+            [ArgInfo::Tensor { dtype, .. }, ArgInfo::Tensor { shape, .. }] => Ok(TensorMeta::new(*dtype, shape)),
+            _ => Err("two tensors".into()),
+        })
+        .decomposition(|b, args| {
+            let (x, ids) = two_tensors(args);
+            b.gather_last(x, ids)
+        });
+    let loss = Symbol::new("my_loss", Category::Composite)
+        .params(&[ParamKind::Tensor, ParamKind::Tensor])
+        .shape_rule(|_| Ok(TensorMeta::new(DType::F32, &[])))
+        .decomposition(|b, args| {
+            let (x, targets) = two_tensors(args);
+            b.cross_entropy(x, targets)
+        });
+    registry.register(pick).unwrap();
+    registry.register(loss).unwrap();
+    let logits = Tensor::from_fn(&[rows, classes], |i| (i % 7) as f32 * 0.25);
+    let good = Tensor::from_vec(&[rows], vec![0i64, 4, 2, 1]).unwrap();
+    let bad = Tensor::from_vec(&[rows], vec![0i64, 4, 5, 1]).unwrap();
+    for (op, named) in [
+        ("cross_entropy", "cross_entropy"),
+        ("gather_last", "gather_last"),
+        ("pick", "pick"),
+        ("my_loss", "cross_entropy"),
+    ] {
+        let arena = Arena::new();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[rows, classes]).unwrap();
+        let t = b.input_with(&TensorMeta::new(DType::I64, &[rows])).unwrap();
+        let y = b.call(op, &[x.into(), t.into()]).unwrap();
+        b.output(y).unwrap();
+        let trace = b.finish().unwrap();
+        let plan = Plan::compile(&trace, &[CpuReference::shared()]).unwrap();
+        plan.run(&[&logits, &good]).unwrap_or_else(|e| panic!("{op}: {e}"));
+        match plan.run(&[&logits, &bad]) {
+            Err(Error::IndexOutOfRange { symbol, index: 5, position: 2, bound: 5 }) => {
+                assert_eq!(symbol, named, "{op}")
+            }
+            other => panic!("{op}: {other:?}"),
+        }
+        let err = plan.run(&[&logits, &bad]).unwrap_err().to_string();
+        assert!(err.starts_with(&format!("`{named}` was given id 5 at position 2")), "{op}: {err}");
+    }
+}
+
+/// The two tensors of a composite whose parameters are two tensors.
+fn two_tensors(args: &[boundscope::Arg<'_>]) -> (boundscope::ValueId, boundscope::ValueId) {
+    match args {
+        [boundscope::Arg::Value(x), boundscope::Arg::Value(y)] => (*x, *y),
+        _ => unreachable!("the parameters are two tensors"),
+    }
+}

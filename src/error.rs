@@ -229,7 +229,9 @@ pub enum Error {
     /// An integer id given to a run (an `embedding` row, a `gather_last` or `cross_entropy`
     /// index) lies outside the axis it indexes.
     IndexOutOfRange {
-        /// The op.
+        /// The op the ids were given to: where a step of a composite's decomposition reads
+        /// them (`cross_entropy`'s `gather_last` on the CPU), the composite (the innermost,
+        /// where composites nest), as where an executor runs it whole.
         symbol: String,
         /// The id.
         index: i64,

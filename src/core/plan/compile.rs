@@ -65,6 +65,10 @@ pub(crate) struct Step {
     /// `(input, output)` positions where the kernel writes the output over the input
     /// ([`DeviceKernel::in_place`]): the run hands it an empty buffer at `input`.
     pub in_place: Vec<(u32, u32)>,
+    /// The composite whose decomposition this step runs (the innermost, where composites
+    /// nest), if any: ids out of range are reported as given to it, the op the user applied
+    /// ([`Step::named_for_user`]).
+    pub within: Option<std::sync::Arc<str>>,
 }
 
 impl Step {
@@ -76,7 +80,19 @@ impl Step {
         line: String,
         executor: usize,
     ) -> Self {
-        Self { work, inputs, outputs, line, executor, in_place: Vec::new(), narrow: None }
+        Self { work, inputs, outputs, line, executor, in_place: Vec::new(), narrow: None, within: None }
+    }
+
+    /// `error`, from this step, as the user meets it: an id out of range in a step that runs a
+    /// composite's decomposition (`cross_entropy`'s `gather_last` on the CPU) names the
+    /// composite, whose input the ids are, as where an executor runs the composite whole.
+    pub fn named_for_user(&self, error: Error) -> Error {
+        match (error, &self.within) {
+            (Error::IndexOutOfRange { index, position, bound, .. }, Some(composite)) => {
+                Error::IndexOutOfRange { symbol: composite.to_string(), index, position, bound }
+            }
+            (error, _) => error,
+        }
     }
 
     /// Records the step's final slots inline where it is [`Narrow`]: called once no pass of
@@ -978,6 +994,11 @@ impl<'c, 't> Compiler<'c, 't> {
             let mut children = Vec::with_capacity(bsym.subsymbols().len());
             for sub in bsym.subsymbols() {
                 children.push(self.compile_bound_symbol(sub, None)?);
+            }
+            // Steps of the decomposition that no inner composite named.
+            let name: std::sync::Arc<str> = op.name().into();
+            for step in self.steps[first..].iter_mut().filter(|s| s.within.is_none()) {
+                step.within = Some(name.clone());
             }
             return Ok(CompiledNode { first, len: self.steps.len() - first, children, emitted: None });
         };

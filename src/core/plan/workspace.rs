@@ -660,7 +660,7 @@ impl Plan {
         let mut first = Ok(());
         for &i in &self.checked_steps {
             if let Work::Device(kernel) = &self.steps[i].work {
-                let found = kernel.check_after_run();
+                let found = kernel.check_after_run().map_err(|e| self.steps[i].named_for_user(e));
                 if first.is_ok() {
                     first = found;
                 }
@@ -721,7 +721,7 @@ impl Plan {
     /// guards).
     pub(super) fn run_unguarded(&self, workspace: &mut Workspace, run: &Run<'_>) -> Result<()> {
         for (i, step) in self.steps.iter().enumerate() {
-            self.run_step(i, step, workspace, run)?;
+            self.run_step(i, step, workspace, run).map_err(|e| step.named_for_user(e))?;
         }
         Ok(())
     }
@@ -752,7 +752,7 @@ impl Plan {
             if a != b {
                 stack.enter(&order[a as usize..b as usize]);
             }
-            self.run_step(i, step, workspace, run)?;
+            self.run_step(i, step, workspace, run).map_err(|e| step.named_for_user(e))?;
             let exits = schedule.exit[i];
             if exits != 0 {
                 stack.exit(exits);

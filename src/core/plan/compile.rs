@@ -843,6 +843,12 @@ impl fmt::Display for Plan {
             for &(input, output) in &step.in_place {
                 write!(f, ", writes output {output} over input {input} (in place)")?;
             }
+            if let Some(note) = match &step.work {
+                Work::Device(kernel) => kernel.launch_note(),
+                _ => None,
+            } {
+                write!(f, ", {note}")?;
+            }
             writeln!(f)?;
         }
         if f.alternate() {

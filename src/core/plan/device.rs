@@ -197,6 +197,13 @@ pub trait DeviceKernel: Send + Sync {
     /// The device's launch error.
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()>;
 
+    /// What the plan's listing says of how the kernel runs, after its step's executor (the
+    /// built-in kernels whose rows are split over thread-block clusters: `128 blocks in
+    /// clusters of 8`). Default: nothing.
+    fn launch_note(&self) -> Option<String> {
+        None
+    }
+
     /// Whether the plan must call [`check_after_run`](Self::check_after_run) after each run
     /// (a kernel that checks its inputs on the device, as the built-in `embedding` checks its
     /// ids). Such a plan waits for the device at the end of every run, and cannot be captured

@@ -304,6 +304,10 @@ impl DeviceKernel for ExpOnDevice {
         }
         Ok(())
     }
+
+    fn launch_note(&self) -> Option<String> {
+        Some("one host thread".into())
+    }
 }
 
 impl Executor for DeviceExp {
@@ -349,6 +353,9 @@ fn device_steps_get_explicit_transfers() {
         "{listing}"
     );
     assert!(order[6].starts_with("t4 = exp") && order[7].starts_with("download t4"), "{listing}");
+    // A kernel's launch note follows its executor in the listing; transfers have none.
+    assert_eq!(listing.matches(", device_exp, one host thread\n").count(), 3, "{listing}");
+    assert!(!listing.contains("runtime, one host thread"), "{listing}");
     let input = Tensor::from_fn(&[2, 3], |i| i as f32 * 0.1);
     let got = plan.run(&[&input]).unwrap();
     let labels: Vec<String> = recorder.ranges().iter().map(|r| r.label.to_string()).collect();

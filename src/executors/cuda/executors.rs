@@ -442,6 +442,8 @@ struct GeneratedKernel {
     range: Option<PreparedRegionRange>,
     /// The `(input, output)` pairs it may write over ([`RegionSource::in_place`]).
     in_place: Vec<(usize, usize)>,
+    /// Blocks a thread-block cluster ([`RegionSource::cluster`]).
+    cluster: usize,
 }
 
 impl GeneratedKernel {
@@ -456,7 +458,8 @@ impl GeneratedKernel {
         let lengths =
             BufferLengths { inputs: generated.input_lengths.clone(), outputs: generated.output_lengths.clone() };
         let in_place = generated.in_place.clone();
-        Ok(Self { device: device.clone(), function, kernel, config, numel, lengths, range, in_place })
+        let cluster = generated.cluster;
+        Ok(Self { device: device.clone(), function, kernel, config, numel, lengths, range, in_place, cluster })
     }
 
     fn launch(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
@@ -529,6 +532,12 @@ impl DeviceKernel for GeneratedKernel {
 
     fn in_place(&self, input: usize, output: usize) -> bool {
         self.in_place.contains(&(input, output))
+    }
+
+    /// Kernels whose rows are split over thread-block clusters say so (`128 blocks in clusters
+    /// of 8`); others say nothing.
+    fn launch_note(&self) -> Option<String> {
+        (self.cluster > 1).then(|| format!("{} blocks in clusters of {}", self.config.grid_dim.0, self.cluster))
     }
 }
 
@@ -691,6 +700,10 @@ mod tests {
             assert!(generated.cluster > 1, "{dtype} max: {max}: not split");
             let fit = device.clusters_that_fit(&kernel.function, kernel.config).unwrap();
             assert!(fit > 0, "{dtype} max: {max}: clusters of {} do not fit", generated.cluster);
+            // The plan's listing says so.
+            let plan = crate::Plan::compile(&trace, &[Arc::new(CudaOps::new(device.clone()))]).unwrap();
+            let note = format!("{} blocks in clusters of {}", few * generated.cluster, generated.cluster);
+            assert!(plan.to_string().contains(&note), "{dtype} max: {max}: {plan}");
         }
     }
 }

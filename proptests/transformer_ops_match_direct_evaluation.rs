@@ -555,6 +555,51 @@ fn an_id_out_of_range_names_the_composite_it_was_given_to() {
         let err = plan.run(&[&logits, &bad]).unwrap_err().to_string();
         assert!(err.starts_with(&format!("`{named}` was given id 5 at position 2")), "{op}: {err}");
     }
+    // A composite an executor runs whole keeps the name its kernel gives, inside a user's
+    // composite that is decomposed.
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[rows, classes]).unwrap();
+    let t = b.input_with(&TensorMeta::new(DType::I64, &[rows])).unwrap();
+    let y = b.call("my_loss", &[x.into(), t.into()]).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let plan = Plan::compile(&trace, &[Arc::new(WholeCrossEntropy), CpuReference::shared()]).unwrap();
+    assert!(plan.steps_per_executor().contains(&("whole_cross_entropy", 1)), "{plan}");
+    plan.run(&[&logits, &good]).unwrap();
+    match plan.run(&[&logits, &bad]) {
+        Err(Error::IndexOutOfRange { symbol, index: 5, .. }) => assert_eq!(symbol, "cross_entropy"),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// Runs `cross_entropy` whole, checking its targets as an executor of the GPU does (the loss
+/// itself is not computed: 0).
+struct WholeCrossEntropy;
+
+impl Executor for WholeCrossEntropy {
+    fn name(&self) -> &str {
+        "whole_cross_entropy"
+    }
+    fn claims(&self, op: &boundscope::OpView<'_>) -> bool {
+        op.symbol().builtin_composite() == Some(boundscope::prims::CROSS_ENTROPY)
+    }
+    fn dtypes(&self) -> &[DType] {
+        &[DType::F32, DType::I64]
+    }
+    fn compile(&self, op: &boundscope::OpView<'_>) -> boundscope::Result<Box<dyn boundscope::Kernel>> {
+        let classes = op.input_shape(0)?[1];
+        Ok(boundscope::kernel_fn(move |inputs, outputs| {
+            for (position, &index) in inputs[1].values::<i64>()?.iter().enumerate() {
+                if index < 0 || index as usize >= classes {
+                    let symbol = "cross_entropy".into();
+                    return Err(Error::IndexOutOfRange { symbol, index, position, bound: classes });
+                }
+            }
+            outputs[0].values_mut::<f32>()?.fill(0.0);
+            Ok(())
+        }))
+    }
 }
 
 /// The two tensors of a composite whose parameters are two tensors.

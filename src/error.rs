@@ -231,7 +231,8 @@ pub enum Error {
     IndexOutOfRange {
         /// The op the ids were given to: where a step of a composite's decomposition reads
         /// them (`cross_entropy`'s `gather_last` on the CPU), the composite (the innermost,
-        /// where composites nest), as where an executor runs it whole.
+        /// where composites nest), as where an executor runs it whole. (A trace decomposed
+        /// before it was planned, by the `Decompose` pass, has no composite left to name.)
         symbol: String,
         /// The id.
         index: i64,

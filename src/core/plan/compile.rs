@@ -66,8 +66,8 @@ pub(crate) struct Step {
     /// ([`DeviceKernel::in_place`]): the run hands it an empty buffer at `input`.
     pub in_place: Vec<(u32, u32)>,
     /// The composite whose decomposition this step runs (the innermost, where composites
-    /// nest), if any: ids out of range are reported as given to it, the op the user applied
-    /// ([`Step::named_for_user`]).
+    /// nest), or the composite it runs whole, if any: ids out of range are reported as given
+    /// to it, the op the user applied ([`Step::named_for_user`]).
     pub within: Option<std::sync::Arc<str>>,
 }
 
@@ -1060,12 +1060,17 @@ impl<'c, 't> Compiler<'c, 't> {
             }
         }
         let line = format_line(self.trace, bsym);
+        // A composite run whole names itself, so that a composite whose decomposition holds it
+        // does not rename it ([`Step::within`]).
+        let within = (op.symbol().category() == crate::core::ir::Category::Composite).then(|| op.name().into());
         let emitted = region_range.map(|range| EmittedRegionRange {
             step: self.steps.len(),
             executor: self.executors[executor].name().to_string(),
             range: range.clone(),
         });
-        self.steps.push(Step::new(work, inputs, outputs, line, executor));
+        let mut step = Step::new(work, inputs, outputs, line, executor);
+        step.within = within;
+        self.steps.push(step);
         // The op's scope covers the transfers it needed (inserted just before it) and the op.
         Ok(CompiledNode { first, len: self.steps.len() - first, children: Vec::new(), emitted })
     }

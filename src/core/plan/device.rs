@@ -197,9 +197,10 @@ pub trait DeviceKernel: Send + Sync {
     /// The device's launch error.
     fn run(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()>;
 
-    /// What the plan's listing says of how the kernel runs, after its step's executor (the
-    /// built-in kernels whose rows are split over thread-block clusters: `128 blocks in
-    /// clusters of 8`). Default: nothing.
+    /// What the plan's listing says of how the kernel runs, on its step's line after the
+    /// executor (and any in-place note): the built-in kernels whose rows are split over
+    /// thread-block clusters say `128 blocks in clusters of 8`. One line, no newline.
+    /// Default: nothing.
     fn launch_note(&self) -> Option<String> {
         None
     }

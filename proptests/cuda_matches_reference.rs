@@ -1787,11 +1787,11 @@ fn exact_row_op(inputs: &[boundscope::Tensor], layer_norm: bool, cols: usize) ->
 /// rounding of its dtype, in each output.
 #[test]
 fn fused_reductions_match_the_reference_at_every_row_length() {
+    use boundscope::executors::cuda::cudarc::driver::sys::CUdevice_attribute as Attribute;
     use boundscope::{DType, Tensor, TensorMeta, TraceBuilder};
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
     // Thread-block clusters: Hopper and later.
-    use boundscope::executors::cuda::cudarc::driver::sys::CUdevice_attribute as Attribute;
     let clusters =
         device.context().attribute(Attribute::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR).is_ok_and(|m| m >= 9);
     let sms = device.context().attribute(Attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT).unwrap_or(0) as usize;
@@ -1805,9 +1805,9 @@ fn fused_reductions_match_the_reference_at_every_row_length() {
             _ => 0.0,
         };
         // Rows of 50,257 values and longer (64 KB or more) are few: split over clusters of
-        // blocks where the GPU has them (`KernelVariants::split_reductions`). Where the reduction is the region's
-        // only output (`alone`), rows that 16 bytes do not divide (50,257, 200,003) are read
-        // through accesses aligned to the tensor.
+        // blocks where the GPU has them (`KernelVariants::split_reductions`). Where the
+        // reduction is the region's only output (`alone`), rows that 16 bytes do not divide
+        // (50,257, 200,003) are read through accesses aligned to the tensor.
         for cols in [1, 2, 7, 8, 16, 31, 33, 64, 100, 128, 256, 1000, 1024, 4096, 8193, 50257, 65536, 200003, 1 << 20] {
             let rows = [1027, 3, 257, 5][cols % 4].min((1 << 20) / cols).max(1);
             for (max, broadcast, alone) in [

@@ -2311,13 +2311,13 @@ mod reduction_tests {
 
     /// With `split_reductions`, a trailing reduction over rows of a block each (256 threads)
     /// is split over a thread-block cluster where rows of 64 KB or more are at most a quarter as
-    /// many as SMs, or half as many of 256 KB or more: the fewest blocks, up to 8, that give each SM one, each
-    /// with a batch of loads at least. Each block reduces
-    /// its slice of the row (through accesses aligned to the row, or to the tensor), the
-    /// cluster combines the blocks' totals between two barriers, and the first block writes the
-    /// row's result. Every other kernel is the one without the variant: rows shorter than a
-    /// block's, rows as many as SMs, and any row on a GPU without clusters or of an unknown SM
-    /// count. Each split kernel compiles for Hopper.
+    /// many as SMs, or half as many of 256 KB or more: the fewest blocks, up to 8, that give
+    /// each SM one, each with a batch of loads at least. Each block reduces its slice of the
+    /// row (through accesses aligned to the row, or to the tensor), the cluster combines the
+    /// blocks' totals between two barriers, and the first block writes the row's result. Every
+    /// other kernel is the one without the variant: rows shorter than a block's or than 64 KB,
+    /// rows as many as SMs, and any row on a GPU without clusters or of an unknown SM count.
+    /// Each split kernel compiles for Hopper.
     #[test]
     fn split_reductions_split_few_long_rows_over_clusters() {
         use crate::core::ir::TensorMeta;

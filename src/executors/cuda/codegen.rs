@@ -328,21 +328,7 @@ fn strided_offset_of(shape: &[usize], strides: &[usize], i: &str) -> String {
 /// an input that does not broadcast to the iteration shape, a reduction over another shape):
 /// the generated kernel never reads or writes past the buffers of the shapes it was given.
 pub fn region_source(region: &OpView<'_>, kernel: &str) -> Result<RegionSource, String> {
-    region_source_with(region, kernel, KernelVariants::default(), 0)
-}
-
-/// [`region_source`], generating `variants` of the kernel for a GPU of `l2_bytes` of L2 cache
-/// (0 where unknown; see [`KernelVariants::keep_in_l2`]).
-///
-/// # Errors
-/// As for [`region_source`].
-pub fn region_source_with(
-    region: &OpView<'_>,
-    kernel: &str,
-    variants: KernelVariants,
-    l2_bytes: usize,
-) -> Result<RegionSource, String> {
-    region_source_for(region, kernel, variants, RegionTarget { l2_bytes, ..RegionTarget::default() })
+    region_source_for(region, kernel, KernelVariants::default(), RegionTarget::default())
 }
 
 /// [`region_source`], generating `variants` of the kernel for the GPU `target`.
@@ -366,21 +352,7 @@ pub(super) fn region_source_for(
 /// # Errors
 /// As for [`region_source`].
 pub fn op_source(op: &OpView<'_>, kernel: &str) -> Result<RegionSource, String> {
-    op_source_with(op, kernel, KernelVariants::default(), 0)
-}
-
-/// [`op_source`], generating `variants` of the kernel for a GPU of `l2_bytes` of L2 cache (0
-/// where unknown).
-///
-/// # Errors
-/// As for [`region_source`].
-pub fn op_source_with(
-    op: &OpView<'_>,
-    kernel: &str,
-    variants: KernelVariants,
-    l2_bytes: usize,
-) -> Result<RegionSource, String> {
-    op_source_for(op, kernel, variants, RegionTarget { l2_bytes, ..RegionTarget::default() })
+    op_source_for(op, kernel, KernelVariants::default(), RegionTarget::default())
 }
 
 /// [`op_source`], generating `variants` of the kernel for the GPU `target`.
@@ -1610,6 +1582,12 @@ fn unpack_wide(source: &mut String, k: usize, dtype: DType, accesses: &[String])
     }
 }
 
+/// A GPU of `l2_bytes` of L2 cache (0 where unknown), of unknown SM count: no row is split.
+#[cfg(test)]
+fn with_l2(l2_bytes: usize) -> RegionTarget {
+    RegionTarget { l2_bytes, ..RegionTarget::default() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1641,7 +1619,7 @@ mod tests {
         let trace = b.finish().unwrap();
         let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
         let region = OpView::new(&fused, &fused.bound_symbols()[0]).unwrap();
-        region_source_with(&region, "region0", variants, l2_bytes).unwrap()
+        region_source_for(&region, "region0", variants, with_l2(l2_bytes)).unwrap()
     }
 
     #[test]
@@ -2115,8 +2093,8 @@ mod reduction_tests {
             let trace = b.finish().unwrap();
             let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
             let region = OpView::of(&fused, 0).unwrap();
-            let without = region_source_with(&region, "dot", KernelVariants::NONE, 0).unwrap().source;
-            let src = region_source_with(&region, "dot", streaming, 0).unwrap().source;
+            let without = region_source_for(&region, "dot", KernelVariants::NONE, with_l2(0)).unwrap().source;
+            let src = region_source_for(&region, "dot", streaming, with_l2(0)).unwrap().source;
             let plain = |s: &str| s.matches("*reinterpret_cast<const ").count();
             assert!(plain(&without) > 0 && plain(&src) == 0, "{src}");
             assert_eq!(src.matches("__ldcs(reinterpret_cast<const ").count(), plain(&without), "{src}");
@@ -2164,7 +2142,7 @@ mod reduction_tests {
                 let trace = b.finish().unwrap();
                 let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
                 let region = OpView::of(&fused, 0).unwrap();
-                let source = |variants, l2| region_source_with(&region, "chain", variants, l2).unwrap().source;
+                let source = |variants, l2| region_source_for(&region, "chain", variants, with_l2(l2)).unwrap().source;
                 let s = source(kept, L2);
                 let case = format!("{dtype:?} [{rows}, 4096], reduced: {reduce}");
                 assert_eq!(hinted(&s), !fits, "{case}: {s}");
@@ -2189,7 +2167,7 @@ mod reduction_tests {
         b.output(y).unwrap();
         let trace = b.finish().unwrap();
         let op = OpView::of(&trace, 0).unwrap();
-        let source = |variants| op_source_with(&op, "widen", variants, L2).unwrap().source;
+        let source = |variants| op_source_for(&op, "widen", variants, with_l2(L2)).unwrap().source;
         let (hinted_source, plain) = (source(streaming), source(kept));
         for at in ["i", "i + 4"] {
             let ptr = format!("reinterpret_cast<float4*>(out0 + {at})");
@@ -2212,7 +2190,8 @@ mod reduction_tests {
         let trace = b.finish().unwrap();
         let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
         let generated =
-            region_source_with(&OpView::of(&fused, 0).unwrap(), "softmax_part", KernelVariants::NONE, 0).unwrap();
+            region_source_for(&OpView::of(&fused, 0).unwrap(), "softmax_part", KernelVariants::NONE, with_l2(0))
+                .unwrap();
         // Rows of 8: 2 threads each, 16 rows per warp, each thread reading 4 values at once.
         assert_eq!((generated.threads, generated.vectorized, generated.outputs), (16 * 2, false, 2));
         let src = &generated.source;
@@ -2254,7 +2233,7 @@ mod reduction_tests {
             b.output(s).unwrap();
             let trace = b.finish().unwrap();
             let fused = FuseRegions::new(CpuFusion::shared()).run(&trace, &arena).unwrap();
-            region_source_with(&OpView::of(&fused, 0).unwrap(), "dot", KernelVariants::NONE, 0).unwrap()
+            region_source_for(&OpView::of(&fused, 0).unwrap(), "dot", KernelVariants::NONE, with_l2(0)).unwrap()
         };
         // Rows of one access a thread: four rows to a group of lanes, their loads made first.
         let generated = reduce(64);

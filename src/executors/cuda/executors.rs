@@ -181,14 +181,8 @@ impl CudaOps {
     }
 
     /// The kernel of a built-in `softmax` or `layer_norm` (`layer_norm_backward`'s input
-    /// gradient where `backward`) with `variants`, ready to launch, and the blocks of its
-    /// thread-block clusters (1 where its rows are not split).
-    fn row_kernel(
-        &self,
-        op: &OpView<'_>,
-        backward: bool,
-        variants: KernelVariants,
-    ) -> Result<(GeneratedKernel, usize)> {
+    /// gradient where `backward`) with `variants`, ready to launch.
+    fn row_kernel(&self, op: &OpView<'_>, backward: bool, variants: KernelVariants) -> Result<GeneratedKernel> {
         let name = kernel_name(op.name());
         let rows = if backward {
             layer_norm_backward::input_source(op, &name)
@@ -222,7 +216,7 @@ impl CudaOps {
         }
         kernel.config =
             LaunchConfig { grid_dim: (rows.blocks, 1, 1), block_dim: (block, 1, 1), shared_mem_bytes: shared as u32 };
-        Ok((kernel, rows.source.cluster))
+        Ok(kernel)
     }
 }
 
@@ -348,13 +342,10 @@ impl Executor for CudaOps {
         if matches!(composite, Some(prims::SOFTMAX | prims::LAYER_NORM | prims::LAYER_NORM_BACKWARD)) {
             let backward = composite == Some(prims::LAYER_NORM_BACKWARD);
             let kernel = self.row_kernel(op, backward, self.variants)?;
-            // A kernel of thread-block clusters that the GPU cannot run at once (a MIG instance
-            // or an MPS limit may leave too few SMs of a GPC): the rows unsplit.
-            if kernel.1 > 1 && self.device.clusters_that_fit(&kernel.0.function, kernel.0.config)? == 0 {
-                let unsplit = KernelVariants { split_rows: false, ..self.variants };
-                return Ok(Box::new(self.row_kernel(op, backward, unsplit)?.0));
+            if kernel.clusters_fit()? {
+                return Ok(Box::new(kernel));
             }
-            return Ok(Box::new(kernel.0));
+            return Ok(Box::new(self.row_kernel(op, backward, self.variants.unsplit())?));
         }
         if cross_entropy::runs_whole(op) {
             return Ok(Box::new(cross_entropy::CrossEntropy::new(&self.device, op, &kernel_name(op.name()))?));
@@ -394,9 +385,8 @@ impl Executor for CudaOps {
 }
 
 /// The kernel `generate` writes with `variants` for `device`, compiled; or, where its rows are
-/// split over thread-block clusters ([`KernelVariants::split_reductions`]) that the GPU cannot
-/// run at once (`cuOccupancyMaxActiveClusters` finds none: a MIG instance or an MPS limit may
-/// leave too few SMs of a GPC), the kernel it writes without splitting them.
+/// split over thread-block clusters that the GPU cannot run at once
+/// ([`GeneratedKernel::clusters_fit`]), the kernel it writes without splitting them.
 fn fitted_kernel(
     device: &Arc<CudaDevice>,
     variants: KernelVariants,
@@ -405,16 +395,11 @@ fn fitted_kernel(
 ) -> Result<GeneratedKernel> {
     let target =
         RegionTarget { l2_bytes: device.l2_cache_bytes(), sms: device.multiprocessors(), clusters: device.clusters() };
-    let generated = generate(variants, target)?;
-    if generated.cluster > 1 {
-        let kernel = GeneratedKernel::new(device, &generated, None)?;
-        if device.clusters_that_fit(&kernel.function, kernel.config)? == 0 {
-            let unsplit = generate(KernelVariants { split_reductions: false, ..variants }, target)?;
-            return GeneratedKernel::new(device, &unsplit, range);
-        }
+    let kernel = GeneratedKernel::new(device, &generate(variants, target)?, None)?;
+    if kernel.clusters_fit()? {
         return Ok(GeneratedKernel { range, ..kernel });
     }
-    GeneratedKernel::new(device, &generated, range)
+    GeneratedKernel::new(device, &generate(variants.unsplit(), target)?, range)
 }
 
 fn kernel_name(name: &str) -> String {
@@ -460,6 +445,13 @@ impl GeneratedKernel {
         let in_place = generated.in_place.clone();
         let cluster = generated.cluster;
         Ok(Self { device: device.clone(), function, kernel, config, numel, lengths, range, in_place, cluster })
+    }
+
+    /// Whether the GPU can run its thread-block clusters at once, as the driver counts them
+    /// (`cuOccupancyMaxActiveClusters`: a MIG instance or an MPS limit may leave too few SMs
+    /// of a GPC); always, for a kernel of no clusters.
+    fn clusters_fit(&self) -> Result<bool> {
+        Ok(self.cluster == 1 || self.device.clusters_that_fit(&self.function, self.config)? > 0)
     }
 
     fn launch(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
@@ -678,7 +670,8 @@ mod tests {
                 b.output(y).unwrap();
                 let trace = b.finish().unwrap();
                 let op = OpView::new(&trace, trace.bound_symbols().last().unwrap()).unwrap();
-                let (kernel, cluster) = ops.row_kernel(&op, false, variants).unwrap();
+                let kernel = ops.row_kernel(&op, false, variants).unwrap();
+                let cluster = kernel.cluster;
                 let what = format!("{layer_norm} {dtype} {shape:?}");
                 assert!(cluster > 1, "{what}: not split");
                 let fit = device.clusters_that_fit(&kernel.function, kernel.config).unwrap();

@@ -359,6 +359,7 @@ impl KernelVariants {
     /// These variants with no kernel's rows split over thread-block clusters (`split_rows` and
     /// `split_reductions` off): what the executors generate where the GPU cannot run a
     /// kernel's clusters at once.
+    #[cfg(feature = "cuda")]
     pub(crate) fn unsplit(self) -> Self {
         Self { split_rows: false, split_reductions: false, ..self }
     }

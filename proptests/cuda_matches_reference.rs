@@ -1609,6 +1609,7 @@ fn row_ops_match_the_reference_at_every_row_length() {
         16384,
         32768,
         40000,
+        61440,
         65536,
         1 << 20,
         50257,

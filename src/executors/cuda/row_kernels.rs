@@ -8,8 +8,9 @@
 //! row is read once and written once: in registers up to 32 values a thread (32,768 a row), and
 //! past that in shared memory too, as far as the GPU gives a block (227 KB on Hopper: rows of
 //! 65,536 f32 values, GPT-2's 50,257 words; a 16-bit row is kept there as read, in half the
-//! bytes and half the shared-memory traffic, `softmax` then taking its exponentials twice and
-//! running two blocks an SM where the row fits twice). Longer
+//! bytes and half the shared-memory traffic, `softmax` then taking its exponentials twice; two
+//! blocks share an SM where the row fits twice, of 512 threads each up to 61,440 values for
+//! `layer_norm` and for `softmax` over rows 16 bytes do not divide). Longer
 //! rows are streamed by half a block, each thread with several reads in flight: two passes for
 //! `softmax` (its maximum and sum in one, online), three for `layer_norm`; where such rows are
 //! fewer than SMs, a row is split over a thread-block cluster of up to 8 blocks
@@ -171,11 +172,25 @@ impl RowLayout {
     /// [`shared_value_bytes`](Self::shared_value_bytes)): 4, or a 16-bit dtype's 2 where the
     /// kernel keeps its row as read.
     pub fn on_chip(cols: usize, widest: usize, values: usize, shared_limit: usize, shared_value_bytes: usize) -> Self {
+        Self::on_chip_by(cols, widest, values, shared_limit, shared_value_bytes, MAX_ROW_THREADS)
+    }
+
+    /// [`on_chip`](Self::on_chip), with a block of `threads` per row (a power of two, 1,024 at
+    /// most) where the row is kept in shared memory too: each thread keeps more of it there, in
+    /// `values` values of registers as before.
+    fn on_chip_by(
+        cols: usize,
+        widest: usize,
+        values: usize,
+        shared_limit: usize,
+        shared_value_bytes: usize,
+        threads: usize,
+    ) -> Self {
         let layout = Self::laid_out(cols, widest, REGISTER_VALUES, true);
         if layout.per_thread.is_some() {
             return layout;
         }
-        let (t, vector, aligned) = (MAX_ROW_THREADS, layout.vector, layout.aligned);
+        let (t, vector, aligned) = (threads, layout.vector, layout.aligned);
         let per_thread = Self::accesses(cols, vector, aligned).div_ceil(t);
         let in_registers = (values / vector).clamp(1, per_thread);
         let kept = Self {
@@ -960,9 +975,10 @@ impl RowOp {
 /// The kernel for a built-in `softmax` or `layer_norm` bound symbol, or why there is none, for
 /// the GPU `target`. Rows too long for registers are kept in up to its `shared_limit` bytes of
 /// shared memory per block beside them ([`RowLayout::on_chip`]; 0 streams them). Where two
-/// blocks of a 16-bit `softmax` fit in its `sm_shared` bytes (an SM's shared memory), the
-/// kernel asks the compiler for registers enough for two blocks of 1,024 threads an SM (32 a
-/// thread), not one. `variants` chooses the kernel's [`KernelVariants`]: `keep_in_l2` against
+/// blocks of a 16-bit row kept as read fit in its `sm_shared` bytes (an SM's shared memory), the
+/// kernel asks the compiler for registers enough for two blocks an SM, not one: of 512 threads
+/// (64 registers a thread) for `layer_norm` and for `softmax` over rows 16 bytes do not divide,
+/// of 1,024 (32) for `softmax` over others. `variants` chooses the kernel's [`KernelVariants`]: `keep_in_l2` against
 /// the target's `l2_bytes`, `split_rows` against its `sms` and `clusters`.
 ///
 /// # Errors
@@ -996,6 +1012,24 @@ pub(super) fn row_source(
     let values = if id == prims::LAYER_NORM || raw_shared { REGISTER_VALUES / 4 } else { REGISTER_VALUES };
     let shared_value_bytes = if raw_shared { dtypes[0].size_bytes() } else { std::mem::size_of::<f32>() };
     let layout = RowLayout::on_chip(cols, widest, values, shared_limit, shared_value_bytes);
+    // A 16-bit row kept as read in shared memory by a block of 512 threads, not 1,024, where
+    // two such blocks fit an SM's shared memory (16-bit rows of 32,769 to 61,440 values): two
+    // rows an SM, each block with 64 registers a thread, where a block of 1,024 had 55 and the
+    // SM to itself (`layer_norm`), or 32 and spilled (`softmax`, whose aligned rows spilled
+    // 32-44 bytes a thread, rows 16 bytes divide 0-12). Measured on an H100 against those
+    // (2026-12-06, two rounds, `gpu_sweep bf16,f16 softmax,layer_norm` over 36,000 to 61,440
+    // values, 64 to 4,096 rows): `layer_norm` 0.99-1.43x (1.09-1.13x over [333, 50257], 1.38-1.43x
+    // over 1,335 and 4,096 rows, 0.99-1.00x over 64 and 132 rows: one a block an SM either way);
+    // `softmax` over rows of 45,001 and 50,257 1.08-1.31x, over rows 16 bytes divide 0.95-1.08x,
+    // so those keep two blocks of 1,024.
+    let halved = RowLayout::on_chip_by(cols, widest, values, shared_limit, shared_value_bytes, MAX_ROW_THREADS / 2);
+    let two_halves = raw_shared
+        && layout.shared_bytes() > 0
+        && (id == prims::LAYER_NORM || layout.aligned)
+        && halved.per_thread.is_some()
+        && halved.shared_bytes() > 0
+        && 2 * (halved.shared_bytes() + RESERVED_SHARED_BYTES) <= sm_shared;
+    let layout = if two_halves { halved } else { layout };
     let RowLayout { threads_per_row: t, vector: v, block, in_registers, .. } = layout;
 
     let mut c = String::new();
@@ -1011,12 +1045,15 @@ pub(super) fn row_source(
     // as `float`s, 32 values a thread in registers, ran at 0.4x with two: spilled.) `layer_norm`
     // with two, again on an H100 (2026-12-05, `gpu_sweep --variants`, plans on the same inputs):
     // 0.56-0.65x over [333, 50257], 1.15x (bf16) and 0.88x (f16) over [256, 65536], f16 0.72x
-    // over [4096, 65536] (bf16 0.98x), the sweep's other 22 16-bit cases 0.97-1.01x.
-    let two_blocks = id == prims::SOFTMAX
-        && raw_shared
-        && block == MAX_ROW_THREADS
-        && layout.shared_bytes() > 0
-        && 2 * (layout.shared_bytes() + RESERVED_SHARED_BYTES) <= sm_shared;
+    // over [4096, 65536] (bf16 0.98x), the sweep's other 22 16-bit cases 0.97-1.01x. (Two
+    // blocks of 512 threads, `two_halves` above, give it the registers those lacked.)
+    // (Both are two blocks an SM: where `two_halves` halved the block, of 512 threads.)
+    let two_blocks = two_halves
+        || (id == prims::SOFTMAX
+            && raw_shared
+            && block == MAX_ROW_THREADS
+            && layout.shared_bytes() > 0
+            && 2 * (layout.shared_bytes() + RESERVED_SHARED_BYTES) <= sm_shared);
     // A 16-bit `layer_norm` row held in registers alone, by blocks of 256 threads or more: 1,024
     // threads an SM (64 registers a thread), where the compiler took up to 71 and left one
     // block of 512 an SM, its loads idle while it reduced. Measured on the H200 against the
@@ -1780,9 +1817,14 @@ mod tests {
             for (generated, is_layer_norm) in [(softmax, false), (layer_norm, true)] {
                 let src = &generated.source.source;
                 let kept = if dtype != DType::F32 { "uint4" } else { "float" };
-                // Two blocks an SM where 16-bit `softmax` rows, kept as read, fit twice in
-                // its shared memory; one elsewhere.
-                let bounds = if kept == "uint4" && !is_layer_norm { "1024, 2" } else { "1024" };
+                // Two blocks an SM where 16-bit rows, kept as read, fit twice in its shared
+                // memory: of 512 threads for `layer_norm` and for `softmax` over rows 16 bytes
+                // do not divide, of 1,024 for `softmax` over others; one block elsewhere.
+                let bounds = match (kept, is_layer_norm, cols) {
+                    ("uint4", _, 50257) => "512, 2",
+                    ("uint4", false, _) => "1024, 2",
+                    _ => "1024",
+                };
                 if !is_layer_norm && kept == "uint4" {
                     // The exponentials are taken again in the pass that writes, as read; the
                     // values of a neighbouring row an aligned access holds are kept as
@@ -1810,6 +1852,69 @@ mod tests {
                 assert!(!src.contains("bs_rescale"), "not streamed\n{src}");
                 super::super::compiles_with_nvrtc(src);
             }
+        }
+    }
+
+    #[test]
+    fn sixteen_bit_rows_kept_as_read_share_an_sm_two_blocks_of_512_where_they_fit_twice() {
+        const HOPPER_BLOCK: usize = 227 * 1024;
+        // (op is layer_norm, dtype, cols) -> threads a row and `__launch_bounds__`.
+        let cases = [
+            // Up to 32,768 16-bit values a row stay in registers.
+            (true, DType::BF16, 32768, 1024, "1024, 1"),
+            // Past that, kept as read in shared memory: two blocks of 512 an SM up to 61,440
+            // values (15 accesses a thread, 14 in shared memory: 2 x 113.25 KB).
+            (true, DType::BF16, 32776, 512, "512, 2"),
+            (true, DType::F16, 50257, 512, "512, 2"),
+            (true, DType::BF16, 61440, 512, "512, 2"),
+            (true, DType::BF16, 61448, 1024, "1024"),
+            (true, DType::F16, 65536, 1024, "1024"),
+            // `softmax` halves its block only over rows 16 bytes do not divide; over others it
+            // keeps two blocks of 1,024 (32 registers a thread).
+            (false, DType::BF16, 50257, 512, "512, 2"),
+            (false, DType::F16, 45001, 512, "512, 2"),
+            (false, DType::BF16, 40000, 1024, "1024, 2"),
+            (false, DType::F16, 65536, 1024, "1024, 2"),
+            // `float` rows are kept widened, one block an SM.
+            (true, DType::F32, 50257, 1024, "1024"),
+            (false, DType::F32, 40001, 1024, "1024"),
+        ];
+        for (layer_norm, dtype, cols, threads, bounds) in cases {
+            let generated = row_op_with(layer_norm, dtype, [333, cols], HOPPER_BLOCK, KernelVariants::NONE);
+            let src = &generated.source.source;
+            let what = format!("layer_norm {layer_norm}, {dtype} over {cols}");
+            assert_eq!(generated.layout.threads_per_row, threads, "{what}: {:?}", generated.layout);
+            assert_eq!(generated.layout.block, threads, "{what}");
+            assert!(src.contains(&format!("__launch_bounds__({bounds}) k(")), "{what}\n{src}");
+            if bounds.ends_with(", 2") {
+                // Two blocks' shared memory, and what CUDA and the kernel take past it, fit
+                // an SM's.
+                let block_bytes = generated.layout.shared_bytes() + RESERVED_SHARED_BYTES;
+                assert!(2 * block_bytes <= HOPPER_SM, "{what}: {block_bytes}");
+            }
+        }
+        // On a GPU whose SM holds one such row only, a block of 1,024 keeps it (one an SM).
+        for layer_norm in [false, true] {
+            let generated = source_targeting(
+                |b| {
+                    let x = b.input_with(&crate::core::ir::TensorMeta::new(DType::BF16, &[333, 50257])).unwrap();
+                    if layer_norm {
+                        b.layer_norm(x, 1e-5, None, None).unwrap()
+                    } else {
+                        b.softmax(x).unwrap()
+                    }
+                },
+                RowTarget { shared_limit: 160 * 1024, sm_shared: 164 * 1024, ..HOPPER },
+                KernelVariants::NONE,
+            )
+            .unwrap();
+            assert_eq!(generated.layout.block, 1024, "layer_norm {layer_norm}");
+            assert!(generated.source.source.contains("__launch_bounds__(1024) k("), "layer_norm {layer_norm}");
+        }
+        // They compile (for sm_90 too).
+        for layer_norm in [false, true] {
+            let generated = row_op_with(layer_norm, DType::BF16, [333, 50257], HOPPER_BLOCK, KernelVariants::default());
+            super::super::compiles_with_nvrtc(&generated.source.source);
         }
     }
 

@@ -143,6 +143,13 @@ pub trait CudaKernel: Send + Sync + 'static {
     /// # Errors
     /// Whatever stops it: the run's error, unchanged.
     fn run(&self, run: &mut CudaRun<'_>, state: &mut Self::State) -> Result<()>;
+
+    /// What the plan's listing says of how the kernel runs, on its step's line after the
+    /// executor ([`DeviceKernel::launch_note`]): one line, no newline, such as
+    /// `"grid 128 x 256, 48 KB shared"`. Default: nothing.
+    fn launch_note(&self) -> Option<String> {
+        None
+    }
 }
 
 /// The dtype and shape of each of an op's tensors, from the trace it was compiled from.
@@ -531,5 +538,9 @@ impl<K: CudaKernel> DeviceKernel for UserKernel<K> {
             Some(range) => range.in_scope(|| self.call(inputs, outputs)),
             None => self.call(inputs, outputs),
         }
+    }
+
+    fn launch_note(&self) -> Option<String> {
+        self.kernel.launch_note()
     }
 }

@@ -1058,7 +1058,11 @@ pub(super) fn row_source(
     // threads an SM (64 registers a thread), where the compiler took up to 71 and left one
     // block of 512 an SM, its loads idle while it reduced. Measured on the H200 against the
     // compiler's choice: rows of 16,384 1.24-1.34x, of 1,024 1.01-1.02x; `f32` rows spilled
-    // (0.49-0.52x) and `softmax` gained nothing (0.99-1.00x), so they keep it.
+    // (0.49-0.52x) and `softmax` gained nothing (0.99-1.00x), so they keep it. Rows whose
+    // accesses are aligned to the tensor (odd lengths), 4 accesses a thread, spill under it
+    // (`ptxas`, sm_90: 172-192 bytes a thread over rows of 769, 1,001 and 12,289); half as many
+    // threads an SM, `(block, 512 / block)`, spilled nothing but timed 0.74-0.80x over 1,001 and
+    // 12,289 (1.05x over 769) on an H100 (2026-12-06), so they keep it too.
     let registers_for_1024 = id == prims::LAYER_NORM
         && packing::is_packed(dtypes[0])
         && layout.shared_bytes() == 0
@@ -1327,6 +1331,9 @@ pub(super) fn row_source(
         let _ = writeln!(c, "    const float mean = acc * {inverse};");
         let _ = writeln!(c, "    acc = 0.0f;");
         let _ = writeln!(c, "{back}");
+        // (Testing each value only in the two accesses a row shares with its neighbours, not in
+        // every access of aligned rows: 0.95-1.05x, median 1.00x, over 27 `layer_norm` cases on
+        // an H100, 2026-12-06: the tests are not what bounds these kernels.)
         let _ = writeln!(
             c,
             "      if (in_row) for (int e = 0; e < {v}; ++e) if ({}) {{ const float d = x[e] - mean; acc = acc + d * d; }}",

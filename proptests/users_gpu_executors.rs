@@ -270,7 +270,7 @@ fn each_workspace_has_its_own_state_dropped_with_it() {
     let executor: Arc<dyn Executor> = Arc::new(ProbeExecutor { gpu: gpu.clone(), probe: probe.clone() });
     let plan = Plan::compile(&trace, &[executor]).unwrap();
     // The kernel's launch note reaches the plan's listing, after its executor.
-    let step = plan.to_string().lines().find(|l| l.contains("neg")).unwrap_or_default().to_string();
+    let step = plan.to_string().lines().find(|l| l.contains("= neg(")).unwrap_or_default().to_string();
     assert!(step.contains("probe") && step.ends_with("a copy of 12 bf16 values"), "{plan}");
     let x = Tensor::from_fn(&[4, 3], |i| i as f32 - 5.5).to_dtype(DType::BF16);
     let (mut first, mut second) = (plan.workspace().unwrap(), plan.workspace().unwrap());

@@ -9,8 +9,9 @@
 //! past that in shared memory too, as far as the GPU gives a block (227 KB on Hopper: rows of
 //! 65,536 f32 values, GPT-2's 50,257 words; a 16-bit row is kept there as read, in half the
 //! bytes and half the shared-memory traffic, `softmax` then taking its exponentials twice; two
-//! blocks share an SM where the row fits twice, of 512 threads each up to 61,440 values for
-//! `layer_norm` and for `softmax` over rows 16 bytes do not divide). Longer
+//! blocks share an SM where the row fits twice: of 512 threads each for `layer_norm` up to
+//! 61,440 values and for `softmax` over rows 16 bytes do not divide up to 61,433, of 1,024 for
+//! `softmax` over other rows up to 65,536). Longer
 //! rows are streamed by half a block, each thread with several reads in flight: two passes for
 //! `softmax` (its maximum and sum in one, online), three for `layer_norm`; where such rows are
 //! fewer than SMs, a row is split over a thread-block cluster of up to 8 blocks
@@ -974,12 +975,13 @@ impl RowOp {
 
 /// The kernel for a built-in `softmax` or `layer_norm` bound symbol, or why there is none, for
 /// the GPU `target`. Rows too long for registers are kept in up to its `shared_limit` bytes of
-/// shared memory per block beside them ([`RowLayout::on_chip`]; 0 streams them). Where two
-/// blocks of a 16-bit row kept as read fit in its `sm_shared` bytes (an SM's shared memory), the
-/// kernel asks the compiler for registers enough for two blocks an SM, not one: of 512 threads
-/// (64 registers a thread) for `layer_norm` and for `softmax` over rows 16 bytes do not divide,
-/// of 1,024 (32) for `softmax` over others. `variants` chooses the kernel's [`KernelVariants`]: `keep_in_l2` against
-/// the target's `l2_bytes`, `split_rows` against its `sms` and `clusters`.
+/// shared memory per block beside them ([`RowLayout::on_chip`]; 0 streams them). A 16-bit row
+/// kept there as read runs two blocks an SM, not one, where two fit in its `sm_shared` bytes
+/// (an SM's shared memory): blocks of 512 threads (64 registers a thread) for `layer_norm` and
+/// for `softmax` over rows 16 bytes do not divide, where two blocks of 512 fit; blocks of
+/// 1,024 (32 registers) for `softmax` over other rows, where two of 1,024 fit. `variants`
+/// chooses the kernel's [`KernelVariants`]: `keep_in_l2` against the target's `l2_bytes`,
+/// `split_rows` against its `sms` and `clusters`.
 ///
 /// # Errors
 /// Not one of those composites, or shapes that break their rules (checked again here, since
@@ -1017,7 +1019,7 @@ pub(super) fn row_source(
     // rows an SM, each block with 64 registers a thread, where a block of 1,024 had 55 and the
     // SM to itself (`layer_norm`), or 32 and spilled (`softmax`, whose aligned rows spilled
     // 32-44 bytes a thread, rows 16 bytes divide 0-12). Measured on an H100 against those
-    // (2026-12-06, two rounds, `gpu_sweep bf16,f16 softmax,layer_norm` over 36,000 to 61,440
+    // (2026-12-06, two runs of two rounds, `gpu_sweep bf16,f16 softmax,layer_norm` over 36,000 to 61,440
     // values, 64 to 4,096 rows): `layer_norm` 0.99-1.43x (1.09-1.13x over [333, 50257], 1.38-1.43x
     // over 1,335 and 4,096 rows, 0.99-1.00x over 64 and 132 rows: one a block an SM either way);
     // `softmax` over rows of 45,001 and 50,257 1.08-1.31x, over rows 16 bytes divide 0.95-1.08x,
@@ -1046,8 +1048,8 @@ pub(super) fn row_source(
     // with two, again on an H100 (2026-12-05, `gpu_sweep --variants`, plans on the same inputs):
     // 0.56-0.65x over [333, 50257], 1.15x (bf16) and 0.88x (f16) over [256, 65536], f16 0.72x
     // over [4096, 65536] (bf16 0.98x), the sweep's other 22 16-bit cases 0.97-1.01x. (Two
-    // blocks of 512 threads, `two_halves` above, give it the registers those lacked.)
-    // (Both are two blocks an SM: where `two_halves` halved the block, of 512 threads.)
+    // blocks of 512 threads, `two_halves` above, give it the registers those lacked: both are
+    // two blocks an SM.)
     let two_blocks = two_halves
         || (id == prims::SOFTMAX
             && raw_shared
@@ -1084,9 +1086,10 @@ pub(super) fn row_source(
     };
     // Accesses kept in shared memory as read (16 bytes each) are copied there asynchronously:
     // `ptxas` (sm_90) kept a load, then its store, one at a time for all but the first few
-    // (16-bit `layer_norm` over rows of 50,257: of the six accesses a thread keeps there, three
-    // at once, then three in turn). Not where the streaming hints mark a `layer_norm` row's
-    // accesses (`Caching::Streamed`, see `async_copies`): those keep the hint's loads.
+    // (16-bit `layer_norm` over rows of 50,257, blocks of 1,024: of the six accesses a thread
+    // keeps there, three at once, then three in turn). Not where the streaming hints mark a
+    // `layer_norm` row's accesses (`Caching::Streamed`, see `async_copies`): those keep the
+    // hint's loads.
     let copy_async = variants.async_row_copies
         && (caching == Caching::Kept || id == prims::SOFTMAX)
         && layout.shared_bytes() > 0
@@ -1864,7 +1867,6 @@ mod tests {
 
     #[test]
     fn sixteen_bit_rows_kept_as_read_share_an_sm_two_blocks_of_512_where_they_fit_twice() {
-        const HOPPER_BLOCK: usize = 227 * 1024;
         // (op is layer_norm, dtype, cols) -> threads a row and `__launch_bounds__`.
         let cases = [
             // Up to 32,768 16-bit values a row stay in registers.

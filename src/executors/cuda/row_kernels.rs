@@ -26,15 +26,15 @@
 //! `softmax` kernels do; the CPU reference, which rounds each prim of the decomposition, is
 //! further from exact).
 //!
-//! Few long rows (333 of 50,257 words) leave these kernels at half a copy's speed: a block a
-//! row runs in waves, loading, reducing and writing in turn. Measured on the H200 against
+//! Few long rows (333 of 50,257 words) leave these kernels short of a copy's speed (on an H100,
+//! 2026-12-06: `softmax` 78-91%, `layer_norm` 63-72%): a block a row runs in waves, loading,
+//! reducing and writing in turn. Measured on the H200 against
 //! them and not kept, being slower on most of those shapes: a row kept on chip shared by a
 //! cluster of 2-8 blocks through distributed shared memory (0.61-1.24x; as two blocks of 512,
 //! `split_rows`' first form, 0.81-0.92x on an H100); a persistent block loading its next
 //! row while it writes this one (0.78-1.09x); two kernels, a row's statistics then its results
 //! by chunk, the second reading from L2 (0.45-1.03x, in two layouts); streaming rows past
-//! 32,768 values rather than keeping them (0.59-1.07x). The branches `experiment/cluster-rows`
-//! and `experiment/split-rows` hold two of them. Taking a kept row's statistics in one pass as
+//! 32,768 values rather than keeping them (0.59-1.07x). Taking a kept row's statistics in one pass as
 //! it arrives (`softmax`'s maximum and sum online, `layer_norm`'s mean and squared deviations
 //! an access at a time, merged by Chan et al.'s update) was slower too: 0.76-0.91x over few
 //! long rows, 0.76-1.01x over others of 2^24 values or more ([4096, 1024] moved by 15% between

@@ -10,7 +10,8 @@ variant makes them faster or slower by more than the control's spread (below; 2%
 the best of three rounds. The `=defaults` column is the defaults timed again as a plan of their
 own (the same kernels, other memory): how far it strays from 1.00x is the noise under the other
 columns, and the report says how far, last. Where a case was timed several times (`scripts/gpu-variants ab`: two
-builds in turn, `boundscope-change` being the build before a change), each side's best counts.
+builds in turn, `boundscope-change` being the build before a change), each side's best counts;
+the report then names its columns for the change: GB/s with it, and its worth (with / without).
 
     target/release/examples/gpu_sweep --variants | python3 scripts/gpu_variants_report.py
 """
@@ -31,7 +32,13 @@ variants = sorted({impl for impls in cases.values() for impl in impls if impl !=
 if not variants:
     sys.exit("no variant results: run gpu_sweep with --variants")
 names = [v[len("boundscope"):] for v in variants]
-print("| op | shape | dtype | default GB/s | % of copy | "
+# `scripts/gpu-variants ab`: the base build's lines are the only other side. Its GB/s columns are
+# then this build's (the change's), its ratio the change's worth.
+ab = names == ["-change"]
+if ab:
+    names = ["change"]
+print("| op | shape | dtype | "
+      + ("GB/s with the change | % of copy | " if ab else "default GB/s | % of copy | ")
       + " | ".join(n + (" (a second plan)" if n.startswith("=") else " (with / without)") for n in names) + " |")
 print("| --- | --- | --- | --- | --- | " + " | ".join("---" for _ in names) + " |")
 ratios = {v: [] for v in variants}
@@ -62,8 +69,9 @@ for v, name in zip(variants, names):
     if not values or name.startswith("="):
         continue
     only = [x for x, _ in values]
+    what = "the change" if ab else "the variant"
     print(f"- {name}: minimum {min(only):.2f}x, median {statistics.median(only):.2f}x, "
-          f"maximum {max(only):.2f}x with the variant over without it, over {len(only)} cases")
+          f"maximum {max(only):.2f}x with {what} over without it, over {len(only)} cases")
     faster = sorted((x for x in values if x[0] > 1 + threshold), reverse=True)
     slower = sorted(x for x in values if x[0] < 1 - threshold)
     by = f"by over {100 * threshold:.0f}%"

@@ -192,9 +192,7 @@ impl CudaOps {
                 // The kernel's own shared arrays (a few hundred bytes) take from the same limit.
                 shared_limit: device.shared_memory_per_block().saturating_sub(1024),
                 sm_shared: device.shared_memory_per_sm(),
-                l2_bytes: device.l2_cache_bytes(),
-                sms: device.multiprocessors(),
-                clusters: device.clusters(),
+                region: region_target(device),
             };
             row_source(op, &name, target, variants)
         };
@@ -393,13 +391,17 @@ fn fitted_kernel(
     range: Option<PreparedRegionRange>,
     generate: impl Fn(KernelVariants, RegionTarget) -> Result<RegionSource>,
 ) -> Result<GeneratedKernel> {
-    let target =
-        RegionTarget { l2_bytes: device.l2_cache_bytes(), sms: device.multiprocessors(), clusters: device.clusters() };
+    let target = region_target(device);
     let kernel = GeneratedKernel::new(device, &generate(variants, target)?, None)?;
     if kernel.clusters_fit()? {
         return Ok(GeneratedKernel { range, ..kernel });
     }
     GeneratedKernel::new(device, &generate(variants.unsplit(), target)?, range)
+}
+
+/// What the generated kernels are chosen by on `device`: its L2, SMs and clusters.
+fn region_target(device: &CudaDevice) -> RegionTarget {
+    RegionTarget { l2_bytes: device.l2_cache_bytes(), sms: device.multiprocessors(), clusters: device.clusters() }
 }
 
 fn kernel_name(name: &str) -> String {
@@ -679,7 +681,7 @@ mod tests {
             }
         }
         // Reductions split over clusters too ([`KernelVariants::split_reductions`]).
-        let target = RegionTarget { l2_bytes: device.l2_cache_bytes(), sms: device.multiprocessors(), clusters: true };
+        let target = RegionTarget { clusters: true, ..region_target(&device) };
         for (max, dtype) in [(false, DType::F32), (true, DType::BF16)] {
             let arena = Arena::new();
             let mut b = TraceBuilder::new(&arena, &registry);

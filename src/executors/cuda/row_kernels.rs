@@ -43,7 +43,7 @@
 
 use std::fmt::Write as _;
 
-use super::codegen::{literal, maximum, widen, RegionSource, EXP2, HALF_CONVERSIONS, MAXIMUM};
+use super::codegen::{literal, maximum, widen, RegionSource, RegionTarget, EXP2, HALF_CONVERSIONS, MAXIMUM};
 use super::KernelVariants;
 use crate::core::ir::{prims, DType, SymbolId};
 use crate::core::plan::{packing, OpView};
@@ -230,12 +230,8 @@ pub(super) struct RowTarget {
     pub shared_limit: usize,
     /// Bytes of shared memory an SM holds; 0 where unknown.
     pub sm_shared: usize,
-    /// Bytes of L2 cache; 0 where unknown.
-    pub l2_bytes: usize,
-    /// SMs; 0 where unknown.
-    pub sms: usize,
-    /// Whether kernels may run as thread-block clusters (compiled for Hopper or later).
-    pub clusters: bool,
+    /// What every generated kernel is chosen by: L2, SMs, clusters.
+    pub region: RegionTarget,
 }
 
 /// A row kernel's source and its launch.
@@ -992,7 +988,7 @@ pub(super) fn row_source(
     target: RowTarget,
     variants: KernelVariants,
 ) -> Result<RowSource, String> {
-    let RowTarget { shared_limit, sm_shared, l2_bytes, .. } = target;
+    let RowTarget { shared_limit, sm_shared, region: RegionTarget { l2_bytes, sms, clusters } } = target;
     let RowOp { id, rows, cols, dtypes, out_dtype, mut params, input_lengths } = RowOp::of(op)?;
     let numel = rows * cols;
     let tensors = dtypes.len();
@@ -1107,11 +1103,8 @@ pub(super) fn row_source(
     let streamed_stride = streamed_loads * t * v;
     // A thread's rounds over the row, at most (its first column is `-shift` or later).
     let streamed_rounds = (RowLayout::accesses(cols, v, layout.aligned) * v).div_ceil(streamed_stride);
-    let cluster = if variants.split_rows && streamed && target.clusters {
-        cluster_blocks(rows, target.sms, streamed_rounds)
-    } else {
-        1
-    };
+    let cluster =
+        if variants.split_rows && streamed && clusters { cluster_blocks(rows, sms, streamed_rounds) } else { 1 };
     if cluster > 1 {
         c.push_str(CLUSTER_HELPERS);
     }
@@ -1388,8 +1381,11 @@ mod tests {
     const HOPPER_SM: usize = 228 * 1024;
 
     /// An H100 or H200 (the tests set its shared memory and L2 themselves).
-    const HOPPER: RowTarget =
-        RowTarget { shared_limit: 0, sm_shared: HOPPER_SM, l2_bytes: 0, sms: 132, clusters: true };
+    const HOPPER: RowTarget = RowTarget {
+        shared_limit: 0,
+        sm_shared: HOPPER_SM,
+        region: RegionTarget { l2_bytes: 0, sms: 132, clusters: true },
+    };
 
     fn source_of(build: impl Fn(&mut TraceBuilder<'_>) -> crate::ValueId) -> Result<RowSource, String> {
         source_within(build, 0)
@@ -1420,7 +1416,11 @@ mod tests {
         variants: KernelVariants,
         l2_bytes: usize,
     ) -> Result<RowSource, String> {
-        source_targeting(build, RowTarget { shared_limit, l2_bytes, ..HOPPER }, variants)
+        source_targeting(
+            build,
+            RowTarget { shared_limit, region: RegionTarget { l2_bytes, ..HOPPER.region }, ..HOPPER },
+            variants,
+        )
     }
 
     /// The kernel for the GPU `target`.
@@ -2139,7 +2139,9 @@ mod tests {
             }
         }
         // A GPU without clusters, or of an unknown SM count: not split.
-        for target in [RowTarget { clusters: false, ..HOPPER }, RowTarget { sms: 0, ..HOPPER }] {
+        let without_clusters = RegionTarget { clusters: false, ..HOPPER.region };
+        let unknown_sms = RegionTarget { sms: 0, ..HOPPER.region };
+        for target in [RowTarget { region: without_clusters, ..HOPPER }, RowTarget { region: unknown_sms, ..HOPPER }] {
             let softmax = |b: &mut TraceBuilder<'_>| {
                 let x = b.input_with(&crate::core::ir::TensorMeta::new(DType::F32, &[16, 1 << 20])).unwrap();
                 b.softmax(x).unwrap()

@@ -339,11 +339,7 @@ impl Executor for CudaOps {
         }
         if matches!(composite, Some(prims::SOFTMAX | prims::LAYER_NORM | prims::LAYER_NORM_BACKWARD)) {
             let backward = composite == Some(prims::LAYER_NORM_BACKWARD);
-            let kernel = self.row_kernel(op, backward, self.variants)?;
-            if kernel.clusters_fit()? {
-                return Ok(Box::new(kernel));
-            }
-            return Ok(Box::new(self.row_kernel(op, backward, self.variants.unsplit())?));
+            return Ok(Box::new(fitted(self.variants, |variants| self.row_kernel(op, backward, variants))?));
         }
         if cross_entropy::runs_whole(op) {
             return Ok(Box::new(cross_entropy::CrossEntropy::new(&self.device, op, &kernel_name(op.name()))?));
@@ -382,9 +378,22 @@ impl Executor for CudaOps {
     }
 }
 
-/// The kernel `generate` writes with `variants` for `device`, compiled; or, where its rows are
-/// split over thread-block clusters that the GPU cannot run at once
-/// ([`GeneratedKernel::clusters_fit`]), the kernel it writes without splitting them.
+/// The kernel `build` makes with `variants`; or, where its rows are split over thread-block
+/// clusters that the GPU cannot run at once ([`GeneratedKernel::clusters_fit`]), the kernel it
+/// makes without splitting them ([`KernelVariants::unsplit`]).
+fn fitted(
+    variants: KernelVariants,
+    build: impl Fn(KernelVariants) -> Result<GeneratedKernel>,
+) -> Result<GeneratedKernel> {
+    let kernel = build(variants)?;
+    if kernel.clusters_fit()? {
+        return Ok(kernel);
+    }
+    build(variants.unsplit())
+}
+
+/// The kernel `generate` writes with `variants` for `device`, compiled ([`fitted`]), pushing
+/// `range`.
 fn fitted_kernel(
     device: &Arc<CudaDevice>,
     variants: KernelVariants,
@@ -392,11 +401,8 @@ fn fitted_kernel(
     generate: impl Fn(KernelVariants, RegionTarget) -> Result<RegionSource>,
 ) -> Result<GeneratedKernel> {
     let target = region_target(device);
-    let kernel = GeneratedKernel::new(device, &generate(variants, target)?, None)?;
-    if kernel.clusters_fit()? {
-        return Ok(GeneratedKernel { range, ..kernel });
-    }
-    GeneratedKernel::new(device, &generate(variants.unsplit(), target)?, range)
+    let kernel = fitted(variants, |variants| GeneratedKernel::new(device, &generate(variants, target)?, None))?;
+    Ok(GeneratedKernel { range, ..kernel })
 }
 
 /// What the generated kernels are chosen by on `device`: its L2, SMs and clusters.

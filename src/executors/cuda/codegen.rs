@@ -1032,6 +1032,8 @@ fn generate(
             let _ = writeln!(source, "    const long long r = r0 + (first - lead);");
         }
         let chunk = accesses.div_ceil(cluster) * v;
+        // What only the first block of a row's cluster does (the row's tail, its result).
+        let first_block = if cluster > 1 { " && slice == 0" } else { "" };
         let _ = writeln!(source, "    float acc = {init};");
         let _ = writeln!(source, "    if (r < rows) {{");
         // One accumulator per value of an access: `v` independent chains of additions (or
@@ -1092,8 +1094,7 @@ fn generate(
         if aligned && whole < numel {
             let _ = writeln!(
                 source,
-                "    if (lane == 0{}) for (long long i = start > {whole}ll ? start : {whole}ll; i < end; ++i) {{",
-                if cluster > 1 { " && slice == 0" } else { "" }
+                "    if (lane == 0{first_block}) for (long long i = start > {whole}ll ? start : {whole}ll; i < end; ++i) {{"
             );
             for k in 0..inputs.len() {
                 let _ = writeln!(source, "    const float x{k} = {};", read_as_float(k, format!("in{k}[i]")));
@@ -1104,12 +1105,9 @@ fn generate(
         }
         let _ = writeln!(source, "    }}");
         super::row_kernels::row_reduce(&mut source, t, &combine);
-        let first_block = if cluster > 1 {
+        if cluster > 1 {
             super::row_kernels::cluster_reduce(&mut source, cluster, &combine);
-            " && slice == 0"
-        } else {
-            ""
-        };
+        }
         if let Some(o) = outputs.iter().position(|&v| v == result) {
             let _ = writeln!(
                 source,

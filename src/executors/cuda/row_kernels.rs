@@ -1020,13 +1020,16 @@ pub(super) fn row_source(
     // over 1,335 and 4,096 rows, 0.99-1.00x over 64 and 132 rows: one a block an SM either way);
     // `softmax` over rows of 45,001 and 50,257 1.08-1.31x, over rows 16 bytes divide 0.95-1.08x,
     // so those keep two blocks of 1,024.
+    // (Whether two blocks of a layout that keeps part of its row in shared memory fit an SM's,
+    // with the kilobyte CUDA reserves per block and the kernel's own arrays.)
+    let fits_twice =
+        |l: &RowLayout| l.shared_bytes() > 0 && 2 * (l.shared_bytes() + RESERVED_SHARED_BYTES) <= sm_shared;
     let halved = RowLayout::on_chip_by(cols, widest, values, shared_limit, shared_value_bytes, MAX_ROW_THREADS / 2);
     let two_halves = raw_shared
         && layout.shared_bytes() > 0
         && (id == prims::LAYER_NORM || layout.aligned)
         && halved.per_thread.is_some()
-        && halved.shared_bytes() > 0
-        && 2 * (halved.shared_bytes() + RESERVED_SHARED_BYTES) <= sm_shared;
+        && fits_twice(&halved);
     let layout = if two_halves { halved } else { layout };
     let RowLayout { threads_per_row: t, vector: v, block, in_registers, .. } = layout;
 
@@ -1046,12 +1049,8 @@ pub(super) fn row_source(
     // over [4096, 65536] (bf16 0.98x), the sweep's other 22 16-bit cases 0.97-1.01x. (Two
     // blocks of 512 threads, `two_halves` above, give it the registers those lacked: both are
     // two blocks an SM.)
-    let two_blocks = two_halves
-        || (id == prims::SOFTMAX
-            && raw_shared
-            && block == MAX_ROW_THREADS
-            && layout.shared_bytes() > 0
-            && 2 * (layout.shared_bytes() + RESERVED_SHARED_BYTES) <= sm_shared);
+    let two_blocks =
+        two_halves || (id == prims::SOFTMAX && raw_shared && block == MAX_ROW_THREADS && fits_twice(&layout));
     // A 16-bit `layer_norm` row held in registers alone, by blocks of 256 threads or more: 1,024
     // threads an SM (64 registers a thread), where the compiler took up to 71 and left one
     // block of 512 an SM, its loads idle while it reduced. Measured on the H200 against the

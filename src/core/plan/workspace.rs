@@ -721,7 +721,7 @@ impl Plan {
     /// guards).
     pub(super) fn run_unguarded(&self, workspace: &mut Workspace, run: &Run<'_>) -> Result<()> {
         for (i, step) in self.steps.iter().enumerate() {
-            self.run_step(i, step, workspace, run).map_err(|e| step.named_for_user(e))?;
+            self.run_step(i, step, workspace, run)?;
         }
         Ok(())
     }
@@ -752,7 +752,7 @@ impl Plan {
             if a != b {
                 stack.enter(&order[a as usize..b as usize]);
             }
-            self.run_step(i, step, workspace, run).map_err(|e| step.named_for_user(e))?;
+            self.run_step(i, step, workspace, run)?;
             let exits = schedule.exit[i];
             if exits != 0 {
                 stack.exit(exits);
@@ -788,11 +788,17 @@ impl Plan {
         Ok(())
     }
 
-    /// Runs one step. A narrow step's output is borrowed in place; a wider step's output buffers
-    /// are moved out of the workspace for the kernel call and moved back afterwards, also when
-    /// the kernel fails.
+    /// Runs one step; its error as the user meets it ([`Step::named_for_user`]).
     #[inline(always)]
     fn run_step(&self, index: usize, step: &Step, workspace: &mut Workspace, run: &Run<'_>) -> Result<()> {
+        self.run_step_work(index, step, workspace, run).map_err(|e| step.named_for_user(e))
+    }
+
+    /// Runs one step's work. A narrow step's output is borrowed in place; a wider step's output
+    /// buffers are moved out of the workspace for the kernel call and moved back afterwards, also
+    /// when the kernel fails.
+    #[inline(always)]
+    fn run_step_work(&self, index: usize, step: &Step, workspace: &mut Workspace, run: &Run<'_>) -> Result<()> {
         let kernel = match &step.work {
             Work::Host(kernel) => kernel,
             other => return self.run_device_step(index, other, step, workspace, run),

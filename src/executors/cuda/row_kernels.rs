@@ -621,7 +621,8 @@ struct RowAccesses {
     /// Whether a value outside the row must be nothing to the row's maximum (`softmax`'s), not
     /// to its sum (`layer_norm`'s): see [`neutral`](Self::neutral).
     pub for_maximum: bool,
-    /// Whether columns are counted in 32 bits ([`KernelVariants::int32_row_columns`], rows
+    /// Whether columns are counted in 32 bits ([`KernelVariants::int32_row_columns`], and
+    /// `layer_norm`'s [`aligned`](RowLayout::aligned) rows always; rows
     /// under 2^30 values: a column, the row's length past it and `shift` all fit).
     pub int_columns: bool,
     /// How the row's whole accesses (input 0's and the output's) are cached.
@@ -1148,7 +1149,15 @@ pub(super) fn row_source(
         cols,
         aligned,
         for_maximum: id == prims::SOFTMAX,
-        int_columns: variants.int32_row_columns && cols < 1 << 30,
+        // `layer_norm`'s aligned rows (all under 2^30 values) count in 32 bits whatever the
+        // variant: 64-bit columns spilled them (16-bit rows of 769 and 1,001 in registers: 184
+        // and 192 bytes a thread under their bound of 64 registers; none in 32 bits). On an
+        // H100 (2026-12-06, `gpu_sweep f32,bf16,f16 layer_norm --variant=int32_row_columns`,
+        // two runs): 1.11-1.58x over rows of 257 to 12,289 in 16 bits (1.58x over [8192, 769]),
+        // 1.05-1.19x in f32, 0.99-1.04x over rows of 50,257 to 200,003. `softmax` over the same
+        // rows gained nothing (0.97-1.10x, f32 [2048, 2049] 0.84x), so it keeps the variant's
+        // choice.
+        int_columns: (variants.int32_row_columns || (aligned && id == prims::LAYER_NORM)) && cols < 1 << 30,
         caching,
     };
     let ix = accesses.index();
@@ -1658,6 +1667,7 @@ mod tests {
         // memory as read, and streamed.
         let cases = [
             (false, DType::F32, [3, 1001]),
+            (true, DType::F32, [3, 1001]),
             (true, DType::BF16, [9, 50257]),
             (false, DType::BF16, [333, 50257]),
             (true, DType::F32, [4, 65536]),
@@ -1669,10 +1679,17 @@ mod tests {
             let variant = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, narrow);
             assert_eq!(without.layout, variant.layout, "the same layout");
             let (d, s) = (&without.source.source, &variant.source.source);
-            assert!(d.contains(" long long col") && !s.contains(" long long col"), "{s}");
+            assert!(!s.contains(" long long col"), "{s}");
             // (The row's first element, `row`, stays 64-bit.)
             assert!(!s.contains(&format!("< {}ll", shape[1])), "bounds against an int: {s}");
-            assert!(d.contains(&format!("< {}ll", shape[1])), "{d}");
+            // Without the variant, 64-bit columns; but `layer_norm`'s aligned rows count in 32
+            // bits whatever the variant.
+            let always = layer_norm && without.layout.aligned;
+            assert_eq!(d.contains(" long long col"), !always, "{d}");
+            assert_eq!(d.contains(&format!("< {}ll", shape[1])), !always, "{d}");
+            if always {
+                assert_eq!(d, s, "the same kernel with the variant and without");
+            }
             assert!(s.contains("const int col = ") || s.contains("for (int col0 = "), "{s}");
             if variant.layout.aligned {
                 assert!(s.contains(&format!("const int shift = row % {};", variant.layout.vector)), "{s}");
@@ -1952,17 +1969,20 @@ mod tests {
                 let (layout, src) = (generated.layout, &generated.source.source);
                 assert!(layout.aligned && layout.vector == 4, "{layout:?}");
                 assert_eq!(layout.per_thread.is_some(), per_thread, "{layout:?}");
-                assert!(src.contains("const long long shift = row % 4;"), "{src}");
+                // (`layer_norm`'s aligned rows count their columns in 32 bits.)
+                let index = if layer_norm { "int" } else { "long long" };
+                assert!(src.contains(&format!("const {index} shift = row % 4;")), "{src}");
                 assert!(src.contains("reinterpret_cast<const uint4*>(in0 + row + col)"), "{src}");
                 assert!(src.contains("reinterpret_cast<uint4*>(out0 + row + col)"), "{src}");
                 // The shared accesses: a value at a time, each tested against the row's bounds.
                 assert!(src.contains("*reinterpret_cast<const unsigned int*>(in0 + row + col + e)"), "{src}");
                 assert!(src.contains("*reinterpret_cast<unsigned int*>(out0 + row + col + e)"), "{src}");
-                assert!(src.contains(&format!("col + e >= 0 && col + e < {cols}ll")), "{src}");
+                let suffix = if layer_norm { "" } else { "ll" };
+                assert!(src.contains(&format!("col + e >= 0 && col + e < {cols}{suffix})")), "{src}");
                 if layer_norm {
                     // The weight and bias, aligned to their columns, not to the row: two
                     // aligned accesses and a shift where the access is the row's whole.
-                    let whole = format!("if (col >= 0 && col + 4 <= {cols}ll && (col % 4 == 0 || col - col % 4 + 8 <= {cols}ll)) {{ uint4 q;");
+                    let whole = format!("if (col >= 0 && col + 4 <= {cols} && (col % 4 == 0 || col - col % 4 + 8 <= {cols})) {{ uint4 q;");
                     assert!(src.contains(&whole), "{src}");
                     assert!(src.contains("const uint4 lo_ = a_[0]; const uint4 hi_ = s_ != 0 ? a_[1] : lo_;"), "{src}");
                     assert!(src.contains("q.x = p0_;") && src.contains("p[0] = __uint_as_float(q.x);"), "{src}");

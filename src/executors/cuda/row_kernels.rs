@@ -1168,7 +1168,34 @@ pub(super) fn row_source(
     let touches = accesses.touches();
     // Each pass opens with `open`, or, where it follows one that ran forward over a split row,
     // with `back` (the same where the row is not split).
+    // A 16-bit `layer_norm` row aligned to the tensor and held in registers alone is kept there
+    // as read, a `uint4` an access (4 registers for 8 values, not 8), widened in each pass:
+    // `ptxas` (sm_90) spilled such rows under their bound of 64 registers (bf16 rows of 12,289:
+    // 172 bytes a thread with 64-bit columns, half that kept as read). On an H100 (2026-12-06,
+    // `gpu_sweep bf16,f16 layer_norm`, with 32-bit columns both ways): 1.04-1.25x over rows of
+    // 257 to 12,289 values (1.24-1.25x over [1365, 12289]); over the sweep's 16-bit rows, which
+    // 16 bytes divide, 0.95-1.01x (1.00x but one 8 MiB case), so those keep `float`s.
+    let raw_registers = id == prims::LAYER_NORM
+        && aligned
+        && packing::is_packed(dtypes[0])
+        && v * dtypes[0].size_bytes() == 16
+        && layout.per_thread == Some(in_registers);
     let (open, back, close) = match layout.per_thread {
+        Some(n) if raw_registers => {
+            let col = accesses.column_of_access("j", t);
+            let _ = writeln!(c, "    {raw} vr[{n}];");
+            let _ = writeln!(c, "    #pragma unroll");
+            let _ = writeln!(c, "    for (int j = 0; j < {n}; ++j) {{");
+            let _ = writeln!(c, "      const {ix} col = {col};");
+            let _ = writeln!(c, "      {raw}* const dst = vr + j;");
+            let _ = writeln!(c, "      {}", accesses.fill_raw("dst"));
+            let _ = writeln!(c, "    }}");
+            let open = format!(
+                "    #pragma unroll\n    for (int j = 0; j < {n}; ++j) {{ const {ix} col = {col}; const bool in_row = {touches}; const {raw} w = vr[j]; float xs[{v}];{} float* const x = xs;",
+                widen_raw(dtypes[0], v, "w", "xs")
+            );
+            (open.clone(), open, "    }".to_string())
+        }
         Some(n) if in_registers == n => {
             let col = accesses.column_of_access("j", t);
             let _ = writeln!(c, "    float v[{}];", n * v);
@@ -1994,6 +2021,31 @@ mod tests {
         assert!(!RowLayout::on_chip(1024, 4, REGISTER_VALUES, HOPPER, 4).aligned);
         assert!(!RowLayout::on_chip(3, 4, REGISTER_VALUES, HOPPER, 4).aligned);
         assert!(!RowLayout::within(1001, 4, REGISTER_VALUES).aligned, "other kernels keep rows' own alignment");
+    }
+
+    #[test]
+    fn sixteen_bit_layer_norm_rows_of_odd_lengths_in_registers_are_kept_as_read() {
+        let generated = |dtype: DType, cols: usize, layer_norm: bool| {
+            row_op_with(layer_norm, dtype, [4, cols], HOPPER_BLOCK, KernelVariants::default())
+        };
+        for dtype in [DType::BF16, DType::F16] {
+            for cols in [257, 1001, 2049, 12289] {
+                let g = generated(dtype, cols, true);
+                let (layout, src) = (g.layout, &g.source.source);
+                assert!(layout.aligned && layout.per_thread == Some(layout.in_registers), "{layout:?}");
+                let n = layout.in_registers;
+                assert!(src.contains(&format!("uint4 vr[{n}];")), "{src}");
+                assert!(!src.contains("float v["), "no row of `float`s: {src}");
+                // Widened in each of the three passes.
+                assert_eq!(src.matches("const uint4 w = vr[j]; float xs[8];").count(), 3, "{src}");
+                crate::executors::cuda::compiles_with_nvrtc(src);
+            }
+            // Rows 16 bytes divide, and `softmax`, keep `float`s.
+            assert!(generated(dtype, 1024, true).source.source.contains("float v[32];"));
+            assert!(!generated(dtype, 1001, false).source.source.contains("vr["));
+        }
+        // As do f32 rows.
+        assert!(!generated(DType::F32, 1001, true).source.source.contains("vr["));
     }
 
     #[test]

@@ -202,7 +202,7 @@ impl CudaOps {
             detail,
         })?;
         let mut kernel = GeneratedKernel::new(&self.device, &rows.source, None)?;
-        let (block, shared) = (rows.layout.block as u32, rows.layout.shared_bytes());
+        let (block, shared) = (rows.layout.block as u32, rows.shared_bytes);
         if shared > 0 {
             kernel
                 .function

@@ -207,7 +207,7 @@ pub(super) fn input_source(op: &OpView<'_>, kernel: &str) -> std::result::Result
         in_place: Vec::new(),
         cluster: 1,
     };
-    Ok(RowSource { source, layout, blocks })
+    Ok(RowSource { source, layout, blocks, shared_bytes: layout.shared_bytes() })
 }
 
 /// A built-in `layer_norm_weight_backward(x, grad, eps)`: partial sums per block into a

@@ -238,6 +238,9 @@ mod multi_tensor;
 // Without the `cuda` feature only the generators' row layouts are used (by `codegen`).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod row_kernels;
+// `layer_norm`'s weight and bias staged in shared memory for rows of odd lengths.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod staged_operands;
 #[cfg(feature = "cuda")]
 mod stream_order;
 #[cfg(feature = "cuda")]

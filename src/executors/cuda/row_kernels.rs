@@ -18,7 +18,8 @@
 //! ([`KernelVariants::split_rows`]). Lanes combine with
 //! shuffles, warps through shared memory. `layer_norm`'s weight and bias are read per access
 //! too: where the row's accesses are aligned to the tensor rather than to the columns, with
-//! two aligned accesses and a shift ([`load_shifted`]).
+//! two aligned accesses and a shift ([`load_shifted`]), or, over rows held in registers whose
+//! copies fit, from copies staged in shared memory, one per shift ([`StagedOperands`]).
 //! The arithmetic is the decomposition's, op for op (`layer_norm`'s `1/sqrt(v)` is
 //! `exp(-0.5 * log(v))`), so results differ from the CPU reference by the order of the sums
 //! and by CUDA's `expf` and `logf`, a few units in the last place. bf16 and f16 rows are
@@ -44,6 +45,7 @@
 use std::fmt::Write as _;
 
 use super::codegen::{literal, maximum, widen, RegionSource, RegionTarget, EXP2, HALF_CONVERSIONS, MAXIMUM};
+use super::staged_operands::StagedOperands;
 use super::KernelVariants;
 use crate::core::ir::{prims, DType, SymbolId};
 use crate::core::plan::{packing, OpView};
@@ -245,6 +247,9 @@ pub(super) struct RowSource {
     /// their size (`__cluster_dims__`), so that a plain launch runs its blocks as clusters:
     /// then a whole number of clusters ([`RegionSource::cluster`]).
     pub blocks: u32,
+    /// Bytes of shared memory a block takes: the row's ([`RowLayout::shared_bytes`]), or
+    /// `layer_norm`'s weight and bias [staged](StagedOperands) there.
+    pub shared_bytes: usize,
 }
 
 /// Where an access's cache lines go: kept as usual, or marked to be evicted first (PTX's
@@ -1073,6 +1078,27 @@ pub(super) fn row_source(
     } else {
         block.to_string()
     };
+    // `layer_norm`'s weight and bias over rows of odd lengths held in registers: staged in
+    // shared memory, a copy for each shift of the row's accesses, where the copies fit the
+    // blocks an SM of 1,024 threads (16-bit rows up to 1,016 values, f32 up to 1,020), so that
+    // an access reads each with one load where it took two and a shift of their words. On an
+    // H100 (2026-12-06, `gpu_sweep f32,bf16,f16 layer_norm`, two runs, with 32-bit columns
+    // and 16-bit rows kept as read both ways): 16-bit rows of 257 1.25-1.26x, of 513
+    // 1.27-1.28x, of 1,001 1.10x, of 769 1.02-1.03x; f32 rows of 769 1.14x, of 1,001 1.06x, of
+    // 257 1.01x, of 513 0.98x. Longer rows (not staged) 0.98-1.01x.
+    let staged = (id == prims::LAYER_NORM)
+        .then(|| {
+            StagedOperands::for_rows(
+                cols,
+                &layout,
+                &dtypes[1..],
+                (MAX_ROW_THREADS / block).max(1),
+                shared_limit,
+                sm_shared,
+                RESERVED_SHARED_BYTES,
+            )
+        })
+        .flatten();
     // A row kept on chip is read once and written once; a streamed row is read again.
     let caching = if variants.streaming_rows && layout.per_thread.is_some() {
         let read = super::codegen::total_words(input_lengths.iter().copied());
@@ -1124,6 +1150,9 @@ pub(super) fn row_source(
     }
     if t > 32 && id == prims::SOFTMAX && layout.per_thread.is_none() {
         let _ = writeln!(c, "  __shared__ float partial_sum[{}];", t / 32);
+    }
+    if let Some(staged) = &staged {
+        c.push_str(&staged.fill());
     }
     if cluster > 1 {
         let _ = writeln!(c, "  __shared__ float bs_cluster_part[2];");
@@ -1378,7 +1407,11 @@ pub(super) fn row_source(
         let _ = writeln!(c, "      if (in_row) {{ float y[{v}];");
         let _ = writeln!(c, "        for (int e = 0; e < {v}; ++e) y[e] = (x[e] - mean) * inv_std;");
         for (k, &dtype) in dtypes.iter().enumerate().skip(1) {
-            let _ = writeln!(c, "        {{ float p[{v}]; {}", accesses.read_columns(k, dtype));
+            let read = match &staged {
+                Some(staged) => staged.read(k),
+                None => accesses.read_columns(k, dtype),
+            };
+            let _ = writeln!(c, "        {{ float p[{v}]; {read}");
             let combine = if k == 1 { "y[e] = y[e] * p[e]" } else { "y[e] = y[e] + p[e]" };
             let _ = writeln!(c, "          for (int e = 0; e < {v}; ++e) {combine}; }}");
         }
@@ -1389,7 +1422,8 @@ pub(super) fn row_source(
     let blocks = if cluster > 1 {
         (rows.clamp(1, i32::MAX as usize / cluster) * cluster) as u32
     } else {
-        rows.div_ceil(layout.rows_per_block()).clamp(1, i32::MAX as usize) as u32
+        let needed = rows.div_ceil(layout.rows_per_block()).clamp(1, i32::MAX as usize);
+        staged.as_ref().map_or(needed, |staged| staged.blocks(needed, sms)) as u32
     };
     let source = RegionSource {
         kernel: kernel.to_string(),
@@ -1404,7 +1438,8 @@ pub(super) fn row_source(
         in_place: Vec::new(),
         cluster,
     };
-    Ok(RowSource { source, layout, blocks })
+    let shared_bytes = staged.map_or(layout.shared_bytes(), |staged| staged.bytes);
+    Ok(RowSource { source, layout, blocks, shared_bytes })
 }
 
 #[cfg(test)]
@@ -1722,7 +1757,14 @@ mod tests {
                 assert!(s.contains(&format!("const int shift = row % {};", variant.layout.vector)), "{s}");
             }
             if layer_norm && variant.layout.aligned && variant.layout.vector * dtype.size_bytes() == 16 {
-                assert!(s.contains("const int o_ = col;"), "weight and bias read shifted in 32 bits: {s}");
+                // Weight and bias staged in shared memory (a row in registers alone), else read
+                // shifted, in 32 bits either way.
+                let read = if variant.shared_bytes > variant.layout.shared_bytes() {
+                    "bs_staged1 + (int)(shift * "
+                } else {
+                    "const int o_ = col;"
+                };
+                assert!(s.contains(read), "weight and bias read in 32 bits: {s}");
             }
             crate::executors::cuda::compiles_with_nvrtc(s);
         }
@@ -2046,6 +2088,67 @@ mod tests {
         }
         // As do f32 rows.
         assert!(!generated(DType::F32, 1001, true).source.source.contains("vr["));
+    }
+
+    #[test]
+    fn layer_norm_over_rows_of_odd_lengths_stages_its_weight_and_bias_a_copy_per_shift() {
+        let ln = |dtype: DType, [rows, cols]: [usize; 2], operands: usize, target: RowTarget| {
+            source_targeting(
+                |b| {
+                    let meta = |shape: &[usize]| crate::TensorMeta::new(dtype, shape);
+                    let x = b.input_with(&meta(&[rows, cols])).unwrap();
+                    let w = (operands > 0).then(|| b.input_with(&meta(&[cols])).unwrap());
+                    let bias = (operands > 1).then(|| b.input_with(&meta(&[cols])).unwrap());
+                    b.layer_norm(x, 1e-5, w, bias).unwrap()
+                },
+                target,
+                KernelVariants::default(),
+            )
+            .unwrap()
+        };
+        let hopper = RowTarget { shared_limit: HOPPER_BLOCK, ..HOPPER };
+        // bf16 rows of 1,001 by a warp each, 8 rows a block of 256, four blocks an SM: two
+        // operands of 8 copies of 1,016 values (1,008 and one access more) each.
+        let g = ln(DType::BF16, [16384, 1001], 2, hopper);
+        let src = &g.source.source;
+        assert_eq!(g.shared_bytes, 2 * 8 * 1016 * 2);
+        assert_eq!(g.layout.shared_bytes(), 0, "the row in registers alone");
+        assert_eq!(g.blocks, 132 * 4, "as many blocks as run at once, each looping over rows");
+        assert!(
+            src.contains("unsigned short* const bs_staged2 = reinterpret_cast<unsigned short*>(bs_staged + 16256);"),
+            "{src}"
+        );
+        // Copy `s` holds column `c` at `c + s`: filled 16 bytes at a time, then one barrier,
+        // before the loop over rows.
+        assert!(src.contains("for (int i = threadIdx.x; i < 1016; i += blockDim.x)"), "{src}");
+        assert!(src.contains("const int s = i / 127; const int c0 = (i - s * 127) * 8 - s;"), "{src}");
+        let barrier = src.find("__syncthreads();").unwrap();
+        assert!(barrier < src.find("for (long long r0 = lead;").unwrap(), "{src}");
+        for k in [1, 2] {
+            assert!(src.contains(&format!("bs_staged{k} + (int)(shift * 1016 + col + shift))")), "{src}");
+            assert!(!src.contains(&format!("reinterpret_cast<const uint4*>(in{k} + (o_ - s_))")), "not shifted: {src}");
+        }
+        crate::executors::cuda::compiles_with_nvrtc(src);
+        // Few rows: as many blocks as they need. f32 rows: 4 copies of 1,008 values. The weight
+        // alone: one operand.
+        assert_eq!(ln(DType::BF16, [40, 1001], 2, hopper).blocks, 5);
+        let f32_rows = ln(DType::F32, [3, 1001], 2, hopper);
+        assert_eq!(f32_rows.shared_bytes, 2 * 4 * 1008 * 4);
+        crate::executors::cuda::compiles_with_nvrtc(&f32_rows.source.source);
+        let weight = ln(DType::F16, [64, 513], 1, hopper);
+        assert_eq!(weight.shared_bytes, 8 * 528 * 2);
+        assert!(weight.source.source.contains("bs_staged1") && !weight.source.source.contains("bs_staged2"));
+        crate::executors::cuda::compiles_with_nvrtc(&weight.source.source);
+        // Not staged: rows 16 bytes divide; no operands; rows kept in shared memory too; rows by
+        // blocks of 128 (eight an SM, 66 KB of copies each); a GPU whose SM holds fewer copies
+        // than blocks (four of 33 KB in 128 KB); `softmax`.
+        let plain = |g: RowSource| g.shared_bytes == g.layout.shared_bytes() && !g.source.source.contains("bs_staged");
+        assert!(plain(ln(DType::BF16, [64, 1024], 2, hopper)));
+        assert!(plain(ln(DType::BF16, [64, 1001], 0, hopper)));
+        assert!(plain(ln(DType::BF16, [64, 50257], 2, hopper)));
+        assert!(plain(ln(DType::BF16, [64, 2049], 2, hopper)));
+        assert!(plain(ln(DType::BF16, [64, 1001], 2, RowTarget { sm_shared: 128 * 1024, ..hopper })));
+        assert!(plain(row_op_with(false, DType::BF16, [64, 1001], HOPPER_BLOCK, KernelVariants::default())));
     }
 
     #[test]

@@ -1195,8 +1195,6 @@ pub(super) fn row_source(
         let _ = writeln!(c, "    const {ix} shift = row % {v};");
     }
     let touches = accesses.touches();
-    // Each pass opens with `open`, or, where it follows one that ran forward over a split row,
-    // with `back` (the same where the row is not split).
     // A 16-bit `layer_norm` row aligned to the tensor and held in registers alone is kept there
     // as read, a `uint4` an access (4 registers for 8 values, not 8), widened in each pass:
     // `ptxas` (sm_90) spilled such rows under their bound of 64 registers (bf16 rows of 12,289:
@@ -1209,6 +1207,8 @@ pub(super) fn row_source(
         && packing::is_packed(dtypes[0])
         && v * dtypes[0].size_bytes() == 16
         && layout.per_thread == Some(in_registers);
+    // Each pass opens with `open`, or, where it follows one that ran forward over a split row,
+    // with `back` (the same where the row is not split).
     let (open, back, close) = match layout.per_thread {
         Some(n) if raw_registers => {
             let col = accesses.column_of_access("j", t);
@@ -2139,6 +2139,21 @@ mod tests {
         assert_eq!(weight.shared_bytes, 8 * 528 * 2);
         assert!(weight.source.source.contains("bs_staged1") && !weight.source.source.contains("bs_staged2"));
         crate::executors::cuda::compiles_with_nvrtc(&weight.source.source);
+        // A bf16 row with f32 weight and bias: accesses of 4 values, 4 f32 copies each.
+        let mixed = source_targeting(
+            |b| {
+                let x = b.input_with(&crate::TensorMeta::new(DType::BF16, &[64, 1001])).unwrap();
+                let w = b.input(&[1001]).unwrap();
+                let bias = b.input(&[1001]).unwrap();
+                b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap()
+            },
+            hopper,
+            KernelVariants::default(),
+        )
+        .unwrap();
+        assert_eq!(mixed.shared_bytes, 2 * 4 * 1008 * 4);
+        assert!(mixed.source.source.contains("__float_as_uint(in2[col])"), "{}", mixed.source.source);
+        crate::executors::cuda::compiles_with_nvrtc(&mixed.source.source);
         // Not staged: rows 16 bytes divide; no operands; rows kept in shared memory too; rows by
         // blocks of 128 (eight an SM, 66 KB of copies each); a GPU whose SM holds fewer copies
         // than blocks (four of 33 KB in 128 KB); `softmax`.

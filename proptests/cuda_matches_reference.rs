@@ -1634,9 +1634,9 @@ fn row_ops_match_the_reference_at_every_row_length() {
         // hints: f32 `softmax` over [100, 65537] stopped with CUDA_ERROR_ILLEGAL_INSTRUCTION
         // when its rows' copies to shared memory took an L2 cache hint.
         // And rows of odd lengths whose `layer_norm` stages its weight and bias in shared
-        // memory, past the rows its blocks run at once on an H100 or H200 (4,224 of 257): each
-        // block runs several.
-        for (rows, cols) in shapes.chain([(100, 65537), (333, 50257), (5000, 257), (600, 1001)]) {
+        // memory, more than its blocks run at once on an H100 or H200 (132 SMs x 4 blocks: 8,448
+        // rows of 257, 16 a block; 4,224 of 1,001, 8 a block), so that each block runs several.
+        for (rows, cols) in shapes.chain([(100, 65537), (333, 50257), (9000, 257), (5000, 1001)]) {
             for layer_norm in [false, true] {
                 fn build<'a>(
                     arena: &'a Arena,
@@ -1708,6 +1708,43 @@ fn row_ops_match_the_reference_at_every_row_length() {
                     assert!((f64::from(g) - e).abs() <= f64::from(tolerance), "{what}: element {k}: {g} against {e}");
                 }
             }
+        }
+    }
+}
+
+/// `layer_norm` over bf16 rows with an f32 weight and bias (accesses of 4 values, the weight and
+/// bias staged as f32 in shared memory over rows of odd lengths held in registers, read shifted
+/// over others) equals the exact result within bf16's rounding, with the default kernels.
+#[test]
+fn layer_norm_of_bf16_rows_with_an_f32_weight_and_bias_matches_the_reference() {
+    use boundscope::{DType, Tensor, TensorMeta, TraceBuilder};
+    let Some((device, _sharing)) = device() else { return };
+    let registry = Registry::with_builtins();
+    let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
+    for (rows, cols) in [(3, 1001), (5000, 1001), (9000, 257), (41, 4097), (64, 1024)] {
+        let arena = Arena::new();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input_with(&TensorMeta::new(DType::BF16, &[rows, cols])).unwrap();
+        let w = b.input(&[cols]).unwrap();
+        let bias = b.input(&[cols]).unwrap();
+        let y = b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap();
+        b.output(y).unwrap();
+        let trace = b.finish().unwrap();
+        let kept = Pipeline::for_executors(std::slice::from_ref(&ops)).run(&trace, &arena).unwrap();
+        let plan = Plan::compile(&kept, std::slice::from_ref(&ops)).unwrap();
+        assert!(plan.steps_per_executor().contains(&("cuda_ops", 1)), "one kernel\n{plan}");
+        let value = |e: usize, k: usize| ((e * 37 + k * 11) % 101) as f32 / 25.0 - 2.0;
+        let inputs = [
+            Tensor::from_fn(&[rows, cols], |e| value(e, 0)).to_dtype(DType::BF16),
+            Tensor::from_fn(&[cols], |e| value(e, 1)),
+            Tensor::from_fn(&[cols], |e| value(e, 2)),
+        ];
+        let got = plan.run(&inputs.iter().collect::<Vec<_>>()).unwrap();
+        let expected = exact_row_op(&inputs, true, cols);
+        for (k, (&g, &e)) in got[0].to_f32_vec().iter().zip(&expected).enumerate() {
+            // bf16's rounding of the f32 result, and that result's own error (see the row test).
+            let tolerance = 2f64.powi(-8) * e.abs().max(2f64.powi(-126)) * 2.0 + 2e-5 * e.abs().max(1.0);
+            assert!((f64::from(g) - e).abs() <= tolerance, "[{rows}, {cols}]: element {k}: {g} against {e}");
         }
     }
 }

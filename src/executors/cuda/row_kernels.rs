@@ -116,8 +116,8 @@ impl RowLayout {
         let mut vector = 16 / widest.clamp(1, 16);
         // A row no longer than one access gains nothing from it. (Rows of 2^30 values or more
         // keep narrower accesses, as the fused reductions do, whose aligned path counts in
-        // 32 bits; the row kernels count in 64, or in 32 with `KernelVariants::int32_row_columns`
-        // below 2^30.)
+        // 32 bits; the row kernels count in 64, or in 32 below 2^30 with
+        // `KernelVariants::int32_row_columns`, and always for `layer_norm`'s aligned rows.)
         let aligned = aligned && vector > 1 && !cols.is_multiple_of(vector) && cols > vector && cols < 1 << 30;
         while !aligned && vector > 1 && !cols.is_multiple_of(vector) {
             vector /= 2;
@@ -240,9 +240,11 @@ pub(super) struct RowTarget {
 #[derive(Debug)]
 pub(super) struct RowSource {
     pub source: RegionSource,
-    /// Its layout (a launch gives each block [`RowLayout::shared_bytes`] of shared memory).
+    /// Its layout (a launch gives each block [`shared_bytes`](Self::shared_bytes) of shared
+    /// memory).
     pub layout: RowLayout,
-    /// Blocks to launch (each loops over further rows past CUDA's grid limit). A kernel that
+    /// Blocks to launch (each loops over further rows past CUDA's grid limit, and past the
+    /// blocks an SM runs at once where `layer_norm` stages its weight and bias). A kernel that
     /// splits its rows over thread-block clusters ([`KernelVariants::split_rows`]) declares
     /// their size (`__cluster_dims__`), so that a plain launch runs its blocks as clusters:
     /// then a whole number of clusters ([`RegionSource::cluster`]).
@@ -1062,10 +1064,12 @@ pub(super) fn row_source(
     // block of 512 an SM, its loads idle while it reduced. Measured on the H200 against the
     // compiler's choice: rows of 16,384 1.24-1.34x, of 1,024 1.01-1.02x; `f32` rows spilled
     // (0.49-0.52x) and `softmax` gained nothing (0.99-1.00x), so they keep it. Rows whose
-    // accesses are aligned to the tensor (odd lengths), 4 accesses a thread, spill under it
-    // (`ptxas`, sm_90: 172-192 bytes a thread over rows of 769, 1,001 and 12,289); half as many
-    // threads an SM, `(block, 512 / block)`, spilled nothing but timed 0.74-0.80x over 1,001 and
-    // 12,289 (1.05x over 769) on an H100 (2026-12-06), so they keep it too.
+    // accesses are aligned to the tensor (odd lengths), 4 accesses a thread, spilled under it
+    // with 64-bit columns (`ptxas`, sm_90: 172-192 bytes a thread over rows of 769, 1,001 and
+    // 12,289); half as many threads an SM, `(block, 512 / block)`, spilled nothing but timed
+    // 0.74-0.80x over 1,001 and 12,289 (1.05x over 769) on an H100 (2026-12-06), so they keep
+    // it too, and since count their columns in 32 bits and keep their row as read (below):
+    // no spills.
     let registers_for_1024 = id == prims::LAYER_NORM
         && packing::is_packed(dtypes[0])
         && layout.shared_bytes() == 0
@@ -1080,7 +1084,7 @@ pub(super) fn row_source(
     };
     // `layer_norm`'s weight and bias over rows of odd lengths held in registers: staged in
     // shared memory, a copy for each shift of the row's accesses, where the copies fit the
-    // blocks an SM of 1,024 threads (16-bit rows up to 1,016 values, f32 up to 1,020), so that
+    // blocks an SM of 1,024 threads (16-bit rows up to 1,017 values, f32 up to 1,021), so that
     // an access reads each with one load where it took two and a shift of their words. On an
     // H100 (2026-12-06, `gpu_sweep f32,bf16,f16 layer_norm`, two runs, with 32-bit columns
     // and 16-bit rows kept as read both ways): 16-bit rows of 257 1.25-1.26x, of 513
@@ -1092,7 +1096,7 @@ pub(super) fn row_source(
                 cols,
                 &layout,
                 &dtypes[1..],
-                (MAX_ROW_THREADS / block).max(1),
+                MAX_ROW_THREADS / block,
                 shared_limit,
                 sm_shared,
                 RESERVED_SHARED_BYTES,
@@ -1198,7 +1202,8 @@ pub(super) fn row_source(
     // A 16-bit `layer_norm` row aligned to the tensor and held in registers alone is kept there
     // as read, a `uint4` an access (4 registers for 8 values, not 8), widened in each pass:
     // `ptxas` (sm_90) spilled such rows under their bound of 64 registers (bf16 rows of 12,289:
-    // 172 bytes a thread with 64-bit columns, half that kept as read). On an H100 (2026-12-06,
+    // 172 bytes a thread with 64-bit columns, 88 kept as read; none with 32-bit columns, with
+    // or without). On an H100 (2026-12-06,
     // `gpu_sweep bf16,f16 layer_norm`, with 32-bit columns both ways): 1.04-1.25x over rows of
     // 257 to 12,289 values (1.24-1.25x over [1365, 12289]); over the sweep's 16-bit rows, which
     // 16 bytes divide, 0.95-1.01x (1.00x but one 8 MiB case), so those keep `float`s.

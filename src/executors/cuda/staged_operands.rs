@@ -117,8 +117,13 @@ impl StagedOperands {
     }
 
     /// Blocks to launch for `needed` blocks of rows on a GPU of `sms` SMs: as many as run at
-    /// once, each looping over rows, where the rows need more.
+    /// once, each looping over rows, where the rows need more (`needed` where the SMs are
+    /// unknown, 0).
     pub fn blocks(&self, needed: usize, sms: usize) -> usize {
-        needed.min(sms.max(1) * self.blocks_per_sm)
+        if sms == 0 {
+            needed
+        } else {
+            needed.min(sms * self.blocks_per_sm)
+        }
     }
 }

@@ -1712,39 +1712,56 @@ fn row_ops_match_the_reference_at_every_row_length() {
     }
 }
 
-/// `layer_norm` over bf16 rows with an f32 weight and bias (accesses of 4 values, the weight and
-/// bias staged as f32 in shared memory over rows of odd lengths held in registers, read shifted
-/// over others) equals the exact result within bf16's rounding, with the default kernels.
+/// `layer_norm` over rows of odd lengths whose weight and bias are staged in shared memory (rows
+/// held in registers), with more rows than the GPU's blocks run at once, so that each block
+/// runs several with the copies it made, equals the exact result within the output's rounding,
+/// with the default kernels: in each dtype, and over bf16 rows with an f32 weight and bias
+/// (accesses of 4 values, f32 copies). Rows 16 bytes divide and longer odd rows (not staged)
+/// beside them.
 #[test]
-fn layer_norm_of_bf16_rows_with_an_f32_weight_and_bias_matches_the_reference() {
+fn layer_norm_with_its_weight_and_bias_staged_matches_the_reference() {
     use boundscope::{DType, Tensor, TensorMeta, TraceBuilder};
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
     let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()));
-    for (rows, cols) in [(3, 1001), (5000, 1001), (9000, 257), (41, 4097), (64, 1024)] {
-        let arena = Arena::new();
-        let mut b = TraceBuilder::new(&arena, &registry);
-        let x = b.input_with(&TensorMeta::new(DType::BF16, &[rows, cols])).unwrap();
-        let w = b.input(&[cols]).unwrap();
-        let bias = b.input(&[cols]).unwrap();
-        let y = b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap();
-        b.output(y).unwrap();
-        let trace = b.finish().unwrap();
-        let kept = Pipeline::for_executors(std::slice::from_ref(&ops)).run(&trace, &arena).unwrap();
-        let plan = Plan::compile(&kept, std::slice::from_ref(&ops)).unwrap();
-        assert!(plan.steps_per_executor().contains(&("cuda_ops", 1)), "one kernel\n{plan}");
-        let value = |e: usize, k: usize| ((e * 37 + k * 11) % 101) as f32 / 25.0 - 2.0;
-        let inputs = [
-            Tensor::from_fn(&[rows, cols], |e| value(e, 0)).to_dtype(DType::BF16),
-            Tensor::from_fn(&[cols], |e| value(e, 1)),
-            Tensor::from_fn(&[cols], |e| value(e, 2)),
-        ];
-        let got = plan.run(&inputs.iter().collect::<Vec<_>>()).unwrap();
-        let expected = exact_row_op(&inputs, true, cols);
-        for (k, (&g, &e)) in got[0].to_f32_vec().iter().zip(&expected).enumerate() {
-            // bf16's rounding of the f32 result, and that result's own error (see the row test).
-            let tolerance = 2f64.powi(-8) * e.abs().max(2f64.powi(-126)) * 2.0 + 2e-5 * e.abs().max(1.0);
-            assert!((f64::from(g) - e).abs() <= tolerance, "[{rows}, {cols}]: element {k}: {g} against {e}");
+    let dtypes =
+        [(DType::F32, DType::F32), (DType::BF16, DType::BF16), (DType::F16, DType::F16), (DType::BF16, DType::F32)];
+    for (dtype, weight_dtype) in dtypes {
+        for (rows, cols) in [(3, 1001), (5000, 1001), (9000, 257), (20000, 513), (41, 4097), (64, 1024)] {
+            let arena = Arena::new();
+            let mut b = TraceBuilder::new(&arena, &registry);
+            let x = b.input_with(&TensorMeta::new(dtype, &[rows, cols])).unwrap();
+            let w = b.input_with(&TensorMeta::new(weight_dtype, &[cols])).unwrap();
+            let bias = b.input_with(&TensorMeta::new(weight_dtype, &[cols])).unwrap();
+            let y = b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap();
+            b.output(y).unwrap();
+            let trace = b.finish().unwrap();
+            let kept = Pipeline::for_executors(std::slice::from_ref(&ops)).run(&trace, &arena).unwrap();
+            let plan = Plan::compile(&kept, std::slice::from_ref(&ops)).unwrap();
+            assert!(plan.steps_per_executor().contains(&("cuda_ops", 1)), "one kernel\n{plan}");
+            let value = |e: usize, k: usize| ((e * 37 + k * 11) % 101) as f32 / 25.0 - 2.0;
+            let inputs = [
+                Tensor::from_fn(&[rows, cols], |e| value(e, 0)).to_dtype(dtype),
+                Tensor::from_fn(&[cols], |e| value(e, 1)).to_dtype(weight_dtype),
+                Tensor::from_fn(&[cols], |e| value(e, 2)).to_dtype(weight_dtype),
+            ];
+            let got = plan.run(&inputs.iter().collect::<Vec<_>>()).unwrap();
+            let expected = exact_row_op(&inputs, true, cols);
+            let out_dtype = got[0].dtype();
+            // The output's rounding of the f32 result, and that result's own error (see the row
+            // test).
+            let rounding = match out_dtype {
+                DType::BF16 => 2f64.powi(-8) * 2.0,
+                DType::F16 => 2f64.powi(-11) * 2.0,
+                _ => 0.0,
+            };
+            for (k, (&g, &e)) in got[0].to_f32_vec().iter().zip(&expected).enumerate() {
+                let tolerance = rounding * e.abs().max(2f64.powi(-14)) + 2e-5 * e.abs().max(1.0);
+                assert!(
+                    (f64::from(g) - e).abs() <= tolerance,
+                    "{dtype} rows, {weight_dtype} weight, [{rows}, {cols}]: element {k}: {g} against {e}"
+                );
+            }
         }
     }
 }

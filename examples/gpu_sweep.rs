@@ -43,7 +43,11 @@
 //! `--variant=NAME` (repeatable) adds one variant flipped from the defaults rather than all of
 //! them, `--only` leaves the defaults out (to tell which kernel faults), and `--reps=N` times N
 //! runs a round rather than about 30 ms of them: together, one variant's case under
-//! `compute-sanitizer`, which runs kernels tens of times slower.
+//! `compute-sanitizer`, which runs kernels tens of times slower. `--check-full` checks each case
+//! at its full shape rather than at 2^18 values: what only large shapes take (row kernels whose
+//! blocks loop over rows, tensors past half of L2 that take the streaming hints, rows split
+//! over clusters) is then checked too, at the CPU reference's speed (seconds a case of 2^24
+//! values).
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -179,7 +183,7 @@ fn run() -> Result<(), String> {
     let registry = Registry::with_builtins();
     let (flags, mut args): (Vec<String>, Vec<String>) = std::env::args().skip(1).partition(|a| a.starts_with("--"));
     let mut variants: Vec<(String, KernelVariants)> = vec![("boundscope".into(), KernelVariants::default())];
-    let (mut fixed_reps, mut only) = (None, false);
+    let (mut fixed_reps, mut only, mut check_full) = (None, false, false);
     // One variant flipped from the defaults: `+name` turned on, `-name` off.
     let flip = |name: &str| -> Result<(String, KernelVariants), String> {
         let defaults = KernelVariants::default();
@@ -193,6 +197,10 @@ fn run() -> Result<(), String> {
     for flag in &flags {
         if flag == "--only" {
             only = true;
+            continue;
+        }
+        if flag == "--check-full" {
+            check_full = true;
             continue;
         }
         if let Some(name) = flag.strip_prefix("--variant=") {
@@ -215,7 +223,11 @@ fn run() -> Result<(), String> {
                 // kernels read apart, the floor under which a variant's difference is noise.
                 variants.push(("boundscope=defaults".into(), KernelVariants::default()));
             }
-            _ => return Err(format!("unknown flag `{flag}` (--variants, --variant=NAME, --only or --reps=N)")),
+            _ => {
+                return Err(format!(
+                    "unknown flag `{flag}` (--variants, --variant=NAME, --only, --reps=N or --check-full)"
+                ))
+            }
         }
     }
     if only {
@@ -237,8 +249,9 @@ fn run() -> Result<(), String> {
         let cases = with_shapes(cases(), shapes.as_deref())?.into_iter().filter(|c| keep(&ops, c.op));
         for case in cases.filter(|c| keep(&shapes, &format!("{}x{}", c.rows, c.cols))) {
             let arena = Arena::new();
-            // Correctness first, on at most 2^18 values, against the CPU reference.
-            let rows = (case.rows * case.cols).min(1 << 18).div_ceil(case.cols);
+            // Correctness first, on at most 2^18 values (the whole shape with `--check-full`),
+            // against the CPU reference.
+            let rows = if check_full { case.rows } else { (case.rows * case.cols).min(1 << 18).div_ceil(case.cols) };
             let small = trace(&arena, &registry, &case, rows, dtype).map_err(e)?;
             let name = format!("{} {}x{}", case.op, case.rows, case.cols);
             let small_inputs = inputs(&case, rows, dtype);

@@ -35,11 +35,10 @@ pub(super) struct StagedOperands {
 
 impl StagedOperands {
     /// The copies for rows of `cols` values laid out as `layout`, of operands of `dtypes`, where
-    /// they apply: the
-    /// rows' accesses aligned to the tensor, the rows held in registers alone (the block's
-    /// shared memory is the copies'), each operand read 16 bytes an access, and the copies
-    /// fitting `blocks_per_sm` blocks an SM (an SM's `sm_shared` bytes, with `reserved` more
-    /// a block) and a block's `shared_limit`.
+    /// they apply: the rows' accesses aligned to the tensor, the rows held in registers alone
+    /// (the block's shared memory is the copies'), each operand read 16 bytes an access, and
+    /// the copies fitting `blocks_per_sm` blocks an SM (an SM's `sm_shared` bytes, with
+    /// `reserved` more a block) and a block's `shared_limit`.
     pub fn for_rows(
         cols: usize,
         layout: &RowLayout,

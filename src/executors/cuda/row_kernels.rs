@@ -61,6 +61,12 @@ const MAX_ROW_THREADS: usize = 1024;
 /// streamed `softmax`).
 const RESERVED_SHARED_BYTES: usize = 1024 + 2 * 4 * MAX_ROW_THREADS / 32;
 
+/// Whether `blocks` blocks of a row kernel that each take `shared_bytes` of shared memory fit
+/// an SM's `sm_shared` bytes, with [`RESERVED_SHARED_BYTES`] more a block.
+pub(super) fn fit_an_sm(blocks: usize, shared_bytes: usize, sm_shared: usize) -> bool {
+    blocks * (shared_bytes + RESERVED_SHARED_BYTES) <= sm_shared
+}
+
 /// Threads per streamed row (one too long for registers and shared memory).
 const STREAMED_ROW_THREADS: usize = 512;
 
@@ -216,6 +222,11 @@ impl RowLayout {
     pub fn shared_bytes(&self) -> usize {
         let spilled = self.per_thread.unwrap_or(0).saturating_sub(self.in_registers);
         spilled * self.threads_per_row * self.vector * self.shared_value_bytes
+    }
+
+    /// Whether the row is held in registers alone (none of it in shared memory).
+    pub fn in_registers_alone(&self) -> bool {
+        self.per_thread == Some(self.in_registers)
     }
 
     /// Rows one block handles.
@@ -1030,8 +1041,7 @@ pub(super) fn row_source(
     // so those keep two blocks of 1,024.
     // (Whether two blocks of a layout that keeps part of its row in shared memory fit an SM's,
     // with the kilobyte CUDA reserves per block and the kernel's own arrays.)
-    let fits_twice =
-        |l: &RowLayout| l.shared_bytes() > 0 && 2 * (l.shared_bytes() + RESERVED_SHARED_BYTES) <= sm_shared;
+    let fits_twice = |l: &RowLayout| l.shared_bytes() > 0 && fit_an_sm(2, l.shared_bytes(), sm_shared);
     let halved = RowLayout::on_chip_by(cols, widest, values, shared_limit, shared_value_bytes, MAX_ROW_THREADS / 2);
     let two_halves = raw_shared
         && layout.shared_bytes() > 0
@@ -1070,11 +1080,8 @@ pub(super) fn row_source(
     // 0.74-0.80x over 1,001 and 12,289 (1.05x over 769) on an H100 (2026-12-06), so they keep
     // it too, and since count their columns in 32 bits and keep their row as read (below):
     // no spills.
-    let registers_for_1024 = id == prims::LAYER_NORM
-        && packing::is_packed(dtypes[0])
-        && layout.shared_bytes() == 0
-        && layout.per_thread.is_some()
-        && block >= 256;
+    let registers_for_1024 =
+        id == prims::LAYER_NORM && packing::is_packed(dtypes[0]) && layout.in_registers_alone() && block >= 256;
     let bounds = if two_blocks {
         format!("{block}, 2")
     } else if registers_for_1024 {
@@ -1092,15 +1099,7 @@ pub(super) fn row_source(
     // 257 1.01x, of 513 0.98x. Longer rows (not staged) 0.98-1.01x.
     let staged = (id == prims::LAYER_NORM)
         .then(|| {
-            StagedOperands::for_rows(
-                cols,
-                &layout,
-                &dtypes[1..],
-                MAX_ROW_THREADS / block,
-                shared_limit,
-                sm_shared,
-                RESERVED_SHARED_BYTES,
-            )
+            StagedOperands::for_rows(cols, &layout, &dtypes[1..], MAX_ROW_THREADS / block, shared_limit, sm_shared)
         })
         .flatten();
     // A row kept on chip is read once and written once; a streamed row is read again.
@@ -1207,38 +1206,38 @@ pub(super) fn row_source(
     // `gpu_sweep bf16,f16 layer_norm`, with 32-bit columns both ways): 1.04-1.25x over rows of
     // 257 to 12,289 values (1.24-1.25x over [1365, 12289]); over the sweep's 16-bit rows, which
     // 16 bytes divide, 0.95-1.01x (1.00x but one 8 MiB case), so those keep `float`s.
-    let raw_registers = id == prims::LAYER_NORM
-        && aligned
-        && packing::is_packed(dtypes[0])
-        && v * dtypes[0].size_bytes() == 16
-        && layout.per_thread == Some(in_registers);
+    let raw_registers =
+        id == prims::LAYER_NORM && aligned && packing::is_packed(dtypes[0]) && v * dtypes[0].size_bytes() == 16;
     // Each pass opens with `open`, or, where it follows one that ran forward over a split row,
     // with `back` (the same where the row is not split).
     let (open, back, close) = match layout.per_thread {
-        Some(n) if raw_registers => {
-            let col = accesses.column_of_access("j", t);
-            let _ = writeln!(c, "    {raw} vr[{n}];");
-            let _ = writeln!(c, "    #pragma unroll");
-            let _ = writeln!(c, "    for (int j = 0; j < {n}; ++j) {{");
-            let _ = writeln!(c, "      const {ix} col = {col};");
-            let _ = writeln!(c, "      {raw}* const dst = vr + j;");
-            let _ = writeln!(c, "      {}", accesses.fill_raw("dst"));
-            let _ = writeln!(c, "    }}");
-            let open = format!(
-                "    #pragma unroll\n    for (int j = 0; j < {n}; ++j) {{ const {ix} col = {col}; const bool in_row = {touches}; const {raw} w = vr[j]; float xs[{v}];{} float* const x = xs;",
-                widen_raw(dtypes[0], v, "w", "xs")
-            );
-            (open.clone(), open, "    }".to_string())
-        }
         Some(n) if in_registers == n => {
             let col = accesses.column_of_access("j", t);
-            let _ = writeln!(c, "    float v[{}];", n * v);
+            // The row's registers, the C that fills access `j` of them, and the pass's view of
+            // that access's values as `float* const x`.
+            let (row, fill, values) = if raw_registers {
+                (
+                    format!("{raw} vr[{n}];"),
+                    format!("{raw}* const dst = vr + j;\n      {}", accesses.fill_raw("dst")),
+                    format!(
+                        "const {raw} w = vr[j]; float xs[{v}];{} float* const x = xs;",
+                        widen_raw(dtypes[0], v, "w", "xs")
+                    ),
+                )
+            } else {
+                (
+                    format!("float v[{}];", n * v),
+                    accesses.fill(&format!("(v + j * {v})")),
+                    format!("float* const x = v + j * {v};"),
+                )
+            };
+            let _ = writeln!(c, "    {row}");
             let _ = writeln!(c, "    #pragma unroll");
             let _ = writeln!(c, "    for (int j = 0; j < {n}; ++j) {{");
             let _ = writeln!(c, "      const {ix} col = {col};");
-            let _ = writeln!(c, "      {}", accesses.fill(&format!("(v + j * {v})")));
+            let _ = writeln!(c, "      {fill}");
             let _ = writeln!(c, "    }}");
-            let open = format!("    #pragma unroll\n    for (int j = 0; j < {n}; ++j) {{ const {ix} col = {col}; const bool in_row = {touches}; float* const x = v + j * {v};");
+            let open = format!("    #pragma unroll\n    for (int j = 0; j < {n}; ++j) {{ const {ix} col = {col}; const bool in_row = {touches}; {values}");
             (open.clone(), open, "    }".to_string())
         }
         // The first `in_registers` accesses in registers, the rest in shared memory (a block

@@ -12,7 +12,7 @@
 
 use std::fmt::Write as _;
 
-use super::row_kernels::{widen_raw, RowLayout};
+use super::row_kernels::{fit_an_sm, widen_raw, RowLayout};
 use crate::core::ir::DType;
 
 /// The staged copies of a row kernel's `[cols]` operands, inputs `in1`, `in2`, ... (see the
@@ -37,8 +37,8 @@ impl StagedOperands {
     /// The copies for rows of `cols` values laid out as `layout`, of operands of `dtypes`, where
     /// they apply: the rows' accesses aligned to the tensor, the rows held in registers alone
     /// (the block's shared memory is the copies'), each operand read 16 bytes an access, and
-    /// the copies fitting `blocks_per_sm` blocks an SM (an SM's `sm_shared` bytes, with
-    /// `reserved` more a block) and a block's `shared_limit`.
+    /// the copies fitting `blocks_per_sm` blocks an SM (an SM's `sm_shared` bytes,
+    /// [`fit_an_sm`]) and a block's `shared_limit`.
     pub fn for_rows(
         cols: usize,
         layout: &RowLayout,
@@ -46,11 +46,10 @@ impl StagedOperands {
         blocks_per_sm: usize,
         shared_limit: usize,
         sm_shared: usize,
-        reserved: usize,
     ) -> Option<Self> {
-        let v = layout.vector;
+        let (v, blocks_per_sm) = (layout.vector, blocks_per_sm.max(1));
         let applies = layout.aligned
-            && layout.per_thread == Some(layout.in_registers)
+            && layout.in_registers_alone()
             && !dtypes.is_empty()
             && dtypes.iter().all(|d| v * d.size_bytes() == 16);
         if !applies {
@@ -66,8 +65,8 @@ impl StagedOperands {
                 (d, at)
             })
             .collect();
-        let fits = bytes <= shared_limit && blocks_per_sm.max(1) * (bytes + reserved) <= sm_shared;
-        fits.then_some(Self { copy_len, vector: v, cols, operands, bytes, blocks_per_sm: blocks_per_sm.max(1) })
+        let fits = bytes <= shared_limit && fit_an_sm(blocks_per_sm, bytes, sm_shared);
+        fits.then_some(Self { copy_len, vector: v, cols, operands, bytes, blocks_per_sm })
     }
 
     /// The C that declares the copies (`bs_staged1`, ... for inputs `in1`, ...) and fills them,

@@ -1173,6 +1173,22 @@ pub(super) fn row_source(
     let max = |a: &str, b: &str| maximum(a, b);
     // The passes: over registers (`j`: the thread's accesses), or, streamed, over the row.
     let aligned = layout.aligned;
+    // A 16-bit row aligned to the tensor and held in registers alone is kept there as read, a
+    // `uint4` an access (4 registers for 8 values, not 8), widened in each pass, and counts its
+    // columns in 32 bits (`softmax` then takes its exponentials twice, for the sum and for the
+    // results). `layer_norm`: `ptxas` (sm_90) spilled such rows under their bound of 64
+    // registers (bf16 rows of 12,289: 172 bytes a thread with 64-bit columns, 88 kept as read;
+    // none with 32-bit columns, with or without); on an H100 (2026-12-06, `gpu_sweep bf16,f16
+    // layer_norm`, with 32-bit columns both ways) 1.04-1.25x over rows of 257 to 12,289 values
+    // (1.24-1.25x over [1365, 12289]); over the sweep's 16-bit rows, which 16 bytes divide,
+    // 0.95-1.01x (1.00x but one 8 MiB case), so those keep `float`s. `softmax`, on an H100
+    // (2026-12-06, `gpu_sweep f32,bf16,f16 softmax` over 7 odd lengths from 257 to 12,289, two
+    // rounds, one call): 1.04-1.66x in 16 bits (1.62-1.66x over [1365, 12289], 1.28x bf16
+    // [65536, 257], 1.11-1.16x over 513 and 1,001), kept as read alone 1.00-1.61x, 32-bit
+    // columns alone 0.94-1.10x. `f32` rows keep 64-bit columns: 32-bit ones ran f32 `softmax`
+    // [2048, 2049] at 0.83x.
+    let raw_registers =
+        aligned && layout.in_registers_alone() && packing::is_packed(dtypes[0]) && v * dtypes[0].size_bytes() == 16;
     // Values outside the row are nothing to `softmax`'s maximum and sum, and to `layer_norm`'s
     // sums.
     let accesses = RowAccesses {
@@ -1187,9 +1203,10 @@ pub(super) fn row_source(
         // H100 (2026-12-06, `gpu_sweep f32,bf16,f16 layer_norm --variant=int32_row_columns`,
         // two runs): 1.11-1.58x over rows of 257 to 12,289 in 16 bits (1.58x over [8192, 769]),
         // 1.05-1.19x in f32, 0.99-1.04x over rows of 50,257 to 200,003. `softmax` over the same
-        // rows gained nothing (0.97-1.10x, f32 [2048, 2049] 0.84x), so it keeps the variant's
-        // choice.
-        int_columns: (variants.int32_row_columns || (aligned && id == prims::LAYER_NORM)) && cols < 1 << 30,
+        // rows gained nothing (0.97-1.10x, f32 [2048, 2049] 0.84x) but where its 16-bit rows
+        // are kept as read (`raw_registers`, above); elsewhere it keeps the variant's choice.
+        int_columns: (variants.int32_row_columns || (aligned && id == prims::LAYER_NORM) || raw_registers)
+            && cols < 1 << 30,
         caching,
     };
     let ix = accesses.index();
@@ -1198,16 +1215,6 @@ pub(super) fn row_source(
         let _ = writeln!(c, "    const {ix} shift = row % {v};");
     }
     let touches = accesses.touches();
-    // A 16-bit `layer_norm` row aligned to the tensor and held in registers alone is kept there
-    // as read, a `uint4` an access (4 registers for 8 values, not 8), widened in each pass:
-    // `ptxas` (sm_90) spilled such rows under their bound of 64 registers (bf16 rows of 12,289:
-    // 172 bytes a thread with 64-bit columns, 88 kept as read; none with 32-bit columns, with
-    // or without). On an H100 (2026-12-06,
-    // `gpu_sweep bf16,f16 layer_norm`, with 32-bit columns both ways): 1.04-1.25x over rows of
-    // 257 to 12,289 values (1.24-1.25x over [1365, 12289]); over the sweep's 16-bit rows, which
-    // 16 bytes divide, 0.95-1.01x (1.00x but one 8 MiB case), so those keep `float`s.
-    let raw_registers =
-        id == prims::LAYER_NORM && aligned && packing::is_packed(dtypes[0]) && v * dtypes[0].size_bytes() == 16;
     // Each pass opens with `open`, or, where it follows one that ran forward over a split row,
     // with `back` (the same where the row is not split).
     let (open, back, close) = match layout.per_thread {
@@ -1365,9 +1372,9 @@ pub(super) fn row_source(
         let _ = writeln!(c, "    acc = 0.0f;");
         let _ = writeln!(c, "{open}");
         // Kept in registers, each exponential is taken once.
-        // (Values kept as read in shared memory are widened for each pass: their exponentials
-        // are taken again.)
-        let recomputed = raw_shared && layout.shared_bytes() > 0;
+        // (Values kept as read, in shared memory or in registers, are widened for each pass:
+        // their exponentials are taken again.)
+        let recomputed = (raw_shared && layout.shared_bytes() > 0) || raw_registers;
         // Kept, the sum is of the results' exponentials, scaled or not: `1 / acc` divides the
         // scale out. Recomputed, it is of `bs_exp`'s and `inv_z` takes the scale.
         let (keep, exp, out, inv_z) = if !streamed && !recomputed {
@@ -2070,28 +2077,40 @@ mod tests {
     }
 
     #[test]
-    fn sixteen_bit_layer_norm_rows_of_odd_lengths_in_registers_are_kept_as_read() {
+    fn sixteen_bit_rows_of_odd_lengths_in_registers_are_kept_as_read_with_32_bit_columns() {
         let generated = |dtype: DType, cols: usize, layer_norm: bool| {
             row_op_with(layer_norm, dtype, [4, cols], HOPPER_BLOCK, KernelVariants::default())
         };
         for dtype in [DType::BF16, DType::F16] {
-            for cols in [257, 1001, 2049, 12289] {
-                let g = generated(dtype, cols, true);
-                let (layout, src) = (g.layout, &g.source.source);
-                assert!(layout.aligned && layout.per_thread == Some(layout.in_registers), "{layout:?}");
-                let n = layout.in_registers;
-                assert!(src.contains(&format!("uint4 vr[{n}];")), "{src}");
-                assert!(!src.contains("float v["), "no row of `float`s: {src}");
-                // Widened in each of the three passes.
-                assert_eq!(src.matches("const uint4 w = vr[j]; float xs[8];").count(), 3, "{src}");
-                crate::executors::cuda::compiles_with_nvrtc(src);
+            for layer_norm in [true, false] {
+                for cols in [257, 1001, 2049, 12289] {
+                    let g = generated(dtype, cols, layer_norm);
+                    let (layout, src) = (g.layout, &g.source.source);
+                    assert!(layout.aligned && layout.per_thread == Some(layout.in_registers), "{layout:?}");
+                    let n = layout.in_registers;
+                    assert!(src.contains(&format!("uint4 vr[{n}];")), "{src}");
+                    assert!(!src.contains("float v["), "no row of `float`s: {src}");
+                    // Widened in each of the three passes.
+                    assert_eq!(src.matches("const uint4 w = vr[j]; float xs[8];").count(), 3, "{src}");
+                    assert!(src.contains("const int col = ") && !src.contains("long long col"), "{src}");
+                    if !layer_norm {
+                        // The exponentials are taken for the sum and again for the results.
+                        assert!(src.contains("acc = acc + bs_exp(x[e] - m);"), "{src}");
+                        assert!(!src.contains("x[e] = bs_exp"), "nowhere to keep them: {src}");
+                    }
+                    crate::executors::cuda::compiles_with_nvrtc(src);
+                }
             }
-            // Rows 16 bytes divide, and `softmax`, keep `float`s.
-            assert!(generated(dtype, 1024, true).source.source.contains("float v[32];"));
-            assert!(!generated(dtype, 1001, false).source.source.contains("vr["));
+            // Rows 16 bytes divide keep `float`s and 64-bit columns.
+            let kept = generated(dtype, 1024, true).source.source;
+            assert!(kept.contains("float v[32];") && kept.contains("long long col"), "{kept}");
+            assert!(generated(dtype, 1024, false).source.source.contains("float v[32];"));
         }
-        // As do f32 rows.
+        // As do f32 rows, whose columns stay as the variant says for `softmax` (32-bit ones ran
+        // f32 `softmax` over [2048, 2049] at 0.83x).
         assert!(!generated(DType::F32, 1001, true).source.source.contains("vr["));
+        let f32_softmax = generated(DType::F32, 2049, false).source.source;
+        assert!(!f32_softmax.contains("vr[") && f32_softmax.contains("long long col"), "{f32_softmax}");
     }
 
     #[test]

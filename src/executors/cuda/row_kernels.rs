@@ -1185,10 +1185,15 @@ pub(super) fn row_source(
     // (2026-12-06, `gpu_sweep f32,bf16,f16 softmax` over 7 odd lengths from 257 to 12,289, two
     // rounds, one call): 1.04-1.66x in 16 bits (1.62-1.66x over [1365, 12289], 1.28x bf16
     // [65536, 257], 1.11-1.16x over 513 and 1,001), kept as read alone 1.00-1.61x, 32-bit
-    // columns alone 0.94-1.10x. `f32` rows keep 64-bit columns: 32-bit ones ran f32 `softmax`
-    // [2048, 2049] at 0.83x.
-    let raw_registers =
-        aligned && layout.in_registers_alone() && packing::is_packed(dtypes[0]) && v * dtypes[0].size_bytes() == 16;
+    // columns alone 0.94-1.10x. Not over rows of 8 threads or fewer (up to 256 values), which
+    // are bound by their instructions more than by memory and pay for the second
+    // exponentials: [262144, 9] 0.88-0.91x, [65536, 100] 0.90-0.95x ([131072, 33] 1.02-1.05x).
+    // `f32` rows keep 64-bit columns: 32-bit ones ran f32 `softmax` [2048, 2049] at 0.83x.
+    let raw_registers = aligned
+        && layout.in_registers_alone()
+        && packing::is_packed(dtypes[0])
+        && v * dtypes[0].size_bytes() == 16
+        && (id == prims::LAYER_NORM || t >= 16);
     // Values outside the row are nothing to `softmax`'s maximum and sum, and to `layer_norm`'s
     // sums.
     let accesses = RowAccesses {
@@ -2100,6 +2105,12 @@ mod tests {
                     }
                     crate::executors::cuda::compiles_with_nvrtc(src);
                 }
+            }
+            // `softmax` over rows of 8 threads or fewer keeps `float`s: one exponential a value.
+            for cols in [9, 33, 100, 150] {
+                let short = generated(dtype, cols, false);
+                assert!(short.layout.aligned && short.layout.threads_per_row <= 8, "{:?}", short.layout);
+                assert!(!short.source.source.contains("vr[") && short.source.source.contains("x[e] = bs_exp"));
             }
             // Rows 16 bytes divide keep `float`s and 64-bit columns.
             let kept = generated(dtype, 1024, true).source.source;

@@ -1185,7 +1185,9 @@ pub(super) fn row_source(
     // (2026-12-06, `gpu_sweep f32,bf16,f16 softmax` over 7 odd lengths from 257 to 12,289, two
     // rounds, one call): 1.04-1.66x in 16 bits (1.62-1.66x over [1365, 12289], 1.28x bf16
     // [65536, 257], 1.11-1.16x over 513 and 1,001), kept as read alone 1.00-1.61x, 32-bit
-    // columns alone 0.94-1.10x. Not over rows of 8 threads or fewer (up to 256 values), which
+    // columns alone 0.94-1.10x; as landed, against the build before in two more calls,
+    // 1.03-1.68x. Not over rows of 8 threads or fewer (16-bit rows up to 32 accesses, about
+    // 250 values), which
     // are bound by their instructions more than by memory and pay for the second
     // exponentials: [262144, 9] 0.88-0.91x, [65536, 100] 0.90-0.95x ([131072, 33] 1.02-1.05x).
     // `f32` rows keep 64-bit columns: 32-bit ones ran f32 `softmax` [2048, 2049] at 0.83x.

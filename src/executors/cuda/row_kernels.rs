@@ -123,7 +123,8 @@ impl RowLayout {
         // A row no longer than one access gains nothing from it. (Rows of 2^30 values or more
         // keep narrower accesses, as the fused reductions do, whose aligned path counts in
         // 32 bits; the row kernels count in 64, or in 32 below 2^30 with
-        // `KernelVariants::int32_row_columns`, and always for `layer_norm`'s aligned rows.)
+        // `KernelVariants::int32_row_columns`, and always for `layer_norm`'s aligned rows and
+        // 16-bit `softmax` rows kept as read in registers.)
         let aligned = aligned && vector > 1 && !cols.is_multiple_of(vector) && cols > vector && cols < 1 << 30;
         while !aligned && vector > 1 && !cols.is_multiple_of(vector) {
             vector /= 2;
@@ -640,7 +641,8 @@ struct RowAccesses {
     /// to its sum (`layer_norm`'s): see [`neutral`](Self::neutral).
     pub for_maximum: bool,
     /// Whether columns are counted in 32 bits ([`KernelVariants::int32_row_columns`], and
-    /// `layer_norm`'s [`aligned`](RowLayout::aligned) rows always; rows
+    /// always `layer_norm`'s [`aligned`](RowLayout::aligned) rows and 16-bit `softmax` rows
+    /// kept as read in registers; rows
     /// under 2^30 values: a column, the row's length past it and `shift` all fit).
     pub int_columns: bool,
     /// How the row's whole accesses (input 0's and the output's) are cached.
@@ -1187,9 +1189,9 @@ pub(super) fn row_source(
     // [65536, 257], 1.11-1.16x over 513 and 1,001), kept as read alone 1.00-1.61x, 32-bit
     // columns alone 0.94-1.10x; as landed, against the build before in two more calls,
     // 1.03-1.68x. Not over rows of 8 threads or fewer (16-bit rows up to 32 accesses, about
-    // 250 values), which
-    // are bound by their instructions more than by memory and pay for the second
-    // exponentials: [262144, 9] 0.88-0.91x, [65536, 100] 0.90-0.95x ([131072, 33] 1.02-1.05x).
+    // 250 values), which are bound by their instructions more than by memory and pay for the
+    // second exponentials: [262144, 9] 0.88-0.91x, [65536, 100] 0.90-0.95x ([131072, 33]
+    // 1.02-1.05x).
     // `f32` rows keep 64-bit columns: 32-bit ones ran f32 `softmax` [2048, 2049] at 0.83x.
     let raw_registers = aligned
         && layout.in_registers_alone()

@@ -54,7 +54,7 @@ pub struct KernelVariants {
     /// 2^30 values: a bounds test is one comparison rather than two, and no 64-bit multiplies.
     /// (`layer_norm` over rows whose length 16 bytes do not divide always does: 1.05-1.58x
     /// faster on an H100 over rows of 257 to 12,289 values, whose 16-bit kernels spilled with
-    /// 64-bit columns.)
+    /// 64-bit columns; so does `softmax` over such 16-bit rows kept as read in registers.)
     /// `ptxas`: up to 30% fewer instructions over rows of odd lengths (16-bit `layer_norm` over
     /// rows of 1,001: 2,000 -> 1,544), about the same where 16 bytes divide the row; three f32
     /// `layer_norm` kernels over streamed rows grow (464 -> 640 over rows of 65,536). Off by

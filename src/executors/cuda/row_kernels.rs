@@ -380,10 +380,23 @@ pub(super) fn widen_raw(dtype: DType, vector: usize, raw: &str, dst: &str) -> St
 /// one by one took `vector` loads (and the L1 bandwidth of as many accesses). The caller checks
 /// that both accesses lie in the tensor: `o + vector <= len`, and [`shifted_within`].
 pub(super) fn load_shifted(dtype: DType, vector: usize, ptr: &str, o: &str, index: &str, dst: &str) -> String {
+    load_shifted_by(dtype, vector, ptr, o, index, dst, &format!("(int)(o_ % {vector})"))
+}
+
+/// [`load_shifted`], where `shift` (a C expression, often a constant) is `o % vector`.
+pub(super) fn load_shifted_by(
+    dtype: DType,
+    vector: usize,
+    ptr: &str,
+    o: &str,
+    index: &str,
+    dst: &str,
+    shift: &str,
+) -> String {
     debug_assert_eq!(vector * dtype.size_bytes(), 16, "16-byte accesses");
     let per_word = 4 / dtype.size_bytes();
     let mut c = format!(
-        "{{ const {index} o_ = {o}; const int s_ = (int)(o_ % {vector}); \
+        "{{ const {index} o_ = {o}; const int s_ = {shift}; \
          const uint4* const a_ = reinterpret_cast<const uint4*>({ptr} + (o_ - s_)); \
          const uint4 lo_ = a_[0]; const uint4 hi_ = s_ != 0 ? a_[1] : lo_; \
          const unsigned int w_[8] = {{lo_.x, lo_.y, lo_.z, lo_.w, hi_.x, hi_.y, hi_.z, hi_.w}}; \
@@ -828,8 +841,10 @@ impl RowAccesses {
     }
 
     /// The C that reads `float p[vector]` of a `[cols]` operand `in{k}` of `dtype` at the
-    /// access's columns.
-    pub fn read_columns(&self, k: usize, dtype: DType) -> String {
+    /// access's columns. `shift` is a C expression of `col % vector` for an access the row holds
+    /// whole (in `o_`'s terms where it is not a constant: `(int)(o_ % vector)`), which is the
+    /// same for every access of the row.
+    pub fn read_columns(&self, k: usize, dtype: DType, shift: &str) -> String {
         let (v, cols) = (self.vector, self.count());
         let per_value = format!(
             "for (int e = 0; e < {v}; ++e) {{ if ({}) {} else p[e] = 0.0f; }}",
@@ -843,7 +858,7 @@ impl RowAccesses {
             format!(
                 "if (col >= 0 && col + {v} <= {cols} && {}) {{ uint4 q; {}{} }}\n          else {per_value}",
                 shifted_within(v, "col", &cols),
-                load_shifted(dtype, v, &format!("in{k}"), "col", self.index(), "q"),
+                load_shifted_by(dtype, v, &format!("in{k}"), "col", self.index(), "q", shift),
                 widen_raw(dtype, v, "q", "p")
             )
         } else if self.aligned {
@@ -1423,20 +1438,49 @@ pub(super) fn row_source(
         reduce(&mut c, &sum);
         let _ = writeln!(c, "    const float variance = acc * {inverse};");
         let _ = writeln!(c, "    const float inv_std = expf(logf(variance + {}) * -0.5f);", literal(eps));
-        let _ = writeln!(c, "{open}");
-        let _ = writeln!(c, "      if (in_row) {{ float y[{v}];");
-        let _ = writeln!(c, "        for (int e = 0; e < {v}; ++e) y[e] = (x[e] - mean) * inv_std;");
-        for (k, &dtype) in dtypes.iter().enumerate().skip(1) {
-            let read = match &staged {
-                Some(staged) => staged.read(k),
-                None => accesses.read_columns(k, dtype),
-            };
-            let _ = writeln!(c, "        {{ float p[{v}]; {read}");
-            let combine = if k == 1 { "y[e] = y[e] * p[e]" } else { "y[e] = y[e] + p[e]" };
-            let _ = writeln!(c, "          for (int e = 0; e < {v}; ++e) {combine}; }}");
+        // The last pass reads the weight and the bias at the row's columns. Over rows of odd
+        // lengths, not staged, each access reads them shifted (two aligned loads and a select of
+        // their words by `col % v`), and `col % v` is the row's: so where the row is long (kept
+        // in shared memory by a block of its own, or streamed) the pass is written once for each
+        // shift, its selects resolved when it is compiled. On an H100 (2026-12-06, `gpu_sweep
+        // f32,bf16,f16 layer_norm`, two rounds, one call): 1.02-1.11x over rows of 50,257 (f32),
+        // 65,537, 100,003 and 200,003 (bf16 [167, 100003] 1.10-1.11x). Not over rows held in
+        // registers alone, where the copies cost registers: 0.77-0.92x over [2048, 2049] and
+        // 16-bit [1365, 12289], 0.99-1.04x over [2047, 8193]; nor over two blocks of 512 an SM
+        // (16-bit [333, 50257]: 0.95-1.01x), which spill under their 64 registers.
+        let by_shift = aligned
+            && staged.is_none()
+            && !layout.in_registers_alone()
+            && !two_blocks
+            && dtypes[1..].iter().any(|d| v * d.size_bytes() == 16);
+        let last = |c: &mut String, shift: &str| {
+            let _ = writeln!(c, "{open}");
+            let _ = writeln!(c, "      if (in_row) {{ float y[{v}];");
+            let _ = writeln!(c, "        for (int e = 0; e < {v}; ++e) y[e] = (x[e] - mean) * inv_std;");
+            for (k, &dtype) in dtypes.iter().enumerate().skip(1) {
+                let read = match &staged {
+                    Some(staged) => staged.read(k),
+                    None => accesses.read_columns(k, dtype, shift),
+                };
+                let _ = writeln!(c, "        {{ float p[{v}]; {read}");
+                let combine = if k == 1 { "y[e] = y[e] * p[e]" } else { "y[e] = y[e] + p[e]" };
+                let _ = writeln!(c, "          for (int e = 0; e < {v}; ++e) {combine}; }}");
+            }
+            let _ = writeln!(c, "        {} }}", accesses.put(out_dtype));
+            let _ = writeln!(c, "{close}");
+        };
+        if by_shift {
+            // A row `shift` values past an access starts its columns `v - shift` past one.
+            let _ = writeln!(c, "    switch ((int)shift) {{");
+            for s in 0..v {
+                let _ = writeln!(c, "    case {s}: {{");
+                last(&mut c, &((v - s) % v).to_string());
+                let _ = writeln!(c, "    }} break;");
+            }
+            let _ = writeln!(c, "    }}");
+        } else {
+            last(&mut c, &format!("(int)(o_ % {v})"));
         }
-        let _ = writeln!(c, "        {} }}", accesses.put(out_dtype));
-        let _ = writeln!(c, "{close}");
     }
     let _ = writeln!(c, "  }}\n}}");
     let blocks = if cluster > 1 {
@@ -2126,6 +2170,52 @@ mod tests {
         assert!(!generated(DType::F32, 1001, true).source.source.contains("vr["));
         let f32_softmax = generated(DType::F32, 2049, false).source.source;
         assert!(!f32_softmax.contains("vr[") && f32_softmax.contains("long long col"), "{f32_softmax}");
+    }
+
+    #[test]
+    fn layer_norm_over_long_rows_of_odd_lengths_writes_its_last_pass_once_per_shift() {
+        let ln = |dtype: DType, [rows, cols]: [usize; 2]| {
+            source_targeting(
+                |b| {
+                    let meta = |shape: &[usize]| crate::TensorMeta::new(dtype, shape);
+                    let x = b.input_with(&meta(&[rows, cols])).unwrap();
+                    let w = b.input_with(&meta(&[cols])).unwrap();
+                    let bias = b.input_with(&meta(&[cols])).unwrap();
+                    b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap()
+                },
+                RowTarget { shared_limit: HOPPER_BLOCK, ..HOPPER },
+                KernelVariants::default(),
+            )
+            .unwrap()
+        };
+        // Kept in shared memory by a block of its own (f32 [333, 50257], bf16 [167, 100003]) and
+        // streamed (f32 [18, 200003]): a copy of the pass for each shift of the row, each
+        // reading the weight and the bias at the shift of its columns, a constant.
+        for (dtype, shape) in [(DType::F32, [333, 50257]), (DType::BF16, [167, 100003]), (DType::F32, [18, 200003])] {
+            let g = ln(dtype, shape);
+            let (src, v) = (&g.source.source, g.layout.vector);
+            assert!(g.layout.block >= 512 && !g.layout.in_registers_alone(), "{:?}", g.layout);
+            assert!(src.contains("switch ((int)shift) {"), "{src}");
+            for s in 0..v {
+                assert!(src.contains(&format!("case {s}: {{")), "{src}");
+                assert!(src.contains(&format!("const int s_ = {};", (v - s) % v)), "{src}");
+            }
+            assert!(!src.contains("const int s_ = (int)(o_ %"), "{src}");
+            // (Streamed over clusters of blocks: Hopper's alone.)
+            if let Some(ptx) = crate::executors::cuda::nvrtc_ptx(src, Some("compute_90")) {
+                ptx.unwrap_or_else(|e| panic!("NVRTC rejects the kernel: {e}\n{src}"));
+            }
+        }
+        // Held in registers alone ([2048, 2049], [1365, 12289]), or two blocks of 512 an SM
+        // (bf16 [333, 50257]): one pass, the shift of each access taken as it runs.
+        for (dtype, shape) in [(DType::F32, [2048, 2049]), (DType::BF16, [1365, 12289]), (DType::BF16, [333, 50257])] {
+            let g = ln(dtype, shape);
+            let src = &g.source.source;
+            assert!(!src.contains("switch ((int)shift)"), "{:?}: {src}", g.layout);
+            assert!(src.contains(&format!("const int s_ = (int)(o_ % {});", g.layout.vector)), "{src}");
+        }
+        let two_blocks = ln(DType::BF16, [333, 50257]);
+        assert_eq!((two_blocks.layout.block, two_blocks.layout.in_registers_alone()), (512, false));
     }
 
     #[test]

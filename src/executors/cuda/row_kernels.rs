@@ -1626,6 +1626,30 @@ mod tests {
         row_source(&OpView::new(&trace, bsym).unwrap(), "k", target, variants)
     }
 
+    /// `layer_norm` over `[rows, cols]` of `dtype` with `operands` of its weight and bias (none,
+    /// the weight, or both), of `operand_dtype`: its kernel for `target`, of the default
+    /// variants.
+    fn layer_norm_for(
+        dtype: DType,
+        operand_dtype: DType,
+        [rows, cols]: [usize; 2],
+        operands: usize,
+        target: RowTarget,
+    ) -> RowSource {
+        source_targeting(
+            |b| {
+                let x = b.input_with(&crate::TensorMeta::new(dtype, &[rows, cols])).unwrap();
+                let mut operand = || b.input_with(&crate::TensorMeta::new(operand_dtype, &[cols])).unwrap();
+                let w = (operands > 0).then(&mut operand);
+                let bias = (operands > 1).then(&mut operand);
+                b.layer_norm(x, 1e-5, w, bias).unwrap()
+            },
+            target,
+            KernelVariants::default(),
+        )
+        .unwrap()
+    }
+
     /// `softmax` (or `layer_norm` with weight and bias) over `[rows, cols]` of `dtype`, its
     /// kernel with `shared_limit` bytes of shared memory a block, of `variants`.
     fn row_op_with(
@@ -2241,20 +2265,8 @@ mod tests {
 
     #[test]
     fn layer_norm_over_long_rows_of_odd_lengths_writes_its_last_pass_once_per_shift() {
-        let ln = |dtype: DType, [rows, cols]: [usize; 2]| {
-            source_targeting(
-                |b| {
-                    let meta = |shape: &[usize]| crate::TensorMeta::new(dtype, shape);
-                    let x = b.input_with(&meta(&[rows, cols])).unwrap();
-                    let w = b.input_with(&meta(&[cols])).unwrap();
-                    let bias = b.input_with(&meta(&[cols])).unwrap();
-                    b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap()
-                },
-                RowTarget { shared_limit: HOPPER_BLOCK, ..HOPPER },
-                KernelVariants::default(),
-            )
-            .unwrap()
-        };
+        let hopper = RowTarget { shared_limit: HOPPER_BLOCK, ..HOPPER };
+        let ln = |dtype: DType, shape: [usize; 2]| layer_norm_for(dtype, dtype, shape, 2, hopper);
         // Kept in shared memory by a block of its own (f32 [333, 50257], bf16 [167, 100003]) and
         // streamed (f32 [18, 200003]): a copy of the pass for each shift of the row, each
         // reading the weight and the bias at the shift of its columns, a constant.
@@ -2287,17 +2299,7 @@ mod tests {
         assert!(ln(DType::F32, [18, 200003]).source.source.contains("__cluster_dims__("));
         // bf16 rows with f32 weight and bias: accesses of 4 values, the operands' 16 bytes read
         // at the constant shift, 4 copies.
-        let mixed = source_targeting(
-            |b| {
-                let x = b.input_with(&crate::TensorMeta::new(DType::BF16, &[167, 100003])).unwrap();
-                let w = b.input(&[100003]).unwrap();
-                let bias = b.input(&[100003]).unwrap();
-                b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap()
-            },
-            RowTarget { shared_limit: HOPPER_BLOCK, ..HOPPER },
-            KernelVariants::default(),
-        )
-        .unwrap();
+        let mixed = layer_norm_for(DType::BF16, DType::F32, [167, 100003], 2, hopper);
         let src = &mixed.source.source;
         assert_eq!(mixed.layout.vector, 4, "{:?}", mixed.layout);
         assert!(src.contains("case 3: {") && !src.contains("case 4: {") && src.contains("const int s_ = 1;"), "{src}");
@@ -2306,19 +2308,8 @@ mod tests {
 
     #[test]
     fn layer_norm_over_rows_of_odd_lengths_stages_its_weight_and_bias_a_copy_per_shift() {
-        let ln = |dtype: DType, [rows, cols]: [usize; 2], operands: usize, target: RowTarget| {
-            source_targeting(
-                |b| {
-                    let meta = |shape: &[usize]| crate::TensorMeta::new(dtype, shape);
-                    let x = b.input_with(&meta(&[rows, cols])).unwrap();
-                    let w = (operands > 0).then(|| b.input_with(&meta(&[cols])).unwrap());
-                    let bias = (operands > 1).then(|| b.input_with(&meta(&[cols])).unwrap());
-                    b.layer_norm(x, 1e-5, w, bias).unwrap()
-                },
-                target,
-                KernelVariants::default(),
-            )
-            .unwrap()
+        let ln = |dtype: DType, shape: [usize; 2], operands: usize, target: RowTarget| {
+            layer_norm_for(dtype, dtype, shape, operands, target)
         };
         let hopper = RowTarget { shared_limit: HOPPER_BLOCK, ..HOPPER };
         // bf16 rows of 1,001 by a warp each, 8 rows a block of 256, four blocks an SM: two
@@ -2354,17 +2345,7 @@ mod tests {
         assert!(weight.source.source.contains("bs_staged1") && !weight.source.source.contains("bs_staged2"));
         crate::executors::cuda::compiles_with_nvrtc(&weight.source.source);
         // A bf16 row with f32 weight and bias: accesses of 4 values, 4 f32 copies each.
-        let mixed = source_targeting(
-            |b| {
-                let x = b.input_with(&crate::TensorMeta::new(DType::BF16, &[64, 1001])).unwrap();
-                let w = b.input(&[1001]).unwrap();
-                let bias = b.input(&[1001]).unwrap();
-                b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap()
-            },
-            hopper,
-            KernelVariants::default(),
-        )
-        .unwrap();
+        let mixed = layer_norm_for(DType::BF16, DType::F32, [64, 1001], 2, hopper);
         assert_eq!(mixed.shared_bytes, 2 * 4 * 1008 * 4);
         assert!(mixed.source.source.contains("__float_as_uint(in2[col])"), "{}", mixed.source.source);
         crate::executors::cuda::compiles_with_nvrtc(&mixed.source.source);

@@ -1636,7 +1636,10 @@ fn row_ops_match_the_reference_at_every_row_length() {
         // And rows of odd lengths whose `layer_norm` stages its weight and bias in shared
         // memory, more than its blocks run at once on an H100 or H200 (132 SMs x 4 blocks: 8,448
         // rows of 257, 16 a block; 4,224 of 1,001, 8 a block), so that each block runs several.
-        for (rows, cols) in shapes.chain([(100, 65537), (333, 50257), (9000, 257), (5000, 1001)]) {
+        // And short rows of odd lengths over many tiles (`KernelVariants::tiled_rows`: a block
+        // reads a run of rows whole), the last one short, tiles starting at every alignment.
+        let tiled = [(70001, 1), (9001, 7), (3001, 9), (2049, 33), (515, 100), (259, 150), (131, 255)];
+        for (rows, cols) in shapes.chain([(100, 65537), (333, 50257), (9000, 257), (5000, 1001)]).chain(tiled) {
             for layer_norm in [false, true] {
                 fn build<'a>(
                     arena: &'a Arena,
@@ -1727,7 +1730,10 @@ fn layer_norm_with_its_weight_and_bias_staged_matches_the_reference() {
     let dtypes =
         [(DType::F32, DType::F32), (DType::BF16, DType::BF16), (DType::F16, DType::F16), (DType::BF16, DType::F32)];
     for (dtype, weight_dtype) in dtypes {
-        for (rows, cols) in [(3, 1001), (5000, 1001), (9000, 257), (20000, 513), (41, 4097), (64, 1024)] {
+        // (Rows of 33 and 100: read as tiles, `KernelVariants::tiled_rows`.)
+        for (rows, cols) in
+            [(3, 1001), (5000, 1001), (9000, 257), (20000, 513), (41, 4097), (64, 1024), (7001, 33), (3000, 100)]
+        {
             let arena = Arena::new();
             let mut b = TraceBuilder::new(&arena, &registry);
             let x = b.input_with(&TensorMeta::new(dtype, &[rows, cols])).unwrap();
@@ -1767,8 +1773,8 @@ fn layer_norm_with_its_weight_and_bias_staged_matches_the_reference() {
 }
 
 /// bf16 `softmax` results below bf16's normal range (its subnormals, 2^-133 to 2^-126) are not
-/// flushed to 0 in any layout (a row in registers, kept as read in shared memory, streamed; 16-byte
-/// and aligned accesses), by the kernels without variants or by those of
+/// flushed to 0 in any layout (a row in registers, kept as read in shared memory, streamed, read
+/// as tiles; 16-byte and aligned accesses), by the kernels without variants or by those of
 /// `KernelVariants::fast_exp2` (alone, in the defaults, with all), whose one-instruction `exp2`
 /// flushes below 2^-126 (bf16 results are scaled by 2^8 first).
 /// Each row holds one 0 and values 87 to 93 below it: results e^-87 to e^-93 (2^-125.5 to
@@ -1781,7 +1787,8 @@ fn softmax_results_below_the_normal_range_survive_in_bf16() {
     let fast_exp2 = KernelVariants { fast_exp2: true, ..KernelVariants::NONE };
     for variants in [KernelVariants::NONE, fast_exp2, KernelVariants::default(), KernelVariants::ALL] {
         let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()).with_variants(variants));
-        for [rows, cols] in [[4, 1024], [3, 65536], [3, 50257], [2, 1 << 20], [2, 200003]] {
+        // ([300, 33]: read as tiles, `KernelVariants::tiled_rows`.)
+        for [rows, cols] in [[4, 1024], [3, 65536], [3, 50257], [2, 1 << 20], [2, 200003], [300, 33]] {
             let arena = Arena::new();
             let mut b = TraceBuilder::new(&arena, &registry);
             let x = b.input_with(&TensorMeta::new(DType::BF16, &[rows, cols])).unwrap();

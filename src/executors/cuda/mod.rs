@@ -151,7 +151,8 @@
 //!
 //! Changes to the generated kernels come as variants ([`KernelVariants`]), chosen by developer
 //! options (`cuda.fast_exp2`, `cuda.int32_row_columns`, `cuda.streaming_rows`, `cuda.keep_in_l2`,
-//! `cuda.batched_rows`, `cuda.async_row_copies`, `cuda.split_rows`, `cuda.split_reductions`;
+//! `cuda.batched_rows`, `cuda.async_row_copies`, `cuda.split_rows`, `cuda.split_reductions`,
+//! `cuda.tiled_rows`;
 //! [`CUDA_OPTIONS`]): `CudaFusion::with_variants`, `CudaOps::with_variants`, or `from_options`,
 //! which the front end calls. A plan whose kernels differ from the defaults lists its variants
 //! in its header. `scripts/gpu-variants` runs the GPU tests with the defaults, every variant and
@@ -159,7 +160,7 @@
 //! with the defaults, without `fast_exp2` and `streaming_rows`, with `int32_row_columns`,
 //! without `keep_in_l2` and without `batched_rows`: a variant is on by default where it
 //! measures faster (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`,
-//! `async_row_copies`, `split_rows` and `split_reductions` are). `scripts/kernel-sass OP DTYPE ROWSxCOLS [VARIANTS]` shows a row
+//! `async_row_copies`, `split_rows`, `split_reductions` and `tiled_rows` are). `scripts/kernel-sass OP DTYPE ROWSxCOLS [VARIANTS]` shows a row
 //! kernel's source, registers, spills and SASS as generated for Hopper, without a GPU (`ptxas`
 //! and `nvdisasm` from PyPI): where a variant starts.
 //!
@@ -197,6 +198,7 @@
 //! | `softmax` over rows of odd lengths, outside the sweep (an H100, 2026-12-06, one run: `gpu_sweep f32,bf16,f16 softmax 32768x513,16384x1001,8192x769,65536x257,2048x2049,4096x3001,1365x12289,262144x9,131072x33,65536x100`, then `torch_gpu_sweep.py`), every dtype, 30 cases | 1118-3488 GB/s, 37-104% of a copy, median 89% (rows of 9 to 100 values 37-99%: bound by instructions); 16-bit rows of 257 to 12,289 1.03-1.68x the build before (kept as read in registers with 32-bit columns), which ran 16-bit [32768, 513] and [65536, 257] at 0.93-1.01x `torch.compile` | the faster of eager and `torch.compile`: 0.97x to 3.00x, median 1.31x | not met at f32 [65536, 257] (0.97x, 96% of a copy) and [32768, 513] (0.99x), f16 [65536, 257] (0.98x; 1.14x in another run) |
 //! | 16-bit `softmax` over rows kept as read in registers, its maximum over the words as read (an H100, 2026-12-06, `gpu_sweep f16,bf16 softmax 65536x257,32768x513,16384x1001,8192x769,2048x2049,4096x3001,1365x12289,131072x33` with the build before, two rounds) | 1.00-1.13x, median 1.03x over 16 cases; f16 [65536, 257] 2,362 GB/s (90% of a copy, 1.13x; `ncu` before: 63 registers a thread, 50% occupancy, against bf16's 40 and 75%), f16 [1365, 12289] 1.11x | the build before | f16 now at bf16's speed (2,362 / 2,374 GB/s) |
 //! | `layer_norm` over long rows of odd lengths, its last pass written once per shift of the row (an H100, 2026-12-06, `gpu_sweep f32,bf16,f16 layer_norm 333x50257,100x65537,255x65537,167x100003,18x200003,9x200003,419x40001,16x1048577,35x100514,2047x8193` with the build before, two rounds) | 1.00-1.13x, median 1.04x over 30 cases (f32 [333, 50257] 1,945 GB/s, 73% of a copy; 1.11-1.13x over [9, 200003] and bf16 [167, 100003]); rows in registers alone and 16-bit [333, 50257] (two blocks an SM) unchanged, 1.00x | the build before | not the goal: [333, 50257] still 65-73% of a copy |
+//! | short rows of odd lengths read and written as tiles (`tiled_rows`; an H100, 2026-12-06, `gpu_sweep f32,bf16,f16 softmax,layer_norm 262144x9,131072x33,65536x100,65536x150,65536x129,32768x255,4194304x9,1048576x33,524288x100,1048576x5,2097152x3,262144x65 --variant=tiled_rows`, then the same beside `torch_gpu_sweep.py`) | the 44 cases tiled: 1.03-3.97x the kernels without tiles, median 1.36x; 49-100% of a copy, median 70% (bf16 `softmax` [131072, 33] 37% -> 54%) | the faster of eager and `torch.compile`: median 1.93x, least 0.90x (16-bit `softmax` [524288, 100], 0.90-0.92x; 0.81-0.83x without tiles) | not the goal: under 85% of a copy |
 //! | few long rows split over thread-block clusters (an H100, 2026-12-06, `gpu_sweep f32,bf16,f16 OPS SHAPES --variant=split_rows` or `--variant=split_reductions`, then `torch_gpu_sweep.py`): the four row ops over [16, 2^20], [64, 262144], [9, 200003] and [333, 50257], every dtype, 48 cases | `softmax` and `layer_norm` rows too long to keep on chip 1.02x to 6.3x the kernels before, `sum` and `max` 0.97x to 6.6x (f32 `sum` [16, 2^20] 748 -> 2,613 GB/s; the least at f32 [64, 65536]) | the faster of eager and `torch.compile`: at least 1.03x, median 1.82x | met |
 //! | the whole sweep on an H100 (2026-12-06, a dtype a run, beside PyTorch), 204 cases | median 104-105% of a copy; 11 cases under 85%, the least 57% (16-bit `layer_norm` over [333, 50257]; `ncu`: 26% of DRAM throughput, 42% of the SMs'). Since then, 16-bit rows of 32,769 to 61,440 values kept on chip run as two blocks an SM: over [333, 50257] `softmax` 79% -> 90% of a copy, `layer_norm` 58% -> 63% (`gpu_sweep bf16,f16 softmax,layer_norm 333x50257`, against the build before) | the faster PyTorch: median 1.20x (f32), 1.75x (bf16), 1.75x (f16); least 0.99x (f16 `sum` [4096, 4096], 3,571 against eager's 3,609 GB/s) | not met for few long rows (under 85% of a copy) |
 //! | `softmax` and `layer_norm` over rows of 32 to 2^20, 2^24 values, f32 and bf16 (2026-12-01, `transformer_ops_bench rows`) | 317-3660 GB/s | best of eager and `torch.compile` | met (0.95-10.8x) but for `softmax` rows of 128 in f32 (0.96-0.97x) and of 65,536 in bf16 (0.95x) |
@@ -244,6 +246,9 @@ mod multi_tensor;
 // Without the `cuda` feature only the generators' row layouts are used (by `codegen`).
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod row_kernels;
+// Short rows of odd lengths, a block's tile of them at a time.
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+mod row_tiles;
 // `layer_norm`'s weight and bias staged in shared memory for rows of odd lengths.
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 mod staged_operands;

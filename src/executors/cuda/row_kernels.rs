@@ -45,6 +45,7 @@
 use std::fmt::Write as _;
 
 use super::codegen::{literal, maximum, widen, RegionSource, RegionTarget, EXP2, HALF_CONVERSIONS, MAXIMUM};
+use super::row_tiles::RowTiles;
 use super::staged_operands::StagedOperands;
 use super::KernelVariants;
 use crate::core::ir::{prims, DType, SymbolId};
@@ -932,7 +933,7 @@ fn lowest_pair(dtype: DType) -> &'static str {
 }
 
 /// A built-in `softmax` or `layer_norm` bound symbol, as its kernels read it.
-struct RowOp {
+pub(super) struct RowOp {
     /// Which of the two.
     pub id: SymbolId,
     pub rows: usize,
@@ -1050,7 +1051,14 @@ pub(super) fn row_source(
     variants: KernelVariants,
 ) -> Result<RowSource, String> {
     let RowTarget { shared_limit, sm_shared, region: RegionTarget { l2_bytes, sms, clusters } } = target;
-    let RowOp { id, rows, cols, dtypes, out_dtype, mut params, input_lengths } = RowOp::of(op)?;
+    let row = RowOp::of(op)?;
+    // Short rows of odd lengths: a block's tile of them at a time (`row_tiles`).
+    if let Some(tiles) =
+        RowTiles::for_rows(row.id, row.rows, row.cols, row.dtypes[0], row.out_dtype).filter(|_| variants.tiled_rows)
+    {
+        return tiles.source(row, op, kernel, target.region, variants);
+    }
+    let RowOp { id, rows, cols, dtypes, out_dtype, mut params, input_lengths } = row;
     let numel = rows * cols;
     let tensors = dtypes.len();
     params.push(format!("{}* __restrict__ out0", super::codegen::element_type(out_dtype)));
@@ -1710,6 +1718,7 @@ mod tests {
                 async_row_copies: true,
                 split_rows: true,
                 split_reductions: true,
+                tiled_rows: true,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -2208,8 +2217,11 @@ mod tests {
 
     #[test]
     fn sixteen_bit_rows_of_odd_lengths_in_registers_are_kept_as_read_with_32_bit_columns() {
+        // (Rows of up to 256 values are read as tiles by default, `tiled_rows`: this test is of
+        // rows read in place.)
         let generated = |dtype: DType, cols: usize, layer_norm: bool| {
-            row_op_with(layer_norm, dtype, [4, cols], HOPPER_BLOCK, KernelVariants::default())
+            let variants = KernelVariants { tiled_rows: false, ..KernelVariants::default() };
+            row_op_with(layer_norm, dtype, [4, cols], HOPPER_BLOCK, variants)
         };
         for dtype in [DType::BF16, DType::F16] {
             for layer_norm in [true, false] {
@@ -2408,6 +2420,57 @@ mod tests {
         assert_eq!(bounds(DType::F32, 16384, true), "512");
         assert_eq!(bounds(DType::BF16, 16384, false), "512");
         assert_eq!(bounds(DType::BF16, 65536, true), "1024");
+    }
+
+    /// With `tiled_rows`, `softmax` and `layer_norm` over rows of up to 128 bytes (16-bit
+    /// `softmax` rows of up to 256 values) whose length in bytes 16 does not divide read and
+    /// write a block's run of rows through shared memory: every access 16 bytes, a block of 256
+    /// threads a tile, a tile's rows as many as the block's threads over a row's. Other rows,
+    /// and every row without the variant, are read in place.
+    #[test]
+    fn short_rows_of_odd_lengths_are_read_and_written_as_tiles() {
+        let tiled = KernelVariants::default();
+        let in_place = KernelVariants { tiled_rows: false, ..tiled };
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for cols in [1, 3, 9, 33, 100, 150, 255, 256, 257, 1001] {
+                let (odd, bytes) = (!(cols * dtype.size_bytes()).is_multiple_of(16), cols * dtype.size_bytes());
+                for layer_norm in [false, true] {
+                    let rows = 1000;
+                    let what = format!("{dtype} [{rows}, {cols}], layer_norm: {layer_norm}");
+                    let kernel = row_op_with(layer_norm, dtype, [rows, cols], HOPPER_BLOCK, tiled);
+                    let src = &kernel.source.source;
+                    let id = if layer_norm { prims::LAYER_NORM } else { prims::SOFTMAX };
+                    let tiles = RowTiles::for_rows(id, rows, cols, dtype, dtype);
+                    let short = bytes <= 128 || (!layer_norm && dtype != DType::F32 && cols <= 256);
+                    assert_eq!(tiles.is_some(), odd && short, "{what}");
+                    assert_eq!(src.contains("tile_in["), tiles.is_some(), "{what}\n{src}");
+                    if let Some(tiles) = tiles {
+                        let t = tiles.threads_per_row;
+                        assert!(
+                            t.is_power_of_two() && tiles.per_thread <= 16 && tiles.per_thread * t >= cols,
+                            "{what}"
+                        );
+                        assert_eq!((kernel.layout.block, tiles.rows_per_tile), (256, 256 / t), "{what}");
+                        assert_eq!(kernel.blocks as usize, rows.div_ceil(256 / t), "{what}");
+                        // Every access of the tensor 16 bytes, but those of a tile's ends.
+                        assert!(src.contains("reinterpret_cast<const uint4*>(in0 + at)"), "{what}\n{src}");
+                        assert!(src.contains("reinterpret_cast<uint4*>(out0 + at)"), "{what}\n{src}");
+                        super::super::compiles_with_nvrtc(src);
+                    }
+                    let kernel = row_op_with(layer_norm, dtype, [rows, cols], HOPPER_BLOCK, in_place);
+                    assert!(!kernel.source.source.contains("tile_in["), "{what}, without the variant");
+                }
+            }
+        }
+        // A bf16 row written as f32 (`layer_norm` with f32 weight and bias): odd in either.
+        let mixed = layer_norm_for(DType::BF16, DType::F32, [7001, 33], 2, HOPPER);
+        assert!(mixed.source.source.contains("tile_in["), "{}", mixed.source.source);
+        super::super::compiles_with_nvrtc(&mixed.source.source);
+        // No rows, or rows too long for a tile's threads.
+        let softmax = prims::SOFTMAX;
+        assert_eq!(RowTiles::for_rows(softmax, 0, 33, DType::BF16, DType::BF16), None);
+        assert_eq!(RowTiles::for_rows(softmax, 10, 0, DType::BF16, DType::BF16), None);
+        assert_eq!(RowTiles::for_rows(softmax, 10, 257, DType::BF16, DType::BF16), None);
     }
 
     #[test]

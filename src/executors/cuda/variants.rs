@@ -5,7 +5,8 @@
 //! are (2026-12-05, the H200's sweep), `keep_in_l2` (2026-12-05, an H100, with GPT-2's
 //! steps), `batched_rows` (the same H100's sweep), `async_row_copies` (the H200 and an H100,
 //! 2026-12-05 and 2026-12-06), `split_rows` (an H100, 2026-12-06, over 141 cases of few long
-//! rows) and `split_reductions` (an H100, 2026-12-06, over 66 cases of few long rows);
+//! rows), `split_reductions` (an H100, 2026-12-06, over 66 cases of few long rows) and
+//! `tiled_rows` (an H100, 2026-12-06, over 44 cases of short rows of odd lengths);
 //! `int32_row_columns` is not. Their options stay so that the comparison can be run
 //! again, and so do those of the variants on by default, to time the kernels without them. A
 //! plan whose kernels differ from the defaults lists its variants in its header. Both
@@ -33,7 +34,7 @@ use crate::options::{Audience, OptionSpec, OptionType, OptionValue, Options};
 
 /// Which variant of each generated kernel to emit. [`Default`] gives the fastest measured
 /// (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`, `async_row_copies`,
-/// `split_rows` and `split_reductions`);
+/// `split_rows`, `split_reductions` and `tiled_rows`);
 /// [`KernelVariants::NONE`], the kernels before any variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KernelVariants {
@@ -211,6 +212,24 @@ pub struct KernelVariants {
     /// 262,144, so such rows are split only from 256 KB a row and only up to half as many as
     /// SMs: `f32` [64, 65536] (256 KB a row) is split, at 0.97x, and [40, 65536] at 1.14x.
     pub split_reductions: bool,
+    /// `softmax` and `layer_norm` over short rows whose length in bytes 16 does not divide (in
+    /// their input or their result): rows of up to 128 bytes (f32 rows of up to 32 values,
+    /// 16-bit ones of up to 64), and 16-bit `softmax` rows of up to 256 values. A block of 256
+    /// threads copies a run of whole rows into shared memory with 16-byte accesses aligned to
+    /// the tensor, every one of them whole but the run's first and last, runs each row from
+    /// there (1 to 16 threads a row, up to 16 values a thread), and writes the run back the
+    /// same way. Without it such a row is read in place, with accesses aligned to the tensor of
+    /// which the two it shares with the rows beside it are made a value at a time, by a power
+    /// of two of threads that its accesses may not fill (a bf16 row of 33 values: 5 accesses,
+    /// 2 of them shared, 8 threads).
+    ///
+    /// On by default: on an H100 (2026-12-06, `gpu_sweep f32,bf16,f16 softmax,layer_norm
+    /// --variant=tiled_rows` over rows of 3 to 255 values, 2^20 to 2^25 values in all, plans on
+    /// the same inputs), the 44 cases it now takes ran 1.03x to 3.97x the kernels without it,
+    /// median 1.36x (rows of 5: 3.8-4.0x in 16 bits; bf16 `softmax` [131072, 33] 37% -> 54% of
+    /// a copy's speed). Over longer rows it ran 0.74x to 1.12x in f32 and 0.78x to 1.22x for
+    /// 16-bit `layer_norm`, so those are read in place (`row_tiles`).
+    pub tiled_rows: bool,
 }
 
 impl Default for KernelVariants {
@@ -226,6 +245,7 @@ impl Default for KernelVariants {
             async_row_copies: true,
             split_rows: true,
             split_reductions: true,
+            tiled_rows: true,
         }
     }
 }
@@ -296,6 +316,14 @@ pub const CUDA_OPTIONS: &[OptionSpec] = &[
         audience: Audience::Developer,
         env: None,
     },
+    OptionSpec {
+        name: "cuda.tiled_rows",
+        ty: OptionType::Bool,
+        default: OptionValue::Bool(true),
+        doc: "softmax and layer_norm over short rows whose length in bytes 16 does not divide (up to 128 bytes; 16-bit softmax rows up to 256 values) read and write a block's run of rows through shared memory, 16 bytes an access (KernelVariants::tiled_rows).",
+        audience: Audience::Developer,
+        env: None,
+    },
 ];
 
 impl KernelVariants {
@@ -309,6 +337,7 @@ impl KernelVariants {
         async_row_copies: false,
         split_rows: false,
         split_reductions: false,
+        tiled_rows: false,
     };
 
     /// Every variant on.
@@ -321,10 +350,11 @@ impl KernelVariants {
         async_row_copies: true,
         split_rows: true,
         split_reductions: true,
+        tiled_rows: true,
     };
 
     /// Each variant alone, with its name (its option's, past `cuda.`).
-    pub const EACH: [(&'static str, Self); 8] = [
+    pub const EACH: [(&'static str, Self); 9] = [
         ("fast_exp2", Self { fast_exp2: true, ..Self::NONE }),
         ("int32_row_columns", Self { int32_row_columns: true, ..Self::NONE }),
         ("streaming_rows", Self { streaming_rows: true, ..Self::NONE }),
@@ -333,6 +363,7 @@ impl KernelVariants {
         ("async_row_copies", Self { async_row_copies: true, ..Self::NONE }),
         ("split_rows", Self { split_rows: true, ..Self::NONE }),
         ("split_reductions", Self { split_reductions: true, ..Self::NONE }),
+        ("tiled_rows", Self { tiled_rows: true, ..Self::NONE }),
     ];
 
     /// These variants with the one named `name` (as in [`EACH`](Self::EACH)) flipped, or
@@ -356,6 +387,7 @@ impl KernelVariants {
             async_row_copies: self.async_row_copies != one.async_row_copies,
             split_rows: self.split_rows != one.split_rows,
             split_reductions: self.split_reductions != one.split_reductions,
+            tiled_rows: self.tiled_rows != one.tiled_rows,
         })
     }
 
@@ -382,6 +414,7 @@ impl KernelVariants {
             async_row_copies: options.bool("cuda.async_row_copies")?,
             split_rows: options.bool("cuda.split_rows")?,
             split_reductions: options.bool("cuda.split_reductions")?,
+            tiled_rows: options.bool("cuda.tiled_rows")?,
         })
     }
 
@@ -397,6 +430,7 @@ impl KernelVariants {
             ("cuda.async_row_copies", OptionValue::Bool(self.async_row_copies)),
             ("cuda.split_rows", OptionValue::Bool(self.split_rows)),
             ("cuda.split_reductions", OptionValue::Bool(self.split_reductions)),
+            ("cuda.tiled_rows", OptionValue::Bool(self.tiled_rows)),
         ]
     }
 }
@@ -405,8 +439,8 @@ impl KernelVariants {
 ///
 /// ```
 /// use boundscope::executors::cuda::KernelVariants;
-/// let [(_, a), (_, b), (_, c), (_, d), (_, e), (_, f), (_, g), (_, h)] = KernelVariants::EACH;
-/// assert_eq!(a | b | c | d | e | f | g | h, KernelVariants::ALL);
+/// let [(_, a), (_, b), (_, c), (_, d), (_, e), (_, f), (_, g), (_, h), (_, i)] = KernelVariants::EACH;
+/// assert_eq!(a | b | c | d | e | f | g | h | i, KernelVariants::ALL);
 /// ```
 impl std::ops::BitOr for KernelVariants {
     type Output = Self;
@@ -420,6 +454,7 @@ impl std::ops::BitOr for KernelVariants {
             async_row_copies: self.async_row_copies || other.async_row_copies,
             split_rows: self.split_rows || other.split_rows,
             split_reductions: self.split_reductions || other.split_reductions,
+            tiled_rows: self.tiled_rows || other.tiled_rows,
         }
     }
 }

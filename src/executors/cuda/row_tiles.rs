@@ -1,0 +1,273 @@
+//! Short rows of odd lengths read and written as tiles ([`KernelVariants::tiled_rows`]): a
+//! block copies a run of whole rows, contiguous in memory, into shared memory with 16-byte
+//! accesses aligned to the tensor, runs each row from there, and writes the run back the same
+//! way.
+//!
+//! A row kernel that reads its rows in place ([`row_kernels`](super::row_kernels)) reads a row
+//! whose length 16 bytes do not divide with accesses aligned to the tensor, and makes the two
+//! accesses it shares with the rows beside it a value at a time. Over short rows those are most
+//! of its accesses (a bf16 row of 33 values takes five accesses, two of them shared; one of 9
+//! takes two, both shared), and a row's threads are a power of two, 8 for 5 accesses: on an
+//! H100, `softmax` over bf16 [131072, 33] ran at 37% of a copy's speed and [262144, 9] at 43%.
+//! A tile makes every access of its run but the first and the last whole, from every thread of
+//! the block, whatever the row's length; the rows' values move between shared memory and
+//! registers a value at a time, where accesses need no alignment.
+
+use std::fmt::Write as _;
+
+use super::codegen::{element_type, literal, maximum, narrow, widen, RegionSource, RegionTarget};
+use super::row_kernels::{row_reduce, Caching, RowLayout, RowOp, RowSource};
+use super::KernelVariants;
+use crate::core::ir::{prims, DType, SymbolId};
+use crate::core::plan::{packing, OpView};
+
+/// Threads of a tiled row kernel's block.
+const TILE_THREADS: usize = 256;
+
+/// Values of a row a thread keeps in registers, at most.
+const TILE_VALUES: usize = 16;
+
+/// Rows of up to this many bytes (in their input's dtype) are read as tiles: f32 rows of up to
+/// 32 values, 16-bit ones of up to 64. Measured on an H100 (2026-12-06, `gpu_sweep f32,bf16,f16
+/// softmax,layer_norm --variant=tiled_rows`, tiles against rows read in place on the same
+/// inputs): rows of 3 to 9 values 1.23x to 3.97x in every dtype, 16-bit rows of 33 1.05x to
+/// 1.49x; longer f32 rows 0.74x to 1.12x (0.92-1.12x over 33 values, 0.74-0.85x over 65 to
+/// 255) and 16-bit `layer_norm` rows 0.78x to 1.22x, which keep their kernels.
+const TILE_ROW_BYTES: usize = 128;
+
+/// 16-bit `softmax` rows of up to this many values are read as tiles whatever their bytes:
+/// 1.03x to 1.34x over rows of 65 to 255 values on the same H100 (a row takes up to 16
+/// threads).
+const TILE_MAX_COLS: usize = 256;
+
+/// How a tiled row kernel lays out its rows: `threads_per_row` threads a row, each keeping up to
+/// [`TILE_VALUES`] of its values (`per_thread`), and a tile of `rows_per_tile` rows a block (all
+/// [`TILE_THREADS`] threads of it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct RowTiles {
+    pub rows: usize,
+    pub cols: usize,
+    pub threads_per_row: usize,
+    pub per_thread: usize,
+    pub rows_per_tile: usize,
+}
+
+impl RowTiles {
+    /// The tiles for `softmax` or `layer_norm` (`id`) over `rows` rows of `cols` values, read as
+    /// `input` and written as `output`, where they apply: rows whose length in bytes 16 does not
+    /// divide, in the input or in the output (rows that it divides are read whole by the kernels
+    /// that read them in place, 16 bytes an access), of up to [`TILE_ROW_BYTES`] (16-bit
+    /// `softmax` rows up to [`TILE_MAX_COLS`] values).
+    pub fn for_rows(id: SymbolId, rows: usize, cols: usize, input: DType, output: DType) -> Option<Self> {
+        let odd = [input, output].iter().any(|d| !(cols * d.size_bytes()).is_multiple_of(16));
+        let short = cols * input.size_bytes() <= TILE_ROW_BYTES
+            || (id == prims::SOFTMAX && packing::is_packed(input) && cols <= TILE_MAX_COLS);
+        if rows == 0 || cols == 0 || !short || !odd {
+            return None;
+        }
+        let threads_per_row = cols.div_ceil(TILE_VALUES).next_power_of_two();
+        let rows_per_tile = TILE_THREADS / threads_per_row;
+        Some(Self { rows, cols, threads_per_row, per_thread: cols.div_ceil(threads_per_row), rows_per_tile })
+    }
+
+    /// Values a tile holds.
+    pub fn tile_values(&self) -> usize {
+        self.rows_per_tile * self.cols
+    }
+
+    /// Tiles over all the rows.
+    pub fn tiles(&self) -> usize {
+        self.rows.div_ceil(self.rows_per_tile)
+    }
+
+    /// The C of the kernel `kernel` for `op` (`softmax` or `layer_norm`, as `row` reads it) over
+    /// these tiles, and its launch: one block a tile, up to CUDA's grid limit (each block loops
+    /// over further tiles past it).
+    pub fn source(
+        &self,
+        row: RowOp,
+        op: &OpView<'_>,
+        kernel: &str,
+        target: RegionTarget,
+        variants: KernelVariants,
+    ) -> Result<RowSource, String> {
+        let RowOp { id, rows, cols, dtypes, out_dtype, mut params, input_lengths } = row;
+        let (g, k, r) = (self.threads_per_row, self.per_thread, self.rows_per_tile);
+        let (tile, numel) = (self.tile_values(), rows * cols);
+        let (input, tensors) = (dtypes[0], dtypes.len());
+        // 16 bytes an access, read and written.
+        let (vi, vo) = (16 / input.size_bytes(), 16 / out_dtype.size_bytes());
+        params.push(format!("{}* __restrict__ out0", element_type(out_dtype)));
+        params.push("long long n".into());
+        let caching = if variants.streaming_rows {
+            let read = super::codegen::total_words(input_lengths.iter().copied());
+            super::codegen::whole_tensors(variants, read, packing::words(out_dtype, numel), target.l2_bytes)
+        } else {
+            Caching::Kept
+        };
+
+        let mut c = String::new();
+        let _ = writeln!(c, "// Generated by boundscope for `{}` over rows of {cols}: {self:?}.", op.name());
+        c.push_str(&RowOp::preamble(id, &dtypes, out_dtype, false, variants.fast_exp2));
+        let _ = writeln!(
+            c,
+            "extern \"C\" __global__ void __launch_bounds__({TILE_THREADS}) {kernel}({}) {{",
+            params.join(", ")
+        );
+        // A tile's values sit at `pad` past the start of its arrays, `pad` being its first
+        // value's offset from a multiple of 8 values: an access aligned to the tensor (4 or 8
+        // values) is then aligned in shared memory too. The arrays hold the accesses of the
+        // rows beside the tile's that its first and last accesses share with it.
+        let held = tile + 16;
+        let (in_ty, out_ty) = (element_type(input), element_type(out_dtype));
+        let _ = writeln!(c, "  __shared__ __align__(16) {in_ty} tile_in[{held}];");
+        let _ = writeln!(c, "  __shared__ __align__(16) {out_ty} tile_out[{held}];");
+        // `layer_norm`'s weight and bias, widened once a block.
+        for (k, &dtype) in dtypes.iter().enumerate().skip(1) {
+            let _ = writeln!(c, "  __shared__ float operand{k}[{cols}];");
+            let _ = writeln!(
+                c,
+                "  for (int c = threadIdx.x; c < {cols}; c += {TILE_THREADS}) operand{k}[c] = {};",
+                widen(dtype, &format!("in{k}[c]"))
+            );
+        }
+        if tensors > 1 {
+            c.push_str("  __syncthreads();\n");
+        }
+        let _ = writeln!(c, "  const int lane = threadIdx.x % {g};");
+        let _ = writeln!(c, "  const int slot = threadIdx.x / {g};");
+        // The tile's accesses, from the one that holds its first value: whole where they lie in
+        // the tensor (the last may not), read by the block's threads in turn.
+        let loads = (tile + 2 * vi).div_ceil(vi).div_ceil(TILE_THREADS);
+        let load = |c: &mut String, t: &str, dst: &str, whole: &dyn Fn(&str) -> String| {
+            let _ = writeln!(c, "    {{ const long long base = {t} * {tile}ll;");
+            let _ = writeln!(c, "    const long long end = base + {tile}ll < {numel}ll ? base + {tile}ll : {numel}ll;");
+            let _ = writeln!(c, "    const int pad = (int)(base % 8);");
+            let _ = writeln!(c, "    const long long from = base - base % {vi};");
+            let _ = writeln!(c, "    #pragma unroll");
+            let _ = writeln!(c, "    for (int u = 0; u < {loads}; ++u) {{");
+            let _ =
+                writeln!(c, "      const long long at = from + (long long)(threadIdx.x + u * {TILE_THREADS}) * {vi};");
+            let _ = writeln!(c, "      const int i = (int)(at - base) + pad;");
+            let _ = writeln!(c, "      if (at + {vi} <= {numel}ll) {{ if (at < end) {} }}", whole(dst));
+            let _ = writeln!(c, "      else if (at < end) for (int e = 0; e < {vi}; ++e) if (at + e < {numel}ll) {dst}[i + e] = in0[at + e];");
+            let _ = writeln!(c, "    }} }}");
+        };
+        let copy = |dst: &str| format!("*reinterpret_cast<uint4*>({dst} + i) = {};", caching.read("uint4", "in0 + at"));
+        let _ = writeln!(c, "  for (long long t = blockIdx.x; t < {}ll; t += gridDim.x) {{", self.tiles());
+        load(&mut c, "t", "tile_in", &copy);
+        let _ = writeln!(c, "    const long long base = t * {tile}ll;");
+        let _ = writeln!(c, "    const long long end = base + {tile}ll < {numel}ll ? base + {tile}ll : {numel}ll;");
+        let _ = writeln!(c, "    const int pad = (int)(base % 8);");
+        c.push_str("    __syncthreads();\n");
+        // The rows: value `j` of a thread at column `lane + j * g`, in the row for every `j` but
+        // the last.
+        let _ = writeln!(c, "    {{ const bool valid = t * {r}ll + slot < {rows}ll;");
+        let _ = writeln!(c, "    const int first = pad + slot * {cols};");
+        let in_row =
+            |j: usize| if j + 1 < k { "valid".to_string() } else { format!("valid && lane + {} < {cols}", j * g) };
+        let neutral = if id == prims::SOFTMAX { "__int_as_float(0xff800000)" } else { "0.0f" };
+        let _ = writeln!(c, "    float x[{k}];");
+        for j in 0..k {
+            let at = format!("tile_in[first + lane + {}]", j * g);
+            let value = if packing::is_packed(input) { widen(input, &format!("(unsigned int){at}")) } else { at };
+            let _ = writeln!(c, "    x[{j}] = ({}) ? {value} : {neutral};", in_row(j));
+        }
+        let sum = |a: &str, b: &str| format!("{a} + {b}");
+        let max = |a: &str, b: &str| maximum(a, b);
+        // Each thread's result at value `j`, as C.
+        let result: Box<dyn Fn(usize) -> String> = if id == prims::SOFTMAX {
+            let _ = writeln!(c, "    float acc = __int_as_float(0xff800000);");
+            for j in 0..k {
+                let _ = writeln!(c, "    if ({}) acc = {};", in_row(j), maximum("acc", &format!("x[{j}]")));
+            }
+            row_reduce(&mut c, g, &max);
+            let _ = writeln!(c, "    const float m = acc;");
+            let _ = writeln!(c, "    acc = 0.0f;");
+            // The sum is of the results' exponentials, scaled or not: `1 / acc` divides the
+            // scale out (see `RowOp::scales_results`).
+            let exp = if RowOp::scales_results(out_dtype, variants.fast_exp2) { "bs_exp_out" } else { "bs_exp" };
+            for j in 0..k {
+                let _ = writeln!(c, "    if ({}) {{ x[{j}] = {exp}(x[{j}] - m); acc = acc + x[{j}]; }}", in_row(j));
+            }
+            row_reduce(&mut c, g, &sum);
+            let _ = writeln!(c, "    const float inv_z = 1.0f / acc;");
+            Box::new(|j| format!("x[{j}] * inv_z"))
+        } else {
+            let eps = op.scalar(1).map_err(|e| e.to_string())?;
+            let inverse = literal(1.0 / cols as f32);
+            let _ = writeln!(c, "    float acc = 0.0f;");
+            for j in 0..k {
+                let _ = writeln!(c, "    if ({}) acc = acc + x[{j}];", in_row(j));
+            }
+            row_reduce(&mut c, g, &sum);
+            let _ = writeln!(c, "    const float mean = acc * {inverse};");
+            let _ = writeln!(c, "    acc = 0.0f;");
+            for j in 0..k {
+                let _ = writeln!(c, "    if ({}) {{ const float d = x[{j}] - mean; acc = acc + d * d; }}", in_row(j));
+            }
+            row_reduce(&mut c, g, &sum);
+            let _ = writeln!(c, "    const float variance = acc * {inverse};");
+            let _ = writeln!(c, "    const float inv_std = expf(logf(variance + {}) * -0.5f);", literal(eps));
+            Box::new(move |j| {
+                let mut y = format!("(x[{j}] - mean) * inv_std");
+                for (o, combine) in (1..tensors).zip(["*", "+"]) {
+                    y = format!("({y}) {combine} operand{o}[lane + {}]", j * g);
+                }
+                y
+            })
+        };
+        for j in 0..k {
+            let _ = writeln!(
+                c,
+                "    if ({}) tile_out[first + lane + {}] = {};",
+                in_row(j),
+                j * g,
+                narrow(out_dtype, &result(j))
+            );
+        }
+        c.push_str("    }\n    __syncthreads();\n");
+        // The tile's results, the accesses that lie in it whole with one store each; the two it
+        // shares with the tiles beside it (or the tensor's end) a value at a time.
+        let stores = (tile + 2 * vo).div_ceil(vo).div_ceil(TILE_THREADS);
+        let _ = writeln!(c, "    {{ const long long from = base - base % {vo};");
+        let _ = writeln!(c, "    #pragma unroll");
+        let _ = writeln!(c, "    for (int u = 0; u < {stores}; ++u) {{");
+        let _ = writeln!(c, "      const long long at = from + (long long)(threadIdx.x + u * {TILE_THREADS}) * {vo};");
+        let _ = writeln!(c, "      const int i = (int)(at - base) + pad;");
+        let _ = writeln!(
+            c,
+            "      if (at >= base && at + {vo} <= end) {}",
+            caching.write("uint4", "out0 + at", "*reinterpret_cast<const uint4*>(tile_out + i)")
+        );
+        let _ = writeln!(c, "      else if (at < end) for (int e = 0; e < {vo}; ++e) if (at + e >= base && at + e < end) out0[at + e] = tile_out[i + e];");
+        let _ = writeln!(c, "    }} }}");
+        // The next tile's loads wait for this one's stores.
+        c.push_str("    __syncthreads();\n  }\n}\n");
+
+        let blocks = self.tiles().clamp(1, i32::MAX as usize) as u32;
+        let layout = RowLayout {
+            threads_per_row: g,
+            vector: vi,
+            per_thread: Some(k),
+            in_registers: k,
+            block: TILE_THREADS,
+            aligned: true,
+            shared_value_bytes: input.size_bytes(),
+        };
+        let source = RegionSource {
+            kernel: kernel.to_string(),
+            source: c,
+            inputs: tensors,
+            outputs: 1,
+            numel,
+            vectorized: true,
+            threads: blocks as usize * TILE_THREADS,
+            input_lengths,
+            output_lengths: vec![packing::words(out_dtype, numel)],
+            in_place: Vec::new(),
+            cluster: 1,
+        };
+        Ok(RowSource { source, layout, blocks, shared_bytes: 0 })
+    }
+}

@@ -1637,7 +1637,8 @@ fn row_ops_match_the_reference_at_every_row_length() {
         // memory, more than its blocks run at once on an H100 or H200 (132 SMs x 4 blocks: 8,448
         // rows of 257, 16 a block; 4,224 of 1,001, 8 a block), so that each block runs several.
         // And short rows of odd lengths over many tiles (`KernelVariants::tiled_rows`: a block
-        // reads a run of rows whole), the last one short, tiles starting at every alignment.
+        // reads a run of rows whole), the last one short, tensors whose last 16 bytes are
+        // partial (rows of 33 are tiled in 16 bits, rows of 100 to 255 in 16-bit `softmax`).
         let tiled = [(70001, 1), (9001, 7), (3001, 9), (2049, 33), (515, 100), (259, 150), (131, 255)];
         for (rows, cols) in shapes.chain([(100, 65537), (333, 50257), (9000, 257), (5000, 1001)]).chain(tiled) {
             for layer_norm in [false, true] {
@@ -1730,7 +1731,8 @@ fn layer_norm_with_its_weight_and_bias_staged_matches_the_reference() {
     let dtypes =
         [(DType::F32, DType::F32), (DType::BF16, DType::BF16), (DType::F16, DType::F16), (DType::BF16, DType::F32)];
     for (dtype, weight_dtype) in dtypes {
-        // (Rows of 33 and 100: read as tiles, `KernelVariants::tiled_rows`.)
+        // (Rows of 33: read as tiles, `KernelVariants::tiled_rows`, the f32 results of bf16
+        // rows too.)
         for (rows, cols) in
             [(3, 1001), (5000, 1001), (9000, 257), (20000, 513), (41, 4097), (64, 1024), (7001, 33), (3000, 100)]
         {

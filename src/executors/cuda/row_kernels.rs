@@ -1702,8 +1702,9 @@ mod tests {
 
     /// The defaults are the variants measured faster, together: one-instruction `exp2`, the
     /// streaming hints (dropped where the tensors fit in three quarters of L2, their inputs in
-    /// half), batched rows, asynchronous copies to shared memory and few streamed rows split
-    /// over clusters, in one kernel, which compiles; 32-bit columns stay off.
+    /// half), batched rows, asynchronous copies to shared memory, few streamed rows split over
+    /// clusters and short rows read as tiles, in one kernel, which compiles; 32-bit columns stay
+    /// off.
     #[test]
     fn the_default_kernels_take_the_variants_measured_faster() {
         let defaults = KernelVariants::default();
@@ -2467,7 +2468,22 @@ mod tests {
         assert!(mixed.source.source.contains("tile_in["), "{}", mixed.source.source);
         super::super::compiles_with_nvrtc(&mixed.source.source);
         // No rows, or rows too long for a tile's threads.
-        let softmax = prims::SOFTMAX;
+        // The rule, case by case.
+        let (softmax, layer_norm) = (prims::SOFTMAX, prims::LAYER_NORM);
+        for (id, dtype, cols, expected) in [
+            (softmax, DType::F32, 9, true),
+            (layer_norm, DType::F32, 31, true),
+            (softmax, DType::F32, 32, false), // 128 bytes: 16 divides them
+            (softmax, DType::F32, 33, false), // 132 bytes
+            (layer_norm, DType::BF16, 33, true),
+            (layer_norm, DType::BF16, 100, false),
+            (softmax, DType::BF16, 100, true),
+            (softmax, DType::F16, 255, true),
+            (softmax, DType::F16, 256, false), // 512 bytes
+        ] {
+            let tiles = RowTiles::for_rows(id, 4096, cols, dtype, dtype);
+            assert_eq!(tiles.is_some(), expected, "{dtype} rows of {cols}, {id:?}");
+        }
         assert_eq!(RowTiles::for_rows(softmax, 0, 33, DType::BF16, DType::BF16), None);
         assert_eq!(RowTiles::for_rows(softmax, 10, 0, DType::BF16, DType::BF16), None);
         assert_eq!(RowTiles::for_rows(softmax, 10, 257, DType::BF16, DType::BF16), None);

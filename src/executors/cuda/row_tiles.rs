@@ -9,8 +9,9 @@
 //! of its accesses (a bf16 row of 33 values takes five accesses, two of them shared; one of 9
 //! takes two, both shared), and a row's threads are a power of two, 8 for 5 accesses: on an
 //! H100, `softmax` over bf16 [131072, 33] ran at 37% of a copy's speed and [262144, 9] at 43%.
-//! A tile makes every access of its run but the first and the last whole, from every thread of
-//! the block, whatever the row's length; the rows' values move between shared memory and
+//! A tile holds 16 to 256 rows, so it starts on a multiple of 16 values: every access of its run
+//! is whole (but the tensor's last, where 16 bytes do not divide the tensor), from every thread
+//! of the block, whatever the row's length; the rows' values move between shared memory and
 //! registers a value at a time, where accesses need no alignment.
 
 use std::fmt::Write as _;
@@ -32,7 +33,8 @@ const TILE_VALUES: usize = 16;
 /// softmax,layer_norm --variant=tiled_rows`, tiles against rows read in place on the same
 /// inputs): rows of 3 to 9 values 1.23x to 3.97x in every dtype, 16-bit rows of 33 1.05x to
 /// 1.49x; longer f32 rows 0.74x to 1.12x (0.92-1.12x over 33 values, 0.74-0.85x over 65 to
-/// 255) and 16-bit `layer_norm` rows 0.78x to 1.22x, which keep their kernels.
+/// 255) and 16-bit `layer_norm` rows of 65 to 255 values 0.78x to 1.22x, which keep their
+/// kernels.
 const TILE_ROW_BYTES: usize = 128;
 
 /// 16-bit `softmax` rows of up to this many values are read as tiles whatever their bytes:
@@ -116,8 +118,10 @@ impl RowTiles {
         );
         // A tile's values sit at `pad` past the start of its arrays, `pad` being its first
         // value's offset from a multiple of 8 values: an access aligned to the tensor (4 or 8
-        // values) is then aligned in shared memory too. The arrays hold the accesses of the
-        // rows beside the tile's that its first and last accesses share with it.
+        // values) is then aligned in shared memory too, and the arrays hold the accesses a tile
+        // would share with the tiles beside it. (The tiles `for_rows` makes start on a multiple
+        // of 16 values, so `pad` is 0 and none is shared; the code keeps the general case, so
+        // that other tile sizes stay correct.)
         let held = tile + 16;
         let (in_ty, out_ty) = (element_type(input), element_type(out_dtype));
         let _ = writeln!(c, "  __shared__ __align__(16) {in_ty} tile_in[{held}];");
@@ -227,8 +231,8 @@ impl RowTiles {
             );
         }
         c.push_str("    }\n    __syncthreads();\n");
-        // The tile's results, the accesses that lie in it whole with one store each; the two it
-        // shares with the tiles beside it (or the tensor's end) a value at a time.
+        // The tile's results, the accesses that lie in it whole with one store each; one it
+        // shares with the tensor's end (or with a tile beside it, see `pad`) a value at a time.
         let stores = (tile + 2 * vo).div_ceil(vo).div_ceil(TILE_THREADS);
         let _ = writeln!(c, "    {{ const long long from = base - base % {vo};");
         let _ = writeln!(c, "    #pragma unroll");
@@ -242,7 +246,8 @@ impl RowTiles {
         );
         let _ = writeln!(c, "      else if (at < end) for (int e = 0; e < {vo}; ++e) if (at + e >= base && at + e < end) out0[at + e] = tile_out[i + e];");
         let _ = writeln!(c, "    }} }}");
-        // The next tile's loads wait for this one's stores.
+        // (The next tile's loads write `tile_in`, read before the barrier above, and its results
+        // `tile_out` after its own first barrier: this one is not needed, and stays as timed.)
         c.push_str("    __syncthreads();\n  }\n}\n");
 
         let blocks = self.tiles().clamp(1, i32::MAX as usize) as u32;

@@ -216,7 +216,7 @@ pub struct KernelVariants {
     /// their input or their result): rows of up to 128 bytes (f32 rows of up to 32 values,
     /// 16-bit ones of up to 64), and 16-bit `softmax` rows of up to 256 values. A block of 256
     /// threads copies a run of whole rows into shared memory with 16-byte accesses aligned to
-    /// the tensor, every one of them whole but the run's first and last, runs each row from
+    /// the tensor, every one of them whole (but the tensor's last), runs each row from
     /// there (1 to 16 threads a row, up to 16 values a thread), and writes the run back the
     /// same way. Without it such a row is read in place, with accesses aligned to the tensor of
     /// which the two it shares with the rows beside it are made a value at a time, by a power
@@ -228,13 +228,15 @@ pub struct KernelVariants {
     /// the same inputs), the 44 cases it now takes ran 1.03x to 3.97x the kernels without it,
     /// median 1.36x (rows of 5: 3.8-4.0x in 16 bits; bf16 `softmax` [131072, 33] 37% -> 54% of
     /// a copy's speed). Over longer rows it ran 0.74x to 1.12x in f32 and 0.78x to 1.22x for
-    /// 16-bit `layer_norm`, so those are read in place (`row_tiles`).
+    /// 16-bit `layer_norm` (rows of 65 to 255 values), so those are read in place
+    /// (`row_tiles`). The 128 bytes are the input's: a bf16 row written as f32 (`layer_norm`
+    /// with f32 weight and bias) takes up to 256 bytes in its result.
     pub tiled_rows: bool,
 }
 
 impl Default for KernelVariants {
     /// The variants measured faster: `fast_exp2`, `streaming_rows`, `keep_in_l2`,
-    /// `batched_rows`, `async_row_copies`, `split_rows` and `split_reductions`.
+    /// `batched_rows`, `async_row_copies`, `split_rows`, `split_reductions` and `tiled_rows`.
     fn default() -> Self {
         Self {
             fast_exp2: true,

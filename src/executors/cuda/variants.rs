@@ -224,7 +224,7 @@ pub struct KernelVariants {
     /// 2 of them shared, 8 threads).
     ///
     /// On by default: on an H100 (2026-12-06, `gpu_sweep f32,bf16,f16 softmax,layer_norm
-    /// --variant=tiled_rows` over rows of 3 to 255 values, 2^20 to 2^25 values in all, plans on
+    /// --variant=tiled_rows` over rows of 3 to 255 values, 2^21 to 2^26 values in all, plans on
     /// the same inputs), the 44 cases it now takes ran 1.03x to 3.97x the kernels without it,
     /// median 1.36x (rows of 5: 3.8-4.0x in 16 bits; bf16 `softmax` [131072, 33] 37% -> 54% of
     /// a copy's speed). Over longer rows it ran 0.74x to 1.12x in f32 and 0.78x to 1.22x for

@@ -140,29 +140,31 @@ impl RowTiles {
         }
         let _ = writeln!(c, "  const int lane = threadIdx.x % {g};");
         let _ = writeln!(c, "  const int slot = threadIdx.x / {g};");
-        // The tile's accesses, from the one that holds its first value: whole where they lie in
-        // the tensor (the last may not), read by the block's threads in turn.
-        let loads = (tile + 2 * vi).div_ceil(vi).div_ceil(TILE_THREADS);
-        let load = |c: &mut String, t: &str, dst: &str, whole: &dyn Fn(&str) -> String| {
-            let _ = writeln!(c, "    {{ const long long base = {t} * {tile}ll;");
-            let _ = writeln!(c, "    const long long end = base + {tile}ll < {numel}ll ? base + {tile}ll : {numel}ll;");
-            let _ = writeln!(c, "    const int pad = (int)(base % 8);");
-            let _ = writeln!(c, "    const long long from = base - base % {vi};");
+        // The block's threads take a tile's accesses of `v` values in turn, from the one that
+        // holds its first value (`at`, the access's first element; `i`, its place in the tile's
+        // arrays).
+        let accesses = |c: &mut String, v: usize| {
+            let count = (tile + 2 * v).div_ceil(v).div_ceil(TILE_THREADS);
+            let _ = writeln!(c, "    {{ const long long from = base - base % {v};");
             let _ = writeln!(c, "    #pragma unroll");
-            let _ = writeln!(c, "    for (int u = 0; u < {loads}; ++u) {{");
+            let _ = writeln!(c, "    for (int u = 0; u < {count}; ++u) {{");
             let _ =
-                writeln!(c, "      const long long at = from + (long long)(threadIdx.x + u * {TILE_THREADS}) * {vi};");
+                writeln!(c, "      const long long at = from + (long long)(threadIdx.x + u * {TILE_THREADS}) * {v};");
             let _ = writeln!(c, "      const int i = (int)(at - base) + pad;");
-            let _ = writeln!(c, "      if (at + {vi} <= {numel}ll) {{ if (at < end) {} }}", whole(dst));
-            let _ = writeln!(c, "      else if (at < end) for (int e = 0; e < {vi}; ++e) if (at + e < {numel}ll) {dst}[i + e] = in0[at + e];");
-            let _ = writeln!(c, "    }} }}");
         };
-        let copy = |dst: &str| format!("*reinterpret_cast<uint4*>({dst} + i) = {};", caching.read("uint4", "in0 + at"));
         let _ = writeln!(c, "  for (long long t = blockIdx.x; t < {}ll; t += gridDim.x) {{", self.tiles());
-        load(&mut c, "t", "tile_in", &copy);
         let _ = writeln!(c, "    const long long base = t * {tile}ll;");
         let _ = writeln!(c, "    const long long end = base + {tile}ll < {numel}ll ? base + {tile}ll : {numel}ll;");
         let _ = writeln!(c, "    const int pad = (int)(base % 8);");
+        // The tile's input: whole accesses where they lie in the tensor (its last may not).
+        accesses(&mut c, vi);
+        let _ = writeln!(
+            c,
+            "      if (at + {vi} <= {numel}ll) {{ if (at < end) *reinterpret_cast<uint4*>(tile_in + i) = {}; }}",
+            caching.read("uint4", "in0 + at")
+        );
+        let _ = writeln!(c, "      else if (at < end) for (int e = 0; e < {vi}; ++e) if (at + e < {numel}ll) tile_in[i + e] = in0[at + e];");
+        let _ = writeln!(c, "    }} }}");
         c.push_str("    __syncthreads();\n");
         // The rows: value `j` of a thread at column `lane + j * g`, in the row for every `j` but
         // the last.
@@ -233,12 +235,7 @@ impl RowTiles {
         c.push_str("    }\n    __syncthreads();\n");
         // The tile's results, the accesses that lie in it whole with one store each; one it
         // shares with the tensor's end (or with a tile beside it, see `pad`) a value at a time.
-        let stores = (tile + 2 * vo).div_ceil(vo).div_ceil(TILE_THREADS);
-        let _ = writeln!(c, "    {{ const long long from = base - base % {vo};");
-        let _ = writeln!(c, "    #pragma unroll");
-        let _ = writeln!(c, "    for (int u = 0; u < {stores}; ++u) {{");
-        let _ = writeln!(c, "      const long long at = from + (long long)(threadIdx.x + u * {TILE_THREADS}) * {vo};");
-        let _ = writeln!(c, "      const int i = (int)(at - base) + pad;");
+        accesses(&mut c, vo);
         let _ = writeln!(
             c,
             "      if (at >= base && at + {vo} <= end) {}",

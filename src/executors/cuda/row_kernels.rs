@@ -842,10 +842,10 @@ impl RowAccesses {
     }
 
     /// The C that reads `float p[vector]` of a `[cols]` operand `in{k}` of `dtype` at the
-    /// access's columns. `shift` is a C expression of `col % vector` for an access the row holds
-    /// whole (in `o_`'s terms where it is not a constant: `(int)(o_ % vector)`), which is the
-    /// same for every access of the row.
-    pub fn read_columns(&self, k: usize, dtype: DType, shift: &str) -> String {
+    /// access's columns. `shift` is `col % vector` for an access the row holds whole (the same
+    /// for every access of the row), where it is known when the kernel is generated; `None`
+    /// takes it at run time.
+    pub fn read_columns(&self, k: usize, dtype: DType, shift: Option<usize>) -> String {
         let (v, cols) = (self.vector, self.count());
         let per_value = format!(
             "for (int e = 0; e < {v}; ++e) {{ if ({}) {} else p[e] = 0.0f; }}",
@@ -859,7 +859,10 @@ impl RowAccesses {
             format!(
                 "if (col >= 0 && col + {v} <= {cols} && {}) {{ uint4 q; {}{} }}\n          else {per_value}",
                 shifted_within(v, "col", &cols),
-                load_shifted_by(dtype, v, &format!("in{k}"), "col", self.index(), "q", shift),
+                match shift {
+                    Some(s) => load_shifted_by(dtype, v, &format!("in{k}"), "col", self.index(), "q", &s.to_string()),
+                    None => load_shifted(dtype, v, &format!("in{k}"), "col", self.index(), "q"),
+                },
                 widen_raw(dtype, v, "q", "p")
             )
         } else if self.aligned {
@@ -1513,7 +1516,7 @@ pub(super) fn row_source(
             && !layout.in_registers_alone()
             && !two_blocks
             && dtypes[1..].iter().any(|d| v * d.size_bytes() == 16);
-        let last = |c: &mut String, shift: &str| {
+        let last = |c: &mut String, shift: Option<usize>| {
             let _ = writeln!(c, "{open}");
             let _ = writeln!(c, "      if (in_row) {{ float y[{v}];");
             let _ = writeln!(c, "        for (int e = 0; e < {v}; ++e) y[e] = (x[e] - mean) * inv_std;");
@@ -1535,12 +1538,12 @@ pub(super) fn row_source(
             let _ = writeln!(c, "    switch ((int)shift) {{");
             for s in 0..v {
                 let _ = writeln!(c, "    case {s}: {{");
-                last(&mut c, &((v - s) % v).to_string());
+                last(&mut c, Some((v - s) % v));
                 let _ = writeln!(c, "    }} break;");
             }
             let _ = writeln!(c, "    }}");
         } else {
-            last(&mut c, &format!("(int)(o_ % {v})"));
+            last(&mut c, None);
         }
     }
     let _ = writeln!(c, "  }}\n}}");

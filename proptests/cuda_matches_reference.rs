@@ -1653,8 +1653,22 @@ fn row_ops_match_the_reference_at_every_row_length(dtype: boundscope::DType) {
         // rows of 257, 16 a block; 4,224 of 1,001, 8 a block), so that each block runs several.
         // And short rows of odd lengths over many tiles (`KernelVariants::tiled_rows`: a block
         // reads a run of rows whole), the last one short, tensors whose last 16 bytes are
-        // partial (rows of 33 are tiled in 16 bits, rows of 100 to 255 in 16-bit `softmax`).
-        let tiled = [(70001, 1), (9001, 7), (3001, 9), (2049, 33), (515, 100), (259, 150), (131, 255)];
+        // partial (rows of 1 to 9 are tiled in every dtype, rows of 17 to 255 in 16 bits and 33
+        // in f32 are pipelined tiles, `KernelVariants::pipelined_tiles`). Pipelined, the last
+        // three run more tiles than their blocks (at most 4 an SM), so that each block copies
+        // the next tile while it runs one.
+        let tiled = [
+            (70001, 1),
+            (9001, 7),
+            (3001, 9),
+            (2049, 33),
+            (515, 100),
+            (259, 150),
+            (131, 255),
+            (70001, 33),
+            (40009, 100),
+            (35001, 255),
+        ];
         for (rows, cols) in shapes.chain([(100, 65537), (333, 50257), (9000, 257), (5000, 1001)]).chain(tiled) {
             for layer_norm in [false, true] {
                 fn build<'a>(
@@ -1746,8 +1760,8 @@ fn layer_norm_with_its_weight_and_bias_staged_matches_the_reference() {
     let dtypes =
         [(DType::F32, DType::F32), (DType::BF16, DType::BF16), (DType::F16, DType::F16), (DType::BF16, DType::F32)];
     for (dtype, weight_dtype) in dtypes {
-        // (Rows of 33: read as tiles, `KernelVariants::tiled_rows`, the f32 results of bf16
-        // rows too.)
+        // (Rows of 33 and 16-bit rows of 100: read as pipelined tiles,
+        // `KernelVariants::pipelined_tiles`, the f32 results of bf16 rows too.)
         for (rows, cols) in
             [(3, 1001), (5000, 1001), (9000, 257), (20000, 513), (41, 4097), (64, 1024), (7001, 33), (3000, 100)]
         {
@@ -1804,7 +1818,7 @@ fn softmax_results_below_the_normal_range_survive_in_bf16() {
     let fast_exp2 = KernelVariants { fast_exp2: true, ..KernelVariants::NONE };
     for variants in [KernelVariants::NONE, fast_exp2, KernelVariants::default(), KernelVariants::ALL] {
         let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()).with_variants(variants));
-        // ([300, 33]: read as tiles, `KernelVariants::tiled_rows`.)
+        // ([300, 33]: read as tiles, `KernelVariants::pipelined_tiles`.)
         for [rows, cols] in [[4, 1024], [3, 65536], [3, 50257], [2, 1 << 20], [2, 200003], [300, 33]] {
             let arena = Arena::new();
             let mut b = TraceBuilder::new(&arena, &registry);

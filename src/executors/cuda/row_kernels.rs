@@ -1056,10 +1056,8 @@ pub(super) fn row_source(
     let RowTarget { shared_limit, sm_shared, region: RegionTarget { l2_bytes, sms, clusters } } = target;
     let row = RowOp::of(op)?;
     // Short rows of odd lengths: a block's tile of them at a time (`row_tiles`).
-    if let Some(tiles) =
-        RowTiles::for_rows(row.id, row.rows, row.cols, row.dtypes[0], row.out_dtype).filter(|_| variants.tiled_rows)
-    {
-        return tiles.source(row, op, kernel, target.region, variants);
+    if let Some(tiles) = RowTiles::for_rows(row.id, row.rows, row.cols, row.dtypes[0], row.out_dtype, variants) {
+        return tiles.source(row, op, kernel, target, variants);
     }
     let RowOp { id, rows, cols, dtypes, out_dtype, mut params, input_lengths } = row;
     let numel = rows * cols;
@@ -1723,6 +1721,7 @@ mod tests {
                 split_rows: true,
                 split_reductions: true,
                 tiled_rows: true,
+                pipelined_tiles: true,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -2221,10 +2220,10 @@ mod tests {
 
     #[test]
     fn sixteen_bit_rows_of_odd_lengths_in_registers_are_kept_as_read_with_32_bit_columns() {
-        // (Rows of up to 256 values are read as tiles by default, `tiled_rows`: this test is of
-        // rows read in place.)
+        // (Rows of up to 256 values are read as tiles by default, `tiled_rows` and
+        // `pipelined_tiles`: this test is of rows read in place.)
         let generated = |dtype: DType, cols: usize, layer_norm: bool| {
-            let variants = KernelVariants { tiled_rows: false, ..KernelVariants::default() };
+            let variants = KernelVariants { tiled_rows: false, pipelined_tiles: false, ..KernelVariants::default() };
             row_op_with(layer_norm, dtype, [4, cols], HOPPER_BLOCK, variants)
         };
         for dtype in [DType::BF16, DType::F16] {
@@ -2433,7 +2432,7 @@ mod tests {
     /// and every row without the variant, are read in place.
     #[test]
     fn short_rows_of_odd_lengths_are_read_and_written_as_tiles() {
-        let tiled = KernelVariants::default();
+        let tiled = KernelVariants { pipelined_tiles: false, ..KernelVariants::default() };
         let in_place = KernelVariants { tiled_rows: false, ..tiled };
         for dtype in [DType::F32, DType::BF16, DType::F16] {
             for cols in [1, 3, 9, 33, 100, 150, 255, 256, 257, 1001] {
@@ -2444,7 +2443,7 @@ mod tests {
                     let kernel = row_op_with(layer_norm, dtype, [rows, cols], HOPPER_BLOCK, tiled);
                     let src = &kernel.source.source;
                     let id = if layer_norm { prims::LAYER_NORM } else { prims::SOFTMAX };
-                    let tiles = RowTiles::for_rows(id, rows, cols, dtype, dtype);
+                    let tiles = RowTiles::for_rows(id, rows, cols, dtype, dtype, tiled);
                     let short = bytes <= 128 || (!layer_norm && dtype != DType::F32 && cols <= 256);
                     assert_eq!(tiles.is_some(), odd && short, "{what}");
                     assert_eq!(src.contains("tile_in["), tiles.is_some(), "{what}\n{src}");
@@ -2470,26 +2469,82 @@ mod tests {
         let mixed = layer_norm_for(DType::BF16, DType::F32, [7001, 33], 2, HOPPER);
         assert!(mixed.source.source.contains("tile_in["), "{}", mixed.source.source);
         super::super::compiles_with_nvrtc(&mixed.source.source);
-        // No rows, or rows too long for a tile's threads.
-        // The rule, case by case.
+        // The rule, case by case: tiles without `pipelined_tiles`, and with it (the defaults),
+        // pipelined or not.
         let (softmax, layer_norm) = (prims::SOFTMAX, prims::LAYER_NORM);
-        for (id, dtype, cols, expected) in [
-            (softmax, DType::F32, 9, true),
-            (layer_norm, DType::F32, 31, true),
-            (softmax, DType::F32, 32, false), // 128 bytes: 16 divides them
-            (softmax, DType::F32, 33, false), // 132 bytes
-            (layer_norm, DType::BF16, 33, true),
-            (layer_norm, DType::BF16, 100, false),
-            (softmax, DType::BF16, 100, true),
-            (softmax, DType::F16, 255, true),
-            (softmax, DType::F16, 256, false), // 512 bytes
+        let defaults = KernelVariants::default();
+        for (id, dtype, cols, plain, by_default) in [
+            (softmax, DType::F32, 9, true, Some(false)),
+            (layer_norm, DType::F32, 31, true, Some(true)),
+            (softmax, DType::F32, 32, false, None), // 128 bytes: 16 divides them
+            (softmax, DType::F32, 33, false, Some(true)), // 132 bytes
+            (layer_norm, DType::F32, 63, false, Some(true)),
+            (layer_norm, DType::F32, 65, false, None),       // 260 bytes
+            (layer_norm, DType::BF16, 5, true, Some(false)), // one thread a row
+            (layer_norm, DType::BF16, 17, true, Some(true)),
+            (layer_norm, DType::BF16, 33, true, Some(true)),
+            (layer_norm, DType::BF16, 100, false, Some(true)),
+            (softmax, DType::BF16, 100, true, Some(true)),
+            (softmax, DType::F16, 255, true, Some(true)),
+            (softmax, DType::F16, 256, false, None), // 512 bytes
+            (layer_norm, DType::F16, 257, false, None),
         ] {
-            let tiles = RowTiles::for_rows(id, 4096, cols, dtype, dtype);
-            assert_eq!(tiles.is_some(), expected, "{dtype} rows of {cols}, {id:?}");
+            let what = format!("{dtype} rows of {cols}, {id:?}");
+            assert_eq!(RowTiles::for_rows(id, 4096, cols, dtype, dtype, tiled).is_some(), plain, "{what}");
+            let pipelined = RowTiles::for_rows(id, 4096, cols, dtype, dtype, defaults).map(|t| t.pipelined);
+            assert_eq!(pipelined, by_default, "{what}");
         }
-        assert_eq!(RowTiles::for_rows(softmax, 0, 33, DType::BF16, DType::BF16), None);
-        assert_eq!(RowTiles::for_rows(softmax, 10, 0, DType::BF16, DType::BF16), None);
-        assert_eq!(RowTiles::for_rows(softmax, 10, 257, DType::BF16, DType::BF16), None);
+        // No rows, no columns, or rows too long for a tile's threads.
+        for variants in [tiled, defaults] {
+            assert_eq!(RowTiles::for_rows(softmax, 0, 33, DType::BF16, DType::BF16, variants), None);
+            assert_eq!(RowTiles::for_rows(softmax, 10, 0, DType::BF16, DType::BF16, variants), None);
+            assert_eq!(RowTiles::for_rows(softmax, 10, 257, DType::BF16, DType::BF16, variants), None);
+        }
+    }
+
+    /// With `pipelined_tiles` (on by default), rows of odd lengths of 17 to 256 values (f32 ones
+    /// up to 64) are read as tiles by a grid of at most 4 blocks an SM (as many as its shared
+    /// memory holds), each copying its next tile with `cp.async` into dynamic shared memory of
+    /// two input tiles and one of results; shorter rows keep `tiled_rows`' kernels, and without
+    /// either variant no row is tiled. The kernels compile.
+    #[test]
+    fn pipelined_tiles_copy_the_next_tile_while_running_one() {
+        let defaults = KernelVariants::default();
+        let alone = KernelVariants { tiled_rows: false, ..defaults };
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for cols in [3, 17, 33, 63, 65, 100, 255, 256, 257] {
+                let odd = !(cols * dtype.size_bytes()).is_multiple_of(16);
+                let expected = odd && cols > 16 && cols <= if dtype == DType::F32 { 64 } else { 256 };
+                for layer_norm in [false, true] {
+                    let rows = 1 << 20;
+                    let what = format!("{dtype} [{rows}, {cols}], layer_norm: {layer_norm}");
+                    let id = if layer_norm { prims::LAYER_NORM } else { prims::SOFTMAX };
+                    for variants in [defaults, alone] {
+                        let tiles = RowTiles::for_rows(id, rows, cols, dtype, dtype, variants);
+                        assert_eq!(tiles.is_some_and(|t| t.pipelined), expected, "{what}");
+                        let kernel = row_op_with(layer_norm, dtype, [rows, cols], HOPPER_BLOCK, variants);
+                        let src = &kernel.source.source;
+                        assert_eq!(src.contains("bs_copy_async(tiles_in"), expected, "{what}\n{src}");
+                        if !variants.tiled_rows {
+                            assert_eq!(tiles.is_some(), expected, "{what}: no other tiles without tiled_rows");
+                        }
+                        let Some(tiles) = tiles.filter(|t| t.pipelined) else { continue };
+                        let held = (tiles.tile_values() + 16) * dtype.size_bytes();
+                        assert_eq!(kernel.shared_bytes, 3 * held, "{what}");
+                        let block = 3 * held + usize::from(layer_norm) * 2 * cols * 4 + 1024;
+                        let per_sm = (HOPPER.sm_shared / block).min(4);
+                        assert_eq!(kernel.blocks as usize, tiles.tiles().min(132 * per_sm), "{what}");
+                        assert!(kernel.blocks < tiles.tiles() as u32, "{what}: a block runs many tiles");
+                        if variants == defaults {
+                            super::super::compiles_with_nvrtc(src);
+                        }
+                    }
+                    let none = KernelVariants { pipelined_tiles: false, tiled_rows: false, ..defaults };
+                    let kernel = row_op_with(layer_norm, dtype, [rows, cols], HOPPER_BLOCK, none);
+                    assert!(!kernel.source.source.contains("tile_in"), "{what}, without either variant");
+                }
+            }
+        }
     }
 
     #[test]

@@ -16,8 +16,8 @@
 
 use std::fmt::Write as _;
 
-use super::codegen::{element_type, literal, maximum, narrow, widen, RegionSource, RegionTarget};
-use super::row_kernels::{row_reduce, Caching, RowLayout, RowOp, RowSource};
+use super::codegen::{element_type, literal, maximum, narrow, widen, RegionSource};
+use super::row_kernels::{row_reduce, Caching, RowLayout, RowOp, RowSource, RowTarget};
 use super::KernelVariants;
 use crate::core::ir::{prims, DType, SymbolId};
 use crate::core::plan::{packing, OpView};
@@ -42,9 +42,48 @@ const TILE_ROW_BYTES: usize = 128;
 /// threads).
 const TILE_MAX_COLS: usize = 256;
 
+/// Rows of more than [`TILE_VALUES`] values (two threads or more a row), up to [`TILE_MAX_COLS`]
+/// in 16 bits and up to this many bytes in f32, are read as pipelined tiles
+/// ([`KernelVariants::pipelined_tiles`]). Measured on an H100 (2026-12-06, `gpu_sweep
+/// f32,bf16,f16 softmax,layer_norm --variant=pipelined_tiles`, pipelined tiles everywhere up to
+/// 256 values against the kernels before them on the same inputs): 16-bit rows of 33 to 255
+/// values 1.03x to 1.53x (but `softmax` over [131072, 33], 0.96-0.97x), f32 rows of 33 1.05x to
+/// 1.36x; f32 rows of 65 0.98x to 1.06x, of 100 to 255 0.91x to 1.00x (read in place, as
+/// before); rows of 3 to 9 values, one thread a row, 0.88x to 1.43x (16-bit rows of 3 and 5 0.88x
+/// to 0.98x), which keep the tiles of [`KernelVariants::tiled_rows`].
+const PIPELINED_F32_ROW_BYTES: usize = 256;
+
+/// Blocks an SM of a pipelined tiled kernel, at most: each block loops over every `sms * 4`-th
+/// tile. (Up to 8 timed the same, 0.93x to 1.57x against 0.95x to 1.52x over 24 cases.)
+const PIPELINED_BLOCKS_PER_SM: usize = 4;
+
+/// The C of a pipelined tile's copies: `bs_copy_async(dst, src)` copies 16 bytes into shared
+/// memory without registers (`cp.async`, Ampere and later; a load and a store before),
+/// `bs_commit()` closes a tile's copies, `bs_wait_prior()` waits for all but the last tile's.
+const PIPELINE: &str = r#"__device__ __forceinline__ void bs_copy_async(void* dst, const void* src) {
+#if __CUDA_ARCH__ >= 800
+  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(s), "l"(src) : "memory");
+#else
+  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+#endif
+}
+__device__ __forceinline__ void bs_commit() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void bs_wait_prior() {
+#if __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_group 1;" ::: "memory");
+#endif
+}
+"#;
+
 /// How a tiled row kernel lays out its rows: `threads_per_row` threads a row, each keeping up to
 /// [`TILE_VALUES`] of its values (`per_thread`), and a tile of `rows_per_tile` rows a block (all
-/// [`TILE_THREADS`] threads of it).
+/// [`TILE_THREADS`] threads of it); `pipelined`, a few blocks an SM, each copying its next tile
+/// while it runs one ([`KernelVariants::pipelined_tiles`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct RowTiles {
     pub rows: usize,
@@ -52,24 +91,42 @@ pub(super) struct RowTiles {
     pub threads_per_row: usize,
     pub per_thread: usize,
     pub rows_per_tile: usize,
+    pub pipelined: bool,
 }
 
 impl RowTiles {
     /// The tiles for `softmax` or `layer_norm` (`id`) over `rows` rows of `cols` values, read as
-    /// `input` and written as `output`, where they apply: rows whose length in bytes 16 does not
-    /// divide, in the input or in the output (rows that it divides are read whole by the kernels
-    /// that read them in place, 16 bytes an access), of up to [`TILE_ROW_BYTES`] (16-bit
-    /// `softmax` rows up to [`TILE_MAX_COLS`] values).
-    pub fn for_rows(id: SymbolId, rows: usize, cols: usize, input: DType, output: DType) -> Option<Self> {
+    /// `input` and written as `output`, where `variants` take them: rows whose length in bytes
+    /// 16 does not divide, in the input or in the output (rows that it divides are read whole by
+    /// the kernels that read them in place, 16 bytes an access), and
+    /// - with [`KernelVariants::pipelined_tiles`], pipelined, of more than [`TILE_VALUES`]
+    ///   values, up to [`TILE_MAX_COLS`] in 16 bits and [`PIPELINED_F32_ROW_BYTES`] in f32;
+    /// - otherwise, with [`KernelVariants::tiled_rows`], of up to [`TILE_ROW_BYTES`] (16-bit
+    ///   `softmax` rows up to [`TILE_MAX_COLS`] values).
+    pub fn for_rows(
+        id: SymbolId,
+        rows: usize,
+        cols: usize,
+        input: DType,
+        output: DType,
+        variants: KernelVariants,
+    ) -> Option<Self> {
         let odd = [input, output].iter().any(|d| !(cols * d.size_bytes()).is_multiple_of(16));
-        let short = cols * input.size_bytes() <= TILE_ROW_BYTES
-            || (id == prims::SOFTMAX && packing::is_packed(input) && cols <= TILE_MAX_COLS);
-        if rows == 0 || cols == 0 || !short || !odd {
+        let packed = packing::is_packed(input);
+        let pipelined = variants.pipelined_tiles
+            && cols > TILE_VALUES
+            && cols <= TILE_MAX_COLS
+            && (packed || cols * input.size_bytes() <= PIPELINED_F32_ROW_BYTES);
+        let plain = variants.tiled_rows
+            && (cols * input.size_bytes() <= TILE_ROW_BYTES
+                || (id == prims::SOFTMAX && packed && cols <= TILE_MAX_COLS));
+        if rows == 0 || cols == 0 || !odd || !(pipelined || plain) {
             return None;
         }
         let threads_per_row = cols.div_ceil(TILE_VALUES).next_power_of_two();
         let rows_per_tile = TILE_THREADS / threads_per_row;
-        Some(Self { rows, cols, threads_per_row, per_thread: cols.div_ceil(threads_per_row), rows_per_tile })
+        let per_thread = cols.div_ceil(threads_per_row);
+        Some(Self { rows, cols, threads_per_row, per_thread, rows_per_tile, pipelined })
     }
 
     /// Values a tile holds.
@@ -90,7 +147,7 @@ impl RowTiles {
         row: RowOp,
         op: &OpView<'_>,
         kernel: &str,
-        target: RegionTarget,
+        target: RowTarget,
         variants: KernelVariants,
     ) -> Result<RowSource, String> {
         let RowOp { id, rows, cols, dtypes, out_dtype, mut params, input_lengths } = row;
@@ -103,14 +160,18 @@ impl RowTiles {
         params.push("long long n".into());
         let caching = if variants.streaming_rows {
             let read = super::codegen::total_words(input_lengths.iter().copied());
-            super::codegen::whole_tensors(variants, read, packing::words(out_dtype, numel), target.l2_bytes)
+            super::codegen::whole_tensors(variants, read, packing::words(out_dtype, numel), target.region.l2_bytes)
         } else {
             Caching::Kept
         };
 
+        let pipelined = self.pipelined;
         let mut c = String::new();
         let _ = writeln!(c, "// Generated by boundscope for `{}` over rows of {cols}: {self:?}.", op.name());
         c.push_str(&RowOp::preamble(id, &dtypes, out_dtype, false, variants.fast_exp2));
+        if pipelined {
+            c.push_str(PIPELINE);
+        }
         let _ = writeln!(
             c,
             "extern \"C\" __global__ void __launch_bounds__({TILE_THREADS}) {kernel}({}) {{",
@@ -124,8 +185,20 @@ impl RowTiles {
         // that other tile sizes stay correct.)
         let held = tile + 16;
         let (in_ty, out_ty) = (element_type(input), element_type(out_dtype));
-        let _ = writeln!(c, "  __shared__ __align__(16) {in_ty} tile_in[{held}];");
-        let _ = writeln!(c, "  __shared__ __align__(16) {out_ty} tile_out[{held}];");
+        // Pipelined, two input tiles (the one run and the next, in flight) and the results, in
+        // dynamic shared memory.
+        let (in_bytes, out_bytes) = (held * input.size_bytes(), held * out_dtype.size_bytes());
+        let shared_bytes = if pipelined {
+            let _ = writeln!(c, "  extern __shared__ __align__(16) unsigned char bs_tiles[];");
+            let _ = writeln!(c, "  {in_ty}* const tiles_in = reinterpret_cast<{in_ty}*>(bs_tiles);");
+            let _ =
+                writeln!(c, "  {out_ty}* const tile_out = reinterpret_cast<{out_ty}*>(bs_tiles + {});", 2 * in_bytes);
+            2 * in_bytes + out_bytes
+        } else {
+            let _ = writeln!(c, "  __shared__ __align__(16) {in_ty} tile_in[{held}];");
+            let _ = writeln!(c, "  __shared__ __align__(16) {out_ty} tile_out[{held}];");
+            0
+        };
         // `layer_norm`'s weight and bias, widened once a block.
         for (k, &dtype) in dtypes.iter().enumerate().skip(1) {
             let _ = writeln!(c, "  __shared__ float operand{k}[{cols}];");
@@ -152,19 +225,46 @@ impl RowTiles {
                 writeln!(c, "      const long long at = from + (long long)(threadIdx.x + u * {TILE_THREADS}) * {v};");
             let _ = writeln!(c, "      const int i = (int)(at - base) + pad;");
         };
-        let _ = writeln!(c, "  for (long long t = blockIdx.x; t < {}ll; t += gridDim.x) {{", self.tiles());
-        let _ = writeln!(c, "    const long long base = t * {tile}ll;");
-        let _ = writeln!(c, "    const long long end = base + {tile}ll < {numel}ll ? base + {tile}ll : {numel}ll;");
-        let _ = writeln!(c, "    const int pad = (int)(base % 8);");
-        // The tile's input: whole accesses where they lie in the tensor (its last may not).
-        accesses(&mut c, vi);
-        let _ = writeln!(
-            c,
-            "      if (at + {vi} <= {numel}ll) {{ if (at < end) *reinterpret_cast<uint4*>(tile_in + i) = {}; }}",
-            caching.read("uint4", "in0 + at")
-        );
-        let _ = writeln!(c, "      else if (at < end) for (int e = 0; e < {vi}; ++e) if (at + e < {numel}ll) tile_in[i + e] = in0[at + e];");
-        let _ = writeln!(c, "    }} }}");
+        // Tile `t`'s first and last values (`base`, `end`) and `pad`.
+        let bounds = |c: &mut String, t: &str| {
+            let _ = writeln!(c, "    const long long base = {t} * {tile}ll;");
+            let _ = writeln!(c, "    const long long end = base + {tile}ll < {numel}ll ? base + {tile}ll : {numel}ll;");
+            let _ = writeln!(c, "    const int pad = (int)(base % 8);");
+        };
+        // Tile `t`'s input into `dst`: whole accesses where they lie in the tensor (its last
+        // may not), copied with `cp.async` where `pipelined`.
+        let load = |c: &mut String, t: &str, dst: &str| {
+            bounds(c, t);
+            accesses(c, vi);
+            let whole = if pipelined {
+                format!("bs_copy_async({dst} + i, in0 + at);")
+            } else {
+                format!("*reinterpret_cast<uint4*>({dst} + i) = {};", caching.read("uint4", "in0 + at"))
+            };
+            let _ = writeln!(c, "      if (at + {vi} <= {numel}ll) {{ if (at < end) {whole} }}");
+            let _ = writeln!(c, "      else if (at < end) for (int e = 0; e < {vi}; ++e) if (at + e < {numel}ll) {dst}[i + e] = in0[at + e];");
+            let _ = writeln!(c, "    }} }}");
+        };
+        let tiles = self.tiles();
+        if pipelined {
+            // Each block runs tiles `blockIdx.x`, `+ gridDim.x`, ...: the next one's copies in
+            // flight while it runs this one. (Its stores need no barrier after them: the next
+            // copies go to the other input tile, and the next results wait for the next
+            // tile's first barrier.)
+            let _ = writeln!(c, "  long long t = blockIdx.x;");
+            let _ = writeln!(c, "  if (t < {tiles}ll) {{");
+            load(&mut c, "t", "tiles_in");
+            let _ = writeln!(c, "  }}\n  bs_commit();");
+            let _ = writeln!(c, "  for (int b = 0; t < {tiles}ll; t += gridDim.x, b ^= 1) {{");
+            let _ = writeln!(c, "    {in_ty}* const tile_in = tiles_in + b * {held};");
+            let _ = writeln!(c, "    if (t + gridDim.x < {tiles}ll) {{");
+            load(&mut c, "(t + gridDim.x)", &format!("(tiles_in + (b ^ 1) * {held})"));
+            let _ = writeln!(c, "    }}\n    bs_commit();\n    bs_wait_prior();");
+            bounds(&mut c, "t");
+        } else {
+            let _ = writeln!(c, "  for (long long t = blockIdx.x; t < {tiles}ll; t += gridDim.x) {{");
+            load(&mut c, "t", "tile_in");
+        }
         c.push_str("    __syncthreads();\n");
         // The rows: value `j` of a thread at column `lane + j * g`, in the row for every `j` but
         // the last.
@@ -245,9 +345,15 @@ impl RowTiles {
         let _ = writeln!(c, "    }} }}");
         // (The next tile's loads write `tile_in`, read before the barrier above, and its results
         // `tile_out` after its own first barrier: this one is not needed, and stays as timed.)
-        c.push_str("    __syncthreads();\n  }\n}\n");
+        c.push_str(if pipelined { "  }\n}\n" } else { "    __syncthreads();\n  }\n}\n" });
 
-        let blocks = self.tiles().clamp(1, i32::MAX as usize) as u32;
+        // Pipelined, a few blocks an SM (as many as its shared memory holds, up to
+        // `PIPELINED_BLOCKS_PER_SM`), each over many tiles.
+        let per_block = shared_bytes + (tensors - 1) * cols * 4 + 1024;
+        let per_sm = if target.sm_shared > 0 { target.sm_shared / per_block } else { PIPELINED_BLOCKS_PER_SM };
+        let per_sm = per_sm.clamp(1, PIPELINED_BLOCKS_PER_SM);
+        let blocks = if pipelined && target.region.sms > 0 { tiles.min(target.region.sms * per_sm) } else { tiles };
+        let blocks = blocks.clamp(1, i32::MAX as usize) as u32;
         let layout = RowLayout {
             threads_per_row: g,
             vector: vi,
@@ -270,6 +376,6 @@ impl RowTiles {
             in_place: Vec::new(),
             cluster: 1,
         };
-        Ok(RowSource { source, layout, blocks, shared_bytes: 0 })
+        Ok(RowSource { source, layout, blocks, shared_bytes })
     }
 }

@@ -5,9 +5,9 @@
 //! are (2026-12-05, the H200's sweep), `keep_in_l2` (2026-12-05, an H100, with GPT-2's
 //! steps), `batched_rows` (the same H100's sweep), `async_row_copies` (the H200 and an H100,
 //! 2026-12-05 and 2026-12-06), `split_rows` (an H100, 2026-12-06, over 141 cases of few long
-//! rows), `split_reductions` (an H100, 2026-12-06, over 66 cases of few long rows) and
-//! `tiled_rows` (an H100, 2026-12-06, over 44 cases of short rows of odd lengths);
-//! `int32_row_columns` is not. Their options stay so that the comparison can be run
+//! rows), `split_reductions` (an H100, 2026-12-06, over 66 cases of few long rows),
+//! `tiled_rows` and `pipelined_tiles` (an H100, 2026-12-06, over 44 and 72 cases of short rows
+//! of odd lengths); `int32_row_columns` is not. Their options stay so that the comparison can be run
 //! again, and so do those of the variants on by default, to time the kernels without them. A
 //! plan whose kernels differ from the defaults lists its variants in its header. Both
 //! executors that generate kernels, `CudaFusion` and `CudaOps`, take them
@@ -34,7 +34,7 @@ use crate::options::{Audience, OptionSpec, OptionType, OptionValue, Options};
 
 /// Which variant of each generated kernel to emit. [`Default`] gives the fastest measured
 /// (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`, `async_row_copies`,
-/// `split_rows`, `split_reductions` and `tiled_rows`);
+/// `split_rows`, `split_reductions`, `tiled_rows` and `pipelined_tiles`);
 /// [`KernelVariants::NONE`], the kernels before any variant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct KernelVariants {
@@ -232,11 +232,27 @@ pub struct KernelVariants {
     /// (`row_tiles`). The 128 bytes are the input's: a bf16 row written as f32 (`layer_norm`
     /// with f32 weight and bias) takes up to 256 bytes in its result.
     pub tiled_rows: bool,
+    /// Rows of odd lengths of 17 to 256 values (f32 rows up to 64) read as tiles (as
+    /// [`tiled_rows`](Self::tiled_rows) reads shorter ones), pipelined: a grid of up to 4 blocks
+    /// an SM, each copying its next tile into shared memory with `cp.async` while it runs the one
+    /// before, where a tiled kernel's block loads its one tile, waits, then runs it. Shorter rows
+    /// (a thread a row) keep `tiled_rows`' kernels, and so do the tiles without this variant;
+    /// without both variants, no row is tiled.
+    ///
+    /// On by default: on an H100 (2026-12-06, `gpu_sweep f32,bf16,f16 softmax,layer_norm
+    /// --variant=pipelined_tiles`, plans on the same inputs), pipelined tiles over every odd row
+    /// of up to 256 values ran 0.88x to 1.57x the kernels before them, median 1.07x over 72
+    /// cases: 1.03x to 1.53x over 16-bit rows of 33 to 255 values (16-bit `layer_norm` rows of
+    /// 65 to 255, read in place before, 1.04x to 1.34x), 1.05x to 1.36x over f32 rows of 33; 0.91x
+    /// to 1.00x over f32 rows of 100 to 255, which stay read in place, and 0.88x to 0.98x over
+    /// 16-bit rows of 3 and 5 values, which keep `tiled_rows`' kernels.
+    pub pipelined_tiles: bool,
 }
 
 impl Default for KernelVariants {
     /// The variants measured faster: `fast_exp2`, `streaming_rows`, `keep_in_l2`,
-    /// `batched_rows`, `async_row_copies`, `split_rows`, `split_reductions` and `tiled_rows`.
+    /// `batched_rows`, `async_row_copies`, `split_rows`, `split_reductions`, `tiled_rows` and
+    /// `pipelined_tiles`.
     fn default() -> Self {
         Self {
             fast_exp2: true,
@@ -248,6 +264,7 @@ impl Default for KernelVariants {
             split_rows: true,
             split_reductions: true,
             tiled_rows: true,
+            pipelined_tiles: true,
         }
     }
 }
@@ -326,6 +343,14 @@ pub const CUDA_OPTIONS: &[OptionSpec] = &[
         audience: Audience::Developer,
         env: None,
     },
+    OptionSpec {
+        name: "cuda.pipelined_tiles",
+        ty: OptionType::Bool,
+        default: OptionValue::Bool(true),
+        doc: "softmax and layer_norm over rows of odd lengths of 17 to 256 values (f32 up to 64) read as tiles by a few blocks an SM, each copying its next tile with cp.async while it runs the one before (KernelVariants::pipelined_tiles).",
+        audience: Audience::Developer,
+        env: None,
+    },
 ];
 
 impl KernelVariants {
@@ -340,6 +365,7 @@ impl KernelVariants {
         split_rows: false,
         split_reductions: false,
         tiled_rows: false,
+        pipelined_tiles: false,
     };
 
     /// Every variant on.
@@ -353,10 +379,11 @@ impl KernelVariants {
         split_rows: true,
         split_reductions: true,
         tiled_rows: true,
+        pipelined_tiles: true,
     };
 
     /// Each variant alone, with its name (its option's, past `cuda.`).
-    pub const EACH: [(&'static str, Self); 9] = [
+    pub const EACH: [(&'static str, Self); 10] = [
         ("fast_exp2", Self { fast_exp2: true, ..Self::NONE }),
         ("int32_row_columns", Self { int32_row_columns: true, ..Self::NONE }),
         ("streaming_rows", Self { streaming_rows: true, ..Self::NONE }),
@@ -366,6 +393,7 @@ impl KernelVariants {
         ("split_rows", Self { split_rows: true, ..Self::NONE }),
         ("split_reductions", Self { split_reductions: true, ..Self::NONE }),
         ("tiled_rows", Self { tiled_rows: true, ..Self::NONE }),
+        ("pipelined_tiles", Self { pipelined_tiles: true, ..Self::NONE }),
     ];
 
     /// These variants with the one named `name` (as in [`EACH`](Self::EACH)) flipped, or
@@ -390,6 +418,7 @@ impl KernelVariants {
             split_rows: self.split_rows != one.split_rows,
             split_reductions: self.split_reductions != one.split_reductions,
             tiled_rows: self.tiled_rows != one.tiled_rows,
+            pipelined_tiles: self.pipelined_tiles != one.pipelined_tiles,
         })
     }
 
@@ -417,6 +446,7 @@ impl KernelVariants {
             split_rows: options.bool("cuda.split_rows")?,
             split_reductions: options.bool("cuda.split_reductions")?,
             tiled_rows: options.bool("cuda.tiled_rows")?,
+            pipelined_tiles: options.bool("cuda.pipelined_tiles")?,
         })
     }
 
@@ -433,6 +463,7 @@ impl KernelVariants {
             ("cuda.split_rows", OptionValue::Bool(self.split_rows)),
             ("cuda.split_reductions", OptionValue::Bool(self.split_reductions)),
             ("cuda.tiled_rows", OptionValue::Bool(self.tiled_rows)),
+            ("cuda.pipelined_tiles", OptionValue::Bool(self.pipelined_tiles)),
         ]
     }
 }
@@ -441,8 +472,8 @@ impl KernelVariants {
 ///
 /// ```
 /// use boundscope::executors::cuda::KernelVariants;
-/// let [(_, a), (_, b), (_, c), (_, d), (_, e), (_, f), (_, g), (_, h), (_, i)] = KernelVariants::EACH;
-/// assert_eq!(a | b | c | d | e | f | g | h | i, KernelVariants::ALL);
+/// let [(_, a), (_, b), (_, c), (_, d), (_, e), (_, f), (_, g), (_, h), (_, i), (_, j)] = KernelVariants::EACH;
+/// assert_eq!(a | b | c | d | e | f | g | h | i | j, KernelVariants::ALL);
 /// ```
 impl std::ops::BitOr for KernelVariants {
     type Output = Self;
@@ -457,6 +488,7 @@ impl std::ops::BitOr for KernelVariants {
             split_rows: self.split_rows || other.split_rows,
             split_reductions: self.split_reductions || other.split_reductions,
             tiled_rows: self.tiled_rows || other.tiled_rows,
+            pipelined_tiles: self.pipelined_tiles || other.pipelined_tiles,
         }
     }
 }

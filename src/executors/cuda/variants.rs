@@ -32,12 +32,58 @@
 use crate::error::Result;
 use crate::options::{Audience, OptionSpec, OptionType, OptionValue, Options};
 
-/// Which variant of each generated kernel to emit. [`Default`] gives the fastest measured
-/// (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`, `async_row_copies`,
-/// `split_rows`, `split_reductions`, `tiled_rows` and `pipelined_tiles`);
-/// [`KernelVariants::NONE`], the kernels before any variant.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct KernelVariants {
+/// Declares [`KernelVariants`], one field a variant, and [`CUDA_OPTIONS`], one developer option
+/// a variant (`cuda.` and the field's name), from one list: each variant's docs, its default
+/// and its option's doc. Everything else about the variants is written once, over their flags
+/// (`KernelVariants::flags` and `from_flags`, in the list's order): a new variant is one entry.
+macro_rules! kernel_variants {
+    ($($(#[doc = $doc:literal])* $name:ident = $default:literal, $option:literal;)*) => {
+        /// Which variant of each generated kernel to emit. [`Default`] gives the fastest measured
+        /// (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`, `async_row_copies`,
+        /// `split_rows`, `split_reductions`, `tiled_rows` and `pipelined_tiles`);
+        /// [`KernelVariants::NONE`], the kernels before any variant.
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+        pub struct KernelVariants {
+            $($(#[doc = $doc])* pub $name: bool,)*
+        }
+
+        impl KernelVariants {
+            /// Each variant's name (its option's, past `cuda.`), in the order of its fields.
+            const NAMES: [&'static str; COUNT] = [$(stringify!($name)),*];
+
+            /// Each variant's default, in the order of [`NAMES`](Self::NAMES).
+            const DEFAULTS: [bool; COUNT] = [$($default),*];
+
+            /// Whether each variant is on, in the order of [`NAMES`](Self::NAMES).
+            const fn flags(&self) -> [bool; COUNT] {
+                [$(self.$name),*]
+            }
+
+            /// The variants that `flags` turn on, in the order of [`NAMES`](Self::NAMES).
+            const fn from_flags(flags: [bool; COUNT]) -> Self {
+                let mut i = 0;
+                $(let $name = flags[i]; i += 1;)*
+                let _ = i;
+                Self { $($name),* }
+            }
+        }
+
+        /// How many variants there are.
+        const COUNT: usize = [$(stringify!($name)),*].len();
+
+        /// The developer options of the CUDA executors: which [`KernelVariants`] they generate.
+        pub const CUDA_OPTIONS: &[OptionSpec] = &[$(OptionSpec {
+            name: concat!("cuda.", stringify!($name)),
+            ty: OptionType::Bool,
+            default: OptionValue::Bool($default),
+            doc: $option,
+            audience: Audience::Developer,
+            env: None,
+        }),*];
+    };
+}
+
+kernel_variants! {
     /// `softmax`, `sigmoid` and `gelu` with 16-bit results take PTX's `ex2.approx.ftz.f32`, one
     /// instruction, where `exp2f` takes four (three of them scale results below 2^-126, and
     /// issue though predicated off). Nothing is lost to the flush: sums and `1 + e`
@@ -50,7 +96,8 @@ pub struct KernelVariants {
     /// 50,257); one case 0.94x (f16 `softmax` over 333 rows of 50,257, kept as read by two
     /// blocks an SM: under their 32-register bound `ptxas` spills 56 bytes a thread with the
     /// variant and none without, so the loss may be real).
-    pub fast_exp2: bool,
+    fast_exp2 = true,
+        "16-bit softmax, sigmoid and gelu take the one-instruction ex2.approx.ftz (KernelVariants::fast_exp2).";
     /// Row kernels (`softmax`, `layer_norm`) count their columns in 32 bits for rows under
     /// 2^30 values: a bounds test is one comparison rather than two, and no 64-bit multiplies.
     /// (`layer_norm` over rows whose length 16 bytes do not divide always does: 1.05-1.58x
@@ -61,7 +108,8 @@ pub struct KernelVariants {
     /// `layer_norm` kernels over streamed rows grow (464 -> 640 over rows of 65,536). Off by
     /// default: on the H200 it timed 1.00x at the median over 198 of the sweep's 204 cases, from 0.94x
     /// to 1.08x, as often slower as faster.
-    pub int32_row_columns: bool,
+    int32_row_columns = false,
+        "Row kernels count columns in 32 bits for rows under 2^30 values (KernelVariants::int32_row_columns).";
     /// Row kernels that keep their row on chip (read once, written once) read and write it with
     /// the streaming cache hints (`__ldcs`, `__stcs`: evicted first), as fused elementwise
     /// regions do (96-103% of a copy's speed with them over 2^28 values, measured), and fused
@@ -74,7 +122,8 @@ pub struct KernelVariants {
     /// slower in 17 of 198 cases by over 2%, by 6-8% in f32 `softmax` over 1,024 rows of 16,384
     /// (0.92x), 16-bit `sum` and `max` over 256 rows of 65,536 (0.93x) and f32 `layer_norm` over
     /// 4,096 rows of 1,024 (0.94x).
-    pub streaming_rows: bool,
+    streaming_rows = true,
+        "Row kernels and fused reductions read rows read once, and row kernels write results, with streaming cache hints (KernelVariants::streaming_rows).";
     /// Kernels whose tensors fit together in three quarters of the GPU's L2 cache, and their
     /// inputs in half of it (the bytes they read whole and write, against
     /// `CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE`: 50 MiB on the H100 and H200) read and write them
@@ -99,7 +148,8 @@ pub struct KernelVariants {
     /// [4096, 3072]) it ran
     /// 0.78-0.81x (bf16 and f16, both axes, two runs; 0.87-0.93x measured before the sweep
     /// timed its plans on the same inputs), hence the three quarters.
-    pub keep_in_l2: bool,
+    keep_in_l2 = true,
+        "Kernels whose tensors fit in three quarters of the GPU's L2 together, and their inputs in half, read and write them without streaming cache hints (KernelVariants::keep_in_l2).";
     /// 16-bit elementwise kernels that take several rows a thread (where a row broadcast along
     /// the last axis is read once for them) load those rows' vectors of the inputs they read
     /// whole in batches of up to 8 accesses before computing any, where each row was loaded,
@@ -119,7 +169,8 @@ pub struct KernelVariants {
     /// the 3% that two plans of the same kernels read apart, so those keep the smaller kernel
     /// (45 registers rather than 78). GPT-2 124M's bf16 steps are the same within the noise
     /// with it or without it.
-    pub batched_rows: bool,
+    batched_rows = true,
+        "16-bit elementwise kernels that take several rows a thread, and whose tensors do not fit in the GPU's L2, load those rows in batches before computing any (KernelVariants::batched_rows).";
     /// Row kernels (`softmax`, `layer_norm`) that keep part of a row in shared memory as read (a
     /// 16-bit row, or an `f32` one: 16 bytes an access) copy its accesses there with `cp.async`
     /// (Ampere and later), which takes no register, rather than loading each into registers and
@@ -157,7 +208,8 @@ pub struct KernelVariants {
     /// that (an H100, the same day, `gpu_sweep f32,bf16,f16 softmax
     /// 333x50257,256x65536,4096x65536,100x65537,200x65537`, two rounds a build): 1.06x at the
     /// median, 0.98x to 1.18x.
-    pub async_row_copies: bool,
+    async_row_copies = true,
+        "Row kernels copy the part of a row they keep in shared memory as read there with cp.async, without registers: softmax always, layer_norm where the streaming hints leave the row unmarked (KernelVariants::async_row_copies).";
     /// Rows too long to keep on chip (streamed: read once per pass; on Hopper, `layer_norm`
     /// rows past 65,536 values in `f32` and 122,880 in 16 bits, `softmax` rows past 90,112) are
     /// split over a thread-block cluster of up to 8
@@ -187,7 +239,8 @@ pub struct KernelVariants {
     /// (`CUDA_ERROR_ILLEGAL_INSTRUCTION`) where its rows were copied to shared memory with an L2
     /// cache hint, which turned out to fault in some kernels without clusters too (see
     /// [`async_row_copies`](Self::async_row_copies)).
-    pub split_rows: bool,
+    split_rows = true,
+        "Streamed rows split over thread-block clusters of up to 8 blocks where rows are fewer than SMs, each pass running the other way from the one before (KernelVariants::split_rows).";
     /// A fused region's trailing last-axis `sum` or `max` (or the op alone) over rows of 64 KB
     /// or more (16,384 `f32` values, 32,768 16-bit ones), which take a block of 256 threads each,
     /// is split over a thread-block cluster of up to 8 blocks (Hopper and later) where the
@@ -211,7 +264,8 @@ pub struct KernelVariants {
     /// 65,536 (128 KB a row in 16 bits, 256 KB in `f32`), but 1.07-1.63x over 64 and 66 rows of
     /// 262,144, so such rows are split only from 256 KB a row and only up to half as many as
     /// SMs: `f32` [64, 65536] (256 KB a row) is split, at 0.97x, and [40, 65536] at 1.14x.
-    pub split_reductions: bool,
+    split_reductions = true,
+        "Fused regions' trailing sums and maxima over rows of a block or more split over thread-block clusters of up to 8 blocks where rows are at most a quarter as many as SMs, or half as many of 256 KB or more (KernelVariants::split_reductions).";
     /// `softmax` and `layer_norm` over short rows whose length in bytes 16 does not divide (in
     /// their input or their result): rows of up to 128 bytes (f32 rows of up to 32 values,
     /// 16-bit ones of up to 64), and 16-bit `softmax` rows of up to 256 values. A block of 256
@@ -231,7 +285,8 @@ pub struct KernelVariants {
     /// 16-bit `layer_norm` (rows of 65 to 255 values), so those are read in place
     /// (`row_tiles`). The 128 bytes are the input's: a bf16 row written as f32 (`layer_norm`
     /// with f32 weight and bias) takes up to 256 bytes in its result.
-    pub tiled_rows: bool,
+    tiled_rows = true,
+        "softmax and layer_norm over short rows whose length in bytes 16 does not divide (up to 128 bytes; 16-bit softmax rows up to 256 values) read and write a block's run of rows through shared memory, 16 bytes an access (KernelVariants::tiled_rows).";
     /// Rows of odd lengths of 17 to 256 values (f32 rows up to 64) read as tiles (as
     /// [`tiled_rows`](Self::tiled_rows) reads shorter ones), pipelined: a grid of up to 4 blocks
     /// an SM, each copying its next tile into shared memory with `cp.async` while it runs the one
@@ -246,7 +301,8 @@ pub struct KernelVariants {
     /// 65 to 255, read in place before, 1.04x to 1.34x), 1.05x to 1.36x over f32 rows of 33; 0.91x
     /// to 1.00x over f32 rows of 100 to 255, which stay read in place, and 0.88x to 0.98x over
     /// 16-bit rows of 3 and 5 values, which keep `tiled_rows`' kernels.
-    pub pipelined_tiles: bool,
+    pipelined_tiles = true,
+        "softmax and layer_norm over rows of odd lengths of 17 to 256 values (f32 up to 64) read as tiles by a few blocks an SM, each copying its next tile with cp.async while it runs the one before (KernelVariants::pipelined_tiles).";
 }
 
 impl Default for KernelVariants {
@@ -254,147 +310,29 @@ impl Default for KernelVariants {
     /// `batched_rows`, `async_row_copies`, `split_rows`, `split_reductions`, `tiled_rows` and
     /// `pipelined_tiles`.
     fn default() -> Self {
-        Self {
-            fast_exp2: true,
-            int32_row_columns: false,
-            streaming_rows: true,
-            keep_in_l2: true,
-            batched_rows: true,
-            async_row_copies: true,
-            split_rows: true,
-            split_reductions: true,
-            tiled_rows: true,
-            pipelined_tiles: true,
-        }
+        Self::from_flags(Self::DEFAULTS)
     }
 }
 
-/// The developer options of the CUDA executors: which [`KernelVariants`] they generate.
-pub const CUDA_OPTIONS: &[OptionSpec] = &[
-    OptionSpec {
-        name: "cuda.fast_exp2",
-        ty: OptionType::Bool,
-        default: OptionValue::Bool(true),
-        doc: "16-bit softmax, sigmoid and gelu take the one-instruction ex2.approx.ftz (KernelVariants::fast_exp2).",
-        audience: Audience::Developer,
-        env: None,
-    },
-    OptionSpec {
-        name: "cuda.int32_row_columns",
-        ty: OptionType::Bool,
-        default: OptionValue::Bool(false),
-        doc: "Row kernels count columns in 32 bits for rows under 2^30 values (KernelVariants::int32_row_columns).",
-        audience: Audience::Developer,
-        env: None,
-    },
-    OptionSpec {
-        name: "cuda.streaming_rows",
-        ty: OptionType::Bool,
-        default: OptionValue::Bool(true),
-        doc: "Row kernels and fused reductions read rows read once, and row kernels write results, with streaming cache hints (KernelVariants::streaming_rows).",
-        audience: Audience::Developer,
-        env: None,
-    },
-    OptionSpec {
-        name: "cuda.keep_in_l2",
-        ty: OptionType::Bool,
-        default: OptionValue::Bool(true),
-        doc: "Kernels whose tensors fit in three quarters of the GPU's L2 together, and their inputs in half, read and write them without streaming cache hints (KernelVariants::keep_in_l2).",
-        audience: Audience::Developer,
-        env: None,
-    },
-    OptionSpec {
-        name: "cuda.batched_rows",
-        ty: OptionType::Bool,
-        default: OptionValue::Bool(true),
-        doc: "16-bit elementwise kernels that take several rows a thread, and whose tensors do not fit in the GPU's L2, load those rows in batches before computing any (KernelVariants::batched_rows).",
-        audience: Audience::Developer,
-        env: None,
-    },
-    OptionSpec {
-        name: "cuda.async_row_copies",
-        ty: OptionType::Bool,
-        default: OptionValue::Bool(true),
-        doc: "Row kernels copy the part of a row they keep in shared memory as read there with cp.async, without registers: softmax always, layer_norm where the streaming hints leave the row unmarked (KernelVariants::async_row_copies).",
-        audience: Audience::Developer,
-        env: None,
-    },
-    OptionSpec {
-        name: "cuda.split_rows",
-        ty: OptionType::Bool,
-        default: OptionValue::Bool(true),
-        doc: "Streamed rows split over thread-block clusters of up to 8 blocks where rows are fewer than SMs, each pass running the other way from the one before (KernelVariants::split_rows).",
-        audience: Audience::Developer,
-        env: None,
-    },
-    OptionSpec {
-        name: "cuda.split_reductions",
-        ty: OptionType::Bool,
-        default: OptionValue::Bool(true),
-        doc: "Fused regions' trailing sums and maxima over rows of a block or more split over thread-block clusters of up to 8 blocks where rows are at most a quarter as many as SMs, or half as many of 256 KB or more (KernelVariants::split_reductions).",
-        audience: Audience::Developer,
-        env: None,
-    },
-    OptionSpec {
-        name: "cuda.tiled_rows",
-        ty: OptionType::Bool,
-        default: OptionValue::Bool(true),
-        doc: "softmax and layer_norm over short rows whose length in bytes 16 does not divide (up to 128 bytes; 16-bit softmax rows up to 256 values) read and write a block's run of rows through shared memory, 16 bytes an access (KernelVariants::tiled_rows).",
-        audience: Audience::Developer,
-        env: None,
-    },
-    OptionSpec {
-        name: "cuda.pipelined_tiles",
-        ty: OptionType::Bool,
-        default: OptionValue::Bool(true),
-        doc: "softmax and layer_norm over rows of odd lengths of 17 to 256 values (f32 up to 64) read as tiles by a few blocks an SM, each copying its next tile with cp.async while it runs the one before (KernelVariants::pipelined_tiles).",
-        audience: Audience::Developer,
-        env: None,
-    },
-];
-
 impl KernelVariants {
     /// Every variant off: the kernels before any variant.
-    pub const NONE: Self = Self {
-        fast_exp2: false,
-        int32_row_columns: false,
-        streaming_rows: false,
-        keep_in_l2: false,
-        batched_rows: false,
-        async_row_copies: false,
-        split_rows: false,
-        split_reductions: false,
-        tiled_rows: false,
-        pipelined_tiles: false,
-    };
+    pub const NONE: Self = Self::from_flags([false; COUNT]);
 
     /// Every variant on.
-    pub const ALL: Self = Self {
-        fast_exp2: true,
-        int32_row_columns: true,
-        streaming_rows: true,
-        keep_in_l2: true,
-        batched_rows: true,
-        async_row_copies: true,
-        split_rows: true,
-        split_reductions: true,
-        tiled_rows: true,
-        pipelined_tiles: true,
-    };
+    pub const ALL: Self = Self::from_flags([true; COUNT]);
 
     /// Each variant alone, with its name (its option's, past `cuda.`).
-    pub const EACH: [(&'static str, Self); 10] = [
-        ("fast_exp2", Self { fast_exp2: true, ..Self::NONE }),
-        ("int32_row_columns", Self { int32_row_columns: true, ..Self::NONE }),
-        ("streaming_rows", Self { streaming_rows: true, ..Self::NONE }),
-        ("keep_in_l2", Self { keep_in_l2: true, ..Self::NONE }),
-        ("batched_rows", Self { batched_rows: true, ..Self::NONE }),
-        ("async_row_copies", Self { async_row_copies: true, ..Self::NONE }),
-        ("split_rows", Self { split_rows: true, ..Self::NONE }),
-        ("split_reductions", Self { split_reductions: true, ..Self::NONE }),
-        ("tiled_rows", Self { tiled_rows: true, ..Self::NONE }),
-        ("pipelined_tiles", Self { pipelined_tiles: true, ..Self::NONE }),
-    ];
+    pub const EACH: [(&'static str, Self); COUNT] = {
+        let mut each = [("", Self::NONE); COUNT];
+        let mut i = 0;
+        while i < COUNT {
+            let mut flags = [false; COUNT];
+            flags[i] = true;
+            each[i] = (Self::NAMES[i], Self::from_flags(flags));
+            i += 1;
+        }
+        each
+    };
 
     /// These variants with the one named `name` (as in [`EACH`](Self::EACH)) flipped, or
     /// `None` for a name `EACH` lacks.
@@ -408,18 +346,11 @@ impl KernelVariants {
     /// ```
     pub fn flipped(self, name: &str) -> Option<Self> {
         let (_, one) = Self::EACH.iter().find(|(n, _)| *n == name)?;
-        Some(Self {
-            fast_exp2: self.fast_exp2 != one.fast_exp2,
-            int32_row_columns: self.int32_row_columns != one.int32_row_columns,
-            streaming_rows: self.streaming_rows != one.streaming_rows,
-            keep_in_l2: self.keep_in_l2 != one.keep_in_l2,
-            batched_rows: self.batched_rows != one.batched_rows,
-            async_row_copies: self.async_row_copies != one.async_row_copies,
-            split_rows: self.split_rows != one.split_rows,
-            split_reductions: self.split_reductions != one.split_reductions,
-            tiled_rows: self.tiled_rows != one.tiled_rows,
-            pipelined_tiles: self.pipelined_tiles != one.pipelined_tiles,
-        })
+        let (mut flags, one) = (self.flags(), one.flags());
+        for (flag, one) in flags.iter_mut().zip(one) {
+            *flag ^= one;
+        }
+        Some(Self::from_flags(flags))
     }
 
     /// These variants with no kernel's rows split over thread-block clusters (`split_rows` and
@@ -436,35 +367,17 @@ impl KernelVariants {
     /// [`Error::UnknownOption`](crate::Error::UnknownOption) if `options` lack the CUDA
     /// executors' specs ([`CUDA_OPTIONS`]: [`Options::new`] has them).
     pub fn from_options(options: &Options) -> Result<Self> {
-        Ok(Self {
-            fast_exp2: options.bool("cuda.fast_exp2")?,
-            int32_row_columns: options.bool("cuda.int32_row_columns")?,
-            streaming_rows: options.bool("cuda.streaming_rows")?,
-            keep_in_l2: options.bool("cuda.keep_in_l2")?,
-            batched_rows: options.bool("cuda.batched_rows")?,
-            async_row_copies: options.bool("cuda.async_row_copies")?,
-            split_rows: options.bool("cuda.split_rows")?,
-            split_reductions: options.bool("cuda.split_reductions")?,
-            tiled_rows: options.bool("cuda.tiled_rows")?,
-            pipelined_tiles: options.bool("cuda.pipelined_tiles")?,
-        })
+        let mut flags = [false; COUNT];
+        for (flag, spec) in flags.iter_mut().zip(CUDA_OPTIONS) {
+            *flag = options.bool(spec.name)?;
+        }
+        Ok(Self::from_flags(flags))
     }
 
     /// Each option of [`CUDA_OPTIONS`] with the value that gives these variants (for
     /// [`Executor::configured_options`](crate::Executor::configured_options)).
     pub fn configured(&self) -> Vec<(&'static str, OptionValue)> {
-        vec![
-            ("cuda.fast_exp2", OptionValue::Bool(self.fast_exp2)),
-            ("cuda.int32_row_columns", OptionValue::Bool(self.int32_row_columns)),
-            ("cuda.streaming_rows", OptionValue::Bool(self.streaming_rows)),
-            ("cuda.keep_in_l2", OptionValue::Bool(self.keep_in_l2)),
-            ("cuda.batched_rows", OptionValue::Bool(self.batched_rows)),
-            ("cuda.async_row_copies", OptionValue::Bool(self.async_row_copies)),
-            ("cuda.split_rows", OptionValue::Bool(self.split_rows)),
-            ("cuda.split_reductions", OptionValue::Bool(self.split_reductions)),
-            ("cuda.tiled_rows", OptionValue::Bool(self.tiled_rows)),
-            ("cuda.pipelined_tiles", OptionValue::Bool(self.pipelined_tiles)),
-        ]
+        CUDA_OPTIONS.iter().zip(self.flags()).map(|(spec, on)| (spec.name, OptionValue::Bool(on))).collect()
     }
 }
 
@@ -478,18 +391,11 @@ impl KernelVariants {
 impl std::ops::BitOr for KernelVariants {
     type Output = Self;
     fn bitor(self, other: Self) -> Self {
-        Self {
-            fast_exp2: self.fast_exp2 || other.fast_exp2,
-            int32_row_columns: self.int32_row_columns || other.int32_row_columns,
-            streaming_rows: self.streaming_rows || other.streaming_rows,
-            keep_in_l2: self.keep_in_l2 || other.keep_in_l2,
-            batched_rows: self.batched_rows || other.batched_rows,
-            async_row_copies: self.async_row_copies || other.async_row_copies,
-            split_rows: self.split_rows || other.split_rows,
-            split_reductions: self.split_reductions || other.split_reductions,
-            tiled_rows: self.tiled_rows || other.tiled_rows,
-            pipelined_tiles: self.pipelined_tiles || other.pipelined_tiles,
+        let (mut flags, other) = (self.flags(), other.flags());
+        for (flag, other) in flags.iter_mut().zip(other) {
+            *flag |= other;
         }
+        Self::from_flags(flags)
     }
 }
 

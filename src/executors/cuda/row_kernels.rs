@@ -2468,6 +2468,8 @@ mod tests {
         // A bf16 row written as f32 (`layer_norm` with f32 weight and bias): odd in either.
         let mixed = layer_norm_for(DType::BF16, DType::F32, [7001, 33], 2, HOPPER);
         assert!(mixed.source.source.contains("tile_in["), "{}", mixed.source.source);
+        // (Pipelined, by default: two bf16 input tiles of 64 rows and one f32 tile of results.)
+        assert_eq!(mixed.shared_bytes, (64 * 33 + 16) * (2 + 2 + 4));
         super::super::compiles_with_nvrtc(&mixed.source.source);
         // The rule, case by case: tiles without `pipelined_tiles`, and with it (the defaults),
         // pipelined or not.
@@ -2531,6 +2533,16 @@ mod tests {
                         let Some(tiles) = tiles.filter(|t| t.pipelined) else { continue };
                         let held = (tiles.tile_values() + 16) * dtype.size_bytes();
                         assert_eq!(kernel.shared_bytes, 3 * held, "{what}");
+                        // The next tile copied into the other input tile, its copies committed,
+                        // then all but them waited for, before the barrier and the rows.
+                        let values = tiles.tile_values() + 16;
+                        let next = format!("bs_copy_async((tiles_in + (b ^ 1) * {values}) + i, in0 + at);");
+                        let wait = "bs_commit();\n    bs_wait_prior();\n";
+                        let (at_next, at_wait) = (src.find(&next), src.find(wait));
+                        assert!(at_next.is_some() && at_wait > at_next, "{what}\n{src}");
+                        assert!(src.contains("cp.async.wait_group 1;"), "{what}");
+                        let rows_at = src.find("const bool valid").unwrap();
+                        assert!(src[at_wait.unwrap()..rows_at].contains("__syncthreads();"), "{what}\n{src}");
                         let block = 3 * held + usize::from(layer_norm) * 2 * cols * 4 + 1024;
                         let per_sm = (HOPPER.sm_shared / block).min(4);
                         assert_eq!(kernel.blocks as usize, tiles.tiles().min(132 * per_sm), "{what}");

@@ -13,6 +13,14 @@
 //! is whole (but the tensor's last, where 16 bytes do not divide the tensor), from every thread
 //! of the block, whatever the row's length; the rows' values move between shared memory and
 //! registers a value at a time, where accesses need no alignment.
+//!
+//! Rows of 17 values or more (two threads a row or more) are read as pipelined tiles
+//! ([`KernelVariants::pipelined_tiles`]): a grid of up to 4 blocks an SM, each looping over
+//! every `gridDim.x`-th tile, copies its next tile into a second input tile with `cp.async`
+//! while it runs the one it holds, where a block of the plain tiles loads its one tile, waits,
+//! then runs it. Plain tiles keep a block's loads in flight only while it loads; over rows of 17
+//! to 255 values pipelining ran up to 1.53x faster (see [`PIPELINED_F32_ROW_BYTES`]), over rows
+//! of a thread's own (up to 16 values) it did not.
 
 use std::fmt::Write as _;
 
@@ -33,8 +41,10 @@ const TILE_VALUES: usize = 16;
 /// softmax,layer_norm --variant=tiled_rows`, tiles against rows read in place on the same
 /// inputs): rows of 3 to 9 values 1.23x to 3.97x in every dtype, 16-bit rows of 33 1.05x to
 /// 1.49x; longer f32 rows 0.74x to 1.12x (0.92-1.12x over 33 values, 0.74-0.85x over 65 to
-/// 255) and 16-bit `layer_norm` rows of 65 to 255 values 0.78x to 1.22x, which keep their
-/// kernels.
+/// 255) and 16-bit `layer_norm` rows of 65 to 255 values 0.78x to 1.22x, which kept their
+/// kernels. (Since, rows of 17 values or more are read as pipelined tiles by default, see
+/// [`PIPELINED_F32_ROW_BYTES`]: this gate is for rows of up to 16 values, and for every row
+/// without [`KernelVariants::pipelined_tiles`].)
 const TILE_ROW_BYTES: usize = 128;
 
 /// 16-bit `softmax` rows of up to this many values are read as tiles whatever their bytes:
@@ -141,7 +151,8 @@ impl RowTiles {
 
     /// The C of the kernel `kernel` for `op` (`softmax` or `layer_norm`, as `row` reads it) over
     /// these tiles, and its launch: one block a tile, up to CUDA's grid limit (each block loops
-    /// over further tiles past it).
+    /// over further tiles past it); pipelined, up to [`PIPELINED_BLOCKS_PER_SM`] blocks an SM,
+    /// as many as its shared memory holds, each over every `gridDim.x`-th tile.
     pub fn source(
         &self,
         row: RowOp,

@@ -285,6 +285,10 @@ kernel_variants! {
     /// 16-bit `layer_norm` (rows of 65 to 255 values), so those are read in place
     /// (`row_tiles`). The 128 bytes are the input's: a bf16 row written as f32 (`layer_norm`
     /// with f32 weight and bias) takes up to 256 bytes in its result.
+    ///
+    /// With [`pipelined_tiles`](Self::pipelined_tiles) (on by default), rows of 17 values or
+    /// more are read as pipelined tiles whether this variant is on or not: by default, this
+    /// variant alone chooses how rows of up to 16 values are read.
     tiled_rows = true,
         "softmax and layer_norm over short rows whose length in bytes 16 does not divide (up to 128 bytes; 16-bit softmax rows up to 256 values) read and write a block's run of rows through shared memory, 16 bytes an access (KernelVariants::tiled_rows).";
     /// Rows of odd lengths of 17 to 256 values (f32 rows up to 64) read as tiles (as
@@ -302,7 +306,10 @@ kernel_variants! {
     /// to 1.00x over f32 rows of 100 to 255, which stay read in place, and 0.88x to 0.98x over
     /// 16-bit rows of 3 and 5 values, which keep `tiled_rows`' kernels. The 36 cases that this
     /// gate takes ran 0.96x to 1.53x, median 1.17x (52-91% of a copy's speed, median 79%; 64%
-    /// before); the least, 16-bit `softmax` over [131072, 33], whose 8 MiB stay in L2.
+    /// before); the least, 16-bit `softmax` over [131072, 33], whose 8 MiB stay in L2. Rows of
+    /// 17 to 32 values and f32 rows of 34 to 63 were not among the cases timed. The copies
+    /// take no streaming cache hint (`cp.async.cg` caches in L2 only), whatever
+    /// [`streaming_rows`](Self::streaming_rows) says; the results' stores take it.
     pipelined_tiles = true,
         "softmax and layer_norm over rows of odd lengths of 17 to 256 values (f32 up to 64) read as tiles by a few blocks an SM, each copying its next tile with cp.async while it runs the one before (KernelVariants::pipelined_tiles).";
 }

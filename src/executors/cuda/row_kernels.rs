@@ -900,15 +900,19 @@ const OUT_SCALE_LOG2: i32 = 8;
 /// `layer_norm` rows keep their loads. `softmax`, which reads nothing again, copies hinted
 /// rows too: 1.06x at the median over 15 cases of 50,257 to 65,537 values (an H100).
 fn async_copies() -> String {
-    let copy = "asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16;\" :: \"r\"(s), \"l\"(src) : \"memory\");";
     format!(
-        "__device__ __forceinline__ void bs_copy_async(void* dst, const void* src) {{\n\
-         #if __CUDA_ARCH__ >= 800\n  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);\n  {copy}\n\
-         #else\n  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);\n#endif\n}}\n\
-         __device__ __forceinline__ void bs_copies_done() {{\n\
+        "{COPY_ASYNC}__device__ __forceinline__ void bs_copies_done() {{\n\
          #if __CUDA_ARCH__ >= 800\n  asm volatile(\"cp.async.wait_all;\" ::: \"memory\");\n#endif\n}}\n"
     )
 }
+
+/// The C of `bs_copy_async(dst, src)`: 16 bytes of global memory copied into shared memory
+/// without passing through registers (`cp.async.cg`, on Ampere and later; a load and a store
+/// before), as [`async_copies`] and the pipelined tiles (`row_tiles`) take it.
+pub(super) const COPY_ASYNC: &str = "__device__ __forceinline__ void bs_copy_async(void* dst, const void* src) {\n\
+     #if __CUDA_ARCH__ >= 800\n  const unsigned s = (unsigned)__cvta_generic_to_shared(dst);\n  \
+     asm volatile(\"cp.async.cg.shared.global [%0], [%1], 16;\" :: \"r\"(s), \"l\"(src) : \"memory\");\n\
+     #else\n  *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);\n#endif\n}\n";
 
 /// The C of `bs_max2(a, b)`: the maximum of two 32-bit words of two `dtype` (f16 or bf16)
 /// values each, half by half, NaN if either half is, as [`maximum`] of the widened values

@@ -1655,8 +1655,8 @@ fn row_ops_match_the_reference_at_every_row_length(dtype: boundscope::DType) {
         // reads a run of rows whole), the last one short, tensors whose last 16 bytes are
         // partial (rows of 1 to 9 are tiled in every dtype, rows of 17 to 255 in 16 bits and 33
         // in f32 are pipelined tiles, `KernelVariants::pipelined_tiles`). Pipelined, the last
-        // three run more tiles than their blocks (at most 4 an SM), so that each block copies
-        // the next tile while it runs one.
+        // three in 16 bits and [70001, 33] in f32 run more tiles than their blocks (at most 4 an
+        // SM), so that each block copies the next tile while it runs one.
         let tiled = [
             (70001, 1),
             (9001, 7),

@@ -152,7 +152,7 @@
 //! Changes to the generated kernels come as variants ([`KernelVariants`]), chosen by developer
 //! options (`cuda.fast_exp2`, `cuda.int32_row_columns`, `cuda.streaming_rows`, `cuda.keep_in_l2`,
 //! `cuda.batched_rows`, `cuda.async_row_copies`, `cuda.split_rows`, `cuda.split_reductions`,
-//! `cuda.tiled_rows`, `cuda.pipelined_tiles`;
+//! `cuda.tiled_rows`, `cuda.pipelined_tiles`, `cuda.wide_tiles`;
 //! [`CUDA_OPTIONS`]): `CudaFusion::with_variants`, `CudaOps::with_variants`, or `from_options`,
 //! which the front end calls. A plan whose kernels differ from the defaults lists its variants
 //! in its header. `scripts/gpu-variants` runs the GPU tests with the defaults, every variant and
@@ -160,8 +160,8 @@
 //! with the defaults, without `fast_exp2` and `streaming_rows`, with `int32_row_columns`,
 //! without `keep_in_l2` and without `batched_rows`: a variant is on by default where it
 //! measures faster (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`,
-//! `async_row_copies`, `split_rows`, `split_reductions`, `tiled_rows` and `pipelined_tiles`
-//! are). `scripts/kernel-sass OP DTYPE ROWSxCOLS [VARIANTS]` shows a row
+//! `async_row_copies`, `split_rows`, `split_reductions`, `tiled_rows`, `pipelined_tiles` and
+//! `wide_tiles` are). `scripts/kernel-sass OP DTYPE ROWSxCOLS [VARIANTS]` shows a row
 //! kernel's source, registers, spills and SASS as generated for Hopper, without a GPU (`ptxas`
 //! and `nvdisasm` from PyPI): where a variant starts.
 //!

@@ -63,6 +63,17 @@ const TILE_MAX_COLS: usize = 256;
 /// to 0.98x), which keep the tiles of [`KernelVariants::tiled_rows`].
 const PIPELINED_F32_ROW_BYTES: usize = 256;
 
+/// A plain tile of 16-bit rows holds about this many bytes of input, at least one row a thread
+/// ([`KernelVariants::wide_tiles`]): each thread runs `WIDE_TILE_BYTES / (256 * bytes of a
+/// row)` rows in turn (16-bit rows of 3 values: 5 a thread, tiles of 1,280 rows). Measured on
+/// the H200 (2026-12-06, `gpu_sweep f32,bf16,f16 softmax,layer_norm
+/// 2097152x3,1048576x5,4194304x9,262144x9,1048576x15`, two rounds, against tiles of a row a
+/// thread; 8 KB: 16-bit rows of 3 1.35x to 1.40x, of 5 1.05x to 1.12x, longer rows one a thread
+/// as before. Tiles of 4 KB gained less (1.29x to 1.32x over rows of 3); of 16 KB, 0.90x to
+/// 1.23x (16-bit `layer_norm` over [4194304, 9] 1.23x, `softmax` 0.94x to 0.95x). f32 rows of 3
+/// ran 0.90x (`softmax`) and 1.07x (`layer_norm`) with 8 KB, so they keep a row a thread.
+const WIDE_TILE_BYTES: usize = 8192;
+
 /// Blocks an SM of a pipelined tiled kernel, at most: each block loops over every `sms * 4`-th
 /// tile. (Up to 8 timed the same, 0.93x to 1.57x against 0.95x to 1.52x over 24 cases.)
 const PIPELINED_BLOCKS_PER_SM: usize = 4;
@@ -83,7 +94,8 @@ __device__ __forceinline__ void bs_wait_prior() {
 
 /// How a tiled row kernel lays out its rows: `threads_per_row` threads a row, each keeping up to
 /// [`TILE_VALUES`] of its values (`per_thread`), and a tile of `rows_per_tile` rows a block (all
-/// [`TILE_THREADS`] threads of it); `pipelined`, a few blocks an SM, each copying its next tile
+/// [`TILE_THREADS`] threads of it, each running `passes` rows in turn,
+/// [`KernelVariants::wide_tiles`]); `pipelined`, a few blocks an SM, each copying its next tile
 /// while it runs one ([`KernelVariants::pipelined_tiles`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct RowTiles {
@@ -92,6 +104,7 @@ pub(super) struct RowTiles {
     pub threads_per_row: usize,
     pub per_thread: usize,
     pub rows_per_tile: usize,
+    pub passes: usize,
     pub pipelined: bool,
 }
 
@@ -103,7 +116,8 @@ impl RowTiles {
     /// - with [`KernelVariants::pipelined_tiles`], pipelined, of more than [`TILE_VALUES`]
     ///   values, up to [`TILE_MAX_COLS`] in 16 bits and [`PIPELINED_F32_ROW_BYTES`] in f32;
     /// - otherwise, with [`KernelVariants::tiled_rows`], of up to [`TILE_ROW_BYTES`] (16-bit
-    ///   `softmax` rows up to [`TILE_MAX_COLS`] values).
+    ///   `softmax` rows up to [`TILE_MAX_COLS`] values); with [`KernelVariants::wide_tiles`],
+    ///   16-bit rows in tiles of about [`WIDE_TILE_BYTES`], several rows a thread.
     pub fn for_rows(
         id: SymbolId,
         rows: usize,
@@ -125,9 +139,14 @@ impl RowTiles {
             return None;
         }
         let threads_per_row = cols.div_ceil(TILE_VALUES).next_power_of_two();
-        let rows_per_tile = TILE_THREADS / threads_per_row;
+        let once = TILE_THREADS / threads_per_row;
+        let passes = if variants.wide_tiles && !pipelined && packed {
+            (WIDE_TILE_BYTES / (once * cols * input.size_bytes())).max(1)
+        } else {
+            1
+        };
         let per_thread = cols.div_ceil(threads_per_row);
-        Some(Self { rows, cols, threads_per_row, per_thread, rows_per_tile, pipelined })
+        Some(Self { rows, cols, threads_per_row, per_thread, rows_per_tile: once * passes, passes, pipelined })
     }
 
     /// Values a tile holds.
@@ -215,7 +234,9 @@ impl RowTiles {
             c.push_str("  __syncthreads();\n");
         }
         let _ = writeln!(c, "  const int lane = threadIdx.x % {g};");
-        let _ = writeln!(c, "  const int slot = threadIdx.x / {g};");
+        if self.passes == 1 {
+            let _ = writeln!(c, "  const int slot = threadIdx.x / {g};");
+        }
         // The block's threads take a tile's accesses of `v` values in turn, from the one that
         // holds its first value (`at`, the access's first element; `i`, its place in the tile's
         // arrays).
@@ -271,6 +292,10 @@ impl RowTiles {
         c.push_str("    __syncthreads();\n");
         // The rows: value `j` of a thread at column `lane + j * g`, in the row for every `j` but
         // the last.
+        // The rows, `TILE_THREADS / g` at a time (`passes` times, alike in every thread).
+        if self.passes > 1 {
+            let _ = writeln!(c, "    for (int slot = threadIdx.x / {g}; slot < {r}; slot += {}) {{", TILE_THREADS / g);
+        }
         let _ = writeln!(c, "    {{ const bool valid = t * {r}ll + slot < {rows}ll;");
         let _ = writeln!(c, "    const int first = pad + slot * {cols};");
         let in_row =
@@ -335,7 +360,7 @@ impl RowTiles {
                 narrow(out_dtype, &result(j))
             );
         }
-        c.push_str("    }\n    __syncthreads();\n");
+        c.push_str(if self.passes > 1 { "    } }\n    __syncthreads();\n" } else { "    }\n    __syncthreads();\n" });
         // The tile's results, the accesses that lie in it whole with one store each; one it
         // shares with the tensor's end (or with a tile beside it, see `pad`) a value at a time.
         accesses(&mut c, vo);

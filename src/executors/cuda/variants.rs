@@ -7,7 +7,8 @@
 //! 2026-12-05 and 2026-12-06), `split_rows` (an H100, 2026-12-06, over 141 cases of few long
 //! rows), `split_reductions` (an H100, 2026-12-06, over 66 cases of few long rows),
 //! `tiled_rows` and `pipelined_tiles` (an H100, 2026-12-06, over 44 and 72 cases of short rows
-//! of odd lengths); `int32_row_columns` is not. Their options stay so that the comparison can be run
+//! of odd lengths), `wide_tiles` (the H200, 2026-12-06, over 30 cases of rows of up to 15
+//! values); `int32_row_columns` is not. Their options stay so that the comparison can be run
 //! again, and so do those of the variants on by default, to time the kernels without them. A
 //! plan whose kernels differ from the defaults lists its variants in its header. Both
 //! executors that generate kernels, `CudaFusion` and `CudaOps`, take them
@@ -40,7 +41,7 @@ macro_rules! kernel_variants {
     ($($(#[doc = $doc:literal])* $name:ident = $default:literal, $option:literal;)*) => {
         /// Which variant of each generated kernel to emit. [`Default`] gives the fastest measured
         /// (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`, `async_row_copies`,
-        /// `split_rows`, `split_reductions`, `tiled_rows` and `pipelined_tiles`);
+        /// `split_rows`, `split_reductions`, `tiled_rows`, `pipelined_tiles` and `wide_tiles`);
         /// [`KernelVariants::NONE`], the kernels before any variant.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub struct KernelVariants {
@@ -312,12 +313,27 @@ kernel_variants! {
     /// [`streaming_rows`](Self::streaming_rows) says; the results' stores take it.
     pipelined_tiles = true,
         "softmax and layer_norm over rows of odd lengths of 17 to 256 values (f32 up to 64) read as tiles by a few blocks an SM, each copying its next tile with cp.async while it runs the one before (KernelVariants::pipelined_tiles).";
+    /// The tiles of [`tiled_rows`](Self::tiled_rows) over 16-bit rows of a thread's own (up to
+    /// 16 values) hold about 8 KB of input: each thread runs several rows in turn (16-bit rows
+    /// of 3 values, 5 rows a thread), where a tile held a row a thread (1.5 KB over rows of 3:
+    /// 96 loads of 16 bytes for a block of 256 threads, too few in flight). Rows that fill 8 KB
+    /// a row a thread (16-bit rows of 9 values or more), f32 rows and pipelined tiles are laid
+    /// out as before.
+    ///
+    /// On by default: on the H200 (2026-12-06, `gpu_sweep f32,bf16,f16 softmax,layer_norm
+    /// 2097152x3,1048576x5,4194304x9,262144x9,1048576x15`, two rounds, tiles of 8 KB against
+    /// tiles of a row a thread), 16-bit rows of 3 values ran 1.35x to 1.40x (bf16 `softmax` over
+    /// [2097152, 3] from 41% of a copy's speed), of 5 values 1.05x to 1.12x. f32 rows of 3 ran
+    /// 0.90x (`softmax`) and 1.07x, so f32 rows keep a row a thread; 16 KB tiles were mixed
+    /// (0.90x to 1.23x).
+    wide_tiles = true,
+        "softmax and layer_norm over 16-bit rows of up to 16 values whose length in bytes 16 does not divide read as tiles of about 8 KB, several rows a thread (KernelVariants::wide_tiles).";
 }
 
 impl Default for KernelVariants {
     /// The variants measured faster: `fast_exp2`, `streaming_rows`, `keep_in_l2`,
-    /// `batched_rows`, `async_row_copies`, `split_rows`, `split_reductions`, `tiled_rows` and
-    /// `pipelined_tiles`.
+    /// `batched_rows`, `async_row_copies`, `split_rows`, `split_reductions`, `tiled_rows`,
+    /// `pipelined_tiles` and `wide_tiles`.
     fn default() -> Self {
         Self::from_flags(Self::DEFAULTS)
     }

@@ -410,8 +410,9 @@ impl KernelVariants {
 ///
 /// ```
 /// use boundscope::executors::cuda::KernelVariants;
-/// let [(_, a), (_, b), (_, c), (_, d), (_, e), (_, f), (_, g), (_, h), (_, i), (_, j)] = KernelVariants::EACH;
-/// assert_eq!(a | b | c | d | e | f | g | h | i | j, KernelVariants::ALL);
+/// let all = KernelVariants::EACH.iter().fold(KernelVariants::NONE, |all, &(_, one)| all | one);
+/// assert_eq!(all, KernelVariants::ALL);
+/// assert_eq!(KernelVariants::NONE | KernelVariants::default(), KernelVariants::default());
 /// ```
 impl std::ops::BitOr for KernelVariants {
     type Output = Self;

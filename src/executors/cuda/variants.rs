@@ -323,9 +323,10 @@ kernel_variants! {
     /// On by default: on the H200 (2026-12-06, `gpu_sweep f32,bf16,f16 softmax,layer_norm
     /// 2097152x3,1048576x5,4194304x9,262144x9,1048576x15`, two rounds, tiles of 8 KB against
     /// tiles of a row a thread), 16-bit rows of 3 values ran 1.35x to 1.40x (bf16 `softmax` over
-    /// [2097152, 3] from 41% of a copy's speed), of 5 values 1.05x to 1.12x. f32 rows of 3 ran
-    /// 0.90x (`softmax`) and 1.07x, so f32 rows keep a row a thread; 16 KB tiles were mixed
-    /// (0.90x to 1.23x).
+    /// [2097152, 3] from 41% to 55% of a copy's speed), of 5 values 1.05x to 1.12x. f32 rows of
+    /// 3 ran 0.90x (`softmax`) and 1.07x, so f32 rows keep a row a thread; 16 KB tiles were
+    /// mixed (0.90x to 1.23x). (Timed as an experiment build, whose kernels at 8 KB are these,
+    /// byte for byte but for their first comment line.)
     wide_tiles = true,
         "softmax and layer_norm over 16-bit rows of up to 16 values whose length in bytes 16 does not divide read as tiles of about 8 KB, several rows a thread (KernelVariants::wide_tiles).";
 }

@@ -1765,10 +1765,20 @@ fn layer_norm_with_its_weight_and_bias_staged_matches_the_reference() {
         [(DType::F32, DType::F32), (DType::BF16, DType::BF16), (DType::F16, DType::F16), (DType::BF16, DType::F32)];
     for (dtype, weight_dtype) in dtypes {
         // (Rows of 33 and 16-bit rows of 100: read as pipelined tiles,
-        // `KernelVariants::pipelined_tiles`, the f32 results of bf16 rows too.)
-        for (rows, cols) in
-            [(3, 1001), (5000, 1001), (9000, 257), (20000, 513), (41, 4097), (64, 1024), (7001, 33), (3000, 100)]
-        {
+        // `KernelVariants::pipelined_tiles`, the f32 results of bf16 rows too; 16-bit rows of 5:
+        // tiles of 768 rows, 3 a thread, `KernelVariants::wide_tiles`.)
+        let shapes = [
+            (3, 1001),
+            (5000, 1001),
+            (9000, 257),
+            (20000, 513),
+            (41, 4097),
+            (64, 1024),
+            (7001, 33),
+            (3000, 100),
+            (50001, 5),
+        ];
+        for (rows, cols) in shapes {
             let arena = Arena::new();
             let mut b = TraceBuilder::new(&arena, &registry);
             let x = b.input_with(&TensorMeta::new(dtype, &[rows, cols])).unwrap();

@@ -9,7 +9,7 @@
 //! of its accesses (a bf16 row of 33 values takes five accesses, two of them shared; one of 9
 //! takes two, both shared), and a row's threads are a power of two, 8 for 5 accesses: on an
 //! H100, `softmax` over bf16 [131072, 33] ran at 37% of a copy's speed and [262144, 9] at 43%.
-//! A tile holds 16 to 256 rows, so it starts on a multiple of 16 values: every access of its run
+//! A tile holds 16 to 4,096 rows (a multiple of 16), so it starts on a multiple of 16 values: every access of its run
 //! is whole (but the tensor's last, where 16 bytes do not divide the tensor), from every thread
 //! of the block, whatever the row's length; the rows' values move between shared memory and
 //! registers a value at a time, where accesses need no alignment.
@@ -68,8 +68,8 @@ const PIPELINED_F32_ROW_BYTES: usize = 256;
 /// row)` rows in turn (16-bit rows of 3 values: 5 a thread, tiles of 1,280 rows). Measured on
 /// the H200 (2026-12-06, `gpu_sweep f32,bf16,f16 softmax,layer_norm
 /// 2097152x3,1048576x5,4194304x9,262144x9,1048576x15`, two rounds, against tiles of a row a
-/// thread; 8 KB: 16-bit rows of 3 1.35x to 1.40x, of 5 1.05x to 1.12x, longer rows one a thread
-/// as before. Tiles of 4 KB gained less (1.29x to 1.32x over rows of 3); of 16 KB, 0.90x to
+/// thread). 8 KB: 16-bit rows of 3 1.35x to 1.40x, of 5 1.05x to 1.12x; rows of 9 and 15 one a
+/// thread as before (two a thread would pass 8 KB). Tiles of 4 KB gained less (1.29x to 1.32x over rows of 3); of 16 KB, 0.90x to
 /// 1.23x (16-bit `layer_norm` over [4194304, 9] 1.23x, `softmax` 0.94x to 0.95x). f32 rows of 3
 /// ran 0.90x (`softmax`) and 1.07x (`layer_norm`) with 8 KB, so they keep a row a thread.
 const WIDE_TILE_BYTES: usize = 8192;
@@ -117,7 +117,8 @@ impl RowTiles {
     ///   values, up to [`TILE_MAX_COLS`] in 16 bits and [`PIPELINED_F32_ROW_BYTES`] in f32;
     /// - otherwise, with [`KernelVariants::tiled_rows`], of up to [`TILE_ROW_BYTES`] (16-bit
     ///   `softmax` rows up to [`TILE_MAX_COLS`] values); with [`KernelVariants::wide_tiles`],
-    ///   16-bit rows in tiles of about [`WIDE_TILE_BYTES`], several rows a thread.
+    ///   16-bit rows of up to 7 values in tiles of about [`WIDE_TILE_BYTES`], several rows a
+    ///   thread.
     pub fn for_rows(
         id: SymbolId,
         rows: usize,
@@ -290,9 +291,8 @@ impl RowTiles {
             load(&mut c, "t", "tile_in");
         }
         c.push_str("    __syncthreads();\n");
-        // The rows: value `j` of a thread at column `lane + j * g`, in the row for every `j` but
-        // the last.
-        // The rows, `TILE_THREADS / g` at a time (`passes` times, alike in every thread).
+        // The rows, `TILE_THREADS / g` at a time (`passes` times, alike in every thread): value
+        // `j` of a thread at column `lane + j * g`, in the row for every `j` but the last.
         if self.passes > 1 {
             let _ = writeln!(c, "    for (int slot = threadIdx.x / {g}; slot < {r}; slot += {}) {{", TILE_THREADS / g);
         }

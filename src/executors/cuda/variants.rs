@@ -316,9 +316,10 @@ kernel_variants! {
     /// The tiles of [`tiled_rows`](Self::tiled_rows) over 16-bit rows of a thread's own (up to
     /// 16 values) hold about 8 KB of input: each thread runs several rows in turn (16-bit rows
     /// of 3 values, 5 rows a thread), where a tile held a row a thread (1.5 KB over rows of 3:
-    /// 96 loads of 16 bytes for a block of 256 threads, too few in flight). Rows that fill 8 KB
-    /// a row a thread (16-bit rows of 9 values or more), f32 rows and pipelined tiles are laid
-    /// out as before.
+    /// 96 loads of 16 bytes for a block of 256 threads, too few in flight). So it takes 16-bit
+    /// rows of up to 7 values; longer ones (two a thread would pass 8 KB), f32 rows and
+    /// pipelined tiles are laid out as before. It changes only the tiles of `tiled_rows`:
+    /// without that variant it does nothing.
     ///
     /// On by default: on the H200 (2026-12-06, `gpu_sweep f32,bf16,f16 softmax,layer_norm
     /// 2097152x3,1048576x5,4194304x9,262144x9,1048576x15`, two rounds, tiles of 8 KB against
@@ -328,7 +329,7 @@ kernel_variants! {
     /// mixed (0.90x to 1.23x). (Timed as an experiment build, whose kernels at 8 KB are these,
     /// byte for byte but for their first comment line.)
     wide_tiles = true,
-        "softmax and layer_norm over 16-bit rows of up to 16 values whose length in bytes 16 does not divide read as tiles of about 8 KB, several rows a thread (KernelVariants::wide_tiles).";
+        "softmax and layer_norm over 16-bit rows of odd lengths of up to 7 values read as tiles of about 8 KB, several rows a thread, where tiled_rows reads them as tiles (KernelVariants::wide_tiles).";
 }
 
 impl Default for KernelVariants {

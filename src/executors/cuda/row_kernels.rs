@@ -1209,6 +1209,14 @@ pub(super) fn row_source(
     // the row apart from one round to the next. With `split_rows`, a row is split over a
     // cluster of blocks where rows are fewer than SMs, in slices of whole rounds, and the passes
     // over a split row alternate in direction.
+    // (Rows kept on chip are not split: an experiment build split them over clusters of 2 or 4
+    // blocks of 256 or 512 threads, each keeping its slice on chip and the cluster combining
+    // the sums through distributed shared memory, and so kept f32 rows of 65,536 on chip. On
+    // the H200 (2026-12-06, `gpu_sweep f32,bf16,f16 softmax,layer_norm
+    // 333x50257,256x65536,4096x65536,1024x16384,132x50257`, two rounds) it ran 0.55x to 1.18x
+    // the kernels here, median 0.82x to 0.90x by configuration: only f32 `softmax` over
+    // [333, 50257] gained (1.08x to 1.18x), `layer_norm` lost up to 0.55x in f32 and 16-bit
+    // `softmax` 0.71x to 0.93x.)
     let streamed = layout.per_thread.is_none();
     let streamed_loads = (16 / v).clamp(STREAMED_LOADS, 16);
     let streamed_stride = streamed_loads * t * v;

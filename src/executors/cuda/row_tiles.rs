@@ -9,10 +9,10 @@
 //! of its accesses (a bf16 row of 33 values takes five accesses, two of them shared; one of 9
 //! takes two, both shared), and a row's threads are a power of two, 8 for 5 accesses: on an
 //! H100, `softmax` over bf16 [131072, 33] ran at 37% of a copy's speed and [262144, 9] at 43%.
-//! A tile holds 16 to 4,096 rows (a multiple of 16), so it starts on a multiple of 16 values: every access of its run
-//! is whole (but the tensor's last, where 16 bytes do not divide the tensor), from every thread
-//! of the block, whatever the row's length; the rows' values move between shared memory and
-//! registers a value at a time, where accesses need no alignment.
+//! A tile holds 16 to 4,096 rows (a multiple of 16), so it starts on a multiple of 16 values:
+//! every access of its run is whole (but the tensor's last, where 16 bytes do not divide the
+//! tensor), from every thread of the block, whatever the row's length; the rows' values move
+//! between shared memory and registers a value at a time, where accesses need no alignment.
 //!
 //! Rows of 17 values or more (two threads a row or more) are read as pipelined tiles
 //! ([`KernelVariants::pipelined_tiles`]): a grid of up to 4 blocks an SM, each looping over
@@ -69,9 +69,10 @@ const PIPELINED_F32_ROW_BYTES: usize = 256;
 /// the H200 (2026-12-06, `gpu_sweep f32,bf16,f16 softmax,layer_norm
 /// 2097152x3,1048576x5,4194304x9,262144x9,1048576x15`, two rounds, against tiles of a row a
 /// thread). 8 KB: 16-bit rows of 3 1.35x to 1.40x, of 5 1.05x to 1.12x; rows of 9 and 15 one a
-/// thread as before (two a thread would pass 8 KB). Tiles of 4 KB gained less (1.29x to 1.32x over rows of 3); of 16 KB, 0.90x to
-/// 1.23x (16-bit `layer_norm` over [4194304, 9] 1.23x, `softmax` 0.94x to 0.95x). f32 rows of 3
-/// ran 0.90x (`softmax`) and 1.07x (`layer_norm`) with 8 KB, so they keep a row a thread.
+/// thread as before (two a thread would pass 8 KB). Tiles of 4 KB gained less (1.29x to 1.32x
+/// over rows of 3); of 16 KB, 0.90x to 1.23x (16-bit `layer_norm` over [4194304, 9] 1.23x,
+/// `softmax` 0.94x to 0.95x). f32 rows of 3 ran 0.90x (`softmax`) and 1.07x (`layer_norm`) with
+/// 8 KB, so they keep a row a thread.
 const WIDE_TILE_BYTES: usize = 8192;
 
 /// Blocks an SM of a pipelined tiled kernel, at most: each block loops over every `sms * 4`-th

@@ -57,10 +57,13 @@ const REGISTER_VALUES: usize = 32;
 /// Threads per row at most (a block).
 const MAX_ROW_THREADS: usize = 1024;
 
+/// Bytes of shared memory CUDA reserves for each block (for its own use, on Hopper).
+pub(super) const CUDA_BLOCK_SHARED_BYTES: usize = 1024;
+
 /// Bytes of shared memory a block of a row kernel takes past its row's, at most: the kilobyte
 /// CUDA reserves per block, and the kernel's own arrays (a `float` per warp; twice for a
 /// streamed `softmax`).
-const RESERVED_SHARED_BYTES: usize = 1024 + 2 * 4 * MAX_ROW_THREADS / 32;
+const RESERVED_SHARED_BYTES: usize = CUDA_BLOCK_SHARED_BYTES + 2 * 4 * MAX_ROW_THREADS / 32;
 
 /// Whether `blocks` blocks of a row kernel that each take `shared_bytes` of shared memory fit
 /// an SM's `sm_shared` bytes, with [`RESERVED_SHARED_BYTES`] more a block.

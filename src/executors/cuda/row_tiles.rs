@@ -25,7 +25,9 @@
 use std::fmt::Write as _;
 
 use super::codegen::{element_type, literal, maximum, narrow, widen, RegionSource};
-use super::row_kernels::{row_reduce, Caching, RowLayout, RowOp, RowSource, RowTarget, COPY_ASYNC};
+use super::row_kernels::{
+    row_reduce, Caching, RowLayout, RowOp, RowSource, RowTarget, COPY_ASYNC, CUDA_BLOCK_SHARED_BYTES,
+};
 use super::KernelVariants;
 use crate::core::ir::{prims, DType, SymbolId};
 use crate::core::plan::{packing, OpView};
@@ -376,9 +378,10 @@ impl RowTiles {
         // `tile_out` after its own first barrier: this one is not needed, and stays as timed.)
         c.push_str(if pipelined { "  }\n}\n" } else { "    __syncthreads();\n  }\n}\n" });
 
-        // Pipelined, a few blocks an SM (as many as its shared memory holds, up to
-        // `PIPELINED_BLOCKS_PER_SM`), each over many tiles.
-        let per_block = shared_bytes + (tensors - 1) * cols * 4 + 1024;
+        // Pipelined, a few blocks an SM (as many as its shared memory holds, with `layer_norm`'s
+        // widened weight and bias and CUDA's reserve, up to `PIPELINED_BLOCKS_PER_SM`), each over
+        // many tiles.
+        let per_block = shared_bytes + (tensors - 1) * cols * 4 + CUDA_BLOCK_SHARED_BYTES;
         let per_sm = if target.sm_shared > 0 { target.sm_shared / per_block } else { PIPELINED_BLOCKS_PER_SM };
         let per_sm = per_sm.clamp(1, PIPELINED_BLOCKS_PER_SM);
         let blocks = if pipelined && target.region.sms > 0 { tiles.min(target.region.sms * per_sm) } else { tiles };

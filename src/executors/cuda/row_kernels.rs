@@ -2520,19 +2520,20 @@ mod tests {
         }
     }
 
-    /// With `wide_tiles` (on by default), the plain tiles of 16-bit rows of up to 7 values hold
+    /// With `wide_tiles` (on by default), the plain tiles of 16-bit rows of up to 5 values hold
     /// about 8 KB of input, each thread running several rows in turn, alike in every thread of
-    /// the block (a loop over its rows, the same count for each); f32 rows, rows of which two a
-    /// thread would pass 8 KB, and pipelined tiles keep a row a thread, and their kernels as
-    /// before, byte for byte. The kernels compile, and their tiles fit the 48 KB of static
+    /// the block (a loop over its rows, the same count for each); f32 rows, 16-bit rows of which
+    /// 8 KB hold fewer than three a thread, and pipelined tiles keep a row a thread, and their
+    /// kernels as before, byte for byte. The kernels compile, and their tiles fit the 48 KB of static
     /// shared memory.
     #[test]
     fn wide_tiles_run_several_short_16_bit_rows_a_thread() {
         let defaults = KernelVariants::default();
         let narrow = KernelVariants { wide_tiles: false, ..defaults };
         let rows = 100_003;
-        // (cols, rows a thread): 8,192 bytes over 256 rows of `cols` 16-bit values, at least 1.
-        for (cols, passes) in [(1, 16), (2, 8), (3, 5), (5, 3), (7, 2), (9, 1), (15, 1), (33, 1)] {
+        // (cols, rows a thread): 8,192 bytes over 256 rows of `cols` 16-bit values where that
+        // is at least 3, else 1.
+        for (cols, passes) in [(1, 16), (2, 8), (3, 5), (4, 4), (5, 3), (6, 1), (7, 1), (9, 1), (15, 1), (33, 1)] {
             for dtype in [DType::BF16, DType::F16] {
                 for is_layer_norm in [false, true] {
                     let what = format!("{dtype} [{rows}, {cols}], layer_norm: {is_layer_norm}");

@@ -77,6 +77,13 @@ const PIPELINED_F32_ROW_BYTES: usize = 256;
 /// 8 KB, so they keep a row a thread.
 const WIDE_TILE_BYTES: usize = 8192;
 
+/// The fewest rows a thread that a wide tile runs: rows of which [`WIDE_TILE_BYTES`] hold fewer
+/// a thread keep a row a thread. Two a thread (16-bit rows of 6 and 7 values) lost on an H100
+/// (2026-12-07, `gpu_sweep bf16,f16 softmax,layer_norm 1048576x7 --variant=wide_tiles`):
+/// `softmax` 0.85x to 0.94x, `layer_norm` 0.97x to 0.98x; three a thread (rows of 5) ran 0.90x
+/// to 1.04x there and 1.05x to 1.12x on the H200, four or more 1.19x to 1.77x.
+const WIDE_TILE_MIN_PASSES: usize = 3;
+
 /// Blocks an SM of a pipelined tiled kernel, at most: each block loops over every `sms * 4`-th
 /// tile. (Up to 8 timed the same, 0.93x to 1.57x against 0.95x to 1.52x over 24 cases.)
 const PIPELINED_BLOCKS_PER_SM: usize = 4;
@@ -120,7 +127,7 @@ impl RowTiles {
     ///   values, up to [`TILE_MAX_COLS`] in 16 bits and [`PIPELINED_F32_ROW_BYTES`] in f32;
     /// - otherwise, with [`KernelVariants::tiled_rows`], of up to [`TILE_ROW_BYTES`] (16-bit
     ///   `softmax` rows up to [`TILE_MAX_COLS`] values); with [`KernelVariants::wide_tiles`],
-    ///   16-bit rows of up to 7 values in tiles of about [`WIDE_TILE_BYTES`], several rows a
+    ///   16-bit rows of up to 5 values in tiles of about [`WIDE_TILE_BYTES`], several rows a
     ///   thread.
     pub fn for_rows(
         id: SymbolId,
@@ -145,10 +152,11 @@ impl RowTiles {
         let threads_per_row = cols.div_ceil(TILE_VALUES).next_power_of_two();
         let once = TILE_THREADS / threads_per_row;
         let passes = if variants.wide_tiles && !pipelined && packed {
-            (WIDE_TILE_BYTES / (once * cols * input.size_bytes())).max(1)
+            WIDE_TILE_BYTES / (once * cols * input.size_bytes())
         } else {
             1
         };
+        let passes = if passes >= WIDE_TILE_MIN_PASSES { passes } else { 1 };
         let per_thread = cols.div_ceil(threads_per_row);
         Some(Self { rows, cols, threads_per_row, per_thread, rows_per_tile: once * passes, passes, pipelined })
     }

@@ -317,7 +317,8 @@ kernel_variants! {
     /// 16 values) hold about 8 KB of input: each thread runs several rows in turn (16-bit rows
     /// of 3 values, 5 rows a thread), where a tile held a row a thread (1.5 KB over rows of 3:
     /// 96 loads of 16 bytes for a block of 256 threads, too few in flight). So it takes 16-bit
-    /// rows of up to 7 values; longer ones (two a thread would pass 8 KB), f32 rows and
+    /// rows of up to 5 values, at least three a thread; longer ones (of 6 and 7 values, two a
+    /// thread, ran 0.85x to 0.98x on an H100; from 9 values two would pass 8 KB), f32 rows and
     /// pipelined tiles are laid out as before. It changes only the tiles of `tiled_rows`:
     /// without that variant it does nothing.
     ///
@@ -327,9 +328,14 @@ kernel_variants! {
     /// [2097152, 3] from 41% to 55% of a copy's speed), of 5 values 1.05x to 1.12x. f32 rows of
     /// 3 ran 0.90x (`softmax`) and 1.07x, so f32 rows keep a row a thread; 16 KB tiles were
     /// mixed (0.90x to 1.23x). (Timed as an experiment build, whose kernels at 8 KB are these,
-    /// byte for byte but for their first comment line.)
+    /// byte for byte but for their first comment line.) On an H100 (2026-12-07, `gpu_sweep
+    /// bf16,f16 softmax,layer_norm
+    /// 4194304x1,2097152x2,2097152x3,1048576x5,1048576x7,1048577x3,262143x5
+    /// --variant=wide_tiles`): rows of 1 value 1.65x to 1.77x, of 2 1.30x to 1.40x, of 3 1.04x
+    /// to 1.31x, of 5 0.90x to 1.04x; rows of 7 (two a thread) 0.85x to 0.98x, so they keep a
+    /// row a thread.
     wide_tiles = true,
-        "softmax and layer_norm over 16-bit rows of odd lengths of up to 7 values read as tiles of about 8 KB, several rows a thread, where tiled_rows reads them as tiles (KernelVariants::wide_tiles).";
+        "softmax and layer_norm over 16-bit rows of odd lengths of up to 5 values read as tiles of about 8 KB, several rows a thread, where tiled_rows reads them as tiles (KernelVariants::wide_tiles).";
 }
 
 impl Default for KernelVariants {

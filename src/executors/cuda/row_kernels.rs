@@ -1738,6 +1738,7 @@ mod tests {
                 tiled_rows: true,
                 pipelined_tiles: true,
                 wide_tiles: true,
+                tile_occupancy: false,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -2588,6 +2589,39 @@ mod tests {
         // Alone (without `tiled_rows`), the variant tiles nothing.
         let alone = KernelVariants::NONE.flipped("wide_tiles").expect("a variant");
         assert_eq!(RowTiles::for_rows(prims::SOFTMAX, rows, 3, DType::BF16, DType::BF16, alone), None);
+    }
+
+    /// With `tile_occupancy`, the plain tiles' kernels ask for eight blocks an SM and are
+    /// otherwise the same, byte for byte; pipelined tiles and untiled rows are unchanged. The
+    /// kernels compile.
+    #[test]
+    fn tile_occupancy_asks_plain_tiles_for_eight_blocks_an_sm() {
+        let defaults = KernelVariants::default();
+        let occupied = KernelVariants { tile_occupancy: true, ..defaults };
+        let rows = 100_003;
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            for is_layer_norm in [false, true] {
+                for cols in [1, 3, 5, 7, 9, 15, 33, 1024] {
+                    let what = format!("{dtype} [{rows}, {cols}], layer_norm: {is_layer_norm}");
+                    let id = if is_layer_norm { prims::LAYER_NORM } else { prims::SOFTMAX };
+                    let plain =
+                        RowTiles::for_rows(id, rows, cols, dtype, dtype, defaults).is_some_and(|t| !t.pipelined);
+                    let before = row_op_with(is_layer_norm, dtype, [rows, cols], HOPPER_BLOCK, defaults).source.source;
+                    let with = row_op_with(is_layer_norm, dtype, [rows, cols], HOPPER_BLOCK, occupied).source.source;
+                    assert_eq!(with.contains("__launch_bounds__(256, 8)"), plain, "{what}\n{with}");
+                    if plain {
+                        assert_eq!(
+                            with.replace("__launch_bounds__(256, 8)", "__launch_bounds__(256)"),
+                            before,
+                            "{what}"
+                        );
+                        super::super::compiles_with_nvrtc(&with);
+                    } else {
+                        assert_eq!(with, before, "{what}");
+                    }
+                }
+            }
+        }
     }
 
     /// With `pipelined_tiles` (on by default), rows of odd lengths of 17 to 256 values (f32 ones

@@ -84,6 +84,11 @@ const WIDE_TILE_BYTES: usize = 8192;
 /// to 1.04x there and 1.05x to 1.12x on the H200, four or more 1.19x to 1.77x.
 const WIDE_TILE_MIN_PASSES: usize = 3;
 
+/// Blocks an SM that plain tiles ask `ptxas` to fit with [`KernelVariants::tile_occupancy`]
+/// (`__launch_bounds__(256, 8)`): 32 registers a thread, and 8 KB tiles in and out (under 24 KB
+/// a block) leave shared memory for all eight.
+const TILE_MIN_BLOCKS: usize = 8;
+
 /// Blocks an SM of a pipelined tiled kernel, at most: each block loops over every `sms * 4`-th
 /// tile. (Up to 8 timed the same, 0.93x to 1.57x against 0.95x to 1.52x over 24 cases.)
 const PIPELINED_BLOCKS_PER_SM: usize = 4;
@@ -206,11 +211,14 @@ impl RowTiles {
             c.push_str(COPY_ASYNC);
             c.push_str(PIPELINE);
         }
-        let _ = writeln!(
-            c,
-            "extern \"C\" __global__ void __launch_bounds__({TILE_THREADS}) {kernel}({}) {{",
-            params.join(", ")
-        );
+        // Plain tiles may ask for `TILE_MIN_BLOCKS` blocks an SM (`tile_occupancy`).
+        let bounds = if variants.tile_occupancy && !pipelined {
+            format!("{TILE_THREADS}, {TILE_MIN_BLOCKS}")
+        } else {
+            TILE_THREADS.to_string()
+        };
+        let _ =
+            writeln!(c, "extern \"C\" __global__ void __launch_bounds__({bounds}) {kernel}({}) {{", params.join(", "));
         // A tile's values sit at `pad` past the start of its arrays, `pad` being its first
         // value's offset from a multiple of 8 values: an access aligned to the tensor (4 or 8
         // values) is then aligned in shared memory too, and the arrays hold the accesses a tile

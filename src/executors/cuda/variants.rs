@@ -336,6 +336,14 @@ kernel_variants! {
     /// row a thread.
     wide_tiles = true,
         "softmax and layer_norm over 16-bit rows of odd lengths of up to 5 values read as tiles of about 8 KB, several rows a thread, where tiled_rows reads them as tiles (KernelVariants::wide_tiles).";
+    /// The plain tiles of [`tiled_rows`](Self::tiled_rows) (not the pipelined ones) ask
+    /// `ptxas` for eight blocks of 256 threads an SM (`__launch_bounds__(256, 8)`: at most 32
+    /// registers a thread), where it took up to 72 (16-bit `layer_norm` over rows of 1 value in
+    /// wide tiles) and 40 to 64 at most short lengths: five or six blocks an SM, a wide tile's
+    /// 8 KB of loads each. `ptxas` (sm_90) spills 4 to 20 bytes a thread with it in 16-bit
+    /// `softmax` over rows of 1 and 4 values, nowhere else over rows of 1 to 15.
+    tile_occupancy = false,
+        "softmax and layer_norm over short rows read as plain tiles compile for eight blocks an SM, at most 32 registers a thread (KernelVariants::tile_occupancy).";
 }
 
 impl Default for KernelVariants {

@@ -8,7 +8,7 @@
 //! rows), `split_reductions` (an H100, 2026-12-06, over 66 cases of few long rows),
 //! `tiled_rows` and `pipelined_tiles` (an H100, 2026-12-06, over 44 and 72 cases of short rows
 //! of odd lengths), `wide_tiles` (the H200, 2026-12-06, over 30 cases of rows of up to 15
-//! values); `int32_row_columns` is not. Their options stay so that the comparison can be run
+//! values); `int32_row_columns` and `tile_occupancy` are not. Their options stay so that the comparison can be run
 //! again, and so do those of the variants on by default, to time the kernels without them. A
 //! plan whose kernels differ from the defaults lists its variants in its header. Both
 //! executors that generate kernels, `CudaFusion` and `CudaOps`, take them
@@ -342,6 +342,17 @@ kernel_variants! {
     /// wide tiles) and 40 to 64 at most short lengths: five or six blocks an SM, a wide tile's
     /// 8 KB of loads each. `ptxas` (sm_90) spills 4 to 20 bytes a thread with it in 16-bit
     /// `softmax` over rows of 1 and 4 values, nowhere else over rows of 1 to 15.
+    ///
+    /// Off by default, not yet measured as this variant. An experiment build whose kernels are
+    /// these (the same bounds, on every plain tile) ran on an H100 (2026-12-07, `gpu_sweep
+    /// bf16,f16 softmax,layer_norm
+    /// 4194304x1,2097152x2,2097152x3,1048576x5,1048576x7,4194304x9,1048577x3,262143x5`, two
+    /// rounds a build, interleaved): 1.00x to 1.11x over 16-bit rows of 1 to 9 values, median
+    /// 1.03x (`softmax` over [4194304, 9] 1.08x to 1.09x, 40 registers down to 32), 0.95x once
+    /// (bf16 `softmax` [262143, 5], 5 MB, whose rounds moved by 10%); `layer_norm` over rows of
+    /// 7 in wide tiles 0.67x to 0.68x, spilling 68 bytes a thread, which `wide_tiles` no longer
+    /// makes (rows of 7 keep a row a thread, 32 registers without the bounds). f32 rows and
+    /// 16-bit rows of 6 and 7 were not timed.
     tile_occupancy = false,
         "softmax and layer_norm over short rows read as plain tiles compile for eight blocks an SM, at most 32 registers a thread (KernelVariants::tile_occupancy).";
 }

@@ -1657,8 +1657,9 @@ fn row_ops_match_the_reference_at_every_row_length(dtype: boundscope::DType) {
         // in f32 are pipelined tiles, `KernelVariants::pipelined_tiles`). Pipelined, the last
         // three in 16 bits and [70001, 33] in f32 run more tiles than their blocks (at most 4 an
         // SM), so that each block copies the next tile while it runs one. In 16 bits, the rows
-        // of up to 7 values run several a thread (`KernelVariants::wide_tiles`: tiles of 4,096
-        // rows of 1 value, 1,280 of 3, 768 of 5, 512 of 7), the last tile short.
+        // of up to 5 values run several a thread (`KernelVariants::wide_tiles`: tiles of 4,096
+        // rows of 1 value, 1,280 of 3, 768 of 5; rows of 7 one a thread, 256 a tile), the last
+        // tile short.
         let tiled = [
             (70001, 1),
             (100003, 3),

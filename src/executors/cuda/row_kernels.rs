@@ -2591,30 +2591,49 @@ mod tests {
         assert_eq!(RowTiles::for_rows(prims::SOFTMAX, rows, 3, DType::BF16, DType::BF16, alone), None);
     }
 
-    /// With `tile_occupancy`, the plain tiles' kernels ask for eight blocks an SM and are
-    /// otherwise the same, byte for byte; pipelined tiles and untiled rows are unchanged. The
-    /// kernels compile.
+    /// With `tile_occupancy`, the plain tiles' kernels over 16-bit rows ask for eight blocks an
+    /// SM and are otherwise the same, byte for byte; f32 tiles, pipelined tiles and untiled rows
+    /// are unchanged. Eight blocks' tiles fit in an SM's shared memory. The kernels compile.
     #[test]
-    fn tile_occupancy_asks_plain_tiles_for_eight_blocks_an_sm() {
+    fn tile_occupancy_asks_plain_16_bit_tiles_for_eight_blocks_an_sm() {
         let defaults = KernelVariants::default();
         let occupied = KernelVariants { tile_occupancy: true, ..defaults };
         let rows = 100_003;
+        let mut asked = 0;
         for dtype in [DType::F32, DType::BF16, DType::F16] {
             for is_layer_norm in [false, true] {
-                for cols in [1, 3, 5, 7, 9, 15, 33, 1024] {
+                // (cols, how the defaults lay them out): plain tiles, pipelined tiles, or none.
+                for (cols, layout) in [
+                    (1, "plain"),
+                    (3, "plain"),
+                    (5, "plain"),
+                    (7, "plain"),
+                    (15, "plain"),
+                    (33, "pipelined"),
+                    (1024, "none"),
+                ] {
                     let what = format!("{dtype} [{rows}, {cols}], layer_norm: {is_layer_norm}");
                     let id = if is_layer_norm { prims::LAYER_NORM } else { prims::SOFTMAX };
-                    let plain =
-                        RowTiles::for_rows(id, rows, cols, dtype, dtype, defaults).is_some_and(|t| !t.pipelined);
+                    let tiles = RowTiles::for_rows(id, rows, cols, dtype, dtype, defaults);
+                    let got = tiles.map_or("none", |t| if t.pipelined { "pipelined" } else { "plain" });
+                    assert_eq!(got, layout, "{what}");
                     let before = row_op_with(is_layer_norm, dtype, [rows, cols], HOPPER_BLOCK, defaults).source.source;
                     let with = row_op_with(is_layer_norm, dtype, [rows, cols], HOPPER_BLOCK, occupied).source.source;
-                    assert_eq!(with.contains("__launch_bounds__(256, 8)"), plain, "{what}\n{with}");
-                    if plain {
+                    let bounded = layout == "plain" && dtype != DType::F32;
+                    assert_eq!(with.contains("__launch_bounds__(256, 8)"), bounded, "{what}\n{with}");
+                    if bounded {
+                        asked += 1;
                         assert_eq!(
                             with.replace("__launch_bounds__(256, 8)", "__launch_bounds__(256)"),
                             before,
                             "{what}"
                         );
+                        // Eight blocks' tiles in and out (with `layer_norm`'s weight and bias
+                        // as floats, and the kilobyte CUDA keeps a block) in 227 KB.
+                        let t = tiles.expect("tiled");
+                        let block =
+                            2 * (t.tile_values() + 16) * dtype.size_bytes() + 2 * 4 * cols + CUDA_BLOCK_SHARED_BYTES;
+                        assert!(8 * block <= 227 * 1024, "{what}: {block} bytes a block");
                         super::super::compiles_with_nvrtc(&with);
                     } else {
                         assert_eq!(with, before, "{what}");
@@ -2622,6 +2641,7 @@ mod tests {
                 }
             }
         }
+        assert_eq!(asked, 2 * 2 * 5);
     }
 
     /// With `pipelined_tiles` (on by default), rows of odd lengths of 17 to 256 values (f32 ones

@@ -65,9 +65,10 @@ const TILE_MAX_COLS: usize = 256;
 /// to 0.98x), which keep the tiles of [`KernelVariants::tiled_rows`].
 const PIPELINED_F32_ROW_BYTES: usize = 256;
 
-/// A plain tile of 16-bit rows holds about this many bytes of input, at least one row a thread
+/// A plain tile of 16-bit rows holds about this many bytes of input
 /// ([`KernelVariants::wide_tiles`]): each thread runs `WIDE_TILE_BYTES / (256 * bytes of a
-/// row)` rows in turn (16-bit rows of 3 values: 5 a thread, tiles of 1,280 rows). Measured on
+/// row)` rows in turn where that is at least [`WIDE_TILE_MIN_PASSES`], else one (16-bit rows of
+/// 3 values: 5 a thread, tiles of 1,280 rows). Measured on
 /// the H200 (2026-12-06, `gpu_sweep f32,bf16,f16 softmax,layer_norm
 /// 2097152x3,1048576x5,4194304x9,262144x9,1048576x15`, two rounds, against tiles of a row a
 /// thread). 8 KB: 16-bit rows of 3 1.35x to 1.40x, of 5 1.05x to 1.12x; rows of 9 and 15 one a
@@ -81,12 +82,15 @@ const WIDE_TILE_BYTES: usize = 8192;
 /// a thread keep a row a thread. Two a thread (16-bit rows of 6 and 7 values) lost on an H100
 /// (2026-12-07, `gpu_sweep bf16,f16 softmax,layer_norm 1048576x7 --variant=wide_tiles`):
 /// `softmax` 0.85x to 0.94x, `layer_norm` 0.97x to 0.98x; three a thread (rows of 5) ran 0.90x
-/// to 1.04x there and 1.05x to 1.12x on the H200, four or more 1.19x to 1.77x.
+/// to 1.04x there and 1.05x to 1.12x on the H200; five or more (rows of 1 to 3) 1.04x to 1.77x
+/// on the H100. Rows of 4 (four a thread) were not timed.
 const WIDE_TILE_MIN_PASSES: usize = 3;
 
-/// Blocks an SM that plain tiles ask `ptxas` to fit with [`KernelVariants::tile_occupancy`]
-/// (`__launch_bounds__(256, 8)`): 32 registers a thread, and 8 KB tiles in and out (under 24 KB
-/// a block) leave shared memory for all eight.
+/// Blocks an SM that plain tiles of 16-bit rows ask `ptxas` to fit with
+/// [`KernelVariants::tile_occupancy`] (`__launch_bounds__(256, 8)`): 32 registers a thread. Their
+/// tiles in and out (at most about 24 KB a block, a bf16 row written as f32) leave shared memory
+/// for all eight; f32 tiles of rows of 14 and 15 values (about 30 KB) would not, and f32 rows were
+/// not timed, so they keep their bounds.
 const TILE_MIN_BLOCKS: usize = 8;
 
 /// Blocks an SM of a pipelined tiled kernel, at most: each block loops over every `sms * 4`-th
@@ -211,8 +215,9 @@ impl RowTiles {
             c.push_str(COPY_ASYNC);
             c.push_str(PIPELINE);
         }
-        // Plain tiles may ask for `TILE_MIN_BLOCKS` blocks an SM (`tile_occupancy`).
-        let bounds = if variants.tile_occupancy && !pipelined {
+        // Plain tiles of 16-bit rows may ask for `TILE_MIN_BLOCKS` blocks an SM
+        // (`tile_occupancy`).
+        let bounds = if variants.tile_occupancy && !pipelined && packing::is_packed(input) {
             format!("{TILE_THREADS}, {TILE_MIN_BLOCKS}")
         } else {
             TILE_THREADS.to_string()

@@ -330,15 +330,16 @@ kernel_variants! {
     /// mixed (0.90x to 1.23x). (Timed as an experiment build, whose kernels at 8 KB are these,
     /// byte for byte but for their first comment line.) On an H100 (2026-12-07, `gpu_sweep
     /// bf16,f16 softmax,layer_norm
-    /// 4194304x1,2097152x2,2097152x3,1048576x5,1048576x7,1048577x3,262143x5
+    /// 4194304x1,2097152x2,2097152x3,1048576x5,1048576x7,4194304x9,1048577x3,262143x5
     /// --variant=wide_tiles`): rows of 1 value 1.65x to 1.77x, of 2 1.30x to 1.40x, of 3 1.04x
     /// to 1.31x, of 5 0.90x to 1.04x; rows of 7 (two a thread) 0.85x to 0.98x, so they keep a
     /// row a thread.
     wide_tiles = true,
         "softmax and layer_norm over 16-bit rows of odd lengths of up to 5 values read as tiles of about 8 KB, several rows a thread, where tiled_rows reads them as tiles (KernelVariants::wide_tiles).";
-    /// The plain tiles of [`tiled_rows`](Self::tiled_rows) (not the pipelined ones) ask
-    /// `ptxas` for eight blocks of 256 threads an SM (`__launch_bounds__(256, 8)`: at most 32
-    /// registers a thread), where it took up to 72 (16-bit `layer_norm` over rows of 1 value in
+    /// The plain tiles of [`tiled_rows`](Self::tiled_rows) over 16-bit rows (not the pipelined
+    /// ones, nor f32 rows: untimed, and some of their tiles leave shared memory for only seven
+    /// blocks) ask `ptxas` for eight blocks of 256 threads an SM (`__launch_bounds__(256, 8)`: at
+    /// most 32 registers a thread), where it took up to 72 (16-bit `layer_norm` over rows of 1 value in
     /// wide tiles) and 40 to 64 at most short lengths: five or six blocks an SM, a wide tile's
     /// 8 KB of loads each. `ptxas` (sm_90) spills 4 to 20 bytes a thread with it in 16-bit
     /// `softmax` over rows of 1 and 4 values, nowhere else over rows of 1 to 15.
@@ -351,10 +352,10 @@ kernel_variants! {
     /// 1.03x (`softmax` over [4194304, 9] 1.08x to 1.09x, 40 registers down to 32), 0.95x once
     /// (bf16 `softmax` [262143, 5], 5 MB, whose rounds moved by 10%); `layer_norm` over rows of
     /// 7 in wide tiles 0.67x to 0.68x, spilling 68 bytes a thread, which `wide_tiles` no longer
-    /// makes (rows of 7 keep a row a thread, 32 registers without the bounds). f32 rows and
-    /// 16-bit rows of 6 and 7 were not timed.
+    /// makes (rows of 7 keep a row a thread, 32 registers without the bounds). 16-bit rows of 6
+    /// and 7 as now laid out were not timed with it.
     tile_occupancy = false,
-        "softmax and layer_norm over short rows read as plain tiles compile for eight blocks an SM, at most 32 registers a thread (KernelVariants::tile_occupancy).";
+        "softmax and layer_norm over short 16-bit rows read as plain tiles compile for eight blocks an SM, at most 32 registers a thread (KernelVariants::tile_occupancy).";
 }
 
 impl Default for KernelVariants {

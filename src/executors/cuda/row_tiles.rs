@@ -68,8 +68,8 @@ const PIPELINED_F32_ROW_BYTES: usize = 256;
 /// A plain tile of 16-bit rows holds about this many bytes of input
 /// ([`KernelVariants::wide_tiles`]): each thread runs `WIDE_TILE_BYTES / (256 * bytes of a
 /// row)` rows in turn where that is at least [`WIDE_TILE_MIN_PASSES`], else one (16-bit rows of
-/// 3 values: 5 a thread, tiles of 1,280 rows). Measured on
-/// the H200 (2026-12-06, `gpu_sweep f32,bf16,f16 softmax,layer_norm
+/// 3 values: 5 a thread, tiles of 1,280 rows). Measured on the H200 (2026-12-06, `gpu_sweep
+/// f32,bf16,f16 softmax,layer_norm
 /// 2097152x3,1048576x5,4194304x9,262144x9,1048576x15`, two rounds, against tiles of a row a
 /// thread). 8 KB: 16-bit rows of 3 1.35x to 1.40x, of 5 1.05x to 1.12x; rows of 9 and 15 one a
 /// thread as before (two a thread would pass 8 KB). Tiles of 4 KB gained less (1.29x to 1.32x

@@ -8,10 +8,10 @@
 //! rows), `split_reductions` (an H100, 2026-12-06, over 66 cases of few long rows),
 //! `tiled_rows` and `pipelined_tiles` (an H100, 2026-12-06, over 44 and 72 cases of short rows
 //! of odd lengths), `wide_tiles` (the H200, 2026-12-06, over 30 cases of rows of up to 15
-//! values); `int32_row_columns` and `tile_occupancy` are not. Their options stay so that the comparison can be run
-//! again, and so do those of the variants on by default, to time the kernels without them. A
-//! plan whose kernels differ from the defaults lists its variants in its header. Both
-//! executors that generate kernels, `CudaFusion` and `CudaOps`, take them
+//! values); `int32_row_columns` and `tile_occupancy` are not. Their options stay so that the
+//! comparison can be run again, and so do those of the variants on by default, to time the
+//! kernels without them. A plan whose kernels differ from the defaults lists its variants in
+//! its header. Both executors that generate kernels, `CudaFusion` and `CudaOps`, take them
 //! (`with_variants`, or `from_options`); the front end configures them from its options.
 //!
 //! ```
@@ -339,9 +339,9 @@ kernel_variants! {
     /// The plain tiles of [`tiled_rows`](Self::tiled_rows) over 16-bit rows (not the pipelined
     /// ones, nor f32 rows: untimed, and some of their tiles leave shared memory for only seven
     /// blocks) ask `ptxas` for eight blocks of 256 threads an SM (`__launch_bounds__(256, 8)`: at
-    /// most 32 registers a thread), where it took up to 72 (16-bit `layer_norm` over rows of 1 value in
-    /// wide tiles) and 40 to 64 at most short lengths: five or six blocks an SM, a wide tile's
-    /// 8 KB of loads each. `ptxas` (sm_90) spills 4 to 20 bytes a thread with it in 16-bit
+    /// most 32 registers a thread), where it took up to 72 (16-bit `layer_norm` over rows of 1
+    /// value in wide tiles) and 40 to 64 at most short lengths: five or six blocks an SM, a wide
+    /// tile's 8 KB of loads each. `ptxas` (sm_90) spills 4 to 20 bytes a thread with it in 16-bit
     /// `softmax` over rows of 1 and 4 values, nowhere else over rows of 1 to 15.
     ///
     /// Off by default, not yet measured as this variant. An experiment build whose kernels are

@@ -1659,7 +1659,8 @@ fn row_ops_match_the_reference_at_every_row_length(dtype: boundscope::DType) {
         // SM), so that each block copies the next tile while it runs one. In 16 bits, the rows
         // of up to 5 values run several a thread (`KernelVariants::wide_tiles`: tiles of 4,096
         // rows of 1 value, 1,280 of 3, 768 of 5; rows of 7 one a thread, 256 a tile), the last
-        // tile short.
+        // tile short. With `KernelVariants::pipelined_passes` (in `ALL`), 16-bit pipelined tiles
+        // hold two or three rows a thread (64 rows of 100, 32 of 255), the last tile short.
         let tiled = [
             (70001, 1),
             (100003, 3),

@@ -152,7 +152,8 @@
 //! Changes to the generated kernels come as variants ([`KernelVariants`]), chosen by developer
 //! options (`cuda.fast_exp2`, `cuda.int32_row_columns`, `cuda.streaming_rows`, `cuda.keep_in_l2`,
 //! `cuda.batched_rows`, `cuda.async_row_copies`, `cuda.split_rows`, `cuda.split_reductions`,
-//! `cuda.tiled_rows`, `cuda.pipelined_tiles`, `cuda.wide_tiles`, `cuda.tile_occupancy`;
+//! `cuda.tiled_rows`, `cuda.pipelined_tiles`, `cuda.wide_tiles`, `cuda.tile_occupancy`,
+//! `cuda.pipelined_passes`;
 //! [`CUDA_OPTIONS`]): `CudaFusion::with_variants`, `CudaOps::with_variants`, or `from_options`,
 //! which the front end calls. A plan whose kernels differ from the defaults lists its variants
 //! in its header. `scripts/gpu-variants` runs the GPU tests with the defaults, every variant and

@@ -1739,6 +1739,7 @@ mod tests {
                 pipelined_tiles: true,
                 wide_tiles: true,
                 tile_occupancy: false,
+                pipelined_passes: false,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -2695,6 +2696,75 @@ mod tests {
                     assert!(!kernel.source.source.contains("tile_in"), "{what}, without either variant");
                 }
             }
+        }
+    }
+
+    /// With `pipelined_passes`, the pipelined tiles of 16-bit rows hold about 16 KB of input, each
+    /// thread running two or more rows in turn (a loop over its rows, alike in every thread);
+    /// f32 rows, whose passes take 8 KB or more, keep their kernels byte for byte, as does every
+    /// row without `pipelined_tiles`. Each block's two input tiles and its results tile take
+    /// the dynamic shared memory the launch gives it, as many blocks an SM (up to four) as fit
+    /// run, and the kernel asks `ptxas` for that many (its blocks loop over the tiles, so all
+    /// must run at once). The kernels compile.
+    #[test]
+    fn pipelined_passes_run_several_rows_a_thread_in_16_kb_tiles() {
+        let defaults = KernelVariants::default();
+        let deep = KernelVariants { pipelined_passes: true, ..defaults };
+        let rows = 1 << 20;
+        // (cols, rows a thread in 16 bits): 16,384 bytes over the rows a pass holds (256 over
+        // the threads a row, a power of two), where that is at least 2.
+        for (cols, passes) in [(17, 3), (31, 2), (33, 3), (63, 2), (65, 3), (100, 2), (127, 2), (129, 3), (255, 2)] {
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                for layer_norm in [false, true] {
+                    let what = format!("{dtype} [{rows}, {cols}], layer_norm: {layer_norm}");
+                    let id = if layer_norm { prims::LAYER_NORM } else { prims::SOFTMAX };
+                    let before = row_op_with(layer_norm, dtype, [rows, cols], HOPPER_BLOCK, defaults);
+                    let with = row_op_with(layer_norm, dtype, [rows, cols], HOPPER_BLOCK, deep);
+                    let Some(tiles) = RowTiles::for_rows(id, rows, cols, dtype, dtype, deep) else {
+                        // f32 rows past 64 values are read in place.
+                        assert!(dtype == DType::F32 && cols > 64, "{what}");
+                        assert_eq!(with.source.source, before.source.source, "{what}");
+                        continue;
+                    };
+                    assert!(tiles.pipelined, "{what}");
+                    let per_pass = 256 / tiles.threads_per_row;
+                    if dtype == DType::F32 {
+                        assert!(per_pass * cols * 4 > 8192, "{what}");
+                        assert_eq!(tiles.passes, 1, "{what}");
+                        assert_eq!(with.source.source, before.source.source, "{what}");
+                        continue;
+                    }
+                    assert_eq!(tiles.passes, passes, "{what}");
+                    assert_eq!(tiles.rows_per_tile, per_pass * passes, "{what}");
+                    assert!(tiles.tile_values() * 2 <= 16384 && tiles.tile_values() * 2 > 8192, "{what}");
+                    let src = &with.source.source;
+                    let (g, r) = (tiles.threads_per_row, tiles.rows_per_tile);
+                    let looped = format!("for (int slot = threadIdx.x / {g}; slot < {r}; slot += {per_pass})");
+                    assert!(src.contains(&looped), "{what}\n{src}");
+                    assert!(src.contains(&format!("t * {r}ll + slot < {rows}ll")), "{what}\n{src}");
+                    let held = (tiles.tile_values() + 16) * 2;
+                    assert_eq!(with.shared_bytes, 3 * held, "{what}");
+                    let block = 3 * held + usize::from(layer_norm) * 2 * cols * 4 + 1024;
+                    let per_sm = (HOPPER.sm_shared / block).min(4);
+                    assert_eq!(per_sm, 4, "{what}: {block} bytes a block");
+                    // The grid's blocks loop over the tiles: `ptxas` is asked to fit them all.
+                    assert!(src.contains("__launch_bounds__(256, 4)"), "{what}\n{src}");
+                    assert_eq!(with.blocks as usize, tiles.tiles().min(132 * per_sm), "{what}");
+                    super::super::compiles_with_nvrtc(src);
+                    // Without the variant, a row a thread's share, no loop over the rows.
+                    let plain = RowTiles::for_rows(id, rows, cols, dtype, dtype, defaults).expect("tiled");
+                    assert_eq!((plain.passes, plain.rows_per_tile), (1, per_pass), "{what}");
+                    assert!(!before.source.source.contains("for (int slot"), "{what}");
+                }
+            }
+        }
+        // Without `pipelined_tiles`, the variant changes nothing.
+        let plain = KernelVariants { pipelined_tiles: false, ..defaults };
+        for cols in [3, 33, 100] {
+            let before = row_op_with(true, DType::BF16, [rows, cols], HOPPER_BLOCK, plain);
+            let with =
+                row_op_with(true, DType::BF16, [rows, cols], HOPPER_BLOCK, plain.flipped("pipelined_passes").unwrap());
+            assert_eq!(with.source.source, before.source.source, "bf16 rows of {cols}");
         }
     }
 

@@ -86,6 +86,12 @@ const WIDE_TILE_BYTES: usize = 8192;
 /// on the H100. Rows of 4 (four a thread) were not timed.
 const WIDE_TILE_MIN_PASSES: usize = 3;
 
+/// A pipelined tile holds about this many bytes of input with
+/// [`KernelVariants::pipelined_passes`]: each thread runs `PIPELINED_TILE_BYTES / (256 * bytes of
+/// a row)` rows in turn where that is at least two, else one (16-bit rows of 100 values: two a
+/// thread, tiles of 64 rows, 12.8 KB; of 33 values: three, 192 rows, 12.4 KB).
+const PIPELINED_TILE_BYTES: usize = 16384;
+
 /// Blocks an SM that plain tiles of 16-bit rows ask `ptxas` to fit with
 /// [`KernelVariants::tile_occupancy`] (`__launch_bounds__(256, 8)`): 32 registers a thread. Their
 /// tiles in and out (at most about 24 KB a block, a bf16 row written as f32) leave shared memory
@@ -138,6 +144,9 @@ impl RowTiles {
     ///   `softmax` rows up to [`TILE_MAX_COLS`] values); with [`KernelVariants::wide_tiles`],
     ///   16-bit rows of up to 5 values in tiles of about [`WIDE_TILE_BYTES`], several rows a
     ///   thread.
+    ///
+    /// With [`KernelVariants::pipelined_passes`], pipelined tiles hold about
+    /// [`PIPELINED_TILE_BYTES`], several rows a thread, where that is two or more.
     pub fn for_rows(
         id: SymbolId,
         rows: usize,
@@ -160,12 +169,22 @@ impl RowTiles {
         }
         let threads_per_row = cols.div_ceil(TILE_VALUES).next_power_of_two();
         let once = TILE_THREADS / threads_per_row;
-        let passes = if variants.wide_tiles && !pipelined && packed {
-            WIDE_TILE_BYTES / (once * cols * input.size_bytes())
+        let pass_bytes = once * cols * input.size_bytes();
+        let passes = if pipelined {
+            let passes = if variants.pipelined_passes { PIPELINED_TILE_BYTES / pass_bytes } else { 1 };
+            if passes >= 2 {
+                passes
+            } else {
+                1
+            }
         } else {
-            1
+            let passes = if variants.wide_tiles && packed { WIDE_TILE_BYTES / pass_bytes } else { 1 };
+            if passes >= WIDE_TILE_MIN_PASSES {
+                passes
+            } else {
+                1
+            }
         };
-        let passes = if passes >= WIDE_TILE_MIN_PASSES { passes } else { 1 };
         let per_thread = cols.div_ceil(threads_per_row);
         Some(Self { rows, cols, threads_per_row, per_thread, rows_per_tile: once * passes, passes, pipelined })
     }
@@ -215,15 +234,6 @@ impl RowTiles {
             c.push_str(COPY_ASYNC);
             c.push_str(PIPELINE);
         }
-        // Plain tiles of 16-bit rows may ask for `TILE_MIN_BLOCKS` blocks an SM
-        // (`tile_occupancy`).
-        let bounds = if variants.tile_occupancy && !pipelined && packing::is_packed(input) {
-            format!("{TILE_THREADS}, {TILE_MIN_BLOCKS}")
-        } else {
-            TILE_THREADS.to_string()
-        };
-        let _ =
-            writeln!(c, "extern \"C\" __global__ void __launch_bounds__({bounds}) {kernel}({}) {{", params.join(", "));
         // A tile's values sit at `pad` past the start of its arrays, `pad` being its first
         // value's offset from a multiple of 8 values: an access aligned to the tensor (4 or 8
         // values) is then aligned in shared memory too, and the arrays hold the accesses a tile
@@ -231,21 +241,37 @@ impl RowTiles {
         // of 16 values, so `pad` is 0 and none is shared; the code keeps the general case, so
         // that other tile sizes stay correct.)
         let held = tile + 16;
-        let (in_ty, out_ty) = (element_type(input), element_type(out_dtype));
         // Pipelined, two input tiles (the one run and the next, in flight) and the results, in
-        // dynamic shared memory.
+        // dynamic shared memory; a few blocks an SM (as many as its shared memory holds, with
+        // `layer_norm`'s widened weight and bias and CUDA's reserve, up to
+        // `PIPELINED_BLOCKS_PER_SM`), each over many tiles.
         let (in_bytes, out_bytes) = (held * input.size_bytes(), held * out_dtype.size_bytes());
-        let shared_bytes = if pipelined {
+        let shared_bytes = if pipelined { 2 * in_bytes + out_bytes } else { 0 };
+        let per_block = shared_bytes + (tensors - 1) * cols * 4 + CUDA_BLOCK_SHARED_BYTES;
+        let per_sm = if target.sm_shared > 0 { target.sm_shared / per_block } else { PIPELINED_BLOCKS_PER_SM };
+        let per_sm = per_sm.clamp(1, PIPELINED_BLOCKS_PER_SM);
+        // Plain tiles of 16-bit rows may ask for `TILE_MIN_BLOCKS` blocks an SM
+        // (`tile_occupancy`); pipelined tiles of several rows a thread (`pipelined_passes`) for
+        // their grid's blocks an SM, which loop over the tiles and must all run at once.
+        let bounds = if variants.tile_occupancy && !pipelined && packing::is_packed(input) {
+            format!("{TILE_THREADS}, {TILE_MIN_BLOCKS}")
+        } else if pipelined && self.passes > 1 {
+            format!("{TILE_THREADS}, {per_sm}")
+        } else {
+            TILE_THREADS.to_string()
+        };
+        let _ =
+            writeln!(c, "extern \"C\" __global__ void __launch_bounds__({bounds}) {kernel}({}) {{", params.join(", "));
+        let (in_ty, out_ty) = (element_type(input), element_type(out_dtype));
+        if pipelined {
             let _ = writeln!(c, "  extern __shared__ __align__(16) unsigned char bs_tiles[];");
             let _ = writeln!(c, "  {in_ty}* const tiles_in = reinterpret_cast<{in_ty}*>(bs_tiles);");
             let _ =
                 writeln!(c, "  {out_ty}* const tile_out = reinterpret_cast<{out_ty}*>(bs_tiles + {});", 2 * in_bytes);
-            2 * in_bytes + out_bytes
         } else {
             let _ = writeln!(c, "  __shared__ __align__(16) {in_ty} tile_in[{held}];");
             let _ = writeln!(c, "  __shared__ __align__(16) {out_ty} tile_out[{held}];");
-            0
-        };
+        }
         // `layer_norm`'s weight and bias, widened once a block.
         for (k, &dtype) in dtypes.iter().enumerate().skip(1) {
             let _ = writeln!(c, "  __shared__ float operand{k}[{cols}];");
@@ -399,12 +425,6 @@ impl RowTiles {
         // `tile_out` after its own first barrier: this one is not needed, and stays as timed.)
         c.push_str(if pipelined { "  }\n}\n" } else { "    __syncthreads();\n  }\n}\n" });
 
-        // Pipelined, a few blocks an SM (as many as its shared memory holds, with `layer_norm`'s
-        // widened weight and bias and CUDA's reserve, up to `PIPELINED_BLOCKS_PER_SM`), each over
-        // many tiles.
-        let per_block = shared_bytes + (tensors - 1) * cols * 4 + CUDA_BLOCK_SHARED_BYTES;
-        let per_sm = if target.sm_shared > 0 { target.sm_shared / per_block } else { PIPELINED_BLOCKS_PER_SM };
-        let per_sm = per_sm.clamp(1, PIPELINED_BLOCKS_PER_SM);
         let blocks = if pipelined && target.region.sms > 0 { tiles.min(target.region.sms * per_sm) } else { tiles };
         let blocks = blocks.clamp(1, i32::MAX as usize) as u32;
         let layout = RowLayout {

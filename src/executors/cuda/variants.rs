@@ -8,7 +8,7 @@
 //! rows), `split_reductions` (an H100, 2026-12-06, over 66 cases of few long rows),
 //! `tiled_rows` and `pipelined_tiles` (an H100, 2026-12-06, over 44 and 72 cases of short rows
 //! of odd lengths), `wide_tiles` (the H200, 2026-12-06, over 30 cases of rows of up to 15
-//! values); `int32_row_columns` and `tile_occupancy` are not. Their options stay so that the
+//! values); `int32_row_columns`, `tile_occupancy` and `pipelined_passes` are not. Their options stay so that the
 //! comparison can be run again, and so do those of the variants on by default, to time the
 //! kernels without them. A plan whose kernels differ from the defaults lists its variants in
 //! its header. Both executors that generate kernels, `CudaFusion` and `CudaOps`, take them
@@ -356,6 +356,23 @@ kernel_variants! {
     /// and 7 as now laid out were not timed with it.
     tile_occupancy = false,
         "softmax and layer_norm over short 16-bit rows read as plain tiles compile for eight blocks an SM, at most 32 registers a thread (KernelVariants::tile_occupancy).";
+    /// The pipelined tiles of [`pipelined_tiles`](Self::pipelined_tiles) hold about 16 KB of
+    /// input: each thread runs several rows in turn (16-bit rows of 100 values, two a thread:
+    /// tiles of 64 rows, 12.8 KB), where a tile held a row a thread's share (32 rows of 100, 6.4
+    /// KB). A block copies its next tile while it runs one; with up to four blocks an SM, a tile
+    /// of 6.4 KB keeps about 25 KB an SM in flight, near what HBM's bandwidth and latency ask
+    /// for (`ncu` on an H100, bf16 `layer_norm` over [524288, 100]: 68.5% of DRAM's bandwidth,
+    /// 0.90x `torch.compile`). These kernels ask `ptxas` for the blocks an SM that their grid
+    /// takes (`__launch_bounds__(256, 4)`), which, looping over the tiles, must all run at once:
+    /// without the bound, 16-bit `softmax` over rows of 17 took 74 registers a thread (three
+    /// blocks an SM); with it, 32 to 47 and no spills over 16-bit rows of 17 to 255 (`ptxas`,
+    /// sm_90). Rows of which 16 KB hold fewer than two passes (f32 rows, whose
+    /// passes take 8 KB or more) keep their tiles, byte for byte. It changes only the
+    /// tiles of `pipelined_tiles`: without that variant it does nothing.
+    ///
+    /// Off by default: not yet timed on a GPU.
+    pipelined_passes = false,
+        "softmax and layer_norm over rows read as pipelined tiles hold about 16 KB a tile, several rows a thread (KernelVariants::pipelined_passes).";
 }
 
 impl Default for KernelVariants {

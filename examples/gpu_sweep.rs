@@ -2,8 +2,9 @@
 //! ones: `softmax`, `layer_norm` (with weight and bias), `sum` and `max` over the last axis, at
 //! 10 row lengths from 32 to 65,536 (768, 3,072 and GPT-2's 50,257 among them) over 2^24 values,
 //! and at totals from 2^22 to 2^28 values; and the broadcast chain `gelu(x * scale + bias)` with
-//! `scale` and `bias` along the last axis (`[D]`) and along the first (`[N, 1]`), at six row
-//! lengths from 256 to 50,257. In f32, bf16 and f16, each through `Plan` with device inputs, as
+//! `scale` and `bias` along the last axis (`[D]`), along the first (`[N, 1]`) and along a middle
+//! one (`[N / G, 1, D]` over `[N / G, G, D]`, G the largest divisor of N up to 64: a per-sample
+//! modulation over a sequence), at six row lengths from 256 to 50,257. In f32, bf16 and f16, each through `Plan` with device inputs, as
 //! a user's program runs them (on a machine without a GPU it prints a SKIPPED line and exits 0).
 //!
 //! Each case is first checked against the CPU reference at a smaller row count, then timed, with
@@ -76,6 +77,8 @@ const COPIES: usize = 3;
 const LENGTHS: [usize; 10] = [32, 128, 512, 768, 1024, 3072, 4096, 16384, 50257, 65536];
 /// Row ops.
 const ROW_OPS: [&str; 4] = ["softmax", "layer_norm", "sum", "max"];
+/// Broadcast chains, `gelu(x * scale + bias)`: along the last axis, the first, a middle one.
+const BROADCAST_OPS: [&str; 3] = ["bcast_last", "bcast_first", "bcast_mid"];
 
 fn cases() -> Vec<Case> {
     let mut all = Vec::new();
@@ -86,7 +89,7 @@ fn cases() -> Vec<Case> {
         all.extend([at(32, 1 << 22), at(1024, 1 << 22), at(1024, 1 << 28), at(65536, 1 << 28)]);
     }
     // Broadcast chains at row lengths from 256 to GPT-2's 50,257 words, 2^22 to 2^26 values.
-    for op in ["bcast_last", "bcast_first"] {
+    for op in BROADCAST_OPS {
         all.extend(
             [(8192, 8192), (16384, 768), (4096, 3072), (65536, 256), (1024, 4096), (1335, 50257)]
                 .map(|(rows, cols)| Case { op, rows, cols }),
@@ -98,7 +101,7 @@ fn cases() -> Vec<Case> {
 /// `cases`, with each shape of the comma-separated `shapes` (`ROWSxCOLS`) that an op lacks
 /// added for it.
 fn with_shapes(mut cases: Vec<Case>, shapes: Option<&str>) -> Result<Vec<Case>, String> {
-    let ops: Vec<&'static str> = ROW_OPS.into_iter().chain(["bcast_last", "bcast_first"]).collect();
+    let ops: Vec<&'static str> = ROW_OPS.into_iter().chain(BROADCAST_OPS).collect();
     for shape in shapes.into_iter().flat_map(|s| s.split(',')) {
         let parsed = shape.split_once('x').and_then(|(r, c)| Some((r.parse().ok()?, c.parse().ok()?)));
         let Some((rows, cols)) = parsed.filter(|&(r, c): &(usize, usize)| r > 0 && c > 0) else {
@@ -119,6 +122,11 @@ fn input_shapes(case: &Case, rows: usize) -> Vec<Vec<usize>> {
     match case.op {
         "layer_norm" | "bcast_last" => vec![x, vec![case.cols], vec![case.cols]],
         "bcast_first" => vec![x, vec![rows, 1], vec![rows, 1]],
+        "bcast_mid" => {
+            let g = (1..=64.min(rows)).rev().find(|g| rows.is_multiple_of(*g)).unwrap_or(1);
+            let operand = vec![rows / g, 1, case.cols];
+            vec![vec![rows / g, g, case.cols], operand.clone(), operand]
+        }
         _ => vec![x],
     }
 }

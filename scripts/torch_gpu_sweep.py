@@ -23,6 +23,11 @@ def gelu(x):
     return torch.nn.functional.gelu(x, approximate="tanh")
 
 
+def group(rows):
+    """The middle axis of `bcast_mid` over `rows` rows: the largest divisor up to 64 (as the example)."""
+    return next(g for g in range(min(64, rows), 0, -1) if rows % g == 0)
+
+
 OPS = {
     "softmax": (lambda x: torch.softmax(x, -1), lambda r, c: [(r, c)]),
     "layer_norm": (lambda x, w, b: torch.nn.functional.layer_norm(x, x.shape[-1:], w, b, 1e-5),
@@ -31,6 +36,8 @@ OPS = {
     "max": (lambda x: x.amax(-1, keepdim=True), lambda r, c: [(r, c)]),
     "bcast_last": (lambda x, s, b: gelu(x * s + b), lambda r, c: [(r, c), (c,), (c,)]),
     "bcast_first": (lambda x, s, b: gelu(x * s + b), lambda r, c: [(r, c), (r, 1), (r, 1)]),
+    "bcast_mid": (lambda x, s, b: gelu(x * s + b),
+                  lambda r, c: [(r // group(r), group(r), c), (r // group(r), 1, c), (r // group(r), 1, c)]),
 }
 
 

@@ -4,7 +4,9 @@
 //! are read per vector where their rows hold whole vectors; in 16-bit kernels also where the
 //! vectors straddle rows (a value per row as two values a vector, a row vector with two
 //! aligned accesses and a shift: see [`wide_loop`]); else per element (`f32` kernels over rows
-//! of a length not a multiple of 4, patterns such as `[T, 1, D]` over `[B, T, H, D]`), and a
+//! of a length not a multiple of 4). Any pattern `broadcast_to` makes is one of those: an
+//! operand keeps the last axis whole (`[T, 1, D]` over `[B, T, H, D]`, read a vector an access
+//! at its vector's offset) or broadcasts it (`[1, T, H, 1]`, a value per vector). A
 //! row broadcast over many rows is read once for several rows by 16-bit kernels
 //! ([`rows_per_thread`]). Those full-size vector streams
 //! are read and written with the streaming cache hints (`__ldcs`, `__stcs`: used once, evict
@@ -167,9 +169,9 @@ enum VectorRead {
     PerVectorFloat4,
     /// Per element of the vector, through the broadcast strides: a broadcast whose rows do not
     /// hold whole vectors (rows of a length not a multiple of 4, or 8 in 16-bit kernels, where
-    /// [`wide_loop`] reads a per-row value or a 16-bit row per vector all the same), or a
-    /// pattern none of the others is (`[T, 1, D]` over `[B, T, H, D]`, say). The inputs read
-    /// whole still move a vector per access.
+    /// [`wide_loop`] reads a per-row value or a 16-bit row per vector all the same). (Every
+    /// broadcast keeps the last axis or broadcasts it: `[T, 1, D]` over `[B, T, H, D]` is read
+    /// per vector.) The inputs read whole still move a vector per access.
     PerLane,
 }
 
@@ -2025,6 +2027,51 @@ extern \"C\" __global__ void region0(const float* __restrict__ in0, const float*
         assert_eq!(literal(-0.5), "-5e-1f");
         assert_eq!(literal(f32::INFINITY), "__int_as_float(0x7f800000)");
         assert!(literal(f32::NAN).contains("0x7fc00000"));
+    }
+
+    /// A broadcast operand whose last axis is the iteration shape's (`[T, 1, D]` or
+    /// `[B, 1, 1, D]` over `[B, T, H, D]`: any pattern `broadcast_to` makes that keeps the
+    /// last axis) is read a vector an access, at the offset of the vector's first value, where
+    /// the rows hold whole vectors; one constant along the last axis (`[1, T, H, 1]`) a value
+    /// per vector. Only rows that do not hold whole vectors (`f32` rows of 6) read it per
+    /// element. The kernels compile.
+    #[test]
+    fn broadcasts_of_any_pattern_keeping_the_last_axis_are_read_a_vector_an_access() {
+        use crate::core::ir::TensorMeta;
+        let source = |dtype: DType, shape: &[usize], operand: &[usize]| {
+            generate_with(
+                |b| {
+                    let x = b.input_with(&TensorMeta::new(dtype, shape)).unwrap();
+                    let y = b.input_with(&TensorMeta::new(dtype, operand)).unwrap();
+                    let z = b.mul(x, y).unwrap();
+                    let z = b.gelu(z).unwrap();
+                    b.output(z).unwrap();
+                },
+                KernelVariants::default(),
+            )
+            .source
+        };
+        let shape = [4, 16, 8, 64];
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let vector = if dtype == DType::F32 {
+                "const float4 v1 = *reinterpret_cast<const float4*>(in1 + "
+            } else {
+                "const uint4 u1 = *reinterpret_cast<const uint4*>(in1 + "
+            };
+            for operand in [[1, 16, 1, 64], [4, 1, 1, 64], [4, 16, 1, 64], [1, 1, 8, 64]] {
+                let s = source(dtype, &shape, &operand);
+                assert!(s.contains(vector), "{dtype} {operand:?}: {s}");
+                assert!(!s.contains("in1[("), "{dtype} {operand:?}, read per element: {s}");
+                super::super::compiles_with_nvrtc(&s);
+            }
+            // Constant along the last axis: a value per vector.
+            let s = source(dtype, &shape, &[1, 16, 8, 1]);
+            assert_eq!(s.matches("const float s1 = ").count(), 1, "{dtype}: {s}");
+            super::super::compiles_with_nvrtc(&s);
+        }
+        // f32 rows of 6 values: vectors straddle rows, so the operand is read per element.
+        let s = source(DType::F32, &[64, 16, 6], &[16, 6]);
+        assert!(!s.contains("const float4 v1") && s.contains("in1["), "{s}");
     }
 }
 

@@ -2,10 +2,11 @@
 //! ones: `softmax`, `layer_norm` (with weight and bias), `sum` and `max` over the last axis, at
 //! 10 row lengths from 32 to 65,536 (768, 3,072 and GPT-2's 50,257 among them) over 2^24 values,
 //! and at totals from 2^22 to 2^28 values; and the broadcast chain `gelu(x * scale + bias)` with
-//! `scale` and `bias` along the last axis (`[D]`), along the first (`[N, 1]`) and along a middle
-//! one (`[N / G, 1, D]` over `[N / G, G, D]`, G the largest divisor of N up to 64: a per-sample
-//! modulation over a sequence), at six row lengths from 256 to 50,257. In f32, bf16 and f16, each through `Plan` with device inputs, as
-//! a user's program runs them (on a machine without a GPU it prints a SKIPPED line and exits 0).
+//! `scale` and `bias` along the last axis (`[D]`), along the first (`[N, 1]`) and along a
+//! middle one (`[N / G, 1, D]` over `[N / G, G, D]`, G the largest divisor of N up to 64: a
+//! per-sample modulation over a sequence), at six row lengths from 256 to 50,257. In f32, bf16
+//! and f16, each through `Plan` with device inputs, as a user's program runs them (on a machine
+//! without a GPU it prints a SKIPPED line and exits 0).
 //!
 //! Each case is first checked against the CPU reference at a smaller row count, then timed, with
 //! a device-to-device copy of the same bytes (half read, half written) beside it, the best of
@@ -116,6 +117,24 @@ fn with_shapes(mut cases: Vec<Case>, shapes: Option<&str>) -> Result<Vec<Case>, 
     Ok(cases)
 }
 
+/// The middle axis of a `bcast_mid` case: the largest divisor of its rows up to 64 (1 where
+/// there is none: no broadcast).
+fn group(case: &Case) -> usize {
+    (1..=64.min(case.rows)).rev().find(|g| case.rows.is_multiple_of(*g)).unwrap_or(1)
+}
+
+/// The rows a case is checked at: those of at most 2^18 values, or all of them with
+/// `--check-full`; for `bcast_mid`, a multiple of its group, at least two groups where it has
+/// them, so that the check broadcasts along the middle axis as the timed case does.
+fn checked_rows(case: &Case, check_full: bool) -> usize {
+    let rows = if check_full { case.rows } else { (case.rows * case.cols).min(1 << 18).div_ceil(case.cols) };
+    if case.op != "bcast_mid" {
+        return rows;
+    }
+    let g = group(case);
+    (rows.div_ceil(g).max(2) * g).min(case.rows)
+}
+
 /// The inputs' shapes of a case with `rows` rows.
 fn input_shapes(case: &Case, rows: usize) -> Vec<Vec<usize>> {
     let x = vec![rows, case.cols];
@@ -123,7 +142,8 @@ fn input_shapes(case: &Case, rows: usize) -> Vec<Vec<usize>> {
         "layer_norm" | "bcast_last" => vec![x, vec![case.cols], vec![case.cols]],
         "bcast_first" => vec![x, vec![rows, 1], vec![rows, 1]],
         "bcast_mid" => {
-            let g = (1..=64.min(rows)).rev().find(|g| rows.is_multiple_of(*g)).unwrap_or(1);
+            // `rows` is a multiple of the case's group (see `checked_rows`).
+            let g = group(case);
             let operand = vec![rows / g, 1, case.cols];
             vec![vec![rows / g, g, case.cols], operand.clone(), operand]
         }
@@ -259,7 +279,13 @@ fn run() -> Result<(), String> {
             let arena = Arena::new();
             // Correctness first, on at most 2^18 values (the whole shape with `--check-full`),
             // against the CPU reference.
-            let rows = if check_full { case.rows } else { (case.rows * case.cols).min(1 << 18).div_ceil(case.cols) };
+            let rows = checked_rows(&case, check_full);
+            if case.op == "bcast_mid" && group(&case) == 1 {
+                eprintln!(
+                    "note: bcast_mid {}x{}: {} rows have no divisor from 2 to 64, so nothing is broadcast",
+                    case.rows, case.cols, case.rows
+                );
+            }
             let small = trace(&arena, &registry, &case, rows, dtype).map_err(e)?;
             let name = format!("{} {}x{}", case.op, case.rows, case.cols);
             let small_inputs = inputs(&case, rows, dtype);

@@ -1660,7 +1660,8 @@ fn row_ops_match_the_reference_at_every_row_length(dtype: boundscope::DType) {
         // of up to 5 values run several a thread (`KernelVariants::wide_tiles`: tiles of 4,096
         // rows of 1 value, 1,280 of 3, 768 of 5; rows of 7 one a thread, 256 a tile), the last
         // tile short. With `KernelVariants::pipelined_passes` (in `ALL`), 16-bit pipelined tiles
-        // hold two or three rows a thread (64 rows of 100, 32 of 255), the last tile short.
+        // hold two or three rows a thread (64 rows of 100, 32 of 255, 192 of 33), the last tile
+        // short; [120001, 33] runs more such tiles than blocks (625 tiles of 192 rows).
         let tiled = [
             (70001, 1),
             (100003, 3),
@@ -1674,6 +1675,7 @@ fn row_ops_match_the_reference_at_every_row_length(dtype: boundscope::DType) {
             (70001, 33),
             (40009, 100),
             (35001, 255),
+            (120001, 33),
         ];
         for (rows, cols) in shapes.chain([(100, 65537), (333, 50257), (9000, 257), (5000, 1001)]).chain(tiled) {
             for layer_norm in [false, true] {

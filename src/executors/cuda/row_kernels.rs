@@ -2758,6 +2758,32 @@ mod tests {
                 }
             }
         }
+        // A bf16 row written as f32 (`layer_norm` with f32 weight and bias): the results' tile
+        // takes twice the input's, and the block stays within 48 KB with fewer rows a thread.
+        for (cols, passes) in [(17, 2), (33, 2), (65, 2), (100, 1), (129, 2), (255, 1)] {
+            let tiles =
+                RowTiles::for_rows(prims::LAYER_NORM, rows, cols, DType::BF16, DType::F32, deep).expect("tiled");
+            assert_eq!(tiles.passes, passes, "bf16 rows of {cols} written as f32");
+            let mixed = source_targeting(
+                |b| {
+                    let x = b.input_with(&crate::TensorMeta::new(DType::BF16, &[rows, cols])).unwrap();
+                    let mut operand = || b.input_with(&crate::TensorMeta::new(DType::F32, &[cols])).unwrap();
+                    let (w, bias) = (operand(), operand());
+                    b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap()
+                },
+                HOPPER,
+                deep,
+            )
+            .unwrap();
+            let held = tiles.tile_values() + 16;
+            assert_eq!(mixed.shared_bytes, held * (2 * 2 + 4), "bf16 rows of {cols} written as f32");
+            assert!(mixed.shared_bytes <= 48 * 1024, "bf16 rows of {cols} written as f32");
+            assert!(mixed.source.source.contains("float* const tile_out"), "{}", mixed.source.source);
+            if passes > 1 {
+                assert!(mixed.source.source.contains("__launch_bounds__(256, 4)"), "{}", mixed.source.source);
+                super::super::compiles_with_nvrtc(&mixed.source.source);
+            }
+        }
         // Without `pipelined_tiles`, the variant changes nothing.
         let plain = KernelVariants { pipelined_tiles: false, ..defaults };
         for cols in [3, 33, 100] {

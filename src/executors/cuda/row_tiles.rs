@@ -87,10 +87,18 @@ const WIDE_TILE_BYTES: usize = 8192;
 const WIDE_TILE_MIN_PASSES: usize = 3;
 
 /// A pipelined tile holds about this many bytes of input with
-/// [`KernelVariants::pipelined_passes`]: each thread runs `PIPELINED_TILE_BYTES / (256 * bytes of
-/// a row)` rows in turn where that is at least two, else one (16-bit rows of 100 values: two a
-/// thread, tiles of 64 rows, 12.8 KB; of 33 values: three, 192 rows, 12.4 KB).
+/// [`KernelVariants::pipelined_passes`]: each thread runs `PIPELINED_TILE_BYTES / (bytes of the
+/// rows a pass holds)` rows in turn where that is at least two, else one (16-bit rows of 100
+/// values: two a thread, tiles of 64 rows, 12,800 bytes; of 33 values: three, 192 rows, 12,672
+/// bytes), as long as the block's two input tiles and its results tile fit in
+/// [`PIPELINED_SHARED_BYTES`].
 const PIPELINED_TILE_BYTES: usize = 16384;
+
+/// The shared memory a block of pipelined tiles of several rows a thread takes, at most: what
+/// every GPU since Volta gives a block (more takes an opt-in that some lack), and four blocks'
+/// worth on Hopper. (A bf16 row written as f32, whose results tile takes twice its input's,
+/// keeps fewer passes: rows of 100, one.)
+const PIPELINED_SHARED_BYTES: usize = 48 * 1024;
 
 /// Blocks an SM that plain tiles of 16-bit rows ask `ptxas` to fit with
 /// [`KernelVariants::tile_occupancy`] (`__launch_bounds__(256, 8)`): 32 registers a thread. Their
@@ -171,7 +179,12 @@ impl RowTiles {
         let once = TILE_THREADS / threads_per_row;
         let pass_bytes = once * cols * input.size_bytes();
         let passes = if pipelined {
-            let passes = if variants.pipelined_passes { PIPELINED_TILE_BYTES / pass_bytes } else { 1 };
+            let mut passes = if variants.pipelined_passes { PIPELINED_TILE_BYTES / pass_bytes } else { 1 };
+            // Two input tiles and the results' (`held` values each, see `source`).
+            let shared = |p: usize| (once * p * cols + 16) * (2 * input.size_bytes() + output.size_bytes());
+            while passes > 1 && shared(passes) > PIPELINED_SHARED_BYTES {
+                passes -= 1;
+            }
             if passes >= 2 {
                 passes
             } else {
@@ -252,7 +265,8 @@ impl RowTiles {
         let per_sm = per_sm.clamp(1, PIPELINED_BLOCKS_PER_SM);
         // Plain tiles of 16-bit rows may ask for `TILE_MIN_BLOCKS` blocks an SM
         // (`tile_occupancy`); pipelined tiles of several rows a thread (`pipelined_passes`) for
-        // their grid's blocks an SM, which loop over the tiles and must all run at once.
+        // their grid's blocks an SM, which loop over the tiles: all of them resident at once,
+        // no second wave.
         let bounds = if variants.tile_occupancy && !pipelined && packing::is_packed(input) {
             format!("{TILE_THREADS}, {TILE_MIN_BLOCKS}")
         } else if pipelined && self.passes > 1 {

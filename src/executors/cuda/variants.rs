@@ -362,13 +362,16 @@ kernel_variants! {
     /// KB). A block copies its next tile while it runs one; with up to four blocks an SM, a tile
     /// of 6.4 KB keeps about 25 KB an SM in flight, near what HBM's bandwidth and latency ask
     /// for (`ncu` on an H100, bf16 `layer_norm` over [524288, 100]: 68.5% of DRAM's bandwidth,
-    /// 0.90x `torch.compile`). These kernels ask `ptxas` for the blocks an SM that their grid
-    /// takes (`__launch_bounds__(256, 4)`), which, looping over the tiles, must all run at once:
-    /// without the bound, 16-bit `softmax` over rows of 17 took 74 registers a thread (three
-    /// blocks an SM); with it, 32 to 47 and no spills over 16-bit rows of 17 to 255 (`ptxas`,
-    /// sm_90). Rows of which 16 KB hold fewer than two passes (f32 rows, whose
-    /// passes take 8 KB or more) keep their tiles, byte for byte. It changes only the
-    /// tiles of `pipelined_tiles`: without that variant it does nothing.
+    /// 0.90x `torch.compile`). A block's two input tiles and its results' stay within 48 KB of
+    /// shared memory (a bf16 row written as f32, whose results take twice its input's bytes,
+    /// keeps fewer rows a thread), so four blocks fit an SM. These kernels ask `ptxas` for the
+    /// blocks an SM that their grid takes (`__launch_bounds__(256, 4)`): the blocks loop over
+    /// the tiles, and all of them are then resident at once, none in a second wave. Without the
+    /// bound, 16-bit `softmax` over rows of 17 took 74 registers a thread (three blocks an SM);
+    /// with it, 32 to 47 and no spills over 16-bit rows of 17 to 255 (`ptxas`, sm_90). Rows of
+    /// which 16 KB hold fewer than two passes (f32 rows, whose passes take 8 KB or more) keep
+    /// their tiles, byte for byte. It changes only the tiles of `pipelined_tiles`: without that
+    /// variant it does nothing.
     ///
     /// Off by default: not yet timed on a GPU.
     pipelined_passes = false,

@@ -8,11 +8,11 @@
 //! rows), `split_reductions` (an H100, 2026-12-06, over 66 cases of few long rows),
 //! `tiled_rows` and `pipelined_tiles` (an H100, 2026-12-06, over 44 and 72 cases of short rows
 //! of odd lengths), `wide_tiles` (the H200, 2026-12-06, over 30 cases of rows of up to 15
-//! values); `int32_row_columns`, `tile_occupancy` and `pipelined_passes` are not. Their options stay so that the
-//! comparison can be run again, and so do those of the variants on by default, to time the
-//! kernels without them. A plan whose kernels differ from the defaults lists its variants in
-//! its header. Both executors that generate kernels, `CudaFusion` and `CudaOps`, take them
-//! (`with_variants`, or `from_options`); the front end configures them from its options.
+//! values); `int32_row_columns`, `tile_occupancy` and `pipelined_passes` are not. Their options
+//! stay so that the comparison can be run again, and so do those of the variants on by default,
+//! to time the kernels without them. A plan whose kernels differ from the defaults lists its
+//! variants in its header. Both executors that generate kernels, `CudaFusion` and `CudaOps`, take
+//! them (`with_variants`, or `from_options`); the front end configures them from its options.
 //!
 //! ```
 //! use boundscope::executors::cuda::KernelVariants;

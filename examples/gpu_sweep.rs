@@ -280,7 +280,7 @@ fn run() -> Result<(), String> {
             // Correctness first, on at most 2^18 values (the whole shape with `--check-full`),
             // against the CPU reference.
             let rows = checked_rows(&case, check_full);
-            if case.op == "bcast_mid" && (group(&case) == 1 || group(&case) == case.rows) {
+            if case.op == "bcast_mid" && [1, case.rows].contains(&group(&case)) {
                 eprintln!(
                     "note: bcast_mid {}x{}: the rows are one group or have no divisor from 2 to 64, so nothing is \
                      broadcast along a middle axis",

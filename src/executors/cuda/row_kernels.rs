@@ -2704,8 +2704,8 @@ mod tests {
     /// f32 rows, whose passes take 8 KB or more, keep their kernels byte for byte, as does every
     /// row without `pipelined_tiles`. Each block's two input tiles and its results tile take
     /// the dynamic shared memory the launch gives it, as many blocks an SM (up to four) as fit
-    /// run, and the kernel asks `ptxas` for that many (its blocks loop over the tiles, so all
-    /// must run at once). The kernels compile.
+    /// run, and the kernel asks `ptxas` for that many (its blocks loop over the tiles: all of
+    /// them resident at once, none in a second wave). The kernels compile.
     #[test]
     fn pipelined_passes_run_several_rows_a_thread_in_16_kb_tiles() {
         let defaults = KernelVariants::default();

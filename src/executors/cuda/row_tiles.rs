@@ -125,6 +125,13 @@ __device__ __forceinline__ void bs_wait_prior() {
 }
 "#;
 
+/// Bytes of dynamic shared memory a block of pipelined tiles of `values` values takes: two input
+/// tiles (the one run and the next, in flight) and the results', each holding 16 values past the
+/// tile's (see `pad` in [`RowTiles::source`]).
+fn pipelined_block_bytes(values: usize, input: DType, output: DType) -> usize {
+    (values + 16) * (2 * input.size_bytes() + output.size_bytes())
+}
+
 /// How a tiled row kernel lays out its rows: `threads_per_row` threads a row, each keeping up to
 /// [`TILE_VALUES`] of its values (`per_thread`), and a tile of `rows_per_tile` rows a block (all
 /// [`TILE_THREADS`] threads of it, each running `passes` rows in turn,
@@ -178,26 +185,18 @@ impl RowTiles {
         let threads_per_row = cols.div_ceil(TILE_VALUES).next_power_of_two();
         let once = TILE_THREADS / threads_per_row;
         let pass_bytes = once * cols * input.size_bytes();
-        let passes = if pipelined {
+        // The rows a thread runs, and the fewest worth a loop over them.
+        let (passes, fewest) = if pipelined {
             let mut passes = if variants.pipelined_passes { PIPELINED_TILE_BYTES / pass_bytes } else { 1 };
-            // Two input tiles and the results' (`held` values each, see `source`).
-            let shared = |p: usize| (once * p * cols + 16) * (2 * input.size_bytes() + output.size_bytes());
-            while passes > 1 && shared(passes) > PIPELINED_SHARED_BYTES {
+            while passes > 1 && pipelined_block_bytes(once * passes * cols, input, output) > PIPELINED_SHARED_BYTES {
                 passes -= 1;
             }
-            if passes >= 2 {
-                passes
-            } else {
-                1
-            }
+            (passes, 2)
         } else {
             let passes = if variants.wide_tiles && packed { WIDE_TILE_BYTES / pass_bytes } else { 1 };
-            if passes >= WIDE_TILE_MIN_PASSES {
-                passes
-            } else {
-                1
-            }
+            (passes, WIDE_TILE_MIN_PASSES)
         };
+        let passes = if passes >= fewest { passes } else { 1 };
         let per_thread = cols.div_ceil(threads_per_row);
         Some(Self { rows, cols, threads_per_row, per_thread, rows_per_tile: once * passes, passes, pipelined })
     }
@@ -258,8 +257,8 @@ impl RowTiles {
         // dynamic shared memory; a few blocks an SM (as many as its shared memory holds, with
         // `layer_norm`'s widened weight and bias and CUDA's reserve, up to
         // `PIPELINED_BLOCKS_PER_SM`), each over many tiles.
-        let (in_bytes, out_bytes) = (held * input.size_bytes(), held * out_dtype.size_bytes());
-        let shared_bytes = if pipelined { 2 * in_bytes + out_bytes } else { 0 };
+        let in_bytes = held * input.size_bytes();
+        let shared_bytes = if pipelined { pipelined_block_bytes(tile, input, out_dtype) } else { 0 };
         let per_block = shared_bytes + (tensors - 1) * cols * 4 + CUDA_BLOCK_SHARED_BYTES;
         let per_sm = if target.sm_shared > 0 { target.sm_shared / per_block } else { PIPELINED_BLOCKS_PER_SM };
         let per_sm = per_sm.clamp(1, PIPELINED_BLOCKS_PER_SM);

@@ -415,11 +415,12 @@ fn kernel_name(name: &str) -> String {
     format!("boundscope_{clean}")
 }
 
-/// Buffers a generated kernel's launch lists on the stack.
-const INLINE_BUFFERS: usize = 16;
+/// Parameters (one per buffer and the element count) a generated kernel's launch lists on the
+/// stack, at most.
+const INLINE_PARAMS: usize = 17;
 
 thread_local! {
-    /// The pointer and parameter lists of launches of more than [`INLINE_BUFFERS`] buffers.
+    /// The pointer and parameter lists of launches of more than [`INLINE_PARAMS`] parameters.
     static LAUNCH_LISTS: std::cell::RefCell<(Vec<sys::CUdeviceptr>, Vec<*mut c_void>)> =
         const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
 }
@@ -465,13 +466,16 @@ impl GeneratedKernel {
     fn launch(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
         self.lengths.check_in_place(&self.kernel, inputs, outputs, &self.in_place)?;
         // The arguments, on the stack: cudarc's launch builder collects them in a `Vec`, an
-        // allocation per launch that a steady-state run must not make. Regions of more buffers
-        // than the stack holds use a list kept per thread, grown by the first such launch.
+        // allocation per launch that a steady-state run must not make. The lists are as short as
+        // the launch allows (zeroing lists of 16 took 13 of the runtime's 748 instructions a
+        // step: `scripts/host-cost`). Regions of more buffers than the stack holds use a list
+        // kept per thread, grown by the first such launch.
         let buffers = inputs.len() + outputs.len();
-        if buffers <= INLINE_BUFFERS {
-            let mut pointers = [0; INLINE_BUFFERS];
-            let mut params = [std::ptr::null_mut(); INLINE_BUFFERS + 1];
-            return self.launch_with(inputs, outputs, &mut pointers[..buffers], &mut params[..=buffers]);
+        match buffers + 1 {
+            ..=4 => return self.launch_inline::<4>(inputs, outputs),
+            5..=8 => return self.launch_inline::<8>(inputs, outputs),
+            9..=INLINE_PARAMS => return self.launch_inline::<INLINE_PARAMS>(inputs, outputs),
+            _ => {}
         }
         LAUNCH_LISTS.with(|lists| {
             let (pointers, params) = &mut *lists.borrow_mut();
@@ -479,6 +483,20 @@ impl GeneratedKernel {
             params.resize(buffers + 1, std::ptr::null_mut());
             self.launch_with(inputs, outputs, &mut pointers[..buffers], &mut params[..=buffers])
         })
+    }
+
+    /// [`launch`](Self::launch) with lists on the stack of `N` parameters, one more than the
+    /// buffers at most.
+    #[inline(always)]
+    fn launch_inline<const N: usize>(
+        &self,
+        inputs: &[&dyn DeviceBuffer],
+        outputs: &mut [&mut dyn DeviceBuffer],
+    ) -> Result<()> {
+        let buffers = inputs.len() + outputs.len();
+        let mut pointers = [0; N];
+        let mut params = [std::ptr::null_mut(); N];
+        self.launch_with(inputs, outputs, &mut pointers[..buffers], &mut params[..=buffers])
     }
 
     /// [`launch`](Self::launch) with `pointers` (one per buffer) and `params` (one more) to

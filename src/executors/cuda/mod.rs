@@ -161,8 +161,8 @@
 //! with the defaults, without `fast_exp2` and `streaming_rows`, with `int32_row_columns`,
 //! without `keep_in_l2` and without `batched_rows`: a variant is on by default where it
 //! measures faster (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`,
-//! `async_row_copies`, `split_rows`, `split_reductions`, `tiled_rows`, `pipelined_tiles` and
-//! `wide_tiles` are). `scripts/kernel-sass OP DTYPE ROWSxCOLS [VARIANTS]` shows a row
+//! `async_row_copies`, `split_rows`, `split_reductions`, `tiled_rows`, `pipelined_tiles`,
+//! `wide_tiles` and `tile_occupancy` are). `scripts/kernel-sass OP DTYPE ROWSxCOLS [VARIANTS]` shows a row
 //! kernel's source, registers, spills and SASS as generated for Hopper, without a GPU (`ptxas`
 //! and `nvdisasm` from PyPI): where a variant starts.
 //!

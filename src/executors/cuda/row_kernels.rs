@@ -1738,7 +1738,7 @@ mod tests {
                 tiled_rows: true,
                 pipelined_tiles: true,
                 wide_tiles: true,
-                tile_occupancy: false,
+                tile_occupancy: true,
                 pipelined_passes: false,
             }
         );
@@ -2592,12 +2592,12 @@ mod tests {
         assert_eq!(RowTiles::for_rows(prims::SOFTMAX, rows, 3, DType::BF16, DType::BF16, alone), None);
     }
 
-    /// With `tile_occupancy`, the plain tiles' kernels over 16-bit rows ask for eight blocks an
-    /// SM and are otherwise the same, byte for byte; f32 tiles, pipelined tiles and untiled rows
-    /// are unchanged. Eight blocks' tiles fit in an SM's shared memory. The kernels compile.
+    /// With `tile_occupancy` (on by default), the plain tiles' kernels over 16-bit rows ask for
+    /// eight blocks an SM and are otherwise those without it, byte for byte; f32 tiles, pipelined
+    /// tiles and untiled rows are unchanged. Eight blocks' tiles fit in an SM's shared memory. The kernels compile.
     #[test]
     fn tile_occupancy_asks_plain_16_bit_tiles_for_eight_blocks_an_sm() {
-        let defaults = KernelVariants::default();
+        let defaults = KernelVariants { tile_occupancy: false, ..KernelVariants::default() };
         let occupied = KernelVariants { tile_occupancy: true, ..defaults };
         let rows = 100_003;
         let mut asked = 0;

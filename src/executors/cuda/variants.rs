@@ -8,7 +8,8 @@
 //! rows), `split_reductions` (an H100, 2026-12-06, over 66 cases of few long rows),
 //! `tiled_rows` and `pipelined_tiles` (an H100, 2026-12-06, over 44 and 72 cases of short rows
 //! of odd lengths), `wide_tiles` (the H200, 2026-12-06, over 30 cases of rows of up to 15
-//! values); `int32_row_columns`, `tile_occupancy` and `pipelined_passes` are not. Their options
+//! values), `tile_occupancy` (an H100, 2026-12-07, over 60 cases of rows of 1 to 15 values);
+//! `int32_row_columns` and `pipelined_passes` are not. Their options
 //! stay so that the comparison can be run again, and so do those of the variants on by default,
 //! to time the kernels without them. A plan whose kernels differ from the defaults lists its
 //! variants in its header. Both executors that generate kernels, `CudaFusion` and `CudaOps`, take
@@ -41,7 +42,8 @@ macro_rules! kernel_variants {
     ($($(#[doc = $doc:literal])* $name:ident = $default:literal, $option:literal;)*) => {
         /// Which variant of each generated kernel to emit. [`Default`] gives the fastest measured
         /// (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`, `async_row_copies`,
-        /// `split_rows`, `split_reductions`, `tiled_rows`, `pipelined_tiles` and `wide_tiles`);
+        /// `split_rows`, `split_reductions`, `tiled_rows`, `pipelined_tiles`, `wide_tiles` and
+        /// `tile_occupancy`);
         /// [`KernelVariants::NONE`], the kernels before any variant.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub struct KernelVariants {
@@ -344,17 +346,22 @@ kernel_variants! {
     /// tile's 8 KB of loads each. `ptxas` (sm_90) spills 4 to 20 bytes a thread with it in 16-bit
     /// `softmax` over rows of 1 and 4 values, nowhere else over rows of 1 to 15.
     ///
-    /// Off by default, not yet measured as this variant. An experiment build whose kernels are
-    /// these (the same bounds, on every plain tile) ran on an H100 (2026-12-07, `gpu_sweep
-    /// bf16,f16 softmax,layer_norm
+    /// On by default. On an H100 (2026-12-07, `gpu_sweep bf16,f16,f32 softmax,layer_norm
+    /// 8388608x1,4194304x2,4194304x3,2097152x4,2097152x5,2097152x6,2097152x7,2097152x9,1048576x11,1048576x15
+    /// --variant=tile_occupancy`, 60 cases, one run): 16-bit rows 0.98x to 1.18x, median 1.05x
+    /// (rows of 1 to 5 values 1.01x to 1.18x: bf16 `layer_norm` [2097152, 5] 1.18x, [8388608, 1]
+    /// 1.11x to 1.12x, `softmax` [4194304, 2] 1.11x to 1.12x; rows of 6 to 15 0.98x to 1.11x);
+    /// f32 rows, whose kernels it leaves, 0.99x to 1.03x. Before, an experiment build whose
+    /// kernels are these (the same bounds, on every plain tile) ran on an H100 (2026-12-07,
+    /// `gpu_sweep bf16,f16 softmax,layer_norm
     /// 4194304x1,2097152x2,2097152x3,1048576x5,1048576x7,4194304x9,1048577x3,262143x5`, two
     /// rounds a build, interleaved): 1.00x to 1.11x over 16-bit rows of 1 to 9 values, median
     /// 1.03x (`softmax` over [4194304, 9] 1.08x to 1.09x, 40 registers down to 32), 0.95x once
     /// (bf16 `softmax` [262143, 5], 5 MB, whose rounds moved by 10%); `layer_norm` over rows of
     /// 7 in wide tiles 0.67x to 0.68x, spilling 68 bytes a thread, which `wide_tiles` no longer
-    /// makes (rows of 7 keep a row a thread, 32 registers without the bounds). 16-bit rows of 6
-    /// and 7 as now laid out were not timed with it.
-    tile_occupancy = false,
+    /// makes (rows of 7 keep a row a thread, 32 registers without the bounds: 1.00x to 1.03x
+    /// with the variant, above).
+    tile_occupancy = true,
         "softmax and layer_norm over short 16-bit rows read as plain tiles compile for eight blocks an SM, at most 32 registers a thread (KernelVariants::tile_occupancy).";
     /// The pipelined tiles of [`pipelined_tiles`](Self::pipelined_tiles) hold about 16 KB of
     /// input: each thread runs several rows in turn (16-bit rows of 100 values, two a thread:
@@ -373,7 +380,11 @@ kernel_variants! {
     /// their tiles, byte for byte. It changes only the tiles of `pipelined_tiles`: without that
     /// variant it does nothing.
     ///
-    /// Off by default: not yet timed on a GPU.
+    /// Off by default: slower. On an H100 (2026-12-07, `gpu_sweep bf16,f16 softmax,layer_norm
+    /// 1048576x17,1048576x33,524288x65,524288x100,262144x129,262144x255,65536x255,131072x33
+    /// --variant=pipelined_passes`, 32 cases, one run): 0.88x to 1.03x, median 0.97x; over
+    /// [524288, 100], the shape it was for, `layer_norm` 0.92x to 0.93x and `softmax` 0.97x
+    /// (the kernels without it ran that `layer_norm` at 91-92% of a copy on that GPU).
     pipelined_passes = false,
         "softmax and layer_norm over rows read as pipelined tiles hold about 16 KB a tile, several rows a thread (KernelVariants::pipelined_passes).";
 }
@@ -381,7 +392,7 @@ kernel_variants! {
 impl Default for KernelVariants {
     /// The variants measured faster: `fast_exp2`, `streaming_rows`, `keep_in_l2`,
     /// `batched_rows`, `async_row_copies`, `split_rows`, `split_reductions`, `tiled_rows`,
-    /// `pipelined_tiles` and `wide_tiles`.
+    /// `pipelined_tiles`, `wide_tiles` and `tile_occupancy`.
     fn default() -> Self {
         Self::from_flags(Self::DEFAULTS)
     }

@@ -2522,66 +2522,63 @@ mod tests {
         }
     }
 
-    /// With `wide_tiles` (on by default), the plain tiles of 16-bit rows of up to 5 values hold
-    /// about 8 KB of input, each thread running several rows in turn, alike in every thread of
-    /// the block (a loop over its rows, the same count for each); f32 rows, 16-bit rows of which
-    /// 8 KB hold fewer than three a thread, and pipelined tiles keep a row a thread, and their
-    /// kernels as before, byte for byte. The kernels compile, and their tiles fit the 48 KB of
-    /// static shared memory.
+    /// With `wide_tiles` (on by default), the plain tiles of rows of up to 10 bytes (16-bit rows
+    /// of up to 5 values, f32 rows of 1 or 2) hold about 8 KB of input, each thread running
+    /// several rows in turn, alike in every thread of the block (a loop over its rows, the same
+    /// count for each); rows of which 8 KB hold fewer than three a thread, and pipelined tiles,
+    /// keep a row a thread, and their kernels as before, byte for byte. The kernels compile, and
+    /// their tiles fit the 48 KB of static shared memory.
     #[test]
-    fn wide_tiles_run_several_short_16_bit_rows_a_thread() {
+    fn wide_tiles_run_several_short_rows_a_thread() {
         let defaults = KernelVariants::default();
         let narrow = KernelVariants { wide_tiles: false, ..defaults };
         let rows = 100_003;
-        // (cols, rows a thread): 8,192 bytes over 256 rows of `cols` 16-bit values where that
+        // (dtype, cols, rows a thread): 8,192 bytes over 256 rows of `cols` values where that
         // is at least 3, else 1.
-        for (cols, passes) in [(1, 16), (2, 8), (3, 5), (4, 4), (5, 3), (6, 1), (7, 1), (9, 1), (15, 1), (33, 1)] {
-            for dtype in [DType::BF16, DType::F16] {
-                for is_layer_norm in [false, true] {
-                    let what = format!("{dtype} [{rows}, {cols}], layer_norm: {is_layer_norm}");
-                    let id = if is_layer_norm { prims::LAYER_NORM } else { prims::SOFTMAX };
-                    let tiles = RowTiles::for_rows(id, rows, cols, dtype, dtype, defaults).expect("tiled");
-                    assert_eq!(tiles.passes, passes, "{what}");
-                    assert_eq!(tiles.pipelined, cols > 16, "{what}");
-                    let per_pass = 256 / tiles.threads_per_row;
-                    assert_eq!(tiles.rows_per_tile, per_pass * passes, "{what}");
-                    let kernel = row_op_with(is_layer_norm, dtype, [rows, cols], HOPPER_BLOCK, defaults);
-                    let src = &kernel.source.source;
-                    let r = tiles.rows_per_tile;
-                    let looped = format!(
-                        "for (int slot = threadIdx.x / {}; slot < {r}; slot += {per_pass})",
-                        tiles.threads_per_row
-                    );
-                    assert_eq!(src.contains(&looped), passes > 1, "{what}\n{src}");
-                    assert!(src.contains(&format!("t * {r}ll + slot < {rows}ll")), "{what}\n{src}");
-                    if !tiles.pipelined {
-                        assert_eq!(kernel.blocks as usize, rows.div_ceil(r), "{what}");
-                        // The input and results tiles, as declared, in static shared memory
-                        // under its 48 KB (with `layer_norm`'s weight and bias as floats).
-                        let held = tiles.tile_values() + 16;
-                        let ty = super::super::codegen::element_type(dtype);
-                        assert!(src.contains(&format!("{ty} tile_in[{held}];")), "{what}\n{src}");
-                        assert!(src.contains(&format!("{ty} tile_out[{held}];")), "{what}\n{src}");
-                        assert!(2 * held * dtype.size_bytes() + 2 * 4 * cols <= 48 * 1024, "{what}");
-                    }
-                    super::super::compiles_with_nvrtc(src);
-                    // Without the variant, a row a thread, and no loop over the rows; where the
-                    // variant makes no loop, the same kernel.
-                    let plain = RowTiles::for_rows(id, rows, cols, dtype, dtype, narrow).expect("tiled");
-                    assert_eq!((plain.passes, plain.rows_per_tile), (1, per_pass), "{what}");
-                    let without = row_op_with(is_layer_norm, dtype, [rows, cols], HOPPER_BLOCK, narrow);
-                    assert!(!without.source.source.contains("for (int slot"), "{what}");
-                    if passes == 1 {
-                        assert_eq!(without.source.source, *src, "{what}");
-                    }
+        let bits16 = [(1, 16), (2, 8), (3, 5), (4, 4), (5, 3), (6, 1), (7, 1), (9, 1), (15, 1), (33, 1)];
+        let f32s = [(1, 8), (2, 4), (3, 1), (5, 1), (33, 1)];
+        let cases = (bits16.iter().flat_map(|&(c, p)| [(DType::BF16, c, p), (DType::F16, c, p)]))
+            .chain(f32s.iter().map(|&(c, p)| (DType::F32, c, p)));
+        for (dtype, cols, passes) in cases {
+            for is_layer_norm in [false, true] {
+                let what = format!("{dtype} [{rows}, {cols}], layer_norm: {is_layer_norm}");
+                let id = if is_layer_norm { prims::LAYER_NORM } else { prims::SOFTMAX };
+                let tiles = RowTiles::for_rows(id, rows, cols, dtype, dtype, defaults).expect("tiled");
+                assert_eq!(tiles.passes, passes, "{what}");
+                assert_eq!(tiles.pipelined, cols > 16, "{what}");
+                let per_pass = 256 / tiles.threads_per_row;
+                assert_eq!(tiles.rows_per_tile, per_pass * passes, "{what}");
+                let kernel = row_op_with(is_layer_norm, dtype, [rows, cols], HOPPER_BLOCK, defaults);
+                let src = &kernel.source.source;
+                let r = tiles.rows_per_tile;
+                let looped =
+                    format!("for (int slot = threadIdx.x / {}; slot < {r}; slot += {per_pass})", tiles.threads_per_row);
+                assert_eq!(src.contains(&looped), passes > 1, "{what}\n{src}");
+                assert!(src.contains(&format!("t * {r}ll + slot < {rows}ll")), "{what}\n{src}");
+                if !tiles.pipelined {
+                    assert_eq!(kernel.blocks as usize, rows.div_ceil(r), "{what}");
+                    // The input and results tiles, as declared, in static shared memory
+                    // under its 48 KB (with `layer_norm`'s weight and bias as floats).
+                    let held = tiles.tile_values() + 16;
+                    let ty = super::super::codegen::element_type(dtype);
+                    assert!(src.contains(&format!("{ty} tile_in[{held}];")), "{what}\n{src}");
+                    assert!(src.contains(&format!("{ty} tile_out[{held}];")), "{what}\n{src}");
+                    assert!(2 * held * dtype.size_bytes() + 2 * 4 * cols <= 48 * 1024, "{what}");
+                }
+                super::super::compiles_with_nvrtc(src);
+                // Without the variant, a row a thread, and no loop over the rows; where the
+                // variant makes no loop, the same kernel.
+                let plain = RowTiles::for_rows(id, rows, cols, dtype, dtype, narrow).expect("tiled");
+                assert_eq!((plain.passes, plain.rows_per_tile), (1, per_pass), "{what}");
+                let without = row_op_with(is_layer_norm, dtype, [rows, cols], HOPPER_BLOCK, narrow);
+                assert!(!without.source.source.contains("for (int slot"), "{what}");
+                if passes == 1 {
+                    assert_eq!(without.source.source, *src, "{what}");
                 }
             }
         }
-        // f32 rows keep a row a thread. A bf16 row written as f32 takes the f32 results' tile
-        // beside its 8 KB of input (rows of 3: 1,280 rows, about 23 KB in all).
-        for id in [prims::SOFTMAX, prims::LAYER_NORM] {
-            assert_eq!(RowTiles::for_rows(id, rows, 3, DType::F32, DType::F32, defaults).map(|t| t.passes), Some(1));
-        }
+        // A bf16 row written as f32 takes the f32 results' tile beside its 8 KB of input (rows
+        // of 3: 1,280 rows, about 23 KB in all).
         let mixed = layer_norm_for(DType::BF16, DType::F32, [rows, 3], 2, HOPPER);
         let src = &mixed.source.source;
         assert!(src.contains("slot < 1280; slot += 256"), "{src}");
@@ -2594,7 +2591,8 @@ mod tests {
 
     /// With `tile_occupancy` (on by default), the plain tiles' kernels over 16-bit rows ask for
     /// eight blocks an SM and are otherwise those without it, byte for byte; f32 tiles, pipelined
-    /// tiles and untiled rows are unchanged. Eight blocks' tiles fit in an SM's shared memory. The kernels compile.
+    /// tiles and untiled rows are unchanged. Eight blocks' tiles fit in an SM's shared memory.
+    /// The kernels compile.
     #[test]
     fn tile_occupancy_asks_plain_16_bit_tiles_for_eight_blocks_an_sm() {
         let defaults = KernelVariants { tile_occupancy: false, ..KernelVariants::default() };

@@ -65,17 +65,21 @@ const TILE_MAX_COLS: usize = 256;
 /// to 0.98x), which keep the tiles of [`KernelVariants::tiled_rows`].
 const PIPELINED_F32_ROW_BYTES: usize = 256;
 
-/// A plain tile of 16-bit rows holds about this many bytes of input
+/// A plain tile of rows of up to 10 bytes holds about this many bytes of input
 /// ([`KernelVariants::wide_tiles`]): each thread runs `WIDE_TILE_BYTES / (256 * bytes of a
 /// row)` rows in turn where that is at least [`WIDE_TILE_MIN_PASSES`], else one (16-bit rows of
-/// 3 values: 5 a thread, tiles of 1,280 rows). Measured on the H200 (2026-12-06, `gpu_sweep
+/// 3 values: 5 a thread, tiles of 1,280 rows; f32 rows of 1 value: 8 a thread). Measured on the H200 (2026-12-06, `gpu_sweep
 /// f32,bf16,f16 softmax,layer_norm
 /// 2097152x3,1048576x5,4194304x9,262144x9,1048576x15`, two rounds, against tiles of a row a
 /// thread). 8 KB: 16-bit rows of 3 1.35x to 1.40x, of 5 1.05x to 1.12x; rows of 9 and 15 one a
 /// thread as before (two a thread would pass 8 KB). Tiles of 4 KB gained less (1.29x to 1.32x
 /// over rows of 3); of 16 KB, 0.90x to 1.23x (16-bit `layer_norm` over [4194304, 9] 1.23x,
 /// `softmax` 0.94x to 0.95x). f32 rows of 3 ran 0.90x (`softmax`) and 1.07x (`layer_norm`) with
-/// 8 KB, so they keep a row a thread.
+/// 8 KB (two a thread), so they keep a row a thread. f32 rows of 1 and 2 (8 and 4 a thread), on
+/// an H100 (2026-12-07, `gpu_sweep f32 softmax,layer_norm
+/// 8388608x1,4194304x2,16777216x1,2097152x2,1048577x1,524287x2`, two rounds, an experiment build
+/// whose kernels are these): rows of 1 1.19x to 1.49x (`layer_norm` [16777216, 1] 1367 -> 2040
+/// GB/s), rows of 2 0.98x to 1.19x.
 const WIDE_TILE_BYTES: usize = 8192;
 
 /// The fewest rows a thread that a wide tile runs: rows of which [`WIDE_TILE_BYTES`] hold fewer
@@ -157,8 +161,8 @@ impl RowTiles {
     ///   values, up to [`TILE_MAX_COLS`] in 16 bits and [`PIPELINED_F32_ROW_BYTES`] in f32;
     /// - otherwise, with [`KernelVariants::tiled_rows`], of up to [`TILE_ROW_BYTES`] (16-bit
     ///   `softmax` rows up to [`TILE_MAX_COLS`] values); with [`KernelVariants::wide_tiles`],
-    ///   16-bit rows of up to 5 values in tiles of about [`WIDE_TILE_BYTES`], several rows a
-    ///   thread.
+    ///   rows of up to 10 bytes (16-bit rows of up to 5 values, f32 rows of 1 or 2) in tiles of
+    ///   about [`WIDE_TILE_BYTES`], several rows a thread.
     ///
     /// With [`KernelVariants::pipelined_passes`], pipelined tiles hold about
     /// [`PIPELINED_TILE_BYTES`], several rows a thread, where that is two or more.
@@ -193,7 +197,7 @@ impl RowTiles {
             }
             (passes, 2)
         } else {
-            let passes = if variants.wide_tiles && packed { WIDE_TILE_BYTES / pass_bytes } else { 1 };
+            let passes = if variants.wide_tiles { WIDE_TILE_BYTES / pass_bytes } else { 1 };
             (passes, WIDE_TILE_MIN_PASSES)
         };
         let passes = if passes >= fewest { passes } else { 1 };

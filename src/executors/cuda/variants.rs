@@ -315,29 +315,34 @@ kernel_variants! {
     /// [`streaming_rows`](Self::streaming_rows) says; the results' stores take it.
     pipelined_tiles = true,
         "softmax and layer_norm over rows of odd lengths of 17 to 256 values (f32 up to 64) read as tiles by a few blocks an SM, each copying its next tile with cp.async while it runs the one before (KernelVariants::pipelined_tiles).";
-    /// The tiles of [`tiled_rows`](Self::tiled_rows) over 16-bit rows of a thread's own (up to
-    /// 16 values) hold about 8 KB of input: each thread runs several rows in turn (16-bit rows
-    /// of 3 values, 5 rows a thread), where a tile held a row a thread (1.5 KB over rows of 3:
-    /// 96 loads of 16 bytes for a block of 256 threads, too few in flight). So it takes 16-bit
-    /// rows of up to 5 values, at least three a thread; longer ones (of 6 and 7 values, two a
-    /// thread, ran 0.85x to 0.98x on an H100; from 9 values two would pass 8 KB), f32 rows and
-    /// pipelined tiles are laid out as before. It changes only the tiles of `tiled_rows`:
+    /// The tiles of [`tiled_rows`](Self::tiled_rows) over rows of a thread's own (up to 16
+    /// values) hold about 8 KB of input: each thread runs several rows in turn (16-bit rows of 3
+    /// values, 5 rows a thread), where a tile held a row a thread (1.5 KB over 16-bit rows of 3:
+    /// 96 loads of 16 bytes for a block of 256 threads, too few in flight). So it takes rows of
+    /// up to 10 bytes, at least three a thread: 16-bit rows of up to 5 values, f32 rows of 1 or
+    /// 2; longer ones (16-bit rows of 6 and 7 values, two a thread, ran 0.85x to 0.98x on an
+    /// H100; from 9 values two would pass 8 KB; f32 rows of 3, two a thread, 0.90x to 1.07x on
+    /// the H200) and pipelined tiles are laid out as before. It changes only the tiles of `tiled_rows`:
     /// without that variant it does nothing.
     ///
     /// On by default: on the H200 (2026-12-06, `gpu_sweep f32,bf16,f16 softmax,layer_norm
     /// 2097152x3,1048576x5,4194304x9,262144x9,1048576x15`, two rounds, tiles of 8 KB against
     /// tiles of a row a thread), 16-bit rows of 3 values ran 1.35x to 1.40x (bf16 `softmax` over
     /// [2097152, 3] from 41% to 55% of a copy's speed), of 5 values 1.05x to 1.12x. f32 rows of
-    /// 3 ran 0.90x (`softmax`) and 1.07x, so f32 rows keep a row a thread; 16 KB tiles were
-    /// mixed (0.90x to 1.23x). (Timed as an experiment build, whose kernels at 8 KB are these,
+    /// 3 ran 0.90x (`softmax`) and 1.07x, so they keep a row a thread; 16 KB tiles were mixed
+    /// (0.90x to 1.23x). (Timed as an experiment build, whose kernels at 8 KB are these,
     /// byte for byte but for their first comment line.) On an H100 (2026-12-07, `gpu_sweep
     /// bf16,f16 softmax,layer_norm
     /// 4194304x1,2097152x2,2097152x3,1048576x5,1048576x7,4194304x9,1048577x3,262143x5
     /// --variant=wide_tiles`): rows of 1 value 1.65x to 1.77x, of 2 1.30x to 1.40x, of 3 1.04x
     /// to 1.31x, of 5 0.90x to 1.04x; rows of 7 (two a thread) 0.85x to 0.98x, so they keep a
-    /// row a thread.
+    /// row a thread. f32 rows of 1 and 2 (since 2026-12-07; an H100, `gpu_sweep f32
+    /// softmax,layer_norm 8388608x1,4194304x2,16777216x1,2097152x2,1048577x1,524287x2`, two
+    /// rounds, an experiment build whose kernels are these, against a row a thread): rows of 1
+    /// 1.19x to 1.49x (`softmax` over [8388608, 1] 1666 -> 2148 GB/s, 0.76x -> 0.98x the
+    /// faster PyTorch), rows of 2 0.98x to 1.19x.
     wide_tiles = true,
-        "softmax and layer_norm over 16-bit rows of odd lengths of up to 5 values read as tiles of about 8 KB, several rows a thread, where tiled_rows reads them as tiles (KernelVariants::wide_tiles).";
+        "softmax and layer_norm over rows of odd lengths of up to 10 bytes (16-bit rows of up to 5 values, f32 rows of 1 or 2) read as tiles of about 8 KB, several rows a thread, where tiled_rows reads them as tiles (KernelVariants::wide_tiles).";
     /// The plain tiles of [`tiled_rows`](Self::tiled_rows) over 16-bit rows (not the pipelined
     /// ones, nor f32 rows: untimed, and some of their tiles leave shared memory for only seven
     /// blocks) ask `ptxas` for eight blocks of 256 threads an SM (`__launch_bounds__(256, 8)`: at

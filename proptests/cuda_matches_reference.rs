@@ -1652,16 +1652,17 @@ fn row_ops_match_the_reference_at_every_row_length(dtype: boundscope::DType) {
         // memory, more than its blocks run at once on an H100 or H200 (132 SMs x 4 blocks: 8,448
         // rows of 257, 16 a block; 4,224 of 1,001, 8 a block), so that each block runs several.
         // And short rows of odd lengths over many tiles (`KernelVariants::tiled_rows`: a block
-        // reads a run of rows whole), the last one short, tensors whose last 16 bytes are
-        // partial (rows of 1 to 9 are tiled in every dtype, rows of 17 to 255 in 16 bits and 33
-        // in f32 are pipelined tiles, `KernelVariants::pipelined_tiles`). Pipelined, the last
-        // three in 16 bits and [70001, 33] in f32 run more tiles than their blocks (at most 4 an
-        // SM), so that each block copies the next tile while it runs one. Rows of up to 10
-        // bytes run several a thread (`KernelVariants::wide_tiles`: in 16 bits tiles of 4,096
-        // rows of 1 value, 2,048 of 2, 1,280 of 3, 768 of 5; in f32 2,048 rows of 1, 1,024 of 2;
-        // rows of 7 one a thread, 256 a tile), the last tile short. With `KernelVariants::pipelined_passes` (in `ALL`), 16-bit pipelined tiles
-        // hold two or three rows a thread (64 rows of 100, 32 of 255, 192 of 33), the last tile
-        // short; [120001, 33] runs more such tiles than blocks (625 tiles of 192 rows).
+        // reads a run of rows whole), the last one short, tensors whose last 16 bytes are partial
+        // (rows of 1 to 9 are tiled in every dtype, rows of 17 to 255 in 16 bits and 33 in f32 are
+        // pipelined tiles, `KernelVariants::pipelined_tiles`). Pipelined, the last three in 16 bits
+        // and [70001, 33] in f32 run more tiles than their blocks (at most 4 an SM), so that each
+        // block copies the next tile while it runs one. Rows of up to 10 bytes run several a thread
+        // (`KernelVariants::wide_tiles`: in 16 bits tiles of 4,096 rows of 1 value, 2,048 of 2,
+        // 1,280 of 3, 768 of 5; in f32 2,048 rows of 1, 1,024 of 2; rows of 7 one a thread, 256 a
+        // tile), the last tile short. With `KernelVariants::pipelined_passes` (in `ALL`), 16-bit
+        // pipelined tiles hold two or three rows a thread (64 rows of 100, 32 of 255, 192 of 33),
+        // the last tile short; [120001, 33] runs more such tiles than blocks (625 tiles of 192
+        // rows).
         let tiled = [
             (70001, 1),
             (40001, 2),

@@ -467,8 +467,8 @@ impl GeneratedKernel {
         self.lengths.check_in_place(&self.kernel, inputs, outputs, &self.in_place)?;
         // The arguments, on the stack: cudarc's launch builder collects them in a `Vec`, an
         // allocation per launch that a steady-state run must not make. The lists are as short as
-        // the launch allows (zeroing lists of 16 took 13 of the runtime's 749 instructions a
-        // step: `scripts/host-cost`). Regions of more buffers than the stack holds use a list
+        // the launch allows (zeroing lists of 16 and 17 took 13 of the runtime's 749
+        // instructions a step: `scripts/host-cost`). Regions of more buffers than the stack holds use a list
         // kept per thread, grown by the first such launch.
         let buffers = inputs.len() + outputs.len();
         match buffers + 1 {

@@ -2595,8 +2595,8 @@ mod tests {
     /// The kernels compile.
     #[test]
     fn tile_occupancy_asks_plain_16_bit_tiles_for_eight_blocks_an_sm() {
-        let defaults = KernelVariants { tile_occupancy: false, ..KernelVariants::default() };
-        let occupied = KernelVariants { tile_occupancy: true, ..defaults };
+        let without = KernelVariants { tile_occupancy: false, ..KernelVariants::default() };
+        let occupied = KernelVariants { tile_occupancy: true, ..without };
         let rows = 100_003;
         let mut asked = 0;
         for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -2613,10 +2613,10 @@ mod tests {
                 ] {
                     let what = format!("{dtype} [{rows}, {cols}], layer_norm: {is_layer_norm}");
                     let id = if is_layer_norm { prims::LAYER_NORM } else { prims::SOFTMAX };
-                    let tiles = RowTiles::for_rows(id, rows, cols, dtype, dtype, defaults);
+                    let tiles = RowTiles::for_rows(id, rows, cols, dtype, dtype, without);
                     let got = tiles.map_or("none", |t| if t.pipelined { "pipelined" } else { "plain" });
                     assert_eq!(got, layout, "{what}");
-                    let before = row_op_with(is_layer_norm, dtype, [rows, cols], HOPPER_BLOCK, defaults).source.source;
+                    let before = row_op_with(is_layer_norm, dtype, [rows, cols], HOPPER_BLOCK, without).source.source;
                     let with = row_op_with(is_layer_norm, dtype, [rows, cols], HOPPER_BLOCK, occupied).source.source;
                     let bounded = layout == "plain" && dtype != DType::F32;
                     assert_eq!(with.contains("__launch_bounds__(256, 8)"), bounded, "{what}\n{with}");

@@ -66,28 +66,29 @@ const TILE_MAX_COLS: usize = 256;
 const PIPELINED_F32_ROW_BYTES: usize = 256;
 
 /// A plain tile of rows of up to 10 bytes holds about this many bytes of input
-/// ([`KernelVariants::wide_tiles`]): each thread runs `WIDE_TILE_BYTES / (256 * bytes of a
-/// row)` rows in turn where that is at least [`WIDE_TILE_MIN_PASSES`], else one (16-bit rows of
-/// 3 values: 5 a thread, tiles of 1,280 rows; f32 rows of 1 value: 8 a thread). Measured on the H200 (2026-12-06, `gpu_sweep
-/// f32,bf16,f16 softmax,layer_norm
+/// ([`KernelVariants::wide_tiles`]): each thread runs `WIDE_TILE_BYTES / (256 * bytes of a row)`
+/// rows in turn where that is at least [`WIDE_TILE_MIN_PASSES`], else one (16-bit rows of 3 values:
+/// 5 a thread, tiles of 1,280 rows; f32 rows of 1 value: 8 a thread). Measured on the H200
+/// (2026-12-06, `gpu_sweep f32,bf16,f16 softmax,layer_norm
 /// 2097152x3,1048576x5,4194304x9,262144x9,1048576x15`, two rounds, against tiles of a row a
 /// thread). 8 KB: 16-bit rows of 3 1.35x to 1.40x, of 5 1.05x to 1.12x; rows of 9 and 15 one a
-/// thread as before (two a thread would pass 8 KB). Tiles of 4 KB gained less (1.29x to 1.32x
-/// over rows of 3); of 16 KB, 0.90x to 1.23x (16-bit `layer_norm` over [4194304, 9] 1.23x,
-/// `softmax` 0.94x to 0.95x). f32 rows of 3 ran 0.90x (`softmax`) and 1.07x (`layer_norm`) with
-/// 8 KB (two a thread), so they keep a row a thread. f32 rows of 1 and 2 (8 and 4 a thread), on
-/// an H100 (2026-12-07, `gpu_sweep f32 softmax,layer_norm
+/// thread as before (two a thread would pass 8 KB). Tiles of 4 KB gained less (1.29x to 1.32x over
+/// rows of 3); of 16 KB, 0.90x to 1.23x (16-bit `layer_norm` over [4194304, 9] 1.23x, `softmax`
+/// 0.94x to 0.95x). f32 rows of 3 ran 0.90x (`softmax`) and 1.07x (`layer_norm`) with 8 KB (two a
+/// thread), so they keep a row a thread. f32 rows of 1 and 2 (8 and 4 a thread), on an H100
+/// (2026-12-07, `gpu_sweep f32 softmax,layer_norm
 /// 8388608x1,4194304x2,16777216x1,2097152x2,1048577x1,524287x2`, two rounds, an experiment build
-/// whose kernels are these): rows of 1 1.19x to 1.49x (`layer_norm` [16777216, 1] 1367 -> 2040
+/// whose kernels are these): rows of 1 1.19x to 1.49x (`softmax` [8388608, 1] 1666 -> 2148
 /// GB/s), rows of 2 0.98x to 1.19x.
 const WIDE_TILE_BYTES: usize = 8192;
 
 /// The fewest rows a thread that a wide tile runs: rows of which [`WIDE_TILE_BYTES`] hold fewer
 /// a thread keep a row a thread. Two a thread (16-bit rows of 6 and 7 values) lost on an H100
 /// (2026-12-07, `gpu_sweep bf16,f16 softmax,layer_norm 1048576x7 --variant=wide_tiles`):
-/// `softmax` 0.85x to 0.94x, `layer_norm` 0.97x to 0.98x; three a thread (rows of 5) ran 0.90x
-/// to 1.04x there and 1.05x to 1.12x on the H200; five or more (rows of 1 to 3) 1.04x to 1.77x
-/// on the H100. Rows of 4 (four a thread) were not timed.
+/// `softmax` 0.85x to 0.94x, `layer_norm` 0.97x to 0.98x; three a thread (16-bit rows of 5) ran
+/// 0.90x to 1.04x there and 1.05x to 1.12x on the H200; five or more (16-bit rows of 1 to 3)
+/// 1.04x to 1.77x on the H100. 16-bit rows of 4 (four a thread) were not timed; f32 rows of 2
+/// (four a thread) ran 0.98x to 1.19x, of 1 (eight) 1.19x to 1.49x (see [`WIDE_TILE_BYTES`]).
 const WIDE_TILE_MIN_PASSES: usize = 3;
 
 /// A pipelined tile holds about this many bytes of input with
@@ -108,7 +109,7 @@ const PIPELINED_SHARED_BYTES: usize = 48 * 1024;
 /// [`KernelVariants::tile_occupancy`] (`__launch_bounds__(256, 8)`): 32 registers a thread. Their
 /// tiles in and out (at most about 24 KB a block, a bf16 row written as f32) leave shared memory
 /// for all eight; f32 tiles of rows of 14 and 15 values (about 30 KB) would not, and f32 rows were
-/// not timed, so they keep their bounds.
+/// not timed with these bounds, so they keep theirs.
 const TILE_MIN_BLOCKS: usize = 8;
 
 /// Blocks an SM of a pipelined tiled kernel, at most: each block loops over every `sms * 4`-th

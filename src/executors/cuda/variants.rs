@@ -315,15 +315,15 @@ kernel_variants! {
     /// [`streaming_rows`](Self::streaming_rows) says; the results' stores take it.
     pipelined_tiles = true,
         "softmax and layer_norm over rows of odd lengths of 17 to 256 values (f32 up to 64) read as tiles by a few blocks an SM, each copying its next tile with cp.async while it runs the one before (KernelVariants::pipelined_tiles).";
-    /// The tiles of [`tiled_rows`](Self::tiled_rows) over rows of a thread's own (up to 16
-    /// values) hold about 8 KB of input: each thread runs several rows in turn (16-bit rows of 3
-    /// values, 5 rows a thread), where a tile held a row a thread (1.5 KB over 16-bit rows of 3:
-    /// 96 loads of 16 bytes for a block of 256 threads, too few in flight). So it takes rows of
-    /// up to 10 bytes, at least three a thread: 16-bit rows of up to 5 values, f32 rows of 1 or
-    /// 2; longer ones (16-bit rows of 6 and 7 values, two a thread, ran 0.85x to 0.98x on an
-    /// H100; from 9 values two would pass 8 KB; f32 rows of 3, two a thread, 0.90x to 1.07x on
-    /// the H200) and pipelined tiles are laid out as before. It changes only the tiles of `tiled_rows`:
-    /// without that variant it does nothing.
+    /// The tiles of [`tiled_rows`](Self::tiled_rows) over rows of a thread's own (up to 16 values)
+    /// hold about 8 KB of input: each thread runs several rows in turn (16-bit rows of 3 values, 5
+    /// rows a thread), where a tile held a row a thread (1.5 KB over 16-bit rows of 3: 96 loads of
+    /// 16 bytes for a block of 256 threads, too few in flight). So it takes rows of up to 10 bytes,
+    /// at least three a thread: 16-bit rows of up to 5 values, f32 rows of 1 or 2; longer ones
+    /// (16-bit rows of 6 and 7 values, two a thread, ran 0.85x to 0.98x on an H100; from 9 values
+    /// two would pass 8 KB; f32 rows of 3, two a thread, 0.90x to 1.07x on the H200) and pipelined
+    /// tiles are laid out as before. It changes only the tiles of `tiled_rows`: without that
+    /// variant it does nothing.
     ///
     /// On by default: on the H200 (2026-12-06, `gpu_sweep f32,bf16,f16 softmax,layer_norm
     /// 2097152x3,1048576x5,4194304x9,262144x9,1048576x15`, two rounds, tiles of 8 KB against
@@ -344,12 +344,12 @@ kernel_variants! {
     wide_tiles = true,
         "softmax and layer_norm over rows of odd lengths of up to 10 bytes (16-bit rows of up to 5 values, f32 rows of 1 or 2) read as tiles of about 8 KB, several rows a thread, where tiled_rows reads them as tiles (KernelVariants::wide_tiles).";
     /// The plain tiles of [`tiled_rows`](Self::tiled_rows) over 16-bit rows (not the pipelined
-    /// ones, nor f32 rows: untimed, and some of their tiles leave shared memory for only seven
-    /// blocks) ask `ptxas` for eight blocks of 256 threads an SM (`__launch_bounds__(256, 8)`: at
-    /// most 32 registers a thread), where it took up to 72 (16-bit `layer_norm` over rows of 1
-    /// value in wide tiles) and 40 to 64 at most short lengths: five or six blocks an SM, a wide
-    /// tile's 8 KB of loads each. `ptxas` (sm_90) spills 4 to 20 bytes a thread with it in 16-bit
-    /// `softmax` over rows of 1 and 4 values, nowhere else over rows of 1 to 15.
+    /// ones, nor f32 rows: untimed with it, and some of their tiles leave shared memory for only
+    /// seven blocks) ask `ptxas` for eight blocks of 256 threads an SM (`__launch_bounds__(256,
+    /// 8)`: at most 32 registers a thread), where it took up to 72 (16-bit `layer_norm` over rows
+    /// of 1 value in wide tiles) and 40 to 64 at most short lengths: five or six blocks an SM, a
+    /// wide tile's 8 KB of loads each. `ptxas` (sm_90) spills 4 to 20 bytes a thread with it in
+    /// 16-bit `softmax` over rows of 1 and 4 values, nowhere else over rows of 1 to 15.
     ///
     /// On by default. On an H100 (2026-12-07, `gpu_sweep bf16,f16,f32 softmax,layer_norm
     /// 8388608x1,4194304x2,4194304x3,2097152x4,2097152x5,2097152x6,2097152x7,2097152x9,1048576x11,1048576x15

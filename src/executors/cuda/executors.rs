@@ -468,8 +468,8 @@ impl GeneratedKernel {
         // The arguments, on the stack: cudarc's launch builder collects them in a `Vec`, an
         // allocation per launch that a steady-state run must not make. The lists are as short as
         // the launch allows (zeroing lists of 16 and 17 took 13 of the runtime's 749
-        // instructions a step: `scripts/host-cost`). Regions of more buffers than the stack holds use a list
-        // kept per thread, grown by the first such launch.
+        // instructions a step: `scripts/host-cost`). Regions of more buffers than the stack
+        // holds use a list kept per thread, grown by the first such launch.
         let buffers = inputs.len() + outputs.len();
         match buffers + 1 {
             ..=4 => return self.launch_inline::<4>(inputs, outputs),

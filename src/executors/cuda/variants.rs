@@ -1,19 +1,19 @@
 //! Variants of the generated kernels, each chosen by a developer option (`cuda.*`, set through
-//! [`Options::set_developer`]). A variant is on by default once the GPU has shown it faster on
-//! the sweep (`examples/gpu_sweep.rs --variants`, which times each variant flipped from the
-//! defaults, case by case, in one run) or on GPT-2's steps: `fast_exp2` and `streaming_rows`
-//! are (2026-12-05, the H200's sweep), `keep_in_l2` (2026-12-05, an H100, with GPT-2's
-//! steps), `batched_rows` (the same H100's sweep), `async_row_copies` (the H200 and an H100,
-//! 2026-12-05 and 2026-12-06), `split_rows` (an H100, 2026-12-06, over 141 cases of few long
-//! rows), `split_reductions` (an H100, 2026-12-06, over 66 cases of few long rows),
-//! `tiled_rows` and `pipelined_tiles` (an H100, 2026-12-06, over 44 and 72 cases of short rows
-//! of odd lengths), `wide_tiles` (the H200, 2026-12-06, over 30 cases of rows of up to 15
-//! values), `tile_occupancy` (an H100, 2026-12-07, over 60 cases of rows of 1 to 15 values);
-//! `int32_row_columns` and `pipelined_passes` are not. Their options
-//! stay so that the comparison can be run again, and so do those of the variants on by default,
-//! to time the kernels without them. A plan whose kernels differ from the defaults lists its
-//! variants in its header. Both executors that generate kernels, `CudaFusion` and `CudaOps`, take
-//! them (`with_variants`, or `from_options`); the front end configures them from its options.
+//! [`Options::set_developer`]). A variant is on by default once the GPU has shown it faster on the
+//! sweep (`examples/gpu_sweep.rs --variants`, which times each variant flipped from the defaults,
+//! case by case, in one run) or on GPT-2's steps: `fast_exp2` and `streaming_rows` are (2026-12-05,
+//! the H200's sweep), `keep_in_l2` (2026-12-05, an H100, with GPT-2's steps), `batched_rows` (the
+//! same H100's sweep), `async_row_copies` (the H200 and an H100, 2026-12-05 and 2026-12-06),
+//! `split_rows` (an H100, 2026-12-06, over 141 cases of few long rows), `split_reductions` (an
+//! H100, 2026-12-06, over 66 cases of few long rows), `tiled_rows` and `pipelined_tiles` (an H100,
+//! 2026-12-06, over 44 and 72 cases of short rows of odd lengths), `wide_tiles` (the H200,
+//! 2026-12-06, over 30 cases of rows of up to 15 values), `tile_occupancy` (an H100, 2026-12-07,
+//! over 60 cases of rows of 1 to 15 values); `int32_row_columns` and `pipelined_passes` are not.
+//! Their options stay so that the comparison can be run again, and so do those of the variants on
+//! by default, to time the kernels without them. A plan whose kernels differ from the defaults
+//! lists its variants in its header. Both executors that generate kernels, `CudaFusion` and
+//! `CudaOps`, take them (`with_variants`, or `from_options`); the front end configures them from
+//! its options.
 //!
 //! ```
 //! use boundscope::executors::cuda::KernelVariants;

@@ -472,17 +472,16 @@ impl GeneratedKernel {
         // holds use a list kept per thread, grown by the first such launch.
         let buffers = inputs.len() + outputs.len();
         match buffers + 1 {
-            ..=4 => return self.launch_inline::<4>(inputs, outputs),
-            5..=8 => return self.launch_inline::<8>(inputs, outputs),
-            9..=INLINE_PARAMS => return self.launch_inline::<INLINE_PARAMS>(inputs, outputs),
-            _ => {}
+            ..=4 => self.launch_inline::<4>(inputs, outputs),
+            5..=8 => self.launch_inline::<8>(inputs, outputs),
+            9..=INLINE_PARAMS => self.launch_inline::<INLINE_PARAMS>(inputs, outputs),
+            _ => LAUNCH_LISTS.with(|lists| {
+                let (pointers, params) = &mut *lists.borrow_mut();
+                pointers.resize(buffers, 0);
+                params.resize(buffers + 1, std::ptr::null_mut());
+                self.launch_with(inputs, outputs, &mut pointers[..buffers], &mut params[..=buffers])
+            }),
         }
-        LAUNCH_LISTS.with(|lists| {
-            let (pointers, params) = &mut *lists.borrow_mut();
-            pointers.resize(buffers, 0);
-            params.resize(buffers + 1, std::ptr::null_mut());
-            self.launch_with(inputs, outputs, &mut pointers[..buffers], &mut params[..=buffers])
-        })
     }
 
     /// [`launch`](Self::launch) with lists on the stack of `N` parameters, one more than the

@@ -1334,6 +1334,43 @@ fn vectorized_moves_on_cuda_are_exact() {
     }
 }
 
+/// Fused regions of 2 to 24 inputs and one or two outputs (3 to 26 buffers) launch with every
+/// size of parameter list, those on the stack (up to 17 parameters: the buffers and the element
+/// count) and the longer ones built per thread, and equal the CPU reference: each input in its
+/// place.
+#[test]
+fn fused_regions_of_many_buffers_launch_each_in_its_place() {
+    let Some((device, _sharing)) = device() else { return };
+    let registry = Registry::with_builtins();
+    for inputs in [2, 3, 6, 7, 14, 15, 16, 24] {
+        let arena = Arena::new();
+        let mut b = boundscope::TraceBuilder::new(&arena, &registry);
+        let xs: Vec<_> = (0..inputs).map(|_| b.input(&[1000]).unwrap()).collect();
+        // `y = y * x + x` over the inputs in turn (two inputs exchanged would show), and but for
+        // two inputs (3 buffers, 4 parameters) the sum of the first and last: a second output.
+        let mut y = xs[0];
+        for &x in &xs[1..] {
+            let scaled = b.mul(y, x).unwrap();
+            y = b.add(scaled, x).unwrap();
+        }
+        b.output(y).unwrap();
+        if inputs > 2 {
+            let ends = b.add(xs[0], xs[inputs - 1]).unwrap();
+            b.output(ends).unwrap();
+        }
+        let trace = b.finish().unwrap();
+        let data = inputs_for(&trace);
+        let refs: Vec<&Tensor> = data.iter().collect();
+        let (fused, fusion) = fused_for_cuda(&device, &trace, &arena);
+        let plan = Plan::compile(&fused, &[fusion, Arc::new(cuda_ops(device.clone()))]).unwrap();
+        let device_steps: Vec<_> = plan.steps_per_executor().into_iter().filter(|(e, _)| *e != "runtime").collect();
+        assert_eq!(device_steps, vec![("cuda_fusion", 1)], "one region\n{plan}");
+        let expected = Plan::compile(&trace, &[CpuReference::shared()]).unwrap().run(&refs).unwrap();
+        let got = plan.run(&refs).unwrap();
+        common::close_all(&got, &expected, TOLERANCE).unwrap_or_else(|e| panic!("{inputs} inputs: {e}\n{plan}"));
+    }
+}
+
 /// `embedding` and `gather_last` run on the device with their ids checked there: results equal
 /// the CPU reference's, an id out of range is `Error::IndexOutOfRange` from the run that
 /// queued it (stream runs too), the next good run is clean, and a graph capture says why it
@@ -1714,7 +1751,15 @@ fn row_ops_match_the_reference_at_every_row_length(dtype: boundscope::DType) {
                         Tensor::from_fn(&shape, |e| ((e * 37 + k * 11) % 101) as f32 / 25.0 - 2.0).to_dtype(dtype)
                     })
                     .collect();
-                if cols > 2 && rows > 1 {
+                if cols <= 2 && rows > 3 {
+                    // Rows of 1 and 2 (several a thread): an infinity in row 1 and a NaN (for
+                    // softmax, -infinity) in row 3; a row misplaced in its tile would show them
+                    // in a neighbour.
+                    let mut x = inputs[0].to_dtype(DType::F32).to_f32_vec();
+                    x[cols] = f32::INFINITY;
+                    x[3 * cols] = if layer_norm { f32::NAN } else { f32::NEG_INFINITY };
+                    inputs[0] = Tensor::new(&[rows, cols], x).unwrap().to_dtype(dtype);
+                } else if cols > 2 && rows > 1 {
                     // Row 1 holds an infinity (and, for layer_norm, a NaN): what the CPU gives.
                     let mut x = inputs[0].to_dtype(DType::F32).to_f32_vec();
                     x[cols] = f32::INFINITY;

@@ -43,7 +43,7 @@
 //! ```
 //!
 //! `--variant=NAME` (repeatable) adds one variant flipped from the defaults rather than all of
-//! them, `--only` leaves the defaults out (to tell which kernel faults), and `--reps=N` times N
+//! them (`--variant=A,B` one plan with both flipped), `--only` leaves the defaults out (to tell which kernel faults), and `--reps=N` times N
 //! runs a round rather than about 30 ms of them: together, one variant's case under
 //! `compute-sanitizer`, which runs kernels tens of times slower. `--check-full` checks each case
 //! at its full shape rather than at 2^18 values: what only large shapes take (row kernels whose
@@ -213,14 +213,21 @@ fn run() -> Result<(), String> {
     let mut variants: Vec<(String, KernelVariants)> = vec![("boundscope".into(), KernelVariants::default())];
     let (mut fixed_reps, mut only, mut check_full) = (None, false, false);
     // One variant flipped from the defaults: `+name` turned on, `-name` off.
-    let flip = |name: &str| -> Result<(String, KernelVariants), String> {
+    // Several names joined by `,` flip each of them, in one plan.
+    let flip = |names: &str| -> Result<(String, KernelVariants), String> {
         let defaults = KernelVariants::default();
-        let flipped = defaults.flipped(name).ok_or_else(|| {
-            let names: Vec<&str> = KernelVariants::EACH.iter().map(|(n, _)| *n).collect();
-            format!("unknown variant `{name}` (one of {})", names.join(", "))
-        })?;
-        let sign = if defaults | flipped != defaults { '+' } else { '-' };
-        Ok((format!("boundscope{sign}{name}"), flipped))
+        let (mut label, mut flipped) = ("boundscope".to_string(), defaults);
+        for name in names.split(',') {
+            let next = flipped.flipped(name).ok_or_else(|| {
+                let names: Vec<&str> = KernelVariants::EACH.iter().map(|(n, _)| *n).collect();
+                format!("unknown variant `{name}` (one of {})", names.join(", "))
+            })?;
+            let sign = if flipped | next != flipped { '+' } else { '-' };
+            label.push(sign);
+            label.push_str(name);
+            flipped = next;
+        }
+        Ok((label, flipped))
     };
     for flag in &flags {
         if flag == "--only" {

@@ -886,7 +886,8 @@ const OUT_SCALE_LOG2: i32 = 8;
 /// The C of [`KernelVariants::async_row_copies`]: `bs_copy_async(dst, src)` copies 16 bytes of
 /// global memory into shared memory without passing through registers (`cp.async.cg`, on
 /// Ampere and later; a load and a store before); `bs_copies_done()` waits for the thread's
-/// copies.
+/// copies; `bs_copies_commit()` closes a group of them and `bs_copies_wait<N>()` waits for all
+/// but the last `N` groups ([`KernelVariants::overlapped_first_pass`]).
 ///
 /// No copy takes an L2 cache hint. `softmax` rows take them always; `layer_norm` rows only
 /// where their accesses are kept as usual ([`Caching::Kept`]): rows the streaming hints mark
@@ -905,7 +906,11 @@ const OUT_SCALE_LOG2: i32 = 8;
 fn async_copies() -> String {
     format!(
         "{COPY_ASYNC}__device__ __forceinline__ void bs_copies_done() {{\n\
-         #if __CUDA_ARCH__ >= 800\n  asm volatile(\"cp.async.wait_all;\" ::: \"memory\");\n#endif\n}}\n"
+         #if __CUDA_ARCH__ >= 800\n  asm volatile(\"cp.async.wait_all;\" ::: \"memory\");\n#endif\n}}\n\
+         __device__ __forceinline__ void bs_copies_commit() {{\n\
+         #if __CUDA_ARCH__ >= 800\n  asm volatile(\"cp.async.commit_group;\" ::: \"memory\");\n#endif\n}}\n\
+         template <int N> __device__ __forceinline__ void bs_copies_wait() {{\n\
+         #if __CUDA_ARCH__ >= 800\n  asm volatile(\"cp.async.wait_group %0;\" :: \"n\"(N) : \"memory\");\n#endif\n}}\n"
     )
 }
 
@@ -1208,6 +1213,9 @@ pub(super) fn row_source(
     if copy_async {
         c.push_str(&async_copies());
     }
+    // Each access's copy a group of its own, the first pass waiting for each in turn
+    // (`KernelVariants::overlapped_first_pass`): see `close_first` below.
+    let overlapped = copy_async && variants.overlapped_first_pass;
     // A streamed thread makes `streamed_loads` accesses at once, `streamed_stride` values of
     // the row apart from one round to the next. With `split_rows`, a row is split over a
     // cluster of blocks where rows are fewer than SMs, in slices of whole rounds, and the passes
@@ -1295,7 +1303,7 @@ pub(super) fn row_source(
     // Each pass opens with `open`, or, where it follows one that ran forward over a split row,
     // with `back` (the same where the row is not split).
     let mut as_read = None;
-    let (open, back, close) = match layout.per_thread {
+    let (open, back, close, close_first) = match layout.per_thread {
         Some(n) if in_registers == n => {
             let col = accesses.column_of_access("j", t);
             // The row's registers, the C that fills access `j` of them, and the pass's view of
@@ -1326,7 +1334,7 @@ pub(super) fn row_source(
             let open = format!("{each} {values}");
             // A pass over a row kept as read that reads its words as they are (`w`).
             as_read = raw_registers.then(|| format!("{each} const {raw} w = vr[j];"));
-            (open.clone(), open, "    }".to_string())
+            (open.clone(), open, "    }".to_string(), "    }".to_string())
         }
         // The first `in_registers` accesses in registers, the rest in shared memory (a block
         // per row: access `j` of thread `lane` at `cache[((j - r) * t + lane) * v]`). Each pass
@@ -1359,9 +1367,12 @@ pub(super) fn row_source(
                 };
                 let _ = writeln!(c, "      {ty}* const dst = {dst};");
                 let _ = writeln!(c, "      {fill}");
+                if shared && overlapped {
+                    let _ = writeln!(c, "      bs_copies_commit();");
+                }
                 let _ = writeln!(c, "    }}");
             }
-            if copy_async {
+            if copy_async && !overlapped {
                 // Each thread reads back only its own accesses: no barrier.
                 let _ = writeln!(c, "    bs_copies_done();");
             }
@@ -1376,15 +1387,28 @@ pub(super) fn row_source(
                 run(&in_shared)
             };
             let open = format!("    {{ auto pass = [&](float* const x, const {ix} col, const bool in_row) {{");
-            (
-                open.clone(),
-                open,
-                format!(
-                    "    }};\n    #pragma unroll\n    for (int j = 0; j < {r}; ++j) {{ {} }}\n    #pragma unroll 4\n    for (int j = {r}; j < {n}; ++j) {{ {} }} }}",
-                    run(&in_registers),
-                    run_shared
-                ),
-            )
+            let close = format!(
+                "    }};\n    #pragma unroll\n    for (int j = 0; j < {r}; ++j) {{ {} }}\n    #pragma unroll 4\n    for (int j = {r}; j < {n}; ++j) {{ {} }} }}",
+                run(&in_registers),
+                run_shared
+            );
+            // Overlapped: the first pass takes each access kept in shared memory as soon as its
+            // copy (a group of its own) has landed, the later ones still in flight.
+            let close_first = if overlapped {
+                let mut first = format!(
+                    "    }};\n    #pragma unroll\n    for (int j = 0; j < {r}; ++j) {{ {} }}\n",
+                    run(&in_registers)
+                );
+                for j in r..n {
+                    let _ =
+                        writeln!(first, "    {{ const int j = {j}; bs_copies_wait<{}>(); {run_shared} }}", n - 1 - j);
+                }
+                first.push_str("    }");
+                first
+            } else {
+                close.clone()
+            };
+            (open.clone(), open, close, close_first)
         }
         // Streamed: `STREAMED_LOADS` accesses are made before any is used, so that each thread
         // has that many in flight (one at a time, a pass waited on every load in turn).
@@ -1398,7 +1422,7 @@ pub(super) fn row_source(
             );
             if cluster == 1 {
                 let open = format!("    for ({ix} col0 = {first}; col0 < {count}; col0 += {stride}) {{{rounds}");
-                (open.clone(), open, "    } }".to_string())
+                (open.clone(), open, "    } }".to_string(), "    } }".to_string())
             } else {
                 // The thread's rounds over its block's slice, from its first column there,
                 // `from`, up to `upto`, forward; or back from its last. Block `slice` of the
@@ -1412,7 +1436,7 @@ pub(super) fn row_source(
                 let backward = format!(
                     "    for ({ix} round = (upto - from + {stride} - 1) / {stride} - 1; round >= 0; --round) {{ const {ix} col0 = from + round * {stride};{rounds}"
                 );
-                (forward, backward, "    } }".to_string())
+                (forward, backward, "    } }".to_string(), "    } }".to_string())
             }
         }
     };
@@ -1463,7 +1487,7 @@ pub(super) fn row_source(
         } else {
             let _ = writeln!(c, "{open}");
             let _ = writeln!(c, "      if (in_row) for (int e = 0; e < {v}; ++e) acc = {};", maximum("acc", "x[e]"));
-            let _ = writeln!(c, "{close}");
+            let _ = writeln!(c, "{close_first}");
         }
         reduce(&mut c, &max);
         let _ = writeln!(c, "    const float m = acc;");
@@ -1495,7 +1519,7 @@ pub(super) fn row_source(
         let _ = writeln!(c, "    float acc = 0.0f;");
         let _ = writeln!(c, "{open}");
         let _ = writeln!(c, "      if (in_row) for (int e = 0; e < {v}; ++e) acc = acc + x[e];");
-        let _ = writeln!(c, "{close}");
+        let _ = writeln!(c, "{close_first}");
         reduce(&mut c, &sum);
         let _ = writeln!(c, "    const float mean = acc * {inverse};");
         let _ = writeln!(c, "    acc = 0.0f;");
@@ -1740,6 +1764,7 @@ mod tests {
                 wide_tiles: true,
                 tile_occupancy: true,
                 pipelined_passes: false,
+                overlapped_first_pass: true,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -2810,7 +2835,8 @@ mod tests {
     /// for NVRTC's default, which has no `cp.async`).
     #[test]
     fn async_row_copies_copy_the_shared_part_of_rows_kept_as_read() {
-        let with = KernelVariants::default();
+        // (Waited for once: without `overlapped_first_pass`, below.)
+        let with = KernelVariants { overlapped_first_pass: false, ..KernelVariants::default() };
         let without = KernelVariants { async_row_copies: false, ..with };
         // An L2 that every tensor here fits: no streaming hints.
         let kept = 1 << 40;
@@ -2845,6 +2871,46 @@ mod tests {
                         assert!(!hinted.contains("cache_hint") && !hinted.contains("createpolicy"), "{what}");
                         crate::executors::cuda::compiles_with_nvrtc(hinted);
                     }
+                }
+            }
+        }
+    }
+
+    /// With `overlapped_first_pass`, each copy of a row's accesses to shared memory is a group of
+    /// its own, and the first pass waits for each access's group in turn (`cp.async.wait_group`
+    /// counting down from the accesses after it to 0), not for all of them at once; the other
+    /// passes are as before. Kernels that copy nothing are the same source with the variant or
+    /// without it. Each overlapped kernel compiles.
+    #[test]
+    fn overlapped_first_pass_takes_each_access_as_its_copy_lands() {
+        let with = KernelVariants::default();
+        let without = KernelVariants { overlapped_first_pass: false, ..with };
+        let kept = 1 << 40;
+        for layer_norm in [false, true] {
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                for shape in [[333, 50257], [256, 65536], [9, 16384], [4096, 1024], [8, 200003]] {
+                    let plain = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, without, kept);
+                    let overlapped = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, with, kept);
+                    let (src, what) = (&overlapped.source.source, format!("{layer_norm} {dtype} {shape:?}"));
+                    if !plain.source.source.contains("bs_copy_async(dst") {
+                        assert_eq!(plain.source.source, *src, "{what}");
+                        continue;
+                    }
+                    let layout = overlapped.layout;
+                    let in_shared = layout.per_thread.unwrap() - layout.in_registers;
+                    assert!(in_shared > 1, "{what}");
+                    assert_eq!(src.matches("      bs_copies_commit();").count(), 1, "{what}\n{src}");
+                    assert!(!src.contains("    bs_copies_done();"), "{what}\n{src}");
+                    for after in 0..in_shared {
+                        let wait = format!("bs_copies_wait<{after}>();");
+                        assert_eq!(src.matches(&wait).count(), 1, "{what}: {wait}\n{src}");
+                    }
+                    assert!(!src.contains(&format!("bs_copies_wait<{in_shared}>")), "{what}\n{src}");
+                    // The first pass's accesses in shared memory, each after its wait; the later
+                    // passes' loops as before.
+                    let passes = |s: &str| s.matches("for (int j = ").count();
+                    assert_eq!(passes(src) + 1, passes(&plain.source.source), "{what}\n{src}");
+                    crate::executors::cuda::compiles_with_nvrtc(src);
                 }
             }
         }

@@ -8,7 +8,8 @@
 //! H100, 2026-12-06, over 66 cases of few long rows), `tiled_rows` and `pipelined_tiles` (an H100,
 //! 2026-12-06, over 44 and 72 cases of short rows of odd lengths), `wide_tiles` (the H200,
 //! 2026-12-06, over 30 cases of rows of up to 15 values), `tile_occupancy` (an H100, 2026-12-07,
-//! over 60 cases of rows of 1 to 15 values); `int32_row_columns` and `pipelined_passes` are not.
+//! over 60 cases of rows of 1 to 15 values), `overlapped_first_pass` (an H100, 2026-12-07, over
+//! 54 cases of rows kept in shared memory); `int32_row_columns` and `pipelined_passes` are not.
 //! Their options stay so that the comparison can be run again, and so do those of the variants on
 //! by default, to time the kernels without them. A plan whose kernels differ from the defaults
 //! lists its variants in its header. Both executors that generate kernels, `CudaFusion` and
@@ -42,8 +43,8 @@ macro_rules! kernel_variants {
     ($($(#[doc = $doc:literal])* $name:ident = $default:literal, $option:literal;)*) => {
         /// Which variant of each generated kernel to emit. [`Default`] gives the fastest measured
         /// (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`, `async_row_copies`,
-        /// `split_rows`, `split_reductions`, `tiled_rows`, `pipelined_tiles`, `wide_tiles` and
-        /// `tile_occupancy`);
+        /// `split_rows`, `split_reductions`, `tiled_rows`, `pipelined_tiles`, `wide_tiles`,
+        /// `tile_occupancy` and `overlapped_first_pass`);
         /// [`KernelVariants::NONE`], the kernels before any variant.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub struct KernelVariants {
@@ -392,12 +393,28 @@ kernel_variants! {
     /// (the kernels without it ran that `layer_norm` at 91-92% of a copy on that GPU).
     pipelined_passes = false,
         "softmax and layer_norm over rows read as pipelined tiles hold about 16 KB a tile, several rows a thread (KernelVariants::pipelined_passes).";
+    /// Rows copied asynchronously into shared memory ([`async_row_copies`](Self::async_row_copies))
+    /// commit each of a thread's copies as a group of its own, and the kernel's first pass over
+    /// the row (`softmax`'s maximum, `layer_norm`'s sum) takes each access as soon as its copy has
+    /// landed (`cp.async.wait_group`, counting down), the later copies still in flight, where it
+    /// waited for all of them before its first pass. Without `async_row_copies` it does nothing.
+    ///
+    /// On by default: on an H100 (2026-12-07, `gpu_sweep f32,bf16,f16 softmax,layer_norm
+    /// 4096x16384,1024x16384,2048x32768,333x50257,256x65536,64x65536,8192x12289,128x16384,1335x50257
+    /// --variant=overlapped_first_pass`, 54 cases, the two plans on the same inputs, three rounds),
+    /// 1.00x at the median, 0.98x to 1.05x: `softmax` over rows kept in shared memory 1.03x to
+    /// 1.05x over [333, 50257] in every dtype, 1.03x to 1.05x over 16-bit [256, 65536] and 1.04x
+    /// over f32 [1335, 50257]; the kernels it leaves as they were (rows read through registers,
+    /// `layer_norm` rows with the streaming hints) 0.98x to 1.02x, the noise. An earlier run the
+    /// same day (12 `softmax` cases of 50,257 and 65,536 values): 0.98x to 1.05x, median 1.03x.
+    overlapped_first_pass = true,
+        "Row kernels that copy their rows to shared memory run their first pass over each access as its copy lands (KernelVariants::overlapped_first_pass).";
 }
 
 impl Default for KernelVariants {
     /// The variants measured faster: `fast_exp2`, `streaming_rows`, `keep_in_l2`,
     /// `batched_rows`, `async_row_copies`, `split_rows`, `split_reductions`, `tiled_rows`,
-    /// `pipelined_tiles`, `wide_tiles` and `tile_occupancy`.
+    /// `pipelined_tiles`, `wide_tiles`, `tile_occupancy` and `overlapped_first_pass`.
     fn default() -> Self {
         Self::from_flags(Self::DEFAULTS)
     }

@@ -804,6 +804,23 @@ impl RowAccesses {
         format!("if (valid && {}) {whole_load}\n      else {{ {} }}", self.whole(), self.fill_raw_part(dst))
     }
 
+    /// The whole-access half of [`fill_raw`](Self::fill_raw) (`raw`) or [`fill`](Self::fill):
+    /// the one load where the row holds the access whole, nothing else.
+    pub fn fill_whole(&self, dst: &str, raw: bool) -> String {
+        let load = if raw {
+            load_raw(self.input, self.vector, "in0 + row + col", &format!("*{dst}"), self.caching)
+        } else {
+            load_cached(self.input, self.vector, "in0 + row + col", dst, self.caching)
+        };
+        format!("if (valid && {}) {load}", self.whole())
+    }
+
+    /// The other half: the access's values one by one where the row does not hold it whole.
+    pub fn fill_rest(&self, dst: &str, raw: bool) -> String {
+        let part = if raw { self.fill_raw_part(dst) } else { self.fill_part(dst) };
+        format!("if (!(valid && {})) {{ {part} }}", self.whole())
+    }
+
     /// The C that fills `*dst` (as [`fill_raw`](Self::fill_raw)) from an access at `col` that
     /// the row does not hold whole: its values that are the row's, one by one, and
     /// `raw_neutral` for the rest.
@@ -1358,8 +1375,11 @@ pub(super) fn row_source(
                 // A 16-bit row kept as read in shared memory (the values outside the row
                 // `neutral` in 16 bits); `float`s elsewhere.
                 let ty = if shared && raw_shared { raw } else { "float" };
+                let split = shared && !copy_async && variants.split_row_fills;
                 let fill = if shared && copy_async {
                     accesses.fill_async("dst", raw_shared)
+                } else if split {
+                    accesses.fill_whole("dst", raw_shared)
                 } else if shared && raw_shared {
                     accesses.fill_raw("dst")
                 } else {
@@ -1371,6 +1391,14 @@ pub(super) fn row_source(
                     let _ = writeln!(c, "      bs_copies_commit();");
                 }
                 let _ = writeln!(c, "    }}");
+                if split {
+                    let _ = writeln!(c, "    #pragma unroll");
+                    let _ = writeln!(c, "    for (int j = {from}; j < {to}; ++j) {{");
+                    let _ = writeln!(c, "      const {ix} col = {col};");
+                    let _ = writeln!(c, "      {ty}* const dst = {dst};");
+                    let _ = writeln!(c, "      {}", accesses.fill_rest("dst", raw_shared));
+                    let _ = writeln!(c, "    }}");
+                }
             }
             if copy_async && !overlapped {
                 // Each thread reads back only its own accesses: no barrier.
@@ -1765,6 +1793,7 @@ mod tests {
                 tile_occupancy: true,
                 pipelined_passes: false,
                 overlapped_first_pass: true,
+                split_row_fills: true,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -2910,6 +2939,43 @@ mod tests {
                     // passes' loops as before.
                     let passes = |s: &str| s.matches("for (int j = ").count();
                     assert_eq!(passes(src) + 1, passes(&plain.source.source), "{what}\n{src}");
+                    crate::executors::cuda::compiles_with_nvrtc(src);
+                }
+            }
+        }
+    }
+
+    /// With `split_row_fills`, a row kernel that loads the part of its row kept in shared memory
+    /// through registers (hinted `layer_norm` rows) loads the whole accesses in one loop with no
+    /// other branch, then fills the partial ones in a second loop; the passes are as before. Rows
+    /// copied asynchronously, and rows held in registers alone, are the same source with it or
+    /// without it. Each split kernel compiles.
+    #[test]
+    fn split_row_fills_load_whole_accesses_before_the_partial_ones() {
+        let with = KernelVariants::default();
+        let without = KernelVariants { split_row_fills: false, ..with };
+        for layer_norm in [false, true] {
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                for shape in [[333, 50257], [256, 65536], [4096, 1024], [1335, 50257]] {
+                    // An L2 of unknown size: the streaming hints on every row.
+                    let plain = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, without, 0);
+                    let split = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, with, 0);
+                    let (src, old) = (&split.source.source, &plain.source.source);
+                    let what = format!("{layer_norm} {dtype} {shape:?}");
+                    if plain.layout.shared_bytes() == 0 || old.contains("bs_copy_async(dst") {
+                        assert_eq!(old, src, "{what}");
+                        continue;
+                    }
+                    assert!(layer_norm, "{what}: softmax copies its rows");
+                    let (loops, old_loops) =
+                        (src.matches("for (int j = ").count(), old.matches("for (int j = ").count());
+                    assert_eq!(loops, old_loops + 1, "{what}\n{src}");
+                    assert_eq!(src.matches("if (!(valid && ").count(), 1, "{what}\n{src}");
+                    assert!(!old.contains("if (!(valid && "), "{what}");
+                    // The whole loads stand alone: no `else` follows the fill of the shared part.
+                    let fills = src.split("if (!(valid && ").next().unwrap();
+                    let shared_fill = fills.rsplit("for (int j = ").nth(1).unwrap();
+                    assert!(shared_fill.contains("__ldcs(") && !shared_fill.contains("else"), "{what}\n{shared_fill}");
                     crate::executors::cuda::compiles_with_nvrtc(src);
                 }
             }

@@ -8,8 +8,8 @@
 //! H100, 2026-12-06, over 66 cases of few long rows), `tiled_rows` and `pipelined_tiles` (an H100,
 //! 2026-12-06, over 44 and 72 cases of short rows of odd lengths), `wide_tiles` (the H200,
 //! 2026-12-06, over 30 cases of rows of up to 15 values), `tile_occupancy` (an H100, 2026-12-07,
-//! over 60 cases of rows of 1 to 15 values), `overlapped_first_pass` (an H100, 2026-12-07, over
-//! 54 cases of rows kept in shared memory); `int32_row_columns` and `pipelined_passes` are not.
+//! over 60 cases of rows of 1 to 15 values), `overlapped_first_pass` and `split_row_fills` (an
+//! H100, 2026-12-07, over 54 and 27 cases of rows kept in shared memory); `int32_row_columns` and `pipelined_passes` are not.
 //! Their options stay so that the comparison can be run again, and so do those of the variants on
 //! by default, to time the kernels without them. A plan whose kernels differ from the defaults
 //! lists its variants in its header. Both executors that generate kernels, `CudaFusion` and
@@ -44,7 +44,7 @@ macro_rules! kernel_variants {
         /// Which variant of each generated kernel to emit. [`Default`] gives the fastest measured
         /// (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`, `async_row_copies`,
         /// `split_rows`, `split_reductions`, `tiled_rows`, `pipelined_tiles`, `wide_tiles`,
-        /// `tile_occupancy` and `overlapped_first_pass`);
+        /// `tile_occupancy`, `overlapped_first_pass` and `split_row_fills`);
         /// [`KernelVariants::NONE`], the kernels before any variant.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub struct KernelVariants {
@@ -409,12 +409,30 @@ kernel_variants! {
     /// same day (12 `softmax` cases of 50,257 and 65,536 values): 0.98x to 1.05x, median 1.03x.
     overlapped_first_pass = true,
         "Row kernels that copy their rows to shared memory run their first pass over each access as its copy lands (KernelVariants::overlapped_first_pass).";
+    /// Row kernels that load the part of a row they keep in shared memory through registers
+    /// (`layer_norm` rows with the streaming hints, and every row without
+    /// [`async_row_copies`](Self::async_row_copies)) load the accesses the row holds whole in one
+    /// loop, then fill the two it shares with the rows beside it, value by value, in a second,
+    /// where one loop did both. Over rows of odd lengths `ptxas` (sm_90) had kept each access's
+    /// value-by-value branch between the whole loads, so that a thread waited on its loads in
+    /// four rounds (16-bit `layer_norm` over rows of 50,257: 8, 1, 3 and 1 of its 13 accesses
+    /// at a time); in two with this (6 and 7). Rows that 16 bytes divide have no partial
+    /// access to branch on.
+    ///
+    /// On by default: on an H100 (2026-12-07, `gpu_sweep f32,bf16,f16 layer_norm
+    /// 333x50257,256x65536,1335x50257,4096x65536,132x50257,2048x32768,4096x16384,1024x16384,9x200003
+    /// --variant=split_row_fills`, 27 cases, an experiment build whose kernels are these), 0.99x
+    /// to 1.07x, median 1.00x: rows of 50,257 1.00x to 1.07x ([1335, 50257] 1.04x to 1.07x in every
+    /// dtype), the others (rows that 16 bytes divide, streamed rows) 0.99x to 1.02x.
+    split_row_fills = true,
+        "Rows kept in shared memory load their whole accesses first, then the partial ones (KernelVariants::split_row_fills).";
 }
 
 impl Default for KernelVariants {
     /// The variants measured faster: `fast_exp2`, `streaming_rows`, `keep_in_l2`,
     /// `batched_rows`, `async_row_copies`, `split_rows`, `split_reductions`, `tiled_rows`,
-    /// `pipelined_tiles`, `wide_tiles`, `tile_occupancy` and `overlapped_first_pass`.
+    /// `pipelined_tiles`, `wide_tiles`, `tile_occupancy`, `overlapped_first_pass` and
+    /// `split_row_fills`.
     fn default() -> Self {
         Self::from_flags(Self::DEFAULTS)
     }

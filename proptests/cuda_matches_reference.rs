@@ -1663,6 +1663,8 @@ fn row_ops_match_the_reference_at_every_row_length(dtype: boundscope::DType) {
         8193,
         12288,
         16384,
+        20001,
+        30001,
         32768,
         40000,
         61440,

@@ -1129,6 +1129,27 @@ pub(super) fn row_source(
         && halved.per_thread.is_some()
         && fits_twice(&halved);
     let layout = if two_halves { halved } else { layout };
+    // A 16-bit `layer_norm` row held in registers alone by 1,024 threads (rows of 16,385 to
+    // 32,768 values): held by 512 instead, the first access a thread in registers and the rest
+    // in shared memory as read, two blocks an SM (`KernelVariants::two_register_blocks`).
+    let two_register_blocks = variants.two_register_blocks
+        && id == prims::LAYER_NORM
+        && raw_shared
+        && layout.in_registers_alone()
+        && layout.block == MAX_ROW_THREADS;
+    let layout = if two_register_blocks {
+        let per_thread = RowLayout::accesses(cols, layout.vector, layout.aligned).div_ceil(MAX_ROW_THREADS / 2);
+        RowLayout {
+            threads_per_row: MAX_ROW_THREADS / 2,
+            block: MAX_ROW_THREADS / 2,
+            per_thread: Some(per_thread),
+            in_registers: 1,
+            shared_value_bytes,
+            ..layout
+        }
+    } else {
+        layout
+    };
     let RowLayout { threads_per_row: t, vector: v, block, in_registers, .. } = layout;
 
     let mut c = String::new();
@@ -1174,8 +1195,9 @@ pub(super) fn row_source(
     // over [4096, 65536] (bf16 0.98x), the sweep's other 22 16-bit cases 0.97-1.01x. (Two
     // blocks of 512 threads, `two_halves` above, give it the registers those lacked: both are
     // two blocks an SM.)
-    let two_blocks =
-        two_halves || (id == prims::SOFTMAX && raw_shared && block == MAX_ROW_THREADS && fits_twice(&layout));
+    let two_blocks = two_halves
+        || two_register_blocks
+        || (id == prims::SOFTMAX && raw_shared && block == MAX_ROW_THREADS && fits_twice(&layout));
     // A 16-bit `layer_norm` row held in registers alone, by blocks of 256 threads or more: 1,024
     // threads an SM (64 registers a thread), where the compiler took up to 71 and left one
     // block of 512 an SM, its loads idle while it reduced. Measured on the H200 against the
@@ -1794,6 +1816,7 @@ mod tests {
                 pipelined_passes: false,
                 overlapped_first_pass: true,
                 split_row_fills: true,
+                two_register_blocks: true,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -2977,6 +3000,37 @@ mod tests {
                     let shared_fill = fills.rsplit("for (int j = ").nth(1).unwrap();
                     assert!(shared_fill.contains("__ldcs(") && !shared_fill.contains("else"), "{what}\n{shared_fill}");
                     crate::executors::cuda::compiles_with_nvrtc(src);
+                }
+            }
+        }
+    }
+
+    /// With `two_register_blocks`, a 16-bit `layer_norm` row that 1,024 threads would hold in
+    /// registers alone is held by a block of 512 (its first access a thread in registers, the
+    /// rest in shared memory as read), two blocks an SM; f32 rows, `softmax`, and rows held by
+    /// fewer threads keep their kernels. Each compiles.
+    #[test]
+    fn two_register_blocks_hold_16_bit_rows_by_two_blocks_of_512() {
+        let with = KernelVariants::default();
+        let without = KernelVariants { two_register_blocks: false, ..with };
+        for layer_norm in [false, true] {
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                for shape in [[4096, 20001], [8192, 16385], [2048, 32768], [4096, 16384], [1365, 32767]] {
+                    let what = format!("{layer_norm} {dtype} {shape:?}");
+                    let plain = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, without);
+                    let kernel = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, with);
+                    let held = plain.layout.in_registers_alone() && plain.layout.block == 1024;
+                    if !(layer_norm && dtype != DType::F32 && held) {
+                        assert_eq!(plain.source.source, kernel.source.source, "{what}");
+                        continue;
+                    }
+                    let layout = kernel.layout;
+                    assert_eq!((layout.block, layout.threads_per_row, layout.in_registers), (512, 512, 1), "{what}");
+                    assert_eq!(layout.shared_value_bytes, 2, "{what}");
+                    assert!(layout.shared_bytes() > 0 && layout.shared_bytes() <= 56 * 1024, "{what}: {layout:?}");
+                    let s = &kernel.source.source;
+                    assert!(s.contains("__launch_bounds__(512, 2)"), "{what}\n{s}");
+                    crate::executors::cuda::compiles_with_nvrtc(s);
                 }
             }
         }

@@ -8,8 +8,9 @@
 //! H100, 2026-12-06, over 66 cases of few long rows), `tiled_rows` and `pipelined_tiles` (an H100,
 //! 2026-12-06, over 44 and 72 cases of short rows of odd lengths), `wide_tiles` (the H200,
 //! 2026-12-06, over 30 cases of rows of up to 15 values), `tile_occupancy` (an H100, 2026-12-07,
-//! over 60 cases of rows of 1 to 15 values), `overlapped_first_pass` and `split_row_fills` (an
-//! H100, 2026-12-07, over 54 and 27 cases of rows kept in shared memory); `int32_row_columns` and `pipelined_passes` are not.
+//! over 60 cases of rows of 1 to 15 values), `overlapped_first_pass`, `split_row_fills` and
+//! `two_register_blocks` (an H100, 2026-12-07, over 54, 27 and 16 cases of long rows);
+//! `int32_row_columns` and `pipelined_passes` are not.
 //! Their options stay so that the comparison can be run again, and so do those of the variants on
 //! by default, to time the kernels without them. A plan whose kernels differ from the defaults
 //! lists its variants in its header. Both executors that generate kernels, `CudaFusion` and
@@ -44,7 +45,8 @@ macro_rules! kernel_variants {
         /// Which variant of each generated kernel to emit. [`Default`] gives the fastest measured
         /// (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`, `async_row_copies`,
         /// `split_rows`, `split_reductions`, `tiled_rows`, `pipelined_tiles`, `wide_tiles`,
-        /// `tile_occupancy`, `overlapped_first_pass` and `split_row_fills`);
+        /// `tile_occupancy`, `overlapped_first_pass`, `split_row_fills` and
+        /// `two_register_blocks`);
         /// [`KernelVariants::NONE`], the kernels before any variant.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub struct KernelVariants {
@@ -426,13 +428,29 @@ kernel_variants! {
     /// dtype), the others (rows that 16 bytes divide, streamed rows) 0.99x to 1.02x.
     split_row_fills = true,
         "Rows kept in shared memory load their whole accesses first, then the partial ones (KernelVariants::split_row_fills).";
+    /// A 16-bit `layer_norm` row that a block of 1,024 threads would hold in registers alone
+    /// (rows of 16,385 to 32,768 values) is held by a block of 512: each thread's first access in
+    /// registers, the rest in shared memory as read (at most 56 KB a block), two blocks an SM
+    /// (`__launch_bounds__(512, 2)`), as 16-bit rows of 32,769 to 61,440 values are. A block of
+    /// 1,024 threads took the SM's registers and ran its loads, reductions and writes in turn,
+    /// the SM's loads idle while it reduced; two blocks overlap them. (Held in registers alone
+    /// by 512 threads, `ptxas` (sm_90) spilled 44 to 268 bytes a thread; this way none.)
+    ///
+    /// On by default: on an H100 (2026-12-07, `gpu_sweep bf16,f16 layer_norm
+    /// 4096x20001,3000x17001,2048x30001,2000x24577,2048x32768,4096x24576,8192x16385,1365x32767
+    /// --variant=two_register_blocks`, an experiment build whose kernels are these, 16 cases):
+    /// 1.00x to 1.44x, median 1.17x; rows of 16,385 to 20,001 values 1.30x to 1.44x (52-60% ->
+    /// 72-80% of a copy), [4096, 24576] 1.17x (83% -> 97%), [2048, 32768] 1.04x to 1.05x;
+    /// [1365, 32767] (not held in registers alone) 1.00x.
+    two_register_blocks = true,
+        "16-bit rows held as read in registers by 1,024 threads take two blocks of 512 an SM (KernelVariants::two_register_blocks).";
 }
 
 impl Default for KernelVariants {
     /// The variants measured faster: `fast_exp2`, `streaming_rows`, `keep_in_l2`,
     /// `batched_rows`, `async_row_copies`, `split_rows`, `split_reductions`, `tiled_rows`,
-    /// `pipelined_tiles`, `wide_tiles`, `tile_occupancy`, `overlapped_first_pass` and
-    /// `split_row_fills`.
+    /// `pipelined_tiles`, `wide_tiles`, `tile_occupancy`, `overlapped_first_pass`,
+    /// `split_row_fills` and `two_register_blocks`.
     fn default() -> Self {
         Self::from_flags(Self::DEFAULTS)
     }

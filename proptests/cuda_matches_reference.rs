@@ -1342,7 +1342,7 @@ fn vectorized_moves_on_cuda_are_exact() {
 fn fused_regions_of_many_buffers_launch_each_in_its_place() {
     let Some((device, _sharing)) = device() else { return };
     let registry = Registry::with_builtins();
-    for inputs in [2, 3, 6, 7, 14, 15, 16, 24] {
+    for inputs in [2, 3, 5, 6, 7, 14, 15, 16, 24] {
         let arena = Arena::new();
         let mut b = boundscope::TraceBuilder::new(&arena, &registry);
         let xs: Vec<_> = (0..inputs).map(|_| b.input(&[1000]).unwrap()).collect();

@@ -837,7 +837,8 @@ impl RowAccesses {
     /// The C that fills the 16 bytes of shared memory at `dst` with the access at `col` as read
     /// (a 16-bit row kept as read, `raw`; else `f32` values, whose bits are the same): where the
     /// row holds the access whole, one asynchronous copy that takes no register
-    /// ([`KernelVariants::async_row_copies`], `bs_copy_async`, waited for by `bs_copies_done`),
+    /// ([`KernelVariants::async_row_copies`], `bs_copy_async`, waited for by `bs_copies_done`, or
+    /// access by access by `bs_copies_wait` with [`KernelVariants::overlapped_first_pass`]),
     /// else as [`fill_raw`](Self::fill_raw) or [`fill`](Self::fill) fill it, value by value.
     pub fn fill_async(&self, dst: &str, raw: bool) -> String {
         let part = if raw { self.fill_raw_part(dst) } else { self.fill_part(dst) };
@@ -1129,27 +1130,31 @@ pub(super) fn row_source(
         && halved.per_thread.is_some()
         && fits_twice(&halved);
     let layout = if two_halves { halved } else { layout };
-    // A 16-bit `layer_norm` row held in registers alone by 1,024 threads (rows of 16,385 to
-    // 32,768 values): held by 512 instead, the first access a thread in registers and the rest
-    // in shared memory as read, two blocks an SM (`KernelVariants::two_register_blocks`).
-    let two_register_blocks = variants.two_register_blocks
+    // A 16-bit `layer_norm` row held in registers alone by 1,024 threads (rows of about 16,385
+    // to 32,768 values), its accesses 16 bytes of its input: held by 512 instead, the first
+    // access a thread in registers and the rest in shared memory as read, two blocks an SM
+    // (`KernelVariants::two_register_blocks`), where two such blocks fit an SM's shared memory
+    // and one fits a block's limit.
+    let held_by_512 = (variants.two_register_blocks
         && id == prims::LAYER_NORM
         && raw_shared
         && layout.in_registers_alone()
-        && layout.block == MAX_ROW_THREADS;
-    let layout = if two_register_blocks {
-        let per_thread = RowLayout::accesses(cols, layout.vector, layout.aligned).div_ceil(MAX_ROW_THREADS / 2);
-        RowLayout {
-            threads_per_row: MAX_ROW_THREADS / 2,
-            block: MAX_ROW_THREADS / 2,
-            per_thread: Some(per_thread),
-            in_registers: 1,
-            shared_value_bytes,
-            ..layout
-        }
-    } else {
-        layout
-    };
+        && layout.block == MAX_ROW_THREADS
+        && layout.vector * dtypes[0].size_bytes() == 16)
+        .then(|| {
+            let per_thread = RowLayout::accesses(cols, layout.vector, layout.aligned).div_ceil(MAX_ROW_THREADS / 2);
+            RowLayout {
+                threads_per_row: MAX_ROW_THREADS / 2,
+                block: MAX_ROW_THREADS / 2,
+                per_thread: Some(per_thread),
+                in_registers: 1,
+                shared_value_bytes,
+                ..layout
+            }
+        })
+        .filter(|l| l.shared_bytes() <= shared_limit && fits_twice(l));
+    let two_register_blocks = held_by_512.is_some();
+    let layout = held_by_512.unwrap_or(layout);
     let RowLayout { threads_per_row: t, vector: v, block, in_registers, .. } = layout;
 
     let mut c = String::new();
@@ -3007,10 +3012,13 @@ mod tests {
 
     /// With `two_register_blocks`, a 16-bit `layer_norm` row that 1,024 threads would hold in
     /// registers alone is held by a block of 512 (its first access a thread in registers, the
-    /// rest in shared memory as read), two blocks an SM; f32 rows, `softmax`, and rows held by
-    /// fewer threads keep their kernels. Each compiles.
+    /// rest in shared memory as read), two blocks an SM; f32 rows, `softmax`, rows held by fewer
+    /// threads, rows whose weight and bias are wider than they are (accesses of 4 values), and
+    /// rows on a GPU whose SM holds one such block only (100 KB, as sm_86 to sm_89) keep their
+    /// kernels. Each compiles.
     #[test]
     fn two_register_blocks_hold_16_bit_rows_by_two_blocks_of_512() {
+        use crate::core::ir::TensorMeta;
         let with = KernelVariants::default();
         let without = KernelVariants { two_register_blocks: false, ..with };
         for layer_norm in [false, true] {
@@ -3031,6 +3039,48 @@ mod tests {
                     let s = &kernel.source.source;
                     assert!(s.contains("__launch_bounds__(512, 2)"), "{what}\n{s}");
                     crate::executors::cuda::compiles_with_nvrtc(s);
+                    // An SM of 100 KB (99 KB a block, as sm_86 to sm_89) holds two such blocks
+                    // of up to about 48 KB: longer rows keep their registers there.
+                    let small = RowTarget { shared_limit: 99 * 1024 - 1024, sm_shared: 100 * 1024, ..HOPPER };
+                    let layer_norm_of = |variants| {
+                        source_targeting(
+                            |b| {
+                                let x = b.input_with(&TensorMeta::new(dtype, &shape)).unwrap();
+                                let w = b.input_with(&TensorMeta::new(dtype, &[shape[1]])).unwrap();
+                                let bias = b.input_with(&TensorMeta::new(dtype, &[shape[1]])).unwrap();
+                                b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap()
+                            },
+                            small,
+                            variants,
+                        )
+                        .unwrap()
+                    };
+                    let (there, unheld) = (layer_norm_of(with), layer_norm_of(without));
+                    let fits = fit_an_sm(2, layout.shared_bytes(), 100 * 1024);
+                    // (Rows of 20,001: 32 KB a block, two fit; of 32,768: 56 KB, one.)
+                    assert_eq!(fits, shape[1] < 30000, "{what}");
+                    if fits {
+                        assert_eq!(there.layout, layout, "{what}");
+                    } else {
+                        assert!(there.layout.in_registers_alone() && there.layout.block == 1024, "{what}");
+                        assert_eq!(there.source.source, unheld.source.source, "{what}");
+                    }
+                    // A bf16 row with an f32 weight and bias: accesses of 4 values, kept as before.
+                    let mixed = |variants| {
+                        source_for(
+                            |b| {
+                                let x = b.input_with(&TensorMeta::new(dtype, &shape)).unwrap();
+                                let w = b.input_with(&TensorMeta::new(DType::F32, &[shape[1]])).unwrap();
+                                let bias = b.input_with(&TensorMeta::new(DType::F32, &[shape[1]])).unwrap();
+                                b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap()
+                            },
+                            HOPPER_BLOCK,
+                            variants,
+                            0,
+                        )
+                        .unwrap()
+                    };
+                    assert_eq!(mixed(with).source.source, mixed(without).source.source, "{what}");
                 }
             }
         }

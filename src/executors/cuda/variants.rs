@@ -425,13 +425,20 @@ kernel_variants! {
     /// 333x50257,256x65536,1335x50257,4096x65536,132x50257,2048x32768,4096x16384,1024x16384,9x200003
     /// --variant=split_row_fills`, 27 cases, an experiment build whose kernels are these), 0.99x
     /// to 1.07x, median 1.00x: rows of 50,257 1.00x to 1.07x ([1335, 50257] 1.04x to 1.07x in every
-    /// dtype), the others (rows that 16 bytes divide, streamed rows) 0.99x to 1.02x.
+    /// dtype), the others (rows that 16 bytes divide, streamed rows) 0.99x to 1.02x. Again with
+    /// the landed build (`gpu_sweep f32,bf16,f16 layer_norm
+    /// 1335x50257,333x50257,8192x12289,2000x30001,4096x20001,700x65537,64x50257
+    /// --variant=split_row_fills`, 21 cases, the variant turned off): the kernels without it ran
+    /// 0.94x to 1.01x ([1335, 50257] 0.94x to 0.96x, 16-bit [700, 65537] 0.97x).
     split_row_fills = true,
         "Rows kept in shared memory load their whole accesses first, then the partial ones (KernelVariants::split_row_fills).";
     /// A 16-bit `layer_norm` row that a block of 1,024 threads would hold in registers alone
-    /// (rows of 16,385 to 32,768 values) is held by a block of 512: each thread's first access in
-    /// registers, the rest in shared memory as read (at most 56 KB a block), two blocks an SM
-    /// (`__launch_bounds__(512, 2)`), as 16-bit rows of 32,769 to 61,440 values are. A block of
+    /// (rows of about 16,385 to 32,768 values), whose accesses are 16 bytes of its input (not
+    /// where a wider weight or bias narrows them), is held by a block of 512: each thread's first
+    /// access in registers, the rest in shared memory as read (at most 56 KB a block), two blocks
+    /// an SM (`__launch_bounds__(512, 2)`), as 16-bit rows of 32,769 to 61,440 values are; only
+    /// where two such blocks fit an SM's shared memory (Hopper's and Ampere's A100's: 228 and 164
+    /// KB; not GPUs of 100 KB an SM, whose rows keep their registers). A block of
     /// 1,024 threads took the SM's registers and ran its loads, reductions and writes in turn,
     /// the SM's loads idle while it reduced; two blocks overlap them. (Held in registers alone
     /// by 512 threads, `ptxas` (sm_90) spilled 44 to 268 bytes a thread; this way none.)
@@ -443,7 +450,7 @@ kernel_variants! {
     /// 72-80% of a copy), [4096, 24576] 1.17x (83% -> 97%), [2048, 32768] 1.04x to 1.05x;
     /// [1365, 32767] (not held in registers alone) 1.00x.
     two_register_blocks = true,
-        "16-bit rows held as read in registers by 1,024 threads take two blocks of 512 an SM (KernelVariants::two_register_blocks).";
+        "16-bit layer_norm rows that 1,024 threads would hold in registers are held by two blocks of 512 an SM, partly in shared memory (KernelVariants::two_register_blocks).";
 }
 
 impl Default for KernelVariants {

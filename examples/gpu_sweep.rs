@@ -45,8 +45,9 @@
 //! `--variant=NAME` (repeatable) adds one variant flipped from the defaults rather than all of
 //! them (`--variant=A,B`: one plan with both flipped; `gpu_variants_report.py` reads a label's
 //! first sign only, so flip both the same way there), `--only` leaves the defaults out (to tell
-//! which kernel faults), and `--reps=N` times N runs a round rather than about 30 ms of them: together, one variant's case under
-//! `compute-sanitizer`, which runs kernels tens of times slower. `--check-full` checks each case
+//! which kernel faults), and `--reps=N` times N runs a round rather than about 30 ms of them:
+//! together, one variant's case under `compute-sanitizer`, which runs kernels tens of times
+//! slower. `--check-full` checks each case
 //! at its full shape rather than at 2^18 values: what only large shapes take (row kernels whose
 //! blocks loop over rows, tensors past half of L2 that take the streaming hints, rows split
 //! over clusters) is then checked too, at the CPU reference's speed (seconds a case of 2^24

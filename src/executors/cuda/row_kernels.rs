@@ -1442,18 +1442,18 @@ pub(super) fn row_source(
                 run(&in_shared)
             };
             let open = format!("    {{ auto pass = [&](float* const x, const {ix} col, const bool in_row) {{");
+            // The lambda closed and run over the accesses in registers, then those in shared memory.
+            let over_registers = format!(
+                "    }};\n    #pragma unroll\n    for (int j = 0; j < {r}; ++j) {{ {} }}\n",
+                run(&in_registers)
+            );
             let close = format!(
-                "    }};\n    #pragma unroll\n    for (int j = 0; j < {r}; ++j) {{ {} }}\n    #pragma unroll 4\n    for (int j = {r}; j < {n}; ++j) {{ {} }} }}",
-                run(&in_registers),
-                run_shared
+                "{over_registers}    #pragma unroll 4\n    for (int j = {r}; j < {n}; ++j) {{ {run_shared} }} }}"
             );
             // Overlapped: the first pass takes each access kept in shared memory as soon as its
             // copy (a group of its own) has landed, the later ones still in flight.
             let close_first = if overlapped {
-                let mut first = format!(
-                    "    }};\n    #pragma unroll\n    for (int j = 0; j < {r}; ++j) {{ {} }}\n",
-                    run(&in_registers)
-                );
+                let mut first = over_registers;
                 for j in r..n {
                     let _ =
                         writeln!(first, "    {{ const int j = {j}; bs_copies_wait<{}>(); {run_shared} }}", n - 1 - j);
@@ -1735,9 +1735,21 @@ mod tests {
     fn layer_norm_for(
         dtype: DType,
         operand_dtype: DType,
+        shape: [usize; 2],
+        operands: usize,
+        target: RowTarget,
+    ) -> RowSource {
+        layer_norm_with(dtype, operand_dtype, shape, operands, target, KernelVariants::default())
+    }
+
+    /// [`layer_norm_for`], of `variants`.
+    fn layer_norm_with(
+        dtype: DType,
+        operand_dtype: DType,
         [rows, cols]: [usize; 2],
         operands: usize,
         target: RowTarget,
+        variants: KernelVariants,
     ) -> RowSource {
         source_targeting(
             |b| {
@@ -1748,7 +1760,7 @@ mod tests {
                 b.layer_norm(x, 1e-5, w, bias).unwrap()
             },
             target,
-            KernelVariants::default(),
+            variants,
         )
         .unwrap()
     }
@@ -3018,7 +3030,6 @@ mod tests {
     /// kernels. Each compiles.
     #[test]
     fn two_register_blocks_hold_16_bit_rows_by_two_blocks_of_512() {
-        use crate::core::ir::TensorMeta;
         let with = KernelVariants::default();
         let without = KernelVariants { two_register_blocks: false, ..with };
         for layer_norm in [false, true] {
@@ -3042,20 +3053,10 @@ mod tests {
                     // An SM of 100 KB (99 KB a block, as sm_86 to sm_89) holds two such blocks
                     // of up to about 48 KB: longer rows keep their registers there.
                     let small = RowTarget { shared_limit: 99 * 1024 - 1024, sm_shared: 100 * 1024, ..HOPPER };
-                    let layer_norm_of = |variants| {
-                        source_targeting(
-                            |b| {
-                                let x = b.input_with(&TensorMeta::new(dtype, &shape)).unwrap();
-                                let w = b.input_with(&TensorMeta::new(dtype, &[shape[1]])).unwrap();
-                                let bias = b.input_with(&TensorMeta::new(dtype, &[shape[1]])).unwrap();
-                                b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap()
-                            },
-                            small,
-                            variants,
-                        )
-                        .unwrap()
-                    };
-                    let (there, unheld) = (layer_norm_of(with), layer_norm_of(without));
+                    let (there, unheld) = (
+                        layer_norm_with(dtype, dtype, shape, 2, small, with),
+                        layer_norm_with(dtype, dtype, shape, 2, small, without),
+                    );
                     let fits = fit_an_sm(2, layout.shared_bytes(), 100 * 1024);
                     // (Rows of 20,001: 32 KB a block, two fit; of 32,768: 56 KB, one.)
                     assert_eq!(fits, shape[1] < 30000, "{what}");
@@ -3066,21 +3067,9 @@ mod tests {
                         assert_eq!(there.source.source, unheld.source.source, "{what}");
                     }
                     // A bf16 row with an f32 weight and bias: accesses of 4 values, kept as before.
-                    let mixed = |variants| {
-                        source_for(
-                            |b| {
-                                let x = b.input_with(&TensorMeta::new(dtype, &shape)).unwrap();
-                                let w = b.input_with(&TensorMeta::new(DType::F32, &[shape[1]])).unwrap();
-                                let bias = b.input_with(&TensorMeta::new(DType::F32, &[shape[1]])).unwrap();
-                                b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap()
-                            },
-                            HOPPER_BLOCK,
-                            variants,
-                            0,
-                        )
-                        .unwrap()
-                    };
-                    assert_eq!(mixed(with).source.source, mixed(without).source.source, "{what}");
+                    let hopper = RowTarget { shared_limit: HOPPER_BLOCK, ..HOPPER };
+                    let mixed = |variants| layer_norm_with(dtype, DType::F32, shape, 2, hopper, variants).source.source;
+                    assert_eq!(mixed(with), mixed(without), "{what}");
                 }
             }
         }

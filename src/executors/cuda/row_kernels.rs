@@ -1395,15 +1395,21 @@ pub(super) fn row_source(
             };
             let _ = writeln!(c, "    float v[{}];", r * v);
             for (from, to, dst) in [(0, r, &in_registers), (r, n, &in_shared)] {
-                let _ = writeln!(c, "    #pragma unroll");
-                let _ = writeln!(c, "    for (int j = {from}; j < {to}; ++j) {{");
-                let _ = writeln!(c, "      const {ix} col = {col};");
                 let shared = dst == &in_shared;
                 // A 16-bit row kept as read in shared memory (the values outside the row
                 // `neutral` in 16 bits); `float`s elsewhere.
                 let ty = if shared && raw_shared { raw } else { "float" };
+                // A loop over the accesses from `from` to `to` that fills each at `dst` by `body`.
+                let fill_loop = |c: &mut String, body: &str| {
+                    let _ = writeln!(c, "    #pragma unroll");
+                    let _ = writeln!(c, "    for (int j = {from}; j < {to}; ++j) {{");
+                    let _ = writeln!(c, "      const {ix} col = {col};");
+                    let _ = writeln!(c, "      {ty}* const dst = {dst};");
+                    let _ = writeln!(c, "      {body}");
+                    let _ = writeln!(c, "    }}");
+                };
                 let split = shared && !copy_async && variants.split_row_fills;
-                let fill = if shared && copy_async {
+                let mut fill = if shared && copy_async {
                     accesses.fill_async("dst", raw_shared)
                 } else if split {
                     accesses.fill_whole("dst", raw_shared)
@@ -1412,19 +1418,12 @@ pub(super) fn row_source(
                 } else {
                     accesses.fill("dst")
                 };
-                let _ = writeln!(c, "      {ty}* const dst = {dst};");
-                let _ = writeln!(c, "      {fill}");
                 if shared && overlapped {
-                    let _ = writeln!(c, "      bs_copies_commit();");
+                    fill.push_str("\n      bs_copies_commit();");
                 }
-                let _ = writeln!(c, "    }}");
+                fill_loop(&mut c, &fill);
                 if split {
-                    let _ = writeln!(c, "    #pragma unroll");
-                    let _ = writeln!(c, "    for (int j = {from}; j < {to}; ++j) {{");
-                    let _ = writeln!(c, "      const {ix} col = {col};");
-                    let _ = writeln!(c, "      {ty}* const dst = {dst};");
-                    let _ = writeln!(c, "      {}", accesses.fill_rest("dst", raw_shared));
-                    let _ = writeln!(c, "    }}");
+                    fill_loop(&mut c, &accesses.fill_rest("dst", raw_shared));
                 }
             }
             if copy_async && !overlapped {

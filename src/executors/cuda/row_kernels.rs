@@ -12,7 +12,10 @@
 //! blocks share an SM where the row fits twice: of 512 threads each for `layer_norm` up to
 //! 61,440 values and for `softmax` over rows 16 bytes do not divide up to 61,433, of 1,024 for
 //! `softmax` over other rows up to 65,536). Longer
-//! rows are streamed by half a block, each thread with several reads in flight: two passes for
+//! `layer_norm` rows and f32 `softmax` rows are kept on chip by a thread-block cluster of up to 8
+//! such blocks, a slice each, the cluster combining the blocks' sums through distributed shared
+//! memory ([`KernelVariants::clustered_rows`]). Rows longer still, and longer 16-bit `softmax`
+//! rows, are streamed by half a block, each thread with several reads in flight: two passes for
 //! `softmax` (its maximum and sum in one, online), three for `layer_norm`; where such rows are
 //! fewer than SMs, a row is split over a thread-block cluster of up to 8 blocks
 //! ([`KernelVariants::split_rows`]). Lanes combine with
@@ -221,6 +224,36 @@ impl RowLayout {
         } else {
             layout
         }
+    }
+
+    /// The layout of a slice of a row of `cols` values kept on chip by a thread-block cluster of
+    /// `cluster` blocks of 1,024 threads ([`KernelVariants::clustered_rows`]): the row's
+    /// accesses (as [`on_chip`](Self::on_chip) lays them) in `cluster` runs of as many (the
+    /// last one shorter), block `k` of the cluster keeping the `k`-th, `values` values a thread
+    /// in registers and the rest in shared memory; `None` where a slice takes more than
+    /// `shared_limit`.
+    fn kept_by_cluster(
+        cols: usize,
+        widest: usize,
+        values: usize,
+        shared_limit: usize,
+        shared_value_bytes: usize,
+        cluster: usize,
+    ) -> Option<Self> {
+        let layout = Self::laid_out(cols, widest, REGISTER_VALUES, true);
+        let (t, vector, aligned) = (MAX_ROW_THREADS, layout.vector, layout.aligned);
+        let per_thread = Self::accesses(cols, vector, aligned).div_ceil(cluster).div_ceil(t);
+        let in_registers = (values / vector).clamp(1, per_thread);
+        let kept = Self {
+            threads_per_row: t,
+            vector,
+            per_thread: Some(per_thread),
+            in_registers,
+            block: t,
+            aligned,
+            shared_value_bytes,
+        };
+        (kept.shared_bytes() <= shared_limit).then_some(kept)
     }
 
     /// Bytes of shared memory a block keeps its row's values in (past those in registers).
@@ -664,6 +697,11 @@ struct RowAccesses {
     pub int_columns: bool,
     /// How the row's whole accesses (input 0's and the output's) are cached.
     pub caching: Caching,
+    /// The accesses of each block's slice, where the row is kept by a thread-block cluster, a
+    /// slice a block ([`KernelVariants::clustered_rows`]): a block's access `k` is the row's
+    /// `k` past the slice's first (at column `slice_col`), and one past the slice (`k` at
+    /// least this) lies at column `cols`, outside the row.
+    pub slice_accesses: Option<usize>,
 }
 
 impl RowAccesses {
@@ -707,6 +745,9 @@ impl RowAccesses {
     /// (inline assembly) take a register each: f32 `softmax` over rows of 1,024 took 80
     /// registers a thread rather than 64, three blocks an SM rather than four (`ptxas`, sm_90).
     pub fn column_of_access(&self, j: &str, t: usize) -> String {
+        if self.slice_accesses.is_some() {
+            return self.column_of_access_by_index(j, t);
+        }
         let first = self.column(&format!("{}lane", self.widen()));
         format!("{first} + {j} * {}", self.literal(t * self.vector))
     }
@@ -741,10 +782,14 @@ impl RowAccesses {
     /// The column of the row's access `k` (an expression), of its first value.
     pub fn column(&self, k: &str) -> String {
         let v = self.vector;
-        if self.aligned {
-            format!("({k}) * {v} - shift")
-        } else {
-            format!("({k}) * {v}")
+        let (slice, shift) = (
+            if self.slice_accesses.is_some() { " + slice_col" } else { "" },
+            if self.aligned { " - shift" } else { "" },
+        );
+        let column = format!("({k}) * {v}{shift}{slice}");
+        match self.slice_accesses {
+            Some(a) => format!("(({k}) < {} ? {column} : {})", self.literal(a), self.count()),
+            None => column,
         }
     }
 
@@ -1155,6 +1200,25 @@ pub(super) fn row_source(
         .filter(|l| l.shared_bytes() <= shared_limit && fits_twice(l));
     let two_register_blocks = held_by_512.is_some();
     let layout = held_by_512.unwrap_or(layout);
+    // A row too long for a block to keep on chip, kept by a thread-block cluster of the fewest
+    // blocks whose slices fit, and, where rows are fewer than SMs, of enough for a block an SM
+    // (`KernelVariants::clustered_rows`): read once and written once, where streamed it was
+    // read two or three times. Not 16-bit `softmax` rows, which it keeps as `float`s (32 values
+    // a thread in registers: `ptxas` spilled them) and which ran at 0.74-0.78x their streamed
+    // kernels (an H100, 2026-12-07, [300, 131072] and [1000, 100003]).
+    let kept_by_cluster = (variants.clustered_rows
+        && clusters
+        && shared_limit > 0
+        && layout.per_thread.is_none()
+        && (id == prims::LAYER_NORM || !packing::is_packed(dtypes[0])))
+    .then(|| {
+        let least = sms.div_ceil(rows.max(1)).clamp(2, MAX_CLUSTER_BLOCKS);
+        (least..=MAX_CLUSTER_BLOCKS).find_map(|k| {
+            RowLayout::kept_by_cluster(cols, widest, values, shared_limit, shared_value_bytes, k).map(|l| (k, l))
+        })
+    })
+    .flatten();
+    let layout = kept_by_cluster.map_or(layout, |(_, l)| l);
     let RowLayout { threads_per_row: t, vector: v, block, in_registers, .. } = layout;
 
     let mut c = String::new();
@@ -1264,7 +1328,8 @@ pub(super) fn row_source(
     // the row apart from one round to the next. With `split_rows`, a row is split over a
     // cluster of blocks where rows are fewer than SMs, in slices of whole rounds, and the passes
     // over a split row alternate in direction.
-    // (Rows kept on chip are not split: an experiment build split them over clusters of 2 or 4
+    // (Rows a block keeps on chip are not split over clusters, only rows too long for one
+    // (`clustered_rows`, above): an experiment build split them over clusters of 2 or 4
     // blocks of 256 or 512 threads, each keeping its slice on chip and the cluster combining
     // the sums through distributed shared memory, and so kept f32 rows of 65,536 on chip. On
     // the H200 (2026-12-06, `gpu_sweep f32,bf16,f16 softmax,layer_norm
@@ -1277,8 +1342,11 @@ pub(super) fn row_source(
     let streamed_stride = streamed_loads * t * v;
     // A thread's rounds over the row, at most (its first column is `-shift` or later).
     let streamed_rounds = (RowLayout::accesses(cols, v, layout.aligned) * v).div_ceil(streamed_stride);
-    let cluster =
-        if variants.split_rows && streamed && clusters { cluster_blocks(rows, sms, streamed_rounds) } else { 1 };
+    let cluster = match kept_by_cluster {
+        Some((k, _)) => k,
+        None if variants.split_rows && streamed && clusters => cluster_blocks(rows, sms, streamed_rounds),
+        None => 1,
+    };
     if cluster > 1 {
         c.push_str(CLUSTER_HELPERS);
     }
@@ -1337,11 +1405,16 @@ pub(super) fn row_source(
         int_columns: (variants.int32_row_columns || (aligned && id == prims::LAYER_NORM) || raw_registers)
             && cols < 1 << 30,
         caching,
+        slice_accesses: kept_by_cluster.map(|(k, _)| RowLayout::accesses(cols, v, aligned).div_ceil(k)),
     };
     let ix = accesses.index();
     if aligned {
         // How far before the row its first access starts.
         let _ = writeln!(c, "    const {ix} shift = row % {v};");
+    }
+    if let Some(a) = accesses.slice_accesses {
+        // The column of the block's slice's first access.
+        let _ = writeln!(c, "    const {ix} slice_col = ({ix})slice * {};", accesses.literal(a * v));
     }
     let touches = accesses.touches();
     // Each pass opens with `open`, or, where it follows one that ran forward over a split row,
@@ -1833,6 +1906,7 @@ mod tests {
                 overlapped_first_pass: true,
                 split_row_fills: true,
                 two_register_blocks: true,
+                clustered_rows: true,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -2904,7 +2978,8 @@ mod tests {
     #[test]
     fn async_row_copies_copy_the_shared_part_of_rows_kept_as_read() {
         // (Waited for once: without `overlapped_first_pass`, below.)
-        let with = KernelVariants { overlapped_first_pass: false, ..KernelVariants::default() };
+        // (Rows too long for a block streamed, not kept by a cluster: `clustered_rows`' test.)
+        let with = KernelVariants { overlapped_first_pass: false, clustered_rows: false, ..KernelVariants::default() };
         let without = KernelVariants { async_row_copies: false, ..with };
         // An L2 that every tensor here fits: no streaming hints.
         let kept = 1 << 40;
@@ -2951,7 +3026,8 @@ mod tests {
     /// without it. Each overlapped kernel compiles.
     #[test]
     fn overlapped_first_pass_takes_each_access_as_its_copy_lands() {
-        let with = KernelVariants::default();
+        // (Rows too long for a block streamed, not kept by a cluster: `clustered_rows`' test.)
+        let with = KernelVariants { clustered_rows: false, ..KernelVariants::default() };
         let without = KernelVariants { overlapped_first_pass: false, ..with };
         let kept = 1 << 40;
         for layer_norm in [false, true] {
@@ -3082,7 +3158,8 @@ mod tests {
     /// of an unknown SM count. Each split kernel compiles for Hopper.
     #[test]
     fn split_rows_split_few_streamed_rows_over_clusters() {
-        let split = KernelVariants::default();
+        // (Rows too long for a block streamed, not kept by a cluster: `clustered_rows`' test.)
+        let split = KernelVariants { clustered_rows: false, ..KernelVariants::default() };
         let unsplit = KernelVariants { split_rows: false, ..split };
         for layer_norm in [false, true] {
             for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -3142,9 +3219,79 @@ mod tests {
         }
     }
 
-    /// The longest rows kept on chip on Hopper (227 KB of shared memory a block), per op and
-    /// dtype, as `KernelVariants::split_rows`' docs, the README and the CHANGELOG give them:
-    /// past these, rows are streamed (and, fewer than SMs, split over clusters).
+    /// `KernelVariants::clustered_rows` keeps a `layer_norm` or f32 `softmax` row too long for
+    /// one block on a thread-block cluster: the fewest blocks whose slices fit (at least as many
+    /// as give each SM one, where rows are fewer), each slice the row's accesses over the
+    /// blocks, the last one shorter, so that the slices cover the row once, and every column
+    /// the kernel takes in its block's slice; both reductions combined across the cluster. Rows
+    /// a block keeps, rows too long for 8 blocks and 16-bit `softmax` rows get the kernels
+    /// without the variant. Each clustered kernel compiles for Hopper.
+    #[test]
+    fn clustered_rows_keep_rows_too_long_for_a_block_on_a_cluster() {
+        let with = KernelVariants::default();
+        let without = KernelVariants { clustered_rows: false, ..with };
+        for (layer_norm, dtype, shape, cluster) in [
+            (true, DType::F32, [700, 65537], 2),
+            (true, DType::F32, [16, 200003], 8),
+            (true, DType::BF16, [500, 150001], 2),
+            (true, DType::F16, [64, 262144], 3),
+            (false, DType::F32, [300, 131072], 2),
+            (false, DType::F32, [1000, 100003], 2),
+            // 16-bit `softmax` rows stay streamed (slower kept as `float`s by a cluster).
+            (false, DType::BF16, [1000, 100003], 1),
+            (true, DType::F32, [700, 65536], 1),
+            (false, DType::F16, [4096, 16384], 1),
+            (true, DType::F32, [16, 1 << 20], 1),
+        ] {
+            let what = format!("{layer_norm} {dtype} {shape:?}");
+            let plain = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, without);
+            let kernel = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, with);
+            let s = &kernel.source.source;
+            if cluster == 1 {
+                assert_eq!((s, kernel.blocks), (&plain.source.source, plain.blocks), "{what}");
+                continue;
+            }
+            assert!(plain.layout.per_thread.is_none(), "{what}: streamed without the variant");
+            let l = kernel.layout;
+            assert_eq!((kernel.source.cluster, kernel.blocks as usize), (cluster, shape[0] * cluster), "{what}");
+            assert!(s.contains(&format!("__cluster_dims__({cluster}, 1, 1)")), "{what}");
+            assert!(l.per_thread.is_some() && l.shared_bytes() > 0 && l.shared_bytes() <= HOPPER_BLOCK, "{what}");
+            // The slices: as many accesses each, the block's threads enough for one.
+            let accesses = RowLayout::accesses(shape[1], l.vector, l.aligned);
+            let per_slice = accesses.div_ceil(cluster);
+            assert!(l.per_thread.unwrap() * l.threads_per_row >= per_slice, "{what}");
+            assert!(s.contains(&format!("slice * {}", per_slice * l.vector)), "{what}\n{s}");
+            assert!(s.contains(&format!("< {per_slice}")), "{what}\n{s}");
+            // Every column the kernel takes (fills, passes, weight and bias, results) is in the
+            // block's slice.
+            let columns = s.matches(" col = ").count();
+            assert!(columns > 0 && columns == s.matches("+ slice_col :").count(), "{what}\n{s}");
+            // The fewest blocks: one fewer would not fit (unless there were too few for the SMs).
+            let values = if layer_norm || l.shared_value_bytes == 2 { REGISTER_VALUES / 4 } else { REGISTER_VALUES };
+            let fewer = RowLayout::kept_by_cluster(
+                shape[1],
+                dtype.size_bytes(),
+                values,
+                HOPPER_BLOCK,
+                l.shared_value_bytes,
+                cluster - 1,
+            );
+            assert!(fewer.is_none() || shape[0] * (cluster - 1) < 132, "{what}");
+            // Each reduction combined across the cluster between two barriers (`softmax` kept on chip
+            // takes two too: its maximum, then its sum).
+            assert_eq!(s.matches("bs_cluster_sync();").count(), 4, "{what}\n{s}");
+            match crate::executors::cuda::nvrtc_ptx(s, Some("compute_90")) {
+                None => {}
+                Some(Err(e)) => panic!("NVRTC rejects the kernel for compute_90: {e}\n{s}"),
+                Some(Ok(ptx)) => assert!(ptx.contains("barrier.cluster") && ptx.contains("mapa"), "{what}"),
+            }
+        }
+    }
+
+    /// The longest rows a block keeps on chip on Hopper (227 KB of shared memory a block), per
+    /// op and dtype, as `KernelVariants::split_rows`' and `clustered_rows`' docs, the README
+    /// and the CHANGELOG give them: past these, rows are kept by a cluster
+    /// (`clustered_rows`), else streamed (and, fewer than SMs, split over clusters).
     #[test]
     fn rows_are_streamed_past_the_lengths_the_docs_give() {
         for (layer_norm, dtype, longest) in [
@@ -3156,7 +3303,8 @@ mod tests {
             (true, DType::F16, 122880),
         ] {
             let kept = |cols| {
-                let kernel = row_op_with(layer_norm, dtype, [4, cols], HOPPER_BLOCK, KernelVariants::default());
+                let one_block = KernelVariants { clustered_rows: false, ..KernelVariants::default() };
+                let kernel = row_op_with(layer_norm, dtype, [4, cols], HOPPER_BLOCK, one_block);
                 kernel.layout.per_thread.is_some()
             };
             assert!(kept(longest), "{layer_norm} {dtype} {longest}");

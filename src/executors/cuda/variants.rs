@@ -8,8 +8,9 @@
 //! H100, 2026-12-06, over 66 cases of few long rows), `tiled_rows` and `pipelined_tiles` (an H100,
 //! 2026-12-06, over 44 and 72 cases of short rows of odd lengths), `wide_tiles` (the H200,
 //! 2026-12-06, over 30 cases of rows of up to 15 values), `tile_occupancy` (an H100, 2026-12-07,
-//! over 60 cases of rows of 1 to 15 values), `overlapped_first_pass`, `split_row_fills` and
-//! `two_register_blocks` (an H100, 2026-12-07, over 54, 27 and 16 cases of long rows);
+//! over 60 cases of rows of 1 to 15 values), `overlapped_first_pass`, `split_row_fills`,
+//! `two_register_blocks` and `clustered_rows` (an H100, 2026-12-07, over 54, 27, 16 and 10 cases
+//! of long rows);
 //! `int32_row_columns` and `pipelined_passes` are not.
 //! Their options stay so that the comparison can be run again, and so do those of the variants on
 //! by default, to time the kernels without them. A plan whose kernels differ from the defaults
@@ -45,8 +46,8 @@ macro_rules! kernel_variants {
         /// Which variant of each generated kernel to emit. [`Default`] gives the fastest measured
         /// (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`, `async_row_copies`,
         /// `split_rows`, `split_reductions`, `tiled_rows`, `pipelined_tiles`, `wide_tiles`,
-        /// `tile_occupancy`, `overlapped_first_pass`, `split_row_fills` and
-        /// `two_register_blocks`);
+        /// `tile_occupancy`, `overlapped_first_pass`, `split_row_fills`, `two_register_blocks`
+        /// and `clustered_rows`);
         /// [`KernelVariants::NONE`], the kernels before any variant.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub struct KernelVariants {
@@ -451,13 +452,36 @@ kernel_variants! {
     /// [1365, 32767] (not held in registers alone) 1.00x.
     two_register_blocks = true,
         "16-bit layer_norm rows that 1,024 threads would hold in registers are held by two blocks of 512 an SM, partly in shared memory (KernelVariants::two_register_blocks).";
+    /// A `layer_norm` row (any dtype) or an f32 `softmax` row too long for one block to keep on
+    /// chip (past 65,536 f32 `layer_norm` values, 122,880 16-bit ones, 90,112 f32 `softmax`
+    /// ones) is kept by a thread-block cluster (`__cluster_dims__`) of the fewest blocks of
+    /// 1,024 threads whose slices fit, up to 8 (and, where rows are fewer than SMs, of enough
+    /// for a block an SM): each block keeps its slice of the row's accesses in registers and
+    /// shared memory as a block keeps a whole row, and the cluster combines each block's sums
+    /// through distributed shared memory. The row is read once and written once, where streamed
+    /// it was read three times (`layer_norm`) or twice (`softmax`). Rows too long for 8 blocks
+    /// are streamed as before ([`split_rows`](Self::split_rows)). 16-bit `softmax` rows are
+    /// not: kept as `float`s they ran at 0.74x to 0.78x their streamed kernels. Where the GPU
+    /// cannot run such a cluster at once, the kernel is generated without it, as
+    /// [`split_rows`](Self::split_rows)' are.
+    ///
+    /// On by default: on an H100 (2026-12-07, `gpu_sweep f32,bf16 layer_norm
+    /// 700x65537,64x100003,500x150001 --variant=clustered_rows` and `gpu_sweep bf16,f32 softmax
+    /// 300x131072,1000x100003 --variant=clustered_rows`, an experiment build whose kernels are
+    /// these): f32 `layer_norm` 1.29x to 1.69x ([700, 65537]: 46% -> 78% of a copy), bf16
+    /// `layer_norm` [500, 150001] 1.49x (39% -> 58%), f32 `softmax` 1.13x to 1.18x; rows one
+    /// block keeps (bf16 [700, 65537] and [64, 100003]) the same kernels, 1.00x. `--check-full`
+    /// over bf16 and f32 `[7, 100003]` and `[333, 65537]`: every row equal to the CPU reference
+    /// within the sweep's tolerance.
+    clustered_rows = true,
+        "layer_norm and f32 softmax rows too long for one block to keep on chip are kept by a thread-block cluster of up to 8 blocks, a slice each (KernelVariants::clustered_rows).";
 }
 
 impl Default for KernelVariants {
     /// The variants measured faster: `fast_exp2`, `streaming_rows`, `keep_in_l2`,
     /// `batched_rows`, `async_row_copies`, `split_rows`, `split_reductions`, `tiled_rows`,
     /// `pipelined_tiles`, `wide_tiles`, `tile_occupancy`, `overlapped_first_pass`,
-    /// `split_row_fills` and `two_register_blocks`.
+    /// `split_row_fills`, `two_register_blocks` and `clustered_rows`.
     fn default() -> Self {
         Self::from_flags(Self::DEFAULTS)
     }
@@ -502,12 +526,12 @@ impl KernelVariants {
         Some(Self::from_flags(flags))
     }
 
-    /// These variants with no kernel's rows split over thread-block clusters (`split_rows` and
-    /// `split_reductions` off): what the executors generate where the GPU cannot run a
-    /// kernel's clusters at once.
+    /// These variants with no kernel's rows split over thread-block clusters (`split_rows`,
+    /// `split_reductions` and `clustered_rows` off): what the executors generate where the GPU
+    /// cannot run a kernel's clusters at once.
     #[cfg(feature = "cuda")]
     pub(crate) fn unsplit(self) -> Self {
-        Self { split_rows: false, split_reductions: false, ..self }
+        Self { split_rows: false, split_reductions: false, clustered_rows: false, ..self }
     }
 
     /// The variants `options` choose (`cuda.*`).

@@ -207,18 +207,8 @@ impl RowLayout {
         if layout.per_thread.is_some() {
             return layout;
         }
-        let (t, vector, aligned) = (threads, layout.vector, layout.aligned);
-        let per_thread = Self::accesses(cols, vector, aligned).div_ceil(t);
-        let in_registers = (values / vector).clamp(1, per_thread);
-        let kept = Self {
-            threads_per_row: t,
-            vector,
-            per_thread: Some(per_thread),
-            in_registers,
-            block: t,
-            aligned,
-            shared_value_bytes,
-        };
+        let accesses = Self::accesses(cols, layout.vector, layout.aligned);
+        let kept = layout.kept(accesses, threads, values, shared_value_bytes);
         if kept.shared_bytes() <= shared_limit {
             kept
         } else {
@@ -241,19 +231,24 @@ impl RowLayout {
         cluster: usize,
     ) -> Option<Self> {
         let layout = Self::laid_out(cols, widest, REGISTER_VALUES, true);
-        let (t, vector, aligned) = (MAX_ROW_THREADS, layout.vector, layout.aligned);
-        let per_thread = Self::accesses(cols, vector, aligned).div_ceil(cluster).div_ceil(t);
-        let in_registers = (values / vector).clamp(1, per_thread);
-        let kept = Self {
-            threads_per_row: t,
-            vector,
-            per_thread: Some(per_thread),
-            in_registers,
-            block: t,
-            aligned,
-            shared_value_bytes,
-        };
+        let slice = Self::accesses(cols, layout.vector, layout.aligned).div_ceil(cluster);
+        let kept = layout.kept(slice, MAX_ROW_THREADS, values, shared_value_bytes);
         (kept.shared_bytes() <= shared_limit).then_some(kept)
+    }
+
+    /// A block of `threads` that keeps `accesses` of this layout's accesses (its `vector` and
+    /// `aligned`), `values` values a thread in registers and the rest in shared memory,
+    /// `shared_value_bytes` a value.
+    fn kept(self, accesses: usize, threads: usize, values: usize, shared_value_bytes: usize) -> Self {
+        let per_thread = accesses.div_ceil(threads);
+        Self {
+            threads_per_row: threads,
+            per_thread: Some(per_thread),
+            in_registers: (values / self.vector).clamp(1, per_thread),
+            block: threads,
+            shared_value_bytes,
+            ..self
+        }
     }
 
     /// Bytes of shared memory a block keeps its row's values in (past those in registers).

@@ -351,6 +351,19 @@ fn compiles_with_nvrtc(source: &str) {
     }
 }
 
+/// Compiles `source`, a kernel whose blocks run as thread-block clusters, with NVRTC for
+/// Hopper where NVRTC can be loaded (as [`compiles_with_nvrtc`]), and checks that its PTX
+/// takes the cluster's barrier and reads another block's shared memory (`mapa`); `what` names
+/// the case in a failure.
+#[cfg(test)]
+fn compiles_as_clusters(source: &str, what: &str) {
+    match nvrtc_ptx(source, Some("compute_90")) {
+        None => {}
+        Some(Err(e)) => panic!("NVRTC rejects the kernel for compute_90: {e}\n{source}"),
+        Some(Ok(ptx)) => assert!(ptx.contains("barrier.cluster") && ptx.contains("mapa"), "{what}"),
+    }
+}
+
 /// The PTX NVRTC makes of `source` for `arch` (its default where `None`), or `None`, with a
 /// line on stderr saying why, where NVRTC cannot be used here.
 #[cfg(test)]

@@ -1802,6 +1802,59 @@ fn row_ops_match_the_reference_at_every_row_length(dtype: boundscope::DType) {
     }
 }
 
+/// `layer_norm` over f32 rows far from zero (values 1,000 give or take 2) equals the exact
+/// result within 1e-3 of each value, in every layout of its mean and variance: streamed in one
+/// pass (`KernelVariants::one_pass_moments`), split over a cluster or a block's own; kept on
+/// chip by a cluster, a block and its registers. A variance taken as the mean square less the
+/// squared mean (in `f32`) is off by several percent over such rows.
+#[test]
+fn layer_norm_of_rows_far_from_zero_matches_the_reference() {
+    use boundscope::{DType, Tensor, TraceBuilder};
+    let Some((device, _sharing)) = device() else { return };
+    let registry = Registry::with_builtins();
+    let one_pass = KernelVariants { one_pass_moments: true, ..KernelVariants::default() };
+    let each = [
+        // Streamed, split over a cluster (one pass and three).
+        ([3, 1 << 20], one_pass),
+        ([3, 1 << 20], KernelVariants::default()),
+        // Streamed by a block, an odd length (accesses aligned to the tensor).
+        ([300, 100003], KernelVariants { clustered_rows: false, ..one_pass }),
+        // Kept on chip by a cluster, by a block, in registers.
+        ([5, 100003], KernelVariants::default()),
+        ([41, 50257], KernelVariants::default()),
+        ([64, 1024], KernelVariants::default()),
+    ];
+    for ([rows, cols], variants) in each {
+        let ops: Arc<dyn Executor> = Arc::new(CudaOps::new(device.clone()).with_variants(variants));
+        let arena = Arena::new();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input(&[rows, cols]).unwrap();
+        let w = b.input(&[cols]).unwrap();
+        let bias = b.input(&[cols]).unwrap();
+        let y = b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap();
+        b.output(y).unwrap();
+        let trace = b.finish().unwrap();
+        let plan = Plan::compile(&trace, std::slice::from_ref(&ops)).unwrap();
+        assert!(plan.steps_per_executor().contains(&("cuda_ops", 1)), "one kernel\n{plan}");
+        let value = |e: usize, k: usize| ((e * 37 + k * 11) % 101) as f32 / 25.0 - 2.0;
+        let inputs = [
+            Tensor::from_fn(&[rows, cols], |e| 1000.0 + value(e, 0)),
+            Tensor::from_fn(&[cols], |e| value(e, 1)),
+            Tensor::from_fn(&[cols], |e| value(e, 2)),
+        ];
+        assert_eq!(inputs[0].dtype(), DType::F32);
+        let got = plan.run(&inputs.iter().collect::<Vec<_>>()).unwrap();
+        let expected = exact_row_op(&inputs, true, cols);
+        for (k, (&g, &e)) in got[0].to_f32_vec().iter().zip(&expected).enumerate() {
+            let tolerance = 1e-3 * e.abs().max(1.0);
+            assert!(
+                (f64::from(g) - e).abs() <= tolerance,
+                "[{rows}, {cols}], {variants:?}: element {k}: {g} against {e}"
+            );
+        }
+    }
+}
+
 /// `layer_norm` over rows of odd lengths whose weight and bias are staged in shared memory (rows
 /// held in registers), with more rows than the GPU's blocks run at once, so that each block
 /// runs several with the copies it made, equals the exact result within the output's rounding,

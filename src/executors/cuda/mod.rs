@@ -154,7 +154,7 @@
 //! `cuda.batched_rows`, `cuda.async_row_copies`, `cuda.split_rows`, `cuda.split_reductions`,
 //! `cuda.tiled_rows`, `cuda.pipelined_tiles`, `cuda.wide_tiles`, `cuda.tile_occupancy`,
 //! `cuda.pipelined_passes`, `cuda.overlapped_first_pass`, `cuda.split_row_fills`,
-//! `cuda.two_register_blocks`, `cuda.clustered_rows`;
+//! `cuda.two_register_blocks`, `cuda.clustered_rows`, `cuda.one_pass_moments`;
 //! [`CUDA_OPTIONS`]): `CudaFusion::with_variants`, `CudaOps::with_variants`, or `from_options`,
 //! which the front end calls. A plan whose kernels differ from the defaults lists its variants
 //! in its header. `scripts/gpu-variants` runs the GPU tests with the defaults, every variant and

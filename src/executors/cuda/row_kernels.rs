@@ -1638,23 +1638,53 @@ pub(super) fn row_source(
     } else {
         let eps = op.scalar(1).map_err(|e| e.to_string())?;
         let inverse = literal(1.0 / cols as f32);
-        let _ = writeln!(c, "    float acc = 0.0f;");
-        let _ = writeln!(c, "{open}");
-        let _ = writeln!(c, "      if (in_row) for (int e = 0; e < {v}; ++e) acc = acc + x[e];");
-        let _ = writeln!(c, "{close_first}");
-        reduce(&mut c, &sum);
-        let _ = writeln!(c, "    const float mean = acc * {inverse};");
-        let _ = writeln!(c, "    acc = 0.0f;");
-        let _ = writeln!(c, "{back}");
         // (Testing each value only in the two accesses a row shares with its neighbours, not in
         // every access of aligned rows: 0.95-1.05x, median 1.00x, over 27 `layer_norm` cases on
         // an H100, 2026-12-06: the tests are not what bounds these kernels.)
-        let _ = writeln!(
-            c,
-            "      if (in_row) for (int e = 0; e < {v}; ++e) if ({}) {{ const float d = x[e] - mean; acc = acc + d * d; }}",
-            if aligned { accesses.in_this_row("e") } else { "true".to_string() }
-        );
-        let _ = writeln!(c, "{close}");
+        let in_this_row = if aligned { accesses.in_this_row("e") } else { "true".to_string() };
+        // A streamed row (`KernelVariants::one_pass_moments`): its sum and its squared
+        // deviations in one pass, each thread's deviations from its own mean (Chan's update, an
+        // access at a time), then from the row's mean: two reads of the row, not three.
+        let one_pass = streamed && variants.one_pass_moments;
+        let _ = writeln!(c, "    float acc = 0.0f;");
+        if one_pass {
+            let _ = writeln!(c, "    float n_t = 0.0f, mean_t = 0.0f, m2_t = 0.0f;");
+        }
+        let _ = writeln!(c, "{open}");
+        if one_pass {
+            let _ = writeln!(c, "      if (in_row) {{ float s = 0.0f, nb = 0.0f;");
+            let _ = writeln!(
+                c,
+                "        for (int e = 0; e < {v}; ++e) if ({in_this_row}) {{ s = s + x[e]; nb = nb + 1.0f; }}"
+            );
+            let _ = writeln!(c, "        if (nb > 0.0f) {{ const float mb = s / nb; float qb = 0.0f;");
+            let _ = writeln!(
+                c,
+                "          for (int e = 0; e < {v}; ++e) if ({in_this_row}) {{ const float d = x[e] - mb; qb = qb + d * d; }}"
+            );
+            let _ = writeln!(c, "          const float n = n_t + nb, delta = mb - mean_t, w = nb / n;");
+            let _ = writeln!(
+                c,
+                "          mean_t = mean_t + delta * w; m2_t = m2_t + qb + delta * delta * n_t * w; n_t = n;"
+            );
+            let _ = writeln!(c, "          acc = acc + s; }} }}");
+        } else {
+            let _ = writeln!(c, "      if (in_row) for (int e = 0; e < {v}; ++e) acc = acc + x[e];");
+        }
+        let _ = writeln!(c, "{close_first}");
+        reduce(&mut c, &sum);
+        let _ = writeln!(c, "    const float mean = acc * {inverse};");
+        if one_pass {
+            let _ = writeln!(c, "    {{ const float d = mean_t - mean; acc = m2_t + n_t * d * d; }}");
+        } else {
+            let _ = writeln!(c, "    acc = 0.0f;");
+            let _ = writeln!(c, "{back}");
+            let _ = writeln!(
+                c,
+                "      if (in_row) for (int e = 0; e < {v}; ++e) if ({in_this_row}) {{ const float d = x[e] - mean; acc = acc + d * d; }}"
+            );
+            let _ = writeln!(c, "{close}");
+        }
         reduce(&mut c, &sum);
         let _ = writeln!(c, "    const float variance = acc * {inverse};");
         let _ = writeln!(c, "    const float inv_std = expf(logf(variance + {}) * -0.5f);", literal(eps));
@@ -1675,8 +1705,10 @@ pub(super) fn row_source(
             && !layout.in_registers_alone()
             && !two_blocks
             && dtypes[1..].iter().any(|d| v * d.size_bytes() == 16);
+        // The last pass goes back over a split row where the first went forward.
+        let last_open = if one_pass { &back } else { &open };
         let last = |c: &mut String, shift: Option<usize>| {
-            let _ = writeln!(c, "{open}");
+            let _ = writeln!(c, "{last_open}");
             let _ = writeln!(c, "      if (in_row) {{ float y[{v}];");
             let _ = writeln!(c, "        for (int e = 0; e < {v}; ++e) y[e] = (x[e] - mean) * inv_std;");
             for (k, &dtype) in dtypes.iter().enumerate().skip(1) {
@@ -1902,6 +1934,7 @@ mod tests {
                 split_row_fills: true,
                 two_register_blocks: true,
                 clustered_rows: true,
+                one_pass_moments: false,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -3272,6 +3305,60 @@ mod tests {
             // takes two too: its maximum, then its sum).
             assert_eq!(s.matches("bs_cluster_sync();").count(), 4, "{what}\n{s}");
             crate::executors::cuda::compiles_as_clusters(s, &what);
+        }
+    }
+
+    /// `KernelVariants::one_pass_moments`: a streamed `layer_norm` row (too long for a block or
+    /// a cluster to keep on chip, or any row too long for a block where clusters are off) takes
+    /// its sum and each thread's squared deviations in one pass (Chan's update an access at a
+    /// time, then the deviations of each thread's mean from the row's), then the pass that
+    /// writes: two passes over the row where there were three. A row split over a cluster goes
+    /// back over it in the pass that writes (its last values still in L2). Rows kept on chip get
+    /// the kernels without the variant. Each kernel compiles.
+    #[test]
+    fn one_pass_moments_read_a_streamed_row_twice() {
+        let with = KernelVariants { one_pass_moments: true, ..KernelVariants::default() };
+        let without = KernelVariants { one_pass_moments: false, ..with };
+        let unclustered = KernelVariants { clustered_rows: false, ..with };
+        for (dtype, shape, variants, split) in [
+            (DType::F32, [16, 1 << 20], with, true),
+            (DType::BF16, [7, 1048577], with, true),
+            (DType::F16, [200, 2000003], with, false),
+            (DType::F32, [700, 65537], unclustered, false),
+            (DType::BF16, [333, 150001], unclustered, false),
+        ] {
+            let what = format!("{dtype} {shape:?}");
+            let kernel = row_op_with(true, dtype, shape, HOPPER_BLOCK, variants);
+            let plain =
+                row_op_with(true, dtype, shape, HOPPER_BLOCK, KernelVariants { one_pass_moments: false, ..variants });
+            let (s, p) = (&kernel.source.source, &plain.source.source);
+            assert!(kernel.layout.per_thread.is_none(), "{what}: streamed");
+            assert_eq!((kernel.source.cluster > 1, kernel.blocks), (split, plain.blocks), "{what}");
+            // Passes over the row before the one that writes (written once, or once for each
+            // shift of the row's accesses): one, where there were two.
+            let before = |s: &str| s[..s.find("const float variance").unwrap()].matches("float xs[").count();
+            assert_eq!((before(s), before(p)), (1, 2), "{what}\n{s}");
+            assert!(
+                s.contains("mean_t = mean_t + delta * w;") && s.contains("acc = m2_t + n_t * d * d;"),
+                "{what}\n{s}"
+            );
+            assert!(!p.contains("m2_t"), "{what}");
+            // Split: the pass that writes goes back over the row, after the variance.
+            let back = s.find("--round)");
+            assert_eq!(back.is_some(), split, "{what}\n{s}");
+            assert!(back.is_none_or(|b| b > s.find("const float variance").unwrap()), "{what}\n{s}");
+            if split {
+                crate::executors::cuda::compiles_as_clusters(s, &what);
+            } else {
+                super::super::compiles_with_nvrtc(s);
+            }
+        }
+        // Rows kept on chip: by registers, shared memory, two blocks an SM, or a cluster.
+        for (dtype, shape) in [(DType::F32, [4096, 1024]), (DType::BF16, [333, 50257]), (DType::F32, [700, 65537])] {
+            let kernel = row_op_with(true, dtype, shape, HOPPER_BLOCK, with);
+            let plain = row_op_with(true, dtype, shape, HOPPER_BLOCK, without);
+            assert!(kernel.layout.per_thread.is_some(), "{dtype} {shape:?}");
+            assert_eq!(kernel.source.source, plain.source.source, "{dtype} {shape:?}");
         }
     }
 

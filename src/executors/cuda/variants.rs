@@ -11,7 +11,7 @@
 //! over 60 cases of rows of 1 to 15 values), `overlapped_first_pass`, `split_row_fills`,
 //! `two_register_blocks` and `clustered_rows` (an H100, 2026-12-07, over 54, 27, 16 and 10 cases
 //! of long rows);
-//! `int32_row_columns` and `pipelined_passes` are not.
+//! `int32_row_columns` and `pipelined_passes` are not, and `one_pass_moments` is not yet timed.
 //! Their options stay so that the comparison can be run again, and so do those of the variants on
 //! by default, to time the kernels without them. A plan whose kernels differ from the defaults
 //! lists its variants in its header. Both executors that generate kernels, `CudaFusion` and
@@ -475,6 +475,24 @@ kernel_variants! {
     /// within the sweep's tolerance.
     clustered_rows = true,
         "layer_norm and f32 softmax rows too long for one block to keep on chip are kept by a thread-block cluster of up to 8 blocks, a slice each (KernelVariants::clustered_rows).";
+    /// A streamed `layer_norm` row (too long for a block or a cluster to keep on chip: past
+    /// 524,288 f32 values or 983,040 16-bit ones on Hopper, or past one block's where clusters
+    /// are off or unavailable) takes its sum and its squared deviations in one pass over the
+    /// row, then the pass that writes: two reads of the row where there were three (its mean,
+    /// its variance, its results). Each thread folds each of its accesses into its own count,
+    /// mean and sum of squared deviations (Chan's update: an access's values less their own mean,
+    /// then the two means' difference), and the row's sum of squared deviations is the threads'
+    /// sums, each with its count times the square of its mean's distance from the row's: exact
+    /// as the two passes were, also for rows far from zero, where the mean square less the
+    /// squared mean is not. A row split over a cluster (`split_rows`) goes back over its slice in
+    /// the pass that writes, so that it starts on the values the first pass left in L2.
+    ///
+    /// Off by default until timed: the GPU was not available for the A/B when it landed
+    /// (2026-12-07). Time it with `gpu_sweep f32,bf16,f16 layer_norm
+    /// 16x1048576,64x1048576,132x700001 --variant=one_pass_moments`; f32 `layer_norm` over
+    /// [16, 1048576] ran at 0.75x `torch.compile` with three passes (an H100, 2026-12-07).
+    one_pass_moments = false,
+        "Streamed layer_norm rows take their mean and variance in one pass over the row (KernelVariants::one_pass_moments).";
 }
 
 impl Default for KernelVariants {

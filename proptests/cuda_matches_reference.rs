@@ -1672,6 +1672,7 @@ fn row_ops_match_the_reference_at_every_row_length(dtype: boundscope::DType) {
         1 << 20,
         50257,
         200003,
+        100003,
     ];
     // The default kernels, those without variants, each variant alone (`KernelVariants::EACH`)
     // and all, whatever `KERNEL_VARIANTS_UNDER_TEST` says.

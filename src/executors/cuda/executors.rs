@@ -678,7 +678,8 @@ mod tests {
         let variants = KernelVariants { split_rows: true, ..KernelVariants::default() };
         let ops = CudaOps::new(device.clone()).with_variants(variants);
         let registry = Registry::with_builtins();
-        // Rows fewer than the GPU's SMs, so that they are split on any GPU with clusters.
+        // Rows fewer than the GPU's SMs, so that they are split (or kept on chip, f16 rows of
+        // 262,144 values: `clustered_rows`) over clusters on any GPU with clusters.
         let few = (device.multiprocessors() / 2).max(1);
         for (shape, dtype) in [([few, 1 << 20], DType::F32), ([1, 1 << 20], DType::BF16), ([few, 262144], DType::F16)] {
             for layer_norm in [false, true] {

@@ -11,11 +11,12 @@
 //! bytes and half the shared-memory traffic, `softmax` then taking its exponentials twice; two
 //! blocks share an SM where the row fits twice: of 512 threads each for `layer_norm` up to
 //! 61,440 values and for `softmax` over rows 16 bytes do not divide up to 61,433, of 1,024 for
-//! `softmax` over other rows up to 65,536). Longer
-//! `layer_norm` rows and f32 `softmax` rows are kept on chip by a thread-block cluster of up to 8
-//! such blocks, a slice each, the cluster combining the blocks' sums through distributed shared
-//! memory ([`KernelVariants::clustered_rows`]). Rows longer still, and longer 16-bit `softmax`
-//! rows, are streamed by half a block, each thread with several reads in flight: two passes for
+//! `softmax` over other rows up to 65,536). 16-bit `softmax` rows past 90,112 values are kept
+//! as read too, by a block up to 122,880 ([`KernelVariants::long_rows_as_read`]). Longer rows
+//! are kept on chip by a thread-block cluster of up to 8 such blocks (3 for 16-bit `softmax`), a
+//! slice each, the cluster combining the blocks' sums through distributed shared memory
+//! ([`KernelVariants::clustered_rows`]). Rows longer still are streamed by half a block, each
+//! thread with several reads in flight: two passes for
 //! `softmax` (its maximum and sum in one, online), three for `layer_norm`; where such rows are
 //! fewer than SMs, a row is split over a thread-block cluster of up to 8 blocks
 //! ([`KernelVariants::split_rows`]). Lanes combine with
@@ -80,6 +81,11 @@ const STREAMED_ROW_THREADS: usize = 512;
 /// Blocks a streamed row is split over at most ([`KernelVariants::split_rows`]): CUDA's portable
 /// cluster size.
 const MAX_CLUSTER_BLOCKS: usize = 8;
+
+/// Blocks of a cluster that keeps a 16-bit `softmax` row as read, at most
+/// ([`KernelVariants::long_rows_as_read`]): clusters of 2 and 3 were timed faster than the
+/// streamed kernels, of 8 slower; 4 to 7 were not timed.
+const MAX_RAW_SOFTMAX_CLUSTER: usize = 3;
 
 /// Accesses a thread of a streamed row makes at once, at least (16 bytes each where the row's
 /// length allows; more, up to 16, of narrower ones).
@@ -1141,10 +1147,12 @@ pub(super) fn row_source(
     // A 16-bit row is kept in shared memory as read, half the bytes of `float`s (`softmax`
     // then takes each exponential twice, for the sum and for the result, where it kept them),
     // and with a quarter of the registers too, so that two blocks share an SM where the row
-    // fits twice (see `two_blocks` below). `softmax` does so only for rows it kept on chip as
-    // `float`s (up to 65,536 values, as measured); longer ones are streamed as before.
+    // fits twice (see `two_blocks` below). `softmax` does so for rows it kept on chip as
+    // `float`s (up to 90,112 values), and for longer ones with `long_rows_as_read`, which were
+    // streamed.
     let kept_as_floats = RowLayout::on_chip(cols, widest, REGISTER_VALUES, shared_limit, std::mem::size_of::<f32>());
-    let raw_shared = packing::is_packed(dtypes[0]) && (id == prims::LAYER_NORM || kept_as_floats.per_thread.is_some());
+    let raw_shared = packing::is_packed(dtypes[0])
+        && (id == prims::LAYER_NORM || kept_as_floats.per_thread.is_some() || variants.long_rows_as_read);
     // (`layer_norm` measured again with 16 and 32 values in registers, on the H200 after its
     // weight and bias were read per access: 0.81-1.10x, mixed by shape and dtype, so 8 stays.)
     let values = if id == prims::LAYER_NORM || raw_shared { REGISTER_VALUES / 4 } else { REGISTER_VALUES };
@@ -1198,21 +1206,30 @@ pub(super) fn row_source(
     // A row too long for a block to keep on chip, kept by a thread-block cluster of the fewest
     // blocks whose slices fit, and, where rows are fewer than SMs, of enough for a block an SM
     // (`KernelVariants::clustered_rows`): read once and written once, where streamed it was
-    // read two or three times. Not 16-bit `softmax` rows, which it keeps as `float`s (32 values
-    // a thread in registers: `ptxas` spilled them) and which ran at 0.74-0.78x their streamed
-    // kernels (an H100, 2026-12-07, [300, 131072] and [1000, 100003]).
+    // read two or three times. 16-bit `softmax` rows only as read (`long_rows_as_read`): kept
+    // as `float`s (32 values a thread in registers: `ptxas` spilled them) they ran at
+    // 0.74-0.78x their streamed kernels (an H100, 2026-12-07, [300, 131072] and [1000, 100003]).
+    // 16-bit `softmax` rows kept as read (`KernelVariants::long_rows_as_read`) take clusters
+    // of up to 3 blocks (2 and 3 were timed faster): kept by 8, 16 rows of 524,288 values ran
+    // at 0.50x their streamed kernels (an H100, 2026-12-07; 16 clusters of 8 may not all fit
+    // the GPCs at once).
+    let most = if id == prims::SOFTMAX && packing::is_packed(dtypes[0]) {
+        MAX_RAW_SOFTMAX_CLUSTER
+    } else {
+        MAX_CLUSTER_BLOCKS
+    };
     let kept_by_cluster = (variants.clustered_rows
         && clusters
         && shared_limit > 0
         && layout.per_thread.is_none()
-        && (id == prims::LAYER_NORM || !packing::is_packed(dtypes[0])))
-    .then(|| {
-        let least = sms.div_ceil(rows.max(1)).clamp(2, MAX_CLUSTER_BLOCKS);
-        (least..=MAX_CLUSTER_BLOCKS).find_map(|k| {
-            RowLayout::kept_by_cluster(cols, widest, values, shared_limit, shared_value_bytes, k).map(|l| (k, l))
+        && (id == prims::LAYER_NORM || !packing::is_packed(dtypes[0]) || variants.long_rows_as_read))
+        .then(|| {
+            let least = sms.div_ceil(rows.max(1)).clamp(2, most);
+            (least..=most).find_map(|k| {
+                RowLayout::kept_by_cluster(cols, widest, values, shared_limit, shared_value_bytes, k).map(|l| (k, l))
+            })
         })
-    })
-    .flatten();
+        .flatten();
     let layout = kept_by_cluster.map_or(layout, |(_, l)| l);
     let RowLayout { threads_per_row: t, vector: v, block, in_registers, .. } = layout;
 
@@ -1935,6 +1952,7 @@ mod tests {
                 two_register_blocks: true,
                 clustered_rows: true,
                 one_pass_moments: false,
+                long_rows_as_read: true,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -2223,8 +2241,9 @@ mod tests {
         // them cover any row), 7 per thread, 4 in registers and 3 in 96 KB.
         assert_eq!(kept(50257, 2, HOPPER), (1024, 8, Some(7), 4, 3 * 1024 * 8 * 4));
         assert!(RowLayout::on_chip(50257, 2, REGISTER_VALUES, HOPPER, 4).aligned);
-        // 16-bit `softmax` rows keep their row as read only where they kept it as `float`s:
-        // past that (rows of 100,003 here) they are streamed, as before.
+        // Without variants (`long_rows_as_read` off), 16-bit `softmax` rows keep their row as
+        // read only where they kept it as `float`s: past that (rows of 100,003 here) they are
+        // streamed.
         let bf16_softmax = |cols| {
             source_within(
                 |b| {
@@ -3243,12 +3262,13 @@ mod tests {
         }
     }
 
-    /// `KernelVariants::clustered_rows` keeps a `layer_norm` or f32 `softmax` row too long for
-    /// one block on a thread-block cluster: the fewest blocks whose slices fit (at least as many
+    /// `KernelVariants::clustered_rows` keeps a `layer_norm` or f32 `softmax` row (and, with
+    /// `long_rows_as_read`, a 16-bit `softmax` row, in up to 3 blocks) too long for one block on
+    /// a thread-block cluster: the fewest blocks whose slices fit (at least as many
     /// as give each SM one, where rows are fewer), each slice the row's accesses over the
     /// blocks, the last one shorter, so that the slices cover the row once, and every column
     /// the kernel takes in its block's slice; both reductions combined across the cluster. Rows
-    /// a block keeps, rows too long for 8 blocks and 16-bit `softmax` rows get the kernels
+    /// a block keeps and rows too long for 8 blocks (3 for 16-bit `softmax`) get the kernels
     /// without the variant. Each clustered kernel compiles for Hopper.
     #[test]
     fn clustered_rows_keep_rows_too_long_for_a_block_on_a_cluster() {
@@ -3261,8 +3281,14 @@ mod tests {
             (true, DType::F16, [64, 262144], 3),
             (false, DType::F32, [300, 131072], 2),
             (false, DType::F32, [1000, 100003], 2),
-            // 16-bit `softmax` rows stay streamed (slower kept as `float`s by a cluster).
+            // 16-bit `softmax` rows kept as read (`long_rows_as_read`): by a cluster of up to 3,
+            // by a block (with or without clusters), or streamed past 3 blocks.
+            (false, DType::BF16, [300, 131072], 2),
+            (false, DType::F16, [64, 200003], 3),
+            (false, DType::BF16, [32, 300007], 3),
+            (false, DType::BF16, [300, 400003], 1),
             (false, DType::BF16, [1000, 100003], 1),
+            (false, DType::F16, [16, 524288], 1),
             (true, DType::F32, [700, 65536], 1),
             (false, DType::F16, [4096, 16384], 1),
             (true, DType::F32, [16, 1 << 20], 1),
@@ -3362,6 +3388,54 @@ mod tests {
         }
     }
 
+    /// `KernelVariants::long_rows_as_read` keeps a 16-bit `softmax` row too long to keep as
+    /// `float`s as read, two bytes a value, each exponential taken twice: by a block up to
+    /// 122,880 values, past that by a cluster of up to 3 blocks; rows too long for 3 are streamed
+    /// by the kernels without the variant, and so are rows kept as `float`s, f32 rows and
+    /// `layer_norm` rows. Each kept kernel compiles.
+    #[test]
+    fn long_rows_as_read_keep_long_16_bit_softmax_rows_on_chip() {
+        let with = KernelVariants::default();
+        let without = KernelVariants { long_rows_as_read: false, ..with };
+        for (dtype, shape, cluster) in [
+            (DType::BF16, [300, 100003], 1),
+            (DType::F16, [100, 122880], 1),
+            (DType::BF16, [300, 131072], 2),
+            (DType::F16, [64, 200003], 3),
+            (DType::BF16, [32, 300007], 3),
+        ] {
+            let what = format!("{dtype} {shape:?}");
+            let kernel = row_op_with(false, dtype, shape, HOPPER_BLOCK, with);
+            let plain = row_op_with(false, dtype, shape, HOPPER_BLOCK, without);
+            let (l, s) = (kernel.layout, &kernel.source.source);
+            assert!(plain.layout.per_thread.is_none(), "{what}: streamed without the variant");
+            assert!(l.per_thread.is_some() && l.shared_value_bytes == 2 && l.in_registers == 1, "{what}: {l:?}");
+            assert_eq!(kernel.source.cluster, cluster, "{what}");
+            assert!(s.contains("cache[]") && s.contains("acc = acc + bs_exp(x[e] - m);"), "{what}\n{s}");
+            if cluster > 1 {
+                crate::executors::cuda::compiles_as_clusters(s, &what);
+            } else {
+                super::super::compiles_with_nvrtc(s);
+            }
+        }
+        for (layer_norm, dtype, shape) in [
+            (false, DType::BF16, [16, 524288]),
+            (false, DType::F16, [300, 400003]),
+            (false, DType::F16, [4, 1 << 20]),
+            (false, DType::BF16, [333, 50257]),
+            (false, DType::F32, [300, 131072]),
+            (true, DType::BF16, [300, 131072]),
+        ] {
+            let kernel = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, with);
+            let plain = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, without);
+            assert_eq!(
+                (kernel.source.source, kernel.blocks),
+                (plain.source.source, plain.blocks),
+                "{layer_norm} {dtype} {shape:?}"
+            );
+        }
+    }
+
     /// The longest rows a block keeps on chip on Hopper (227 KB of shared memory a block), per
     /// op and dtype, as `KernelVariants::split_rows`' and `clustered_rows`' docs, the README
     /// and the CHANGELOG give them: past these, rows are kept by a cluster
@@ -3371,8 +3445,8 @@ mod tests {
         for (layer_norm, dtype, longest) in [
             (true, DType::F32, 65536),
             (false, DType::F32, 90112),
-            (false, DType::BF16, 90112),
-            (false, DType::F16, 90112),
+            (false, DType::BF16, 122880),
+            (false, DType::F16, 122880),
             (true, DType::BF16, 122880),
             (true, DType::F16, 122880),
         ] {

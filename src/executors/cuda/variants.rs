@@ -9,8 +9,8 @@
 //! 2026-12-06, over 44 and 72 cases of short rows of odd lengths), `wide_tiles` (the H200,
 //! 2026-12-06, over 30 cases of rows of up to 15 values), `tile_occupancy` (an H100, 2026-12-07,
 //! over 60 cases of rows of 1 to 15 values), `overlapped_first_pass`, `split_row_fills`,
-//! `two_register_blocks` and `clustered_rows` (an H100, 2026-12-07, over 54, 27, 16 and 10 cases
-//! of long rows);
+//! `two_register_blocks`, `clustered_rows` and `long_rows_as_read` (an H100, 2026-12-07, over 54,
+//! 27, 16, 10 and 12 cases of long rows);
 //! `int32_row_columns` and `pipelined_passes` are not, and `one_pass_moments` is not yet timed.
 //! Their options stay so that the comparison can be run again, and so do those of the variants on
 //! by default, to time the kernels without them. A plan whose kernels differ from the defaults
@@ -46,8 +46,8 @@ macro_rules! kernel_variants {
         /// Which variant of each generated kernel to emit. [`Default`] gives the fastest measured
         /// (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`, `async_row_copies`,
         /// `split_rows`, `split_reductions`, `tiled_rows`, `pipelined_tiles`, `wide_tiles`,
-        /// `tile_occupancy`, `overlapped_first_pass`, `split_row_fills`, `two_register_blocks`
-        /// and `clustered_rows`);
+        /// `tile_occupancy`, `overlapped_first_pass`, `split_row_fills`, `two_register_blocks`,
+        /// `clustered_rows` and `long_rows_as_read`);
         /// [`KernelVariants::NONE`], the kernels before any variant.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub struct KernelVariants {
@@ -218,7 +218,8 @@ kernel_variants! {
     async_row_copies = true,
         "Row kernels copy the part of a row they keep in shared memory as read there with cp.async, without registers: softmax always, layer_norm where the streaming hints leave the row unmarked (KernelVariants::async_row_copies).";
     /// Rows too long to keep on chip (streamed: read once per pass; on Hopper, `layer_norm`
-    /// rows past 65,536 values in `f32` and 122,880 in 16 bits, `softmax` rows past 90,112) are
+    /// rows past 65,536 values in `f32` and 122,880 in 16 bits, `softmax` rows past 90,112 in
+    /// `f32` and 122,880 in 16 bits, or further where a cluster keeps them) are
     /// split over a thread-block cluster of up to 8
     /// blocks (Hopper and later) where the tensor has fewer rows than the GPU has SMs: each
     /// block passes over its slice of the row (whole rounds of its threads' accesses, as many as
@@ -460,8 +461,9 @@ kernel_variants! {
     /// shared memory as a block keeps a whole row, and the cluster combines each block's sums
     /// through distributed shared memory. The row is read once and written once, where streamed
     /// it was read three times (`layer_norm`) or twice (`softmax`). Rows too long for 8 blocks
-    /// are streamed as before ([`split_rows`](Self::split_rows)). 16-bit `softmax` rows are
-    /// not: kept as `float`s they ran at 0.74x to 0.78x their streamed kernels. Where the GPU
+    /// are streamed as before ([`split_rows`](Self::split_rows)). 16-bit `softmax` rows only as
+    /// read, by clusters of up to 3 ([`long_rows_as_read`](Self::long_rows_as_read)): kept as
+    /// `float`s they ran at 0.74x to 0.78x their streamed kernels. Where the GPU
     /// cannot run such a cluster at once, the kernel is generated without it, as
     /// [`split_rows`](Self::split_rows)' are.
     ///
@@ -474,7 +476,7 @@ kernel_variants! {
     /// over bf16 and f32 `[7, 100003]` and `[333, 65537]`: every row equal to the CPU reference
     /// within the sweep's tolerance.
     clustered_rows = true,
-        "layer_norm and f32 softmax rows too long for one block to keep on chip are kept by a thread-block cluster of up to 8 blocks, a slice each (KernelVariants::clustered_rows).";
+        "layer_norm and f32 softmax rows too long for one block to keep on chip are kept by a thread-block cluster of up to 8 blocks, a slice each, and 16-bit softmax rows kept as read by up to 3 (KernelVariants::clustered_rows).";
     /// A streamed `layer_norm` row (too long for a block or a cluster to keep on chip: past
     /// 524,288 f32 values or 983,040 16-bit ones on Hopper, or past one block's where clusters
     /// are off or unavailable) takes its sum and its squared deviations in one pass over the
@@ -493,13 +495,31 @@ kernel_variants! {
     /// [16, 1048576] ran at 0.75x `torch.compile` with three passes (an H100, 2026-12-07).
     one_pass_moments = false,
         "Streamed layer_norm rows take their mean and variance in one pass over the row (KernelVariants::one_pass_moments).";
+    /// A 16-bit `softmax` row too long to keep on chip as `float`s (past 90,112 values on
+    /// Hopper) is kept as read, two bytes a value, 8 of a thread's values in registers and the
+    /// rest in shared memory, each exponential taken twice (for the sum and for the result), as
+    /// shorter 16-bit rows are: by one block up to 122,880 values, past that by a thread-block
+    /// cluster of up to 3 blocks ([`clustered_rows`](Self::clustered_rows)), where it was
+    /// streamed and read twice. Rows too long for 3 blocks are streamed as before: kept by a
+    /// cluster of 8, 16 rows of 524,288 values ran at 0.50x their streamed kernels (clusters of 4
+    /// to 7 were not timed).
+    ///
+    /// On by default: on an H100 (2026-12-07, `gpu_sweep bf16,f16 softmax
+    /// 300x100003,300x131072,1000x100003,64x200003,100x122880,16x524288
+    /// --variant=long_rows_as_read`, timed with an experiment build whose kernels are these but
+    /// for the cluster of 8, which then kept [16, 524288]) in both dtypes: one block 1.15x to
+    /// 1.63x ([1000, 100003] 57% -> 91% of a copy, [300, 100003] 49% -> 80%), clusters of 2
+    /// and 3 ([300, 131072], [64, 200003]) 1.18x to 1.27x; every case equal to the CPU
+    /// reference at 2^18 values.
+    long_rows_as_read = true,
+        "16-bit softmax rows too long to keep on chip as floats are kept as read, by a block or a cluster of up to 3 (KernelVariants::long_rows_as_read).";
 }
 
 impl Default for KernelVariants {
     /// The variants measured faster: `fast_exp2`, `streaming_rows`, `keep_in_l2`,
     /// `batched_rows`, `async_row_copies`, `split_rows`, `split_reductions`, `tiled_rows`,
     /// `pipelined_tiles`, `wide_tiles`, `tile_occupancy`, `overlapped_first_pass`,
-    /// `split_row_fills`, `two_register_blocks` and `clustered_rows`.
+    /// `split_row_fills`, `two_register_blocks`, `clustered_rows` and `long_rows_as_read`.
     fn default() -> Self {
         Self::from_flags(Self::DEFAULTS)
     }

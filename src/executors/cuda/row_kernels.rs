@@ -1213,16 +1213,13 @@ pub(super) fn row_source(
     // of up to 3 blocks (2 and 3 were timed faster): kept by 8, 16 rows of 524,288 values ran
     // at 0.50x their streamed kernels (an H100, 2026-12-07; 16 clusters of 8 may not all fit
     // the GPCs at once).
-    let most = if id == prims::SOFTMAX && packing::is_packed(dtypes[0]) {
-        MAX_RAW_SOFTMAX_CLUSTER
-    } else {
-        MAX_CLUSTER_BLOCKS
-    };
+    let sixteen_bit_softmax = id == prims::SOFTMAX && packing::is_packed(dtypes[0]);
+    let most = if sixteen_bit_softmax { MAX_RAW_SOFTMAX_CLUSTER } else { MAX_CLUSTER_BLOCKS };
     let kept_by_cluster = (variants.clustered_rows
         && clusters
         && shared_limit > 0
         && layout.per_thread.is_none()
-        && (id == prims::LAYER_NORM || !packing::is_packed(dtypes[0]) || variants.long_rows_as_read))
+        && (!sixteen_bit_softmax || variants.long_rows_as_read))
         .then(|| {
             let least = sms.div_ceil(rows.max(1)).clamp(2, most);
             (least..=most).find_map(|k| {

@@ -82,6 +82,13 @@ const STREAMED_ROW_THREADS: usize = 512;
 /// cluster size.
 const MAX_CLUSTER_BLOCKS: usize = 8;
 
+/// Clusters keep rows too long for a block only where the rows are at least the GPU's SMs over
+/// this ([`KernelVariants::clustered_rows`]): fewer rows (16 and 32 on the H200's 132 SMs) ran
+/// at 0.63x to 0.95x their streamed kernels, kept by clusters of 4 to 8, so they stay streamed.
+/// 64 rows and more gained (f32 `layer_norm` [64, 100003] 1.29x on an H100); 33 to 63 were not
+/// timed.
+const CLUSTERED_ROWS_SM_DIVISOR: usize = 4;
+
 /// Blocks of a cluster that keeps a 16-bit `softmax` row as read, at most
 /// ([`KernelVariants::long_rows_as_read`]): clusters of 2 and 3 were timed faster than the
 /// streamed kernels, of 8 slower; 4 to 7 were not timed.
@@ -1212,13 +1219,15 @@ pub(super) fn row_source(
     // 16-bit `softmax` rows kept as read (`KernelVariants::long_rows_as_read`) take clusters
     // of up to 3 blocks (2 and 3 were timed faster): kept by 8, 16 rows of 524,288 values ran
     // at 0.50x their streamed kernels (an H100, 2026-12-07; 16 clusters of 8 may not all fit
-    // the GPCs at once).
+    // the GPCs at once). Rows fewer than a quarter of the SMs stay streamed
+    // (`CLUSTERED_ROWS_SM_DIVISOR`).
     let sixteen_bit_softmax = id == prims::SOFTMAX && packing::is_packed(dtypes[0]);
     let most = if sixteen_bit_softmax { MAX_RAW_SOFTMAX_CLUSTER } else { MAX_CLUSTER_BLOCKS };
     let kept_by_cluster = (variants.clustered_rows
         && clusters
         && shared_limit > 0
         && layout.per_thread.is_none()
+        && rows * CLUSTERED_ROWS_SM_DIVISOR >= sms
         && (!sixteen_bit_softmax || variants.long_rows_as_read))
         .then(|| {
             let least = sms.div_ceil(rows.max(1)).clamp(2, most);
@@ -1948,7 +1957,7 @@ mod tests {
                 split_row_fills: true,
                 two_register_blocks: true,
                 clustered_rows: true,
-                one_pass_moments: false,
+                one_pass_moments: true,
                 long_rows_as_read: true,
             }
         );
@@ -3202,8 +3211,9 @@ mod tests {
     /// of an unknown SM count. Each split kernel compiles for Hopper.
     #[test]
     fn split_rows_split_few_streamed_rows_over_clusters() {
-        // (Rows too long for a block streamed, not kept by a cluster: `clustered_rows`' test.)
-        let split = KernelVariants { clustered_rows: false, ..KernelVariants::default() };
+        // (Rows too long for a block streamed, not kept by a cluster: `clustered_rows`' test;
+        // `layer_norm`'s two passes before the one that writes, not one: `one_pass_moments`'.)
+        let split = KernelVariants { clustered_rows: false, one_pass_moments: false, ..KernelVariants::default() };
         let unsplit = KernelVariants { split_rows: false, ..split };
         for layer_norm in [false, true] {
             for dtype in [DType::F32, DType::BF16, DType::F16] {
@@ -3265,15 +3275,17 @@ mod tests {
     /// as give each SM one, where rows are fewer), each slice the row's accesses over the
     /// blocks, the last one shorter, so that the slices cover the row once, and every column
     /// the kernel takes in its block's slice; both reductions combined across the cluster. Rows
-    /// a block keeps and rows too long for 8 blocks (3 for 16-bit `softmax`) get the kernels
-    /// without the variant. Each clustered kernel compiles for Hopper.
+    /// a block keeps, rows too long for 8 blocks (3 for 16-bit `softmax`) and rows fewer than a
+    /// quarter of the SMs get the kernels without the variant. Each clustered kernel compiles
+    /// for Hopper.
     #[test]
     fn clustered_rows_keep_rows_too_long_for_a_block_on_a_cluster() {
         let with = KernelVariants::default();
         let without = KernelVariants { clustered_rows: false, ..with };
         for (layer_norm, dtype, shape, cluster) in [
             (true, DType::F32, [700, 65537], 2),
-            (true, DType::F32, [16, 200003], 8),
+            (true, DType::F32, [66, 200003], 4),
+            (true, DType::F32, [33, 200003], 4),
             (true, DType::BF16, [500, 150001], 2),
             (true, DType::F16, [64, 262144], 3),
             (false, DType::F32, [300, 131072], 2),
@@ -3282,7 +3294,11 @@ mod tests {
             // by a block (with or without clusters), or streamed past 3 blocks.
             (false, DType::BF16, [300, 131072], 2),
             (false, DType::F16, [64, 200003], 3),
-            (false, DType::BF16, [32, 300007], 3),
+            (false, DType::BF16, [40, 300007], 3),
+            // Rows fewer than a quarter of the SMs (132 here): streamed.
+            (true, DType::F32, [32, 200003], 1),
+            (true, DType::BF16, [16, 524288], 1),
+            (false, DType::BF16, [32, 300007], 1),
             (false, DType::BF16, [300, 400003], 1),
             (false, DType::BF16, [1000, 100003], 1),
             (false, DType::F16, [16, 524288], 1),
@@ -3387,9 +3403,9 @@ mod tests {
 
     /// `KernelVariants::long_rows_as_read` keeps a 16-bit `softmax` row too long to keep as
     /// `float`s as read, two bytes a value, each exponential taken twice: by a block up to
-    /// 122,880 values, past that by a cluster of up to 3 blocks; rows too long for 3 are streamed
-    /// by the kernels without the variant, and so are rows kept as `float`s, f32 rows and
-    /// `layer_norm` rows. Each kept kernel compiles.
+    /// 122,880 values, past that by a cluster of up to 3 blocks; rows too long for 3, or fewer
+    /// than a quarter of the SMs, are streamed by the kernels without the variant, and so are
+    /// rows kept as `float`s, f32 rows and `layer_norm` rows. Each kept kernel compiles.
     #[test]
     fn long_rows_as_read_keep_long_16_bit_softmax_rows_on_chip() {
         let with = KernelVariants::default();
@@ -3399,7 +3415,7 @@ mod tests {
             (DType::F16, [100, 122880], 1),
             (DType::BF16, [300, 131072], 2),
             (DType::F16, [64, 200003], 3),
-            (DType::BF16, [32, 300007], 3),
+            (DType::BF16, [40, 300007], 3),
         ] {
             let what = format!("{dtype} {shape:?}");
             let kernel = row_op_with(false, dtype, shape, HOPPER_BLOCK, with);
@@ -3417,6 +3433,8 @@ mod tests {
         }
         for (layer_norm, dtype, shape) in [
             (false, DType::BF16, [16, 524288]),
+            // Rows fewer than a quarter of the SMs: streamed (`CLUSTERED_ROWS_SM_DIVISOR`).
+            (false, DType::BF16, [32, 300007]),
             (false, DType::F16, [300, 400003]),
             (false, DType::F16, [4, 1 << 20]),
             (false, DType::BF16, [333, 50257]),

@@ -10,8 +10,8 @@
 //! 2026-12-06, over 30 cases of rows of up to 15 values), `tile_occupancy` (an H100, 2026-12-07,
 //! over 60 cases of rows of 1 to 15 values), `overlapped_first_pass`, `split_row_fills`,
 //! `two_register_blocks`, `clustered_rows` and `long_rows_as_read` (an H100, 2026-12-07, over 54,
-//! 27, 16, 10 and 12 cases of long rows);
-//! `int32_row_columns` and `pipelined_passes` are not, and `one_pass_moments` is not yet timed.
+//! 27, 16, 10 and 12 cases of long rows), `one_pass_moments` (the H200, 2026-12-07, over 9 cases
+//! of streamed rows); `int32_row_columns` and `pipelined_passes` are not.
 //! Their options stay so that the comparison can be run again, and so do those of the variants on
 //! by default, to time the kernels without them. A plan whose kernels differ from the defaults
 //! lists its variants in its header. Both executors that generate kernels, `CudaFusion` and
@@ -47,7 +47,7 @@ macro_rules! kernel_variants {
         /// (`fast_exp2`, `streaming_rows`, `keep_in_l2`, `batched_rows`, `async_row_copies`,
         /// `split_rows`, `split_reductions`, `tiled_rows`, `pipelined_tiles`, `wide_tiles`,
         /// `tile_occupancy`, `overlapped_first_pass`, `split_row_fills`, `two_register_blocks`,
-        /// `clustered_rows` and `long_rows_as_read`);
+        /// `clustered_rows`, `one_pass_moments` and `long_rows_as_read`);
         /// [`KernelVariants::NONE`], the kernels before any variant.
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub struct KernelVariants {
@@ -465,7 +465,12 @@ kernel_variants! {
     /// read, by clusters of up to 3 ([`long_rows_as_read`](Self::long_rows_as_read)): kept as
     /// `float`s they ran at 0.74x to 0.78x their streamed kernels. Where the GPU
     /// cannot run such a cluster at once, the kernel is generated without it, as
-    /// [`split_rows`](Self::split_rows)' are.
+    /// [`split_rows`](Self::split_rows)' are. Rows fewer than a quarter of the SMs (32 or fewer
+    /// on 132 SMs) stay streamed: on the H200 (2026-12-07, `gpu_sweep f32 layer_norm,softmax
+    /// 16x200003,32x131072,16x262144` and `bf16 layer_norm 16x524288,32x262144`
+    /// `--variant=clustered_rows`), kept by clusters of 5 to 8 they ran at 0.63x to 0.95x their
+    /// streamed kernels, and capped at 4 or 6 blocks mostly slower too (0.72x to 1.19x, 2 of 15
+    /// cases faster).
     ///
     /// On by default: on an H100 (2026-12-07, `gpu_sweep f32,bf16 layer_norm
     /// 700x65537,64x100003,500x150001 --variant=clustered_rows` and `gpu_sweep bf16,f32 softmax
@@ -489,11 +494,14 @@ kernel_variants! {
     /// squared mean is not. A row split over a cluster (`split_rows`) goes back over its slice in
     /// the pass that writes, so that it starts on the values the first pass left in L2.
     ///
-    /// Off by default until timed: the GPU was not available for the A/B when it landed
-    /// (2026-12-07). Time it with `gpu_sweep f32,bf16,f16 layer_norm
-    /// 16x1048576,64x1048576,132x700001 --variant=one_pass_moments`; f32 `layer_norm` over
-    /// [16, 1048576] ran at 0.75x `torch.compile` with three passes (an H100, 2026-12-07).
-    one_pass_moments = false,
+    /// On by default: on the H200 (2026-12-07, `gpu_sweep f32,bf16,f16 layer_norm
+    /// 16x1048576,132x700001,64x1048576 --variant=one_pass_moments`, the landed kernels, both
+    /// plans on the same inputs): f32 1.19x ([16, 2^20], 1709 -> 2039 GB/s) and 1.27x ([64, 2^20],
+    /// 1517 -> 1923), 16-bit 1.12x and 1.17x; [132, 700001] 1.13x in f32, 1.00x in 16 bits (a
+    /// cluster keeps those rows: the same kernels). `--check-full` over [7, 1048577] and
+    /// [16, 1048576] in f32 and bf16 and the GPU test of rows far from zero matched the CPU
+    /// reference.
+    one_pass_moments = true,
         "Streamed layer_norm rows take their mean and variance in one pass over the row (KernelVariants::one_pass_moments).";
     /// A 16-bit `softmax` row too long to keep on chip as `float`s (past 90,112 values on
     /// Hopper) is kept as read, two bytes a value, 8 of a thread's values in registers and the
@@ -519,7 +527,8 @@ impl Default for KernelVariants {
     /// The variants measured faster: `fast_exp2`, `streaming_rows`, `keep_in_l2`,
     /// `batched_rows`, `async_row_copies`, `split_rows`, `split_reductions`, `tiled_rows`,
     /// `pipelined_tiles`, `wide_tiles`, `tile_occupancy`, `overlapped_first_pass`,
-    /// `split_row_fills`, `two_register_blocks`, `clustered_rows` and `long_rows_as_read`.
+    /// `split_row_fills`, `two_register_blocks`, `clustered_rows`, `one_pass_moments` and
+    /// `long_rows_as_read`.
     fn default() -> Self {
         Self::from_flags(Self::DEFAULTS)
     }

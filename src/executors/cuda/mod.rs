@@ -166,9 +166,9 @@
 //! `async_row_copies`, `split_rows`, `split_reductions`, `tiled_rows`, `pipelined_tiles`,
 //! `wide_tiles`, `tile_occupancy`, `overlapped_first_pass`, `split_row_fills`,
 //! `two_register_blocks`, `clustered_rows`, `one_pass_moments` and `long_rows_as_read` are).
-//! `scripts/kernel-sass
-//! OP DTYPE ROWSxCOLS [VARIANTS]` shows a row kernel's source, registers, spills and SASS as generated for Hopper, without a
-//! GPU (`ptxas` and `nvdisasm` from PyPI): where a variant starts.
+//! `scripts/kernel-sass OP DTYPE ROWSxCOLS [VARIANTS]` shows a row kernel's source, registers,
+//! spills and SASS as generated for Hopper, without a GPU (`ptxas` and `nvdisasm` from PyPI):
+//! where a variant starts.
 //!
 //! # Measured on an NVIDIA H200
 //!

@@ -15,10 +15,11 @@
 //! as read too, by a block up to 122,880 ([`KernelVariants::long_rows_as_read`]). Longer rows
 //! are kept on chip by a thread-block cluster of up to 8 such blocks (3 for 16-bit `softmax`), a
 //! slice each, the cluster combining the blocks' sums through distributed shared memory
-//! ([`KernelVariants::clustered_rows`]). Rows longer still are streamed by half a block, each
-//! thread with several reads in flight: two passes for
-//! `softmax` (its maximum and sum in one, online), three for `layer_norm`; where such rows are
-//! fewer than SMs, a row is split over a thread-block cluster of up to 8 blocks
+//! ([`KernelVariants::clustered_rows`]), where the rows are at least a quarter of the SMs. Rows
+//! longer still, or fewer, are streamed by half a block, each thread with several reads in
+//! flight: two passes for `softmax` (its maximum and sum in one, online), two for `layer_norm`
+//! (its sum and squared deviations in one, [`KernelVariants::one_pass_moments`]); where such
+//! rows are fewer than SMs, a row is split over a thread-block cluster of up to 8 blocks
 //! ([`KernelVariants::split_rows`]). Lanes combine with
 //! shuffles, warps through shared memory. `layer_norm`'s weight and bias are read per access
 //! too: where the row's accesses are aligned to the tensor rather than to the columns, with
@@ -83,10 +84,11 @@ const STREAMED_ROW_THREADS: usize = 512;
 const MAX_CLUSTER_BLOCKS: usize = 8;
 
 /// Clusters keep rows too long for a block only where the rows are at least the GPU's SMs over
-/// this ([`KernelVariants::clustered_rows`]): fewer rows (16 and 32 on the H200's 132 SMs) ran
-/// at 0.63x to 0.95x their streamed kernels, kept by clusters of 4 to 8, so they stay streamed.
-/// 64 rows and more gained (f32 `layer_norm` [64, 100003] 1.29x on an H100); 33 to 63 were not
-/// timed.
+/// this ([`KernelVariants::clustered_rows`]); fewer stay streamed, split over clusters
+/// ([`KernelVariants::split_rows`]). On the H200's 132 SMs, 16 and 32 rows kept by clusters of
+/// 5 to 8 blocks ran at 0.63x to 0.95x their split kernels (capped at 4 or 6 blocks, 0.72x to
+/// 1.19x, 2 of 15 cases faster). 64 rows and more gained (f32 `layer_norm` [64, 100003] 1.29x
+/// on an H100); 33 to 63 were not timed.
 const CLUSTERED_ROWS_SM_DIVISOR: usize = 4;
 
 /// Blocks of a cluster that keeps a 16-bit `softmax` row as read, at most
@@ -190,7 +192,7 @@ impl RowLayout {
     /// long for registers in `values` values a thread of registers and up to `shared_limit`
     /// bytes of shared memory (a block of 1,024 threads per row): rows of 65,536 f32 values
     /// take 128 KB past 32 values a thread and are then read once, where streaming them reads
-    /// them twice (`softmax`) or three times (`layer_norm`).
+    /// them twice.
     /// (A block of 1,024 threads has 64 registers a thread: kernels that keep more than the row
     /// in them pass fewer `values`, or the row would be spilled to local memory.)
     ///
@@ -1219,15 +1221,16 @@ pub(super) fn row_source(
     // 16-bit `softmax` rows kept as read (`KernelVariants::long_rows_as_read`) take clusters
     // of up to 3 blocks (2 and 3 were timed faster): kept by 8, 16 rows of 524,288 values ran
     // at 0.50x their streamed kernels (an H100, 2026-12-07; 16 clusters of 8 may not all fit
-    // the GPCs at once). Rows fewer than a quarter of the SMs stay streamed
-    // (`CLUSTERED_ROWS_SM_DIVISOR`).
+    // the GPCs at once). Rows fewer than a quarter of the SMs stay streamed, split over
+    // clusters (`CLUSTERED_ROWS_SM_DIVISOR`); not where the streamed row would not be split (the
+    // SM count unknown, or `split_rows` off): a block a row, a few SMs busy.
     let sixteen_bit_softmax = id == prims::SOFTMAX && packing::is_packed(dtypes[0]);
     let most = if sixteen_bit_softmax { MAX_RAW_SOFTMAX_CLUSTER } else { MAX_CLUSTER_BLOCKS };
     let kept_by_cluster = (variants.clustered_rows
         && clusters
         && shared_limit > 0
         && layout.per_thread.is_none()
-        && rows * CLUSTERED_ROWS_SM_DIVISOR >= sms
+        && (sms == 0 || !variants.split_rows || rows * CLUSTERED_ROWS_SM_DIVISOR >= sms)
         && (!sixteen_bit_softmax || variants.long_rows_as_read))
         .then(|| {
             let least = sms.div_ceil(rows.max(1)).clamp(2, most);
@@ -3276,8 +3279,8 @@ mod tests {
     /// blocks, the last one shorter, so that the slices cover the row once, and every column
     /// the kernel takes in its block's slice; both reductions combined across the cluster. Rows
     /// a block keeps, rows too long for 8 blocks (3 for 16-bit `softmax`) and rows fewer than a
-    /// quarter of the SMs get the kernels without the variant. Each clustered kernel compiles
-    /// for Hopper.
+    /// quarter of the SMs (where the streamed row is split over clusters) get the kernels without
+    /// the variant. Each clustered kernel compiles for Hopper.
     #[test]
     fn clustered_rows_keep_rows_too_long_for_a_block_on_a_cluster() {
         let with = KernelVariants::default();
@@ -3344,6 +3347,24 @@ mod tests {
             // takes two too: its maximum, then its sum).
             assert_eq!(s.matches("bs_cluster_sync();").count(), 4, "{what}\n{s}");
             crate::executors::cuda::compiles_as_clusters(s, &what);
+        }
+        // Few rows are streamed, split over clusters of 8 (`split_rows`); where the streamed row
+        // would not be split (the SM count unknown, or `split_rows` off), they are kept by
+        // clusters still: the fewest blocks that fit where the SMs are unknown, enough for a
+        // block an SM on 132.
+        let hopper = RowTarget { shared_limit: HOPPER_BLOCK, ..HOPPER };
+        let unknown_sms = RowTarget { region: RegionTarget { sms: 0, ..HOPPER.region }, ..hopper };
+        let unsplit = KernelVariants { split_rows: false, ..with };
+        for (target, variants, kept, cluster) in
+            [(hopper, with, false, 8), (unknown_sms, with, true, 4), (hopper, unsplit, true, 8)]
+        {
+            let kernel = layer_norm_with(DType::F32, DType::F32, [16, 200003], 2, target, variants);
+            assert_eq!(
+                (kernel.layout.per_thread.is_some(), kernel.source.cluster),
+                (kept, cluster),
+                "{variants:?}, {} SMs",
+                target.region.sms
+            );
         }
     }
 

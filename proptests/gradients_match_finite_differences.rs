@@ -298,29 +298,54 @@ fn check(case: &Case) -> Result<(), TestCaseError> {
     p.b.output(loss).unwrap();
     let trace = p.b.finish().unwrap();
 
-    // Inputs: f32 values (the f64 evaluation reads the same values, widened).
-    let mut tensors = Vec::new();
-    let mut wide = Vec::new();
-    for (k, input) in p.inputs.iter().enumerate() {
-        let n: usize = input.shape.iter().product();
-        match input.ids_below {
-            Some(below) => {
-                let ids: Vec<i64> = (0..n)
-                    .map(|i| ((noise(case.seed, k, i) + 1.0) * 0.5 * below as f64) as i64 % below as i64)
-                    .collect();
-                wide.push(T64::new(&input.shape, ids.iter().map(|&i| i as f64).collect()));
-                tensors.push(Tensor::from_vec(&input.shape, ids).unwrap());
-            }
-            None => {
-                let values: Vec<f32> = (0..n).map(|i| noise(case.seed, k, i) as f32).collect();
-                wide.push(T64::new(&input.shape, values.iter().map(|&v| v as f64).collect()));
-                tensors.push(Tensor::new(&input.shape, values).unwrap());
-            }
-        }
-    }
+    // Inputs: f32 values (the f64 evaluation reads the same values, widened). Round `r` > 0
+    // nudges every f32 value by a relative 2^-21 either way (a few units in the last place).
+    let inputs = |r: u64| -> Vec<Tensor> {
+        p.inputs
+            .iter()
+            .enumerate()
+            .map(|(k, input)| {
+                let n: usize = input.shape.iter().product();
+                match input.ids_below {
+                    Some(below) => {
+                        let ids: Vec<i64> = (0..n)
+                            .map(|i| ((noise(case.seed, k, i) + 1.0) * 0.5 * below as f64) as i64 % below as i64)
+                            .collect();
+                        Tensor::from_vec(&input.shape, ids).unwrap()
+                    }
+                    None => {
+                        let values = (0..n).map(|i| {
+                            let nudge =
+                                if r == 0 { 0.0 } else { noise(case.seed ^ r, k, i).signum() * 0.5f64.powi(21) };
+                            (noise(case.seed, k, i) * (1.0 + nudge)) as f32
+                        });
+                        Tensor::new(&input.shape, values.collect()).unwrap()
+                    }
+                }
+            })
+            .collect()
+    };
+    let tensors = inputs(0);
+    let wide: Vec<T64> =
+        tensors.iter().map(|t| T64::new(t.shape(), t.to_f32_vec().into_iter().map(f64::from).collect())).collect();
     let parameters: Vec<usize> = (0..p.inputs.len()).filter(|&k| p.inputs[k].parameter).collect();
     let wrt: Vec<ValueId> = parameters.iter().map(|&k| p.inputs[k].value).collect();
     let got = gradients(&trace, &wrt, &tensors, case.fused);
+    // The f32 rounding each gradient carries: how far it moves when the inputs move by a few
+    // units in the last place (the exact gradient moves by about 2^-21 of its curvature). An
+    // element whose exact gradient is a near-cancellation of much larger terms (`layer_norm` over
+    // rows of 2 values, where it is `eps / (var + eps)` of the one it receives; a loss that
+    // `layer_norm` makes invariant to a parameter) carries more rounding than any tolerance
+    // relative to the gradient allows, however the backward is written.
+    let mut rounding: Vec<Vec<f64>> = got.iter().map(|g| vec![0.0; g.len()]).collect();
+    for r in 1..=4 {
+        let nudged = gradients(&trace, &wrt, &inputs(r), case.fused);
+        for (most, (n, g)) in rounding.iter_mut().zip(nudged.iter().zip(&got)) {
+            for (m, (n, g)) in most.iter_mut().zip(n.iter().zip(g)) {
+                *m = m.max((n - g).abs() as f64);
+            }
+        }
+    }
 
     let loss_of = |inputs: &[T64]| evaluate(&trace, inputs)[0].data[0];
     let expected_loss = loss_of(&wide);
@@ -331,11 +356,15 @@ fn check(case: &Case) -> Result<(), TestCaseError> {
         expected_loss
     );
     const H: f64 = 1e-5;
-    // Central differences, `None` where the loss jumps within `H` of the point (`where` over
-    // `gt` with the two sides less than `H` apart): there the loss has no derivative to check
-    // against. On a smooth loss the second difference is about `H^2` times the curvature.
+    // Differences at each element: central, and one-sided to either side. Where the loss jumps
+    // (`where` over `gt` with the two sides less than `H` apart) or kinks (`relu`, `maximum`)
+    // within `H` of the point, the central difference straddles two pieces, but the one-sided
+    // difference on the point's own side is that piece's derivative (to about `H` times its
+    // curvature): the gradient has to match one of the three. The scale of the tolerance is
+    // taken over smooth elements only (a jump's difference is huge): there the second difference
+    // is about `H^2` times the curvature.
     let mut differences = Vec::new();
-    for (j, &k) in parameters.iter().enumerate() {
+    for &k in &parameters {
         let mut fd = Vec::new();
         for i in 0..wide[k].data.len() {
             let mut nudged = wide.clone();
@@ -344,30 +373,30 @@ fn check(case: &Case) -> Result<(), TestCaseError> {
             nudged[k].data[i] -= 2.0 * H;
             let down = loss_of(&nudged);
             let smooth = (up - 2.0 * expected_loss + down).abs() <= 1e-6 * (1.0 + expected_loss.abs());
-            if !smooth {
-                eprintln!(
-                    "not compared: parameter {j} element {i}: the loss jumps within {H} of it ({down}, {expected_loss}, {up}; {case:?})"
-                );
-            }
-            fd.push(smooth.then_some((up - down) / (2.0 * H)));
+            let sides = [(up - down) / (2.0 * H), (up - expected_loss) / H, (expected_loss - down) / H];
+            fd.push((sides, smooth));
         }
         differences.push(fd);
     }
-    let scale = differences.iter().flatten().flatten().fold(1.0f64, |m, v| m.max(v.abs()));
+    let scale = differences.iter().flatten().filter(|(_, smooth)| *smooth).fold(1.0f64, |m, (d, _)| m.max(d[0].abs()));
     for (j, fd) in differences.iter().enumerate() {
         let g = &got[1 + j];
         prop_assert_eq!(g.len(), fd.len());
-        for (i, (&g, &e)) in g.iter().zip(fd).enumerate() {
-            let Some(e) = e else { continue };
-            let err = (g as f64 - e).abs();
+        for (i, (&g, (sides, _))) in g.iter().zip(fd).enumerate() {
+            let rounding = rounding[1 + j][i];
+            let within = |e: f64| (g as f64 - e).abs() <= 2e-3 * e.abs() + 2e-4 * scale + 4.0 * rounding;
             prop_assert!(
-                err <= 2e-3 * e.abs() + 2e-4 * scale,
-                "parameter {} {:?} element {}: gradient {} but finite differences give {} ({:?})\n{}",
+                sides.iter().any(|&e| within(e)),
+                "parameter {} {:?} element {}: gradient {} but finite differences give {} (central), {} and \
+                 {} (one-sided); rounding {} ({:?})\n{}",
                 j,
                 p.inputs[parameters[j]].shape,
                 i,
                 g,
-                e,
+                sides[0],
+                sides[1],
+                sides[2],
+                rounding,
                 case,
                 trace
             );
@@ -408,12 +437,11 @@ fn every_block_alone() {
 }
 
 /// A case whose loss jumps within the finite differences' step of a point (`where(x > p, x,
-/// -p)` with `x` and `p` closer than the step, drawn by a random run): that element is not
-/// compared (it failed with a finite difference of 31,164 against a gradient of 0), the rest
-/// are.
+/// -p)` with `x` and `p` closer than the step, drawn by a random run): the central difference
+/// there is 31,164 against a gradient of 0; the one-sided difference on the point's side matches.
 #[test]
-fn a_loss_that_jumps_near_the_point_is_not_differenced_there() {
-    let case = Case {
+fn a_loss_that_jumps_near_the_point_is_differenced_on_its_own_side() {
+    check(&Case {
         rows: 1,
         cols: 2,
         blocks: vec![(13, 0), (9, 0)],
@@ -421,6 +449,57 @@ fn a_loss_that_jumps_near_the_point_is_not_differenced_there() {
         cross_entropy: false,
         fused: false,
         seed: 1821895623309369511,
-    };
-    check(&case).unwrap_or_else(|e| panic!("{e}"));
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A case whose loss kinks within the step (`relu` after `layer_norm`, drawn by a random run):
+/// too gently for the second difference to tell it from curvature, its central difference is off
+/// by 8% (0.3334 against a gradient of 0.3614); the one-sided difference on the point's side
+/// matches.
+#[test]
+fn a_loss_that_kinks_near_the_point_is_differenced_on_its_own_side() {
+    check(&Case {
+        rows: 2,
+        cols: 5,
+        blocks: vec![(9, 0), (4, 32), (0, 17)],
+        embed: true,
+        cross_entropy: false,
+        fused: false,
+        seed: 16548259983398120216,
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Cases whose exact gradient cancels to a small part of its terms, drawn by random runs:
+/// `layer_norm` over rows of 2 values passes on `eps / (var + eps)` of the gradient it receives,
+/// and a loss made invariant to a parameter by `layer_norm` (a row scaled by its own sum) has a
+/// gradient of 0 built from terms that are not. In f32 both carry rounding of a percent or more
+/// of the result (0.03715 against 0.03768, and 0.00034 against 0), however the backward is
+/// written; the test bounds each element's rounding by nudging the inputs a few units in the
+/// last place, and these pass within it.
+#[test]
+fn gradients_that_cancel_are_held_to_their_rounding() {
+    for case in [
+        Case {
+            rows: 2,
+            cols: 1,
+            blocks: vec![(11, 2), (7, 0), (6, 15), (4, 0)],
+            embed: true,
+            cross_entropy: false,
+            fused: false,
+            seed: 1466133802488850143,
+        },
+        Case {
+            rows: 3,
+            cols: 4,
+            blocks: vec![(1, 46), (6, 20), (4, 9), (12, 32)],
+            embed: true,
+            cross_entropy: false,
+            fused: false,
+            seed: 5620645540589267224,
+        },
+    ] {
+        check(&case).unwrap_or_else(|e| panic!("{e}"));
+    }
 }

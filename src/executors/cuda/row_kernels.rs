@@ -1962,6 +1962,7 @@ mod tests {
                 clustered_rows: true,
                 one_pass_moments: true,
                 long_rows_as_read: true,
+                vector_tile_values: false,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -3011,6 +3012,77 @@ mod tests {
             let before = row_op_with(true, DType::BF16, [rows, cols], HOPPER_BLOCK, plain);
             let with =
                 row_op_with(true, DType::BF16, [rows, cols], HOPPER_BLOCK, plain.flipped("pipelined_passes").unwrap());
+            assert_eq!(with.source.source, before.source.source, "bf16 rows of {cols}");
+        }
+    }
+
+    /// With `vector_tile_values`, a tiled row's values move between shared memory and registers
+    /// in runs of the most values up to 8 bytes that divide its length (4 in 16 bits, 2 in f32),
+    /// each run one aligned access, `layer_norm`'s weight and bias read the same way; rows of odd
+    /// lengths, and every row without tiles, keep their kernels byte for byte. The kernels
+    /// compile.
+    #[test]
+    fn vector_tile_values_move_runs_of_values_an_access() {
+        let defaults = KernelVariants::default();
+        let vectors = KernelVariants { vector_tile_values: true, ..defaults };
+        // (cols, run in 16 bits, run in f32): wide tiles (4), plain tiles (12, 9), pipelined
+        // (36 to 254).
+        for (cols, run16, run32) in [(4, 4, 1), (9, 1, 1), (12, 4, 1), (36, 4, 1), (62, 2, 2), (100, 4, 1), (254, 2, 1)]
+        {
+            for dtype in [DType::F32, DType::BF16, DType::F16] {
+                for layer_norm in [false, true] {
+                    let what = format!("{dtype} [65536, {cols}], layer_norm: {layer_norm}");
+                    let id = if layer_norm { prims::LAYER_NORM } else { prims::SOFTMAX };
+                    let before = row_op_with(layer_norm, dtype, [65536, cols], HOPPER_BLOCK, defaults);
+                    let with = row_op_with(layer_norm, dtype, [65536, cols], HOPPER_BLOCK, vectors);
+                    let Some(tiles) = RowTiles::for_rows(id, 65536, cols, dtype, dtype, vectors) else {
+                        // Rows 16 bytes divide, or f32 rows past 64 values: read in place.
+                        assert_eq!(with.source.source, before.source.source, "{what}");
+                        continue;
+                    };
+                    let w = if dtype == DType::F32 { run32 } else { run16 };
+                    assert_eq!(tiles.vector, w, "{what}");
+                    let plain = RowTiles::for_rows(id, 65536, cols, dtype, dtype, defaults).expect("tiled");
+                    assert_eq!(tiles, RowTiles { vector: w, per_thread: tiles.per_thread, ..plain }, "{what}");
+                    let g = tiles.threads_per_row;
+                    assert!(tiles.per_thread <= 16 && tiles.per_thread.is_multiple_of(w), "{what}");
+                    assert!(tiles.per_thread * g >= cols && (tiles.per_thread - w) * g < cols, "{what}");
+                    let src = &with.source.source;
+                    if w == 1 {
+                        let header = |s: &str| s.lines().skip(1).collect::<Vec<_>>().join("\n");
+                        assert_eq!(header(src), header(&before.source.source), "{what}");
+                        continue;
+                    }
+                    let (raw, out) = (raw_type(dtype, w), raw_type(dtype, w));
+                    let read = format!("*reinterpret_cast<const {raw}*>(tile_in + first + (lane + 0) * {w})");
+                    let write = format!("*reinterpret_cast<{out}*>(tile_out + first + (lane + 0) * {w}) =");
+                    assert!(src.contains(&read) && src.contains(&write), "{what}\n{src}");
+                    assert!(!src.contains("tile_in[first") && !src.contains("tile_out[first"), "{what}\n{src}");
+                    if layer_norm {
+                        let weight = format!(
+                            "reinterpret_cast<const {}*>(operand1 + (lane + 0) * {w})",
+                            raw_type(DType::F32, w)
+                        );
+                        assert!(
+                            src.contains(&weight) && src.contains("__shared__ __align__(16) float operand1"),
+                            "{what}\n{src}"
+                        );
+                    }
+                    super::super::compiles_with_nvrtc(src);
+                }
+            }
+        }
+        // Without tiles, the variant changes nothing.
+        let in_place = KernelVariants { tiled_rows: false, pipelined_tiles: false, ..defaults };
+        for cols in [4, 36, 100] {
+            let before = row_op_with(true, DType::BF16, [65536, cols], HOPPER_BLOCK, in_place);
+            let with = row_op_with(
+                true,
+                DType::BF16,
+                [65536, cols],
+                HOPPER_BLOCK,
+                in_place.flipped("vector_tile_values").unwrap(),
+            );
             assert_eq!(with.source.source, before.source.source, "bf16 rows of {cols}");
         }
     }

@@ -26,7 +26,7 @@ use std::fmt::Write as _;
 
 use super::codegen::{element_type, literal, maximum, narrow, widen, RegionSource};
 use super::row_kernels::{
-    row_reduce, Caching, RowLayout, RowOp, RowSource, RowTarget, COPY_ASYNC, CUDA_BLOCK_SHARED_BYTES,
+    row_reduce, store, Caching, RowLayout, RowOp, RowSource, RowTarget, COPY_ASYNC, CUDA_BLOCK_SHARED_BYTES,
 };
 use super::KernelVariants;
 use crate::core::ir::{prims, DType, SymbolId};
@@ -138,16 +138,19 @@ fn pipelined_block_bytes(values: usize, input: DType, output: DType) -> usize {
 }
 
 /// How a tiled row kernel lays out its rows: `threads_per_row` threads a row, each keeping up to
-/// [`TILE_VALUES`] of its values (`per_thread`), and a tile of `rows_per_tile` rows a block (all
-/// [`TILE_THREADS`] threads of it, each running `passes` rows in turn,
-/// [`KernelVariants::wide_tiles`]); `pipelined`, a few blocks an SM, each copying its next tile
-/// while it runs one ([`KernelVariants::pipelined_tiles`]).
+/// [`TILE_VALUES`] of its values (`per_thread`) in runs of `vector` values that it moves
+/// between shared memory and registers an access at a time ([`KernelVariants::vector_tile_values`];
+/// 1 without it), and a tile of `rows_per_tile` rows a block (all [`TILE_THREADS`] threads of
+/// it, each running `passes` rows in turn, [`KernelVariants::wide_tiles`]); `pipelined`, a few
+/// blocks an SM, each copying its next tile while it runs one
+/// ([`KernelVariants::pipelined_tiles`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct RowTiles {
     pub rows: usize,
     pub cols: usize,
     pub threads_per_row: usize,
     pub per_thread: usize,
+    pub vector: usize,
     pub rows_per_tile: usize,
     pub passes: usize,
     pub pipelined: bool,
@@ -166,7 +169,9 @@ impl RowTiles {
     ///   about [`WIDE_TILE_BYTES`], several rows a thread.
     ///
     /// With [`KernelVariants::pipelined_passes`], pipelined tiles hold about
-    /// [`PIPELINED_TILE_BYTES`], several rows a thread, where that is two or more.
+    /// [`PIPELINED_TILE_BYTES`], several rows a thread, where that is two or more. With
+    /// [`KernelVariants::vector_tile_values`], a thread's values are runs of the most values, up
+    /// to 8 bytes, that divide the row's length.
     pub fn for_rows(
         id: SymbolId,
         rows: usize,
@@ -202,8 +207,13 @@ impl RowTiles {
             (passes, WIDE_TILE_MIN_PASSES)
         };
         let passes = if passes >= fewest { passes } else { 1 };
-        let per_thread = cols.div_ceil(threads_per_row);
-        Some(Self { rows, cols, threads_per_row, per_thread, rows_per_tile: once * passes, passes, pipelined })
+        // Runs of `vector` values start at multiples of it in the tile: its rows start at
+        // multiples of `cols`, and the tile at a multiple of 16 values (`pad` is 0).
+        let widest = if variants.vector_tile_values { 8 / input.size_bytes() } else { 1 };
+        let vector = (1..=widest).rev().find(|&w| w.is_power_of_two() && cols.is_multiple_of(w)).unwrap_or(1);
+        let per_thread = (cols / vector).div_ceil(threads_per_row) * vector;
+        let rows_per_tile = once * passes;
+        Some(Self { rows, cols, threads_per_row, per_thread, vector, rows_per_tile, passes, pipelined })
     }
 
     /// Values a tile holds.
@@ -229,7 +239,7 @@ impl RowTiles {
         variants: KernelVariants,
     ) -> Result<RowSource, String> {
         let RowOp { id, rows, cols, dtypes, out_dtype, mut params, input_lengths } = row;
-        let (g, k, r) = (self.threads_per_row, self.per_thread, self.rows_per_tile);
+        let (g, k, r, w) = (self.threads_per_row, self.per_thread, self.rows_per_tile, self.vector);
         let (tile, numel) = (self.tile_values(), rows * cols);
         let (input, tensors) = (dtypes[0], dtypes.len());
         // 16 bytes an access, read and written.
@@ -292,7 +302,7 @@ impl RowTiles {
         }
         // `layer_norm`'s weight and bias, widened once a block.
         for (k, &dtype) in dtypes.iter().enumerate().skip(1) {
-            let _ = writeln!(c, "  __shared__ float operand{k}[{cols}];");
+            let _ = writeln!(c, "  __shared__ {}float operand{k}[{cols}];", if w > 1 { "__align__(16) " } else { "" });
             let _ = writeln!(
                 c,
                 "  for (int c = threadIdx.x; c < {cols}; c += {TILE_THREADS}) operand{k}[c] = {};",
@@ -359,29 +369,52 @@ impl RowTiles {
             load(&mut c, "t", "tile_in");
         }
         c.push_str("    __syncthreads();\n");
-        // The rows, `TILE_THREADS / g` at a time (`passes` times, alike in every thread): value
-        // `j` of a thread at column `lane + j * g`, in the row for every `j` but the last.
+        // The rows, `TILE_THREADS / g` at a time (`passes` times, alike in every thread): run `j`
+        // of a thread (its values `x[j * w ..][..w]`) at columns `(lane + j * g) * w ..`, in the
+        // row for every `j` but the last (a value a run without `vector_tile_values`: column
+        // `lane + j * g`).
         if self.passes > 1 {
             let _ = writeln!(c, "    for (int slot = threadIdx.x / {g}; slot < {r}; slot += {}) {{", TILE_THREADS / g);
         }
         let _ = writeln!(c, "    {{ const bool valid = t * {r}ll + slot < {rows}ll;");
         let _ = writeln!(c, "    const int first = pad + slot * {cols};");
-        let in_row =
-            |j: usize| if j + 1 < k { "valid".to_string() } else { format!("valid && lane + {} < {cols}", j * g) };
+        let runs = k / w;
+        let in_row = |j: usize| {
+            if j + 1 < runs {
+                "valid".to_string()
+            } else {
+                format!("valid && lane + {} < {}", j * g, cols / w)
+            }
+        };
+        // Run `j`'s first column.
+        let run = |j: usize| if w == 1 { format!("lane + {}", j * g) } else { format!("(lane + {}) * {w}", j * g) };
+        // Each value of the thread: its run and its place in `x`.
+        let values = || (0..runs).flat_map(move |j| (0..w).map(move |e| (j, j * w + e)));
         let neutral = if id == prims::SOFTMAX { "__int_as_float(0xff800000)" } else { "0.0f" };
         let _ = writeln!(c, "    float x[{k}];");
-        for j in 0..k {
-            let at = format!("tile_in[first + lane + {}]", j * g);
-            let value = if packing::is_packed(input) { widen(input, &format!("(unsigned int){at}")) } else { at };
-            let _ = writeln!(c, "    x[{j}] = ({}) ? {value} : {neutral};", in_row(j));
+        for j in 0..runs {
+            if w == 1 {
+                let at = format!("tile_in[first + {}]", run(j));
+                let value = if packing::is_packed(input) { widen(input, &format!("(unsigned int){at}")) } else { at };
+                let _ = writeln!(c, "    x[{j}] = ({}) ? {value} : {neutral};", in_row(j));
+            } else {
+                let fill = (0..w).map(|e| format!(" x[{}] = {neutral};", j * w + e)).collect::<String>();
+                let read = super::row_kernels::load(
+                    input,
+                    w,
+                    &format!("tile_in + first + {}", run(j)),
+                    &format!("(x + {})", j * w),
+                );
+                let _ = writeln!(c, "    if ({}) {read} else {{{fill} }}", in_row(j));
+            }
         }
         let sum = |a: &str, b: &str| format!("{a} + {b}");
         let max = |a: &str, b: &str| maximum(a, b);
-        // Each thread's result at value `j`, as C.
-        let result: Box<dyn Fn(usize) -> String> = if id == prims::SOFTMAX {
+        let softmax = id == prims::SOFTMAX;
+        if softmax {
             let _ = writeln!(c, "    float acc = __int_as_float(0xff800000);");
-            for j in 0..k {
-                let _ = writeln!(c, "    if ({}) acc = {};", in_row(j), maximum("acc", &format!("x[{j}]")));
+            for (j, i) in values() {
+                let _ = writeln!(c, "    if ({}) acc = {};", in_row(j), maximum("acc", &format!("x[{i}]")));
             }
             row_reduce(&mut c, g, &max);
             let _ = writeln!(c, "    const float m = acc;");
@@ -389,44 +422,61 @@ impl RowTiles {
             // The sum is of the results' exponentials, scaled or not: `1 / acc` divides the
             // scale out (see `RowOp::scales_results`).
             let exp = if RowOp::scales_results(out_dtype, variants.fast_exp2) { "bs_exp_out" } else { "bs_exp" };
-            for j in 0..k {
-                let _ = writeln!(c, "    if ({}) {{ x[{j}] = {exp}(x[{j}] - m); acc = acc + x[{j}]; }}", in_row(j));
+            for (j, i) in values() {
+                let _ = writeln!(c, "    if ({}) {{ x[{i}] = {exp}(x[{i}] - m); acc = acc + x[{i}]; }}", in_row(j));
             }
             row_reduce(&mut c, g, &sum);
             let _ = writeln!(c, "    const float inv_z = 1.0f / acc;");
-            Box::new(|j| format!("x[{j}] * inv_z"))
         } else {
             let eps = op.scalar(1).map_err(|e| e.to_string())?;
             let inverse = literal(1.0 / cols as f32);
             let _ = writeln!(c, "    float acc = 0.0f;");
-            for j in 0..k {
-                let _ = writeln!(c, "    if ({}) acc = acc + x[{j}];", in_row(j));
+            for (j, i) in values() {
+                let _ = writeln!(c, "    if ({}) acc = acc + x[{i}];", in_row(j));
             }
             row_reduce(&mut c, g, &sum);
             let _ = writeln!(c, "    const float mean = acc * {inverse};");
             let _ = writeln!(c, "    acc = 0.0f;");
-            for j in 0..k {
-                let _ = writeln!(c, "    if ({}) {{ const float d = x[{j}] - mean; acc = acc + d * d; }}", in_row(j));
+            for (j, i) in values() {
+                let _ = writeln!(c, "    if ({}) {{ const float d = x[{i}] - mean; acc = acc + d * d; }}", in_row(j));
             }
             row_reduce(&mut c, g, &sum);
             let _ = writeln!(c, "    const float variance = acc * {inverse};");
             let _ = writeln!(c, "    const float inv_std = expf(logf(variance + {}) * -0.5f);", literal(eps));
-            Box::new(move |j| {
-                let mut y = format!("(x[{j}] - mean) * inv_std");
-                for (o, combine) in (1..tensors).zip(["*", "+"]) {
-                    y = format!("({y}) {combine} operand{o}[lane + {}]", j * g);
-                }
-                y
-            })
+        }
+        // The result at the thread's value `i`, as C (`operands`: `layer_norm`'s weight and bias
+        // there).
+        let result = |i: usize, operands: &[String]| {
+            if softmax {
+                return format!("x[{i}] * inv_z");
+            }
+            let mut y = format!("(x[{i}] - mean) * inv_std");
+            for (operand, combine) in operands.iter().zip(["*", "+"]) {
+                y = format!("({y}) {combine} {operand}");
+            }
+            y
         };
-        for j in 0..k {
-            let _ = writeln!(
-                c,
-                "    if ({}) tile_out[first + lane + {}] = {};",
-                in_row(j),
-                j * g,
-                narrow(out_dtype, &result(j))
-            );
+        // The results, a run at a time (`layer_norm`'s weight and bias read as the values are).
+        for j in 0..runs {
+            if w == 1 {
+                let operands: Vec<String> = (1..tensors).map(|o| format!("operand{o}[{}]", run(j))).collect();
+                let y = narrow(out_dtype, &result(j, &operands));
+                let _ = writeln!(c, "    if ({}) tile_out[first + {}] = {y};", in_row(j), run(j));
+                continue;
+            }
+            let _ = writeln!(c, "    if ({}) {{", in_row(j));
+            for o in 1..tensors {
+                let read =
+                    super::row_kernels::load(DType::F32, w, &format!("operand{o} + {}", run(j)), &format!("o{o}"));
+                let _ = writeln!(c, "      float o{o}[{w}]; {read}");
+            }
+            let _ = writeln!(c, "      float y[{w}];");
+            for e in 0..w {
+                let operands: Vec<String> = (1..tensors).map(|o| format!("o{o}[{e}]")).collect();
+                let _ = writeln!(c, "      y[{e}] = {};", result(j * w + e, &operands));
+            }
+            let write = store(out_dtype, w, &format!("tile_out + first + {}", run(j)), "y");
+            let _ = writeln!(c, "      {write}\n    }}");
         }
         c.push_str(if self.passes > 1 { "    } }\n    __syncthreads();\n" } else { "    }\n    __syncthreads();\n" });
         // The tile's results, the accesses that lie in it whole with one store each; one it

@@ -11,7 +11,7 @@
 //! over 60 cases of rows of 1 to 15 values), `overlapped_first_pass`, `split_row_fills`,
 //! `two_register_blocks`, `clustered_rows` and `long_rows_as_read` (an H100, 2026-12-07, over 54,
 //! 27, 16, 10 and 12 cases of long rows), `one_pass_moments` (the H200, 2026-12-07, over 9 cases
-//! of streamed rows); `int32_row_columns` and `pipelined_passes` are not.
+//! of streamed rows); `int32_row_columns`, `pipelined_passes` and `vector_tile_values` are not.
 //! Their options stay so that the comparison can be run again, and so do those of the variants on
 //! by default, to time the kernels without them. A plan whose kernels differ from the defaults
 //! lists its variants in its header. Both executors that generate kernels, `CudaFusion` and
@@ -522,6 +522,19 @@ kernel_variants! {
     /// reference at 2^18 values.
     long_rows_as_read = true,
         "16-bit softmax rows too long to keep on chip as floats are kept as read, by a block or a cluster of up to 3 (KernelVariants::long_rows_as_read).";
+    /// Rows read as tiles ([`tiled_rows`](Self::tiled_rows),
+    /// [`pipelined_tiles`](Self::pipelined_tiles)) move between shared memory and registers up
+    /// to 8 bytes an access, where they moved a value an access: each thread of a row takes runs
+    /// of `w` values, `w` the most (4 in 16 bits, 2 in f32) that divides the row's length, so
+    /// that every run is aligned in the tile (whose rows start at multiples of the length), and
+    /// `layer_norm`'s weight and bias (widened in shared memory) are read the same way. Rows of
+    /// odd lengths keep a value an access. Over 16-bit rows of 100 values (8 threads a row), a
+    /// thread's 13 loads and 13 stores of 2 bytes each (`LDS.U16`, `STS.U16`, each its own
+    /// instruction) become 4 and 4 of 8 bytes. Without tiles it does nothing.
+    ///
+    /// Off by default: not yet timed on a GPU.
+    vector_tile_values = false,
+        "Rows read as tiles move between shared memory and registers up to 8 bytes an access, where their length allows (KernelVariants::vector_tile_values).";
 }
 
 impl Default for KernelVariants {

@@ -281,6 +281,24 @@ impl RowLayout {
     pub fn rows_per_block(&self) -> usize {
         self.block / self.threads_per_row
     }
+
+    /// Accesses a thread of a streamed row makes at once: [`STREAMED_LOADS`], more (up to 16)
+    /// of accesses narrower than 16 bytes.
+    pub fn streamed_loads(&self) -> usize {
+        (16 / self.vector).clamp(STREAMED_LOADS, 16)
+    }
+
+    /// Values of a streamed row its threads take in one round (each making
+    /// [`streamed_loads`](Self::streamed_loads) accesses).
+    pub fn streamed_stride(&self) -> usize {
+        self.streamed_loads() * self.threads_per_row * self.vector
+    }
+
+    /// A thread's rounds over a streamed row of `cols` values, at most (its first column is
+    /// `-shift` or later).
+    pub fn streamed_rounds(&self, cols: usize) -> usize {
+        (Self::accesses(cols, self.vector, self.aligned) * self.vector).div_ceil(self.streamed_stride())
+    }
 }
 
 /// The GPU a row kernel is generated for: the limits its layout is chosen from.
@@ -1221,16 +1239,18 @@ pub(super) fn row_source(
     // 16-bit `softmax` rows kept as read (`KernelVariants::long_rows_as_read`) take clusters
     // of up to 3 blocks (2 and 3 were timed faster): kept by 8, 16 rows of 524,288 values ran
     // at 0.50x their streamed kernels (an H100, 2026-12-07; 16 clusters of 8 may not all fit
-    // the GPCs at once). Rows fewer than a quarter of the SMs stay streamed, split over
-    // clusters (`CLUSTERED_ROWS_SM_DIVISOR`); not where the streamed row would not be split (the
-    // SM count unknown, or `split_rows` off): a block a row, a few SMs busy.
+    // the GPCs at once). Rows fewer than a quarter of the SMs stay streamed where the streamed
+    // row is split over clusters (`CLUSTERED_ROWS_SM_DIVISOR`); where it would not be (the SM
+    // count unknown, or `split_rows` off: a block a row, a few SMs busy), clusters keep it.
+    let split =
+        if variants.split_rows && clusters { cluster_blocks(rows, sms, layout.streamed_rounds(cols)) } else { 1 };
     let sixteen_bit_softmax = id == prims::SOFTMAX && packing::is_packed(dtypes[0]);
     let most = if sixteen_bit_softmax { MAX_RAW_SOFTMAX_CLUSTER } else { MAX_CLUSTER_BLOCKS };
     let kept_by_cluster = (variants.clustered_rows
         && clusters
         && shared_limit > 0
         && layout.per_thread.is_none()
-        && (sms == 0 || !variants.split_rows || rows * CLUSTERED_ROWS_SM_DIVISOR >= sms)
+        && (split == 1 || rows * CLUSTERED_ROWS_SM_DIVISOR >= sms)
         && (!sixteen_bit_softmax || variants.long_rows_as_read))
         .then(|| {
             let least = sms.div_ceil(rows.max(1)).clamp(2, most);
@@ -1359,13 +1379,11 @@ pub(super) fn row_source(
     // [333, 50257] gained (1.08x to 1.18x), `layer_norm` lost up to 0.55x in f32 and 16-bit
     // `softmax` 0.71x to 0.93x.)
     let streamed = layout.per_thread.is_none();
-    let streamed_loads = (16 / v).clamp(STREAMED_LOADS, 16);
-    let streamed_stride = streamed_loads * t * v;
-    // A thread's rounds over the row, at most (its first column is `-shift` or later).
-    let streamed_rounds = (RowLayout::accesses(cols, v, layout.aligned) * v).div_ceil(streamed_stride);
+    let (streamed_loads, streamed_stride) = (layout.streamed_loads(), layout.streamed_stride());
+    let streamed_rounds = layout.streamed_rounds(cols);
     let cluster = match kept_by_cluster {
         Some((k, _)) => k,
-        None if variants.split_rows && streamed && clusters => cluster_blocks(rows, sms, streamed_rounds),
+        None if streamed => split,
         None => 1,
     };
     if cluster > 1 {

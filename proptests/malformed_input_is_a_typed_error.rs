@@ -4,7 +4,7 @@
 mod common;
 
 use boundscope::executors::CpuReference;
-use boundscope::{prims, Arena, Arg, Error, Plan, Registry, TraceBuilder, ValueId};
+use boundscope::{prims, Arena, Arg, DType, Error, Plan, Registry, TensorMeta, TraceBuilder, ValueId};
 use common::program::programs;
 use proptest::prelude::*;
 
@@ -150,8 +150,9 @@ fn narrow_and_split_past_any_axis_name_themselves() {
     b.narrow(x, 1, 1, 2).unwrap();
 }
 
-/// `sum_dim`, `max_dim` and `argmax` over an axis the tensor lacks name themselves, not the prim
-/// they bind (`sum_axis`, ...).
+/// `sum_dim`, `max_dim` and `argmax` over an axis the tensor lacks, and `sum_dim`, `mean_dim` and
+/// `max_dim` of an integer tensor, name themselves, not the prim they bind (`sum_axis`, `sum`,
+/// ...).
 #[test]
 fn reductions_over_a_missing_axis_name_themselves() {
     let registry = Registry::with_builtins();
@@ -167,6 +168,23 @@ fn reductions_over_a_missing_axis_name_themselves() {
     }
     // The axes it has still reduce.
     assert!(b.sum_dim(x, 0, false).is_ok() && b.max_dim(x, 1, true).is_ok() && b.argmax(x, 1, false).is_ok());
+    // An integer tensor, which the reductions refuse, over the last axis (the last-axis prims,
+    // `sum` and `max`) or another (`sum_axis`, `max_axis`): named as the call, with the fix.
+    let ids = b.input_with(&TensorMeta::new(DType::I64, &[2, 3])).unwrap();
+    for axis in [0, 1] {
+        for keepdim in [false, true] {
+            let results = [
+                ("sum_dim", b.sum_dim(ids, axis, keepdim)),
+                ("mean_dim", b.mean_dim(ids, axis, keepdim)),
+                ("max_dim", b.max_dim(ids, axis, keepdim)),
+            ];
+            for (name, result) in results {
+                let err = result.unwrap_err();
+                assert!(matches!(&err, Error::ShapeMismatch { symbol, .. } if symbol == name), "{err:?}");
+                assert!(err.to_string().contains("i64") && err.to_string().contains("cast"), "{err}");
+            }
+        }
+    }
 }
 
 /// An empty axis has no maximum: `max_dim` and `argmax` over it are errors that say so, as in

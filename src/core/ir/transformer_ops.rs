@@ -645,8 +645,8 @@ impl<'a> TraceBuilder<'a> {
         self.transpose(x, perm)
     }
 
-    /// `name` (`sum_dim`, ...) over `axis` by prim `id`: an axis `x` lacks is reported as
-    /// `name`'s, not as the prim's the call binds.
+    /// `name` (`sum_dim`, ...) over `axis` by prim `id`: an axis `x` lacks, and a tensor the
+    /// prim refuses (an integer one), are reported as `name`'s, not as the prim's the call binds.
     fn reduce_axis(&mut self, name: &str, id: SymbolId, x: ValueId, axis: usize, keepdim: bool) -> Result<ValueId> {
         let shape = self.shape(x)?;
         if axis >= shape.len() {
@@ -663,13 +663,18 @@ impl<'a> TraceBuilder<'a> {
                 detail: format!("axis {axis} is empty and has no maximum; reduce over a non-empty axis{last}"),
             });
         }
-        // Over the last axis, the last-axis prims: the fusion executors fuse them.
+        // Over the last axis, the last-axis prims: the fusion executors fuse them. (What they
+        // refuse, an integer tensor, is reported as `name`'s too.)
         let last = shape.len() - 1 == axis;
         let kept = match id {
-            SUM_AXIS if last => self.sum(x)?,
-            MAX_AXIS if last => self.max(x)?,
-            _ => self.bind(id, &[Arg::Value(x), Arg::Dims(&[axis])])?,
-        };
+            SUM_AXIS if last => self.sum(x),
+            MAX_AXIS if last => self.max(x),
+            _ => self.bind(id, &[Arg::Value(x), Arg::Dims(&[axis])]),
+        }
+        .map_err(|e| match e {
+            Error::ShapeMismatch { shapes, detail, .. } => Error::ShapeMismatch { symbol: name.into(), shapes, detail },
+            other => other,
+        })?;
         if keepdim {
             return Ok(kept);
         }
@@ -692,7 +697,7 @@ impl<'a> TraceBuilder<'a> {
     /// The mean over `axis`, as `torch.mean(x, axis, keepdim)`: the sum, times 1 / size.
     pub fn mean_dim(&mut self, x: ValueId, axis: usize, keepdim: bool) -> Result<ValueId> {
         let n = self.shape(x)?.get(axis).copied().unwrap_or(1);
-        let sum = self.sum_dim(x, axis, keepdim)?;
+        let sum = self.reduce_axis("mean_dim", SUM_AXIS, x, axis, keepdim)?;
         self.mul_scalar(sum, 1.0 / n as f32)
     }
 

@@ -217,3 +217,45 @@ fn maxima_over_an_empty_axis_are_errors() {
     let out = plan.run(&[&boundscope::Tensor::zeros(&[2, 0])]).unwrap();
     assert_eq!(out[0].shape(), &[2, 0]);
 }
+
+/// A user's executor named as another executor of the list (here the built-in reference's name),
+/// or with no name, is refused when the plan is compiled: the plan would credit its steps to the
+/// other (`# step 0, cpu_reference` for a step the user's executor ran). The same executor given
+/// twice is one executor, and compiles.
+#[test]
+fn executors_sharing_a_name_or_without_one_are_refused() {
+    use boundscope::{kernel_fn, Executor, Kernel, OpView};
+    use std::sync::Arc;
+    struct Named(&'static str);
+    impl Executor for Named {
+        fn name(&self) -> &str {
+            self.0
+        }
+        fn claims(&self, _op: &OpView<'_>) -> bool {
+            true
+        }
+        fn compile(&self, _op: &OpView<'_>) -> boundscope::Result<Box<dyn Kernel>> {
+            Ok(kernel_fn(|_, outputs| {
+                outputs[0].values_mut::<f32>()?.fill(7.0);
+                Ok(())
+            }))
+        }
+    }
+    let registry = Registry::with_builtins();
+    let arena = Arena::new();
+    let mut b = TraceBuilder::new(&arena, &registry);
+    let x = b.input(&[4]).unwrap();
+    let y = b.exp(x).unwrap();
+    b.output(y).unwrap();
+    let trace = b.finish().unwrap();
+    let reference: Arc<dyn Executor> = CpuReference::shared();
+    let impostor: Arc<dyn Executor> = Arc::new(Named("cpu_reference"));
+    let err = Plan::compile(&trace, &[impostor, reference.clone()]).unwrap_err();
+    assert!(matches!(&err, Error::ExecutorName { name, .. } if name == "cpu_reference"), "{err:?}");
+    assert!(err.to_string().contains("executors 0 and 1") && err.to_string().contains("rename"), "{err}");
+    let err = Plan::compile(&trace, &[Arc::new(Named("")), reference.clone()]).unwrap_err();
+    assert!(matches!(&err, Error::ExecutorName { name, .. } if name.is_empty()), "{err:?}");
+    // The same executor twice, and distinct names, compile.
+    Plan::compile(&trace, &[reference.clone(), reference.clone()]).unwrap();
+    Plan::compile(&trace, &[Arc::new(Named("sevens")), reference]).unwrap();
+}

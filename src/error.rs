@@ -414,6 +414,15 @@ pub enum Error {
         /// What the operating system said.
         detail: String,
     },
+    /// Two executors of a plan's list share a name, or one has none: listings, notes, range
+    /// filters and errors name executors by [`Executor::name`](crate::Executor::name), which must
+    /// be unique and not empty.
+    ExecutorName {
+        /// The name (empty for an executor without one).
+        name: String,
+        /// What is wrong, and the fix.
+        detail: String,
+    },
     /// An executor the plan requires cannot run on this machine.
     ExecutorUnavailable {
         /// The executor.
@@ -696,6 +705,7 @@ impl fmt::Display for Error {
                 "cannot write the file `{path}`: {detail}; pass a path in a directory that exists and that this \
                  process may write to"
             ),
+            Error::ExecutorName { name, detail } => write!(f, "executor name `{name}`: {detail}"),
             Error::ExecutorUnavailable { executor, reason } => write!(
                 f,
                 "executor `{executor}` is required but unavailable here: {reason}; drop the requirement to fall back \

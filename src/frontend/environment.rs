@@ -15,7 +15,7 @@ pub const NVTX_OVERRIDE: &str = "BOUNDSCOPE_NVTX";
 pub const TRACE_DIR: &str = "BOUNDSCOPE_TRACE_DIR";
 
 /// The prefix of the front end's variables: every variable with it must be one it reads.
-const PREFIX: &str = "BOUNDSCOPE_";
+const PREFIX: &str = crate::core::options::ENV_PREFIX;
 
 /// Where the front end reads variables: the process environment, or a fixed set (for tests and
 /// for embedders that keep their own configuration).

@@ -580,9 +580,23 @@ fn scope_names_and_balance_are_checked_and_dead_code_removes_empty_scopes_with_a
     let arena = Arena::new();
     let mut b = TraceBuilder::new(&arena, &registry);
     let x = b.input(&[4]).unwrap();
-    for bad in ["", "a.b", "nul\0", "star*"] {
+    // (A newline would let a name print a line of its own in the listing: a forged op.)
+    for bad in ["", "a.b", "nul\0", "star*", "evil\n  t9 = fake(t0)", "tab\t", "bell\u{7}"] {
         assert!(matches!(b.enter_scope(bad), Err(Error::InvalidScopeName { .. })), "{bad:?}");
+        assert!(matches!(b.scope(bad, |b| b.exp(x)), Err(Error::InvalidScopeName { .. })), "{bad:?}");
     }
+    assert!(matches!(b.exit_scope(), Err(Error::UnbalancedScope { .. })));
+    // An `exit_scope` too many inside `scope` is an error there, not a scope dropped (the op
+    // after it was outside every scope), nor an error at a later `exit_scope`.
+    let err = b.scope("a", |b| b.exit_scope().and_then(|_| b.exp(x))).unwrap_err();
+    assert!(matches!(&err, Error::UnbalancedScope { detail } if detail.contains("scope(\"a\"")), "{err}");
+    b.enter_scope("outer").unwrap();
+    let err = b.scope("inner", |b| b.exit_scope().and_then(|_| b.exit_scope()).and_then(|_| b.exp(x))).unwrap_err();
+    assert!(matches!(&err, Error::UnbalancedScope { detail } if detail.contains("outside it")), "{err}");
+    // `build`'s own error comes first; scopes `build` opens and leaves open are closed.
+    let err = b.scope("a", |b| b.exit_scope().and_then(|_| b.reshape(x, &[3]))).unwrap_err();
+    assert!(!matches!(err, Error::UnbalancedScope { .. }), "{err}");
+    b.scope("c", |b| b.enter_scope("left_open").and_then(|_| b.exp(x))).unwrap();
     assert!(matches!(b.exit_scope(), Err(Error::UnbalancedScope { .. })));
     b.scope("dead", |b| b.exp(x)).unwrap();
     let y = b.scope("live", |b| b.neg(x)).unwrap();

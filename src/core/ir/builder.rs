@@ -361,15 +361,30 @@ impl<'a> TraceBuilder<'a> {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidScopeName`] for a name that is empty or holds a NUL, a `.` (the path
-    /// separator: nest scopes instead) or a `*`; [`Error::InvalidSymbol`] inside a
-    /// decomposition; the error `build` returns.
+    /// [`Error::InvalidScopeName`] for a name that is empty or holds a NUL or another control
+    /// character, a `.` (the path separator: nest scopes instead) or a `*`;
+    /// [`Error::InvalidSymbol`] inside a
+    /// decomposition; the error `build` returns; [`Error::UnbalancedScope`] where `build` closed
+    /// more scopes than it opened (an `exit_scope` of this scope, or of one outside it).
     pub fn scope<T>(&mut self, name: &str, build: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         self.enter_scope(name)?;
         let level = self.open_scopes.len();
         let result = build(self);
-        // Closes this scope and whatever `build` left open inside it; an `exit_scope` too many
-        // inside `build` already closed this one.
+        // An `exit_scope` too many inside `build` closed this scope (or one outside it): the
+        // ops `build` added after it are outside the scope, and a later `exit_scope` would
+        // close the wrong one. An error here, where the mistake is, not a scope dropped.
+        if self.open_scopes.len() < level {
+            result?;
+            let outer = if self.open_scopes.len() + 1 < level { " and a scope outside it" } else { "" };
+            return Err(Error::UnbalancedScope {
+                detail: format!(
+                    "an `exit_scope` inside `scope(\"{name}\", ..)` closed it{outer}; `scope` closes its own scope \
+                     (and whatever `build` leaves open): inside it, call `exit_scope` only for an `enter_scope` of \
+                     its own"
+                ),
+            });
+        }
+        // Closes this scope and whatever `build` left open inside it.
         let mut exited = Ok(());
         while self.open_scopes.len() >= level && exited.is_ok() {
             exited = self.exit_scope();

@@ -231,8 +231,9 @@ impl ScopeTable {
     }
 }
 
-/// Checks one component of a scope path: not empty, no NUL (NVTX takes C strings), no
-/// [`SCOPE_SEPARATOR`] (it joins components).
+/// Checks one component of a scope path: not empty, no NUL (NVTX takes C strings) or other
+/// control character (listings print a path on a line), no [`SCOPE_SEPARATOR`] (it joins
+/// components).
 ///
 /// # Errors
 /// [`Error::InvalidScopeName`] naming the problem.
@@ -241,6 +242,9 @@ pub(crate) fn check_scope_name(name: &str) -> Result<()> {
         "a scope name must not be empty"
     } else if name.contains('\0') {
         "a scope name must not contain a NUL character (NVTX takes C strings)"
+    } else if name.chars().any(char::is_control) {
+        "a scope name must not contain control characters (a newline, a tab, ...): trace listings, \
+         profiles and counts print scope paths one to a line"
     } else if name.contains(SCOPE_SEPARATOR) {
         "a scope name must not contain `.`, which joins the components of a path: nest scopes instead \
          (`b.scope(\"h\", |b| b.scope(\"3\", ...))` is `h.3`)"

@@ -10,5 +10,6 @@
 mod spec;
 mod values;
 
+pub(crate) use spec::ENV_PREFIX;
 pub use spec::{Audience, OptionSpec, OptionType, OptionValue, RUNTIME_OPTIONS};
 pub use values::Options;

@@ -190,7 +190,60 @@ impl OptionSpec {
             })
         }
     }
+
+    /// Checks the spec itself, as [`Options::declare`](super::Options::declare) does: a name
+    /// `owner.name` (letters, digits and `_`, components joined by `.`), a type whose names
+    /// parse back (not empty, no `,` or surrounding spaces; `min <= max`), a default of that type,
+    /// and an environment variable only for a user option, named `BOUNDSCOPE_...` (the front
+    /// end reads those).
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptionValue`] naming what is wrong; [`Error::ConflictingOption`] for an
+    /// environment variable on a developer option.
+    pub fn validate(&self) -> Result<()> {
+        let invalid = |expected: &str, got: &str| {
+            Err(Error::InvalidOptionValue { name: self.name.to_string(), expected: expected.into(), got: got.into() })
+        };
+        let component = |c: &str| !c.is_empty() && c.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_');
+        if !self.name.contains('.') || !self.name.split('.').all(component) {
+            return invalid(
+                "an option name `owner.name` (letters, digits and `_`, components joined by `.`)",
+                self.name,
+            );
+        }
+        let names = match self.ty {
+            OptionType::Enum(names) | OptionType::EnumList(names) => names,
+            OptionType::Int { min, max } if min > max => {
+                return invalid("an integer type whose `min` is at most its `max`", &format!("{min}..={max}"))
+            }
+            _ => &[],
+        };
+        if let Some(bad) = names.iter().find(|n| n.is_empty() || n.contains(',') || n.trim() != **n) {
+            return invalid("names of values that are not empty and hold no `,` or surrounding spaces", bad);
+        }
+        self.check(&self.default)?;
+        match self.env {
+            Some(env) if self.audience == Audience::Developer => Err(Error::ConflictingOption {
+                name: self.name.to_string(),
+                detail: format!(
+                    "a developer option read from an environment variable (`{env}`); environment variables set user \
+                     options only: drop `env`, or make the option `Audience::User`"
+                ),
+            }),
+            Some(env)
+                if !env.starts_with(ENV_PREFIX)
+                    || env.len() == ENV_PREFIX.len()
+                    || !env.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_') =>
+            {
+                invalid("an environment variable `BOUNDSCOPE_...` (capitals, digits and `_`)", env)
+            }
+            _ => Ok(()),
+        }
+    }
 }
+
+/// The prefix of the environment variables the front end reads options from.
+pub(crate) const ENV_PREFIX: &str = "BOUNDSCOPE_";
 
 /// Profiling levels (`runtime.profiling`).
 pub(crate) const PROFILING_LEVELS: &[&str] = &["auto", "off", "scopes", "regions", "ops"];
@@ -295,5 +348,63 @@ mod tests {
             let err = spec.parse(typo).unwrap_err().to_string();
             assert!(err.contains("runtime.nvtx_levels") && err.contains("comma-separated list of"), "{typo}: {err}");
         }
+    }
+
+    /// Every built-in spec (the runtime's, the CPU fusion's, the CUDA executors') passes
+    /// `validate`; specs that would misbehave later are refused when declared: a name without an
+    /// owner or with spaces, names of values that would not parse back, an environment variable
+    /// on a developer option (the front end refused to read it), one named outside
+    /// `BOUNDSCOPE_`, or one another option reads (one variable set both).
+    #[test]
+    fn specs_are_validated_when_declared() {
+        use crate::options::Options;
+        let builtin = RUNTIME_OPTIONS.iter().chain(crate::executors::CPU_FUSION_OPTIONS);
+        #[cfg(feature = "cuda")]
+        let builtin = builtin.chain(crate::executors::cuda::CUDA_OPTIONS);
+        for spec in builtin {
+            spec.validate().unwrap_or_else(|e| panic!("{}: {e}", spec.name));
+        }
+        let good = OptionSpec {
+            name: "mine.knob",
+            ty: OptionType::Bool,
+            default: OptionValue::Bool(false),
+            doc: "A knob.",
+            audience: Audience::User,
+            env: Some("BOUNDSCOPE_MINE_KNOB"),
+        };
+        let mut options = Options::runtime_only();
+        options.declare(std::slice::from_ref(&good)).unwrap();
+        let bad = [
+            (OptionSpec { name: "", ..good.clone() }, "owner.name"),
+            (OptionSpec { name: "noowner", ..good.clone() }, "owner.name"),
+            (OptionSpec { name: "mine.knob ", ..good.clone() }, "owner.name"),
+            (OptionSpec { name: "mine..knob", ..good.clone() }, "owner.name"),
+            (
+                OptionSpec {
+                    name: "mine.list",
+                    ty: OptionType::EnumList(&["a", "", "b,c"]),
+                    default: OptionValue::EnumList(vec!["b,c"]),
+                    env: None,
+                    ..good.clone()
+                },
+                "hold no `,`",
+            ),
+            (
+                OptionSpec { name: "mine.int", ty: OptionType::Int { min: 2, max: 1 }, env: None, ..good.clone() },
+                "at most its `max`",
+            ),
+            (OptionSpec { name: "mine.dev", audience: Audience::Developer, ..good.clone() }, "user options only"),
+            (OptionSpec { name: "mine.env", env: Some("MY_KNOB"), ..good.clone() }, "BOUNDSCOPE_"),
+            (OptionSpec { name: "mine.fusion", env: Some("BOUNDSCOPE_FUSION"), ..good.clone() }, "runtime.fusion"),
+            (OptionSpec { name: "mine.other", ..good.clone() }, "mine.knob"),
+        ];
+        for (spec, says) in bad {
+            let err = options.declare(std::slice::from_ref(&spec)).unwrap_err();
+            assert!(err.to_string().contains(says), "{}: {err}", spec.name);
+            assert!(options.spec(spec.name).is_err(), "{}: declared anyway", spec.name);
+        }
+        // A getter of another type says which one reads the option.
+        let err = options.int("runtime.fusion").unwrap_err().to_string();
+        assert!(err.contains("a bool, read with `Options::bool`"), "{err}");
     }
 }

@@ -66,11 +66,23 @@ impl Options {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidOptionValue`] if a spec's default does not fit its own type;
-    /// [`Error::ConflictingOption`] for a name declared before with another spec.
+    /// What [`OptionSpec::validate`] finds wrong with a spec (its name, its type's names, its
+    /// default, its environment variable); [`Error::ConflictingOption`] for a name declared
+    /// before with another spec, or an environment variable another option reads.
     pub fn declare(&mut self, specs: &[OptionSpec]) -> Result<()> {
         for (i, spec) in specs.iter().enumerate() {
-            spec.check(&spec.default)?;
+            spec.validate()?;
+            let shares_env = |s: &&OptionSpec| s.name != spec.name && s.env.is_some() && s.env == spec.env;
+            if let Some(other) = self.specs.iter().chain(&specs[..i]).find(shares_env) {
+                return Err(Error::ConflictingOption {
+                    name: spec.name.to_string(),
+                    detail: format!(
+                        "its environment variable `{}` is option `{}`'s already; give it a variable of its own",
+                        spec.env.unwrap_or_default(),
+                        other.name
+                    ),
+                });
+            }
             let earlier = self.specs.iter().chain(&specs[..i]).find(|s| s.name == spec.name);
             if let Some(earlier) = earlier {
                 let differs = [
@@ -185,7 +197,7 @@ impl Options {
     pub fn int(&self, name: &str) -> Result<i64> {
         match self.get(name)? {
             OptionValue::Int(i) => Ok(i),
-            other => Err(self.wrong_type(name, "integer", &other)),
+            other => Err(self.wrong_type(name, "int", &other)),
         }
     }
 
@@ -196,7 +208,7 @@ impl Options {
     pub fn enum_value(&self, name: &str) -> Result<&'static str> {
         match self.get(name)? {
             OptionValue::Enum(e) => Ok(e),
-            other => Err(self.wrong_type(name, "enum", &other)),
+            other => Err(self.wrong_type(name, "enum_value", &other)),
         }
     }
 
@@ -229,10 +241,18 @@ impl Options {
         }
     }
 
-    fn wrong_type(&self, name: &str, expected: &str, got: &OptionValue) -> Error {
+    /// A getter (`Options::getter`) called on an option of another type (`got`, its value):
+    /// says which getter reads it.
+    fn wrong_type(&self, name: &str, getter: &str, got: &OptionValue) -> Error {
+        let (what, reader) = match got {
+            OptionValue::Bool(_) => ("a bool", "bool"),
+            OptionValue::Int(_) => ("an integer", "int"),
+            OptionValue::Enum(_) => ("one name", "enum_value"),
+            OptionValue::EnumList(_) => ("a list of names", "get"),
+        };
         Error::InvalidOptionValue {
             name: name.to_string(),
-            expected: format!("a {expected} option"),
+            expected: format!("{what}, read with `Options::{reader}` (`Options::{getter}` reads another type)"),
             got: got.to_string(),
         }
     }

@@ -415,6 +415,7 @@ impl Plan {
                 });
             }
         }
+        check_executor_names(executors)?;
         let id = NEXT_PLAN_ID.fetch_add(1, Ordering::Relaxed);
         let mut compiler = Compiler {
             trace,
@@ -1341,4 +1342,32 @@ fn format_line(trace: &Trace<'_>, bsym: &BoundSymbol<'_>) -> String {
         let _ = write!(line, "  # {}{}", m.dtype, DimsDisplay(m.shape));
     }
     line
+}
+
+/// Each executor of a plan's list named, and by a name no other executor of the list takes
+/// (the same executor given twice is the same executor): steps, notes, range filters and errors
+/// name executors by [`Executor::name`].
+fn check_executor_names(executors: &[Arc<dyn Executor>]) -> Result<()> {
+    for (i, executor) in executors.iter().enumerate() {
+        let name = executor.name();
+        if name.is_empty() {
+            return Err(Error::ExecutorName {
+                name: String::new(),
+                detail: format!(
+                    "executor {i} of the list has an empty name; give `Executor::name` a short, unique one"
+                ),
+            });
+        }
+        let same = |other: &Arc<dyn Executor>| std::ptr::addr_eq(Arc::as_ptr(other), Arc::as_ptr(executor));
+        if let Some(j) = executors[..i].iter().position(|other| other.name() == name && !same(other)) {
+            return Err(Error::ExecutorName {
+                name: name.to_string(),
+                detail: format!(
+                    "executors {j} and {i} of the list are both named `{name}`, and the plan would credit one's steps \
+                     to the other; rename one (`Executor::name` must be unique)"
+                ),
+            });
+        }
+    }
+    Ok(())
 }

@@ -8,11 +8,11 @@ use crate::core::options::{Audience, Options};
 use crate::error::{did_you_mean, Error, Result};
 
 /// Overrides profiler auto-detection: `1` on, `0` off; any other value is an error.
-pub const NVTX_OVERRIDE: &str = "BOUNDSCOPE_NVTX";
+pub const NVTX_OVERRIDE: &str = crate::core::options::FRONT_END_VARIABLES[0];
 
 /// The directory programs write trace files into (a [`Timeline`](crate::guards::Timeline)'s
 /// Chrome trace, say), read by [`Environment::trace_dir`]; the working directory when unset.
-pub const TRACE_DIR: &str = "BOUNDSCOPE_TRACE_DIR";
+pub const TRACE_DIR: &str = crate::core::options::FRONT_END_VARIABLES[1];
 
 /// The prefix of the front end's variables: every variable with it must be one it reads.
 const PREFIX: &str = crate::core::options::ENV_PREFIX;

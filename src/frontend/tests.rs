@@ -598,6 +598,10 @@ fn scope_names_and_balance_are_checked_and_dead_code_removes_empty_scopes_with_a
     assert!(!matches!(err, Error::UnbalancedScope { .. }), "{err}");
     b.scope("c", |b| b.enter_scope("left_open").and_then(|_| b.exp(x))).unwrap();
     assert!(matches!(b.exit_scope(), Err(Error::UnbalancedScope { .. })));
+    // Closed, then another opened in its place: still not this scope's ops.
+    let err = b.scope("a", |b| b.exit_scope().and_then(|_| b.enter_scope("z")).and_then(|_| b.exp(x))).unwrap_err();
+    assert!(matches!(&err, Error::UnbalancedScope { detail } if detail.contains("scope(\"a\"")), "{err}");
+    b.exit_scope().unwrap(); // `z`, which the closure opened
     b.scope("dead", |b| b.exp(x)).unwrap();
     let y = b.scope("live", |b| b.neg(x)).unwrap();
     b.output(y).unwrap();

@@ -363,17 +363,19 @@ impl<'a> TraceBuilder<'a> {
     /// # Errors
     /// [`Error::InvalidScopeName`] for a name that is empty or holds a NUL or another control
     /// character, a `.` (the path separator: nest scopes instead) or a `*`;
-    /// [`Error::InvalidSymbol`] inside a
-    /// decomposition; the error `build` returns; [`Error::UnbalancedScope`] where `build` closed
-    /// more scopes than it opened (an `exit_scope` of this scope, or of one outside it).
+    /// [`Error::InvalidSymbol`] inside a decomposition; the error `build` returns;
+    /// [`Error::UnbalancedScope`] where `build` closed more scopes than it opened (an
+    /// `exit_scope` of this scope, or of one outside it).
     pub fn scope<T>(&mut self, name: &str, build: impl FnOnce(&mut Self) -> Result<T>) -> Result<T> {
         self.enter_scope(name)?;
         let level = self.open_scopes.len();
+        let entered = self.open_scopes[level - 1].clone();
         let result = build(self);
         // An `exit_scope` too many inside `build` closed this scope (or one outside it): the
         // ops `build` added after it are outside the scope, and a later `exit_scope` would
-        // close the wrong one. An error here, where the mistake is, not a scope dropped.
-        if self.open_scopes.len() < level {
+        // close the wrong one. An error here, where the mistake is, not a scope dropped. (Also
+        // where `build` then opened another in its place.)
+        if self.open_scopes.len() < level || self.open_scopes[level - 1] != entered {
             result?;
             let outer = if self.open_scopes.len() + 1 < level { " and a scope outside it" } else { "" };
             return Err(Error::UnbalancedScope {

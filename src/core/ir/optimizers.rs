@@ -81,7 +81,7 @@ fn setting(optimizer: &str, name: &str, setter: &str, value: f32, valid: bool, r
     }
     Err(Error::InvalidUpdate {
         detail: format!(
-            "{optimizer}'s {name} is {value}; it must be {range} (as torch.optim.{optimizer} requires), set it with `.{setter}(..)`"
+            "{optimizer}'s {name} is {value}; it must be {range} (torch.optim.{optimizer}'s range, and finite: NaN or infinite settings make the weights NaN); set it with `.{setter}(..)`"
         ),
     })
 }
@@ -201,8 +201,9 @@ impl Sgd {
         Self { nesterov, ..self }
     }
 
-    /// Checks the settings as `torch.optim.SGD` does: momentum and weight decay finite and at
-    /// least 0, dampening finite, and Nesterov momentum with a momentum above 0 and no dampening.
+    /// Checks the settings in `torch.optim.SGD`'s ranges, and finite (NaN or infinite settings
+    /// make the weights NaN): momentum and weight decay at least 0, and Nesterov momentum with a
+    /// momentum above 0 and no dampening.
     ///
     /// ```
     /// use boundscope::optim::Sgd;
@@ -374,9 +375,9 @@ impl AdamW {
         Self { weight_decay, ..self }
     }
 
-    /// Checks the settings as `torch.optim.AdamW` does: each beta at least 0 and below 1 (a beta
-    /// of 1 makes the bias correction `1 - beta^t` zero, and the step infinite), eps and weight
-    /// decay finite and at least 0.
+    /// Checks the settings in `torch.optim.AdamW`'s ranges, and finite: each beta at least 0
+    /// and below 1 (a beta of 1 makes the bias correction `1 - beta^t` zero, and the step
+    /// infinite), eps and weight decay at least 0.
     ///
     /// ```
     /// use boundscope::optim::AdamW;

@@ -192,10 +192,11 @@ impl OptionSpec {
     }
 
     /// Checks the spec itself, as [`Options::declare`](super::Options::declare) does: a name
-    /// `owner.name` (letters, digits and `_`, components joined by `.`), a type whose names
+    /// `owner.name` (letters, digits, `_` and `-`, components joined by `.`), a type whose names
     /// parse back (not empty, no `,` or surrounding spaces; `min <= max`), a default of that type,
     /// and an environment variable only for a user option, named `BOUNDSCOPE_...` (the front
-    /// end reads those).
+    /// end reads those) but not one the front end reads for itself (`BOUNDSCOPE_NVTX`,
+    /// `BOUNDSCOPE_TRACE_DIR`).
     ///
     /// # Errors
     /// [`Error::InvalidOptionValue`] naming what is wrong; [`Error::ConflictingOption`] for an
@@ -204,10 +205,11 @@ impl OptionSpec {
         let invalid = |expected: &str, got: &str| {
             Err(Error::InvalidOptionValue { name: self.name.to_string(), expected: expected.into(), got: got.into() })
         };
-        let component = |c: &str| !c.is_empty() && c.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_');
+        let component =
+            |c: &str| !c.is_empty() && c.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-');
         if !self.name.contains('.') || !self.name.split('.').all(component) {
             return invalid(
-                "an option name `owner.name` (letters, digits and `_`, components joined by `.`)",
+                "an option name `owner.name` (letters, digits, `_` and `-`, components joined by `.`)",
                 self.name,
             );
         }
@@ -237,6 +239,10 @@ impl OptionSpec {
             {
                 invalid("an environment variable `BOUNDSCOPE_...` (capitals, digits and `_`)", env)
             }
+            Some(env) if FRONT_END_VARIABLES.contains(&env) => Err(Error::ConflictingOption {
+                name: self.name.to_string(),
+                detail: format!("`{env}` is a variable the front end reads for itself; give the option another"),
+            }),
             _ => Ok(()),
         }
     }
@@ -244,6 +250,10 @@ impl OptionSpec {
 
 /// The prefix of the environment variables the front end reads options from.
 pub(crate) const ENV_PREFIX: &str = "BOUNDSCOPE_";
+
+/// The variables the front end reads for itself, not for an option (`frontend::NVTX_OVERRIDE`
+/// and `frontend::TRACE_DIR`).
+pub(crate) const FRONT_END_VARIABLES: &[&str] = &["BOUNDSCOPE_NVTX", "BOUNDSCOPE_TRACE_DIR"];
 
 /// Profiling levels (`runtime.profiling`).
 pub(crate) const PROFILING_LEVELS: &[&str] = &["auto", "off", "scopes", "regions", "ops"];
@@ -358,10 +368,7 @@ mod tests {
     #[test]
     fn specs_are_validated_when_declared() {
         use crate::options::Options;
-        let builtin = RUNTIME_OPTIONS.iter().chain(crate::executors::CPU_FUSION_OPTIONS);
-        #[cfg(feature = "cuda")]
-        let builtin = builtin.chain(crate::executors::cuda::CUDA_OPTIONS);
-        for spec in builtin {
+        for spec in Options::new().specs() {
             spec.validate().unwrap_or_else(|e| panic!("{}: {e}", spec.name));
         }
         let good = OptionSpec {
@@ -396,6 +403,7 @@ mod tests {
             (OptionSpec { name: "mine.dev", audience: Audience::Developer, ..good.clone() }, "user options only"),
             (OptionSpec { name: "mine.env", env: Some("MY_KNOB"), ..good.clone() }, "BOUNDSCOPE_"),
             (OptionSpec { name: "mine.fusion", env: Some("BOUNDSCOPE_FUSION"), ..good.clone() }, "runtime.fusion"),
+            (OptionSpec { name: "mine.nvtx", env: Some("BOUNDSCOPE_NVTX"), ..good.clone() }, "for itself"),
             (OptionSpec { name: "mine.other", ..good.clone() }, "mine.knob"),
         ];
         for (spec, says) in bad {

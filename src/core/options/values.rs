@@ -31,7 +31,9 @@ pub struct Options {
 // executors; the core only knows its own specs.
 
 impl Options {
-    /// Options with exactly these specs (for tests and embedders with their own executors).
+    /// Options with exactly these specs (for tests and embedders with their own executors), taken
+    /// as given: [`declare`](Self::declare) checks each spec ([`OptionSpec::validate`]) where
+    /// this does not.
     pub fn with_specs(specs: &[OptionSpec]) -> Self {
         Self { specs: specs.to_vec(), values: Vec::new() }
     }

@@ -360,8 +360,10 @@ impl Plan {
     /// executor claims is an error.
     ///
     /// # Errors
-    /// [`Error::MalformedTrace`] if the trace does not verify; [`Error::NoExecutor`] naming the
-    /// symbol and the executors tried; or an executor's own compile error.
+    /// [`Error::MalformedTrace`] if the trace does not verify; [`Error::DeviceMismatch`] for
+    /// executors on two devices; [`Error::ExecutorName`] for two executors of the list sharing a
+    /// name, or one without a name; [`Error::NoExecutor`] naming the symbol and the executors
+    /// tried; or an executor's own compile error.
     pub fn compile(trace: &Trace<'_>, executors: &[Arc<dyn Executor>]) -> Result<Plan> {
         Self::compile_filtered(trace, executors, &RangeFilter::new())
     }

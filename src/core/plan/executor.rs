@@ -139,7 +139,9 @@ where
 /// assert_eq!(out[0].to_f32_vec(), &[0.0, 0.5, 2.0]);
 /// ```
 pub trait Executor: Any + Send + Sync {
-    /// A short, unique name (used in listings and errors).
+    /// A short name, not empty and unique among a plan's executors (used in listings, notes,
+    /// range filters and errors; [`Plan::compile`](crate::Plan::compile) refuses a list where
+    /// two executors share one).
     fn name(&self) -> &str;
 
     /// Whether this executor runs this bound symbol.

@@ -3045,7 +3045,8 @@ mod tests {
         let vectors = KernelVariants { vector_tile_values: true, ..defaults };
         // (cols, run in 16 bits, run in f32): wide tiles (4), plain tiles (12, 9), pipelined
         // (36 to 254).
-        for (cols, run16, run32) in [(4, 4, 1), (9, 1, 1), (12, 4, 1), (36, 4, 1), (62, 2, 2), (100, 4, 1), (254, 2, 1)]
+        for (cols, run16, run32) in
+            [(2, 2, 2), (4, 4, 1), (9, 1, 1), (12, 4, 1), (36, 4, 1), (62, 2, 2), (100, 4, 1), (254, 2, 1)]
         {
             for dtype in [DType::F32, DType::BF16, DType::F16] {
                 for layer_norm in [false, true] {
@@ -3090,6 +3091,23 @@ mod tests {
                 }
             }
         }
+        // A bf16 row written as f32 (`layer_norm` with f32 weight and bias): runs of 4 read as 8
+        // bytes, written as 16.
+        let mixed = source_targeting(
+            |b| {
+                let x = b.input_with(&crate::TensorMeta::new(DType::BF16, &[65536, 100])).unwrap();
+                let mut operand = || b.input_with(&crate::TensorMeta::new(DType::F32, &[100])).unwrap();
+                let (w, bias) = (operand(), operand());
+                b.layer_norm(x, 1e-5, Some(w), Some(bias)).unwrap()
+            },
+            HOPPER,
+            vectors,
+        )
+        .unwrap();
+        let src = &mixed.source.source;
+        assert!(src.contains("*reinterpret_cast<const uint2*>(tile_in + first + (lane + 0) * 4)"), "{src}");
+        assert!(src.contains("*reinterpret_cast<uint4*>(tile_out + first + (lane + 0) * 4) ="), "{src}");
+        super::super::compiles_with_nvrtc(src);
         // Without tiles, the variant changes nothing.
         let in_place = KernelVariants { tiled_rows: false, pipelined_tiles: false, ..defaults };
         for cols in [4, 36, 100] {

@@ -523,11 +523,12 @@ kernel_variants! {
     long_rows_as_read = true,
         "16-bit softmax rows too long to keep on chip as floats are kept as read, by a block or a cluster of up to 3 (KernelVariants::long_rows_as_read).";
     /// Rows read as tiles ([`tiled_rows`](Self::tiled_rows),
-    /// [`pipelined_tiles`](Self::pipelined_tiles)) move between shared memory and registers up
-    /// to 8 bytes an access, where they moved a value an access: each thread of a row takes runs
-    /// of `w` values, `w` the most (4 in 16 bits, 2 in f32) that divides the row's length, so
-    /// that every run is aligned in the tile (whose rows start at multiples of the length), and
-    /// `layer_norm`'s weight and bias (widened in shared memory) are read the same way. Rows of
+    /// [`pipelined_tiles`](Self::pipelined_tiles)) move between shared memory and registers a
+    /// run of values an access, where they moved a value an access: each thread of a row takes
+    /// runs of `w` values, `w` the most (4 in 16 bits, 2 in f32: up to 8 bytes of the input) that
+    /// divides the row's length, so that every run is aligned in the tile (whose rows start at
+    /// multiples of the length), and `layer_norm`'s weight and bias (widened to `float` in shared
+    /// memory, up to 16 bytes a run) are read the same way. Rows of
     /// odd lengths keep a value an access. Over 16-bit rows of 100 values (8 threads a row), a
     /// thread's 13 loads and 13 stores of 2 bytes each (`LDS.U16`, `STS.U16`, each its own
     /// instruction) become 4 and 4 of 8 bytes. Without tiles it does nothing.

@@ -646,12 +646,32 @@ mod tests {
         assert!(matches!(b.update(doubled, w), Err(Error::InvalidUpdate { .. })), "not an input");
     }
 
+    /// Each of `bad` (an optimizer and what its error says) refused by `check`, `step_inputs` and
+    /// `update` alike, naming `name`'s setting, the builder still working after it.
+    fn refuses_each<O: Optimizer<Inputs: std::fmt::Debug> + Default>(
+        bad: impl IntoIterator<Item = (O, &'static str)>,
+        name: &str,
+        check: impl Fn(&O) -> Result<()>,
+    ) {
+        let (registry, arena) = (Registry::with_builtins(), Arena::new());
+        for (optimizer, what) in bad {
+            let mut b = TraceBuilder::new(&arena, &registry);
+            let (w, g) = (b.input(&[2]).unwrap(), b.input(&[2]).unwrap());
+            for err in [check(&optimizer).unwrap_err(), optimizer.step_inputs(&mut b).unwrap_err()] {
+                assert!(matches!(err, Error::InvalidUpdate { .. }), "{err:?}");
+                assert!(err.to_string().contains(&format!("{name}'s {what}")), "{what}: {err}");
+            }
+            let inputs = O::default().step_inputs(&mut b).unwrap();
+            assert!(optimizer.update(&mut b, &inputs, w, g).unwrap_err().to_string().contains(what));
+            O::default().update(&mut b, &inputs, w, g).unwrap();
+        }
+    }
+
     /// Settings `torch.optim` refuses are typed errors naming the setting, from `check`,
     /// `step_inputs` and `update` alike (with a beta of 1 the step was infinite and the weights
     /// NaN; with a negative eps the step went the wrong way), and the builder keeps working.
     #[test]
     fn settings_out_of_range_are_typed_errors() {
-        let (registry, arena) = (Registry::with_builtins(), Arena::new());
         let bad_adamw = [
             (AdamW::new().betas(1.0, 0.999), "beta1 is 1"),
             (AdamW::new().betas(1.5, 0.999), "beta1 is 1.5"),
@@ -663,34 +683,14 @@ mod tests {
             (AdamW::new().weight_decay(-0.01), "weight_decay is -0.01"),
             (AdamW::new().weight_decay(f32::NAN), "weight_decay is NaN"),
         ];
-        for (adamw, what) in bad_adamw {
-            let mut b = TraceBuilder::new(&arena, &registry);
-            let (w, g) = (b.input(&[2]).unwrap(), b.input(&[2]).unwrap());
-            for err in [adamw.check().unwrap_err(), adamw.step_inputs(&mut b).unwrap_err()] {
-                assert!(matches!(err, Error::InvalidUpdate { .. }), "{err:?}");
-                assert!(err.to_string().contains(&format!("AdamW's {what}")), "{what}: {err}");
-            }
-            let inputs = AdamW::new().step_inputs(&mut b).unwrap();
-            assert!(adamw.update(&mut b, &inputs, w, g).unwrap_err().to_string().contains(what));
-            AdamW::new().update(&mut b, &inputs, w, g).unwrap();
-        }
+        refuses_each(bad_adamw, "AdamW", AdamW::check);
         let bad_sgd = [
             (Sgd::new().momentum(-1.0), "momentum is -1"),
             (Sgd::new().momentum(f32::NAN), "momentum is NaN"),
             (Sgd::new().dampening(f32::INFINITY), "dampening is inf"),
             (Sgd::new().weight_decay(-1.0), "weight_decay is -1"),
         ];
-        for (sgd, what) in bad_sgd {
-            let mut b = TraceBuilder::new(&arena, &registry);
-            let (w, g) = (b.input(&[2]).unwrap(), b.input(&[2]).unwrap());
-            for err in [sgd.check().unwrap_err(), sgd.step_inputs(&mut b).unwrap_err()] {
-                assert!(matches!(err, Error::InvalidUpdate { .. }), "{err:?}");
-                assert!(err.to_string().contains(&format!("SGD's {what}")), "{what}: {err}");
-            }
-            let inputs = Sgd::new().step_inputs(&mut b).unwrap();
-            assert!(sgd.update(&mut b, &inputs, w, g).unwrap_err().to_string().contains(what));
-            Sgd::new().update(&mut b, &inputs, w, g).unwrap();
-        }
+        refuses_each(bad_sgd, "SGD", Sgd::check);
         // The edges torch.optim accepts: betas of 0, eps and weight decay of 0, momentum above 1.
         assert!(AdamW::new().betas(0.0, 0.0).eps(0.0).weight_decay(0.0).check().is_ok());
         assert!(Sgd::new().momentum(1.5).dampening(-0.5).check().is_ok());

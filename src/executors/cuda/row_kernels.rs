@@ -15,7 +15,7 @@
 //! as read too, by a block up to 122,880 ([`KernelVariants::long_rows_as_read`]). Longer rows
 //! are kept on chip by a thread-block cluster of up to 8 such blocks (3 for 16-bit `softmax`), a
 //! slice each, the cluster combining the blocks' sums through distributed shared memory
-//! ([`KernelVariants::clustered_rows`]), where the rows are at least a quarter of the SMs. Rows
+//! ([`KernelVariants::clustered_rows`]), where the rows are at least two fifths of the SMs. Rows
 //! longer still, or fewer, are streamed by half a block, each thread with several reads in
 //! flight: two passes for `softmax` (its maximum and sum in one, online), two for `layer_norm`
 //! (its sum and squared deviations in one, [`KernelVariants::one_pass_moments`]); where such
@@ -83,13 +83,14 @@ const STREAMED_ROW_THREADS: usize = 512;
 /// cluster size.
 const MAX_CLUSTER_BLOCKS: usize = 8;
 
-/// Clusters keep rows too long for a block only where the rows are at least the GPU's SMs over
-/// this ([`KernelVariants::clustered_rows`]); fewer stay streamed, split over clusters
-/// ([`KernelVariants::split_rows`]). On the H200's 132 SMs, 16 and 32 rows kept by clusters of
-/// 5 to 8 blocks ran at 0.63x to 0.95x their split kernels (capped at 4 or 6 blocks, 0.72x to
-/// 1.19x, 2 of 15 cases faster). 64 rows and more gained (f32 `layer_norm` [64, 100003] 1.29x
-/// on an H100); 33 to 63 were not timed.
-const CLUSTERED_ROWS_SM_DIVISOR: usize = 4;
+/// Clusters keep rows too long for a block only where the rows are at least this share of the
+/// GPU's SMs, as (numerator, denominator) ([`KernelVariants::clustered_rows`]): two fifths, 53
+/// rows on 132 SMs; fewer stay streamed, split over clusters ([`KernelVariants::split_rows`]).
+/// Kept by clusters, 16 and 32 rows ran at 0.63x to 0.95x their split kernels (the H200), 40
+/// rows at 0.84x to 0.87x and 48 at 0.66x to 0.77x (an H100, 2026-12-07, f32 and bf16
+/// `layer_norm` and `softmax`); 64 rows mostly gained (0.81x to 1.29x: f32 [64, 100003]
+/// 1.14-1.17x, f32 `softmax` [64, 200003] 1.29x).
+const CLUSTERED_ROWS_SM_SHARE: (usize, usize) = (2, 5);
 
 /// Blocks of a cluster that keeps a 16-bit `softmax` row as read, at most
 /// ([`KernelVariants::long_rows_as_read`]): clusters of 2 and 3 were timed faster than the
@@ -1239,9 +1240,9 @@ pub(super) fn row_source(
     // 16-bit `softmax` rows kept as read (`KernelVariants::long_rows_as_read`) take clusters
     // of up to 3 blocks (2 and 3 were timed faster): kept by 8, 16 rows of 524,288 values ran
     // at 0.50x their streamed kernels (an H100, 2026-12-07; 16 clusters of 8 may not all fit
-    // the GPCs at once). Rows fewer than a quarter of the SMs stay streamed where the streamed
-    // row is split over clusters (`CLUSTERED_ROWS_SM_DIVISOR`); where it would not be (the SM
-    // count unknown, or `split_rows` off: a block a row, a few SMs busy), clusters keep it.
+    // the GPCs at once). Rows fewer than two fifths of the SMs stay streamed where the
+    // streamed row is split over clusters (`CLUSTERED_ROWS_SM_SHARE`); where it would not be
+    // (the SM count unknown, or `split_rows` off: a block a row, a few SMs busy), clusters keep it.
     let split =
         if variants.split_rows && clusters { cluster_blocks(rows, sms, layout.streamed_rounds(cols)) } else { 1 };
     let sixteen_bit_softmax = id == prims::SOFTMAX && packing::is_packed(dtypes[0]);
@@ -1250,7 +1251,7 @@ pub(super) fn row_source(
         && clusters
         && shared_limit > 0
         && layout.per_thread.is_none()
-        && (split == 1 || rows * CLUSTERED_ROWS_SM_DIVISOR >= sms)
+        && (split == 1 || rows * CLUSTERED_ROWS_SM_SHARE.1 >= sms * CLUSTERED_ROWS_SM_SHARE.0)
         && (!sixteen_bit_softmax || variants.long_rows_as_read))
         .then(|| {
             let least = sms.div_ceil(rows.max(1)).clamp(2, most);
@@ -3386,9 +3387,9 @@ mod tests {
     /// as give each SM one, where rows are fewer), each slice the row's accesses over the
     /// blocks, the last one shorter, so that the slices cover the row once, and every column
     /// the kernel takes in its block's slice; both reductions combined across the cluster. Rows
-    /// a block keeps, rows too long for 8 blocks (3 for 16-bit `softmax`) and rows fewer than a
-    /// quarter of the SMs (where the streamed row is split over clusters) get the kernels without
-    /// the variant. Each clustered kernel compiles for Hopper.
+    /// a block keeps, rows too long for 8 blocks (3 for 16-bit `softmax`) and rows fewer than
+    /// two fifths of the SMs (where the streamed row is split over clusters) get the kernels
+    /// without the variant. Each clustered kernel compiles for Hopper.
     #[test]
     fn clustered_rows_keep_rows_too_long_for_a_block_on_a_cluster() {
         let with = KernelVariants::default();
@@ -3396,7 +3397,12 @@ mod tests {
         for (layer_norm, dtype, shape, cluster) in [
             (true, DType::F32, [700, 65537], 2),
             (true, DType::F32, [66, 200003], 4),
-            (true, DType::F32, [33, 200003], 4),
+            (true, DType::F32, [53, 200003], 4),
+            // The GPU row tests' clustered shape, in every op and dtype.
+            (true, DType::F32, [54, 131073], 3),
+            (false, DType::F32, [54, 131073], 3),
+            (true, DType::F16, [54, 131073], 3),
+            (false, DType::BF16, [54, 131073], 3),
             (true, DType::BF16, [500, 150001], 2),
             (true, DType::F16, [64, 262144], 3),
             (false, DType::F32, [300, 131072], 2),
@@ -3405,9 +3411,12 @@ mod tests {
             // by a block (with or without clusters), or streamed past 3 blocks.
             (false, DType::BF16, [300, 131072], 2),
             (false, DType::F16, [64, 200003], 3),
-            (false, DType::BF16, [40, 300007], 3),
-            // Rows fewer than a quarter of the SMs (132 here): streamed.
+            (false, DType::BF16, [60, 300007], 3),
+            // Rows fewer than two fifths of the SMs (53 of 132 here): streamed.
             (true, DType::F32, [32, 200003], 1),
+            (true, DType::F32, [52, 200003], 1),
+            (false, DType::F32, [40, 262144], 1),
+            (false, DType::BF16, [40, 300007], 1),
             (true, DType::BF16, [16, 524288], 1),
             (false, DType::BF16, [32, 300007], 1),
             (false, DType::BF16, [300, 400003], 1),
@@ -3533,7 +3542,7 @@ mod tests {
     /// `KernelVariants::long_rows_as_read` keeps a 16-bit `softmax` row too long to keep as
     /// `float`s as read, two bytes a value, each exponential taken twice: by a block up to
     /// 122,880 values, past that by a cluster of up to 3 blocks; rows too long for 3, or fewer
-    /// than a quarter of the SMs, are streamed by the kernels without the variant, and so are
+    /// than two fifths of the SMs, are streamed by the kernels without the variant, and so are
     /// rows kept as `float`s, f32 rows and `layer_norm` rows. Each kept kernel compiles.
     #[test]
     fn long_rows_as_read_keep_long_16_bit_softmax_rows_on_chip() {
@@ -3544,7 +3553,7 @@ mod tests {
             (DType::F16, [100, 122880], 1),
             (DType::BF16, [300, 131072], 2),
             (DType::F16, [64, 200003], 3),
-            (DType::BF16, [40, 300007], 3),
+            (DType::BF16, [60, 300007], 3),
         ] {
             let what = format!("{dtype} {shape:?}");
             let kernel = row_op_with(false, dtype, shape, HOPPER_BLOCK, with);
@@ -3562,8 +3571,9 @@ mod tests {
         }
         for (layer_norm, dtype, shape) in [
             (false, DType::BF16, [16, 524288]),
-            // Rows fewer than a quarter of the SMs: streamed (`CLUSTERED_ROWS_SM_DIVISOR`).
+            // Rows fewer than two fifths of the SMs: streamed (`CLUSTERED_ROWS_SM_SHARE`).
             (false, DType::BF16, [32, 300007]),
+            (false, DType::BF16, [52, 300007]),
             (false, DType::F16, [300, 400003]),
             (false, DType::F16, [4, 1 << 20]),
             (false, DType::BF16, [333, 50257]),

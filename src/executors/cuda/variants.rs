@@ -465,13 +465,16 @@ kernel_variants! {
     /// read, by clusters of up to 3 ([`long_rows_as_read`](Self::long_rows_as_read)): kept as
     /// `float`s they ran at 0.74x to 0.78x their streamed kernels. Where the GPU
     /// cannot run such a cluster at once, the kernel is generated without it, as
-    /// [`split_rows`](Self::split_rows)' are. Rows fewer than a quarter of the SMs (32 or fewer
+    /// [`split_rows`](Self::split_rows)' are. Rows fewer than two fifths of the SMs (52 or fewer
     /// on 132 SMs) stay streamed, split over clusters by [`split_rows`](Self::split_rows) (with
     /// it off, or the SM count unknown, clusters keep them): on the H200 (2026-12-07,
     /// `gpu_sweep f32 layer_norm,softmax 16x200003,32x131072,16x262144` and `bf16 layer_norm
     /// 16x524288,32x262144` `--variant=clustered_rows`), kept by clusters of 5 to 8 they ran at
     /// 0.63x to 0.95x their streamed kernels, and capped at 4 or 6 blocks mostly slower too
-    /// (0.72x to 1.19x, 2 of 15 cases faster).
+    /// (0.72x to 1.19x, 2 of 15 cases faster); on an H100 (2026-12-07, f32 `layer_norm` and
+    /// `softmax` over [40, 262144] and [48, 131072], bf16 over [48, 524288]) 40 rows ran at
+    /// 0.84x to 0.87x and 48 rows at 0.66x to 0.77x, and 64 rows at 0.81x to 1.29x (4 of 6
+    /// faster).
     ///
     /// On by default: on an H100 (2026-12-07, `gpu_sweep f32,bf16 layer_norm
     /// 700x65537,64x100003,500x150001 --variant=clustered_rows` and `gpu_sweep bf16,f32 softmax
@@ -485,7 +488,7 @@ kernel_variants! {
         "layer_norm and f32 softmax rows too long for one block to keep on chip are kept by a thread-block cluster of up to 8 blocks, a slice each, and 16-bit softmax rows kept as read by up to 3 (KernelVariants::clustered_rows).";
     /// A streamed `layer_norm` row (too long for a block or a cluster to keep on chip: past
     /// 524,288 f32 values or 983,040 16-bit ones on Hopper, or past one block's where clusters
-    /// are off or unavailable or the rows fewer than a quarter of the SMs) takes its sum and its
+    /// are off or unavailable or the rows fewer than two fifths of the SMs) takes its sum and its
     /// squared deviations in one pass over the row, then the pass that writes: two reads of the
     /// row where there were three (its mean, its variance, its results). Each thread folds each
     /// of its accesses into its own count, mean and sum of squared deviations (Chan's update: an

@@ -704,6 +704,18 @@ pub(super) fn open_rows(c: &mut String, t: usize, rows: usize, cols: usize) {
     let _ = writeln!(c, "    const long long row = r * {cols}ll;");
 }
 
+/// One round of a streamed row's loop (its column `col0`): `u` accesses `step` values apart
+/// loaded into `float xs[u][vector]` as `accesses` cache them, then, access by access, its
+/// values as `float* const x` and whether it `touches` the row as `in_row`. The caller closes
+/// the second loop and the round.
+fn streamed_round(accesses: &RowAccesses, u: usize, step: usize, touches: &str) -> String {
+    let (ix, v, widen) = (accesses.index(), accesses.vector, accesses.widen());
+    format!(
+        " float xs[{u}][{v}];\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const {ix} col = col0 + {widen}u * {step}; {} }}\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const {ix} col = col0 + {widen}u * {step}; const bool in_row = {touches}; float* const x = xs[u];",
+        accesses.fill("xs[u]"),
+    )
+}
+
 /// The C of a row kernel's accesses to its row, of `vector` values each. The generated code
 /// names the row's first element `row`, the access's first column `col`, whether the access is
 /// the thread's to make `valid`, and, where accesses are [`aligned`](RowLayout::aligned) to the
@@ -1382,8 +1394,12 @@ pub(super) fn row_source(
     let streamed = layout.per_thread.is_none();
     let (streamed_loads, streamed_stride) = (layout.streamed_loads(), layout.streamed_stride());
     let streamed_rounds = layout.streamed_rounds(cols);
+    // Split over clusters of up to 8 however many the rows, one block an SM
+    // (`KernelVariants::streamed_split_waves`): see `shared_bytes` below.
+    let waves = streamed && variants.streamed_split_waves && variants.split_rows && clusters && sm_shared > 0;
     let cluster = match kept_by_cluster {
         Some((k, _)) => k,
+        None if waves => cluster_blocks(1, usize::MAX, streamed_rounds),
         None if streamed => split,
         None => 1,
     };
@@ -1457,6 +1473,20 @@ pub(super) fn row_source(
         let _ = writeln!(c, "    const {ix} slice_col = ({ix})slice * {};", accesses.literal(a * v));
     }
     let touches = accesses.touches();
+    // A streamed row's last pass, its loads the row's last and its stores the results, with
+    // the streaming hints where the kernel's tensors do not fit in L2
+    // (`KernelVariants::streamed_last_pass_hints`): the first pass's lines, which the last
+    // reads back, stay in L2 longer. `streamed_last`: its loops, forward and back.
+    let last_accesses = RowAccesses {
+        caching: if streamed && variants.streamed_last_pass_hints {
+            let read = super::codegen::total_words(input_lengths.iter().copied());
+            super::codegen::whole_tensors(variants, read, packing::words(out_dtype, numel), l2_bytes)
+        } else {
+            accesses.caching
+        },
+        ..accesses
+    };
+    let mut streamed_last = None;
     // Each pass opens with `open`, or, where it follows one that ran forward over a split row,
     // with `back` (the same where the row is not split).
     let mut as_read = None;
@@ -1583,12 +1613,14 @@ pub(super) fn row_source(
             let (u, step) = (streamed_loads, t * v);
             let (count, widen, stride) = (accesses.count(), accesses.widen(), accesses.literal(streamed_stride));
             let first = accesses.column(&format!("{widen}lane"));
-            let rounds = format!(
-                " float xs[{u}][{v}];\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const {ix} col = col0 + {widen}u * {step}; {} }}\n    #pragma unroll\n    for (int u = 0; u < {u}; ++u) {{ const {ix} col = col0 + {widen}u * {step}; const bool in_row = {touches}; float* const x = xs[u];",
-                accesses.fill("xs[u]"),
-            );
+            let (rounds, last_rounds) =
+                (streamed_round(&accesses, u, step, &touches), streamed_round(&last_accesses, u, step, &touches));
             if cluster == 1 {
-                let open = format!("    for ({ix} col0 = {first}; col0 < {count}; col0 += {stride}) {{{rounds}");
+                let pass = |rounds: &str| {
+                    format!("    for ({ix} col0 = {first}; col0 < {count}; col0 += {stride}) {{{rounds}")
+                };
+                streamed_last = Some((pass(&last_rounds), pass(&last_rounds)));
+                let open = pass(&rounds);
                 (open.clone(), open, "    } }".to_string(), "    } }".to_string())
             } else {
                 // The thread's rounds over its block's slice, from its first column there,
@@ -1599,14 +1631,19 @@ pub(super) fn row_source(
                 let _ = writeln!(c, "    const {ix} from = {first} + ({ix})(slice * {r}u / {k}u) * {stride};");
                 let _ = writeln!(c, "    const {ix} end = {first} + ({ix})((slice + 1u) * {r}u / {k}u) * {stride};");
                 let _ = writeln!(c, "    const {ix} upto = end < {count} ? end : {count};");
-                let forward = format!("    for ({ix} col0 = from; col0 < upto; col0 += {stride}) {{{rounds}");
-                let backward = format!(
+                let forward =
+                    |rounds: &str| format!("    for ({ix} col0 = from; col0 < upto; col0 += {stride}) {{{rounds}");
+                let backward = |rounds: &str| {
+                    format!(
                     "    for ({ix} round = (upto - from + {stride} - 1) / {stride} - 1; round >= 0; --round) {{ const {ix} col0 = from + round * {stride};{rounds}"
-                );
-                (forward, backward, "    } }".to_string(), "    } }".to_string())
+                )
+                };
+                streamed_last = Some((forward(&last_rounds), backward(&last_rounds)));
+                (forward(&rounds), backward(&rounds), "    } }".to_string(), "    } }".to_string())
             }
         }
     };
+    let (last_forward, last_back) = streamed_last.unwrap_or_else(|| (open.clone(), back.clone()));
     // Where the results' exponentials are scaled (`bs_exp_out`, see `RowOp::scales_results`),
     // the sums that are not of them are scaled too, once, in `inv_z`: an exact power of 2.
     let (exp_out, inv_z) = if RowOp::scales_results(out_dtype, variants.fast_exp2) {
@@ -1627,12 +1664,12 @@ pub(super) fn row_source(
         }
         // One division per row, a product per value (within an ulp of dividing each).
         let _ = writeln!(c, "    const float inv_z = {inv_z};");
-        let _ = writeln!(c, "{back}");
+        let _ = writeln!(c, "{last_back}");
         let _ = writeln!(
             c,
             "      if (in_row) {{ float y[{v}]; for (int e = 0; e < {v}; ++e) y[e] = {exp_out}(x[e] - m) * inv_z;"
         );
-        let _ = writeln!(c, "        {} }}", accesses.put(out_dtype));
+        let _ = writeln!(c, "        {} }}", last_accesses.put(out_dtype));
         let _ = writeln!(c, "{close}");
     } else if id == prims::SOFTMAX {
         let _ = writeln!(c, "    float acc = __int_as_float(0xff800000);");
@@ -1751,7 +1788,7 @@ pub(super) fn row_source(
             && !two_blocks
             && dtypes[1..].iter().any(|d| v * d.size_bytes() == 16);
         // The last pass goes back over a split row where the first went forward.
-        let last_open = if one_pass { &back } else { &open };
+        let last_open = if one_pass { &last_back } else { &last_forward };
         let last = |c: &mut String, shift: Option<usize>| {
             let _ = writeln!(c, "{last_open}");
             let _ = writeln!(c, "      if (in_row) {{ float y[{v}];");
@@ -1765,7 +1802,7 @@ pub(super) fn row_source(
                 let combine = if k == 1 { "y[e] = y[e] * p[e]" } else { "y[e] = y[e] + p[e]" };
                 let _ = writeln!(c, "          for (int e = 0; e < {v}; ++e) {combine}; }}");
             }
-            let _ = writeln!(c, "        {} }}", accesses.put(out_dtype));
+            let _ = writeln!(c, "        {} }}", last_accesses.put(out_dtype));
             let _ = writeln!(c, "{close}");
         };
         if by_shift {
@@ -1803,6 +1840,8 @@ pub(super) fn row_source(
         cluster,
     };
     let shared_bytes = staged.map_or(layout.shared_bytes(), |staged| staged.bytes);
+    // Half an SM's shared memory: one block an SM (`KernelVariants::streamed_split_waves`).
+    let shared_bytes = if waves { shared_bytes.max(sm_shared / 2) } else { shared_bytes };
     Ok(RowSource { source, layout, blocks, shared_bytes })
 }
 
@@ -1982,6 +2021,8 @@ mod tests {
                 one_pass_moments: true,
                 long_rows_as_read: true,
                 vector_tile_values: false,
+                streamed_last_pass_hints: false,
+                streamed_split_waves: false,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -3124,6 +3165,114 @@ mod tests {
         }
     }
 
+    /// With `streamed_last_pass_hints`, a streamed row's last pass reads the row and writes the
+    /// results with the streaming hints where the kernel's tensors do not fit in three quarters
+    /// of L2; its first pass reads plainly. Streamed rows whose tensors fit, and rows kept on
+    /// chip, keep their kernels byte for byte. The kernels compile.
+    #[test]
+    fn streamed_last_pass_hints_mark_the_last_pass_only() {
+        let defaults = KernelVariants::default();
+        let hinted = defaults.flipped("streamed_last_pass_hints").unwrap();
+        const L2: usize = 50 << 20;
+        for (layer_norm, dtype, shape) in [
+            (true, DType::F32, [64, 1 << 20]),
+            (false, DType::F32, [16, 1 << 20]),
+            (true, DType::BF16, [16, 1 << 20]),
+            (false, DType::F16, [300, 1 << 20]),
+            (true, DType::F32, [3, 1 << 22]),
+            // Odd lengths: accesses aligned to the tensor.
+            (true, DType::BF16, [40, 1000003]),
+            (false, DType::F32, [20, 700001]),
+            // One-pass moments off: three passes, the last one forward.
+            (true, DType::F32, [9, 1 << 21]),
+        ] {
+            let what = format!("layer_norm: {layer_norm}, {dtype} {shape:?}");
+            let variants =
+                |v: KernelVariants| if shape == [9, 1 << 21] { v.flipped("one_pass_moments").unwrap() } else { v };
+            let before = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, variants(defaults), L2);
+            let with = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, variants(hinted), L2);
+            assert!(before.layout.per_thread.is_none(), "{what}: streamed");
+            let (b, s) = (&before.source.source, &with.source.source);
+            assert!(!b.contains("__ldcs(") && !b.contains("__stcs("), "{what}: no hints without it\n{b}");
+            // The first load of the row is plain; the last pass's loads and stores are hinted.
+            let first = s.find("in0 + row + col").unwrap();
+            assert!(!s[..first].ends_with("__ldcs(reinterpret_cast<const uint4*>("), "{what}\n{s}");
+            assert!(s.contains("__ldcs(reinterpret_cast<const uint4*>(in0 + row + col))"), "{what}\n{s}");
+            assert!(s.contains("__stcs(reinterpret_cast<uint4*>(out0 + row + col)"), "{what}\n{s}");
+            let hinted_loads = s.matches("__ldcs(").count();
+            let plain_loads = s.matches("*reinterpret_cast<const uint4*>(in0 + row + col)").count();
+            assert!(hinted_loads >= 1 && plain_loads >= 1, "{what}: {hinted_loads} hinted, {plain_loads} plain");
+            assert_eq!((with.blocks, with.source.cluster), (before.blocks, before.source.cluster), "{what}");
+            if with.source.cluster > 1 {
+                crate::executors::cuda::compiles_as_clusters(s, &what);
+            } else {
+                super::super::compiles_with_nvrtc(s);
+            }
+        }
+        // Tensors that fit in L2, and rows kept on chip: unchanged.
+        for (layer_norm, dtype, shape) in
+            [(true, DType::F32, [2, 1 << 20]), (false, DType::BF16, [2, 1 << 21]), (true, DType::F32, [4096, 1024])]
+        {
+            let before = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, defaults, L2);
+            let with = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, hinted, L2);
+            assert_eq!(with.source.source, before.source.source, "{layer_norm} {dtype} {shape:?}");
+        }
+    }
+
+    /// With `streamed_split_waves`, a streamed row is split over a cluster of 8 blocks (fewer
+    /// where its rounds are fewer than 16: each block two at least) however many the rows, and
+    /// each block takes half an SM's shared memory, so that an SM runs one; rows kept on chip,
+    /// and every row where the SM's shared memory is unknown, keep their kernels. The kernels
+    /// compile.
+    #[test]
+    fn streamed_split_waves_split_every_streamed_row_one_block_an_sm() {
+        let defaults = KernelVariants::default();
+        let waves = defaults.flipped("streamed_split_waves").unwrap();
+        // (shape, the cluster without the variant, with it)
+        for (layer_norm, dtype, shape, without, with) in [
+            (true, DType::F32, [64, 1 << 20], 4, 8),
+            (false, DType::F32, [16, 1 << 20], 8, 8),
+            (true, DType::BF16, [300, 1 << 20], 1, 8),
+            (false, DType::BF16, [132, 700001], 1, 8),
+            (true, DType::F32, [40, 1000003], 4, 8),
+        ] {
+            let what = format!("layer_norm: {layer_norm}, {dtype} {shape:?}");
+            let before = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, defaults);
+            let kernel = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, waves);
+            assert!(kernel.layout.per_thread.is_none(), "{what}: streamed");
+            assert_eq!((before.source.cluster, kernel.source.cluster), (without, with), "{what}");
+            assert_eq!(kernel.blocks as usize, shape[0] * with, "{what}");
+            assert!(fit_an_sm(1, kernel.shared_bytes, HOPPER_SM), "{what}: {}", kernel.shared_bytes);
+            assert!(!fit_an_sm(2, kernel.shared_bytes, HOPPER_SM), "{what}: {}", kernel.shared_bytes);
+            assert!(fit_an_sm(2, before.shared_bytes, HOPPER_SM), "{what}: {}", before.shared_bytes);
+            crate::executors::cuda::compiles_as_clusters(&kernel.source.source, &what);
+        }
+        // Rows kept on chip (by a block, by a cluster), and the SM's shared memory unknown.
+        for (layer_norm, dtype, shape) in [(true, DType::F32, [64, 4096]), (true, DType::F32, [66, 200003])] {
+            let before = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, defaults);
+            let kernel = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, waves);
+            assert_eq!(
+                (&kernel.source.source, kernel.blocks, kernel.shared_bytes),
+                (&before.source.source, before.blocks, before.shared_bytes),
+                "{dtype} {shape:?}"
+            );
+        }
+        let unknown = RowTarget { shared_limit: HOPPER_BLOCK, sm_shared: 0, ..HOPPER };
+        let of = |variants| {
+            source_targeting(
+                |b| {
+                    let x = b.input_with(&crate::TensorMeta::new(DType::F32, &[64, 1 << 20])).unwrap();
+                    b.softmax(x).unwrap()
+                },
+                unknown,
+                variants,
+            )
+            .unwrap()
+        };
+        let (before, kernel) = (of(defaults), of(waves));
+        assert_eq!((kernel.source.source, kernel.shared_bytes), (before.source.source, before.shared_bytes));
+    }
+
     #[test]
     fn other_symbols_have_no_row_kernel() {
         let err = source_of(|b| {
@@ -3650,10 +3799,7 @@ mod tests {
         std::fs::write(out.join("kernel.ptx"), ptx).unwrap();
         let launch = format!(
             "{spec}\nvariants: {variants:?}\nblocks: {} (clusters of {})\nlayout: {:?}\nshared bytes a block: {}\n",
-            kernel.blocks,
-            kernel.source.cluster,
-            kernel.layout,
-            kernel.layout.shared_bytes()
+            kernel.blocks, kernel.source.cluster, kernel.layout, kernel.shared_bytes
         );
         std::fs::write(out.join("launch.txt"), launch).unwrap();
     }

@@ -11,7 +11,8 @@
 //! over 60 cases of rows of 1 to 15 values), `overlapped_first_pass`, `split_row_fills`,
 //! `two_register_blocks`, `clustered_rows` and `long_rows_as_read` (an H100, 2026-12-07, over 54,
 //! 27, 16, 10 and 12 cases of long rows), `one_pass_moments` (the H200, 2026-12-07, over 9 cases
-//! of streamed rows); `int32_row_columns`, `pipelined_passes` and `vector_tile_values` are not.
+//! of streamed rows); `int32_row_columns`, `pipelined_passes`, `vector_tile_values`,
+//! `streamed_last_pass_hints` and `streamed_split_waves` are not.
 //! Their options stay so that the comparison can be run again, and so do those of the variants on
 //! by default, to time the kernels without them. A plan whose kernels differ from the defaults
 //! lists its variants in its header. Both executors that generate kernels, `CudaFusion` and
@@ -539,6 +540,32 @@ kernel_variants! {
     /// Off by default: not yet timed on a GPU.
     vector_tile_values = false,
         "Rows read as tiles move between shared memory and registers up to 8 bytes an access, where their length allows (KernelVariants::vector_tile_values).";
+    /// A streamed row's last pass (too long for a block or a cluster to keep on chip: see
+    /// [`split_rows`](Self::split_rows)) reads the row and writes its results with the
+    /// streaming hints (`__ldcs`, `__stcs`: lines marked to be evicted first), where the
+    /// kernel's tensors do not fit in L2 ([`keep_in_l2`](Self::keep_in_l2)'s rule): the lines it
+    /// reads for the last time and the results it writes leave L2 first, so that the lines of
+    /// the first pass that the last reads back stay there longer. Without hints every pass
+    /// kept its lines, and the results (as many bytes as the row) pushed out what the last
+    /// pass was about to read. The first pass keeps plain loads.
+    ///
+    /// Off by default: not yet timed on a GPU.
+    streamed_last_pass_hints = false,
+        "A streamed row's last pass reads the row and writes results with streaming cache hints, where the tensors do not fit in L2 (KernelVariants::streamed_last_pass_hints).";
+    /// Streamed rows (too long for a block or a cluster to keep on chip) are split over
+    /// thread-block clusters of 8 blocks however many the rows (where each block has two of
+    /// the row's rounds at least), not only where rows are fewer than SMs
+    /// ([`split_rows`](Self::split_rows)), and each block takes half an SM's shared memory, so
+    /// that an SM runs one at a time: the blocks run in waves of about one an SM, and the bytes
+    /// read between a block's first pass over its slice and its last (all the slices in flight)
+    /// are an eighth of the rows' in flight, where L2 keeps more of them for the last pass. Over
+    /// f32 `layer_norm` [64, 2^20], rows split over 4 blocks, two an SM, put the whole 256 MiB
+    /// tensor in flight (every block resident); split over 8, one an SM, 64 MiB. Needs
+    /// `split_rows` and clusters.
+    ///
+    /// Off by default: not yet timed on a GPU.
+    streamed_split_waves = false,
+        "Streamed rows are split over clusters of 8 blocks however many the rows, one block an SM, so that L2 holds more of each slice between its passes (KernelVariants::streamed_split_waves).";
 }
 
 impl Default for KernelVariants {

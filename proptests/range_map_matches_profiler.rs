@@ -1013,6 +1013,50 @@ fn an_empty_emitted_domain_is_a_typed_error() {
     assert!(err.to_string().contains("domain"), "{err}");
 }
 
+/// The option `runtime.nvtx_executors` (`BOUNDSCOPE_NVTX_EXECUTORS` in the front end) takes a
+/// user's executor by its name, as `RangeFilter::executors` does in code: the plan's ranges are
+/// the same either way. Built-in names a plan lacks are taken (plans share their options); a
+/// name that is neither its executors' nor a built-in one's is refused when the plan compiles,
+/// with the known names; a list that is not of names, when it is set.
+#[test]
+fn the_executor_option_takes_users_executors_and_refuses_unknown_names() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let trace = swish_chain(&arena, &registry);
+    let fuser: Arc<dyn Executor> = Arc::new(TestFuser::new("boundscope", false));
+    let profiled =
+        ProfileOps::new().with_trace_range(NvtxRange::new().label("step").unwrap()).run(&trace, &arena).unwrap();
+    let fused = FuseRegions::new(fuser.clone()).run(&profiled, &arena).unwrap();
+    let executors = [fuser, CpuReference::shared()];
+    let mut options = boundscope::options::Options::new();
+    options.set_str("runtime.nvtx_executors", "test_fuser").unwrap();
+    let plan = Plan::compile_with_options(&fused, &executors, &options).unwrap();
+    let in_code = Plan::compile_filtered(&fused, &executors, &RangeFilter::new().executors(["test_fuser"])).unwrap();
+    let all = Plan::compile(&fused, &executors).unwrap();
+    let labels = |plan: &Plan| pushes_in(plan.range_map()).into_iter().map(|p| p.label).collect::<Vec<_>>();
+    assert_eq!(labels(&plan), ["step", "TestFusion0: (exp, tanh, neg)"]);
+    assert_eq!(labels(&plan), labels(&in_code));
+    assert_eq!(labels(&all), ["step", "TestFusion0: (exp, tanh, neg)", "matmul"]);
+    options.set_str("runtime.nvtx_executors", "cuda_ops,runtime,cpu_reference").unwrap();
+    Plan::compile_with_options(&fused, &executors, &options).unwrap();
+    options.set_str("runtime.nvtx_executors", "cpu_reference,test_fusr").unwrap();
+    let err = Plan::compile_with_options(&fused, &executors, &options).unwrap_err();
+    assert!(
+        matches!(&err, Error::InvalidOptionValue { name, got, .. } if name == "runtime.nvtx_executors" && got == "test_fusr"),
+        "{err}"
+    );
+    let message = err.to_string();
+    for known in ["test_fuser", "cpu_reference", "cuda_fusion", "runtime", "BOUNDSCOPE_NVTX_EXECUTORS"] {
+        assert!(message.contains(known), "{message}");
+    }
+    for bad in ["test fuser", "test_fuser,test_fuser", "test_fuser,", ",", "a;b"] {
+        let err = options.set_str("runtime.nvtx_executors", bad).unwrap_err();
+        assert!(
+            matches!(&err, Error::InvalidOptionValue { name, .. } if name == "runtime.nvtx_executors"),
+            "{bad}: {err}"
+        );
+    }
+}
+
 /// With filters by executor, category and level, what one run pushes is the range map, and the
 /// map holds exactly the admitted ranges (an executor that pushes its own region ranges pushes
 /// none for a region the filter leaves out).

@@ -40,7 +40,7 @@ const PREFIX: &str = crate::core::options::ENV_PREFIX;
 /// | `BOUNDSCOPE_FUSION_STRATEGY` | `consecutive`, `dataflow` | `runtime.fusion_strategy` |
 /// | `BOUNDSCOPE_CPU_THREADS` | `0` (every core), `1`, ... | `runtime.cpu_threads`: threads the CPU executors split large ops over |
 /// | `BOUNDSCOPE_NVTX_LEVELS` | a list of `trace`, `scope`, `region`, `op`, `subsymbol` | `runtime.nvtx_levels`: only these levels get ranges |
-/// | `BOUNDSCOPE_NVTX_EXECUTORS` | a list of `cpu_reference`, `cpu_fusion`, `cuda_ops`, `cuda_fusion`, `runtime` | `runtime.nvtx_executors`: only ranges around what these run (in code, `RangeFilter::executors` takes any executor's name) |
+/// | `BOUNDSCOPE_NVTX_EXECUTORS` | a list of executor names: `cpu_reference`, `cpu_fusion`, `cuda_ops`, `cuda_fusion`, `collectives`, `nccl`, a user's own, `runtime` | `runtime.nvtx_executors`: only ranges around what these run (a plan refuses a name that none of its executors and no built-in one has) |
 /// | `BOUNDSCOPE_TRACE_DIR` | a directory path | where programs write trace files (`Environment::trace_dir`; the timeline example); unset, the working directory |
 /// | `BOUNDSCOPE_NVTX_CATEGORIES` | a list of `elementwise`, `reduction`, `matmul`, `shape`, `composite`, `fusion`, `collective` | `runtime.nvtx_categories`: only ranges around ops of these categories |
 #[derive(Clone, Debug, Default)]

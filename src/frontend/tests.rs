@@ -33,7 +33,8 @@ fn every_environment_variable_is_parsed_strictly() {
         ("BOUNDSCOPE_PROFILING", "verbose"),
         ("BOUNDSCOPE_NVTX_LEVELS", "ops"),
         ("BOUNDSCOPE_NVTX_LEVELS", "op,op"),
-        ("BOUNDSCOPE_NVTX_EXECUTORS", "cpu_fuson"),
+        ("BOUNDSCOPE_NVTX_EXECUTORS", "cpu fusion"),
+        ("BOUNDSCOPE_NVTX_EXECUTORS", "cpu_fusion,cpu_fusion"),
         ("BOUNDSCOPE_NVTX_CATEGORIES", "elementwise;matmul"),
     ] {
         let err = session(&[(variable, bad)]).err().unwrap_or_else(|| panic!("{variable}={bad:?} was accepted"));
@@ -48,6 +49,7 @@ fn every_environment_variable_is_parsed_strictly() {
         ("BOUNDSCOPE_PROFILING", "regions"),
         ("BOUNDSCOPE_NVTX_LEVELS", "trace,region"),
         ("BOUNDSCOPE_NVTX_EXECUTORS", "cpu_fusion,runtime"),
+        ("BOUNDSCOPE_NVTX_EXECUTORS", "my_executor"),
         ("BOUNDSCOPE_NVTX_CATEGORIES", "matmul"),
     ] {
         session(&[(variable, good)]).unwrap_or_else(|e| panic!("{variable}={good}: {e}"));
@@ -135,6 +137,19 @@ fn options_are_wired_to_behaviour() {
 /// A session takes options made with only some specs (the runtime's, or none at all): the rest
 /// get their defaults, and what was set is kept. Without the `cpu_fusion.*` specs it failed,
 /// naming an option the user never set.
+/// `BOUNDSCOPE_NVTX_EXECUTORS` takes any name (a user's executor's too); a name that no
+/// executor of the session's plans and no built-in one has is refused when a plan compiles.
+#[test]
+fn an_executor_name_no_executor_has_is_refused_when_a_plan_compiles() {
+    let (arena, registry) = (Arena::new(), Registry::with_builtins());
+    let typo = session(&[("BOUNDSCOPE_NVTX_EXECUTORS", "cpu_fuson")]).unwrap();
+    let err = typo.compile(&chain(&arena, &registry), &arena).unwrap_err();
+    assert!(matches!(&err, Error::InvalidOptionValue { got, .. } if got == "cpu_fuson"), "{err}");
+    assert!(err.to_string().contains("cpu_fusion") && err.to_string().contains("BOUNDSCOPE_NVTX_EXECUTORS"), "{err}");
+    let built_in = session(&[("BOUNDSCOPE_NVTX_EXECUTORS", "cpu_fusion,cuda_ops")]).unwrap();
+    built_in.compile(&chain(&arena, &registry), &arena).unwrap();
+}
+
 #[test]
 fn options_with_only_some_specs_make_a_session() {
     let mut runtime = Options::runtime_only();

@@ -40,6 +40,10 @@ pub enum OptionType {
     /// A comma-separated list of these names (each at most once, no empty item; the empty
     /// string is the empty list).
     EnumList(&'static [&'static str]),
+    /// A comma-separated list of names that no list can enumerate, as executors' (users define
+    /// their own): each of letters, digits, `_` and `-`, each at most once, no empty item; the
+    /// empty string is the empty list. Whoever reads it checks the names against what exists.
+    NameList,
 }
 
 impl fmt::Display for OptionType {
@@ -49,6 +53,7 @@ impl fmt::Display for OptionType {
             OptionType::Int { min, max } => write!(f, "integer {min}..={max}"),
             OptionType::Enum(names) => write!(f, "one of {}", names.join("|")),
             OptionType::EnumList(names) => write!(f, "comma-separated list of {} (or empty)", names.join(",")),
+            OptionType::NameList => f.write_str("comma-separated list of names of letters, digits, _ and - (or empty)"),
         }
     }
 }
@@ -64,6 +69,8 @@ pub enum OptionValue {
     Enum(&'static str),
     /// An `EnumList` option's value.
     EnumList(Vec<&'static str>),
+    /// A `NameList` option's value.
+    NameList(Vec<String>),
 }
 
 impl fmt::Display for OptionValue {
@@ -73,6 +80,7 @@ impl fmt::Display for OptionValue {
             OptionValue::Int(i) => write!(f, "{i}"),
             OptionValue::Enum(e) => f.write_str(e),
             OptionValue::EnumList(l) => f.write_str(&l.join(",")),
+            OptionValue::NameList(l) => f.write_str(&l.join(",")),
         }
     }
 }
@@ -163,6 +171,10 @@ impl OptionSpec {
                 }
                 Ok(OptionValue::EnumList(items))
             }
+            OptionType::NameList => {
+                let items: Vec<String> = text.split(',').filter(|_| !text.is_empty()).map(str::to_string).collect();
+                self.check(&OptionValue::NameList(items)).map_err(|_| invalid())
+            }
         }
     }
 
@@ -177,6 +189,9 @@ impl OptionSpec {
             (OptionType::Enum(names), OptionValue::Enum(e)) => names.contains(e),
             (OptionType::EnumList(names), OptionValue::EnumList(l)) => {
                 l.iter().all(|e| names.contains(e)) && l.iter().enumerate().all(|(i, e)| !l[..i].contains(e))
+            }
+            (OptionType::NameList, OptionValue::NameList(l)) => {
+                l.iter().all(|e| is_name(e)) && l.iter().enumerate().all(|(i, e)| !l[..i].contains(e))
             }
             _ => false,
         };
@@ -205,9 +220,7 @@ impl OptionSpec {
         let invalid = |expected: &str, got: &str| {
             Err(Error::InvalidOptionValue { name: self.name.to_string(), expected: expected.into(), got: got.into() })
         };
-        let component =
-            |c: &str| !c.is_empty() && c.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-');
-        if !self.name.contains('.') || !self.name.split('.').all(component) {
+        if !self.name.contains('.') || !self.name.split('.').all(is_name) {
             return invalid(
                 "an option name `owner.name` (letters, digits, `_` and `-`, components joined by `.`)",
                 self.name,
@@ -248,6 +261,12 @@ impl OptionSpec {
     }
 }
 
+/// Whether `text` is a name: not empty, of letters, digits, `_` and `-` (an option name's
+/// components, a `NameList` item).
+fn is_name(text: &str) -> bool {
+    !text.is_empty() && text.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-')
+}
+
 /// The prefix of the environment variables the front end reads options from.
 pub(crate) const ENV_PREFIX: &str = "BOUNDSCOPE_";
 
@@ -264,8 +283,6 @@ pub(crate) const FUSION_STRATEGIES: &[&str] = &["consecutive", "dataflow"];
 
 /// Range levels (`runtime.nvtx_levels`).
 pub(crate) const NVTX_LEVELS: &[&str] = crate::core::plan::range_filter::LEVEL_NAMES;
-/// Executors whose ranges are kept (`runtime.nvtx_executors`).
-pub(crate) const NVTX_EXECUTORS: &[&str] = crate::core::plan::range_filter::EXECUTOR_NAMES;
 /// Symbol categories whose ranges are kept (`runtime.nvtx_categories`).
 pub(crate) const NVTX_CATEGORIES: &[&str] = crate::core::plan::range_filter::CATEGORY_NAMES;
 
@@ -329,9 +346,9 @@ pub const RUNTIME_OPTIONS: &[OptionSpec] = &[
     },
     OptionSpec {
         name: "runtime.nvtx_executors",
-        ty: OptionType::EnumList(NVTX_EXECUTORS),
-        default: OptionValue::EnumList(Vec::new()),
-        doc: "Only ranges around what these executors run (runtime: spans several share); empty: all. Run ranges always stay.",
+        ty: OptionType::NameList,
+        default: OptionValue::NameList(Vec::new()),
+        doc: "Only ranges around what these executors run, by name: cpu_reference, cpu_fusion, cuda_ops, cuda_fusion, collectives, nccl, your own (a plan refuses a name none of its executors and no built-in one has), runtime (spans several share); empty: all. Run ranges always stay.",
         audience: Audience::User,
         env: Some("BOUNDSCOPE_NVTX_EXECUTORS"),
     },

@@ -251,6 +251,7 @@ impl Options {
             OptionValue::Int(_) => ("an integer", "int"),
             OptionValue::Enum(_) => ("one name", "enum_value"),
             OptionValue::EnumList(_) => ("a list of names", "get"),
+            OptionValue::NameList(_) => ("a list of names", "get"),
         };
         Error::InvalidOptionValue {
             name: name.to_string(),

@@ -612,13 +612,16 @@ impl Plan {
     /// ```
     ///
     /// # Errors
-    /// As for [`compile`](Self::compile).
+    /// As for [`compile`](Self::compile); [`Error::InvalidOptionValue`] for a name in
+    /// `runtime.nvtx_executors` that none of `executors` and no built-in executor has.
     pub fn compile_with_options(
         trace: &Trace<'_>,
         executors: &[Arc<dyn Executor>],
         options: &crate::options::Options,
     ) -> Result<Plan> {
-        let mut plan = Self::compile_filtered(trace, executors, &RangeFilter::from_options(options)?)?;
+        let filter = RangeFilter::from_options(options)?;
+        filter.check_executor_names(executors.iter().map(|e| e.name()))?;
+        let mut plan = Self::compile_filtered(trace, executors, &filter)?;
         // The runtime's own developer options are in force as set; the executors' are listed
         // as they were configured (by `compile`).
         let runtime = options.developer_overrides().into_iter().filter(|o| o.starts_with("runtime."));

@@ -179,7 +179,16 @@ impl RangeFilter {
         if !levels.is_empty() {
             filter = filter.levels(&levels);
         }
-        let executors = list("runtime.nvtx_executors")?;
+        let executors = match options.get("runtime.nvtx_executors")? {
+            OptionValue::NameList(items) => items,
+            other => {
+                return Err(Error::InvalidOptionValue {
+                    name: "runtime.nvtx_executors".into(),
+                    expected: "a list of names".into(),
+                    got: other.to_string(),
+                })
+            }
+        };
         if !executors.is_empty() {
             filter = filter.executors(executors);
         }
@@ -191,6 +200,34 @@ impl RangeFilter {
             filter = filter.categories(&categories);
         }
         Ok(filter)
+    }
+
+    /// Checks that each executor the filter names is one of `executors`, a built-in one, or
+    /// `runtime`: a filter set through the options (`runtime.nvtx_executors`,
+    /// `BOUNDSCOPE_NVTX_EXECUTORS`), where a typo would leave a profile without the ranges
+    /// asked for. (A filter made in code may name executors a plan lacks: several plans may
+    /// share it; the plan's notes list such names.)
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptionValue`] naming the first unknown name and the known ones.
+    pub(crate) fn check_executor_names<'e>(&self, executors: impl Iterator<Item = &'e str> + Clone) -> Result<()> {
+        let Some(unknown) =
+            self.executors.iter().flatten().find(|name| {
+                !EXECUTOR_NAMES.contains(&name.as_str()) && !executors.clone().any(|e| e == name.as_str())
+            })
+        else {
+            return Ok(());
+        };
+        let mut known: Vec<&str> = executors.collect();
+        known.extend(EXECUTOR_NAMES.iter().filter(|n| !known.contains(n)).collect::<Vec<_>>());
+        Err(Error::InvalidOptionValue {
+            name: "runtime.nvtx_executors".into(),
+            expected: format!(
+                "names of this plan's executors or built-in ones ({}; `BOUNDSCOPE_NVTX_EXECUTORS` sets the option)",
+                known.join(", ")
+            ),
+            got: unknown.clone(),
+        })
     }
 
     /// Whether it admits every range.

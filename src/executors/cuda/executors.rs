@@ -202,6 +202,14 @@ impl CudaOps {
             detail,
         })?;
         let mut kernel = GeneratedKernel::new(&self.device, &rows.source, None)?;
+        if rows.source.cluster > 8 {
+            // Past CUDA's portable cluster size (`KernelVariants::wave_clusters_of_16`): the
+            // kernel opts in, before its clusters are counted (`fitted`) and launched.
+            kernel
+                .function
+                .set_attribute(sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
+                .map_err(|e| cuda_error("a row kernel's cluster size", e))?;
+        }
         let (block, shared) = (rows.layout.block as u32, rows.shared_bytes);
         if shared > 0 {
             kernel

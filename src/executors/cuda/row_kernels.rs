@@ -83,6 +83,10 @@ const STREAMED_ROW_THREADS: usize = 512;
 /// cluster size.
 const MAX_CLUSTER_BLOCKS: usize = 8;
 
+/// Blocks a streamed row is split over at most with [`KernelVariants::wave_clusters_of_16`]:
+/// CUDA's non-portable cluster size on Hopper.
+pub(super) const MAX_WAVE_CLUSTER_BLOCKS: usize = 16;
+
 /// Clusters keep rows too long for a block only where the rows are at least this share of the
 /// GPU's SMs, as (numerator, denominator) ([`KernelVariants::clustered_rows`]): two fifths, 53
 /// rows on 132 SMs; fewer stay streamed, split over clusters ([`KernelVariants::split_rows`]).
@@ -1399,7 +1403,10 @@ pub(super) fn row_source(
     let waves = streamed && variants.streamed_split_waves && variants.split_rows && clusters && sm_shared > 0;
     let cluster = match kept_by_cluster {
         Some((k, _)) => k,
-        None if waves => cluster_blocks(1, usize::MAX, streamed_rounds),
+        None if waves => {
+            let most = if variants.wave_clusters_of_16 { MAX_WAVE_CLUSTER_BLOCKS } else { MAX_CLUSTER_BLOCKS };
+            (0..).map(|p| 1 << p).take_while(|&k| k <= most && (k == 1 || k <= streamed_rounds)).last().unwrap_or(1)
+        }
         None if streamed => split,
         None => 1,
     };
@@ -2023,6 +2030,7 @@ mod tests {
                 vector_tile_values: false,
                 streamed_last_pass_hints: false,
                 streamed_split_waves: false,
+                wave_clusters_of_16: false,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -3219,8 +3227,9 @@ mod tests {
         }
     }
 
-    /// With `streamed_split_waves`, a streamed row is split over a cluster of 8 blocks (fewer
-    /// where its rounds are fewer than 16: each block two at least) however many the rows, and
+    /// With `streamed_split_waves`, a streamed row is split over a cluster of 8 blocks (16 with
+    /// `wave_clusters_of_16`; fewer where its rounds are fewer: each block one at least)
+    /// however many the rows, and
     /// each block takes half an SM's shared memory, so that an SM runs one; rows kept on chip,
     /// and every row where the SM's shared memory is unknown, keep their kernels. The kernels
     /// compile.
@@ -3228,13 +3237,15 @@ mod tests {
     fn streamed_split_waves_split_every_streamed_row_one_block_an_sm() {
         let defaults = KernelVariants::default();
         let waves = defaults.flipped("streamed_split_waves").unwrap();
-        // (shape, the cluster without the variant, with it)
-        for (layer_norm, dtype, shape, without, with) in [
-            (true, DType::F32, [64, 1 << 20], 4, 8),
-            (false, DType::F32, [16, 1 << 20], 8, 8),
-            (true, DType::BF16, [300, 1 << 20], 1, 8),
-            (false, DType::BF16, [132, 700001], 1, 8),
-            (true, DType::F32, [40, 1000003], 4, 8),
+        // (shape, the cluster without the variant, with it, with `wave_clusters_of_16` too)
+        for (layer_norm, dtype, shape, without, with, sixteen) in [
+            (true, DType::F32, [64, 1 << 20], 4, 8, 16),
+            (false, DType::F32, [16, 1 << 20], 8, 8, 16),
+            (true, DType::BF16, [300, 1 << 20], 1, 8, 16),
+            (false, DType::BF16, [132, 700001], 1, 8, 16),
+            (true, DType::F32, [40, 1000003], 4, 8, 16),
+            // Rows of 13 rounds (of 8,192 f32 values): 8 blocks at most.
+            (false, DType::F32, [40, 100003], 4, 8, 8),
         ] {
             let what = format!("layer_norm: {layer_norm}, {dtype} {shape:?}");
             let before = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, defaults);
@@ -3246,6 +3257,14 @@ mod tests {
             assert!(!fit_an_sm(2, kernel.shared_bytes, HOPPER_SM), "{what}: {}", kernel.shared_bytes);
             assert!(fit_an_sm(2, before.shared_bytes, HOPPER_SM), "{what}: {}", before.shared_bytes);
             crate::executors::cuda::compiles_as_clusters(&kernel.source.source, &what);
+            // Clusters of 16 with `wave_clusters_of_16` (where the rounds allow); alone, nothing.
+            let by_16 =
+                row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, waves.flipped("wave_clusters_of_16").unwrap());
+            assert_eq!((by_16.source.cluster, by_16.blocks as usize), (sixteen, shape[0] * sixteen), "{what}");
+            crate::executors::cuda::compiles_as_clusters(&by_16.source.source, &what);
+            let alone =
+                row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, defaults.flipped("wave_clusters_of_16").unwrap());
+            assert_eq!(alone.source.source, before.source.source, "{what}");
         }
         // Rows kept on chip (by a block, by a cluster), and the SM's shared memory unknown.
         for (layer_norm, dtype, shape) in [(true, DType::F32, [64, 4096]), (true, DType::F32, [66, 200003])] {

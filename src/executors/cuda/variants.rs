@@ -12,7 +12,7 @@
 //! `two_register_blocks`, `clustered_rows` and `long_rows_as_read` (an H100, 2026-12-07, over 54,
 //! 27, 16, 10 and 12 cases of long rows), `one_pass_moments` (the H200, 2026-12-07, over 9 cases
 //! of streamed rows); `int32_row_columns`, `pipelined_passes`, `vector_tile_values`,
-//! `streamed_last_pass_hints` and `streamed_split_waves` are not.
+//! `streamed_last_pass_hints`, `streamed_split_waves` and `wave_clusters_of_16` are not.
 //! Their options stay so that the comparison can be run again, and so do those of the variants on
 //! by default, to time the kernels without them. A plan whose kernels differ from the defaults
 //! lists its variants in its header. Both executors that generate kernels, `CudaFusion` and
@@ -566,6 +566,17 @@ kernel_variants! {
     /// Off by default: not yet timed on a GPU.
     streamed_split_waves = false,
         "Streamed rows are split over clusters of 8 blocks however many the rows, one block an SM, so that L2 holds more of each slice between its passes (KernelVariants::streamed_split_waves).";
+    /// With [`streamed_split_waves`](Self::streamed_split_waves), clusters of up to 16 blocks,
+    /// not 8: CUDA's non-portable cluster size, which Hopper runs where a kernel opts in
+    /// (`CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`, set on the kernels that take
+    /// it), the slices half as long again, and so the bytes in flight between a slice's passes
+    /// (f32 `layer_norm` [64, 2^20]: 32 MiB, under the 50 MiB of L2). Where the GPU cannot run
+    /// such clusters at once, the kernel is generated unsplit, as
+    /// [`split_rows`](Self::split_rows)' are. Alone it changes nothing.
+    ///
+    /// Off by default: not yet timed on a GPU.
+    wave_clusters_of_16 = false,
+        "With streamed_split_waves, clusters of up to 16 blocks (CUDA's non-portable size), not 8 (KernelVariants::wave_clusters_of_16).";
 }
 
 impl Default for KernelVariants {

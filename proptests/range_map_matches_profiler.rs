@@ -1048,7 +1048,12 @@ fn the_executor_option_takes_users_executors_and_refuses_unknown_names() {
     for known in ["test_fuser", "cpu_reference", "cuda_fusion", "runtime", "BOUNDSCOPE_NVTX_EXECUTORS"] {
         assert!(message.contains(known), "{message}");
     }
-    for bad in ["test fuser", "test_fuser,test_fuser", "test_fuser,", ",", "a;b"] {
+    // Any name an executor may have but for `,` (the list's separator): not empty, no
+    // surrounding spaces or control characters.
+    for name in ["", "my exec", "exécuteur", "my.exec"] {
+        options.set_str("runtime.nvtx_executors", name).unwrap();
+    }
+    for bad in [" test_fuser", "test_fuser,test_fuser", "test_fuser,", ",", "a\tb"] {
         let err = options.set_str("runtime.nvtx_executors", bad).unwrap_err();
         assert!(
             matches!(&err, Error::InvalidOptionValue { name, .. } if name == "runtime.nvtx_executors"),

@@ -33,7 +33,7 @@ fn every_environment_variable_is_parsed_strictly() {
         ("BOUNDSCOPE_PROFILING", "verbose"),
         ("BOUNDSCOPE_NVTX_LEVELS", "ops"),
         ("BOUNDSCOPE_NVTX_LEVELS", "op,op"),
-        ("BOUNDSCOPE_NVTX_EXECUTORS", "cpu fusion"),
+        ("BOUNDSCOPE_NVTX_EXECUTORS", "cpu_fusion,"),
         ("BOUNDSCOPE_NVTX_EXECUTORS", "cpu_fusion,cpu_fusion"),
         ("BOUNDSCOPE_NVTX_CATEGORIES", "elementwise;matmul"),
     ] {
@@ -134,9 +134,6 @@ fn options_are_wired_to_behaviour() {
     assert_eq!(fusion.name(), "cpu_fusion");
 }
 
-/// A session takes options made with only some specs (the runtime's, or none at all): the rest
-/// get their defaults, and what was set is kept. Without the `cpu_fusion.*` specs it failed,
-/// naming an option the user never set.
 /// `BOUNDSCOPE_NVTX_EXECUTORS` takes any name (a user's executor's too); a name that no
 /// executor of the session's plans and no built-in one has is refused when a plan compiles.
 #[test]
@@ -150,6 +147,9 @@ fn an_executor_name_no_executor_has_is_refused_when_a_plan_compiles() {
     built_in.compile(&chain(&arena, &registry), &arena).unwrap();
 }
 
+/// A session takes options made with only some specs (the runtime's, or none at all): the rest
+/// get their defaults, and what was set is kept. Without the `cpu_fusion.*` specs it failed,
+/// naming an option the user never set.
 #[test]
 fn options_with_only_some_specs_make_a_session() {
     let mut runtime = Options::runtime_only();

@@ -41,8 +41,9 @@ pub enum OptionType {
     /// string is the empty list).
     EnumList(&'static [&'static str]),
     /// A comma-separated list of names that no list can enumerate, as executors' (users define
-    /// their own): each of letters, digits, `_` and `-`, each at most once, no empty item; the
-    /// empty string is the empty list. Whoever reads it checks the names against what exists.
+    /// their own): each not empty, without surrounding spaces or control characters, at most
+    /// once; the empty string is the empty list. Whoever reads it checks the names against
+    /// what exists.
     NameList,
 }
 
@@ -53,7 +54,7 @@ impl fmt::Display for OptionType {
             OptionType::Int { min, max } => write!(f, "integer {min}..={max}"),
             OptionType::Enum(names) => write!(f, "one of {}", names.join("|")),
             OptionType::EnumList(names) => write!(f, "comma-separated list of {} (or empty)", names.join(",")),
-            OptionType::NameList => f.write_str("comma-separated list of names of letters, digits, _ and - (or empty)"),
+            OptionType::NameList => f.write_str("comma-separated list of names (or empty)"),
         }
     }
 }
@@ -191,7 +192,7 @@ impl OptionSpec {
                 l.iter().all(|e| names.contains(e)) && l.iter().enumerate().all(|(i, e)| !l[..i].contains(e))
             }
             (OptionType::NameList, OptionValue::NameList(l)) => {
-                l.iter().all(|e| is_name(e)) && l.iter().enumerate().all(|(i, e)| !l[..i].contains(e))
+                l.iter().all(|e| is_list_item(e)) && l.iter().enumerate().all(|(i, e)| !l[..i].contains(e))
             }
             _ => false,
         };
@@ -261,10 +262,16 @@ impl OptionSpec {
     }
 }
 
-/// Whether `text` is a name: not empty, of letters, digits, `_` and `-` (an option name's
-/// components, a `NameList` item).
+/// Whether `text` is a component of an option's name: not empty, of letters, digits, `_` and
+/// `-`.
 fn is_name(text: &str) -> bool {
     !text.is_empty() && text.chars().all(|ch| ch.is_ascii_alphanumeric() || ch == '_' || ch == '-')
+}
+
+/// Whether `text` is an item of a `NameList`: not empty, no `,`, no surrounding spaces, no
+/// control characters.
+fn is_list_item(text: &str) -> bool {
+    !text.is_empty() && !text.contains(',') && text.trim() == text && !text.chars().any(char::is_control)
 }
 
 /// The prefix of the environment variables the front end reads options from.
@@ -348,7 +355,7 @@ pub const RUNTIME_OPTIONS: &[OptionSpec] = &[
         name: "runtime.nvtx_executors",
         ty: OptionType::NameList,
         default: OptionValue::NameList(Vec::new()),
-        doc: "Only ranges around what these executors run, by name: cpu_reference, cpu_fusion, cuda_ops, cuda_fusion, collectives, nccl, your own (a plan refuses a name none of its executors and no built-in one has), runtime (spans several share); empty: all. Run ranges always stay.",
+        doc: "Only ranges around what these executors run (Executor::name; runtime: spans several share); a plan refuses a name none of its executors and no built-in one has; empty: all. Run ranges always stay.",
         audience: Audience::User,
         env: Some("BOUNDSCOPE_NVTX_EXECUTORS"),
     },

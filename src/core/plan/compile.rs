@@ -620,7 +620,7 @@ impl Plan {
         options: &crate::options::Options,
     ) -> Result<Plan> {
         let filter = RangeFilter::from_options(options)?;
-        filter.check_executor_names(executors.iter().map(|e| e.name()))?;
+        filter.check_named_executors_exist(executors.iter().map(|e| e.name()))?;
         let mut plan = Self::compile_filtered(trace, executors, &filter)?;
         // The runtime's own developer options are in force as set; the executors' are listed
         // as they were configured (by `compile`).

@@ -5,7 +5,11 @@
 //! asked to push it (an executor that pushes its own region ranges gets no range to push for a
 //! region the filter leaves out). The plan's notes list every level, executor or category of
 //! the filter that matches no range of the plan, which is how a typo (`cpu_fuson`) or a level
-//! the plan does not have (subsymbol ranges of composites an executor runs whole) shows.
+//! the plan does not have (subsymbol ranges of composites an executor runs whole) shows. Set
+//! through the options (`runtime.nvtx_executors`), an executor's name that neither the plan's
+//! executors nor a built-in one has is an error ([`Plan::compile_with_options`]).
+//!
+//! [`Plan::compile_with_options`]: crate::Plan::compile_with_options
 
 use crate::core::guards::Level;
 use crate::core::ir::Category;
@@ -157,9 +161,15 @@ impl RangeFilter {
     /// assert!(options.set_str("runtime.nvtx_levels", "ops").is_err()); // `op`, not `ops`
     /// ```
     ///
+    /// It takes the executors' names as given: [`Plan::compile_with_options`] checks them
+    /// against its executors' (and the built-in ones'), [`Plan::compile_filtered`] does not.
+    ///
     /// # Errors
     /// [`Error::UnknownOption`] if `options` lacks the runtime's specs;
     /// [`Error::InvalidOptionValue`] if one of them is not a list.
+    ///
+    /// [`Plan::compile_with_options`]: crate::Plan::compile_with_options
+    /// [`Plan::compile_filtered`]: crate::Plan::compile_filtered
     pub fn from_options(options: &Options) -> Result<Self> {
         let list = |name: &str| -> Result<Vec<&'static str>> {
             match options.get(name)? {
@@ -210,7 +220,10 @@ impl RangeFilter {
     ///
     /// # Errors
     /// [`Error::InvalidOptionValue`] naming the first unknown name and the known ones.
-    pub(crate) fn check_executor_names<'e>(&self, executors: impl Iterator<Item = &'e str> + Clone) -> Result<()> {
+    pub(crate) fn check_named_executors_exist<'e>(
+        &self,
+        executors: impl Iterator<Item = &'e str> + Clone,
+    ) -> Result<()> {
         let Some(unknown) =
             self.executors.iter().flatten().find(|name| {
                 !EXECUTOR_NAMES.contains(&name.as_str()) && !executors.clone().any(|e| e == name.as_str())
@@ -220,10 +233,13 @@ impl RangeFilter {
         };
         let mut known: Vec<&str> = executors.collect();
         known.extend(EXECUTOR_NAMES.iter().filter(|n| !known.contains(n)).collect::<Vec<_>>());
+        let hint = crate::error::did_you_mean(unknown, known.iter().copied())
+            .map_or_else(String::new, |near| format!("did you mean `{near}`? "));
         Err(Error::InvalidOptionValue {
             name: "runtime.nvtx_executors".into(),
             expected: format!(
-                "names of this plan's executors or built-in ones ({}; `BOUNDSCOPE_NVTX_EXECUTORS` sets the option)",
+                "{hint}names of this plan's executors or built-in ones: {} (the option `runtime.nvtx_executors`, or \
+                 `BOUNDSCOPE_NVTX_EXECUTORS` in the front end)",
                 known.join(", ")
             ),
             got: unknown.clone(),

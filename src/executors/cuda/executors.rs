@@ -16,7 +16,7 @@ use super::flash_attention::{flash_operands, FlashAttention};
 use super::flash_attention_backward::{flash_backward_on, FlashAttentionBackward};
 use super::gemm::{GemmShape, LtContext, LtGemm};
 use super::layer_norm_backward;
-use super::row_kernels::{row_source, RowTarget};
+use super::row_kernels::{row_source, RowTarget, MAX_CLUSTER_BLOCKS};
 use super::{cross_entropy, gather, index_ops, multi_tensor};
 use super::{shape_op_source, KernelVariants, RegionSource, CUDA_OPTIONS};
 use crate::core::guards::DEFAULT_DOMAIN;
@@ -202,13 +202,14 @@ impl CudaOps {
             detail,
         })?;
         let mut kernel = GeneratedKernel::new(&self.device, &rows.source, None)?;
-        if rows.source.cluster > 8 {
+        if rows.source.cluster > MAX_CLUSTER_BLOCKS {
             // Past CUDA's portable cluster size (`KernelVariants::wave_clusters_of_16`): the
-            // kernel opts in, before its clusters are counted (`fitted`) and launched.
-            kernel
+            // kernel opts in, before its clusters are counted (`fitted`) and launched. A GPU
+            // that refuses takes it as clusters that do not fit: `fitted` makes another.
+            let opted_in = kernel
                 .function
-                .set_attribute(sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1)
-                .map_err(|e| cuda_error("a row kernel's cluster size", e))?;
+                .set_attribute(sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED, 1);
+            kernel.beyond_portable_clusters = Some(opted_in.is_ok());
         }
         let (block, shared) = (rows.layout.block as u32, rows.shared_bytes);
         if shared > 0 {
@@ -397,6 +398,13 @@ fn fitted(
     if kernel.clusters_fit()? {
         return Ok(kernel);
     }
+    // Clusters past CUDA's portable size first fall back to portable ones.
+    if variants.wave_clusters_of_16 {
+        let portable = build(KernelVariants { wave_clusters_of_16: false, ..variants })?;
+        if portable.clusters_fit()? {
+            return Ok(portable);
+        }
+    }
     build(variants.unsplit())
 }
 
@@ -446,6 +454,9 @@ struct GeneratedKernel {
     in_place: Vec<(usize, usize)>,
     /// Blocks a thread-block cluster ([`RegionSource::cluster`]).
     cluster: usize,
+    /// For clusters past CUDA's portable size: whether the GPU took the kernel's opt-in
+    /// (`CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`); `None` for other kernels.
+    beyond_portable_clusters: Option<bool>,
 }
 
 impl GeneratedKernel {
@@ -461,14 +472,32 @@ impl GeneratedKernel {
             BufferLengths { inputs: generated.input_lengths.clone(), outputs: generated.output_lengths.clone() };
         let in_place = generated.in_place.clone();
         let cluster = generated.cluster;
-        Ok(Self { device: device.clone(), function, kernel, config, numel, lengths, range, in_place, cluster })
+        let beyond_portable_clusters = None;
+        Ok(Self {
+            device: device.clone(),
+            function,
+            kernel,
+            config,
+            numel,
+            lengths,
+            range,
+            in_place,
+            cluster,
+            beyond_portable_clusters,
+        })
     }
 
     /// Whether the GPU can run its thread-block clusters at once, as the driver counts them
     /// (`cuOccupancyMaxActiveClusters`: a MIG instance or an MPS limit may leave too few SMs
-    /// of a GPC); always, for a kernel of no clusters.
+    /// of a GPC); always, for a kernel of no clusters. Clusters past the portable size fit only
+    /// where the GPU took the kernel's opt-in and counts some (an error counting them is taken
+    /// as none).
     fn clusters_fit(&self) -> Result<bool> {
-        Ok(self.cluster == 1 || self.device.clusters_that_fit(&self.function, self.config)? > 0)
+        match self.beyond_portable_clusters {
+            Some(false) => Ok(false),
+            Some(true) => Ok(self.device.clusters_that_fit(&self.function, self.config).is_ok_and(|n| n > 0)),
+            None => Ok(self.cluster == 1 || self.device.clusters_that_fit(&self.function, self.config)? > 0),
+        }
     }
 
     fn launch(&self, inputs: &[&dyn DeviceBuffer], outputs: &mut [&mut dyn DeviceBuffer]) -> Result<()> {
@@ -711,6 +740,21 @@ mod tests {
                 let fit = device.clusters_that_fit(&kernel.function, kernel.config).unwrap();
                 assert!(fit > 0, "{what}: clusters of {cluster} do not fit");
             }
+        }
+        // Clusters of 16 (`wave_clusters_of_16`), past CUDA's portable size: the kernel opts in,
+        // and Hopper runs them; a GPU that would not gets clusters of 8 from `fitted`.
+        let waves = KernelVariants { streamed_split_waves: true, wave_clusters_of_16: true, ..variants };
+        let arena = Arena::new();
+        let mut b = TraceBuilder::new(&arena, &registry);
+        let x = b.input_with(&TensorMeta::new(DType::F32, &[few, 1 << 20])).unwrap();
+        let y = b.softmax(x).unwrap();
+        b.output(y).unwrap();
+        let trace = b.finish().unwrap();
+        let op = OpView::new(&trace, trace.bound_symbols().last().unwrap()).unwrap();
+        let kernel = fitted(waves, |v| ops.row_kernel(&op, false, v)).unwrap();
+        assert!(kernel.clusters_fit().unwrap(), "clusters of {}", kernel.cluster);
+        if device.arch() == Some("compute_90") {
+            assert_eq!(kernel.cluster, 16, "Hopper runs clusters of 16");
         }
         // Reductions split over clusters too ([`KernelVariants::split_reductions`]).
         let target = RegionTarget { clusters: true, ..region_target(&device) };

@@ -553,8 +553,8 @@ kernel_variants! {
     streamed_last_pass_hints = false,
         "A streamed row's last pass reads the row and writes results with streaming cache hints, where the tensors do not fit in L2 (KernelVariants::streamed_last_pass_hints).";
     /// Streamed rows (too long for a block or a cluster to keep on chip) are split over
-    /// thread-block clusters of 8 blocks however many the rows (where each block has two of
-    /// the row's rounds at least), not only where rows are fewer than SMs
+    /// thread-block clusters of 8 blocks however many the rows (fewer where the row has fewer
+    /// rounds: each block one at least), not only where rows are fewer than SMs
     /// ([`split_rows`](Self::split_rows)), and each block takes half an SM's shared memory, so
     /// that an SM runs one at a time: the blocks run in waves of about one an SM, and the bytes
     /// read between a block's first pass over its slice and its last (all the slices in flight)
@@ -569,7 +569,7 @@ kernel_variants! {
     /// With [`streamed_split_waves`](Self::streamed_split_waves), clusters of up to 16 blocks,
     /// not 8: CUDA's non-portable cluster size, which Hopper runs where a kernel opts in
     /// (`CU_FUNC_ATTRIBUTE_NON_PORTABLE_CLUSTER_SIZE_ALLOWED`, set on the kernels that take
-    /// it), the slices half as long again, and so the bytes in flight between a slice's passes
+    /// it), the slices half as long, and so the bytes in flight between a slice's passes
     /// (f32 `layer_norm` [64, 2^20]: 32 MiB, under the 50 MiB of L2). Where the GPU cannot run
     /// such clusters at once, the kernel is generated unsplit, as
     /// [`split_rows`](Self::split_rows)' are. Alone it changes nothing.

@@ -473,7 +473,8 @@ kernel_variants! {
     /// 16x524288,32x262144` `--variant=clustered_rows`), kept by clusters of 5 to 8 they ran at
     /// 0.63x to 0.95x their streamed kernels, and capped at 4 or 6 blocks mostly slower too
     /// (0.72x to 1.19x, 2 of 15 cases faster); on an H100 (2026-12-07, f32 `layer_norm` and
-    /// `softmax` over [40, 262144] and [48, 131072], bf16 over [48, 524288]) 40 rows ran at
+    /// `softmax` over [40, 262144], [48, 131072], [64, 100003] and [64, 200003], bf16 over
+    /// [48, 524288] and [64, 262144]) 40 rows ran at
     /// 0.84x to 0.87x and 48 rows at 0.66x to 0.77x, and 64 rows at 0.81x to 1.29x (4 of 6
     /// faster).
     ///

@@ -1720,10 +1720,10 @@ fn row_ops_match_the_reference_at_every_row_length(dtype: boundscope::DType) {
             (120001, 33),
         ];
         // And rows kept by thread-block clusters (`KernelVariants::clustered_rows`, which takes
-        // 53 rows or more on 132 SMs; the rows of 100,003 and 200,003 above are fewer, streamed):
-        // [100, 65537] in f32 `layer_norm`, [54, 131073] in every dtype and op (clusters of 3;
-        // 16-bit `softmax` as read).
-        let clustered = [(100, 65537), (54, 131073)];
+        // 53 rows or more on 132 SMs, whose blocks fill their waves; the rows of 100,003 and
+        // 200,003 above are fewer, streamed): [100, 65537] in f32 `layer_norm`, [66, 131073] in
+        // every dtype and op (clusters of 2 or 3; 16-bit `softmax` as read).
+        let clustered = [(100, 65537), (66, 131073)];
         for (rows, cols) in shapes.chain(clustered).chain([(333, 50257), (9000, 257), (5000, 1001)]).chain(tiled) {
             for layer_norm in [false, true] {
                 fn build<'a>(
@@ -1826,7 +1826,7 @@ fn layer_norm_of_rows_far_from_zero_matches_the_reference() {
         // Streamed by a block, an odd length (accesses aligned to the tensor).
         ([300, 100003], KernelVariants { clustered_rows: false, ..one_pass }),
         // Kept on chip by a cluster (53 rows or more on 132 SMs), by a block, in registers.
-        ([54, 100003], KernelVariants::default()),
+        ([66, 100003], KernelVariants::default()),
         ([41, 50257], KernelVariants::default()),
         ([64, 1024], KernelVariants::default()),
     ];

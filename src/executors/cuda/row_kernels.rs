@@ -62,6 +62,9 @@ const REGISTER_VALUES: usize = 32;
 /// Threads per row at most (a block).
 const MAX_ROW_THREADS: usize = 1024;
 
+/// Threads an SM runs at once (Hopper, Ampere).
+const MAX_SM_THREADS: usize = 2048;
+
 /// Bytes of shared memory CUDA reserves for each block (for its own use, on Hopper).
 pub(super) const CUDA_BLOCK_SHARED_BYTES: usize = 1024;
 
@@ -95,6 +98,22 @@ const MAX_WAVE_CLUSTER_BLOCKS: usize = 16;
 /// `layer_norm` and `softmax`); 64 rows mostly gained (0.81x to 1.29x: f32 [64, 100003]
 /// 1.14-1.17x, f32 `softmax` [64, 200003] 1.29x).
 const CLUSTERED_ROWS_SM_SHARE: (usize, usize) = (2, 5);
+
+/// And only where the clusters' blocks fill at least this share (numerator, denominator) of
+/// the SM slots their waves take ([`wave_fill`]): kept by clusters of 3, one block an SM, 56
+/// rows (168 blocks: two waves on 132 SMs, the second a quarter full, 64% of the slots) ran at
+/// 0.64x to 0.79x their split kernels (an H100, 2026-12-08, f32 [56, 131072] and bf16 [56,
+/// 262144], `layer_norm` and `softmax`), 60 rows of 200,003 f32 values by clusters of 4 (91%)
+/// at 1.06x to 1.19x, 64 rows by clusters of 3 (73%) at 0.81x to 1.17x (3 of 4 faster).
+const CLUSTER_WAVE_FILL: (usize, usize) = (7, 10);
+
+/// Whether `blocks`, `per_sm` of them an SM at once on `sms` SMs, fill at least
+/// [`CLUSTER_WAVE_FILL`] of the slots of the waves they take (a wave: every SM's slots).
+fn wave_fill(blocks: usize, per_sm: usize, sms: usize) -> bool {
+    let slots = (per_sm * sms).max(1);
+    let (numerator, denominator) = CLUSTER_WAVE_FILL;
+    blocks * denominator >= blocks.div_ceil(slots) * slots * numerator
+}
 
 /// Blocks of a cluster that keeps a 16-bit `softmax` row as read, at most
 /// ([`KernelVariants::long_rows_as_read`]): clusters of 2 and 3 were timed faster than the
@@ -1256,8 +1275,9 @@ pub(super) fn row_source(
     // 16-bit `softmax` rows kept as read (`KernelVariants::long_rows_as_read`) take clusters
     // of up to 3 blocks (2 and 3 were timed faster): kept by 8, 16 rows of 524,288 values ran
     // at 0.50x their streamed kernels (an H100, 2026-12-07; 16 clusters of 8 may not all fit
-    // the GPCs at once). Rows fewer than two fifths of the SMs stay streamed where the
-    // streamed row is split over clusters (`CLUSTERED_ROWS_SM_SHARE`); where it would not be
+    // the GPCs at once). Rows fewer than two fifths of the SMs, and clusters whose blocks leave
+    // much of their last wave's SMs idle, stay streamed where the streamed row is split over
+    // clusters (`CLUSTERED_ROWS_SM_SHARE`, `CLUSTER_WAVE_FILL`); where it would not be
     // (the SM count unknown, or `split_rows` off: a block a row, a few SMs busy), clusters keep it.
     let split =
         if variants.split_rows && clusters { cluster_blocks(rows, sms, layout.streamed_rounds(cols)) } else { 1 };
@@ -1275,7 +1295,14 @@ pub(super) fn row_source(
                 RowLayout::kept_by_cluster(cols, widest, values, shared_limit, shared_value_bytes, k).map(|l| (k, l))
             })
         })
-        .flatten();
+        .flatten()
+        // Where the row would be split streamed, only clusters whose blocks fill their waves
+        // (`CLUSTER_WAVE_FILL`): blocks an SM runs at once by shared memory and threads.
+        .filter(|(k, l)| {
+            let by_threads = (MAX_SM_THREADS / l.block).max(1);
+            let per_sm = (1..=by_threads).rev().find(|&n| fit_an_sm(n, l.shared_bytes(), sm_shared)).unwrap_or(1);
+            split == 1 || sm_shared == 0 || wave_fill(rows * k, per_sm, sms)
+        });
     let layout = kept_by_cluster.map_or(layout, |(_, l)| l);
     let RowLayout { threads_per_row: t, vector: v, block, in_registers, .. } = layout;
 
@@ -3574,10 +3601,10 @@ mod tests {
             (true, DType::F32, [66, 200003], 4),
             (true, DType::F32, [53, 200003], 4),
             // The GPU row tests' clustered shape, in every op and dtype.
-            (true, DType::F32, [54, 131073], 3),
-            (false, DType::F32, [54, 131073], 3),
-            (true, DType::F16, [54, 131073], 3),
-            (false, DType::BF16, [54, 131073], 3),
+            (true, DType::F32, [66, 131073], 3),
+            (false, DType::F32, [66, 131073], 2),
+            (true, DType::F16, [66, 131073], 2),
+            (false, DType::BF16, [66, 131073], 2),
             (true, DType::BF16, [500, 150001], 2),
             (true, DType::F16, [64, 262144], 3),
             (false, DType::F32, [300, 131072], 2),
@@ -3586,12 +3613,19 @@ mod tests {
             // by a block (with or without clusters), or streamed past 3 blocks.
             (false, DType::BF16, [300, 131072], 2),
             (false, DType::F16, [64, 200003], 3),
-            (false, DType::BF16, [60, 300007], 3),
+            (false, DType::BF16, [66, 300007], 3),
             // Rows fewer than two fifths of the SMs (53 of 132 here): streamed.
             (true, DType::F32, [32, 200003], 1),
             (true, DType::F32, [52, 200003], 1),
             (false, DType::F32, [40, 262144], 1),
             (false, DType::BF16, [40, 300007], 1),
+            // Clusters that leave most of their second wave's SMs idle (`CLUSTER_WAVE_FILL`):
+            // 56 and 54 rows by clusters of 3, 168 and 162 blocks on 132 SMs; streamed.
+            (true, DType::F32, [56, 131072], 1),
+            (false, DType::F32, [56, 131072], 1),
+            (false, DType::BF16, [56, 262144], 1),
+            (true, DType::F16, [54, 131073], 1),
+            (false, DType::BF16, [60, 300007], 1),
             (true, DType::BF16, [16, 524288], 1),
             (false, DType::BF16, [32, 300007], 1),
             (false, DType::BF16, [300, 400003], 1),
@@ -3728,7 +3762,7 @@ mod tests {
             (DType::F16, [100, 122880], 1),
             (DType::BF16, [300, 131072], 2),
             (DType::F16, [64, 200003], 3),
-            (DType::BF16, [60, 300007], 3),
+            (DType::BF16, [66, 300007], 3),
         ] {
             let what = format!("{dtype} {shape:?}");
             let kernel = row_op_with(false, dtype, shape, HOPPER_BLOCK, with);

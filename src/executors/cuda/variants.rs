@@ -476,7 +476,10 @@ kernel_variants! {
     /// `softmax` over [40, 262144], [48, 131072], [64, 100003] and [64, 200003], bf16 over
     /// [48, 524288] and [64, 262144]) 40 rows ran at
     /// 0.84x to 0.87x and 48 rows at 0.66x to 0.77x, and 64 rows at 0.81x to 1.29x (4 of 6
-    /// faster).
+    /// faster). Nor where the clusters' blocks leave much of their last wave idle: 56 rows by
+    /// clusters of 3 (168 blocks, one an SM, on 132 SMs) ran at 0.64x to 0.79x (an H100,
+    /// 2026-12-08, f32 [56, 131072] and bf16 [56, 262144]), 60 rows of 200,003 f32 values by
+    /// clusters of 4 (240 blocks) at 1.06x to 1.19x.
     ///
     /// On by default: on an H100 (2026-12-07, `gpu_sweep f32,bf16 layer_norm
     /// 700x65537,64x100003,500x150001 --variant=clustered_rows` and `gpu_sweep bf16,f32 softmax

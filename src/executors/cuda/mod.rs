@@ -156,7 +156,7 @@
 //! `cuda.pipelined_passes`, `cuda.overlapped_first_pass`, `cuda.split_row_fills`,
 //! `cuda.two_register_blocks`, `cuda.clustered_rows`, `cuda.one_pass_moments`,
 //! `cuda.long_rows_as_read`, `cuda.vector_tile_values`, `cuda.streamed_last_pass_hints`,
-//! `cuda.streamed_split_waves`, `cuda.wave_clusters_of_16`;
+//! `cuda.streamed_split_waves`, `cuda.wave_clusters_of_16`, `cuda.deeper_streamed_rounds`;
 //! [`CUDA_OPTIONS`]): `CudaFusion::with_variants`, `CudaOps::with_variants`, or `from_options`,
 //! which the front end calls. A plan whose kernels differ from the defaults lists its variants
 //! in its header. `scripts/gpu-variants` runs the GPU tests with the defaults, every variant and

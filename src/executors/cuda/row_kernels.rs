@@ -1279,8 +1279,13 @@ pub(super) fn row_source(
     // much of their last wave's SMs idle, stay streamed where the streamed row is split over
     // clusters (`CLUSTERED_ROWS_SM_SHARE`, `CLUSTER_WAVE_FILL`); where it would not be
     // (the SM count unknown, or `split_rows` off: a block a row, a few SMs busy), clusters keep it.
-    let split =
-        if variants.split_rows && clusters { cluster_blocks(rows, sms, layout.streamed_rounds(cols)) } else { 1 };
+    // A streamed thread's accesses a round, twice the layout's with `deeper_streamed_rounds`.
+    let depth = if variants.deeper_streamed_rounds { 2 } else { 1 };
+    let split = if variants.split_rows && clusters {
+        cluster_blocks(rows, sms, layout.streamed_rounds(cols).div_ceil(depth))
+    } else {
+        1
+    };
     let sixteen_bit_softmax = id == prims::SOFTMAX && packing::is_packed(dtypes[0]);
     let most = if sixteen_bit_softmax { MAX_RAW_SOFTMAX_CLUSTER } else { MAX_CLUSTER_BLOCKS };
     let kept_by_cluster = (variants.clustered_rows
@@ -1423,8 +1428,8 @@ pub(super) fn row_source(
     // [333, 50257] gained (1.08x to 1.18x), `layer_norm` lost up to 0.55x in f32 and 16-bit
     // `softmax` 0.71x to 0.93x.)
     let streamed = layout.per_thread.is_none();
-    let (streamed_loads, streamed_stride) = (layout.streamed_loads(), layout.streamed_stride());
-    let streamed_rounds = layout.streamed_rounds(cols);
+    let (streamed_loads, streamed_stride) = (layout.streamed_loads() * depth, layout.streamed_stride() * depth);
+    let streamed_rounds = layout.streamed_rounds(cols).div_ceil(depth);
     // Split over clusters of up to 8 however many the rows, one block an SM
     // (`KernelVariants::streamed_split_waves`): see `shared_bytes` below.
     let waves = streamed && variants.streamed_split_waves && variants.split_rows && clusters && sm_shared > 0;
@@ -2058,6 +2063,7 @@ mod tests {
                 streamed_last_pass_hints: false,
                 streamed_split_waves: false,
                 wave_clusters_of_16: false,
+                deeper_streamed_rounds: false,
             }
         );
         for dtype in [DType::BF16, DType::F16] {
@@ -3255,6 +3261,42 @@ mod tests {
             let before = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, defaults, L2);
             let with = row_op_for(layer_norm, dtype, shape, HOPPER_BLOCK, hinted, L2);
             assert_eq!(with.source.source, before.source.source, "{layer_norm} {dtype} {shape:?}");
+        }
+    }
+
+    /// With `deeper_streamed_rounds`, a streamed row's thread makes twice the accesses a round
+    /// (its rounds half as many, and the blocks of a split row at most as many as those);
+    /// rows kept on chip keep their kernels. The kernels compile.
+    #[test]
+    fn deeper_streamed_rounds_make_twice_the_accesses_a_round() {
+        let defaults = KernelVariants::default();
+        let deeper = defaults.flipped("deeper_streamed_rounds").unwrap();
+        for (layer_norm, dtype, shape) in [
+            (true, DType::F32, [64, 1 << 20]),
+            (false, DType::BF16, [16, 1 << 20]),
+            (true, DType::F16, [300, 1000003]),
+            (false, DType::F32, [3, 100003]),
+        ] {
+            let what = format!("layer_norm: {layer_norm}, {dtype} {shape:?}");
+            let before = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, defaults);
+            let with = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, deeper);
+            assert!(before.layout.per_thread.is_none(), "{what}: streamed");
+            let loads = before.layout.streamed_loads();
+            let v = before.layout.vector;
+            let (b, s) = (&before.source.source, &with.source.source);
+            assert!(b.contains(&format!("float xs[{loads}][{v}];")), "{what}\n{b}");
+            assert!(s.contains(&format!("float xs[{}][{v}];", 2 * loads)), "{what}\n{s}");
+            assert!(with.source.cluster <= before.source.cluster, "{what}");
+            if with.source.cluster > 1 {
+                crate::executors::cuda::compiles_as_clusters(s, &what);
+            } else {
+                super::super::compiles_with_nvrtc(s);
+            }
+        }
+        for (layer_norm, dtype, shape) in [(true, DType::F32, [64, 4096]), (false, DType::BF16, [700, 65537])] {
+            let before = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, defaults);
+            let with = row_op_with(layer_norm, dtype, shape, HOPPER_BLOCK, deeper);
+            assert_eq!(with.source.source, before.source.source, "{dtype} {shape:?}");
         }
     }
 

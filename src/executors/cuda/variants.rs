@@ -12,7 +12,8 @@
 //! `two_register_blocks`, `clustered_rows` and `long_rows_as_read` (an H100, 2026-12-07, over 54,
 //! 27, 16, 10 and 12 cases of long rows), `one_pass_moments` (the H200, 2026-12-07, over 9 cases
 //! of streamed rows); `int32_row_columns`, `pipelined_passes`, `vector_tile_values`,
-//! `streamed_last_pass_hints`, `streamed_split_waves` and `wave_clusters_of_16` are not.
+//! `streamed_last_pass_hints`, `streamed_split_waves`, `wave_clusters_of_16` and
+//! `deeper_streamed_rounds` are not.
 //! Their options stay so that the comparison can be run again, and so do those of the variants on
 //! by default, to time the kernels without them. A plan whose kernels differ from the defaults
 //! lists its variants in its header. Both executors that generate kernels, `CudaFusion` and
@@ -598,6 +599,16 @@ kernel_variants! {
     /// 1.02x, median 0.84x.
     wave_clusters_of_16 = false,
         "With streamed_split_waves, clusters of up to 16 blocks (CUDA's non-portable size), not 8 (KernelVariants::wave_clusters_of_16).";
+    /// A thread of a streamed row (too long for a block or a cluster to keep on chip) makes
+    /// twice the accesses a round before it uses any (8 of 16 bytes, where it made 4), so that
+    /// more of the row's loads are in flight: under Nsight Compute, f32 `layer_norm` [64, 2^20]
+    /// ran at 67% of the DRAM's peak with half its warps active (an H100, 2026-12-08). Twice
+    /// the registers for the round's values; the rounds, and so the blocks a split row takes
+    /// ([`split_rows`](Self::split_rows)), half as many.
+    ///
+    /// Off by default: not yet timed on a GPU.
+    deeper_streamed_rounds = false,
+        "A streamed row's thread makes twice the accesses a round before using any, more loads in flight (KernelVariants::deeper_streamed_rounds).";
 }
 
 impl Default for KernelVariants {

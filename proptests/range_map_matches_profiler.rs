@@ -1013,6 +1013,17 @@ fn an_empty_emitted_domain_is_a_typed_error() {
     assert!(err.to_string().contains("domain"), "{err}");
 }
 
+/// `swish_chain` under a run range `step`, its elementwise ops fused by a `TestFuser` (which
+/// pushes its own region ranges), and the executors to compile it for.
+fn fused_swish_chain<'a>(arena: &'a Arena, registry: &'a Registry) -> (Trace<'a>, [Arc<dyn Executor>; 2]) {
+    let trace = swish_chain(arena, registry);
+    let fuser: Arc<dyn Executor> = Arc::new(TestFuser::new("boundscope", false));
+    let profiled =
+        ProfileOps::new().with_trace_range(NvtxRange::new().label("step").unwrap()).run(&trace, arena).unwrap();
+    let fused = FuseRegions::new(fuser.clone()).run(&profiled, arena).unwrap();
+    (fused, [fuser, CpuReference::shared()])
+}
+
 /// The option `runtime.nvtx_executors` (`BOUNDSCOPE_NVTX_EXECUTORS` in the front end) takes a
 /// user's executor by its name, as `RangeFilter::executors` does in code: the plan's ranges are
 /// the same either way. Built-in names a plan lacks are taken (plans share their options); a
@@ -1021,12 +1032,7 @@ fn an_empty_emitted_domain_is_a_typed_error() {
 #[test]
 fn the_executor_option_takes_users_executors_and_refuses_unknown_names() {
     let (arena, registry) = (Arena::new(), Registry::with_builtins());
-    let trace = swish_chain(&arena, &registry);
-    let fuser: Arc<dyn Executor> = Arc::new(TestFuser::new("boundscope", false));
-    let profiled =
-        ProfileOps::new().with_trace_range(NvtxRange::new().label("step").unwrap()).run(&trace, &arena).unwrap();
-    let fused = FuseRegions::new(fuser.clone()).run(&profiled, &arena).unwrap();
-    let executors = [fuser, CpuReference::shared()];
+    let (fused, executors) = fused_swish_chain(&arena, &registry);
     let mut options = boundscope::options::Options::new();
     options.set_str("runtime.nvtx_executors", "test_fuser").unwrap();
     let plan = Plan::compile_with_options(&fused, &executors, &options).unwrap();
@@ -1071,12 +1077,7 @@ fn filters_by_executor_category_and_level_leave_the_capture_equal_to_the_map() {
         return;
     }
     let (arena, registry) = (Arena::new(), Registry::with_builtins());
-    let trace = swish_chain(&arena, &registry);
-    let fuser: Arc<dyn Executor> = Arc::new(TestFuser::new("boundscope", false));
-    let profiled =
-        ProfileOps::new().with_trace_range(NvtxRange::new().label("step").unwrap()).run(&trace, &arena).unwrap();
-    let fused = FuseRegions::new(fuser.clone()).run(&profiled, &arena).unwrap();
-    let executors = [fuser, CpuReference::shared()];
+    let (fused, executors) = fused_swish_chain(&arena, &registry);
     let labels = |filter: &RangeFilter| {
         let plan = Plan::compile_filtered(&fused, &executors, filter).unwrap();
         let (_, events) = captured_run(&plan, &inputs());

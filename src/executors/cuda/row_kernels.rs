@@ -3208,8 +3208,9 @@ mod tests {
 
     /// With `streamed_last_pass_hints`, a streamed row's last pass reads the row and writes the
     /// results with the streaming hints where the kernel's tensors do not fit in three quarters
-    /// of L2, or its inputs in half (`keep_in_l2`'s rule); the passes before it read plainly. Streamed rows whose tensors fit, and rows kept on
-    /// chip, keep their kernels byte for byte. The kernels compile.
+    /// of L2, or its inputs in half (`keep_in_l2`'s rule); the passes before it read plainly.
+    /// Streamed rows whose tensors fit, and rows kept on chip, keep their kernels byte for byte.
+    /// The kernels compile.
     #[test]
     fn streamed_last_pass_hints_mark_the_last_pass_only() {
         let defaults = KernelVariants::default();

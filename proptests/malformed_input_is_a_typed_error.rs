@@ -255,6 +255,12 @@ fn executors_sharing_a_name_or_without_one_are_refused() {
     assert!(err.to_string().contains("executors 0 and 1") && err.to_string().contains("rename"), "{err}");
     let err = Plan::compile(&trace, &[Arc::new(Named("")), reference.clone()]).unwrap_err();
     assert!(matches!(&err, Error::ExecutorName { name, .. } if name.is_empty()), "{err:?}");
+    // Names a list of names (`runtime.nvtx_executors`) or a plan listing could not hold.
+    for bad in ["a,b", " padded", "two\nlines"] {
+        let err = Plan::compile(&trace, &[Arc::new(Named(bad)), reference.clone()]).unwrap_err();
+        assert!(matches!(&err, Error::ExecutorName { .. }), "{bad:?}: {err:?}");
+        assert!(err.to_string().contains("holds no `,`"), "{err}");
+    }
     // The same executor twice, and distinct names, compile.
     Plan::compile(&trace, &[reference.clone(), reference.clone()]).unwrap();
     Plan::compile(&trace, &[Arc::new(Named("sevens")), reference]).unwrap();

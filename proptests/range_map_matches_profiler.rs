@@ -1054,8 +1054,8 @@ fn the_executor_option_takes_users_executors_and_refuses_unknown_names() {
     for known in ["test_fuser", "cpu_reference", "cuda_fusion", "runtime", "BOUNDSCOPE_NVTX_EXECUTORS"] {
         assert!(message.contains(known), "{message}");
     }
-    // Any name an executor may have but for `,` (the list's separator): not empty, no
-    // surrounding spaces or control characters.
+    // Any name an executor may have (`Plan::compile` refuses `,`, the list's separator,
+    // surrounding spaces and control characters).
     for name in ["", "my exec", "exécuteur", "my.exec"] {
         options.set_str("runtime.nvtx_executors", name).unwrap();
     }

@@ -1363,6 +1363,17 @@ fn check_executor_names(executors: &[Arc<dyn Executor>]) -> Result<()> {
                 ),
             });
         }
+        if name.contains(',') || name.trim() != name || name.chars().any(char::is_control) {
+            return Err(Error::ExecutorName {
+                name: name.escape_default().to_string(),
+                detail: format!(
+                    "executor {i} of the list is named `{}`: a name holds no `,` (lists of names, as \
+                     `runtime.nvtx_executors`, are split there), control characters (it is printed in plan \
+                     listings) or surrounding spaces",
+                    name.escape_default()
+                ),
+            });
+        }
         let same = |other: &Arc<dyn Executor>| std::ptr::addr_eq(Arc::as_ptr(other), Arc::as_ptr(executor));
         if let Some(j) = executors[..i].iter().position(|other| other.name() == name && !same(other)) {
             return Err(Error::ExecutorName {

@@ -141,7 +141,8 @@ where
 pub trait Executor: Any + Send + Sync {
     /// A short name, not empty and unique among a plan's executors (used in listings, notes,
     /// range filters and errors; [`Plan::compile`](crate::Plan::compile) refuses a list where
-    /// two executors share one).
+    /// two executors share one), without `,`, control characters or surrounding spaces (which
+    /// `Plan::compile` refuses too: `runtime.nvtx_executors` lists names split at `,`).
     fn name(&self) -> &str;
 
     /// Whether this executor runs this bound symbol.

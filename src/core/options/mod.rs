@@ -10,6 +10,6 @@
 mod spec;
 mod values;
 
+pub(crate) use spec::{is_list_item, ENV_PREFIX, FRONT_END_VARIABLES};
 pub use spec::{Audience, OptionSpec, OptionType, OptionValue, RUNTIME_OPTIONS};
-pub(crate) use spec::{ENV_PREFIX, FRONT_END_VARIABLES};
 pub use values::Options;

@@ -269,8 +269,9 @@ fn is_name(text: &str) -> bool {
 }
 
 /// Whether `text` is an item of a `NameList`: not empty, no `,`, no surrounding spaces, no
-/// control characters.
-fn is_list_item(text: &str) -> bool {
+/// control characters. Executors' names keep the same rule (`Plan::compile`), so that each
+/// can be an item.
+pub(crate) fn is_list_item(text: &str) -> bool {
     !text.is_empty() && !text.contains(',') && text.trim() == text && !text.chars().any(char::is_control)
 }
 

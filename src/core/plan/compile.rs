@@ -1363,7 +1363,7 @@ fn check_executor_names(executors: &[Arc<dyn Executor>]) -> Result<()> {
                 ),
             });
         }
-        if name.contains(',') || name.trim() != name || name.chars().any(char::is_control) {
+        if !crate::core::options::is_list_item(name) {
             return Err(Error::ExecutorName {
                 name: name.escape_default().to_string(),
                 detail: format!(

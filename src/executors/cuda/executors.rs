@@ -399,7 +399,7 @@ fn fitted(
         return Ok(kernel);
     }
     // Clusters past CUDA's portable size first fall back to portable ones.
-    if variants.wave_clusters_of_16 {
+    if kernel.beyond_portable_clusters.is_some() {
         let portable = build(KernelVariants { wave_clusters_of_16: false, ..variants })?;
         if portable.clusters_fit()? {
             return Ok(portable);

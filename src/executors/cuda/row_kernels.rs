@@ -1304,9 +1304,12 @@ pub(super) fn row_source(
         // Where the row would be split streamed, only clusters whose blocks fill their waves
         // (`CLUSTER_WAVE_FILL`): blocks an SM runs at once by shared memory and threads.
         .filter(|(k, l)| {
+            if split == 1 || sm_shared == 0 {
+                return true;
+            }
             let by_threads = (MAX_SM_THREADS / l.block).max(1);
             let per_sm = (1..=by_threads).rev().find(|&n| fit_an_sm(n, l.shared_bytes(), sm_shared)).unwrap_or(1);
-            split == 1 || sm_shared == 0 || wave_fill(rows * k, per_sm, sms)
+            wave_fill(rows * k, per_sm, sms)
         });
     let layout = kept_by_cluster.map_or(layout, |(_, l)| l);
     let RowLayout { threads_per_row: t, vector: v, block, in_registers, .. } = layout;
@@ -1658,7 +1661,8 @@ pub(super) fn row_source(
                 let pass = |rounds: &str| {
                     format!("    for ({ix} col0 = {first}; col0 < {count}; col0 += {stride}) {{{rounds}")
                 };
-                streamed_last = Some((pass(&last_rounds), pass(&last_rounds)));
+                let last = pass(&last_rounds);
+                streamed_last = Some((last.clone(), last));
                 let open = pass(&rounds);
                 (open.clone(), open, "    } }".to_string(), "    } }".to_string())
             } else {
